@@ -1,0 +1,521 @@
+//! The generate → run → repair loop, and its bookkeeping.
+//!
+//! Rows are accepted at once (the model is never asked to re-judge a working query). An error
+//! or an empty result goes back to the model with everything PostgreSQL said; every repaired
+//! query is run again. An empty result that the model confirms by returning the same query ends
+//! the loop: empty can be the right answer. The best attempt is kept (rows beat empty beat
+//! error), so a repair can never make a good answer worse. A write ends the run at once.
+
+use std::time::Instant;
+
+use serde_json::{json, Value};
+
+use crate::error::{Error, Result, SqlError};
+use crate::exec::Outcome;
+use crate::extract::extract_sql;
+use crate::llm::Llm;
+use crate::prompt;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Attempt {
+    pub sql: String,
+    pub outcome: Outcome,
+    /// Time to run (or plan) the query.
+    pub ms: f64,
+    /// Time the model took to write it.
+    pub llm_ms: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// The best attempt returned rows (or, when planning, planned).
+    Ok,
+    /// The best attempt ran and returned no rows.
+    Empty,
+    /// No attempt succeeded.
+    Error,
+    /// The model proposed a write; the run ended without executing it.
+    Refused,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Empty => "empty",
+            Status::Error => "error",
+            Status::Refused => "refused",
+        }
+    }
+}
+
+/// Everything that happened while answering one question.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Run {
+    pub question: String,
+    pub attempts: Vec<Attempt>,
+    /// Index of the best attempt, when one succeeded.
+    pub best: Option<usize>,
+    pub status: Status,
+    /// The model confirmed that an empty result is the answer.
+    pub confirmed_empty: bool,
+    pub llm_calls: u32,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub ms: f64,
+}
+
+/// How good an outcome is: a repair replaces the best attempt only when it ranks higher.
+fn rank(outcome: &Outcome) -> u8 {
+    match outcome {
+        Outcome::Rows(_) | Outcome::Planned => 2,
+        Outcome::Empty(_) => 1,
+        Outcome::Failed(_) | Outcome::Refused(_) => 0,
+    }
+}
+
+/// SQL compared for "the same query": blank space and trailing semicolons do not count.
+fn same_query(a: &str, b: &str) -> bool {
+    let norm = |s: &str| {
+        s.trim()
+            .trim_end_matches(';')
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    norm(a) == norm(b)
+}
+
+fn millis(since: Instant) -> f64 {
+    (since.elapsed().as_secs_f64() * 1000.0 * 100.0).round() / 100.0
+}
+
+/// Answers `question` with at most `1 + max_repairs` queries. `run` executes (or plans) one
+/// query; `llm` writes them.
+pub fn solve(
+    question: &str,
+    schema: &str,
+    max_repairs: usize,
+    llm: &mut dyn Llm,
+    run: &mut dyn FnMut(&str) -> Outcome,
+) -> Result<Run> {
+    let started = Instant::now();
+    let mut messages = prompt::initial(schema, question);
+    let mut state = Run {
+        question: question.to_string(),
+        attempts: Vec::new(),
+        best: None,
+        status: Status::Error,
+        confirmed_empty: false,
+        llm_calls: 0,
+        prompt_tokens: 0,
+        completion_tokens: 0,
+        ms: 0.0,
+    };
+    for round in 0..=max_repairs {
+        let asked = Instant::now();
+        let completion = llm.complete(&messages)?;
+        let llm_ms = millis(asked);
+        state.llm_calls += 1;
+        state.prompt_tokens += completion.prompt_tokens;
+        state.completion_tokens += completion.completion_tokens;
+
+        let Some(sql) = extract_sql(&completion.content) else {
+            state.attempts.push(Attempt {
+                sql: String::new(),
+                outcome: Outcome::Failed(SqlError::new(
+                    "42601",
+                    "the model's answer contained no SQL statement",
+                )),
+                ms: 0.0,
+                llm_ms,
+            });
+            messages.push(prompt::answer_raw(&completion.content));
+            messages.push(prompt::repair_no_sql(question, &completion.content));
+            continue;
+        };
+
+        if let Some(last) = state.attempts.last() {
+            if matches!(last.outcome, Outcome::Empty(_)) && same_query(&last.sql, &sql) {
+                state.confirmed_empty = true;
+                break;
+            }
+        }
+
+        let ran = Instant::now();
+        let outcome = run(&sql);
+        let ms = millis(ran);
+        let feedback = match &outcome {
+            Outcome::Rows(_) | Outcome::Planned => None,
+            Outcome::Empty(_) => Some(prompt::repair_empty(question, &sql)),
+            Outcome::Failed(error) => Some(prompt::repair_error(question, &sql, error)),
+            Outcome::Refused(refusal) if !refusal.ends_run => {
+                Some(prompt::repair_error(question, &sql, &refusal.error))
+            }
+            Outcome::Refused(_) => None,
+        };
+        let ends_run = matches!(&outcome, Outcome::Refused(r) if r.ends_run);
+        if state
+            .best
+            .is_none_or(|b| rank(&outcome) > rank(&state.attempts[b].outcome))
+            && rank(&outcome) > 0
+        {
+            state.best = Some(state.attempts.len());
+        }
+        state.attempts.push(Attempt {
+            sql: sql.clone(),
+            outcome,
+            ms,
+            llm_ms,
+        });
+
+        match feedback {
+            None => {
+                if ends_run {
+                    state.status = Status::Refused;
+                }
+                break;
+            }
+            Some(message) if round < max_repairs => {
+                messages.push(prompt::answer(&sql));
+                messages.push(message);
+            }
+            Some(_) => {}
+        }
+    }
+    if state.status != Status::Refused {
+        state.status = match state.best.map(|b| &state.attempts[b].outcome) {
+            Some(Outcome::Rows(_) | Outcome::Planned) => Status::Ok,
+            Some(Outcome::Empty(_)) => Status::Empty,
+            _ => Status::Error,
+        };
+    }
+    state.ms = millis(started);
+    Ok(state)
+}
+
+impl Run {
+    /// The attempt whose result is the answer.
+    pub fn best_attempt(&self) -> Option<&Attempt> {
+        self.best.map(|b| &self.attempts[b])
+    }
+
+    /// The error a caller gets when there is no answer: the write that was refused, or the last
+    /// failure with how many attempts failed.
+    pub fn failure(&self) -> Option<Error> {
+        match self.status {
+            Status::Ok | Status::Empty => None,
+            Status::Refused => self.attempts.last().and_then(|a| match &a.outcome {
+                Outcome::Refused(r) => Some(Error::WriteRefused(Box::new(SqlError {
+                    detail: Some(format!("proposed SQL: {}", a.sql)),
+                    ..r.error.clone()
+                }))),
+                _ => None,
+            }),
+            Status::Error => {
+                let last = self.attempts.iter().rev().find_map(|a| match &a.outcome {
+                    Outcome::Failed(e) => Some((a, e.clone())),
+                    Outcome::Refused(r) => Some((a, r.error.clone())),
+                    _ => None,
+                });
+                let (attempt, error) = last?;
+                Some(Error::AllAttemptsFailed {
+                    attempts: self.attempts.len(),
+                    last: Box::new(error),
+                    last_sql: attempt.sql.clone(),
+                })
+            }
+        }
+    }
+
+    /// The SQL that answers the question, or the last one tried.
+    pub fn final_sql(&self) -> Option<&str> {
+        self.best_attempt()
+            .or_else(|| self.attempts.iter().rev().find(|a| !a.sql.is_empty()))
+            .map(|a| a.sql.as_str())
+    }
+
+    /// The trace `nl_trace` returns.
+    pub fn trace(&self) -> Value {
+        let best = self.best_attempt();
+        let result = best.and_then(|a| match &a.outcome {
+            Outcome::Rows(r) | Outcome::Empty(r) => Some(r),
+            _ => None,
+        });
+        json!({
+            "question": self.question,
+            "sql": self.final_sql(),
+            "status": self.status.as_str(),
+            "row_count": result.map(|r| r.rows.len()),
+            "truncated": result.is_some_and(|r| r.truncated),
+            "columns": result.map(|r| &r.columns),
+            "confirmed_empty": self.confirmed_empty,
+            "attempts": self.attempts.iter().map(attempt_trace).collect::<Vec<_>>(),
+            "llm_calls": self.llm_calls,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "ms": self.ms,
+        })
+    }
+}
+
+fn attempt_trace(attempt: &Attempt) -> Value {
+    let (outcome, error, result) = match &attempt.outcome {
+        Outcome::Rows(r) => ("rows", None, Some(r)),
+        Outcome::Empty(r) => ("empty", None, Some(r)),
+        Outcome::Planned => ("planned", None, None),
+        Outcome::Failed(e) => ("error", Some(e), None),
+        Outcome::Refused(r) => ("refused", Some(&r.error), None),
+    };
+    json!({
+        "sql": attempt.sql,
+        "outcome": outcome,
+        "sqlstate": error.map(|e| &e.sqlstate),
+        "message": error.map(|e| &e.message),
+        "detail": error.and_then(|e| e.detail.as_ref()),
+        "hint": error.and_then(|e| e.hint.as_ref()),
+        "position": error.and_then(|e| e.position),
+        "row_count": result.map(|r| r.rows.len()),
+        "truncated": result.is_some_and(|r| r.truncated),
+        "ms": attempt.ms,
+        "llm_ms": attempt.llm_ms,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::ResultSet;
+    use crate::guard::Refusal;
+    use crate::llm::Completion;
+    use crate::prompt::Message;
+    use std::collections::VecDeque;
+
+    /// A model that answers from a script and remembers what it was asked.
+    struct Scripted {
+        answers: VecDeque<String>,
+        requests: Vec<Vec<Message>>,
+    }
+
+    impl Scripted {
+        fn new(answers: &[&str]) -> Self {
+            Scripted {
+                answers: answers.iter().map(|s| s.to_string()).collect(),
+                requests: vec![],
+            }
+        }
+    }
+
+    impl Llm for Scripted {
+        fn complete(&mut self, messages: &[Message]) -> Result<Completion> {
+            self.requests.push(messages.to_vec());
+            let content = self
+                .answers
+                .pop_front()
+                .expect("the model was asked more often than scripted");
+            Ok(Completion {
+                content,
+                prompt_tokens: 10,
+                completion_tokens: 2,
+            })
+        }
+    }
+
+    fn rows(n: usize) -> Outcome {
+        Outcome::Rows(ResultSet {
+            columns: vec!["a".into()],
+            rows: vec!["{\"a\": 1}".into(); n],
+            truncated: false,
+        })
+    }
+    fn empty() -> Outcome {
+        Outcome::Empty(ResultSet {
+            columns: vec!["a".into()],
+            ..Default::default()
+        })
+    }
+    fn failed(code: &str) -> Outcome {
+        Outcome::Failed(SqlError::new(code, format!("error {code}")))
+    }
+
+    /// Runs `solve` where the database answers each SQL text as `db` says.
+    fn solve_with(
+        answers: &[&str],
+        max_repairs: usize,
+        db: impl Fn(&str) -> Outcome,
+    ) -> (Run, Scripted) {
+        let mut llm = Scripted::new(answers);
+        let mut executed = Vec::new();
+        let run = solve("q?", "schema", max_repairs, &mut llm, &mut |sql: &str| {
+            executed.push(sql.to_string());
+            db(sql)
+        })
+        .unwrap();
+        assert_eq!(
+            executed.len(),
+            run.attempts.len(),
+            "every attempt is executed exactly once"
+        );
+        (run, llm)
+    }
+
+    #[test]
+    fn rows_are_accepted_with_one_call() {
+        let (run, llm) = solve_with(&["SELECT 1"], 4, |_| rows(1));
+        assert_eq!(
+            (run.status, run.llm_calls, run.best),
+            (Status::Ok, 1, Some(0))
+        );
+        assert_eq!(llm.requests.len(), 1);
+        assert_eq!((run.prompt_tokens, run.completion_tokens), (10, 2));
+    }
+
+    #[test]
+    fn error_is_repaired_and_the_repair_is_run() {
+        let (run, llm) = solve_with(&["SELECT bad", "SELECT good"], 4, |sql| {
+            if sql.contains("bad") {
+                failed("42703")
+            } else {
+                rows(2)
+            }
+        });
+        assert_eq!(run.status, Status::Ok);
+        assert_eq!(run.best, Some(1));
+        let repair = &llm.requests[1];
+        let last = &repair.last().unwrap().content;
+        assert!(last.contains("SELECT bad") && last.contains("42703") && last.contains("q?"));
+    }
+
+    #[test]
+    fn confirmed_empty_stops_without_rerunning() {
+        let (run, llm) = solve_with(&["SELECT none", "SELECT  none;"], 4, |_| empty());
+        assert_eq!(
+            (run.status, run.confirmed_empty, run.attempts.len()),
+            (Status::Empty, true, 1)
+        );
+        assert_eq!(llm.requests.len(), 2);
+        assert!(llm.requests[1]
+            .last()
+            .unwrap()
+            .content
+            .contains("returned 0 rows"));
+    }
+
+    #[test]
+    fn empty_then_better_query_returns_rows() {
+        let (run, _) = solve_with(&["SELECT none", "SELECT some"], 4, |sql| {
+            if sql.contains("none") {
+                empty()
+            } else {
+                rows(3)
+            }
+        });
+        assert_eq!((run.status, run.best), (Status::Ok, Some(1)));
+    }
+
+    #[test]
+    fn repairs_never_make_the_answer_worse() {
+        // empty first, then only errors: the empty result stands
+        let (run, _) = solve_with(&["SELECT e", "SELECT x1", "SELECT x2"], 2, |sql| {
+            if sql == "SELECT e" {
+                empty()
+            } else {
+                failed("42P01")
+            }
+        });
+        assert_eq!(
+            (run.status, run.best, run.attempts.len()),
+            (Status::Empty, Some(0), 3)
+        );
+    }
+
+    #[test]
+    fn exhausted_repairs_report_the_last_error() {
+        let (run, llm) = solve_with(&["SELECT a", "SELECT b", "SELECT c"], 2, |_| {
+            failed("42703")
+        });
+        assert_eq!(
+            (run.status, run.attempts.len(), llm.requests.len()),
+            (Status::Error, 3, 3)
+        );
+        match run.failure() {
+            Some(Error::AllAttemptsFailed {
+                attempts: 3,
+                last_sql,
+                ..
+            }) => assert_eq!(last_sql, "SELECT c"),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn max_repairs_zero_means_one_attempt() {
+        let (run, llm) = solve_with(&["SELECT a"], 0, |_| failed("42703"));
+        assert_eq!((run.attempts.len(), llm.requests.len()), (1, 1));
+    }
+
+    #[test]
+    fn a_write_ends_the_run_without_repair() {
+        let refused = Outcome::Refused(Refusal {
+            error: SqlError::new("25006", "refused to run a DELETE statement"),
+            ends_run: true,
+        });
+        let (run, llm) = solve_with(&["DELETE FROM t"], 4, move |_| refused.clone());
+        assert_eq!((run.status, llm.requests.len()), (Status::Refused, 1));
+        assert_eq!(run.failure().unwrap().sqlstate(), "25006");
+    }
+
+    #[test]
+    fn a_refused_read_is_fed_back() {
+        let (run, llm) = solve_with(&["SELECT pg_sleep(1)", "SELECT 1"], 4, |sql| {
+            if sql.contains("sleep") {
+                Outcome::Refused(Refusal {
+                    error: SqlError::new("42501", "pg_sleep is not allowed"),
+                    ends_run: false,
+                })
+            } else {
+                rows(1)
+            }
+        });
+        assert_eq!((run.status, llm.requests.len()), (Status::Ok, 2));
+        assert!(llm.requests[1]
+            .last()
+            .unwrap()
+            .content
+            .contains("pg_sleep is not allowed"));
+    }
+
+    #[test]
+    fn an_answer_without_sql_counts_as_an_attempt() {
+        let mut llm = Scripted::new(&["<think>hmm</think>", "SELECT 1"]);
+        let mut executed = 0;
+        let run = solve("q?", "s", 4, &mut llm, &mut |_| {
+            executed += 1;
+            rows(1)
+        })
+        .unwrap();
+        assert_eq!(
+            (run.status, run.attempts.len(), executed),
+            (Status::Ok, 2, 1)
+        );
+    }
+
+    #[test]
+    fn trace_has_the_documented_shape() {
+        let (run, _) = solve_with(&["SELECT bad", "SELECT good"], 4, |sql| {
+            if sql.contains("bad") {
+                failed("42703")
+            } else {
+                rows(2)
+            }
+        });
+        let t = run.trace();
+        assert_eq!(t["sql"], "SELECT good");
+        assert_eq!(t["status"], "ok");
+        assert_eq!(t["row_count"], 2);
+        assert_eq!(t["attempts"][0]["outcome"], "error");
+        assert_eq!(t["attempts"][0]["sqlstate"], "42703");
+        assert_eq!(t["attempts"][1]["outcome"], "rows");
+        assert_eq!(t["llm_calls"], 2);
+    }
+}

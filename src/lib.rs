@@ -1,0 +1,29 @@
+//! sql_query_engine: ask PostgreSQL a question in plain language. An LLM writes the SQL,
+//! PostgreSQL's own parser guards it, it runs read-only in a subtransaction, and failures or
+//! empty results are repaired in a bounded loop.
+
+mod api;
+mod error;
+mod exec;
+mod extract;
+mod guard;
+mod heal;
+mod llm;
+mod prompt;
+mod schema;
+mod settings;
+
+::pgrx::pg_module_magic!(name, version);
+
+pgrx::extension_sql_file!("../sql/schema_version.sql", name = "schema_version");
+
+#[pgrx::pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    settings::init();
+    schema::init();
+}
+
+/// Backend tests (`#[pg_test]`) and the harness hooks `cargo pgrx test` needs.
+#[cfg(any(test, feature = "pg_test"))]
+#[path = "../pg_test/mod.rs"]
+pub mod pg_test;

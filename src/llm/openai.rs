@@ -1,0 +1,355 @@
+//! A client for any OpenAI-compatible chat-completion API (OpenAI, vLLM, llama.cpp, Ollama,
+//! Groq, DeepSeek, OpenRouter...): one non-streaming request per call, bounded by
+//! `sql_query_engine.llm_timeout`, with 429/5xx retried inside that same deadline.
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::wait::{run_interruptible, sleep_interruptible, WaitError};
+use super::{Completion, Llm};
+use crate::error::{Error, Result};
+use crate::prompt::Message;
+
+/// Connection settings, read once per call from the GUCs.
+pub struct OpenAiClient {
+    base_url: String,
+    model: Option<String>,
+    api_key: Option<String>,
+    temperature: f64,
+    timeout: Duration,
+}
+
+/// What one HTTP exchange produced, as plain data that can cross back from the helper thread.
+enum Reply {
+    Status {
+        code: u16,
+        retry_after: Option<u64>,
+        body: String,
+    },
+    Failed(String),
+}
+
+impl OpenAiClient {
+    pub fn new(
+        base_url: String,
+        model: Option<String>,
+        api_key: Option<String>,
+        temperature: f64,
+        timeout: Duration,
+    ) -> Self {
+        OpenAiClient {
+            base_url,
+            model,
+            api_key,
+            temperature,
+            timeout,
+        }
+    }
+
+    /// The endpoint as it may be shown: without credentials in the URL, never with the key.
+    fn endpoint(&self) -> String {
+        let url = format!("{}/chat/completions", self.base_url.trim_end_matches('/'));
+        match (url.find("://"), url.find('@')) {
+            (Some(scheme_end), Some(at)) if at > scheme_end => {
+                format!("{}{}", &url[..scheme_end + 3], &url[at + 1..])
+            }
+            _ => url,
+        }
+    }
+
+    fn error(&self, cause: impl Into<String>) -> Error {
+        let mut cause = cause.into();
+        if let Some(key) = self.api_key.as_deref() {
+            cause = cause.replace(key, "[api key]");
+        }
+        Error::Llm {
+            endpoint: self.endpoint(),
+            cause,
+        }
+    }
+
+    fn request_body(&self, messages: &[Message]) -> Value {
+        let mut body = json!({
+            "messages": messages,
+            "temperature": self.temperature,
+            "stream": false,
+        });
+        if let Some(model) = &self.model {
+            body["model"] = json!(model);
+        }
+        body
+    }
+
+    fn send_once(&self, body: &str, deadline: Instant) -> Result<Reply> {
+        let url = format!("{}/chat/completions", self.base_url.trim_end_matches('/'));
+        let agent = agent_for(&url);
+        let key = self.api_key.clone();
+        let body = body.to_string();
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        // The helper gets the remaining time as its own budget; the backend waits a little
+        // longer so that the helper's precise error (connect refused, timeout) wins the race.
+        let wait_until = deadline + Duration::from_millis(500);
+        let exchange = move || {
+            let mut request = agent
+                .post(&url)
+                .config()
+                .timeout_global(Some(remaining))
+                .http_status_as_error(false)
+                .build()
+                .header("Content-Type", "application/json");
+            if let Some(key) = key {
+                request = request.header("Authorization", format!("Bearer {key}"));
+            }
+            match request.send(body) {
+                Ok(mut response) => {
+                    let code = response.status().as_u16();
+                    let retry_after = response
+                        .headers()
+                        .get("retry-after")
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.trim().parse::<u64>().ok());
+                    match response
+                        .body_mut()
+                        .with_config()
+                        .limit(16 << 20)
+                        .read_to_string()
+                    {
+                        Ok(body) => Reply::Status {
+                            code,
+                            retry_after,
+                            body,
+                        },
+                        Err(e) => Reply::Failed(format!("reading the response failed: {e}")),
+                    }
+                }
+                Err(e) => Reply::Failed(describe(&e)),
+            }
+        };
+        match run_interruptible(wait_until, exchange) {
+            Ok(reply) => Ok(reply),
+            Err(WaitError::TimedOut) => Err(self.timeout_error()),
+            Err(WaitError::Lost) => Err(self.error("the request thread ended without an answer")),
+        }
+    }
+
+    fn timeout_error(&self) -> Error {
+        self.error(format!(
+            "no answer within {} ms (sql_query_engine.llm_timeout)",
+            self.timeout.as_millis()
+        ))
+    }
+}
+
+impl Llm for OpenAiClient {
+    fn complete(&mut self, messages: &[Message]) -> Result<Completion> {
+        let body = self.request_body(messages).to_string();
+        let deadline = Instant::now() + self.timeout;
+        let mut backoff = Duration::from_millis(250);
+        loop {
+            if Instant::now() >= deadline {
+                return Err(self.timeout_error());
+            }
+            let (code, retry_after, text) = match self.send_once(&body, deadline)? {
+                Reply::Failed(cause) => return Err(self.error(cause)),
+                Reply::Status {
+                    code,
+                    retry_after,
+                    body,
+                } => (code, retry_after, body),
+            };
+            if (200..300).contains(&code) {
+                return parse_completion(&text).map_err(|cause| self.error(cause));
+            }
+            let retryable = code == 429 || (500..600).contains(&code);
+            let pause = retry_after.map_or(backoff, Duration::from_secs);
+            if !retryable || Instant::now() + pause >= deadline {
+                return Err(self.error(status_cause(code, &text)));
+            }
+            sleep_interruptible(Instant::now() + pause);
+            backoff = (backoff * 2).min(Duration::from_secs(8));
+        }
+    }
+}
+
+/// One agent per kind of destination, shared by all requests of the backend (connection reuse,
+/// TLS roots loaded once). Loopback goes direct: a proxy set in the server's environment must not
+/// capture a local model server.
+fn agent_for(url: &str) -> ureq::Agent {
+    static DIRECT: OnceLock<ureq::Agent> = OnceLock::new();
+    static DEFAULT: OnceLock<ureq::Agent> = OnceLock::new();
+    let loopback = is_loopback(url);
+    let cell = if loopback { &DIRECT } else { &DEFAULT };
+    cell.get_or_init(|| {
+        let tls = ureq::tls::TlsConfig::builder()
+            // The system trust store: right in production and behind TLS-inspecting proxies.
+            .root_certs(ureq::tls::RootCerts::PlatformVerifier)
+            .build();
+        let mut config = ureq::Agent::config_builder()
+            .tls_config(tls)
+            .http_status_as_error(false);
+        if loopback {
+            config = config.proxy(None);
+        }
+        config.build().into()
+    })
+    .clone()
+}
+
+fn is_loopback(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split('/').next().unwrap_or("");
+    let host_port = authority.rsplit('@').next().unwrap_or(authority);
+    let host = if let Some(v6) = host_port.strip_prefix('[') {
+        v6.split(']').next().unwrap_or("")
+    } else {
+        host_port.split(':').next().unwrap_or("")
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+fn describe(error: &ureq::Error) -> String {
+    match error {
+        ureq::Error::Timeout(_) => "no answer in time (sql_query_engine.llm_timeout)".into(),
+        ureq::Error::HostNotFound => "host not found".into(),
+        ureq::Error::ConnectionFailed => "connection failed".into(),
+        ureq::Error::Io(e) => format!("connection failed: {e}"),
+        other => other.to_string(),
+    }
+}
+
+/// A readable cause for an HTTP error status, with the provider's own message when it has one.
+/// Authentication failures never echo the body: providers quote parts of the key there.
+fn status_cause(code: u16, body: &str) -> String {
+    if code == 401 || code == 403 {
+        return format!(
+            "HTTP {code}: the endpoint refused the credentials (sql_query_engine.llm_api_key)"
+        );
+    }
+    let message = serde_json::from_str::<Value>(body)
+        .ok()
+        .and_then(|v| {
+            v.pointer("/error/message")
+                .or_else(|| v.get("error"))
+                .or_else(|| v.get("message"))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| body.chars().take(200).collect());
+    let message = message.trim();
+    if message.is_empty() {
+        format!("HTTP {code}")
+    } else {
+        format!("HTTP {code}: {message}")
+    }
+}
+
+/// The assistant's text and token counts from a chat-completion body.
+fn parse_completion(body: &str) -> std::result::Result<Completion, String> {
+    let value: Value = serde_json::from_str(body).map_err(|_| {
+        let start: String = body.chars().take(120).collect();
+        format!("the answer is not JSON: {start:?}")
+    })?;
+    let choices = value
+        .get("choices")
+        .and_then(Value::as_array)
+        .ok_or("the answer is not a chat completion (no \"choices\")")?;
+    let message = choices
+        .first()
+        .ok_or("the answer has no choices")?
+        .get("message")
+        .ok_or("the first choice has no message")?;
+    let content = message
+        .get("content")
+        .and_then(Value::as_str)
+        .filter(|c| !c.trim().is_empty())
+        .ok_or_else(|| match message.get("refusal").and_then(Value::as_str) {
+            Some(refusal) => format!("the model refused: {refusal}"),
+            None => "the message has no content".to_string(),
+        })?;
+    let tokens = |name: &str| {
+        value
+            .pointer(&format!("/usage/{name}"))
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+    };
+    Ok(Completion {
+        content: content.to_string(),
+        prompt_tokens: tokens("prompt_tokens"),
+        completion_tokens: tokens("completion_tokens"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn completion_parsed_with_usage() {
+        let body = r#"{"choices":[{"message":{"role":"assistant","content":"SELECT 1"}}],"usage":{"prompt_tokens":12,"completion_tokens":3}}"#;
+        let c = parse_completion(body).unwrap();
+        assert_eq!(
+            (c.content.as_str(), c.prompt_tokens, c.completion_tokens),
+            ("SELECT 1", 12, 3)
+        );
+    }
+
+    #[test]
+    fn malformed_completions_are_named() {
+        assert!(parse_completion("<html>").unwrap_err().contains("not JSON"));
+        assert!(parse_completion("{}")
+            .unwrap_err()
+            .contains("no \"choices\""));
+        assert!(parse_completion(r#"{"choices":[]}"#)
+            .unwrap_err()
+            .contains("no choices"));
+        assert!(
+            parse_completion(r#"{"choices":[{"message":{"content":null,"refusal":"no"}}]}"#)
+                .unwrap_err()
+                .contains("refused")
+        );
+    }
+
+    #[test]
+    fn status_causes_use_provider_message_but_never_auth_bodies() {
+        assert_eq!(
+            status_cause(500, r#"{"error":{"message":"overloaded"}}"#),
+            "HTTP 500: overloaded"
+        );
+        let auth = status_cause(
+            401,
+            r#"{"error":{"message":"Incorrect API key provided: sk-abc***xyz"}}"#,
+        );
+        assert!(!auth.contains("sk-"), "{auth}");
+    }
+
+    #[test]
+    fn endpoint_hides_url_credentials_and_errors_hide_the_key() {
+        let client = OpenAiClient::new(
+            "https://user:secret@api.example.com/v1/".into(),
+            None,
+            Some("sk-live-123".into()),
+            0.0,
+            Duration::from_secs(1),
+        );
+        assert_eq!(
+            client.endpoint(),
+            "https://api.example.com/v1/chat/completions"
+        );
+        let e = client.error("echo sk-live-123 back").to_string();
+        assert!(!e.contains("sk-live-123") && !e.contains("secret"), "{e}");
+    }
+
+    #[test]
+    fn loopback_detection() {
+        assert!(is_loopback("http://127.0.0.1:8080/v1"));
+        assert!(is_loopback("http://localhost/v1"));
+        assert!(is_loopback("http://[::1]:9/v1"));
+        assert!(!is_loopback("https://api.openai.com/v1"));
+        assert!(!is_loopback("http://127.0.0.1.example.com/v1"));
+    }
+}

@@ -1,0 +1,186 @@
+//! The texts the model reads, and how a conversation with it is assembled.
+//!
+//! Layout for prefix caching: the instructions (never change), then the schema (changes only
+//! with DDL), then the question. A repair continues the same conversation, so the whole earlier
+//! exchange is a shared prefix too.
+
+use serde::Serialize;
+
+use crate::error::SqlError;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Message {
+    pub role: &'static str,
+    pub content: String,
+}
+
+impl Message {
+    fn system(content: impl Into<String>) -> Self {
+        Message {
+            role: "system",
+            content: content.into(),
+        }
+    }
+    fn user(content: impl Into<String>) -> Self {
+        Message {
+            role: "user",
+            content: content.into(),
+        }
+    }
+    fn assistant(content: impl Into<String>) -> Self {
+        Message {
+            role: "assistant",
+            content: content.into(),
+        }
+    }
+}
+
+const INSTRUCTIONS: &str = "\
+You are an expert PostgreSQL analyst. You answer a question about a PostgreSQL database by \
+writing one SQL query for it.
+
+Rules:
+- Write exactly one read-only PostgreSQL statement: a SELECT (WITH ... SELECT is fine). Never \
+change data or the schema.
+- Use only the tables and columns listed in the schema; quote identifiers that need quoting.
+- Return exactly the columns the question asks for, in the order it asks for them; no extra \
+columns.
+- Join through the foreign keys shown. Qualify column names when more than one table is used.
+- Match text values the way they are stored (see the sample values when they are given).
+- When the question asks for the top or bottom N, use ORDER BY with LIMIT.
+
+Answer with a JSON object and nothing else: {\"sql\": \"<the query>\"}";
+
+/// The first request for a question.
+pub fn initial(schema: &str, question: &str) -> Vec<Message> {
+    vec![
+        Message::system(INSTRUCTIONS),
+        Message::user(format!(
+            "Database schema:\n{schema}\n\nQuestion: {question}"
+        )),
+    ]
+}
+
+/// How the model's own answer is written back into the conversation: the form it was asked
+/// for, so that the next answer keeps that form.
+pub fn answer(sql: &str) -> Message {
+    Message::assistant(serde_json::json!({ "sql": sql }).to_string())
+}
+
+/// The model's answer as it was, when no SQL could be taken from it.
+pub fn answer_raw(content: &str) -> Message {
+    Message::assistant(content)
+}
+
+/// Feedback after a query failed. Carries the failed SQL verbatim and everything PostgreSQL
+/// said about it.
+pub fn repair_error(question: &str, sql: &str, error: &SqlError) -> Message {
+    let mut text = format!(
+        "That query failed.\n\nSQL:\n{sql}\n\nERROR {}: {}",
+        error.sqlstate, error.message
+    );
+    if let Some(detail) = &error.detail {
+        text.push_str(&format!("\nDETAIL: {detail}"));
+    }
+    if let Some(hint) = &error.hint {
+        text.push_str(&format!("\nHINT: {hint}"));
+    }
+    if let Some(near) = error.position.and_then(|p| near_position(sql, p)) {
+        text.push_str(&format!("\nThe error is near: {near}"));
+    }
+    text.push_str(&format!(
+        "\n\nWrite a corrected query that answers the question: {question}\n\
+         Answer with a JSON object and nothing else: {{\"sql\": \"<the query>\"}}"
+    ));
+    Message::user(text)
+}
+
+/// Feedback after an answer that contained no SQL at all.
+pub fn repair_no_sql(question: &str, output: &str) -> Message {
+    let shown: String = output.chars().take(500).collect();
+    Message::user(format!(
+        "Your answer contained no SQL query:\n{shown}\n\n\
+         Write one PostgreSQL SELECT query that answers the question: {question}\n\
+         Answer with a JSON object and nothing else: {{\"sql\": \"<the query>\"}}"
+    ))
+}
+
+/// Feedback after a query that ran but returned no rows. An empty answer can be right; the
+/// model is asked to say so by returning the same query, which ends the loop.
+pub fn repair_empty(question: &str, sql: &str) -> Message {
+    Message::user(format!(
+        "That query ran without error but returned 0 rows.\n\nSQL:\n{sql}\n\n\
+         If no rows is the correct answer to the question, return exactly the same query \
+         unchanged. Otherwise return a corrected query: check the literal values (spelling, \
+         case, codes versus names), the joins and the filters against the schema.\n\
+         Question: {question}\n\
+         Answer with a JSON object and nothing else: {{\"sql\": \"<the query>\"}}"
+    ))
+}
+
+/// Up to 40 characters of `sql` from the 1-based character `position` PostgreSQL reported.
+fn near_position(sql: &str, position: i32) -> Option<String> {
+    let start = usize::try_from(position).ok()?.checked_sub(1)?;
+    let near: String = sql.chars().skip(start).take(40).collect();
+    (!near.trim().is_empty()).then(|| near.trim_end().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_request_puts_instructions_first_and_question_last() {
+        let messages = initial("CREATE TABLE t (a int);", "how many t?");
+        assert_eq!(messages[0].role, "system");
+        assert!(messages[1]
+            .content
+            .starts_with("Database schema:\nCREATE TABLE t (a int);"));
+        assert!(messages[1].content.ends_with("Question: how many t?"));
+    }
+
+    #[test]
+    fn error_feedback_carries_everything_postgres_said() {
+        let error = SqlError {
+            sqlstate: "42703".into(),
+            message: "column \"nme\" does not exist".into(),
+            detail: Some("some detail".into()),
+            hint: Some("Perhaps you meant to reference the column \"t.name\".".into()),
+            position: Some(8),
+        };
+        let m = repair_error("names?", "SELECT nme FROM t", &error);
+        for part in [
+            "SELECT nme FROM t",
+            "ERROR 42703: column \"nme\" does not exist",
+            "DETAIL: some detail",
+            "HINT: Perhaps you meant",
+            "near: nme FROM t",
+            "names?",
+        ] {
+            assert!(
+                m.content.contains(part),
+                "{part} missing from {}",
+                m.content
+            );
+        }
+    }
+
+    #[test]
+    fn empty_feedback_invites_the_same_query() {
+        let m = repair_empty("who?", "SELECT a FROM t WHERE b = 'x'");
+        assert!(m.content.contains("returned 0 rows"));
+        assert!(m.content.contains("SELECT a FROM t WHERE b = 'x'"));
+        assert!(m.content.contains("return exactly the same query"));
+        assert!(m.content.contains("who?"));
+    }
+
+    #[test]
+    fn position_snippet_is_character_based() {
+        assert_eq!(
+            near_position("SELECT é, x FROM t", 11).as_deref(),
+            Some("x FROM t")
+        );
+        assert_eq!(near_position("SELECT 1", 0), None);
+        assert_eq!(near_position("SELECT 1", 99), None);
+    }
+}

@@ -1,0 +1,145 @@
+//! Every `sql_query_engine.*` setting, registered once in `_PG_init`, read through the accessor
+//! functions below (modelled on paradedb's `gucs.rs`).
+
+use std::ffi::CStr;
+
+use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
+
+use crate::error::{Error, Result};
+
+static LLM_URL: GucSetting<Option<std::ffi::CString>> =
+    GucSetting::<Option<std::ffi::CString>>::new(None);
+static LLM_MODEL: GucSetting<Option<std::ffi::CString>> =
+    GucSetting::<Option<std::ffi::CString>>::new(None);
+static LLM_API_KEY: GucSetting<Option<std::ffi::CString>> =
+    GucSetting::<Option<std::ffi::CString>>::new(None);
+static LLM_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(60_000);
+static TEMPERATURE: GucSetting<f64> = GucSetting::<f64>::new(0.0);
+static MAX_REPAIRS: GucSetting<i32> = GucSetting::<i32>::new(4);
+static STATEMENT_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+static MAX_ROWS: GucSetting<i32> = GucSetting::<i32>::new(1000);
+
+pub fn init() {
+    GucRegistry::define_string_guc(
+        c"sql_query_engine.llm_url",
+        c"Base URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8080/v1.",
+        c"Requests go to {llm_url}/chat/completions.",
+        &LLM_URL,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"sql_query_engine.llm_model",
+        c"Model name sent with every chat-completion request.",
+        c"",
+        &LLM_MODEL,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"sql_query_engine.llm_api_key",
+        c"API key sent as a Bearer token (superuser only, never shown).",
+        c"",
+        &LLM_API_KEY,
+        GucContext::Suset,
+        GucFlags::SUPERUSER_ONLY | GucFlags::NO_SHOW_ALL,
+    );
+    GucRegistry::define_int_guc(
+        c"sql_query_engine.llm_timeout",
+        c"How long one LLM request may take, retries included.",
+        c"",
+        &LLM_TIMEOUT_MS,
+        100,
+        i32::MAX,
+        GucContext::Userset,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_float_guc(
+        c"sql_query_engine.temperature",
+        c"Sampling temperature sent to the model.",
+        c"",
+        &TEMPERATURE,
+        0.0,
+        2.0,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"sql_query_engine.max_repairs",
+        c"How many times a failed or empty query is sent back to the model for repair.",
+        c"At most 1 + max_repairs queries run per question.",
+        &MAX_REPAIRS,
+        0,
+        20,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"sql_query_engine.statement_timeout",
+        c"Time limit for running one generated query.",
+        c"",
+        &STATEMENT_TIMEOUT_MS,
+        1,
+        i32::MAX,
+        GucContext::Userset,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"sql_query_engine.max_rows",
+        c"Rows returned at most; further rows are cut and the trace says so.",
+        c"",
+        &MAX_ROWS,
+        1,
+        i32::MAX - 1,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    // A mistyped sql_query_engine.* setting is an error instead of a silent placeholder.
+    unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"sql_query_engine".as_ptr()) };
+}
+
+fn string(setting: &GucSetting<Option<std::ffi::CString>>) -> Option<String> {
+    setting
+        .get()
+        .map(|s| CStr::to_string_lossy(&s).trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+/// Base URL of the LLM endpoint, required.
+pub fn llm_url() -> Result<String> {
+    string(&LLM_URL).ok_or_else(|| Error::Setting {
+        message: "sql_query_engine.llm_url is not set".into(),
+        hint: "Point it at an OpenAI-compatible API, e.g. \
+               SET sql_query_engine.llm_url = 'http://127.0.0.1:8080/v1'."
+            .into(),
+    })
+}
+
+pub fn llm_model() -> Option<String> {
+    string(&LLM_MODEL)
+}
+
+/// The API key. Only ever used for the Authorization header.
+pub fn llm_api_key() -> Option<String> {
+    string(&LLM_API_KEY)
+}
+
+pub fn llm_timeout_ms() -> u64 {
+    LLM_TIMEOUT_MS.get().max(1) as u64
+}
+
+pub fn temperature() -> f64 {
+    TEMPERATURE.get()
+}
+
+pub fn max_repairs() -> usize {
+    MAX_REPAIRS.get().max(0) as usize
+}
+
+pub fn statement_timeout_ms() -> i32 {
+    STATEMENT_TIMEOUT_MS.get().max(1)
+}
+
+pub fn max_rows() -> usize {
+    MAX_ROWS.get().max(1) as usize
+}

@@ -1,0 +1,144 @@
+//! A real PostgreSQL cluster for the end-to-end tests, with the extension installed.
+//!
+//! When `SQE_TEST_PGHOST` and `SQE_TEST_PGPORT` are set, that cluster is used. Otherwise one is
+//! created with `scripts/pg-cluster.sh` under /tmp and stopped when the test process exits. Each test gets a fresh database
+//! cloned from a template that holds the extension and a small shop schema.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+use postgres::{Client, NoTls};
+
+/// The fixture every test database starts with.
+pub const FIXTURE: &str = include_str!("fixture.sql");
+
+pub struct Cluster {
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+}
+
+static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+static CLUSTER_DIR: OnceLock<PathBuf> = OnceLock::new();
+static DATABASES: AtomicUsize = AtomicUsize::new(0);
+
+/// The shared cluster, started on first use.
+pub fn cluster() -> &'static Cluster {
+    CLUSTER.get_or_init(|| {
+        let cluster = match (
+            std::env::var("SQE_TEST_PGHOST"),
+            std::env::var("SQE_TEST_PGPORT"),
+        ) {
+            (Ok(host), Ok(port)) => Cluster {
+                host,
+                port: port.parse().expect("SQE_TEST_PGPORT is a port number"),
+                user: std::env::var("SQE_TEST_PGUSER").unwrap_or_else(|_| "postgres".into()),
+            },
+            _ => start_cluster(),
+        };
+        create_template(&cluster);
+        cluster
+    })
+}
+
+/// The repository's cluster script, shared with the demo and the benchmark.
+fn cluster_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/pg-cluster.sh")
+}
+
+fn run_script(args: &[&str]) {
+    let out = Command::new("bash")
+        .arg(cluster_script())
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running pg-cluster.sh: {e}"));
+    assert!(
+        out.status.success(),
+        "pg-cluster.sh {args:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+extern "C" fn stop_cluster() {
+    if let Some(dir) = CLUSTER_DIR.get() {
+        let _ = Command::new("bash")
+            .arg(cluster_script())
+            .arg("stop")
+            .arg(dir)
+            .output();
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+fn start_cluster() -> Cluster {
+    let port = free_port();
+    // Short: the socket lives here too.
+    let dir = format!("/tmp/sqe-e2e-{}", std::process::id());
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = CLUSTER_DIR.set(PathBuf::from(&dir));
+    unsafe { libc::atexit(stop_cluster) };
+    run_script(&["start", &dir, &port.to_string()]);
+    Cluster {
+        host: dir,
+        port,
+        user: "postgres".into(),
+    }
+}
+
+fn create_template(cluster: &Cluster) {
+    let mut admin = cluster.connect("postgres");
+    for statement in [
+        "DROP DATABASE IF EXISTS sqe_template",
+        "CREATE DATABASE sqe_template",
+    ] {
+        admin
+            .batch_execute(statement)
+            .expect("creating the template database");
+    }
+    let mut template = cluster.connect("sqe_template");
+    template
+        .batch_execute("CREATE EXTENSION sql_query_engine;")
+        .expect("CREATE EXTENSION sql_query_engine (is it installed? run `cargo pgrx install`)");
+    template
+        .batch_execute(FIXTURE)
+        .expect("loading the fixture");
+    drop(template);
+}
+
+impl Cluster {
+    pub fn connect(&self, database: &str) -> Client {
+        self.connect_as(database, &self.user)
+    }
+
+    pub fn connect_as(&self, database: &str, user: &str) -> Client {
+        let config = format!(
+            "host={} port={} user={} dbname={} application_name=sqe_e2e",
+            self.host, self.port, user, database
+        );
+        Client::connect(&config, NoTls).unwrap_or_else(|e| panic!("connecting to {database}: {e}"))
+    }
+
+    /// A fresh database with the extension and the fixture, for one test.
+    pub fn fresh_database(&self) -> String {
+        let n = DATABASES.fetch_add(1, Ordering::SeqCst);
+        let name = format!("sqe_test_{}_{n}", std::process::id());
+        let mut admin = self.connect("postgres");
+        // Clones of one template may not run at the same instant.
+        static CLONING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one_at_a_time = CLONING.lock().unwrap_or_else(|p| p.into_inner());
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name} TEMPLATE sqe_template"))
+            .expect("cloning the template database");
+        name
+    }
+}

@@ -1,0 +1,82 @@
+//! Harness for the end-to-end tests: a real cluster with the extension installed, a real client
+//! connection, and a scripted OpenAI-compatible server in the role of the model.
+
+pub mod cluster;
+pub mod llm;
+
+use postgres::Client;
+use serde_json::Value;
+
+pub use cluster::cluster;
+pub use llm::{Reply, ScriptedLlm};
+
+/// A connection to a fresh test database, pointed at its own scripted model.
+pub struct Session {
+    pub client: Client,
+    pub llm: ScriptedLlm,
+    pub database: String,
+}
+
+impl Session {
+    pub fn new() -> Session {
+        let cluster = cluster();
+        let database = cluster.fresh_database();
+        let mut client = cluster.connect(&database);
+        let llm = ScriptedLlm::start();
+        client
+            .batch_execute(&format!("SET sql_query_engine.llm_url = '{}'", llm.url()))
+            .expect("setting llm_url");
+        Session {
+            client,
+            llm,
+            database,
+        }
+    }
+
+    /// `nl_query` rows as JSON values.
+    pub fn query(&mut self, question: &str) -> Result<Vec<Value>, postgres::Error> {
+        let rows = self
+            .client
+            .query("SELECT nl_query($1)::text", &[&question])?;
+        Ok(rows
+            .iter()
+            .map(|r| serde_json::from_str(r.get::<_, &str>(0)).expect("nl_query returns JSON"))
+            .collect())
+    }
+
+    pub fn trace(&mut self, question: &str) -> Result<Value, postgres::Error> {
+        let row = self
+            .client
+            .query_one("SELECT nl_trace($1)::text", &[&question])?;
+        Ok(serde_json::from_str(row.get::<_, &str>(0)).expect("nl_trace returns JSON"))
+    }
+
+    pub fn generate(&mut self, question: &str) -> Result<String, postgres::Error> {
+        Ok(self
+            .client
+            .query_one("SELECT nl_generate($1)", &[&question])?
+            .get(0))
+    }
+
+    pub fn scalar_i64(&mut self, sql: &str) -> i64 {
+        self.client.query_one(sql, &[]).expect(sql).get(0)
+    }
+}
+
+impl Default for Session {
+    fn default() -> Self {
+        Session::new()
+    }
+}
+
+/// The SQLSTATE, message and detail of a database error.
+pub fn db_error(error: &postgres::Error) -> (String, String, String) {
+    let db = error
+        .as_db_error()
+        .unwrap_or_else(|| panic!("not a database error: {error}"));
+    (
+        db.code().code().to_string(),
+        db.message().to_string(),
+        db.detail().unwrap_or_default().to_string(),
+    )
+}

@@ -1,0 +1,209 @@
+//! A scripted OpenAI-compatible server that plays the LLM in the tests.
+//!
+//! It answers per question (the question text is looked up in the request's messages), from a
+//! queue of replies given by the test, records every request so that tests can assert what the
+//! model was told, and can fail on purpose: HTTP errors, garbage, no choices, slowness, hang-ups.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+/// One scripted answer.
+#[derive(Clone, Debug)]
+pub enum Reply {
+    /// A chat completion whose content is `{"sql": "..."}`.
+    Sql(String),
+    /// A chat completion with this exact content.
+    Content(String),
+    /// An HTTP status with this body.
+    Status(u16, String),
+    /// HTTP 200 with a body that is not a chat completion.
+    Raw(String),
+    /// Wait, then answer.
+    Slow(Duration, Box<Reply>),
+    /// Close the connection without answering.
+    HangUp,
+}
+
+impl Reply {
+    pub fn sql(sql: &str) -> Reply {
+        Reply::Sql(sql.to_string())
+    }
+}
+
+/// One request as the server received it.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub path: String,
+    pub headers: HashMap<String, String>,
+    pub body: Value,
+}
+
+impl Request {
+    /// Every message's content, joined: what the model read.
+    pub fn text(&self) -> String {
+        self.body["messages"]
+            .as_array()
+            .map(|m| {
+                m.iter()
+                    .filter_map(|m| m["content"].as_str())
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
+            .unwrap_or_default()
+    }
+
+    /// The last message: the newest instruction (the repair feedback, after a failure).
+    pub fn last_message(&self) -> String {
+        self.body["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .and_then(|m| m["content"].as_str())
+            .unwrap_or_default()
+            .to_string()
+    }
+}
+
+#[derive(Default)]
+struct State {
+    scripts: Vec<(String, Vec<Reply>)>,
+    requests: Vec<Request>,
+}
+
+pub struct ScriptedLlm {
+    port: u16,
+    state: Arc<Mutex<State>>,
+}
+
+impl ScriptedLlm {
+    pub fn start() -> ScriptedLlm {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("binding the scripted LLM");
+        let port = listener.local_addr().expect("its address").port();
+        let state = Arc::new(Mutex::new(State::default()));
+        let shared = Arc::clone(&state);
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let state = Arc::clone(&shared);
+                std::thread::spawn(move || serve(stream, &state));
+            }
+        });
+        ScriptedLlm { port, state }
+    }
+
+    /// The base URL to put in `sql_query_engine.llm_url`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/v1", self.port)
+    }
+
+    /// Requests whose messages contain `question` get `replies`, in order. More requests than
+    /// replies get HTTP 500 "unscripted", which makes a test fail loudly.
+    pub fn on(&self, question: &str, replies: Vec<Reply>) -> &Self {
+        self.lock().scripts.push((question.to_string(), replies));
+        self
+    }
+
+    pub fn requests(&self) -> Vec<Request> {
+        self.lock().requests.clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn serve(stream: TcpStream, state: &Mutex<State>) {
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
+    let mut reader = BufReader::new(match stream.try_clone() {
+        Ok(s) => s,
+        Err(_) => return,
+    });
+    let mut request_line = String::new();
+    if reader.read_line(&mut request_line).unwrap_or(0) == 0 {
+        return;
+    }
+    let path = request_line
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or("")
+        .to_string();
+    let mut headers = HashMap::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':') {
+            headers.insert(name.trim().to_ascii_lowercase(), value.trim().to_string());
+        }
+    }
+    let length: usize = headers
+        .get("content-length")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0u8; length];
+    if reader.read_exact(&mut body).is_err() {
+        return;
+    }
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let request = Request {
+        path,
+        headers,
+        body,
+    };
+    let text = request.text();
+    let reply = {
+        let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+        state.requests.push(request);
+        // The longest matching question wins, so that one question may contain another.
+        let mut matching: Vec<&mut (String, Vec<Reply>)> = state
+            .scripts
+            .iter_mut()
+            .filter(|(q, _)| text.contains(q.as_str()))
+            .collect();
+        matching.sort_by_key(|(q, _)| std::cmp::Reverse(q.len()));
+        match matching.into_iter().next() {
+            Some((_, replies)) if !replies.is_empty() => replies.remove(0),
+            _ => Reply::Status(500, r#"{"error":{"message":"unscripted request"}}"#.into()),
+        }
+    };
+    respond(stream, reply);
+}
+
+fn completion(content: &str) -> String {
+    json!({
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}
+    })
+    .to_string()
+}
+
+fn respond(mut stream: TcpStream, reply: Reply) {
+    let (status, body) = match reply {
+        Reply::Sql(sql) => (200, completion(&json!({ "sql": sql }).to_string())),
+        Reply::Content(content) => (200, completion(&content)),
+        Reply::Status(code, body) => (code, body),
+        Reply::Raw(body) => (200, body),
+        Reply::Slow(delay, then) => {
+            std::thread::sleep(delay);
+            return respond(stream, *then);
+        }
+        Reply::HangUp => return,
+    };
+    let head = format!(
+        "HTTP/1.1 {status} Scripted\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let _ = stream.write_all(head.as_bytes());
+    let _ = stream.write_all(body.as_bytes());
+    let _ = stream.flush();
+}

@@ -1,0 +1,335 @@
+//! What a user sees when things go wrong: a clear ERROR with a proper SQLSTATE, within the time
+//! limits, never a crash and never a hang.
+
+use std::time::{Duration, Instant};
+
+use sql_query_engine_e2e::{cluster, db_error, Reply, Session};
+
+fn error_of(s: &mut Session, question: &str) -> (String, String, Duration) {
+    let started = Instant::now();
+    let error = s.query(question).expect_err("an error was expected");
+    let (code, message, _) = db_error(&error);
+    (code, message, started.elapsed())
+}
+
+#[test]
+fn an_http_error_names_the_endpoint_and_the_status() {
+    let mut s = Session::new();
+    s.llm.on(
+        "q500",
+        vec![Reply::Status(
+            400,
+            r#"{"error":{"message":"bad model name"}}"#.into(),
+        )],
+    );
+    let (code, message, _) = error_of(&mut s, "q500");
+    assert_eq!(code, "58000");
+    assert!(message.contains(&s.llm.url()), "{message}");
+    assert!(message.contains("HTTP 400: bad model name"), "{message}");
+}
+
+#[test]
+fn server_errors_and_rate_limits_are_retried_within_the_deadline() {
+    let mut s = Session::new();
+    s.llm.on(
+        "busy model",
+        vec![
+            Reply::Status(429, r#"{"error":{"message":"slow down"}}"#.into()),
+            Reply::Status(503, "overloaded".into()),
+            Reply::sql("SELECT count(*) AS n FROM customers"),
+        ],
+    );
+    assert_eq!(
+        s.query("busy model").unwrap(),
+        vec![serde_json::json!({"n": 4})]
+    );
+    assert_eq!(s.llm.requests().len(), 3);
+}
+
+#[test]
+fn persistent_server_errors_end_within_the_timeout() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute("SET sql_query_engine.llm_timeout = 1500")
+        .unwrap();
+    s.llm.on(
+        "always 500",
+        (0..50).map(|_| Reply::Status(500, "down".into())).collect(),
+    );
+    let (code, message, took) = error_of(&mut s, "always 500");
+    assert_eq!(code, "58000");
+    assert!(message.contains("HTTP 500"), "{message}");
+    assert!(took < Duration::from_millis(2500), "took {took:?}");
+}
+
+#[test]
+fn garbage_and_empty_completions_are_errors() {
+    let mut s = Session::new();
+    s.llm
+        .on("garbage", vec![Reply::Raw("<html>oops</html>".into())]);
+    let (code, message, _) = error_of(&mut s, "garbage");
+    assert_eq!(code, "58000");
+    assert!(message.contains("not JSON"), "{message}");
+
+    s.llm
+        .on("no choices", vec![Reply::Raw(r#"{"choices": []}"#.into())]);
+    let (_, message, _) = error_of(&mut s, "no choices");
+    assert!(message.contains("no choices"), "{message}");
+
+    s.llm.on(
+        "not a completion",
+        vec![Reply::Raw(r#"{"data": 1}"#.into())],
+    );
+    let (_, message, _) = error_of(&mut s, "not a completion");
+    assert!(message.contains("not a chat completion"), "{message}");
+}
+
+#[test]
+fn a_slow_model_times_out_within_llm_timeout() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute("SET sql_query_engine.llm_timeout = 800")
+        .unwrap();
+    s.llm.on(
+        "slow",
+        vec![Reply::Slow(
+            Duration::from_secs(20),
+            Box::new(Reply::sql("SELECT 1")),
+        )],
+    );
+    let (code, message, took) = error_of(&mut s, "slow");
+    assert_eq!(code, "58000");
+    assert!(message.contains("llm_timeout"), "{message}");
+    assert!(took < Duration::from_millis(1800), "took {took:?}");
+}
+
+#[test]
+fn an_unreachable_model_and_a_hang_up_are_errors() {
+    let mut s = Session::new();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    s.client
+        .batch_execute(&format!(
+            "SET sql_query_engine.llm_url = 'http://127.0.0.1:{closed}/v1'"
+        ))
+        .unwrap();
+    let (code, message, took) = error_of(&mut s, "anything");
+    assert_eq!(code, "58000");
+    assert!(
+        message.contains(&format!("127.0.0.1:{closed}")),
+        "{message}"
+    );
+    assert!(took < Duration::from_secs(5));
+
+    let url = s.llm.url();
+    s.client
+        .batch_execute(&format!("SET sql_query_engine.llm_url = '{url}'"))
+        .unwrap();
+    s.llm.on("hang up", vec![Reply::HangUp]);
+    let (code, _, _) = error_of(&mut s, "hang up");
+    assert_eq!(code, "58000");
+}
+
+#[test]
+fn the_callers_statement_timeout_interrupts_the_model_wait() {
+    let mut s = Session::new();
+    s.llm.on(
+        "wait forever",
+        vec![Reply::Slow(
+            Duration::from_secs(30),
+            Box::new(Reply::sql("SELECT 1")),
+        )],
+    );
+    s.client
+        .batch_execute("SET statement_timeout = 500")
+        .unwrap();
+    let (code, _, took) = error_of(&mut s, "wait forever");
+    assert_eq!(code, "57014");
+    assert!(took < Duration::from_millis(1500), "took {took:?}");
+    // the session is fine afterwards
+    s.client.batch_execute("RESET statement_timeout").unwrap();
+    assert_eq!(s.scalar_i64("SELECT count(*) FROM orders"), 6);
+}
+
+#[test]
+fn pg_cancel_backend_interrupts_the_model_wait() {
+    let mut s = Session::new();
+    s.llm.on(
+        "cancel me",
+        vec![Reply::Slow(
+            Duration::from_secs(30),
+            Box::new(Reply::sql("SELECT 1")),
+        )],
+    );
+    let pid: i32 = s
+        .client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    let database = s.database.clone();
+    let canceller = std::thread::spawn(move || {
+        let mut other = cluster().connect(&database);
+        std::thread::sleep(Duration::from_millis(500));
+        let sent: bool = other
+            .query_one("SELECT pg_cancel_backend($1)", &[&pid])
+            .unwrap()
+            .get(0);
+        (sent, Instant::now())
+    });
+    let error = s.query("cancel me").unwrap_err();
+    let ended = Instant::now();
+    let (sent, cancelled_at) = canceller.join().unwrap();
+    assert!(sent);
+    assert_eq!(db_error(&error).0, "57014");
+    assert!(ended.duration_since(cancelled_at) < Duration::from_secs(1));
+}
+
+#[test]
+fn pg_terminate_backend_ends_the_backend_cleanly() {
+    let mut s = Session::new();
+    s.llm.on(
+        "terminate me",
+        vec![Reply::Slow(
+            Duration::from_secs(30),
+            Box::new(Reply::sql("SELECT 1")),
+        )],
+    );
+    let pid: i32 = s
+        .client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    let database = s.database.clone();
+    let killer = std::thread::spawn(move || {
+        let mut other = cluster().connect(&database);
+        std::thread::sleep(Duration::from_millis(500));
+        other
+            .query_one("SELECT pg_terminate_backend($1)", &[&pid])
+            .unwrap()
+            .get::<_, bool>(0)
+    });
+    let started = Instant::now();
+    let error = s.query("terminate me").unwrap_err();
+    assert!(killer.join().unwrap());
+    assert!(started.elapsed() < Duration::from_secs(3));
+    // FATAL 57P01 (or the connection closing): the postmaster did not restart, others go on
+    if let Some(db) = error.as_db_error() {
+        assert_eq!(db.code().code(), "57P01");
+    }
+    let mut other = cluster().connect(&s.database);
+    let crashed: i64 = other
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(crashed >= 1, "the server is still up and serving");
+}
+
+#[test]
+fn missing_settings_and_empty_questions_are_clear_errors() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute("RESET sql_query_engine.llm_url")
+        .unwrap();
+    let (code, message, _) = error_of(&mut s, "anything");
+    assert_eq!(code, "55000");
+    assert!(message.contains("sql_query_engine.llm_url"), "{message}");
+
+    let url = s.llm.url();
+    s.client
+        .batch_execute(&format!("SET sql_query_engine.llm_url = '{url}'"))
+        .unwrap();
+    for question in ["", "   "] {
+        let (code, _, _) = error_of(&mut s, question);
+        assert_eq!(code, "22023");
+    }
+    let error = s.client.query("SELECT nl_query(NULL)", &[]).unwrap_err();
+    assert_eq!(db_error(&error).0, "22023");
+    assert!(
+        s.llm.requests().is_empty(),
+        "no model call for a non-question"
+    );
+}
+
+#[test]
+fn a_mistyped_setting_is_an_error() {
+    let mut s = Session::new();
+    // load the library first: the prefix is reserved when it loads
+    s.client
+        .batch_execute("SELECT nl_trace(NULL::text) IS NULL")
+        .ok();
+    let error = s
+        .client
+        .batch_execute("SET sql_query_engine.llm_ulr = 'x'")
+        .unwrap_err();
+    let (code, message, detail) = db_error(&error);
+    assert_eq!(code, "42602", "invalid_name: the prefix is reserved");
+    assert!(
+        message.contains("llm_ulr") && detail.contains("reserved prefix"),
+        "{message} {detail}"
+    );
+}
+
+#[test]
+fn the_api_key_is_sent_as_a_bearer_token_and_shown_nowhere() {
+    let mut s = Session::new();
+    let key = "sk-test-e2e-0123456789";
+    s.client
+        .batch_execute(&format!("SET sql_query_engine.llm_api_key = '{key}'"))
+        .unwrap();
+    s.llm.on("key check", vec![Reply::sql("SELECT 1 AS one")]);
+    s.query("key check").unwrap();
+    let request = &s.llm.requests()[0];
+    assert_eq!(
+        request.headers.get("authorization").map(String::as_str),
+        Some(&*format!("Bearer {key}"))
+    );
+    assert!(
+        !request.body.to_string().contains(key),
+        "the key is only in the header"
+    );
+
+    // an endpoint that echoes the key in its errors does not get it printed
+    s.llm.on(
+        "echo key",
+        vec![Reply::Status(
+            500,
+            format!(r#"{{"error":{{"message":"bad key {key}"}}}}"#),
+        )],
+    );
+    s.client
+        .batch_execute("SET sql_query_engine.llm_timeout = 300")
+        .unwrap();
+    let (_, message, _) = error_of(&mut s, "echo key");
+    assert!(!message.contains(key), "{message}");
+
+    // non-superusers can neither read nor set it
+    let role = format!("nokey_{}", s.database);
+    s.client
+        .batch_execute(&format!("CREATE ROLE {role}; SET ROLE {role}"))
+        .unwrap();
+    let error = s
+        .client
+        .batch_execute("SHOW sql_query_engine.llm_api_key")
+        .unwrap_err();
+    assert_eq!(db_error(&error).0, "42501");
+    let error = s
+        .client
+        .batch_execute("SET sql_query_engine.llm_api_key = 'x'")
+        .unwrap_err();
+    assert_eq!(db_error(&error).0, "42501");
+    let shown: i64 = s
+        .client
+        .query_one(
+            "SELECT count(*) FROM pg_settings WHERE name LIKE 'sql_query_engine.%' AND setting LIKE '%sk-test%'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(shown, 0);
+}

@@ -1,0 +1,378 @@
+//! The self-healing pipeline end to end: nl_query, nl_generate and nl_trace through a real
+//! client, with the scripted model.
+
+use serde_json::json;
+use sql_query_engine_e2e::{db_error, Reply, Session};
+
+#[test]
+fn rows_are_accepted_after_one_model_call() {
+    let mut s = Session::new();
+    s.llm.on(
+        "Which customers are from Germany?",
+        vec![Reply::sql(
+            "SELECT name, country FROM customers WHERE country = 'DE' ORDER BY name",
+        )],
+    );
+    let rows = s.query("Which customers are from Germany?").unwrap();
+    assert_eq!(
+        rows,
+        vec![
+            json!({"name": "Bruno", "country": "DE"}),
+            json!({"name": "Dmitri", "country": "DE"})
+        ]
+    );
+    let requests = s.llm.requests();
+    assert_eq!(requests.len(), 1, "early accept: no second call");
+    let told = requests[0].text();
+    assert!(
+        told.contains("Which customers are from Germany?"),
+        "question verbatim"
+    );
+    assert!(told.contains("CREATE TABLE customers"), "schema context");
+    assert!(
+        told.contains("REFERENCES customers(customer_id)"),
+        "foreign keys"
+    );
+    assert!(told.contains("ISO 3166 two-letter code"), "column comments");
+    assert_eq!(requests[0].path, "/v1/chat/completions");
+    assert_eq!(requests[0].body["stream"], false);
+}
+
+#[test]
+fn values_are_built_by_postgres_in_query_order() {
+    let mut s = Session::new();
+    s.llm.on(
+        "orders by amount",
+        vec![Reply::sql(
+            "SELECT order_id, amount, ordered_on, amount * 2 AS doubled FROM orders ORDER BY amount DESC LIMIT 3",
+        )],
+    );
+    let rows = s.query("orders by amount").unwrap();
+    let ids: Vec<i64> = rows
+        .iter()
+        .map(|r| r["order_id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ids, [11, 13, 15], "rows keep the query's order");
+    // exact numerics (scale kept) and dates as PostgreSQL renders them
+    let first = &rows[0];
+    assert_eq!(first["ordered_on"], "2024-02-11");
+    assert_eq!(first["amount"].to_string(), "120.00");
+    assert_eq!(first["doubled"].to_string(), "240.00");
+}
+
+#[test]
+fn duplicate_column_names_are_all_kept() {
+    let mut s = Session::new();
+    s.llm.on(
+        "pairs",
+        vec![Reply::sql(
+            "SELECT c.name, o.order_id AS name FROM customers c JOIN orders o USING (customer_id) WHERE o.order_id = 10",
+        )],
+    );
+    let rows = s.query("pairs").unwrap();
+    assert_eq!(rows, vec![json!({"name": "Ada", "name_2": 10})]);
+}
+
+#[test]
+fn an_error_is_repaired_with_everything_postgres_said() {
+    let mut s = Session::new();
+    s.llm.on(
+        "How many orders per customer name?",
+        vec![
+            Reply::sql("SELECT c.nme, count(*) FROM customers c JOIN orders o USING (customer_id) GROUP BY 1"),
+            Reply::sql(
+                "SELECT c.name, count(*) AS n FROM customers c JOIN orders o USING (customer_id) GROUP BY 1 ORDER BY 1",
+            ),
+        ],
+    );
+    let trace = s.trace("How many orders per customer name?").unwrap();
+    assert_eq!(trace["status"], "ok");
+    assert_eq!(trace["row_count"], 4);
+    assert_eq!(trace["llm_calls"], 2);
+    let first = &trace["attempts"][0];
+    assert_eq!(first["outcome"], "error");
+    assert_eq!(first["sqlstate"], "42703");
+    assert_eq!(first["position"], 8, "the error position is recovered");
+    assert_eq!(trace["attempts"][1]["outcome"], "rows");
+
+    let repair = &s.llm.requests()[1];
+    let feedback = repair.last_message();
+    assert!(
+        feedback.contains("SELECT c.nme, count(*)"),
+        "failed SQL verbatim: {feedback}"
+    );
+    assert!(feedback.contains("42703"), "{feedback}");
+    assert!(
+        feedback.contains("column c.nme does not exist"),
+        "{feedback}"
+    );
+    assert!(
+        feedback.contains("HINT: Perhaps you meant to reference the column \"c.name\""),
+        "{feedback}"
+    );
+    assert!(repair.text().contains("How many orders per customer name?"));
+}
+
+#[test]
+fn a_confirmed_empty_result_is_returned_as_empty() {
+    let mut s = Session::new();
+    let sql = "SELECT name FROM customers WHERE country = 'FR'";
+    s.llm.on(
+        "customers in France",
+        vec![Reply::sql(sql), Reply::sql(sql)],
+    );
+    assert!(s.query("customers in France").unwrap().is_empty());
+    let requests = s.llm.requests();
+    assert_eq!(requests.len(), 2);
+    let feedback = requests[1].last_message();
+    assert!(
+        feedback.contains("returned 0 rows") && feedback.contains(sql),
+        "{feedback}"
+    );
+
+    s.llm.on(
+        "customers in France again",
+        vec![Reply::sql(sql), Reply::sql(sql)],
+    );
+    let trace = s.trace("customers in France again").unwrap();
+    assert_eq!(trace["status"], "empty");
+    assert_eq!(trace["confirmed_empty"], true);
+    assert_eq!(
+        trace["attempts"].as_array().unwrap().len(),
+        1,
+        "the same query is not run twice"
+    );
+}
+
+#[test]
+fn an_empty_result_can_be_repaired_into_rows() {
+    let mut s = Session::new();
+    s.llm.on(
+        "customers in Germany",
+        vec![
+            Reply::sql("SELECT name FROM customers WHERE country = 'Germany'"),
+            Reply::sql("SELECT name FROM customers WHERE country = 'DE' ORDER BY name"),
+        ],
+    );
+    let rows = s.query("customers in Germany").unwrap();
+    assert_eq!(
+        rows,
+        vec![json!({"name": "Bruno"}), json!({"name": "Dmitri"})]
+    );
+}
+
+#[test]
+fn when_repairs_run_out_the_best_result_is_returned() {
+    let mut s = Session::new();
+    let mut replies = vec![Reply::sql(
+        "SELECT name FROM customers WHERE country = 'XX'",
+    )];
+    replies.extend((0..4).map(|i| Reply::sql(&format!("SELECT missing_{i} FROM customers"))));
+    s.llm.on("hard question", replies);
+    let trace = s.trace("hard question").unwrap();
+    assert_eq!(trace["status"], "empty");
+    assert_eq!(
+        trace["sql"],
+        "SELECT name FROM customers WHERE country = 'XX'"
+    );
+    let attempts = trace["attempts"].as_array().unwrap();
+    assert_eq!(
+        attempts.len(),
+        5,
+        "1 + max_repairs executions, the last repair included"
+    );
+    assert!(attempts[1..].iter().all(|a| a["outcome"] == "error"));
+    assert_eq!(s.llm.requests().len(), 5);
+}
+
+#[test]
+fn when_every_attempt_fails_the_last_error_is_raised() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute("SET sql_query_engine.max_repairs = 2")
+        .unwrap();
+    s.llm.on(
+        "broken",
+        (0..3)
+            .map(|i| Reply::sql(&format!("SELECT nope_{i} FROM orders")))
+            .collect(),
+    );
+    let error = s.query("broken").unwrap_err();
+    let (code, message, detail) = db_error(&error);
+    assert_eq!(code, "42703");
+    assert!(message.contains("all 3 attempts failed"), "{message}");
+    assert!(message.contains("nope_2"), "{message}");
+    assert_eq!(detail, "last SQL: SELECT nope_2 FROM orders");
+}
+
+#[test]
+fn a_write_is_refused_never_run_and_never_repaired() {
+    let mut s = Session::new();
+    s.llm
+        .on("delete the orders", vec![Reply::sql("DELETE FROM orders")]);
+    let error = s.query("delete the orders").unwrap_err();
+    let (code, message, detail) = db_error(&error);
+    assert_eq!(code, "25006");
+    assert!(message.contains("DELETE"), "{message}");
+    assert!(detail.contains("DELETE FROM orders"), "{detail}");
+    assert_eq!(s.scalar_i64("SELECT count(*) FROM orders"), 6);
+    assert_eq!(s.llm.requests().len(), 1);
+
+    s.llm.on("drop it", vec![Reply::sql("DROP TABLE orders")]);
+    let trace = s.trace("drop it").unwrap();
+    assert_eq!(trace["status"], "refused");
+    assert_eq!(trace["attempts"][0]["sqlstate"], "25006");
+    assert_eq!(s.scalar_i64("SELECT count(*) FROM orders"), 6);
+}
+
+#[test]
+fn the_callers_transaction_continues_unharmed() {
+    let mut s = Session::new();
+    s.llm.on(
+        "count orders",
+        vec![
+            Reply::sql("SELECT count(*) FROM ordrs"),
+            Reply::sql("SELECT count(*) AS n FROM orders"),
+        ],
+    );
+    let mut tx = s.client.transaction().unwrap();
+    tx.batch_execute("INSERT INTO customers VALUES (5, 'Eve', 'FR')")
+        .unwrap();
+    let row = tx
+        .query_one("SELECT nl_query('count orders')::text", &[])
+        .unwrap();
+    assert_eq!(row.get::<_, &str>(0), r#"{"n": 6}"#);
+    // still read-write, still the same transaction
+    tx.batch_execute("INSERT INTO customers VALUES (6, 'Finn', 'FR')")
+        .unwrap();
+    tx.commit().unwrap();
+    assert_eq!(
+        s.scalar_i64("SELECT count(*) FROM customers WHERE country = 'FR'"),
+        2
+    );
+}
+
+#[test]
+fn rows_beyond_max_rows_are_cut_and_the_trace_says_so() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute("SET sql_query_engine.max_rows = 3")
+        .unwrap();
+    s.llm.on(
+        "all orders",
+        vec![Reply::sql("SELECT order_id FROM orders ORDER BY order_id")],
+    );
+    s.llm.on(
+        "all orders traced",
+        vec![Reply::sql("SELECT order_id FROM orders ORDER BY order_id")],
+    );
+    assert_eq!(s.query("all orders").unwrap().len(), 3);
+    let trace = s.trace("all orders traced").unwrap();
+    assert_eq!(trace["row_count"], 3);
+    assert_eq!(trace["truncated"], true);
+}
+
+#[test]
+fn a_slow_query_times_out_and_is_repaired() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute("SET sql_query_engine.statement_timeout = 200")
+        .unwrap();
+    s.llm.on(
+        "big count",
+        vec![
+            Reply::sql("SELECT count(*) FROM generate_series(1, 1000000000)"),
+            Reply::sql("SELECT count(*) AS n FROM orders"),
+        ],
+    );
+    let started = std::time::Instant::now();
+    let trace = s.trace("big count").unwrap();
+    assert!(started.elapsed().as_secs() < 10);
+    assert_eq!(trace["attempts"][0]["sqlstate"], "57014");
+    assert_eq!(trace["status"], "ok");
+    let feedback = s.llm.requests()[1].last_message();
+    assert!(feedback.contains("statement timeout"), "{feedback}");
+}
+
+#[test]
+fn nl_generate_returns_sql_that_plans_and_never_runs_it() {
+    let mut s = Session::new();
+    s.llm.on(
+        "orders total",
+        vec![
+            Reply::sql("SELECT sum(amount) FROM order"),
+            // would run for minutes: planning it must not execute it
+            Reply::sql("SELECT count(*) FROM generate_series(1, 10000000000)"),
+        ],
+    );
+    let started = std::time::Instant::now();
+    let sql = s.generate("orders total").unwrap();
+    assert_eq!(sql, "SELECT count(*) FROM generate_series(1, 10000000000)");
+    assert!(started.elapsed().as_secs() < 5, "the query was executed");
+    let feedback = s.llm.requests()[1].last_message();
+    assert!(
+        feedback.contains("42601") && feedback.contains("syntax error"),
+        "{feedback}"
+    );
+}
+
+#[test]
+fn answers_in_any_format_are_understood() {
+    let mut s = Session::new();
+    s.llm.on(
+        "customer count",
+        vec![Reply::Content(
+            "<think>count rows</think>Here you go:\n```sql\nSELECT count(*) AS customers\nFROM customers; -- all\n```".into(),
+        )],
+    );
+    assert_eq!(
+        s.query("customer count").unwrap(),
+        vec![json!({"customers": 4})]
+    );
+}
+
+#[test]
+fn tables_the_caller_cannot_read_are_not_in_the_prompt() {
+    let mut s = Session::new();
+    let role = format!("analyst_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {role}; GRANT SELECT ON customers, orders TO {role}; \
+             SET sql_query_engine.max_repairs = 0; SET ROLE {role};"
+        ))
+        .unwrap();
+    s.llm.on(
+        "anything secret",
+        vec![Reply::sql("SELECT note FROM secrets")],
+    );
+    let error = s.query("anything secret").unwrap_err();
+    let requests = s.llm.requests();
+    assert!(
+        !requests[0].text().contains("secrets"),
+        "an unreadable table reached the model"
+    );
+    assert!(requests[0].text().contains("CREATE TABLE orders"));
+    // the model named it anyway: the server's privilege check stops it
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "42501");
+    assert!(
+        message.contains("permission denied for table secrets"),
+        "{message}"
+    );
+}
+
+#[test]
+fn ddl_is_visible_to_the_very_next_question() {
+    let mut s = Session::new();
+    s.llm.on("first", vec![Reply::sql("SELECT 1 AS one")]);
+    s.query("first").unwrap();
+    assert!(!s.llm.requests()[0].text().contains("loyalty_points"));
+    s.client
+        .batch_execute("ALTER TABLE customers ADD COLUMN loyalty_points integer")
+        .unwrap();
+    s.llm.on("second", vec![Reply::sql("SELECT 1 AS one")]);
+    s.query("second").unwrap();
+    assert!(s.llm.requests()[1]
+        .text()
+        .contains("loyalty_points integer"));
+}
