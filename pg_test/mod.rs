@@ -1,6 +1,8 @@
 //! Hooks for `cargo pgrx test`, and the tests that need a backend. Each test that creates
 //! objects does so in its own schema: the tests run concurrently in one database.
 
+mod guard_corpus;
+
 pub fn setup(_options: Vec<&str>) {}
 
 #[must_use]
@@ -15,6 +17,7 @@ mod tests {
     use pgrx::prelude::*;
 
     use crate::exec::{attempt, Mode, Outcome};
+    use pgrx::pg_sys::PgTryBuilder;
 
     const RUN: Mode = Mode::Run { max_rows: 1000 };
 
@@ -45,10 +48,14 @@ mod tests {
 
     #[pg_test]
     fn queries_run_read_only_and_the_caller_stays_read_write() {
+        // A STABLE function passes the guard; the VOLATILE one it calls is out of the guard's
+        // sight, so only the read-only transaction stops its write.
         Spi::run(
             "CREATE SCHEMA sqe_t_ro; CREATE TABLE sqe_t_ro.t (a int);
-             CREATE FUNCTION sqe_t_ro.sneaky() RETURNS int LANGUAGE plpgsql AS
-             $$ BEGIN INSERT INTO sqe_t_ro.t VALUES (1); RETURN 1; END $$;",
+             CREATE FUNCTION sqe_t_ro.writer() RETURNS int LANGUAGE plpgsql VOLATILE AS
+             $$ BEGIN INSERT INTO sqe_t_ro.t VALUES (1); RETURN 1; END $$;
+             CREATE FUNCTION sqe_t_ro.sneaky() RETURNS int LANGUAGE plpgsql STABLE AS
+             $$ BEGIN RETURN sqe_t_ro.writer(); END $$;",
         )
         .unwrap();
         let e = failed(attempt("SELECT sqe_t_ro.sneaky()", RUN, 10_000));
@@ -174,6 +181,109 @@ mod tests {
             failed(attempt("SELECT nope", Mode::Plan, 10_000)).sqlstate,
             "42703"
         );
+    }
+
+    /// What the guard made of `sql`: `ok`, or the SQLSTATE it was refused or failed with. The
+    /// query is only ever planned, so even a guard hole could not run it.
+    fn verdict(sql: &str) -> String {
+        match attempt(sql, Mode::Plan, 10_000) {
+            Outcome::Planned => super::guard_corpus::OK.to_string(),
+            Outcome::Refused(r) => {
+                assert_eq!(r.ends_run, r.error.sqlstate == "25006", "{sql}: {r:?}");
+                r.error.sqlstate
+            }
+            Outcome::Failed(e) => e.sqlstate,
+            other => format!("{other:?}"),
+        }
+    }
+
+    #[pg_test]
+    fn the_adversarial_corpus_is_refused_with_the_right_sqlstates() {
+        use super::guard_corpus::{CASES, CORPUS_SETUP};
+        Spi::run(CORPUS_SETUP).unwrap();
+        Spi::run("SET LOCAL search_path = sqe_corpus, public").unwrap();
+        assert!(CASES.len() >= 150, "only {} cases", CASES.len());
+        let wrong: Vec<String> = CASES
+            .iter()
+            .filter_map(|(sql, expected)| {
+                let got = verdict(sql);
+                (got != *expected).then(|| format!("{sql:?}: expected {expected}, got {got}"))
+            })
+            .collect();
+        assert!(
+            wrong.is_empty(),
+            "{} of {} wrong:\n{}",
+            wrong.len(),
+            CASES.len(),
+            wrong.join("\n")
+        );
+        // nothing ran: no row written, the sequence never advanced, no advisory lock held
+        assert_eq!(
+            Spi::get_one::<i64>("SELECT count(*) FROM sqe_corpus.t").unwrap(),
+            Some(0)
+        );
+        assert_eq!(
+            Spi::get_one::<bool>("SELECT is_called FROM sqe_corpus.s").unwrap(),
+            Some(false)
+        );
+        assert_eq!(
+            Spi::get_one::<i64>("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
+                .unwrap(),
+            Some(0)
+        );
+    }
+
+    #[pg_test]
+    fn very_long_and_deeply_nested_input() {
+        let long_literal = format!("SELECT '{}'", "x".repeat(1 << 20));
+        assert_eq!(verdict(&long_literal), "ok");
+        let long_list = format!("SELECT 1 WHERE 1 IN ({})", vec!["1"; 20_000].join(","));
+        assert_eq!(verdict(&long_list), "ok");
+        // too deep for the grammar: the parser's own syntax error
+        let deep = format!("SELECT {}1{}", "(".repeat(100_000), ")".repeat(100_000));
+        assert_eq!(verdict(&deep), "42601");
+        // parses, but too deep to analyze: the server's stack guard
+        let long_chain = format!("SELECT {}1", "1+".repeat(200_000));
+        assert_eq!(verdict(&long_chain), "54001");
+        let deep_write = format!("{}DELETE FROM x", "/* */ ".repeat(100_000));
+        assert_eq!(verdict(&deep_write), "25006");
+    }
+
+    #[pg_test]
+    fn catalogs_can_be_allowed_by_setting() {
+        assert_eq!(verdict("SELECT count(*) FROM pg_class"), "42501");
+        Spi::run("SET LOCAL sql_query_engine.allow_system_catalogs = on").unwrap();
+        assert_eq!(verdict("SELECT count(*) FROM pg_class"), "ok");
+        // side-effect functions stay refused
+        assert_eq!(verdict("SELECT current_setting('work_mem')"), "42501");
+    }
+
+    #[pg_test]
+    fn nl_check_raises_the_refusal_or_returns() {
+        Spi::run("SELECT nl_check('SELECT 1')").unwrap();
+        for (sql, code) in [
+            ("DELETE FROM nowhere", "25006"),
+            ("SELECT pg_sleep(1)", "42501"),
+            ("SELEC 1", "42601"),
+        ] {
+            let caught = PgTryBuilder::new(|| {
+                Spi::run(&format!(
+                    "SELECT nl_check({})",
+                    pgrx::spi::quote_literal(sql)
+                ))
+                .unwrap();
+                String::from("ok")
+            })
+            .catch_others(|e| match e {
+                pgrx::pg_sys::panic::CaughtError::PostgresError(r)
+                | pgrx::pg_sys::panic::CaughtError::ErrorReport(r) => {
+                    crate::error::code_to_sqlstate(r.sql_error_code())
+                }
+                other => format!("{other:?}"),
+            })
+            .execute();
+            assert_eq!(caught, code, "{sql}");
+        }
     }
 
     #[pg_test]

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::exec::{self, Mode, Outcome};
 use crate::heal::{self, Run};
 use crate::llm::OpenAiClient;
-use crate::{schema, settings};
+use crate::{guard, schema, settings};
 
 /// Answers a question with rows: one jsonb object per row, in the query's order.
 #[pg_extern]
@@ -46,6 +46,16 @@ fn nl_generate(question: Option<&str>) -> String {
 fn nl_trace(question: Option<&str>) -> JsonB {
     let run = answer(question, run_mode()).unwrap_or_else(|e| e.raise());
     JsonB(run.trace())
+}
+
+/// Checks SQL with the guard, without running it: raises the refusal as an ERROR (25006 for a
+/// write, 42501 for a forbidden function, clause or relation, the parser's own SQLSTATE for a
+/// syntax or name error), or returns.
+#[pg_extern]
+fn nl_check(sql: &str) {
+    if let Err(refusal) = guard::check(sql) {
+        Error::Refused(Box::new(refusal.error)).raise();
+    }
 }
 
 fn run_mode() -> Mode {

@@ -41,9 +41,10 @@ pub enum Error {
     #[error("LLM request to {endpoint} failed: {cause}")]
     Llm { endpoint: String, cause: String },
 
-    /// The model proposed a statement that writes; it was never executed.
+    /// The guard refused a statement (a write proposed by the model, or what `nl_check` was
+    /// given); it was never executed.
     #[error("{}", .0.message)]
-    WriteRefused(Box<SqlError>),
+    Refused(Box<SqlError>),
 
     /// Every attempt failed; carries the last error and the last SQL.
     #[error("could not answer the question: all {attempts} attempts failed; last error: {}", last.message)]
@@ -72,7 +73,7 @@ impl Error {
             Error::Setting { .. } => "55000".into(),
             // An external service failed: PostgreSQL's "system error" class, not a client error.
             Error::Llm { .. } => "58000".into(),
-            Error::WriteRefused(e) => e.sqlstate.clone(),
+            Error::Refused(e) => e.sqlstate.clone(),
             Error::AllAttemptsFailed { last, .. } => last.sqlstate.clone(),
             Error::Internal(_) => "XX000".into(),
         }
@@ -80,7 +81,7 @@ impl Error {
 
     fn detail(&self) -> Option<String> {
         match self {
-            Error::WriteRefused(e) => e.detail.clone(),
+            Error::Refused(e) => e.detail.clone(),
             Error::AllAttemptsFailed { last_sql, .. } => Some(format!("last SQL: {last_sql}")),
             _ => None,
         }
@@ -89,7 +90,7 @@ impl Error {
     fn hint(&self) -> Option<String> {
         match self {
             Error::Setting { hint, .. } => Some(hint.clone()),
-            Error::WriteRefused(e) => e.hint.clone(),
+            Error::Refused(e) => e.hint.clone(),
             Error::AllAttemptsFailed { last, .. } => last.hint.clone(),
             Error::Llm { .. } => Some(
                 "Check sql_query_engine.llm_url and that the endpoint is up; \

@@ -33,6 +33,9 @@ pub struct ResultSet {
     pub rows: Vec<String>,
     /// More rows existed than `max_rows`; the rest were cut.
     pub truncated: bool,
+    /// For an empty result: the tables it read on which row-level security filters this role's
+    /// rows, so that "empty because of row security" is told apart from "really empty".
+    pub row_security: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,9 +141,10 @@ fn run_guarded(sql: &str, mode: Mode) -> Outcome {
             false,
         );
     }
-    if let Err(refusal) = guard::check(sql) {
-        return Outcome::Refused(refusal);
-    }
+    let checked = match guard::check(sql) {
+        Ok(checked) => checked,
+        Err(refusal) => return Outcome::Refused(refusal),
+    };
     // guard::check refused NUL characters already.
     let Ok(text) = CString::new(sql) else {
         return Outcome::Refused(guard::Refusal {
@@ -176,8 +180,9 @@ fn run_guarded(sql: &str, mode: Mode) -> Outcome {
                     false,
                     limit,
                 );
-                let result = collect_rows(max_rows);
+                let mut result = collect_rows(max_rows);
                 if result.rows.is_empty() {
+                    result.row_security = row_security_tables(&checked.relations);
                     Outcome::Empty(result)
                 } else {
                     Outcome::Rows(result)
@@ -258,7 +263,25 @@ unsafe fn collect_rows(max_rows: usize) -> ResultSet {
         columns,
         rows,
         truncated: processed > max_rows,
+        row_security: Vec::new(),
     }
+}
+
+/// The relations among `relations` on which row-level security applies to the current role.
+unsafe fn row_security_tables(relations: &[pg_sys::Oid]) -> Vec<String> {
+    let mut tables: Vec<String> = Vec::new();
+    for &relid in relations {
+        let applies = pg_sys::check_enable_rls(relid, pg_sys::InvalidOid, true)
+            == pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32;
+        let name = pg_sys::get_rel_name(relid);
+        if applies && !name.is_null() {
+            let name = CStr::from_ptr(name).to_string_lossy().into_owned();
+            if !tables.contains(&name) {
+                tables.push(name);
+            }
+        }
+    }
+    tables
 }
 
 /// `a, b, a` becomes `a, b, a_2`: jsonb objects cannot hold a key twice.

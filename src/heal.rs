@@ -147,7 +147,9 @@ pub fn solve(
         let ms = millis(ran);
         let feedback = match &outcome {
             Outcome::Rows(_) | Outcome::Planned => None,
-            Outcome::Empty(_) => Some(prompt::repair_empty(question, &sql)),
+            Outcome::Empty(result) => {
+                Some(prompt::repair_empty(question, &sql, &result.row_security))
+            }
             Outcome::Failed(error) => Some(prompt::repair_error(question, &sql, error)),
             Outcome::Refused(refusal) if !refusal.ends_run => {
                 Some(prompt::repair_error(question, &sql, &refusal.error))
@@ -206,7 +208,7 @@ impl Run {
         match self.status {
             Status::Ok | Status::Empty => None,
             Status::Refused => self.attempts.last().and_then(|a| match &a.outcome {
-                Outcome::Refused(r) => Some(Error::WriteRefused(Box::new(SqlError {
+                Outcome::Refused(r) => Some(Error::Refused(Box::new(SqlError {
                     detail: Some(format!("proposed SQL: {}", a.sql)),
                     ..r.error.clone()
                 }))),
@@ -277,6 +279,7 @@ fn attempt_trace(attempt: &Attempt) -> Value {
         "position": error.and_then(|e| e.position),
         "row_count": result.map(|r| r.rows.len()),
         "truncated": result.is_some_and(|r| r.truncated),
+        "row_security": result.map(|r| &r.row_security).filter(|t| !t.is_empty()),
         "ms": attempt.ms,
         "llm_ms": attempt.llm_ms,
     })
@@ -325,7 +328,7 @@ mod tests {
         Outcome::Rows(ResultSet {
             columns: vec!["a".into()],
             rows: vec!["{\"a\": 1}".into(); n],
-            truncated: false,
+            ..Default::default()
         })
     }
     fn empty() -> Outcome {

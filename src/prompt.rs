@@ -48,6 +48,8 @@ columns.
 - Join through the foreign keys shown. Qualify column names when more than one table is used.
 - Match text values the way they are stored (see the sample values when they are given).
 - When the question asks for the top or bottom N, use ORDER BY with LIMIT.
+- Do not query system catalogs (pg_catalog, information_schema): answer questions about the \
+database's structure from the schema below, for example with VALUES.
 
 Answer with a JSON object and nothing else: {\"sql\": \"<the query>\"}";
 
@@ -107,15 +109,24 @@ pub fn repair_no_sql(question: &str, output: &str) -> Message {
 
 /// Feedback after a query that ran but returned no rows. An empty answer can be right; the
 /// model is asked to say so by returning the same query, which ends the loop.
-pub fn repair_empty(question: &str, sql: &str) -> Message {
-    Message::user(format!(
-        "That query ran without error but returned 0 rows.\n\nSQL:\n{sql}\n\n\
-         If no rows is the correct answer to the question, return exactly the same query \
+pub fn repair_empty(question: &str, sql: &str, row_security: &[String]) -> Message {
+    let mut text = format!("That query ran without error but returned 0 rows.\n\nSQL:\n{sql}\n\n");
+    if !row_security.is_empty() {
+        text.push_str(&format!(
+            "Note: row-level security filters the rows of {} for this user, so the result may \
+             be empty because the user may not see those rows, not because the filters are \
+             wrong. Do not widen the filters to find rows the user cannot see.\n\n",
+            row_security.join(", ")
+        ));
+    }
+    text.push_str(&format!(
+        "If no rows is the correct answer to the question, return exactly the same query \
          unchanged. Otherwise return a corrected query: check the literal values (spelling, \
          case, codes versus names), the joins and the filters against the schema.\n\
          Question: {question}\n\
          Answer with a JSON object and nothing else: {{\"sql\": \"<the query>\"}}"
-    ))
+    ));
+    Message::user(text)
 }
 
 /// Up to 40 characters of `sql` from the 1-based character `position` PostgreSQL reported.
@@ -167,11 +178,16 @@ mod tests {
 
     #[test]
     fn empty_feedback_invites_the_same_query() {
-        let m = repair_empty("who?", "SELECT a FROM t WHERE b = 'x'");
+        let m = repair_empty("who?", "SELECT a FROM t WHERE b = 'x'", &[]);
         assert!(m.content.contains("returned 0 rows"));
         assert!(m.content.contains("SELECT a FROM t WHERE b = 'x'"));
         assert!(m.content.contains("return exactly the same query"));
         assert!(m.content.contains("who?"));
+        assert!(!m.content.contains("row-level security"));
+        let m = repair_empty("who?", "SELECT a FROM t", &["t".to_string()]);
+        assert!(m
+            .content
+            .contains("row-level security filters the rows of t"));
     }
 
     #[test]

@@ -18,6 +18,7 @@ static TEMPERATURE: GucSetting<f64> = GucSetting::<f64>::new(0.0);
 static MAX_REPAIRS: GucSetting<i32> = GucSetting::<i32>::new(4);
 static STATEMENT_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 static MAX_ROWS: GucSetting<i32> = GucSetting::<i32>::new(1000);
+static ALLOW_SYSTEM_CATALOGS: GucSetting<bool> = GucSetting::<bool>::new(false);
 
 pub fn init() {
     GucRegistry::define_string_guc(
@@ -94,6 +95,14 @@ pub fn init() {
         GucContext::Userset,
         GucFlags::default(),
     );
+    GucRegistry::define_bool_guc(
+        c"sql_query_engine.allow_system_catalogs",
+        c"Whether generated queries may read pg_catalog and information_schema.",
+        c"Off by default: questions about the schema are answered from the schema context.",
+        &ALLOW_SYSTEM_CATALOGS,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
     // A mistyped sql_query_engine.* setting is an error instead of a silent placeholder.
     unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"sql_query_engine".as_ptr()) };
 }
@@ -142,4 +151,8 @@ pub fn statement_timeout_ms() -> i32 {
 
 pub fn max_rows() -> usize {
     MAX_ROWS.get().max(1) as usize
+}
+
+pub fn allow_system_catalogs() -> bool {
+    ALLOW_SYSTEM_CATALOGS.get()
 }
