@@ -2,7 +2,9 @@
 # Runs every test of sql_query_engine:
 #   1. unit tests and backend tests (#[pg_test]) through `cargo pgrx test`,
 #   2. the extension installed into the server's directories,
-#   3. end-to-end tests: a real cluster, a real client, a scripted OpenAI-compatible model.
+#   3. end-to-end tests: a real cluster, a real client, a scripted OpenAI-compatible model
+#      (with SQE_BENCH_DIR set, also: every gold query of that benchmark passes the guard),
+#   4. the benchmark harness's comparator.
 # Needs the set-up of scripts/setup.sh (PostgreSQL 15 dev files, cargo-pgrx 0.18.1, pgrx init).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,3 +25,5 @@ else
 fi
 
 cargo test -p sql_query_engine_e2e -- --test-threads="${E2E_THREADS:-4}"
+
+(cd bench && python3 -m unittest test_score 2>&1 | tail -3)

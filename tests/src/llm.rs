@@ -58,6 +58,13 @@ impl Request {
     }
 
     /// The last message: the newest instruction (the repair feedback, after a failure).
+    /// Whether this request asks for a repair (the conversation goes on after the first answer).
+    pub fn is_repair(&self) -> bool {
+        self.body["messages"]
+            .as_array()
+            .is_some_and(|m| m.len() > 2)
+    }
+
     pub fn last_message(&self) -> String {
         self.body["messages"]
             .as_array()
@@ -68,9 +75,13 @@ impl Request {
     }
 }
 
+/// Answers computed from the request, for requests no script matches.
+type Responder = Box<dyn Fn(&Request) -> Option<Reply> + Send>;
+
 #[derive(Default)]
 struct State {
     scripts: Vec<(String, Vec<Reply>)>,
+    responder: Option<Responder>,
     requests: Vec<Request>,
 }
 
@@ -104,6 +115,11 @@ impl ScriptedLlm {
     pub fn on(&self, question: &str, replies: Vec<Reply>) -> &Self {
         self.lock().scripts.push((question.to_string(), replies));
         self
+    }
+
+    /// Answers requests that no `on` script matches (the demo's and the benchmark's model).
+    pub fn respond_with(&self, responder: impl Fn(&Request) -> Option<Reply> + Send + 'static) {
+        self.lock().responder = Some(Box::new(responder));
     }
 
     pub fn requests(&self) -> Vec<Request> {
@@ -169,10 +185,21 @@ fn serve(stream: TcpStream, state: &Mutex<State>) {
             .filter(|(q, _)| text.contains(q.as_str()))
             .collect();
         matching.sort_by_key(|(q, _)| std::cmp::Reverse(q.len()));
-        match matching.into_iter().next() {
-            Some((_, replies)) if !replies.is_empty() => replies.remove(0),
-            _ => Reply::Status(500, r#"{"error":{"message":"unscripted request"}}"#.into()),
-        }
+        let scripted = match matching.into_iter().next() {
+            Some((_, replies)) if !replies.is_empty() => Some(replies.remove(0)),
+            _ => None,
+        };
+        let request = state.requests.last().expect("just recorded");
+        scripted
+            .or_else(|| {
+                state
+                    .responder
+                    .as_ref()
+                    .and_then(|respond| respond(request))
+            })
+            .unwrap_or_else(|| {
+                Reply::Status(500, r#"{"error":{"message":"unscripted request"}}"#.into())
+            })
     };
     respond(stream, reply);
 }

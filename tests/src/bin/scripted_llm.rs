@@ -1,9 +1,11 @@
-//! The scripted model as a standalone server, for the demo when no real model is at hand.
-//! Usage: scripted_llm ANSWERS.json   (an object: question -> SQL). Prints its base URL, then
-//! serves until killed.
+//! The scripted model as a standalone server, for the demo and the benchmark harness's tests.
+//! Usage: scripted_llm ANSWERS.json, where ANSWERS maps a question to the SQL to answer with,
+//! or to {"first": SQL, "repair": SQL} to answer first attempts and repairs differently.
+//! Prints its base URL, then serves until killed.
 
 use std::io::Write;
 
+use serde_json::Value;
 use sql_query_engine_e2e::{Reply, ScriptedLlm};
 
 fn main() {
@@ -15,16 +17,25 @@ fn main() {
         eprintln!("reading {path}: {e}");
         std::process::exit(1);
     });
-    let answers: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&text)
-        .unwrap_or_else(|e| {
-            eprintln!("{path} is not a JSON object of question -> SQL: {e}");
-            std::process::exit(1);
-        });
+    let answers: serde_json::Map<String, Value> = serde_json::from_str(&text).unwrap_or_else(|e| {
+        eprintln!("{path} is not a JSON object of question -> answer: {e}");
+        std::process::exit(1);
+    });
     let llm = ScriptedLlm::start();
-    for (question, sql) in &answers {
-        let sql = sql.as_str().unwrap_or_default();
-        llm.on(question, vec![Reply::sql(sql); 1000]);
-    }
+    llm.respond_with(move |request| {
+        let text = request.text();
+        // The longest question found in the request wins (one question may contain another).
+        let (_, answer) = answers
+            .iter()
+            .filter(|(question, _)| text.contains(question.as_str()))
+            .max_by_key(|(question, _)| question.len())?;
+        let sql = match answer {
+            Value::Object(o) if request.is_repair() => o.get("repair"),
+            Value::Object(o) => o.get("first"),
+            other => Some(other),
+        }?;
+        Some(Reply::sql(sql.as_str()?))
+    });
     println!("{}", llm.url());
     let _ = std::io::stdout().flush();
     loop {

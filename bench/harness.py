@@ -1,0 +1,280 @@
+"""The benchmark harness behind bench/run: execution accuracy of sql_query_engine, measured
+through a real client connection, per configuration, with latency and token counts.
+
+Results are stored per question (OUT/questions/CONFIG/ID.json), so an interrupted run resumes
+where it stopped; OUT/results.json and OUT/results.md are rewritten at the end.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import psycopg
+
+from score import same_result
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+#: Configurations: a name, what it means, and the settings that make it.
+CONFIGS = {
+    "C": ("generation only", {"max_repairs": "0"}),
+    "A": ("full pipeline (defaults)", {}),
+}
+
+
+def parse_args():
+    p = argparse.ArgumentParser(prog="bench/run", description=__doc__)
+    p.add_argument("--bench", required=True, help="directory with dumps/, load.sh and questions")
+    p.add_argument("--questions", help="questions JSONL (default: BENCH/dev.jsonl)")
+    p.add_argument("--llm-url", required=True, help="OpenAI-compatible base URL")
+    p.add_argument("--model", required=True, help="model name sent to the endpoint")
+    p.add_argument("--configs", default="C,A", help="comma-separated: " + ", ".join(CONFIGS))
+    p.add_argument("--limit", type=int, help="only the first N questions")
+    p.add_argument("--ids", help="only these question ids (comma-separated)")
+    p.add_argument("--suite", help="only questions of this suite")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--llm-timeout", default="600000", help="sql_query_engine.llm_timeout (ms)")
+    p.add_argument("--no-load", action="store_true", help="the databases are loaded already")
+    return p.parse_args()
+
+
+def select_questions(args):
+    path = pathlib.Path(args.questions or pathlib.Path(args.bench) / "dev.jsonl")
+    questions = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if args.ids:
+        wanted = set(args.ids.split(","))
+        questions = [q for q in questions if q["id"] in wanted]
+    if args.suite:
+        questions = [q for q in questions if q["suite"] == args.suite]
+    if args.limit:
+        questions = questions[: args.limit]
+    return questions
+
+
+class Cluster:
+    """The cluster named by PGHOST/PGPORT/PGUSER, or a throwaway one started here."""
+
+    def __init__(self, out):
+        self.own = None
+        if os.environ.get("PGHOST") or os.environ.get("PGPORT"):
+            return
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        directory = f"/tmp/sqe-bench-{os.getpid()}"
+        subprocess.run(["bash", str(REPO / "scripts/pg-cluster.sh"), "start", directory, str(port)], check=True)
+        self.own = directory
+        os.environ.update(PGHOST=directory, PGPORT=str(port), PGUSER="postgres")
+
+    def stop(self):
+        if self.own:
+            subprocess.run(["bash", str(REPO / "scripts/pg-cluster.sh"), "stop", self.own], check=False)
+            subprocess.run(["rm", "-rf", self.own], check=False)
+
+
+def connect(database):
+    return psycopg.connect(dbname=database, autocommit=True)
+
+
+def load_databases(bench, databases):
+    subprocess.run(["sh", str(pathlib.Path(bench) / "load.sh"), *databases], check=True, stdout=subprocess.DEVNULL)
+    for database in databases:
+        with connect(database) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS sql_query_engine")
+
+
+def run_rows(conn, sql, timeout_ms=60000):
+    """Rows of `sql`, read-only, in a transaction that is rolled back."""
+    with conn.transaction(force_rollback=True):
+        conn.execute("SET TRANSACTION READ ONLY")
+        conn.execute(f"SET LOCAL statement_timeout = {int(timeout_ms)}")
+        return [list(row) for row in conn.execute(sql).fetchall()]
+
+
+def ask(conn, question, config, args):
+    """One question through nl_trace, then its rows; a record of what happened."""
+    settings = {"llm_url": args.llm_url, "llm_model": args.model, "llm_timeout": args.llm_timeout}
+    settings.update(CONFIGS[config][1])
+    conn.execute("RESET ALL")
+    for name, value in settings.items():
+        conn.execute("SELECT set_config(%s, %s, false)", [f"sql_query_engine.{name}", value])
+    text = question["question"]
+    if question.get("evidence"):
+        text += "\nHint: " + question["evidence"]
+    record = {"id": question["id"], "config": config, "suite": question["suite"],
+              "difficulty": question.get("difficulty") or "unrated", "db": question["pg_database"]}
+    started = time.monotonic()
+    try:
+        trace = conn.execute("SELECT nl_trace(%s)", [text]).fetchone()[0]
+    except psycopg.Error as e:
+        record.update(correct=False, status="failed", error=f"{e.sqlstate}: {e}".strip(),
+                      ms=round((time.monotonic() - started) * 1000, 1), attempts=0,
+                      llm_calls=0, prompt_tokens=0, completion_tokens=0, sql=None)
+        return record
+    record.update(
+        ms=round((time.monotonic() - started) * 1000, 1), status=trace["status"], sql=trace["sql"],
+        attempts=len(trace["attempts"]), llm_calls=trace["llm_calls"],
+        prompt_tokens=trace["prompt_tokens"], completion_tokens=trace["completion_tokens"],
+        outcomes=[a["outcome"] for a in trace["attempts"]],
+    )
+    record["correct"] = False
+    if trace["status"] in ("ok", "empty") and trace["sql"]:
+        try:
+            predicted = run_rows(conn, trace["sql"])
+        except psycopg.Error as e:
+            record["error"] = f"re-running the answer failed: {e}"
+            return record
+        record["correct"] = matches_gold(conn, question, predicted)
+    return record
+
+
+def matches_gold(conn, question, predicted):
+    ordered = bool(question.get("gold_ordered"))
+    if question.get("time_dependent") or question.get("gold_result_truncated"):
+        gold = run_rows(conn, question["gold_sql"])
+    else:
+        gold = question["gold_result"]
+    if same_result(predicted, gold, ordered):
+        return True
+    # Benchmarks that list equivalent gold queries (defog) accept any of them.
+    for variant in question.get("gold_sql_variants") or []:
+        try:
+            if same_result(predicted, run_rows(conn, variant), ordered):
+                return True
+        except psycopg.Error:
+            continue
+    return False
+
+
+def percentile(values, p):
+    if not values:
+        return None
+    values = sorted(values)
+    k = (len(values) - 1) * p / 100
+    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
+    return round(values[lo] + (values[hi] - values[lo]) * (k - lo), 1)
+
+
+def summarize(records, questions):
+    nondeterministic = {q["id"] for q in questions if q.get("nondeterministic_rows")}
+    scored = [r for r in records if r["id"] not in nondeterministic]
+
+    def ex(rs):
+        return round(sum(r["correct"] for r in rs) / len(rs), 4) if rs else None
+
+    def grouped(key):
+        groups = {}
+        for r in scored:
+            groups.setdefault(r[key], []).append(r)
+        return {k: {"ex": ex(v), "n": len(v)} for k, v in sorted(groups.items())}
+
+    ms = [r["ms"] for r in records]
+    total_minutes = sum(ms) / 60000
+    n = len(records) or 1
+    return {
+        "ex": ex(scored), "n": len(scored), "correct": sum(r["correct"] for r in scored),
+        "by_suite": grouped("suite"), "by_difficulty": grouped("difficulty"),
+        "nondeterministic_rows": {"n": len(records) - len(scored),
+                                  "correct": sum(r["correct"] for r in records if r["id"] in nondeterministic)},
+        "p50_ms": percentile(ms, 50), "p90_ms": percentile(ms, 90),
+        "questions_per_minute": round(len(records) / total_minutes, 2) if total_minutes else None,
+        "llm_calls_per_question": round(sum(r["llm_calls"] for r in records) / n, 2),
+        "prompt_tokens_per_question": round(sum(r["prompt_tokens"] for r in records) / n, 1),
+        "completion_tokens_per_question": round(sum(r["completion_tokens"] for r in records) / n, 1),
+        "attempts_per_question": round(sum(r["attempts"] for r in records) / n, 2),
+        "failed_calls": sum(r["status"] == "failed" for r in records),
+    }
+
+
+def markdown(results, args):
+    configs = list(results["configs"])
+    lines = [f"# Benchmark results\n", f"- questions: {args.questions or 'dev.jsonl'}; model `{args.model}` at {args.llm_url}", ""]
+    header = "| | " + " | ".join(f"{c}: {CONFIGS[c][0]}" for c in configs) + " |"
+    lines += [header, "|---" * (len(configs) + 1) + "|"]
+
+    def row(label, f):
+        lines.append(f"| {label} | " + " | ".join(f(results["configs"][c]) for c in configs) + " |")
+
+    pct = lambda x: "n/a" if x is None else f"{100 * x:.1f} %"
+    row("EX (execution accuracy)", lambda s: f"{pct(s['ex'])} ({s['correct']}/{s['n']})")
+    suites = sorted({k for c in configs for k in results["configs"][c]["by_suite"]})
+    for suite in suites:
+        row(f"EX {suite}", lambda s, k=suite: pct(s["by_suite"].get(k, {}).get("ex")) + f" (n={s['by_suite'].get(k, {}).get('n', 0)})")
+    levels = sorted({k for c in configs for k in results["configs"][c]["by_difficulty"]})
+    for level in levels:
+        row(f"EX {level}", lambda s, k=level: pct(s["by_difficulty"].get(k, {}).get("ex")) + f" (n={s['by_difficulty'].get(k, {}).get('n', 0)})")
+    row("latency p50 / p90", lambda s: f"{s['p50_ms'] / 1000:.1f} s / {s['p90_ms'] / 1000:.1f} s" if s["p50_ms"] is not None else "n/a")
+    row("questions per minute", lambda s: str(s["questions_per_minute"]))
+    row("LLM calls per question", lambda s: str(s["llm_calls_per_question"]))
+    row("prompt / completion tokens per question", lambda s: f"{s['prompt_tokens_per_question']:.0f} / {s['completion_tokens_per_question']:.0f}")
+    if "healed" in results:
+        lines += ["", f"Healed (wrong in C, right in A): {len(results['healed'])}: {', '.join(results['healed']) or '-'}",
+                  f"Regressed (right in C, wrong in A): {len(results['regressed'])}: {', '.join(results['regressed']) or '-'}"]
+    return "\n".join(lines) + "\n"
+
+
+def progress(config, done, total, records):
+    correct = sum(r["correct"] for r in records)
+    width = 30
+    filled = int(width * done / total) if total else width
+    sys.stderr.write(f"\r[{config}] [{'#' * filled}{'.' * (width - filled)}] {done}/{total}  EX {correct}/{len(records) or 1} = {100 * correct / (len(records) or 1):.1f} %   ")
+    sys.stderr.flush()
+
+
+def main():
+    args = parse_args()
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        sys.exit(f"bench/run: unknown configuration {', '.join(unknown)}; known: {', '.join(CONFIGS)}")
+    questions = select_questions(args)
+    if not questions:
+        sys.exit("bench/run: no questions selected")
+    out = pathlib.Path(args.out)
+    cluster = Cluster(out)
+    try:
+        databases = sorted({q["pg_database"] for q in questions})
+        if not args.no_load:
+            load_databases(args.bench, databases)
+        connections = {}
+        all_records = {}
+        for config in configs:
+            directory = out / "questions" / config
+            directory.mkdir(parents=True, exist_ok=True)
+            records = []
+            for i, question in enumerate(questions):
+                path = directory / f"{question['id']}.json"
+                if path.exists():
+                    record = json.loads(path.read_text())
+                else:
+                    db = question["pg_database"]
+                    if db not in connections:
+                        connections[db] = connect(db)
+                    record = ask(connections[db], question, config, args)
+                    path.write_text(json.dumps(record, indent=1, default=str))
+                records.append(record)
+                progress(config, i + 1, len(questions), records)
+            sys.stderr.write("\n")
+            all_records[config] = records
+        results = {"configs": {c: summarize(r, questions) for c, r in all_records.items()}}
+        if "C" in all_records and "A" in all_records:
+            c_ok = {r["id"] for r in all_records["C"] if r["correct"]}
+            a_ok = {r["id"] for r in all_records["A"] if r["correct"]}
+            results["healed"] = sorted(a_ok - c_ok)
+            results["regressed"] = sorted(c_ok - a_ok)
+        results["questions"] = [r for rs in all_records.values() for r in rs]
+        (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+        (out / "results.md").write_text(markdown(results, args))
+        print((out / "results.md").read_text())
+    finally:
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    main()

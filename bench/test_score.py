@@ -1,0 +1,46 @@
+"""Unit tests of the comparator (run by the test command: python3 -m unittest discover bench)."""
+
+import datetime
+import decimal
+import unittest
+
+from score import same_result
+
+
+class SameResult(unittest.TestCase):
+    def test_rows_are_a_multiset_unless_ordered(self):
+        self.assertTrue(same_result([[1], [2], [2]], [[2], [1], [2]]))
+        self.assertFalse(same_result([[1], [2]], [[1], [2], [2]]))
+        self.assertFalse(same_result([[2], [1]], [[1], [2]], ordered=True))
+        self.assertTrue(same_result([[1], [2]], [[1], [2]], ordered=True))
+
+    def test_column_order_matters_names_do_not(self):
+        self.assertFalse(same_result([["a", 1]], [[1, "a"]]))
+        self.assertFalse(same_result([["a", 1]], [["a"]]))
+
+    def test_numbers_compare_numerically_with_a_tolerance(self):
+        self.assertTrue(same_result([[decimal.Decimal("9.50")]], [[9.5]]))
+        self.assertTrue(same_result([[21]], [[21.0]]))
+        self.assertTrue(same_result([[0.333333333]], [[0.33333]]))
+        self.assertFalse(same_result([[3.8852]], [[3.89]]))
+        self.assertTrue(same_result([[-0.0]], [[0]]))
+
+    def test_null_equals_null_and_types_stay_apart(self):
+        self.assertTrue(same_result([[None, "x"]], [[None, "x"]]))
+        self.assertFalse(same_result([[None]], [["None"]]))
+        self.assertFalse(same_result([["1"]], [[1]]))
+        self.assertFalse(same_result([[True]], [[1]]))
+
+    def test_dates_as_postgresql_renders_them(self):
+        self.assertTrue(same_result([[datetime.date(2023, 3, 1)]], [["2023-03-01"]]))
+        self.assertTrue(
+            same_result([[datetime.datetime(2023, 3, 1, 12, 30)]], [["2023-03-01 12:30:00"]])
+        )
+
+    def test_empty_results(self):
+        self.assertTrue(same_result([], []))
+        self.assertFalse(same_result([], [[1]]))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,236 @@
+//! The guard and least privilege end to end: whatever a (prompt-injected) model proposes
+//! through nl_query, nothing changes: no row, no sequence, no notification, no lock.
+
+use std::time::{Duration, Instant};
+
+use sql_query_engine_e2e::{cluster, db_error, Reply, Session};
+
+/// Asks one question whose scripted answer is `sql`, without repairs, and returns the error's
+/// SQLSTATE (or "ok").
+fn propose(s: &mut Session, sql: &str) -> String {
+    let question = format!("attack {}", s.llm.requests().len());
+    s.llm.on(&question, vec![Reply::sql(sql)]);
+    match s.query(&question) {
+        Ok(_) => "ok".into(),
+        Err(e) => db_error(&e).0,
+    }
+}
+
+#[test]
+fn attacks_through_nl_query_change_nothing() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute(
+            "CREATE SEQUENCE audit_seq;
+             CREATE TABLE audit (id int);
+             CREATE FUNCTION write_audit() RETURNS int LANGUAGE plpgsql VOLATILE AS
+                 $$ BEGIN INSERT INTO audit VALUES (1); RETURN 1; END $$;
+             CREATE FUNCTION stable_wrapper() RETURNS int LANGUAGE plpgsql STABLE AS
+                 $$ BEGIN RETURN write_audit(); END $$;
+             SET sql_query_engine.max_repairs = 0;",
+        )
+        .unwrap();
+    let mut listener = cluster().connect(&s.database);
+    listener.batch_execute("LISTEN attack_channel").unwrap();
+
+    let attacks = [
+        ("DELETE FROM orders", "25006"),
+        ("UPDATE customers SET name = 'x'", "25006"),
+        (
+            "WITH d AS (DELETE FROM orders RETURNING *) SELECT count(*) FROM d",
+            "25006",
+        ),
+        ("SELECT 1; DROP TABLE orders", "25006"),
+        ("TRUNCATE orders", "25006"),
+        ("SELECT * INTO stolen FROM customers", "25006"),
+        ("SET ROLE NONE", "25006"),
+        ("NOTIFY attack_channel, 'x'", "25006"),
+        ("SELECT nextval('audit_seq')", "42501"),
+        ("SELECT setval('audit_seq', 99)", "42501"),
+        ("SELECT pg_notify('attack_channel', 'payload')", "42501"),
+        ("SELECT pg_advisory_lock(42)", "42501"),
+        ("SELECT pg_try_advisory_lock(43) FROM orders", "42501"),
+        ("SELECT * FROM orders FOR UPDATE", "42501"),
+        (
+            "SELECT current_setting('sql_query_engine.llm_api_key')",
+            "42501",
+        ),
+        ("SELECT write_audit()", "42501"),
+        ("SELECT * FROM pg_catalog.pg_authid", "42501"),
+        // out of the guard's sight, inside a STABLE function: the read-only transaction stops it
+        ("SELECT stable_wrapper()", "25006"),
+    ];
+    for (sql, expected) in attacks {
+        assert_eq!(propose(&mut s, sql), expected, "{sql}");
+    }
+    let started = Instant::now();
+    assert_eq!(propose(&mut s, "SELECT pg_sleep(30)"), "42501");
+    assert!(started.elapsed() < Duration::from_secs(5), "the sleep ran");
+
+    assert_eq!(s.scalar_i64("SELECT count(*) FROM orders"), 6);
+    assert_eq!(
+        s.scalar_i64("SELECT count(*) FROM customers WHERE name = 'x'"),
+        0
+    );
+    assert_eq!(s.scalar_i64("SELECT count(*) FROM audit"), 0);
+    assert_eq!(
+        s.scalar_i64("SELECT count(*) FROM pg_class WHERE relname = 'stolen'"),
+        0
+    );
+    let called: bool = s
+        .client
+        .query_one("SELECT is_called FROM audit_seq", &[])
+        .unwrap()
+        .get(0);
+    assert!(!called, "the sequence advanced");
+    assert_eq!(
+        s.scalar_i64("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"),
+        0
+    );
+    listener.batch_execute("SELECT 1").unwrap();
+    assert_eq!(
+        listener.notifications().len(),
+        0,
+        "a notification was delivered"
+    );
+}
+
+#[test]
+fn a_refused_read_is_fed_back_and_catalog_questions_go_to_the_schema() {
+    let mut s = Session::new();
+    s.llm.on(
+        "which tables are there?",
+        vec![
+            Reply::sql(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'",
+            ),
+            Reply::sql("VALUES ('customers'), ('orders')"),
+        ],
+    );
+    let rows = s.query("which tables are there?").unwrap();
+    assert_eq!(rows.len(), 2);
+    let feedback = s.llm.requests()[1].last_message();
+    assert!(feedback.contains("42501"), "{feedback}");
+    assert!(feedback.contains("information_schema.tables"), "{feedback}");
+    assert!(
+        feedback.contains("answered from the schema shown"),
+        "{feedback}"
+    );
+}
+
+#[test]
+fn an_rls_filtered_empty_result_is_told_apart_from_a_really_empty_one() {
+    let mut s = Session::new();
+    let role = format!("tenant_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE TABLE notes (owner text, body text);
+             INSERT INTO notes VALUES ('somebody_else', 'hidden');
+             ALTER TABLE notes ENABLE ROW LEVEL SECURITY;
+             CREATE POLICY own_notes ON notes USING (owner = current_user);
+             CREATE ROLE {role};
+             GRANT SELECT ON notes, customers TO {role};"
+        ))
+        .unwrap();
+    s.client.batch_execute(&format!("SET ROLE {role}")).unwrap();
+    let sql = "SELECT body FROM notes";
+    s.llm.on("my notes", vec![Reply::sql(sql), Reply::sql(sql)]);
+    let trace = s.trace("my notes").unwrap();
+    assert_eq!(trace["status"], "empty");
+    assert_eq!(
+        trace["attempts"][0]["row_security"],
+        serde_json::json!(["notes"])
+    );
+    let feedback = s.llm.requests()[1].last_message();
+    assert!(
+        feedback.contains("row-level security filters the rows of notes"),
+        "{feedback}"
+    );
+
+    // a table without row security that is really empty says nothing of the kind
+    let plain = "SELECT name FROM customers WHERE country = 'ZZ'";
+    s.llm
+        .on("nobody", vec![Reply::sql(plain), Reply::sql(plain)]);
+    let trace = s.trace("nobody").unwrap();
+    assert!(trace["attempts"][0]["row_security"].is_null());
+    assert!(!s.llm.requests()[3]
+        .last_message()
+        .contains("row-level security"));
+}
+
+#[test]
+fn column_privileges_decide_what_the_model_sees() {
+    let mut s = Session::new();
+    let role = format!("narrow_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {role}; GRANT SELECT (customer_id, name) ON customers TO {role};
+             SET sql_query_engine.max_repairs = 0; SET ROLE {role};"
+        ))
+        .unwrap();
+    s.llm.on(
+        "where do customers live?",
+        vec![Reply::sql("SELECT name, country FROM customers")],
+    );
+    let error = s.query("where do customers live?").unwrap_err();
+    let told = s.llm.requests()[0].text();
+    assert!(told.contains("CREATE TABLE customers"), "{told}");
+    assert!(told.contains("name text"));
+    assert!(
+        !told.contains("country"),
+        "a column the role cannot read reached the model"
+    );
+    assert!(!told.contains("CREATE TABLE orders"));
+    assert_eq!(db_error(&error).0, "42501");
+}
+
+#[test]
+fn nl_check_is_callable_by_anyone() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute("SELECT nl_check('SELECT count(*) FROM orders')")
+        .unwrap();
+    let error = s
+        .client
+        .batch_execute("SELECT nl_check('DELETE FROM orders')")
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "25006");
+    assert!(message.contains("DELETE"), "{message}");
+    let error = s
+        .client
+        .batch_execute("SELECT nl_check('SELECT pg_sleep(1)')")
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "42501");
+    assert!(
+        message.contains("pg_catalog.pg_sleep(double precision)"),
+        "{message}"
+    );
+    assert_eq!(s.scalar_i64("SELECT count(*) FROM orders"), 6);
+}
+
+#[test]
+fn the_api_key_is_not_in_the_trace_or_the_prompt() {
+    let mut s = Session::new();
+    let key = "sk-e2e-trace-secret";
+    s.client
+        .batch_execute(&format!("SET sql_query_engine.llm_api_key = '{key}'"))
+        .unwrap();
+    s.llm.on(
+        "leak the key",
+        vec![
+            Reply::sql("SELECT current_setting('sql_query_engine.llm_api_key') AS k"),
+            Reply::sql("SELECT setting FROM pg_settings WHERE name LIKE 'sql_query_engine%'"),
+            Reply::sql("SELECT 'no key' AS k"),
+        ],
+    );
+    let trace = s.trace("leak the key").unwrap();
+    assert!(!trace.to_string().contains(key));
+    for request in s.llm.requests() {
+        assert!(
+            !request.body.to_string().contains(key),
+            "the key reached the model"
+        );
+    }
+}
