@@ -10,12 +10,13 @@ use crate::error::{Error, Result};
 use crate::exec::{self, Mode, Outcome};
 use crate::heal::{self, Run};
 use crate::llm::OpenAiClient;
-use crate::{guard, schema, settings};
+use crate::schema::PromptSchema;
+use crate::{examples, guard, prompt, schema, settings};
 
 /// Answers a question with rows: one jsonb object per row, in the query's order.
 #[pg_extern]
 fn nl_query(question: Option<&str>) -> SetOfIterator<'static, JsonB> {
-    let run = answer(question, run_mode()).unwrap_or_else(|e| e.raise());
+    let (run, _) = answer(question, run_mode()).unwrap_or_else(|e| e.raise());
     if let Some(error) = run.failure() {
         error.raise();
     }
@@ -34,7 +35,7 @@ fn nl_query(question: Option<&str>) -> SetOfIterator<'static, JsonB> {
 /// Answers a question with SQL only: generated, guarded, and planned (never executed).
 #[pg_extern]
 fn nl_generate(question: Option<&str>) -> String {
-    let run = answer(question, Mode::Plan).unwrap_or_else(|e| e.raise());
+    let (run, _) = answer(question, Mode::Plan).unwrap_or_else(|e| e.raise());
     if let Some(error) = run.failure() {
         error.raise();
     }
@@ -44,8 +45,11 @@ fn nl_generate(question: Option<&str>) -> String {
 /// Runs the pipeline like `nl_query` and returns what happened instead of the rows.
 #[pg_extern]
 fn nl_trace(question: Option<&str>) -> JsonB {
-    let run = answer(question, run_mode()).unwrap_or_else(|e| e.raise());
-    JsonB(run.trace())
+    let (run, schema) = answer(question, run_mode()).unwrap_or_else(|e| e.raise());
+    let mut trace = run.trace();
+    trace["relations"] = serde_json::json!(schema.relations);
+    trace["schema_pruned"] = serde_json::json!(schema.pruned);
+    JsonB(trace)
 }
 
 /// Checks SQL with the guard, without running it: raises the refusal as an ERROR (25006 for a
@@ -58,14 +62,34 @@ fn nl_check(sql: &str) {
     }
 }
 
+/// The schema context exactly as the model would see it for `question` (all of it without
+/// one), verified examples included.
+#[pg_extern]
+fn nl_schema(question: default!(Option<&str>, "NULL")) -> String {
+    let question = question.filter(|q| !q.trim().is_empty());
+    database_context(question)
+        .map(|(context, _)| context)
+        .unwrap_or_else(|e| e.raise())
+}
+
 fn run_mode() -> Mode {
     Mode::Run {
         max_rows: settings::max_rows(),
     }
 }
 
+/// The schema and examples for a question, as the prompt shows them.
+fn database_context(question: Option<&str>) -> Result<(String, PromptSchema)> {
+    let schema = schema::context()?.for_question(question);
+    let examples = match question {
+        Some(q) => examples::similar(q, settings::examples())?,
+        None => Vec::new(),
+    };
+    Ok((prompt::database_context(&schema.text, &examples), schema))
+}
+
 /// The whole pipeline for one question.
-fn answer(question: Option<&str>, mode: Mode) -> Result<Run> {
+fn answer(question: Option<&str>, mode: Mode) -> Result<(Run, PromptSchema)> {
     let question = question
         .filter(|q| !q.trim().is_empty())
         .ok_or_else(|| Error::InvalidParameter("the question is empty: ask something".into()))?;
@@ -75,14 +99,16 @@ fn answer(question: Option<&str>, mode: Mode) -> Result<Run> {
         settings::llm_api_key(),
         settings::temperature(),
         Duration::from_millis(settings::llm_timeout_ms()),
+        settings::json_mode(),
     );
-    let schema = schema::context()?;
+    let (context, schema) = database_context(Some(question))?;
     let timeout_ms = settings::statement_timeout_ms();
-    heal::solve(
+    let run = heal::solve(
         question,
-        &schema.text,
+        &context,
         settings::max_repairs(),
         &mut llm,
         &mut |sql| exec::attempt(sql, mode, timeout_ms),
-    )
+    )?;
+    Ok((run, schema))
 }

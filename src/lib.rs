@@ -4,6 +4,7 @@
 
 mod api;
 mod error;
+mod examples;
 mod exec;
 mod extract;
 mod guard;
@@ -16,6 +17,11 @@ mod settings;
 ::pgrx::pg_module_magic!(name, version);
 
 pgrx::extension_sql_file!("../sql/schema_version.sql", name = "schema_version");
+pgrx::extension_sql_file!(
+    "../sql/examples.sql",
+    name = "examples",
+    requires = [api::nl_check]
+);
 
 #[pgrx::pg_guard]
 pub extern "C-unwind" fn _PG_init() {

@@ -19,6 +19,12 @@ static MAX_REPAIRS: GucSetting<i32> = GucSetting::<i32>::new(4);
 static STATEMENT_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 static MAX_ROWS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 static ALLOW_SYSTEM_CATALOGS: GucSetting<bool> = GucSetting::<bool>::new(false);
+static SCHEMAS: GucSetting<Option<std::ffi::CString>> =
+    GucSetting::<Option<std::ffi::CString>>::new(None);
+static SAMPLE_VALUES: GucSetting<i32> = GucSetting::<i32>::new(3);
+static PROMPT_BUDGET: GucSetting<i32> = GucSetting::<i32>::new(4000);
+static EXAMPLES: GucSetting<i32> = GucSetting::<i32>::new(3);
+static JSON_MODE: GucSetting<bool> = GucSetting::<bool>::new(true);
 
 pub fn init() {
     GucRegistry::define_string_guc(
@@ -103,6 +109,52 @@ pub fn init() {
         GucContext::Userset,
         GucFlags::default(),
     );
+    GucRegistry::define_string_guc(
+        c"sql_query_engine.schemas",
+        c"Schemas whose relations the model is told about (comma-separated).",
+        c"Unset: the schemas of the search path.",
+        &SCHEMAS,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"sql_query_engine.sample_values",
+        c"Sample values shown per text column; 0 sends no row data to the model at all.",
+        c"",
+        &SAMPLE_VALUES,
+        0,
+        10,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"sql_query_engine.prompt_budget",
+        c"Estimated tokens the schema may take in the prompt; larger schemas are pruned to the relations relevant to the question.",
+        c"",
+        &PROMPT_BUDGET,
+        100,
+        i32::MAX,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"sql_query_engine.examples",
+        c"How many verified examples (nl_example_add) most similar to the question go into the prompt.",
+        c"",
+        &EXAMPLES,
+        0,
+        20,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"sql_query_engine.json_mode",
+        c"Ask the endpoint for a JSON answer (response_format json_object).",
+        c"Endpoints that reject it are asked again without it, and not asked again in this session.",
+        &JSON_MODE,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
     // A mistyped sql_query_engine.* setting is an error instead of a silent placeholder.
     unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"sql_query_engine".as_ptr()) };
 }
@@ -151,6 +203,32 @@ pub fn statement_timeout_ms() -> i32 {
 
 pub fn max_rows() -> usize {
     MAX_ROWS.get().max(1) as usize
+}
+
+/// The schemas to read, when set (otherwise the search path's).
+pub fn schemas() -> Option<Vec<String>> {
+    string(&SCHEMAS).map(|s| {
+        s.split(',')
+            .map(|part| part.trim().trim_matches('"').to_string())
+            .filter(|part| !part.is_empty())
+            .collect()
+    })
+}
+
+pub fn sample_values() -> usize {
+    SAMPLE_VALUES.get().max(0) as usize
+}
+
+pub fn prompt_budget() -> usize {
+    PROMPT_BUDGET.get().max(1) as usize
+}
+
+pub fn examples() -> usize {
+    EXAMPLES.get().max(0) as usize
+}
+
+pub fn json_mode() -> bool {
+    JSON_MODE.get()
 }
 
 pub fn allow_system_catalogs() -> bool {

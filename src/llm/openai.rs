@@ -19,6 +19,12 @@ pub struct OpenAiClient {
     api_key: Option<String>,
     temperature: f64,
     timeout: Duration,
+    json_mode: bool,
+}
+
+thread_local! {
+    /// Endpoints that rejected `response_format` in this session: not asked again.
+    static NO_JSON_MODE: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// What one HTTP exchange produced, as plain data that can cross back from the helper thread.
@@ -38,13 +44,16 @@ impl OpenAiClient {
         api_key: Option<String>,
         temperature: f64,
         timeout: Duration,
+        json_mode: bool,
     ) -> Self {
+        let json_mode = json_mode && !NO_JSON_MODE.with_borrow(|n| n.contains(&base_url));
         OpenAiClient {
             base_url,
             model,
             api_key,
             temperature,
             timeout,
+            json_mode,
         }
     }
 
@@ -78,6 +87,9 @@ impl OpenAiClient {
         });
         if let Some(model) = &self.model {
             body["model"] = json!(model);
+        }
+        if self.json_mode {
+            body["response_format"] = json!({ "type": "json_object" });
         }
         body
     }
@@ -144,7 +156,7 @@ impl OpenAiClient {
 
 impl Llm for OpenAiClient {
     fn complete(&mut self, messages: &[Message]) -> Result<Completion> {
-        let body = self.request_body(messages).to_string();
+        let mut body = self.request_body(messages).to_string();
         let deadline = Instant::now() + self.timeout;
         let mut backoff = Duration::from_millis(250);
         loop {
@@ -161,6 +173,13 @@ impl Llm for OpenAiClient {
             };
             if (200..300).contains(&code) {
                 return parse_completion(&text).map_err(|cause| self.error(cause));
+            }
+            if code == 400 && self.json_mode && text.contains("response_format") {
+                // This endpoint has no JSON mode: ask again without it (extraction copes).
+                self.json_mode = false;
+                NO_JSON_MODE.with_borrow_mut(|n| n.push(self.base_url.clone()));
+                body = self.request_body(messages).to_string();
+                continue;
             }
             let retryable = code == 429 || (500..600).contains(&code);
             let pause = retry_after.map_or(backoff, Duration::from_secs);
@@ -335,6 +354,7 @@ mod tests {
             Some("sk-live-123".into()),
             0.0,
             Duration::from_secs(1),
+            false,
         );
         assert_eq!(
             client.endpoint(),

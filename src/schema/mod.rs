@@ -1,36 +1,66 @@
 //! The schema context: what the model is told about the database.
 //!
-//! Built by one catalog query and cached per backend, keyed by role, search path and the schema
-//! version that the extension's DDL event triggers bump. A relcache invalidation callback marks
-//! the cache stale as well: invalidations are delivered when DDL commits (the sequence is bumped
-//! before), and they also cover the backend's own DDL inside an open transaction. An unchanged
-//! schema costs one tiny query per question and no catalog scan.
+//! Built by one catalog query and cached per backend, keyed by role, the schemas read, and the
+//! schema version that the extension's DDL event triggers bump. A relcache invalidation callback
+//! marks the cache stale as well: invalidations arrive when DDL commits (the sequence is bumped
+//! before), and they cover the backend's own DDL inside an open transaction. An unchanged schema
+//! costs one small query per question and no catalog scan. Sample values and renderings are
+//! computed lazily per relation and kept with the cache.
 
 mod catalog;
 mod render;
+mod retrieve;
+mod samples;
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use pgrx::prelude::*;
 
 use crate::error::{Error, Result};
+use crate::settings;
 
-/// What the model sees of the database.
+use catalog::Relation;
+use retrieve::{Candidate, Terms};
+use samples::Samples;
+
+pub use retrieve::words;
+
+/// The schema as loaded for one role and set of schemas, with what retrieval needs.
 pub struct SchemaContext {
+    relations: Vec<Relation>,
+    terms: Vec<Terms>,
+    neighbours: Vec<Vec<usize>>,
+    /// Estimated tokens of each relation's rendering (sample values included).
+    tokens: Vec<usize>,
+    /// Samples of each relation's columns, once read.
+    samples: RefCell<HashMap<usize, Rc<Vec<Option<Samples>>>>>,
+    sample_values: usize,
+}
+
+/// What goes into the prompt about the database for one question.
+pub struct PromptSchema {
     pub text: String,
+    /// The relations shown, as written in SQL.
+    pub relations: Vec<String>,
+    /// Whether retrieval left relations out.
+    pub pruned: bool,
 }
 
 #[derive(Clone, PartialEq, Eq)]
 struct CacheKey {
     role: pg_sys::Oid,
     search_path: String,
+    schemas: Option<Vec<String>>,
+    sample_values: usize,
     version: Option<i64>,
 }
 
 thread_local! {
     static CACHE: RefCell<Option<(CacheKey, Rc<SchemaContext>)>> = const { RefCell::new(None) };
+    static EXTENSION_SCHEMA: RefCell<Option<String>> = const { RefCell::new(None) };
 }
 
 /// Set by any relcache invalidation; cleared when the cache is rebuilt.
@@ -51,9 +81,17 @@ pub fn init() {
     }
 }
 
-/// The schema context for the current role and search path, from the cache when still valid.
+/// The schema the extension lives in, quoted (for its own tables).
+pub fn extension_schema() -> Result<String> {
+    if let Some(schema) = EXTENSION_SCHEMA.with_borrow(|s| s.clone()) {
+        return Ok(schema);
+    }
+    current_key().map(|(_, schema)| schema)
+}
+
+/// The schema context for the current role and settings, from the cache when still valid.
 pub fn context() -> Result<Rc<SchemaContext>> {
-    let key = current_key()?;
+    let (key, _) = current_key()?;
     let stale = STALE.swap(false, Ordering::Relaxed);
     if !stale {
         if let Some(hit) = CACHE.with_borrow(|c| {
@@ -64,31 +102,177 @@ pub fn context() -> Result<Rc<SchemaContext>> {
             return Ok(hit);
         }
     }
-    let relations = catalog::load()?;
-    let context = Rc::new(SchemaContext {
-        text: render::render(&relations),
-    });
+    let relations = catalog::load(key.schemas.clone(), key.sample_values > 0)?;
+    let context = Rc::new(SchemaContext::new(relations, key.sample_values));
     CACHE.with_borrow_mut(|c| *c = Some((key, Rc::clone(&context))));
     Ok(context)
 }
 
-/// Role, search path and schema version, in one small query.
-fn current_key() -> Result<CacheKey> {
+/// Role, search path, settings and schema version, in one small query.
+fn current_key() -> Result<(CacheKey, String)> {
     const KEY_SQL: &str = "\
         SELECT current_schemas(false)::text, \
-               (SELECT pg_sequence_last_value(format('%I.nl_schema_version', n.nspname)::regclass) \
-                FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace \
-                WHERE e.extname = 'sql_query_engine')";
-    let (search_path, version) = Spi::connect(|client| {
+               pg_sequence_last_value(format('%I.nl_schema_version', n.nspname)::regclass), \
+               quote_ident(n.nspname) \
+        FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace \
+        WHERE e.extname = 'sql_query_engine'";
+    let (search_path, version, schema) = Spi::connect(|client| {
         client
             .select(KEY_SQL, Some(1), &[])?
             .first()
-            .get_two::<String, i64>()
+            .get_three::<String, i64, String>()
     })
     .map_err(|e| Error::internal(format!("reading the schema version failed: {e}")))?;
-    Ok(CacheKey {
+    let schema = schema.ok_or_else(|| Error::Setting {
+        message: "the extension sql_query_engine is not installed in this database".into(),
+        hint: "CREATE EXTENSION sql_query_engine;".into(),
+    })?;
+    EXTENSION_SCHEMA.with_borrow_mut(|s| *s = Some(schema.clone()));
+    let key = CacheKey {
         role: unsafe { pg_sys::GetUserId() },
         search_path: search_path.unwrap_or_default(),
+        schemas: settings::schemas(),
+        sample_values: settings::sample_values(),
         version,
-    })
+    };
+    Ok((key, schema))
+}
+
+impl SchemaContext {
+    fn new(relations: Vec<Relation>, sample_values: usize) -> Self {
+        let index: HashMap<u32, usize> = relations
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.oid, i))
+            .collect();
+        let mut neighbours = vec![Vec::new(); relations.len()];
+        for (i, r) in relations.iter().enumerate() {
+            for fk in &r.foreign_keys {
+                if let Some(&j) = index.get(&fk.ref_oid) {
+                    if i != j {
+                        neighbours[i].push(j);
+                        neighbours[j].push(i);
+                    }
+                }
+            }
+        }
+        let terms = relations
+            .iter()
+            .map(|r| relation_terms(r, sample_values))
+            .collect();
+        let tokens = relations
+            .iter()
+            .map(|r| {
+                let known = statistics_samples(r, sample_values);
+                let unknown_text_columns = r
+                    .columns
+                    .iter()
+                    .filter(|c| c.textual && c.common_values.is_empty())
+                    .count();
+                // A read sample adds about eight tokens to a text column.
+                retrieve::estimate_tokens(&render::render_relation(r, &known))
+                    + if sample_values > 0 {
+                        8 * unknown_text_columns
+                    } else {
+                        0
+                    }
+            })
+            .collect();
+        SchemaContext {
+            relations,
+            terms,
+            neighbours,
+            tokens,
+            samples: RefCell::new(HashMap::new()),
+            sample_values,
+        }
+    }
+
+    /// The schema text for `question` (every relation when no question is given or all fit the
+    /// prompt budget).
+    pub fn for_question(&self, question: Option<&str>) -> PromptSchema {
+        let budget = settings::prompt_budget();
+        let chosen: Vec<usize> = match question {
+            Some(q) => {
+                let candidates: Vec<Candidate> = (0..self.relations.len())
+                    .map(|i| Candidate {
+                        terms: &self.terms[i],
+                        tokens: self.tokens[i],
+                        neighbours: self.neighbours[i].clone(),
+                    })
+                    .collect();
+                retrieve::select(&candidates, q, budget)
+            }
+            None => (0..self.relations.len()).collect(),
+        };
+        let mut text = String::new();
+        for &i in &chosen {
+            text.push_str(&render::render_relation(
+                &self.relations[i],
+                &self.samples_of(i),
+            ));
+        }
+        if text.is_empty() {
+            text.push_str(render::NOTHING_VISIBLE);
+        }
+        PromptSchema {
+            pruned: chosen.len() < self.relations.len(),
+            relations: chosen
+                .iter()
+                .map(|&i| self.relations[i].sql_name())
+                .collect(),
+            text,
+        }
+    }
+
+    fn samples_of(&self, i: usize) -> Rc<Vec<Option<Samples>>> {
+        if self.sample_values == 0 {
+            return Rc::new(Vec::new());
+        }
+        if let Some(s) = self.samples.borrow().get(&i) {
+            return Rc::clone(s);
+        }
+        let s = Rc::new(samples::for_relation(
+            &self.relations[i],
+            self.sample_values,
+        ));
+        self.samples.borrow_mut().insert(i, Rc::clone(&s));
+        s
+    }
+}
+
+/// Samples known from the planner's statistics alone (no read of the relation).
+fn statistics_samples(relation: &Relation, per_column: usize) -> Vec<Option<Samples>> {
+    if per_column == 0 {
+        return Vec::new();
+    }
+    relation
+        .columns
+        .iter()
+        .map(|c| samples::from_statistics(c, per_column))
+        .collect()
+}
+
+fn relation_terms(relation: &Relation, sample_values: usize) -> Terms {
+    let unquote = |s: &str| s.trim_matches('"').to_string();
+    let mut terms = Terms::default();
+    terms.name.extend(words(&unquote(&relation.name)));
+    for column in &relation.columns {
+        terms.columns.extend(words(&unquote(&column.name)));
+        if let Some(comment) = &column.comment {
+            terms.comments.extend(words(comment));
+        }
+        terms
+            .values
+            .extend(column.labels.iter().flat_map(|l| words(l)));
+        if sample_values > 0 {
+            terms
+                .values
+                .extend(column.common_values.iter().flat_map(|v| words(v)));
+        }
+    }
+    if let Some(comment) = &relation.comment {
+        terms.comments.extend(words(comment));
+    }
+    terms
 }

@@ -1,23 +1,15 @@
 //! Rendering the schema for the model: DDL-like lines, the form models read best, with keys,
-//! references and comments inline so that joins are visible where the columns are.
+//! references, comments and sample values inline, so that joins and literal values are visible
+//! where the columns are, in few tokens.
 
 use std::fmt::Write;
 
 use super::catalog::Relation;
+use super::samples::{quote, Samples};
 
-/// The prompt text for `relations`, in the order given.
-pub fn render(relations: &[Relation]) -> String {
+/// The prompt text of one relation. `samples` is index-aligned with its columns (may be empty).
+pub fn render_relation(relation: &Relation, samples: &[Option<Samples>]) -> String {
     let mut out = String::new();
-    for relation in relations {
-        render_relation(&mut out, relation);
-    }
-    if out.is_empty() {
-        out.push_str("-- (no tables or views are visible to you)\n");
-    }
-    out
-}
-
-fn render_relation(out: &mut String, relation: &Relation) {
     let keyword = match relation.kind.as_str() {
         "view" => "VIEW",
         "materialized view" => "MATERIALIZED VIEW",
@@ -42,16 +34,27 @@ fn render_relation(out: &mut String, relation: &Relation) {
     }
     out.push('\n');
 
-    let single_pk = (relation.primary_key.len() == 1).then(|| relation.primary_key[0].as_str());
+    let single = |keys: &[String]| (keys.len() == 1).then(|| keys[0].clone());
+    let primary = single(&relation.primary_key);
+    let unique: Vec<String> = relation.unique.iter().filter_map(|u| single(u)).collect();
     let mut lines: Vec<(String, Option<String>)> = relation
         .columns
         .iter()
-        .map(|column| {
+        .enumerate()
+        .map(|(i, column)| {
             let mut line = format!("  {} {}", column.name, column.type_name);
-            if single_pk == Some(column.name.as_str()) {
+            if primary.as_deref() == Some(column.name.as_str()) {
                 line.push_str(" PRIMARY KEY");
-            } else if column.not_null {
-                line.push_str(" NOT NULL");
+            } else {
+                if column.not_null {
+                    line.push_str(" NOT NULL");
+                }
+                if unique.contains(&column.name) {
+                    line.push_str(" UNIQUE");
+                }
+            }
+            if let Some(default) = &column.default {
+                let _ = write!(line, " DEFAULT {}", one_line(default));
             }
             if let Some(fk) = relation
                 .foreign_keys
@@ -65,12 +68,22 @@ fn render_relation(out: &mut String, relation: &Relation) {
                     fk.ref_columns.join(", ")
                 );
             }
-            let comment = column
+            let mut notes = Vec::new();
+            if let Some(comment) = column
                 .comment
                 .as_deref()
                 .map(one_line)
-                .filter(|c| !c.is_empty());
-            (line, comment)
+                .filter(|c| !c.is_empty())
+            {
+                notes.push(comment);
+            }
+            if !column.labels.is_empty() {
+                notes.push(format!("one of {}", quoted_list(&column.labels)));
+            } else if let Some(Some(s)) = samples.get(i) {
+                let lead = if s.complete { "one of" } else { "e.g." };
+                notes.push(format!("{lead} {}", quoted_list(&s.values)));
+            }
+            (line, (!notes.is_empty()).then(|| notes.join("; ")))
         })
         .collect();
     if relation.primary_key.len() > 1 {
@@ -78,6 +91,9 @@ fn render_relation(out: &mut String, relation: &Relation) {
             format!("  PRIMARY KEY ({})", relation.primary_key.join(", ")),
             None,
         ));
+    }
+    for u in relation.unique.iter().filter(|u| u.len() > 1) {
+        lines.push((format!("  UNIQUE ({})", u.join(", ")), None));
     }
     for fk in relation
         .foreign_keys
@@ -106,6 +122,18 @@ fn render_relation(out: &mut String, relation: &Relation) {
         out.push('\n');
     }
     out.push_str(");\n");
+    out
+}
+
+/// The text shown when no relation is visible at all.
+pub const NOTHING_VISIBLE: &str = "-- (no tables or views are visible to you)\n";
+
+fn quoted_list(values: &[String]) -> String {
+    values
+        .iter()
+        .map(|v| quote(v))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Comments go on one line so that they cannot end the `--` comment they are written in.
@@ -116,7 +144,7 @@ fn one_line(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::super::catalog::{Column, ForeignKey, Relation};
-    use super::render;
+    use super::*;
 
     fn column(name: &str, type_name: &str, not_null: bool, comment: Option<&str>) -> Column {
         Column {
@@ -124,12 +152,14 @@ mod tests {
             type_name: type_name.into(),
             not_null,
             comment: comment.map(str::to_string),
+            textual: type_name == "text",
+            ..Default::default()
         }
     }
 
-    #[test]
-    fn tables_render_as_ddl_with_keys_and_comments() {
-        let orders = Relation {
+    fn orders() -> Relation {
+        Relation {
+            oid: 1,
             schema: "public".into(),
             name: "orders".into(),
             kind: "table".into(),
@@ -139,28 +169,64 @@ mod tests {
             columns: vec![
                 column("id", "integer", true, None),
                 column("customer_id", "integer", true, None),
-                column("\"Status\"", "text", false, Some("new, paid or shipped")),
+                column("\"Status\"", "text", false, Some("lifecycle")),
+                Column {
+                    default: Some("now()".into()),
+                    ..column("placed", "date", true, None)
+                },
+                column("code", "text", true, None),
             ],
             primary_key: vec!["id".into()],
+            unique: vec![vec!["code".into()]],
             foreign_keys: vec![ForeignKey {
                 columns: vec!["customer_id".into()],
                 references: "sales.customers".into(),
+                ref_oid: 2,
                 ref_columns: vec!["id".into()],
             }],
-        };
+        }
+    }
+
+    #[test]
+    fn tables_render_as_ddl_with_keys_comments_and_samples() {
+        let samples = vec![
+            None,
+            None,
+            Some(Samples {
+                values: vec!["new".into(), "it's paid".into()],
+                complete: true,
+            }),
+            None,
+            Some(Samples {
+                values: vec!["A1".into()],
+                complete: false,
+            }),
+        ];
         assert_eq!(
-            render(&[orders]),
+            render_relation(&orders(), &samples),
             "CREATE TABLE orders ( -- One row per order; ~1234 rows\n\
              \x20 id integer PRIMARY KEY,\n\
              \x20 customer_id integer NOT NULL REFERENCES sales.customers(id),\n\
-             \x20 \"Status\" text -- new, paid or shipped\n\
+             \x20 \"Status\" text, -- lifecycle; one of 'new', 'it''s paid'\n\
+             \x20 placed date NOT NULL DEFAULT now(),\n\
+             \x20 code text NOT NULL UNIQUE -- e.g. 'A1'\n\
              );\n"
         );
     }
 
     #[test]
-    fn composite_keys_hidden_schemas_and_unanalyzed_tables() {
+    fn without_samples_no_value_is_shown_but_enum_labels_are() {
+        let mut r = orders();
+        r.columns[2].labels = vec!["new".into(), "paid".into()];
+        let text = render_relation(&r, &[]);
+        assert!(text.contains("\"Status\" text, -- lifecycle; one of 'new', 'paid'"));
+        assert!(!text.contains("e.g."));
+    }
+
+    #[test]
+    fn composite_keys_and_hidden_schemas() {
         let items = Relation {
+            oid: 3,
             schema: "shop".into(),
             name: "items".into(),
             kind: "view".into(),
@@ -172,17 +238,18 @@ mod tests {
                 column("b", "int", true, None),
             ],
             primary_key: vec!["a".into(), "b".into()],
+            unique: vec![],
             foreign_keys: vec![ForeignKey {
                 columns: vec!["a".into(), "b".into()],
                 references: "pairs".into(),
+                ref_oid: 4,
                 ref_columns: vec!["x".into(), "y".into()],
             }],
         };
         assert_eq!(
-            render(&[items]),
+            render_relation(&items, &[]),
             "CREATE VIEW shop.items (\n  a int NOT NULL,\n  b int NOT NULL,\n  PRIMARY KEY (a, b),\n  \
              FOREIGN KEY (a, b) REFERENCES pairs(x, y)\n);\n"
         );
-        assert!(render(&[]).contains("no tables"));
     }
 }

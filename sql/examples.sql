@@ -1,0 +1,33 @@
+-- Verified examples: question -> SQL pairs a human approved. The few most similar to a new
+-- question go into the prompt. Anyone may read them; only roles that may write this table (its
+-- owner, and whoever the owner grants INSERT/DELETE) can add or remove examples.
+CREATE TABLE @extschema@.nl_examples (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    question text NOT NULL CHECK (btrim(question) <> ''),
+    sql text NOT NULL,
+    added_by name NOT NULL DEFAULT current_user,
+    added_at timestamptz NOT NULL DEFAULT now()
+);
+GRANT SELECT ON @extschema@.nl_examples TO PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_examples', '');
+
+-- Adds an example after the guard accepted its SQL; returns its id.
+CREATE FUNCTION @extschema@.nl_example_add(question text, sql text) RETURNS bigint
+LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+    new_id bigint;
+BEGIN
+    PERFORM @extschema@.nl_check(sql);
+    INSERT INTO @extschema@.nl_examples (question, sql) VALUES (question, sql)
+    RETURNING nl_examples.id INTO new_id;
+    RETURN new_id;
+END
+$$;
+
+-- Removes an example; returns whether it existed.
+CREATE FUNCTION @extschema@.nl_example_remove(example_id bigint) RETURNS boolean
+LANGUAGE sql AS $$
+    WITH gone AS (DELETE FROM @extschema@.nl_examples WHERE id = example_id RETURNING 1)
+    SELECT count(*) > 0 FROM gone
+$$;

@@ -1,0 +1,250 @@
+//! Choosing the relations a question needs when the whole schema does not fit the prompt
+//! budget: lexical relevance (names, comments, sample values; light stemming and synonyms),
+//! then the foreign-key neighbours of the best hits so that joins stay possible, then the rest
+//! by relevance, as long as they fit. Pure logic: tested without a backend.
+
+use std::collections::HashSet;
+
+/// What a relation can be found by, prepared once per schema load.
+#[derive(Debug, Clone, Default)]
+pub struct Terms {
+    pub name: HashSet<String>,
+    pub columns: HashSet<String>,
+    pub comments: HashSet<String>,
+    pub values: HashSet<String>,
+}
+
+const STOPWORDS: &[&str] = &[
+    "a", "an", "the", "of", "in", "on", "at", "to", "for", "by", "with", "and", "or", "is", "are",
+    "was", "were", "be", "what", "which", "who", "whom", "whose", "how", "many", "much", "list",
+    "show", "give", "find", "all", "each", "every", "that", "this", "those", "these", "their",
+    "there", "from", "than", "more", "most", "less", "least", "do", "does", "did", "has", "have",
+    "it", "its", "as", "per", "me", "please", "any", "top", "name", "names", "number", "id",
+];
+
+/// Words that ask for the same data under different names (one direction is enough: both
+/// words are added to the question's terms).
+const SYNONYMS: &[(&str, &[&str])] = &[
+    ("revenue", &["amount", "price", "total", "sale", "payment"]),
+    ("sale", &["order", "amount", "revenue"]),
+    ("customer", &["client", "buyer", "user"]),
+    ("client", &["customer"]),
+    ("employee", &["staff", "worker"]),
+    ("staff", &["employee"]),
+    ("product", &["item", "article"]),
+    ("item", &["product"]),
+    ("purchase", &["order"]),
+    ("spend", &["amount", "price", "payment", "order"]),
+    ("cost", &["price", "amount"]),
+    ("country", &["nation"]),
+    ("nation", &["country"]),
+    ("city", &["town", "location"]),
+    ("year", &["date"]),
+    ("month", &["date"]),
+    ("day", &["date"]),
+    ("when", &["date", "time"]),
+    ("age", &["birth", "born"]),
+    ("old", &["age", "birth"]),
+    ("salary", &["pay", "wage"]),
+    ("teacher", &["instructor", "professor"]),
+    ("student", &["pupil"]),
+    ("movie", &["film"]),
+    ("film", &["movie"]),
+];
+
+/// Light stemming: enough to match plurals and common inflections.
+pub fn stem(word: &str) -> String {
+    let w = word.to_lowercase();
+    let n = w.chars().count();
+    if n <= 3 {
+        return w;
+    }
+    for (suffix, replacement) in [
+        ("ies", "y"),
+        ("sses", "ss"),
+        ("ses", "s"),
+        ("xes", "x"),
+        ("ing", ""),
+        ("ed", ""),
+    ] {
+        if let Some(base) = w.strip_suffix(suffix) {
+            if base.chars().count() >= 3 {
+                return format!("{base}{replacement}");
+            }
+        }
+    }
+    if let Some(base) = w.strip_suffix('s') {
+        if !base.ends_with('s') && !base.ends_with('u') {
+            return base.to_string();
+        }
+    }
+    w
+}
+
+/// Words of a text (identifiers split at `_` and camelCase), stemmed, without stopwords.
+pub fn words(text: &str) -> Vec<String> {
+    let mut spaced = String::with_capacity(text.len() + 8);
+    let mut previous_lower = false;
+    for c in text.chars() {
+        if c.is_uppercase() && previous_lower {
+            spaced.push(' ');
+        }
+        previous_lower = c.is_lowercase() || c.is_ascii_digit();
+        spaced.push(if c.is_alphanumeric() { c } else { ' ' });
+    }
+    spaced
+        .split_whitespace()
+        .map(stem)
+        .filter(|w| !STOPWORDS.contains(&w.as_str()))
+        .collect()
+}
+
+/// The question's terms, with synonyms added.
+pub fn question_terms(question: &str) -> HashSet<String> {
+    let mut terms: HashSet<String> = words(question).into_iter().collect();
+    let found: Vec<String> = terms.iter().cloned().collect();
+    for term in found {
+        if let Some((_, more)) = SYNONYMS.iter().find(|(w, _)| *w == term) {
+            terms.extend(more.iter().map(|m| m.to_string()));
+        }
+    }
+    terms
+}
+
+/// How relevant a relation is to the question's terms.
+pub fn score(terms: &Terms, question: &HashSet<String>) -> f64 {
+    let hits = |set: &HashSet<String>| question.iter().filter(|t| set.contains(*t)).count() as f64;
+    3.0 * hits(&terms.name)
+        + 1.5 * hits(&terms.columns)
+        + hits(&terms.comments)
+        + 2.0 * hits(&terms.values)
+}
+
+/// One relation as retrieval sees it.
+pub struct Candidate<'a> {
+    pub terms: &'a Terms,
+    /// Estimated prompt tokens of its rendering.
+    pub tokens: usize,
+    /// Indices of relations it references or is referenced by.
+    pub neighbours: Vec<usize>,
+}
+
+/// Indices of the relations to show, in schema order: every relation when all fit `budget`;
+/// otherwise the best hits with their foreign-key neighbours, then the rest by relevance, as
+/// long as they fit. The best hit is always shown.
+pub fn select(candidates: &[Candidate], question: &str, budget: usize) -> Vec<usize> {
+    let total: usize = candidates.iter().map(|c| c.tokens).sum();
+    if total <= budget {
+        return (0..candidates.len()).collect();
+    }
+    let terms = question_terms(question);
+    let scores: Vec<f64> = candidates.iter().map(|c| score(c.terms, &terms)).collect();
+    let mut by_score: Vec<usize> = (0..candidates.len()).collect();
+    by_score.sort_by(|a, b| scores[*b].total_cmp(&scores[*a]).then(a.cmp(b)));
+
+    let mut order: Vec<usize> = Vec::with_capacity(candidates.len());
+    let top = scores.iter().copied().fold(0.0, f64::max);
+    for &i in by_score
+        .iter()
+        .take_while(|i| scores[**i] > 0.0 && scores[**i] >= top / 3.0)
+    {
+        order.push(i);
+        order.extend(candidates[i].neighbours.iter().copied());
+    }
+    order.extend(by_score.iter().copied());
+
+    let mut chosen = vec![false; candidates.len()];
+    let mut used = 0;
+    for (rank, i) in order.into_iter().enumerate() {
+        if chosen[i] {
+            continue;
+        }
+        if used + candidates[i].tokens <= budget || rank == 0 {
+            chosen[i] = true;
+            used += candidates[i].tokens;
+        }
+    }
+    (0..candidates.len()).filter(|i| chosen[*i]).collect()
+}
+
+/// Estimated tokens of a text: about four characters each for schema-like text.
+pub fn estimate_tokens(text: &str) -> usize {
+    text.len().div_ceil(4)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn terms(name: &str, columns: &[&str], values: &[&str]) -> Terms {
+        Terms {
+            name: words(name).into_iter().collect(),
+            columns: columns.iter().flat_map(|c| words(c)).collect(),
+            comments: HashSet::new(),
+            values: values.iter().flat_map(|v| words(v)).collect(),
+        }
+    }
+
+    #[test]
+    fn stemming_and_splitting() {
+        assert_eq!(stem("countries"), "country");
+        assert_eq!(stem("orders"), "order");
+        assert_eq!(stem("status"), "status");
+        assert_eq!(stem("classes"), "class");
+        assert_eq!(
+            words("orderItems customer_id"),
+            vec!["order", "item", "customer"]
+        );
+        assert!(question_terms("Which customers spent the most revenue?").contains("amount"));
+    }
+
+    #[test]
+    fn everything_is_shown_when_it_fits() {
+        let t = terms("a", &[], &[]);
+        let c = |tokens| Candidate {
+            terms: &t,
+            tokens,
+            neighbours: vec![],
+        };
+        assert_eq!(select(&[c(10), c(10)], "anything", 20), vec![0, 1]);
+    }
+
+    #[test]
+    fn the_best_hits_and_their_neighbours_are_chosen() {
+        let customers = terms("customers", &["name", "country"], &["Germany"]);
+        let orders = terms("orders", &["customer_id", "amount"], &[]);
+        let parts = terms("parts", &["weight"], &[]);
+        let suppliers = terms("suppliers", &["city"], &[]);
+        let candidates = vec![
+            Candidate {
+                terms: &parts,
+                tokens: 50,
+                neighbours: vec![3],
+            },
+            Candidate {
+                terms: &customers,
+                tokens: 50,
+                neighbours: vec![2],
+            },
+            Candidate {
+                terms: &orders,
+                tokens: 50,
+                neighbours: vec![1],
+            },
+            Candidate {
+                terms: &suppliers,
+                tokens: 50,
+                neighbours: vec![0],
+            },
+        ];
+        // customers match by name and value; orders come along as their neighbour
+        assert_eq!(
+            select(&candidates, "How many customers live in Germany?", 100),
+            vec![1, 2]
+        );
+        // synonyms: "revenue" finds the amount column
+        assert_eq!(select(&candidates, "total revenue", 50), vec![2]);
+        // the best hit is shown even when it alone exceeds the budget
+        assert_eq!(select(&candidates, "weight of parts", 10), vec![0]);
+    }
+}

@@ -1,0 +1,148 @@
+//! Sample values for text columns, cheaply and safely. Where ANALYZE ran, the planner's most
+//! common values come with the catalog query. Otherwise a bounded read of the relation (at most
+//! `SCAN_ROWS` rows, as the caller, read-only, under a short timeout, through the same guarded
+//! executor as generated queries) supplies them. Values are truncated and, in the prompt,
+//! quoted as data.
+
+use super::catalog::{Column, Relation};
+use crate::exec::{self, Mode, Outcome};
+
+/// Rows read at most from a relation without statistics.
+const SCAN_ROWS: usize = 1000;
+/// Time allowed for that read.
+const SCAN_TIMEOUT_MS: i32 = 2000;
+/// Longest sample value shown, in characters.
+const MAX_VALUE_CHARS: usize = 40;
+/// A column with at most this many distinct values lists them all ("one of").
+pub const LOW_CARDINALITY: usize = 10;
+
+/// What the prompt says about a column's values.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Samples {
+    pub values: Vec<String>,
+    /// The values are all the column holds.
+    pub complete: bool,
+}
+
+/// Samples of a text column from the planner's statistics, when ANALYZE collected any.
+pub fn from_statistics(column: &Column, per_column: usize) -> Option<Samples> {
+    (per_column > 0 && column.textual && !column.common_values.is_empty()).then(|| {
+        let complete = column.all_values && column.common_values.len() <= LOW_CARDINALITY;
+        let limit = if complete {
+            LOW_CARDINALITY
+        } else {
+            per_column
+        };
+        Samples {
+            values: tidy(column.common_values.iter().take(limit)),
+            complete,
+        }
+    })
+}
+
+/// Samples of `relation`'s text columns (index-aligned with its columns; `None` where there
+/// are none), reading the relation only for text columns without statistics.
+pub fn for_relation(relation: &Relation, per_column: usize) -> Vec<Option<Samples>> {
+    let mut samples: Vec<Option<Samples>> = relation
+        .columns
+        .iter()
+        .map(|c| from_statistics(c, per_column))
+        .collect();
+    let unknown: Vec<usize> = relation
+        .columns
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.textual && c.common_values.is_empty())
+        .map(|(i, _)| i)
+        .collect();
+    if per_column == 0 || unknown.is_empty() || relation.kind == "foreign table" {
+        return samples;
+    }
+    let select: Vec<String> = unknown
+        .iter()
+        .map(|i| format!("{} AS s{i}", relation.columns[*i].name))
+        .collect();
+    let sql = format!(
+        "SELECT {} FROM {} LIMIT {SCAN_ROWS}",
+        select.join(", "),
+        relation.sql_name()
+    );
+    let rows = match exec::attempt(
+        &sql,
+        Mode::Run {
+            max_rows: SCAN_ROWS,
+        },
+        SCAN_TIMEOUT_MS,
+    ) {
+        Outcome::Rows(result) => result.rows,
+        _ => return samples,
+    };
+    let scanned_all = rows.len() < SCAN_ROWS;
+    for i in unknown {
+        let mut distinct: Vec<String> = Vec::new();
+        for row in &rows {
+            let value = serde_json::from_str::<serde_json::Value>(row)
+                .ok()
+                .and_then(|v| {
+                    v.get(format!("s{i}"))
+                        .and_then(|v| v.as_str())
+                        .map(str::to_string)
+                });
+            if let Some(value) = value.filter(|v| !v.trim().is_empty()) {
+                if !distinct.contains(&value) {
+                    distinct.push(value);
+                    if distinct.len() > LOW_CARDINALITY {
+                        break;
+                    }
+                }
+            }
+        }
+        let complete = scanned_all && distinct.len() <= LOW_CARDINALITY;
+        let limit = if complete {
+            LOW_CARDINALITY
+        } else {
+            per_column
+        };
+        if !distinct.is_empty() {
+            samples[i] = Some(Samples {
+                values: tidy(distinct.iter().take(limit)),
+                complete,
+            });
+        }
+    }
+    samples
+}
+
+/// Values as they may be shown: one line, truncated.
+fn tidy<'a>(values: impl Iterator<Item = &'a String>) -> Vec<String> {
+    values
+        .map(|v| {
+            let one_line: String = v.split_whitespace().collect::<Vec<_>>().join(" ");
+            if one_line.chars().count() > MAX_VALUE_CHARS {
+                let cut: String = one_line.chars().take(MAX_VALUE_CHARS).collect();
+                format!("{cut}…")
+            } else {
+                one_line
+            }
+        })
+        .collect()
+}
+
+/// A value as an SQL string literal: quoted data, never mistaken for instructions or syntax.
+pub fn quote(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_are_one_line_truncated_and_quoted() {
+        let long = "x".repeat(60);
+        let v = tidy([&"a\nb".to_string(), &long].into_iter());
+        assert_eq!(v[0], "a b");
+        assert_eq!(v[1].chars().count(), MAX_VALUE_CHARS + 1);
+        assert_eq!(quote("it's"), "'it''s'");
+    }
+}
