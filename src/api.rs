@@ -1,5 +1,5 @@
-//! The SQL-callable functions. Thin: they wire settings, schema, model and executor together
-//! and turn errors into PostgreSQL ERRORs, once, here.
+//! The SQL-callable functions. Thin: they wire settings, schema, model, executor, sessions and
+//! history together and turn errors into PostgreSQL ERRORs, once, here.
 
 use std::time::Duration;
 
@@ -8,23 +8,29 @@ use pgrx::JsonB;
 
 use crate::error::{Error, Result};
 use crate::exec::{self, Mode, Outcome};
+use crate::extract::strip_think;
 use crate::heal::{self, Run};
-use crate::llm::OpenAiClient;
+use crate::llm::{Llm, OpenAiClient};
+use crate::progress::{Event, Progress};
 use crate::schema::PromptSchema;
-use crate::{examples, guard, prompt, schema, settings};
+use crate::session::Turn;
+use crate::{examples, guard, history, prompt, schema, session, settings};
 
-/// Answers a question with rows: one jsonb object per row, in the query's order.
+/// Rows of an answer sent to the model by `nl_answer`, at most.
+const ANSWER_ROWS: usize = 20;
+
+/// Answers a question with rows: one jsonb object per row, in the query's order. With a
+/// session, earlier questions of that session are context for this one.
 #[pg_extern]
-fn nl_query(question: Option<&str>) -> SetOfIterator<'static, JsonB> {
-    let (run, _) = answer(question, run_mode()).unwrap_or_else(|e| e.raise());
+fn nl_query(
+    question: Option<&str>,
+    session: default!(Option<&str>, "NULL"),
+) -> SetOfIterator<'static, JsonB> {
+    let (run, _) = answer(question, session, run_mode(), "nl_query").unwrap_or_else(|e| e.raise());
     if let Some(error) = run.failure() {
         error.raise();
     }
-    let rows = match run.best_attempt().map(|a| &a.outcome) {
-        Some(Outcome::Rows(result)) => result.rows.as_slice(),
-        _ => &[],
-    };
-    let rows: Vec<JsonB> = rows
+    let rows: Vec<JsonB> = best_rows(&run)
         .iter()
         .map(|text| serde_json::from_str(text).map(JsonB))
         .collect::<std::result::Result<_, _>>()
@@ -34,8 +40,9 @@ fn nl_query(question: Option<&str>) -> SetOfIterator<'static, JsonB> {
 
 /// Answers a question with SQL only: generated, guarded, and planned (never executed).
 #[pg_extern]
-fn nl_generate(question: Option<&str>) -> String {
-    let (run, _) = answer(question, Mode::Plan).unwrap_or_else(|e| e.raise());
+fn nl_generate(question: Option<&str>, session: default!(Option<&str>, "NULL")) -> String {
+    let (run, _) =
+        answer(question, session, Mode::Plan, "nl_generate").unwrap_or_else(|e| e.raise());
     if let Some(error) = run.failure() {
         error.raise();
     }
@@ -44,12 +51,37 @@ fn nl_generate(question: Option<&str>) -> String {
 
 /// Runs the pipeline like `nl_query` and returns what happened instead of the rows.
 #[pg_extern]
-fn nl_trace(question: Option<&str>) -> JsonB {
-    let (run, schema) = answer(question, run_mode()).unwrap_or_else(|e| e.raise());
+fn nl_trace(question: Option<&str>, session: default!(Option<&str>, "NULL")) -> JsonB {
+    let (run, schema) =
+        answer(question, session, run_mode(), "nl_trace").unwrap_or_else(|e| e.raise());
     let mut trace = run.trace();
     trace["relations"] = serde_json::json!(schema.relations);
     trace["schema_pruned"] = serde_json::json!(schema.pruned);
     JsonB(trace)
+}
+
+/// Answers a question in plain language, grounded in the rows of the query that answers it
+/// (none are sent to the model when sample values are off: then it describes the query).
+#[pg_extern]
+fn nl_answer(question: Option<&str>, session: default!(Option<&str>, "NULL")) -> String {
+    let (run, _) = answer(question, session, run_mode(), "nl_answer").unwrap_or_else(|e| e.raise());
+    if let Some(error) = run.failure() {
+        error.raise();
+    }
+    let sql = run.final_sql().unwrap_or_default();
+    let rows = best_rows(&run);
+    let shown =
+        (settings::sample_values() > 0).then(|| (&rows[..rows.len().min(ANSWER_ROWS)], rows.len()));
+    let request = prompt::answer_request(&run.question, sql, shown);
+    let mut llm = client(false).unwrap_or_else(|e| e.raise());
+    let completion = llm.complete(&request).unwrap_or_else(|e| e.raise());
+    strip_think(&completion.content).trim().to_string()
+}
+
+/// Forgets a session's earlier questions (in backend memory and in Redis).
+#[pg_extern]
+fn nl_session_reset(session: &str) {
+    session::reset(session);
 }
 
 /// Checks SQL with the guard, without running it: raises the refusal as an ERROR (25006 for a
@@ -78,6 +110,25 @@ fn run_mode() -> Mode {
     }
 }
 
+/// The rows of the answer (jsonb text), empty when it has none.
+fn best_rows(run: &Run) -> &[String] {
+    match run.best_attempt().map(|a| &a.outcome) {
+        Some(Outcome::Rows(result)) => &result.rows,
+        _ => &[],
+    }
+}
+
+fn client(json_mode: bool) -> Result<OpenAiClient> {
+    Ok(OpenAiClient::new(
+        settings::llm_url()?,
+        settings::llm_model(),
+        settings::llm_api_key(),
+        settings::temperature(),
+        Duration::from_millis(settings::llm_timeout_ms()),
+        json_mode && settings::json_mode(),
+    ))
+}
+
 /// The schema and examples for a question, as the prompt shows them.
 fn database_context(question: Option<&str>) -> Result<(String, PromptSchema)> {
     let schema = schema::context()?.for_question(question);
@@ -88,27 +139,48 @@ fn database_context(question: Option<&str>) -> Result<(String, PromptSchema)> {
     Ok((prompt::database_context(&schema.text, &examples), schema))
 }
 
-/// The whole pipeline for one question.
-fn answer(question: Option<&str>, mode: Mode) -> Result<(Run, PromptSchema)> {
+/// The whole pipeline for one question; `function` names the caller in the history.
+fn answer(
+    question: Option<&str>,
+    session: Option<&str>,
+    mode: Mode,
+    function: &str,
+) -> Result<(Run, PromptSchema)> {
     let question = question
         .filter(|q| !q.trim().is_empty())
         .ok_or_else(|| Error::InvalidParameter("the question is empty: ask something".into()))?;
-    let mut llm = OpenAiClient::new(
-        settings::llm_url()?,
-        settings::llm_model(),
-        settings::llm_api_key(),
-        settings::temperature(),
-        Duration::from_millis(settings::llm_timeout_ms()),
-        settings::json_mode(),
-    );
+    let session = session.filter(|s| !s.is_empty());
+    let mut llm = client(true)?;
+    let progress = Progress::new(session);
     let (context, schema) = database_context(Some(question))?;
+    progress.emit(Event::SchemaReady {
+        relations: schema.relations.len(),
+        pruned: schema.pruned,
+    });
+    let turns = session.map(session::turns).unwrap_or_default();
     let timeout_ms = settings::statement_timeout_ms();
     let run = heal::solve(
         question,
-        &context,
+        prompt::initial(&context, &turns, question),
         settings::max_repairs(),
         &mut llm,
         &mut |sql| exec::attempt(sql, mode, timeout_ms),
+        &mut |event| progress.emit(event),
     )?;
+    if let (Some(session), Some(sql)) = (
+        session,
+        run.failure().is_none().then(|| run.final_sql()).flatten(),
+    ) {
+        session::record(
+            session,
+            Turn {
+                question: question.to_string(),
+                sql: sql.to_string(),
+            },
+        );
+    }
+    if function != "nl_trace" {
+        history::record(function, session, &run);
+    }
     Ok((run, schema))
 }

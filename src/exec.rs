@@ -54,11 +54,6 @@ pub enum Outcome {
 pub fn attempt(sql: &str, mode: Mode, timeout_ms: i32) -> Outcome {
     let position = Box::new(Cell::new(0i32));
     let (result, timer) = unsafe {
-        let caller_context = pg_sys::CurrentMemoryContext;
-        let caller_owner = pg_sys::CurrentResourceOwner;
-        pg_sys::BeginInternalSubTransaction(std::ptr::null());
-        pg_sys::MemoryContextSwitchTo(caller_context);
-
         let mut callback = pg_sys::ErrorContextCallback {
             previous: pg_sys::error_context_stack,
             callback: Some(record_error_position),
@@ -66,18 +61,10 @@ pub fn attempt(sql: &str, mode: Mode, timeout_ms: i32) -> Outcome {
         };
         pg_sys::error_context_stack = &mut callback;
         let timer = StatementTimer::arm(timeout_ms);
-
-        let result = PgTryBuilder::new(AssertUnwindSafe(|| Ok(run_guarded(sql, mode))))
-            .catch_others(|caught| Err(Box::new(caught)))
-            .execute();
-
+        // Always rolled back: the query only read, and nothing it did may outlive it.
+        let result = in_subtransaction(false, || run_guarded(sql, mode));
         timer.disarm();
         pg_sys::error_context_stack = callback.previous;
-        pg_sys::MemoryContextSwitchTo(caller_context);
-        // Always rolled back: the query only read, and nothing it did may outlive it.
-        pg_sys::RollbackAndReleaseCurrentSubTransaction();
-        pg_sys::MemoryContextSwitchTo(caller_context);
-        pg_sys::CurrentResourceOwner = caller_owner;
         (result, timer)
     };
     match result {
@@ -86,6 +73,30 @@ pub fn attempt(sql: &str, mode: Mode, timeout_ms: i32) -> Outcome {
             let position = Some(position.get()).filter(|p| *p > 0);
             failure(*caught, position, &timer, timeout_ms)
         }
+    }
+}
+
+/// Runs `work` in an internal subtransaction, committed when `commit` and the work succeeded,
+/// rolled back otherwise; any error is caught and returned, and the caller's transaction, memory
+/// context and resource owner are as they were.
+pub fn in_subtransaction<R>(commit: bool, work: impl FnOnce() -> R) -> Result<R, Box<CaughtError>> {
+    unsafe {
+        let caller_context = pg_sys::CurrentMemoryContext;
+        let caller_owner = pg_sys::CurrentResourceOwner;
+        pg_sys::BeginInternalSubTransaction(std::ptr::null());
+        pg_sys::MemoryContextSwitchTo(caller_context);
+        let result = PgTryBuilder::new(AssertUnwindSafe(|| Ok(work())))
+            .catch_others(|caught| Err(Box::new(caught)))
+            .execute();
+        pg_sys::MemoryContextSwitchTo(caller_context);
+        if commit && result.is_ok() {
+            pg_sys::ReleaseCurrentSubTransaction();
+        } else {
+            pg_sys::RollbackAndReleaseCurrentSubTransaction();
+        }
+        pg_sys::MemoryContextSwitchTo(caller_context);
+        pg_sys::CurrentResourceOwner = caller_owner;
+        result
     }
 }
 

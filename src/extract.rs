@@ -31,7 +31,7 @@ pub fn extract_sql(output: &str) -> Option<String> {
 /// put the opening tag in the prompt) drops everything before it; an opening tag that is never
 /// closed (the model ran out of tokens while thinking) keeps what came before it, or, when
 /// nothing did, the thoughts themselves, where the other strategies may still find a statement.
-fn strip_think(text: &str) -> String {
+pub fn strip_think(text: &str) -> String {
     let mut rest = text;
     if let Some(close) = find_ci(rest, "</think>") {
         if find_ci(&rest[..close], "<think>").is_none() {

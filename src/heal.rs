@@ -14,6 +14,7 @@ use crate::error::{Error, Result, SqlError};
 use crate::exec::Outcome;
 use crate::extract::extract_sql;
 use crate::llm::Llm;
+use crate::progress::Event;
 use crate::prompt;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -90,17 +91,18 @@ fn millis(since: Instant) -> f64 {
     (since.elapsed().as_secs_f64() * 1000.0 * 100.0).round() / 100.0
 }
 
-/// Answers `question` with at most `1 + max_repairs` queries. `run` executes (or plans) one
-/// query; `llm` writes them.
+/// Answers `question` with at most `1 + max_repairs` queries, starting from the conversation
+/// `messages` (`prompt::initial`). `run` executes (or plans) one query; `llm` writes them;
+/// `progress` hears of every step.
 pub fn solve(
     question: &str,
-    schema: &str,
+    mut messages: Vec<prompt::Message>,
     max_repairs: usize,
     llm: &mut dyn Llm,
     run: &mut dyn FnMut(&str) -> Outcome,
+    progress: &mut dyn FnMut(Event),
 ) -> Result<Run> {
     let started = Instant::now();
-    let mut messages = prompt::initial(schema, question);
     let mut state = Run {
         question: question.to_string(),
         attempts: Vec::new(),
@@ -113,6 +115,10 @@ pub fn solve(
         ms: 0.0,
     };
     for round in 0..=max_repairs {
+        progress(Event::ModelAsked {
+            attempt: round + 1,
+            repair: round > 0,
+        });
         let asked = Instant::now();
         let completion = llm.complete(&messages)?;
         let llm_ms = millis(asked);
@@ -132,6 +138,12 @@ pub fn solve(
             });
             messages.push(prompt::answer_raw(&completion.content));
             messages.push(prompt::repair_no_sql(question, &completion.content));
+            if round < max_repairs {
+                progress(Event::RepairRequested {
+                    attempt: round + 1,
+                    reason: "no SQL",
+                });
+            }
             continue;
         };
 
@@ -145,6 +157,12 @@ pub fn solve(
         let ran = Instant::now();
         let outcome = run(&sql);
         let ms = millis(ran);
+        progress(Event::Executed {
+            attempt: round + 1,
+            sql: &sql,
+            outcome: &outcome,
+            ms,
+        });
         let feedback = match &outcome {
             Outcome::Rows(_) | Outcome::Planned => None,
             Outcome::Empty(result) => {
@@ -179,6 +197,14 @@ pub fn solve(
                 break;
             }
             Some(message) if round < max_repairs => {
+                let reason = match state.attempts.last().map(|a| &a.outcome) {
+                    Some(Outcome::Empty(_)) => "0 rows",
+                    _ => "an error",
+                };
+                progress(Event::RepairRequested {
+                    attempt: round + 1,
+                    reason,
+                });
                 messages.push(prompt::answer(&sql));
                 messages.push(message);
             }
@@ -193,6 +219,15 @@ pub fn solve(
         };
     }
     state.ms = millis(started);
+    progress(Event::Done {
+        status: state.status.as_str(),
+        row_count: state.best_attempt().and_then(|a| match &a.outcome {
+            Outcome::Rows(r) | Outcome::Empty(r) => Some(r.rows.len()),
+            _ => None,
+        }),
+        attempts: state.attempts.len(),
+        ms: state.ms,
+    });
     Ok(state)
 }
 
@@ -349,11 +384,24 @@ mod tests {
     ) -> (Run, Scripted) {
         let mut llm = Scripted::new(answers);
         let mut executed = Vec::new();
-        let run = solve("q?", "schema", max_repairs, &mut llm, &mut |sql: &str| {
-            executed.push(sql.to_string());
-            db(sql)
-        })
+        let messages = prompt::initial("schema", &[], "q?");
+        let mut steps = 0;
+        let run = solve(
+            "q?",
+            messages,
+            max_repairs,
+            &mut llm,
+            &mut |sql: &str| {
+                executed.push(sql.to_string());
+                db(sql)
+            },
+            &mut |_| steps += 1,
+        )
         .unwrap();
+        assert!(
+            steps >= 3,
+            "progress heard of the model, the attempt and the end"
+        );
         assert_eq!(
             executed.len(),
             run.attempts.len(),
@@ -492,10 +540,18 @@ mod tests {
     fn an_answer_without_sql_counts_as_an_attempt() {
         let mut llm = Scripted::new(&["<think>hmm</think>", "SELECT 1"]);
         let mut executed = 0;
-        let run = solve("q?", "s", 4, &mut llm, &mut |_| {
-            executed += 1;
-            rows(1)
-        })
+        let messages = prompt::initial("s", &[], "q?");
+        let run = solve(
+            "q?",
+            messages,
+            4,
+            &mut llm,
+            &mut |_| {
+                executed += 1;
+                rows(1)
+            },
+            &mut |_| {},
+        )
         .unwrap();
         assert_eq!(
             (run.status, run.attempts.len(), executed),

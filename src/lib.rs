@@ -9,10 +9,15 @@ mod exec;
 mod extract;
 mod guard;
 mod heal;
+mod history;
 mod llm;
+mod progress;
 mod prompt;
+mod redis_client;
 mod schema;
+mod session;
 mod settings;
+mod wait;
 
 ::pgrx::pg_module_magic!(name, version);
 
@@ -22,6 +27,7 @@ pgrx::extension_sql_file!(
     name = "examples",
     requires = [api::nl_check]
 );
+pgrx::extension_sql_file!("../sql/history.sql", name = "history");
 
 #[pgrx::pg_guard]
 pub extern "C-unwind" fn _PG_init() {

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::error::SqlError;
 use crate::examples::Example;
+use crate::session::Turn;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Message {
@@ -72,12 +73,23 @@ pub fn database_context(schema: &str, examples: &[Example]) -> String {
     text
 }
 
-/// The first request for a question.
-pub fn initial(context: &str, question: &str) -> Vec<Message> {
-    vec![
-        Message::system(INSTRUCTIONS),
-        Message::user(format!("{}\n\nQuestion: {question}", context.trim_end())),
-    ]
+/// The first request for a question. Earlier turns of a conversation come as the exchange
+/// they were: each question, then the SQL that finally answered it.
+pub fn initial(context: &str, turns: &[Turn], question: &str) -> Vec<Message> {
+    let mut messages = vec![Message::system(INSTRUCTIONS)];
+    let mut questions = turns.iter().map(|t| t.question.as_str()).chain([question]);
+    let first = questions.next().unwrap_or(question);
+    messages.push(Message::user(format!(
+        "{}\n\nQuestion: {first}",
+        context.trim_end()
+    )));
+    for (turn, next) in turns.iter().zip(questions) {
+        messages.push(answer(&turn.sql));
+        messages.push(Message::user(format!(
+            "Question (it may build on the questions before): {next}"
+        )));
+    }
+    messages
 }
 
 /// How the model's own answer is written back into the conversation: the form it was asked
@@ -146,6 +158,37 @@ pub fn repair_empty(question: &str, sql: &str, row_security: &[String]) -> Messa
     Message::user(text)
 }
 
+const ANSWER_INSTRUCTIONS: &str = "\
+You answer a question about a database in plain language, in one to three sentences, using only \
+the query result you are given. Do not invent values, do not show SQL, do not add advice.";
+
+/// The request for a plain-language answer (`nl_answer`). With `rows` (the rows shown, and how
+/// many there were) the answer is grounded in them; without (sample values are off: no row data
+/// may reach the model) the model describes what the query returns instead.
+pub fn answer_request(question: &str, sql: &str, rows: Option<(&[String], usize)>) -> Vec<Message> {
+    let result = match rows {
+        Some((_, 0)) => "The query returned no rows.".to_string(),
+        Some((shown, total)) => format!(
+            "The query returned {total} rows{}:\n{}",
+            if shown.len() < total {
+                format!("; the first {}", shown.len())
+            } else {
+                String::new()
+            },
+            shown.join("\n")
+        ),
+        None => "The rows may not be shown. Describe in one or two sentences what the query \
+                 returns, without giving any values."
+            .to_string(),
+    };
+    vec![
+        Message::system(ANSWER_INSTRUCTIONS),
+        Message::user(format!(
+            "Question: {question}\n\nSQL that answers it:\n{sql}\n\n{result}"
+        )),
+    ]
+}
+
 /// Up to 40 characters of `sql` from the 1-based character `position` PostgreSQL reported.
 fn near_position(sql: &str, position: i32) -> Option<String> {
     let start = usize::try_from(position).ok()?.checked_sub(1)?;
@@ -164,7 +207,7 @@ mod tests {
             sql: "SELECT count(*) FROM u".into(),
         }];
         let context = database_context("CREATE TABLE t (a int);\n", &examples);
-        let messages = initial(&context, "how many t?");
+        let messages = initial(&context, &[], "how many t?");
         assert_eq!(messages[0].role, "system");
         let user = &messages[1].content;
         assert!(user.starts_with("Database schema:\nCREATE TABLE t (a int);"));
@@ -173,6 +216,20 @@ mod tests {
         let question_at = user.find("Question: how many t?").unwrap();
         assert!(schema_at < example_at && example_at < question_at);
         assert!(user.ends_with("Question: how many t?"));
+    }
+
+    #[test]
+    fn a_follow_up_sees_the_earlier_questions_and_their_final_sql() {
+        let turns = [Turn {
+            question: "orders per month".into(),
+            sql: "SELECT 1".into(),
+        }];
+        let messages = initial("schema", &turns, "now only 2024");
+        let roles: Vec<&str> = messages.iter().map(|m| m.role).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "user"]);
+        assert!(messages[1].content.ends_with("Question: orders per month"));
+        assert_eq!(messages[2].content, r#"{"sql":"SELECT 1"}"#);
+        assert!(messages[3].content.ends_with("now only 2024"));
     }
 
     #[test]

@@ -25,6 +25,13 @@ static SAMPLE_VALUES: GucSetting<i32> = GucSetting::<i32>::new(3);
 static PROMPT_BUDGET: GucSetting<i32> = GucSetting::<i32>::new(4000);
 static EXAMPLES: GucSetting<i32> = GucSetting::<i32>::new(3);
 static JSON_MODE: GucSetting<bool> = GucSetting::<bool>::new(true);
+static REDIS_URL: GucSetting<Option<std::ffi::CString>> =
+    GucSetting::<Option<std::ffi::CString>>::new(None);
+static REDIS_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
+static SESSION_TURNS: GucSetting<i32> = GucSetting::<i32>::new(5);
+static SESSION_TTL_S: GucSetting<i32> = GucSetting::<i32>::new(3600);
+static PROGRESS: GucSetting<bool> = GucSetting::<bool>::new(false);
+static HISTORY: GucSetting<bool> = GucSetting::<bool>::new(true);
 
 pub fn init() {
     GucRegistry::define_string_guc(
@@ -155,6 +162,60 @@ pub fn init() {
         GucContext::Userset,
         GucFlags::default(),
     );
+    GucRegistry::define_string_guc(
+        c"sql_query_engine.redis_url",
+        c"Redis for shared conversations, progress events and the schema cache, e.g. redis://127.0.0.1:6379/0 (superuser only, never shown).",
+        c"Unset: everything stays in backend memory.",
+        &REDIS_URL,
+        GucContext::Suset,
+        GucFlags::SUPERUSER_ONLY | GucFlags::NO_SHOW_ALL,
+    );
+    GucRegistry::define_int_guc(
+        c"sql_query_engine.redis_timeout",
+        c"How long one Redis call may take before backend memory is used instead.",
+        c"",
+        &REDIS_TIMEOUT_MS,
+        1,
+        i32::MAX,
+        GucContext::Userset,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"sql_query_engine.session_turns",
+        c"How many earlier turns of a session the model sees.",
+        c"",
+        &SESSION_TURNS,
+        0,
+        100,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"sql_query_engine.session_ttl",
+        c"How long a session's turns are kept in Redis after its last turn.",
+        c"",
+        &SESSION_TTL_S,
+        1,
+        i32::MAX,
+        GucContext::Userset,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_bool_guc(
+        c"sql_query_engine.progress",
+        c"Report each step of a question as a NOTICE while it happens.",
+        c"(Not named verbose: VERBOSE is an SQL keyword, and SET would need it quoted.)",
+        &PROGRESS,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"sql_query_engine.history",
+        c"Record every nl_query, nl_generate and nl_answer call in nl_history.",
+        c"Skipped silently in read-only transactions and on standbys.",
+        &HISTORY,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
     // A mistyped sql_query_engine.* setting is an error instead of a silent placeholder.
     unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"sql_query_engine".as_ptr()) };
 }
@@ -225,6 +286,53 @@ pub fn prompt_budget() -> usize {
 
 pub fn examples() -> usize {
     EXAMPLES.get().max(0) as usize
+}
+
+/// The Redis URL, when Redis is to be used.
+pub fn redis_url() -> Option<String> {
+    string(&REDIS_URL)
+}
+
+pub fn redis_timeout_ms() -> u64 {
+    REDIS_TIMEOUT_MS.get().max(1) as u64
+}
+
+pub fn session_turns() -> usize {
+    SESSION_TURNS.get().max(0) as usize
+}
+
+pub fn session_ttl_s() -> u64 {
+    SESSION_TTL_S.get().max(1) as u64
+}
+
+pub fn progress() -> bool {
+    PROGRESS.get()
+}
+
+pub fn history() -> bool {
+    HISTORY.get()
+}
+
+/// A URL as it may be shown: without the credentials it may carry.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}{}", &url[..scheme_end + 3], &url[at + 1..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// `text` with the secrets of `url` (the whole URL, its credentials) replaced.
+pub fn redact(text: &str, url: &str) -> String {
+    let mut text = text.replace(url, &redact_url(url));
+    if let (Some(scheme_end), Some(at)) = (url.find("://"), url.rfind('@')) {
+        if at > scheme_end + 3 {
+            let credentials = &url[scheme_end + 3..at];
+            text = text.replace(credentials, "[credentials]");
+        }
+    }
+    text
 }
 
 pub fn json_mode() -> bool {

@@ -2,7 +2,6 @@
 //! wait that keeps a backend responsive to Ctrl-C while a request is in flight.
 
 mod openai;
-mod wait;
 
 pub use openai::OpenAiClient;
 

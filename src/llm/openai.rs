@@ -7,10 +7,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::wait::{run_interruptible, sleep_interruptible, WaitError};
 use super::{Completion, Llm};
 use crate::error::{Error, Result};
 use crate::prompt::Message;
+use crate::settings;
+use crate::wait::{run_interruptible, sleep_interruptible, WaitError};
 
 /// Connection settings, read once per call from the GUCs.
 pub struct OpenAiClient {
@@ -59,17 +60,14 @@ impl OpenAiClient {
 
     /// The endpoint as it may be shown: without credentials in the URL, never with the key.
     fn endpoint(&self) -> String {
-        let url = format!("{}/chat/completions", self.base_url.trim_end_matches('/'));
-        match (url.find("://"), url.find('@')) {
-            (Some(scheme_end), Some(at)) if at > scheme_end => {
-                format!("{}{}", &url[..scheme_end + 3], &url[at + 1..])
-            }
-            _ => url,
-        }
+        settings::redact_url(&format!(
+            "{}/chat/completions",
+            self.base_url.trim_end_matches('/')
+        ))
     }
 
     fn error(&self, cause: impl Into<String>) -> Error {
-        let mut cause = cause.into();
+        let mut cause = settings::redact(&cause.into(), &self.base_url);
         if let Some(key) = self.api_key.as_deref() {
             cause = cause.replace(key, "[api key]");
         }

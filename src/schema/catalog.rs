@@ -6,11 +6,11 @@
 
 use pgrx::prelude::*;
 use pgrx::JsonB;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 pub struct Relation {
     pub oid: u32,
     /// Quoted schema name.
@@ -33,7 +33,7 @@ pub struct Relation {
     pub foreign_keys: Vec<ForeignKey>,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Default)]
 pub struct Column {
     /// Quoted column name.
     pub name: String,
@@ -57,7 +57,7 @@ pub struct Column {
     pub all_values: bool,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 pub struct ForeignKey {
     pub columns: Vec<String>,
     /// The referenced relation as it should be written (qualified when not visible).

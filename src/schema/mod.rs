@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use pgrx::prelude::*;
 
 use crate::error::{Error, Result};
-use crate::settings;
+use crate::{redis_client, settings};
 
 use catalog::Relation;
 use retrieve::{Candidate, Terms};
@@ -102,10 +102,65 @@ pub fn context() -> Result<Rc<SchemaContext>> {
             return Ok(hit);
         }
     }
-    let relations = catalog::load(key.schemas.clone(), key.sample_values > 0)?;
+    let relations = match shared_get(&key) {
+        Some(relations) => relations,
+        None => {
+            let relations = catalog::load(key.schemas.clone(), key.sample_values > 0)?;
+            shared_put(&key, &relations);
+            relations
+        }
+    };
     let context = Rc::new(SchemaContext::new(relations, key.sample_values));
     CACHE.with_borrow_mut(|c| *c = Some((key, Rc::clone(&context))));
     Ok(context)
+}
+
+/// How long a schema stays in Redis. Keys carry the schema version, so DDL makes new ones; the
+/// expiry only bounds what an uncommitted DDL could have left behind.
+const SHARED_TTL_S: u64 = 600;
+
+/// The Redis key of a schema: role and database (by `redis_client::key`), version, settings.
+fn shared_key(key: &CacheKey) -> String {
+    let name = format!(
+        "{}:{}:{}:{}",
+        key.version.unwrap_or(0),
+        key.search_path,
+        key.schemas
+            .as_ref()
+            .map(|s| s.join(","))
+            .unwrap_or_default(),
+        key.sample_values > 0
+    );
+    redis_client::key("schema", &name)
+}
+
+/// The schema another connection of this role already read, from Redis.
+fn shared_get(key: &CacheKey) -> Option<Vec<Relation>> {
+    if !redis_client::configured() {
+        return None;
+    }
+    let redis_key = shared_key(key);
+    let stored: Option<Option<String>> =
+        redis_client::call(move |c| ::redis::cmd("GET").arg(redis_key).query(c));
+    serde_json::from_str(&stored.flatten()?).ok()
+}
+
+/// Shares a freshly read schema with the other connections, through Redis.
+fn shared_put(key: &CacheKey, relations: &[Relation]) {
+    if !redis_client::configured() {
+        return;
+    }
+    let (redis_key, Ok(json)) = (shared_key(key), serde_json::to_string(relations)) else {
+        return;
+    };
+    let _: Option<()> = redis_client::call(move |c| {
+        ::redis::cmd("SET")
+            .arg(redis_key)
+            .arg(json)
+            .arg("EX")
+            .arg(SHARED_TTL_S)
+            .query(c)
+    });
 }
 
 /// Role, search path, settings and schema version, in one small query.

@@ -120,6 +120,27 @@ impl Cluster {
         self.connect_as(database, &self.user)
     }
 
+    /// A connection whose NOTICEs and WARNINGs are collected (as "SEVERITY: message").
+    pub fn connect_with_notices(
+        &self,
+        database: &str,
+        notices: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    ) -> Client {
+        let mut config: postgres::Config = format!(
+            "host={} port={} user={} dbname={} application_name=sqe_e2e",
+            self.host, self.port, self.user, database
+        )
+        .parse()
+        .expect("a connection string");
+        config.notice_callback(move |notice| {
+            let line = format!("{}: {}", notice.severity(), notice.message());
+            notices.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+        });
+        config
+            .connect(NoTls)
+            .unwrap_or_else(|e| panic!("connecting to {database}: {e}"))
+    }
+
     pub fn connect_as(&self, database: &str, user: &str) -> Client {
         let config = format!(
             "host={} port={} user={} dbname={} application_name=sqe_e2e",

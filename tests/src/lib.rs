@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod llm;
+pub mod redis;
 
 use postgres::Client;
 use serde_json::Value;
@@ -21,7 +22,31 @@ impl Session {
     pub fn new() -> Session {
         let cluster = cluster();
         let database = cluster.fresh_database();
-        let mut client = cluster.connect(&database);
+        let client = cluster.connect(&database);
+        Session::on(database, client)
+    }
+
+    /// A session whose NOTICEs and WARNINGs are collected into `notices`.
+    pub fn with_notices(notices: std::sync::Arc<std::sync::Mutex<Vec<String>>>) -> Session {
+        let cluster = cluster();
+        let database = cluster.fresh_database();
+        let client = cluster.connect_with_notices(&database, notices);
+        Session::on(database, client)
+    }
+
+    /// Another connection to this session's database (another backend), with the same model.
+    pub fn second_connection(&self) -> Client {
+        let mut client = cluster().connect(&self.database);
+        client
+            .batch_execute(&format!(
+                "SET sql_query_engine.llm_url = '{}'",
+                self.llm.url()
+            ))
+            .expect("setting llm_url");
+        client
+    }
+
+    fn on(database: String, mut client: Client) -> Session {
         let llm = ScriptedLlm::start();
         client
             .batch_execute(&format!("SET sql_query_engine.llm_url = '{}'", llm.url()))

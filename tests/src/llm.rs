@@ -174,11 +174,12 @@ fn serve(stream: TcpStream, state: &Mutex<State>) {
         headers,
         body,
     };
-    let text = request.text();
+    // The question being asked is in the last message (earlier turns of a conversation come
+    // before it); the longest matching question wins, so that one question may contain another.
+    let text = request.last_message();
     let reply = {
         let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
         state.requests.push(request);
-        // The longest matching question wins, so that one question may contain another.
         let mut matching: Vec<&mut (String, Vec<Reply>)> = state
             .scripts
             .iter_mut()

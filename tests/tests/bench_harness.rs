@@ -40,7 +40,7 @@ fn run_bench(
         })
         .collect();
     llm.respond_with(move |request| {
-        let text = request.text();
+        let text = request.last_message();
         let (_, gold) = answers.iter().find(|(q, _)| text.contains(q.as_str()))?;
         Some(Reply::Sql(if request.is_repair() {
             repair(gold)

@@ -23,7 +23,7 @@ fn main() {
     });
     let llm = ScriptedLlm::start();
     llm.respond_with(move |request| {
-        let text = request.text();
+        let text = request.last_message();
         // The longest question found in the request wins (one question may contain another).
         let (_, answer) = answers
             .iter()

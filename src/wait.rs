@@ -1,4 +1,4 @@
-//! Running blocking I/O without making the backend deaf.
+//! Running blocking I/O (the model's HTTP, Redis) without making the backend deaf.
 //!
 //! A blocking socket call on the backend thread ignores query cancel and statement_timeout until
 //! its own timeout. So the call runs on a helper thread that never touches PostgreSQL, and the
@@ -51,33 +51,28 @@ where
         if now >= deadline {
             return Err(WaitError::TimedOut);
         }
-        let slice = SLICE.min(deadline - now);
-        unsafe {
-            pg_sys::WaitLatch(
-                pg_sys::MyLatch,
-                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
-                slice.as_millis().max(1) as std::ffi::c_long,
-                pg_sys::PG_WAIT_EXTENSION,
-            );
-            pg_sys::ResetLatch(pg_sys::MyLatch);
-        }
-        pgrx::check_for_interrupts!();
+        wait_on_latch(SLICE.min(deadline - now));
     }
 }
 
 /// Sleeps until `until` (for retry back-off), interruptibly.
 pub fn sleep_interruptible(until: Instant) {
-    while Instant::now() < until {
-        let slice = SLICE.min(until - Instant::now());
-        unsafe {
-            pg_sys::WaitLatch(
-                pg_sys::MyLatch,
-                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
-                slice.as_millis().max(1) as std::ffi::c_long,
-                pg_sys::PG_WAIT_EXTENSION,
-            );
-            pg_sys::ResetLatch(pg_sys::MyLatch);
-        }
-        pgrx::check_for_interrupts!();
+    while let Some(left) = until.checked_duration_since(Instant::now()) {
+        wait_on_latch(SLICE.min(left));
     }
+}
+
+/// Sleeps on the backend's latch for at most `slice`, then handles interrupts (a query cancel
+/// raises its ERROR here; a terminate or postmaster death ends the process).
+fn wait_on_latch(slice: Duration) {
+    unsafe {
+        pg_sys::WaitLatch(
+            pg_sys::MyLatch,
+            (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+            slice.as_millis().max(1) as std::ffi::c_long,
+            pg_sys::PG_WAIT_EXTENSION,
+        );
+        pg_sys::ResetLatch(pg_sys::MyLatch);
+    }
+    pgrx::check_for_interrupts!();
 }

@@ -1,0 +1,130 @@
+//! The optional Redis connection (`sql_query_engine.redis_url`): shared conversation context,
+//! progress events and the schema cache for a pool of connections.
+//!
+//! Redis is never required. Every call is bounded by `sql_query_engine.redis_timeout` and waits
+//! interruptibly (query cancel still works); when Redis is unreachable, slow or restarting, the
+//! call returns `None`, the caller falls back to backend memory, a WARNING is given once per
+//! backend, and Redis is tried again a few seconds later.
+
+use std::cell::RefCell;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::settings;
+use crate::wait::run_interruptible;
+
+/// How long an unavailable Redis is left alone before it is tried again.
+const RETRY_AFTER: Duration = Duration::from_secs(5);
+
+type Shared = Arc<Mutex<Option<::redis::Connection>>>;
+
+#[derive(Default)]
+struct State {
+    /// The URL the connection belongs to.
+    url: Option<String>,
+    connection: Shared,
+    down_until: Option<Instant>,
+    warned: bool,
+}
+
+thread_local! {
+    static STATE: RefCell<State> = RefCell::new(State::default());
+}
+
+/// Whether Redis is configured at all.
+pub fn configured() -> bool {
+    settings::redis_url().is_some()
+}
+
+/// Runs `command` on Redis. `None` when Redis is not configured or not available in time.
+pub fn call<T, F>(command: F) -> Option<T>
+where
+    T: Send + 'static,
+    F: FnOnce(&mut ::redis::Connection) -> ::redis::RedisResult<T> + Send + 'static,
+{
+    let url = settings::redis_url()?;
+    let timeout = Duration::from_millis(settings::redis_timeout_ms());
+    let shared = STATE.with_borrow_mut(|state| {
+        if state.url.as_deref() != Some(url.as_str()) {
+            *state = State {
+                url: Some(url.clone()),
+                ..State::default()
+            };
+        }
+        match state.down_until {
+            Some(until) if Instant::now() < until => None,
+            _ => Some(Arc::clone(&state.connection)),
+        }
+    })?;
+    let target = url.clone();
+    let work = move || -> Result<T, String> {
+        // A call abandoned by an earlier cancel may still hold the connection: then give up.
+        let mut slot = shared
+            .try_lock()
+            .map_err(|_| "busy with an earlier call".to_string())?;
+        if slot.is_none() {
+            let client = ::redis::Client::open(target.as_str()).map_err(|e| e.to_string())?;
+            let connection = client
+                .get_connection_with_timeout(timeout)
+                .map_err(|e| e.to_string())?;
+            connection
+                .set_read_timeout(Some(timeout))
+                .map_err(|e| e.to_string())?;
+            connection
+                .set_write_timeout(Some(timeout))
+                .map_err(|e| e.to_string())?;
+            *slot = Some(connection);
+        }
+        let connection = slot.as_mut().ok_or("no connection")?;
+        command(connection).map_err(|e| {
+            *slot = None;
+            e.to_string()
+        })
+    };
+    let outcome =
+        match run_interruptible(Instant::now() + timeout + Duration::from_millis(200), work) {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(cause)) => Err(cause),
+            Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
+        };
+    match outcome {
+        Ok(value) => {
+            STATE.with_borrow_mut(|state| state.down_until = None);
+            Some(value)
+        }
+        Err(cause) => {
+            let first = STATE.with_borrow_mut(|state| {
+                state.down_until = Some(Instant::now() + RETRY_AFTER);
+                // The connection may be half-used by the abandoned call: start afresh.
+                state.connection = Shared::default();
+                !std::mem::replace(&mut state.warned, true)
+            });
+            if first {
+                pgrx::warning!(
+                    "sql_query_engine: Redis at {} is unavailable ({}); conversation context, \
+                     progress events and the schema cache use backend memory",
+                    settings::redact_url(&url),
+                    settings::redact(&cause, &url)
+                );
+            }
+            None
+        }
+    }
+}
+
+/// A Redis key namespaced by database and role, so that one role never reads another's data.
+pub fn key(kind: &str, name: &str) -> String {
+    let (database, role) = unsafe {
+        let database = pgrx::pg_sys::get_database_name(pgrx::pg_sys::MyDatabaseId);
+        let role = pgrx::pg_sys::GetUserNameFromId(pgrx::pg_sys::GetUserId(), true);
+        let text = |p: *mut std::ffi::c_char| {
+            if p.is_null() {
+                String::new()
+            } else {
+                std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
+            }
+        };
+        (text(database), text(role))
+    };
+    format!("sql_query_engine:{database}:{role}:{kind}:{name}")
+}

@@ -1,0 +1,546 @@
+//! Conversations, progress, Redis and history end to end, with a real redis-server.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sql_query_engine_e2e::redis::{silent_server, RedisServer};
+use sql_query_engine_e2e::{cluster, db_error, Reply, Session};
+
+fn ask_in(s: &mut Session, session: &str, question: &str, sql: &str) -> Vec<Value> {
+    s.llm.on(question, vec![Reply::sql(sql)]);
+    let rows = s
+        .client
+        .query("SELECT nl_query($1, $2)::text", &[&question, &session])
+        .unwrap();
+    rows.iter()
+        .map(|r| serde_json::from_str(r.get::<_, &str>(0)).unwrap())
+        .collect()
+}
+
+fn use_redis(client: &mut postgres::Client, url: &str) {
+    client
+        .batch_execute(&format!("SET sql_query_engine.redis_url = '{url}'"))
+        .unwrap();
+}
+
+#[test]
+fn a_follow_up_sees_the_earlier_question_and_its_final_sql_and_nothing_else_does() {
+    let mut s = Session::new();
+    s.llm.on(
+        "orders per customer",
+        vec![
+            Reply::sql("SELECT nme, count(*) FROM customers GROUP BY 1"),
+            Reply::sql("SELECT c.name, count(*) AS n FROM customers c JOIN orders o USING (customer_id) GROUP BY 1"),
+        ],
+    );
+    s.client
+        .query("SELECT nl_query('orders per customer', 'conv-1')", &[])
+        .unwrap();
+    ask_in(&mut s, "conv-1", "now only for Ada", "SELECT 1 AS one");
+    let follow_up = s.llm.requests().last().unwrap().text();
+    assert!(follow_up.contains("orders per customer"), "{follow_up}");
+    assert!(
+        follow_up.contains("JOIN orders o USING (customer_id)"),
+        "the final SQL"
+    );
+    assert!(!follow_up.contains("SELECT nme"), "not the first draft");
+
+    ask_in(&mut s, "conv-2", "another conversation", "SELECT 1 AS one");
+    assert!(!s
+        .llm
+        .requests()
+        .last()
+        .unwrap()
+        .text()
+        .contains("orders per customer"));
+    s.llm.on("stateless", vec![Reply::sql("SELECT 1 AS one")]);
+    s.query("stateless").unwrap();
+    assert!(!s
+        .llm
+        .requests()
+        .last()
+        .unwrap()
+        .text()
+        .contains("orders per customer"));
+
+    let role = format!("other_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {role}; GRANT SELECT ON customers TO {role}; SET ROLE {role}"
+        ))
+        .unwrap();
+    ask_in(
+        &mut s,
+        "conv-1",
+        "same session name, other role",
+        "SELECT 1 AS one",
+    );
+    assert!(!s
+        .llm
+        .requests()
+        .last()
+        .unwrap()
+        .text()
+        .contains("orders per customer"));
+    s.client.batch_execute("RESET ROLE").unwrap();
+
+    s.client
+        .batch_execute("SELECT nl_session_reset('conv-1')")
+        .unwrap();
+    ask_in(&mut s, "conv-1", "after the reset", "SELECT 1 AS one");
+    assert!(!s
+        .llm
+        .requests()
+        .last()
+        .unwrap()
+        .text()
+        .contains("orders per customer"));
+}
+
+#[test]
+fn a_session_keeps_a_bounded_number_of_turns() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute("SET sql_query_engine.session_turns = 2")
+        .unwrap();
+    for i in 0..4 {
+        ask_in(
+            &mut s,
+            "bounded",
+            &format!("question number {i}"),
+            &format!("SELECT {i} AS n"),
+        );
+    }
+    let last = s.llm.requests().last().unwrap().text();
+    assert!(last.contains("question number 1") && last.contains("question number 2"));
+    assert!(!last.contains("question number 0"));
+}
+
+#[test]
+fn redis_shares_a_conversation_across_connections_but_not_roles() {
+    let redis = RedisServer::start();
+    let mut s = Session::new();
+    use_redis(&mut s.client, &redis.url());
+    ask_in(
+        &mut s,
+        "pooled",
+        "total order amount",
+        "SELECT sum(amount) AS total FROM orders",
+    );
+
+    let mut other = s.second_connection();
+    use_redis(&mut other, &redis.url());
+    s.llm
+        .on("and per customer?", vec![Reply::sql("SELECT 1 AS one")]);
+    other
+        .query("SELECT nl_query('and per customer?', 'pooled')", &[])
+        .unwrap();
+    let told = s.llm.requests().last().unwrap().text();
+    assert!(
+        told.contains("total order amount")
+            && told.contains("SELECT sum(amount) AS total FROM orders")
+    );
+
+    let role = format!("pool_{}", s.database);
+    other
+        .batch_execute(&format!(
+            "CREATE ROLE {role}; GRANT SELECT ON orders TO {role}; SET ROLE {role}"
+        ))
+        .unwrap();
+    s.llm
+        .on("a stranger asks", vec![Reply::sql("SELECT 1 AS one")]);
+    other
+        .query("SELECT nl_query('a stranger asks', 'pooled')", &[])
+        .unwrap();
+    assert!(!s
+        .llm
+        .requests()
+        .last()
+        .unwrap()
+        .text()
+        .contains("total order amount"));
+
+    let mut r = redis.client().unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("sql_query_engine:*:session:pooled")
+        .query(&mut r)
+        .unwrap();
+    // one key per role: namespaced by database and role
+    let own = format!("sql_query_engine:{}:postgres:session:pooled", s.database);
+    let theirs = format!("sql_query_engine:{}:{role}:session:pooled", s.database);
+    assert!(
+        keys.contains(&own) && keys.contains(&theirs) && keys.len() == 2,
+        "{keys:?}"
+    );
+    let ttl: i64 = redis::cmd("TTL").arg(&own).query(&mut r).unwrap();
+    assert!(ttl > 0 && ttl <= 3600, "{ttl}");
+}
+
+#[test]
+fn an_unreachable_redis_degrades_to_memory_with_one_warning() {
+    let notices = Arc::new(Mutex::new(Vec::new()));
+    let mut s = Session::with_notices(Arc::clone(&notices));
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    use_redis(
+        &mut s.client,
+        &format!("redis://:secret-pass@127.0.0.1:{closed}/0"),
+    );
+    let started = Instant::now();
+    ask_in(&mut s, "offline", "first question", "SELECT 1 AS one");
+    ask_in(&mut s, "offline", "second question", "SELECT 2 AS two");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(
+        s.llm
+            .requests()
+            .last()
+            .unwrap()
+            .text()
+            .contains("first question"),
+        "memory kept the turn"
+    );
+    let warnings: Vec<String> = notices
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|n| n.starts_with("WARNING"))
+        .cloned()
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("Redis") && !warnings[0].contains("secret-pass"),
+        "{warnings:?}"
+    );
+}
+
+#[test]
+fn a_hung_redis_costs_at_most_its_timeout_and_cancel_still_works() {
+    let port = silent_server();
+    let mut s = Session::new();
+    use_redis(&mut s.client, &format!("redis://127.0.0.1:{port}/0"));
+    s.client
+        .batch_execute("SET sql_query_engine.redis_timeout = 300")
+        .unwrap();
+    let started = Instant::now();
+    ask_in(&mut s, "hung", "a question", "SELECT 1 AS one");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        started.elapsed()
+    );
+
+    // a long Redis timeout, and a cancel in the middle of the wait
+    let mut t = Session::new();
+    use_redis(&mut t.client, &format!("redis://127.0.0.1:{port}/0"));
+    t.client
+        .batch_execute("SET sql_query_engine.redis_timeout = 30000")
+        .unwrap();
+    t.llm
+        .on("cancel during redis", vec![Reply::sql("SELECT 1 AS one")]);
+    let pid: i32 = t
+        .client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    let database = t.database.clone();
+    let canceller = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        cluster()
+            .connect(&database)
+            .query_one("SELECT pg_cancel_backend($1)", &[&pid])
+            .unwrap();
+    });
+    let started = Instant::now();
+    let error = t
+        .client
+        .query("SELECT nl_query('cancel during redis', 'hung')", &[])
+        .unwrap_err();
+    canceller.join().unwrap();
+    assert_eq!(db_error(&error).0, "57014");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn a_restarted_redis_is_used_again_and_memory_bridges_the_gap() {
+    let mut redis = RedisServer::start();
+    let mut s = Session::new();
+    use_redis(&mut s.client, &redis.url());
+    ask_in(
+        &mut s,
+        "restart",
+        "question before the restart",
+        "SELECT 1 AS one",
+    );
+    redis.stop();
+    ask_in(
+        &mut s,
+        "restart",
+        "question while it is down",
+        "SELECT 2 AS two",
+    );
+    assert!(s
+        .llm
+        .requests()
+        .last()
+        .unwrap()
+        .text()
+        .contains("question before the restart"));
+    redis.restart();
+    std::thread::sleep(Duration::from_millis(5500)); // past the retry pause
+    ask_in(
+        &mut s,
+        "restart",
+        "question after the restart",
+        "SELECT 3 AS three",
+    );
+    assert!(s
+        .llm
+        .requests()
+        .last()
+        .unwrap()
+        .text()
+        .contains("question while it is down"));
+    let mut r = redis.client().unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("sql_query_engine:*:session:restart")
+        .query(&mut r)
+        .unwrap();
+    assert_eq!(keys.len(), 1, "Redis is written again");
+}
+
+#[test]
+fn progress_events_are_published_in_order_and_shown_as_notices() {
+    let redis = RedisServer::start();
+    let mut subscriber = redis.client().unwrap();
+    let mut pubsub = subscriber.as_pubsub();
+    pubsub.subscribe("sql_query_engine:live").unwrap();
+    pubsub
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+
+    let notices = Arc::new(Mutex::new(Vec::new()));
+    let mut s = Session::with_notices(Arc::clone(&notices));
+    use_redis(&mut s.client, &redis.url());
+    s.client
+        .batch_execute("SET sql_query_engine.progress = on")
+        .unwrap();
+    s.llm.on(
+        "live question",
+        vec![
+            Reply::sql("SELECT nope FROM orders"),
+            Reply::sql("SELECT count(*) AS n FROM orders"),
+        ],
+    );
+    s.client
+        .query("SELECT nl_query('live question', 'live')", &[])
+        .unwrap();
+
+    let mut events = Vec::new();
+    while events
+        .last()
+        .map(|e: &Value| e["event"] != "done")
+        .unwrap_or(true)
+    {
+        let message = pubsub.get_message().expect("an event");
+        let payload: String = message.get_payload().unwrap();
+        events.push(serde_json::from_str(&payload).unwrap());
+    }
+    let kinds: Vec<&str> = events
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "schema_ready",
+            "model_asked",
+            "attempt",
+            "repair_requested",
+            "model_asked",
+            "attempt",
+            "done"
+        ]
+    );
+    assert_eq!(events[2]["sqlstate"], "42703");
+    assert_eq!(events[5]["outcome"], "rows");
+    assert_eq!(events[6]["status"], "ok");
+    let notices = notices.lock().unwrap();
+    assert!(
+        notices
+            .iter()
+            .any(|n| n.starts_with("NOTICE") && n.contains("attempt 1: error 42703")),
+        "{notices:?}"
+    );
+    assert!(
+        notices.iter().any(|n| n.contains("done: ok")),
+        "{notices:?}"
+    );
+}
+
+#[test]
+fn the_schema_is_shared_through_redis_with_fresh_connections() {
+    let redis = RedisServer::start();
+    let mut s = Session::new();
+    use_redis(&mut s.client, &redis.url());
+    ask_in(&mut s, "schema-share", "first", "SELECT 1 AS one");
+    let mut r = redis.client().unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("sql_query_engine:*:schema:*")
+        .query(&mut r)
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    // A fresh connection takes the schema from Redis without reading the catalog: shown by
+    // altering what Redis holds.
+    let stored: String = redis::cmd("GET").arg(&keys[0]).query(&mut r).unwrap();
+    let changed = stored.replace(
+        "People and companies that buy from the shop",
+        "COMES FROM REDIS",
+    );
+    let _: () = redis::cmd("SET")
+        .arg(&keys[0])
+        .arg(changed)
+        .query(&mut r)
+        .unwrap();
+    let mut fresh = s.second_connection();
+    use_redis(&mut fresh, &redis.url());
+    s.llm.on("second", vec![Reply::sql("SELECT 1 AS one")]);
+    fresh.query("SELECT nl_query('second')", &[]).unwrap();
+    assert!(s
+        .llm
+        .requests()
+        .last()
+        .unwrap()
+        .text()
+        .contains("COMES FROM REDIS"));
+}
+
+#[test]
+fn history_records_calls_and_never_gets_in_the_way() {
+    let mut s = Session::new();
+    s.llm.on(
+        "count orders",
+        vec![Reply::sql("SELECT count(*) AS n FROM orders")],
+    );
+    s.client
+        .query("SELECT nl_query('count orders', 'h')", &[])
+        .unwrap();
+    let row = s
+        .client
+        .query_one("SELECT function, session, sql, status, row_count, jsonb_array_length(attempts), llm_calls FROM nl_history", &[])
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "nl_query");
+    assert_eq!(row.get::<_, Option<String>>(1).as_deref(), Some("h"));
+    assert_eq!(row.get::<_, String>(2), "SELECT count(*) AS n FROM orders");
+    assert_eq!(row.get::<_, String>(3), "ok");
+    assert_eq!(row.get::<_, Option<i32>>(4), Some(1));
+    assert_eq!(row.get::<_, i32>(5), 1);
+    assert_eq!(row.get::<_, i32>(6), 1);
+
+    // read-only transactions and default_transaction_read_only: the answer comes back
+    s.llm.on(
+        "read only",
+        vec![Reply::sql("SELECT 1 AS one"), Reply::sql("SELECT 1 AS one")],
+    );
+    let mut tx = s.client.transaction().unwrap();
+    tx.batch_execute("SET TRANSACTION READ ONLY").unwrap();
+    assert_eq!(
+        tx.query("SELECT nl_query('read only')", &[]).unwrap().len(),
+        1
+    );
+    tx.commit().unwrap();
+    s.client
+        .batch_execute("SET default_transaction_read_only = on")
+        .unwrap();
+    assert_eq!(
+        s.client
+            .query("SELECT nl_query('read only')", &[])
+            .unwrap()
+            .len(),
+        1
+    );
+    s.client
+        .batch_execute("SET default_transaction_read_only = off")
+        .unwrap();
+    assert_eq!(s.scalar_i64("SELECT count(*) FROM nl_history"), 1);
+
+    // other roles see only their own rows; the owner sees all
+    let role = format!("hist_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {role}; GRANT SELECT ON orders TO {role}; SET ROLE {role}"
+        ))
+        .unwrap();
+    assert_eq!(s.scalar_i64("SELECT count(*) FROM nl_history"), 0);
+    s.llm
+        .on("mine", vec![Reply::sql("SELECT count(*) FROM orders")]);
+    s.client.query("SELECT nl_query('mine')", &[]).unwrap();
+    assert_eq!(s.scalar_i64("SELECT count(*) FROM nl_history"), 1);
+    s.client.batch_execute("RESET ROLE").unwrap();
+    assert_eq!(s.scalar_i64("SELECT count(*) FROM nl_history"), 2);
+
+    s.client
+        .batch_execute("SET sql_query_engine.history = off")
+        .unwrap();
+    s.llm.on("unrecorded", vec![Reply::sql("SELECT 1 AS one")]);
+    s.client
+        .query("SELECT nl_query('unrecorded')", &[])
+        .unwrap();
+    assert_eq!(s.scalar_i64("SELECT count(*) FROM nl_history"), 2);
+}
+
+#[test]
+fn nl_answer_is_grounded_in_the_rows_unless_sample_data_is_off() {
+    let mut s = Session::new();
+    s.llm.on(
+        "Who ordered the most?",
+        vec![
+            Reply::sql("SELECT c.name, sum(o.amount) AS total FROM customers c JOIN orders o USING (customer_id) GROUP BY 1 ORDER BY 2 DESC LIMIT 1"),
+            Reply::Content("Ada ordered the most, 129.50 in total.".into()),
+        ],
+    );
+    let answer: String = s
+        .client
+        .query_one("SELECT nl_answer('Who ordered the most?')", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(answer, "Ada ordered the most, 129.50 in total.");
+    let request = s.llm.requests().last().unwrap().clone();
+    assert!(
+        request
+            .text()
+            .contains(r#"{"name": "Ada", "total": 129.50}"#),
+        "{}",
+        request.text()
+    );
+    assert!(
+        request.body.get("response_format").is_none(),
+        "a plain-text answer is asked for"
+    );
+
+    s.client
+        .batch_execute("SET sql_query_engine.sample_values = 0")
+        .unwrap();
+    s.llm.on(
+        "Who ordered the least?",
+        vec![
+            Reply::sql("SELECT c.name FROM customers c JOIN orders o USING (customer_id) GROUP BY 1 ORDER BY sum(o.amount) LIMIT 1"),
+            Reply::Content("The customer with the smallest total order amount.".into()),
+        ],
+    );
+    s.client
+        .query_one("SELECT nl_answer('Who ordered the least?')", &[])
+        .unwrap();
+    let request = s.llm.requests().last().unwrap().text();
+    assert!(
+        !request.contains("Dmitri") && request.contains("may not be shown"),
+        "{request}"
+    );
+}
