@@ -7,7 +7,7 @@ use pgrx::prelude::*;
 use pgrx::JsonB;
 
 use crate::error::{Error, Result};
-use crate::exec::{self, Mode, Outcome};
+use crate::exec::{self, Mode};
 use crate::extract::strip_think;
 use crate::heal::{self, Run};
 use crate::llm::{Llm, OpenAiClient};
@@ -112,10 +112,7 @@ fn run_mode() -> Mode {
 
 /// The rows of the answer (jsonb text), empty when it has none.
 fn best_rows(run: &Run) -> &[String] {
-    match run.best_attempt().map(|a| &a.outcome) {
-        Some(Outcome::Rows(result)) => &result.rows,
-        _ => &[],
-    }
+    run.best_result().map_or(&[], |r| &r.rows)
 }
 
 fn client(json_mode: bool) -> Result<OpenAiClient> {

@@ -48,6 +48,36 @@ pub enum Outcome {
     Refused(guard::Refusal),
 }
 
+impl Outcome {
+    /// The outcome's name, as the trace and progress events show it.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Rows(_) => "rows",
+            Outcome::Empty(_) => "empty",
+            Outcome::Planned => "planned",
+            Outcome::Failed(_) => "error",
+            Outcome::Refused(_) => "refused",
+        }
+    }
+
+    /// The error, for a failed or refused attempt.
+    pub fn error(&self) -> Option<&SqlError> {
+        match self {
+            Outcome::Failed(e) => Some(e),
+            Outcome::Refused(r) => Some(&r.error),
+            _ => None,
+        }
+    }
+
+    /// The result, for an attempt that ran.
+    pub fn result(&self) -> Option<&ResultSet> {
+        match self {
+            Outcome::Rows(r) | Outcome::Empty(r) => Some(r),
+            _ => None,
+        }
+    }
+}
+
 /// Runs `sql` once. Errors of the query become `Outcome::Failed`; an interrupt that is not ours
 /// (query cancel, the caller's own statement_timeout, resource exhaustion) is re-raised after
 /// the subtransaction is rolled back.

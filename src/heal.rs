@@ -11,7 +11,7 @@ use std::time::Instant;
 use serde_json::{json, Value};
 
 use crate::error::{Error, Result, SqlError};
-use crate::exec::Outcome;
+use crate::exec::{Outcome, ResultSet};
 use crate::extract::extract_sql;
 use crate::llm::Llm;
 use crate::progress::Event;
@@ -221,10 +221,7 @@ pub fn solve(
     state.ms = millis(started);
     progress(Event::Done {
         status: state.status.as_str(),
-        row_count: state.best_attempt().and_then(|a| match &a.outcome {
-            Outcome::Rows(r) | Outcome::Empty(r) => Some(r.rows.len()),
-            _ => None,
-        }),
+        row_count: state.best_result().map(|r| r.rows.len()),
         attempts: state.attempts.len(),
         ms: state.ms,
     });
@@ -272,13 +269,14 @@ impl Run {
             .map(|a| a.sql.as_str())
     }
 
+    /// The result of the answer, when it ran.
+    pub fn best_result(&self) -> Option<&ResultSet> {
+        self.best_attempt().and_then(|a| a.outcome.result())
+    }
+
     /// The trace `nl_trace` returns.
     pub fn trace(&self) -> Value {
-        let best = self.best_attempt();
-        let result = best.and_then(|a| match &a.outcome {
-            Outcome::Rows(r) | Outcome::Empty(r) => Some(r),
-            _ => None,
-        });
+        let result = self.best_result();
         json!({
             "question": self.question,
             "sql": self.final_sql(),
@@ -297,16 +295,11 @@ impl Run {
 }
 
 fn attempt_trace(attempt: &Attempt) -> Value {
-    let (outcome, error, result) = match &attempt.outcome {
-        Outcome::Rows(r) => ("rows", None, Some(r)),
-        Outcome::Empty(r) => ("empty", None, Some(r)),
-        Outcome::Planned => ("planned", None, None),
-        Outcome::Failed(e) => ("error", Some(e), None),
-        Outcome::Refused(r) => ("refused", Some(&r.error), None),
-    };
+    let outcome = &attempt.outcome;
+    let (error, result) = (outcome.error(), outcome.result());
     json!({
         "sql": attempt.sql,
-        "outcome": outcome,
+        "outcome": outcome.label(),
         "sqlstate": error.map(|e| &e.sqlstate),
         "message": error.map(|e| &e.message),
         "detail": error.and_then(|e| e.detail.as_ref()),

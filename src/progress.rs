@@ -51,29 +51,13 @@ impl Event<'_> {
                 sql,
                 outcome,
                 ms,
-            } => {
-                let mut event =
-                    json!({"event": "attempt", "attempt": attempt, "sql": sql, "ms": ms});
-                match outcome {
-                    Outcome::Rows(r) => {
-                        event["outcome"] = json!("rows");
-                        event["row_count"] = json!(r.rows.len());
-                    }
-                    Outcome::Empty(_) => event["outcome"] = json!("empty"),
-                    Outcome::Planned => event["outcome"] = json!("planned"),
-                    Outcome::Failed(e) => {
-                        event["outcome"] = json!("error");
-                        event["sqlstate"] = json!(e.sqlstate);
-                        event["message"] = json!(e.message);
-                    }
-                    Outcome::Refused(r) => {
-                        event["outcome"] = json!("refused");
-                        event["sqlstate"] = json!(r.error.sqlstate);
-                        event["message"] = json!(r.error.message);
-                    }
-                }
-                event
-            }
+            } => json!({
+                "event": "attempt", "attempt": attempt, "sql": sql, "ms": ms,
+                "outcome": outcome.label(),
+                "row_count": outcome.result().map(|r| r.rows.len()),
+                "sqlstate": outcome.error().map(|e| &e.sqlstate),
+                "message": outcome.error().map(|e| &e.message),
+            }),
             Event::RepairRequested { attempt, reason } => {
                 json!({"event": "repair_requested", "after_attempt": attempt, "reason": reason})
             }
@@ -110,14 +94,10 @@ impl Event<'_> {
                 outcome,
                 ms,
             } => {
-                let result = match outcome {
-                    Outcome::Rows(r) => format!("{} rows", r.rows.len()),
-                    Outcome::Empty(_) => "0 rows".into(),
-                    Outcome::Planned => "planned".into(),
-                    Outcome::Failed(e) => format!("error {}: {}", e.sqlstate, e.message),
-                    Outcome::Refused(r) => {
-                        format!("refused {}: {}", r.error.sqlstate, r.error.message)
-                    }
+                let result = match (outcome.result(), outcome.error()) {
+                    (Some(r), _) => format!("{} rows", r.rows.len()),
+                    (_, Some(e)) => format!("{} {}: {}", outcome.label(), e.sqlstate, e.message),
+                    _ => outcome.label().to_string(),
                 };
                 format!("attempt {attempt}: {result} ({ms} ms)\n{sql}")
             }

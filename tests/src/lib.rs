@@ -83,6 +83,31 @@ impl Session {
             .get(0))
     }
 
+    /// After `delay`, calls `function` (pg_cancel_backend, pg_terminate_backend) on this
+    /// session's backend from another connection; the thread returns when it did.
+    pub fn signal_after(
+        &mut self,
+        function: &'static str,
+        delay: std::time::Duration,
+    ) -> std::thread::JoinHandle<std::time::Instant> {
+        let pid: i32 = self
+            .client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .expect("pid")
+            .get(0);
+        let database = self.database.clone();
+        std::thread::spawn(move || {
+            let mut other = cluster().connect(&database);
+            std::thread::sleep(delay);
+            let sent: bool = other
+                .query_one(&format!("SELECT {function}($1)"), &[&pid])
+                .expect("signalling the backend")
+                .get(0);
+            assert!(sent, "{function} found no backend {pid}");
+            std::time::Instant::now()
+        })
+    }
+
     pub fn scalar_i64(&mut self, sql: &str) -> i64 {
         self.client.query_one(sql, &[]).expect(sql).get(0)
     }

@@ -164,25 +164,10 @@ fn pg_cancel_backend_interrupts_the_model_wait() {
             Box::new(Reply::sql("SELECT 1")),
         )],
     );
-    let pid: i32 = s
-        .client
-        .query_one("SELECT pg_backend_pid()", &[])
-        .unwrap()
-        .get(0);
-    let database = s.database.clone();
-    let canceller = std::thread::spawn(move || {
-        let mut other = cluster().connect(&database);
-        std::thread::sleep(Duration::from_millis(500));
-        let sent: bool = other
-            .query_one("SELECT pg_cancel_backend($1)", &[&pid])
-            .unwrap()
-            .get(0);
-        (sent, Instant::now())
-    });
+    let canceller = s.signal_after("pg_cancel_backend", Duration::from_millis(500));
     let error = s.query("cancel me").unwrap_err();
     let ended = Instant::now();
-    let (sent, cancelled_at) = canceller.join().unwrap();
-    assert!(sent);
+    let cancelled_at = canceller.join().unwrap();
     assert_eq!(db_error(&error).0, "57014");
     assert!(ended.duration_since(cancelled_at) < Duration::from_secs(1));
 }
@@ -197,23 +182,10 @@ fn pg_terminate_backend_ends_the_backend_cleanly() {
             Box::new(Reply::sql("SELECT 1")),
         )],
     );
-    let pid: i32 = s
-        .client
-        .query_one("SELECT pg_backend_pid()", &[])
-        .unwrap()
-        .get(0);
-    let database = s.database.clone();
-    let killer = std::thread::spawn(move || {
-        let mut other = cluster().connect(&database);
-        std::thread::sleep(Duration::from_millis(500));
-        other
-            .query_one("SELECT pg_terminate_backend($1)", &[&pid])
-            .unwrap()
-            .get::<_, bool>(0)
-    });
+    let killer = s.signal_after("pg_terminate_backend", Duration::from_millis(500));
     let started = Instant::now();
     let error = s.query("terminate me").unwrap_err();
-    assert!(killer.join().unwrap());
+    killer.join().unwrap();
     assert!(started.elapsed() < Duration::from_secs(3));
     // FATAL 57P01 (or the connection closing): the postmaster did not restart, others go on
     if let Some(db) = error.as_db_error() {

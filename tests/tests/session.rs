@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sql_query_engine_e2e::redis::{silent_server, RedisServer};
-use sql_query_engine_e2e::{cluster, db_error, Reply, Session};
+use sql_query_engine_e2e::{db_error, Reply, Session};
 
 fn ask_in(s: &mut Session, session: &str, question: &str, sql: &str) -> Vec<Value> {
     s.llm.on(question, vec![Reply::sql(sql)]);
@@ -241,19 +241,7 @@ fn a_hung_redis_costs_at_most_its_timeout_and_cancel_still_works() {
         .unwrap();
     t.llm
         .on("cancel during redis", vec![Reply::sql("SELECT 1 AS one")]);
-    let pid: i32 = t
-        .client
-        .query_one("SELECT pg_backend_pid()", &[])
-        .unwrap()
-        .get(0);
-    let database = t.database.clone();
-    let canceller = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(500));
-        cluster()
-            .connect(&database)
-            .query_one("SELECT pg_cancel_backend($1)", &[&pid])
-            .unwrap();
-    });
+    let canceller = t.signal_after("pg_cancel_backend", Duration::from_millis(500));
     let started = Instant::now();
     let error = t
         .client
