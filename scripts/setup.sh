@@ -8,7 +8,9 @@ PG_CONFIG="${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}"
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO=sudo
 
-packages=(postgresql-15 postgresql-server-dev-15 libclang-dev clang redis-server sudo python3)
+packages=(postgresql-15 postgresql-server-dev-15 libclang-dev redis-server sudo)
+# Python 3 with venv runs the benchmark harness (and its test); this machine kind ships one.
+command -v python3 >/dev/null || packages+=(python3 python3-venv)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -5,7 +5,6 @@
 //! most common values. Names come back quoted by PostgreSQL's own `quote_ident`.
 
 use pgrx::prelude::*;
-use pgrx::JsonB;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -83,63 +82,95 @@ impl Relation {
 /// table. pg_stats already hides what the caller may not see (column privileges, row security).
 const CATALOG_SQL: &str = r#"
 WITH search AS (
-    SELECT n.oid AS nsp, s.ord
+    SELECT n.oid AS nsp, n.nspname, s.ord
     FROM unnest(coalesce($1::text[], current_schemas(false))) WITH ORDINALITY AS s(name, ord)
     JOIN pg_namespace n ON n.nspname = s.name
 ),
-own AS (
-    SELECT d.objid
-    FROM pg_depend d JOIN pg_extension e ON e.oid = d.refobjid
-    WHERE d.classid = 'pg_class'::regclass AND d.refclassid = 'pg_extension'::regclass
-      AND d.deptype = 'e' AND e.extname = 'sql_query_engine'
-),
-rels AS (
-    SELECT c.oid, c.relname, c.relkind, c.reltuples, n.nspname, s.ord
+rels AS MATERIALIZED (
+    SELECT c.oid, c.relname, c.relkind, c.reltuples, s.nspname, s.ord,
+           has_table_privilege(c.oid, 'SELECT') AS every_column
     FROM pg_class c
     JOIN search s ON s.nsp = c.relnamespace
-    JOIN pg_namespace n ON n.oid = c.relnamespace
     WHERE c.relkind IN ('r', 'v', 'm', 'f', 'p')
       AND NOT c.relispartition
-      AND c.oid NOT IN (SELECT objid FROM own)
+      AND NOT EXISTS (
+          SELECT FROM pg_depend d JOIN pg_extension e ON e.oid = d.refobjid
+          WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid
+            AND d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
+            AND e.extname = 'sql_query_engine')
       AND has_any_column_privilege(c.oid, 'SELECT')
 ),
-cols AS (
-    SELECT a.attrelid, a.attnum, a.attname, a.attnotnull,
-           format_type(a.atttypid, a.atttypmod) AS type_name,
-           t.typcategory = 'S' AS textual,
-           CASE WHEN t.typtype = 'e' THEN
-               (SELECT jsonb_agg(e.enumlabel ORDER BY e.enumsortorder) FROM pg_enum e WHERE e.enumtypid = t.oid)
-           END AS labels,
-           (SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attrdef d
-            WHERE d.adrelid = a.attrelid AND d.adnum = a.attnum AND a.attgenerated = ''
-              AND pg_get_expr(d.adbin, d.adrelid) NOT LIKE 'nextval(%') AS default_expr,
-           col_description(a.attrelid, a.attnum) AS comment
-    FROM pg_attribute a
-    JOIN rels r ON r.oid = a.attrelid
-    JOIN pg_type t ON t.oid = a.atttypid
-    WHERE a.attnum > 0 AND NOT a.attisdropped
-      AND has_column_privilege(a.attrelid, a.attnum, 'SELECT')
-),
-stats AS (
+stats AS MATERIALIZED (
     SELECT r.oid AS attrelid, s.attname, s.most_common_vals::text::text[] AS mcv,
            (SELECT sum(f) FROM unnest(s.most_common_freqs) f) >= 0.999 - s.null_frac AS all_values
     FROM pg_stats s
     JOIN rels r ON r.nspname = s.schemaname AND r.relname = s.tablename
     WHERE $2 AND s.most_common_vals IS NOT NULL
 ),
-keys AS (
-    SELECT co.conrelid, co.contype, co.conname, co.confrelid,
-           (SELECT jsonb_agg(quote_ident(a.attname) ORDER BY k.ord)
+enums AS (
+    SELECT enumtypid, json_agg(enumlabel ORDER BY enumsortorder) AS labels
+    FROM pg_enum GROUP BY enumtypid
+),
+cols AS (
+    SELECT a.attrelid,
+           json_agg(json_build_object(
+               'name', quote_ident(a.attname),
+               'type', format_type(a.atttypid, a.atttypmod),
+               'not_null', a.attnotnull,
+               'default', CASE WHEN a.attgenerated = '' THEN d.expr END,
+               'comment', cd.description,
+               'labels', coalesce(en.labels, '[]'),
+               'textual', t.typcategory = 'S',
+               'common_values', coalesce(to_json(st.mcv), '[]'),
+               'all_values', coalesce(st.all_values, false)) ORDER BY a.attnum) AS columns
+    FROM rels r
+    JOIN pg_attribute a ON a.attrelid = r.oid
+    JOIN pg_type t ON t.oid = a.atttypid
+    LEFT JOIN LATERAL (
+        SELECT pg_get_expr(ad.adbin, ad.adrelid) AS expr FROM pg_attrdef ad
+        WHERE ad.adrelid = a.attrelid AND ad.adnum = a.attnum) d
+        ON d.expr NOT LIKE 'nextval(%'
+    LEFT JOIN pg_description cd
+        ON cd.objoid = a.attrelid AND cd.classoid = 'pg_class'::regclass AND cd.objsubid = a.attnum
+    LEFT JOIN enums en ON en.enumtypid = t.oid
+    LEFT JOIN stats st ON st.attrelid = a.attrelid AND st.attname = a.attname
+    WHERE a.attnum > 0 AND NOT a.attisdropped
+      AND (r.every_column OR has_column_privilege(a.attrelid, a.attnum, 'SELECT'))
+    GROUP BY a.attrelid
+),
+key_columns AS (
+    SELECT co.oid, co.conrelid, co.contype, co.conname, co.confrelid,
+           (SELECT json_agg(quote_ident(a.attname) ORDER BY k.ord)
             FROM unnest(co.conkey) WITH ORDINALITY AS k(attnum, ord)
             JOIN pg_attribute a ON a.attrelid = co.conrelid AND a.attnum = k.attnum) AS columns,
-           (SELECT jsonb_agg(quote_ident(a.attname) ORDER BY k.ord)
+           (SELECT json_agg(quote_ident(a.attname) ORDER BY k.ord)
             FROM unnest(co.confkey) WITH ORDINALITY AS k(attnum, ord)
             JOIN pg_attribute a ON a.attrelid = co.confrelid AND a.attnum = k.attnum) AS ref_columns
     FROM pg_constraint co
     JOIN rels r ON r.oid = co.conrelid
     WHERE co.contype IN ('p', 'u', 'f')
+),
+keys AS (
+    SELECT k.conrelid,
+           min(k.columns::text) FILTER (WHERE k.contype = 'p')::json AS primary_key,
+           json_agg(k.columns ORDER BY k.conname) FILTER (WHERE k.contype = 'u') AS unique_keys,
+           json_agg(json_build_object(
+               'columns', k.columns,
+               'references', CASE WHEN pg_table_is_visible(k.confrelid) THEN quote_ident(fc.relname)
+                                  ELSE quote_ident(fn.nspname) || '.' || quote_ident(fc.relname) END,
+               'ref_oid', k.confrelid::bigint,
+               'ref_columns', k.ref_columns) ORDER BY k.conname)
+               FILTER (WHERE k.contype = 'f' AND has_any_column_privilege(k.confrelid, 'SELECT')) AS foreign_keys
+    FROM key_columns k
+    LEFT JOIN pg_class fc ON fc.oid = k.confrelid
+    LEFT JOIN pg_namespace fn ON fn.oid = fc.relnamespace
+    GROUP BY k.conrelid
+),
+descriptions AS (
+    SELECT objoid, description FROM pg_description
+    WHERE classoid = 'pg_class'::regclass AND objsubid = 0
 )
-SELECT coalesce(jsonb_agg(jsonb_build_object(
+SELECT coalesce(json_agg(json_build_object(
     'oid', r.oid::bigint,
     'schema', quote_ident(r.nspname),
     'name', quote_ident(r.relname),
@@ -147,45 +178,23 @@ SELECT coalesce(jsonb_agg(jsonb_build_object(
                  WHEN 'm' THEN 'materialized view' WHEN 'f' THEN 'foreign table'
                  ELSE 'partitioned table' END,
     'visible', pg_table_is_visible(r.oid),
-    'comment', obj_description(r.oid, 'pg_class'),
+    'comment', td.description,
     'rows', r.reltuples,
-    'columns', coalesce((
-        SELECT jsonb_agg(jsonb_strip_nulls(jsonb_build_object(
-                   'name', quote_ident(c.attname),
-                   'type', c.type_name,
-                   'not_null', c.attnotnull,
-                   'default', c.default_expr,
-                   'comment', c.comment,
-                   'labels', c.labels,
-                   'textual', c.textual,
-                   'common_values', to_jsonb(st.mcv),
-                   'all_values', st.all_values)) ORDER BY c.attnum)
-        FROM cols c
-        LEFT JOIN stats st ON st.attrelid = c.attrelid AND st.attname = c.attname
-        WHERE c.attrelid = r.oid), '[]'::jsonb),
-    'primary_key', coalesce((SELECT k.columns FROM keys k WHERE k.conrelid = r.oid AND k.contype = 'p'), '[]'::jsonb),
-    'unique', coalesce((SELECT jsonb_agg(k.columns ORDER BY k.conname) FROM keys k
-                        WHERE k.conrelid = r.oid AND k.contype = 'u'), '[]'::jsonb),
-    'foreign_keys', coalesce((
-        SELECT jsonb_agg(jsonb_build_object(
-                   'columns', k.columns,
-                   'references', CASE WHEN pg_table_is_visible(k.confrelid) THEN quote_ident(fc.relname)
-                                      ELSE quote_ident(fn.nspname) || '.' || quote_ident(fc.relname) END,
-                   'ref_oid', k.confrelid::bigint,
-                   'ref_columns', k.ref_columns) ORDER BY k.conname)
-        FROM keys k
-        JOIN pg_class fc ON fc.oid = k.confrelid
-        JOIN pg_namespace fn ON fn.oid = fc.relnamespace
-        WHERE k.conrelid = r.oid AND k.contype = 'f'
-          AND has_any_column_privilege(k.confrelid, 'SELECT')), '[]'::jsonb)
-) ORDER BY r.ord, r.relname), '[]'::jsonb)
+    'columns', coalesce(c.columns, '[]'),
+    'primary_key', coalesce(k.primary_key, '[]'),
+    'unique', coalesce(k.unique_keys, '[]'),
+    'foreign_keys', coalesce(k.foreign_keys, '[]')
+) ORDER BY r.ord, r.relname), '[]')::text
 FROM rels r
+LEFT JOIN cols c ON c.attrelid = r.oid
+LEFT JOIN keys k ON k.conrelid = r.oid
+LEFT JOIN descriptions td ON td.objoid = r.oid
 "#;
 
 /// Reads every relation the caller may see in `schemas` (None: the search path). Read-only:
 /// runs on a hot standby too.
 pub fn load(schemas: Option<Vec<String>>, common_values: bool) -> Result<Vec<Relation>> {
-    let json: Option<JsonB> = Spi::connect(|client| {
+    let json: Option<String> = Spi::connect(|client| {
         client
             .select(
                 CATALOG_SQL,
@@ -193,10 +202,9 @@ pub fn load(schemas: Option<Vec<String>>, common_values: bool) -> Result<Vec<Rel
                 &[schemas.into(), common_values.into()],
             )?
             .first()
-            .get_one::<JsonB>()
+            .get_one::<String>()
     })
     .map_err(|e| Error::internal(format!("reading the schema failed: {e}")))?;
-    let value = json.map(|j| j.0).unwrap_or_else(|| serde_json::json!([]));
-    serde_json::from_value(value)
+    serde_json::from_str(json.as_deref().unwrap_or("[]"))
         .map_err(|e| Error::internal(format!("unexpected schema shape: {e}")))
 }

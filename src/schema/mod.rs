@@ -253,7 +253,7 @@ impl SchemaContext {
                     .map(|i| Candidate {
                         terms: &self.terms[i],
                         tokens: self.tokens[i],
-                        neighbours: self.neighbours[i].clone(),
+                        neighbours: &self.neighbours[i],
                     })
                     .collect();
                 retrieve::select(&candidates, q, budget)

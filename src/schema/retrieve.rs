@@ -99,9 +99,13 @@ pub fn words(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// The question's terms, with synonyms added.
+/// The question's terms, with synonyms added. Numbers and one- or two-letter words are left
+/// out: they match sample values by accident ("A requires B" is not about grades A and B).
 pub fn question_terms(question: &str) -> HashSet<String> {
-    let mut terms: HashSet<String> = words(question).into_iter().collect();
+    let mut terms: HashSet<String> = words(question)
+        .into_iter()
+        .filter(|w| w.chars().count() >= 3 && !w.chars().all(|c| c.is_ascii_digit()))
+        .collect();
     let found: Vec<String> = terms.iter().cloned().collect();
     for term in found {
         if let Some((_, more)) = SYNONYMS.iter().find(|(w, _)| *w == term) {
@@ -126,7 +130,7 @@ pub struct Candidate<'a> {
     /// Estimated prompt tokens of its rendering.
     pub tokens: usize,
     /// Indices of relations it references or is referenced by.
-    pub neighbours: Vec<usize>,
+    pub neighbours: &'a [usize],
 }
 
 /// Indices of the relations to show, in schema order: every relation when all fit `budget`;
@@ -142,13 +146,15 @@ pub fn select(candidates: &[Candidate], question: &str, budget: usize) -> Vec<us
     let mut by_score: Vec<usize> = (0..candidates.len()).collect();
     by_score.sort_by(|a, b| scores[*b].total_cmp(&scores[*a]).then(a.cmp(b)));
 
-    let mut order: Vec<usize> = Vec::with_capacity(candidates.len());
+    // The best hits first, then their neighbours, then everything else by relevance.
     let top = scores.iter().copied().fold(0.0, f64::max);
-    for &i in by_score
+    let hits: Vec<usize> = by_score
         .iter()
-        .take_while(|i| scores[**i] > 0.0 && scores[**i] >= top / 3.0)
-    {
-        order.push(i);
+        .copied()
+        .take_while(|i| scores[*i] > 0.0 && scores[*i] >= top / 3.0)
+        .collect();
+    let mut order: Vec<usize> = hits.clone();
+    for &i in &hits {
         order.extend(candidates[i].neighbours.iter().copied());
     }
     order.extend(by_score.iter().copied());
@@ -196,6 +202,8 @@ mod tests {
             vec!["order", "item", "customer"]
         );
         assert!(question_terms("Which customers spent the most revenue?").contains("amount"));
+        let noise = question_terms("courses where A requires B, depth 2");
+        assert!(noise.contains(&stem("courses")) && !noise.contains("b") && !noise.contains("2"));
     }
 
     #[test]
@@ -204,7 +212,7 @@ mod tests {
         let c = |tokens| Candidate {
             terms: &t,
             tokens,
-            neighbours: vec![],
+            neighbours: &[],
         };
         assert_eq!(select(&[c(10), c(10)], "anything", 20), vec![0, 1]);
     }
@@ -219,22 +227,22 @@ mod tests {
             Candidate {
                 terms: &parts,
                 tokens: 50,
-                neighbours: vec![3],
+                neighbours: &[3],
             },
             Candidate {
                 terms: &customers,
                 tokens: 50,
-                neighbours: vec![2],
+                neighbours: &[2],
             },
             Candidate {
                 terms: &orders,
                 tokens: 50,
-                neighbours: vec![1],
+                neighbours: &[1],
             },
             Candidate {
                 terms: &suppliers,
                 tokens: 50,
-                neighbours: vec![0],
+                neighbours: &[0],
             },
         ];
         // customers match by name and value; orders come along as their neighbour
