@@ -124,6 +124,7 @@ def ask(conn, question, config, args):
         attempts=len(trace["attempts"]), llm_calls=trace["llm_calls"],
         prompt_tokens=trace["prompt_tokens"], completion_tokens=trace["completion_tokens"],
         outcomes=[a["outcome"] for a in trace["attempts"]],
+        errors=[f"{a['sqlstate']}: {a['message']}" for a in trace["attempts"] if a.get("sqlstate")],
     )
     record["correct"] = False
     if trace["status"] in ("ok", "empty") and trace["sql"]:

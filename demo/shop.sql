@@ -37,7 +37,8 @@ FROM generate_series(1, 10) AS i;
 INSERT INTO products VALUES
     (1, 'Espresso beans 1kg', 'coffee', 24.90), (2, 'Filter papers', 'accessories', 3.50),
     (3, 'Hand grinder', 'equipment', 89.00), (4, 'Green tea 100g', 'tea', 7.25),
-    (5, 'Milk frother', 'equipment', 39.99), (6, 'Decaf beans 500g', 'coffee', 13.40);
+    (5, 'Milk frother', 'equipment', 39.99), (6, 'Decaf beans 500g', 'coffee', 13.40),
+    (7, 'Gift card', 'gift', 25.00);
 
 INSERT INTO orders
 SELECT i, 1 + (i * 7) % 10, timestamp '2024-01-03 09:00' + (i * interval '4 days 3 hours'),

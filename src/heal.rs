@@ -163,16 +163,21 @@ pub fn solve(
             outcome: &outcome,
             ms,
         });
+        // A model that returns a query that already failed is told so: small models at
+        // temperature 0 otherwise repeat it until the repairs run out.
+        let repeated = state
+            .attempts
+            .iter()
+            .any(|a| a.outcome.error().is_some() && same_query(&a.sql, &sql));
         let feedback = match &outcome {
             Outcome::Rows(_) | Outcome::Planned => None,
             Outcome::Empty(result) => {
                 Some(prompt::repair_empty(question, &sql, &result.row_security))
             }
-            Outcome::Failed(error) => Some(prompt::repair_error(question, &sql, error)),
-            Outcome::Refused(refusal) if !refusal.ends_run => {
-                Some(prompt::repair_error(question, &sql, &refusal.error))
-            }
-            Outcome::Refused(_) => None,
+            Outcome::Refused(refusal) if refusal.ends_run => None,
+            _ => outcome
+                .error()
+                .map(|error| prompt::repair_error(question, &sql, error, repeated)),
         };
         let ends_run = matches!(&outcome, Outcome::Refused(r) if r.ends_run);
         if state
@@ -490,6 +495,28 @@ mod tests {
             }) => assert_eq!(last_sql, "SELECT c"),
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_repeated_failing_query_is_called_out() {
+        let (run, llm) = solve_with(&["SELECT bad", "SELECT  bad", "SELECT good"], 4, |sql| {
+            if sql.contains("bad") {
+                failed("42703")
+            } else {
+                rows(1)
+            }
+        });
+        assert_eq!(run.status, Status::Ok);
+        assert!(llm.requests[1]
+            .last()
+            .unwrap()
+            .content
+            .starts_with("That query failed."));
+        assert!(llm.requests[2]
+            .last()
+            .unwrap()
+            .content
+            .starts_with("That is the same query as before"));
     }
 
     #[test]

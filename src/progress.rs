@@ -110,8 +110,9 @@ impl Event<'_> {
                 attempts,
                 ms,
             } => format!(
-                "done: {status}{} after {attempts} attempts in {ms} ms",
-                row_count.map(|n| format!(", {n} rows")).unwrap_or_default()
+                "done: {status}{} after {attempts} attempt{} in {ms} ms",
+                row_count.map(|n| format!(", {n} rows")).unwrap_or_default(),
+                if *attempts == 1 { "" } else { "s" }
             ),
         }
     }
