@@ -6,7 +6,7 @@ use std::time::Duration;
 use pgrx::prelude::*;
 use pgrx::JsonB;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, SqlError};
 use crate::exec::{self, Mode};
 use crate::extract::strip_think;
 use crate::heal::{self, Run};
@@ -136,6 +136,27 @@ fn database_context(question: Option<&str>) -> Result<(String, PromptSchema)> {
     Ok((prompt::database_context(&schema.text, &examples), schema))
 }
 
+/// The database the heal loop works on: this backend, as the caller.
+struct LiveDatabase {
+    mode: Mode,
+    timeout_ms: i32,
+}
+
+impl heal::Database for LiveDatabase {
+    fn run(&mut self, sql: &str) -> exec::Outcome {
+        exec::attempt(sql, self.mode, self.timeout_ms)
+    }
+
+    fn hint(&mut self, sql: &str, error: &SqlError) -> Option<String> {
+        let unknown_table = error.sqlstate == "42P01";
+        if !unknown_table && error.sqlstate != "42703" {
+            return None;
+        }
+        let names = guard::relation_names(sql);
+        schema::context().ok()?.describe(&names, unknown_table)
+    }
+}
+
 /// The whole pipeline for one question; `function` names the caller in the history.
 fn answer(
     question: Option<&str>,
@@ -155,13 +176,16 @@ fn answer(
         pruned: schema.pruned,
     });
     let turns = session.map(session::turns).unwrap_or_default();
-    let timeout_ms = settings::statement_timeout_ms();
+    let mut database = LiveDatabase {
+        mode,
+        timeout_ms: settings::statement_timeout_ms(),
+    };
     let run = heal::solve(
         question,
         prompt::initial(&context, &turns, question),
         settings::max_repairs(),
         &mut llm,
-        &mut |sql| exec::attempt(sql, mode, timeout_ms),
+        &mut database,
         &mut |event| progress.emit(event),
     )?;
     if let (Some(session), Some(sql)) = (

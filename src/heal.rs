@@ -87,19 +87,37 @@ fn same_query(a: &str, b: &str) -> bool {
     norm(a) == norm(b)
 }
 
+/// What became of an attempt, in one line.
+fn result_line(outcome: &Outcome) -> String {
+    match (outcome.result(), outcome.error()) {
+        (Some(r), _) => format!("{} rows", r.rows.len()),
+        (_, Some(e)) => format!("ERROR {}: {}", e.sqlstate, e.message),
+        _ => outcome.label().to_string(),
+    }
+}
+
 fn millis(since: Instant) -> f64 {
     (since.elapsed().as_secs_f64() * 1000.0 * 100.0).round() / 100.0
 }
 
-/// Answers `question` with at most `1 + max_repairs` queries, starting from the conversation
-/// `messages` (`prompt::initial`). `run` executes (or plans) one query; `llm` writes them;
-/// `progress` hears of every step.
+/// The database side of the loop: runs (or plans) one query, and says what the schema knows
+/// about the tables a failed query names. A trait so that the loop is tested without a backend.
+pub trait Database {
+    fn run(&mut self, sql: &str) -> Outcome;
+    /// Schema facts that help repair `error` (the columns of the tables `sql` names, the
+    /// tables there are), when the error is about names.
+    fn hint(&mut self, sql: &str, error: &SqlError) -> Option<String>;
+}
+
+/// Answers `question` with at most `1 + max_repairs` queries, starting from the request
+/// `initial` (`prompt::initial`). `db` runs them, `llm` writes them, `progress` hears of every
+/// step.
 pub fn solve(
     question: &str,
-    mut messages: Vec<prompt::Message>,
+    initial: Vec<prompt::Message>,
     max_repairs: usize,
     llm: &mut dyn Llm,
-    run: &mut dyn FnMut(&str) -> Outcome,
+    db: &mut dyn Database,
     progress: &mut dyn FnMut(Event),
 ) -> Result<Run> {
     let started = Instant::now();
@@ -114,81 +132,90 @@ pub fn solve(
         completion_tokens: 0,
         ms: 0.0,
     };
+    let mut request = initial.clone();
+    // Short accounts of the attempts before the last one, for the repair requests.
+    let mut earlier: Vec<String> = Vec::new();
+    let mut explore = false;
     for round in 0..=max_repairs {
         progress(Event::ModelAsked {
             attempt: round + 1,
             repair: round > 0,
         });
         let asked = Instant::now();
-        let completion = llm.complete(&messages)?;
+        let completion = if explore {
+            llm.complete_exploring(&request)
+        } else {
+            llm.complete(&request)
+        }?;
         let llm_ms = millis(asked);
         state.llm_calls += 1;
         state.prompt_tokens += completion.prompt_tokens;
         state.completion_tokens += completion.completion_tokens;
 
-        let Some(sql) = extract_sql(&completion.content) else {
-            state.attempts.push(Attempt {
-                sql: String::new(),
-                outcome: Outcome::Failed(SqlError::new(
-                    "42601",
-                    "the model's answer contained no SQL statement",
-                )),
-                ms: 0.0,
-                llm_ms,
-            });
-            messages.push(prompt::answer_raw(&completion.content));
-            messages.push(prompt::repair_no_sql(question, &completion.content));
-            if round < max_repairs {
-                progress(Event::RepairRequested {
-                    attempt: round + 1,
-                    reason: "no SQL",
-                });
-            }
-            continue;
-        };
-
-        if let Some(last) = state.attempts.last() {
-            if matches!(last.outcome, Outcome::Empty(_)) && same_query(&last.sql, &sql) {
+        let sql = extract_sql(&completion.content);
+        if let (Some(sql), Some(last)) = (&sql, state.attempts.last()) {
+            if matches!(last.outcome, Outcome::Empty(_)) && same_query(&last.sql, sql) {
                 state.confirmed_empty = true;
                 break;
             }
         }
-
-        let ran = Instant::now();
-        let outcome = run(&sql);
-        let ms = millis(ran);
-        progress(Event::Executed {
-            attempt: round + 1,
-            sql: &sql,
-            outcome: &outcome,
-            ms,
-        });
-        // A model that returns a query that already failed is told so: small models at
-        // temperature 0 otherwise repeat it until the repairs run out.
-        let repeated = state
-            .attempts
-            .iter()
-            .any(|a| a.outcome.error().is_some() && same_query(&a.sql, &sql));
-        let feedback = match &outcome {
-            Outcome::Rows(_) | Outcome::Planned => None,
-            Outcome::Empty(result) => {
-                Some(prompt::repair_empty(question, &sql, &result.row_security))
+        let (sql, outcome, ms, feedback) = match sql {
+            None => {
+                let outcome = Outcome::Failed(SqlError::new(
+                    "42601",
+                    "the model's answer contained no SQL statement",
+                ));
+                let feedback = prompt::repair_no_sql(question, &completion.content);
+                (String::new(), outcome, 0.0, Some(feedback))
             }
-            Outcome::Refused(refusal) if refusal.ends_run => None,
-            _ => outcome
-                .error()
-                .map(|error| prompt::repair_error(question, &sql, error, repeated)),
+            Some(sql) => {
+                let ran = Instant::now();
+                let outcome = db.run(&sql);
+                let ms = millis(ran);
+                progress(Event::Executed {
+                    attempt: round + 1,
+                    sql: &sql,
+                    outcome: &outcome,
+                    ms,
+                });
+                // A model that returns a query that already failed is told so, and asked
+                // with some sampling freedom: small models at temperature 0 otherwise repeat
+                // it until the repairs run out.
+                let repeated = state
+                    .attempts
+                    .iter()
+                    .any(|a| a.outcome.error().is_some() && same_query(&a.sql, &sql));
+                explore = repeated;
+                let feedback = match &outcome {
+                    Outcome::Rows(_) | Outcome::Planned => None,
+                    Outcome::Empty(result) => {
+                        Some(prompt::repair_empty(question, &sql, &result.row_security))
+                    }
+                    Outcome::Refused(refusal) if refusal.ends_run => None,
+                    _ => outcome.error().map(|error| {
+                        let hint = db.hint(&sql, error);
+                        prompt::repair_error(question, &sql, error, repeated, hint.as_deref())
+                    }),
+                };
+                (sql, outcome, ms, feedback)
+            }
         };
         let ends_run = matches!(&outcome, Outcome::Refused(r) if r.ends_run);
-        if state
-            .best
-            .is_none_or(|b| rank(&outcome) > rank(&state.attempts[b].outcome))
-            && rank(&outcome) > 0
+        if rank(&outcome) > 0
+            && state
+                .best
+                .is_none_or(|b| rank(&outcome) > rank(&state.attempts[b].outcome))
         {
             state.best = Some(state.attempts.len());
         }
+        let summary = prompt::attempt_summary(round + 1, &sql, &result_line(&outcome));
+        let reason = if matches!(outcome, Outcome::Empty(_)) {
+            "0 rows"
+        } else {
+            "an error"
+        };
         state.attempts.push(Attempt {
-            sql: sql.clone(),
+            sql,
             outcome,
             ms,
             llm_ms,
@@ -201,17 +228,13 @@ pub fn solve(
                 }
                 break;
             }
-            Some(message) if round < max_repairs => {
-                let reason = match state.attempts.last().map(|a| &a.outcome) {
-                    Some(Outcome::Empty(_)) => "0 rows",
-                    _ => "an error",
-                };
+            Some(feedback) if round < max_repairs => {
                 progress(Event::RepairRequested {
                     attempt: round + 1,
                     reason,
                 });
-                messages.push(prompt::answer(&sql));
-                messages.push(message);
+                request = prompt::repair_request(&initial, &earlier, &feedback);
+                earlier.push(summary);
             }
             Some(_) => {}
         }
@@ -331,6 +354,7 @@ mod tests {
     struct Scripted {
         answers: VecDeque<String>,
         requests: Vec<Vec<Message>>,
+        exploring: Vec<bool>,
     }
 
     impl Scripted {
@@ -338,12 +362,22 @@ mod tests {
             Scripted {
                 answers: answers.iter().map(|s| s.to_string()).collect(),
                 requests: vec![],
+                exploring: vec![],
             }
         }
     }
 
     impl Llm for Scripted {
+        fn complete_exploring(&mut self, messages: &[Message]) -> Result<Completion> {
+            let completion = self.complete(messages);
+            if let Some(last) = self.exploring.last_mut() {
+                *last = true;
+            }
+            completion
+        }
+
         fn complete(&mut self, messages: &[Message]) -> Result<Completion> {
+            self.exploring.push(false);
             self.requests.push(messages.to_vec());
             let content = self
                 .answers
@@ -375,13 +409,33 @@ mod tests {
     }
 
     /// Runs `solve` where the database answers each SQL text as `db` says.
+    /// A database that answers each SQL text as a closure says and counts what it ran.
+    struct FakeDb<F: Fn(&str) -> Outcome> {
+        answer: F,
+        executed: Vec<String>,
+    }
+
+    impl<F: Fn(&str) -> Outcome> Database for FakeDb<F> {
+        fn run(&mut self, sql: &str) -> Outcome {
+            self.executed.push(sql.to_string());
+            (self.answer)(sql)
+        }
+        fn hint(&mut self, _sql: &str, error: &SqlError) -> Option<String> {
+            (error.sqlstate == "42703").then(|| "The columns of t are: good.".to_string())
+        }
+    }
+
+    /// Runs `solve` where the database answers each SQL text as `db` says.
     fn solve_with(
         answers: &[&str],
         max_repairs: usize,
         db: impl Fn(&str) -> Outcome,
     ) -> (Run, Scripted) {
         let mut llm = Scripted::new(answers);
-        let mut executed = Vec::new();
+        let mut database = FakeDb {
+            answer: db,
+            executed: Vec::new(),
+        };
         let messages = prompt::initial("schema", &[], "q?");
         let mut steps = 0;
         let run = solve(
@@ -389,10 +443,7 @@ mod tests {
             messages,
             max_repairs,
             &mut llm,
-            &mut |sql: &str| {
-                executed.push(sql.to_string());
-                db(sql)
-            },
+            &mut database,
             &mut |_| steps += 1,
         )
         .unwrap();
@@ -401,7 +452,7 @@ mod tests {
             "progress heard of the model, the attempt and the end"
         );
         assert_eq!(
-            executed.len(),
+            database.executed.len(),
             run.attempts.len(),
             "every attempt is executed exactly once"
         );
@@ -507,16 +558,14 @@ mod tests {
             }
         });
         assert_eq!(run.status, Status::Ok);
-        assert!(llm.requests[1]
-            .last()
-            .unwrap()
-            .content
-            .starts_with("That query failed."));
-        assert!(llm.requests[2]
-            .last()
-            .unwrap()
-            .content
-            .starts_with("That is the same query as before"));
+        let feedback = |i: usize| llm.requests[i].last().unwrap().content.clone();
+        assert!(!feedback(1).contains("same as an earlier one"));
+        assert!(feedback(2).contains("This query is the same as an earlier one"));
+        assert_eq!(
+            llm.exploring,
+            vec![false, false, true],
+            "sampling freedom after the repeat"
+        );
     }
 
     #[test]
@@ -559,24 +608,44 @@ mod tests {
     #[test]
     fn an_answer_without_sql_counts_as_an_attempt() {
         let mut llm = Scripted::new(&["<think>hmm</think>", "SELECT 1"]);
-        let mut executed = 0;
+        let mut database = FakeDb {
+            answer: |_: &str| rows(1),
+            executed: Vec::new(),
+        };
         let messages = prompt::initial("s", &[], "q?");
-        let run = solve(
-            "q?",
-            messages,
-            4,
-            &mut llm,
-            &mut |_| {
-                executed += 1;
-                rows(1)
-            },
-            &mut |_| {},
-        )
-        .unwrap();
+        let run = solve("q?", messages, 4, &mut llm, &mut database, &mut |_| {}).unwrap();
         assert_eq!(
-            (run.status, run.attempts.len(), executed),
+            (run.status, run.attempts.len(), database.executed.len()),
             (Status::Ok, 2, 1)
         );
+        assert!(llm.requests[1]
+            .last()
+            .unwrap()
+            .content
+            .contains("contained no SQL"));
+    }
+
+    #[test]
+    fn repairs_carry_the_earlier_attempts_and_schema_hints_in_one_turn() {
+        let (_, llm) = solve_with(&["SELECT bad1", "SELECT bad2", "SELECT good"], 4, |sql| {
+            if sql.contains("bad") {
+                failed("42703")
+            } else {
+                rows(1)
+            }
+        });
+        let third = &llm.requests[2];
+        assert_eq!(
+            third.len(),
+            llm.requests[0].len(),
+            "one turn, not a conversation"
+        );
+        let text = &third.last().unwrap().content;
+        assert!(
+            text.contains("Attempt 1:\nSELECT bad1\nResult: ERROR 42703"),
+            "{text}"
+        );
+        assert!(text.contains("SELECT bad2") && text.contains("The columns of t are: good."));
     }
 
     #[test]

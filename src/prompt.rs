@@ -93,25 +93,55 @@ pub fn initial(context: &str, turns: &[Turn], question: &str) -> Vec<Message> {
     messages
 }
 
-/// How the model's own answer is written back into the conversation: the form it was asked
-/// for, so that the next answer keeps that form.
+/// How an earlier answer of a session is written back into the conversation: the form the
+/// model was asked for, so that the next answer keeps that form.
 pub fn answer(sql: &str) -> Message {
     Message::assistant(serde_json::json!({ "sql": sql }).to_string())
 }
 
-/// The model's answer as it was, when no SQL could be taken from it.
-pub fn answer_raw(content: &str) -> Message {
-    Message::assistant(content)
+/// The request for a repair: the first request, with the earlier attempts and the feedback on
+/// the last one added to its last message. One turn, not a conversation: small models shown
+/// their failed query as their own previous turn tend to return it again. The first request
+/// stays a prefix, so a server with prefix caching only reads what was added.
+pub fn repair_request(initial: &[Message], earlier: &[String], feedback: &str) -> Vec<Message> {
+    let mut messages = initial.to_vec();
+    if let Some(last) = messages.last_mut() {
+        last.content.push_str("\n\n");
+        if !earlier.is_empty() {
+            last.content
+                .push_str("Earlier attempts at this question did not work:\n\n");
+            for attempt in earlier {
+                last.content.push_str(attempt);
+                last.content.push_str("\n\n");
+            }
+        }
+        last.content.push_str(feedback);
+    }
+    messages
 }
 
-/// Feedback after a query failed. Carries the failed SQL verbatim and everything PostgreSQL
-/// said about it.
-pub fn repair_error(question: &str, sql: &str, error: &SqlError, repeated: bool) -> Message {
+/// One earlier attempt, in short: its SQL and what became of it.
+pub fn attempt_summary(number: usize, sql: &str, result: &str) -> String {
+    format!("Attempt {number}:\n{sql}\nResult: {result}")
+}
+
+const ANSWER_FORMAT: &str =
+    "Answer with a JSON object and nothing else: {\"sql\": \"<the query>\"}";
+
+/// Feedback on a query that failed: the SQL verbatim, everything PostgreSQL said, and what
+/// the schema says about the tables it names (`schema_hint`).
+pub fn repair_error(
+    question: &str,
+    sql: &str,
+    error: &SqlError,
+    repeated: bool,
+    schema_hint: Option<&str>,
+) -> String {
     let opening = if repeated {
-        "That is the same query as before, and it fails again. Do not repeat it: write a \
+        "This query is the same as an earlier one, and it fails again. Do not repeat it: write a \
          different query, checking every table and column name against the schema."
     } else {
-        "That query failed."
+        "This query failed."
     };
     let mut text = format!(
         "{opening}\n\nSQL:\n{sql}\n\nERROR {}: {}",
@@ -126,27 +156,28 @@ pub fn repair_error(question: &str, sql: &str, error: &SqlError, repeated: bool)
     if let Some(near) = error.position.and_then(|p| near_position(sql, p)) {
         text.push_str(&format!("\nThe error is near: {near}"));
     }
+    if let Some(schema_hint) = schema_hint {
+        text.push_str(&format!("\n{schema_hint}"));
+    }
     text.push_str(&format!(
-        "\n\nWrite a corrected query that answers the question: {question}\n\
-         Answer with a JSON object and nothing else: {{\"sql\": \"<the query>\"}}"
+        "\n\nWrite a corrected query that answers the question: {question}\n{ANSWER_FORMAT}"
     ));
-    Message::user(text)
+    text
 }
 
-/// Feedback after an answer that contained no SQL at all.
-pub fn repair_no_sql(question: &str, output: &str) -> Message {
+/// Feedback on an answer that contained no SQL at all.
+pub fn repair_no_sql(question: &str, output: &str) -> String {
     let shown: String = output.chars().take(500).collect();
-    Message::user(format!(
-        "Your answer contained no SQL query:\n{shown}\n\n\
-         Write one PostgreSQL SELECT query that answers the question: {question}\n\
-         Answer with a JSON object and nothing else: {{\"sql\": \"<the query>\"}}"
-    ))
+    format!(
+        "This answer contained no SQL query:\n{shown}\n\n\
+         Write one PostgreSQL SELECT query that answers the question: {question}\n{ANSWER_FORMAT}"
+    )
 }
 
-/// Feedback after a query that ran but returned no rows. An empty answer can be right; the
-/// model is asked to say so by returning the same query, which ends the loop.
-pub fn repair_empty(question: &str, sql: &str, row_security: &[String]) -> Message {
-    let mut text = format!("That query ran without error but returned 0 rows.\n\nSQL:\n{sql}\n\n");
+/// Feedback on a query that ran but returned no rows. An empty answer can be right; the model
+/// is asked to say so by returning the same query, which ends the loop.
+pub fn repair_empty(question: &str, sql: &str, row_security: &[String]) -> String {
+    let mut text = format!("This query ran without error but returned 0 rows.\n\nSQL:\n{sql}\n\n");
     if !row_security.is_empty() {
         text.push_str(&format!(
             "Note: row-level security filters the rows of {} for this user, so the result may \
@@ -159,10 +190,9 @@ pub fn repair_empty(question: &str, sql: &str, row_security: &[String]) -> Messa
         "If no rows is the correct answer to the question, return exactly the same query \
          unchanged. Otherwise return a corrected query: check the literal values (spelling, \
          case, codes versus names), the joins and the filters against the schema.\n\
-         Question: {question}\n\
-         Answer with a JSON object and nothing else: {{\"sql\": \"<the query>\"}}"
+         Question: {question}\n{ANSWER_FORMAT}"
     ));
-    Message::user(text)
+    text
 }
 
 const ANSWER_INSTRUCTIONS: &str = "\
@@ -248,7 +278,13 @@ mod tests {
             hint: Some("Perhaps you meant to reference the column \"t.name\".".into()),
             position: Some(8),
         };
-        let m = repair_error("names?", "SELECT nme FROM t", &error, false);
+        let m = repair_error(
+            "names?",
+            "SELECT nme FROM t",
+            &error,
+            false,
+            Some("Columns of t: name"),
+        );
         for part in [
             "SELECT nme FROM t",
             "ERROR 42703: column \"nme\" does not exist",
@@ -256,27 +292,42 @@ mod tests {
             "HINT: Perhaps you meant",
             "near: nme FROM t",
             "names?",
+            "Columns of t: name",
         ] {
-            assert!(
-                m.content.contains(part),
-                "{part} missing from {}",
-                m.content
-            );
+            assert!(m.contains(part), "{part} missing from {m}");
         }
+        let again = repair_error("names?", "SELECT nme FROM t", &error, true, None);
+        assert!(again.starts_with("This query is the same as an earlier one"));
     }
 
     #[test]
     fn empty_feedback_invites_the_same_query() {
         let m = repair_empty("who?", "SELECT a FROM t WHERE b = 'x'", &[]);
-        assert!(m.content.contains("returned 0 rows"));
-        assert!(m.content.contains("SELECT a FROM t WHERE b = 'x'"));
-        assert!(m.content.contains("return exactly the same query"));
-        assert!(m.content.contains("who?"));
-        assert!(!m.content.contains("row-level security"));
+        assert!(m.contains("returned 0 rows"));
+        assert!(m.contains("SELECT a FROM t WHERE b = 'x'"));
+        assert!(m.contains("return exactly the same query"));
+        assert!(m.contains("who?"));
+        assert!(!m.contains("row-level security"));
         let m = repair_empty("who?", "SELECT a FROM t", &["t".to_string()]);
-        assert!(m
-            .content
-            .contains("row-level security filters the rows of t"));
+        assert!(m.contains("row-level security filters the rows of t"));
+    }
+
+    #[test]
+    fn a_repair_is_the_first_request_with_the_attempts_added() {
+        let initial = initial("schema", &[], "q?");
+        let earlier = [attempt_summary(1, "SELECT a", "ERROR 42703: no a")];
+        let request = repair_request(&initial, &earlier, "This query failed: SELECT b");
+        assert_eq!(request.len(), initial.len(), "one turn, not a conversation");
+        let last = &request.last().unwrap().content;
+        assert!(
+            last.starts_with(&initial.last().unwrap().content),
+            "the first request is a prefix"
+        );
+        let (at_1, at_2) = (
+            last.find("Attempt 1:\nSELECT a").unwrap(),
+            last.find("SELECT b").unwrap(),
+        );
+        assert!(at_1 < at_2);
     }
 
     #[test]

@@ -138,6 +138,50 @@ pub fn check(sql: &str) -> Result<Checked, Refusal> {
     }
 }
 
+/// The relation names `sql` refers to (as the parser folded them), for repair hints; empty
+/// when it does not parse.
+pub fn relation_names(sql: &str) -> Vec<String> {
+    let Ok(text) = CString::new(sql) else {
+        return Vec::new();
+    };
+    crate::exec::in_subtransaction(false, || {
+        let mut names: Vec<String> = Vec::new();
+        unsafe {
+            let statements = PgList::<pg_sys::RawStmt>::from_pg(pg_sys::raw_parser(
+                text.as_ptr(),
+                pg_sys::RawParseMode::RAW_PARSE_DEFAULT,
+            ));
+            for raw in statements.iter_ptr() {
+                pg_sys::raw_expression_tree_walker(
+                    (*raw).stmt,
+                    Some(range_var_collector),
+                    (&mut names as *mut Vec<String>).cast(),
+                );
+            }
+        }
+        names
+    })
+    .unwrap_or_default()
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn range_var_collector(
+    node: *mut pg_sys::Node,
+    context: *mut c_void,
+) -> bool {
+    if node.is_null() {
+        return false;
+    }
+    if (*node).type_ == pg_sys::NodeTag::T_RangeVar {
+        let name = c_string((*node.cast::<pg_sys::RangeVar>()).relname);
+        let names = &mut *context.cast::<Vec<String>>();
+        if !name.is_empty() && !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    pg_sys::raw_expression_tree_walker(node, Some(range_var_collector), context)
+}
+
 /// Statement kind, `INTO`, data-modifying CTEs and locking clauses, from the raw tree.
 fn check_raw(statement: *mut pg_sys::Node) -> Result<(), Refusal> {
     unsafe {

@@ -20,4 +20,9 @@ pub struct Completion {
 /// loop is testable without a network.
 pub trait Llm {
     fn complete(&mut self, messages: &[Message]) -> Result<Completion>;
+
+    /// Like `complete`, with some sampling freedom (for a model stuck repeating itself).
+    fn complete_exploring(&mut self, messages: &[Message]) -> Result<Completion> {
+        self.complete(messages)
+    }
 }

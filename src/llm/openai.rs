@@ -152,7 +152,18 @@ impl OpenAiClient {
     }
 }
 
+/// Temperature for a model that repeats a failed query.
+const EXPLORING_TEMPERATURE: f64 = 0.7;
+
 impl Llm for OpenAiClient {
+    fn complete_exploring(&mut self, messages: &[Message]) -> Result<Completion> {
+        let configured = self.temperature;
+        self.temperature = configured.max(EXPLORING_TEMPERATURE);
+        let completion = self.complete(messages);
+        self.temperature = configured;
+        completion
+    }
+
     fn complete(&mut self, messages: &[Message]) -> Result<Completion> {
         let mut body = self.request_body(messages).to_string();
         let deadline = Instant::now() + self.timeout;

@@ -280,6 +280,38 @@ impl SchemaContext {
         }
     }
 
+    /// What a repair needs to know about the relations a failed query named: their columns,
+    /// and, when `list_all` (a table did not exist) or none of them is known, which tables
+    /// there are.
+    pub fn describe(&self, names: &[String], list_all: bool) -> Option<String> {
+        let unquote = |s: &str| s.trim_matches('"').to_string();
+        let mut lines: Vec<String> = self
+            .relations
+            .iter()
+            .filter(|r| names.iter().any(|n| *n == unquote(&r.name)))
+            .map(|r| {
+                let columns: Vec<&str> = r.columns.iter().map(|c| c.name.as_str()).collect();
+                format!(
+                    "The columns of {} are: {}.",
+                    r.sql_name(),
+                    columns.join(", ")
+                )
+            })
+            .collect();
+        if list_all || lines.is_empty() {
+            let all: Vec<String> = self
+                .relations
+                .iter()
+                .take(60)
+                .map(|r| r.sql_name())
+                .collect();
+            if !all.is_empty() {
+                lines.push(format!("The tables and views are: {}.", all.join(", ")));
+            }
+        }
+        (!lines.is_empty()).then(|| lines.join("\n"))
+    }
+
     fn samples_of(&self, i: usize) -> Rc<Vec<Option<Samples>>> {
         if self.sample_values == 0 {
             return Rc::new(Vec::new());

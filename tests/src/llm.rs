@@ -58,11 +58,10 @@ impl Request {
     }
 
     /// The last message: the newest instruction (the repair feedback, after a failure).
-    /// Whether this request asks for a repair (the conversation goes on after the first answer).
+    /// Whether this request asks for a repair (it carries feedback on an earlier attempt).
     pub fn is_repair(&self) -> bool {
-        self.body["messages"]
-            .as_array()
-            .is_some_and(|m| m.len() > 2)
+        let last = self.last_message();
+        last.contains("\n\nThis query ") || last.contains("This answer contained no SQL")
     }
 
     pub fn last_message(&self) -> String {

@@ -110,6 +110,10 @@ fn an_error_is_repaired_with_everything_postgres_said() {
         feedback.contains("HINT: Perhaps you meant to reference the column \"c.name\""),
         "{feedback}"
     );
+    assert!(
+        feedback.contains("The columns of customers are: customer_id, name, country."),
+        "the repair names the columns of the tables the query used: {feedback}"
+    );
     assert!(repair.text().contains("How many orders per customer name?"));
 }
 
