@@ -29,6 +29,33 @@ fn an_http_error_names_the_endpoint_and_the_status() {
 }
 
 #[test]
+fn json_mode_is_asked_for_and_dropped_for_an_endpoint_without_it() {
+    let mut s = Session::new();
+    s.llm.on(
+        "json mode",
+        vec![
+            Reply::Status(
+                400,
+                r#"{"error":{"message":"unknown parameter: response_format"}}"#.into(),
+            ),
+            Reply::Content("```sql\nSELECT count(*) AS n FROM orders\n```".into()),
+        ],
+    );
+    assert_eq!(
+        s.query("json mode").unwrap(),
+        vec![serde_json::json!({"n": 6})]
+    );
+    let requests = s.llm.requests();
+    assert_eq!(requests[0].body["response_format"]["type"], "json_object");
+    assert!(requests[1].body.get("response_format").is_none());
+    // and not asked again in this session
+    s.llm
+        .on("json mode again", vec![Reply::sql("SELECT 1 AS one")]);
+    s.query("json mode again").unwrap();
+    assert!(s.llm.requests()[2].body.get("response_format").is_none());
+}
+
+#[test]
 fn server_errors_and_rate_limits_are_retried_within_the_deadline() {
     let mut s = Session::new();
     s.llm.on(
