@@ -153,8 +153,23 @@ impl heal::Database for LiveDatabase {
             return None;
         }
         let names = guard::relation_names(sql);
-        schema::context().ok()?.describe(&names, unknown_table)
+        let column = (!unknown_table)
+            .then(|| missing_column(&error.message))
+            .flatten();
+        schema::context()
+            .ok()?
+            .describe(&names, column.as_deref(), unknown_table)
     }
+}
+
+/// The column named in PostgreSQL's `column "x" does not exist` / `column t.x does not exist`.
+fn missing_column(message: &str) -> Option<String> {
+    let rest = message.strip_prefix("column ")?;
+    let end = rest
+        .find(" of relation ")
+        .or_else(|| rest.find(" does not exist"))?;
+    let name = rest[..end].rsplit('.').next()?.trim_matches('"');
+    (!name.is_empty()).then(|| name.to_string())
 }
 
 /// The whole pipeline for one question; `function` names the caller in the history.
@@ -204,4 +219,22 @@ fn answer(
         history::record(function, session, &run);
     }
     Ok((run, schema))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::missing_column;
+
+    #[test]
+    fn the_missing_column_is_read_from_the_message() {
+        assert_eq!(
+            missing_column("column t2.power_name does not exist").as_deref(),
+            Some("power_name")
+        );
+        assert_eq!(
+            missing_column("column \"hero_id\" does not exist").as_deref(),
+            Some("hero_id")
+        );
+        assert_eq!(missing_column("relation \"x\" does not exist"), None);
+    }
 }

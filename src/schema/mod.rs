@@ -280,15 +280,24 @@ impl SchemaContext {
         }
     }
 
-    /// What a repair needs to know about the relations a failed query named: their columns,
-    /// and, when `list_all` (a table did not exist) or none of them is known, which tables
-    /// there are.
-    pub fn describe(&self, names: &[String], list_all: bool) -> Option<String> {
+    /// What a repair needs to know about the relations a failed query named: their columns;
+    /// for a column that does not exist there, the relations that have it and how they join
+    /// to the named ones; and, when `list_all` (a table did not exist) or none of the names is
+    /// known, which tables there are.
+    pub fn describe(
+        &self,
+        names: &[String],
+        missing_column: Option<&str>,
+        list_all: bool,
+    ) -> Option<String> {
         let unquote = |s: &str| s.trim_matches('"').to_string();
-        let mut lines: Vec<String> = self
+        let named: Vec<&Relation> = self
             .relations
             .iter()
             .filter(|r| names.iter().any(|n| *n == unquote(&r.name)))
+            .collect();
+        let mut lines: Vec<String> = named
+            .iter()
             .map(|r| {
                 let columns: Vec<&str> = r.columns.iter().map(|c| c.name.as_str()).collect();
                 format!(
@@ -298,6 +307,32 @@ impl SchemaContext {
                 )
             })
             .collect();
+        if let Some(column) = missing_column {
+            for owner in self
+                .relations
+                .iter()
+                .filter(|r| r.columns.iter().any(|c| unquote(&c.name) == column))
+            {
+                let joins: Vec<String> = named
+                    .iter()
+                    .filter(|n| n.oid != owner.oid)
+                    .flat_map(|n| {
+                        join_conditions(n, owner)
+                            .into_iter()
+                            .chain(join_conditions(owner, n))
+                    })
+                    .collect();
+                let via = if joins.is_empty() {
+                    String::new()
+                } else {
+                    format!(", joined by {}", joins.join(" or "))
+                };
+                lines.push(format!(
+                    "{column} is a column of {}{via}.",
+                    owner.sql_name()
+                ));
+            }
+        }
         if list_all || lines.is_empty() {
             let all: Vec<String> = self
                 .relations
@@ -326,6 +361,23 @@ impl SchemaContext {
         self.samples.borrow_mut().insert(i, Rc::clone(&s));
         s
     }
+}
+
+/// The join conditions of `from`'s foreign keys to `to`, as SQL.
+fn join_conditions(from: &Relation, to: &Relation) -> Vec<String> {
+    from.foreign_keys
+        .iter()
+        .filter(|fk| fk.ref_oid == to.oid)
+        .map(|fk| {
+            let pairs: Vec<String> = fk
+                .columns
+                .iter()
+                .zip(&fk.ref_columns)
+                .map(|(c, r)| format!("{}.{c} = {}.{r}", from.sql_name(), to.sql_name()))
+                .collect();
+            pairs.join(" AND ")
+        })
+        .collect()
 }
 
 /// Samples known from the planner's statistics alone (no read of the relation).

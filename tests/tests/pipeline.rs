@@ -118,6 +118,30 @@ fn an_error_is_repaired_with_everything_postgres_said() {
 }
 
 #[test]
+fn a_column_on_the_wrong_table_is_repaired_with_where_it_is_and_how_to_join() {
+    let mut s = Session::new();
+    s.llm.on(
+        "names of customers who ordered",
+        vec![
+            Reply::sql("SELECT o.name FROM orders o"),
+            Reply::sql("SELECT DISTINCT c.name FROM orders o JOIN customers c USING (customer_id)"),
+        ],
+    );
+    assert_eq!(s.query("names of customers who ordered").unwrap().len(), 4);
+    let feedback = s.llm.requests()[1].last_message();
+    assert!(
+        feedback.contains("The columns of orders are: order_id, customer_id, ordered_on, amount."),
+        "{feedback}"
+    );
+    assert!(
+        feedback.contains(
+            "name is a column of customers, joined by orders.customer_id = customers.customer_id."
+        ),
+        "{feedback}"
+    );
+}
+
+#[test]
 fn a_confirmed_empty_result_is_returned_as_empty() {
     let mut s = Session::new();
     let sql = "SELECT name FROM customers WHERE country = 'FR'";
