@@ -24,6 +24,6 @@ else
     cargo pgrx install --pg-config "$PG_CONFIG" --sudo
 fi
 
-cargo test -p sql_query_engine_e2e -- --test-threads="${E2E_THREADS:-4}"
+cargo test -p sql_query_engine_e2e -- --test-threads="${E2E_THREADS:-4}" ${SQE_BENCH_DIR:+--include-ignored}
 
 (cd bench && python3 -m unittest test_score 2>&1 | tail -3)

@@ -1,17 +1,17 @@
 //! No false refusals: every gold query of a text-to-SQL benchmark passes the guard on its own
 //! database. Needs the benchmark (a directory with `dumps/`, `load.sh` and `dev.jsonl`), named
-//! by `SQE_BENCH_DIR`; without it the test says so and checks nothing.
+//! by `SQE_BENCH_DIR`, so it is ignored by default and run with `--include-ignored` when that is
+//! set (scripts/test.sh does).
 
 use std::process::Command;
 
 use sql_query_engine_e2e::{cluster, db_error};
 
 #[test]
+#[ignore = "needs the benchmark: set SQE_BENCH_DIR and pass --include-ignored"]
 fn every_gold_query_passes_the_guard() {
-    let Ok(bench) = std::env::var("SQE_BENCH_DIR") else {
-        eprintln!("SQE_BENCH_DIR is not set: the benchmark's gold queries were not checked");
-        return;
-    };
+    let bench = std::env::var("SQE_BENCH_DIR")
+        .expect("SQE_BENCH_DIR names the benchmark directory (dumps/, load.sh, dev.jsonl)");
     let questions =
         std::fs::read_to_string(format!("{bench}/dev.jsonl")).expect("reading dev.jsonl");
     let questions: Vec<serde_json::Value> = questions
