@@ -44,6 +44,8 @@ export PGHOST="$dir" PGPORT="$port" PGUSER=postgres
 psql -X -q -d postgres -c "CREATE DATABASE shop"
 psql -X -q -d shop -v ON_ERROR_STOP=1 -f demo/shop.sql
 psql -X -q -d shop -c "CREATE EXTENSION sql_query_engine"
+echo "A verified example for the model (demo/examples.sql):"
+psql -X -q -d shop -v ON_ERROR_STOP=1 -f demo/examples.sql
 psql -X -q -d shop -c "ALTER DATABASE shop SET sql_query_engine.llm_url = '$LLM_URL'"
 psql -X -q -d shop -c "ALTER DATABASE shop SET sql_query_engine.llm_model = '${LLM_MODEL:-}'"
 # Each step (the model's SQL, each attempt's outcome) is printed as a NOTICE as it happens.

@@ -14,7 +14,7 @@ use crate::llm::{Llm, OpenAiClient};
 use crate::progress::{Event, Progress};
 use crate::schema::PromptSchema;
 use crate::session::Turn;
-use crate::{examples, guard, history, prompt, schema, session, settings};
+use crate::{examples, guard, hints, history, prompt, schema, session, settings};
 
 /// Rows of an answer sent to the model by `nl_answer`, at most.
 const ANSWER_ROWS: usize = 20;
@@ -148,28 +148,8 @@ impl heal::Database for LiveDatabase {
     }
 
     fn hint(&mut self, sql: &str, error: &SqlError) -> Option<String> {
-        let unknown_table = error.sqlstate == "42P01";
-        if !unknown_table && error.sqlstate != "42703" {
-            return None;
-        }
-        let names = guard::relation_names(sql);
-        let column = (!unknown_table)
-            .then(|| missing_column(&error.message))
-            .flatten();
-        schema::context()
-            .ok()?
-            .describe(&names, column.as_deref(), unknown_table)
+        hints::for_error(sql, error)
     }
-}
-
-/// The column named in PostgreSQL's `column "x" does not exist` / `column t.x does not exist`.
-fn missing_column(message: &str) -> Option<String> {
-    let rest = message.strip_prefix("column ")?;
-    let end = rest
-        .find(" of relation ")
-        .or_else(|| rest.find(" does not exist"))?;
-    let name = rest[..end].rsplit('.').next()?.trim_matches('"');
-    (!name.is_empty()).then(|| name.to_string())
 }
 
 /// The whole pipeline for one question; `function` names the caller in the history.
@@ -219,22 +199,4 @@ fn answer(
         history::record(function, session, &run);
     }
     Ok((run, schema))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::missing_column;
-
-    #[test]
-    fn the_missing_column_is_read_from_the_message() {
-        assert_eq!(
-            missing_column("column t2.power_name does not exist").as_deref(),
-            Some("power_name")
-        );
-        assert_eq!(
-            missing_column("column \"hero_id\" does not exist").as_deref(),
-            Some("hero_id")
-        );
-        assert_eq!(missing_column("relation \"x\" does not exist"), None);
-    }
 }

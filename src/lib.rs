@@ -9,6 +9,7 @@ mod exec;
 mod extract;
 mod guard;
 mod heal;
+mod hints;
 mod history;
 mod llm;
 mod progress;

@@ -1,8 +1,8 @@
 //! The texts the model reads, and how a conversation with it is assembled.
 //!
 //! Layout for prefix caching: the instructions (never change), then the schema (changes only
-//! with DDL), then the question. A repair continues the same conversation, so the whole earlier
-//! exchange is a shared prefix too.
+//! with DDL), then the question. A repair adds to the first request's last message, so the
+//! first request stays a shared prefix.
 
 use serde::Serialize;
 

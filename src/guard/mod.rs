@@ -138,14 +138,21 @@ pub fn check(sql: &str) -> Result<Checked, Refusal> {
     }
 }
 
-/// The relation names `sql` refers to (as the parser folded them), for repair hints; empty
-/// when it does not parse.
-pub fn relation_names(sql: &str) -> Vec<String> {
+/// A relation a query names, with the alias it gives it there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelationRef {
+    /// As the parser folded it.
+    pub name: String,
+    pub alias: Option<String>,
+}
+
+/// The relations `sql` refers to, for repair hints; empty when it does not parse.
+pub fn relation_refs(sql: &str) -> Vec<RelationRef> {
     let Ok(text) = CString::new(sql) else {
         return Vec::new();
     };
     crate::exec::in_subtransaction(false, || {
-        let mut names: Vec<String> = Vec::new();
+        let mut refs: Vec<RelationRef> = Vec::new();
         unsafe {
             let statements = PgList::<pg_sys::RawStmt>::from_pg(pg_sys::raw_parser(
                 text.as_ptr(),
@@ -155,11 +162,11 @@ pub fn relation_names(sql: &str) -> Vec<String> {
                 pg_sys::raw_expression_tree_walker(
                     (*raw).stmt,
                     Some(range_var_collector),
-                    (&mut names as *mut Vec<String>).cast(),
+                    (&mut refs as *mut Vec<RelationRef>).cast(),
                 );
             }
         }
-        names
+        refs
     })
     .unwrap_or_default()
 }
@@ -173,10 +180,17 @@ unsafe extern "C-unwind" fn range_var_collector(
         return false;
     }
     if (*node).type_ == pg_sys::NodeTag::T_RangeVar {
-        let name = c_string((*node.cast::<pg_sys::RangeVar>()).relname);
-        let names = &mut *context.cast::<Vec<String>>();
-        if !name.is_empty() && !names.contains(&name) {
-            names.push(name);
+        let range_var = node.cast::<pg_sys::RangeVar>();
+        let alias = (*range_var).alias;
+        let found = RelationRef {
+            name: c_string((*range_var).relname),
+            alias: (!alias.is_null())
+                .then(|| c_string((*alias).aliasname))
+                .filter(|a| !a.is_empty()),
+        };
+        let refs = &mut *context.cast::<Vec<RelationRef>>();
+        if !found.name.is_empty() && !refs.contains(&found) {
+            refs.push(found);
         }
     }
     pg_sys::raw_expression_tree_walker(node, Some(range_var_collector), context)

@@ -28,6 +28,9 @@ use samples::Samples;
 
 pub use retrieve::words;
 
+/// Foreign-key steps a repair hint follows to say how to reach a column's table.
+const JOIN_HOPS: usize = 3;
+
 /// The schema as loaded for one role and set of schemas, with what retrieval needs.
 pub struct SchemaContext {
     relations: Vec<Relation>,
@@ -282,8 +285,8 @@ impl SchemaContext {
 
     /// What a repair needs to know about the relations a failed query named: their columns;
     /// for a column that does not exist there, the relations that have it and how they join
-    /// to the named ones; and, when `list_all` (a table did not exist) or none of the names is
-    /// known, which tables there are.
+    /// to the named ones (directly, or through up to `JOIN_HOPS` foreign keys); and, when
+    /// `list_all` (a table did not exist) or none of the names is known, which tables there are.
     pub fn describe(
         &self,
         names: &[String],
@@ -291,14 +294,13 @@ impl SchemaContext {
         list_all: bool,
     ) -> Option<String> {
         let unquote = |s: &str| s.trim_matches('"').to_string();
-        let named: Vec<&Relation> = self
-            .relations
-            .iter()
-            .filter(|r| names.iter().any(|n| *n == unquote(&r.name)))
+        let named: Vec<usize> = (0..self.relations.len())
+            .filter(|&i| names.contains(&unquote(&self.relations[i].name)))
             .collect();
         let mut lines: Vec<String> = named
             .iter()
-            .map(|r| {
+            .map(|&i| {
+                let r = &self.relations[i];
                 let columns: Vec<&str> = r.columns.iter().map(|c| c.name.as_str()).collect();
                 format!(
                     "The columns of {} are: {}.",
@@ -308,28 +310,33 @@ impl SchemaContext {
             })
             .collect();
         if let Some(column) = missing_column {
-            for owner in self
-                .relations
-                .iter()
-                .filter(|r| r.columns.iter().any(|c| unquote(&c.name) == column))
-            {
-                let joins: Vec<String> = named
+            let owners = (0..self.relations.len()).filter(|&i| {
+                self.relations[i]
+                    .columns
                     .iter()
-                    .filter(|n| n.oid != owner.oid)
-                    .flat_map(|n| {
-                        join_conditions(n, owner)
-                            .into_iter()
-                            .chain(join_conditions(owner, n))
-                    })
+                    .any(|c| unquote(&c.name) == column)
+            });
+            for owner in owners {
+                let direct: Vec<String> = named
+                    .iter()
+                    .filter(|&&n| n != owner)
+                    .flat_map(|&n| self.join(n, owner))
                     .collect();
-                let via = if joins.is_empty() {
+                let via = if !direct.is_empty() {
+                    format!(", joined by {}", direct.join(" or "))
+                } else if named.contains(&owner) {
                     String::new()
                 } else {
-                    format!(", joined by {}", joins.join(" or "))
+                    let chain = self.join_chain(&named, owner);
+                    if chain.is_empty() {
+                        String::new()
+                    } else {
+                        format!(", joined by {}", chain.join(", then "))
+                    }
                 };
                 lines.push(format!(
                     "{column} is a column of {}{via}.",
-                    owner.sql_name()
+                    self.relations[owner].sql_name()
                 ));
             }
         }
@@ -345,6 +352,48 @@ impl SchemaContext {
             }
         }
         (!lines.is_empty()).then(|| lines.join("\n"))
+    }
+
+    /// The join conditions between relations `a` and `b` through their foreign keys (either
+    /// way), as SQL.
+    fn join(&self, a: usize, b: usize) -> Vec<String> {
+        let (a, b) = (&self.relations[a], &self.relations[b]);
+        join_conditions(a, b)
+            .into_iter()
+            .chain(join_conditions(b, a))
+            .collect()
+    }
+
+    /// The shortest chain of foreign-key joins from any of `from` to `to`, at most `JOIN_HOPS`
+    /// long: one join condition per step, in order. Empty when there is none.
+    fn join_chain(&self, from: &[usize], to: usize) -> Vec<String> {
+        // For each relation reached: the one it was reached from.
+        let mut came_from: HashMap<usize, usize> = HashMap::new();
+        let mut frontier: Vec<usize> = from.to_vec();
+        for _ in 0..JOIN_HOPS {
+            let mut next = Vec::new();
+            for &i in &frontier {
+                for &j in &self.neighbours[i] {
+                    if from.contains(&j) || came_from.contains_key(&j) {
+                        continue;
+                    }
+                    came_from.insert(j, i);
+                    next.push(j);
+                }
+            }
+            if came_from.contains_key(&to) {
+                let mut chain = Vec::new();
+                let mut at = to;
+                while let Some(&previous) = came_from.get(&at) {
+                    chain.extend(self.join(previous, at).into_iter().next());
+                    at = previous;
+                }
+                chain.reverse();
+                return chain;
+            }
+            frontier = next;
+        }
+        Vec::new()
     }
 
     fn samples_of(&self, i: usize) -> Rc<Vec<Option<Samples>>> {

@@ -142,6 +142,64 @@ fn a_column_on_the_wrong_table_is_repaired_with_where_it_is_and_how_to_join() {
 }
 
 #[test]
+fn an_unknown_alias_or_a_column_behind_the_wrong_alias_is_repaired_with_the_join_path() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute(
+            "CREATE TABLE products (product_id int PRIMARY KEY, name text, price numeric);
+             CREATE TABLE order_items (
+                 order_id int REFERENCES orders(order_id),
+                 product_id int REFERENCES products(product_id),
+                 quantity int);",
+        )
+        .unwrap();
+    s.llm.on(
+        "revenue per customer",
+        vec![
+            Reply::sql(
+                "SELECT c.name, sum(p.price) FROM customers c \
+                 JOIN orders o ON o.customer_id = c.customer_id GROUP BY 1",
+            ),
+            Reply::sql(
+                "SELECT c.name, sum(oi.quantity) FROM customers c \
+                 JOIN order_items oi ON oi.customer_id = c.customer_id GROUP BY 1",
+            ),
+            Reply::sql("SELECT name, 0 AS revenue FROM customers"),
+        ],
+    );
+    assert_eq!(s.query("revenue per customer").unwrap().len(), 4);
+
+    let unknown_alias = s.llm.requests()[1].last_message();
+    assert!(
+        unknown_alias.contains(
+            "The query uses p.price, but no table in its FROM clause is named or aliased p"
+        ),
+        "{unknown_alias}"
+    );
+    assert!(
+        unknown_alias.contains(
+            "price is a column of products, joined by order_items.order_id = orders.order_id, \
+             then order_items.product_id = products.product_id."
+        ),
+        "the join path through order_items: {unknown_alias}"
+    );
+
+    let wrong_table = s.llm.requests()[2].last_message();
+    let feedback = &wrong_table[wrong_table.rfind("This query").unwrap()..];
+    assert!(
+        feedback.contains("order_items (oi) has no column customer_id."),
+        "{feedback}"
+    );
+    assert!(
+        feedback.contains(
+            "customer_id is a column of orders, joined by orders.customer_id = \
+             customers.customer_id or order_items.order_id = orders.order_id."
+        ),
+        "{feedback}"
+    );
+}
+
+#[test]
 fn a_confirmed_empty_result_is_returned_as_empty() {
     let mut s = Session::new();
     let sql = "SELECT name FROM customers WHERE country = 'FR'";
