@@ -73,8 +73,7 @@ pub fn for_error(sql: &str, error: &SqlError) -> Option<String> {
             column.as_deref()
         }
     };
-    let mut names: Vec<String> = refs.into_iter().map(|r| r.name).collect();
-    names.dedup();
+    let names: Vec<String> = refs.into_iter().map(|r| r.name).collect();
     let list_all = problem == NameError::UnknownRelation;
     lines.extend(schema::context().ok()?.describe(&names, column, list_all));
     (!lines.is_empty()).then(|| lines.join("\n"))
