@@ -4,9 +4,8 @@
 //! blocks the answer.
 
 use pgrx::prelude::*;
-use serde_json::Value;
 
-use crate::exec::{self};
+use crate::exec;
 use crate::heal::Run;
 use crate::{schema, settings};
 
@@ -25,14 +24,14 @@ pub fn record(function: &str, session: Option<&str>, run: &Run) {
     let Ok(schema) = schema::extension_schema() else {
         return;
     };
-    let trace = run.trace();
+    let clamp = |n: u64| n.min(i32::MAX as u64) as i32;
     let sql = format!(
         "INSERT INTO {schema}.nl_history (function, session, question, sql, status, attempts, \
          row_count, ms, llm_calls, prompt_tokens, completion_tokens) \
          VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10, $11)"
     );
-    let attempts = trace["attempts"].to_string();
-    let int = |v: &Value| v.as_i64().map(|n| n.min(i32::MAX as i64) as i32);
+    let attempts = run.trace()["attempts"].to_string();
+    let row_count = run.best_result().map(|r| clamp(r.rows.len() as u64));
     let result = exec::in_subtransaction(true, || unsafe {
         // Like a function's SET clause: the lock timeout lasts until the end of this write.
         let level = pg_sys::NewGUCNestLevel();
@@ -58,11 +57,11 @@ pub fn record(function: &str, session: Option<&str>, run: &Run) {
                         run.final_sql().into(),
                         run.status.as_str().into(),
                         attempts.as_str().into(),
-                        int(&trace["row_count"]).into(),
+                        row_count.into(),
                         run.ms.into(),
                         (run.llm_calls as i32).into(),
-                        (run.prompt_tokens.min(i32::MAX as u64) as i32).into(),
-                        (run.completion_tokens.min(i32::MAX as u64) as i32).into(),
+                        clamp(run.prompt_tokens).into(),
+                        clamp(run.completion_tokens).into(),
                     ],
                 )
                 .map(|_| ())
