@@ -19,6 +19,14 @@ CREATE OPERATOR sqe_corpus.=== (leftarg = int, rightarg = int, function = sqe_co
 CREATE FUNCTION sqe_corpus.dblink_exec(text) RETURNS text LANGUAGE sql IMMUTABLE AS 'SELECT $1';
 CREATE FUNCTION sqe_corpus.harmless(int) RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT $1 + 1';
 CREATE PROCEDURE sqe_corpus.p() LANGUAGE sql AS 'SELECT 1';
+CREATE FUNCTION sqe_corpus.crosstab(text) RETURNS SETOF record LANGUAGE sql IMMUTABLE
+    AS 'SELECT 1::text, 1::text';
+CREATE FUNCTION sqe_corpus.connectby(text, text, text, text, int) RETURNS SETOF record
+    LANGUAGE sql IMMUTABLE AS 'SELECT 1::text, 1::text, 1';
+CREATE AGGREGATE sqe_corpus.agg(int) (sfunc = int4pl, stype = int);
+CREATE FUNCTION sqe_corpus.volatile_pl() RETURNS int LANGUAGE plpgsql VOLATILE
+    AS 'BEGIN RETURN 1; END';
+CREATE DOMAIN sqe_corpus.checked AS int CHECK (sqe_corpus.volatile_pl() = 1);
 "#;
 
 pub const CASES: &[(&str, &str)] = &[
@@ -152,6 +160,23 @@ pub const CASES: &[(&str, &str)] = &[
     ("SELECT * FROM ts_stat('SELECT to_tsvector(''x'')')", "42501"),
     ("SELECT dblink_exec('DROP TABLE t')", "42501"),
     ("SELECT volatile_fn()", "42501"),
+    // --- fail closed: functions that are not built in, and what runs implicitly
+    ("SELECT harmless(a) FROM t", "42501"),
+    ("SELECT agg(a) FROM t", "42501"),
+    ("SELECT 1::checked", "42501"),
+    ("SELECT CAST(a AS checked) FROM t", "42501"),
+    // functions that run SQL given as text
+    ("SELECT * FROM crosstab('SELECT pg_advisory_lock(42)::text, 1::text, 1::text') AS x(a text, b text)", "42501"),
+    ("SELECT * FROM connectby('t', 'a', 'a', '1', 0) AS x(a text, b text, c int)", "42501"),
+    ("SELECT ts_rewrite('a'::tsquery, 'SELECT pg_advisory_lock(1)::text::tsquery, ''b''::tsquery')", "42501"),
+    ("SELECT table_to_xml('sqe_corpus.t', true, false, '')", "42501"),
+    ("SELECT cursor_to_xml('c', 1, true, false, '')", "42501"),
+    // system accessors
+    ("SELECT pg_stat_get_backend_activity(1)", "42501"),
+    ("SELECT * FROM pg_config()", "42501"),
+    ("SELECT version()", "42501"),
+    ("SELECT * FROM pg_show_all_settings()", "42501"),
+    ("SELECT pg_get_viewdef('sqe_corpus.mv'::regclass)", "42501"),
     ("SELECT a FROM t WHERE pg_sleep(1) IS NOT NULL", "42501"),
     ("SELECT a FROM t ORDER BY nextval('s')", "42501"),
     ("SELECT a FROM t ORDER BY pg_sleep(0.1)::text", "42501"),
@@ -233,7 +258,7 @@ pub const CASES: &[(&str, &str)] = &[
     ("WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 3) SELECT * FROM r", OK),
     ("SELECT * FROM t, LATERAL generate_series(1, a) g", OK),
     ("SELECT json_agg(t) FROM t", OK),
-    ("SELECT harmless(a) FROM t", OK),
+
     ("SELECT a FROM t WHERE a OPERATOR(pg_catalog.=) 1", OK),
     ("SELECT * FROM mv", OK),
     ("SELECT 'pg_class'::regclass::oid", OK),

@@ -48,8 +48,8 @@ mod tests {
 
     #[pg_test]
     fn queries_run_read_only_and_the_caller_stays_read_write() {
-        // A STABLE function passes the guard; the VOLATILE one it calls is out of the guard's
-        // sight, so only the read-only transaction stops its write.
+        // A STABLE function a superuser allowed passes the guard; the VOLATILE one it calls is
+        // out of the guard's sight, so only the read-only transaction stops its write.
         Spi::run(
             "CREATE SCHEMA sqe_t_ro; CREATE TABLE sqe_t_ro.t (a int);
              CREATE FUNCTION sqe_t_ro.writer() RETURNS int LANGUAGE plpgsql VOLATILE AS
@@ -58,6 +58,7 @@ mod tests {
              $$ BEGIN RETURN sqe_t_ro.writer(); END $$;",
         )
         .unwrap();
+        Spi::run("SET LOCAL sql_query_engine.allowed_functions = 'sqe_t_ro.sneaky'").unwrap();
         let e = failed(attempt("SELECT sqe_t_ro.sneaky()", RUN, 10_000));
         assert_eq!(e.sqlstate, "25006");
         assert_eq!(
@@ -190,9 +191,9 @@ mod tests {
             Outcome::Planned => super::guard_corpus::OK.to_string(),
             Outcome::Refused(r) => {
                 assert_eq!(r.ends_run, r.error.sqlstate == "25006", "{sql}: {r:?}");
-                r.error.sqlstate
+                r.error.sqlstate.to_string()
             }
-            Outcome::Failed(e) => e.sqlstate,
+            Outcome::Failed(e) => e.sqlstate.to_string(),
             other => format!("{other:?}"),
         }
     }
@@ -277,13 +278,48 @@ mod tests {
             .catch_others(|e| match e {
                 pgrx::pg_sys::panic::CaughtError::PostgresError(r)
                 | pgrx::pg_sys::panic::CaughtError::ErrorReport(r) => {
-                    crate::error::code_to_sqlstate(r.sql_error_code())
+                    crate::error::SqlState::from_code(r.sql_error_code()).to_string()
                 }
                 other => format!("{other:?}"),
             })
             .execute();
             assert_eq!(caught, code, "{sql}");
         }
+    }
+
+    #[pg_test]
+    fn what_a_superuser_allows_runs_and_what_runs_implicitly_is_checked_too() {
+        Spi::run(
+            "CREATE SCHEMA sqe_t_allow;
+             CREATE FUNCTION sqe_t_allow.twice(int) RETURNS int LANGUAGE sql IMMUTABLE
+                 AS 'SELECT $1 * 2';
+             CREATE FUNCTION sqe_t_allow.step(int, int) RETURNS int LANGUAGE plpgsql VOLATILE
+                 AS 'BEGIN RETURN $1 + $2; END';
+             CREATE AGGREGATE sqe_t_allow.total(int) (sfunc = sqe_t_allow.step, stype = int);
+             CREATE AGGREGATE sqe_t_allow.plain_total(int) (sfunc = int4pl, stype = int);",
+        )
+        .unwrap();
+        let verdict = |sql: &str| match attempt(sql, Mode::Plan, 10_000) {
+            Outcome::Planned => "ok".to_string(),
+            Outcome::Refused(r) => r.error.message,
+            other => format!("{other:?}"),
+        };
+        assert!(verdict("SELECT sqe_t_allow.twice(1)").contains("schema:sqe_t_allow"));
+        Spi::run("SET LOCAL sql_query_engine.allowed_functions = 'schema:sqe_t_allow'").unwrap();
+        assert_eq!(verdict("SELECT sqe_t_allow.twice(1)"), "ok");
+        assert_eq!(
+            verdict("SELECT sqe_t_allow.plain_total(g) FROM generate_series(1, 3) g"),
+            "ok"
+        );
+        // the aggregate is allowed, but its transition function is VOLATILE
+        let why = verdict("SELECT sqe_t_allow.total(g) FROM generate_series(1, 3) g");
+        assert!(
+            why.contains("sqe_t_allow.step(integer,integer)") && why.contains("VOLATILE"),
+            "{why}"
+        );
+        Spi::run("SET LOCAL sql_query_engine.allowed_functions = 'sqe_t_allow.twice'").unwrap();
+        assert_eq!(verdict("SELECT sqe_t_allow.twice(1)"), "ok");
+        assert!(verdict("SELECT sqe_t_allow.plain_total(1)").contains("not allowed"));
     }
 
     #[pg_test]

@@ -11,23 +11,12 @@ CREATE TABLE @extschema@.nl_examples (
 GRANT SELECT ON @extschema@.nl_examples TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_examples', '');
 
--- Adds an example after the guard accepted its SQL; returns its id.
-CREATE FUNCTION @extschema@.nl_example_add(question text, sql text) RETURNS bigint
-LANGUAGE plpgsql AS $$
-#variable_conflict use_variable
-DECLARE
-    new_id bigint;
-BEGIN
-    PERFORM @extschema@.nl_check(sql);
-    INSERT INTO @extschema@.nl_examples (question, sql) VALUES (question, sql)
-    RETURNING nl_examples.id INTO new_id;
-    RETURN new_id;
-END
-$$;
+-- nl_example_add(question, sql) is a function of the library: it checks the SQL with the
+-- guard on the caller's search path, then inserts on the pinned one.
 
 -- Removes an example; returns whether it existed.
 CREATE FUNCTION @extschema@.nl_example_remove(example_id bigint) RETURNS boolean
-LANGUAGE sql AS $$
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
     WITH gone AS (DELETE FROM @extschema@.nl_examples WHERE id = example_id RETURNING 1)
     SELECT count(*) > 0 FROM gone
 $$;

@@ -1,20 +1,37 @@
--- The schema version: DDL bumps it, and every backend compares it with the version its cached
--- schema context was built from, so a new column is visible to the very next question.
--- A sequence, because bumping it takes no lock and never conflicts between concurrent DDL.
-CREATE SEQUENCE @extschema@.nl_schema_version;
-GRANT USAGE, SELECT ON SEQUENCE @extschema@.nl_schema_version TO PUBLIC;
+-- Comments made on the schema. DDL reaches every backend's schema cache through relcache
+-- invalidations, but COMMENT invalidates nothing, so this event trigger counts COMMENTs: one
+-- row per transaction that made one, and the sum of `changes` is part of every backend's cache
+-- key. A table, not a sequence: the count moves only when the COMMENT commits, and on a hot
+-- standby when that commit is replayed. Rows are only ever inserted (concurrent DDL never waits
+-- on another's row); old rows are folded into the newest one, so the sum never goes back.
+CREATE TABLE @extschema@.nl_schema_changes (
+    xid xid8 PRIMARY KEY DEFAULT pg_catalog.pg_current_xact_id(),
+    changes bigint NOT NULL DEFAULT 1
+);
+GRANT SELECT ON @extschema@.nl_schema_changes TO PUBLIC;
 
--- Runs as the role that executed the DDL. It must never make that DDL fail.
+-- Runs for every role that comments on an object, with the extension owner's rights (it only
+-- writes the count), on a pinned search path. It must never make the COMMENT fail.
 CREATE FUNCTION @extschema@.nl_schema_changed() RETURNS event_trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    PERFORM nextval('@extschema@.nl_schema_version');
+    INSERT INTO @extschema@.nl_schema_changes DEFAULT VALUES ON CONFLICT (xid) DO NOTHING;
+    IF (SELECT count(*) FROM @extschema@.nl_schema_changes) > 100 THEN
+        WITH folded AS (
+            DELETE FROM @extschema@.nl_schema_changes
+            WHERE xid IN (SELECT xid FROM @extschema@.nl_schema_changes
+                          WHERE xid <> pg_current_xact_id()
+                          ORDER BY xid LIMIT 100 FOR UPDATE SKIP LOCKED)
+            RETURNING changes)
+        UPDATE @extschema@.nl_schema_changes
+        SET changes = changes + (SELECT coalesce(sum(changes), 0) FROM folded)
+        WHERE xid = pg_current_xact_id();
+    END IF;
 EXCEPTION WHEN OTHERS THEN
     NULL;
 END
 $$;
+REVOKE ALL ON FUNCTION @extschema@.nl_schema_changed() FROM PUBLIC;
 
-CREATE EVENT TRIGGER nl_schema_changed_ddl ON ddl_command_end
-    EXECUTE FUNCTION @extschema@.nl_schema_changed();
-CREATE EVENT TRIGGER nl_schema_changed_drop ON sql_drop
+CREATE EVENT TRIGGER nl_schema_changed ON ddl_command_end WHEN TAG IN ('COMMENT')
     EXECUTE FUNCTION @extschema@.nl_schema_changed();

@@ -1,5 +1,6 @@
 //! The SQL-callable functions. Thin: they wire settings, schema, model, executor, sessions and
-//! history together and turn errors into PostgreSQL ERRORs, once, here.
+//! history together and turn errors into PostgreSQL ERRORs, once, here. Every call that ends in
+//! an ERROR is written to the server log first (`history::audit`).
 
 use std::time::Duration;
 
@@ -7,79 +8,86 @@ use pgrx::prelude::*;
 use pgrx::JsonB;
 
 use crate::error::{Error, Result, SqlError};
-use crate::exec::{self, Mode};
+use crate::exec::{self, Mode, Outcome, ResultSet};
 use crate::extract::strip_think;
-use crate::heal::{self, Run};
-use crate::llm::{Llm, OpenAiClient};
+use crate::heal::{self, Limits, Run};
+use crate::llm::{Endpoint, Llm, OpenAiClient, Options};
 use crate::progress::{Event, Progress};
 use crate::schema::PromptSchema;
 use crate::session::Turn;
-use crate::{examples, guard, hints, history, prompt, schema, session, settings};
+use crate::{examples, guard, hints, history, prompt, schema, session, settings, trace};
 
 /// Rows of an answer sent to the model by `nl_answer`, at most.
 const ANSWER_ROWS: usize = 20;
 
 /// Answers a question with rows: one jsonb object per row, in the query's order. With a
 /// session, earlier questions of that session are context for this one.
-#[pg_extern]
+#[pg_extern(volatile, parallel_unsafe)]
 fn nl_query(
     question: Option<&str>,
     session: default!(Option<&str>, "NULL"),
 ) -> SetOfIterator<'static, JsonB> {
-    let (run, _) = answer(question, session, run_mode(), "nl_query").unwrap_or_else(|e| e.raise());
-    if let Some(error) = run.failure() {
-        error.raise();
-    }
-    let rows: Vec<JsonB> = best_rows(&run)
-        .iter()
-        .map(|text| serde_json::from_str(text).map(JsonB))
-        .collect::<std::result::Result<_, _>>()
-        .unwrap_or_else(|e| Error::internal(format!("a result row is not JSON: {e}")).raise());
-    SetOfIterator::new(rows)
+    let (run, _) =
+        answered("nl_query", question, session, run_mode()).unwrap_or_else(|e| e.raise());
+    rows_of(run.best_result())
 }
 
 /// Answers a question with SQL only: generated, guarded, and planned (never executed).
-#[pg_extern]
+#[pg_extern(volatile, parallel_unsafe)]
 fn nl_generate(question: Option<&str>, session: default!(Option<&str>, "NULL")) -> String {
     let (run, _) =
-        answer(question, session, Mode::Plan, "nl_generate").unwrap_or_else(|e| e.raise());
-    if let Some(error) = run.failure() {
-        error.raise();
-    }
+        answered("nl_generate", question, session, Mode::Plan).unwrap_or_else(|e| e.raise());
     run.final_sql().unwrap_or_default().to_string()
 }
 
 /// Runs the pipeline like `nl_query` and returns what happened instead of the rows.
-#[pg_extern]
+#[pg_extern(volatile, parallel_unsafe)]
 fn nl_trace(question: Option<&str>, session: default!(Option<&str>, "NULL")) -> JsonB {
-    let (run, schema) =
-        answer(question, session, run_mode(), "nl_trace").unwrap_or_else(|e| e.raise());
-    let mut trace = run.trace();
-    trace["relations"] = serde_json::json!(schema.relations);
-    trace["schema_pruned"] = serde_json::json!(schema.pruned);
-    JsonB(trace)
+    let (run, schema) = answer(question, session, run_mode(), "nl_trace")
+        .inspect_err(|e| history::audit("nl_trace", session, question.unwrap_or(""), Some(e)))
+        .unwrap_or_else(|e| e.raise());
+    JsonB(trace::run(&run, Some(&schema)))
 }
 
 /// Answers a question in plain language, grounded in the rows of the query that answers it
 /// (none are sent to the model when sample values are off: then it describes the query).
-#[pg_extern]
+#[pg_extern(volatile, parallel_unsafe)]
 fn nl_answer(question: Option<&str>, session: default!(Option<&str>, "NULL")) -> String {
-    let (run, _) = answer(question, session, run_mode(), "nl_answer").unwrap_or_else(|e| e.raise());
-    if let Some(error) = run.failure() {
-        error.raise();
-    }
+    let (run, _) =
+        answered("nl_answer", question, session, run_mode()).unwrap_or_else(|e| e.raise());
     let sql = run.final_sql().unwrap_or_default();
-    let rows = best_rows(&run);
+    let rows = run.best_result().map_or(&[][..], |r| &r.rows);
     let shown =
         (settings::sample_values() > 0).then(|| (&rows[..rows.len().min(ANSWER_ROWS)], rows.len()));
     let request = prompt::answer_request(&run.question, sql, shown);
-    let mut llm = client(false).unwrap_or_else(|e| e.raise());
-    let completion = llm.complete(&request).unwrap_or_else(|e| e.raise());
+    let completion = client(false)
+        .and_then(|mut llm| llm.complete(&request))
+        .unwrap_or_else(|e| e.raise());
     strip_think(&completion.content).trim().to_string()
 }
 
+/// Runs the caller's own SQL the way generated queries run: through the guard, read-only, in a
+/// subtransaction that is always rolled back, under `sql_query_engine.statement_timeout` and
+/// `max_rows`. Raises the refusal or the query's own error.
+#[pg_extern(volatile, parallel_unsafe)]
+fn nl_run(sql: &str) -> SetOfIterator<'static, JsonB> {
+    match exec::attempt(sql, run_mode(), settings::statement_timeout_ms()) {
+        Outcome::Rows(result) | Outcome::Empty(result) => rows_of(Some(&result)),
+        Outcome::Refused(refusal) => Error::Refused(Box::new(refusal.error)).raise(),
+        Outcome::Failed(error) => Error::Query(Box::new(error)).raise(),
+        Outcome::Planned => rows_of(None),
+    }
+}
+
+/// Stores a verified question -> SQL example (after `nl_check`); returns its id. Only roles that
+/// may write `nl_examples` can.
+#[pg_extern(volatile, parallel_unsafe)]
+fn nl_example_add(question: &str, sql: &str) -> i64 {
+    examples::add(question, sql).unwrap_or_else(|e| e.raise())
+}
+
 /// Forgets a session's earlier questions (in backend memory and in Redis).
-#[pg_extern]
+#[pg_extern(volatile, parallel_unsafe)]
 fn nl_session_reset(session: &str) {
     session::reset(session);
 }
@@ -87,7 +95,7 @@ fn nl_session_reset(session: &str) {
 /// Checks SQL with the guard, without running it: raises the refusal as an ERROR (25006 for a
 /// write, 42501 for a forbidden function, clause or relation, the parser's own SQLSTATE for a
 /// syntax or name error), or returns.
-#[pg_extern]
+#[pg_extern(stable, parallel_restricted)]
 fn nl_check(sql: &str) {
     if let Err(refusal) = guard::check(sql) {
         Error::Refused(Box::new(refusal.error)).raise();
@@ -96,7 +104,7 @@ fn nl_check(sql: &str) {
 
 /// The schema context exactly as the model would see it for `question` (all of it without
 /// one), verified examples included.
-#[pg_extern]
+#[pg_extern(volatile, parallel_unsafe)]
 fn nl_schema(question: default!(Option<&str>, "NULL")) -> String {
     let question = question.filter(|q| !q.trim().is_empty());
     database_context(question)
@@ -110,19 +118,40 @@ fn run_mode() -> Mode {
     }
 }
 
-/// The rows of the answer (jsonb text), empty when it has none.
-fn best_rows(run: &Run) -> &[String] {
-    run.best_result().map_or(&[], |r| &r.rows)
+/// A result as the rows a set-returning function returns; a cut result says so.
+fn rows_of(result: Option<&ResultSet>) -> SetOfIterator<'static, JsonB> {
+    let Some(result) = result else {
+        return SetOfIterator::new(Vec::new());
+    };
+    if result.truncated {
+        pgrx::notice!(
+            "sql_query_engine: the result was cut at {} rows (sql_query_engine.max_rows)",
+            result.rows.len()
+        );
+    }
+    let rows: Vec<JsonB> = result
+        .rows
+        .iter()
+        .map(|text| serde_json::from_str(text).map(JsonB))
+        .collect::<std::result::Result<_, _>>()
+        .unwrap_or_else(|e| Error::internal(format!("a result row is not JSON: {e}")).raise());
+    SetOfIterator::new(rows)
 }
 
 fn client(json_mode: bool) -> Result<OpenAiClient> {
     Ok(OpenAiClient::new(
-        settings::llm_url()?,
-        settings::llm_model(),
-        settings::llm_api_key(),
-        settings::temperature(),
-        Duration::from_millis(settings::llm_timeout_ms()),
-        json_mode && settings::json_mode(),
+        Endpoint {
+            base_url: settings::llm_url()?,
+            model: settings::llm_model(),
+            api_key: settings::llm_api_key()?,
+        },
+        Options {
+            temperature: settings::temperature(),
+            timeout: Duration::from_millis(settings::llm_timeout_ms()),
+            json_mode: json_mode && settings::json_mode(),
+            max_tokens: settings::max_tokens(),
+            max_response_bytes: settings::max_response_bytes(),
+        },
     ))
 }
 
@@ -152,6 +181,28 @@ impl heal::Database for LiveDatabase {
     }
 }
 
+/// `answer` for the functions that return the answer itself: a run without one is an error,
+/// and every outcome is audited.
+fn answered(
+    function: &str,
+    question: Option<&str>,
+    session: Option<&str>,
+    mode: Mode,
+) -> Result<(Run, PromptSchema)> {
+    let result =
+        answer(question, session, mode, function).and_then(|(run, schema)| match run.failure() {
+            Some(error) => Err(error),
+            None => Ok((run, schema)),
+        });
+    history::audit(
+        function,
+        session,
+        question.unwrap_or(""),
+        result.as_ref().err(),
+    );
+    result
+}
+
 /// The whole pipeline for one question; `function` names the caller in the history.
 fn answer(
     question: Option<&str>,
@@ -175,14 +226,26 @@ fn answer(
         mode,
         timeout_ms: settings::statement_timeout_ms(),
     };
+    let limits = Limits {
+        max_repairs: settings::max_repairs(),
+        share_values: settings::sample_values() > 0,
+    };
     let run = heal::solve(
         question,
         prompt::initial(&context, &turns, question),
-        settings::max_repairs(),
+        limits,
         &mut llm,
         &mut database,
         &mut |event| progress.emit(event),
     )?;
+    if let (Some(failure), None) = (&run.llm_failure, run.failure()) {
+        pgrx::warning!(
+            "sql_query_engine: the model failed when asked for a repair ({}: {}); the best \
+             attempt so far is the answer",
+            failure.endpoint,
+            failure.cause
+        );
+    }
     if let (Some(session), Some(sql)) = (
         session,
         run.failure().is_none().then(|| run.final_sql()).flatten(),

@@ -4,12 +4,94 @@
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::PgSqlErrorCode;
 
+/// A five-character SQLSTATE, e.g. `42703`. PostgreSQL's own codes, as one small type: they
+/// are compared, matched by class and written into traces, never parsed from free text.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct SqlState([u8; 5]);
+
+impl SqlState {
+    pub const INVALID_PARAMETER_VALUE: SqlState = SqlState(*b"22023");
+    pub const CHARACTER_NOT_IN_REPERTOIRE: SqlState = SqlState(*b"22021");
+    pub const READ_ONLY_SQL_TRANSACTION: SqlState = SqlState(*b"25006");
+    pub const SYNTAX_ERROR: SqlState = SqlState(*b"42601");
+    pub const INSUFFICIENT_PRIVILEGE: SqlState = SqlState(*b"42501");
+    pub const UNDEFINED_COLUMN: SqlState = SqlState(*b"42703");
+    pub const UNDEFINED_TABLE: SqlState = SqlState(*b"42P01");
+    pub const QUERY_CANCELED: SqlState = SqlState(*b"57014");
+    pub const OBJECT_NOT_IN_PREREQUISITE_STATE: SqlState = SqlState(*b"55000");
+    pub const SYSTEM_ERROR: SqlState = SqlState(*b"58000");
+    pub const INTERNAL_ERROR: SqlState = SqlState(*b"XX000");
+
+    /// From its five characters; anything else is an internal error's code.
+    #[cfg(test)]
+    pub fn parse(text: &str) -> SqlState {
+        match <[u8; 5]>::try_from(text.as_bytes()) {
+            Ok(bytes) if bytes.iter().all(u8::is_ascii_alphanumeric) => SqlState(bytes),
+            _ => SqlState::INTERNAL_ERROR,
+        }
+    }
+
+    /// The code PostgreSQL packs into an integer (MAKE_SQLSTATE).
+    pub fn from_code(code: PgSqlErrorCode) -> SqlState {
+        let mut packed = code as i32;
+        let mut bytes = [0u8; 5];
+        for byte in &mut bytes {
+            *byte = ((((packed & 0x3F) as u8) + b'0') & 0x7F).to_ascii_uppercase();
+            packed >>= 6;
+        }
+        SqlState(bytes)
+    }
+
+    pub fn code(self) -> PgSqlErrorCode {
+        let packed = self.0.iter().enumerate().fold(0i32, |acc, (i, b)| {
+            acc + ((((*b as i32) - ('0' as i32)) & 0x3F) << (6 * i))
+        });
+        PgSqlErrorCode::from(packed)
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Only ever built from ASCII.
+        std::str::from_utf8(&self.0).unwrap_or("XX000")
+    }
+
+    /// The two-character class, e.g. `42` (syntax error or access rule violation).
+    pub fn class(&self) -> &str {
+        &self.as_str()[..2]
+    }
+}
+
+impl std::fmt::Display for SqlState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<&str> for SqlState {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl std::fmt::Debug for SqlState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SqlState({})", self.as_str())
+    }
+}
+
+impl serde::Serialize for SqlState {
+    fn serialize<S: serde::Serializer>(
+        &self,
+        serializer: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
 /// An SQL error as PostgreSQL reported it, kept whole so that it can be fed back to the model,
 /// written to the trace, and re-raised unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SqlError {
-    /// Five-character SQLSTATE, e.g. `42703`.
-    pub sqlstate: String,
+    pub sqlstate: SqlState,
     pub message: String,
     pub detail: Option<String>,
     pub hint: Option<String>,
@@ -18,9 +100,9 @@ pub struct SqlError {
 }
 
 impl SqlError {
-    pub fn new(sqlstate: &str, message: impl Into<String>) -> Self {
+    pub fn new(sqlstate: SqlState, message: impl Into<String>) -> Self {
         SqlError {
-            sqlstate: sqlstate.to_string(),
+            sqlstate,
             message: message.into(),
             ..Default::default()
         }
@@ -46,6 +128,10 @@ pub enum Error {
     #[error("{}", .0.message)]
     Refused(Box<SqlError>),
 
+    /// A query the caller gave (`nl_run`) failed: raised as PostgreSQL reported it.
+    #[error("{}", .0.message)]
+    Query(Box<SqlError>),
+
     /// Every attempt failed; carries the last error and the last SQL.
     #[error("could not answer the question: all {attempts} attempts failed; last error: {}", last.message)]
     AllAttemptsFailed {
@@ -67,21 +153,21 @@ impl Error {
     }
 
     /// The SQLSTATE this error is raised with.
-    pub fn sqlstate(&self) -> String {
+    pub fn sqlstate(&self) -> SqlState {
         match self {
-            Error::InvalidParameter(_) => "22023".into(),
-            Error::Setting { .. } => "55000".into(),
+            Error::InvalidParameter(_) => SqlState::INVALID_PARAMETER_VALUE,
+            Error::Setting { .. } => SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
             // An external service failed: PostgreSQL's "system error" class, not a client error.
-            Error::Llm { .. } => "58000".into(),
-            Error::Refused(e) => e.sqlstate.clone(),
-            Error::AllAttemptsFailed { last, .. } => last.sqlstate.clone(),
-            Error::Internal(_) => "XX000".into(),
+            Error::Llm { .. } => SqlState::SYSTEM_ERROR,
+            Error::Refused(e) | Error::Query(e) => e.sqlstate,
+            Error::AllAttemptsFailed { last, .. } => last.sqlstate,
+            Error::Internal(_) => SqlState::INTERNAL_ERROR,
         }
     }
 
     fn detail(&self) -> Option<String> {
         match self {
-            Error::Refused(e) => e.detail.clone(),
+            Error::Refused(e) | Error::Query(e) => e.detail.clone(),
             Error::AllAttemptsFailed { last_sql, .. } => Some(format!("last SQL: {last_sql}")),
             _ => None,
         }
@@ -90,7 +176,7 @@ impl Error {
     fn hint(&self) -> Option<String> {
         match self {
             Error::Setting { hint, .. } => Some(hint.clone()),
-            Error::Refused(e) => e.hint.clone(),
+            Error::Refused(e) | Error::Query(e) => e.hint.clone(),
             Error::AllAttemptsFailed { last, .. } => last.hint.clone(),
             Error::Llm { .. } => Some(
                 "Check sql_query_engine.llm_url and that the endpoint is up; \
@@ -103,7 +189,7 @@ impl Error {
 
     /// Raise this error as a PostgreSQL ERROR. Never returns.
     pub fn raise(self) -> ! {
-        let code = sqlstate_to_code(&self.sqlstate());
+        let code = self.sqlstate().code();
         let mut report = ErrorReport::new(code, self.to_string(), "sql_query_engine");
         if let Some(detail) = self.detail() {
             report = report.set_detail(detail);
@@ -116,29 +202,6 @@ impl Error {
     }
 }
 
-/// Pack a five-character SQLSTATE the way PostgreSQL's MAKE_SQLSTATE does.
-pub fn sqlstate_to_code(sqlstate: &str) -> PgSqlErrorCode {
-    let bytes = sqlstate.as_bytes();
-    if bytes.len() != 5 {
-        return PgSqlErrorCode::ERRCODE_INTERNAL_ERROR;
-    }
-    let packed = bytes.iter().enumerate().fold(0i32, |acc, (i, b)| {
-        acc + ((((*b as i32) - ('0' as i32)) & 0x3F) << (6 * i))
-    });
-    PgSqlErrorCode::from(packed)
-}
-
-/// Unpack PostgreSQL's integer SQLSTATE into its five characters.
-pub fn code_to_sqlstate(code: PgSqlErrorCode) -> String {
-    let mut packed = code as i32;
-    let mut out = String::with_capacity(5);
-    for _ in 0..5 {
-        out.push(char::from((((packed & 0x3F) as u8) + b'0') & 0x7F));
-        packed >>= 6;
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,22 +211,27 @@ mod tests {
         for s in [
             "42703", "25006", "57014", "22023", "XX000", "42P01", "58000",
         ] {
-            assert_eq!(code_to_sqlstate(sqlstate_to_code(s)), s);
+            assert_eq!(SqlState::from_code(SqlState::parse(s).code()).as_str(), s);
         }
         assert_eq!(
-            sqlstate_to_code("42703"),
+            SqlState::UNDEFINED_COLUMN.code(),
             PgSqlErrorCode::ERRCODE_UNDEFINED_COLUMN
         );
+        assert_eq!(SqlState::UNDEFINED_TABLE.class(), "42");
+        assert_eq!(SqlState::parse("bad"), SqlState::INTERNAL_ERROR);
     }
 
     #[test]
     fn all_failed_names_attempts_and_keeps_last_sql_in_detail() {
         let e = Error::AllAttemptsFailed {
             attempts: 5,
-            last: Box::new(SqlError::new("42P01", "relation \"x\" does not exist")),
+            last: Box::new(SqlError::new(
+                SqlState::UNDEFINED_TABLE,
+                "relation \"x\" does not exist",
+            )),
             last_sql: "SELECT * FROM x".into(),
         };
-        assert_eq!(e.sqlstate(), "42P01");
+        assert_eq!(e.sqlstate(), SqlState::UNDEFINED_TABLE);
         assert!(e.to_string().contains("all 5 attempts failed"));
         assert_eq!(e.detail().as_deref(), Some("last SQL: SELECT * FROM x"));
     }

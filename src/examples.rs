@@ -6,6 +6,28 @@ use pgrx::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::schema::{extension_schema, words};
+use crate::{guard, subxact};
+
+/// Stores a verified example after the guard accepted its SQL, as the caller (who needs INSERT
+/// on `nl_examples`); returns its id. The SQL is checked on the caller's search path (it is the
+/// caller's SQL); the insert runs on the pinned one.
+pub fn add(question: &str, sql: &str) -> Result<i64> {
+    guard::check(sql).map_err(|refusal| Error::Refused(Box::new(refusal.error)))?;
+    let insert = format!(
+        "INSERT INTO {}.nl_examples (question, sql) VALUES ($1, $2) RETURNING id",
+        extension_schema()?
+    );
+    subxact::pinned(|| {
+        Spi::connect_mut(|client| {
+            client
+                .update(&insert, Some(1), &[question.into(), sql.into()])?
+                .first()
+                .get_one::<i64>()
+        })
+    })
+    .map_err(|e| Error::internal(format!("storing the example failed: {e}")))?
+    .ok_or_else(|| Error::internal("the example got no id"))
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Example {
@@ -20,31 +42,33 @@ pub fn similar(question: &str, n: usize) -> Result<Vec<Example>> {
         return Ok(Vec::new());
     }
     let table = format!("{}.nl_examples", extension_schema()?);
-    let examples: Vec<Example> = Spi::connect(|client| {
-        let readable = client
-            .select(
-                "SELECT has_table_privilege($1, 'SELECT')",
-                Some(1),
-                &[table.as_str().into()],
-            )?
-            .first()
-            .get_one::<bool>()?
-            .unwrap_or(false);
-        if !readable {
-            return Ok(Vec::new());
-        }
-        let rows = client.select(
-            &format!("SELECT question, sql FROM {table} ORDER BY id"),
-            None,
-            &[],
-        )?;
-        let mut examples = Vec::new();
-        for row in rows {
-            let question = row.get::<String>(1)?.unwrap_or_default();
-            let sql = row.get::<String>(2)?.unwrap_or_default();
-            examples.push(Example { question, sql });
-        }
-        Ok::<_, pgrx::spi::Error>(examples)
+    let examples: Vec<Example> = crate::subxact::pinned(|| {
+        Spi::connect(|client| {
+            let readable = client
+                .select(
+                    "SELECT has_table_privilege($1, 'SELECT')",
+                    Some(1),
+                    &[table.as_str().into()],
+                )?
+                .first()
+                .get_one::<bool>()?
+                .unwrap_or(false);
+            if !readable {
+                return Ok(Vec::new());
+            }
+            let rows = client.select(
+                &format!("SELECT question, sql FROM {table} ORDER BY id"),
+                None,
+                &[],
+            )?;
+            let mut examples = Vec::new();
+            for row in rows {
+                let question = row.get::<String>(1)?.unwrap_or_default();
+                let sql = row.get::<String>(2)?.unwrap_or_default();
+                examples.push(Example { question, sql });
+            }
+            Ok::<_, pgrx::spi::Error>(examples)
+        })
     })
     .map_err(|e| Error::internal(format!("reading the verified examples failed: {e}")))?;
     Ok(most_similar(question, examples, n))

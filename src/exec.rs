@@ -1,19 +1,23 @@
 //! Running one generated query safely: guarded, in an internal subtransaction that is always
 //! rolled back, read-only, under a per-attempt statement timeout and a row cap. Any error is
 //! caught whole (SQLSTATE, message, detail, hint, position) and the caller's transaction goes
-//! on as if nothing happened. Rows leave as jsonb built by PostgreSQL itself (`to_jsonb`), so
-//! numerics keep their scale and dates render as PostgreSQL renders them.
+//! on as if nothing happened.
+//!
+//! The statement that runs is the one the guard checked: its analyzed tree is rewritten,
+//! planned (parallel plans allowed) and executed here, never parsed again from text. Rows go
+//! to a receiver that stops the executor after `max_rows + 1` rows (a row count given to the
+//! executor would forbid parallel plans) and turns each into jsonb with PostgreSQL's own
+//! `to_jsonb`, so numerics keep their scale and dates render as PostgreSQL renders them.
 
 use std::cell::Cell;
 use std::ffi::{CStr, CString};
-use std::panic::AssertUnwindSafe;
 
+use pgrx::pg_sys;
 use pgrx::pg_sys::panic::CaughtError;
-use pgrx::pg_sys::{self, PgTryBuilder};
 use pgrx::PgList;
 
-use crate::error::{code_to_sqlstate, SqlError};
-use crate::guard;
+use crate::error::{SqlError, SqlState};
+use crate::{guard, subxact};
 
 /// What an attempt is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +40,8 @@ pub struct ResultSet {
     /// For an empty result: the tables it read on which row-level security filters this role's
     /// rows, so that "empty because of row security" is told apart from "really empty".
     pub row_security: Vec<String>,
+    /// Parallel workers the executor launched (0 for a serial plan).
+    pub parallel_workers: i32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,7 +98,7 @@ pub fn attempt(sql: &str, mode: Mode, timeout_ms: i32) -> Outcome {
         pg_sys::error_context_stack = &mut callback;
         let timer = StatementTimer::arm(timeout_ms);
         // Always rolled back: the query only read, and nothing it did may outlive it.
-        let result = in_subtransaction(false, || run_guarded(sql, mode));
+        let result = subxact::in_subtransaction(false, || run_guarded(sql, mode));
         timer.disarm();
         pg_sys::error_context_stack = callback.previous;
         (result, timer)
@@ -103,30 +109,6 @@ pub fn attempt(sql: &str, mode: Mode, timeout_ms: i32) -> Outcome {
             let position = Some(position.get()).filter(|p| *p > 0);
             failure(*caught, position, &timer, timeout_ms)
         }
-    }
-}
-
-/// Runs `work` in an internal subtransaction, committed when `commit` and the work succeeded,
-/// rolled back otherwise; any error is caught and returned, and the caller's transaction, memory
-/// context and resource owner are as they were.
-pub fn in_subtransaction<R>(commit: bool, work: impl FnOnce() -> R) -> Result<R, Box<CaughtError>> {
-    unsafe {
-        let caller_context = pg_sys::CurrentMemoryContext;
-        let caller_owner = pg_sys::CurrentResourceOwner;
-        pg_sys::BeginInternalSubTransaction(std::ptr::null());
-        pg_sys::MemoryContextSwitchTo(caller_context);
-        let result = PgTryBuilder::new(AssertUnwindSafe(|| Ok(work())))
-            .catch_others(|caught| Err(Box::new(caught)))
-            .execute();
-        pg_sys::MemoryContextSwitchTo(caller_context);
-        if commit && result.is_ok() {
-            pg_sys::ReleaseCurrentSubTransaction();
-        } else {
-            pg_sys::RollbackAndReleaseCurrentSubTransaction();
-        }
-        pg_sys::MemoryContextSwitchTo(caller_context);
-        pg_sys::CurrentResourceOwner = caller_owner;
-        result
     }
 }
 
@@ -143,13 +125,10 @@ fn failure(
         | CaughtError::ErrorReport(r)
         | CaughtError::RustPanic { ereport: r, .. } => r,
     };
-    let sqlstate = code_to_sqlstate(report.sql_error_code());
-    let ours = sqlstate == "57014" && timer.fired();
+    let sqlstate = SqlState::from_code(report.sql_error_code());
+    let ours = sqlstate == SqlState::QUERY_CANCELED && timer.fired();
     let not_the_query = matches!(caught, CaughtError::RustPanic { .. })
-        || (!ours
-            && ["53", "57", "58", "XX"]
-                .iter()
-                .any(|class| sqlstate.starts_with(class)));
+        || (!ours && ["53", "57", "58", "XX"].contains(&sqlstate.class()));
     if not_the_query {
         caught.rethrow();
     }
@@ -170,58 +149,35 @@ fn failure(
 
 /// Everything that happens inside the subtransaction.
 fn run_guarded(sql: &str, mode: Mode) -> Outcome {
-    unsafe {
-        pg_sys::set_config_option(
-            c"transaction_read_only".as_ptr(),
-            c"on".as_ptr(),
-            pg_sys::GucContext::PGC_USERSET,
-            pg_sys::GucSource::PGC_S_SESSION,
-            pg_sys::GucAction::GUC_ACTION_LOCAL,
-            true,
-            0,
-            false,
-        );
-    }
+    subxact::set_local(c"transaction_read_only", c"on");
     let checked = match guard::check(sql) {
         Ok(checked) => checked,
         Err(refusal) => return Outcome::Refused(refusal),
     };
-    // guard::check refused NUL characters already.
-    let Ok(text) = CString::new(sql) else {
-        return Outcome::Refused(guard::Refusal {
-            error: SqlError::new("22021", "the query contains a NUL character"),
-            ends_run: false,
-        });
-    };
     unsafe {
-        pg_sys::SPI_connect();
-        let plan = pg_sys::SPI_prepare(text.as_ptr(), 0, std::ptr::null_mut());
-        if plan.is_null() {
-            let code = pg_sys::SPI_result;
-            pg_sys::SPI_finish();
-            return Outcome::Failed(SqlError::new(
-                "XX000",
-                format!("SPI_prepare failed with code {code}"),
-            ));
-        }
+        // Like SPI for a non-read-only call: see what the caller's statement did so far.
+        pg_sys::CommandCounterIncrement();
+        let rewritten = PgList::<pg_sys::Query>::from_pg(pg_sys::pg_rewrite_query(checked.query));
+        let Some(query) = rewritten.get_ptr(0).filter(|_| rewritten.len() == 1) else {
+            return Outcome::Refused(guard::Refusal {
+                error: SqlError::new(
+                    SqlState::INSUFFICIENT_PRIVILEGE,
+                    "the query was rewritten into several statements (rules): it is not run",
+                ),
+                ends_run: false,
+            });
+        };
+        pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+        let planned = pg_sys::pg_plan_query(
+            query,
+            checked.text.as_ptr(),
+            pg_sys::CURSOR_OPT_PARALLEL_OK as i32,
+            std::ptr::null_mut(),
+        );
         let outcome = match mode {
-            Mode::Plan => {
-                let cached = pg_sys::SPI_plan_get_cached_plan(plan);
-                if !cached.is_null() {
-                    pg_sys::ReleaseCachedPlan(cached, std::ptr::null_mut());
-                }
-                Outcome::Planned
-            }
+            Mode::Plan => Outcome::Planned,
             Mode::Run { max_rows } => {
-                let limit = max_rows.saturating_add(1).min(i64::MAX as usize) as std::ffi::c_long;
-                pg_sys::SPI_execute_plan(
-                    plan,
-                    std::ptr::null_mut(),
-                    std::ptr::null(),
-                    false,
-                    limit,
-                );
-                let mut result = collect_rows(max_rows);
+                let mut result = execute(planned, &checked.text, max_rows);
                 if result.rows.is_empty() {
                     result.row_security = row_security_tables(&checked.relations);
                     Outcome::Empty(result)
@@ -230,33 +186,113 @@ fn run_guarded(sql: &str, mode: Mode) -> Outcome {
                 }
             }
         };
-        pg_sys::SPI_finish();
+        pg_sys::PopActiveSnapshot();
         outcome
     }
 }
 
-/// Converts the rows SPI just produced into jsonb text, one object per row, keys the column
-/// names. Each row goes through PostgreSQL's own `to_jsonb` on a record whose descriptor is a
-/// copy of the result's, with duplicate names made unique so no column is lost.
-unsafe fn collect_rows(max_rows: usize) -> ResultSet {
-    let table = pg_sys::SPI_tuptable;
-    if table.is_null() {
-        return ResultSet::default();
+/// Runs a planned SELECT to completion or until `max_rows + 1` rows were seen.
+unsafe fn execute(planned: *mut pg_sys::PlannedStmt, text: &CStr, max_rows: usize) -> ResultSet {
+    let mut collector = Collector {
+        max_rows,
+        result: ResultSet::default(),
+        record: std::ptr::null_mut(),
+        to_jsonb: std::mem::zeroed(),
+        jsonb_out: pg_sys::InvalidOid,
+        per_row: std::ptr::null_mut(),
+    };
+    let mut receiver = Receiver {
+        base: pg_sys::DestReceiver {
+            receiveSlot: Some(receive_slot),
+            rStartup: Some(startup),
+            rShutdown: Some(shutdown),
+            rDestroy: Some(shutdown),
+            mydest: pg_sys::CommandDest::DestNone,
+        },
+        collector: &mut collector,
+    };
+    let query = pg_sys::CreateQueryDesc(
+        planned,
+        text.as_ptr(),
+        pg_sys::GetActiveSnapshot(),
+        std::ptr::null_mut(),
+        &mut receiver.base,
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        0,
+    );
+    pg_sys::ExecutorStart(query, 0);
+    pg_sys::ExecutorRun(query, pg_sys::ScanDirection::ForwardScanDirection, 0, true);
+    collector.result.parallel_workers = launched_workers((*query).planstate);
+    pg_sys::ExecutorFinish(query);
+    pg_sys::ExecutorEnd(query);
+    // The receiver's memory (record descriptor, per-row context) lived in the executor's
+    // query context, which ExecutorEnd has freed.
+    pg_sys::FreeQueryDesc(query);
+    collector.result
+}
+
+/// Parallel workers launched by the Gather nodes of a plan.
+unsafe fn launched_workers(node: *mut pg_sys::PlanState) -> i32 {
+    if node.is_null() {
+        return 0;
     }
-    let source = (*table).tupdesc;
+    let here = match (*node).type_ {
+        pg_sys::NodeTag::T_GatherState => (*node.cast::<pg_sys::GatherState>()).nworkers_launched,
+        pg_sys::NodeTag::T_GatherMergeState => {
+            (*node.cast::<pg_sys::GatherMergeState>()).nworkers_launched
+        }
+        _ => 0,
+    };
+    here + launched_workers((*node).lefttree) + launched_workers((*node).righttree)
+}
+
+/// A DestReceiver with the Rust side of it behind a pointer (PostgreSQL sees only `base`).
+#[repr(C)]
+struct Receiver {
+    base: pg_sys::DestReceiver,
+    collector: *mut Collector,
+}
+
+/// Where the rows go: jsonb text, one object per row, keys the column names. Each row goes
+/// through PostgreSQL's own `to_jsonb` on a record whose descriptor is a copy of the result's,
+/// with duplicate names made unique so no column is lost.
+struct Collector {
+    max_rows: usize,
+    result: ResultSet,
+    record: pg_sys::TupleDesc,
+    to_jsonb: pg_sys::FmgrInfo,
+    jsonb_out: pg_sys::Oid,
+    /// Reset after every row: a large result does not grow memory beyond its text. A child of
+    /// the executor's query context (where `startup` runs), freed with it.
+    per_row: pg_sys::MemoryContext,
+}
+
+unsafe fn collector(receiver: *mut pg_sys::DestReceiver) -> &'static mut Collector {
+    &mut *(*receiver.cast::<Receiver>()).collector
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn startup(
+    receiver: *mut pg_sys::DestReceiver,
+    _operation: std::ffi::c_int,
+    source: pg_sys::TupleDesc,
+) {
+    let c = collector(receiver);
     let natts = (*source).natts as usize;
-    let names: Vec<String> = (0..natts)
-        .map(|i| {
-            let attr = (*source).attrs.as_slice(natts)[i];
+    let names: Vec<String> = (*source)
+        .attrs
+        .as_slice(natts)
+        .iter()
+        .map(|attr| {
             CStr::from_ptr(attr.attname.data.as_ptr())
                 .to_string_lossy()
                 .into_owned()
         })
         .collect();
-    let columns = unique_names(&names);
-
+    c.result.columns = unique_names(&names);
     let record = pg_sys::CreateTupleDescCopy(source);
-    for (i, name) in columns.iter().enumerate() {
+    for (i, name) in c.result.columns.iter().enumerate() {
         if let Ok(name) = CString::new(name.as_str()) {
             pg_sys::namestrcpy(
                 &mut (*record).attrs.as_mut_slice(natts)[i].attname,
@@ -264,11 +300,10 @@ unsafe fn collect_rows(max_rows: usize) -> ResultSet {
             );
         }
     }
-    let record = pg_sys::BlessTupleDesc(record);
+    c.record = pg_sys::BlessTupleDesc(record);
 
     let to_jsonb = pg_sys::fmgr_internal_function(c"to_jsonb".as_ptr());
-    let mut flinfo: pg_sys::FmgrInfo = std::mem::zeroed();
-    pg_sys::fmgr_info(to_jsonb, &mut flinfo);
+    pg_sys::fmgr_info(to_jsonb, &mut c.to_jsonb);
     // to_jsonb is polymorphic: it learns its argument type from the call expression.
     let mut args = PgList::<pg_sys::Const>::new();
     args.push(pg_sys::makeNullConst(
@@ -276,7 +311,7 @@ unsafe fn collect_rows(max_rows: usize) -> ResultSet {
         -1,
         pg_sys::InvalidOid,
     ));
-    flinfo.fn_expr = pg_sys::makeFuncExpr(
+    c.to_jsonb.fn_expr = pg_sys::makeFuncExpr(
         to_jsonb,
         pg_sys::JSONBOID,
         args.into_pg(),
@@ -285,28 +320,44 @@ unsafe fn collect_rows(max_rows: usize) -> ResultSet {
         pg_sys::CoercionForm::COERCE_EXPLICIT_CALL,
     )
     .cast();
-    let mut jsonb_out = pg_sys::InvalidOid;
     let mut is_varlena = false;
-    pg_sys::getTypeOutputInfo(pg_sys::JSONBOID, &mut jsonb_out, &mut is_varlena);
-
-    let processed = pg_sys::SPI_processed as usize;
-    let kept = processed.min(max_rows);
-    let mut rows = Vec::with_capacity(kept);
-    for i in 0..kept {
-        let tuple = *(*table).vals.add(i);
-        let composite = pg_sys::heap_copy_tuple_as_datum(tuple, record);
-        let jsonb = pg_sys::FunctionCall1Coll(&mut flinfo, pg_sys::InvalidOid, composite);
-        let text = pg_sys::OidOutputFunctionCall(jsonb_out, jsonb);
-        rows.push(CStr::from_ptr(text).to_string_lossy().into_owned());
-        pg_sys::pfree(text.cast());
-    }
-    ResultSet {
-        columns,
-        rows,
-        truncated: processed > max_rows,
-        row_security: Vec::new(),
-    }
+    pg_sys::getTypeOutputInfo(pg_sys::JSONBOID, &mut c.jsonb_out, &mut is_varlena);
+    c.per_row = pg_sys::AllocSetContextCreateInternal(
+        pg_sys::CurrentMemoryContext,
+        c"sql_query_engine row".as_ptr(),
+        pg_sys::ALLOCSET_SMALL_MINSIZE as usize,
+        pg_sys::ALLOCSET_SMALL_INITSIZE as usize,
+        pg_sys::ALLOCSET_SMALL_MAXSIZE as usize,
+    );
 }
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn receive_slot(
+    slot: *mut pg_sys::TupleTableSlot,
+    receiver: *mut pg_sys::DestReceiver,
+) -> bool {
+    let c = collector(receiver);
+    if c.result.rows.len() >= c.max_rows {
+        // One row more than may be returned: the result is cut, and the executor stops here.
+        c.result.truncated = true;
+        return false;
+    }
+    let caller = pg_sys::MemoryContextSwitchTo(c.per_row);
+    pg_sys::slot_getallattrs(slot);
+    let tuple = pg_sys::heap_form_tuple(c.record, (*slot).tts_values, (*slot).tts_isnull);
+    let composite = pg_sys::heap_copy_tuple_as_datum(tuple, c.record);
+    let jsonb = pg_sys::FunctionCall1Coll(&mut c.to_jsonb, pg_sys::InvalidOid, composite);
+    let text = pg_sys::OidOutputFunctionCall(c.jsonb_out, jsonb);
+    c.result
+        .rows
+        .push(CStr::from_ptr(text).to_string_lossy().into_owned());
+    pg_sys::MemoryContextSwitchTo(caller);
+    pg_sys::MemoryContextReset(c.per_row);
+    true
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn shutdown(_receiver: *mut pg_sys::DestReceiver) {}
 
 /// The relations among `relations` on which row-level security applies to the current role.
 unsafe fn row_security_tables(relations: &[pg_sys::Oid]) -> Vec<String> {

@@ -4,6 +4,13 @@
 //! statement in the middle of an explanation, or bare SQL; reasoning models add `<think>` blocks.
 //! The strategies below are tried from the most to the least explicit. Newlines and comments in
 //! the SQL are kept: they matter for error positions and for the model's next repair.
+//!
+//! Every strategy is linear in the length of the answer (or bounded: at most
+//! `MAX_JSON_CANDIDATES` embedded objects are tried), so that no answer, however hostile, keeps
+//! the backend busy: the response itself is capped by `sql_query_engine.max_response_bytes`.
+
+/// Embedded JSON objects tried at most.
+const MAX_JSON_CANDIDATES: usize = 64;
 
 /// The SQL in `output`, or `None` when there is nothing that could be a statement.
 pub fn extract_sql(output: &str) -> Option<String> {
@@ -32,27 +39,32 @@ pub fn extract_sql(output: &str) -> Option<String> {
 /// closed (the model ran out of tokens while thinking) keeps what came before it, or, when
 /// nothing did, the thoughts themselves, where the other strategies may still find a statement.
 pub fn strip_think(text: &str) -> String {
-    let mut rest = text;
-    if let Some(close) = find_ci(rest, "</think>") {
-        if find_ci(&rest[..close], "<think>").is_none() {
-            rest = &rest[close + "</think>".len()..];
+    const OPEN: &str = "<think>";
+    const CLOSE: &str = "</think>";
+    // ASCII lower-casing keeps byte offsets, so positions in `lower` are positions in `text`.
+    let lower = text.to_ascii_lowercase();
+    let mut at = 0;
+    if let Some(close) = lower.find(CLOSE) {
+        if !lower[..close].contains(OPEN) {
+            at = close + CLOSE.len();
         }
     }
-    let mut out = String::with_capacity(rest.len());
+    let mut out = String::with_capacity(text.len() - at);
     loop {
-        match find_ci(rest, "<think>") {
+        match lower[at..].find(OPEN) {
             None => {
-                out.push_str(rest);
+                out.push_str(&text[at..]);
                 break;
             }
-            Some(open) => {
-                out.push_str(&rest[..open]);
-                let inside = &rest[open + "<think>".len()..];
-                match find_ci(inside, "</think>") {
-                    Some(close) => rest = &inside[close + "</think>".len()..],
+            Some(offset) => {
+                let open = at + offset;
+                out.push_str(&text[at..open]);
+                let inside = open + OPEN.len();
+                match lower[inside..].find(CLOSE) {
+                    Some(close) => at = inside + close + CLOSE.len(),
                     None => {
                         if out.trim().is_empty() {
-                            out = inside.to_string();
+                            out = text[inside..].to_string();
                         }
                         break;
                     }
@@ -61,10 +73,6 @@ pub fn strip_think(text: &str) -> String {
         }
     }
     out
-}
-
-fn find_ci(haystack: &str, needle: &str) -> Option<usize> {
-    haystack.to_ascii_lowercase().find(needle)
 }
 
 /// The `sql` (or `query`) member of a JSON object.
@@ -76,49 +84,30 @@ fn sql_member(value: &serde_json::Value) -> Option<String> {
         .filter(|s| !s.trim().is_empty())
 }
 
-/// A JSON object somewhere in prose. Scans for balanced braces while skipping JSON strings, so
-/// braces inside the SQL (`'{a,b}'::text[]`, JSON literals) do not cut the object short.
+/// A JSON object with a `sql` (or `query`) member somewhere in prose. Objects are tried where
+/// a `{` opens one (a quote follows it), each parsed by a streaming parser that stops at its
+/// end, so braces inside the SQL (`'{a,b}'::text[]`, JSON literals) do not cut it short.
 fn embedded_json(text: &str) -> Option<String> {
     let bytes = text.as_bytes();
-    let mut start = 0;
-    while let Some(offset) = text[start..].find('{') {
-        let open = start + offset;
-        if let Some(close) = matching_brace(bytes, open) {
-            if let Ok(value) = serde_json::from_str::<serde_json::Value>(&text[open..=close]) {
-                if let Some(sql) = sql_member(&value) {
-                    return Some(sql);
-                }
+    let candidates = bytes
+        .iter()
+        .enumerate()
+        .filter(|(i, b)| {
+            **b == b'{'
+                && bytes[i + 1..]
+                    .iter()
+                    .find(|c| !c.is_ascii_whitespace())
+                    .is_some_and(|c| *c == b'"')
+        })
+        .map(|(i, _)| i)
+        .take(MAX_JSON_CANDIDATES);
+    for open in candidates {
+        let mut values =
+            serde_json::Deserializer::from_str(&text[open..]).into_iter::<serde_json::Value>();
+        if let Some(Ok(value)) = values.next() {
+            if let Some(sql) = sql_member(&value) {
+                return Some(sql);
             }
-        }
-        start = open + 1;
-    }
-    None
-}
-
-fn matching_brace(bytes: &[u8], open: usize) -> Option<usize> {
-    let mut depth = 0usize;
-    let mut in_string = false;
-    let mut escaped = false;
-    for (i, &b) in bytes.iter().enumerate().skip(open) {
-        if in_string {
-            match b {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b'{' => depth += 1,
-            b'}' => {
-                depth -= 1;
-                if depth == 0 {
-                    return Some(i);
-                }
-            }
-            _ => {}
         }
     }
     None

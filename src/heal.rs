@@ -4,13 +4,13 @@
 //! or an empty result goes back to the model with everything PostgreSQL said; every repaired
 //! query is run again. An empty result that the model confirms by returning the same query ends
 //! the loop: empty can be the right answer. The best attempt is kept (rows beat empty beat
-//! error), so a repair can never make a good answer worse. A write ends the run at once.
+//! error), so a repair can never make a good answer worse: neither a model that fails during a
+//! repair nor a write it proposes after a good attempt takes that attempt away. A write ends the
+//! run at once; it is the answer (a refusal) only when nothing better came before it.
 
 use std::time::Instant;
 
-use serde_json::{json, Value};
-
-use crate::error::{Error, Result, SqlError};
+use crate::error::{Error, Result, SqlError, SqlState};
 use crate::exec::{Outcome, ResultSet};
 use crate::extract::extract_sql;
 use crate::llm::Llm;
@@ -64,6 +64,25 @@ pub struct Run {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
     pub ms: f64,
+    /// The model failed when asked for a repair: the run ended with what it had.
+    pub llm_failure: Option<LlmFailure>,
+}
+
+/// A failed model call, as `Error::Llm` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LlmFailure {
+    pub endpoint: String,
+    pub cause: String,
+}
+
+/// How the loop may go.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Repairs after the first attempt.
+    pub max_repairs: usize,
+    /// Whether stored values may reach the model (`sample_values > 0`): without, the values
+    /// PostgreSQL quotes in error messages are withheld from repair requests.
+    pub share_values: bool,
 }
 
 /// How good an outcome is: a repair replaces the best attempt only when it ranks higher.
@@ -87,11 +106,14 @@ fn same_query(a: &str, b: &str) -> bool {
     norm(a) == norm(b)
 }
 
-/// What became of an attempt, in one line.
-fn result_line(outcome: &Outcome) -> String {
+/// What became of an attempt, in one line, as the model may see it.
+fn result_line(outcome: &Outcome, share_values: bool) -> String {
     match (outcome.result(), outcome.error()) {
         (Some(r), _) => format!("{} rows", r.rows.len()),
-        (_, Some(e)) => format!("ERROR {}: {}", e.sqlstate, e.message),
+        (_, Some(e)) => {
+            let e = prompt::shown_error(e, share_values);
+            format!("ERROR {}: {}", e.sqlstate, e.message)
+        }
         _ => outcome.label().to_string(),
     }
 }
@@ -109,13 +131,13 @@ pub trait Database {
     fn hint(&mut self, sql: &str, error: &SqlError) -> Option<String>;
 }
 
-/// Answers `question` with at most `1 + max_repairs` queries, starting from the request
+/// Answers `question` with at most `1 + limits.max_repairs` queries, starting from the request
 /// `initial` (`prompt::initial`). `db` runs them, `llm` writes them, `progress` hears of every
-/// step.
+/// step. Only a failure of the first model call is an `Err`.
 pub fn solve(
     question: &str,
     initial: Vec<prompt::Message>,
-    max_repairs: usize,
+    limits: Limits,
     llm: &mut dyn Llm,
     db: &mut dyn Database,
     progress: &mut dyn FnMut(Event),
@@ -131,7 +153,9 @@ pub fn solve(
         prompt_tokens: 0,
         completion_tokens: 0,
         ms: 0.0,
+        llm_failure: None,
     };
+    let max_repairs = limits.max_repairs;
     let mut request = initial.clone();
     // Short accounts of the attempts before the last one, for the repair requests.
     let mut earlier: Vec<String> = Vec::new();
@@ -142,11 +166,20 @@ pub fn solve(
             repair: round > 0,
         });
         let asked = Instant::now();
-        let completion = if explore {
+        let asked_for = if explore {
             llm.complete_exploring(&request)
         } else {
             llm.complete(&request)
-        }?;
+        };
+        let completion = match asked_for {
+            Ok(completion) => completion,
+            // A repair that cannot be asked for leaves the run with what it has.
+            Err(Error::Llm { endpoint, cause }) if round > 0 => {
+                state.llm_failure = Some(LlmFailure { endpoint, cause });
+                break;
+            }
+            Err(e) => return Err(e),
+        };
         let llm_ms = millis(asked);
         state.llm_calls += 1;
         state.prompt_tokens += completion.prompt_tokens;
@@ -162,7 +195,7 @@ pub fn solve(
         let (sql, outcome, ms, feedback) = match sql {
             None => {
                 let outcome = Outcome::Failed(SqlError::new(
-                    "42601",
+                    SqlState::SYNTAX_ERROR,
                     "the model's answer contained no SQL statement",
                 ));
                 let feedback = prompt::repair_no_sql(question, &completion.content);
@@ -194,7 +227,8 @@ pub fn solve(
                     Outcome::Refused(refusal) if refusal.ends_run => None,
                     _ => outcome.error().map(|error| {
                         let hint = db.hint(&sql, error);
-                        prompt::repair_error(question, &sql, error, repeated, hint.as_deref())
+                        let shown = prompt::shown_error(error, limits.share_values);
+                        prompt::repair_error(question, &sql, &shown, repeated, hint.as_deref())
                     }),
                 };
                 (sql, outcome, ms, feedback)
@@ -208,7 +242,8 @@ pub fn solve(
         {
             state.best = Some(state.attempts.len());
         }
-        let summary = prompt::attempt_summary(round + 1, &sql, &result_line(&outcome));
+        let summary =
+            prompt::attempt_summary(round + 1, &sql, &result_line(&outcome, limits.share_values));
         let reason = if matches!(outcome, Outcome::Empty(_)) {
             "0 rows"
         } else {
@@ -223,7 +258,8 @@ pub fn solve(
 
         match feedback {
             None => {
-                if ends_run {
+                // A write after a good attempt ends the loop with that attempt as the answer.
+                if ends_run && state.best.is_none() {
                     state.status = Status::Refused;
                 }
                 break;
@@ -275,6 +311,16 @@ impl Run {
                 _ => None,
             }),
             Status::Error => {
+                if let Some(f) = &self.llm_failure {
+                    return Some(Error::Llm {
+                        endpoint: f.endpoint.clone(),
+                        cause: format!(
+                            "{} (asked for a repair after {} failed attempts)",
+                            f.cause,
+                            self.attempts.len()
+                        ),
+                    });
+                }
                 let last = self.attempts.iter().rev().find_map(|a| match &a.outcome {
                     Outcome::Failed(e) => Some((a, e.clone())),
                     Outcome::Refused(r) => Some((a, r.error.clone())),
@@ -301,44 +347,6 @@ impl Run {
     pub fn best_result(&self) -> Option<&ResultSet> {
         self.best_attempt().and_then(|a| a.outcome.result())
     }
-
-    /// The trace `nl_trace` returns.
-    pub fn trace(&self) -> Value {
-        let result = self.best_result();
-        json!({
-            "question": self.question,
-            "sql": self.final_sql(),
-            "status": self.status.as_str(),
-            "row_count": result.map(|r| r.rows.len()),
-            "truncated": result.is_some_and(|r| r.truncated),
-            "columns": result.map(|r| &r.columns),
-            "confirmed_empty": self.confirmed_empty,
-            "attempts": self.attempts.iter().map(attempt_trace).collect::<Vec<_>>(),
-            "llm_calls": self.llm_calls,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "ms": self.ms,
-        })
-    }
-}
-
-fn attempt_trace(attempt: &Attempt) -> Value {
-    let outcome = &attempt.outcome;
-    let (error, result) = (outcome.error(), outcome.result());
-    json!({
-        "sql": attempt.sql,
-        "outcome": outcome.label(),
-        "sqlstate": error.map(|e| &e.sqlstate),
-        "message": error.map(|e| &e.message),
-        "detail": error.and_then(|e| e.detail.as_ref()),
-        "hint": error.and_then(|e| e.hint.as_ref()),
-        "position": error.and_then(|e| e.position),
-        "row_count": result.map(|r| r.rows.len()),
-        "truncated": result.is_some_and(|r| r.truncated),
-        "row_security": result.map(|r| &r.row_security).filter(|t| !t.is_empty()),
-        "ms": attempt.ms,
-        "llm_ms": attempt.llm_ms,
-    })
 }
 
 #[cfg(test)]
@@ -383,6 +391,12 @@ mod tests {
                 .answers
                 .pop_front()
                 .expect("the model was asked more often than scripted");
+            if content == "FAIL" {
+                return Err(Error::Llm {
+                    endpoint: "http://model".into(),
+                    cause: "HTTP 503".into(),
+                });
+            }
             Ok(Completion {
                 content,
                 prompt_tokens: 10,
@@ -405,7 +419,10 @@ mod tests {
         })
     }
     fn failed(code: &str) -> Outcome {
-        Outcome::Failed(SqlError::new(code, format!("error {code}")))
+        Outcome::Failed(SqlError::new(
+            SqlState::parse(code),
+            format!("error {code}"),
+        ))
     }
 
     /// Runs `solve` where the database answers each SQL text as `db` says.
@@ -421,7 +438,8 @@ mod tests {
             (self.answer)(sql)
         }
         fn hint(&mut self, _sql: &str, error: &SqlError) -> Option<String> {
-            (error.sqlstate == "42703").then(|| "The columns of t are: good.".to_string())
+            (error.sqlstate == SqlState::UNDEFINED_COLUMN)
+                .then(|| "The columns of t are: good.".to_string())
         }
     }
 
@@ -438,14 +456,13 @@ mod tests {
         };
         let messages = prompt::initial("schema", &[], "q?");
         let mut steps = 0;
-        let run = solve(
-            "q?",
-            messages,
+        let limits = Limits {
             max_repairs,
-            &mut llm,
-            &mut database,
-            &mut |_| steps += 1,
-        )
+            share_values: true,
+        };
+        let run = solve("q?", messages, limits, &mut llm, &mut database, &mut |_| {
+            steps += 1
+        })
         .unwrap();
         assert!(
             steps >= 3,
@@ -577,12 +594,18 @@ mod tests {
     #[test]
     fn a_write_ends_the_run_without_repair() {
         let refused = Outcome::Refused(Refusal {
-            error: SqlError::new("25006", "refused to run a DELETE statement"),
+            error: SqlError::new(
+                SqlState::READ_ONLY_SQL_TRANSACTION,
+                "refused to run a DELETE statement",
+            ),
             ends_run: true,
         });
         let (run, llm) = solve_with(&["DELETE FROM t"], 4, move |_| refused.clone());
         assert_eq!((run.status, llm.requests.len()), (Status::Refused, 1));
-        assert_eq!(run.failure().unwrap().sqlstate(), "25006");
+        assert_eq!(
+            run.failure().unwrap().sqlstate(),
+            SqlState::READ_ONLY_SQL_TRANSACTION
+        );
     }
 
     #[test]
@@ -590,7 +613,10 @@ mod tests {
         let (run, llm) = solve_with(&["SELECT pg_sleep(1)", "SELECT 1"], 4, |sql| {
             if sql.contains("sleep") {
                 Outcome::Refused(Refusal {
-                    error: SqlError::new("42501", "pg_sleep is not allowed"),
+                    error: SqlError::new(
+                        SqlState::INSUFFICIENT_PRIVILEGE,
+                        "pg_sleep is not allowed",
+                    ),
                     ends_run: false,
                 })
             } else {
@@ -613,7 +639,11 @@ mod tests {
             executed: Vec::new(),
         };
         let messages = prompt::initial("s", &[], "q?");
-        let run = solve("q?", messages, 4, &mut llm, &mut database, &mut |_| {}).unwrap();
+        let limits = Limits {
+            max_repairs: 4,
+            share_values: true,
+        };
+        let run = solve("q?", messages, limits, &mut llm, &mut database, &mut |_| {}).unwrap();
         assert_eq!(
             (run.status, run.attempts.len(), database.executed.len()),
             (Status::Ok, 2, 1)
@@ -649,21 +679,40 @@ mod tests {
     }
 
     #[test]
-    fn trace_has_the_documented_shape() {
-        let (run, _) = solve_with(&["SELECT bad", "SELECT good"], 4, |sql| {
-            if sql.contains("bad") {
-                failed("42703")
+    fn a_model_failure_during_a_repair_keeps_the_best_attempt() {
+        let (run, _) = solve_with(&["SELECT e", "SELECT x", "FAIL"], 4, |sql| {
+            if sql == "SELECT e" {
+                empty()
             } else {
-                rows(2)
+                failed("42703")
             }
         });
-        let t = run.trace();
-        assert_eq!(t["sql"], "SELECT good");
-        assert_eq!(t["status"], "ok");
-        assert_eq!(t["row_count"], 2);
-        assert_eq!(t["attempts"][0]["outcome"], "error");
-        assert_eq!(t["attempts"][0]["sqlstate"], "42703");
-        assert_eq!(t["attempts"][1]["outcome"], "rows");
-        assert_eq!(t["llm_calls"], 2);
+        assert_eq!((run.status, run.best), (Status::Empty, Some(0)));
+        assert!(run.failure().is_none());
+        assert_eq!(run.llm_failure.as_ref().unwrap().cause, "HTTP 503");
+    }
+
+    #[test]
+    fn a_model_failure_with_nothing_to_show_is_the_error() {
+        let (run, _) = solve_with(&["SELECT x", "FAIL"], 4, |_| failed("42703"));
+        assert_eq!(run.status, Status::Error);
+        assert_eq!(run.failure().unwrap().sqlstate(), SqlState::SYSTEM_ERROR);
+    }
+
+    #[test]
+    fn a_write_after_a_good_attempt_leaves_that_attempt_as_the_answer() {
+        let (run, llm) = solve_with(&["SELECT e", "DELETE FROM t"], 4, |sql| {
+            if sql.starts_with("DELETE") {
+                Outcome::Refused(Refusal {
+                    error: SqlError::new(SqlState::READ_ONLY_SQL_TRANSACTION, "refused"),
+                    ends_run: true,
+                })
+            } else {
+                empty()
+            }
+        });
+        assert_eq!((run.status, run.best), (Status::Empty, Some(0)));
+        assert_eq!(run.attempts[1].outcome.label(), "refused");
+        assert_eq!(llm.requests.len(), 2);
     }
 }

@@ -3,7 +3,7 @@
 //! fixes such an error far more often when it is also told which table the alias stands for,
 //! where the column really is, and how to join to it.
 
-use crate::error::SqlError;
+use crate::error::{SqlError, SqlState};
 use crate::guard::{self, RelationRef};
 use crate::schema;
 
@@ -26,12 +26,12 @@ enum NameError {
 
 impl NameError {
     fn read(sql: &str, error: &SqlError) -> Option<NameError> {
-        match error.sqlstate.as_str() {
-            "42703" => {
+        match error.sqlstate {
+            SqlState::UNDEFINED_COLUMN => {
                 let (qualifier, column) = missing_column(&error.message)?;
                 Some(NameError::MissingColumn { qualifier, column })
             }
-            "42P01" => match error
+            SqlState::UNDEFINED_TABLE => match error
                 .message
                 .strip_prefix("missing FROM-clause entry for table ")
             {
@@ -138,7 +138,7 @@ mod tests {
     fn error(sqlstate: &str, message: &str, position: Option<i32>) -> SqlError {
         SqlError {
             position,
-            ..SqlError::new(sqlstate, message)
+            ..SqlError::new(SqlState::parse(sqlstate), message)
         }
     }
 

@@ -1,13 +1,18 @@
-//! Recording calls in `nl_history` (see `sql/history.sql`). Best effort and never in the way:
+//! The audit: calls recorded in `nl_history` (see `sql/history.sql`), and in the server log
+//! (`audit`), which keeps what a rollback takes away. The history is best effort and never in
+//! the way:
 //! skipped (with a DEBUG message) in a read-only transaction or on a standby, written in a
 //! subtransaction whose failure is swallowed, and with a short lock timeout so that it never
 //! blocks the answer.
 
+use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
+use pgrx::{PgLogLevel, PgSqlErrorCode};
 
-use crate::exec;
+use crate::error::Error;
 use crate::heal::Run;
-use crate::{schema, settings};
+use crate::settings::AuditLog;
+use crate::{schema, settings, subxact, trace};
 
 /// Longest wait for a lock on the history table.
 const LOCK_TIMEOUT: &std::ffi::CStr = c"100ms";
@@ -30,48 +35,79 @@ pub fn record(function: &str, session: Option<&str>, run: &Run) {
          row_count, ms, llm_calls, prompt_tokens, completion_tokens) \
          VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10, $11)"
     );
-    let attempts = run.trace()["attempts"].to_string();
+    let attempts = trace::attempts(run).to_string();
     let row_count = run.best_result().map(|r| clamp(r.rows.len() as u64));
-    let result = exec::in_subtransaction(true, || unsafe {
-        // Like a function's SET clause: the lock timeout lasts until the end of this write.
-        let level = pg_sys::NewGUCNestLevel();
-        pg_sys::set_config_option(
-            c"lock_timeout".as_ptr(),
-            LOCK_TIMEOUT.as_ptr(),
-            pg_sys::GucContext::PGC_USERSET,
-            pg_sys::GucSource::PGC_S_SESSION,
-            pg_sys::GucAction::GUC_ACTION_SAVE,
-            true,
-            0,
-            false,
-        );
-        let inserted = Spi::connect_mut(|client| {
-            client
-                .update(
-                    sql.as_str(),
-                    None,
-                    &[
-                        function.into(),
-                        session.into(),
-                        run.question.as_str().into(),
-                        run.final_sql().into(),
-                        run.status.as_str().into(),
-                        attempts.as_str().into(),
-                        row_count.into(),
-                        run.ms.into(),
-                        (run.llm_calls as i32).into(),
-                        clamp(run.prompt_tokens).into(),
-                        clamp(run.completion_tokens).into(),
-                    ],
-                )
-                .map(|_| ())
-        });
-        pg_sys::AtEOXact_GUC(true, level);
-        inserted
+    let settings = [
+        (c"lock_timeout", LOCK_TIMEOUT),
+        (c"search_path", subxact::PINNED_SEARCH_PATH),
+    ];
+    // Like a function's SET clause: both last until the end of this write.
+    let result = subxact::in_subtransaction(true, || {
+        subxact::with_settings(&settings, || {
+            Spi::connect_mut(|client| {
+                client
+                    .update(
+                        sql.as_str(),
+                        None,
+                        &[
+                            function.into(),
+                            session.into(),
+                            run.question.as_str().into(),
+                            run.final_sql().into(),
+                            run.status.as_str().into(),
+                            attempts.as_str().into(),
+                            row_count.into(),
+                            run.ms.into(),
+                            (run.llm_calls as i32).into(),
+                            clamp(run.prompt_tokens).into(),
+                            clamp(run.completion_tokens).into(),
+                        ],
+                    )
+                    .map(|_| ())
+            })
+        })
     });
     match result {
         Ok(Ok(())) => {}
         Ok(Err(e)) => debug1!("sql_query_engine: history not recorded: {e}"),
         Err(caught) => debug1!("sql_query_engine: history not recorded: {caught:?}"),
     }
+}
+
+/// Writes one call to the server log (`sql_query_engine.audit_log`), as `LOG` that is never sent
+/// to the client: it outlives the caller's rollback, which takes the `nl_history` row with it.
+/// `outcome` is `None` for success.
+pub fn audit(function: &str, session: Option<&str>, question: &str, outcome: Option<&Error>) {
+    let wanted = match settings::audit_log() {
+        AuditLog::Off => false,
+        AuditLog::Errors => outcome.is_some(),
+        AuditLog::All => true,
+    };
+    if !wanted {
+        return;
+    }
+    let role = unsafe {
+        let name = pg_sys::GetUserNameFromId(pg_sys::GetUserId(), true);
+        if name.is_null() {
+            String::new()
+        } else {
+            std::ffi::CStr::from_ptr(name)
+                .to_string_lossy()
+                .into_owned()
+        }
+    };
+    let result = match outcome {
+        None => "ok".to_string(),
+        Some(error) => format!("ERROR {}: {error}", error.sqlstate()),
+    };
+    let session = session
+        .map(|s| format!(" session {s:?}"))
+        .unwrap_or_default();
+    ErrorReport::new(
+        PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
+        format!("sql_query_engine: {function} by role {role:?}{session}: {result}"),
+        "sql_query_engine",
+    )
+    .set_detail(format!("question: {question}"))
+    .report(PgLogLevel::LOG_SERVER_ONLY);
 }

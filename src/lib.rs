@@ -18,16 +18,14 @@ mod redis_client;
 mod schema;
 mod session;
 mod settings;
+mod subxact;
+mod trace;
 mod wait;
 
 ::pgrx::pg_module_magic!(name, version);
 
 pgrx::extension_sql_file!("../sql/schema_version.sql", name = "schema_version");
-pgrx::extension_sql_file!(
-    "../sql/examples.sql",
-    name = "examples",
-    requires = [api::nl_check]
-);
+pgrx::extension_sql_file!("../sql/examples.sql", name = "examples");
 pgrx::extension_sql_file!("../sql/history.sql", name = "history");
 
 #[pgrx::pg_guard]

@@ -165,6 +165,73 @@ pub fn repair_error(
     text
 }
 
+/// What the model may see of an error. With stored values kept from the model
+/// (`sample_values = 0`), the values PostgreSQL quotes in data errors (`invalid input syntax
+/// for type integer: "<a stored name>"`) are withheld, and messages raised by functions (which
+/// may say anything) are replaced; the SQLSTATE, the message's shape and the position stay, so
+/// that the repair still knows what went wrong where. Name errors keep their quoted names: those
+/// are the schema's, not data.
+pub fn shown_error(error: &SqlError, share_values: bool) -> SqlError {
+    const QUOTES_VALUES: &[&str] = &["22", "23", "2F", "38", "39"];
+    if share_values {
+        return error.clone();
+    }
+    let class = error.sqlstate.class();
+    if class == "P0" {
+        return SqlError {
+            message: "(a function raised an error; its text is withheld because \
+                      sql_query_engine.sample_values is 0)"
+                .into(),
+            detail: None,
+            hint: None,
+            ..error.clone()
+        };
+    }
+    if !QUOTES_VALUES.contains(&class) {
+        return error.clone();
+    }
+    let redact = |text: &str| withhold_quoted(text);
+    SqlError {
+        message: redact(&error.message),
+        detail: error.detail.as_deref().map(redact),
+        hint: error.hint.as_deref().map(redact),
+        ..error.clone()
+    }
+}
+
+/// `text` with every double-quoted part and every parenthesised value after `=` replaced by
+/// `…`: the forms PostgreSQL quotes data in.
+fn withhold_quoted(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => {
+                out.push_str("\"…\"");
+                for c in chars.by_ref() {
+                    if c == '"' {
+                        break;
+                    }
+                }
+            }
+            '=' if chars.peek() == Some(&'(') => {
+                out.push_str("=(…)");
+                let mut depth = 0;
+                for c in chars.by_ref() {
+                    match c {
+                        '(' => depth += 1,
+                        ')' if depth <= 1 => break,
+                        ')' => depth -= 1,
+                        _ => {}
+                    }
+                }
+            }
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
 /// Feedback on an answer that contained no SQL at all.
 pub fn repair_no_sql(question: &str, output: &str) -> String {
     let shown: String = output.chars().take(500).collect();
@@ -236,6 +303,7 @@ fn near_position(sql: &str, position: i32) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::SqlState;
 
     #[test]
     fn first_request_puts_instructions_first_and_question_last() {
@@ -272,7 +340,7 @@ mod tests {
     #[test]
     fn error_feedback_carries_everything_postgres_said() {
         let error = SqlError {
-            sqlstate: "42703".into(),
+            sqlstate: SqlState::UNDEFINED_COLUMN,
             message: "column \"nme\" does not exist".into(),
             detail: Some("some detail".into()),
             hint: Some("Perhaps you meant to reference the column \"t.name\".".into()),
@@ -338,5 +406,32 @@ mod tests {
         );
         assert_eq!(near_position("SELECT 1", 0), None);
         assert_eq!(near_position("SELECT 1", 99), None);
+    }
+
+    #[test]
+    fn without_sample_values_quoted_data_is_withheld_but_names_stay() {
+        let data = SqlError {
+            detail: Some("Key (id)=(Alice Smith) is not present.".into()),
+            position: Some(12),
+            ..SqlError::new(
+                SqlState::parse("22P02"),
+                "invalid input syntax for type integer: \"Alice Smith\"",
+            )
+        };
+        let shown = shown_error(&data, false);
+        assert_eq!(
+            shown.message,
+            "invalid input syntax for type integer: \"…\""
+        );
+        assert_eq!(
+            shown.detail.as_deref(),
+            Some("Key (id)=(…) is not present.")
+        );
+        assert_eq!((shown.sqlstate, shown.position), (data.sqlstate, Some(12)));
+        assert_eq!(shown_error(&data, true), data);
+        let name = SqlError::new(SqlState::UNDEFINED_COLUMN, "column \"nme\" does not exist");
+        assert_eq!(shown_error(&name, false), name);
+        let raised = SqlError::new(SqlState::parse("P0001"), "secret Alice Smith");
+        assert!(!shown_error(&raised, false).message.contains("Alice"));
     }
 }

@@ -3,16 +3,37 @@
 
 use std::ffi::CStr;
 
-use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use pgrx::{pg_sys, GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnum};
 
 use crate::error::{Error, Result};
+use crate::guard::Allowed;
+
+/// Which calls `sql_query_engine.audit_log` writes to the server log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PostgresGucEnum)]
+pub enum AuditLog {
+    #[name = c"off"]
+    Off,
+    #[name = c"errors"]
+    Errors,
+    #[name = c"all"]
+    All,
+}
 
 static LLM_URL: GucSetting<Option<std::ffi::CString>> =
     GucSetting::<Option<std::ffi::CString>>::new(None);
 static LLM_MODEL: GucSetting<Option<std::ffi::CString>> =
     GucSetting::<Option<std::ffi::CString>>::new(None);
-static LLM_API_KEY: GucSetting<Option<std::ffi::CString>> =
+static LLM_API_KEY_FILE: GucSetting<Option<std::ffi::CString>> =
     GucSetting::<Option<std::ffi::CString>>::new(None);
+static LLM_API_KEY_REFUSED: GucSetting<Option<std::ffi::CString>> =
+    GucSetting::<Option<std::ffi::CString>>::new(None);
+static ALLOWED_FUNCTIONS: GucSetting<Option<std::ffi::CString>> =
+    GucSetting::<Option<std::ffi::CString>>::new(None);
+static MAX_TOKENS: GucSetting<i32> = GucSetting::<i32>::new(1024);
+static MAX_RESPONSE_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1 << 20);
+static AUDIT_LOG: GucSetting<AuditLog> = GucSetting::<AuditLog>::new(AuditLog::Errors);
 static LLM_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(60_000);
 static TEMPERATURE: GucSetting<f64> = GucSetting::<f64>::new(0.0);
 static MAX_REPAIRS: GucSetting<i32> = GucSetting::<i32>::new(4);
@@ -36,28 +57,44 @@ static HISTORY: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub fn init() {
     GucRegistry::define_string_guc(
         c"sql_query_engine.llm_url",
-        c"Base URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8080/v1.",
-        c"Requests go to {llm_url}/chat/completions.",
+        c"Base URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8080/v1 (superuser only).",
+        c"Requests go to {llm_url}/chat/completions, with the key of llm_api_key_file.",
         &LLM_URL,
-        GucContext::Userset,
+        GucContext::Suset,
         GucFlags::default(),
     );
     GucRegistry::define_string_guc(
         c"sql_query_engine.llm_model",
-        c"Model name sent with every chat-completion request.",
+        c"Model name sent with every chat-completion request (superuser only).",
         c"",
         &LLM_MODEL,
-        GucContext::Userset,
+        GucContext::Suset,
         GucFlags::default(),
     );
     GucRegistry::define_string_guc(
-        c"sql_query_engine.llm_api_key",
-        c"API key sent as a Bearer token (superuser only, never shown).",
-        c"",
-        &LLM_API_KEY,
+        c"sql_query_engine.llm_api_key_file",
+        c"File holding the API key for llm_url, sent as a Bearer token (superuser only).",
+        c"Read by the server when a request is made; the key itself is never a setting, so no \
+          SHOW, log line or catalog can reveal it.",
+        &LLM_API_KEY_FILE,
         GucContext::Suset,
-        GucFlags::SUPERUSER_ONLY | GucFlags::NO_SHOW_ALL,
+        GucFlags::default(),
     );
+    // The key used to be a setting; a value now is refused with a pointer to the file, and a
+    // custom message, so that the refusal never echoes the value.
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"sql_query_engine.llm_api_key",
+            c"Not used: the API key is read from sql_query_engine.llm_api_key_file.",
+            c"",
+            &LLM_API_KEY_REFUSED,
+            GucContext::Suset,
+            GucFlags::SUPERUSER_ONLY | GucFlags::NO_SHOW_ALL,
+            Some(refuse_api_key),
+            None,
+            None,
+        );
+    }
     GucRegistry::define_int_guc(
         c"sql_query_engine.llm_timeout",
         c"How long one LLM request may take, retries included.",
@@ -124,16 +161,22 @@ pub fn init() {
         GucContext::Userset,
         GucFlags::default(),
     );
-    GucRegistry::define_int_guc(
-        c"sql_query_engine.sample_values",
-        c"Sample values shown per text column; 0 sends no row data to the model at all.",
-        c"",
-        &SAMPLE_VALUES,
-        0,
-        10,
-        GucContext::Userset,
-        GucFlags::default(),
-    );
+    unsafe {
+        GucRegistry::define_int_guc_with_hooks(
+            c"sql_query_engine.sample_values",
+            c"Sample values shown per text column; 0 sends no row data to the model at all.",
+            c"Roles may lower it for themselves; only a superuser may raise it above the server's \
+              setting.",
+            &SAMPLE_VALUES,
+            0,
+            10,
+            GucContext::Userset,
+            GucFlags::default(),
+            Some(check_sample_values),
+            None,
+            None,
+        );
+    }
     GucRegistry::define_int_guc(
         c"sql_query_engine.prompt_budget",
         c"Estimated tokens the schema may take in the prompt; larger schemas are pruned to the relations relevant to the question.",
@@ -164,7 +207,7 @@ pub fn init() {
     );
     GucRegistry::define_string_guc(
         c"sql_query_engine.redis_url",
-        c"Redis for shared conversations, progress events and the schema cache, e.g. redis://127.0.0.1:6379/0 (superuser only, never shown).",
+        c"Redis for shared conversations and progress events, e.g. redis://127.0.0.1:6379/0 (superuser only, never shown).",
         c"Unset: everything stays in backend memory.",
         &REDIS_URL,
         GucContext::Suset,
@@ -210,11 +253,51 @@ pub fn init() {
     );
     GucRegistry::define_bool_guc(
         c"sql_query_engine.history",
-        c"Record every nl_query, nl_generate and nl_answer call in nl_history.",
-        c"Skipped silently in read-only transactions and on standbys.",
+        c"Record every nl_query, nl_generate and nl_answer call in nl_history (superuser only).",
+        c"Skipped silently in read-only transactions and on standbys. The role being audited \
+          cannot switch it off.",
         &HISTORY,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_enum_guc(
+        c"sql_query_engine.audit_log",
+        c"Which calls are written to the server log (superuser only): off, errors or all.",
+        c"A call that ends in an ERROR takes its nl_history row with it in the rollback; the \
+          server log keeps role, function, question and outcome.",
+        &AUDIT_LOG,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"sql_query_engine.allowed_functions",
+        c"Functions generated queries may call beyond the built-ins (superuser only).",
+        c"Comma-separated: extension:NAME and schema:NAME allow their non-VOLATILE functions, \
+          SCHEMA.FUNCTION allows that function. Functions that run SQL given as text need their \
+          qualified name.",
+        &ALLOWED_FUNCTIONS,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"sql_query_engine.max_tokens",
+        c"Longest answer the model may write, in tokens (sent as max_tokens).",
+        c"",
+        &MAX_TOKENS,
+        16,
+        65_536,
         GucContext::Userset,
         GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"sql_query_engine.max_response_bytes",
+        c"Largest model response read (superuser only); a larger one is an error.",
+        c"",
+        &MAX_RESPONSE_BYTES,
+        1024,
+        i32::MAX,
+        GucContext::Suset,
+        GucFlags::UNIT_BYTE,
     );
     // A mistyped sql_query_engine.* setting is an error instead of a silent placeholder.
     unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"sql_query_engine".as_ptr()) };
@@ -241,9 +324,127 @@ pub fn llm_model() -> Option<String> {
     string(&LLM_MODEL)
 }
 
-/// The API key. Only ever used for the Authorization header.
-pub fn llm_api_key() -> Option<String> {
-    string(&LLM_API_KEY)
+/// Longest key file read.
+const MAX_KEY_BYTES: u64 = 4096;
+
+/// The API key for `llm_url`, read from `llm_api_key_file`. Only ever used for the
+/// Authorization header of requests to that URL; errors name the file, never its content.
+pub fn llm_api_key() -> Result<Option<String>> {
+    let Some(path) = string(&LLM_API_KEY_FILE) else {
+        return Ok(None);
+    };
+    read_key_file(&path).map(Some)
+}
+
+/// A key from `path`: the file's content without surrounding blank space.
+pub fn read_key_file(path: &str) -> Result<String> {
+    use std::io::Read;
+    let unreadable = |cause: String| Error::Setting {
+        message: format!("the API key file {path} cannot be used: {cause}"),
+        hint: "It must be a file the server's operating-system user can read, holding only the \
+               key (sql_query_engine.llm_api_key_file)."
+            .into(),
+    };
+    let file = std::fs::File::open(path).map_err(|e| unreadable(e.to_string()))?;
+    let mut key = String::new();
+    file.take(MAX_KEY_BYTES + 1)
+        .read_to_string(&mut key)
+        .map_err(|e| unreadable(e.to_string()))?;
+    if key.len() as u64 > MAX_KEY_BYTES {
+        return Err(unreadable(format!(
+            "it is longer than {MAX_KEY_BYTES} bytes"
+        )));
+    }
+    let key = key.trim();
+    if key.is_empty() || key.contains(['\r', '\n']) {
+        return Err(unreadable("it must hold one key on one line".into()));
+    }
+    Ok(key.to_string())
+}
+
+/// Refuses any value for the retired `llm_api_key` setting, without echoing it.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn refuse_api_key(
+    newval: *mut *mut std::ffi::c_char,
+    _extra: *mut *mut std::ffi::c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
+    if newval.is_null() || (*newval).is_null() || *(*newval) == 0 {
+        return true;
+    }
+    pg_sys::GUC_check_errcode(pgrx::PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE as i32);
+    pg_sys::GUC_check_errmsg_string = c"sql_query_engine.llm_api_key is not used: keys are never \
+        stored in settings, but read from the file sql_query_engine.llm_api_key_file names"
+        .as_ptr()
+        .cast_mut();
+    pg_sys::GUC_check_errhint_string = c"Write the key to a file the server can read and set \
+        sql_query_engine.llm_api_key_file to its path."
+        .as_ptr()
+        .cast_mut();
+    false
+}
+
+/// `sample_values` as the server's configuration sets it: roles may go lower, not higher.
+static SAMPLE_VALUES_CEILING: AtomicI32 = AtomicI32::new(10);
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn check_sample_values(
+    newval: *mut std::ffi::c_int,
+    _extra: *mut *mut std::ffi::c_void,
+    source: pg_sys::GucSource::Type,
+) -> bool {
+    let value = *newval;
+    // Defaults, the configuration file, the command line and ALTER ... ALL SET (superuser).
+    if source <= pg_sys::GucSource::PGC_S_GLOBAL {
+        SAMPLE_VALUES_CEILING.store(value, Ordering::Relaxed);
+        return true;
+    }
+    let ceiling = SAMPLE_VALUES_CEILING.load(Ordering::Relaxed);
+    if value <= ceiling || pg_sys::superuser() {
+        return true;
+    }
+    pg_sys::GUC_check_errcode(pgrx::PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE as i32);
+    pg_sys::GUC_check_errmsg_string = c"only a superuser may raise sql_query_engine.sample_values \
+        above the server's setting"
+        .as_ptr()
+        .cast_mut();
+    false
+}
+
+/// Functions generated queries may call beyond the built-ins. An unparsable setting allows
+/// nothing more (and says so once per backend).
+pub fn allowed_functions() -> Allowed {
+    thread_local! {
+        static PARSED: std::cell::RefCell<Option<(String, Allowed)>> = const { std::cell::RefCell::new(None) };
+    }
+    let text = string(&ALLOWED_FUNCTIONS).unwrap_or_default();
+    PARSED.with_borrow_mut(|parsed| {
+        if let Some((cached, allowed)) = parsed.as_ref() {
+            if *cached == text {
+                return allowed.clone();
+            }
+        }
+        let allowed = Allowed::parse(&text).unwrap_or_else(|e| {
+            pgrx::warning!(
+                "sql_query_engine.allowed_functions is ignored: {e}; only built-in functions run"
+            );
+            Allowed::default()
+        });
+        *parsed = Some((text, allowed.clone()));
+        allowed
+    })
+}
+
+pub fn max_tokens() -> u32 {
+    MAX_TOKENS.get().max(16) as u32
+}
+
+pub fn max_response_bytes() -> u64 {
+    MAX_RESPONSE_BYTES.get().max(1024) as u64
+}
+
+pub fn audit_log() -> AuditLog {
+    AUDIT_LOG.get()
 }
 
 pub fn llm_timeout_ms() -> u64 {

@@ -1,27 +1,53 @@
-//! Running blocking I/O (the model's HTTP, Redis) without making the backend deaf.
+//! Running blocking I/O (the model's HTTP, Redis) without making the backend deaf or slow.
 //!
 //! A blocking socket call on the backend thread ignores query cancel and statement_timeout until
 //! its own timeout. So the call runs on a helper thread that never touches PostgreSQL, and the
-//! backend waits on its latch in short slices, checking for interrupts between them: Ctrl-C,
-//! `pg_cancel_backend` and the caller's statement_timeout land within one slice, and
-//! `pg_terminate_backend` or postmaster death end the process cleanly. An abandoned helper
-//! finishes on its own I/O timeout and its result is dropped.
+//! backend sleeps in `WaitLatchOrSocket` on two things at once: its latch, which every interrupt
+//! sets (Ctrl-C, `pg_cancel_backend`, the caller's statement_timeout, `pg_terminate_backend`),
+//! and an eventfd that the helper signals the moment its result is there. So the backend wakes
+//! for exactly those events, with no polling delay; interrupts are handled as they arrive, and
+//! postmaster death ends the process. An abandoned helper finishes on its own I/O timeout and
+//! its result is dropped.
 
-use std::sync::mpsc;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use pgrx::pg_sys;
 
-/// How often the waiting backend looks for interrupts.
-const SLICE: Duration = Duration::from_millis(10);
+/// Longest single sleep: a bound, not a polling period (every event wakes the backend sooner).
+const MAX_SLEEP: Duration = Duration::from_secs(1);
 
 /// Why a wait ended without a result.
 #[derive(Debug, PartialEq, Eq)]
 pub enum WaitError {
     /// The deadline passed first.
     TimedOut,
-    /// The helper thread died without answering (it panicked).
+    /// The helper thread could not start, or died without answering (it panicked).
     Lost,
+}
+
+/// A non-blocking eventfd: the helper's "done" signal, readable once written to.
+struct Signal(OwnedFd);
+
+impl Signal {
+    fn new() -> Option<Signal> {
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        (fd >= 0).then(|| Signal(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    fn raise(&self) {
+        let one: u64 = 1;
+        // Cannot block (the counter would have to reach u64::MAX - 1); a failure only means
+        // the backend wakes at its next timeout instead.
+        let _ = unsafe {
+            libc::write(
+                self.0.as_raw_fd(),
+                (&one as *const u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
+    }
 }
 
 /// Runs `work` on a helper thread and waits for its result until `deadline`, staying
@@ -31,12 +57,15 @@ where
     T: Send + 'static,
     F: FnOnce() -> T + Send + 'static,
 {
+    let signal = Arc::new(Signal::new().ok_or(WaitError::Lost)?);
     let (sender, receiver) = mpsc::sync_channel(1);
+    let done = Arc::clone(&signal);
     let spawned = std::thread::Builder::new()
         .name("sql_query_engine-io".into())
         .spawn(move || {
             // The receiver may be gone (cancel, timeout): then the result is simply dropped.
             let _ = sender.send(work());
+            done.raise();
         });
     if spawned.is_err() {
         return Err(WaitError::Lost);
@@ -51,25 +80,36 @@ where
         if now >= deadline {
             return Err(WaitError::TimedOut);
         }
-        wait_on_latch(SLICE.min(deadline - now));
+        wait_for(Some(signal.0.as_raw_fd()), (deadline - now).min(MAX_SLEEP));
     }
 }
 
 /// Sleeps until `until` (for retry back-off), interruptibly.
 pub fn sleep_interruptible(until: Instant) {
     while let Some(left) = until.checked_duration_since(Instant::now()) {
-        wait_on_latch(SLICE.min(left));
+        if left.is_zero() {
+            break;
+        }
+        wait_for(None, left.min(MAX_SLEEP));
     }
 }
 
-/// Sleeps on the backend's latch for at most `slice`, then handles interrupts (a query cancel
-/// raises its ERROR here; a terminate or postmaster death ends the process).
-fn wait_on_latch(slice: Duration) {
+/// Sleeps on the backend's latch (and `socket`, when given) for at most `timeout`, then handles
+/// interrupts (a query cancel raises its ERROR here; a terminate or postmaster death ends the
+/// process).
+fn wait_for(socket: Option<std::ffi::c_int>, timeout: Duration) {
+    let mut events = pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH;
+    if socket.is_some() {
+        events |= pg_sys::WL_SOCKET_READABLE;
+    }
+    // Round up, so that a wait never ends just before its deadline and spins.
+    let millis = timeout.as_micros().div_ceil(1000).max(1) as std::ffi::c_long;
     unsafe {
-        pg_sys::WaitLatch(
+        pg_sys::WaitLatchOrSocket(
             pg_sys::MyLatch,
-            (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
-            slice.as_millis().max(1) as std::ffi::c_long,
+            events as i32,
+            socket.unwrap_or(pg_sys::PGINVALID_SOCKET),
+            millis,
             pg_sys::PG_WAIT_EXTENSION,
         );
         pg_sys::ResetLatch(pg_sys::MyLatch);

@@ -1,10 +1,34 @@
-//! The policy tables: which functions a generated query may call. Pure data and logic, so it is
-//! tested without a backend; `guard` applies it to the server's own parse trees.
+//! Which functions a generated query may call: an allow-list, so that what is not known to be
+//! harmless is refused. Pure data and logic, tested without a backend; `guard` applies it to
+//! every function the server resolved in the query (and to those that run implicitly).
+//!
+//! Allowed by default: the built-in functions of `pg_catalog` that are not VOLATILE (with a few
+//! harmless exceptions), have no side effects, do not run SQL given as text and, unless
+//! `allow_system_catalogs` is on, do not read server state. Everything else only when the
+//! superuser allows it in `sql_query_engine.allowed_functions`: by extension or schema (its
+//! non-VOLATILE functions), or by qualified name (that function, whatever its volatility).
+//! Functions that run SQL given as text need the qualified name: allowing their extension or
+//! schema is not enough. Side effects are never allowed.
 
-/// Functions refused by exact name, in any schema: they change state, sleep, signal, or read
-/// server state a prompt could exfiltrate (`current_setting` would read the API key into rows
-/// that are fed back to the model).
-const DENIED_NAMES: &[&str] = &[
+/// What the guard knows about one function the query calls.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Function<'a> {
+    pub schema: &'a str,
+    pub name: &'a str,
+    /// `provolatile`: `i`, `s` or `v`.
+    pub volatility: u8,
+    /// Created by initdb in `pg_catalog` (not by an extension or a role).
+    pub builtin: bool,
+    /// The extension it belongs to, if any.
+    pub extension: Option<&'a str>,
+}
+
+/// PostgreSQL's `provolatile` code for VOLATILE (the others are `i` and `s`).
+pub const VOLATILE: u8 = b'v';
+
+/// Functions refused by exact name, in any schema and whatever the allow-list says: they change
+/// state, or read settings a prompt could exfiltrate.
+const SIDE_EFFECT_NAMES: &[&str] = &[
     "nextval",
     "setval",
     "currval",
@@ -24,24 +48,18 @@ const DENIED_NAMES: &[&str] = &[
     "pg_export_snapshot",
     "pg_import_system_collations",
     "pg_log_backend_memory_contexts",
-    "pg_get_backend_memory_contexts",
-    "pg_stat_get_activity",
     "pg_prewarm",
     "txid_current",
     "txid_current_if_assigned",
     "loread",
     "lowrite",
-    // These run SQL given as a string, out of the guard's sight.
-    "query_to_xml",
-    "query_to_xml_and_xmlschema",
-    "query_to_xmlschema",
-    "cursor_to_xml",
-    "cursor_to_xmlschema",
-    "ts_stat",
+    "normal_rand",
+    "postgres_fdw_disconnect",
+    "postgres_fdw_disconnect_all",
 ];
 
-/// Functions refused by name prefix, in any schema.
-const DENIED_PREFIXES: &[&str] = &[
+/// Functions refused by name prefix, in any schema, whatever the allow-list says.
+const SIDE_EFFECT_PREFIXES: &[&str] = &[
     "pg_sleep",
     "pg_advisory",
     "pg_try_advisory",
@@ -49,7 +67,6 @@ const DENIED_PREFIXES: &[&str] = &[
     "pg_ls_",
     "pg_file_",
     "pg_stat_reset",
-    "pg_show_",
     "pg_current_",
     "pg_logical_",
     "pg_replication_",
@@ -59,13 +76,39 @@ const DENIED_PREFIXES: &[&str] = &[
     "pg_wal_",
     "pg_backup_",
     "lo_",
-    "dblink",
-    "table_to_xml",
-    "schema_to_xml",
-    "database_to_xml",
 ];
 
-/// VOLATILE functions of `pg_catalog` that are harmless: they only produce values.
+/// Functions that run SQL (or read whole tables) given as text, out of the guard's sight:
+/// refused unless the superuser names them in `allowed_functions`. Built-in (`query_to_xml`,
+/// `ts_stat`, ...) and from contrib (tablefunc's `crosstab` and `connectby`, xml2's
+/// `xpath_table`, dblink).
+const RUNS_SQL_TEXT: &[&str] = &[
+    "query_to_xml",
+    "query_to_xml_and_xmlschema",
+    "query_to_xmlschema",
+    "cursor_to_xml",
+    "cursor_to_xmlschema",
+    "table_to_xml",
+    "table_to_xml_and_xmlschema",
+    "table_to_xmlschema",
+    "schema_to_xml",
+    "schema_to_xml_and_xmlschema",
+    "schema_to_xmlschema",
+    "database_to_xml",
+    "database_to_xml_and_xmlschema",
+    "database_to_xmlschema",
+    "ts_stat",
+    "ts_rewrite",
+    "crosstab",
+    "crosstab2",
+    "crosstab3",
+    "crosstab4",
+    "connectby",
+    "xpath_table",
+];
+const RUNS_SQL_TEXT_PREFIXES: &[&str] = &["dblink"];
+
+/// VOLATILE built-ins that only produce values.
 const VOLATILE_ALLOWED: &[&str] = &[
     "random",
     "random_normal",
@@ -74,25 +117,147 @@ const VOLATILE_ALLOWED: &[&str] = &[
     "gen_random_uuid",
 ];
 
-/// PostgreSQL's `provolatile` codes.
-pub const IMMUTABLE: u8 = b'i';
-pub const STABLE: u8 = b's';
+/// Built-ins named `pg_*` that read nothing about the server: every other `pg_*` function is
+/// a system accessor (statistics, settings, activity, files, catalogs).
+const HARMLESS_PG_FUNCTIONS: &[&str] = &[
+    "pg_typeof",
+    "pg_size_pretty",
+    "pg_size_bytes",
+    "pg_column_size",
+    "pg_collation_for",
+];
 
-/// Why a function may not be called, or `None` when it may.
-pub fn refuse_function(schema: &str, name: &str, volatility: u8) -> Option<&'static str> {
-    let lower = name.to_ascii_lowercase();
-    if DENIED_NAMES.contains(&lower.as_str())
-        || DENIED_PREFIXES.iter().any(|p| lower.starts_with(p))
-    {
-        return Some("it has side effects or reads server state");
+/// Built-ins without the `pg_` prefix that read server or catalog state.
+const SYSTEM_ACCESSORS: &[&str] = &[
+    "version",
+    "inet_client_addr",
+    "inet_client_port",
+    "inet_server_addr",
+    "inet_server_port",
+    "obj_description",
+    "col_description",
+    "shobj_description",
+    "current_schemas",
+    "current_query",
+    "txid_snapshot_xmin",
+    "txid_snapshot_xmax",
+    "txid_snapshot_xip",
+    "txid_visible_in_snapshot",
+    "txid_status",
+    "has_any_column_privilege",
+    "has_column_privilege",
+    "has_database_privilege",
+    "has_foreign_data_wrapper_privilege",
+    "has_function_privilege",
+    "has_language_privilege",
+    "has_parameter_privilege",
+    "has_schema_privilege",
+    "has_sequence_privilege",
+    "has_server_privilege",
+    "has_table_privilege",
+    "has_tablespace_privilege",
+    "has_type_privilege",
+    "row_security_active",
+];
+
+/// What the superuser allowed beyond the built-ins (`sql_query_engine.allowed_functions`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Allowed {
+    pub extensions: Vec<String>,
+    pub schemas: Vec<String>,
+    /// (schema, function)
+    pub functions: Vec<(String, String)>,
+}
+
+impl Allowed {
+    /// Parses `extension:NAME, schema:NAME, SCHEMA.FUNCTION, ...`. An entry of another shape is
+    /// an error, so that a typo cannot silently allow nothing (or something else).
+    pub fn parse(text: &str) -> Result<Allowed, String> {
+        let mut allowed = Allowed::default();
+        for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let name = |s: &str| s.trim().trim_matches('"').to_string();
+            if let Some(extension) = entry.strip_prefix("extension:") {
+                allowed.extensions.push(name(extension));
+            } else if let Some(schema) = entry.strip_prefix("schema:") {
+                allowed.schemas.push(name(schema));
+            } else if let Some((schema, function)) = entry.split_once('.') {
+                allowed.functions.push((name(schema), name(function)));
+            } else {
+                return Err(format!(
+                    "\"{entry}\" is not extension:NAME, schema:NAME or SCHEMA.FUNCTION"
+                ));
+            }
+        }
+        Ok(allowed)
     }
-    if volatility != IMMUTABLE
-        && volatility != STABLE
-        && !(schema == "pg_catalog" && VOLATILE_ALLOWED.contains(&name))
-    {
-        return Some("it is VOLATILE, and only IMMUTABLE and STABLE functions may run");
+
+    fn names(&self, f: &Function) -> bool {
+        self.functions
+            .iter()
+            .any(|(s, n)| s == f.schema && n == f.name)
     }
-    None
+}
+
+/// Why `f` may not be called (completing "function ... is not allowed in a generated query:"),
+/// or `None` when it may.
+pub fn refuse(f: &Function, allowed: &Allowed, allow_catalogs: bool) -> Option<String> {
+    let lower = f.name.to_ascii_lowercase();
+    if SIDE_EFFECT_NAMES.contains(&lower.as_str())
+        || SIDE_EFFECT_PREFIXES.iter().any(|p| lower.starts_with(p))
+    {
+        return Some("it has side effects or reads settings".into());
+    }
+    let named = allowed.names(f);
+    if RUNS_SQL_TEXT.contains(&lower.as_str())
+        || RUNS_SQL_TEXT_PREFIXES.iter().any(|p| lower.starts_with(p))
+    {
+        return (!named).then(|| {
+            format!(
+                "it runs SQL given as text, out of the guard's sight; a superuser may allow it \
+                 by name with sql_query_engine.allowed_functions = '{}.{}'",
+                f.schema, f.name
+            )
+        });
+    }
+    if named {
+        return None;
+    }
+    if f.builtin {
+        let system = (lower.starts_with("pg_") && !HARMLESS_PG_FUNCTIONS.contains(&lower.as_str()))
+            || SYSTEM_ACCESSORS.contains(&lower.as_str());
+        if system && !allow_catalogs {
+            return Some(
+                "it reads server or catalog state (sql_query_engine.allow_system_catalogs is off)"
+                    .into(),
+            );
+        }
+        if f.volatility == VOLATILE && !VOLATILE_ALLOWED.contains(&lower.as_str()) {
+            return Some("it is VOLATILE, and only IMMUTABLE and STABLE functions may run".into());
+        }
+        return None;
+    }
+    let by_group = f
+        .extension
+        .is_some_and(|e| allowed.extensions.iter().any(|a| a == e))
+        || allowed.schemas.iter().any(|s| s == f.schema);
+    if by_group {
+        if f.volatility == VOLATILE {
+            return Some(format!(
+                "it is VOLATILE; a superuser may allow it by name with \
+                 sql_query_engine.allowed_functions = '{}.{}'",
+                f.schema, f.name
+            ));
+        }
+        return None;
+    }
+    let how = match f.extension {
+        Some(extension) => format!("'extension:{extension}' or '{}.{}'", f.schema, f.name),
+        None => format!("'schema:{}' or '{}.{}'", f.schema, f.schema, f.name),
+    };
+    Some(format!(
+        "only built-in functions run unless a superuser allows more; allow it with \
+         sql_query_engine.allowed_functions = {how}"
+    ))
 }
 
 /// Schemas whose relations are not queryable unless `sql_query_engine.allow_system_catalogs` is
@@ -103,59 +268,156 @@ pub const CATALOG_SCHEMAS: &[&str] = &["pg_catalog", "information_schema", "pg_t
 mod tests {
     use super::*;
 
-    const VOLATILE: u8 = b'v';
+    const STABLE: u8 = b's';
 
-    #[test]
-    fn side_effects_are_refused_in_any_schema_and_any_volatility() {
-        for (schema, name) in [
-            ("pg_catalog", "nextval"),
-            ("pg_catalog", "pg_sleep_for"),
-            ("pg_catalog", "pg_advisory_xact_lock"),
-            ("pg_catalog", "pg_try_advisory_lock_shared"),
-            ("pg_catalog", "current_setting"),
-            ("pg_catalog", "pg_read_binary_file"),
-            ("pg_catalog", "lo_import"),
-            ("public", "dblink_exec"),
-            ("pg_catalog", "query_to_xml"),
-            ("pg_catalog", "pg_current_xact_id"),
-            ("pg_catalog", "pg_create_logical_replication_slot"),
-        ] {
-            assert!(
-                refuse_function(schema, name, STABLE).is_some(),
-                "{schema}.{name}"
-            );
+    fn builtin(name: &str, volatility: u8) -> Function<'_> {
+        Function {
+            schema: "pg_catalog",
+            name,
+            volatility,
+            builtin: true,
+            extension: None,
         }
     }
 
-    #[test]
-    fn volatile_functions_need_the_allow_list() {
-        assert!(refuse_function("public", "my_volatile", VOLATILE).is_some());
-        assert!(refuse_function("pg_catalog", "random", VOLATILE).is_none());
-        assert!(refuse_function("pg_catalog", "gen_random_uuid", VOLATILE).is_none());
-        // the allow-list is for the catalog's own functions, not look-alikes elsewhere
-        assert!(refuse_function("public", "random", VOLATILE).is_some());
+    fn user<'a>(schema: &'a str, name: &'a str, extension: Option<&'a str>) -> Function<'a> {
+        Function {
+            schema,
+            name,
+            volatility: STABLE,
+            builtin: false,
+            extension,
+        }
+    }
+
+    fn none() -> Allowed {
+        Allowed::default()
     }
 
     #[test]
-    fn ordinary_functions_pass() {
+    fn side_effects_are_refused_whatever_is_allowed() {
+        let all = Allowed::parse("pg_catalog.nextval, schema:pg_catalog, public.pg_sleep").unwrap();
+        for name in [
+            "nextval",
+            "pg_sleep_for",
+            "pg_advisory_xact_lock",
+            "pg_try_advisory_lock_shared",
+            "current_setting",
+            "pg_read_binary_file",
+            "lo_import",
+            "pg_current_xact_id",
+            "pg_create_logical_replication_slot",
+        ] {
+            assert!(
+                refuse(&builtin(name, STABLE), &all, true).is_some(),
+                "{name}"
+            );
+        }
+        assert!(refuse(&user("public", "pg_sleep", None), &all, true).is_some());
+    }
+
+    #[test]
+    fn functions_that_run_sql_text_need_their_name_allowed() {
+        let crosstab = user("public", "crosstab", Some("tablefunc"));
+        assert!(refuse(&crosstab, &none(), false)
+            .unwrap()
+            .contains("runs SQL given as text"));
+        let by_extension = Allowed::parse("extension:tablefunc, schema:public").unwrap();
+        assert!(refuse(&crosstab, &by_extension, false).is_some());
+        let by_name = Allowed::parse("public.crosstab").unwrap();
+        assert!(refuse(&crosstab, &by_name, false).is_none());
+        for name in ["query_to_xml", "ts_stat", "ts_rewrite", "table_to_xml"] {
+            assert!(
+                refuse(&builtin(name, STABLE), &none(), true).is_some(),
+                "{name}"
+            );
+        }
+        assert!(refuse(
+            &user("public", "dblink_exec", Some("dblink")),
+            &none(),
+            false
+        )
+        .is_some());
+        assert!(refuse(&user("x", "xpath_table", Some("xml2")), &none(), false).is_some());
+    }
+
+    #[test]
+    fn other_functions_fail_closed_until_allowed() {
+        let mine = user("analytics", "fiscal_quarter", None);
+        let why = refuse(&mine, &none(), false).unwrap();
+        assert!(
+            why.contains("'schema:analytics' or 'analytics.fiscal_quarter'"),
+            "{why}"
+        );
+        assert!(refuse(&mine, &Allowed::parse("schema:analytics").unwrap(), false).is_none());
+        let trgm = user("public", "similarity", Some("pg_trgm"));
+        assert!(refuse(&trgm, &none(), false)
+            .unwrap()
+            .contains("'extension:pg_trgm'"));
+        assert!(refuse(&trgm, &Allowed::parse("extension:pg_trgm").unwrap(), false).is_none());
+        // a volatile function needs its own name
+        let volatile = Function {
+            volatility: VOLATILE,
+            ..mine.clone()
+        };
+        assert!(refuse(
+            &volatile,
+            &Allowed::parse("schema:analytics").unwrap(),
+            false
+        )
+        .is_some());
+        assert!(refuse(
+            &volatile,
+            &Allowed::parse("analytics.fiscal_quarter").unwrap(),
+            false
+        )
+        .is_none());
+    }
+
+    #[test]
+    fn built_ins_pass_unless_volatile_or_system_accessors() {
         for name in [
             "lower",
             "date_trunc",
             "sum",
             "now",
-            "coalesce",
             "round",
             "to_char",
-            "pg_get_viewdef",
+            "pg_typeof",
         ] {
             assert!(
-                refuse_function("pg_catalog", name, STABLE).is_none(),
-                "{name}"
-            );
-            assert!(
-                refuse_function("pg_catalog", name, IMMUTABLE).is_none(),
+                refuse(&builtin(name, STABLE), &none(), false).is_none(),
                 "{name}"
             );
         }
+        assert!(refuse(&builtin("random", VOLATILE), &none(), false).is_none());
+        assert!(refuse(&builtin("some_volatile", VOLATILE), &none(), false).is_some());
+        for name in [
+            "pg_stat_get_backend_activity",
+            "pg_config",
+            "version",
+            "pg_get_viewdef",
+        ] {
+            assert!(
+                refuse(&builtin(name, STABLE), &none(), false).is_some(),
+                "{name}"
+            );
+            assert!(
+                refuse(&builtin(name, STABLE), &none(), true).is_none(),
+                "{name}"
+            );
+        }
+        // a look-alike outside pg_catalog is not a built-in
+        assert!(refuse(&user("public", "lower", None), &none(), false).is_some());
+    }
+
+    #[test]
+    fn the_setting_parses_strictly() {
+        let a = Allowed::parse(" extension:pg_trgm, schema:\"Sales\", public.f ").unwrap();
+        assert_eq!(a.extensions, ["pg_trgm"]);
+        assert_eq!(a.schemas, ["Sales"]);
+        assert_eq!(a.functions, [("public".to_string(), "f".to_string())]);
+        assert!(Allowed::parse("crosstab").is_err());
+        assert_eq!(Allowed::parse("").unwrap(), Allowed::default());
     }
 }

@@ -3,7 +3,7 @@
 
 mod openai;
 
-pub use openai::OpenAiClient;
+pub use openai::{Endpoint, OpenAiClient, Options};
 
 use crate::error::Result;
 use crate::prompt::Message;

@@ -13,7 +13,29 @@ use crate::prompt::Message;
 use crate::settings;
 use crate::wait::{run_interruptible, sleep_interruptible, WaitError};
 
-/// Connection settings, read once per call from the GUCs.
+/// One endpoint: where requests go, and the key that belongs to it (and to no other URL).
+#[derive(Clone)]
+pub struct Endpoint {
+    pub base_url: String,
+    pub model: Option<String>,
+    pub api_key: Option<String>,
+}
+
+/// How requests are made, read once per call from the settings.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    pub temperature: f64,
+    /// Bound on one completion, retries included.
+    pub timeout: Duration,
+    pub json_mode: bool,
+    pub max_tokens: u32,
+    pub max_response_bytes: u64,
+}
+
+/// Longest pause a `Retry-After` header may ask for; a longer one ends the retries.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// A client for one endpoint.
 pub struct OpenAiClient {
     base_url: String,
     model: Option<String>,
@@ -21,6 +43,8 @@ pub struct OpenAiClient {
     temperature: f64,
     timeout: Duration,
     json_mode: bool,
+    max_tokens: u32,
+    max_response_bytes: u64,
 }
 
 thread_local! {
@@ -32,29 +56,25 @@ thread_local! {
 enum Reply {
     Status {
         code: u16,
-        retry_after: Option<u64>,
+        retry_after: Option<Duration>,
         body: String,
     },
     Failed(String),
 }
 
 impl OpenAiClient {
-    pub fn new(
-        base_url: String,
-        model: Option<String>,
-        api_key: Option<String>,
-        temperature: f64,
-        timeout: Duration,
-        json_mode: bool,
-    ) -> Self {
-        let json_mode = json_mode && !NO_JSON_MODE.with_borrow(|n| n.contains(&base_url));
+    pub fn new(endpoint: Endpoint, options: Options) -> Self {
+        let json_mode =
+            options.json_mode && !NO_JSON_MODE.with_borrow(|n| n.contains(&endpoint.base_url));
         OpenAiClient {
-            base_url,
-            model,
-            api_key,
-            temperature,
-            timeout,
+            base_url: endpoint.base_url,
+            model: endpoint.model,
+            api_key: endpoint.api_key,
+            temperature: options.temperature,
+            timeout: options.timeout,
             json_mode,
+            max_tokens: options.max_tokens,
+            max_response_bytes: options.max_response_bytes,
         }
     }
 
@@ -81,6 +101,7 @@ impl OpenAiClient {
         let mut body = json!({
             "messages": messages,
             "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
             "stream": false,
         });
         if let Some(model) = &self.model {
@@ -97,10 +118,13 @@ impl OpenAiClient {
         let agent = agent_for(&url);
         let key = self.api_key.clone();
         let body = body.to_string();
+        let limit = self.max_response_bytes;
         let remaining = deadline.saturating_duration_since(Instant::now());
         // The helper gets the remaining time as its own budget; the backend waits a little
         // longer so that the helper's precise error (connect refused, timeout) wins the race.
-        let wait_until = deadline + Duration::from_millis(500);
+        let wait_until = deadline
+            .checked_add(Duration::from_millis(500))
+            .unwrap_or(deadline);
         let exchange = move || {
             let mut request = agent
                 .post(&url)
@@ -119,11 +143,12 @@ impl OpenAiClient {
                         .headers()
                         .get("retry-after")
                         .and_then(|v| v.to_str().ok())
-                        .and_then(|v| v.trim().parse::<u64>().ok());
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                        .map(|s| Duration::from_secs(s.min(MAX_RETRY_AFTER.as_secs() + 1)));
                     match response
                         .body_mut()
                         .with_config()
-                        .limit(16 << 20)
+                        .limit(limit)
                         .read_to_string()
                     {
                         Ok(body) => Reply::Status {
@@ -131,6 +156,10 @@ impl OpenAiClient {
                             retry_after,
                             body,
                         },
+                        Err(ureq::Error::BodyExceedsLimit(_)) => Reply::Failed(format!(
+                            "the response is larger than sql_query_engine.max_response_bytes \
+                             ({limit} bytes)"
+                        )),
                         Err(e) => Reply::Failed(format!("reading the response failed: {e}")),
                     }
                 }
@@ -166,7 +195,8 @@ impl Llm for OpenAiClient {
 
     fn complete(&mut self, messages: &[Message]) -> Result<Completion> {
         let mut body = self.request_body(messages).to_string();
-        let deadline = Instant::now() + self.timeout;
+        let now = Instant::now();
+        let deadline = now.checked_add(self.timeout).unwrap_or(now);
         let mut backoff = Duration::from_millis(250);
         loop {
             if Instant::now() >= deadline {
@@ -191,11 +221,12 @@ impl Llm for OpenAiClient {
                 continue;
             }
             let retryable = code == 429 || (500..600).contains(&code);
-            let pause = retry_after.map_or(backoff, Duration::from_secs);
-            if !retryable || Instant::now() + pause >= deadline {
+            let pause = retry_after.unwrap_or(backoff);
+            let resume = Instant::now().checked_add(pause);
+            if !retryable || pause > MAX_RETRY_AFTER || resume.is_none_or(|r| r >= deadline) {
                 return Err(self.error(status_cause(code, &text)));
             }
-            sleep_interruptible(Instant::now() + pause);
+            sleep_interruptible(resume.unwrap_or(deadline));
             backoff = (backoff * 2).min(Duration::from_secs(8));
         }
     }
@@ -214,8 +245,10 @@ fn agent_for(url: &str) -> ureq::Agent {
             // The system trust store: right in production and behind TLS-inspecting proxies.
             .root_certs(ureq::tls::RootCerts::PlatformVerifier)
             .build();
+        // No redirects: an endpoint must not send the request (and the prompt) elsewhere.
         let mut config = ureq::Agent::config_builder()
             .tls_config(tls)
+            .max_redirects(0)
             .http_status_as_error(false);
         if loopback {
             config = config.proxy(None);
@@ -358,12 +391,18 @@ mod tests {
     #[test]
     fn endpoint_hides_url_credentials_and_errors_hide_the_key() {
         let client = OpenAiClient::new(
-            "https://user:secret@api.example.com/v1/".into(),
-            None,
-            Some("sk-live-123".into()),
-            0.0,
-            Duration::from_secs(1),
-            false,
+            Endpoint {
+                base_url: "https://user:secret@api.example.com/v1/".into(),
+                model: None,
+                api_key: Some("sk-live-123".into()),
+            },
+            Options {
+                temperature: 0.0,
+                timeout: Duration::from_secs(1),
+                json_mode: false,
+                max_tokens: 100,
+                max_response_bytes: 1 << 20,
+            },
         );
         assert_eq!(
             client.endpoint(),

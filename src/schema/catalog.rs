@@ -3,6 +3,11 @@
 //! with the columns it can SELECT, their types, nullability, informative defaults, enum labels,
 //! keys, foreign keys, comments, row estimates and, when sample values are on, the planner's
 //! most common values. Names come back quoted by PostgreSQL's own `quote_ident`.
+//!
+//! The query runs with the pinned search path (`subxact::pinned`): every name in it resolves to
+//! the built-in one, whatever the caller's search path holds. What depends on the caller's path
+//! (which schemas to read, which names need qualifying) is computed with the server's own
+//! functions outside it.
 
 use pgrx::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -19,6 +24,7 @@ pub struct Relation {
     /// `table`, `view`, `materialized view`, `foreign table` or `partitioned table`.
     pub kind: String,
     /// Whether the unqualified name resolves to this relation on the search path.
+    #[serde(default)]
     pub visible: bool,
     pub comment: Option<String>,
     /// Planner estimate; negative when the relation was never analyzed.
@@ -36,8 +42,14 @@ pub struct Relation {
 pub struct Column {
     /// Quoted column name.
     pub name: String,
-    #[serde(rename = "type")]
+    /// The type as written from the caller's search path (`format_type`, run outside the
+    /// pinned path).
+    #[serde(rename = "type", default)]
     pub type_name: String,
+    #[serde(default)]
+    pub type_oid: u32,
+    #[serde(default)]
+    pub typmod: i32,
     pub not_null: bool,
     /// The default expression, when it says something (not a sequence's nextval).
     pub default: Option<String>,
@@ -60,7 +72,11 @@ pub struct Column {
 pub struct ForeignKey {
     pub columns: Vec<String>,
     /// The referenced relation as it should be written (qualified when not visible).
+    #[serde(default)]
     pub references: String,
+    /// Quoted schema and name of the referenced relation.
+    pub ref_schema: String,
+    pub ref_name: String,
     pub ref_oid: u32,
     pub ref_columns: Vec<String>,
 }
@@ -76,14 +92,14 @@ impl Relation {
     }
 }
 
-/// The catalog query. $1: schemas to read (NULL: the search path); $2: whether to read the
-/// planner's most common values. Partitions are folded into their parent; the extension's own
+/// The catalog query. $1: schemas to read, in order; $2: whether to read the planner's most
+/// common values. Partitions are folded into their parent; the extension's own
 /// objects are left out; a foreign key is shown only when the caller may read the referenced
 /// table. pg_stats already hides what the caller may not see (column privileges, row security).
 const CATALOG_SQL: &str = r#"
 WITH search AS (
     SELECT n.oid AS nsp, n.nspname, s.ord
-    FROM unnest(coalesce($1::text[], current_schemas(false))) WITH ORDINALITY AS s(name, ord)
+    FROM unnest($1::text[]) WITH ORDINALITY AS s(name, ord)
     JOIN pg_namespace n ON n.nspname = s.name
 ),
 rels AS MATERIALIZED (
@@ -115,7 +131,8 @@ cols AS (
     SELECT a.attrelid,
            json_agg(json_build_object(
                'name', quote_ident(a.attname),
-               'type', format_type(a.atttypid, a.atttypmod),
+               'type_oid', a.atttypid::bigint,
+               'typmod', a.atttypmod,
                'not_null', a.attnotnull,
                'default', CASE WHEN a.attgenerated = '' THEN d.expr END,
                'comment', cd.description,
@@ -156,8 +173,8 @@ keys AS (
            json_agg(k.columns ORDER BY k.conname) FILTER (WHERE k.contype = 'u') AS unique_keys,
            json_agg(json_build_object(
                'columns', k.columns,
-               'references', CASE WHEN pg_table_is_visible(k.confrelid) THEN quote_ident(fc.relname)
-                                  ELSE quote_ident(fn.nspname) || '.' || quote_ident(fc.relname) END,
+               'ref_schema', quote_ident(fn.nspname),
+               'ref_name', quote_ident(fc.relname),
                'ref_oid', k.confrelid::bigint,
                'ref_columns', k.ref_columns) ORDER BY k.conname)
                FILTER (WHERE k.contype = 'f' AND has_any_column_privilege(k.confrelid, 'SELECT')) AS foreign_keys
@@ -177,7 +194,6 @@ SELECT coalesce(json_agg(json_build_object(
     'kind', CASE r.relkind WHEN 'r' THEN 'table' WHEN 'v' THEN 'view'
                  WHEN 'm' THEN 'materialized view' WHEN 'f' THEN 'foreign table'
                  ELSE 'partitioned table' END,
-    'visible', pg_table_is_visible(r.oid),
     'comment', td.description,
     'rows', r.reltuples,
     'columns', coalesce(c.columns, '[]'),
@@ -191,20 +207,50 @@ LEFT JOIN keys k ON k.conrelid = r.oid
 LEFT JOIN descriptions td ON td.objoid = r.oid
 "#;
 
-/// Reads every relation the caller may see in `schemas` (None: the search path). Read-only:
-/// runs on a hot standby too.
-pub fn load(schemas: Option<Vec<String>>, common_values: bool) -> Result<Vec<Relation>> {
-    let json: Option<String> = Spi::connect(|client| {
-        client
-            .select(
-                CATALOG_SQL,
-                Some(1),
-                &[schemas.into(), common_values.into()],
-            )?
-            .first()
-            .get_one::<String>()
+/// Reads every relation the caller may see in `schemas`. Read-only: runs on a hot standby too.
+pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
+    let json: Option<String> = crate::subxact::pinned(|| {
+        Spi::connect(|client| {
+            client
+                .select(
+                    CATALOG_SQL,
+                    Some(1),
+                    &[schemas.to_vec().into(), common_values.into()],
+                )?
+                .first()
+                .get_one::<String>()
+        })
     })
     .map_err(|e| Error::internal(format!("reading the schema failed: {e}")))?;
-    serde_json::from_str(json.as_deref().unwrap_or("[]"))
-        .map_err(|e| Error::internal(format!("unexpected schema shape: {e}")))
+    let mut relations: Vec<Relation> = serde_json::from_str(json.as_deref().unwrap_or("[]"))
+        .map_err(|e| Error::internal(format!("unexpected schema shape: {e}")))?;
+    // Visibility on the caller's search path, as the server decides it.
+    let visible = |oid: u32| unsafe { pg_sys::RelationIsVisible(pg_sys::Oid::from(oid)) };
+    for relation in &mut relations {
+        relation.visible = visible(relation.oid);
+        for column in &mut relation.columns {
+            column.type_name = type_name(column.type_oid, column.typmod);
+        }
+        for fk in &mut relation.foreign_keys {
+            fk.references = if visible(fk.ref_oid) {
+                fk.ref_name.clone()
+            } else {
+                format!("{}.{}", fk.ref_schema, fk.ref_name)
+            };
+        }
+    }
+    Ok(relations)
+}
+
+/// A type as `format_type` writes it on the caller's search path (qualified only when needed).
+fn type_name(oid: u32, typmod: i32) -> String {
+    unsafe {
+        let text = pg_sys::format_type_with_typemod(pg_sys::Oid::from(oid), typmod);
+        if text.is_null() {
+            return String::new();
+        }
+        std::ffi::CStr::from_ptr(text)
+            .to_string_lossy()
+            .into_owned()
+    }
 }

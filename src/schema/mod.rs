@@ -1,11 +1,20 @@
 //! The schema context: what the model is told about the database.
 //!
-//! Built by one catalog query and cached per backend, keyed by role, the schemas read, and the
-//! schema version that the extension's DDL event triggers bump. A relcache invalidation callback
-//! marks the cache stale as well: invalidations arrive when DDL commits (the sequence is bumped
-//! before), and they cover the backend's own DDL inside an open transaction. An unchanged schema
-//! costs one small query per question and no catalog scan. Sample values and renderings are
-//! computed lazily per relation and kept with the cache.
+//! Built by one catalog query and cached per backend, keyed by role, the schemas read and the
+//! settings that shape it. The cache is dropped only when something it shows may have changed:
+//! - a relcache invalidation for a relation it holds (ALTER, DROP, GRANT, and ANALYZE when the
+//!   statistics moved), or a reset of the whole relcache;
+//! - a relation it does not hold that is now in one of its schemas and readable by the role
+//!   (CREATE TABLE, a GRANT): such invalidations are noted and checked at the next question, so
+//!   that temporary tables and unrelated relations never cost a rebuild;
+//! - a change of role memberships, schemas or enum labels (syscache invalidations);
+//! - a COMMENT, which invalidates nothing: the extension's event trigger counts it in
+//!   `nl_schema_changes`, whose sum is part of the key.
+//!
+//! Invalidations arrive when DDL commits, also for the backend's own DDL in an open
+//! transaction, and on a hot standby when the commit is replayed (the comment count too, being a
+//! table). An unchanged schema costs one small query per question and no catalog scan. Sample
+//! values and renderings are computed lazily per relation and kept with the cache.
 
 mod catalog;
 mod render;
@@ -13,14 +22,13 @@ mod retrieve;
 mod samples;
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use pgrx::prelude::*;
 
 use crate::error::{Error, Result};
-use crate::{redis_client, settings};
+use crate::{settings, subxact};
 
 use catalog::Relation;
 use retrieve::{Candidate, Terms};
@@ -30,6 +38,9 @@ pub use retrieve::words;
 
 /// Foreign-key steps a repair hint follows to say how to reach a column's table.
 const JOIN_HOPS: usize = 3;
+
+/// Invalidations of unknown relations noted at most before the cache is simply dropped.
+const MAX_PENDING: usize = 1000;
 
 /// The schema as loaded for one role and set of schemas, with what retrieval needs.
 pub struct SchemaContext {
@@ -55,23 +66,67 @@ pub struct PromptSchema {
 #[derive(Clone, PartialEq, Eq)]
 struct CacheKey {
     role: pg_sys::Oid,
-    search_path: String,
-    schemas: Option<Vec<String>>,
+    /// The schemas read, in order (the search path's, or `sql_query_engine.schemas`).
+    schemas: Vec<String>,
+    /// The caller's search path: it decides which names need qualifying.
+    search_path: Vec<pg_sys::Oid>,
     sample_values: usize,
-    version: Option<i64>,
+    /// COMMENTs committed so far (`nl_schema_changes`).
+    comments: i64,
+}
+
+/// What invalidation callbacks have said since the cache was built.
+#[derive(Default)]
+struct Invalidations {
+    /// Something the cache shows may have changed.
+    stale: bool,
+    /// Relations the cache does not hold that were invalidated: new, or newly readable?
+    unknown: Vec<pg_sys::Oid>,
 }
 
 thread_local! {
     static CACHE: RefCell<Option<(CacheKey, Rc<SchemaContext>)>> = const { RefCell::new(None) };
-    static EXTENSION_SCHEMA: RefCell<Option<String>> = const { RefCell::new(None) };
+    /// OIDs of the relations the cache holds, for the invalidation callback.
+    static CACHED: RefCell<HashSet<pg_sys::Oid>> = RefCell::new(HashSet::new());
+    static INVALIDATED: RefCell<Invalidations> = RefCell::new(Invalidations::default());
+    /// The extension's OID and its schema, quoted.
+    static EXTENSION: RefCell<Option<(pg_sys::Oid, String)>> = const { RefCell::new(None) };
 }
 
-/// Set by any relcache invalidation; cleared when the cache is rebuilt.
-static STALE: AtomicBool = AtomicBool::new(true);
+/// Marks the cache stale (from a callback: never panics, never raises).
+fn mark_stale() {
+    INVALIDATED.with(|i| {
+        if let Ok(mut i) = i.try_borrow_mut() {
+            i.stale = true;
+        }
+    });
+}
 
 #[pg_guard]
-unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, _relid: pg_sys::Oid) {
-    STALE.store(true, Ordering::Relaxed);
+unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+    let cached = CACHED.with(|c| c.try_borrow().map_or(true, |c| c.contains(&relid)));
+    if relid == pg_sys::InvalidOid || cached {
+        mark_stale();
+        return;
+    }
+    INVALIDATED.with(|i| {
+        if let Ok(mut i) = i.try_borrow_mut() {
+            if i.unknown.len() < MAX_PENDING {
+                i.unknown.push(relid);
+            } else {
+                i.stale = true;
+            }
+        }
+    });
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn on_syscache_invalidation(
+    _arg: pg_sys::Datum,
+    _cache: std::ffi::c_int,
+    _hash: u32,
+) {
+    mark_stale();
 }
 
 /// Called from `_PG_init`.
@@ -81,21 +136,53 @@ pub fn init() {
             Some(on_relcache_invalidation),
             pg_sys::Datum::from(0usize),
         );
+        for cache in [
+            pg_sys::SysCacheIdentifier::AUTHMEMROLEMEM,
+            pg_sys::SysCacheIdentifier::NAMESPACEOID,
+            pg_sys::SysCacheIdentifier::ENUMOID,
+        ] {
+            pg_sys::CacheRegisterSyscacheCallback(
+                cache as i32,
+                Some(on_syscache_invalidation),
+                pg_sys::Datum::from(0usize),
+            );
+        }
     }
 }
 
 /// The schema the extension lives in, quoted (for its own tables).
 pub fn extension_schema() -> Result<String> {
-    if let Some(schema) = EXTENSION_SCHEMA.with_borrow(|s| s.clone()) {
+    let extension = unsafe { pg_sys::get_extension_oid(c"sql_query_engine".as_ptr(), true) };
+    if extension == pg_sys::InvalidOid {
+        return Err(Error::Setting {
+            message: "the extension sql_query_engine is not installed in this database".into(),
+            hint: "CREATE EXTENSION sql_query_engine;".into(),
+        });
+    }
+    if let Some(schema) = EXTENSION.with_borrow(|e| {
+        e.as_ref()
+            .filter(|(oid, _)| *oid == extension)
+            .map(|(_, schema)| schema.clone())
+    }) {
         return Ok(schema);
     }
-    current_key().map(|(_, schema)| schema)
+    let schema = subxact::pinned(|| {
+        Spi::get_one_with_args::<String>(
+            "SELECT quote_ident(n.nspname) FROM pg_extension e \
+             JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.oid = $1",
+            &[extension.into()],
+        )
+    })
+    .map_err(|e| Error::internal(format!("reading the extension's schema failed: {e}")))?
+    .ok_or_else(|| Error::internal("the extension has no schema"))?;
+    EXTENSION.with_borrow_mut(|e| *e = Some((extension, schema.clone())));
+    Ok(schema)
 }
 
 /// The schema context for the current role and settings, from the cache when still valid.
 pub fn context() -> Result<Rc<SchemaContext>> {
-    let (key, _) = current_key()?;
-    let stale = STALE.swap(false, Ordering::Relaxed);
+    let key = current_key()?;
+    let stale = take_invalidations(&key.schemas);
     if !stale {
         if let Some(hit) = CACHE.with_borrow(|c| {
             c.as_ref()
@@ -105,95 +192,102 @@ pub fn context() -> Result<Rc<SchemaContext>> {
             return Ok(hit);
         }
     }
-    let relations = match shared_get(&key) {
-        Some(relations) => relations,
-        None => {
-            let relations = catalog::load(key.schemas.clone(), key.sample_values > 0)?;
-            shared_put(&key, &relations);
-            relations
-        }
-    };
+    let relations = catalog::load(&key.schemas, key.sample_values > 0)?;
+    let oids: HashSet<pg_sys::Oid> = relations.iter().map(|r| pg_sys::Oid::from(r.oid)).collect();
     let context = Rc::new(SchemaContext::new(relations, key.sample_values));
+    CACHED.with_borrow_mut(|c| *c = oids);
     CACHE.with_borrow_mut(|c| *c = Some((key, Rc::clone(&context))));
     Ok(context)
 }
 
-/// How long a schema stays in Redis. Keys carry the schema version, so DDL makes new ones; the
-/// expiry only bounds what an uncommitted DDL could have left behind.
-const SHARED_TTL_S: u64 = 600;
-
-/// The Redis key of a schema: role and database (by `redis_client::key`), version, settings.
-fn shared_key(key: &CacheKey) -> String {
-    let name = format!(
-        "{}:{}:{}:{}",
-        key.version.unwrap_or(0),
-        key.search_path,
-        key.schemas
-            .as_ref()
-            .map(|s| s.join(","))
-            .unwrap_or_default(),
-        key.sample_values > 0
-    );
-    redis_client::key("schema", &name)
+/// Whether the invalidations since the last question make the cache stale; forgets them.
+fn take_invalidations(schemas: &[String]) -> bool {
+    let Invalidations { stale, unknown } = INVALIDATED.with_borrow_mut(std::mem::take);
+    stale
+        || unknown
+            .into_iter()
+            .any(|relid| newly_readable(relid, schemas))
 }
 
-/// The schema another connection of this role already read, from Redis.
-fn shared_get(key: &CacheKey) -> Option<Vec<Relation>> {
-    if !redis_client::configured() {
-        return None;
+/// A relation (not a partition, not temporary) in one of `schemas` that the role can read: it
+/// was created or granted after the cache was built.
+fn newly_readable(relid: pg_sys::Oid, schemas: &[String]) -> bool {
+    unsafe {
+        let namespace = pg_sys::get_rel_namespace(relid);
+        if namespace == pg_sys::InvalidOid || pg_sys::isAnyTempNamespace(namespace) {
+            return false;
+        }
+        let name = pg_sys::get_namespace_name(namespace);
+        if name.is_null() {
+            return false;
+        }
+        let schema = std::ffi::CStr::from_ptr(name).to_string_lossy();
+        if !schemas.iter().any(|s| *s == schema) || pg_sys::get_rel_relispartition(relid) {
+            return false;
+        }
+        let kind = pg_sys::get_rel_relkind(relid) as u8;
+        if !b"rvmfp".contains(&kind) {
+            return false;
+        }
+        let role = pg_sys::GetUserId();
+        pg_sys::pg_class_aclcheck(relid, role, pg_sys::ACL_SELECT as pg_sys::AclMode)
+            == pg_sys::AclResult::ACLCHECK_OK
+            || pg_sys::pg_attribute_aclcheck_all(
+                relid,
+                role,
+                pg_sys::ACL_SELECT as pg_sys::AclMode,
+                pg_sys::AclMaskHow::ACLMASK_ANY,
+            ) == pg_sys::AclResult::ACLCHECK_OK
     }
-    let redis_key = shared_key(key);
-    let stored: Option<Option<String>> =
-        redis_client::call(move |c| ::redis::cmd("GET").arg(redis_key).query(c));
-    serde_json::from_str(&stored.flatten()?).ok()
 }
 
-/// Shares a freshly read schema with the other connections, through Redis.
-fn shared_put(key: &CacheKey, relations: &[Relation]) {
-    if !redis_client::configured() {
-        return;
-    }
-    let (redis_key, Ok(json)) = (shared_key(key), serde_json::to_string(relations)) else {
-        return;
-    };
-    let _: Option<()> = redis_client::call(move |c| {
-        ::redis::cmd("SET")
-            .arg(redis_key)
-            .arg(json)
-            .arg("EX")
-            .arg(SHARED_TTL_S)
-            .query(c)
-    });
-}
-
-/// Role, search path, settings and schema version, in one small query.
-fn current_key() -> Result<(CacheKey, String)> {
-    const KEY_SQL: &str = "\
-        SELECT current_schemas(false)::text, \
-               pg_sequence_last_value(format('%I.nl_schema_version', n.nspname)::regclass), \
-               quote_ident(n.nspname) \
-        FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace \
-        WHERE e.extname = 'sql_query_engine'";
-    let (search_path, version, schema) = Spi::connect(|client| {
-        client
-            .select(KEY_SQL, Some(1), &[])?
-            .first()
-            .get_three::<String, i64, String>()
+/// Role, schemas, search path, settings and the comment count.
+fn current_key() -> Result<CacheKey> {
+    let schema = extension_schema()?;
+    let comments = subxact::pinned(|| {
+        Spi::get_one::<i64>(&format!(
+            "SELECT coalesce(sum(changes), 0)::int8 FROM {schema}.nl_schema_changes"
+        ))
     })
-    .map_err(|e| Error::internal(format!("reading the schema version failed: {e}")))?;
-    let schema = schema.ok_or_else(|| Error::Setting {
-        message: "the extension sql_query_engine is not installed in this database".into(),
-        hint: "CREATE EXTENSION sql_query_engine;".into(),
-    })?;
-    EXTENSION_SCHEMA.with_borrow_mut(|s| *s = Some(schema.clone()));
-    let key = CacheKey {
+    .map_err(|e| Error::internal(format!("reading the schema version failed: {e}")))?
+    .unwrap_or(0);
+    let search_path = search_path();
+    let schemas = settings::schemas().unwrap_or_else(|| {
+        search_path
+            .iter()
+            .filter_map(|&oid| namespace_name(oid))
+            .collect()
+    });
+    Ok(CacheKey {
         role: unsafe { pg_sys::GetUserId() },
-        search_path: search_path.unwrap_or_default(),
-        schemas: settings::schemas(),
+        schemas,
+        search_path,
         sample_values: settings::sample_values(),
-        version,
-    };
-    Ok((key, schema))
+        comments,
+    })
+}
+
+/// The caller's search path, without the implicit schemas (pg_catalog, pg_temp).
+fn search_path() -> Vec<pg_sys::Oid> {
+    unsafe {
+        let list = pg_sys::fetch_search_path(false);
+        let oids = pgrx::PgList::<std::ffi::c_void>::from_pg(list)
+            .iter_oid()
+            .collect();
+        pg_sys::list_free(list);
+        oids
+    }
+}
+
+fn namespace_name(oid: pg_sys::Oid) -> Option<String> {
+    unsafe {
+        let name = pg_sys::get_namespace_name(oid);
+        (!name.is_null()).then(|| {
+            std::ffi::CStr::from_ptr(name)
+                .to_string_lossy()
+                .into_owned()
+        })
+    }
 }
 
 impl SchemaContext {

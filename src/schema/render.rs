@@ -181,6 +181,8 @@ mod tests {
             foreign_keys: vec![ForeignKey {
                 columns: vec!["customer_id".into()],
                 references: "sales.customers".into(),
+                ref_schema: "sales".into(),
+                ref_name: "customers".into(),
                 ref_oid: 2,
                 ref_columns: vec!["id".into()],
             }],
@@ -242,6 +244,8 @@ mod tests {
             foreign_keys: vec![ForeignKey {
                 columns: vec!["a".into(), "b".into()],
                 references: "pairs".into(),
+                ref_schema: "shop".into(),
+                ref_name: "pairs".into(),
                 ref_oid: 4,
                 ref_columns: vec!["x".into(), "y".into()],
             }],

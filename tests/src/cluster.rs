@@ -116,6 +116,13 @@ fn create_template(cluster: &Cluster) {
 }
 
 impl Cluster {
+    /// The server log, when this process started the cluster.
+    pub fn server_log(&self) -> Option<String> {
+        CLUSTER_DIR
+            .get()
+            .and_then(|dir| std::fs::read_to_string(dir.join("server.log")).ok())
+    }
+
     pub fn connect(&self, database: &str) -> Client {
         self.connect_as(database, &self.user)
     }
@@ -126,9 +133,19 @@ impl Cluster {
         database: &str,
         notices: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     ) -> Client {
+        self.connect_as_with_notices(database, &self.user, notices)
+    }
+
+    /// `connect_with_notices` as `user`.
+    pub fn connect_as_with_notices(
+        &self,
+        database: &str,
+        user: &str,
+        notices: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    ) -> Client {
         let mut config: postgres::Config = format!(
             "host={} port={} user={} dbname={} application_name=sqe_e2e",
-            self.host, self.port, self.user, database
+            self.host, self.port, user, database
         )
         .parse()
         .expect("a connection string");

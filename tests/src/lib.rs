@@ -119,6 +119,27 @@ impl Default for Session {
     }
 }
 
+/// A file holding `key`, readable by the server only: how an API key is configured
+/// (`sql_query_engine.llm_api_key_file`). Returns its path.
+pub fn key_file(key: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    static FILES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = FILES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let path = format!("/tmp/sqe-key-{}-{n}", std::process::id());
+    std::fs::write(&path, format!("{key}\n")).expect("writing the key file");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    if unsafe { libc::geteuid() } == 0 {
+        // The test cluster runs as postgres when the tests run as root.
+        let user = std::ffi::CString::new("postgres").expect("a name");
+        let entry = unsafe { libc::getpwnam(user.as_ptr()) };
+        if !entry.is_null() {
+            let (uid, gid) = unsafe { ((*entry).pw_uid, (*entry).pw_gid) };
+            std::os::unix::fs::chown(&path, Some(uid), Some(gid)).expect("chown");
+        }
+    }
+    path
+}
+
 /// The SQLSTATE, message and detail of a database error.
 pub fn db_error(error: &postgres::Error) -> (String, String, String) {
     let db = error

@@ -56,13 +56,18 @@ fn attacks_through_nl_query_change_nothing() {
             "42501",
         ),
         ("SELECT write_audit()", "42501"),
+        ("SELECT stable_wrapper()", "42501"),
         ("SELECT * FROM pg_catalog.pg_authid", "42501"),
-        // out of the guard's sight, inside a STABLE function: the read-only transaction stops it
-        ("SELECT stable_wrapper()", "25006"),
     ];
     for (sql, expected) in attacks {
         assert_eq!(propose(&mut s, sql), expected, "{sql}");
     }
+    // Allowed by a superuser, a STABLE function is out of the guard's sight: the write inside
+    // it is stopped by the read-only transaction.
+    s.client
+        .batch_execute("SET sql_query_engine.allowed_functions = 'public.stable_wrapper'")
+        .unwrap();
+    assert_eq!(propose(&mut s, "SELECT stable_wrapper()"), "25006");
     let started = Instant::now();
     assert_eq!(propose(&mut s, "SELECT pg_sleep(30)"), "42501");
     assert!(started.elapsed() < Duration::from_secs(5), "the sleep ran");
@@ -187,18 +192,28 @@ fn column_privileges_decide_what_the_model_sees() {
 #[test]
 fn nl_check_is_callable_by_anyone() {
     let mut s = Session::new();
+    let role = format!("checker_{}", s.database);
     s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN; GRANT SELECT ON orders TO {role};"
+        ))
+        .unwrap();
+    let mut anyone = cluster().connect_as(&s.database, &role);
+    let me: String = anyone
+        .query_one("SELECT current_user::text", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(me, role, "checked as the unprivileged role itself");
+    anyone
         .batch_execute("SELECT nl_check('SELECT count(*) FROM orders')")
         .unwrap();
-    let error = s
-        .client
+    let error = anyone
         .batch_execute("SELECT nl_check('DELETE FROM orders')")
         .unwrap_err();
     let (code, message, _) = db_error(&error);
     assert_eq!(code, "25006");
     assert!(message.contains("DELETE"), "{message}");
-    let error = s
-        .client
+    let error = anyone
         .batch_execute("SELECT nl_check('SELECT pg_sleep(1)')")
         .unwrap_err();
     let (code, message, _) = db_error(&error);
@@ -214,8 +229,9 @@ fn nl_check_is_callable_by_anyone() {
 fn the_api_key_is_not_in_the_trace_or_the_prompt() {
     let mut s = Session::new();
     let key = "sk-e2e-trace-secret";
+    let file = sql_query_engine_e2e::key_file(key);
     s.client
-        .batch_execute(&format!("SET sql_query_engine.llm_api_key = '{key}'"))
+        .batch_execute(&format!("SET sql_query_engine.llm_api_key_file = '{file}'"))
         .unwrap();
     s.llm.on(
         "leak the key",

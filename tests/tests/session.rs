@@ -374,43 +374,6 @@ fn progress_events_are_published_in_order_and_shown_as_notices() {
 }
 
 #[test]
-fn the_schema_is_shared_through_redis_with_fresh_connections() {
-    let redis = RedisServer::start();
-    let mut s = Session::new();
-    use_redis(&mut s.client, &redis.url());
-    ask_in(&mut s, "schema-share", "first", "SELECT 1 AS one");
-    let mut r = redis.client().unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("sql_query_engine:*:schema:*")
-        .query(&mut r)
-        .unwrap();
-    assert_eq!(keys.len(), 1, "{keys:?}");
-    // A fresh connection takes the schema from Redis without reading the catalog: shown by
-    // altering what Redis holds.
-    let stored: String = redis::cmd("GET").arg(&keys[0]).query(&mut r).unwrap();
-    let changed = stored.replace(
-        "People and companies that buy from the shop",
-        "COMES FROM REDIS",
-    );
-    let _: () = redis::cmd("SET")
-        .arg(&keys[0])
-        .arg(changed)
-        .query(&mut r)
-        .unwrap();
-    let mut fresh = s.second_connection();
-    use_redis(&mut fresh, &redis.url());
-    s.llm.on("second", vec![Reply::sql("SELECT 1 AS one")]);
-    fresh.query("SELECT nl_query('second')", &[]).unwrap();
-    assert!(s
-        .llm
-        .requests()
-        .last()
-        .unwrap()
-        .text()
-        .contains("COMES FROM REDIS"));
-}
-
-#[test]
 fn history_records_calls_and_never_gets_in_the_way() {
     let mut s = Session::new();
     s.llm.on(

@@ -1,0 +1,81 @@
+//! Transaction-scoped state, used by the executor, the guard and the extension's own SQL:
+//! internal subtransactions that catch errors without aborting the caller, and settings that
+//! last until the end of a scope (like a function's `SET` clause).
+
+use std::ffi::CStr;
+use std::panic::AssertUnwindSafe;
+
+use pgrx::pg_sys::panic::CaughtError;
+use pgrx::pg_sys::{self, PgTryBuilder};
+
+/// Runs `work` in an internal subtransaction, committed when `commit` and the work succeeded,
+/// rolled back otherwise; any error is caught and returned, and the caller's transaction, memory
+/// context and resource owner are as they were.
+pub fn in_subtransaction<R>(commit: bool, work: impl FnOnce() -> R) -> Result<R, Box<CaughtError>> {
+    unsafe {
+        let caller_context = pg_sys::CurrentMemoryContext;
+        let caller_owner = pg_sys::CurrentResourceOwner;
+        pg_sys::BeginInternalSubTransaction(std::ptr::null());
+        pg_sys::MemoryContextSwitchTo(caller_context);
+        let result = PgTryBuilder::new(AssertUnwindSafe(|| Ok(work())))
+            .catch_others(|caught| Err(Box::new(caught)))
+            .execute();
+        pg_sys::MemoryContextSwitchTo(caller_context);
+        if commit && result.is_ok() {
+            pg_sys::ReleaseCurrentSubTransaction();
+        } else {
+            pg_sys::RollbackAndReleaseCurrentSubTransaction();
+        }
+        pg_sys::MemoryContextSwitchTo(caller_context);
+        pg_sys::CurrentResourceOwner = caller_owner;
+        result
+    }
+}
+
+/// The search path of the extension's own SQL: built-in names only, temporary objects last,
+/// so that no function, operator or type a role created can stand in for a built-in one.
+pub const PINNED_SEARCH_PATH: &CStr = c"pg_catalog, pg_temp";
+
+/// Runs `work` with `settings` in force, restored afterwards (also when `work` raises an
+/// ERROR: then the (sub)transaction abort restores them).
+pub fn with_settings<R>(settings: &[(&CStr, &CStr)], work: impl FnOnce() -> R) -> R {
+    unsafe {
+        let level = pg_sys::NewGUCNestLevel();
+        for (name, value) in settings {
+            pg_sys::set_config_option(
+                name.as_ptr(),
+                value.as_ptr(),
+                pg_sys::GucContext::PGC_USERSET,
+                pg_sys::GucSource::PGC_S_SESSION,
+                pg_sys::GucAction::GUC_ACTION_SAVE,
+                true,
+                0,
+                false,
+            );
+        }
+        let result = work();
+        pg_sys::AtEOXact_GUC(true, level);
+        result
+    }
+}
+
+/// Runs the extension's own SQL in `work` with the pinned search path.
+pub fn pinned<R>(work: impl FnOnce() -> R) -> R {
+    with_settings(&[(c"search_path", PINNED_SEARCH_PATH)], work)
+}
+
+/// Sets `name` to `value` until the end of the current (sub)transaction.
+pub fn set_local(name: &CStr, value: &CStr) {
+    unsafe {
+        pg_sys::set_config_option(
+            name.as_ptr(),
+            value.as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_LOCAL,
+            true,
+            0,
+            false,
+        );
+    }
+}

@@ -1,0 +1,110 @@
+//! The trace of a run as `nl_trace` returns it and `nl_history` stores it: the API's view of the
+//! heal loop's bookkeeping, built here at the edge so that the loop itself knows no JSON.
+
+use serde_json::{json, Value};
+
+use crate::heal::{Attempt, Run};
+use crate::schema::PromptSchema;
+
+/// The whole trace of `run`; `schema` adds what the prompt showed, when known.
+pub fn run(run: &Run, schema: Option<&PromptSchema>) -> Value {
+    let result = run.best_result();
+    let mut trace = json!({
+        "question": run.question,
+        "sql": run.final_sql(),
+        "status": run.status.as_str(),
+        "row_count": result.map(|r| r.rows.len()),
+        "truncated": result.is_some_and(|r| r.truncated),
+        "columns": result.map(|r| &r.columns),
+        "confirmed_empty": run.confirmed_empty,
+        "attempts": attempts(run),
+        "llm_calls": run.llm_calls,
+        "prompt_tokens": run.prompt_tokens,
+        "completion_tokens": run.completion_tokens,
+        "llm_failure": run.llm_failure.as_ref().map(|f| json!({
+            "endpoint": f.endpoint, "cause": f.cause
+        })),
+        "ms": run.ms,
+    });
+    if let Some(schema) = schema {
+        trace["relations"] = json!(schema.relations);
+        trace["schema_pruned"] = json!(schema.pruned);
+    }
+    trace
+}
+
+/// Every attempt of `run`, in order.
+pub fn attempts(run: &Run) -> Value {
+    Value::Array(run.attempts.iter().map(attempt).collect())
+}
+
+fn attempt(attempt: &Attempt) -> Value {
+    let outcome = &attempt.outcome;
+    let (error, result) = (outcome.error(), outcome.result());
+    json!({
+        "sql": attempt.sql,
+        "outcome": outcome.label(),
+        "sqlstate": error.map(|e| e.sqlstate),
+        "message": error.map(|e| &e.message),
+        "detail": error.and_then(|e| e.detail.as_ref()),
+        "hint": error.and_then(|e| e.hint.as_ref()),
+        "position": error.and_then(|e| e.position),
+        "row_count": result.map(|r| r.rows.len()),
+        "truncated": result.is_some_and(|r| r.truncated),
+        "row_security": result.map(|r| &r.row_security).filter(|t| !t.is_empty()),
+        "parallel_workers": result.map(|r| r.parallel_workers),
+        "ms": attempt.ms,
+        "llm_ms": attempt.llm_ms,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::{SqlError, SqlState};
+    use crate::exec::{Outcome, ResultSet};
+    use crate::heal::Status;
+
+    #[test]
+    fn the_trace_has_the_documented_shape() {
+        let run = Run {
+            question: "q?".into(),
+            attempts: vec![
+                Attempt {
+                    sql: "SELECT bad".into(),
+                    outcome: Outcome::Failed(SqlError::new(SqlState::UNDEFINED_COLUMN, "no")),
+                    ms: 1.0,
+                    llm_ms: 2.0,
+                },
+                Attempt {
+                    sql: "SELECT good".into(),
+                    outcome: Outcome::Rows(ResultSet {
+                        columns: vec!["a".into()],
+                        rows: vec!["{\"a\": 1}".into(); 2],
+                        ..Default::default()
+                    }),
+                    ms: 1.0,
+                    llm_ms: 2.0,
+                },
+            ],
+            best: Some(1),
+            status: Status::Ok,
+            confirmed_empty: false,
+            llm_calls: 2,
+            prompt_tokens: 20,
+            completion_tokens: 4,
+            ms: 7.0,
+            llm_failure: None,
+        };
+        let t = super::run(&run, None);
+        assert_eq!(t["sql"], "SELECT good");
+        assert_eq!(t["status"], "ok");
+        assert_eq!(t["row_count"], 2);
+        assert_eq!(t["attempts"][0]["outcome"], "error");
+        assert_eq!(t["attempts"][0]["sqlstate"], "42703");
+        assert_eq!(t["attempts"][1]["outcome"], "rows");
+        assert_eq!(t["attempts"][1]["parallel_workers"], 0);
+        assert_eq!(t["llm_calls"], 2);
+        assert!(t["llm_failure"].is_null());
+    }
+}

@@ -1,0 +1,450 @@
+//! The threat model, end to end, as the untrusted parties would try it: an unprivileged role
+//! (its own login connection, or SET ROLE), a database owner who is not a superuser, and a
+//! hostile model endpoint.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sql_query_engine_e2e::{cluster, db_error, key_file, Reply, ScriptedLlm, Session};
+
+/// Creates a login role that may read the fixture's customers.
+fn reader(s: &mut Session, prefix: &str) -> String {
+    let role = format!("{prefix}_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN; GRANT SELECT ON customers, orders TO {role};"
+        ))
+        .unwrap();
+    role
+}
+
+/// Points the test database at the session's model with `key`, at database level (what a
+/// fresh connection of any role starts with).
+fn configure_database(s: &mut Session, key: &str) -> String {
+    let file = key_file(key);
+    let db = s.database.clone();
+    s.client
+        .batch_execute(&format!(
+            "ALTER DATABASE {db} SET sql_query_engine.llm_url = '{}';
+             ALTER DATABASE {db} SET sql_query_engine.llm_api_key_file = '{file}';",
+            s.llm.url()
+        ))
+        .unwrap();
+    file
+}
+
+#[test]
+fn no_role_can_send_the_key_or_the_prompt_elsewhere() {
+    let mut s = Session::new();
+    let key = "sk-exfiltrate-0123456789";
+    configure_database(&mut s, key);
+    let role = reader(&mut s, "thief");
+    let attacker = ScriptedLlm::start();
+    attacker.on("how many customers", vec![Reply::sql("SELECT 1")]);
+    s.llm.on(
+        "how many customers",
+        vec![Reply::sql("SELECT count(*) AS n FROM customers"); 2],
+    );
+
+    // A fresh connection: the library is not loaded yet, so the setting is a placeholder that
+    // any role may set; when the library loads, the role's value is thrown away.
+    let notices = Arc::new(Mutex::new(Vec::new()));
+    let mut thief = cluster().connect_as_with_notices(&s.database, &role, Arc::clone(&notices));
+    thief
+        .batch_execute(&format!(
+            "SET sql_query_engine.llm_url = '{}'",
+            attacker.url()
+        ))
+        .unwrap();
+    let n: String = thief
+        .query_one("SELECT nl_query('how many customers')::text", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(n, r#"{"n": 4}"#);
+    assert!(
+        notices
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|n| n.contains("permission denied to set parameter")),
+        "{notices:?}"
+    );
+
+    // Once it is loaded, every way of pointing it elsewhere is refused.
+    for attempt in [
+        format!("SET sql_query_engine.llm_url = '{}'", attacker.url()),
+        format!(
+            "SELECT set_config('sql_query_engine.llm_url', '{}', false)",
+            attacker.url()
+        ),
+        format!(
+            "ALTER ROLE {role} SET sql_query_engine.llm_url = '{}'",
+            attacker.url()
+        ),
+        "SET sql_query_engine.llm_api_key_file = '/etc/hostname'".into(),
+        "SET sql_query_engine.llm_model = 'expensive-model'".into(),
+        "SET sql_query_engine.redis_url = 'redis://127.0.0.1:1/0'".into(),
+        "SET sql_query_engine.allowed_functions = 'extension:tablefunc'".into(),
+        "SET sql_query_engine.max_response_bytes = '1GB'".into(),
+        "SET sql_query_engine.history = off".into(),
+        "SET sql_query_engine.audit_log = off".into(),
+    ] {
+        let error = thief.batch_execute(&attempt).unwrap_err();
+        assert_eq!(db_error(&error).0, "42501", "{attempt}");
+    }
+    thief
+        .query_one("SELECT nl_query('how many customers')::text", &[])
+        .unwrap();
+    assert!(attacker.requests().is_empty(), "the attacker was called");
+    for request in s.llm.requests() {
+        assert_eq!(
+            request.headers.get("authorization").map(String::as_str),
+            Some(&*format!("Bearer {key}")),
+            "the key goes to the endpoint it was configured for"
+        );
+    }
+}
+
+#[test]
+fn the_key_cannot_be_read_by_any_path() {
+    let mut s = Session::new();
+    let key = "sk-unreadable-9876543210";
+    let file = configure_database(&mut s, key);
+    let role = reader(&mut s, "reader");
+    s.llm.on(
+        "count orders",
+        vec![
+            Reply::sql(&format!("SELECT pg_read_file('{file}') AS k")),
+            Reply::sql("SELECT count(*) AS n FROM orders"),
+            Reply::sql("SELECT count(*) AS n FROM orders"),
+        ],
+    );
+
+    // Storing a key as a setting is refused, without echoing it. (Checked where the library
+    // is loaded: with shared_preload_libraries, always.) PostgreSQL itself logs the text of a
+    // statement that fails, so a key typed into one is in the server log: another reason for
+    // the file.
+    s.client.batch_execute("LOAD 'sql_query_engine'").unwrap();
+    let db = s.database.clone();
+    let typed = "sk-typed-into-a-statement";
+    for statement in [
+        format!("ALTER DATABASE {db} SET sql_query_engine.llm_api_key = '{typed}'"),
+        format!("ALTER ROLE {role} SET sql_query_engine.llm_api_key = '{typed}'"),
+        format!("ALTER SYSTEM SET sql_query_engine.llm_api_key = '{typed}'"),
+        format!("SET sql_query_engine.llm_api_key = '{typed}'"),
+    ] {
+        let error = s.client.batch_execute(&statement).unwrap_err();
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "42501", "{statement}");
+        assert!(
+            !message.contains(typed) && message.contains("llm_api_key_file"),
+            "{message}"
+        );
+    }
+
+    let mut other = cluster().connect_as(&s.database, &role);
+    let first_look: Vec<String> = [
+        "sql_query_engine.llm_api_key",
+        "sql_query_engine.llm_api_key_file",
+    ]
+    .iter()
+    .map(|name| {
+        other
+            .query_one("SELECT coalesce(current_setting($1, true), '')", &[name])
+            .map(|r| r.get::<_, String>(0))
+            .unwrap_or_default()
+    })
+    .collect();
+    let rows = other
+        .query("SELECT nl_query('count orders')::text", &[])
+        .unwrap();
+    assert_eq!(rows.len(), 1);
+    let mut seen: Vec<String> = first_look;
+    for sql in [
+        "SELECT coalesce(string_agg(setting, ','), '') FROM pg_settings WHERE name LIKE 'sql_query_engine.%'",
+        "SELECT coalesce(string_agg(array_to_string(setconfig, ','), ';'), '') FROM pg_db_role_setting",
+        "SELECT coalesce(string_agg(attempts::text || coalesce(sql, ''), ';'), '') FROM nl_history",
+        "SELECT nl_trace('count orders')::text",
+    ] {
+        seen.push(other.query_one(sql, &[]).unwrap().get(0));
+    }
+    for sql in [
+        "SHOW sql_query_engine.llm_api_key",
+        &format!("SELECT pg_read_file('{file}')"),
+        "SELECT * FROM pg_file_settings",
+    ] {
+        let error = other.batch_execute(sql).unwrap_err();
+        assert_eq!(db_error(&error).0, "42501", "{sql}");
+    }
+    for text in &seen {
+        assert!(
+            !text.contains(key) && !text.contains(typed),
+            "a key was readable: {text}"
+        );
+    }
+    for request in s.llm.requests() {
+        assert!(
+            !request.body.to_string().contains(key),
+            "the key reached the prompt"
+        );
+    }
+    if let Some(log) = cluster().server_log() {
+        assert!(!log.contains(key), "the key is in the server log");
+    }
+}
+
+/// Each `(setup, attack)`: functions that run SQL given as text, through nl_check and through
+/// nl_query, as a role that is not a superuser. None may leave a lock behind.
+#[test]
+fn functions_that_run_sql_text_are_refused_and_leave_no_lock() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute("CREATE EXTENSION tablefunc; SET sql_query_engine.max_repairs = 0;")
+        .unwrap();
+    let xml2 = s.client.batch_execute("CREATE EXTENSION xml2").is_ok();
+    let role = reader(&mut s, "crosser");
+    s.client.batch_execute(&format!("SET ROLE {role}")).unwrap();
+    let mut attacks = vec![
+        "SELECT * FROM crosstab('SELECT pg_advisory_lock(42)::text, 1::text, 1::text') AS t(a text, b text)",
+        "SELECT * FROM connectby('(SELECT pg_advisory_lock(43)) s(a)', 'a', 'a', '1', 0) AS t(k text, p text, l int)",
+        "SELECT * FROM crosstab2('SELECT pg_advisory_lock(44)::text, 1::text, 1::text')",
+    ];
+    if xml2 {
+        attacks.push(
+            "SELECT * FROM xpath_table('a', 'b', '(SELECT pg_advisory_lock(45)) s(a, b)', '/x', 'true') AS t(a text, b text)",
+        );
+    }
+    for (i, attack) in attacks.iter().enumerate() {
+        let error = s
+            .client
+            .execute("SELECT nl_check($1)", &[attack])
+            .unwrap_err();
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "42501", "{attack}");
+        assert!(
+            message.contains("runs SQL given as text")
+                && message.contains("sql_query_engine.allowed_functions"),
+            "the refusal names the function and the setting: {message}"
+        );
+        let question = format!("attack number {i}");
+        s.llm.on(&question, vec![Reply::sql(attack)]);
+        let error = s.query(&question).unwrap_err();
+        assert_eq!(db_error(&error).0, "42501", "{attack}");
+    }
+    assert_eq!(
+        s.scalar_i64("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"),
+        0,
+        "an advisory lock survived"
+    );
+}
+
+#[test]
+fn a_database_owners_trojans_never_run_in_the_extensions_own_sql() {
+    let mut s = Session::new();
+    let owner = format!("owner_{}", s.database);
+    let db = s.database.clone();
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {owner} LOGIN; ALTER DATABASE {db} OWNER TO {owner};"
+        ))
+        .unwrap();
+    // The owner plants functions that match the extension's calls better than the built-ins
+    // do, and puts them first on everybody's search path.
+    let mut planted = cluster().connect_as(&db, &owner);
+    planted
+        .batch_execute(&format!(
+            "CREATE TABLE public.trojan_log (who text, what text);
+             GRANT INSERT, SELECT ON public.trojan_log TO PUBLIC;
+             CREATE FUNCTION public.nextval(text) RETURNS bigint LANGUAGE plpgsql AS
+                 $$ BEGIN INSERT INTO public.trojan_log VALUES (current_user, 'nextval'); RETURN 1; END $$;
+             CREATE FUNCTION public.quote_ident(name) RETURNS text LANGUAGE plpgsql AS
+                 $$ BEGIN INSERT INTO public.trojan_log VALUES (current_user, 'quote_ident'); RETURN $1; END $$;
+             CREATE FUNCTION public.format_type(oid, integer) RETURNS text LANGUAGE plpgsql AS
+                 $$ BEGIN INSERT INTO public.trojan_log VALUES (current_user, 'format_type'); RETURN 'int'; END $$;
+             CREATE FUNCTION public.pg_current_xact_id() RETURNS xid8 LANGUAGE plpgsql AS
+                 $$ BEGIN INSERT INTO public.trojan_log VALUES (current_user, 'xact'); RETURN '1'; END $$;
+             CREATE FUNCTION public.lower(varchar) RETURNS text LANGUAGE plpgsql AS
+                 $$ BEGIN INSERT INTO public.trojan_log VALUES (current_user, 'lower'); RETURN $1; END $$;
+             ALTER DATABASE {db} SET search_path = public, pg_catalog;"
+        ))
+        .unwrap();
+    // A superuser, in a new connection with the owner's search path, does DDL and asks.
+    let mut admin = cluster().connect(&db);
+    admin
+        .batch_execute(&format!(
+            "SET sql_query_engine.llm_url = '{}';
+             CREATE TABLE public.new_table (id int);
+             COMMENT ON TABLE public.new_table IS 'fresh';
+             COMMENT ON COLUMN customers.name IS 'full name';
+             DROP TABLE public.new_table;",
+            s.llm.url()
+        ))
+        .unwrap();
+    s.llm.on(
+        "names in lower case",
+        vec![Reply::sql("SELECT name FROM customers ORDER BY name")],
+    );
+    let schema: String = admin.query_one("SELECT nl_schema()", &[]).unwrap().get(0);
+    assert!(schema.contains("full name"), "{schema}");
+    admin
+        .query("SELECT nl_query('names in lower case')", &[])
+        .unwrap();
+    admin
+        .batch_execute("SELECT nl_example_add('any customers?', 'SELECT count(*) FROM customers')")
+        .unwrap();
+    let ran: i64 = admin
+        .query_one("SELECT count(*) FROM public.trojan_log", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(ran, 0, "a trojan ran inside the extension's own SQL");
+}
+
+/// Answers that no parser likes: unclosed braces, fences and think tags, megabytes of them.
+fn hostile_answer(bytes: usize) -> String {
+    let unit = "{\"a\": {\"sql\" ```sql {{ <think> [[\"\\ ";
+    unit.repeat(bytes / unit.len())
+}
+
+#[test]
+fn a_huge_model_answer_is_bounded_and_cancel_lands() {
+    let mut s = Session::new();
+    // By default the response is cut at 1 MiB and the call ends at once.
+    s.llm
+        .on("huge one", vec![Reply::Content(hostile_answer(6 << 20))]);
+    let started = Instant::now();
+    let error = s.query("huge one").unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "58000");
+    assert!(message.contains("max_response_bytes"), "{message}");
+    assert!(started.elapsed() < Duration::from_secs(4));
+
+    // Let it through: parsing is linear, and the caller's statement_timeout still lands.
+    s.client
+        .batch_execute(
+            "SET sql_query_engine.max_response_bytes = '64MB';
+             SET sql_query_engine.max_repairs = 20; SET statement_timeout = '3s';",
+        )
+        .unwrap();
+    s.llm.on(
+        "huge again",
+        (0..21)
+            .map(|_| Reply::Content(hostile_answer(6 << 20)))
+            .collect(),
+    );
+    let started = Instant::now();
+    let error = s.query("huge again").unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(
+        ["57014", "42601"].contains(&db_error(&error).0.as_str()),
+        "{error}"
+    );
+    s.client.batch_execute("RESET statement_timeout").unwrap();
+
+    // And pg_terminate_backend ends the backend, alone, within a second.
+    let mut other = cluster().connect(&s.database);
+    let started_at: String = other
+        .query_one("SELECT pg_postmaster_start_time()::text", &[])
+        .unwrap()
+        .get(0);
+    let pid: i32 = s
+        .client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    s.llm.on(
+        "huge forever",
+        (0..21)
+            .map(|_| Reply::Content(hostile_answer(6 << 20)))
+            .collect(),
+    );
+    let killer = s.signal_after("pg_terminate_backend", Duration::from_millis(1000));
+    let error = s.query("huge forever").unwrap_err();
+    let ended = Instant::now();
+    let signalled = killer.join().unwrap();
+    assert!(ended.duration_since(signalled) < Duration::from_secs(1));
+    if let Some(db) = error.as_db_error() {
+        assert_eq!(db.code().code(), "57P01");
+    }
+    let alive: i64 = other
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+            &[&pid],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(alive, 0, "the terminated backend is gone");
+    let now: String = other
+        .query_one("SELECT pg_postmaster_start_time()::text", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(now, started_at, "the postmaster did not restart");
+}
+
+#[test]
+fn a_failed_repair_call_keeps_the_earlier_answer() {
+    let notices = Arc::new(Mutex::new(Vec::new()));
+    let mut s = Session::with_notices(Arc::clone(&notices));
+    s.client
+        .batch_execute("SET sql_query_engine.llm_timeout = 1000")
+        .unwrap();
+    let mut replies = vec![Reply::sql(
+        "SELECT name FROM customers WHERE country = 'XX'",
+    )];
+    replies.extend((0..20).map(|_| Reply::Status(503, "overloaded".into())));
+    s.llm.on("customers from nowhere", replies);
+    let rows = s.query("customers from nowhere").unwrap();
+    assert!(rows.is_empty(), "the empty first answer stands");
+    assert!(
+        notices
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|n| n.starts_with("WARNING") && n.contains("HTTP 503")),
+        "{notices:?}"
+    );
+
+    // with nothing to show, the model's failure is the error
+    let mut replies = vec![Reply::sql("SELECT nope FROM customers")];
+    replies.extend((0..20).map(|_| Reply::Status(503, "overloaded".into())));
+    s.llm.on("broken and down", replies);
+    let error = s.query("broken and down").unwrap_err();
+    assert_eq!(db_error(&error).0, "58000");
+}
+
+#[test]
+fn with_sample_values_off_no_stored_value_reaches_the_model() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute("SET sql_query_engine.sample_values = 0")
+        .unwrap();
+    s.llm.on(
+        "ids of the first customer",
+        vec![
+            Reply::sql("SELECT customer_id FROM customers WHERE customer_id = (SELECT name::int FROM customers ORDER BY 1 LIMIT 1)"),
+            Reply::sql("SELECT ('{\"a\": ' || name || '}')::json FROM customers"),
+            Reply::sql("SELECT min(customer_id) AS id FROM customers"),
+        ],
+    );
+    let trace = s.trace("ids of the first customer").unwrap();
+    assert_eq!(trace["status"], "ok");
+    // the caller sees what PostgreSQL said; the model does not
+    assert!(trace["attempts"][0]["message"]
+        .as_str()
+        .unwrap()
+        .contains("\"Ada\""));
+    for request in s.llm.requests() {
+        let text = request.text();
+        for value in ["Ada", "Bruno", "Chiara", "Dmitri", "do not show"] {
+            assert!(!text.contains(value), "{value} reached the model:\n{text}");
+        }
+    }
+    let repair = s.llm.requests()[1].last_message();
+    assert!(
+        repair.contains("22P02") && repair.contains("\"…\""),
+        "{repair}"
+    );
+}

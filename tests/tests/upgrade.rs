@@ -1,0 +1,104 @@
+//! `ALTER EXTENSION sql_query_engine UPDATE` from the previous release gives the same objects as
+//! a fresh install of this one, and keeps the data of the extension's tables.
+
+use sql_query_engine_e2e::{cluster, Reply, ScriptedLlm};
+
+/// Every object of the extension with what defines it, sorted: functions with their full
+/// definition, tables with their columns, event triggers with their tags.
+const MEMBERS: &str = "
+SELECT pg_describe_object(d.classid, d.objid, d.objsubid) || ': ' || coalesce(
+         CASE WHEN d.classid = 'pg_proc'::regclass THEN pg_get_functiondef(d.objid) END,
+         CASE WHEN d.classid = 'pg_class'::regclass THEN (
+             SELECT string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+                               || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END, ', ' ORDER BY a.attnum)
+             FROM pg_attribute a WHERE a.attrelid = d.objid AND a.attnum > 0 AND NOT a.attisdropped) END,
+         CASE WHEN d.classid = 'pg_event_trigger'::regclass THEN (
+             SELECT evtevent || ' ' || coalesce(array_to_string(evttags, ','), '') || ' '
+                    || evtfoid::regproc::text
+             FROM pg_event_trigger WHERE oid = d.objid) END,
+         '')
+FROM pg_depend d JOIN pg_extension e ON e.oid = d.refobjid
+WHERE e.extname = 'sql_query_engine' AND d.deptype = 'e'
+ORDER BY 1";
+
+fn members(database: &str) -> Vec<String> {
+    let mut client = cluster().connect(database);
+    client
+        .query(MEMBERS, &[])
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+fn new_database(name: &str) -> String {
+    let name = format!("{name}_{}", std::process::id());
+    let mut admin = cluster().connect("postgres");
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
+        .unwrap();
+    admin
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .unwrap();
+    name
+}
+
+#[test]
+fn updating_from_0_1_0_equals_a_fresh_install_and_keeps_the_data() {
+    let fresh = new_database("sqe_fresh");
+    cluster()
+        .connect(&fresh)
+        .batch_execute("CREATE EXTENSION sql_query_engine")
+        .unwrap();
+
+    let updated = new_database("sqe_updated");
+    let mut client = cluster().connect(&updated);
+    client
+        .batch_execute(
+            "CREATE EXTENSION sql_query_engine VERSION '0.1.0';
+             CREATE TABLE t (a int); INSERT INTO t VALUES (1), (2);
+             SELECT nl_example_add('how many t', 'SELECT count(*) FROM t');",
+        )
+        .expect("installing 0.1.0 (scripts/test.sh puts its script into the server's directory)");
+    client
+        .batch_execute("ALTER EXTENSION sql_query_engine UPDATE TO '0.2.0'")
+        .unwrap();
+    let version: String = client
+        .query_one(
+            "SELECT extversion FROM pg_extension WHERE extname = 'sql_query_engine'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(version, "0.2.0");
+    assert_eq!(members(&updated), members(&fresh));
+
+    // the example survived, and the updated extension answers
+    let examples: i64 = client
+        .query_one("SELECT count(*) FROM nl_examples", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(examples, 1);
+    let llm = ScriptedLlm::start();
+    llm.on(
+        "how many rows in t",
+        vec![Reply::sql("SELECT count(*) AS n FROM t")],
+    );
+    client
+        .batch_execute(&format!("SET sql_query_engine.llm_url = '{}'", llm.url()))
+        .unwrap();
+    let n: String = client
+        .query_one("SELECT nl_query('how many rows in t')::text", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(n, r#"{"n": 2}"#);
+    let schema: String = client.query_one("SELECT nl_schema()", &[]).unwrap().get(0);
+    assert!(schema.contains("CREATE TABLE t"), "{schema}");
+    drop(client);
+    let mut admin = cluster().connect("postgres");
+    for database in [fresh, updated] {
+        admin
+            .batch_execute(&format!("DROP DATABASE {database}"))
+            .unwrap();
+    }
+}
