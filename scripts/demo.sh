@@ -2,7 +2,8 @@
 # The demo: builds and installs the extension, starts a local model (Qwen2.5-Coder-1.5B on
 # llama.cpp, downloaded and built once, see scripts/local-llm.sh) and a throwaway PostgreSQL
 # cluster with a small shop database, and asks questions from psql: each step, the SQL and the
-# rows are printed.
+# rows are printed, then one line: questions answered, attempts, time. It exits non-zero when a
+# question was not answered.
 #   LLM_URL=... LLM_MODEL=... make demo    use another OpenAI-compatible endpoint instead
 #   DEMO_MODEL=scripted make demo          use the test suite's scripted model (no download)
 set -euo pipefail
@@ -14,13 +15,16 @@ unset RUST_BACKTRACE RUST_LIB_BACKTRACE
 bash scripts/setup.sh
 SUDO_FLAG=""
 [ "$(id -u)" = 0 ] || SUDO_FLAG=--sudo
+echo "demo: building and installing the extension"
 cargo pgrx install --pg-config "$PG_CONFIG" $SUDO_FLAG >/dev/null
 
 dir=/tmp/sqe-demo
 port="${DEMO_PORT:-55432}"
 bash scripts/pg-cluster.sh stop "$dir" 2>/dev/null || true
 rm -rf "$dir"
-bash scripts/pg-cluster.sh start "$dir" "$port"
+# The recommended configuration: the library preloaded, so that its settings are defined in
+# every backend from the start.
+bash scripts/pg-cluster.sh start "$dir" "$port" -c shared_preload_libraries=sql_query_engine
 scripted_pid=""
 cleanup() {
     [ -n "$scripted_pid" ] && kill "$scripted_pid" 2>/dev/null
@@ -28,6 +32,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
+local_model=false
 if [ -z "${LLM_URL:-}" ] && [ "${DEMO_MODEL:-local}" = scripted ]; then
     cargo build -q -p sql_query_engine_e2e --bin scripted_llm
     exec 3< <(target/debug/scripted_llm demo/answers.json)
@@ -37,6 +42,7 @@ if [ -z "${LLM_URL:-}" ] && [ "${DEMO_MODEL:-local}" = scripted ]; then
 elif [ -z "${LLM_URL:-}" ]; then
     LLM_URL="$(bash scripts/local-llm.sh start "${LLM_PORT:-8080}")"
     LLM_MODEL=qwen2.5-coder-1.5b-instruct
+    local_model=true
     echo "The local model keeps running; stop it with: bash scripts/local-llm.sh stop"
 fi
 
@@ -48,15 +54,32 @@ echo "A verified example for the model (demo/examples.sql):"
 psql -X -q -d shop -v ON_ERROR_STOP=1 -f demo/examples.sql
 psql -X -q -d shop -c "ALTER DATABASE shop SET sql_query_engine.llm_url = '$LLM_URL'"
 psql -X -q -d shop -c "ALTER DATABASE shop SET sql_query_engine.llm_model = '${LLM_MODEL:-}'"
+if [ -n "${LLM_API_KEY_FILE:-}" ]; then
+    psql -X -q -d shop -c "ALTER DATABASE shop SET sql_query_engine.llm_api_key_file = '$LLM_API_KEY_FILE'"
+fi
 # Each step (the model's SQL, each attempt's outcome) is printed as a NOTICE as it happens.
 psql -X -q -d shop -c "ALTER DATABASE shop SET sql_query_engine.progress = on"
 
 echo "Model endpoint: $LLM_URL"
+asked=0 answered=0 started=$(date +%s)
 while read -r question; do
+    asked=$((asked + 1))
     echo
     echo "=== $question"
-    psql -X -q -d shop -v q="$question" <<'SQL' || true
+    if psql -X -q -d shop -v ON_ERROR_STOP=1 -v q="$question" <<'SQL'
 \pset footer off
 SELECT * FROM nl_query(:'q');
 SQL
+    then
+        answered=$((answered + 1))
+    elif $local_model && ! bash scripts/local-llm.sh status; then
+        echo "demo: the local model server is gone; see ${SQE_CACHE:-$HOME/.cache/sql_query_engine}/llm.log" >&2
+        echo "demo: rebuild it with: bash scripts/local-llm.sh rebuild" >&2
+        exit 1
+    fi
 done < <(python3 -c 'import json; [print(q) for q in json.load(open("demo/answers.json"))]')
+
+attempts=$(psql -X -qAt -d shop -c "SELECT coalesce(sum(jsonb_array_length(attempts)), 0) FROM nl_history")
+echo
+echo "demo: $answered of $asked questions answered, $attempts attempts, $(( $(date +%s) - started )) s"
+[ "$answered" = "$asked" ]

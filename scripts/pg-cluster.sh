@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # A throwaway PostgreSQL cluster on loopback, for the demo, the end-to-end tests and the
 # benchmark. As root it runs as the `postgres` user (initdb refuses root).
-#   pg-cluster.sh start DIR PORT   initdb (once) and start; the socket is in DIR too
+#   pg-cluster.sh start DIR PORT [SERVER OPTION...]
+#                                  initdb (once) and start; the socket is in DIR too; options
+#                                  (e.g. -c shared_preload_libraries=sql_query_engine) go to
+#                                  the server
 #   pg-cluster.sh stop DIR         stop immediately
 set -euo pipefail
 PG_CONFIG="${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}"
@@ -14,6 +17,8 @@ as_server_user() {
 case "${1:-}" in
 start)
     dir="$2" port="$3"
+    shift 3
+    extra="$*"
     mkdir -p "$dir"
     [ "$(id -u)" = 0 ] && chown postgres:postgres "$dir"
     if [ ! -f "$dir/data/PG_VERSION" ]; then
@@ -23,7 +28,7 @@ start)
     # A backtrace variable in the server's environment would fill error details with traces.
     as_server_user env -u RUST_BACKTRACE -u RUST_LIB_BACKTRACE "$bin/pg_ctl" start -D "$dir/data" \
         -w -t 60 -l "$dir/server.log" \
-        -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200" \
+        -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200 $extra" \
         >/dev/null
     ;;
 stop)

@@ -1,29 +1,61 @@
 #!/usr/bin/env bash
-# Installs what building and testing sql_query_engine needs, skipping what is already there:
-# PostgreSQL 15 with its server headers, libclang (bindgen), Redis, sudo, cargo-pgrx 0.18.1, and
-# pgrx's pointer to the system PostgreSQL. Run as root, or as a user with sudo.
+# Installs what building, testing and the demo need on Debian 12, skipping what is already there:
+# a C toolchain, PostgreSQL 15 (contrib included) with its server headers, libclang (bindgen), Redis,
+# pgbouncer, Python 3 with venv and pip, sudo, a Rust toolchain new enough for the code,
+# cargo-pgrx 0.18.1, and pgrx's pointer to the system PostgreSQL. Run as root, or as a user with
+# sudo. Each step says what it does and how long it took.
 set -euo pipefail
 export PATH="$HOME/.cargo/bin:$PATH"
 PG_CONFIG="${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}"
+RUST_MIN=1.88
 SUDO=""
-[ "$(id -u)" = 0 ] || SUDO=sudo
+if [ "$(id -u)" != 0 ]; then
+    command -v sudo >/dev/null || { echo "setup: run as root, or install sudo first" >&2; exit 1; }
+    SUDO=sudo
+fi
 
-packages=(postgresql-15 postgresql-server-dev-15 libclang-dev redis-server sudo)
-# Python 3 with venv runs the benchmark harness (and its test); this machine kind ships one.
-command -v python3 >/dev/null || packages+=(python3 python3-venv)
+step_started=0
+step() { step_started=$(date +%s); echo "setup: $*"; }
+done_step() { echo "setup:   ... $(( $(date +%s) - step_started )) s"; }
+
+packages=(build-essential pkg-config ca-certificates curl postgresql-15 postgresql-server-dev-15
+          libclang-dev redis-server pgbouncer sudo python3 python3-venv
+          python3-pip)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-    echo "setup: installing ${missing[*]}"
+    step "installing Debian packages: ${missing[*]}"
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}" >/dev/null
+    # The packaged cluster is not needed: tests and the demo start their own.
+    $SUDO systemctl disable --now postgresql redis-server pgbouncer >/dev/null 2>&1 || true
+    done_step
+fi
+
+# Rust: Debian's is too old for this code (and for cargo-pgrx); rustup when missing or older.
+version_of() { "$1" --version 2>/dev/null | awk '{print $2}'; }
+new_enough() { [ "$(printf '%s\n%s\n' "$RUST_MIN" "$1" | sort -V | head -1)" = "$RUST_MIN" ]; }
+rustc_version="$(version_of rustc || true)"
+if [ -z "$rustc_version" ] || ! new_enough "$rustc_version"; then
+    step "Rust ${rustc_version:-(none)} is older than $RUST_MIN: installing it with rustup"
+    if ! curl --proto '=https' --tlsv1.2 -fsS --max-time 30 https://sh.rustup.rs -o /tmp/rustup-init.sh; then
+        echo "setup: this code needs Rust >= $RUST_MIN (rustc and cargo) and rustup could not be" >&2
+        echo "setup: downloaded from https://sh.rustup.rs. Install Rust $RUST_MIN or newer and put" >&2
+        echo "setup: cargo on PATH (or in ~/.cargo/bin), then run this again." >&2
+        exit 1
+    fi
+    sh /tmp/rustup-init.sh -y --profile minimal --default-toolchain stable -c rustfmt,clippy
+    export PATH="$HOME/.cargo/bin:$PATH"
+    done_step
 fi
 
 if ! cargo pgrx --version 2>/dev/null | grep -q '0\.18\.1'; then
-    echo "setup: installing cargo-pgrx 0.18.1 (about 10 minutes on 2 cores)"
+    step "installing cargo-pgrx 0.18.1 (5 to 11 minutes on 2 cores)"
     cargo install cargo-pgrx --version =0.18.1 --locked
+    done_step
 fi
 
 if ! grep -qs '^pg15' "$HOME/.pgrx/config.toml"; then
