@@ -125,7 +125,7 @@ build_server() {
     "$venv/bin/pip" install --quiet --upgrade pip
     local src="$cache/llama-src" wheelhouse="$cache/wheelhouse"
     rm -rf "$src" && mkdir -p "$src" "$wheelhouse"
-    "$venv/bin/pip" download --quiet --no-deps --no-binary :all: --dest "$src" \
+    "$venv/bin/pip" download --quiet --no-deps --no-binary llama-cpp-python --dest "$src" \
         "llama-cpp-python==$server_version"
     tar -xzf "$src"/llama_cpp_python-"$server_version".tar.gz -C "$src"
     local tree="$src/llama_cpp_python-$server_version"
