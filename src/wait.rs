@@ -58,6 +58,9 @@ where
     F: FnOnce() -> T + Send + 'static,
 {
     let signal = Arc::new(Signal::new().ok_or(WaitError::Lost)?);
+    // Hold no snapshot of our own while waiting (the catalog's is taken again when needed);
+    // the calling statement's snapshot is PostgreSQL's to keep.
+    unsafe { pg_sys::InvalidateCatalogSnapshot() };
     let (sender, receiver) = mpsc::sync_channel(1);
     let done = Arc::clone(&signal);
     let spawned = std::thread::Builder::new()

@@ -35,6 +35,47 @@ use retrieve::{Candidate, Terms};
 use samples::Samples;
 
 pub use retrieve::words;
+pub use samples::quote as quote_literal;
+
+/// One text column, as the value index reads it.
+pub struct TextColumn {
+    /// Index of its relation in the schema context.
+    pub relation: usize,
+    /// The column's name, quoted.
+    pub column_sql: String,
+    /// The relation, schema-qualified and quoted (for reading it).
+    pub qualified_table: String,
+    /// `relation.column` as the prompt writes it.
+    pub display: String,
+    /// Values known from the planner's statistics (most common values, histogram bounds).
+    pub statistics: Vec<String>,
+    /// Row-level security applies to the caller on its relation.
+    pub row_security: bool,
+    pub foreign: bool,
+}
+
+/// The text columns of a schema context, grouped by relation.
+pub struct TextColumns(Vec<TextColumn>);
+
+impl TextColumns {
+    pub fn get(&self, id: usize) -> &TextColumn {
+        &self.0[id]
+    }
+
+    /// The relations that have text columns, in schema order.
+    pub fn relations(&self) -> Vec<usize> {
+        let mut relations: Vec<usize> = self.0.iter().map(|c| c.relation).collect();
+        relations.dedup();
+        relations
+    }
+
+    /// The ids of `relation`'s text columns.
+    pub fn of_relation(&self, relation: usize) -> Vec<usize> {
+        (0..self.0.len())
+            .filter(|&i| self.0[i].relation == relation)
+            .collect()
+    }
+}
 
 /// Foreign-key steps a repair hint follows to say how to reach a column's table.
 const JOIN_HOPS: usize = 3;
@@ -46,6 +87,8 @@ const MAX_PENDING: usize = 1000;
 pub struct SchemaContext {
     relations: Vec<Relation>,
     terms: Vec<Terms>,
+    /// Each relation's name, and its multi-word column names, as `retrieve::name_tokens`.
+    names: Vec<Vec<Vec<String>>>,
     neighbours: Vec<Vec<usize>>,
     /// Estimated tokens of each relation's rendering (sample values included).
     tokens: Vec<usize>,
@@ -61,6 +104,8 @@ pub struct PromptSchema {
     pub relations: Vec<String>,
     /// Whether retrieval left relations out.
     pub pruned: bool,
+    /// Whether the schema came from this backend's cache (no catalog read).
+    pub cached: bool,
 }
 
 #[derive(Clone, PartialEq, Eq)]
@@ -88,6 +133,8 @@ thread_local! {
     static CACHE: RefCell<Option<(CacheKey, Rc<SchemaContext>)>> = const { RefCell::new(None) };
     /// OIDs of the relations the cache holds, for the invalidation callback.
     static CACHED: RefCell<HashSet<pg_sys::Oid>> = RefCell::new(HashSet::new());
+    /// Syscache hash values of the schemas the cache reads: only their invalidations matter.
+    static SCHEMA_HASHES: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
     static INVALIDATED: RefCell<Invalidations> = RefCell::new(Invalidations::default());
     /// The extension's OID and its schema, quoted.
     static EXTENSION: RefCell<Option<(pg_sys::Oid, String)>> = const { RefCell::new(None) };
@@ -120,13 +167,40 @@ unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid:
     });
 }
 
+/// Role memberships and enum labels: any change. Schemas: only those the cache reads (a
+/// session's first temporary table creates its temporary schema, which must not count).
 #[pg_guard]
 unsafe extern "C-unwind" fn on_syscache_invalidation(
     _arg: pg_sys::Datum,
-    _cache: std::ffi::c_int,
-    _hash: u32,
+    cache: std::ffi::c_int,
+    hash: u32,
 ) {
-    mark_stale();
+    let namespaces = pg_sys::SysCacheIdentifier::NAMESPACEOID as std::ffi::c_int;
+    let ours = cache != namespaces
+        || hash == 0
+        || SCHEMA_HASHES.with(|h| h.try_borrow().map_or(true, |h| h.contains(&hash)));
+    if ours {
+        mark_stale();
+    }
+}
+
+/// The syscache hash values of `schemas`, as invalidations carry them.
+fn schema_hashes(schemas: &[String]) -> Vec<u32> {
+    schemas
+        .iter()
+        .filter_map(|name| std::ffi::CString::new(name.as_str()).ok())
+        .map(|name| unsafe { pg_sys::get_namespace_oid(name.as_ptr(), true) })
+        .filter(|oid| *oid != pg_sys::InvalidOid)
+        .map(|oid| unsafe {
+            pg_sys::GetSysCacheHashValue(
+                pg_sys::SysCacheIdentifier::NAMESPACEOID as std::ffi::c_int,
+                pg_sys::Datum::from(oid),
+                pg_sys::Datum::from(0usize),
+                pg_sys::Datum::from(0usize),
+                pg_sys::Datum::from(0usize),
+            )
+        })
+        .collect()
 }
 
 /// Called from `_PG_init`.
@@ -167,7 +241,7 @@ pub fn extension_schema() -> Result<String> {
         return Ok(schema);
     }
     let schema = subxact::pinned(|| {
-        Spi::get_one_with_args::<String>(
+        read_one::<String>(
             "SELECT quote_ident(n.nspname) FROM pg_extension e \
              JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.oid = $1",
             &[extension.into()],
@@ -181,6 +255,11 @@ pub fn extension_schema() -> Result<String> {
 
 /// The schema context for the current role and settings, from the cache when still valid.
 pub fn context() -> Result<Rc<SchemaContext>> {
+    load().map(|(context, _)| context)
+}
+
+/// `context`, and whether it came from the cache.
+pub fn load() -> Result<(Rc<SchemaContext>, bool)> {
     let key = current_key()?;
     let stale = take_invalidations(&key.schemas);
     if !stale {
@@ -189,15 +268,16 @@ pub fn context() -> Result<Rc<SchemaContext>> {
                 .filter(|(k, _)| *k == key)
                 .map(|(_, ctx)| Rc::clone(ctx))
         }) {
-            return Ok(hit);
+            return Ok((hit, true));
         }
     }
     let relations = catalog::load(&key.schemas, key.sample_values > 0)?;
     let oids: HashSet<pg_sys::Oid> = relations.iter().map(|r| pg_sys::Oid::from(r.oid)).collect();
     let context = Rc::new(SchemaContext::new(relations, key.sample_values));
     CACHED.with_borrow_mut(|c| *c = oids);
+    SCHEMA_HASHES.with_borrow_mut(|h| *h = schema_hashes(&key.schemas));
     CACHE.with_borrow_mut(|c| *c = Some((key, Rc::clone(&context))));
-    Ok(context)
+    Ok((context, false))
 }
 
 /// Whether the invalidations since the last question make the cache stale; forgets them.
@@ -241,13 +321,23 @@ fn newly_readable(relid: pg_sys::Oid, schemas: &[String]) -> bool {
     }
 }
 
+/// The first column of the first row of a read. Read-only SPI: it assigns no transaction id
+/// (pgrx's `Spi::get_one` does, which fails on a hot standby and costs an XID per question).
+fn read_one<T: pgrx::FromDatum + pgrx::IntoDatum>(
+    sql: &str,
+    args: &[pgrx::datum::DatumWithOid],
+) -> std::result::Result<Option<T>, pgrx::spi::Error> {
+    Spi::connect(|client| client.select(sql, Some(1), args)?.first().get_one::<T>())
+}
+
 /// Role, schemas, search path, settings and the comment count.
 fn current_key() -> Result<CacheKey> {
     let schema = extension_schema()?;
     let comments = subxact::pinned(|| {
-        Spi::get_one::<i64>(&format!(
-            "SELECT coalesce(sum(changes), 0)::int8 FROM {schema}.nl_schema_changes"
-        ))
+        read_one::<i64>(
+            &format!("SELECT coalesce(sum(changes), 0)::int8 FROM {schema}.nl_schema_changes"),
+            &[],
+        )
     })
     .map_err(|e| Error::internal(format!("reading the schema version failed: {e}")))?
     .unwrap_or(0);
@@ -312,6 +402,20 @@ impl SchemaContext {
             .iter()
             .map(|r| relation_terms(r, sample_values))
             .collect();
+        let unquote = |s: &str| s.trim_matches('"').to_string();
+        let names = relations
+            .iter()
+            .map(|r| {
+                let mut names = vec![retrieve::name_tokens(&unquote(&r.name))];
+                names.extend(
+                    r.columns
+                        .iter()
+                        .map(|c| retrieve::name_tokens(&unquote(&c.name)))
+                        .filter(|tokens| tokens.len() > 1),
+                );
+                names
+            })
+            .collect();
         let tokens = relations
             .iter()
             .map(|r| {
@@ -333,6 +437,7 @@ impl SchemaContext {
         SchemaContext {
             relations,
             terms,
+            names,
             neighbours,
             tokens,
             samples: RefCell::new(HashMap::new()),
@@ -340,9 +445,38 @@ impl SchemaContext {
         }
     }
 
+    /// The text columns, for the value index.
+    pub fn text_columns(&self) -> TextColumns {
+        let mut columns = Vec::new();
+        for (i, relation) in self.relations.iter().enumerate() {
+            let row_security = unsafe {
+                pg_sys::check_enable_rls(pg_sys::Oid::from(relation.oid), pg_sys::InvalidOid, true)
+                    == pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32
+            };
+            for column in relation.columns.iter().filter(|c| c.textual) {
+                columns.push(TextColumn {
+                    relation: i,
+                    column_sql: column.name.clone(),
+                    qualified_table: format!("{}.{}", relation.schema, relation.name),
+                    display: format!("{}.{}", relation.sql_name(), column.name),
+                    statistics: column
+                        .common_values
+                        .iter()
+                        .chain(&column.histogram)
+                        .cloned()
+                        .collect(),
+                    row_security,
+                    foreign: relation.kind == "foreign table",
+                });
+            }
+        }
+        TextColumns(columns)
+    }
+
     /// The schema text for `question` (every relation when no question is given or all fit the
-    /// prompt budget).
-    pub fn for_question(&self, question: Option<&str>) -> PromptSchema {
+    /// prompt budget). The relations in `evidence` (where the question's values are stored)
+    /// are always shown.
+    pub fn for_question(&self, question: Option<&str>, evidence: &[usize]) -> PromptSchema {
         let budget = settings::prompt_budget();
         let chosen: Vec<usize> = match question {
             Some(q) => {
@@ -353,21 +487,39 @@ impl SchemaContext {
                         neighbours: &self.neighbours[i],
                     })
                     .collect();
-                retrieve::select(&candidates, q, budget)
+                let asked = retrieve::name_tokens(q);
+                let named = (0..self.relations.len())
+                    .filter(|&i| self.names[i].iter().any(|n| retrieve::names(&asked, n)));
+                let mut must: Vec<usize> = named.collect();
+                must.extend(
+                    evidence
+                        .iter()
+                        .filter(|i| !must.contains(i))
+                        .collect::<Vec<_>>(),
+                );
+                retrieve::select(&candidates, q, budget, &must)
             }
             None => (0..self.relations.len()).collect(),
         };
         let mut text = String::new();
+        let mschema = settings::schema_format() == settings::SchemaFormat::MSchema;
         for &i in &chosen {
-            text.push_str(&render::render_relation(
-                &self.relations[i],
-                &self.samples_of(i),
-            ));
+            let samples = self.samples_of(i);
+            text.push_str(&if mschema {
+                render::render_mschema(&self.relations[i], &samples)
+            } else {
+                render::render_relation(&self.relations[i], &samples)
+            });
+        }
+        if mschema {
+            let shown: Vec<&Relation> = chosen.iter().map(|&i| &self.relations[i]).collect();
+            text.push_str(&render::mschema_keys(&shown));
         }
         if text.is_empty() {
             text.push_str(render::NOTHING_VISIBLE);
         }
         PromptSchema {
+            cached: false,
             pruned: chosen.len() < self.relations.len(),
             relations: chosen
                 .iter()

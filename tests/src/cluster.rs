@@ -48,7 +48,7 @@ fn cluster_script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/pg-cluster.sh")
 }
 
-fn run_script(args: &[&str]) {
+pub fn run_script(args: &[&str]) {
     let out = Command::new("bash")
         .arg(cluster_script())
         .args(args)
@@ -62,7 +62,7 @@ fn run_script(args: &[&str]) {
     );
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -116,6 +116,11 @@ fn create_template(cluster: &Cluster) {
 }
 
 impl Cluster {
+    /// The cluster's directory, when this process started it.
+    pub fn own_dir(&self) -> Option<&'static Path> {
+        CLUSTER_DIR.get().map(PathBuf::as_path)
+    }
+
     /// The server log, when this process started the cluster.
     pub fn server_log(&self) -> Option<String> {
         CLUSTER_DIR

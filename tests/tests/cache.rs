@@ -1,0 +1,112 @@
+//! The schema cache stays warm while other sessions churn (temporary tables, ANALYZE, DDL on
+//! relations it does not hold), and is dropped by the very next question after DDL on a
+//! relation it shows, a new readable table, or a COMMENT.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use sql_query_engine_e2e::{cluster, Reply, Session};
+
+fn traced(s: &mut Session, question: &str) -> serde_json::Value {
+    s.llm.on(question, vec![Reply::sql("SELECT 1 AS one")]);
+    s.trace(question).unwrap()
+}
+
+#[test]
+fn other_sessions_churn_without_emptying_the_cache() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute(
+            "CREATE SCHEMA elsewhere; CREATE TABLE elsewhere.log (a int);
+             CREATE TABLE hidden (a int); REVOKE ALL ON hidden FROM PUBLIC;
+             ANALYZE;",
+        )
+        .unwrap();
+    let role = format!("churn_reader_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {role}; GRANT SELECT ON customers, orders TO {role}; SET ROLE {role}"
+        ))
+        .unwrap();
+    assert_eq!(traced(&mut s, "warm up")["schema_cached"], false);
+    assert_eq!(traced(&mut s, "warm again")["schema_cached"], true);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let churner = {
+        let (database, stop) = (s.database.clone(), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut other = cluster().connect(&database);
+            let mut rounds = 0;
+            while !stop.load(Ordering::Relaxed) || rounds < 20 {
+                other
+                    .batch_execute(
+                        "CREATE TEMP TABLE scratch (a int); INSERT INTO scratch VALUES (1);
+                         DROP TABLE scratch; ANALYZE customers; ANALYZE orders;
+                         ALTER TABLE elsewhere.log ADD COLUMN b int;
+                         ALTER TABLE elsewhere.log DROP COLUMN b;
+                         ALTER TABLE hidden ADD COLUMN b int; ALTER TABLE hidden DROP COLUMN b;",
+                    )
+                    .unwrap();
+                rounds += 1;
+            }
+            rounds
+        })
+    };
+    for i in 0..30 {
+        let trace = traced(&mut s, &format!("during churn {i}"));
+        assert_eq!(
+            trace["schema_cached"], true,
+            "question {i} rebuilt the cache"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert!(churner.join().unwrap() >= 20);
+    assert_eq!(traced(&mut s, "after churn")["schema_cached"], true);
+}
+
+#[test]
+fn ddl_on_what_the_cache_shows_is_seen_by_the_very_next_question() {
+    let mut s = Session::new();
+    assert_eq!(traced(&mut s, "before")["schema_cached"], false);
+    let mut other = cluster().connect(&s.database);
+    for (ddl, shows) in [
+        (
+            "ALTER TABLE customers ADD COLUMN vip boolean",
+            "vip boolean",
+        ),
+        ("COMMENT ON COLUMN orders.amount IS 'in euros'", "in euros"),
+        (
+            "CREATE TABLE invoices (id int PRIMARY KEY)",
+            "CREATE TABLE invoices",
+        ),
+        (
+            "CREATE VIEW big_orders AS SELECT * FROM orders WHERE amount > 50",
+            "big_orders",
+        ),
+    ] {
+        other.batch_execute(ddl).unwrap();
+        let question = format!("after {ddl}");
+        let trace = traced(&mut s, &question);
+        assert_eq!(trace["schema_cached"], false, "{ddl}");
+        let told = s.llm.requests().last().unwrap().text();
+        assert!(told.contains(shows), "{ddl}: {told}");
+        assert_eq!(
+            traced(&mut s, &format!("again {ddl}"))["schema_cached"],
+            true
+        );
+    }
+    // a grant makes a table visible to a role that could not read it
+    let role = format!("grantee_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {role}; GRANT SELECT ON customers TO {role}; SET ROLE {role}"
+        ))
+        .unwrap();
+    traced(&mut s, "as the grantee");
+    other
+        .batch_execute(&format!("GRANT SELECT ON orders TO {role}"))
+        .unwrap();
+    traced(&mut s, "after the grant");
+    let told = s.llm.requests().last().unwrap().text();
+    assert!(told.contains("CREATE TABLE orders"), "{told}");
+}

@@ -1,0 +1,163 @@
+//! On a hot standby, a real streaming replica of the test cluster: questions are answered
+//! read-only, and DDL on the primary reaches an open standby connection's schema context as soon
+//! as it is replayed (relcache invalidations and the COMMENT count replay with the WAL).
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use postgres::{Client, NoTls};
+use sql_query_engine_e2e::cluster::{free_port, run_script};
+use sql_query_engine_e2e::{cluster, Reply, ScriptedLlm};
+
+/// A standby started from a base backup of the test cluster; stopped and removed on drop.
+struct Standby {
+    dir: PathBuf,
+    port: u16,
+}
+
+impl Standby {
+    fn start() -> Standby {
+        let primary = cluster();
+        let dir = PathBuf::from(format!("/tmp/sqe-standby-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let root = unsafe { libc::geteuid() } == 0;
+        if root {
+            Command::new("chown")
+                .arg("postgres:postgres")
+                .arg(&dir)
+                .status()
+                .unwrap();
+        }
+        let bindir = Command::new(
+            std::env::var("PG_CONFIG")
+                .unwrap_or_else(|_| "/usr/lib/postgresql/15/bin/pg_config".into()),
+        )
+        .arg("--bindir")
+        .output()
+        .unwrap();
+        let basebackup = format!(
+            "{}/pg_basebackup",
+            String::from_utf8_lossy(&bindir.stdout).trim()
+        );
+        let mut command = if root {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--", &basebackup]);
+            c
+        } else {
+            Command::new(&basebackup)
+        };
+        let status = command
+            .args([
+                "-h",
+                &primary.host,
+                "-p",
+                &primary.port.to_string(),
+                "-U",
+                &primary.user,
+            ])
+            .arg("-D")
+            .arg(dir.join("data"))
+            .args(["-R", "-X", "stream", "-c", "fast"])
+            .status()
+            .unwrap();
+        assert!(status.success(), "pg_basebackup failed");
+        let port = free_port();
+        run_script(&["start", dir.to_str().unwrap(), &port.to_string()]);
+        Standby { dir, port }
+    }
+
+    fn connect(&self, database: &str) -> Client {
+        let config = format!(
+            "host={} port={} user={} dbname={database}",
+            self.dir.display(),
+            self.port,
+            cluster().user
+        );
+        Client::connect(&config, NoTls).unwrap()
+    }
+}
+
+impl Drop for Standby {
+    fn drop(&mut self) {
+        run_script(&["stop", self.dir.to_str().unwrap_or("")]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Waits until the standby has replayed everything the primary has written so far.
+fn wait_for_replay(primary: &mut Client, standby: &mut Client) {
+    let lsn: String = primary
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .unwrap()
+        .get(0);
+    let started = Instant::now();
+    loop {
+        let caught_up: bool = standby
+            .query_one(
+                "SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn",
+                &[&lsn],
+            )
+            .unwrap()
+            .get(0);
+        if caught_up {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the standby did not catch up"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_hot_standby_answers_and_sees_ddl_as_soon_as_it_is_replayed() {
+    if cluster().own_dir().is_none() {
+        eprintln!("skipped: needs a cluster this test started (SQE_TEST_PGHOST is set)");
+        return;
+    }
+    let database = cluster().fresh_database();
+    let mut primary = cluster().connect(&database);
+    let standby = Standby::start();
+    let mut replica = standby.connect(&database);
+    let llm = ScriptedLlm::start();
+    llm.on(
+        "how many customers",
+        vec![Reply::sql("SELECT count(*) AS n FROM customers")],
+    );
+    replica
+        .batch_execute(&format!("SET sql_query_engine.llm_url = '{}'", llm.url()))
+        .unwrap();
+    let in_recovery: bool = replica
+        .query_one("SELECT pg_is_in_recovery()", &[])
+        .unwrap()
+        .get(0);
+    assert!(in_recovery);
+    let n: String = replica
+        .query_one("SELECT nl_query('how many customers')::text", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(n, r#"{"n": 4}"#);
+    let before: String = replica.query_one("SELECT nl_schema()", &[]).unwrap().get(0);
+    assert!(!before.contains("loyalty"));
+
+    primary
+        .batch_execute(
+            "ALTER TABLE customers ADD COLUMN loyalty integer;
+             COMMENT ON TABLE orders IS 'every order ever taken';",
+        )
+        .unwrap();
+    wait_for_replay(&mut primary, &mut replica);
+    let after: String = replica.query_one("SELECT nl_schema()", &[]).unwrap().get(0);
+    assert!(after.contains("loyalty integer"), "{after}");
+    assert!(after.contains("every order ever taken"), "{after}");
+
+    primary
+        .batch_execute("COMMENT ON COLUMN customers.loyalty IS 'points collected'")
+        .unwrap();
+    wait_for_replay(&mut primary, &mut replica);
+    let again: String = replica.query_one("SELECT nl_schema()", &[]).unwrap().get(0);
+    assert!(again.contains("points collected"), "{again}");
+}
