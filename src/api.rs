@@ -10,12 +10,13 @@ use pgrx::JsonB;
 use crate::error::{Error, Result, SqlError};
 use crate::exec::{self, Mode, Outcome, ResultSet};
 use crate::extract::strip_think;
-use crate::heal::{self, Limits, Run};
+use crate::heal::{self, Limits, Run, Vote};
 use crate::llm::{Endpoint, Llm, OpenAiClient, Options};
 use crate::progress::{Event, Progress};
 use crate::schema::PromptSchema;
 use crate::session::Turn;
-use crate::{examples, guard, hints, history, prompt, schema, session, settings, trace};
+use crate::settings::VoteSetting;
+use crate::{examples, guard, hints, history, prompt, schema, session, settings, trace, values};
 
 /// Rows of an answer sent to the model by `nl_answer`, at most.
 const ANSWER_ROWS: usize = 20;
@@ -43,10 +44,14 @@ fn nl_generate(question: Option<&str>, session: default!(Option<&str>, "NULL")) 
 /// Runs the pipeline like `nl_query` and returns what happened instead of the rows.
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_trace(question: Option<&str>, session: default!(Option<&str>, "NULL")) -> JsonB {
-    let (run, schema) = answer(question, session, run_mode(), "nl_trace")
+    let (run, shown) = answer(question, session, run_mode(), "nl_trace")
         .inspect_err(|e| history::audit("nl_trace", session, question.unwrap_or(""), Some(e)))
         .unwrap_or_else(|e| e.raise());
-    JsonB(trace::run(&run, Some(&schema)))
+    JsonB(trace::run(
+        &run,
+        Some(&shown.schema),
+        shown.values.as_deref(),
+    ))
 }
 
 /// Answers a question in plain language, grounded in the rows of the query that answers it
@@ -108,7 +113,7 @@ fn nl_check(sql: &str) {
 fn nl_schema(question: default!(Option<&str>, "NULL")) -> String {
     let question = question.filter(|q| !q.trim().is_empty());
     database_context(question)
-        .map(|(context, _)| context)
+        .map(|context| context.text)
         .unwrap_or_else(|e| e.raise())
 }
 
@@ -155,20 +160,43 @@ fn client(json_mode: bool) -> Result<OpenAiClient> {
     ))
 }
 
-/// The schema and examples for a question, as the prompt shows them.
-fn database_context(question: Option<&str>) -> Result<(String, PromptSchema)> {
-    let schema = schema::context()?.for_question(question);
+/// What the prompt says about the database for a question: its text, the schema shown, and
+/// where the question's values are stored (for repairs).
+struct DatabaseContext {
+    text: String,
+    schema: PromptSchema,
+    values: Option<String>,
+}
+
+/// The schema, the question's values and the examples, as the prompt shows them.
+fn database_context(question: Option<&str>) -> Result<DatabaseContext> {
+    let (context, cached) = schema::load()?;
+    let matches = match question {
+        Some(q) if settings::value_index() => values::index(&context).lookup(q),
+        _ => Vec::new(),
+    };
+    let evidence: Vec<usize> = matches.iter().map(|m| m.relation).collect();
+    let schema = PromptSchema {
+        cached,
+        ..context.for_question(question, &evidence)
+    };
+    let values = values::describe(&matches);
     let examples = match question {
         Some(q) => examples::similar(q, settings::examples())?,
         None => Vec::new(),
     };
-    Ok((prompt::database_context(&schema.text, &examples), schema))
+    Ok(DatabaseContext {
+        text: prompt::database_context(&schema.text, values.as_deref(), &examples),
+        schema,
+        values,
+    })
 }
 
 /// The database the heal loop works on: this backend, as the caller.
 struct LiveDatabase {
     mode: Mode,
     timeout_ms: i32,
+    values: Option<String>,
 }
 
 impl heal::Database for LiveDatabase {
@@ -179,6 +207,10 @@ impl heal::Database for LiveDatabase {
     fn hint(&mut self, sql: &str, error: &SqlError) -> Option<String> {
         hints::for_error(sql, error)
     }
+
+    fn values(&mut self) -> Option<String> {
+        self.values.clone()
+    }
 }
 
 /// `answer` for the functions that return the answer itself: a run without one is an error,
@@ -188,7 +220,7 @@ fn answered(
     question: Option<&str>,
     session: Option<&str>,
     mode: Mode,
-) -> Result<(Run, PromptSchema)> {
+) -> Result<(Run, DatabaseContext)> {
     let result =
         answer(question, session, mode, function).and_then(|(run, schema)| match run.failure() {
             Some(error) => Err(error),
@@ -209,30 +241,37 @@ fn answer(
     session: Option<&str>,
     mode: Mode,
     function: &str,
-) -> Result<(Run, PromptSchema)> {
+) -> Result<(Run, DatabaseContext)> {
     let question = question
         .filter(|q| !q.trim().is_empty())
         .ok_or_else(|| Error::InvalidParameter("the question is empty: ask something".into()))?;
     let session = session.filter(|s| !s.is_empty());
     let mut llm = client(true)?;
     let progress = Progress::new(session);
-    let (context, schema) = database_context(Some(question))?;
+    let shown = database_context(Some(question))?;
     progress.emit(Event::SchemaReady {
-        relations: schema.relations.len(),
-        pruned: schema.pruned,
+        relations: shown.schema.relations.len(),
+        pruned: shown.schema.pruned,
     });
     let turns = session.map(session::turns).unwrap_or_default();
     let mut database = LiveDatabase {
         mode,
         timeout_ms: settings::statement_timeout_ms(),
+        values: shown.values.clone(),
     };
     let limits = Limits {
         max_repairs: settings::max_repairs(),
         share_values: settings::sample_values() > 0,
+        vote: match settings::vote() {
+            VoteSetting::Off => Vote::Off,
+            VoteSetting::WhenInDoubt => Vote::WhenInDoubt,
+            VoteSetting::Always => Vote::Always,
+        },
+        candidates: settings::candidates(),
     };
     let run = heal::solve(
         question,
-        prompt::initial(&context, &turns, question),
+        prompt::initial(&shown.text, &turns, question),
         limits,
         &mut llm,
         &mut database,
@@ -261,5 +300,5 @@ fn answer(
     if function != "nl_trace" {
         history::record(function, session, &run);
     }
-    Ok((run, schema))
+    Ok((run, shown))
 }

@@ -13,7 +13,7 @@ use std::time::Instant;
 use crate::error::{Error, Result, SqlError, SqlState};
 use crate::exec::{Outcome, ResultSet};
 use crate::extract::extract_sql;
-use crate::llm::Llm;
+use crate::llm::{Completion, Llm};
 use crate::progress::Event;
 use crate::prompt;
 
@@ -25,6 +25,10 @@ pub struct Attempt {
     pub ms: f64,
     /// Time the model took to write it.
     pub llm_ms: f64,
+    /// One of the candidates asked for when in doubt (see `Vote`).
+    pub candidate: bool,
+    /// The result group it was counted in, when there was a vote.
+    pub group: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +70,25 @@ pub struct Run {
     pub ms: f64,
     /// The model failed when asked for a repair: the run ended with what it had.
     pub llm_failure: Option<LlmFailure>,
+    /// The execution vote among candidates, when there was one: the size of each result
+    /// group (in order of first appearance) and the winner.
+    pub vote: Option<VoteResult>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VoteResult {
+    pub groups: Vec<usize>,
+    pub winner: Option<usize>,
+}
+
+/// When to ask for several candidates and answer with the result most of them agree on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Vote {
+    Off,
+    /// When the first query fails or comes back empty.
+    WhenInDoubt,
+    /// After every first query (a vote may then replace a first answer with rows).
+    Always,
 }
 
 /// A failed model call, as `Error::Llm` reports it.
@@ -83,6 +106,9 @@ pub struct Limits {
     /// Whether stored values may reach the model (`sample_values > 0`): without, the values
     /// PostgreSQL quotes in error messages are withheld from repair requests.
     pub share_values: bool,
+    pub vote: Vote,
+    /// Candidates asked for in a vote.
+    pub candidates: usize,
 }
 
 /// How good an outcome is: a repair replaces the best attempt only when it ranks higher.
@@ -129,11 +155,386 @@ pub trait Database {
     /// Schema facts that help repair `error` (the columns of the tables `sql` names, the
     /// tables there are), when the error is about names.
     fn hint(&mut self, sql: &str, error: &SqlError) -> Option<String>;
+    /// Where the values the question names are stored (the value index), for the repair of an
+    /// empty result or a name error.
+    fn values(&mut self) -> Option<String> {
+        None
+    }
 }
 
-/// Answers `question` with at most `1 + limits.max_repairs` queries, starting from the request
-/// `initial` (`prompt::initial`). `db` runs them, `llm` writes them, `progress` hears of every
-/// step. Only a failure of the first model call is an `Err`.
+/// A result as the vote compares it: the values in column order, rows as a multiset.
+fn signature(outcome: &Outcome) -> Option<String> {
+    let result = outcome.result()?;
+    let mut rows: Vec<String> = result
+        .rows
+        .iter()
+        .map(|row| {
+            let value: serde_json::Value = serde_json::from_str(row).unwrap_or_default();
+            let cells: Vec<String> = result
+                .columns
+                .iter()
+                .map(|c| value.get(c).map(|v| v.to_string()).unwrap_or_default())
+                .collect();
+            cells.join("\u{1f}")
+        })
+        .collect();
+    rows.sort();
+    Some(format!(
+        "{}\u{1e}{}",
+        result.columns.len(),
+        rows.join("\u{1e}")
+    ))
+}
+
+/// One answer of the model, run: its SQL, outcome, timings, and the feedback a repair needs.
+struct Step {
+    sql: String,
+    outcome: Outcome,
+    ms: f64,
+    feedback: Option<String>,
+}
+
+/// The loop's state and collaborators.
+struct Solver<'a> {
+    question: &'a str,
+    initial: Vec<prompt::Message>,
+    limits: Limits,
+    llm: &'a mut dyn Llm,
+    db: &'a mut dyn Database,
+    progress: &'a mut dyn FnMut(Event),
+    run: Run,
+}
+
+impl Solver<'_> {
+    /// Takes the SQL out of `content`, runs it and says how to repair it.
+    fn step(&mut self, content: &str, attempt: usize) -> Step {
+        let Some(sql) = extract_sql(content) else {
+            return Step {
+                sql: String::new(),
+                outcome: Outcome::Failed(SqlError::new(
+                    SqlState::SYNTAX_ERROR,
+                    "the model's answer contained no SQL statement",
+                )),
+                ms: 0.0,
+                feedback: Some(prompt::repair_no_sql(self.question, content)),
+            };
+        };
+        // The same query asked for again (a candidate, or a confirmation) is not run twice.
+        let earlier = self
+            .run
+            .attempts
+            .iter()
+            .find(|a| same_query(&a.sql, &sql))
+            .map(|a| a.outcome.clone());
+        let ran = Instant::now();
+        let outcome = earlier.unwrap_or_else(|| self.db.run(&sql));
+        let ms = millis(ran);
+        (self.progress)(Event::Executed {
+            attempt,
+            sql: &sql,
+            outcome: &outcome,
+            ms,
+        });
+        let feedback = self.feedback(&sql, &outcome);
+        Step {
+            sql,
+            outcome,
+            ms,
+            feedback,
+        }
+    }
+
+    /// What the model is told about `outcome` of `sql`; `None` when there is nothing to repair.
+    fn feedback(&mut self, sql: &str, outcome: &Outcome) -> Option<String> {
+        // A model that returns a query that already failed is told so: small models at
+        // temperature 0 otherwise repeat it until the repairs run out.
+        let repeated = self
+            .run
+            .attempts
+            .iter()
+            .any(|a| a.outcome.error().is_some() && same_query(&a.sql, sql));
+        match outcome {
+            Outcome::Rows(_) | Outcome::Planned => None,
+            Outcome::Empty(result) => {
+                let values = self.db.values();
+                Some(prompt::repair_empty(
+                    self.question,
+                    sql,
+                    &result.row_security,
+                    values.as_deref(),
+                ))
+            }
+            Outcome::Refused(refusal) if refusal.ends_run => None,
+            _ => outcome.error().map(|error| {
+                let mut hint = self.db.hint(sql, error);
+                if error.sqlstate.class() == "42" {
+                    if let Some(values) = self.db.values() {
+                        hint = Some(match hint {
+                            Some(h) => format!(
+                                "{h}\nThe values the question names are stored here:\n{values}"
+                            ),
+                            None => {
+                                format!("The values the question names are stored here:\n{values}")
+                            }
+                        });
+                    }
+                }
+                let shown = prompt::shown_error(error, self.limits.share_values);
+                prompt::repair_error(self.question, sql, &shown, repeated, hint.as_deref())
+            }),
+        }
+    }
+
+    fn record(&mut self, step: &Step, llm_ms: f64, candidate: bool) {
+        let outcome = &step.outcome;
+        if rank(outcome) > 0
+            && self
+                .run
+                .best
+                .is_none_or(|b| rank(outcome) > rank(&self.run.attempts[b].outcome))
+        {
+            self.run.best = Some(self.run.attempts.len());
+        }
+        self.run.attempts.push(Attempt {
+            sql: step.sql.clone(),
+            outcome: step.outcome.clone(),
+            ms: step.ms,
+            llm_ms,
+            candidate,
+            group: None,
+        });
+    }
+
+    fn count(&mut self, requests: u32, completions: &[Completion]) {
+        self.run.llm_calls += requests;
+        for c in completions {
+            self.run.prompt_tokens += c.prompt_tokens;
+            self.run.completion_tokens += c.completion_tokens;
+        }
+    }
+
+    /// Asks for candidates with `request`, runs them, and groups every attempt with a result so
+    /// far (the first one included) by that result. The largest group wins (ties: the better
+    /// outcome, then the earliest); it becomes the answer when it is better than the best so
+    /// far, or, with `Vote::Always`, whenever it has rows. Returns whether the run has rows.
+    fn vote(&mut self, request: &[prompt::Message]) -> Result<bool> {
+        let asked = Instant::now();
+        let batch = match self.llm.complete_many(request, self.limits.candidates) {
+            Ok(batch) => batch,
+            Err(Error::Llm { endpoint, cause }) => {
+                self.run.llm_failure = Some(LlmFailure { endpoint, cause });
+                return Ok(false);
+            }
+            Err(e) => return Err(e),
+        };
+        let llm_ms = millis(asked);
+        self.count(batch.requests, &batch.completions);
+        for completion in &batch.completions {
+            let attempt = self.run.attempts.len() + 1;
+            let step = self.step(&completion.content, attempt);
+            self.record(&step, llm_ms, true);
+        }
+        let mut signatures: Vec<String> = Vec::new();
+        let mut sizes: Vec<usize> = Vec::new();
+        for attempt in &mut self.run.attempts {
+            let Some(sig) = signature(&attempt.outcome) else {
+                continue;
+            };
+            let group = match signatures.iter().position(|s| *s == sig) {
+                Some(g) => g,
+                None => {
+                    signatures.push(sig);
+                    sizes.push(0);
+                    sizes.len() - 1
+                }
+            };
+            sizes[group] += 1;
+            attempt.group = Some(group);
+        }
+        let first_of = |g: usize, attempts: &[Attempt]| {
+            attempts
+                .iter()
+                .position(|a| a.group == Some(g))
+                .unwrap_or(usize::MAX)
+        };
+        let winner = (0..sizes.len()).max_by(|&a, &b| {
+            let (ia, ib) = (
+                first_of(a, &self.run.attempts),
+                first_of(b, &self.run.attempts),
+            );
+            sizes[a]
+                .cmp(&sizes[b])
+                .then(
+                    rank(&self.run.attempts[ia].outcome).cmp(&rank(&self.run.attempts[ib].outcome)),
+                )
+                .then(ib.cmp(&ia))
+        });
+        if let Some(w) = winner {
+            let first = first_of(w, &self.run.attempts);
+            let better = self.run.best.is_none_or(|b| {
+                rank(&self.run.attempts[first].outcome) > rank(&self.run.attempts[b].outcome)
+            });
+            let replaces = self.limits.vote == Vote::Always
+                && matches!(self.run.attempts[first].outcome, Outcome::Rows(_));
+            if better || replaces {
+                self.run.best = Some(first);
+            }
+        }
+        self.run.vote = Some(VoteResult {
+            groups: sizes,
+            winner,
+        });
+        Ok(self
+            .run
+            .best_attempt()
+            .is_some_and(|a| matches!(a.outcome, Outcome::Rows(_) | Outcome::Planned)))
+    }
+
+    fn solve(mut self) -> Result<Run> {
+        let started = Instant::now();
+        let max_repairs = self.limits.max_repairs;
+        let mut request = self.initial.clone();
+        // Short accounts of the attempts before the last one, for the repair requests.
+        let mut earlier: Vec<String> = Vec::new();
+        let mut explore = false;
+        for round in 0..=max_repairs {
+            (self.progress)(Event::ModelAsked {
+                attempt: round + 1,
+                repair: round > 0,
+            });
+            let asked = Instant::now();
+            let asked_for = if explore {
+                self.llm.complete_exploring(&request)
+            } else {
+                self.llm.complete(&request)
+            };
+            let completion = match asked_for {
+                Ok(completion) => completion,
+                // A repair that cannot be asked for leaves the run with what it has.
+                Err(Error::Llm { endpoint, cause }) if round > 0 => {
+                    self.run.llm_failure = Some(LlmFailure { endpoint, cause });
+                    break;
+                }
+                Err(e) => return Err(e),
+            };
+            let llm_ms = millis(asked);
+            self.count(1, std::slice::from_ref(&completion));
+
+            if let (Some(sql), Some(last)) =
+                (extract_sql(&completion.content), self.run.attempts.last())
+            {
+                if matches!(last.outcome, Outcome::Empty(_)) && same_query(&last.sql, &sql) {
+                    self.run.confirmed_empty = true;
+                    break;
+                }
+            }
+            let attempt = self.run.attempts.len() + 1;
+            let step = self.step(&completion.content, attempt);
+            explore = step.outcome.error().is_some()
+                && self
+                    .run
+                    .attempts
+                    .iter()
+                    .any(|a| a.outcome.error().is_some() && same_query(&a.sql, &step.sql));
+            let ends_run = matches!(&step.outcome, Outcome::Refused(r) if r.ends_run);
+            let summary = prompt::attempt_summary(
+                attempt,
+                &step.sql,
+                &result_line(&step.outcome, self.limits.share_values),
+            );
+            let reason = if matches!(step.outcome, Outcome::Empty(_)) {
+                "0 rows"
+            } else {
+                "an error"
+            };
+            self.record(&step, llm_ms, false);
+
+            // When in doubt (or always), after the first query: candidates and a vote.
+            let in_doubt = !matches!(step.outcome, Outcome::Rows(_) | Outcome::Planned);
+            let votes = self.limits.candidates >= 2
+                && round == 0
+                && !ends_run
+                && match self.limits.vote {
+                    Vote::Off => false,
+                    Vote::WhenInDoubt => in_doubt,
+                    Vote::Always => true,
+                };
+            if votes {
+                let candidates_request = match &step.feedback {
+                    Some(feedback) => prompt::repair_request(&self.initial, &[], feedback),
+                    None => self.initial.clone(),
+                };
+                if self.vote(&candidates_request)? || self.run.llm_failure.is_some() {
+                    break;
+                }
+                // Candidates that agree with an empty first result confirm it.
+                let agreed = self
+                    .run
+                    .vote
+                    .as_ref()
+                    .and_then(|v| v.winner)
+                    .is_some_and(|w| {
+                        self.run.attempts[0].group == Some(w)
+                            && self.run.vote.as_ref().is_some_and(|v| v.groups[w] >= 2)
+                    });
+                if agreed && matches!(self.run.attempts[0].outcome, Outcome::Empty(_)) {
+                    self.run.confirmed_empty = true;
+                    break;
+                }
+                for (i, a) in self.run.attempts.iter().enumerate().skip(1) {
+                    earlier.push(prompt::attempt_summary(
+                        i + 1,
+                        &a.sql,
+                        &result_line(&a.outcome, self.limits.share_values),
+                    ));
+                }
+            }
+
+            match step.feedback {
+                None => {
+                    // A write after a good attempt ends the loop with that attempt as the
+                    // answer.
+                    if ends_run && self.run.best.is_none() {
+                        self.run.status = Status::Refused;
+                    }
+                    break;
+                }
+                Some(feedback) if round < max_repairs => {
+                    (self.progress)(Event::RepairRequested { attempt, reason });
+                    request = prompt::repair_request(&self.initial, &earlier, &feedback);
+                    // The first attempt's account goes before the candidates' (when there were).
+                    if round == 0 {
+                        earlier.insert(0, summary);
+                    } else {
+                        earlier.push(summary);
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+        let mut run = self.run;
+        if run.status != Status::Refused {
+            run.status = match run.best.map(|b| &run.attempts[b].outcome) {
+                Some(Outcome::Rows(_) | Outcome::Planned) => Status::Ok,
+                Some(Outcome::Empty(_)) => Status::Empty,
+                _ => Status::Error,
+            };
+        }
+        run.ms = millis(started);
+        (self.progress)(Event::Done {
+            status: run.status.as_str(),
+            row_count: run.best_result().map(|r| r.rows.len()),
+            attempts: run.attempts.len(),
+            ms: run.ms,
+        });
+        Ok(run)
+    }
+}
+
+/// Answers `question` with at most `1 + limits.max_repairs` queries (and, in a vote, up to
+/// `limits.candidates` more), starting from the request `initial` (`prompt::initial`). `db`
+/// runs them, `llm` writes them, `progress` hears of every step. Only a failure of the first
+/// model call is an `Err`.
 pub fn solve(
     question: &str,
     initial: Vec<prompt::Message>,
@@ -142,154 +543,28 @@ pub fn solve(
     db: &mut dyn Database,
     progress: &mut dyn FnMut(Event),
 ) -> Result<Run> {
-    let started = Instant::now();
-    let mut state = Run {
-        question: question.to_string(),
-        attempts: Vec::new(),
-        best: None,
-        status: Status::Error,
-        confirmed_empty: false,
-        llm_calls: 0,
-        prompt_tokens: 0,
-        completion_tokens: 0,
-        ms: 0.0,
-        llm_failure: None,
-    };
-    let max_repairs = limits.max_repairs;
-    let mut request = initial.clone();
-    // Short accounts of the attempts before the last one, for the repair requests.
-    let mut earlier: Vec<String> = Vec::new();
-    let mut explore = false;
-    for round in 0..=max_repairs {
-        progress(Event::ModelAsked {
-            attempt: round + 1,
-            repair: round > 0,
-        });
-        let asked = Instant::now();
-        let asked_for = if explore {
-            llm.complete_exploring(&request)
-        } else {
-            llm.complete(&request)
-        };
-        let completion = match asked_for {
-            Ok(completion) => completion,
-            // A repair that cannot be asked for leaves the run with what it has.
-            Err(Error::Llm { endpoint, cause }) if round > 0 => {
-                state.llm_failure = Some(LlmFailure { endpoint, cause });
-                break;
-            }
-            Err(e) => return Err(e),
-        };
-        let llm_ms = millis(asked);
-        state.llm_calls += 1;
-        state.prompt_tokens += completion.prompt_tokens;
-        state.completion_tokens += completion.completion_tokens;
-
-        let sql = extract_sql(&completion.content);
-        if let (Some(sql), Some(last)) = (&sql, state.attempts.last()) {
-            if matches!(last.outcome, Outcome::Empty(_)) && same_query(&last.sql, sql) {
-                state.confirmed_empty = true;
-                break;
-            }
-        }
-        let (sql, outcome, ms, feedback) = match sql {
-            None => {
-                let outcome = Outcome::Failed(SqlError::new(
-                    SqlState::SYNTAX_ERROR,
-                    "the model's answer contained no SQL statement",
-                ));
-                let feedback = prompt::repair_no_sql(question, &completion.content);
-                (String::new(), outcome, 0.0, Some(feedback))
-            }
-            Some(sql) => {
-                let ran = Instant::now();
-                let outcome = db.run(&sql);
-                let ms = millis(ran);
-                progress(Event::Executed {
-                    attempt: round + 1,
-                    sql: &sql,
-                    outcome: &outcome,
-                    ms,
-                });
-                // A model that returns a query that already failed is told so, and asked
-                // with some sampling freedom: small models at temperature 0 otherwise repeat
-                // it until the repairs run out.
-                let repeated = state
-                    .attempts
-                    .iter()
-                    .any(|a| a.outcome.error().is_some() && same_query(&a.sql, &sql));
-                explore = repeated;
-                let feedback = match &outcome {
-                    Outcome::Rows(_) | Outcome::Planned => None,
-                    Outcome::Empty(result) => {
-                        Some(prompt::repair_empty(question, &sql, &result.row_security))
-                    }
-                    Outcome::Refused(refusal) if refusal.ends_run => None,
-                    _ => outcome.error().map(|error| {
-                        let hint = db.hint(&sql, error);
-                        let shown = prompt::shown_error(error, limits.share_values);
-                        prompt::repair_error(question, &sql, &shown, repeated, hint.as_deref())
-                    }),
-                };
-                (sql, outcome, ms, feedback)
-            }
-        };
-        let ends_run = matches!(&outcome, Outcome::Refused(r) if r.ends_run);
-        if rank(&outcome) > 0
-            && state
-                .best
-                .is_none_or(|b| rank(&outcome) > rank(&state.attempts[b].outcome))
-        {
-            state.best = Some(state.attempts.len());
-        }
-        let summary =
-            prompt::attempt_summary(round + 1, &sql, &result_line(&outcome, limits.share_values));
-        let reason = if matches!(outcome, Outcome::Empty(_)) {
-            "0 rows"
-        } else {
-            "an error"
-        };
-        state.attempts.push(Attempt {
-            sql,
-            outcome,
-            ms,
-            llm_ms,
-        });
-
-        match feedback {
-            None => {
-                // A write after a good attempt ends the loop with that attempt as the answer.
-                if ends_run && state.best.is_none() {
-                    state.status = Status::Refused;
-                }
-                break;
-            }
-            Some(feedback) if round < max_repairs => {
-                progress(Event::RepairRequested {
-                    attempt: round + 1,
-                    reason,
-                });
-                request = prompt::repair_request(&initial, &earlier, &feedback);
-                earlier.push(summary);
-            }
-            Some(_) => {}
-        }
+    Solver {
+        question,
+        initial,
+        limits,
+        llm,
+        db,
+        progress,
+        run: Run {
+            question: question.to_string(),
+            attempts: Vec::new(),
+            best: None,
+            status: Status::Error,
+            confirmed_empty: false,
+            llm_calls: 0,
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            ms: 0.0,
+            llm_failure: None,
+            vote: None,
+        },
     }
-    if state.status != Status::Refused {
-        state.status = match state.best.map(|b| &state.attempts[b].outcome) {
-            Some(Outcome::Rows(_) | Outcome::Planned) => Status::Ok,
-            Some(Outcome::Empty(_)) => Status::Empty,
-            _ => Status::Error,
-        };
-    }
-    state.ms = millis(started);
-    progress(Event::Done {
-        status: state.status.as_str(),
-        row_count: state.best_result().map(|r| r.rows.len()),
-        attempts: state.attempts.len(),
-        ms: state.ms,
-    });
-    Ok(state)
+    .solve()
 }
 
 impl Run {
@@ -449,6 +724,20 @@ mod tests {
         max_repairs: usize,
         db: impl Fn(&str) -> Outcome,
     ) -> (Run, Scripted) {
+        let limits = Limits {
+            max_repairs,
+            share_values: true,
+            vote: Vote::Off,
+            candidates: 4,
+        };
+        solve_limited(answers, limits, db)
+    }
+
+    fn solve_limited(
+        answers: &[&str],
+        limits: Limits,
+        db: impl Fn(&str) -> Outcome,
+    ) -> (Run, Scripted) {
         let mut llm = Scripted::new(answers);
         let mut database = FakeDb {
             answer: db,
@@ -456,10 +745,6 @@ mod tests {
         };
         let messages = prompt::initial("schema", &[], "q?");
         let mut steps = 0;
-        let limits = Limits {
-            max_repairs,
-            share_values: true,
-        };
         let run = solve("q?", messages, limits, &mut llm, &mut database, &mut |_| {
             steps += 1
         })
@@ -468,10 +753,18 @@ mod tests {
             steps >= 3,
             "progress heard of the model, the attempt and the end"
         );
+        let mut distinct: Vec<&str> = run
+            .attempts
+            .iter()
+            .map(|a| a.sql.as_str())
+            .filter(|s| !s.is_empty())
+            .collect();
+        distinct.sort();
+        distinct.dedup_by(|a, b| same_query(a, b));
         assert_eq!(
             database.executed.len(),
-            run.attempts.len(),
-            "every attempt is executed exactly once"
+            distinct.len(),
+            "every query is executed exactly once"
         );
         (run, llm)
     }
@@ -642,6 +935,8 @@ mod tests {
         let limits = Limits {
             max_repairs: 4,
             share_values: true,
+            vote: Vote::Off,
+            candidates: 4,
         };
         let run = solve("q?", messages, limits, &mut llm, &mut database, &mut |_| {}).unwrap();
         assert_eq!(
@@ -714,5 +1009,107 @@ mod tests {
         assert_eq!((run.status, run.best), (Status::Empty, Some(0)));
         assert_eq!(run.attempts[1].outcome.label(), "refused");
         assert_eq!(llm.requests.len(), 2);
+    }
+
+    fn voting(vote: Vote) -> Limits {
+        Limits {
+            max_repairs: 2,
+            share_values: true,
+            vote,
+            candidates: 4,
+        }
+    }
+
+    fn rows_of(values: &[&str]) -> Outcome {
+        Outcome::Rows(ResultSet {
+            columns: vec!["a".into()],
+            rows: values
+                .iter()
+                .map(|v| format!("{{\"a\": \"{v}\"}}"))
+                .collect(),
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn in_doubt_the_largest_result_group_wins() {
+        let answers = [
+            "SELECT nothing",
+            "SELECT x1",
+            "SELECT   x1",
+            "SELECT other",
+            "SELECT x2",
+        ];
+        let (run, llm) = solve_limited(&answers, voting(Vote::WhenInDoubt), |sql| match sql {
+            "SELECT nothing" => empty(),
+            "SELECT other" => rows_of(&["b"]),
+            // a different query with the same result counts for the same group
+            _ => rows_of(&["a"]),
+        });
+        assert_eq!(run.status, Status::Ok);
+        assert_eq!(run.best_result().unwrap().rows, vec!["{\"a\": \"a\"}"]);
+        let vote = run.vote.unwrap();
+        assert_eq!(vote.groups, vec![1, 3, 1], "empty, a, b");
+        assert_eq!(vote.winner, Some(1));
+        assert_eq!(
+            llm.requests.len(),
+            5,
+            "the first request and four candidates"
+        );
+        assert!(run.attempts[1..].iter().all(|a| a.candidate));
+        assert!(
+            llm.exploring[1..].iter().all(|e| *e),
+            "candidates are sampled"
+        );
+    }
+
+    #[test]
+    fn when_in_doubt_a_vote_never_replaces_a_first_answer_with_rows() {
+        let (run, llm) = solve_limited(&["SELECT a"], voting(Vote::WhenInDoubt), |_| {
+            rows_of(&["a"])
+        });
+        assert_eq!((run.status, llm.requests.len()), (Status::Ok, 1));
+        assert!(run.vote.is_none());
+    }
+
+    #[test]
+    fn voting_always_may_replace_a_first_answer_the_candidates_disagree_with() {
+        let answers = [
+            "SELECT first",
+            "SELECT c",
+            "SELECT c",
+            "SELECT c",
+            "SELECT d",
+        ];
+        let (run, _) = solve_limited(&answers, voting(Vote::Always), |sql| match sql {
+            "SELECT first" => rows_of(&["1"]),
+            "SELECT d" => rows_of(&["2"]),
+            _ => rows_of(&["3"]),
+        });
+        assert_eq!(run.final_sql(), Some("SELECT c"));
+        assert_eq!(run.vote.unwrap().groups, vec![1, 3, 1]);
+    }
+
+    #[test]
+    fn a_vote_without_rows_goes_on_repairing() {
+        let answers = [
+            "SELECT bad",
+            "SELECT b1",
+            "SELECT b2",
+            "SELECT b3",
+            "SELECT b4",
+            "SELECT good",
+        ];
+        let (run, llm) = solve_limited(&answers, voting(Vote::WhenInDoubt), |sql| {
+            if sql == "SELECT good" {
+                rows(1)
+            } else {
+                failed("42703")
+            }
+        });
+        assert_eq!(run.status, Status::Ok);
+        assert_eq!(run.final_sql(), Some("SELECT good"));
+        let repair = llm.requests[5].last().unwrap().content.clone();
+        assert!(repair.contains("Attempt 2:\nSELECT b1"), "{repair}");
     }
 }

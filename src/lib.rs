@@ -20,6 +20,7 @@ mod session;
 mod settings;
 mod subxact;
 mod trace;
+mod values;
 mod wait;
 
 ::pgrx::pg_module_magic!(name, version);

@@ -10,6 +10,26 @@ use pgrx::{pg_sys, GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnu
 use crate::error::{Error, Result};
 use crate::guard::Allowed;
 
+/// When `sql_query_engine.vote` asks for candidates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PostgresGucEnum)]
+pub enum VoteSetting {
+    #[name = c"off"]
+    Off,
+    #[name = c"when_in_doubt"]
+    WhenInDoubt,
+    #[name = c"always"]
+    Always,
+}
+
+/// How the schema is written for the model (`sql_query_engine.schema_format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PostgresGucEnum)]
+pub enum SchemaFormat {
+    #[name = c"ddl"]
+    Ddl,
+    #[name = c"mschema"]
+    MSchema,
+}
+
 /// Which calls `sql_query_engine.audit_log` writes to the server log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PostgresGucEnum)]
 pub enum AuditLog {
@@ -34,6 +54,10 @@ static ALLOWED_FUNCTIONS: GucSetting<Option<std::ffi::CString>> =
 static MAX_TOKENS: GucSetting<i32> = GucSetting::<i32>::new(1024);
 static MAX_RESPONSE_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1 << 20);
 static AUDIT_LOG: GucSetting<AuditLog> = GucSetting::<AuditLog>::new(AuditLog::Errors);
+static VALUE_INDEX: GucSetting<bool> = GucSetting::<bool>::new(true);
+static VOTE: GucSetting<VoteSetting> = GucSetting::<VoteSetting>::new(VoteSetting::WhenInDoubt);
+static CANDIDATES: GucSetting<i32> = GucSetting::<i32>::new(4);
+static SCHEMA_FORMAT: GucSetting<SchemaFormat> = GucSetting::<SchemaFormat>::new(SchemaFormat::Ddl);
 static LLM_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(60_000);
 static TEMPERATURE: GucSetting<f64> = GucSetting::<f64>::new(0.0);
 static MAX_REPAIRS: GucSetting<i32> = GucSetting::<i32>::new(4);
@@ -299,6 +323,40 @@ pub fn init() {
         GucContext::Suset,
         GucFlags::UNIT_BYTE,
     );
+    GucRegistry::define_bool_guc(
+        c"sql_query_engine.value_index",
+        c"Look up the values the question names in the text columns that store them.",
+        c"Only with sample_values > 0: the matches are stored values, shown to the model.",
+        &VALUE_INDEX,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_enum_guc(
+        c"sql_query_engine.vote",
+        c"When to ask for several candidate queries and answer with the result most agree on.",
+        c"off, when_in_doubt (the first query failed or returned no rows) or always.",
+        &VOTE,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"sql_query_engine.candidates",
+        c"Candidate queries asked for in a vote.",
+        c"",
+        &CANDIDATES,
+        2,
+        16,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_enum_guc(
+        c"sql_query_engine.schema_format",
+        c"How the schema is written for the model: ddl (CREATE TABLE statements) or mschema.",
+        c"",
+        &SCHEMA_FORMAT,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
     // A mistyped sql_query_engine.* setting is an error instead of a silent placeholder.
     unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"sql_query_engine".as_ptr()) };
 }
@@ -445,6 +503,23 @@ pub fn max_response_bytes() -> u64 {
 
 pub fn audit_log() -> AuditLog {
     AUDIT_LOG.get()
+}
+
+/// Whether the value index is used (never with sample values off).
+pub fn value_index() -> bool {
+    VALUE_INDEX.get() && sample_values() > 0
+}
+
+pub fn vote() -> VoteSetting {
+    VOTE.get()
+}
+
+pub fn candidates() -> usize {
+    CANDIDATES.get().clamp(2, 16) as usize
+}
+
+pub fn schema_format() -> SchemaFormat {
+    SCHEMA_FORMAT.get()
 }
 
 pub fn llm_timeout_ms() -> u64 {

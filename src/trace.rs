@@ -6,8 +6,8 @@ use serde_json::{json, Value};
 use crate::heal::{Attempt, Run};
 use crate::schema::PromptSchema;
 
-/// The whole trace of `run`; `schema` adds what the prompt showed, when known.
-pub fn run(run: &Run, schema: Option<&PromptSchema>) -> Value {
+/// The whole trace of `run`; `schema` and `values` add what the prompt showed, when known.
+pub fn run(run: &Run, schema: Option<&PromptSchema>, values: Option<&str>) -> Value {
     let result = run.best_result();
     let mut trace = json!({
         "question": run.question,
@@ -26,9 +26,14 @@ pub fn run(run: &Run, schema: Option<&PromptSchema>) -> Value {
         })),
         "ms": run.ms,
     });
+    trace["values"] = json!(values.map(|v| v.lines().collect::<Vec<_>>()));
+    if let Some(vote) = &run.vote {
+        trace["vote"] = json!({"groups": vote.groups, "winner": vote.winner});
+    }
     if let Some(schema) = schema {
         trace["relations"] = json!(schema.relations);
         trace["schema_pruned"] = json!(schema.pruned);
+        trace["schema_cached"] = json!(schema.cached);
     }
     trace
 }
@@ -53,6 +58,8 @@ fn attempt(attempt: &Attempt) -> Value {
         "truncated": result.is_some_and(|r| r.truncated),
         "row_security": result.map(|r| &r.row_security).filter(|t| !t.is_empty()),
         "parallel_workers": result.map(|r| r.parallel_workers),
+        "candidate": attempt.candidate,
+        "vote_group": attempt.group,
         "ms": attempt.ms,
         "llm_ms": attempt.llm_ms,
     })
@@ -75,6 +82,8 @@ mod tests {
                     outcome: Outcome::Failed(SqlError::new(SqlState::UNDEFINED_COLUMN, "no")),
                     ms: 1.0,
                     llm_ms: 2.0,
+                    candidate: false,
+                    group: None,
                 },
                 Attempt {
                     sql: "SELECT good".into(),
@@ -85,6 +94,8 @@ mod tests {
                     }),
                     ms: 1.0,
                     llm_ms: 2.0,
+                    candidate: false,
+                    group: None,
                 },
             ],
             best: Some(1),
@@ -95,8 +106,9 @@ mod tests {
             completion_tokens: 4,
             ms: 7.0,
             llm_failure: None,
+            vote: None,
         };
-        let t = super::run(&run, None);
+        let t = super::run(&run, None, None);
         assert_eq!(t["sql"], "SELECT good");
         assert_eq!(t["status"], "ok");
         assert_eq!(t["row_count"], 2);

@@ -1,5 +1,4 @@
-//! Talking to the model: an OpenAI-compatible chat-completion client, and the interruptible
-//! wait that keeps a backend responsive to Ctrl-C while a request is in flight.
+//! Talking to the model: an OpenAI-compatible chat-completion client behind a small trait.
 
 mod openai;
 
@@ -16,6 +15,13 @@ pub struct Completion {
     pub completion_tokens: u64,
 }
 
+/// Several completions of one request, and how many HTTP requests they took.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Batch {
+    pub completions: Vec<Completion>,
+    pub requests: u32,
+}
+
 /// A model that answers a conversation. The pipeline depends on this, not on HTTP, so the heal
 /// loop is testable without a network.
 pub trait Llm {
@@ -24,5 +30,15 @@ pub trait Llm {
     /// Like `complete`, with some sampling freedom (for a model stuck repeating itself).
     fn complete_exploring(&mut self, messages: &[Message]) -> Result<Completion> {
         self.complete(messages)
+    }
+
+    /// `n` different completions (sampled), for a vote.
+    fn complete_many(&mut self, messages: &[Message], n: usize) -> Result<Batch> {
+        let mut batch = Batch::default();
+        for _ in 0..n {
+            batch.completions.push(self.complete_exploring(messages)?);
+            batch.requests += 1;
+        }
+        Ok(batch)
     }
 }

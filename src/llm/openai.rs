@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::{Completion, Llm};
+use super::{Batch, Completion, Llm};
 use crate::error::{Error, Result};
 use crate::prompt::Message;
 use crate::settings;
@@ -50,6 +50,8 @@ pub struct OpenAiClient {
 thread_local! {
     /// Endpoints that rejected `response_format` in this session: not asked again.
     static NO_JSON_MODE: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Endpoints that rejected `n` (several choices per request): asked one at a time.
+    static NO_CHOICES: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// What one HTTP exchange produced, as plain data that can cross back from the helper thread.
@@ -97,13 +99,16 @@ impl OpenAiClient {
         }
     }
 
-    fn request_body(&self, messages: &[Message]) -> Value {
+    fn request_body(&self, messages: &[Message], n: usize) -> Value {
         let mut body = json!({
             "messages": messages,
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
             "stream": false,
         });
+        if n > 1 {
+            body["n"] = json!(n);
+        }
         if let Some(model) = &self.model {
             body["model"] = json!(model);
         }
@@ -181,20 +186,14 @@ impl OpenAiClient {
     }
 }
 
-/// Temperature for a model that repeats a failed query.
+/// Temperature for a model that repeats a failed query, and for candidates.
 const EXPLORING_TEMPERATURE: f64 = 0.7;
 
-impl Llm for OpenAiClient {
-    fn complete_exploring(&mut self, messages: &[Message]) -> Result<Completion> {
-        let configured = self.temperature;
-        self.temperature = configured.max(EXPLORING_TEMPERATURE);
-        let completion = self.complete(messages);
-        self.temperature = configured;
-        completion
-    }
-
-    fn complete(&mut self, messages: &[Message]) -> Result<Completion> {
-        let mut body = self.request_body(messages).to_string();
+impl OpenAiClient {
+    /// One chat completion request asking for `n` choices (retried on 429 and 5xx within
+    /// the deadline); the completions it returned, at most `n`, and at least one.
+    fn exchange(&mut self, messages: &[Message], n: usize) -> Result<Vec<Completion>> {
+        let mut body = self.request_body(messages, n).to_string();
         let now = Instant::now();
         let deadline = now.checked_add(self.timeout).unwrap_or(now);
         let mut backoff = Duration::from_millis(250);
@@ -211,13 +210,19 @@ impl Llm for OpenAiClient {
                 } => (code, retry_after, body),
             };
             if (200..300).contains(&code) {
-                return parse_completion(&text).map_err(|cause| self.error(cause));
+                return parse_completions(&text, n).map_err(|cause| self.error(cause));
             }
             if code == 400 && self.json_mode && text.contains("response_format") {
                 // This endpoint has no JSON mode: ask again without it (extraction copes).
                 self.json_mode = false;
-                NO_JSON_MODE.with_borrow_mut(|n| n.push(self.base_url.clone()));
-                body = self.request_body(messages).to_string();
+                NO_JSON_MODE.with_borrow_mut(|e| e.push(self.base_url.clone()));
+                body = self.request_body(messages, n).to_string();
+                continue;
+            }
+            if code == 400 && n > 1 {
+                // No several choices here: one is asked for, the rest one by one.
+                NO_CHOICES.with_borrow_mut(|e| e.push(self.base_url.clone()));
+                body = self.request_body(messages, 1).to_string();
                 continue;
             }
             let retryable = code == 429 || (500..600).contains(&code);
@@ -229,6 +234,47 @@ impl Llm for OpenAiClient {
             sleep_interruptible(resume.unwrap_or(deadline));
             backoff = (backoff * 2).min(Duration::from_secs(8));
         }
+    }
+
+    fn exploring<T>(&mut self, work: impl FnOnce(&mut Self) -> T) -> T {
+        let configured = self.temperature;
+        self.temperature = configured.max(EXPLORING_TEMPERATURE);
+        let result = work(self);
+        self.temperature = configured;
+        result
+    }
+}
+
+impl Llm for OpenAiClient {
+    fn complete_exploring(&mut self, messages: &[Message]) -> Result<Completion> {
+        self.exploring(|client| client.complete(messages))
+    }
+
+    fn complete(&mut self, messages: &[Message]) -> Result<Completion> {
+        let mut completions = self.exchange(messages, 1)?;
+        Ok(completions.swap_remove(0))
+    }
+
+    /// One request with `n` choices, so that the server reads the prompt once; an endpoint
+    /// that returns fewer (or rejects `n`) is asked again for the rest.
+    fn complete_many(&mut self, messages: &[Message], n: usize) -> Result<Batch> {
+        self.exploring(|client| {
+            let first = if NO_CHOICES.with_borrow(|e| e.contains(&client.base_url)) {
+                1
+            } else {
+                n
+            };
+            let mut batch = Batch {
+                completions: client.exchange(messages, first)?,
+                requests: 1,
+            };
+            while batch.completions.len() < n {
+                batch.completions.extend(client.exchange(messages, 1)?);
+                batch.requests += 1;
+            }
+            batch.completions.truncate(n);
+            Ok(batch)
+        })
     }
 }
 
@@ -309,8 +355,9 @@ fn status_cause(code: u16, body: &str) -> String {
     }
 }
 
-/// The assistant's text and token counts from a chat-completion body.
-fn parse_completion(body: &str) -> std::result::Result<Completion, String> {
+/// The assistants' texts (at most `n`, at least one) and token counts from a chat-completion
+/// body; the counts go with the first.
+fn parse_completions(body: &str, n: usize) -> std::result::Result<Vec<Completion>, String> {
     let value: Value = serde_json::from_str(body).map_err(|_| {
         let start: String = body.chars().take(120).collect();
         format!("the answer is not JSON: {start:?}")
@@ -319,30 +366,55 @@ fn parse_completion(body: &str) -> std::result::Result<Completion, String> {
         .get("choices")
         .and_then(Value::as_array)
         .ok_or("the answer is not a chat completion (no \"choices\")")?;
-    let message = choices
-        .first()
-        .ok_or("the answer has no choices")?
-        .get("message")
-        .ok_or("the first choice has no message")?;
-    let content = message
-        .get("content")
-        .and_then(Value::as_str)
-        .filter(|c| !c.trim().is_empty())
-        .ok_or_else(|| match message.get("refusal").and_then(Value::as_str) {
-            Some(refusal) => format!("the model refused: {refusal}"),
-            None => "the message has no content".to_string(),
-        })?;
+    if choices.is_empty() {
+        return Err("the answer has no choices".into());
+    }
     let tokens = |name: &str| {
         value
             .pointer(&format!("/usage/{name}"))
             .and_then(Value::as_u64)
             .unwrap_or(0)
     };
-    Ok(Completion {
-        content: content.to_string(),
-        prompt_tokens: tokens("prompt_tokens"),
-        completion_tokens: tokens("completion_tokens"),
-    })
+    let mut completions = Vec::new();
+    let mut first_problem = None;
+    for choice in choices.iter().take(n.max(1)) {
+        match content_of(choice) {
+            Ok(content) => completions.push(Completion {
+                content,
+                ..Default::default()
+            }),
+            Err(problem) => {
+                first_problem.get_or_insert(problem);
+            }
+        }
+    }
+    let Some(first) = completions.first_mut() else {
+        return Err(first_problem.unwrap_or_else(|| "the answer has no choices".into()));
+    };
+    first.prompt_tokens = tokens("prompt_tokens");
+    first.completion_tokens = tokens("completion_tokens");
+    Ok(completions)
+}
+
+fn content_of(choice: &Value) -> std::result::Result<String, String> {
+    let message = choice
+        .get("message")
+        .ok_or("the first choice has no message")?;
+    message
+        .get("content")
+        .and_then(Value::as_str)
+        .filter(|c| !c.trim().is_empty())
+        .map(str::to_string)
+        .ok_or_else(|| match message.get("refusal").and_then(Value::as_str) {
+            Some(refusal) => format!("the model refused: {refusal}"),
+            None => "the message has no content".to_string(),
+        })
+}
+
+/// The first completion of a body (for the tests).
+#[cfg(test)]
+fn parse_completion(body: &str) -> std::result::Result<Completion, String> {
+    parse_completions(body, 1).map(|mut c| c.swap_remove(0))
 }
 
 #[cfg(test)]
@@ -357,6 +429,20 @@ mod tests {
             (c.content.as_str(), c.prompt_tokens, c.completion_tokens),
             ("SELECT 1", 12, 3)
         );
+    }
+
+    #[test]
+    fn several_choices_are_all_taken_with_the_usage_on_the_first() {
+        let body = r#"{"choices":[{"message":{"content":"SELECT 1"}},{"message":{"content":""}},{"message":{"content":"SELECT 2"}}],"usage":{"prompt_tokens":50,"completion_tokens":9}}"#;
+        let all = parse_completions(body, 4).unwrap();
+        let contents: Vec<&str> = all.iter().map(|c| c.content.as_str()).collect();
+        assert_eq!(
+            contents,
+            ["SELECT 1", "SELECT 2"],
+            "empty choices are skipped"
+        );
+        assert_eq!((all[0].prompt_tokens, all[1].prompt_tokens), (50, 0));
+        assert_eq!(parse_completions(body, 1).unwrap().len(), 1);
     }
 
     #[test]

@@ -66,6 +66,10 @@ pub struct Column {
     /// Whether the common values cover (nearly) every row: then they are all the values.
     #[serde(default)]
     pub all_values: bool,
+    /// The planner's histogram bounds of a text column: values spread over the whole table,
+    /// for the value index (sample values on, ANALYZE ran).
+    #[serde(default)]
+    pub histogram: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -118,10 +122,11 @@ rels AS MATERIALIZED (
 ),
 stats AS MATERIALIZED (
     SELECT r.oid AS attrelid, s.attname, s.most_common_vals::text::text[] AS mcv,
+           s.histogram_bounds::text::text[] AS bounds,
            (SELECT sum(f) FROM unnest(s.most_common_freqs) f) >= 0.999 - s.null_frac AS all_values
     FROM pg_stats s
     JOIN rels r ON r.nspname = s.schemaname AND r.relname = s.tablename
-    WHERE $2 AND s.most_common_vals IS NOT NULL
+    WHERE $2 AND (s.most_common_vals IS NOT NULL OR s.histogram_bounds IS NOT NULL)
 ),
 enums AS (
     SELECT enumtypid, json_agg(enumlabel ORDER BY enumsortorder) AS labels
@@ -139,6 +144,7 @@ cols AS (
                'labels', coalesce(en.labels, '[]'),
                'textual', t.typcategory = 'S',
                'common_values', coalesce(to_json(st.mcv), '[]'),
+               'histogram', CASE WHEN t.typcategory = 'S' THEN coalesce(to_json(st.bounds), '[]') ELSE '[]' END,
                'all_values', coalesce(st.all_values, false)) ORDER BY a.attnum) AS columns
     FROM rels r
     JOIN pg_attribute a ON a.attrelid = r.oid

@@ -125,6 +125,89 @@ pub fn render_relation(relation: &Relation, samples: &[Option<Samples>]) -> Stri
     out
 }
 
+/// The prompt text of one relation as an M-Schema listing (XiYan-SQL's layout): one line per
+/// column with its type, key, comment and example values; foreign keys go in `mschema_keys`.
+pub fn render_mschema(relation: &Relation, samples: &[Option<Samples>]) -> String {
+    let mut out = String::new();
+    let kind = match relation.kind.as_str() {
+        "view" => "View",
+        "materialized view" => "Materialized view",
+        "foreign table" => "Foreign table",
+        _ => "Table",
+    };
+    let _ = write!(out, "# {kind}: {}", relation.sql_name());
+    if let Some(comment) = relation
+        .comment
+        .as_deref()
+        .map(one_line)
+        .filter(|c| !c.is_empty())
+    {
+        let _ = write!(out, ", {comment}");
+    }
+    if relation.rows >= 0.0 {
+        let _ = write!(out, " (~{} rows)", relation.rows.round() as i64);
+    }
+    out.push_str("\n[\n");
+    let primary = &relation.primary_key;
+    let last = relation.columns.len().saturating_sub(1);
+    for (i, column) in relation.columns.iter().enumerate() {
+        let mut parts = vec![format!(
+            "{}:{}",
+            column.name,
+            column.type_name.to_uppercase()
+        )];
+        if primary.contains(&column.name) {
+            parts.push("Primary Key".into());
+        }
+        if column.not_null && !primary.contains(&column.name) {
+            parts.push("NOT NULL".into());
+        }
+        if let Some(comment) = column
+            .comment
+            .as_deref()
+            .map(one_line)
+            .filter(|c| !c.is_empty())
+        {
+            parts.push(comment);
+        }
+        if !column.labels.is_empty() {
+            parts.push(format!("Values: [{}]", quoted_list(&column.labels)));
+        } else if let Some(Some(s)) = samples.get(i) {
+            let lead = if s.complete { "Values" } else { "Examples" };
+            parts.push(format!("{lead}: [{}]", quoted_list(&s.values)));
+        }
+        let _ = writeln!(
+            out,
+            "({}){}",
+            parts.join(", "),
+            if i < last { "," } else { "" }
+        );
+    }
+    out.push_str("]\n");
+    out
+}
+
+/// The foreign keys of `relations` as M-Schema lists them: `orders.customer_id=customers.id`.
+pub fn mschema_keys(relations: &[&Relation]) -> String {
+    let mut lines = Vec::new();
+    for relation in relations {
+        for fk in &relation.foreign_keys {
+            for (column, referenced) in fk.columns.iter().zip(&fk.ref_columns) {
+                lines.push(format!(
+                    "{}.{column}={}.{referenced}",
+                    relation.sql_name(),
+                    fk.references
+                ));
+            }
+        }
+    }
+    if lines.is_empty() {
+        String::new()
+    } else {
+        format!("【Foreign keys】\n{}\n", lines.join("\n"))
+    }
+}
+
 /// The text shown when no relation is visible at all.
 pub const NOTHING_VISIBLE: &str = "-- (no tables or views are visible to you)\n";
 
@@ -223,6 +306,34 @@ mod tests {
         let text = render_relation(&r, &[]);
         assert!(text.contains("\"Status\" text, -- lifecycle; one of 'new', 'paid'"));
         assert!(!text.contains("e.g."));
+    }
+
+    #[test]
+    fn mschema_lists_columns_with_keys_comments_and_examples() {
+        let samples = vec![
+            None,
+            None,
+            Some(Samples {
+                values: vec!["new".into()],
+                complete: true,
+            }),
+            None,
+            None,
+        ];
+        let text = render_mschema(&orders(), &samples);
+        assert!(
+            text.starts_with("# Table: orders, One row per order (~1234 rows)\n[\n"),
+            "{text}"
+        );
+        assert!(text.contains("(id:INTEGER, Primary Key),\n"), "{text}");
+        assert!(
+            text.contains("(\"Status\":TEXT, lifecycle, Values: ['new']),"),
+            "{text}"
+        );
+        assert_eq!(
+            mschema_keys(&[&orders()]),
+            "【Foreign keys】\norders.customer_id=sales.customers.id\n"
+        );
     }
 
     #[test]

@@ -124,6 +124,34 @@ pub fn score(terms: &Terms, question: &HashSet<String>) -> f64 {
         + 2.0 * hits(&terms.values)
 }
 
+/// Lower-case runs of letters and digits, identifiers split at `_` and camelCase: how a name is
+/// compared with the question's words.
+pub fn name_tokens(text: &str) -> Vec<String> {
+    let mut spaced = String::with_capacity(text.len() + 8);
+    let mut previous_lower = false;
+    for c in text.chars() {
+        if c.is_uppercase() && previous_lower {
+            spaced.push(' ');
+        }
+        previous_lower = c.is_lowercase() || c.is_ascii_digit();
+        spaced.push(if c.is_alphanumeric() { c } else { ' ' });
+    }
+    spaced.split_whitespace().map(str::to_lowercase).collect()
+}
+
+/// Whether `question` (its `name_tokens`) names `name` (its `name_tokens`): the name's words in
+/// a row, the last one possibly inflected (`widget_0731`, "order items" for `order_item`,
+/// "customers" for `customer`).
+pub fn names(question: &[String], name: &[String]) -> bool {
+    if name.is_empty() || name.len() > question.len() {
+        return false;
+    }
+    let last = name.len() - 1;
+    question
+        .windows(name.len())
+        .any(|window| window[..last] == name[..last] && stem(&window[last]) == stem(&name[last]))
+}
+
 /// One relation as retrieval sees it.
 pub struct Candidate<'a> {
     pub terms: &'a Terms,
@@ -134,9 +162,15 @@ pub struct Candidate<'a> {
 }
 
 /// Indices of the relations to show, in schema order: every relation when all fit `budget`;
-/// otherwise the best hits with their foreign-key neighbours, then the rest by relevance, as
-/// long as they fit. The best hit is always shown.
-pub fn select(candidates: &[Candidate], question: &str, budget: usize) -> Vec<usize> {
+/// otherwise, first those in `must` (the question names them, or its values are stored there),
+/// whatever the budget, then the best hits with their foreign-key neighbours, then the rest by
+/// relevance, as long as they fit. The best hit is always shown.
+pub fn select(
+    candidates: &[Candidate],
+    question: &str,
+    budget: usize,
+    must: &[usize],
+) -> Vec<usize> {
     let total: usize = candidates.iter().map(|c| c.tokens).sum();
     if total <= budget {
         return (0..candidates.len()).collect();
@@ -154,18 +188,24 @@ pub fn select(candidates: &[Candidate], question: &str, budget: usize) -> Vec<us
         .take_while(|i| scores[*i] > 0.0 && scores[*i] >= top / 3.0)
         .collect();
     let mut order: Vec<usize> = hits.clone();
-    for &i in &hits {
+    for &i in must.iter().chain(&hits) {
         order.extend(candidates[i].neighbours.iter().copied());
     }
     order.extend(by_score.iter().copied());
 
     let mut chosen = vec![false; candidates.len()];
     let mut used = 0;
+    for &i in must {
+        if i < candidates.len() && !chosen[i] {
+            chosen[i] = true;
+            used += candidates[i].tokens;
+        }
+    }
     for (rank, i) in order.into_iter().enumerate() {
         if chosen[i] {
             continue;
         }
-        if used + candidates[i].tokens <= budget || rank == 0 {
+        if used + candidates[i].tokens <= budget || (rank == 0 && must.is_empty()) {
             chosen[i] = true;
             used += candidates[i].tokens;
         }
@@ -214,7 +254,7 @@ mod tests {
             tokens,
             neighbours: &[],
         };
-        assert_eq!(select(&[c(10), c(10)], "anything", 20), vec![0, 1]);
+        assert_eq!(select(&[c(10), c(10)], "anything", 20, &[]), vec![0, 1]);
     }
 
     #[test]
@@ -247,12 +287,29 @@ mod tests {
         ];
         // customers match by name and value; orders come along as their neighbour
         assert_eq!(
-            select(&candidates, "How many customers live in Germany?", 100),
+            select(&candidates, "How many customers live in Germany?", 100, &[]),
             vec![1, 2]
         );
         // synonyms: "revenue" finds the amount column
-        assert_eq!(select(&candidates, "total revenue", 50), vec![2]);
+        assert_eq!(select(&candidates, "total revenue", 50, &[]), vec![2]);
         // the best hit is shown even when it alone exceeds the budget
-        assert_eq!(select(&candidates, "weight of parts", 10), vec![0]);
+        assert_eq!(select(&candidates, "weight of parts", 10, &[]), vec![0]);
+        // what must be shown is shown, whatever the budget, with room left for the best hit
+        assert_eq!(select(&candidates, "weight of parts", 60, &[3]), vec![3]);
+        assert_eq!(
+            select(&candidates, "weight of parts", 120, &[3]),
+            vec![0, 3]
+        );
+    }
+
+    #[test]
+    fn a_name_in_the_question_is_found_exactly_or_nearly() {
+        let q = name_tokens("How many rows does widget_0731 have? And OrderItems, customers?");
+        assert!(names(&q, &name_tokens("widget_0731")));
+        assert!(!names(&q, &name_tokens("widget_0730")));
+        assert!(names(&q, &name_tokens("order_item")));
+        assert!(names(&q, &name_tokens("customer")));
+        assert!(names(&q, &name_tokens("Customers")));
+        assert!(!names(&q, &name_tokens("widget")) || q.contains(&"widget".to_string()));
     }
 }

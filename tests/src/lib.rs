@@ -46,10 +46,15 @@ impl Session {
         client
     }
 
+    /// The scripted model answers from per-question scripts: the tests of the repair loop script
+    /// every attempt, so candidates (a vote) are off unless a test turns them on.
     fn on(database: String, mut client: Client) -> Session {
         let llm = ScriptedLlm::start();
         client
-            .batch_execute(&format!("SET sql_query_engine.llm_url = '{}'", llm.url()))
+            .batch_execute(&format!(
+                "SET sql_query_engine.llm_url = '{}'; SET sql_query_engine.vote = off;",
+                llm.url()
+            ))
             .expect("setting llm_url");
         Session {
             client,

@@ -19,6 +19,8 @@ pub enum Reply {
     Sql(String),
     /// A chat completion with this exact content.
     Content(String),
+    /// A chat completion with one choice per content (an answer to a request with `n`).
+    Choices(Vec<String>),
     /// An HTTP status with this body.
     Status(u16, String),
     /// HTTP 200 with a body that is not a chat completion.
@@ -205,10 +207,21 @@ fn serve(stream: TcpStream, state: &Mutex<State>) {
 }
 
 fn completion(content: &str) -> String {
+    completions(&[content.to_string()])
+}
+
+fn completions(contents: &[String]) -> String {
+    let choices: Vec<Value> = contents
+        .iter()
+        .enumerate()
+        .map(|(i, content)| {
+            json!({"index": i, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"})
+        })
+        .collect();
     json!({
         "id": "chatcmpl-test",
         "object": "chat.completion",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+        "choices": choices,
         "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}
     })
     .to_string()
@@ -218,6 +231,7 @@ fn respond(mut stream: TcpStream, reply: Reply) {
     let (status, body) = match reply {
         Reply::Sql(sql) => (200, completion(&json!({ "sql": sql }).to_string())),
         Reply::Content(content) => (200, completion(&content)),
+        Reply::Choices(contents) => (200, completions(&contents)),
         Reply::Status(code, body) => (code, body),
         Reply::Raw(body) => (200, body),
         Reply::Slow(delay, then) => {

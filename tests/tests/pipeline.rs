@@ -340,7 +340,8 @@ fn the_callers_transaction_continues_unharmed() {
 
 #[test]
 fn rows_beyond_max_rows_are_cut_and_the_trace_says_so() {
-    let mut s = Session::new();
+    let notices = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut s = Session::with_notices(std::sync::Arc::clone(&notices));
     s.client
         .batch_execute("SET sql_query_engine.max_rows = 3")
         .unwrap();
@@ -353,6 +354,14 @@ fn rows_beyond_max_rows_are_cut_and_the_trace_says_so() {
         vec![Reply::sql("SELECT order_id FROM orders ORDER BY order_id")],
     );
     assert_eq!(s.query("all orders").unwrap().len(), 3);
+    assert!(
+        notices
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|n| n.starts_with("NOTICE") && n.contains("cut at 3 rows")),
+        "{notices:?}"
+    );
     let trace = s.trace("all orders traced").unwrap();
     assert_eq!(trace["row_count"], 3);
     assert_eq!(trace["truncated"], true);
@@ -461,4 +470,92 @@ fn ddl_is_visible_to_the_very_next_question() {
     assert!(s.llm.requests()[1]
         .text()
         .contains("loyalty_points integer"));
+}
+
+#[test]
+fn generated_queries_get_parallel_plans_where_the_planner_chooses_them() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute(
+            "CREATE TABLE big AS SELECT g AS id, g % 7 AS bucket FROM generate_series(1, 200000) g;
+             ANALYZE big;
+             SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0;
+             SET min_parallel_table_scan_size = 0; SET max_parallel_workers_per_gather = 2;",
+        )
+        .unwrap();
+    s.llm.on(
+        "rows per bucket",
+        vec![Reply::sql(
+            "SELECT bucket, count(*) AS n FROM big GROUP BY bucket ORDER BY bucket",
+        )],
+    );
+    let trace = s.trace("rows per bucket").unwrap();
+    assert_eq!(trace["row_count"], 7);
+    let workers = trace["attempts"][0]["parallel_workers"].as_i64().unwrap();
+    assert!(workers > 0, "no parallel workers ran: {trace}");
+    // and a cut result still stops early and says so
+    s.client
+        .batch_execute("SET sql_query_engine.max_rows = 3")
+        .unwrap();
+    s.llm.on("all ids", vec![Reply::sql("SELECT id FROM big")]);
+    let trace = s.trace("all ids").unwrap();
+    assert_eq!(
+        (trace["row_count"].as_i64(), trace["truncated"].as_bool()),
+        (Some(3), Some(true))
+    );
+}
+
+#[test]
+fn in_doubt_candidates_are_asked_for_in_one_request_and_the_majority_answers() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute(
+            "SET sql_query_engine.vote = when_in_doubt; SET sql_query_engine.candidates = 3",
+        )
+        .unwrap();
+    let good = "SELECT name FROM customers WHERE country = 'DE' ORDER BY name";
+    s.llm.on(
+        "customers in Germany",
+        vec![
+            Reply::sql("SELECT name FROM customers WHERE country = 'Germany'"),
+            Reply::Choices(vec![
+                serde_json::json!({ "sql": good }).to_string(),
+                serde_json::json!({ "sql": "SELECT name FROM customers WHERE country IN ('DE') ORDER BY 1" }).to_string(),
+                serde_json::json!({ "sql": "SELECT name FROM customers" }).to_string(),
+            ]),
+        ],
+    );
+    let trace = s.trace("customers in Germany").unwrap();
+    assert_eq!(trace["status"], "ok");
+    assert_eq!(trace["row_count"], 2, "{trace}");
+    assert_eq!(trace["vote"]["groups"], json!([1, 2, 1]), "{trace}");
+    let attempts = trace["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 4);
+    assert!(attempts[1..].iter().all(|a| a["candidate"] == true));
+    let requests = s.llm.requests();
+    assert_eq!(requests.len(), 2, "the candidates came in one request");
+    assert_eq!(requests[1].body["n"], 3);
+    assert!(requests[1].body["temperature"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn a_question_writes_nothing_but_its_history() {
+    let mut s = Session::new();
+    s.llm.on(
+        "count them",
+        vec![Reply::sql("SELECT count(*) AS n FROM orders"); 2],
+    );
+    s.client
+        .batch_execute("SET sql_query_engine.history = off")
+        .unwrap();
+    let mut transaction = s.client.transaction().unwrap();
+    transaction
+        .query("SELECT nl_query('count them')", &[])
+        .unwrap();
+    let xid: Option<String> = transaction
+        .query_one("SELECT pg_current_xact_id_if_assigned()::text", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(xid, None, "answering assigned a transaction id");
+    transaction.rollback().unwrap();
 }

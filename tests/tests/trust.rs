@@ -26,7 +26,8 @@ fn configure_database(s: &mut Session, key: &str) -> String {
     s.client
         .batch_execute(&format!(
             "ALTER DATABASE {db} SET sql_query_engine.llm_url = '{}';
-             ALTER DATABASE {db} SET sql_query_engine.llm_api_key_file = '{file}';",
+             ALTER DATABASE {db} SET sql_query_engine.llm_api_key_file = '{file}';
+             ALTER DATABASE {db} SET sql_query_engine.vote = off;",
             s.llm.url()
         ))
         .unwrap();

@@ -1,0 +1,170 @@
+//! The literals a question names, and trigram similarity (as pg_trgm computes it), for the value
+//! index. Pure logic: tested without a backend.
+
+use std::collections::HashSet;
+
+/// Longest phrase, in words, tried against stored values.
+const MAX_WORDS: usize = 4;
+
+/// Words that are never a value on their own.
+const STOPWORDS: &[&str] = &[
+    "a", "an", "the", "of", "in", "on", "at", "to", "for", "by", "with", "and", "or", "is", "are",
+    "was", "were", "be", "been", "what", "which", "who", "whom", "whose", "how", "many", "much",
+    "list", "show", "give", "find", "all", "each", "every", "that", "this", "those", "these",
+    "their", "there", "from", "than", "more", "most", "less", "least", "do", "does", "did", "has",
+    "have", "had", "it", "its", "as", "per", "me", "please", "any", "top", "name", "names",
+    "number", "not", "no", "yes", "between", "where", "when", "than", "also", "both", "only",
+    "hint", "refers", "refer", "mean", "means", "count", "total", "average", "sum", "order",
+];
+
+/// A phrase of the question that may be a stored value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Phrase {
+    /// As written in the question.
+    pub text: String,
+    /// Quoted, or capitalised: worth a fuzzy look-up too.
+    pub marked: bool,
+}
+
+/// Normalized form for exact matching: lower case, blank space collapsed, surrounding
+/// punctuation dropped.
+pub fn normalize(text: &str) -> String {
+    text.split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .trim_matches(|c: char| !c.is_alphanumeric())
+        .to_lowercase()
+}
+
+/// The candidate literals of `question`: quoted strings, then every run of 1 to `MAX_WORDS`
+/// words that is not made of stopwords only (capitalised runs are marked), longest first.
+pub fn phrases(question: &str) -> Vec<Phrase> {
+    let mut out: Vec<Phrase> = Vec::new();
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut push = |text: &str, marked: bool, out: &mut Vec<Phrase>| {
+        let key = normalize(text);
+        if key.chars().count() >= 2 && seen.insert(key) {
+            out.push(Phrase {
+                text: text.trim().to_string(),
+                marked,
+            });
+        }
+    };
+    // Quoted strings ('x', "x", `x`, and typographic quotes).
+    for (open, close) in [('\'', '\''), ('"', '"'), ('`', '`'), ('‘', '’'), ('“', '”')] {
+        let mut rest = question;
+        while let Some(start) = rest.find(open) {
+            let after = &rest[start + open.len_utf8()..];
+            let Some(end) = after.find(close) else { break };
+            let inside = &after[..end];
+            if !inside.trim().is_empty() && inside.len() <= 200 {
+                push(inside, true, &mut out);
+            }
+            rest = &after[end + close.len_utf8()..];
+        }
+    }
+    let words: Vec<&str> = question
+        .split(|c: char| c.is_whitespace() || ",;:!?()[]{}\"'`“”‘’".contains(c))
+        .map(|w| w.trim_end_matches('.'))
+        .filter(|w| !w.is_empty())
+        .collect();
+    let stop = |w: &str| STOPWORDS.contains(&w.to_lowercase().as_str());
+    let capitalised = |w: &str| w.chars().next().is_some_and(|c| c.is_uppercase());
+    let mut runs: Vec<(usize, String, bool)> = Vec::new();
+    for start in 0..words.len() {
+        for len in 1..=MAX_WORDS.min(words.len() - start) {
+            let run = &words[start..start + len];
+            if run.iter().all(|w| stop(w)) || stop(run[0]) || stop(run[len - 1]) {
+                continue;
+            }
+            if len == 1 && run[0].chars().count() < 3 {
+                continue;
+            }
+            // A capitalised word at the very start is just the sentence.
+            let marked = run.iter().all(|w| capitalised(w)) && (start > 0 || len > 1);
+            runs.push((len, run.join(" "), marked));
+        }
+    }
+    runs.sort_by_key(|r| std::cmp::Reverse(r.0));
+    for (_, text, marked) in runs {
+        push(&text, marked, &mut out);
+    }
+    out
+}
+
+/// pg_trgm's trigrams of a text: lower case, each word padded with two blanks in front and one
+/// behind.
+pub fn trigrams(text: &str) -> HashSet<[char; 3]> {
+    let mut set = HashSet::new();
+    for word in text
+        .to_lowercase()
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+    {
+        let padded: Vec<char> = "  "
+            .chars()
+            .chain(word.chars())
+            .chain(" ".chars())
+            .collect();
+        for window in padded.windows(3) {
+            set.insert([window[0], window[1], window[2]]);
+        }
+    }
+    set
+}
+
+/// pg_trgm's `similarity`: shared trigrams over all trigrams of both.
+pub fn similarity(a: &HashSet<[char; 3]>, b: &HashSet<[char; 3]>) -> f32 {
+    let shared = a.intersection(b).count();
+    let all = a.len() + b.len() - shared;
+    if all == 0 {
+        0.0
+    } else {
+        shared as f32 / all as f32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn texts(question: &str) -> Vec<String> {
+        phrases(question).into_iter().map(|p| p.text).collect()
+    }
+
+    #[test]
+    fn quoted_strings_and_word_runs_are_candidates() {
+        let found = texts("How many heroes have the power 'Death Touch'?");
+        assert_eq!(found[0], "Death Touch");
+        assert!(found.contains(&"heroes".to_string()));
+        assert!(found.contains(&"power".to_string()));
+        assert!(!found.contains(&"How".to_string()) && !found.contains(&"the".to_string()));
+        // longer runs come before their parts
+        let found = texts("orders shipped to New South Wales last year");
+        let at = |s: &str| found.iter().position(|f| f == s).unwrap();
+        assert!(at("New South Wales") < at("Wales"));
+        let marked: Vec<bool> = phrases("Which books did Italo Calvino write?")
+            .into_iter()
+            .filter(|p| p.text == "Italo Calvino")
+            .map(|p| p.marked)
+            .collect();
+        assert_eq!(marked, [true]);
+    }
+
+    #[test]
+    fn normalizing_ignores_case_space_and_punctuation() {
+        assert_eq!(normalize("  Death   Touch. "), "death touch");
+        assert_eq!(normalize("'O'Brien'"), "o'brien");
+    }
+
+    #[test]
+    fn similarity_is_pg_trgms() {
+        let a = trigrams("word");
+        assert_eq!(a.len(), 5, "'  w', ' wo', 'wor', 'ord', 'rd '");
+        assert!((similarity(&a, &trigrams("word")) - 1.0).abs() < 1e-6);
+        // pg_trgm: similarity('word', 'two words') = 0.36363637
+        assert!((similarity(&a, &trigrams("two words")) - 0.363_636_37).abs() < 1e-6);
+        assert!(similarity(&trigrams("Death Touch"), &trigrams("death touch")) > 0.99);
+        assert!(similarity(&trigrams("Deth Touch"), &trigrams("Death Touch")) > 0.5);
+    }
+}
