@@ -7,6 +7,7 @@ where it stopped; OUT/results.json and OUT/results.md are rewritten at the end.
 
 import argparse
 import json
+import math
 import os
 import pathlib
 import socket
@@ -17,14 +18,21 @@ import time
 
 import psycopg
 
-from score import same_result
+from score import DECIMALS, gold_precision, same_result
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 #: Configurations: a name, what it means, and the settings that make it.
 CONFIGS = {
-    "C": ("generation only", {"max_repairs": "0"}),
+    "C": ("generation only", {"max_repairs": "0", "vote": "off"}),
     "A": ("full pipeline (defaults)", {}),
+    # ablations: the full pipeline without one mechanism, or with another choice
+    "A-novalues": ("without the value index", {"value_index": "off"}),
+    "A-novote": ("without candidates and vote", {"vote": "off"}),
+    "A-mschema": ("M-Schema layout", {"schema_format": "mschema"}),
+    "C-mschema": ("generation only, M-Schema layout", {"max_repairs": "0", "vote": "off", "schema_format": "mschema"}),
+    "A-vote2": ("two candidates", {"candidates": "2"}),
+    "A-always": ("vote after every first query", {"vote": "always"}),
 }
 
 
@@ -126,7 +134,7 @@ def ask(conn, question, config, args):
         outcomes=[a["outcome"] for a in trace["attempts"]],
         errors=[f"{a['sqlstate']}: {a['message']}" for a in trace["attempts"] if a.get("sqlstate")],
     )
-    record["correct"] = False
+    record["correct"] = record["correct_at_precision"] = False
     if trace["status"] in ("ok", "empty") and trace["sql"]:
         try:
             predicted = run_rows(conn, trace["sql"])
@@ -134,25 +142,41 @@ def ask(conn, question, config, args):
             record["error"] = f"re-running the answer failed: {e}"
             return record
         record["correct"] = matches_gold(conn, question, predicted)
+        precision = gold_precision(question["gold_sql"])
+        record["correct_at_precision"] = record["correct"] or (
+            precision is not None and matches_gold(conn, question, predicted, precision)
+        )
     return record
 
 
-def matches_gold(conn, question, predicted):
-    ordered = bool(question.get("gold_ordered"))
+def matches_gold(conn, question, predicted, decimals=DECIMALS):
+    # A gold ORDER BY with ties fixes the order only up to the ties: such questions compare as
+    # multisets.
+    ordered = bool(question.get("gold_ordered")) and not question.get("nondeterministic_order")
     if question.get("time_dependent") or question.get("gold_result_truncated"):
         gold = run_rows(conn, question["gold_sql"])
     else:
         gold = question["gold_result"]
-    if same_result(predicted, gold, ordered):
+    if same_result(predicted, gold, ordered, decimals):
         return True
     # Benchmarks that list equivalent gold queries (defog) accept any of them.
     for variant in question.get("gold_sql_variants") or []:
         try:
-            if same_result(predicted, run_rows(conn, variant), ordered):
+            if same_result(predicted, run_rows(conn, variant), ordered, decimals):
                 return True
         except psycopg.Error:
             continue
     return False
+
+
+def wilson(correct, n, z=1.96):
+    """The 95 % Wilson score interval of a proportion, as fractions."""
+    if not n:
+        return None
+    p = correct / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return [round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4)]
 
 
 def percentile(values, p):
@@ -168,20 +192,26 @@ def summarize(records, questions):
     nondeterministic = {q["id"] for q in questions if q.get("nondeterministic_rows")}
     scored = [r for r in records if r["id"] not in nondeterministic]
 
-    def ex(rs):
-        return round(sum(r["correct"] for r in rs) / len(rs), 4) if rs else None
+    def ex(rs, key="correct"):
+        return round(sum(r.get(key, False) for r in rs) / len(rs), 4) if rs else None
 
     def grouped(key):
         groups = {}
         for r in scored:
             groups.setdefault(r[key], []).append(r)
-        return {k: {"ex": ex(v), "n": len(v)} for k, v in sorted(groups.items())}
+        return {
+            k: {"ex": ex(v), "n": len(v), "ci95": wilson(sum(r["correct"] for r in v), len(v))}
+            for k, v in sorted(groups.items())
+        }
 
     ms = [r["ms"] for r in records]
     total_minutes = sum(ms) / 60000
     n = len(records) or 1
     return {
         "ex": ex(scored), "n": len(scored), "correct": sum(r["correct"] for r in scored),
+        "ci95": wilson(sum(r["correct"] for r in scored), len(scored)),
+        "ex_at_gold_precision": ex(scored, "correct_at_precision"),
+        "excluded": {"nondeterministic_rows": sorted(nondeterministic & {r["id"] for r in records})},
         "by_suite": grouped("suite"), "by_difficulty": grouped("difficulty"),
         "nondeterministic_rows": {"n": len(records) - len(scored),
                                   "correct": sum(r["correct"] for r in records if r["id"] in nondeterministic)},
@@ -197,7 +227,11 @@ def summarize(records, questions):
 
 def markdown(results, args):
     configs = list(results["configs"])
-    lines = [f"# Benchmark results\n", f"- questions: {args.questions or 'dev.jsonl'}; model `{args.model}` at {args.llm_url}", ""]
+    meta = results["meta"]
+    lines = [f"# Benchmark results\n",
+             f"- questions: {args.questions or 'dev.jsonl'}; model `{args.model}` at {args.llm_url}",
+             f"- commit {meta['commit']}; settings per configuration: {json.dumps(meta['settings'])}",
+             f"- excluded from scoring: {json.dumps(meta['excluded'])}", ""]
     header = "| | " + " | ".join(f"{c}: {CONFIGS[c][0]}" for c in configs) + " |"
     lines += [header, "|---" * (len(configs) + 1) + "|"]
 
@@ -205,7 +239,9 @@ def markdown(results, args):
         lines.append(f"| {label} | " + " | ".join(f(results["configs"][c]) for c in configs) + " |")
 
     pct = lambda x: "n/a" if x is None else f"{100 * x:.1f} %"
-    row("EX (execution accuracy)", lambda s: f"{pct(s['ex'])} ({s['correct']}/{s['n']})")
+    ci = lambda s: "" if not s.get("ci95") else f" [{100 * s['ci95'][0]:.1f}-{100 * s['ci95'][1]:.1f}]"
+    row("EX (execution accuracy), 95 % interval", lambda s: f"{pct(s['ex'])} ({s['correct']}/{s['n']}){ci(s)}")
+    row("EX at the gold's precision", lambda s: pct(s.get("ex_at_gold_precision")))
     suites = sorted({k for c in configs for k in results["configs"][c]["by_suite"]})
     for suite in suites:
         row(f"EX {suite}", lambda s, k=suite: pct(s["by_suite"].get(k, {}).get("ex")) + f" (n={s['by_suite'].get(k, {}).get('n', 0)})")
@@ -228,6 +264,14 @@ def progress(config, done, total, records):
     filled = int(width * done / total) if total else width
     sys.stderr.write(f"\r[{config}] [{'#' * filled}{'.' * (width - filled)}] {done}/{total}  EX {correct}/{len(records) or 1} = {100 * correct / (len(records) or 1):.1f} %   ")
     sys.stderr.flush()
+
+
+def commit():
+    """The commit measured, with a mark when the work tree differs from it."""
+    def git(*a):
+        return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def main():
@@ -266,6 +310,18 @@ def main():
             sys.stderr.write("\n")
             all_records[config] = records
         results = {"configs": {c: summarize(r, questions) for c, r in all_records.items()}}
+        results["meta"] = {
+            "commit": commit(),
+            "model": args.model,
+            "llm_url": args.llm_url,
+            "questions": len(questions),
+            "settings": {c: {"llm_timeout": args.llm_timeout, **CONFIGS[c][1]} for c in configs},
+            "excluded": {
+                "nondeterministic_rows (results not determined by the gold query)": sorted(
+                    q["id"] for q in questions if q.get("nondeterministic_rows")
+                )
+            },
+        }
         if "C" in all_records and "A" in all_records:
             c_ok = {r["id"] for r in all_records["C"] if r["correct"]}
             a_ok = {r["id"] for r in all_records["A"] if r["correct"]}

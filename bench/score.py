@@ -2,7 +2,8 @@
 
 Results are compared as multisets of rows (as lists when the gold answer is ordered); column
 order matters, column names do not; numbers compare numerically after rounding to a tolerance;
-NULL equals NULL.
+NULL equals NULL. Beside this strict EX, `gold_precision` gives the decimals a gold query rounds
+its numbers to, so that an unrounded but otherwise right answer can be counted too.
 """
 
 import datetime
@@ -15,7 +16,7 @@ from collections import Counter
 DECIMALS = 4
 
 
-def canonical(value):
+def canonical(value, decimals=DECIMALS):
     """One value in a form where equal answers compare equal, whatever driver produced it."""
     if value is None:
         return None
@@ -25,7 +26,7 @@ def canonical(value):
         number = float(value)
         if math.isnan(number) or math.isinf(number):
             return ("n", str(number))
-        rounded = round(number, DECIMALS)
+        rounded = round(number, decimals)
         return ("n", rounded + 0.0)  # -0.0 and 0.0 are the same answer
     if isinstance(value, datetime.datetime):
         return ("s", value.isoformat(sep=" "))
@@ -40,15 +41,46 @@ def canonical(value):
     return ("s", str(value))
 
 
-def canonical_rows(rows):
-    return [tuple(canonical(v) for v in row) for row in rows]
+def canonical_rows(rows, decimals=DECIMALS):
+    return [tuple(canonical(v, decimals) for v in row) for row in rows]
 
 
-def same_result(predicted, gold, ordered=False):
-    """Whether two results (lists of rows) are the same answer."""
-    predicted, gold = canonical_rows(predicted), canonical_rows(gold)
+def same_result(predicted, gold, ordered=False, decimals=DECIMALS):
+    """Whether two results (lists of rows) are the same answer, numbers compared to `decimals`."""
+    predicted, gold = canonical_rows(predicted, decimals), canonical_rows(gold, decimals)
     if predicted and gold and len(predicted[0]) != len(gold[0]):
         return False
     if ordered:
         return predicted == gold
     return Counter(predicted) == Counter(gold)
+
+
+def gold_precision(sql):
+    """The fewest decimals the gold query rounds a number to with ROUND(x, n), or None."""
+    found = []
+    lower = sql.lower()
+    start = 0
+    while True:
+        at = lower.find("round", start)
+        if at < 0:
+            break
+        start = at + 5
+        rest = lower[start:].lstrip()
+        if not rest.startswith("(") or (at > 0 and (lower[at - 1].isalnum() or lower[at - 1] == "_")):
+            continue
+        depth, last_comma, i = 0, None, lower.index("(", start)
+        for j in range(i, len(lower)):
+            c = lower[j]
+            if c == "(":
+                depth += 1
+            elif c == ")":
+                depth -= 1
+                if depth == 0:
+                    if last_comma is not None:
+                        digits = lower[last_comma + 1 : j].strip()
+                        if digits.isdigit():
+                            found.append(int(digits))
+                    break
+            elif c == "," and depth == 1:
+                last_comma = j
+    return min(found) if found else None

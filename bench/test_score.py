@@ -4,7 +4,7 @@ import datetime
 import decimal
 import unittest
 
-from score import same_result
+from score import gold_precision, same_result
 
 
 class SameResult(unittest.TestCase):
@@ -40,6 +40,20 @@ class SameResult(unittest.TestCase):
     def test_empty_results(self):
         self.assertTrue(same_result([], []))
         self.assertFalse(same_result([], [[1]]))
+
+
+class Precision(unittest.TestCase):
+    def test_the_golds_rounding_is_found(self):
+        self.assertEqual(gold_precision("SELECT ROUND(AVG(price), 2) FROM t"), 2)
+        self.assertEqual(gold_precision("SELECT round(sum(a) / count(*)::numeric, 1), ROUND(x, 3)"), 1)
+        self.assertIsNone(gold_precision("SELECT avg(price) FROM t"))
+        self.assertIsNone(gold_precision("SELECT ROUND(x) FROM t"))
+        self.assertIsNone(gold_precision("SELECT background_round(1, 2)"))
+
+    def test_an_unrounded_answer_matches_at_the_golds_precision(self):
+        self.assertFalse(same_result([[248.3966]], [[248.4]]))
+        self.assertTrue(same_result([[248.3966]], [[248.4]], decimals=2))
+        self.assertFalse(same_result([[248.3966]], [[248.5]], decimals=1))
 
 
 if __name__ == "__main__":
