@@ -32,6 +32,7 @@ if [ ${#missing[@]} -gt 0 ]; then
         "${missing[@]}" >/dev/null
     # The packaged cluster is not needed: tests and the demo start their own.
     $SUDO systemctl disable --now postgresql redis-server pgbouncer >/dev/null 2>&1 || true
+    for service in postgresql redis-server pgbouncer; do $SUDO service "$service" stop >/dev/null 2>&1 || true; done
     done_step
 fi
 

@@ -59,3 +59,27 @@ ALTER FUNCTION @extschema@.nl_check(text) STABLE PARALLEL RESTRICTED;
 CREATE FUNCTION @extschema@.nl_run("sql" text) RETURNS SETOF jsonb
 STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'nl_run_wrapper';
+
+-- Conversations that survive a connection pooler.
+CREATE TABLE @extschema@.nl_sessions (
+    role name NOT NULL DEFAULT current_user,
+    session text NOT NULL,
+    turns jsonb NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (role, session)
+);
+ALTER TABLE @extschema@.nl_sessions ENABLE ROW LEVEL SECURITY;
+CREATE POLICY own_sessions ON @extschema@.nl_sessions USING (role = current_user)
+    WITH CHECK (role = current_user);
+GRANT SELECT, INSERT, UPDATE, DELETE ON @extschema@.nl_sessions TO PUBLIC;
+
+-- For API clients and BI tools.
+CREATE FUNCTION @extschema@.nl_ask("question" text, "session" text DEFAULT NULL) RETURNS jsonb
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'nl_ask_wrapper';
+CREATE FUNCTION @extschema@.nl_fix("sql" text, "question" text DEFAULT NULL) RETURNS text
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'nl_fix_wrapper';
+CREATE FUNCTION @extschema@.nl_cursor(question text, cursor_name text DEFAULT 'nl_answer')
+RETURNS refcursor VOLATILE PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'nl_cursor_wrapper';

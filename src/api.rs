@@ -7,11 +7,11 @@ use std::time::Duration;
 use pgrx::prelude::*;
 use pgrx::JsonB;
 
-use crate::error::{Error, Result, SqlError};
+use crate::error::{Error, Result, SqlError, SqlState};
 use crate::exec::{self, Mode, Outcome, ResultSet};
 use crate::extract::strip_think;
 use crate::heal::{self, Limits, Run, Vote};
-use crate::llm::{Endpoint, Llm, OpenAiClient, Options};
+use crate::llm::{Chain, Llm, Options};
 use crate::progress::{Event, Progress};
 use crate::schema::PromptSchema;
 use crate::session::Turn;
@@ -28,38 +28,35 @@ fn nl_query(
     question: Option<&str>,
     session: default!(Option<&str>, "NULL"),
 ) -> SetOfIterator<'static, JsonB> {
-    let (run, _) =
-        answered("nl_query", question, session, run_mode()).unwrap_or_else(|e| e.raise());
+    let (run, _) = answered(Ask::new("nl_query", question, session)).unwrap_or_else(|e| e.raise());
     rows_of(run.best_result())
 }
 
 /// Answers a question with SQL only: generated, guarded, and planned (never executed).
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_generate(question: Option<&str>, session: default!(Option<&str>, "NULL")) -> String {
-    let (run, _) =
-        answered("nl_generate", question, session, Mode::Plan).unwrap_or_else(|e| e.raise());
+    let ask = Ask {
+        mode: Mode::Plan,
+        ..Ask::new("nl_generate", question, session)
+    };
+    let (run, _) = answered(ask).unwrap_or_else(|e| e.raise());
     run.final_sql().unwrap_or_default().to_string()
 }
 
 /// Runs the pipeline like `nl_query` and returns what happened instead of the rows.
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_trace(question: Option<&str>, session: default!(Option<&str>, "NULL")) -> JsonB {
-    let (run, shown) = answer(question, session, run_mode(), "nl_trace")
+    let (run, shown) = answer(&Ask::new("nl_trace", question, session))
         .inspect_err(|e| history::audit("nl_trace", session, question.unwrap_or(""), Some(e)))
         .unwrap_or_else(|e| e.raise());
-    JsonB(trace::run(
-        &run,
-        Some(&shown.schema),
-        shown.values.as_deref(),
-    ))
+    JsonB(traced(&run, &shown))
 }
 
 /// Answers a question in plain language, grounded in the rows of the query that answers it
 /// (none are sent to the model when sample values are off: then it describes the query).
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_answer(question: Option<&str>, session: default!(Option<&str>, "NULL")) -> String {
-    let (run, _) =
-        answered("nl_answer", question, session, run_mode()).unwrap_or_else(|e| e.raise());
+    let (run, _) = answered(Ask::new("nl_answer", question, session)).unwrap_or_else(|e| e.raise());
     let sql = run.final_sql().unwrap_or_default();
     let rows = run.best_result().map_or(&[][..], |r| &r.rows);
     let shown =
@@ -69,6 +66,90 @@ fn nl_answer(question: Option<&str>, session: default!(Option<&str>, "NULL")) ->
         .and_then(|mut llm| llm.complete(&request))
         .unwrap_or_else(|e| e.raise());
     strip_think(&completion.content).trim().to_string()
+}
+
+/// Answers a question with its rows and how they were found: the `nl_trace` object with `rows`
+/// added, each an array of values in the query's column order (for API clients).
+#[pg_extern(volatile, parallel_unsafe)]
+fn nl_ask(question: Option<&str>, session: default!(Option<&str>, "NULL")) -> JsonB {
+    let (run, shown) =
+        answered(Ask::new("nl_ask", question, session)).unwrap_or_else(|e| e.raise());
+    let mut trace = traced(&run, &shown);
+    trace["rows"] = serde_json::Value::Array(
+        run.best_result()
+            .map(trace::rows_in_column_order)
+            .unwrap_or_default(),
+    );
+    JsonB(trace)
+}
+
+/// Repairs the caller's own SQL: runs it through the guard and the sandbox and, when it fails or
+/// comes back empty, repairs it with the same loop as a generated query (toward `question`,
+/// when given). Returns the SQL that finally answers; raises when none does.
+#[pg_extern(volatile, parallel_unsafe)]
+fn nl_fix(sql: Option<&str>, question: default!(Option<&str>, "NULL")) -> String {
+    let Some(sql) = sql.filter(|s| !s.trim().is_empty()) else {
+        Error::InvalidParameter("the SQL to fix is empty".into()).raise()
+    };
+    let ask = Ask {
+        first: Some(sql),
+        ..Ask::new("nl_fix", question, None)
+    };
+    let (run, _) = answered(ask).unwrap_or_else(|e| e.raise());
+    run.final_sql().unwrap_or_default().to_string()
+}
+
+/// Answers a question into a cursor of the caller's transaction, with the query's own columns
+/// and types (what BI tools and drivers expect); FETCH from it until the transaction ends.
+/// The rows are computed in the sandbox (at most `max_rows`), not at FETCH time.
+#[pg_extern(
+    volatile,
+    parallel_unsafe,
+    sql = "CREATE FUNCTION nl_cursor(question text, cursor_name text DEFAULT 'nl_answer') \
+           RETURNS refcursor VOLATILE PARALLEL UNSAFE \
+           LANGUAGE c AS 'MODULE_PATHNAME', 'nl_cursor_wrapper';"
+)]
+fn nl_cursor(question: Option<&str>, cursor_name: default!(Option<&str>, "'nl_answer'")) -> String {
+    let name = cursor_name.filter(|n| !n.is_empty()).unwrap_or("nl_answer");
+    let (run, _) = answered(Ask::new("nl_cursor", question, None)).unwrap_or_else(|e| e.raise());
+    let sql = run.final_sql().unwrap_or_default();
+    let Some(portal) = exec::new_cursor(name, sql) else {
+        Error::Query(Box::new(SqlError::new(
+            SqlState::DUPLICATE_CURSOR,
+            format!("cursor \"{name}\" already exists"),
+        )))
+        .raise()
+    };
+    let outcome = exec::attempt(
+        sql,
+        Mode::Cursor {
+            portal,
+            max_rows: settings::max_rows(),
+        },
+        settings::statement_timeout_ms(),
+    );
+    exec::finish_cursor(portal, outcome.result().is_some());
+    match outcome {
+        Outcome::Rows(r) | Outcome::Empty(r) => {
+            if r.truncated {
+                pgrx::notice!(
+                    "sql_query_engine: the result was cut at {} rows (sql_query_engine.max_rows)",
+                    r.stored
+                );
+            }
+        }
+        Outcome::Failed(e) => Error::Query(Box::new(e)).raise(),
+        Outcome::Refused(r) => Error::Refused(Box::new(r.error)).raise(),
+        Outcome::Planned => {}
+    }
+    name.to_string()
+}
+
+/// The trace of a run, with what the prompt showed.
+fn traced(run: &Run, shown: &DatabaseContext) -> serde_json::Value {
+    let mut trace = trace::run(run, Some(&shown.schema), shown.values.as_deref());
+    trace["session_store"] = serde_json::json!(shown.session.map(session::Store::as_str));
+    trace
 }
 
 /// Runs the caller's own SQL the way generated queries run: through the guard, read-only, in a
@@ -143,13 +224,14 @@ fn rows_of(result: Option<&ResultSet>) -> SetOfIterator<'static, JsonB> {
     SetOfIterator::new(rows)
 }
 
-fn client(json_mode: bool) -> Result<OpenAiClient> {
-    Ok(OpenAiClient::new(
-        Endpoint {
-            base_url: settings::llm_url()?,
-            model: settings::llm_model(),
-            api_key: settings::llm_api_key()?,
-        },
+/// The model: the chain of configured endpoints, with their keys read.
+fn client(json_mode: bool) -> Result<Chain> {
+    let endpoints = settings::llm_endpoints()?
+        .iter()
+        .map(settings::EndpointSetting::endpoint)
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Chain::new(
+        endpoints,
         Options {
             temperature: settings::temperature(),
             timeout: Duration::from_millis(settings::llm_timeout_ms()),
@@ -157,6 +239,7 @@ fn client(json_mode: bool) -> Result<OpenAiClient> {
             max_tokens: settings::max_tokens(),
             max_response_bytes: settings::max_response_bytes(),
         },
+        settings::llm_circuit_breaker(),
     ))
 }
 
@@ -166,6 +249,8 @@ struct DatabaseContext {
     text: String,
     schema: PromptSchema,
     values: Option<String>,
+    /// Where the session's turns are kept, when the call has a session.
+    session: Option<session::Store>,
 }
 
 /// The schema, the question's values and the examples, as the prompt shows them.
@@ -189,6 +274,7 @@ fn database_context(question: Option<&str>) -> Result<DatabaseContext> {
         text: prompt::database_context(&schema.text, values.as_deref(), &examples),
         schema,
         values,
+        session: None,
     })
 }
 
@@ -213,49 +299,83 @@ impl heal::Database for LiveDatabase {
     }
 }
 
+/// What one call asks for.
+struct Ask<'a> {
+    /// The SQL function, as the history and the audit name it.
+    function: &'static str,
+    question: Option<&'a str>,
+    session: Option<&'a str>,
+    mode: Mode,
+    /// The caller's SQL to start from (`nl_fix`).
+    first: Option<&'a str>,
+}
+
+impl<'a> Ask<'a> {
+    fn new(function: &'static str, question: Option<&'a str>, session: Option<&'a str>) -> Self {
+        Ask {
+            function,
+            question,
+            session,
+            mode: run_mode(),
+            first: None,
+        }
+    }
+}
+
 /// `answer` for the functions that return the answer itself: a run without one is an error,
 /// and every outcome is audited.
-fn answered(
-    function: &str,
-    question: Option<&str>,
-    session: Option<&str>,
-    mode: Mode,
-) -> Result<(Run, DatabaseContext)> {
-    let result =
-        answer(question, session, mode, function).and_then(|(run, schema)| match run.failure() {
-            Some(error) => Err(error),
-            None => Ok((run, schema)),
-        });
+fn answered(ask: Ask) -> Result<(Run, DatabaseContext)> {
+    let result = answer(&ask).and_then(|(run, shown)| match run.failure() {
+        Some(error) => Err(error),
+        None => Ok((run, shown)),
+    });
     history::audit(
-        function,
-        session,
-        question.unwrap_or(""),
+        ask.function,
+        ask.session,
+        ask.question.or(ask.first).unwrap_or(""),
         result.as_ref().err(),
     );
     result
 }
 
-/// The whole pipeline for one question; `function` names the caller in the history.
-fn answer(
-    question: Option<&str>,
-    session: Option<&str>,
-    mode: Mode,
-    function: &str,
-) -> Result<(Run, DatabaseContext)> {
-    let question = question
-        .filter(|q| !q.trim().is_empty())
-        .ok_or_else(|| Error::InvalidParameter("the question is empty: ask something".into()))?;
-    let session = session.filter(|s| !s.is_empty());
+/// The question `nl_fix` asks when the caller gave none.
+const FIX_QUESTION: &str =
+    "Fix this SQL query so that it runs and returns what it was written to return.";
+
+/// The whole pipeline for one question.
+fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
+    let question = match (ask.question.filter(|q| !q.trim().is_empty()), ask.first) {
+        (Some(q), _) => q,
+        (None, Some(_)) => FIX_QUESTION,
+        (None, None) => {
+            return Err(Error::InvalidParameter(
+                "the question is empty: ask something".into(),
+            ))
+        }
+    };
+    let session = ask.session.filter(|s| !s.is_empty());
     let mut llm = client(true)?;
     let progress = Progress::new(session);
-    let shown = database_context(Some(question))?;
+    // The schema is chosen for the question, and for the tables a given SQL names.
+    let retrieval = match ask.first {
+        Some(sql) => format!("{question}\n{sql}"),
+        None => question.to_string(),
+    };
+    let mut shown = database_context(Some(&retrieval))?;
     progress.emit(Event::SchemaReady {
         relations: shown.schema.relations.len(),
         pruned: shown.schema.pruned,
     });
-    let turns = session.map(session::turns).unwrap_or_default();
+    let (turns, store) = match session {
+        Some(s) => {
+            let (turns, store) = session::turns(s);
+            (turns, Some(store))
+        }
+        None => (Vec::new(), None),
+    };
+    shown.session = store;
     let mut database = LiveDatabase {
-        mode,
+        mode: ask.mode,
         timeout_ms: settings::statement_timeout_ms(),
         values: shown.values.clone(),
     };
@@ -272,6 +392,7 @@ fn answer(
     let run = heal::solve(
         question,
         prompt::initial(&shown.text, &turns, question),
+        ask.first,
         limits,
         &mut llm,
         &mut database,
@@ -297,8 +418,8 @@ fn answer(
             },
         );
     }
-    if function != "nl_trace" {
-        history::record(function, session, &run);
+    if ask.function != "nl_trace" {
+        history::record(ask.function, session, &run);
     }
     Ok((run, shown))
 }

@@ -17,6 +17,7 @@ impl SqlState {
     pub const INSUFFICIENT_PRIVILEGE: SqlState = SqlState(*b"42501");
     pub const UNDEFINED_COLUMN: SqlState = SqlState(*b"42703");
     pub const UNDEFINED_TABLE: SqlState = SqlState(*b"42P01");
+    pub const DUPLICATE_CURSOR: SqlState = SqlState(*b"42P03");
     pub const QUERY_CANCELED: SqlState = SqlState(*b"57014");
     pub const OBJECT_NOT_IN_PREREQUISITE_STATE: SqlState = SqlState(*b"55000");
     pub const SYSTEM_ERROR: SqlState = SqlState(*b"58000");

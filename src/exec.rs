@@ -26,6 +26,12 @@ pub enum Mode {
     Run { max_rows: usize },
     /// Only plan it (`nl_generate`): the query is analyzed and planned, never executed.
     Plan,
+    /// Run it into the hold store of `portal` (a cursor of the caller's transaction, made by
+    /// `new_cursor`), at most `max_rows` rows, with the query's own column types.
+    Cursor {
+        portal: pg_sys::Portal,
+        max_rows: usize,
+    },
 }
 
 /// Rows of one successful query.
@@ -42,6 +48,8 @@ pub struct ResultSet {
     pub row_security: Vec<String>,
     /// Parallel workers the executor launched (0 for a serial plan).
     pub parallel_workers: i32,
+    /// Rows written to a cursor (`Mode::Cursor`), where they are not kept here.
+    pub stored: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,9 +184,9 @@ fn run_guarded(sql: &str, mode: Mode) -> Outcome {
         );
         let outcome = match mode {
             Mode::Plan => Outcome::Planned,
-            Mode::Run { max_rows } => {
-                let mut result = execute(planned, &checked.text, max_rows);
-                if result.rows.is_empty() {
+            Mode::Run { .. } | Mode::Cursor { .. } => {
+                let mut result = execute(planned, &checked.text, mode);
+                if result.rows.is_empty() && result.stored == 0 {
                     result.row_security = row_security_tables(&checked.relations);
                     Outcome::Empty(result)
                 } else {
@@ -192,9 +200,15 @@ fn run_guarded(sql: &str, mode: Mode) -> Outcome {
 }
 
 /// Runs a planned SELECT to completion or until `max_rows + 1` rows were seen.
-unsafe fn execute(planned: *mut pg_sys::PlannedStmt, text: &CStr, max_rows: usize) -> ResultSet {
+unsafe fn execute(planned: *mut pg_sys::PlannedStmt, text: &CStr, mode: Mode) -> ResultSet {
+    let (max_rows, portal) = match mode {
+        Mode::Cursor { portal, max_rows } => (max_rows, Some(portal)),
+        Mode::Run { max_rows } => (max_rows, None),
+        Mode::Plan => (0, None),
+    };
     let mut collector = Collector {
         max_rows,
+        portal,
         result: ResultSet::default(),
         record: std::ptr::null_mut(),
         to_jsonb: std::mem::zeroed(),
@@ -259,6 +273,8 @@ struct Receiver {
 /// with duplicate names made unique so no column is lost.
 struct Collector {
     max_rows: usize,
+    /// The cursor the rows go to, instead of `result.rows`.
+    portal: Option<pg_sys::Portal>,
     result: ResultSet,
     record: pg_sys::TupleDesc,
     to_jsonb: pg_sys::FmgrInfo,
@@ -279,6 +295,12 @@ unsafe extern "C-unwind" fn startup(
     source: pg_sys::TupleDesc,
 ) {
     let c = collector(receiver);
+    if let Some(portal) = c.portal {
+        // The cursor's row type, in the portal's memory: it outlives this execution.
+        let caller = pg_sys::MemoryContextSwitchTo((*portal).portalContext);
+        (*portal).tupDesc = pg_sys::CreateTupleDescCopy(source);
+        pg_sys::MemoryContextSwitchTo(caller);
+    }
     let natts = (*source).natts as usize;
     let names: Vec<String> = (*source)
         .attrs
@@ -337,10 +359,20 @@ unsafe extern "C-unwind" fn receive_slot(
     receiver: *mut pg_sys::DestReceiver,
 ) -> bool {
     let c = collector(receiver);
-    if c.result.rows.len() >= c.max_rows {
+    if c.result.rows.len() + c.result.stored >= c.max_rows {
         // One row more than may be returned: the result is cut, and the executor stops here.
         c.result.truncated = true;
         return false;
+    }
+    if let Some(portal) = c.portal {
+        // As PostgreSQL fills a held cursor: under the portal's resource owner, so that a
+        // spilled store outlives this subtransaction.
+        let owner = pg_sys::CurrentResourceOwner;
+        pg_sys::CurrentResourceOwner = (*portal).resowner;
+        pg_sys::tuplestore_puttupleslot((*portal).holdStore, slot);
+        pg_sys::CurrentResourceOwner = owner;
+        c.result.stored += 1;
+        return true;
     }
     let caller = pg_sys::MemoryContextSwitchTo(c.per_row);
     pg_sys::slot_getallattrs(slot);
@@ -358,6 +390,48 @@ unsafe extern "C-unwind" fn receive_slot(
 
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn shutdown(_receiver: *mut pg_sys::DestReceiver) {}
+
+/// A new cursor `name` of the caller's transaction, with an empty hold store to run a query
+/// into (`Mode::Cursor`); `None` when a cursor of that name exists.
+pub fn new_cursor(name: &str, sql: &str) -> Option<pg_sys::Portal> {
+    let (Ok(name), Ok(sql)) = (CString::new(name), CString::new(sql)) else {
+        return None;
+    };
+    unsafe {
+        if !pg_sys::GetPortalByName(name.as_ptr()).is_null() {
+            return None;
+        }
+        let portal = pg_sys::CreatePortal(name.as_ptr(), false, false);
+        let text = pg_sys::MemoryContextStrdup((*portal).portalContext, sql.as_ptr());
+        pg_sys::PortalDefineQuery(
+            portal,
+            std::ptr::null(),
+            text,
+            pg_sys::CommandTag::CMDTAG_SELECT,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        );
+        (*portal).cursorOptions = pg_sys::CURSOR_OPT_SCROLL as i32;
+        pg_sys::PortalCreateHoldStore(portal);
+        Some(portal)
+    }
+}
+
+/// Makes a filled cursor ready to FETCH from (from its store, like a held cursor), or drops it
+/// when the query did not run.
+pub fn finish_cursor(portal: pg_sys::Portal, ran: bool) {
+    unsafe {
+        if ran && !(*portal).tupDesc.is_null() {
+            (*portal).strategy = pg_sys::PortalStrategy::PORTAL_ONE_SELECT;
+            (*portal).atStart = true;
+            (*portal).atEnd = false;
+            (*portal).portalPos = 0;
+            (*portal).status = pg_sys::PortalStatus::PORTAL_READY;
+        } else {
+            pg_sys::PortalDrop(portal, false);
+        }
+    }
+}
 
 /// The relations among `relations` on which row-level security applies to the current role.
 unsafe fn row_security_tables(relations: &[pg_sys::Oid]) -> Vec<String> {

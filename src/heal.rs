@@ -29,6 +29,9 @@ pub struct Attempt {
     pub candidate: bool,
     /// The result group it was counted in, when there was a vote.
     pub group: Option<usize>,
+    /// The endpoint that wrote it, and what the endpoints tried before said.
+    pub endpoint: String,
+    pub endpoint_failures: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -198,6 +201,8 @@ struct Step {
 struct Solver<'a> {
     question: &'a str,
     initial: Vec<prompt::Message>,
+    /// SQL to start from instead of asking the model (`nl_fix`).
+    first: Option<&'a str>,
     limits: Limits,
     llm: &'a mut dyn Llm,
     db: &'a mut dyn Database,
@@ -285,7 +290,7 @@ impl Solver<'_> {
         }
     }
 
-    fn record(&mut self, step: &Step, llm_ms: f64, candidate: bool) {
+    fn record(&mut self, step: &Step, llm_ms: f64, candidate: bool, by: &Completion) {
         let outcome = &step.outcome;
         if rank(outcome) > 0
             && self
@@ -302,6 +307,8 @@ impl Solver<'_> {
             llm_ms,
             candidate,
             group: None,
+            endpoint: by.endpoint.clone(),
+            endpoint_failures: by.failures.clone(),
         });
     }
 
@@ -332,7 +339,7 @@ impl Solver<'_> {
         for completion in &batch.completions {
             let attempt = self.run.attempts.len() + 1;
             let step = self.step(&completion.content, attempt);
-            self.record(&step, llm_ms, true);
+            self.record(&step, llm_ms, true, completion);
         }
         let mut signatures: Vec<String> = Vec::new();
         let mut sizes: Vec<usize> = Vec::new();
@@ -403,10 +410,15 @@ impl Solver<'_> {
                 repair: round > 0,
             });
             let asked = Instant::now();
-            let asked_for = if explore {
-                self.llm.complete_exploring(&request)
-            } else {
-                self.llm.complete(&request)
+            let given = self.first.filter(|_| round == 0);
+            let asked_for = match given {
+                Some(sql) => Ok(Completion {
+                    content: sql.to_string(),
+                    endpoint: "(given)".into(),
+                    ..Default::default()
+                }),
+                None if explore => self.llm.complete_exploring(&request),
+                None => self.llm.complete(&request),
             };
             let completion = match asked_for {
                 Ok(completion) => completion,
@@ -418,7 +430,9 @@ impl Solver<'_> {
                 Err(e) => return Err(e),
             };
             let llm_ms = millis(asked);
-            self.count(1, std::slice::from_ref(&completion));
+            if given.is_none() {
+                self.count(1, std::slice::from_ref(&completion));
+            }
 
             if let (Some(sql), Some(last)) =
                 (extract_sql(&completion.content), self.run.attempts.last())
@@ -447,7 +461,7 @@ impl Solver<'_> {
             } else {
                 "an error"
             };
-            self.record(&step, llm_ms, false);
+            self.record(&step, llm_ms, false, &completion);
 
             // When in doubt (or always), after the first query: candidates and a vote.
             let in_doubt = !matches!(step.outcome, Outcome::Rows(_) | Outcome::Planned);
@@ -534,10 +548,12 @@ impl Solver<'_> {
 /// Answers `question` with at most `1 + limits.max_repairs` queries (and, in a vote, up to
 /// `limits.candidates` more), starting from the request `initial` (`prompt::initial`). `db`
 /// runs them, `llm` writes them, `progress` hears of every step. Only a failure of the first
-/// model call is an `Err`.
+/// model call is an `Err`. Starts from `first` (the caller's SQL, run before the model is asked
+/// anything) when given.
 pub fn solve(
     question: &str,
     initial: Vec<prompt::Message>,
+    first: Option<&str>,
     limits: Limits,
     llm: &mut dyn Llm,
     db: &mut dyn Database,
@@ -546,6 +562,7 @@ pub fn solve(
     Solver {
         question,
         initial,
+        first,
         limits,
         llm,
         db,
@@ -676,6 +693,7 @@ mod tests {
                 content,
                 prompt_tokens: 10,
                 completion_tokens: 2,
+                ..Default::default()
             })
         }
     }
@@ -745,22 +763,26 @@ mod tests {
         };
         let messages = prompt::initial("schema", &[], "q?");
         let mut steps = 0;
-        let run = solve("q?", messages, limits, &mut llm, &mut database, &mut |_| {
-            steps += 1
-        })
+        let run = solve(
+            "q?",
+            messages,
+            None,
+            limits,
+            &mut llm,
+            &mut database,
+            &mut |_| steps += 1,
+        )
         .unwrap();
         assert!(
             steps >= 3,
             "progress heard of the model, the attempt and the end"
         );
-        let mut distinct: Vec<&str> = run
+        let distinct: std::collections::HashSet<String> = run
             .attempts
             .iter()
-            .map(|a| a.sql.as_str())
-            .filter(|s| !s.is_empty())
+            .filter(|a| !a.sql.is_empty())
+            .map(|a| a.sql.split_whitespace().collect::<Vec<_>>().join(" "))
             .collect();
-        distinct.sort();
-        distinct.dedup_by(|a, b| same_query(a, b));
         assert_eq!(
             database.executed.len(),
             distinct.len(),
@@ -938,7 +960,16 @@ mod tests {
             vote: Vote::Off,
             candidates: 4,
         };
-        let run = solve("q?", messages, limits, &mut llm, &mut database, &mut |_| {}).unwrap();
+        let run = solve(
+            "q?",
+            messages,
+            None,
+            limits,
+            &mut llm,
+            &mut database,
+            &mut |_| {},
+        )
+        .unwrap();
         assert_eq!(
             (run.status, run.attempts.len(), database.executed.len()),
             (Status::Ok, 2, 1)
@@ -1111,5 +1142,44 @@ mod tests {
         assert_eq!(run.final_sql(), Some("SELECT good"));
         let repair = llm.requests[5].last().unwrap().content.clone();
         assert!(repair.contains("Attempt 2:\nSELECT b1"), "{repair}");
+    }
+
+    #[test]
+    fn the_callers_sql_is_run_first_and_repaired_like_a_generated_one() {
+        let mut llm = Scripted::new(&["SELECT good"]);
+        let mut database = FakeDb {
+            answer: |sql: &str| {
+                if sql == "SELECT good" {
+                    rows(1)
+                } else {
+                    failed("42703")
+                }
+            },
+            executed: Vec::new(),
+        };
+        let messages = prompt::initial("s", &[], "q?");
+        let limits = voting(Vote::Off);
+        let run = solve(
+            "q?",
+            messages,
+            Some("SELECT bad"),
+            limits,
+            &mut llm,
+            &mut database,
+            &mut |_| {},
+        )
+        .unwrap();
+        assert_eq!(run.final_sql(), Some("SELECT good"));
+        assert_eq!(database.executed, ["SELECT bad", "SELECT good"]);
+        assert_eq!(
+            (llm.requests.len(), run.llm_calls),
+            (1, 1),
+            "the model is asked only to repair"
+        );
+        assert!(llm.requests[0]
+            .last()
+            .unwrap()
+            .content
+            .contains("SELECT bad"));
     }
 }

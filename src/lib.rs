@@ -28,11 +28,13 @@ mod wait;
 pgrx::extension_sql_file!("../sql/schema_version.sql", name = "schema_version");
 pgrx::extension_sql_file!("../sql/examples.sql", name = "examples");
 pgrx::extension_sql_file!("../sql/history.sql", name = "history");
+pgrx::extension_sql_file!("../sql/sessions.sql", name = "sessions");
 
 #[pgrx::pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     settings::init();
     schema::init();
+    session::init();
 }
 
 /// Backend tests (`#[pg_test]`) and the harness hooks `cargo pgrx test` needs.

@@ -1,14 +1,24 @@
 //! Conversations: the earlier turns of a session (question and the SQL that finally answered
-//! it), so that "now only 2024" means something. Kept in backend memory, and in Redis when it
-//! is configured, so that a pool of connections shares the conversation; Redis keys are
-//! namespaced by database and role, and expire after `sql_query_engine.session_ttl`.
+//! it), so that "now only 2024" means something.
+//!
+//! A session must be found by whichever backend serves the next turn (a pool, pgbouncer in
+//! transaction mode), so the store is, in this order:
+//! - the extension's table `nl_sessions` when the transaction can write (keyed by role and
+//!   session, row-level security like `nl_history`, rows expire after `session_ttl`), written in
+//!   the caller's transaction;
+//! - Redis when configured (namespaced by database and role, expiring after `session_ttl`);
+//! - backend memory, as the last resort (a read-only transaction without Redis, or a hot
+//!   standby without Redis); `DISCARD ALL` forgets it.
+//!
+//! The trace says which store served a turn.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 
+use pgrx::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::{redis_client, settings};
+use crate::{redis_client, schema, settings, subxact};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Turn {
@@ -16,93 +26,269 @@ pub struct Turn {
     pub sql: String,
 }
 
+/// Where a session's turns are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Store {
+    Table,
+    Redis,
+    Memory,
+}
+
+impl Store {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Store::Table => "table",
+            Store::Redis => "redis",
+            Store::Memory => "memory",
+        }
+    }
+}
+
 thread_local! {
     /// Backend memory: (role, session) -> turns, oldest first.
     static MEMORY: RefCell<HashMap<(u32, String), VecDeque<Turn>>> = RefCell::new(HashMap::new());
 }
 
-fn memory_key(session: &str) -> (u32, String) {
-    (
-        unsafe { pgrx::pg_sys::GetUserId() }.to_u32(),
-        session.to_string(),
-    )
+/// The store this transaction uses.
+pub fn store() -> Store {
+    let writable = unsafe { !pg_sys::XactReadOnly && !pg_sys::RecoveryInProgress() };
+    if writable && schema::extension_schema().is_ok() {
+        Store::Table
+    } else if redis_client::configured() {
+        Store::Redis
+    } else {
+        Store::Memory
+    }
 }
 
-/// The last `session_turns` turns of `session`, oldest first.
-pub fn turns(session: &str) -> Vec<Turn> {
+fn memory_key(session: &str) -> (u32, String) {
+    (unsafe { pg_sys::GetUserId() }.to_u32(), session.to_string())
+}
+
+/// The last `session_turns` turns of `session`, oldest first, and the store they came from.
+pub fn turns(session: &str) -> (Vec<Turn>, Store) {
     let keep = settings::session_turns();
+    let store = store();
     if keep == 0 {
-        return Vec::new();
+        return (Vec::new(), store);
     }
-    if redis_client::configured() {
-        let key = redis_client::key("session", session);
-        let stored: Option<Vec<String>> = redis_client::call(move |c| {
-            ::redis::cmd("LRANGE")
-                .arg(&key)
-                .arg(-(keep as i64))
-                .arg(-1)
-                .query(c)
-        });
-        // An empty list after a Redis restart: this backend's memory still knows its turns.
-        if let Some(stored) = stored.filter(|s| !s.is_empty()) {
-            return stored
-                .iter()
-                .filter_map(|t| serde_json::from_str(t).ok())
-                .collect();
-        }
-    }
+    let found = match store {
+        Store::Table => table_turns(session),
+        Store::Redis => redis_turns(session, keep),
+        Store::Memory => None,
+    };
+    let turns = found.unwrap_or_else(|| memory_turns(session));
+    let skip = turns.len().saturating_sub(keep);
+    (turns.into_iter().skip(skip).collect(), store)
+}
+
+fn memory_turns(session: &str) -> Vec<Turn> {
     MEMORY.with_borrow(|m| {
         m.get(&memory_key(session))
-            .map(|turns| {
-                turns
-                    .iter()
-                    .skip(turns.len().saturating_sub(keep))
-                    .cloned()
-                    .collect()
-            })
+            .map(|turns| turns.iter().cloned().collect())
             .unwrap_or_default()
     })
 }
 
-/// Adds a turn to `session`, in memory and, when configured, in Redis.
-pub fn record(session: &str, turn: Turn) {
-    let keep = settings::session_turns().max(1);
-    if redis_client::configured() {
-        let key = redis_client::key("session", session);
-        let ttl = settings::session_ttl_s();
-        let json = serde_json::to_string(&turn).unwrap_or_default();
-        let _: Option<()> = redis_client::call(move |c| {
-            ::redis::pipe()
-                .cmd("RPUSH")
-                .arg(&key)
-                .arg(json)
-                .ignore()
-                .cmd("LTRIM")
-                .arg(&key)
-                .arg(-(keep as i64))
-                .arg(-1)
-                .ignore()
-                .cmd("EXPIRE")
-                .arg(&key)
-                .arg(ttl)
-                .ignore()
-                .query(c)
-        });
-    }
-    MEMORY.with_borrow_mut(|m| {
-        let turns = m.entry(memory_key(session)).or_default();
-        turns.push_back(turn);
-        while turns.len() > keep {
-            turns.pop_front();
-        }
-    });
+fn table_turns(session: &str) -> Option<Vec<Turn>> {
+    let schema = schema::extension_schema().ok()?;
+    let sql = format!(
+        "SELECT turns::text FROM {schema}.nl_sessions \
+         WHERE role = current_user AND session = $1 \
+           AND updated_at > now() - make_interval(secs => $2)"
+    );
+    let ttl = settings::session_ttl_s() as f64;
+    let text = subxact::pinned(|| {
+        Spi::connect(|client| {
+            client
+                .select(&sql, Some(1), &[session.into(), ttl.into()])?
+                .first()
+                .get_one::<String>()
+        })
+    })
+    .ok()
+    .flatten()?;
+    serde_json::from_str(&text).ok()
 }
 
-/// Forgets `session`, in memory and in Redis.
+fn redis_turns(session: &str, keep: usize) -> Option<Vec<Turn>> {
+    let key = redis_client::key("session", session);
+    let stored: Option<Vec<String>> = redis_client::call(move |c| {
+        ::redis::cmd("LRANGE")
+            .arg(&key)
+            .arg(-(keep as i64))
+            .arg(-1)
+            .query(c)
+    });
+    // An empty list after a Redis restart: this backend's memory still knows its turns.
+    stored.filter(|s| !s.is_empty()).map(|stored| {
+        stored
+            .iter()
+            .filter_map(|t| serde_json::from_str(t).ok())
+            .collect()
+    })
+}
+
+/// Adds a turn to `session` in this transaction's store (and in backend memory, which bridges
+/// a Redis outage).
+pub fn record(session: &str, turn: Turn) -> Store {
+    let keep = settings::session_turns().max(1);
+    let store = store();
+    let stored = match store {
+        Store::Table => record_in_table(session, &turn, keep),
+        Store::Redis => record_in_redis(session, &turn, keep),
+        Store::Memory => false,
+    };
+    if store != Store::Table || !stored {
+        MEMORY.with_borrow_mut(|m| {
+            let turns = m.entry(memory_key(session)).or_default();
+            turns.push_back(turn);
+            while turns.len() > keep {
+                turns.pop_front();
+            }
+        });
+    }
+    store
+}
+
+/// Writes the session's turns (the earlier ones still alive, this one, at most `keep`) and drops
+/// this role's expired sessions; in a subtransaction that never makes the answer fail.
+fn record_in_table(session: &str, turn: &Turn, keep: usize) -> bool {
+    let Ok(schema) = schema::extension_schema() else {
+        return false;
+    };
+    let mut turns = table_turns(session).unwrap_or_default();
+    turns.push(turn.clone());
+    let skip = turns.len().saturating_sub(keep);
+    let Ok(turns) = serde_json::to_string(&turns[skip..]) else {
+        return false;
+    };
+    let upsert = format!(
+        "INSERT INTO {schema}.nl_sessions (session, turns) VALUES ($1, $2::jsonb) \
+         ON CONFLICT (role, session) DO UPDATE SET turns = EXCLUDED.turns, updated_at = now()"
+    );
+    let expire = format!(
+        "DELETE FROM {schema}.nl_sessions \
+         WHERE role = current_user AND updated_at < now() - make_interval(secs => $1)"
+    );
+    let ttl = settings::session_ttl_s() as f64;
+    let settings = [
+        (c"lock_timeout", c"100ms"),
+        (c"search_path", subxact::PINNED_SEARCH_PATH),
+    ];
+    let written = subxact::in_subtransaction(true, || {
+        subxact::with_settings(&settings, || {
+            Spi::connect_mut(|client| {
+                client.update(&upsert, None, &[session.into(), turns.as_str().into()])?;
+                client.update(&expire, None, &[ttl.into()])?;
+                Ok::<_, pgrx::spi::Error>(())
+            })
+        })
+    });
+    matches!(written, Ok(Ok(())))
+}
+
+fn record_in_redis(session: &str, turn: &Turn, keep: usize) -> bool {
+    let key = redis_client::key("session", session);
+    let ttl = settings::session_ttl_s();
+    let Ok(json) = serde_json::to_string(turn) else {
+        return false;
+    };
+    let done: Option<()> = redis_client::call(move |c| {
+        ::redis::pipe()
+            .cmd("RPUSH")
+            .arg(&key)
+            .arg(json)
+            .ignore()
+            .cmd("LTRIM")
+            .arg(&key)
+            .arg(-(keep as i64))
+            .arg(-1)
+            .ignore()
+            .cmd("EXPIRE")
+            .arg(&key)
+            .arg(ttl)
+            .ignore()
+            .query(c)
+    });
+    done.is_some()
+}
+
+/// Forgets `session`, in every store this backend can reach.
 pub fn reset(session: &str) {
+    if store() == Store::Table {
+        if let Ok(schema) = schema::extension_schema() {
+            let sql = format!(
+                "DELETE FROM {schema}.nl_sessions WHERE role = current_user AND session = $1"
+            );
+            let _ = subxact::in_subtransaction(true, || {
+                subxact::pinned(|| {
+                    Spi::connect_mut(|c| c.update(&sql, None, &[session.into()]).map(|_| ()))
+                })
+            });
+        }
+    }
     if redis_client::configured() {
         let key = redis_client::key("session", session);
         let _: Option<()> = redis_client::call(move |c| ::redis::cmd("DEL").arg(&key).query(c));
     }
     MEMORY.with_borrow_mut(|m| m.remove(&memory_key(session)));
+}
+
+static mut PREVIOUS_UTILITY_HOOK: pg_sys::ProcessUtility_hook_type = None;
+
+/// `DISCARD ALL` (what poolers send between clients) forgets the sessions in backend memory.
+#[pg_guard]
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C-unwind" fn on_utility(
+    statement: *mut pg_sys::PlannedStmt,
+    query: *const std::ffi::c_char,
+    read_only_tree: bool,
+    context: pg_sys::ProcessUtilityContext::Type,
+    params: pg_sys::ParamListInfo,
+    environment: *mut pg_sys::QueryEnvironment,
+    dest: *mut pg_sys::DestReceiver,
+    completion: *mut pg_sys::QueryCompletion,
+) {
+    let node = (*statement).utilityStmt;
+    if !node.is_null()
+        && (*node).type_ == pg_sys::NodeTag::T_DiscardStmt
+        && (*node.cast::<pg_sys::DiscardStmt>()).target == pg_sys::DiscardMode::DISCARD_ALL
+    {
+        MEMORY.with(|m| {
+            if let Ok(mut m) = m.try_borrow_mut() {
+                m.clear();
+            }
+        });
+    }
+    match PREVIOUS_UTILITY_HOOK {
+        Some(previous) => previous(
+            statement,
+            query,
+            read_only_tree,
+            context,
+            params,
+            environment,
+            dest,
+            completion,
+        ),
+        None => pg_sys::standard_ProcessUtility(
+            statement,
+            query,
+            read_only_tree,
+            context,
+            params,
+            environment,
+            dest,
+            completion,
+        ),
+    }
+}
+
+/// Called from `_PG_init`.
+pub fn init() {
+    unsafe {
+        PREVIOUS_UTILITY_HOOK = pg_sys::ProcessUtility_hook;
+        pg_sys::ProcessUtility_hook = Some(on_utility);
+    }
 }

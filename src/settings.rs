@@ -54,6 +54,9 @@ static ALLOWED_FUNCTIONS: GucSetting<Option<std::ffi::CString>> =
 static MAX_TOKENS: GucSetting<i32> = GucSetting::<i32>::new(1024);
 static MAX_RESPONSE_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1 << 20);
 static AUDIT_LOG: GucSetting<AuditLog> = GucSetting::<AuditLog>::new(AuditLog::Errors);
+static LLM_FALLBACKS: GucSetting<Option<std::ffi::CString>> =
+    GucSetting::<Option<std::ffi::CString>>::new(None);
+static LLM_CIRCUIT_BREAKER_S: GucSetting<i32> = GucSetting::<i32>::new(30);
 static VALUE_INDEX: GucSetting<bool> = GucSetting::<bool>::new(true);
 static VOTE: GucSetting<VoteSetting> = GucSetting::<VoteSetting>::new(VoteSetting::WhenInDoubt);
 static CANDIDATES: GucSetting<i32> = GucSetting::<i32>::new(4);
@@ -323,6 +326,24 @@ pub fn init() {
         GucContext::Suset,
         GucFlags::UNIT_BYTE,
     );
+    GucRegistry::define_string_guc(
+        c"sql_query_engine.llm_fallbacks",
+        c"Endpoints tried in order when llm_url fails (superuser only).",
+        c"Comma-separated; each: URL [model=NAME] [key_file=PATH], its key only ever sent to it.",
+        &LLM_FALLBACKS,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"sql_query_engine.llm_circuit_breaker",
+        c"How long an endpoint that failed is skipped (in this backend) before it is tried again.",
+        c"",
+        &LLM_CIRCUIT_BREAKER_S,
+        0,
+        86_400,
+        GucContext::Userset,
+        GucFlags::UNIT_S,
+    );
     GucRegistry::define_bool_guc(
         c"sql_query_engine.value_index",
         c"Look up the values the question names in the text columns that store them.",
@@ -385,16 +406,8 @@ pub fn llm_model() -> Option<String> {
 /// Longest key file read.
 const MAX_KEY_BYTES: u64 = 4096;
 
-/// The API key for `llm_url`, read from `llm_api_key_file`. Only ever used for the
-/// Authorization header of requests to that URL; errors name the file, never its content.
-pub fn llm_api_key() -> Result<Option<String>> {
-    let Some(path) = string(&LLM_API_KEY_FILE) else {
-        return Ok(None);
-    };
-    read_key_file(&path).map(Some)
-}
-
-/// A key from `path`: the file's content without surrounding blank space.
+/// A key from `path`: the file's content without surrounding blank space. Errors name the
+/// file, never its content.
 pub fn read_key_file(path: &str) -> Result<String> {
     use std::io::Read;
     let unreadable = |cause: String| Error::Setting {
@@ -503,6 +516,71 @@ pub fn max_response_bytes() -> u64 {
 
 pub fn audit_log() -> AuditLog {
     AUDIT_LOG.get()
+}
+
+/// One endpoint of the chain as configured: URL, model, and the file its key is in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointSetting {
+    pub url: String,
+    pub model: Option<String>,
+    pub key_file: Option<String>,
+}
+
+impl EndpointSetting {
+    /// The endpoint with its key read.
+    pub fn endpoint(&self) -> Result<crate::llm::Endpoint> {
+        Ok(crate::llm::Endpoint {
+            base_url: self.url.clone(),
+            model: self.model.clone(),
+            api_key: self.key_file.as_deref().map(read_key_file).transpose()?,
+        })
+    }
+}
+
+/// `URL [model=NAME] [key_file=PATH], ...`
+pub fn parse_fallbacks(text: &str) -> std::result::Result<Vec<EndpointSetting>, String> {
+    let mut endpoints = Vec::new();
+    for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let mut parts = entry.split_whitespace();
+        let url = parts.next().unwrap_or_default().to_string();
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(format!("\"{entry}\" does not start with an http(s) URL"));
+        }
+        let mut endpoint = EndpointSetting {
+            url,
+            model: None,
+            key_file: None,
+        };
+        for part in parts {
+            match part.split_once('=') {
+                Some(("model", v)) if !v.is_empty() => endpoint.model = Some(v.to_string()),
+                Some(("key_file", v)) if !v.is_empty() => endpoint.key_file = Some(v.to_string()),
+                _ => return Err(format!("\"{part}\" is not model=NAME or key_file=PATH")),
+            }
+        }
+        endpoints.push(endpoint);
+    }
+    Ok(endpoints)
+}
+
+/// The chain of endpoints: `llm_url` with its model and key file, then the fallbacks.
+pub fn llm_endpoints() -> Result<Vec<EndpointSetting>> {
+    let mut endpoints = vec![EndpointSetting {
+        url: llm_url()?,
+        model: llm_model(),
+        key_file: string(&LLM_API_KEY_FILE),
+    }];
+    if let Some(text) = string(&LLM_FALLBACKS) {
+        endpoints.extend(parse_fallbacks(&text).map_err(|e| Error::Setting {
+            message: format!("sql_query_engine.llm_fallbacks cannot be used: {e}"),
+            hint: "Write it as URL [model=NAME] [key_file=PATH], comma-separated.".into(),
+        })?);
+    }
+    Ok(endpoints)
+}
+
+pub fn llm_circuit_breaker() -> std::time::Duration {
+    std::time::Duration::from_secs(LLM_CIRCUIT_BREAKER_S.get().max(0) as u64)
 }
 
 /// Whether the value index is used (never with sample values off).
@@ -617,4 +695,27 @@ pub fn json_mode() -> bool {
 
 pub fn allow_system_catalogs() -> bool {
     ALLOW_SYSTEM_CATALOGS.get()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fallbacks_parse_strictly() {
+        let chain = parse_fallbacks(
+            "https://api.groq.com/openai/v1 model=llama key_file=/etc/sqe/groq.key, http://127.0.0.1:9/v1",
+        )
+        .unwrap();
+        assert_eq!(chain.len(), 2);
+        assert_eq!(chain[0].model.as_deref(), Some("llama"));
+        assert_eq!(chain[0].key_file.as_deref(), Some("/etc/sqe/groq.key"));
+        assert_eq!(
+            (chain[1].model.as_deref(), chain[1].key_file.as_deref()),
+            (None, None)
+        );
+        assert!(parse_fallbacks("ftp://x").is_err());
+        assert!(parse_fallbacks("http://x key=abc").is_err());
+        assert_eq!(parse_fallbacks(" ").unwrap(), vec![]);
+    }
 }

@@ -38,6 +38,25 @@ pub fn run(run: &Run, schema: Option<&PromptSchema>, values: Option<&str>) -> Va
     trace
 }
 
+/// The rows of a result as arrays of values in the query's column order (jsonb objects do not
+/// keep it).
+pub fn rows_in_column_order(result: &crate::exec::ResultSet) -> Vec<Value> {
+    result
+        .rows
+        .iter()
+        .map(|row| {
+            let object: Value = serde_json::from_str(row).unwrap_or_default();
+            Value::Array(
+                result
+                    .columns
+                    .iter()
+                    .map(|c| object.get(c).cloned().unwrap_or(Value::Null))
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
 /// Every attempt of `run`, in order.
 pub fn attempts(run: &Run) -> Value {
     Value::Array(run.attempts.iter().map(attempt).collect())
@@ -59,6 +78,8 @@ fn attempt(attempt: &Attempt) -> Value {
         "row_security": result.map(|r| &r.row_security).filter(|t| !t.is_empty()),
         "parallel_workers": result.map(|r| r.parallel_workers),
         "candidate": attempt.candidate,
+        "endpoint": attempt.endpoint,
+        "endpoint_failures": attempt.endpoint_failures,
         "vote_group": attempt.group,
         "ms": attempt.ms,
         "llm_ms": attempt.llm_ms,
@@ -84,6 +105,8 @@ mod tests {
                     llm_ms: 2.0,
                     candidate: false,
                     group: None,
+                    endpoint: "http://model".into(),
+                    endpoint_failures: vec![],
                 },
                 Attempt {
                     sql: "SELECT good".into(),
@@ -96,6 +119,8 @@ mod tests {
                     llm_ms: 2.0,
                     candidate: false,
                     group: None,
+                    endpoint: "http://model".into(),
+                    endpoint_failures: vec![],
                 },
             ],
             best: Some(1),

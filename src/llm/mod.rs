@@ -1,8 +1,11 @@
-//! Talking to the model: an OpenAI-compatible chat-completion client behind a small trait.
+//! Talking to the model: OpenAI-compatible chat-completion clients, chained for fallback,
+//! behind a small trait.
 
+mod chain;
 mod openai;
 
-pub use openai::{Endpoint, OpenAiClient, Options};
+pub use chain::Chain;
+pub use openai::{Endpoint, Options};
 
 use crate::error::Result;
 use crate::prompt::Message;
@@ -13,6 +16,10 @@ pub struct Completion {
     pub content: String,
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
+    /// The endpoint that answered (without credentials).
+    pub endpoint: String,
+    /// What the endpoints tried before it said.
+    pub failures: Vec<String>,
 }
 
 /// Several completions of one request, and how many HTTP requests they took.

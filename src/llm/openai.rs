@@ -1,13 +1,13 @@
-//! A client for any OpenAI-compatible chat-completion API (OpenAI, vLLM, llama.cpp, Ollama,
-//! Groq, DeepSeek, OpenRouter...): one non-streaming request per call, bounded by
-//! `sql_query_engine.llm_timeout`, with 429/5xx retried inside that same deadline.
+//! A client for one OpenAI-compatible chat-completion API (OpenAI, vLLM, llama.cpp, Ollama,
+//! Groq, DeepSeek, OpenRouter...): one non-streaming request per call, bounded by a deadline,
+//! with 429/5xx retried inside it when asked to (`chain` decides).
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::{Batch, Completion, Llm};
+use super::{Batch, Completion};
 use crate::error::{Error, Result};
 use crate::prompt::Message;
 use crate::settings;
@@ -25,7 +25,7 @@ pub struct Endpoint {
 #[derive(Debug, Clone, Copy)]
 pub struct Options {
     pub temperature: f64,
-    /// Bound on one completion, retries included.
+    /// Bound on one completion, over every endpoint and retry.
     pub timeout: Duration,
     pub json_mode: bool,
     pub max_tokens: u32,
@@ -41,7 +41,6 @@ pub struct OpenAiClient {
     model: Option<String>,
     api_key: Option<String>,
     temperature: f64,
-    timeout: Duration,
     json_mode: bool,
     max_tokens: u32,
     max_response_bytes: u64,
@@ -73,7 +72,6 @@ impl OpenAiClient {
             model: endpoint.model,
             api_key: endpoint.api_key,
             temperature: options.temperature,
-            timeout: options.timeout,
             json_mode,
             max_tokens: options.max_tokens,
             max_response_bytes: options.max_response_bytes,
@@ -81,7 +79,7 @@ impl OpenAiClient {
     }
 
     /// The endpoint as it may be shown: without credentials in the URL, never with the key.
-    fn endpoint(&self) -> String {
+    pub fn endpoint(&self) -> String {
         settings::redact_url(&format!(
             "{}/chat/completions",
             self.base_url.trim_end_matches('/')
@@ -179,10 +177,7 @@ impl OpenAiClient {
     }
 
     fn timeout_error(&self) -> Error {
-        self.error(format!(
-            "no answer within {} ms (sql_query_engine.llm_timeout)",
-            self.timeout.as_millis()
-        ))
+        self.error("no answer in time (sql_query_engine.llm_timeout)")
     }
 }
 
@@ -190,12 +185,16 @@ impl OpenAiClient {
 const EXPLORING_TEMPERATURE: f64 = 0.7;
 
 impl OpenAiClient {
-    /// One chat completion request asking for `n` choices (retried on 429 and 5xx within
-    /// the deadline); the completions it returned, at most `n`, and at least one.
-    fn exchange(&mut self, messages: &[Message], n: usize) -> Result<Vec<Completion>> {
+    /// One chat completion request asking for `n` choices, until `deadline` (429 and 5xx
+    /// retried within it when `retry`); the completions it returned, at most `n`, at least one.
+    pub fn exchange(
+        &mut self,
+        messages: &[Message],
+        n: usize,
+        deadline: Instant,
+        retry: bool,
+    ) -> Result<Vec<Completion>> {
         let mut body = self.request_body(messages, n).to_string();
-        let now = Instant::now();
-        let deadline = now.checked_add(self.timeout).unwrap_or(now);
         let mut backoff = Duration::from_millis(250);
         loop {
             if Instant::now() >= deadline {
@@ -225,7 +224,7 @@ impl OpenAiClient {
                 body = self.request_body(messages, 1).to_string();
                 continue;
             }
-            let retryable = code == 429 || (500..600).contains(&code);
+            let retryable = retry && (code == 429 || (500..600).contains(&code));
             let pause = retry_after.unwrap_or(backoff);
             let resume = Instant::now().checked_add(pause);
             if !retryable || pause > MAX_RETRY_AFTER || resume.is_none_or(|r| r >= deadline) {
@@ -236,45 +235,41 @@ impl OpenAiClient {
         }
     }
 
-    fn exploring<T>(&mut self, work: impl FnOnce(&mut Self) -> T) -> T {
+    /// `n` completions: one request with `n` choices, so that the server reads the prompt once;
+    /// an endpoint that returns fewer (or rejects `n`) is asked again for the rest.
+    pub fn many(
+        &mut self,
+        messages: &[Message],
+        n: usize,
+        deadline: Instant,
+        retry: bool,
+    ) -> Result<Batch> {
+        let first = if NO_CHOICES.with_borrow(|e| e.contains(&self.base_url)) {
+            1
+        } else {
+            n
+        };
+        let mut batch = Batch {
+            completions: self.exchange(messages, first, deadline, retry)?,
+            requests: 1,
+        };
+        while batch.completions.len() < n {
+            batch
+                .completions
+                .extend(self.exchange(messages, 1, deadline, retry)?);
+            batch.requests += 1;
+        }
+        batch.completions.truncate(n);
+        Ok(batch)
+    }
+
+    /// Runs `work` with at least the exploring temperature.
+    pub fn exploring<T>(&mut self, work: impl FnOnce(&mut Self) -> T) -> T {
         let configured = self.temperature;
         self.temperature = configured.max(EXPLORING_TEMPERATURE);
         let result = work(self);
         self.temperature = configured;
         result
-    }
-}
-
-impl Llm for OpenAiClient {
-    fn complete_exploring(&mut self, messages: &[Message]) -> Result<Completion> {
-        self.exploring(|client| client.complete(messages))
-    }
-
-    fn complete(&mut self, messages: &[Message]) -> Result<Completion> {
-        let mut completions = self.exchange(messages, 1)?;
-        Ok(completions.swap_remove(0))
-    }
-
-    /// One request with `n` choices, so that the server reads the prompt once; an endpoint
-    /// that returns fewer (or rejects `n`) is asked again for the rest.
-    fn complete_many(&mut self, messages: &[Message], n: usize) -> Result<Batch> {
-        self.exploring(|client| {
-            let first = if NO_CHOICES.with_borrow(|e| e.contains(&client.base_url)) {
-                1
-            } else {
-                n
-            };
-            let mut batch = Batch {
-                completions: client.exchange(messages, first)?,
-                requests: 1,
-            };
-            while batch.completions.len() < n {
-                batch.completions.extend(client.exchange(messages, 1)?);
-                batch.requests += 1;
-            }
-            batch.completions.truncate(n);
-            Ok(batch)
-        })
     }
 }
 

@@ -81,6 +81,15 @@ impl Session {
         Ok(serde_json::from_str(row.get::<_, &str>(0)).expect("nl_trace returns JSON"))
     }
 
+    /// `nl_trace` of `question` in `session`.
+    pub fn trace_in(&mut self, question: &str, session: &str) -> Value {
+        let row = self
+            .client
+            .query_one("SELECT nl_trace($1, $2)::text", &[&question, &session])
+            .expect("nl_trace");
+        serde_json::from_str(row.get::<_, &str>(0)).expect("nl_trace returns JSON")
+    }
+
     pub fn generate(&mut self, question: &str) -> Result<String, postgres::Error> {
         Ok(self
             .client

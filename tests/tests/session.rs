@@ -18,9 +18,13 @@ fn ask_in(s: &mut Session, session: &str, question: &str, sql: &str) -> Vec<Valu
         .collect()
 }
 
+/// Redis keeps sessions where the extension's table cannot be written: here, read-only
+/// transactions (as on a hot standby).
 fn use_redis(client: &mut postgres::Client, url: &str) {
     client
-        .batch_execute(&format!("SET sql_query_engine.redis_url = '{url}'"))
+        .batch_execute(&format!(
+            "SET sql_query_engine.redis_url = '{url}'; SET default_transaction_read_only = on;"
+        ))
         .unwrap();
 }
 
@@ -145,7 +149,8 @@ fn redis_shares_a_conversation_across_connections_but_not_roles() {
     let role = format!("pool_{}", s.database);
     other
         .batch_execute(&format!(
-            "CREATE ROLE {role}; GRANT SELECT ON orders TO {role}; SET ROLE {role}"
+            "BEGIN READ WRITE; CREATE ROLE {role}; GRANT SELECT ON orders TO {role}; COMMIT;
+             SET ROLE {role}"
         ))
         .unwrap();
     s.llm

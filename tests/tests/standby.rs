@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use postgres::{Client, NoTls};
 use sql_query_engine_e2e::cluster::{free_port, run_script};
+use sql_query_engine_e2e::redis::RedisServer;
 use sql_query_engine_e2e::{cluster, Reply, ScriptedLlm};
 
 /// A standby started from a base backup of the test cluster; stopped and removed on drop.
@@ -19,7 +20,9 @@ struct Standby {
 impl Standby {
     fn start() -> Standby {
         let primary = cluster();
-        let dir = PathBuf::from(format!("/tmp/sqe-standby-{}", std::process::id()));
+        static STANDBYS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = STANDBYS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let dir = PathBuf::from(format!("/tmp/sqe-standby-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let root = unsafe { libc::geteuid() } == 0;
@@ -160,4 +163,67 @@ fn a_hot_standby_answers_and_sees_ddl_as_soon_as_it_is_replayed() {
     wait_for_replay(&mut primary, &mut replica);
     let again: String = replica.query_one("SELECT nl_schema()", &[]).unwrap().get(0);
     assert!(again.contains("points collected"), "{again}");
+}
+
+/// A session's turns on a standby: the table cannot be written there, so Redis keeps them
+/// when configured (shared by the standby's connections), else backend memory.
+fn trace_in(client: &mut Client, question: &str, session: &str) -> serde_json::Value {
+    let text: String = client
+        .query_one("SELECT nl_trace($1, $2)::text", &[&question, &session])
+        .unwrap()
+        .get(0);
+    serde_json::from_str(&text).unwrap()
+}
+
+#[test]
+fn sessions_on_a_hot_standby_live_in_redis_or_backend_memory() {
+    if cluster().own_dir().is_none() {
+        eprintln!("skipped: needs a cluster this test started (SQE_TEST_PGHOST is set)");
+        return;
+    }
+    let database = cluster().fresh_database();
+    let standby = Standby::start();
+    let llm = ScriptedLlm::start();
+    llm.on(
+        "customers first",
+        vec![Reply::sql("SELECT name FROM customers"); 2],
+    );
+    llm.on(
+        "then their countries",
+        vec![Reply::sql("SELECT country FROM customers"); 4],
+    );
+    let settings = format!(
+        "SET sql_query_engine.llm_url = '{}'; SET sql_query_engine.vote = off;",
+        llm.url()
+    );
+    let mut replica = standby.connect(&database);
+    replica.batch_execute(&settings).unwrap();
+    assert_eq!(
+        trace_in(&mut replica, "customers first", "s1")["session_store"],
+        "memory"
+    );
+    trace_in(&mut replica, "then their countries", "s1");
+    assert!(llm
+        .requests()
+        .last()
+        .unwrap()
+        .text()
+        .contains("customers first"));
+
+    let redis = RedisServer::start();
+    let with_redis = format!(
+        "{settings} SET sql_query_engine.redis_url = '{}';",
+        redis.url()
+    );
+    replica.batch_execute(&with_redis).unwrap();
+    assert_eq!(
+        trace_in(&mut replica, "customers first", "s2")["session_store"],
+        "redis"
+    );
+    // another connection to the standby finds the session in Redis
+    let mut other = standby.connect(&database);
+    other.batch_execute(&with_redis).unwrap();
+    trace_in(&mut other, "then their countries", "s2");
+    let follow_up = llm.requests().last().unwrap().text();
+    assert!(follow_up.contains("customers first"), "{follow_up}");
 }

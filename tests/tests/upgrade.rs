@@ -71,7 +71,16 @@ fn updating_from_0_1_0_equals_a_fresh_install_and_keeps_the_data() {
         .unwrap()
         .get(0);
     assert_eq!(version, "0.2.0");
-    assert_eq!(members(&updated), members(&fresh));
+    let (updated_members, fresh_members) = (members(&updated), members(&fresh));
+    let only = |a: &[String], b: &[String]| -> Vec<String> {
+        a.iter().filter(|m| !b.contains(m)).cloned().collect()
+    };
+    assert!(
+        updated_members == fresh_members,
+        "after the update only:\n{}\n\nin a fresh install only:\n{}",
+        only(&updated_members, &fresh_members).join("\n"),
+        only(&fresh_members, &updated_members).join("\n")
+    );
 
     // the example survived, and the updated extension answers
     let examples: i64 = client

@@ -1,0 +1,198 @@
+//! Sessions through a real pgbouncer in transaction mode: a follow-up served by another backend
+//! finds its context (the extension's table), and `DISCARD ALL` forgets what backend memory
+//! holds (where the table cannot be written).
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use postgres::{Client, NoTls};
+use sql_query_engine_e2e::cluster::free_port;
+use sql_query_engine_e2e::{cluster, Reply, ScriptedLlm, Session};
+
+/// pgbouncer in transaction mode in front of the test cluster, two server connections per pool.
+struct Pgbouncer {
+    child: Child,
+    dir: PathBuf,
+    port: u16,
+}
+
+impl Drop for Pgbouncer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Pgbouncer {
+    fn start() -> Pgbouncer {
+        let c = cluster();
+        let port = free_port();
+        let dir = PathBuf::from(format!("/tmp/sqe-pgbouncer-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("users.txt"), format!("\"{}\" \"\"\n", c.user)).unwrap();
+        std::fs::write(
+            dir.join("pgbouncer.ini"),
+            format!(
+                "[databases]\n* = host={} port={}\n\n[pgbouncer]\nlisten_addr = 127.0.0.1\n\
+                 listen_port = {port}\nunix_socket_dir =\nauth_type = trust\nauth_file = {}\n\
+                 pool_mode = transaction\ndefault_pool_size = 2\nmax_client_conn = 50\n\
+                 ignore_startup_parameters = extra_float_digits,options\nlogfile = {}\n",
+                c.host,
+                c.port,
+                dir.join("users.txt").display(),
+                dir.join("pgbouncer.log").display()
+            ),
+        )
+        .unwrap();
+        let root = unsafe { libc::geteuid() } == 0;
+        let mut command = if root {
+            // pgbouncer refuses to run as root.
+            Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(&dir)
+                .status()
+                .unwrap();
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--", "pgbouncer"]);
+            c
+        } else {
+            Command::new("pgbouncer")
+        };
+        let child = command
+            .arg(dir.join("pgbouncer.ini"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting pgbouncer (scripts/setup.sh installs it)");
+        let started = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "pgbouncer did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Pgbouncer { child, dir, port }
+    }
+
+    fn connect(&self, database: &str) -> Client {
+        let config = format!(
+            "host=127.0.0.1 port={} user={} dbname={database}",
+            self.port,
+            cluster().user
+        );
+        Client::connect(&config, NoTls).unwrap()
+    }
+}
+
+/// Asks `question` in one transaction of `client`; returns the backend that served it and the
+/// trace.
+fn ask(client: &mut Client, question: &str, session: &str) -> (i32, serde_json::Value) {
+    let mut tx = client.transaction().unwrap();
+    let pid: i32 = tx.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
+    let trace: String = tx
+        .query_one("SELECT nl_trace($1, $2)::text", &[&question, &session])
+        .unwrap()
+        .get(0);
+    tx.commit().unwrap();
+    (pid, serde_json::from_str(&trace).unwrap())
+}
+
+#[test]
+fn a_follow_up_through_pgbouncer_finds_its_context_on_another_backend() {
+    let s = Session::new();
+    let llm = ScriptedLlm::start();
+    let db = s.database.clone();
+    cluster()
+        .connect(&db)
+        .batch_execute(&format!(
+            "ALTER DATABASE {db} SET sql_query_engine.llm_url = '{}';
+             ALTER DATABASE {db} SET sql_query_engine.vote = off;",
+            llm.url()
+        ))
+        .unwrap();
+    llm.on(
+        "orders of Ada",
+        vec![Reply::sql(
+            "SELECT order_id FROM orders WHERE customer_id = 1",
+        )],
+    );
+    llm.on(
+        "only the big ones",
+        vec![Reply::sql(
+            "SELECT order_id FROM orders WHERE customer_id = 1 AND amount > 100",
+        )],
+    );
+    let bouncer = Pgbouncer::start();
+    let mut first = bouncer.connect(&db);
+    let mut second = bouncer.connect(&db);
+    let _ = &mut first;
+    let (first_pid, trace) = ask(&mut first, "orders of Ada", "pooled-1");
+    assert_eq!(trace["session_store"], "table");
+    // Hold the backend that served the first turn in an open transaction, so that the
+    // follow-up can only get the other one.
+    let mut holder = bouncer.connect(&db);
+    let started = Instant::now();
+    let mut tx = loop {
+        let mut tx = holder.transaction().unwrap();
+        let held: i32 = tx.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
+        if held == first_pid {
+            break tx;
+        }
+        tx.commit().unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never got the first backend again"
+        );
+    };
+    let (follow_pid, trace) = ask(&mut second, "only the big ones", "pooled-1");
+    tx.execute("SELECT 1", &[]).unwrap();
+    drop(tx);
+    assert_ne!(
+        follow_pid, first_pid,
+        "the follow-up ran on another backend"
+    );
+    assert_eq!(trace["session_store"], "table");
+    assert_eq!(trace["row_count"], 1);
+    let follow_up = llm
+        .requests()
+        .into_iter()
+        .find(|r| r.last_message().contains("only the big ones"))
+        .unwrap();
+    assert!(
+        follow_up.text().contains("orders of Ada")
+            && follow_up.text().contains("WHERE customer_id = 1"),
+        "the earlier turn was in the prompt"
+    );
+}
+
+#[test]
+fn discard_all_forgets_the_sessions_held_in_backend_memory() {
+    let mut s = Session::new();
+    s.llm.on("first turn", vec![Reply::sql("SELECT 1 AS a")]);
+    s.llm
+        .on("second turn", vec![Reply::sql("SELECT 2 AS b"); 2]);
+    // A read-only transaction cannot write the table: backend memory holds the session.
+    s.client
+        .batch_execute("SET default_transaction_read_only = on")
+        .unwrap();
+    let trace = s.trace_in("first turn", "memory-1");
+    assert_eq!(trace["session_store"], "memory");
+    s.trace_in("second turn", "memory-1");
+    let remembered = s.llm.requests().last().unwrap().text();
+    assert!(remembered.contains("first turn"), "{remembered}");
+    s.client.batch_execute("DISCARD ALL").unwrap();
+    s.client
+        .batch_execute(&format!(
+            "SET sql_query_engine.llm_url = '{}'; SET sql_query_engine.vote = off;
+             SET default_transaction_read_only = on;",
+            s.llm.url()
+        ))
+        .unwrap();
+    s.trace_in("second turn", "memory-1");
+    let forgotten = s.llm.requests().last().unwrap().text();
+    assert!(!forgotten.contains("first turn"), "{forgotten}");
+}

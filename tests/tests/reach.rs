@@ -1,0 +1,267 @@
+//! What API clients and BI tools use: the provider fallback chain, `nl_ask`, `nl_fix` and
+//! `nl_cursor`.
+
+use postgres::types::Type;
+use serde_json::json;
+use sql_query_engine_e2e::{db_error, key_file, Reply, ScriptedLlm, Session};
+
+fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn a_dead_endpoint_falls_back_to_the_next_with_its_own_key_and_is_skipped_for_a_while() {
+    let mut s = Session::new();
+    let dead = format!("http://127.0.0.1:{}/v1", closed_port());
+    let (primary_key, fallback_key) = (key_file("sk-primary-0001"), key_file("sk-fallback-0002"));
+    s.client
+        .batch_execute(&format!(
+            "SET sql_query_engine.llm_url = '{dead}';
+             SET sql_query_engine.llm_api_key_file = '{primary_key}';
+             SET sql_query_engine.llm_fallbacks = '{} model=backup key_file={fallback_key}';",
+            s.llm.url()
+        ))
+        .unwrap();
+    s.llm.on(
+        "count the customers",
+        vec![Reply::sql("SELECT count(*) AS n FROM customers"); 2],
+    );
+    let trace = s.trace("count the customers").unwrap();
+    assert_eq!(trace["status"], "ok");
+    let attempt = &trace["attempts"][0];
+    assert_eq!(
+        attempt["endpoint"],
+        format!("{}/chat/completions", s.llm.url())
+    );
+    let failures = attempt["endpoint_failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 1, "{attempt}");
+    assert!(
+        failures[0].as_str().unwrap().starts_with(&dead),
+        "{failures:?}"
+    );
+    let request = &s.llm.requests()[0];
+    assert_eq!(request.body["model"], "backup");
+    assert_eq!(
+        request.headers.get("authorization").map(String::as_str),
+        Some("Bearer sk-fallback-0002"),
+        "each endpoint gets its own key"
+    );
+    // The dead endpoint is skipped for now: the next question does not wait for it.
+    let trace = s.trace("count the customers").unwrap();
+    assert!(trace["attempts"][0]["endpoint_failures"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    // The history (of nl_query; nl_trace is not recorded) says who answered.
+    s.llm.on(
+        "and again",
+        vec![Reply::sql("SELECT count(*) AS n FROM customers")],
+    );
+    s.query("and again").unwrap();
+    let recorded: String = s
+        .client
+        .query_one(
+            "SELECT attempts::text FROM nl_history ORDER BY id DESC LIMIT 1",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(recorded.contains(&s.llm.url()), "{recorded}");
+}
+
+#[test]
+fn a_rate_limited_endpoint_is_passed_over_without_waiting() {
+    let mut s = Session::new();
+    let limited = ScriptedLlm::start();
+    limited.on(
+        "busy question",
+        (0..5)
+            .map(|_| Reply::Status(429, r#"{"error":{"message":"slow down"}}"#.into()))
+            .collect(),
+    );
+    s.client
+        .batch_execute(&format!(
+            "SET sql_query_engine.llm_url = '{}';
+             SET sql_query_engine.llm_fallbacks = '{}';
+             SET sql_query_engine.llm_circuit_breaker = 0;",
+            limited.url(),
+            s.llm.url()
+        ))
+        .unwrap();
+    s.llm
+        .on("busy question", vec![Reply::sql("SELECT 1 AS one")]);
+    let started = std::time::Instant::now();
+    let trace = s.trace("busy question").unwrap();
+    assert_eq!(trace["status"], "ok");
+    assert!(started.elapsed() < std::time::Duration::from_secs(2));
+    assert_eq!(
+        limited.requests().len(),
+        1,
+        "not retried: the next endpoint was there"
+    );
+    let failure = trace["attempts"][0]["endpoint_failures"][0]
+        .as_str()
+        .unwrap();
+    assert!(failure.contains("HTTP 429"), "{failure}");
+
+    // every endpoint failing is one error naming them all
+    let dead = format!("http://127.0.0.1:{}/v1", closed_port());
+    s.client
+        .batch_execute(&format!("SET sql_query_engine.llm_fallbacks = '{dead}'"))
+        .unwrap();
+    let error = s.query("busy question").unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "58000");
+    assert!(
+        message.contains("every endpoint failed") && message.contains(&dead),
+        "{message}"
+    );
+    // and a broken setting says what is wrong
+    s.client
+        .batch_execute("SET sql_query_engine.llm_fallbacks = 'not-a-url'")
+        .unwrap();
+    let (code, message, _) = db_error(&s.query("busy question").unwrap_err());
+    assert_eq!(code, "55000");
+    assert!(message.contains("llm_fallbacks"), "{message}");
+}
+
+#[test]
+fn nl_ask_returns_rows_in_the_querys_column_order() {
+    let mut s = Session::new();
+    s.llm.on(
+        "ids and names",
+        vec![Reply::sql(
+            "SELECT name, customer_id, country AS a FROM customers ORDER BY customer_id LIMIT 2",
+        )],
+    );
+    let row = s
+        .client
+        .query_one("SELECT nl_ask('ids and names')::text", &[])
+        .unwrap();
+    let answer: serde_json::Value = serde_json::from_str(row.get::<_, &str>(0)).unwrap();
+    assert_eq!(answer["columns"], json!(["name", "customer_id", "a"]));
+    assert_eq!(
+        answer["rows"],
+        json!([["Ada", 1, "GB"], ["Bruno", 2, "DE"]])
+    );
+    assert_eq!(answer["status"], "ok");
+}
+
+#[test]
+fn nl_fix_runs_the_callers_sql_first_and_repairs_it() {
+    let mut s = Session::new();
+    s.llm.on(
+        "Fix this SQL query",
+        vec![Reply::sql("SELECT name FROM customers ORDER BY name")],
+    );
+    let fixed: String = s
+        .client
+        .query_one("SELECT nl_fix('SELECT nme FROM customers')", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(fixed, "SELECT name FROM customers ORDER BY name");
+    let repair = s.llm.requests()[0].last_message();
+    assert!(
+        repair.contains("SELECT nme FROM customers") && repair.contains("42703"),
+        "{repair}"
+    );
+    // SQL that works is returned as it is, without asking the model
+    let same: String = s
+        .client
+        .query_one(
+            "SELECT nl_fix('SELECT count(*) FROM orders', 'how many orders')",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(same, "SELECT count(*) FROM orders");
+    assert_eq!(s.llm.requests().len(), 1);
+    // a write is never "fixed"
+    let error = s
+        .client
+        .query_one("SELECT nl_fix('DELETE FROM orders')", &[])
+        .unwrap_err();
+    assert_eq!(db_error(&error).0, "25006");
+    let functions: Vec<String> = s
+        .client
+        .query("SELECT function FROM nl_history ORDER BY id", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(functions, ["nl_fix", "nl_fix"]);
+}
+
+#[test]
+fn nl_cursor_gives_the_querys_own_columns_and_types() {
+    let notices = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut s = Session::with_notices(std::sync::Arc::clone(&notices));
+    s.llm.on(
+        "orders with dates",
+        vec![Reply::sql(
+            "SELECT order_id, ordered_on, amount, customer_id::text AS who FROM orders ORDER BY order_id",
+        )],
+    );
+    let mut tx = s.client.transaction().unwrap();
+    let name: String = tx
+        .query_one(
+            "SELECT nl_cursor('orders with dates', 'orders_c')::text",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(name, "orders_c");
+    let first = tx.query("FETCH 2 FROM orders_c", &[]).unwrap();
+    let types: Vec<Type> = first[0]
+        .columns()
+        .iter()
+        .map(|c| c.type_().clone())
+        .collect();
+    assert_eq!(types, [Type::INT4, Type::DATE, Type::NUMERIC, Type::TEXT]);
+    let names: Vec<&str> = first[0].columns().iter().map(|c| c.name()).collect();
+    assert_eq!(names, ["order_id", "ordered_on", "amount", "who"]);
+    assert_eq!(first[0].get::<_, i32>(0), 10);
+    let rest = tx.query("FETCH ALL FROM orders_c", &[]).unwrap();
+    assert_eq!(rest.len(), 4, "6 rows in all, FETCHed in parts");
+    // it scrolls, like any cursor over a materialized result
+    let again = tx.query("FETCH ABSOLUTE 1 FROM orders_c", &[]).unwrap();
+    assert_eq!(again[0].get::<_, i32>(0), 10);
+    // a cursor of that name already open is an error
+    s.llm.on(
+        "orders with dates again",
+        vec![Reply::sql("SELECT 1 AS one")],
+    );
+    let error = tx
+        .query_one(
+            "SELECT nl_cursor('orders with dates again', 'orders_c')",
+            &[],
+        )
+        .unwrap_err();
+    assert_eq!(db_error(&error).0, "42P03");
+    tx.rollback().unwrap();
+
+    // a cut result says so
+    s.client
+        .batch_execute("SET sql_query_engine.max_rows = 2")
+        .unwrap();
+    s.llm.on(
+        "all orders",
+        vec![Reply::sql("SELECT order_id FROM orders")],
+    );
+    let mut tx = s.client.transaction().unwrap();
+    tx.query_one("SELECT nl_cursor('all orders')", &[]).unwrap();
+    assert_eq!(tx.query("FETCH ALL FROM nl_answer", &[]).unwrap().len(), 2);
+    tx.commit().unwrap();
+    assert!(
+        notices
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|n| n.contains("cut at 2 rows")),
+        "{notices:?}"
+    );
+}
