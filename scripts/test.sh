@@ -33,6 +33,9 @@ cargo pgrx test pg15 --runas "$runas" --pgdata "$pgdata"
 cargo pgrx install --pg-config "$PG_CONFIG" $SUDO_FLAG
 $SUDO cp sql/sql_query_engine--0.1.0.sql "$("$PG_CONFIG" --sharedir)/extension/"
 
+# The gateway's tests drive its binary with the official client SDKs (tests/clients).
+cargo build -p sqe-gateway
+cargo test -p sqe-gateway
 cargo test -p sql_query_engine_e2e -- --test-threads="${E2E_THREADS:-4}" ${SQE_BENCH_DIR:+--include-ignored}
 
 (cd bench && python3 -m unittest test_score 2>&1 | tail -3)

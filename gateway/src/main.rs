@@ -1,0 +1,250 @@
+//! sqe-gateway: sql_query_engine for chat UIs (an OpenAI-compatible API) and agents (MCP).
+//!
+//! A thin front: it adds no NL-to-SQL logic of its own but calls the extension's functions, so
+//! behaviour, guard and settings stay in the database. It logs in as an *authenticator* role
+//! (no privileges of its own); each request's bearer token selects the role the request runs
+//! as, in its own transaction (`SET LOCAL ROLE`).
+//!
+//!   sqe-gateway serve --listen ADDR --database-url URL --tokens FILE
+//!   sqe-gateway mcp-stdio --database-url URL [--role ROLE]
+
+mod db;
+mod errors;
+mod mcp;
+mod openai;
+mod tokens;
+mod watch;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::header;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use clap::{Parser, Subcommand};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::ServiceExt;
+
+use crate::db::Db;
+use crate::errors::ApiError;
+use crate::tokens::Tokens;
+
+#[derive(Parser)]
+#[command(
+    name = "sqe-gateway",
+    version,
+    about = "sql_query_engine over HTTP (OpenAI-compatible and MCP) and MCP stdio"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve /v1/models, /v1/chat/completions and /mcp.
+    Serve {
+        /// Address to listen on, e.g. 127.0.0.1:8085.
+        #[arg(long)]
+        listen: SocketAddr,
+        /// The authenticator role's connection: postgresql://authenticator@host/db.
+        #[arg(long)]
+        database_url: String,
+        /// File of `TOKEN ROLE` lines; read again on SIGHUP.
+        #[arg(long)]
+        tokens: String,
+        /// Database connections at most.
+        #[arg(long, default_value_t = 16)]
+        pool_size: usize,
+        /// A request is cancelled after this many seconds.
+        #[arg(long, default_value_t = 300)]
+        request_timeout: u64,
+        /// Largest request body, in bytes.
+        #[arg(long, default_value_t = 1 << 20)]
+        max_body: usize,
+        /// Rows shown at most in a chat answer's table.
+        #[arg(long, default_value_t = 50)]
+        max_table_rows: usize,
+        /// The model id clients select (default: the database's name).
+        #[arg(long)]
+        model: Option<String>,
+        /// Host names the MCP endpoint answers to (besides localhost and 127.0.0.1).
+        #[arg(long)]
+        allowed_host: Vec<String>,
+    },
+    /// MCP over stdio, for local clients.
+    McpStdio {
+        #[arg(long)]
+        database_url: String,
+        /// Run as this role (SET LOCAL ROLE) instead of the login role.
+        #[arg(long)]
+        role: Option<String>,
+    },
+}
+
+/// The role a request runs as (set by `authenticate`).
+#[derive(Clone, Debug)]
+pub struct Role(pub String);
+
+#[derive(Clone)]
+pub struct App {
+    pub db: Arc<Db>,
+    pub tokens: Tokens,
+    pub model: String,
+    pub timeout: Duration,
+    pub max_body: usize,
+    pub max_table_rows: usize,
+}
+
+/// Every route needs a known bearer token; it decides the role.
+async fn authenticate(State(app): State<App>, mut request: Request, next: Next) -> Response {
+    let token = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    match token.and_then(|t| app.tokens.role(t)) {
+        Some(role) => {
+            request.extensions_mut().insert(Role(role));
+            next.run(request).await
+        }
+        None => {
+            let mut response = ApiError::unauthorized().into_response();
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+            response
+        }
+    }
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "no such endpoint: the gateway serves /v1/models, /v1/chat/completions and /mcp",
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn serve(
+    listen: SocketAddr,
+    database_url: String,
+    tokens_path: String,
+    pool_size: usize,
+    request_timeout: u64,
+    max_body: usize,
+    max_table_rows: usize,
+    model: Option<String>,
+    allowed_hosts: Vec<String>,
+) -> anyhow::Result<()> {
+    let tokens =
+        Tokens::load(&tokens_path).map_err(|e| anyhow::anyhow!("reading the tokens: {e}"))?;
+    let db = Arc::new(Db::connect(&database_url, pool_size, Duration::from_secs(30)).await?);
+    let app = App {
+        model: model.unwrap_or_else(|| db.database.clone()),
+        db: Arc::clone(&db),
+        tokens: tokens.clone(),
+        timeout: Duration::from_secs(request_timeout),
+        max_body,
+        max_table_rows,
+    };
+
+    // The tokens file is read again on SIGHUP; a broken file keeps the tokens in force.
+    let reload = tokens.clone();
+    tokio::spawn(async move {
+        let Ok(mut hangups) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        else {
+            return;
+        };
+        while hangups.recv().await.is_some() {
+            match reload.reload(&tokens_path) {
+                Ok(n) => eprintln!("sqe-gateway: tokens reloaded ({n})"),
+                Err(e) => eprintln!("sqe-gateway: tokens not reloaded: {e}"),
+            }
+        }
+    });
+
+    let mut hosts = vec![
+        "localhost".to_string(),
+        "127.0.0.1".to_string(),
+        "::1".to_string(),
+    ];
+    hosts.extend(allowed_hosts);
+    let config = StreamableHttpServerConfig::default().with_allowed_hosts(hosts);
+    let cancel = config.cancellation_token.clone();
+    let mcp_db = Arc::clone(&db);
+    let mcp = StreamableHttpService::new(
+        move || Ok(mcp::Mcp::new(Arc::clone(&mcp_db), None)),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    let router = Router::new()
+        .route("/v1/models", get(openai::models))
+        .route("/v1/chat/completions", post(openai::chat))
+        .nest_service("/mcp", mcp)
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(app.clone(), authenticate))
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(app);
+    let listener = watch::WatchedListener(tokio::net::TcpListener::bind(listen).await?);
+    eprintln!("sqe-gateway: listening on {}", listener.0.local_addr()?);
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<watch::ClientGone>(),
+    )
+    .with_graceful_shutdown(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        cancel.cancel();
+    })
+    .await?;
+    Ok(())
+}
+
+async fn mcp_stdio(database_url: String, role: Option<String>) -> anyhow::Result<()> {
+    let db = Arc::new(Db::connect(&database_url, 4, Duration::from_secs(30)).await?);
+    let running = mcp::Mcp::new(db, role)
+        .serve(rmcp::transport::stdio())
+        .await?;
+    running.waiting().await?;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Serve {
+            listen,
+            database_url,
+            tokens,
+            pool_size,
+            request_timeout,
+            max_body,
+            max_table_rows,
+            model,
+            allowed_host,
+        } => {
+            serve(
+                listen,
+                database_url,
+                tokens,
+                pool_size,
+                request_timeout,
+                max_body,
+                max_table_rows,
+                model,
+                allowed_host,
+            )
+            .await
+        }
+        Command::McpStdio { database_url, role } => mcp_stdio(database_url, role).await,
+    }
+}

@@ -1,0 +1,304 @@
+//! The Model Context Protocol server, for agents and IDEs: over streamable HTTP at `/mcp` (the
+//! bearer token selects the role, as for the OpenAI API) and over stdio (the login role, or
+//! `--role`). Every tool is read-only and goes through the extension: `run_sql` and `fix_sql`
+//! run the caller's SQL through the same guard and sandbox as generated SQL, so a
+//! `COMMIT; DELETE ...` changes nothing.
+
+use std::sync::Arc;
+
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{
+    CallToolResult, ContentBlock, Implementation, ListResourcesResult, PaginatedRequestParams,
+    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
+    ResourceContents, ServerCapabilities, ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::{tool, tool_handler, tool_router, ErrorData as McpError, RoleServer, ServerHandler};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::db::{Call, Db, DbError};
+use crate::Role;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct AskParams {
+    /// The question, in plain language.
+    pub question: String,
+    /// A name for the conversation: later questions with the same name may build on it.
+    #[serde(default)]
+    pub session: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct QuestionParams {
+    /// The question, in plain language.
+    pub question: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct SqlParams {
+    /// One SQL statement.
+    pub sql: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct FixParams {
+    /// The SQL to repair.
+    pub sql: String,
+    /// What it is meant to answer, when known.
+    #[serde(default)]
+    pub question: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct SchemaParams {
+    /// Only what this question needs (the whole schema without one).
+    #[serde(default)]
+    pub question: Option<String>,
+}
+
+#[derive(Clone)]
+pub struct Mcp {
+    db: Arc<Db>,
+    /// The role for every request over stdio; over HTTP the token decides.
+    fixed_role: Option<String>,
+    tool_router: ToolRouter<Mcp>,
+}
+
+const TABLES_URI: &str = "sqe://tables";
+const SCHEMA_URI: &str = "sqe://schema";
+
+/// The role of a request: the one the HTTP layer put there for its token, or the fixed one.
+fn role_of(server: &Mcp, context: &RequestContext<RoleServer>) -> Result<Option<String>, String> {
+    match context.extensions.get::<http::request::Parts>() {
+        Some(parts) => parts
+            .extensions
+            .get::<Role>()
+            .map(|r| Some(r.0.clone()))
+            .ok_or_else(|| "no role for this request".to_string()),
+        None => Ok(server.fixed_role.clone()),
+    }
+}
+
+fn failure(error: DbError) -> CallToolResult {
+    let text = match error {
+        DbError::Sql { sqlstate, message } => format!("ERROR {sqlstate}: {message}"),
+        DbError::Busy => "every database connection is busy; try again".to_string(),
+        DbError::Unavailable(cause) => format!("the database is unavailable: {cause}"),
+    };
+    CallToolResult::error(vec![ContentBlock::text(text)])
+}
+
+impl Mcp {
+    pub fn new(db: Arc<Db>, fixed_role: Option<String>) -> Self {
+        Mcp {
+            db,
+            fixed_role,
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    async fn call(
+        &self,
+        context: &RequestContext<RoleServer>,
+        call: Call,
+        shape: impl FnOnce(Value) -> Value,
+    ) -> Result<CallToolResult, McpError> {
+        let role = match role_of(self, context) {
+            Ok(role) => role,
+            Err(e) => return Ok(CallToolResult::error(vec![ContentBlock::text(e)])),
+        };
+        match self.db.call(role.as_deref(), &call, None).await {
+            Ok(value) => Ok(CallToolResult::success(vec![ContentBlock::json(shape(
+                value,
+            ))?])),
+            Err(e) => Ok(failure(e)),
+        }
+    }
+}
+
+#[tool_router]
+impl Mcp {
+    #[tool(
+        description = "Answer a question about the database in plain language: the rows, the SQL that produced them and how it went. The SQL is generated, checked and run read-only as your role.",
+        annotations(
+            title = "Ask the database",
+            read_only_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn ask(
+        &self,
+        Parameters(p): Parameters<AskParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, McpError> {
+        let call = Call::Ask {
+            question: p.question,
+            session: p.session,
+        };
+        self.call(&context, call, |trace| {
+            json!({
+                "status": trace["status"], "sql": trace["sql"], "columns": trace["columns"],
+                "rows": trace["rows"], "row_count": trace["row_count"],
+                "truncated": trace["truncated"],
+                "attempts": trace["attempts"].as_array().map_or(0, Vec::len),
+            })
+        })
+        .await
+    }
+
+    #[tool(
+        description = "Write the SQL that answers a question, checked and planned but not run.",
+        annotations(title = "Generate SQL", read_only_hint = true, open_world_hint = false)
+    )]
+    async fn generate_sql(
+        &self,
+        Parameters(p): Parameters<QuestionParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, McpError> {
+        let call = Call::Generate {
+            question: p.question,
+        };
+        self.call(&context, call, |sql| json!({ "sql": sql })).await
+    }
+
+    #[tool(
+        description = "Check one SQL statement with the guard (a single read-only query, allowed functions only) without running it.",
+        annotations(title = "Check SQL", read_only_hint = true, open_world_hint = false)
+    )]
+    async fn check_sql(
+        &self,
+        Parameters(p): Parameters<SqlParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, McpError> {
+        self.call(
+            &context,
+            Call::Check { sql: p.sql },
+            |_| json!({ "ok": true }),
+        )
+        .await
+    }
+
+    #[tool(
+        description = "Run your own SQL read-only, the way generated SQL runs: through the guard, in a subtransaction that is always rolled back, with a statement timeout and a row cap. Returns the rows.",
+        annotations(
+            title = "Run SQL read-only",
+            read_only_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn run_sql(
+        &self,
+        Parameters(p): Parameters<SqlParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, McpError> {
+        self.call(
+            &context,
+            Call::Run { sql: p.sql },
+            |rows| json!({ "rows": rows }),
+        )
+        .await
+    }
+
+    #[tool(
+        description = "Repair SQL that fails or returns nothing: it is run read-only and, when it fails, repaired from PostgreSQL's errors. Returns the SQL that works.",
+        annotations(title = "Fix SQL", read_only_hint = true, open_world_hint = false)
+    )]
+    async fn fix_sql(
+        &self,
+        Parameters(p): Parameters<FixParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, McpError> {
+        let call = Call::Fix {
+            sql: p.sql,
+            question: p.question,
+        };
+        self.call(&context, call, |sql| json!({ "sql": sql })).await
+    }
+
+    #[tool(
+        description = "The schema you may read, as the model sees it (only what a question needs, when given).",
+        annotations(
+            title = "Describe the schema",
+            read_only_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn describe_schema(
+        &self,
+        Parameters(p): Parameters<SchemaParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, McpError> {
+        let call = Call::Schema {
+            question: p.question,
+        };
+        self.call(&context, call, |schema| json!({ "schema": schema }))
+            .await
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for Mcp {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_resources()
+                .build(),
+        )
+        .with_server_info(Implementation::new(
+            "sqe-gateway",
+            env!("CARGO_PKG_VERSION"),
+        ))
+        .with_instructions(
+            "Ask questions about a PostgreSQL database in plain language (ask), or work with SQL \
+             (generate_sql, check_sql, run_sql, fix_sql). Everything is read-only and runs with \
+             the privileges of your role.",
+        )
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
+        Ok(ListResourcesResult::with_all_items(vec![
+            Resource::new(TABLES_URI, "tables")
+                .with_description("The tables and views your role can read")
+                .with_mime_type("application/json"),
+            Resource::new(SCHEMA_URI, "schema")
+                .with_description("The schema as the model sees it")
+                .with_mime_type("text/plain"),
+        ]))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, McpError> {
+        let call = match request.uri.as_str() {
+            TABLES_URI => Call::Tables,
+            SCHEMA_URI => Call::Schema { question: None },
+            _ => {
+                return Err(McpError::resource_not_found(
+                    "resource not found",
+                    Some(json!({ "uri": request.uri })),
+                ))
+            }
+        };
+        let role = role_of(self, &context).map_err(|e| McpError::invalid_request(e, None))?;
+        let value = self
+            .db
+            .call(role.as_deref(), &call, None)
+            .await
+            .map_err(|e| McpError::internal_error(format!("{e:?}"), None))?;
+        let text = match value {
+            Value::String(s) => s,
+            other => other.to_string(),
+        };
+        Ok(ReadResourceResult::new(vec![ResourceContents::text(text, request.uri.clone())]).into())
+    }
+}

@@ -1,0 +1,107 @@
+//! Bearer tokens: a file of `TOKEN ROLE` lines (blank lines and `#` comments aside), read at
+//! start and again on SIGHUP. A request's token selects the role it runs as; there is no default
+//! role, so an unknown or missing token gets 401.
+
+use std::sync::{Arc, RwLock};
+
+/// Shortest token accepted: a guessable one would make the role it maps to public.
+const MIN_TOKEN_CHARS: usize = 16;
+
+#[derive(Clone, Default)]
+pub struct Tokens(Arc<RwLock<Vec<(String, String)>>>);
+
+/// Parses a tokens file.
+pub fn parse(text: &str) -> Result<Vec<(String, String)>, String> {
+    let mut entries: Vec<(String, String)> = Vec::new();
+    for (number, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let mut fields = line.split_whitespace();
+        let (Some(token), Some(role), None) = (fields.next(), fields.next(), fields.next()) else {
+            return Err(format!("line {}: expected TOKEN ROLE", number + 1));
+        };
+        if token.chars().count() < MIN_TOKEN_CHARS {
+            return Err(format!(
+                "line {}: a token must have at least {MIN_TOKEN_CHARS} characters",
+                number + 1
+            ));
+        }
+        if entries.iter().any(|(t, _)| t == token) {
+            return Err(format!("line {}: the token is listed twice", number + 1));
+        }
+        entries.push((token.to_string(), role.to_string()));
+    }
+    Ok(entries)
+}
+
+/// Compares without stopping at the first difference.
+fn same(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+impl Tokens {
+    pub fn load(path: &str) -> Result<Tokens, String> {
+        let tokens = Tokens::default();
+        tokens.reload(path)?;
+        Ok(tokens)
+    }
+
+    /// Reads `path` again; on an error the tokens in force stay.
+    pub fn reload(&self, path: &str) -> Result<usize, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+        let entries = parse(&text).map_err(|e| format!("{path}: {e}"))?;
+        let n = entries.len();
+        if let Ok(mut current) = self.0.write() {
+            *current = entries;
+        }
+        Ok(n)
+    }
+
+    /// The role of `token`, comparing it with every entry.
+    pub fn role(&self, token: &str) -> Option<String> {
+        let entries = self.0.read().ok()?;
+        let mut found = None;
+        for (t, role) in entries.iter() {
+            if same(t, token) {
+                found = Some(role.clone());
+            }
+        }
+        found
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_files_parse_strictly() {
+        let entries =
+            parse("# analysts\nabcdefghijklmnop01 analyst\n\n  qrstuvwxyz0123456 reader  \n")
+                .unwrap();
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries[1], ("qrstuvwxyz0123456".into(), "reader".into()));
+        assert!(parse("short analyst").is_err());
+        assert!(parse("abcdefghijklmnop01").is_err());
+        assert!(parse("abcdefghijklmnop01 a b").is_err());
+        assert!(parse("abcdefghijklmnop01 a\nabcdefghijklmnop01 b").is_err());
+    }
+
+    #[test]
+    fn only_a_listed_token_has_a_role() {
+        let tokens = Tokens::default();
+        *tokens.0.write().unwrap() = parse("abcdefghijklmnop01 analyst").unwrap();
+        assert_eq!(
+            tokens.role("abcdefghijklmnop01").as_deref(),
+            Some("analyst")
+        );
+        assert_eq!(tokens.role("abcdefghijklmnop02"), None);
+        assert_eq!(tokens.role(""), None);
+    }
+}

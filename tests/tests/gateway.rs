@@ -1,0 +1,293 @@
+//! sqe-gateway end to end: a real cluster, the scripted model, the gateway binary, and the
+//! official OpenAI and MCP Python SDKs as clients (tests/clients/gateway_clients.py). The
+//! gateway logs in as an authenticator role; tokens select the roles requests run as.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sql_query_engine_e2e::cluster::free_port;
+use sql_query_engine_e2e::{cluster, Reply, ScriptedLlm};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The gateway binary (scripts/test.sh builds it first).
+fn gateway_binary() -> PathBuf {
+    let path = repo().join("target/debug/sqe-gateway");
+    assert!(
+        path.exists(),
+        "build the gateway first: cargo build -p sqe-gateway"
+    );
+    path
+}
+
+/// A Python with the client SDKs.
+fn clients_python() -> String {
+    let out = Command::new("bash")
+        .arg(repo().join("tests/clients/python.sh"))
+        .output()
+        .expect("running tests/clients/python.sh");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+struct Gateway {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Gateway {
+    fn start(database_url: &str, tokens: &Path) -> Gateway {
+        let port = free_port();
+        let child = Command::new(gateway_binary())
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--database-url",
+            ])
+            .arg(database_url)
+            .arg("--tokens")
+            .arg(tokens)
+            .args(["--pool-size", "8", "--request-timeout", "60"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting sqe-gateway");
+        let started = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the gateway did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Gateway { child, port }
+    }
+}
+
+struct Setup {
+    database: String,
+    llm: ScriptedLlm,
+    database_url: String,
+    reader: String,
+    token: String,
+    limited_token: String,
+    tokens: PathBuf,
+}
+
+fn setup() -> Setup {
+    let c = cluster();
+    let database = c.fresh_database();
+    let llm = ScriptedLlm::start();
+    let id = database.clone();
+    let (authenticator, reader, limited) = (
+        format!("authenticator_{id}"),
+        format!("reader_{id}"),
+        format!("limited_{id}"),
+    );
+    let mut admin = c.connect(&database);
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {authenticator} LOGIN NOINHERIT;
+             CREATE ROLE {reader}; GRANT SELECT ON customers, orders TO {reader};
+             CREATE ROLE {limited}; GRANT SELECT ON customers TO {limited};
+             GRANT {reader}, {limited} TO {authenticator};
+             ALTER DATABASE {database} SET sql_query_engine.llm_url = '{}';
+             ALTER DATABASE {database} SET sql_query_engine.vote = off;
+             ALTER DATABASE {database} SET sql_query_engine.max_repairs = 1;",
+            llm.url()
+        ))
+        .unwrap();
+    llm.respond_with(|request| {
+        let asked = request.last_message();
+        let sql = [
+            ("Fix this SQL query", "SELECT name FROM customers"),
+            (
+                "And how many of them are there?",
+                "SELECT count(*) AS n FROM customers WHERE country = 'DE'",
+            ),
+            (
+                "Which customers are from Germany?",
+                "SELECT name FROM customers WHERE country = 'DE' ORDER BY name",
+            ),
+            (
+                "How many orders are there?",
+                "SELECT count(*) AS n FROM orders",
+            ),
+            ("Delete every order", "DELETE FROM orders"),
+            ("Take your time", "SELECT 1 AS slow"),
+        ]
+        .iter()
+        .find(|(q, _)| asked.contains(q))
+        .map(|(_, sql)| *sql)?;
+        if sql.contains("slow") {
+            return Some(Reply::Slow(
+                Duration::from_secs(30),
+                Box::new(Reply::sql(sql)),
+            ));
+        }
+        Some(Reply::sql(sql))
+    });
+    let (token, limited_token) = (format!("reader-token-{id}"), format!("limited-token-{id}"));
+    let tokens = std::env::temp_dir().join(format!("sqe-tokens-{id}"));
+    std::fs::write(
+        &tokens,
+        format!("# test tokens\n{token} {reader}\n{limited_token} {limited}\n"),
+    )
+    .unwrap();
+    let database_url = format!(
+        "host={} port={} user={authenticator} dbname={database}",
+        c.host, c.port
+    );
+    Setup {
+        database,
+        llm,
+        database_url,
+        reader,
+        token,
+        limited_token,
+        tokens,
+    }
+}
+
+#[test]
+fn the_official_openai_and_mcp_sdks_work_against_the_gateway() {
+    let s = setup();
+    let gateway = Gateway::start(&s.database_url, &s.tokens);
+    let output = Command::new(clients_python())
+        .arg(repo().join("tests/clients/gateway_clients.py"))
+        .args(["--base", &format!("http://127.0.0.1:{}", gateway.port)])
+        .args([
+            "--model",
+            &s.database,
+            "--token",
+            &s.token,
+            "--limited-token",
+            &s.limited_token,
+        ])
+        .arg("--gateway")
+        .arg(gateway_binary())
+        .args(["--database-url", &s.database_url, "--role", &s.reader])
+        .output()
+        .expect("running the client SDKs");
+    assert!(
+        output.status.success(),
+        "the clients failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // The follow-up in the same chat saw the first question and its SQL.
+    let follow_up = s
+        .llm
+        .requests()
+        .into_iter()
+        .find(|r| r.last_message().contains("And how many of them are there?"))
+        .expect("the follow-up reached the model");
+    assert!(follow_up
+        .text()
+        .contains("Which customers are from Germany?"));
+    // Nothing the clients sent changed the data.
+    let mut admin = cluster().connect(&s.database);
+    let orders: i64 = admin
+        .query_one("SELECT count(*) FROM orders", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(orders, 6);
+    // Requests ran as the token's role, and the history says so.
+    let roles: Vec<String> = admin
+        .query("SELECT DISTINCT role::text FROM nl_history ORDER BY 1", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(roles.contains(&s.reader), "{roles:?}");
+}
+
+#[test]
+fn a_client_that_goes_away_cancels_its_question_and_tokens_reload_on_sighup() {
+    let s = setup();
+    let gateway = Gateway::start(&s.database_url, &s.tokens);
+    let body = format!(
+        r#"{{"model":"{}","messages":[{{"role":"user","content":"Take your time"}}]}}"#,
+        s.database
+    );
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", gateway.port)).unwrap();
+    write!(
+        stream,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        s.token,
+        body.len()
+    )
+    .unwrap();
+    let mut admin = cluster().connect(&s.database);
+    let busy = |admin: &mut postgres::Client| -> i64 {
+        admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE state = 'active' AND query LIKE '%nl_ask%' AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .unwrap()
+            .get(0)
+    };
+    let started = Instant::now();
+    while busy(&mut admin) == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the question never started"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(stream);
+    let gone = Instant::now();
+    while busy(&mut admin) > 0 {
+        assert!(
+            gone.elapsed() < Duration::from_secs(5),
+            "the question went on after the client left"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // A new token works after SIGHUP, without a restart.
+    let new_token = format!("later-token-{}", s.database);
+    let status = |token: &str| -> String {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", gateway.port)).unwrap();
+        write!(
+            stream,
+            "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        response.lines().next().unwrap_or_default().to_string()
+    };
+    assert!(status(&new_token).contains("401"));
+    let mut tokens = std::fs::read_to_string(&s.tokens).unwrap();
+    tokens.push_str(&format!("{new_token} {}\n", s.reader));
+    std::fs::write(&s.tokens, tokens).unwrap();
+    unsafe { libc::kill(gateway.child.id() as i32, libc::SIGHUP) };
+    let started = Instant::now();
+    while !status(&new_token).contains("200") {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the tokens were not reloaded"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
