@@ -74,14 +74,17 @@ pub fn phrases(question: &str) -> Vec<Phrase> {
     for start in 0..words.len() {
         for len in 1..=MAX_WORDS.min(words.len() - start) {
             let run = &words[start..start + len];
-            if run.iter().all(|w| stop(w)) || stop(run[0]) || stop(run[len - 1]) {
+            // A capitalised word at the very start is just the sentence.
+            let marked = run.iter().all(|w| capitalised(w)) && (start > 0 || len > 1);
+            // A name may begin or end with a stopword ("The Shopping List"): capitalised runs
+            // of several words are kept whole.
+            let name = marked && len > 1;
+            if !name && (run.iter().all(|w| stop(w)) || stop(run[0]) || stop(run[len - 1])) {
                 continue;
             }
             if len == 1 && run[0].chars().count() < 3 {
                 continue;
             }
-            // A capitalised word at the very start is just the sentence.
-            let marked = run.iter().all(|w| capitalised(w)) && (start > 0 || len > 1);
             runs.push((len, run.join(" "), marked));
         }
     }
@@ -149,6 +152,11 @@ mod tests {
             .map(|p| p.marked)
             .collect();
         assert_eq!(marked, [true]);
+        // a capitalised name is kept whole, stopwords and all
+        let found = texts("notes about the Shopping List of The Who");
+        assert!(found.contains(&"Shopping List".to_string()), "{found:?}");
+        assert!(found.contains(&"The Who".to_string()), "{found:?}");
+        assert!(!found.contains(&"List".to_string()), "{found:?}");
     }
 
     #[test]

@@ -261,3 +261,109 @@ fn comments_are_visible_to_the_next_question() {
     let told = ask(&mut s, "after");
     assert!(told.contains("gross, in euros"), "{told}");
 }
+
+#[test]
+fn the_questions_values_are_found_where_they_are_stored_and_only_where_the_role_may_read() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute(
+            "CREATE TABLE powers (power_id int PRIMARY KEY, power_name text);
+             INSERT INTO powers SELECT g, 'power ' || g FROM generate_series(1, 500) g;
+             INSERT INTO powers VALUES (900, 'Death Touch');
+             CREATE TABLE notes (owner text, body text);
+             ALTER TABLE notes ENABLE ROW LEVEL SECURITY;
+             CREATE POLICY own ON notes USING (owner = current_user);",
+        )
+        .unwrap();
+    // Row security binds roles that are not superusers: the questions are asked as one.
+    let reader = format!("values_reader_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {reader};
+             GRANT SELECT ON powers, notes, customers, orders TO {reader};
+             INSERT INTO notes VALUES ('somebody_else', 'Secret Plan'), ('{reader}', 'Shopping List');
+             ANALYZE notes; SET ROLE {reader};"
+        ))
+        .unwrap();
+    // exact and fuzzy, in the prompt next to the column
+    let told = ask(&mut s, "Which heroes have the power Death Touch?");
+    assert!(
+        told.contains("-- 'Death Touch' found in powers.power_name"),
+        "{told}"
+    );
+    let told = ask(&mut s, "Which heroes have 'Deth Touch'?");
+    assert!(
+        told.contains("'Death Touch' found in powers.power_name (similar)"),
+        "{told}"
+    );
+    let trace = {
+        s.llm
+            .on("who has Death Touch", vec![Reply::sql("SELECT 1 AS one")]);
+        s.trace("who has Death Touch").unwrap()
+    };
+    assert_eq!(
+        trace["values"][0],
+        "-- 'Death Touch' found in powers.power_name"
+    );
+
+    // row-level security: looked up live, as the caller, and only its own rows
+    let told = ask(&mut s, "notes about the Secret Plan or the Shopping List");
+    assert!(
+        told.contains("'Shopping List' found in notes.body"),
+        "{told}"
+    );
+    let context = told.split("Question:").next().unwrap();
+    assert!(
+        !context.contains("Secret Plan") && !context.contains("somebody_else"),
+        "a row the role cannot see: {told}"
+    );
+
+    // a column the role may not read is not looked at
+    let role = format!("narrow_values_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "RESET ROLE; CREATE ROLE {role}; GRANT SELECT (power_id) ON powers TO {role};
+             GRANT SELECT ON customers TO {role}; SET ROLE {role};"
+        ))
+        .unwrap();
+    let told = ask(
+        &mut s,
+        "Which heroes have the power Death Touch, as a narrow role?",
+    );
+    assert!(!told.contains("Death Touch' found"), "{told}");
+
+    // and nothing at all with sample values off
+    s.client
+        .batch_execute("RESET ROLE; SET sql_query_engine.sample_values = 0")
+        .unwrap();
+    let told = ask(
+        &mut s,
+        "Which heroes have the power Death Touch, privately?",
+    );
+    assert!(!told.contains("found in"), "{told}");
+}
+
+#[test]
+fn a_table_named_in_the_question_is_shown_whatever_the_budget() {
+    let mut s = Session::new();
+    let mut ddl = String::new();
+    for i in 0..300 {
+        ddl.push_str(&format!(
+            "CREATE TABLE widget_{i:04} (id int PRIMARY KEY, label text, weight numeric, made date);"
+        ));
+    }
+    s.client.batch_execute(&ddl).unwrap();
+    s.client
+        .batch_execute("SET sql_query_engine.prompt_budget = 500")
+        .unwrap();
+    let told = ask(&mut s, "How many rows does widget_0231 have?");
+    assert!(
+        told.contains("CREATE TABLE widget_0231"),
+        "the named table is missing"
+    );
+    let shown = told.matches("CREATE TABLE widget_").count();
+    assert!(
+        shown < 30,
+        "the budget still holds for the rest: {shown} shown"
+    );
+}
