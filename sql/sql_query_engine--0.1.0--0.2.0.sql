@@ -83,3 +83,6 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'nl_fix_wrapper';
 CREATE FUNCTION @extschema@.nl_cursor(question text, cursor_name text DEFAULT 'nl_answer')
 RETURNS refcursor VOLATILE PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'nl_cursor_wrapper';
+CREATE PROCEDURE @extschema@.nl_call(question text, session text DEFAULT NULL,
+    INOUT answer jsonb DEFAULT NULL)
+LANGUAGE c AS 'MODULE_PATHNAME', 'nl_call_wrapper';

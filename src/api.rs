@@ -11,12 +11,14 @@ use crate::error::{Error, Result, SqlError, SqlState};
 use crate::exec::{self, Mode, Outcome, ResultSet};
 use crate::extract::strip_think;
 use crate::heal::{self, Limits, Run, Vote};
-use crate::llm::{Chain, Llm, Options};
+use crate::llm::{Batch, Chain, Completion, Llm, Options};
 use crate::progress::{Event, Progress};
 use crate::schema::PromptSchema;
 use crate::session::Turn;
 use crate::settings::VoteSetting;
-use crate::{examples, guard, hints, history, prompt, schema, session, settings, trace, values};
+use crate::{
+    examples, guard, hints, history, prompt, schema, session, settings, subxact, trace, values,
+};
 
 /// Rows of an answer sent to the model by `nl_answer`, at most.
 const ANSWER_ROWS: usize = 20;
@@ -74,13 +76,51 @@ fn nl_answer(question: Option<&str>, session: default!(Option<&str>, "NULL")) ->
 fn nl_ask(question: Option<&str>, session: default!(Option<&str>, "NULL")) -> JsonB {
     let (run, shown) =
         answered(Ask::new("nl_ask", question, session)).unwrap_or_else(|e| e.raise());
-    let mut trace = traced(&run, &shown);
-    trace["rows"] = serde_json::Value::Array(
-        run.best_result()
-            .map(trace::rows_in_column_order)
-            .unwrap_or_default(),
-    );
-    JsonB(trace)
+    JsonB(traced_with_rows(&run, &shown))
+}
+
+/// `nl_ask` as a procedure, for slow models: `CALL nl_call('question', answer => NULL)`.
+/// Called outside a transaction block, it commits its transaction before each model call, so
+/// that no snapshot (`backend_xmin`), lock or transaction id is held while the model thinks;
+/// inside one, the caller owns the snapshot and it behaves like `nl_ask`.
+#[pg_extern(
+    volatile,
+    parallel_unsafe,
+    sql = "CREATE PROCEDURE nl_call(question text, session text DEFAULT NULL, \
+           INOUT answer jsonb DEFAULT NULL) \
+           LANGUAGE c AS 'MODULE_PATHNAME', 'nl_call_wrapper';"
+)]
+fn nl_call(
+    question: Option<&str>,
+    session: Option<&str>,
+    _answer: Option<JsonB>,
+    fcinfo: pg_sys::FunctionCallInfo,
+) -> pgrx::datum::Internal {
+    let answer = subxact::in_procedure(fcinfo, || {
+        let ask = Ask {
+            release: true,
+            ..Ask::new("nl_call", question, session)
+        };
+        let (run, shown) = answered(ask).unwrap_or_else(|e| e.raise());
+        traced_with_rows(&run, &shown)
+    });
+    // A procedure returns its INOUT parameters as one record; pgrx has no type for "the
+    // procedure's own record", so it is formed here and handed back as a raw Datum.
+    unsafe {
+        let mut desc: pg_sys::TupleDesc = std::ptr::null_mut();
+        let class = pg_sys::get_call_result_type(fcinfo, std::ptr::null_mut(), &mut desc);
+        if class != pg_sys::TypeFuncClass::TYPEFUNC_COMPOSITE || desc.is_null() {
+            Error::internal("nl_call must be created as a procedure with one INOUT parameter")
+                .raise()
+        }
+        let desc = pg_sys::BlessTupleDesc(desc);
+        let mut values = [JsonB(answer)
+            .into_datum()
+            .unwrap_or_else(pg_sys::Datum::null)];
+        let mut nulls = [false];
+        let tuple = pg_sys::heap_form_tuple(desc, values.as_mut_ptr(), nulls.as_mut_ptr());
+        pgrx::datum::Internal::from(Some(pg_sys::HeapTupleHeaderGetDatum((*tuple).t_data)))
+    }
 }
 
 /// Repairs the caller's own SQL: runs it through the guard and the sandbox and, when it fails or
@@ -149,6 +189,17 @@ fn nl_cursor(question: Option<&str>, cursor_name: default!(Option<&str>, "'nl_an
 fn traced(run: &Run, shown: &DatabaseContext) -> serde_json::Value {
     let mut trace = trace::run(run, Some(&shown.schema), shown.values.as_deref());
     trace["session_store"] = serde_json::json!(shown.session.map(session::Store::as_str));
+    trace
+}
+
+/// The trace of a run with its rows, each an array of values in the query's column order.
+fn traced_with_rows(run: &Run, shown: &DatabaseContext) -> serde_json::Value {
+    let mut trace = traced(run, shown);
+    trace["rows"] = serde_json::Value::Array(
+        run.best_result()
+            .map(trace::rows_in_column_order)
+            .unwrap_or_default(),
+    );
     trace
 }
 
@@ -278,6 +329,38 @@ fn database_context(question: Option<&str>) -> Result<DatabaseContext> {
     })
 }
 
+/// The model as the heal loop asks it: with `release`, nothing is held while it thinks (see
+/// `subxact::release`), and a snapshot is taken again when it has answered.
+struct Asked {
+    chain: Chain,
+    release: bool,
+}
+
+impl Asked {
+    fn call<R>(&mut self, call: impl FnOnce(&mut Chain) -> R) -> R {
+        let released = self.release && subxact::release();
+        let result = call(&mut self.chain);
+        if released {
+            subxact::resume();
+        }
+        result
+    }
+}
+
+impl Llm for Asked {
+    fn complete(&mut self, messages: &[prompt::Message]) -> Result<Completion> {
+        self.call(|chain| chain.complete(messages))
+    }
+
+    fn complete_exploring(&mut self, messages: &[prompt::Message]) -> Result<Completion> {
+        self.call(|chain| chain.complete_exploring(messages))
+    }
+
+    fn complete_many(&mut self, messages: &[prompt::Message], n: usize) -> Result<Batch> {
+        self.call(|chain| chain.complete_many(messages, n))
+    }
+}
+
 /// The database the heal loop works on: this backend, as the caller.
 struct LiveDatabase {
     mode: Mode,
@@ -308,6 +391,8 @@ struct Ask<'a> {
     mode: Mode,
     /// The caller's SQL to start from (`nl_fix`).
     first: Option<&'a str>,
+    /// End the transaction before each model call, where that is allowed (`nl_call`).
+    release: bool,
 }
 
 impl<'a> Ask<'a> {
@@ -318,6 +403,7 @@ impl<'a> Ask<'a> {
             session,
             mode: run_mode(),
             first: None,
+            release: false,
         }
     }
 }
@@ -354,7 +440,10 @@ fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
         }
     };
     let session = ask.session.filter(|s| !s.is_empty());
-    let mut llm = client(true)?;
+    let mut llm = Asked {
+        chain: client(true)?,
+        release: ask.release,
+    };
     let progress = Progress::new(session);
     // The schema is chosen for the question, and for the tables a given SQL names.
     let retrieval = match ask.first {

@@ -1,6 +1,7 @@
 //! Transaction-scoped state, used by the executor, the guard and the extension's own SQL:
-//! internal subtransactions that catch errors without aborting the caller, and settings that
-//! last until the end of a scope (like a function's `SET` clause).
+//! internal subtransactions that catch errors without aborting the caller, settings that last
+//! until the end of a scope (like a function's `SET` clause), and the transaction a procedure
+//! may end so that nothing is held while the model thinks.
 
 use std::ffi::CStr;
 use std::panic::AssertUnwindSafe;
@@ -78,4 +79,44 @@ pub fn set_local(name: &CStr, value: &CStr) {
             false,
         );
     }
+}
+
+/// Runs `work`, the body of a procedure, so that `release` may end its transaction: in a
+/// non-atomic SPI connection when `fcinfo` is a `CALL` outside a transaction block, as is
+/// otherwise (then `release` does nothing).
+pub fn in_procedure<R>(fcinfo: pg_sys::FunctionCallInfo, work: impl FnOnce() -> R) -> R {
+    // SAFETY: PostgreSQL passes a valid fcinfo; its context, when set, is a Node.
+    let nonatomic = unsafe {
+        let context = (*fcinfo).context;
+        !context.is_null()
+            && (*context).type_ == pg_sys::NodeTag::T_CallContext
+            && !(*context.cast::<pg_sys::CallContext>()).atomic
+    };
+    if !nonatomic {
+        return work();
+    }
+    unsafe { pg_sys::SPI_connect_ext(pg_sys::SPI_OPT_NONATOMIC as i32) };
+    let result = work();
+    unsafe { pg_sys::SPI_finish() };
+    result
+}
+
+/// Commits the transaction of a procedure run by `in_procedure` and starts the next one
+/// without a snapshot, so that until `resume` this backend holds back no vacuum horizon and
+/// holds no lock. A `CALL` outside a transaction block has no work of the caller's in its
+/// transaction, only the extension's bookkeeping. Does nothing (and says so) anywhere else: in
+/// a function, in a transaction block, in a subtransaction, inside the extension's own SPI.
+pub fn release() -> bool {
+    unsafe {
+        if !pg_sys::SPI_inside_nonatomic_context() || pg_sys::IsSubTransaction() {
+            return false;
+        }
+        pg_sys::SPI_commit();
+    }
+    true
+}
+
+/// Takes the snapshot that the procedure's next statements need, after `release`.
+pub fn resume() {
+    unsafe { pg_sys::EnsurePortalSnapshotExists() }
 }

@@ -265,3 +265,125 @@ fn nl_cursor_gives_the_querys_own_columns_and_types() {
         "{notices:?}"
     );
 }
+
+/// The `answer` of a `CALL nl_call(...)` statement (simple protocol: jsonb comes back as text).
+fn call(
+    client: &mut postgres::Client,
+    statement: &str,
+) -> Result<serde_json::Value, postgres::Error> {
+    let messages = client.simple_query(statement)?;
+    let text = messages
+        .iter()
+        .find_map(|m| match m {
+            postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_string),
+            _ => None,
+        })
+        .expect("CALL returns its INOUT parameter");
+    Ok(serde_json::from_str(&text).unwrap())
+}
+
+/// One look at a backend in `pg_stat_activity`: state, query, backend_xmin, backend_xid.
+type Sample = (String, String, Option<String>, Option<String>);
+
+/// What another backend sees of `pid` while it waits for a slow model, sampled every 100 ms
+/// for `span`.
+fn watch_backend(
+    s: &Session,
+    pid: i32,
+    span: std::time::Duration,
+) -> std::thread::JoinHandle<Vec<Sample>> {
+    let mut watcher = s.second_connection();
+    std::thread::spawn(move || {
+        let started = std::time::Instant::now();
+        let mut samples = Vec::new();
+        while started.elapsed() < span {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            let row = watcher
+                .query_one(
+                    "SELECT state, query, backend_xmin::text, backend_xid::text
+                     FROM pg_stat_activity WHERE pid = $1",
+                    &[&pid],
+                )
+                .unwrap();
+            samples.push((row.get(0), row.get(1), row.get(2), row.get(3)));
+        }
+        samples
+    })
+}
+
+#[test]
+fn nl_call_holds_no_snapshot_while_the_model_thinks_and_nl_ask_does() {
+    let mut s = Session::new();
+    let slow = |sql: &str| {
+        Reply::Slow(
+            std::time::Duration::from_millis(1500),
+            Box::new(Reply::sql(sql)),
+        )
+    };
+    // The first query fails, so the slow model call is a repair after the sandbox ran: the
+    // transaction is released again after the work in between.
+    s.llm.on(
+        "slow count",
+        vec![
+            Reply::sql("SELECT count(nickname) AS n FROM customers"),
+            slow("SELECT count(*) AS n FROM customers"),
+        ],
+    );
+    let pid: i32 = s
+        .client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    let watcher = watch_backend(&s, pid, std::time::Duration::from_millis(1200));
+    let answer = call(&mut s.client, "CALL nl_call('slow count')").unwrap();
+    assert_eq!(answer["status"], "ok", "{answer}");
+    assert_eq!(answer["rows"], json!([[4]]), "{answer}");
+    assert_eq!(answer["attempts"].as_array().unwrap().len(), 2, "{answer}");
+    let samples = watcher.join().unwrap();
+    let waiting: Vec<_> = samples
+        .iter()
+        .filter(|(state, query, ..)| state == "active" && query.contains("nl_call"))
+        .collect();
+    assert!(waiting.len() >= 5, "{samples:?}");
+    assert!(
+        waiting
+            .iter()
+            .all(|(.., xmin, xid)| xmin.is_none() && xid.is_none()),
+        "no snapshot and no transaction id while the model thinks: {samples:?}"
+    );
+
+    // nl_ask, a function, runs under its statement's snapshot: PostgreSQL keeps it.
+    s.llm.on(
+        "slow again",
+        vec![slow("SELECT count(*) AS n FROM customers")],
+    );
+    let watcher = watch_backend(&s, pid, std::time::Duration::from_millis(1200));
+    let asked: serde_json::Value = serde_json::from_str(
+        s.client
+            .query_one("SELECT nl_ask('slow again')::text", &[])
+            .unwrap()
+            .get(0),
+    )
+    .unwrap();
+    assert_eq!(asked["rows"], json!([[4]]));
+    let samples = watcher.join().unwrap();
+    assert!(
+        samples
+            .iter()
+            .any(|(state, _, xmin, _)| state == "active" && xmin.is_some()),
+        "{samples:?}"
+    );
+
+    // In a transaction block the caller owns the snapshot: nl_call still answers, as nl_ask.
+    s.llm.on(
+        "in a block",
+        vec![Reply::sql("SELECT count(*) AS n FROM customers")],
+    );
+    let answer = call(&mut s.client, "BEGIN; CALL nl_call('in a block'); COMMIT;").unwrap();
+    assert_eq!(answer["rows"], json!([[4]]));
+
+    // A failure is the usual ERROR, and the session is usable afterwards.
+    let error = call(&mut s.client, "CALL nl_call('')").unwrap_err();
+    assert_eq!(db_error(&error).0, "22023");
+    assert_eq!(s.scalar_i64("SELECT 1::bigint"), 1);
+}
