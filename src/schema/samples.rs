@@ -24,19 +24,33 @@ pub struct Samples {
     pub complete: bool,
 }
 
-/// Samples of a text column from the planner's statistics, when ANALYZE collected any.
+/// Samples of a text column from the planner's statistics, when ANALYZE collected any: its
+/// most common values, or, for a column without any (every value rare), values spread evenly
+/// over its histogram.
 pub fn from_statistics(column: &Column, per_column: usize) -> Option<Samples> {
-    (per_column > 0 && column.textual && !column.common_values.is_empty()).then(|| {
-        let complete = column.all_values && column.common_values.len() <= LOW_CARDINALITY;
-        let limit = if complete {
-            LOW_CARDINALITY
-        } else {
-            per_column
-        };
-        Samples {
-            values: tidy(column.common_values.iter().take(limit)),
-            complete,
-        }
+    if per_column == 0 || !column.textual {
+        return None;
+    }
+    if column.common_values.is_empty() {
+        let bounds = &column.histogram;
+        return (!bounds.is_empty()).then(|| {
+            let n = per_column.min(bounds.len());
+            let spread = (0..n).map(|i| &bounds[i * (bounds.len() - 1) / (n - 1).max(1)]);
+            Samples {
+                values: tidy(spread),
+                complete: false,
+            }
+        });
+    }
+    let complete = column.all_values && column.common_values.len() <= LOW_CARDINALITY;
+    let limit = if complete {
+        LOW_CARDINALITY
+    } else {
+        per_column
+    };
+    Some(Samples {
+        values: tidy(column.common_values.iter().take(limit)),
+        complete,
     })
 }
 
@@ -52,48 +66,49 @@ pub fn for_relation(relation: &Relation, per_column: usize) -> Vec<Option<Sample
         .columns
         .iter()
         .enumerate()
-        .filter(|(_, c)| c.textual && c.common_values.is_empty())
+        .filter(|(i, c)| c.textual && samples[*i].is_none())
         .map(|(i, _)| i)
         .collect();
     if per_column == 0 || unknown.is_empty() || relation.kind == "foreign table" {
         return samples;
     }
+    // One row: the row count and, per column, its values in scan order (the server
+    // aggregates, so the read costs one result row, not one per table row).
     let select: Vec<String> = unknown
         .iter()
-        .map(|i| format!("{} AS s{i}", relation.columns[*i].name))
+        .map(|i| format!("array_agg(s.{0}) AS s{i}", relation.columns[*i].name))
+        .collect();
+    let columns: Vec<&str> = unknown
+        .iter()
+        .map(|i| relation.columns[*i].name.as_str())
         .collect();
     let sql = format!(
-        "SELECT {} FROM {} LIMIT {SCAN_ROWS}",
+        "SELECT count(*) AS n, {} FROM (SELECT {} FROM {} LIMIT {SCAN_ROWS}) s",
         select.join(", "),
+        columns.join(", "),
         relation.sql_name()
     );
-    let rows = match exec::attempt(
-        &sql,
-        Mode::Run {
-            max_rows: SCAN_ROWS,
-        },
-        SCAN_TIMEOUT_MS,
-    ) {
-        Outcome::Rows(result) => result.rows,
-        _ => return samples,
+    let row = match exec::attempt(&sql, Mode::Run { max_rows: 1 }, SCAN_TIMEOUT_MS) {
+        Outcome::Rows(result) => result
+            .rows
+            .first()
+            .and_then(|row| serde_json::from_str::<serde_json::Value>(row).ok()),
+        _ => None,
     };
-    let scanned_all = rows.len() < SCAN_ROWS;
+    let Some(row) = row else {
+        return samples;
+    };
+    let scanned_all = row["n"].as_u64().is_some_and(|n| (n as usize) < SCAN_ROWS);
     for i in unknown {
         let mut distinct: Vec<String> = Vec::new();
-        for row in &rows {
-            let value = serde_json::from_str::<serde_json::Value>(row)
-                .ok()
-                .and_then(|v| {
-                    v.get(format!("s{i}"))
-                        .and_then(|v| v.as_str())
-                        .map(str::to_string)
-                });
-            if let Some(value) = value.filter(|v| !v.trim().is_empty()) {
-                if !distinct.contains(&value) {
-                    distinct.push(value);
-                    if distinct.len() > LOW_CARDINALITY {
-                        break;
-                    }
+        let scanned = row[format!("s{i}")]
+            .as_array()
+            .map_or(&[][..], Vec::as_slice);
+        for value in scanned.iter().filter_map(|v| v.as_str()) {
+            if !value.trim().is_empty() && !distinct.iter().any(|d| d == value) {
+                distinct.push(value.to_string());
+                if distinct.len() > LOW_CARDINALITY {
+                    break;
                 }
             }
         }

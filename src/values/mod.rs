@@ -13,8 +13,8 @@
 
 mod phrases;
 
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::rc::{Rc, Weak};
 use std::time::{Duration, Instant};
 
@@ -64,8 +64,8 @@ pub struct Match {
 pub struct ValueIndex {
     columns: TextColumns,
     values: Vec<Stored>,
-    exact: HashMap<String, Vec<usize>>,
-    by_trigram: HashMap<[char; 3], Vec<u32>>,
+    exact: FxHashMap<String, Vec<usize>>,
+    by_trigram: FxHashMap<u64, Vec<u32>>,
     /// Columns of tables with row security for the caller: looked up live.
     live: Vec<usize>,
 }
@@ -93,8 +93,8 @@ impl ValueIndex {
     fn build(columns: TextColumns) -> ValueIndex {
         let mut index = ValueIndex {
             values: Vec::new(),
-            exact: HashMap::new(),
-            by_trigram: HashMap::new(),
+            exact: FxHashMap::default(),
+            by_trigram: FxHashMap::default(),
             live: Vec::new(),
             columns,
         };
@@ -112,31 +112,44 @@ impl ValueIndex {
             let now = Instant::now();
             if now < deadline && !index.columns.get(ids[0]).foreign {
                 let remaining = (deadline - now).as_millis().clamp(1, 1000) as i32;
-                let select: Vec<String> = ids
+                // One row of arrays, in the scan's order: the server aggregates, so a wide
+                // scan costs one result row rather than one per table row.
+                let (inner, outer): (Vec<String>, Vec<String>) = ids
                     .iter()
                     .enumerate()
-                    .map(|(i, &id)| format!("{} AS v{i}", index.columns.get(id).column_sql))
-                    .collect();
+                    .map(|(i, &id)| {
+                        (
+                            format!("{} AS v{i}", index.columns.get(id).column_sql),
+                            format!(
+                                "array_agg(v{i}) FILTER (WHERE length(v{i}) <= {MAX_VALUE_CHARS}) \
+                                 AS v{i}"
+                            ),
+                        )
+                    })
+                    .unzip();
                 let sql = format!(
-                    "SELECT {} FROM {} LIMIT {SCAN_ROWS}",
-                    select.join(", "),
+                    "SELECT {} FROM (SELECT {} FROM {} LIMIT {SCAN_ROWS}) s",
+                    outer.join(", "),
+                    inner.join(", "),
                     index.columns.get(ids[0]).qualified_table
                 );
-                if let Outcome::Rows(result) = exec::attempt(
-                    &sql,
-                    Mode::Run {
-                        max_rows: SCAN_ROWS,
-                    },
-                    remaining,
-                ) {
-                    for row in &result.rows {
-                        let Ok(serde_json::Value::Object(row)) = serde_json::from_str(row) else {
-                            continue;
-                        };
-                        for (i, values) in per_column.iter_mut().enumerate() {
-                            if let Some(serde_json::Value::String(v)) = row.get(&format!("v{i}")) {
-                                values.push(v.clone());
-                            }
+                if let Outcome::Rows(result) =
+                    exec::attempt(&sql, Mode::Run { max_rows: 1 }, remaining)
+                {
+                    let row = result.rows.first().and_then(|row| {
+                        match serde_json::from_str::<serde_json::Value>(row) {
+                            Ok(serde_json::Value::Object(row)) => Some(row),
+                            _ => None,
+                        }
+                    });
+                    for (i, values) in per_column.iter_mut().enumerate() {
+                        let scanned = row.as_ref().and_then(|r| r.get(&format!("v{i}")));
+                        if let Some(serde_json::Value::Array(scanned)) = scanned {
+                            values.extend(
+                                scanned
+                                    .iter()
+                                    .filter_map(|v| v.as_str().map(str::to_string)),
+                            );
                         }
                     }
                 }
@@ -153,7 +166,7 @@ impl ValueIndex {
 
     fn add_column(&mut self, column: usize, values: Vec<String>) {
         let mut kept = 0;
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = FxHashSet::default();
         for value in values {
             if kept >= MAX_PER_COLUMN || self.values.len() >= MAX_VALUES {
                 break;
@@ -233,7 +246,7 @@ impl ValueIndex {
     /// Values most similar to `text`, above the threshold, best first (at most two).
     fn fuzzy(&self, text: &str) -> Vec<usize> {
         let wanted = trigrams(text);
-        let mut shared: HashMap<u32, usize> = HashMap::new();
+        let mut shared: FxHashMap<u32, usize> = FxHashMap::default();
         for trigram in &wanted {
             if let Some(ids) = self.by_trigram.get(trigram) {
                 // Very common trigrams say little and cost much.

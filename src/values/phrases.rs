@@ -96,29 +96,40 @@ pub fn phrases(question: &str) -> Vec<Phrase> {
 }
 
 /// pg_trgm's trigrams of a text: lower case, each word padded with two blanks in front and one
-/// behind.
-pub fn trigrams(text: &str) -> HashSet<[char; 3]> {
-    let mut set = HashSet::new();
+/// behind. Each trigram is its three characters packed into a number; the list is sorted and
+/// without repeats, so that comparing two is a merge.
+pub fn trigrams(text: &str) -> Vec<u64> {
+    let mut out = Vec::new();
     for word in text
         .to_lowercase()
         .split(|c: char| !c.is_alphanumeric())
         .filter(|w| !w.is_empty())
     {
-        let padded: Vec<char> = "  "
-            .chars()
-            .chain(word.chars())
-            .chain(" ".chars())
-            .collect();
-        for window in padded.windows(3) {
-            set.insert([window[0], window[1], window[2]]);
+        let (mut a, mut b) = (' ', ' ');
+        for c in word.chars().chain(std::iter::once(' ')) {
+            out.push((u64::from(a) << 42) | (u64::from(b) << 21) | u64::from(c));
+            (a, b) = (b, c);
         }
     }
-    set
+    out.sort_unstable();
+    out.dedup();
+    out
 }
 
 /// pg_trgm's `similarity`: shared trigrams over all trigrams of both.
-pub fn similarity(a: &HashSet<[char; 3]>, b: &HashSet<[char; 3]>) -> f32 {
-    let shared = a.intersection(b).count();
+pub fn similarity(a: &[u64], b: &[u64]) -> f32 {
+    let (mut i, mut j, mut shared) = (0, 0, 0);
+    while i < a.len() && j < b.len() {
+        match a[i].cmp(&b[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => {
+                shared += 1;
+                i += 1;
+                j += 1;
+            }
+        }
+    }
     let all = a.len() + b.len() - shared;
     if all == 0 {
         0.0

@@ -50,6 +50,19 @@ fn analyzed_tables_take_samples_from_statistics() {
     for kind in ["'click'", "'view'", "'buy'"] {
         assert!(told.contains(kind), "{told}");
     }
+    // A large table's estimate (JSON writes it as 1.234567e+06) and a column whose values are
+    // all rare (no common values, only a histogram) still get their notes.
+    s.client
+        .batch_execute(
+            "CREATE TABLE visits (page text);
+             INSERT INTO visits SELECT 'page ' || g FROM generate_series(1, 2000) g;
+             ANALYZE visits;
+             UPDATE pg_class SET reltuples = 1234567 WHERE oid = 'visits'::regclass;",
+        )
+        .unwrap();
+    let told = ask(&mut s, "visits per page");
+    assert!(told.contains("~1234567 rows"), "{told}");
+    assert!(told.contains("page text -- e.g. 'page "), "{told}");
 }
 
 #[test]
