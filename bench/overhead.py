@@ -9,11 +9,14 @@ p50 and p90 over the questions:
 
 - the model's own latency, measured from here with the same request size;
 - a warm question (same connection): client wall time, and the extension's own time
-  (nl_trace's total minus the time it waited for the model);
-- a cold question: the first question on a new connection (catalog read included);
-- N concurrent questions, each on its own connection, against one at a time;
+  (nl_trace's total, schema included, minus the time it waited for the model);
+- a cold question: the first question on a new connection (library load and catalog read
+  included), with the connection's own set-up timed apart;
+- 2 and N concurrent questions, each on its own connection, against one at a time;
 - a warm nl_schema, alone and while another session creates and drops temporary tables and runs
-  ANALYZE in a loop.
+  ANALYZE in a loop;
+- the value index on a 1M-row text column: its build (the first question after the schema is
+  read) and its look-up per question (nl_schema with value_index on, minus off).
 """
 
 import argparse
@@ -134,14 +137,18 @@ def warm(url, questions):
 
 
 def cold(url, questions):
-    walls, owns = [], []
+    """The first question on a new connection: connecting (the server forks a backend) is
+    timed apart from the question, which loads the library and reads the catalog."""
+    connects, walls, owns = [], [], []
     for q in questions:
+        started = time.perf_counter()
         c = connect(url)
+        connects.append((time.perf_counter() - started) * 1000)
         wall, own = ask(c, q)
         walls.append(wall)
         owns.append(own)
         c.close()
-    return {"wall": percentiles(walls), "own": percentiles(owns)}
+    return {"connect": percentiles(connects), "wall": percentiles(walls), "own": percentiles(owns)}
 
 
 def concurrent(url, questions, n):
@@ -194,6 +201,38 @@ def schema_under_churn(n):
     return {"quiet": quiet, "churn": busy}
 
 
+def value_index(n, rows=1_000_000):
+    with psycopg.connect(dbname=DATABASE, autocommit=True) as c:
+        c.execute("DROP TABLE IF EXISTS people")
+        c.execute("CREATE TABLE people (id int PRIMARY KEY, name text, city text)")
+        c.execute(
+            f"INSERT INTO people SELECT g, 'person ' || g, (ARRAY['Rome', 'Oslo', 'Lima', 'Kyiv'])[1 + g % 4] "
+            f"FROM generate_series(1, {rows}) g"
+        )
+        c.execute("ANALYZE people")
+    c = psycopg.connect(dbname=DATABASE, autocommit=True)
+    question = "How many people named 'person 42' live in Oslo?"
+    started = time.perf_counter()
+    (text,) = c.execute("SELECT nl_schema(%s)", (question,)).fetchone()
+    build = (time.perf_counter() - started) * 1000
+    assert "found in people.name" in text and "found in people.city" in text, text
+
+    def timed(setting):
+        c.execute(f"SET sql_query_engine.value_index = {setting}")
+        c.execute("SELECT nl_schema(%s)", (question,))
+        times = []
+        for _ in range(n):
+            started = time.perf_counter()
+            c.execute("SELECT nl_schema(%s)", (question,)).fetchone()
+            times.append((time.perf_counter() - started) * 1000)
+        return percentiles(times)
+
+    on, off = timed("on"), timed("off")
+    c.close()
+    return {"rows": rows, "first_question_ms": round(build, 1), "on": on, "off": off,
+            "lookup_p50_ms": round(on["p50"] - off["p50"], 3)}
+
+
 def main():
     args = parse_args()
     cluster = Cluster(None)
@@ -208,8 +247,10 @@ def main():
             "warm": warm(url, questions),
             "cold": cold(url, questions[: max(20, args.questions // 4)]),
             "single": concurrent(url, questions, 1),
+            "concurrent_2": concurrent(url, questions, 2),
             f"concurrent_{args.concurrency}": concurrent(url, questions, args.concurrency),
             "nl_schema": schema_under_churn(args.questions),
+            "value_index": value_index(args.questions),
         }
         with psycopg.connect(dbname=DATABASE) as c:
             results["server"] = c.execute("SELECT version()").fetchone()[0]
@@ -217,16 +258,23 @@ def main():
             ("scripted model alone (HTTP round trip)", results["model"]),
             ("warm question, nl_query wall", results["warm"]["nl_query_wall"]),
             ("warm question, extension's own time", results["warm"]["own"]),
-            ("cold question (new connection), wall", results["cold"]["wall"]),
+            ("new connection (connect + SET)", results["cold"]["connect"]),
+            ("cold question (first on the connection), wall", results["cold"]["wall"]),
             ("cold question, extension's own time", results["cold"]["own"]),
             ("1 question at a time, wall", results["single"]),
+            ("2 concurrent questions, wall", results["concurrent_2"]),
             (f"{args.concurrency} concurrent questions, wall", results[f"concurrent_{args.concurrency}"]),
             ("warm nl_schema, quiet", results["nl_schema"]["quiet"]),
             ("warm nl_schema, under temp-table/ANALYZE churn", results["nl_schema"]["churn"]),
+            ("nl_schema with the value index on a 1M-row column", results["value_index"]["on"]),
+            ("nl_schema without the value index", results["value_index"]["off"]),
         ]
         print(f"| {args.tables} tables | p50 ms | p90 ms | n |\n|---|---|---|---|")
         for name, p in rows:
             print(f"| {name} | {p['p50']} | {p['p90']} | {p['n']} |")
+        v = results["value_index"]
+        print(f"\nvalue index, {v['rows']} rows: first question (index build) {v['first_question_ms']} ms, "
+              f"look-up per question p50 {v['lookup_p50_ms']} ms")
         if args.out:
             pathlib.Path(args.out).write_text(json.dumps(results, indent=2))
     finally:

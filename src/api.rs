@@ -439,6 +439,7 @@ fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
             ))
         }
     };
+    let started = std::time::Instant::now();
     let session = ask.session.filter(|s| !s.is_empty());
     let mut llm = Asked {
         chain: client(true)?,
@@ -478,7 +479,7 @@ fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
         },
         candidates: settings::candidates(),
     };
-    let run = heal::solve(
+    let mut run = heal::solve(
         question,
         prompt::initial(&shown.text, &turns, question),
         ask.first,
@@ -487,6 +488,8 @@ fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
         &mut database,
         &mut |event| progress.emit(event),
     )?;
+    // The whole call, reading the schema and the session included (the loop timed itself).
+    run.ms = heal::millis(started);
     if let (Some(failure), None) = (&run.llm_failure, run.failure()) {
         pgrx::warning!(
             "sql_query_engine: the model failed when asked for a repair ({}: {}); the best \

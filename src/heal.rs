@@ -147,7 +147,8 @@ fn result_line(outcome: &Outcome, share_values: bool) -> String {
     }
 }
 
-fn millis(since: Instant) -> f64 {
+/// Milliseconds since `since`, to two decimals (as traces report times).
+pub fn millis(since: Instant) -> f64 {
     (since.elapsed().as_secs_f64() * 1000.0 * 100.0).round() / 100.0
 }
 
