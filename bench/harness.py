@@ -2,7 +2,7 @@
 through a real client connection, per configuration, with latency and token counts.
 
 Results are stored per question (OUT/questions/CONFIG/ID.json), so an interrupted run resumes
-where it stopped; OUT/results.json and OUT/results.md are rewritten at the end.
+where it stopped (reusing only what the same commit and model measured); OUT/results.json and OUT/results.md are rewritten at the end.
 """
 
 import argparse
@@ -291,19 +291,21 @@ def main():
             load_databases(args.bench, databases)
         connections = {}
         all_records = {}
+        measured_with = {"commit": commit(), "model": args.model, "llm_url": args.llm_url}
         for config in configs:
             directory = out / "questions" / config
             directory.mkdir(parents=True, exist_ok=True)
             records = []
             for i, question in enumerate(questions):
                 path = directory / f"{question['id']}.json"
-                if path.exists():
-                    record = json.loads(path.read_text())
-                else:
+                record = json.loads(path.read_text()) if path.exists() else None
+                # An interrupted run resumes only with what the same commit and model measured.
+                if not record or record.get("measured_with") != measured_with:
                     db = question["pg_database"]
                     if db not in connections:
                         connections[db] = connect(db)
                     record = ask(connections[db], question, config, args)
+                    record["measured_with"] = measured_with
                     path.write_text(json.dumps(record, indent=1, default=str))
                 records.append(record)
                 progress(config, i + 1, len(questions), records)
