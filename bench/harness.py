@@ -28,6 +28,7 @@ CONFIGS = {
     "A": ("full pipeline (defaults)", {}),
     # ablations: the full pipeline without one mechanism, or with another choice
     "A-novalues": ("without the value index", {"value_index": "off"}),
+    "C-novalues": ("generation only, without the value index", {"max_repairs": "0", "vote": "off", "value_index": "off"}),
     "A-novote": ("without candidates and vote", {"vote": "off"}),
     "A-mschema": ("M-Schema layout", {"schema_format": "mschema"}),
     "C-mschema": ("generation only, M-Schema layout", {"max_repairs": "0", "vote": "off", "schema_format": "mschema"}),
