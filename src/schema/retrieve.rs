@@ -81,8 +81,9 @@ pub fn stem(word: &str) -> String {
     w
 }
 
-/// Words of a text (identifiers split at `_` and camelCase), stemmed, without stopwords.
-pub fn words(text: &str) -> Vec<String> {
+/// `text` with every run of letters and digits separated by a blank, identifiers split at `_`
+/// and camelCase.
+fn spaced_words(text: &str) -> String {
     let mut spaced = String::with_capacity(text.len() + 8);
     let mut previous_lower = false;
     for c in text.chars() {
@@ -93,6 +94,11 @@ pub fn words(text: &str) -> Vec<String> {
         spaced.push(if c.is_alphanumeric() { c } else { ' ' });
     }
     spaced
+}
+
+/// Words of a text (identifiers split at `_` and camelCase), stemmed, without stopwords.
+pub fn words(text: &str) -> Vec<String> {
+    spaced_words(text)
         .split_whitespace()
         .map(stem)
         .filter(|w| !STOPWORDS.contains(&w.as_str()))
@@ -127,16 +133,10 @@ pub fn score(terms: &Terms, question: &HashSet<String>) -> f64 {
 /// Lower-case runs of letters and digits, identifiers split at `_` and camelCase: how a name is
 /// compared with the question's words.
 pub fn name_tokens(text: &str) -> Vec<String> {
-    let mut spaced = String::with_capacity(text.len() + 8);
-    let mut previous_lower = false;
-    for c in text.chars() {
-        if c.is_uppercase() && previous_lower {
-            spaced.push(' ');
-        }
-        previous_lower = c.is_lowercase() || c.is_ascii_digit();
-        spaced.push(if c.is_alphanumeric() { c } else { ' ' });
-    }
-    spaced.split_whitespace().map(str::to_lowercase).collect()
+    spaced_words(text)
+        .split_whitespace()
+        .map(str::to_lowercase)
+        .collect()
 }
 
 /// Whether `question` (its `name_tokens`) names `name` (its `name_tokens`): the name's words in

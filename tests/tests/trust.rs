@@ -449,3 +449,31 @@ fn with_sample_values_off_no_stored_value_reaches_the_model() {
         "{repair}"
     );
 }
+
+#[test]
+fn a_failed_call_is_in_the_server_log_after_the_callers_rollback() {
+    let mut s = Session::new();
+    configure_database(&mut s, "sk-audit-0001");
+    let role = reader(&mut s, "audited");
+    s.llm.on(
+        "delete the evidence",
+        vec![Reply::sql("DELETE FROM orders")],
+    );
+    let mut caller = cluster().connect_as(&s.database, &role);
+    caller.batch_execute("BEGIN").unwrap();
+    let error = caller
+        .query("SELECT nl_query('delete the evidence')", &[])
+        .unwrap_err();
+    assert_eq!(db_error(&error).0, "25006");
+    caller.batch_execute("ROLLBACK").unwrap();
+    // the role cannot hide it: the log setting is the superuser's
+    let refused = caller
+        .batch_execute("SET sql_query_engine.audit_log = off")
+        .unwrap_err();
+    assert_eq!(db_error(&refused).0, "42501");
+    let Some(log) = cluster().server_log() else {
+        return; // a cluster this process did not start: its log is not ours to read
+    };
+    let line = format!("sql_query_engine: nl_query by role \"{role}\": ERROR 25006");
+    assert!(log.contains(&line), "not in the server log: {line}");
+}
