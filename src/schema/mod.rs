@@ -31,7 +31,7 @@ use crate::error::{Error, Result};
 use crate::{settings, subxact};
 
 use catalog::Relation;
-use retrieve::{Candidate, Terms};
+use retrieve::{Candidate, NameIndex, Terms};
 use samples::Samples;
 
 pub use retrieve::words;
@@ -87,8 +87,8 @@ const MAX_PENDING: usize = 1000;
 pub struct SchemaContext {
     relations: Vec<Relation>,
     terms: Vec<Terms>,
-    /// Each relation's name, and its multi-word column names, as `retrieve::name_tokens`.
-    names: Vec<Vec<Vec<String>>>,
+    /// Each relation's name, and its multi-word column names.
+    names: NameIndex,
     neighbours: Vec<Vec<usize>>,
     /// Estimated tokens of each relation's rendering (sample values included).
     tokens: Vec<usize>,
@@ -403,19 +403,16 @@ impl SchemaContext {
             .map(|r| relation_terms(r, sample_values))
             .collect();
         let unquote = |s: &str| s.trim_matches('"').to_string();
-        let names = relations
-            .iter()
-            .map(|r| {
-                let mut names = vec![retrieve::name_tokens(&unquote(&r.name))];
-                names.extend(
-                    r.columns
-                        .iter()
-                        .map(|c| retrieve::name_tokens(&unquote(&c.name)))
-                        .filter(|tokens| tokens.len() > 1),
-                );
-                names
-            })
-            .collect();
+        let mut names = NameIndex::default();
+        for (i, r) in relations.iter().enumerate() {
+            names.add(retrieve::name_tokens(&unquote(&r.name)), i);
+            for column in &r.columns {
+                let tokens = retrieve::name_tokens(&unquote(&column.name));
+                if tokens.len() > 1 {
+                    names.add(tokens, i);
+                }
+            }
+        }
         let tokens = relations
             .iter()
             .map(|r| {
@@ -487,10 +484,7 @@ impl SchemaContext {
                         neighbours: &self.neighbours[i],
                     })
                     .collect();
-                let asked = retrieve::name_tokens(q);
-                let named = (0..self.relations.len())
-                    .filter(|&i| self.names[i].iter().any(|n| retrieve::names(&asked, n)));
-                let mut must: Vec<usize> = named.collect();
+                let mut must = self.names.named_in(q);
                 must.extend(
                     evidence
                         .iter()

@@ -3,15 +3,15 @@
 //! then the foreign-key neighbours of the best hits so that joins stay possible, then the rest
 //! by relevance, as long as they fit. Pure logic: tested without a backend.
 
-use std::collections::HashSet;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 /// What a relation can be found by, prepared once per schema load.
 #[derive(Debug, Clone, Default)]
 pub struct Terms {
-    pub name: HashSet<String>,
-    pub columns: HashSet<String>,
-    pub comments: HashSet<String>,
-    pub values: HashSet<String>,
+    pub name: FxHashSet<String>,
+    pub columns: FxHashSet<String>,
+    pub comments: FxHashSet<String>,
+    pub values: FxHashSet<String>,
 }
 
 const STOPWORDS: &[&str] = &[
@@ -107,8 +107,8 @@ pub fn words(text: &str) -> Vec<String> {
 
 /// The question's terms, with synonyms added. Numbers and one- or two-letter words are left
 /// out: they match sample values by accident ("A requires B" is not about grades A and B).
-pub fn question_terms(question: &str) -> HashSet<String> {
-    let mut terms: HashSet<String> = words(question)
+pub fn question_terms(question: &str) -> FxHashSet<String> {
+    let mut terms: FxHashSet<String> = words(question)
         .into_iter()
         .filter(|w| w.chars().count() >= 3 && !w.chars().all(|c| c.is_ascii_digit()))
         .collect();
@@ -122,8 +122,9 @@ pub fn question_terms(question: &str) -> HashSet<String> {
 }
 
 /// How relevant a relation is to the question's terms.
-pub fn score(terms: &Terms, question: &HashSet<String>) -> f64 {
-    let hits = |set: &HashSet<String>| question.iter().filter(|t| set.contains(*t)).count() as f64;
+pub fn score(terms: &Terms, question: &FxHashSet<String>) -> f64 {
+    let hits =
+        |set: &FxHashSet<String>| question.iter().filter(|t| set.contains(*t)).count() as f64;
     3.0 * hits(&terms.name)
         + 1.5 * hits(&terms.columns)
         + hits(&terms.comments)
@@ -139,17 +140,50 @@ pub fn name_tokens(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// Whether `question` (its `name_tokens`) names `name` (its `name_tokens`): the name's words in
-/// a row, the last one possibly inflected (`widget_0731`, "order items" for `order_item`,
-/// "customers" for `customer`).
-pub fn names(question: &[String], name: &[String]) -> bool {
-    if name.is_empty() || name.len() > question.len() {
-        return false;
+/// The relations' names, and their multi-word column names, keyed by their first word: finding
+/// the ones a question names costs the question's length, not the schema's size.
+#[derive(Debug, Default)]
+pub struct NameIndex {
+    /// One-word names by their stem.
+    single: FxHashMap<String, Vec<usize>>,
+    /// Longer names by their first word: the words in between, the last word's stem, and the
+    /// relation.
+    multi: FxHashMap<String, Vec<(Vec<String>, String, usize)>>,
+}
+
+impl NameIndex {
+    /// Adds a name (its `name_tokens`) that finds `relation`.
+    pub fn add(&mut self, name: Vec<String>, relation: usize) {
+        match name.as_slice() {
+            [] => {}
+            [only] => self.single.entry(stem(only)).or_default().push(relation),
+            [first, between @ .., last] => self.multi.entry(first.clone()).or_default().push((
+                between.to_vec(),
+                stem(last),
+                relation,
+            )),
+        }
     }
-    let last = name.len() - 1;
-    question
-        .windows(name.len())
-        .any(|window| window[..last] == name[..last] && stem(&window[last]) == stem(&name[last]))
+
+    /// The relations `question` names, ascending: a name's words in a row, the last one possibly
+    /// inflected (`widget_0731`, "order items" for `order_item`, "customers" for `customer`).
+    pub fn named_in(&self, question: &str) -> Vec<usize> {
+        let tokens = name_tokens(question);
+        let stems: Vec<String> = tokens.iter().map(|t| stem(t)).collect();
+        let mut found = Vec::new();
+        for (at, token) in tokens.iter().enumerate() {
+            found.extend(self.single.get(&stems[at]).into_iter().flatten());
+            for (between, last, relation) in self.multi.get(token).into_iter().flatten() {
+                let end = at + between.len() + 1;
+                if end < tokens.len() && tokens[at + 1..end] == between[..] && stems[end] == *last {
+                    found.push(*relation);
+                }
+            }
+        }
+        found.sort_unstable();
+        found.dedup();
+        found
+    }
 }
 
 /// One relation as retrieval sees it.
@@ -226,7 +260,7 @@ mod tests {
         Terms {
             name: words(name).into_iter().collect(),
             columns: columns.iter().flat_map(|c| words(c)).collect(),
-            comments: HashSet::new(),
+            comments: FxHashSet::default(),
             values: values.iter().flat_map(|v| words(v)).collect(),
         }
     }
@@ -304,12 +338,27 @@ mod tests {
 
     #[test]
     fn a_name_in_the_question_is_found_exactly_or_nearly() {
-        let q = name_tokens("How many rows does widget_0731 have? And OrderItems, customers?");
-        assert!(names(&q, &name_tokens("widget_0731")));
-        assert!(!names(&q, &name_tokens("widget_0730")));
-        assert!(names(&q, &name_tokens("order_item")));
-        assert!(names(&q, &name_tokens("customer")));
-        assert!(names(&q, &name_tokens("Customers")));
-        assert!(!names(&q, &name_tokens("widget")) || q.contains(&"widget".to_string()));
+        let mut index = NameIndex::default();
+        let names = [
+            "widget_0731",
+            "widget_0730",
+            "order_item",
+            "customer",
+            "Customers",
+            "widget",
+        ];
+        for (relation, name) in names.iter().enumerate() {
+            index.add(name_tokens(name), relation);
+        }
+        // "widget" is a word of the question too (widget_0731); widget_0730 is not named
+        assert_eq!(
+            index.named_in("How many rows does widget_0731 have? And OrderItems, customers?"),
+            vec![0, 2, 3, 4, 5]
+        );
+        assert_eq!(index.named_in("order"), Vec::<usize>::new());
+        assert_eq!(
+            index.named_in("the widget 0730 of an order item"),
+            vec![1, 2, 5]
+        );
     }
 }
