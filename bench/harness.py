@@ -133,6 +133,7 @@ def ask(conn, question, config, args):
         attempts=len(trace["attempts"]), llm_calls=trace["llm_calls"],
         prompt_tokens=trace["prompt_tokens"], completion_tokens=trace["completion_tokens"],
         outcomes=[a["outcome"] for a in trace["attempts"]],
+        candidates=[bool(a.get("candidate")) for a in trace["attempts"]], vote=trace.get("vote"),
         errors=[f"{a['sqlstate']}: {a['message']}" for a in trace["attempts"] if a.get("sqlstate")],
     )
     record["correct"] = record["correct_at_precision"] = False
@@ -314,7 +315,7 @@ def main():
             all_records[config] = records
         results = {"configs": {c: summarize(r, questions) for c, r in all_records.items()}}
         results["meta"] = {
-            "commit": commit(),
+            "commit": measured_with["commit"],  # the commit at the start: what every record measured
             "model": args.model,
             "llm_url": args.llm_url,
             "questions": len(questions),
