@@ -120,6 +120,59 @@ pub fn attempt(sql: &str, mode: Mode, timeout_ms: i32) -> Outcome {
     }
 }
 
+/// What `scan_text_columns` read: how many rows, and each column's non-NULL values in scan order.
+pub struct Scanned {
+    pub rows: usize,
+    pub columns: Vec<Vec<String>>,
+}
+
+/// The values of `columns` (SQL expressions of text type) in the first `limit` rows of
+/// `table`, read like a generated query (guarded, read-only, as the caller) in one result row:
+/// the server aggregates them into arrays, so a wide scan costs one row, not one per table row.
+/// Values longer than `max_chars` are left out when it is given. `None` when the read failed.
+pub fn scan_text_columns(
+    table: &str,
+    columns: &[&str],
+    limit: usize,
+    max_chars: Option<usize>,
+    timeout_ms: i32,
+) -> Option<Scanned> {
+    let inner: Vec<String> = columns
+        .iter()
+        .enumerate()
+        .map(|(i, column)| format!("{column} AS v{i}"))
+        .collect();
+    let outer: Vec<String> = (0..columns.len())
+        .map(|i| match max_chars {
+            Some(max) => format!(
+                "pg_catalog.array_agg(v{i}) FILTER (WHERE pg_catalog.length(v{i}) <= {max}) AS v{i}"
+            ),
+            None => format!("pg_catalog.array_agg(v{i}) AS v{i}"),
+        })
+        .collect();
+    let sql = format!(
+        "SELECT pg_catalog.count(*) AS n, {} FROM (SELECT {} FROM {table} LIMIT {limit}) s",
+        outer.join(", "),
+        inner.join(", ")
+    );
+    let Outcome::Rows(result) = attempt(&sql, Mode::Run { max_rows: 1 }, timeout_ms) else {
+        return None;
+    };
+    let row: serde_json::Value = serde_json::from_str(result.rows.first()?).ok()?;
+    let values = |i: usize| -> Vec<String> {
+        row[format!("v{i}")]
+            .as_array()
+            .map_or(&[][..], Vec::as_slice)
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect()
+    };
+    Some(Scanned {
+        rows: row["n"].as_u64().map_or(0, |n| n as usize),
+        columns: (0..columns.len()).map(values).collect(),
+    })
+}
+
 /// Turns a caught error into the attempt's outcome, or re-raises it when it is not the query's
 /// fault.
 fn failure(

@@ -5,7 +5,7 @@
 //! quoted as data.
 
 use super::catalog::{Column, Relation};
-use crate::exec::{self, Mode, Outcome};
+use crate::exec;
 
 /// Rows read at most from a relation without statistics.
 const SCAN_ROWS: usize = 1000;
@@ -72,41 +72,25 @@ pub fn for_relation(relation: &Relation, per_column: usize) -> Vec<Option<Sample
     if per_column == 0 || unknown.is_empty() || relation.kind == "foreign table" {
         return samples;
     }
-    // One row: the row count and, per column, its values in scan order (the server
-    // aggregates, so the read costs one result row, not one per table row).
-    let select: Vec<String> = unknown
-        .iter()
-        .map(|i| format!("array_agg(s.{0}) AS s{i}", relation.columns[*i].name))
-        .collect();
     let columns: Vec<&str> = unknown
         .iter()
         .map(|i| relation.columns[*i].name.as_str())
         .collect();
-    let sql = format!(
-        "SELECT count(*) AS n, {} FROM (SELECT {} FROM {} LIMIT {SCAN_ROWS}) s",
-        select.join(", "),
-        columns.join(", "),
-        relation.sql_name()
-    );
-    let row = match exec::attempt(&sql, Mode::Run { max_rows: 1 }, SCAN_TIMEOUT_MS) {
-        Outcome::Rows(result) => result
-            .rows
-            .first()
-            .and_then(|row| serde_json::from_str::<serde_json::Value>(row).ok()),
-        _ => None,
-    };
-    let Some(row) = row else {
+    let Some(scanned) = exec::scan_text_columns(
+        &relation.sql_name(),
+        &columns,
+        SCAN_ROWS,
+        None,
+        SCAN_TIMEOUT_MS,
+    ) else {
         return samples;
     };
-    let scanned_all = row["n"].as_u64().is_some_and(|n| (n as usize) < SCAN_ROWS);
-    for i in unknown {
+    let scanned_all = scanned.rows < SCAN_ROWS;
+    for (i, values) in unknown.into_iter().zip(scanned.columns) {
         let mut distinct: Vec<String> = Vec::new();
-        let scanned = row[format!("s{i}")]
-            .as_array()
-            .map_or(&[][..], Vec::as_slice);
-        for value in scanned.iter().filter_map(|v| v.as_str()) {
-            if !value.trim().is_empty() && !distinct.iter().any(|d| d == value) {
-                distinct.push(value.to_string());
+        for value in values {
+            if !value.trim().is_empty() && !distinct.contains(&value) {
+                distinct.push(value);
                 if distinct.len() > LOW_CARDINALITY {
                     break;
                 }

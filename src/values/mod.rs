@@ -112,46 +112,23 @@ impl ValueIndex {
             let now = Instant::now();
             if now < deadline && !index.columns.get(ids[0]).foreign {
                 let remaining = (deadline - now).as_millis().clamp(1, 1000) as i32;
-                // One row of arrays, in the scan's order: the server aggregates, so a wide
-                // scan costs one result row rather than one per table row.
-                let (inner, outer): (Vec<String>, Vec<String>) = ids
+                let columns: Vec<&str> = ids
                     .iter()
-                    .enumerate()
-                    .map(|(i, &id)| {
-                        (
-                            format!("{} AS v{i}", index.columns.get(id).column_sql),
-                            format!(
-                                "array_agg(v{i}) FILTER (WHERE length(v{i}) <= {MAX_VALUE_CHARS}) \
-                                 AS v{i}"
-                            ),
-                        )
-                    })
-                    .unzip();
-                let sql = format!(
-                    "SELECT {} FROM (SELECT {} FROM {} LIMIT {SCAN_ROWS}) s",
-                    outer.join(", "),
-                    inner.join(", "),
-                    index.columns.get(ids[0]).qualified_table
+                    .map(|&id| index.columns.get(id).column_sql.as_str())
+                    .collect();
+                let table = &index.columns.get(ids[0]).qualified_table;
+                let scanned = exec::scan_text_columns(
+                    table,
+                    &columns,
+                    SCAN_ROWS,
+                    Some(MAX_VALUE_CHARS),
+                    remaining,
                 );
-                if let Outcome::Rows(result) =
-                    exec::attempt(&sql, Mode::Run { max_rows: 1 }, remaining)
+                for (values, more) in per_column
+                    .iter_mut()
+                    .zip(scanned.map(|s| s.columns).unwrap_or_default())
                 {
-                    let row = result.rows.first().and_then(|row| {
-                        match serde_json::from_str::<serde_json::Value>(row) {
-                            Ok(serde_json::Value::Object(row)) => Some(row),
-                            _ => None,
-                        }
-                    });
-                    for (i, values) in per_column.iter_mut().enumerate() {
-                        let scanned = row.as_ref().and_then(|r| r.get(&format!("v{i}")));
-                        if let Some(serde_json::Value::Array(scanned)) = scanned {
-                            values.extend(
-                                scanned
-                                    .iter()
-                                    .filter_map(|v| v.as_str().map(str::to_string)),
-                            );
-                        }
-                    }
+                    values.extend(more);
                 }
             }
             for (&id, values) in ids.iter().zip(per_column) {
