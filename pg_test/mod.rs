@@ -16,10 +16,13 @@ mod tests {
 
     use pgrx::prelude::*;
 
-    use crate::exec::{attempt, Mode, Outcome};
+    use crate::exec::{attempt, Limits, Mode, Outcome};
     use pgrx::pg_sys::PgTryBuilder;
 
-    const RUN: Mode = Mode::Run { max_rows: 1000 };
+    const RUN: Mode = Mode::Run(Limits {
+        max_rows: 1000,
+        max_bytes: 1 << 30,
+    });
 
     fn failed(outcome: Outcome) -> crate::error::SqlError {
         match outcome {
@@ -99,7 +102,10 @@ mod tests {
     fn rows_are_capped_and_built_by_postgres() {
         match attempt(
             "SELECT g FROM generate_series(1, 10) g",
-            Mode::Run { max_rows: 3 },
+            Mode::Run(Limits {
+                max_rows: 3,
+                max_bytes: 1 << 30,
+            }),
             10_000,
         ) {
             Outcome::Rows(r) => {

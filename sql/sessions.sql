@@ -1,14 +1,16 @@
 -- Conversations that survive a connection pooler: the turns of each role's named sessions, so
 -- that whichever backend serves the next turn finds them. Written in the caller's transaction;
--- each role sees and writes only its own rows; rows expire after sql_query_engine.session_ttl.
+-- each role (by OID, see nl_history) sees and writes only its own rows; rows expire after
+-- sql_query_engine.session_ttl.
 CREATE TABLE @extschema@.nl_sessions (
     role name NOT NULL DEFAULT current_user,
     session text NOT NULL,
     turns jsonb NOT NULL,
     updated_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (role, session)
+    role_id oid NOT NULL DEFAULT current_user::regrole::oid,
+    PRIMARY KEY (role_id, session)
 );
 ALTER TABLE @extschema@.nl_sessions ENABLE ROW LEVEL SECURITY;
-CREATE POLICY own_sessions ON @extschema@.nl_sessions USING (role = current_user)
-    WITH CHECK (role = current_user);
+CREATE POLICY own_sessions ON @extschema@.nl_sessions USING (role_id = current_user::regrole::oid)
+    WITH CHECK (role_id = current_user::regrole::oid);
 GRANT SELECT, INSERT, UPDATE, DELETE ON @extschema@.nl_sessions TO PUBLIC;

@@ -1,6 +1,6 @@
 //! The SQL-callable functions. Thin: they wire settings, schema, model, executor, sessions and
-//! history together and turn errors into PostgreSQL ERRORs, once, here. Every call that ends in
-//! an ERROR is written to the server log first (`history::audit`).
+//! history together and turn errors into PostgreSQL ERRORs, once, here. Every call is written to
+//! the server log before it returns or raises (`history::audit`).
 
 use std::time::Duration;
 
@@ -16,9 +16,7 @@ use crate::progress::{Event, Progress};
 use crate::schema::PromptSchema;
 use crate::session::Turn;
 use crate::settings::VoteSetting;
-use crate::{
-    examples, guard, hints, history, prompt, schema, session, settings, subxact, trace, values,
-};
+use crate::{examples, hints, history, prompt, schema, session, settings, subxact, trace, values};
 
 /// Rows of an answer sent to the model by `nl_answer`, at most.
 const ANSWER_ROWS: usize = 20;
@@ -48,9 +46,8 @@ fn nl_generate(question: Option<&str>, session: default!(Option<&str>, "NULL")) 
 /// Runs the pipeline like `nl_query` and returns what happened instead of the rows.
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_trace(question: Option<&str>, session: default!(Option<&str>, "NULL")) -> JsonB {
-    let (run, shown) = answer(&Ask::new("nl_trace", question, session))
-        .inspect_err(|e| history::audit("nl_trace", session, question.unwrap_or(""), Some(e)))
-        .unwrap_or_else(|e| e.raise());
+    let (run, shown) =
+        audited_run(Ask::new("nl_trace", question, session), Ok).unwrap_or_else(|e| e.raise());
     JsonB(traced(&run, &shown))
 }
 
@@ -164,23 +161,23 @@ fn nl_cursor(question: Option<&str>, cursor_name: default!(Option<&str>, "'nl_an
         sql,
         Mode::Cursor {
             portal,
-            max_rows: settings::max_rows(),
+            limits: exec::Limits::from_settings(),
         },
         settings::statement_timeout_ms(),
     );
     exec::finish_cursor(portal, outcome.result().is_some());
     match outcome {
         Outcome::Rows(r) | Outcome::Empty(r) => {
-            if r.truncated {
+            if let Some(setting) = r.cut_by {
                 pgrx::notice!(
-                    "sql_query_engine: the result was cut at {} rows (sql_query_engine.max_rows)",
+                    "sql_query_engine: the result was cut at {} rows (sql_query_engine.{setting})",
                     r.stored
                 );
             }
         }
         Outcome::Failed(e) => Error::Query(Box::new(e)).raise(),
         Outcome::Refused(r) => Error::Refused(Box::new(r.error)).raise(),
-        Outcome::Planned => {}
+        Outcome::Planned | Outcome::Checked => {}
     }
     name.to_string()
 }
@@ -208,19 +205,22 @@ fn traced_with_rows(run: &Run, shown: &DatabaseContext) -> serde_json::Value {
 /// `max_rows`. Raises the refusal or the query's own error.
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_run(sql: &str) -> SetOfIterator<'static, JsonB> {
-    match exec::attempt(sql, run_mode(), settings::statement_timeout_ms()) {
-        Outcome::Rows(result) | Outcome::Empty(result) => rows_of(Some(&result)),
-        Outcome::Refused(refusal) => Error::Refused(Box::new(refusal.error)).raise(),
-        Outcome::Failed(error) => Error::Query(Box::new(error)).raise(),
-        Outcome::Planned => rows_of(None),
-    }
+    let result = match exec::attempt(sql, run_mode(), settings::statement_timeout_ms()) {
+        Outcome::Rows(result) | Outcome::Empty(result) => Ok(Some(result)),
+        Outcome::Refused(refusal) => Err(Error::Refused(Box::new(refusal.error))),
+        Outcome::Failed(error) => Err(Error::Query(Box::new(error))),
+        Outcome::Planned | Outcome::Checked => Ok(None),
+    };
+    let result = history::audited("nl_run", sql, result).unwrap_or_else(|e| e.raise());
+    rows_of(result.as_ref())
 }
 
 /// Stores a verified question -> SQL example (after `nl_check`); returns its id. Only roles that
 /// may write `nl_examples` can.
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_example_add(question: &str, sql: &str) -> i64 {
-    examples::add(question, sql).unwrap_or_else(|e| e.raise())
+    history::audited("nl_example_add", sql, examples::add(question, sql))
+        .unwrap_or_else(|e| e.raise())
 }
 
 /// Forgets a session's earlier questions (in backend memory and in Redis).
@@ -230,13 +230,13 @@ fn nl_session_reset(session: &str) {
 }
 
 /// Checks SQL with the guard, without running it: raises the refusal as an ERROR (25006 for a
-/// write, 42501 for a forbidden function, clause or relation, the parser's own SQLSTATE for a
-/// syntax or name error), or returns.
-#[pg_extern(stable, parallel_restricted)]
+/// write, 42501 for a forbidden function, type, clause or relation, the parser's own SQLSTATE
+/// for a syntax or name error), or returns. Parse analysis can run code (a literal's
+/// conversion to a domain runs its CHECK), so the check runs in the sandbox, always rolled
+/// back, behind the runtime gate: nothing it did outlives it.
+#[pg_extern(stable, parallel_unsafe)]
 fn nl_check(sql: &str) {
-    if let Err(refusal) = guard::check(sql) {
-        Error::Refused(Box::new(refusal.error)).raise();
-    }
+    history::audited("nl_check", sql, exec::check(sql)).unwrap_or_else(|e| e.raise());
 }
 
 /// The schema context exactly as the model would see it for `question` (all of it without
@@ -244,15 +244,12 @@ fn nl_check(sql: &str) {
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_schema(question: default!(Option<&str>, "NULL")) -> String {
     let question = question.filter(|q| !q.trim().is_empty());
-    database_context(question)
-        .map(|context| context.text)
-        .unwrap_or_else(|e| e.raise())
+    let context = database_context(question).map(|context| context.text);
+    history::audited("nl_schema", question.unwrap_or(""), context).unwrap_or_else(|e| e.raise())
 }
 
 fn run_mode() -> Mode {
-    Mode::Run {
-        max_rows: settings::max_rows(),
-    }
+    Mode::Run(exec::Limits::from_settings())
 }
 
 /// A result as the rows a set-returning function returns; a cut result says so.
@@ -260,9 +257,9 @@ fn rows_of(result: Option<&ResultSet>) -> SetOfIterator<'static, JsonB> {
     let Some(result) = result else {
         return SetOfIterator::new(Vec::new());
     };
-    if result.truncated {
+    if let Some(setting) = result.cut_by {
         pgrx::notice!(
-            "sql_query_engine: the result was cut at {} rows (sql_query_engine.max_rows)",
+            "sql_query_engine: the result was cut at {} rows (sql_query_engine.{setting})",
             result.rows.len()
         );
     }
@@ -411,16 +408,33 @@ impl<'a> Ask<'a> {
 /// `answer` for the functions that return the answer itself: a run without one is an error,
 /// and every outcome is audited.
 fn answered(ask: Ask) -> Result<(Run, DatabaseContext)> {
-    let result = answer(&ask).and_then(|(run, shown)| match run.failure() {
+    audited_run(ask, |(run, shown)| match run.failure() {
         Some(error) => Err(error),
         None => Ok((run, shown)),
-    });
-    history::audit(
-        ask.function,
-        ask.session,
-        ask.question.or(ask.first).unwrap_or(""),
-        result.as_ref().err(),
-    );
+    })
+}
+
+/// `answer`, then `accept` on what it gave, audited either way.
+fn audited_run(
+    ask: Ask,
+    accept: impl FnOnce((Run, DatabaseContext)) -> Result<(Run, DatabaseContext)>,
+) -> Result<(Run, DatabaseContext)> {
+    let result = answer(&ask).and_then(accept);
+    let input = ask.question.or(ask.first).unwrap_or("");
+    match &result {
+        Ok((run, _)) => history::audit(
+            ask.function,
+            ask.session,
+            input,
+            history::Audited::Answered(run),
+        ),
+        Err(error) => history::audit(
+            ask.function,
+            ask.session,
+            input,
+            history::Audited::Failed(error),
+        ),
+    }
     result
 }
 

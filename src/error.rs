@@ -19,6 +19,7 @@ impl SqlState {
     pub const UNDEFINED_TABLE: SqlState = SqlState(*b"42P01");
     pub const DUPLICATE_CURSOR: SqlState = SqlState(*b"42P03");
     pub const QUERY_CANCELED: SqlState = SqlState(*b"57014");
+    pub const STATEMENT_TOO_COMPLEX: SqlState = SqlState(*b"54001");
     pub const OBJECT_NOT_IN_PREREQUISITE_STATE: SqlState = SqlState(*b"55000");
     pub const SYSTEM_ERROR: SqlState = SqlState(*b"58000");
     pub const INTERNAL_ERROR: SqlState = SqlState(*b"XX000");

@@ -6,13 +6,13 @@ use pgrx::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::schema::{extension_schema, words};
-use crate::{guard, subxact};
+use crate::subxact;
 
 /// Stores a verified example after the guard accepted its SQL, as the caller (who needs INSERT
-/// on `nl_examples`); returns its id. The SQL is checked on the caller's search path (it is the
-/// caller's SQL); the insert runs on the pinned one.
+/// on `nl_examples`); returns its id. The SQL is checked in the sandbox on the caller's search
+/// path (it is the caller's SQL); the insert runs on the pinned one.
 pub fn add(question: &str, sql: &str) -> Result<i64> {
-    guard::check(sql).map_err(|refusal| Error::Refused(Box::new(refusal.error)))?;
+    crate::exec::check(sql)?;
     let insert = format!(
         "INSERT INTO {}.nl_examples (question, sql) VALUES ($1, $2) RETURNING id",
         extension_schema()?

@@ -1,13 +1,17 @@
-//! Running one generated query safely: guarded, in an internal subtransaction that is always
-//! rolled back, read-only, under a per-attempt statement timeout and a row cap. Any error is
-//! caught whole (SQLSTATE, message, detail, hint, position) and the caller's transaction goes
-//! on as if nothing happened.
+//! The sandbox: every statement the extension did not write, and every read it makes on its
+//! own, is analysed, planned and run here: guarded, in an internal subtransaction that is always
+//! rolled back, read-only, under a per-attempt statement timeout, a row cap and a byte cap. Any
+//! error is caught whole (SQLSTATE, message, detail, hint, position) and the caller's
+//! transaction goes on as if nothing happened. Checking alone (`nl_check`) runs here too:
+//! parse analysis can run code.
 //!
 //! The statement that runs is the one the guard checked: its analyzed tree is rewritten,
 //! planned (parallel plans allowed) and executed here, never parsed again from text. Rows go
-//! to a receiver that stops the executor after `max_rows + 1` rows (a row count given to the
-//! executor would forbid parallel plans) and turns each into jsonb with PostgreSQL's own
-//! `to_jsonb`, so numerics keep their scale and dates render as PostgreSQL renders them.
+//! to a receiver that stops the executor after `max_rows + 1` rows or `max_bytes` bytes (a row
+//! count given to the executor would forbid parallel plans) and turns each into jsonb with
+//! PostgreSQL's own `to_jsonb`, so numerics keep their scale and dates render as PostgreSQL
+//! renders them; a column whose type would make `to_jsonb` look up a cast is written as its
+//! text instead, so collecting results never runs a cast another role wrote.
 
 use std::cell::Cell;
 use std::ffi::{CStr, CString};
@@ -17,20 +21,41 @@ use pgrx::pg_sys::panic::CaughtError;
 use pgrx::PgList;
 
 use crate::error::{SqlError, SqlState};
-use crate::{guard, subxact};
+use crate::guard::{self, gate, Origin};
+use crate::{settings, subxact};
+
+/// How much of a result is kept at most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub max_rows: usize,
+    /// Bytes of the rows kept (as their raw size, and as their JSON text).
+    pub max_bytes: usize,
+}
+
+impl Limits {
+    /// What the settings allow a caller's query.
+    pub fn from_settings() -> Limits {
+        Limits {
+            max_rows: settings::max_rows(),
+            max_bytes: settings::max_result_bytes(),
+        }
+    }
+}
 
 /// What an attempt is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// Run the query and keep at most this many rows.
-    Run { max_rows: usize },
+    /// Run the query and keep at most what `Limits` allows.
+    Run(Limits),
     /// Only plan it (`nl_generate`): the query is analyzed and planned, never executed.
     Plan,
+    /// Only check it (`nl_check`): parse analysis and the guard, nothing planned or run.
+    Check,
     /// Run it into the hold store of `portal` (a cursor of the caller's transaction, made by
-    /// `new_cursor`), at most `max_rows` rows, with the query's own column types.
+    /// `new_cursor`), with the query's own column types.
     Cursor {
         portal: pg_sys::Portal,
-        max_rows: usize,
+        limits: Limits,
     },
 }
 
@@ -41,8 +66,10 @@ pub struct ResultSet {
     pub columns: Vec<String>,
     /// One jsonb object per row, as PostgreSQL's text form.
     pub rows: Vec<String>,
-    /// More rows existed than `max_rows`; the rest were cut.
+    /// More rows existed than the limits let through; the rest were cut.
     pub truncated: bool,
+    /// The setting that cut the result, when it was cut.
+    pub cut_by: Option<&'static str>,
     /// For an empty result: the tables it read on which row-level security filters this role's
     /// rows, so that "empty because of row security" is told apart from "really empty".
     pub row_security: Vec<String>,
@@ -58,6 +85,8 @@ pub enum Outcome {
     Empty(ResultSet),
     /// Planned without error (`Mode::Plan`).
     Planned,
+    /// Passed the guard (`Mode::Check`).
+    Checked,
     Failed(SqlError),
     Refused(guard::Refusal),
 }
@@ -69,6 +98,7 @@ impl Outcome {
             Outcome::Rows(_) => "rows",
             Outcome::Empty(_) => "empty",
             Outcome::Planned => "planned",
+            Outcome::Checked => "checked",
             Outcome::Failed(_) => "error",
             Outcome::Refused(_) => "refused",
         }
@@ -92,31 +122,36 @@ impl Outcome {
     }
 }
 
-/// Runs `sql` once. Errors of the query become `Outcome::Failed`; an interrupt that is not ours
-/// (query cancel, the caller's own statement_timeout, resource exhaustion) is re-raised after
-/// the subtransaction is rolled back.
+/// Runs `sql`, the model's or the caller's, once. Errors of the query become
+/// `Outcome::Failed`; an interrupt that is not ours (query cancel, the caller's own
+/// statement_timeout, resource exhaustion) is re-raised after the subtransaction is rolled
+/// back.
 pub fn attempt(sql: &str, mode: Mode, timeout_ms: i32) -> Outcome {
-    let position = Box::new(Cell::new(0i32));
-    let (result, timer) = unsafe {
-        let mut callback = pg_sys::ErrorContextCallback {
-            previous: pg_sys::error_context_stack,
-            callback: Some(record_error_position),
-            arg: (&*position as *const Cell<i32>).cast_mut().cast(),
-        };
-        pg_sys::error_context_stack = &mut callback;
+    sandboxed(sql, mode, timeout_ms, Origin::Generated)
+}
+
+fn sandboxed(sql: &str, mode: Mode, timeout_ms: i32, origin: Origin) -> Outcome {
+    let (result, position, ours) = {
+        let position = ErrorPosition::push();
         let timer = StatementTimer::arm(timeout_ms);
         // Always rolled back: the query only read, and nothing it did may outlive it.
-        let result = subxact::in_subtransaction(false, || run_guarded(sql, mode));
-        timer.disarm();
-        pg_sys::error_context_stack = callback.previous;
-        (result, timer)
+        let result = subxact::in_subtransaction(false, || run_guarded(sql, mode, origin));
+        (result, position.get(), timer.fired())
     };
     match result {
         Ok(outcome) => outcome,
-        Err(caught) => {
-            let position = Some(position.get()).filter(|p| *p > 0);
-            failure(*caught, position, &timer, timeout_ms)
-        }
+        Err(caught) => failure(*caught, position, ours, timeout_ms),
+    }
+}
+
+/// Checks `sql` (the caller's) in the sandbox without planning or running it: the refusal,
+/// or the parser's own error, as the error to raise.
+pub fn check(sql: &str) -> Result<(), crate::error::Error> {
+    use crate::error::Error;
+    match attempt(sql, Mode::Check, settings::statement_timeout_ms()) {
+        Outcome::Refused(refusal) => Err(Error::Refused(Box::new(refusal.error))),
+        Outcome::Failed(error) => Err(Error::Query(Box::new(error))),
+        _ => Ok(()),
     }
 }
 
@@ -126,28 +161,37 @@ pub struct Scanned {
     pub columns: Vec<Vec<String>>,
 }
 
-/// The values of `columns` (SQL expressions of text type) in the first `limit` rows of
-/// `table`, read like a generated query (guarded, read-only, as the caller) in one result row:
-/// the server aggregates them into arrays, so a wide scan costs one row, not one per table row.
-/// Values longer than `max_chars` are left out when it is given. `None` when the read failed.
+/// Bytes one of the extension's own reads may bring back.
+const OWN_READ_BYTES: usize = 64 << 20;
+
+/// The values of `columns` (quoted names of text columns) in the first `limit` rows of `table`
+/// (`ONLY schema.name`, or a partitioned `schema.name`), read as the caller but on the
+/// extension's own behalf: the guard lets through only relations whose read runs no code and
+/// built-in functions, and the runtime gate refuses everything else (`Origin::Own`). One result
+/// row: the server aggregates the values into arrays, so a wide scan costs one row, not one per
+/// table row. Values are cut to `cut_chars` characters, or left out when longer than
+/// `max_chars`. `None` when the read failed or was refused.
 pub fn scan_text_columns(
     table: &str,
     columns: &[&str],
     limit: usize,
-    max_chars: Option<usize>,
+    length: ValueLength,
     timeout_ms: i32,
 ) -> Option<Scanned> {
     let inner: Vec<String> = columns
         .iter()
         .enumerate()
-        .map(|(i, column)| format!("{column} AS v{i}"))
+        .map(|(i, column)| match length {
+            ValueLength::Cut(chars) => format!("pg_catalog.left({column}, {chars}) AS v{i}"),
+            ValueLength::AtMost(_) => format!("{column} AS v{i}"),
+        })
         .collect();
     let outer: Vec<String> = (0..columns.len())
-        .map(|i| match max_chars {
-            Some(max) => format!(
+        .map(|i| match length {
+            ValueLength::AtMost(max) => format!(
                 "pg_catalog.array_agg(v{i}) FILTER (WHERE pg_catalog.length(v{i}) <= {max}) AS v{i}"
             ),
-            None => format!("pg_catalog.array_agg(v{i}) AS v{i}"),
+            ValueLength::Cut(_) => format!("pg_catalog.array_agg(v{i}) AS v{i}"),
         })
         .collect();
     let sql = format!(
@@ -155,7 +199,11 @@ pub fn scan_text_columns(
         outer.join(", "),
         inner.join(", ")
     );
-    let Outcome::Rows(result) = attempt(&sql, Mode::Run { max_rows: 1 }, timeout_ms) else {
+    let limits = Limits {
+        max_rows: 1,
+        max_bytes: OWN_READ_BYTES,
+    };
+    let Outcome::Rows(result) = sandboxed(&sql, Mode::Run(limits), timeout_ms, Origin::Own) else {
         return None;
     };
     let row: serde_json::Value = serde_json::from_str(result.rows.first()?).ok()?;
@@ -173,21 +221,25 @@ pub fn scan_text_columns(
     })
 }
 
+/// How long the values of an own read may be.
+#[derive(Debug, Clone, Copy)]
+pub enum ValueLength {
+    /// Cut to this many characters (samples: only the start is shown).
+    Cut(usize),
+    /// Left out when longer (the value index: longer texts are descriptions, not values).
+    AtMost(usize),
+}
+
 /// Turns a caught error into the attempt's outcome, or re-raises it when it is not the query's
 /// fault.
-fn failure(
-    caught: CaughtError,
-    position: Option<i32>,
-    timer: &StatementTimer,
-    timeout_ms: i32,
-) -> Outcome {
+fn failure(caught: CaughtError, position: Option<i32>, ours: bool, timeout_ms: i32) -> Outcome {
     let report = match &caught {
         CaughtError::PostgresError(r)
         | CaughtError::ErrorReport(r)
         | CaughtError::RustPanic { ereport: r, .. } => r,
     };
     let sqlstate = SqlState::from_code(report.sql_error_code());
-    let ours = sqlstate == SqlState::QUERY_CANCELED && timer.fired();
+    let ours = sqlstate == SqlState::QUERY_CANCELED && ours;
     let not_the_query = matches!(caught, CaughtError::RustPanic { .. })
         || (!ours && ["53", "57", "58", "XX"].contains(&sqlstate.class()));
     if not_the_query {
@@ -209,24 +261,42 @@ fn failure(
 }
 
 /// Everything that happens inside the subtransaction.
-fn run_guarded(sql: &str, mode: Mode) -> Outcome {
+fn run_guarded(sql: &str, mode: Mode, origin: Origin) -> Outcome {
     subxact::set_local(c"transaction_read_only", c"on");
-    let checked = match guard::check(sql) {
+    let trusted = match origin {
+        Origin::Generated => guard::superuser_call(),
+        Origin::Own => None,
+    };
+    // All of a superuser's query, and all of an own read, behind the gate: analysis, rewrite,
+    // planning, execution and the collection of its rows.
+    let _gate = match (origin, &trusted) {
+        (Origin::Own, _) => Some(gate::open(
+            gate::Rule::BuiltinOnly,
+            "the extension reads on its own",
+        )),
+        (Origin::Generated, Some(trusted)) => Some(gate::open(
+            gate::Rule::TrustedOwners(trusted.clone()),
+            "a superuser's generated query runs",
+        )),
+        (Origin::Generated, None) => None,
+    };
+    let checked = match guard::check(sql, origin, trusted.as_ref()) {
         Ok(checked) => checked,
         Err(refusal) => return Outcome::Refused(refusal),
     };
+    if mode == Mode::Check {
+        return Outcome::Checked;
+    }
+    // SAFETY: the analyzed tree the guard checked, rewritten, planned and run under an active
+    // snapshot, all inside this subtransaction.
     unsafe {
         // Like SPI for a non-read-only call: see what the caller's statement did so far.
         pg_sys::CommandCounterIncrement();
         let rewritten = PgList::<pg_sys::Query>::from_pg(pg_sys::pg_rewrite_query(checked.query));
         let Some(query) = rewritten.get_ptr(0).filter(|_| rewritten.len() == 1) else {
-            return Outcome::Refused(guard::Refusal {
-                error: SqlError::new(
-                    SqlState::INSUFFICIENT_PRIVILEGE,
-                    "the query was rewritten into several statements (rules): it is not run",
-                ),
-                ends_run: false,
-            });
+            return Outcome::Refused(guard::Refusal::forbidden(
+                "the query was rewritten into several statements (rules): it is not run".into(),
+            ));
         };
         pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
         let planned = pg_sys::pg_plan_query(
@@ -236,9 +306,9 @@ fn run_guarded(sql: &str, mode: Mode) -> Outcome {
             std::ptr::null_mut(),
         );
         let outcome = match mode {
-            Mode::Plan => Outcome::Planned,
-            Mode::Run { .. } | Mode::Cursor { .. } => {
-                let mut result = execute(planned, &checked.text, mode);
+            Mode::Plan | Mode::Check => Outcome::Planned,
+            Mode::Run(_) | Mode::Cursor { .. } => {
+                let mut result = execute(planned, &checked.text, mode, origin);
                 if result.rows.is_empty() && result.stored == 0 {
                     result.row_security = row_security_tables(&checked.relations);
                     Outcome::Empty(result)
@@ -252,19 +322,38 @@ fn run_guarded(sql: &str, mode: Mode) -> Outcome {
     }
 }
 
-/// Runs a planned SELECT to completion or until `max_rows + 1` rows were seen.
-unsafe fn execute(planned: *mut pg_sys::PlannedStmt, text: &CStr, mode: Mode) -> ResultSet {
-    let (max_rows, portal) = match mode {
-        Mode::Cursor { portal, max_rows } => (max_rows, Some(portal)),
-        Mode::Run { max_rows } => (max_rows, None),
-        Mode::Plan => (0, None),
+/// Runs a planned SELECT to completion or until the limits cut it.
+unsafe fn execute(
+    planned: *mut pg_sys::PlannedStmt,
+    text: &CStr,
+    mode: Mode,
+    origin: Origin,
+) -> ResultSet {
+    let (limits, portal) = match mode {
+        Mode::Cursor { portal, limits } => (limits, Some(portal)),
+        Mode::Run(limits) => (limits, None),
+        Mode::Plan | Mode::Check => (
+            Limits {
+                max_rows: 0,
+                max_bytes: 0,
+            },
+            None,
+        ),
+    };
+    let rule = match origin {
+        Origin::Generated => gate::Rule::Allowed(std::rc::Rc::new(settings::allowed_functions())),
+        Origin::Own => gate::Rule::BuiltinOnly,
     };
     let mut collector = Collector {
-        max_rows,
+        limits,
+        bytes: 0,
         portal,
+        rule,
         result: ResultSet::default(),
         record: std::ptr::null_mut(),
-        to_jsonb: std::mem::zeroed(),
+        as_text: Vec::new(),
+        // SAFETY: an all-zero FmgrInfo is what fmgr_info fills in `startup`.
+        to_jsonb: unsafe { std::mem::zeroed() },
         jsonb_out: pg_sys::InvalidOid,
         per_row: std::ptr::null_mut(),
     };
@@ -278,24 +367,28 @@ unsafe fn execute(planned: *mut pg_sys::PlannedStmt, text: &CStr, mode: Mode) ->
         },
         collector: &mut collector,
     };
-    let query = pg_sys::CreateQueryDesc(
-        planned,
-        text.as_ptr(),
-        pg_sys::GetActiveSnapshot(),
-        std::ptr::null_mut(),
-        &mut receiver.base,
-        std::ptr::null_mut(),
-        std::ptr::null_mut(),
-        0,
-    );
-    pg_sys::ExecutorStart(query, 0);
-    pg_sys::ExecutorRun(query, pg_sys::ScanDirection::ForwardScanDirection, 0, true);
-    collector.result.parallel_workers = launched_workers((*query).planstate);
-    pg_sys::ExecutorFinish(query);
-    pg_sys::ExecutorEnd(query);
-    // The receiver's memory (record descriptor, per-row context) lived in the executor's
-    // query context, which ExecutorEnd has freed.
-    pg_sys::FreeQueryDesc(query);
+    // SAFETY: the executor's life cycle on a plan made in this subtransaction; the receiver and
+    // its collector outlive it.
+    unsafe {
+        let query = pg_sys::CreateQueryDesc(
+            planned,
+            text.as_ptr(),
+            pg_sys::GetActiveSnapshot(),
+            std::ptr::null_mut(),
+            &mut receiver.base,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+        );
+        pg_sys::ExecutorStart(query, 0);
+        pg_sys::ExecutorRun(query, pg_sys::ScanDirection::ForwardScanDirection, 0, true);
+        collector.result.parallel_workers = launched_workers((*query).planstate);
+        pg_sys::ExecutorFinish(query);
+        pg_sys::ExecutorEnd(query);
+        // The receiver's memory (record descriptor, per-row context) lived in the executor's
+        // query context, which ExecutorEnd has freed.
+        pg_sys::FreeQueryDesc(query);
+    }
     collector.result
 }
 
@@ -304,14 +397,20 @@ unsafe fn launched_workers(node: *mut pg_sys::PlanState) -> i32 {
     if node.is_null() {
         return 0;
     }
-    let here = match (*node).type_ {
-        pg_sys::NodeTag::T_GatherState => (*node.cast::<pg_sys::GatherState>()).nworkers_launched,
-        pg_sys::NodeTag::T_GatherMergeState => {
-            (*node.cast::<pg_sys::GatherMergeState>()).nworkers_launched
-        }
-        _ => 0,
-    };
-    here + launched_workers((*node).lefttree) + launched_workers((*node).righttree)
+    // SAFETY: a plan state tree of a finished execution; each node is of the struct its tag
+    // names.
+    unsafe {
+        let here = match (*node).type_ {
+            pg_sys::NodeTag::T_GatherState => {
+                (*node.cast::<pg_sys::GatherState>()).nworkers_launched
+            }
+            pg_sys::NodeTag::T_GatherMergeState => {
+                (*node.cast::<pg_sys::GatherMergeState>()).nworkers_launched
+            }
+            _ => 0,
+        };
+        here + launched_workers((*node).lefttree) + launched_workers((*node).righttree)
+    }
 }
 
 /// A DestReceiver with the Rust side of it behind a pointer (PostgreSQL sees only `base`).
@@ -323,13 +422,21 @@ struct Receiver {
 
 /// Where the rows go: jsonb text, one object per row, keys the column names. Each row goes
 /// through PostgreSQL's own `to_jsonb` on a record whose descriptor is a copy of the result's,
-/// with duplicate names made unique so no column is lost.
+/// with duplicate names made unique so no column is lost, and with the columns `to_jsonb`
+/// would look up a cast for (types that are not built in and not arrays or composites of
+/// built-in types) turned into their text first.
 struct Collector {
-    max_rows: usize,
+    limits: Limits,
+    /// Bytes kept so far.
+    bytes: usize,
     /// The cursor the rows go to, instead of `result.rows`.
     portal: Option<pg_sys::Portal>,
+    /// What may run while a row is turned into JSON.
+    rule: gate::Rule,
     result: ResultSet,
     record: pg_sys::TupleDesc,
+    /// For each column: the output function that turns it into text, when it is written as text.
+    as_text: Vec<Option<pg_sys::FmgrInfo>>,
     to_jsonb: pg_sys::FmgrInfo,
     jsonb_out: pg_sys::Oid,
     /// Reset after every row: a large result does not grow memory beyond its text. A child of
@@ -337,8 +444,87 @@ struct Collector {
     per_row: pg_sys::MemoryContext,
 }
 
-unsafe fn collector(receiver: *mut pg_sys::DestReceiver) -> &'static mut Collector {
-    &mut *(*receiver.cast::<Receiver>()).collector
+impl Collector {
+    fn cut(&mut self, by: &'static str) {
+        self.result.truncated = true;
+        self.result.cut_by = Some(by);
+    }
+}
+
+/// The collector behind a receiver.
+///
+/// # Safety
+/// `receiver` must be the `base` of a live `Receiver`.
+unsafe fn collector<'a>(receiver: *mut pg_sys::DestReceiver) -> &'a mut Collector {
+    // SAFETY: the caller's contract; `Receiver` is repr(C) with `base` first.
+    unsafe { &mut *(*receiver.cast::<Receiver>()).collector }
+}
+
+/// Whether `to_jsonb` turns values of `typ` into JSON without looking up a cast: built-in
+/// types (through domains), and arrays and named composites made only of them.
+unsafe fn json_without_casts(typ: pg_sys::Oid, depth: usize) -> bool {
+    // SAFETY (whole body): catalog look-ups; a row type's descriptor is released again.
+    unsafe {
+        let base = pg_sys::getBaseType(typ);
+        // An anonymous record's fields are known only per value.
+        if base == pg_sys::RECORDOID || base == pg_sys::RECORDARRAYOID {
+            return false;
+        }
+        if guard::builtin(base) {
+            return true;
+        }
+        if depth > 8 {
+            return false;
+        }
+        let element = pg_sys::get_element_type(base);
+        if element != pg_sys::InvalidOid {
+            return json_without_casts(element, depth + 1);
+        }
+        if !pg_sys::type_is_rowtype(base) {
+            return false;
+        }
+        let desc = pg_sys::lookup_rowtype_tupdesc_noerror(base, -1, true);
+        if desc.is_null() {
+            return false;
+        }
+        let fields: Vec<pg_sys::Oid> = (*desc)
+            .attrs
+            .as_slice((*desc).natts as usize)
+            .iter()
+            .filter(|a| !a.attisdropped)
+            .map(|a| a.atttypid)
+            .collect();
+        if (*desc).tdrefcount >= 0 {
+            pg_sys::DecrTupleDescRefCount(desc);
+        }
+        fields
+            .into_iter()
+            .all(|field| json_without_casts(field, depth + 1))
+    }
+}
+
+/// The bytes of a row's values as they are stored (uncompressed), before anything is built
+/// from them.
+unsafe fn row_bytes(slot: *mut pg_sys::TupleTableSlot) -> usize {
+    // SAFETY: a slot whose attributes `slot_getallattrs` filled.
+    unsafe {
+        let desc = (*slot).tts_tupleDescriptor;
+        let natts = (*desc).natts as usize;
+        let values = std::slice::from_raw_parts((*slot).tts_values, natts);
+        let nulls = std::slice::from_raw_parts((*slot).tts_isnull, natts);
+        (*desc)
+            .attrs
+            .as_slice(natts)
+            .iter()
+            .zip(values.iter().zip(nulls))
+            .map(|(attr, (value, null))| match attr.attlen {
+                _ if *null => 0,
+                -1 => pg_sys::toast_raw_datum_size(*value),
+                -2 => CStr::from_ptr(value.cast_mut_ptr()).to_bytes().len(),
+                n => n.max(0) as usize,
+            })
+            .sum()
+    }
 }
 
 #[pgrx::pg_guard]
@@ -347,63 +533,91 @@ unsafe extern "C-unwind" fn startup(
     _operation: std::ffi::c_int,
     source: pg_sys::TupleDesc,
 ) {
-    let c = collector(receiver);
-    if let Some(portal) = c.portal {
-        // The cursor's row type, in the portal's memory: it outlives this execution.
-        let caller = pg_sys::MemoryContextSwitchTo((*portal).portalContext);
-        (*portal).tupDesc = pg_sys::CreateTupleDescCopy(source);
-        pg_sys::MemoryContextSwitchTo(caller);
-    }
-    let natts = (*source).natts as usize;
-    let names: Vec<String> = (*source)
-        .attrs
-        .as_slice(natts)
-        .iter()
-        .map(|attr| {
-            CStr::from_ptr(attr.attname.data.as_ptr())
-                .to_string_lossy()
-                .into_owned()
-        })
-        .collect();
-    c.result.columns = unique_names(&names);
-    let record = pg_sys::CreateTupleDescCopy(source);
-    for (i, name) in c.result.columns.iter().enumerate() {
-        if let Ok(name) = CString::new(name.as_str()) {
-            pg_sys::namestrcpy(
-                &mut (*record).attrs.as_mut_slice(natts)[i].attname,
-                name.as_ptr(),
-            );
+    // SAFETY: PostgreSQL calls this with our receiver and the result's descriptor, in the
+    // executor's query context, where everything made here lives.
+    unsafe {
+        let c = collector(receiver);
+        if let Some(portal) = c.portal {
+            // The cursor's row type, in the portal's memory: it outlives this execution.
+            let caller = pg_sys::MemoryContextSwitchTo((*portal).portalContext);
+            (*portal).tupDesc = pg_sys::CreateTupleDescCopy(source);
+            pg_sys::MemoryContextSwitchTo(caller);
         }
-    }
-    c.record = pg_sys::BlessTupleDesc(record);
+        let natts = (*source).natts as usize;
+        let names: Vec<String> = (*source)
+            .attrs
+            .as_slice(natts)
+            .iter()
+            .map(|attr| {
+                CStr::from_ptr(attr.attname.data.as_ptr())
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        c.result.columns = unique_names(&names);
+        if c.portal.is_some() {
+            return;
+        }
+        // Output functions are looked up behind the gate: they are what runs for each row.
+        let _gate = gate::open(c.rule.clone(), "results are collected");
+        let record = pg_sys::CreateTupleDescCopy(source);
+        for (i, name) in c.result.columns.iter().enumerate() {
+            let Ok(name) = CString::new(name.as_str()) else {
+                continue;
+            };
+            let typ = (*source).attrs.as_slice(natts)[i].atttypid;
+            if json_without_casts(typ, 0) {
+                pg_sys::namestrcpy(
+                    &mut (*record).attrs.as_mut_slice(natts)[i].attname,
+                    name.as_ptr(),
+                );
+                c.as_text.push(None);
+            } else {
+                pg_sys::TupleDescInitEntry(
+                    record,
+                    (i + 1) as pg_sys::AttrNumber,
+                    name.as_ptr(),
+                    pg_sys::TEXTOID,
+                    -1,
+                    0,
+                );
+                let (mut output, mut is_varlena) = (pg_sys::InvalidOid, false);
+                pg_sys::getTypeOutputInfo(typ, &mut output, &mut is_varlena);
+                let mut info: pg_sys::FmgrInfo = std::mem::zeroed();
+                pg_sys::fmgr_info(output, &mut info);
+                c.as_text.push(Some(info));
+            }
+        }
+        c.record = pg_sys::BlessTupleDesc(record);
 
-    let to_jsonb = pg_sys::fmgr_internal_function(c"to_jsonb".as_ptr());
-    pg_sys::fmgr_info(to_jsonb, &mut c.to_jsonb);
-    // to_jsonb is polymorphic: it learns its argument type from the call expression.
-    let mut args = PgList::<pg_sys::Const>::new();
-    args.push(pg_sys::makeNullConst(
-        pg_sys::RECORDOID,
-        -1,
-        pg_sys::InvalidOid,
-    ));
-    c.to_jsonb.fn_expr = pg_sys::makeFuncExpr(
-        to_jsonb,
-        pg_sys::JSONBOID,
-        args.into_pg(),
-        pg_sys::InvalidOid,
-        pg_sys::InvalidOid,
-        pg_sys::CoercionForm::COERCE_EXPLICIT_CALL,
-    )
-    .cast();
-    let mut is_varlena = false;
-    pg_sys::getTypeOutputInfo(pg_sys::JSONBOID, &mut c.jsonb_out, &mut is_varlena);
-    c.per_row = pg_sys::AllocSetContextCreateInternal(
-        pg_sys::CurrentMemoryContext,
-        c"sql_query_engine row".as_ptr(),
-        pg_sys::ALLOCSET_SMALL_MINSIZE as usize,
-        pg_sys::ALLOCSET_SMALL_INITSIZE as usize,
-        pg_sys::ALLOCSET_SMALL_MAXSIZE as usize,
-    );
+        let to_jsonb = pg_sys::fmgr_internal_function(c"to_jsonb".as_ptr());
+        pg_sys::fmgr_info(to_jsonb, &mut c.to_jsonb);
+        // to_jsonb is polymorphic: it learns its argument type from the call expression.
+        let mut args = PgList::<pg_sys::Const>::new();
+        args.push(pg_sys::makeNullConst(
+            pg_sys::RECORDOID,
+            -1,
+            pg_sys::InvalidOid,
+        ));
+        c.to_jsonb.fn_expr = pg_sys::makeFuncExpr(
+            to_jsonb,
+            pg_sys::JSONBOID,
+            args.into_pg(),
+            pg_sys::InvalidOid,
+            pg_sys::InvalidOid,
+            pg_sys::CoercionForm::COERCE_EXPLICIT_CALL,
+        )
+        .cast();
+        let mut is_varlena = false;
+        pg_sys::getTypeOutputInfo(pg_sys::JSONBOID, &mut c.jsonb_out, &mut is_varlena);
+        c.per_row = pg_sys::AllocSetContextCreateInternal(
+            pg_sys::CurrentMemoryContext,
+            c"sql_query_engine row".as_ptr(),
+            pg_sys::ALLOCSET_SMALL_MINSIZE as usize,
+            pg_sys::ALLOCSET_SMALL_INITSIZE as usize,
+            pg_sys::ALLOCSET_SMALL_MAXSIZE as usize,
+        );
+    }
 }
 
 #[pgrx::pg_guard]
@@ -411,34 +625,59 @@ unsafe extern "C-unwind" fn receive_slot(
     slot: *mut pg_sys::TupleTableSlot,
     receiver: *mut pg_sys::DestReceiver,
 ) -> bool {
-    let c = collector(receiver);
-    if c.result.rows.len() + c.result.stored >= c.max_rows {
-        // One row more than may be returned: the result is cut, and the executor stops here.
-        c.result.truncated = true;
-        return false;
+    // SAFETY: PostgreSQL calls this with our receiver (set up by `startup`) and a slot of the
+    // result's descriptor.
+    unsafe {
+        let c = collector(receiver);
+        if c.result.rows.len() + c.result.stored >= c.limits.max_rows {
+            // One row more than may be returned: the result is cut, and the executor stops here.
+            c.cut("max_rows");
+            return false;
+        }
+        pg_sys::slot_getallattrs(slot);
+        let raw = row_bytes(slot);
+        if c.bytes.saturating_add(raw) > c.limits.max_bytes {
+            c.cut("max_result_bytes");
+            return false;
+        }
+        if let Some(portal) = c.portal {
+            // As PostgreSQL fills a held cursor: under the portal's resource owner, so that a
+            // spilled store outlives this subtransaction.
+            let owner = pg_sys::CurrentResourceOwner;
+            pg_sys::CurrentResourceOwner = (*portal).resowner;
+            pg_sys::tuplestore_puttupleslot((*portal).holdStore, slot);
+            pg_sys::CurrentResourceOwner = owner;
+            c.result.stored += 1;
+            c.bytes += raw;
+            return true;
+        }
+        let _gate = gate::open(c.rule.clone(), "results are collected");
+        let caller = pg_sys::MemoryContextSwitchTo(c.per_row);
+        let natts = c.as_text.len();
+        let mut values = std::slice::from_raw_parts((*slot).tts_values, natts).to_vec();
+        let nulls = std::slice::from_raw_parts_mut((*slot).tts_isnull, natts);
+        for (i, output) in c.as_text.iter_mut().enumerate() {
+            if let (Some(output), false) = (output, nulls[i]) {
+                let text = pg_sys::OutputFunctionCall(output, values[i]);
+                values[i] = pg_sys::Datum::from(pg_sys::cstring_to_text(text));
+            }
+        }
+        let tuple = pg_sys::heap_form_tuple(c.record, values.as_mut_ptr(), nulls.as_mut_ptr());
+        let composite = pg_sys::heap_copy_tuple_as_datum(tuple, c.record);
+        let jsonb = pg_sys::FunctionCall1Coll(&mut c.to_jsonb, pg_sys::InvalidOid, composite);
+        let text = CStr::from_ptr(pg_sys::OidOutputFunctionCall(c.jsonb_out, jsonb));
+        let kept = if c.bytes.saturating_add(text.to_bytes().len()) > c.limits.max_bytes {
+            c.cut("max_result_bytes");
+            false
+        } else {
+            c.bytes += text.to_bytes().len();
+            c.result.rows.push(text.to_string_lossy().into_owned());
+            true
+        };
+        pg_sys::MemoryContextSwitchTo(caller);
+        pg_sys::MemoryContextReset(c.per_row);
+        kept
     }
-    if let Some(portal) = c.portal {
-        // As PostgreSQL fills a held cursor: under the portal's resource owner, so that a
-        // spilled store outlives this subtransaction.
-        let owner = pg_sys::CurrentResourceOwner;
-        pg_sys::CurrentResourceOwner = (*portal).resowner;
-        pg_sys::tuplestore_puttupleslot((*portal).holdStore, slot);
-        pg_sys::CurrentResourceOwner = owner;
-        c.result.stored += 1;
-        return true;
-    }
-    let caller = pg_sys::MemoryContextSwitchTo(c.per_row);
-    pg_sys::slot_getallattrs(slot);
-    let tuple = pg_sys::heap_form_tuple(c.record, (*slot).tts_values, (*slot).tts_isnull);
-    let composite = pg_sys::heap_copy_tuple_as_datum(tuple, c.record);
-    let jsonb = pg_sys::FunctionCall1Coll(&mut c.to_jsonb, pg_sys::InvalidOid, composite);
-    let text = pg_sys::OidOutputFunctionCall(c.jsonb_out, jsonb);
-    c.result
-        .rows
-        .push(CStr::from_ptr(text).to_string_lossy().into_owned());
-    pg_sys::MemoryContextSwitchTo(caller);
-    pg_sys::MemoryContextReset(c.per_row);
-    true
 }
 
 #[pgrx::pg_guard]
@@ -518,78 +757,113 @@ fn unique_names(names: &[String]) -> Vec<String> {
     out
 }
 
-/// Error-context callback: remembers the cursor position of the error being reported, which
-/// the caught error report does not carry. SPI's own callback (which runs first) moves the
-/// position of its query into the "internal" position, so that one is read too.
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn record_error_position(arg: *mut std::ffi::c_void) {
-    let position = match pg_sys::geterrposition() {
-        p if p > 0 => p,
-        _ => pg_sys::getinternalerrposition(),
-    };
-    if position > 0 && !arg.is_null() {
-        (*arg.cast::<Cell<i32>>()).set(position);
+/// The cursor position of the error being reported, which a caught error report does not
+/// carry: an error-context callback on the stack while the attempt runs, taken off again when
+/// this is dropped (also when an ERROR unwinds past it).
+struct ErrorPosition {
+    callback: Box<pg_sys::ErrorContextCallback>,
+    position: Box<Cell<i32>>,
+}
+
+impl ErrorPosition {
+    fn push() -> ErrorPosition {
+        let position = Box::new(Cell::new(0i32));
+        let mut callback = Box::new(pg_sys::ErrorContextCallback {
+            // SAFETY: reading the backend's error-context stack.
+            previous: unsafe { pg_sys::error_context_stack },
+            callback: Some(record_error_position),
+            arg: (&*position as *const Cell<i32>).cast_mut().cast(),
+        });
+        // SAFETY: the callback and its argument are boxed, so they stay where they are until
+        // `drop` takes the callback off the stack again.
+        unsafe { pg_sys::error_context_stack = &mut *callback };
+        ErrorPosition { callback, position }
+    }
+
+    fn get(&self) -> Option<i32> {
+        Some(self.position.get()).filter(|p| *p > 0)
     }
 }
 
-// utils/timeout.h, which pgrx does not bind.
-#[allow(non_snake_case)]
-mod timeout {
-    use pgrx::pg_sys::TimestampTz;
-    /// `STATEMENT_TIMEOUT` in `enum TimeoutId` (the same position in PostgreSQL 13 to 18).
-    pub const STATEMENT_TIMEOUT: u32 = 3;
-    unsafe extern "C-unwind" {
-        pub fn enable_timeout_after(id: u32, delay_ms: std::ffi::c_int);
-        pub fn enable_timeout_at(id: u32, fin_time: TimestampTz);
-        pub fn disable_timeout(id: u32, keep_indicator: bool);
-        pub fn get_timeout_active(id: u32) -> bool;
-        pub fn get_timeout_finish_time(id: u32) -> TimestampTz;
+impl Drop for ErrorPosition {
+    fn drop(&mut self) {
+        // SAFETY: PostgreSQL restores the stack to what it was at each PG_TRY when it catches
+        // an error, so at this point ours is on top again.
+        unsafe { pg_sys::error_context_stack = self.callback.previous };
+    }
+}
+
+/// Error-context callback: remembers the cursor position of the error being reported. SPI's own
+/// callback (which runs first) moves the position of its query into the "internal" position, so
+/// that one is read too.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn record_error_position(arg: *mut std::ffi::c_void) {
+    // SAFETY: called while an error is being reported, with the argument `ErrorPosition` gave.
+    unsafe {
+        let position = match pg_sys::geterrposition() {
+            p if p > 0 => p,
+            _ => pg_sys::getinternalerrposition(),
+        };
+        if position > 0 && !arg.is_null() {
+            (*arg.cast::<Cell<i32>>()).set(position);
+        }
     }
 }
 
 /// The per-attempt deadline. `SET LOCAL statement_timeout` would not apply to statements run
 /// inside this call, so the statement timer is armed directly, and the caller's own deadline is
-/// put back afterwards. When the caller's deadline comes first it is left alone: then a
-/// timeout is the caller's and is re-raised.
+/// put back when this is dropped (also when an ERROR unwinds past it). When the caller's
+/// deadline comes first it is left alone: then a timeout is the caller's and is re-raised.
 struct StatementTimer {
     ours: Option<pg_sys::TimestampTz>,
     caller: Option<pg_sys::TimestampTz>,
 }
 
 impl StatementTimer {
-    unsafe fn arm(timeout_ms: i32) -> Self {
-        use timeout::*;
-        let now = pg_sys::GetCurrentTimestamp();
-        let ours = now + i64::from(timeout_ms) * 1000;
-        let caller = pg_sys::ffi::pg_guard_ffi_boundary(|| {
-            get_timeout_active(STATEMENT_TIMEOUT)
-                .then(|| get_timeout_finish_time(STATEMENT_TIMEOUT))
-        });
-        if caller.is_some_and(|c| c <= ours) {
-            return StatementTimer { ours: None, caller };
-        }
-        pg_sys::ffi::pg_guard_ffi_boundary(|| enable_timeout_after(STATEMENT_TIMEOUT, timeout_ms));
-        StatementTimer {
-            ours: Some(ours),
-            caller,
-        }
-    }
-
-    unsafe fn disarm(&self) {
-        use timeout::*;
-        if self.ours.is_none() {
-            return;
-        }
-        pg_sys::ffi::pg_guard_ffi_boundary(|| disable_timeout(STATEMENT_TIMEOUT, false));
-        if let Some(caller) = self.caller {
-            pg_sys::ffi::pg_guard_ffi_boundary(|| enable_timeout_at(STATEMENT_TIMEOUT, caller));
+    fn arm(timeout_ms: i32) -> Self {
+        use crate::compat::timeout::*;
+        // SAFETY: utils/timeout.h on the backend's own timer, through pgrx's FFI boundary.
+        unsafe {
+            let now = pg_sys::GetCurrentTimestamp();
+            let ours = now + i64::from(timeout_ms) * 1000;
+            let caller = pg_sys::ffi::pg_guard_ffi_boundary(|| {
+                get_timeout_active(STATEMENT_TIMEOUT)
+                    .then(|| get_timeout_finish_time(STATEMENT_TIMEOUT))
+            });
+            if caller.is_some_and(|c| c <= ours) {
+                return StatementTimer { ours: None, caller };
+            }
+            pg_sys::ffi::pg_guard_ffi_boundary(|| {
+                enable_timeout_after(STATEMENT_TIMEOUT, timeout_ms)
+            });
+            StatementTimer {
+                ours: Some(ours),
+                caller,
+            }
         }
     }
 
     /// Whether a statement timeout now is ours (our deadline passed, the caller's did not).
     fn fired(&self) -> bool {
+        // SAFETY: reads the clock.
         let now = unsafe { pg_sys::GetCurrentTimestamp() };
         self.ours.is_some_and(|ours| now >= ours - 1000) && self.caller.is_none_or(|c| now < c)
+    }
+}
+
+impl Drop for StatementTimer {
+    fn drop(&mut self) {
+        use crate::compat::timeout::*;
+        if self.ours.is_none() {
+            return;
+        }
+        // SAFETY: as in `arm`.
+        unsafe {
+            pg_sys::ffi::pg_guard_ffi_boundary(|| disable_timeout(STATEMENT_TIMEOUT, false));
+            if let Some(caller) = self.caller {
+                pg_sys::ffi::pg_guard_ffi_boundary(|| enable_timeout_at(STATEMENT_TIMEOUT, caller));
+            }
+        }
     }
 }
 

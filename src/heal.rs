@@ -117,7 +117,7 @@ pub struct Limits {
 /// How good an outcome is: a repair replaces the best attempt only when it ranks higher.
 fn rank(outcome: &Outcome) -> u8 {
     match outcome {
-        Outcome::Rows(_) | Outcome::Planned => 2,
+        Outcome::Rows(_) | Outcome::Planned | Outcome::Checked => 2,
         Outcome::Empty(_) => 1,
         Outcome::Failed(_) | Outcome::Refused(_) => 0,
     }

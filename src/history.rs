@@ -1,6 +1,6 @@
 //! The audit: calls recorded in `nl_history` (see `sql/history.sql`), and in the server log
-//! (`audit`), which keeps what a rollback takes away. The history is best effort and never in
-//! the way:
+//! (`audit`, one line per call by default), which keeps what a rollback or a read-only
+//! transaction takes away. The history is best effort and never in the way:
 //! skipped (with a DEBUG message) in a read-only transaction or on a standby, written in a
 //! subtransaction whose failure is swallowed, and with a short lock timeout so that it never
 //! blocks the answer.
@@ -32,8 +32,8 @@ pub fn record(function: &str, session: Option<&str>, run: &Run) {
     let clamp = |n: u64| n.min(i32::MAX as u64) as i32;
     let sql = format!(
         "INSERT INTO {schema}.nl_history (function, session, question, sql, status, attempts, \
-         row_count, ms, llm_calls, prompt_tokens, completion_tokens) \
-         VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10, $11)"
+         row_count, ms, llm_calls, prompt_tokens, completion_tokens, role_id) \
+         VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10, $11, $12)"
     );
     let attempts = trace::attempts(run).to_string();
     let row_count = run.best_result().map(|r| clamp(r.rows.len() as u64));
@@ -61,6 +61,8 @@ pub fn record(function: &str, session: Option<&str>, run: &Run) {
                             (run.llm_calls as i32).into(),
                             clamp(run.prompt_tokens).into(),
                             clamp(run.completion_tokens).into(),
+                            // SAFETY: reads the backend's current role.
+                            unsafe { pg_sys::GetUserId() }.into(),
                         ],
                     )
                     .map(|_| ())
@@ -74,40 +76,85 @@ pub fn record(function: &str, session: Option<&str>, run: &Run) {
     }
 }
 
-/// Writes one call to the server log (`sql_query_engine.audit_log`), as `LOG` that is never sent
-/// to the client: it outlives the caller's rollback, which takes the `nl_history` row with it.
-/// `outcome` is `None` for success.
-pub fn audit(function: &str, session: Option<&str>, question: &str, outcome: Option<&Error>) {
+/// How a call ended, as the audit line says it.
+pub enum Audited<'a> {
+    /// A question answered (its status, rows and final SQL).
+    Answered(&'a Run),
+    /// A call without a run (`nl_check`, `nl_run`, `nl_schema`, ...) that succeeded.
+    Done,
+    Failed(&'a Error),
+}
+
+/// Writes one call to the server log (`sql_query_engine.audit_log`, by default every call), as
+/// `LOG` that is never sent to the client: neither the caller's rollback (which takes the
+/// `nl_history` row with it) nor a read-only transaction or a standby (where no row is
+/// written) removes it. `input` is the question, or the caller's SQL.
+pub fn audit(function: &str, session: Option<&str>, input: &str, outcome: Audited) {
     let wanted = match settings::audit_log() {
         AuditLog::Off => false,
-        AuditLog::Errors => outcome.is_some(),
+        AuditLog::Errors => matches!(outcome, Audited::Failed(_)),
         AuditLog::All => true,
     };
     if !wanted {
         return;
     }
-    let role = unsafe {
-        let name = pg_sys::GetUserNameFromId(pg_sys::GetUserId(), true);
-        if name.is_null() {
+    // SAFETY: reads the backend's current role and its name (NULL when it is gone).
+    let (role_id, role) = unsafe {
+        let role_id = pg_sys::GetUserId();
+        let name = pg_sys::GetUserNameFromId(role_id, true);
+        let name = if name.is_null() {
             String::new()
         } else {
             std::ffi::CStr::from_ptr(name)
                 .to_string_lossy()
                 .into_owned()
-        }
+        };
+        (role_id, name)
     };
-    let result = match outcome {
-        None => "ok".to_string(),
-        Some(error) => format!("ERROR {}: {error}", error.sqlstate()),
+    let (result, sql) = match outcome {
+        Audited::Answered(run) => (
+            format!(
+                "{}{}, {} attempt{}",
+                run.status.as_str(),
+                run.best_result()
+                    .map(|r| format!(", {} rows", r.rows.len()))
+                    .unwrap_or_default(),
+                run.attempts.len(),
+                if run.attempts.len() == 1 { "" } else { "s" }
+            ),
+            run.final_sql(),
+        ),
+        Audited::Done => ("ok".to_string(), None),
+        Audited::Failed(error) => (format!("ERROR {}: {error}", error.sqlstate()), None),
     };
     let session = session
         .map(|s| format!(" session {s:?}"))
         .unwrap_or_default();
+    let detail = match sql {
+        Some(sql) => format!("input: {input}\nsql: {sql}"),
+        None => format!("input: {input}"),
+    };
     ErrorReport::new(
         PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
-        format!("sql_query_engine: {function} by role {role:?}{session}: {result}"),
+        format!(
+            "sql_query_engine: {function} by role {role:?} (oid {}){session}: {result}",
+            role_id.to_u32()
+        ),
         "sql_query_engine",
     )
-    .set_detail(format!("question: {question}"))
+    .set_detail(detail)
     .report(PgLogLevel::LOG_SERVER_ONLY);
+}
+
+/// `result` audited as a call of `function` without a run, then returned.
+pub fn audited<T>(
+    function: &str,
+    input: &str,
+    result: crate::error::Result<T>,
+) -> crate::error::Result<T> {
+    match &result {
+        Ok(_) => audit(function, None, input, Audited::Done),
+        Err(error) => audit(function, None, input, Audited::Failed(error)),
+    }
+    result
 }

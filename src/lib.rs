@@ -3,6 +3,7 @@
 //! empty results are repaired in a bounded loop.
 
 mod api;
+mod compat;
 mod error;
 mod examples;
 mod exec;
@@ -33,6 +34,7 @@ pgrx::extension_sql_file!("../sql/sessions.sql", name = "sessions");
 #[pgrx::pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     settings::init();
+    guard::gate::init();
     schema::init();
     session::init();
 }

@@ -1,13 +1,15 @@
 //! Progress events: each step of a question (schema ready, model asked, attempt run, repair
 //! requested, done) as it happens. A NOTICE when `sql_query_engine.progress` is on (psql prints
 //! them live), and, when Redis is configured and the call has a session, a JSON event published
-//! on channel `sql_query_engine:<session>` for dashboards. Events carry no API key and no row
-//! data.
+//! on the channel `sql_query_engine:<database oid>:<role oid>:progress:<session>` for
+//! dashboards, namespaced like the session keys. Events carry no API key and no row data, and
+//! with `sample_values = 0` no value PostgreSQL quoted in an error message (as repair requests
+//! withhold them).
 
 use serde_json::{json, Value};
 
 use crate::exec::Outcome;
-use crate::{redis_client, settings};
+use crate::{prompt, redis_client, settings};
 
 /// One step of answering a question.
 pub enum Event<'a> {
@@ -38,7 +40,7 @@ pub enum Event<'a> {
 }
 
 impl Event<'_> {
-    fn to_json(&self) -> Value {
+    fn to_json(&self, share_values: bool) -> Value {
         match self {
             Event::SchemaReady { relations, pruned } => {
                 json!({"event": "schema_ready", "relations": relations, "pruned": pruned})
@@ -51,13 +53,18 @@ impl Event<'_> {
                 sql,
                 outcome,
                 ms,
-            } => json!({
-                "event": "attempt", "attempt": attempt, "sql": sql, "ms": ms,
-                "outcome": outcome.label(),
-                "row_count": outcome.result().map(|r| r.rows.len()),
-                "sqlstate": outcome.error().map(|e| &e.sqlstate),
-                "message": outcome.error().map(|e| &e.message),
-            }),
+            } => {
+                let error = outcome
+                    .error()
+                    .map(|e| prompt::shown_error(e, share_values));
+                json!({
+                    "event": "attempt", "attempt": attempt, "sql": sql, "ms": ms,
+                    "outcome": outcome.label(),
+                    "row_count": outcome.result().map(|r| r.rows.len()),
+                    "sqlstate": error.as_ref().map(|e| e.sqlstate),
+                    "message": error.as_ref().map(|e| &e.message),
+                })
+            }
             Event::RepairRequested { attempt, reason } => {
                 json!({"event": "repair_requested", "after_attempt": attempt, "reason": reason})
             }
@@ -130,7 +137,7 @@ impl Progress {
             notices: settings::progress(),
             channel: session
                 .filter(|_| redis_client::configured())
-                .map(|s| format!("sql_query_engine:{s}")),
+                .map(|s| redis_client::key("progress", s)),
         }
     }
 
@@ -140,7 +147,7 @@ impl Progress {
         }
         if let Some(channel) = &self.channel {
             let channel = channel.clone();
-            let payload = event.to_json().to_string();
+            let payload = event.to_json(settings::sample_values() > 0).to_string();
             let _: Option<i64> = redis_client::call(move |c| {
                 ::redis::cmd("PUBLISH").arg(channel).arg(payload).query(c)
             });

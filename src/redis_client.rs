@@ -112,19 +112,15 @@ where
     }
 }
 
-/// A Redis key namespaced by database and role, so that one role never reads another's data.
+/// A Redis key (or channel) namespaced by database and role, both by OID: one role never reads
+/// another's data, and a role that is dropped and created again under the same name, or
+/// renamed, is still told apart.
 pub fn key(kind: &str, name: &str) -> String {
-    let (database, role) = unsafe {
-        let database = pgrx::pg_sys::get_database_name(pgrx::pg_sys::MyDatabaseId);
-        let role = pgrx::pg_sys::GetUserNameFromId(pgrx::pg_sys::GetUserId(), true);
-        let text = |p: *mut std::ffi::c_char| {
-            if p.is_null() {
-                String::new()
-            } else {
-                std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
-            }
-        };
-        (text(database), text(role))
-    };
-    format!("sql_query_engine:{database}:{role}:{kind}:{name}")
+    // SAFETY: reads of backend state.
+    let (database, role) = unsafe { (pgrx::pg_sys::MyDatabaseId, pgrx::pg_sys::GetUserId()) };
+    format!(
+        "sql_query_engine:{}:{}:{kind}:{name}",
+        database.to_u32(),
+        role.to_u32()
+    )
 }

@@ -3,10 +3,10 @@
 //!
 //! A session must be found by whichever backend serves the next turn (a pool, pgbouncer in
 //! transaction mode), so the store is, in this order:
-//! - the extension's table `nl_sessions` when the transaction can write (keyed by role and
+//! - the extension's table `nl_sessions` when the transaction can write (keyed by role OID and
 //!   session, row-level security like `nl_history`, rows expire after `session_ttl`), written in
 //!   the caller's transaction;
-//! - Redis when configured (namespaced by database and role, expiring after `session_ttl`);
+//! - Redis when configured (namespaced by database and role OID, expiring after `session_ttl`);
 //! - backend memory, as the last resort (a read-only transaction without Redis, or a hot
 //!   standby without Redis); `DISCARD ALL` forgets it.
 //!
@@ -61,8 +61,14 @@ pub fn store() -> Store {
     }
 }
 
+/// The current role, as sessions are keyed: by OID.
+fn role_id() -> pg_sys::Oid {
+    // SAFETY: reads the backend's current role.
+    unsafe { pg_sys::GetUserId() }
+}
+
 fn memory_key(session: &str) -> (u32, String) {
-    (unsafe { pg_sys::GetUserId() }.to_u32(), session.to_string())
+    (role_id().to_u32(), session.to_string())
 }
 
 /// The last `session_turns` turns of `session`, oldest first, and the store they came from.
@@ -94,14 +100,18 @@ fn table_turns(session: &str) -> Option<Vec<Turn>> {
     let schema = schema::extension_schema().ok()?;
     let sql = format!(
         "SELECT turns::text FROM {schema}.nl_sessions \
-         WHERE role = current_user AND session = $1 \
+         WHERE role_id = $3 AND session = $1 \
            AND updated_at > now() - make_interval(secs => $2)"
     );
     let ttl = settings::session_ttl_s() as f64;
     let text = subxact::pinned(|| {
         Spi::connect(|client| {
             client
-                .select(&sql, Some(1), &[session.into(), ttl.into()])?
+                .select(
+                    &sql,
+                    Some(1),
+                    &[session.into(), ttl.into(), role_id().into()],
+                )?
                 .first()
                 .get_one::<String>()
         })
@@ -164,12 +174,12 @@ fn record_in_table(session: &str, turn: &Turn, keep: usize) -> bool {
         return false;
     };
     let upsert = format!(
-        "INSERT INTO {schema}.nl_sessions (session, turns) VALUES ($1, $2::jsonb) \
-         ON CONFLICT (role, session) DO UPDATE SET turns = EXCLUDED.turns, updated_at = now()"
+        "INSERT INTO {schema}.nl_sessions (session, turns, role_id) VALUES ($1, $2::jsonb, $3) \
+         ON CONFLICT (role_id, session) DO UPDATE SET turns = EXCLUDED.turns, updated_at = now()"
     );
     let expire = format!(
         "DELETE FROM {schema}.nl_sessions \
-         WHERE role = current_user AND updated_at < now() - make_interval(secs => $1)"
+         WHERE role_id = $2 AND updated_at < now() - make_interval(secs => $1)"
     );
     let ttl = settings::session_ttl_s() as f64;
     let settings = [
@@ -179,8 +189,12 @@ fn record_in_table(session: &str, turn: &Turn, keep: usize) -> bool {
     let written = subxact::in_subtransaction(true, || {
         subxact::with_settings(&settings, || {
             Spi::connect_mut(|client| {
-                client.update(&upsert, None, &[session.into(), turns.as_str().into()])?;
-                client.update(&expire, None, &[ttl.into()])?;
+                client.update(
+                    &upsert,
+                    None,
+                    &[session.into(), turns.as_str().into(), role_id().into()],
+                )?;
+                client.update(&expire, None, &[ttl.into(), role_id().into()])?;
                 Ok::<_, pgrx::spi::Error>(())
             })
         })
@@ -218,12 +232,14 @@ fn record_in_redis(session: &str, turn: &Turn, keep: usize) -> bool {
 pub fn reset(session: &str) {
     if store() == Store::Table {
         if let Ok(schema) = schema::extension_schema() {
-            let sql = format!(
-                "DELETE FROM {schema}.nl_sessions WHERE role = current_user AND session = $1"
-            );
+            let sql =
+                format!("DELETE FROM {schema}.nl_sessions WHERE role_id = $2 AND session = $1");
             let _ = subxact::in_subtransaction(true, || {
                 subxact::pinned(|| {
-                    Spi::connect_mut(|c| c.update(&sql, None, &[session.into()]).map(|_| ()))
+                    Spi::connect_mut(|c| {
+                        c.update(&sql, None, &[session.into(), role_id().into()])
+                            .map(|_| ())
+                    })
                 })
             });
         }

@@ -53,7 +53,7 @@ static ALLOWED_FUNCTIONS: GucSetting<Option<std::ffi::CString>> =
     GucSetting::<Option<std::ffi::CString>>::new(None);
 static MAX_TOKENS: GucSetting<i32> = GucSetting::<i32>::new(1024);
 static MAX_RESPONSE_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1 << 20);
-static AUDIT_LOG: GucSetting<AuditLog> = GucSetting::<AuditLog>::new(AuditLog::Errors);
+static AUDIT_LOG: GucSetting<AuditLog> = GucSetting::<AuditLog>::new(AuditLog::All);
 static LLM_FALLBACKS: GucSetting<Option<std::ffi::CString>> =
     GucSetting::<Option<std::ffi::CString>>::new(None);
 static LLM_CIRCUIT_BREAKER_S: GucSetting<i32> = GucSetting::<i32>::new(30);
@@ -80,6 +80,9 @@ static SESSION_TURNS: GucSetting<i32> = GucSetting::<i32>::new(5);
 static SESSION_TTL_S: GucSetting<i32> = GucSetting::<i32>::new(3600);
 static PROGRESS: GucSetting<bool> = GucSetting::<bool>::new(false);
 static HISTORY: GucSetting<bool> = GucSetting::<bool>::new(true);
+static MAX_RESULT_BYTES: GucSetting<i32> = GucSetting::<i32>::new(16 << 20);
+static TRUSTED_OWNERS: GucSetting<Option<std::ffi::CString>> =
+    GucSetting::<Option<std::ffi::CString>>::new(None);
 
 pub fn init() {
     GucRegistry::define_string_guc(
@@ -122,16 +125,21 @@ pub fn init() {
             None,
         );
     }
-    GucRegistry::define_int_guc(
-        c"sql_query_engine.llm_timeout",
-        c"How long one LLM request may take, retries included.",
-        c"",
-        &LLM_TIMEOUT_MS,
-        100,
-        i32::MAX,
-        GucContext::Userset,
-        GucFlags::UNIT_MS,
-    );
+    unsafe {
+        GucRegistry::define_int_guc_with_hooks(
+            c"sql_query_engine.llm_timeout",
+            c"How long one LLM request may take, retries included.",
+            c"",
+            &LLM_TIMEOUT_MS,
+            100,
+            i32::MAX,
+            GucContext::Userset,
+            GucFlags::UNIT_MS,
+            Some(check_llm_timeout),
+            None,
+            None,
+        );
+    }
     GucRegistry::define_float_guc(
         c"sql_query_engine.temperature",
         c"Sampling temperature sent to the model.",
@@ -142,36 +150,51 @@ pub fn init() {
         GucContext::Userset,
         GucFlags::default(),
     );
-    GucRegistry::define_int_guc(
-        c"sql_query_engine.max_repairs",
-        c"How many times a failed or empty query is sent back to the model for repair.",
-        c"At most 1 + max_repairs queries run per question.",
-        &MAX_REPAIRS,
-        0,
-        20,
-        GucContext::Userset,
-        GucFlags::default(),
-    );
-    GucRegistry::define_int_guc(
-        c"sql_query_engine.statement_timeout",
-        c"Time limit for running one generated query.",
-        c"",
-        &STATEMENT_TIMEOUT_MS,
-        1,
-        i32::MAX,
-        GucContext::Userset,
-        GucFlags::UNIT_MS,
-    );
-    GucRegistry::define_int_guc(
-        c"sql_query_engine.max_rows",
-        c"Rows returned at most; further rows are cut and the trace says so.",
-        c"",
-        &MAX_ROWS,
-        1,
-        i32::MAX - 1,
-        GucContext::Userset,
-        GucFlags::default(),
-    );
+    unsafe {
+        GucRegistry::define_int_guc_with_hooks(
+            c"sql_query_engine.max_repairs",
+            c"How many times a failed or empty query is sent back to the model for repair.",
+            c"At most 1 + max_repairs queries run per question.",
+            &MAX_REPAIRS,
+            0,
+            20,
+            GucContext::Userset,
+            GucFlags::default(),
+            Some(check_max_repairs),
+            None,
+            None,
+        );
+    }
+    unsafe {
+        GucRegistry::define_int_guc_with_hooks(
+            c"sql_query_engine.statement_timeout",
+            c"Time limit for running one generated query.",
+            c"",
+            &STATEMENT_TIMEOUT_MS,
+            1,
+            i32::MAX,
+            GucContext::Userset,
+            GucFlags::UNIT_MS,
+            Some(check_statement_timeout),
+            None,
+            None,
+        );
+    }
+    unsafe {
+        GucRegistry::define_int_guc_with_hooks(
+            c"sql_query_engine.max_rows",
+            c"Rows returned at most; further rows are cut and the trace says so.",
+            c"",
+            &MAX_ROWS,
+            1,
+            i32::MAX - 1,
+            GucContext::Userset,
+            GucFlags::default(),
+            Some(check_max_rows),
+            None,
+            None,
+        );
+    }
     GucRegistry::define_bool_guc(
         c"sql_query_engine.allow_system_catalogs",
         c"Whether generated queries may read pg_catalog and information_schema.",
@@ -306,16 +329,21 @@ pub fn init() {
         GucContext::Suset,
         GucFlags::default(),
     );
-    GucRegistry::define_int_guc(
-        c"sql_query_engine.max_tokens",
-        c"Longest answer the model may write, in tokens (sent as max_tokens).",
-        c"",
-        &MAX_TOKENS,
-        16,
-        65_536,
-        GucContext::Userset,
-        GucFlags::default(),
-    );
+    unsafe {
+        GucRegistry::define_int_guc_with_hooks(
+            c"sql_query_engine.max_tokens",
+            c"Longest answer the model may write, in tokens (sent as max_tokens).",
+            c"",
+            &MAX_TOKENS,
+            16,
+            65_536,
+            GucContext::Userset,
+            GucFlags::default(),
+            Some(check_max_tokens),
+            None,
+            None,
+        );
+    }
     GucRegistry::define_int_guc(
         c"sql_query_engine.max_response_bytes",
         c"Largest model response read (superuser only); a larger one is an error.",
@@ -360,22 +388,54 @@ pub fn init() {
         GucContext::Userset,
         GucFlags::default(),
     );
-    GucRegistry::define_int_guc(
-        c"sql_query_engine.candidates",
-        c"Candidate queries asked for in a vote.",
-        c"",
-        &CANDIDATES,
-        2,
-        16,
-        GucContext::Userset,
-        GucFlags::default(),
-    );
+    unsafe {
+        GucRegistry::define_int_guc_with_hooks(
+            c"sql_query_engine.candidates",
+            c"Candidate queries asked for in a vote.",
+            c"",
+            &CANDIDATES,
+            2,
+            16,
+            GucContext::Userset,
+            GucFlags::default(),
+            Some(check_candidates),
+            None,
+            None,
+        );
+    }
     GucRegistry::define_enum_guc(
         c"sql_query_engine.schema_format",
         c"How the schema is written for the model: ddl (CREATE TABLE statements) or mschema.",
         c"",
         &SCHEMA_FORMAT,
         GucContext::Userset,
+        GucFlags::default(),
+    );
+    unsafe {
+        GucRegistry::define_int_guc_with_hooks(
+            c"sql_query_engine.max_result_bytes",
+            c"Bytes of result rows kept at most per query; further rows are cut and the trace says so.",
+            c"Bounds the backend's memory for results (rows are counted by their stored size and \
+              by their JSON text). Roles may lower it for themselves; only a superuser may raise \
+              it above the server's setting.",
+            &MAX_RESULT_BYTES,
+            1024,
+            i32::MAX,
+            GucContext::Userset,
+            GucFlags::UNIT_BYTE,
+            Some(check_max_result_bytes),
+            None,
+            None,
+        );
+    }
+    GucRegistry::define_string_guc(
+        c"sql_query_engine.trusted_owners",
+        c"Roles whose relations and functions a superuser's generated queries may use (superuser only).",
+        c"Comma-separated role names. A call by a superuser (as current or session user) reads \
+          only relations owned by superusers and these roles, and runs no function of another \
+          owner: their code would run with a superuser's rights.",
+        &TRUSTED_OWNERS,
+        GucContext::Suset,
         GucFlags::default(),
     );
     // A mistyped sql_query_engine.* setting is an error instead of a silent placeholder.
@@ -455,32 +515,87 @@ unsafe extern "C-unwind" fn refuse_api_key(
     false
 }
 
-/// `sample_values` as the server's configuration sets it: roles may go lower, not higher.
-static SAMPLE_VALUES_CEILING: AtomicI32 = AtomicI32::new(10);
-
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn check_sample_values(
-    newval: *mut std::ffi::c_int,
-    _extra: *mut *mut std::ffi::c_void,
-    source: pg_sys::GucSource::Type,
-) -> bool {
-    let value = *newval;
-    // Defaults, the configuration file, the command line and ALTER ... ALL SET (superuser).
-    if source <= pg_sys::GucSource::PGC_S_GLOBAL {
-        SAMPLE_VALUES_CEILING.store(value, Ordering::Relaxed);
-        return true;
-    }
-    let ceiling = SAMPLE_VALUES_CEILING.load(Ordering::Relaxed);
-    if value <= ceiling || pg_sys::superuser() {
-        return true;
-    }
-    pg_sys::GUC_check_errcode(pgrx::PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE as i32);
-    pg_sys::GUC_check_errmsg_string = c"only a superuser may raise sql_query_engine.sample_values \
-        above the server's setting"
-        .as_ptr()
-        .cast_mut();
-    false
+/// A bound that the server's configuration sets and roles may only lower for themselves:
+/// a value from the defaults, the configuration file, the command line or `ALTER ROLE ALL`
+/// becomes the ceiling; a role's `SET` or `ALTER ROLE` above it is refused unless a superuser
+/// makes it.
+struct Ceiling {
+    value: AtomicI32,
+    refusal: &'static CStr,
 }
+
+impl Ceiling {
+    const fn new(refusal: &'static CStr) -> Ceiling {
+        Ceiling {
+            value: AtomicI32::new(i32::MAX),
+            refusal,
+        }
+    }
+
+    /// The check hook's verdict on `value` from `source`.
+    unsafe fn check(&self, value: i32, source: pg_sys::GucSource::Type) -> bool {
+        if source <= pg_sys::GucSource::PGC_S_GLOBAL {
+            self.value.store(value, Ordering::Relaxed);
+            return true;
+        }
+        // SAFETY: a check hook runs in a backend, where the current user is known.
+        if value <= self.value.load(Ordering::Relaxed) || unsafe { pg_sys::superuser() } {
+            return true;
+        }
+        // SAFETY: GUC's check-hook error fields, given a static message.
+        unsafe {
+            pg_sys::GUC_check_errcode(pgrx::PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE as i32);
+            pg_sys::GUC_check_errmsg_string = self.refusal.as_ptr().cast_mut();
+        }
+        false
+    }
+}
+
+/// A check hook for an integer setting with a `Ceiling`.
+macro_rules! ceiling_hook {
+    ($hook:ident, $ceiling:ident, $name:literal) => {
+        static $ceiling: Ceiling = Ceiling::new(
+            match CStr::from_bytes_with_nul(
+                concat!(
+                    "only a superuser may raise sql_query_engine.",
+                    $name,
+                    " above the server's setting\0"
+                )
+                .as_bytes(),
+            ) {
+                Ok(message) => message,
+                Err(_) => c"only a superuser may raise this setting above the server's setting",
+            },
+        );
+
+        #[pgrx::pg_guard]
+        unsafe extern "C-unwind" fn $hook(
+            newval: *mut std::ffi::c_int,
+            _extra: *mut *mut std::ffi::c_void,
+            source: pg_sys::GucSource::Type,
+        ) -> bool {
+            // SAFETY: GUC passes a valid pointer to the proposed value.
+            unsafe { $ceiling.check(*newval, source) }
+        }
+    };
+}
+
+ceiling_hook!(check_sample_values, SAMPLE_VALUES_CEILING, "sample_values");
+ceiling_hook!(check_max_rows, MAX_ROWS_CEILING, "max_rows");
+ceiling_hook!(
+    check_max_result_bytes,
+    MAX_RESULT_BYTES_CEILING,
+    "max_result_bytes"
+);
+ceiling_hook!(
+    check_statement_timeout,
+    STATEMENT_TIMEOUT_CEILING,
+    "statement_timeout"
+);
+ceiling_hook!(check_llm_timeout, LLM_TIMEOUT_CEILING, "llm_timeout");
+ceiling_hook!(check_max_repairs, MAX_REPAIRS_CEILING, "max_repairs");
+ceiling_hook!(check_candidates, CANDIDATES_CEILING, "candidates");
+ceiling_hook!(check_max_tokens, MAX_TOKENS_CEILING, "max_tokens");
 
 /// Functions generated queries may call beyond the built-ins. An unparsable setting allows
 /// nothing more (and says so once per backend).
@@ -618,6 +733,22 @@ pub fn statement_timeout_ms() -> i32 {
 
 pub fn max_rows() -> usize {
     MAX_ROWS.get().max(1) as usize
+}
+
+pub fn max_result_bytes() -> usize {
+    MAX_RESULT_BYTES.get().max(1024) as usize
+}
+
+/// The roles a superuser's call trusts besides superusers (`trusted_owners`).
+pub fn trusted_owners() -> Vec<String> {
+    string(&TRUSTED_OWNERS)
+        .map(|s| {
+            s.split(',')
+                .map(|part| part.trim().trim_matches('"').to_string())
+                .filter(|part| !part.is_empty())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The schemas to read, when set (otherwise the search path's).

@@ -135,6 +135,44 @@ pub struct Db {
     schema: String,
 }
 
+/// For each role name of `$1` that exists: why it may run its own code in the gateway's
+/// session (NULL when it may not). `reach` is every role it may become (itself included).
+const RISKY_ROLES_SQL: &str = "
+WITH wanted AS (
+    SELECT DISTINCT r.oid, r.rolname, r.rolsuper
+    FROM pg_catalog.unnest($1::text[]) AS t(name)
+    JOIN pg_catalog.pg_roles r ON r.rolname = t.name),
+reach AS (
+    SELECT w.oid AS token_role, m.oid AS role, m.rolname, m.rolsuper
+    FROM wanted w JOIN pg_catalog.pg_roles m ON pg_catalog.pg_has_role(w.oid, m.oid, 'MEMBER')),
+temp AS (
+    SELECT oid FROM pg_catalog.pg_namespace WHERE nspname ~ '^pg_(toast_)?temp_')
+SELECT w.rolname::text, coalesce(
+    (SELECT 'it is or may become the superuser ' || pg_catalog.quote_ident(x.rolname)
+     FROM reach x WHERE x.token_role = w.oid AND x.rolsuper LIMIT 1),
+    (SELECT 'it may create schemas in this database (as ' || pg_catalog.quote_ident(x.rolname) || ')'
+     FROM reach x WHERE x.token_role = w.oid
+       AND pg_catalog.has_database_privilege(x.role, pg_catalog.current_database(), 'CREATE') LIMIT 1),
+    (SELECT 'it may create objects in schema ' || pg_catalog.quote_ident(n.nspname)
+            || ' (as ' || pg_catalog.quote_ident(x.rolname) || ')'
+     FROM reach x, pg_catalog.pg_namespace n
+     WHERE x.token_role = w.oid AND n.oid NOT IN (SELECT oid FROM temp)
+       AND pg_catalog.has_schema_privilege(x.role, n.oid, 'CREATE') LIMIT 1),
+    (SELECT 'it owns schema ' || pg_catalog.quote_ident(n.nspname)
+     FROM reach x JOIN pg_catalog.pg_namespace n ON n.nspowner = x.role
+     WHERE x.token_role = w.oid AND n.oid NOT IN (SELECT oid FROM temp) LIMIT 1),
+    (SELECT 'it owns relation ' || c.oid::pg_catalog.regclass::text
+     FROM reach x JOIN pg_catalog.pg_class c ON c.relowner = x.role
+     WHERE x.token_role = w.oid AND c.relnamespace NOT IN (SELECT oid FROM temp) LIMIT 1),
+    (SELECT 'it owns function ' || p.oid::pg_catalog.regprocedure::text
+     FROM reach x JOIN pg_catalog.pg_proc p ON p.proowner = x.role
+     WHERE x.token_role = w.oid AND p.pronamespace NOT IN (SELECT oid FROM temp) LIMIT 1),
+    (SELECT 'it owns type ' || t.oid::pg_catalog.regtype::text
+     FROM reach x JOIN pg_catalog.pg_type t ON t.typowner = x.role
+     WHERE x.token_role = w.oid AND t.typnamespace NOT IN (SELECT oid FROM temp) LIMIT 1))
+FROM wanted w
+ORDER BY 1";
+
 /// `name` as an SQL identifier.
 pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
@@ -157,6 +195,22 @@ impl Db {
             .get()
             .await
             .map_err(|e| anyhow::anyhow!("connecting to the database: {e}"))?;
+        let superuser: bool = conn
+            .client
+            .query_one(
+                "SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = session_user",
+                &[],
+            )
+            .await?
+            .get(0);
+        if superuser {
+            anyhow::bail!(
+                "the login role of --database-url is a superuser: the code of views, policies \
+                 and functions that other roles own would run with a superuser's rights (it can \
+                 RESET ROLE); log in as a role with no privileges of its own that may become the \
+                 tokens' roles (see README, \"the gateway\")"
+            );
+        }
         let schema: Option<String> = conn
             .client
             .query_opt(
@@ -176,6 +230,28 @@ impl Db {
             database: config.get_dbname().unwrap_or("postgres").to_string(),
             schema,
         })
+    }
+
+    /// Why each of `roles` should not be a token's role: it is (or may become) a superuser, it
+    /// may create objects outside pg_temp, or it owns relations, functions, types or schemas
+    /// (directly or through a role it may become). Such a role can write code (a view or
+    /// policy calling `set_config('role', ...)` and `query_to_xml`, a function with SET ROLE)
+    /// that runs in the gateway's session, where SET ROLE is checked against the login role:
+    /// it would reach every role the login role may become. Roles that do not exist are left
+    /// out (their requests fail).
+    pub async fn risky_roles(&self, roles: &[String]) -> Result<Vec<(String, String)>, DbError> {
+        let conn: Object<Manager> = self.pool.get().await.map_err(|e| match e {
+            managed::PoolError::Timeout(_) => DbError::Busy,
+            other => DbError::Unavailable(other.to_string()),
+        })?;
+        let rows = conn.client.query(RISKY_ROLES_SQL, &[&roles]).await?;
+        Ok(rows
+            .iter()
+            .filter_map(|row| {
+                let why: Option<String> = row.get(1);
+                why.map(|why| (row.get(0), why))
+            })
+            .collect())
     }
 
     /// Runs `call` as `role` (the login role when `None`) in one transaction; NOTICEs go to

@@ -76,6 +76,10 @@ enum Command {
         /// Host names the MCP endpoint answers to (besides localhost and 127.0.0.1).
         #[arg(long)]
         allowed_host: Vec<String>,
+        /// Start (with a warning) even when a token's role may create objects or owns some:
+        /// its code could SET ROLE to any role the login role may become.
+        #[arg(long)]
+        allow_object_owners: bool,
     },
     /// MCP over stdio, for local clients.
     McpStdio {
@@ -144,10 +148,16 @@ async fn serve(
     max_table_rows: usize,
     model: Option<String>,
     allowed_hosts: Vec<String>,
+    allow_object_owners: bool,
 ) -> anyhow::Result<()> {
-    let tokens =
-        Tokens::load(&tokens_path).map_err(|e| anyhow::anyhow!("reading the tokens: {e}"))?;
     let db = Arc::new(Db::connect(&database_url, pool_size, Duration::from_secs(30)).await?);
+    let entries =
+        Tokens::read(&tokens_path).map_err(|e| anyhow::anyhow!("reading the tokens: {e}"))?;
+    vet(&db, &entries, allow_object_owners)
+        .await
+        .map_err(|e| anyhow::anyhow!("refusing to start: {e}"))?;
+    let tokens = Tokens::default();
+    tokens.set(entries);
     let app = App {
         model: model.unwrap_or_else(|| db.database.clone()),
         db: Arc::clone(&db),
@@ -157,8 +167,10 @@ async fn serve(
         max_table_rows,
     };
 
-    // The tokens file is read again on SIGHUP; a broken file keeps the tokens in force.
+    // The tokens file is read again on SIGHUP; a broken file, or one with a role that may run
+    // its own code, keeps the tokens in force.
     let reload = tokens.clone();
+    let vetting = Arc::clone(&db);
     tokio::spawn(async move {
         let Ok(mut hangups) =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
@@ -166,8 +178,15 @@ async fn serve(
             return;
         };
         while hangups.recv().await.is_some() {
-            match reload.reload(&tokens_path) {
-                Ok(n) => eprintln!("sqe-gateway: tokens reloaded ({n})"),
+            let read = Tokens::read(&tokens_path);
+            let checked = match read {
+                Ok(entries) => vet(&vetting, &entries, allow_object_owners)
+                    .await
+                    .map(|()| entries),
+                Err(e) => Err(e),
+            };
+            match checked {
+                Ok(entries) => eprintln!("sqe-gateway: tokens reloaded ({})", reload.set(entries)),
                 Err(e) => eprintln!("sqe-gateway: tokens not reloaded: {e}"),
             }
         }
@@ -209,6 +228,36 @@ async fn serve(
     Ok(())
 }
 
+/// Refuses tokens whose roles may run their own code in the gateway's session (see
+/// `Db::risky_roles`), unless `allow` (then it warns).
+async fn vet(db: &Db, entries: &[(String, String)], allow: bool) -> Result<(), String> {
+    let roles: Vec<String> = entries.iter().map(|(_, role)| role.clone()).collect();
+    let risky = db
+        .risky_roles(&roles)
+        .await
+        .map_err(|e| format!("checking the tokens' roles failed: {e:?}"))?;
+    if risky.is_empty() {
+        return Ok(());
+    }
+    let list: Vec<String> = risky
+        .iter()
+        .map(|(role, why)| format!("role {role}: {why}"))
+        .collect();
+    let message = format!(
+        "a token's role can run code of its own in the gateway's session, where SET ROLE reaches \
+         every role the login role may become: {}",
+        list.join("; ")
+    );
+    if allow {
+        eprintln!("sqe-gateway: WARNING: {message} (allowed by --allow-object-owners)");
+        return Ok(());
+    }
+    Err(format!(
+        "{message}; give tokens roles that own nothing and may create nothing (or pass \
+         --allow-object-owners)"
+    ))
+}
+
 async fn mcp_stdio(database_url: String, role: Option<String>) -> anyhow::Result<()> {
     let db = Arc::new(Db::connect(&database_url, 4, Duration::from_secs(30)).await?);
     let running = mcp::Mcp::new(db, role)
@@ -231,6 +280,7 @@ async fn main() -> anyhow::Result<()> {
             max_table_rows,
             model,
             allowed_host,
+            allow_object_owners,
         } => {
             serve(
                 listen,
@@ -242,6 +292,7 @@ async fn main() -> anyhow::Result<()> {
                 max_table_rows,
                 model,
                 allowed_host,
+                allow_object_owners,
             )
             .await
         }

@@ -46,21 +46,19 @@ fn same(a: &str, b: &str) -> bool {
 }
 
 impl Tokens {
-    pub fn load(path: &str) -> Result<Tokens, String> {
-        let tokens = Tokens::default();
-        tokens.reload(path)?;
-        Ok(tokens)
+    /// The entries of the tokens file at `path`.
+    pub fn read(path: &str) -> Result<Vec<(String, String)>, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+        parse(&text).map_err(|e| format!("{path}: {e}"))
     }
 
-    /// Reads `path` again; on an error the tokens in force stay.
-    pub fn reload(&self, path: &str) -> Result<usize, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
-        let entries = parse(&text).map_err(|e| format!("{path}: {e}"))?;
+    /// Puts `entries` in force; returns how many there are.
+    pub fn set(&self, entries: Vec<(String, String)>) -> usize {
         let n = entries.len();
         if let Ok(mut current) = self.0.write() {
             *current = entries;
         }
-        Ok(n)
+        n
     }
 
     /// The role of `token`, comparing it with every entry.

@@ -21,6 +21,9 @@ pub struct Function<'a> {
     pub builtin: bool,
     /// The extension it belongs to, if any.
     pub extension: Option<&'a str>,
+    /// Takes or returns `cstring` or `internal`: a type's input, output or support function,
+    /// which converts to or from any type it is told to (`domain_in('1', 'd'::regtype, -1)`).
+    pub type_support: bool,
 }
 
 /// PostgreSQL's `provolatile` code for VOLATILE (the others are `i` and `s`).
@@ -51,6 +54,7 @@ const SIDE_EFFECT_NAMES: &[&str] = &[
     "pg_prewarm",
     "txid_current",
     "txid_current_if_assigned",
+    "txid_current_snapshot",
     "loread",
     "lowrite",
     "normal_rand",
@@ -107,6 +111,10 @@ const RUNS_SQL_TEXT: &[&str] = &[
     "xpath_table",
 ];
 const RUNS_SQL_TEXT_PREFIXES: &[&str] = &["dblink"];
+
+/// Built-ins that run the input function of a type named as text (PostgreSQL 16 and later),
+/// and with it that type's domain CHECKs: refused unless named in `allowed_functions`.
+const RUNS_TYPE_INPUT: &[&str] = &["pg_input_is_valid", "pg_input_error_info"];
 
 /// VOLATILE built-ins that only produce values.
 const VOLATILE_ALLOWED: &[&str] = &[
@@ -219,8 +227,24 @@ pub fn refuse(f: &Function, allowed: &Allowed, allow_catalogs: bool) -> Option<S
             )
         });
     }
+    if RUNS_TYPE_INPUT.contains(&lower.as_str()) {
+        return (!named).then(|| {
+            format!(
+                "it runs the input function of a type given by name, out of the guard's sight; \
+                 a superuser may allow it by name with sql_query_engine.allowed_functions = '{}.{}'",
+                f.schema, f.name
+            )
+        });
+    }
     if named {
         return None;
+    }
+    if f.type_support {
+        return Some(
+            "it is a type's input, output or support function (it takes or returns cstring or \
+             internal); values are converted with casts"
+                .into(),
+        );
     }
     if f.builtin {
         let system = (lower.starts_with("pg_") && !HARMLESS_PG_FUNCTIONS.contains(&lower.as_str()))
@@ -260,6 +284,34 @@ pub fn refuse(f: &Function, allowed: &Allowed, allow_catalogs: bool) -> Option<S
     ))
 }
 
+/// Why `f` may not run implicitly, for a type (its input, output, receive, send, typmod,
+/// analyze or subscript function, a range's canonical or difference function) or while the
+/// runtime gate is open: built-ins run, and what a superuser allowed (by name, extension or
+/// schema), whatever its volatility or argument types; side effects never do.
+pub fn refuse_support(f: &Function, allowed: &Allowed) -> Option<String> {
+    let lower = f.name.to_ascii_lowercase();
+    if SIDE_EFFECT_NAMES.contains(&lower.as_str())
+        || SIDE_EFFECT_PREFIXES.iter().any(|p| lower.starts_with(p))
+    {
+        return Some("it has side effects or reads settings".into());
+    }
+    let by_group = f
+        .extension
+        .is_some_and(|e| allowed.extensions.iter().any(|a| a == e))
+        || allowed.schemas.iter().any(|s| s == f.schema);
+    if f.builtin || by_group || allowed.names(f) {
+        return None;
+    }
+    let how = match f.extension {
+        Some(extension) => format!("'extension:{extension}' or '{}.{}'", f.schema, f.name),
+        None => format!("'schema:{}' or '{}.{}'", f.schema, f.schema, f.name),
+    };
+    Some(format!(
+        "only built-in functions run unless a superuser allows more; allow it with \
+         sql_query_engine.allowed_functions = {how}"
+    ))
+}
+
 /// Schemas whose relations are not queryable unless `sql_query_engine.allow_system_catalogs` is
 /// on: questions about the schema are answered from the schema context instead.
 pub const CATALOG_SCHEMAS: &[&str] = &["pg_catalog", "information_schema", "pg_toast"];
@@ -277,6 +329,7 @@ mod tests {
             volatility,
             builtin: true,
             extension: None,
+            type_support: false,
         }
     }
 
@@ -287,6 +340,7 @@ mod tests {
             volatility: STABLE,
             builtin: false,
             extension,
+            type_support: false,
         }
     }
 
@@ -409,6 +463,31 @@ mod tests {
         }
         // a look-alike outside pg_catalog is not a built-in
         assert!(refuse(&user("public", "lower", None), &none(), false).is_some());
+    }
+
+    #[test]
+    fn type_support_functions_run_only_implicitly() {
+        let domain_in = Function {
+            type_support: true,
+            ..builtin("domain_in", STABLE)
+        };
+        assert!(refuse(&domain_in, &none(), true)
+            .unwrap()
+            .contains("input, output or support function"));
+        assert!(refuse_support(&domain_in, &none()).is_none());
+        assert!(refuse(&builtin("txid_current_snapshot", STABLE), &none(), true).is_some());
+        assert!(refuse(&builtin("pg_input_is_valid", STABLE), &none(), true)
+            .unwrap()
+            .contains("input function of a type"));
+        let vector_in = Function {
+            type_support: true,
+            ..user("public", "vector_in", Some("vector"))
+        };
+        assert!(refuse_support(&vector_in, &none())
+            .unwrap()
+            .contains("'extension:vector'"));
+        assert!(refuse_support(&vector_in, &Allowed::parse("extension:vector").unwrap()).is_none());
+        assert!(refuse_support(&builtin("pg_sleep", STABLE), &none()).is_some());
     }
 
     #[test]

@@ -89,6 +89,26 @@ pub struct ForeignKey {
 }
 
 impl Relation {
+    /// Where the extension may read this relation on its own (schema samples, the value
+    /// index), so that the read runs no code: plain tables without their inheritance children
+    /// (`ONLY`), materialized views, and partitioned tables whole; never views (their owner's
+    /// functions), foreign tables (a read connects elsewhere) or relations where row-level
+    /// security applies to the caller (its policies are their owner's code). The guard checks
+    /// again when it reads (`guard::Origin::Own`).
+    pub fn own_read_from(&self) -> Option<String> {
+        let qualified = format!("{}.{}", self.schema, self.name);
+        let from = match self.kind.as_str() {
+            "table" | "materialized view" => format!("ONLY {qualified}"),
+            "partitioned table" => qualified,
+            _ => return None,
+        };
+        // SAFETY: a catalog look-up of a relation the caller may read.
+        let row_security = unsafe {
+            pg_sys::check_enable_rls(pg_sys::Oid::from(self.oid), pg_sys::InvalidOid, true)
+        };
+        (row_security == pg_sys::CheckEnableRlsResult::RLS_NONE as i32).then_some(from)
+    }
+
     /// How the relation is written in SQL from the caller's search path.
     pub fn sql_name(&self) -> String {
         if self.visible {
@@ -160,8 +180,10 @@ WHERE a.attrelid = ANY($1::oid[]) AND a.attnum > 0 AND NOT a.attisdropped
        OR has_column_privilege(a.attrelid, a.attnum, 'SELECT'))
 "#;
 
-/// The planner's most common values and histogram bounds of the tables named `$2` in the
-/// schemas `$1`. pg_stats hides what the caller may not see (column privileges, row security).
+/// The planner's most common values and histogram bounds of the text columns `$3` of the
+/// tables `$2` in the schemas `$1` (parallel arrays). pg_stats hides what the caller may not
+/// see (column privileges, row security). Only columns of built-in text types are asked for, so
+/// that turning the statistics into text runs only built-in output functions.
 const STATISTICS_SQL: &str = r#"
 SELECT coalesce(json_agg(json_build_object(
     'schema', s.schemaname,
@@ -174,6 +196,7 @@ SELECT coalesce(json_agg(json_build_object(
 )), '[]')::text
 FROM pg_stats s
 WHERE s.schemaname = ANY($1::text[]) AND s.tablename = ANY($2::text[])
+  AND (s.schemaname, s.tablename, s.attname) IN (SELECT * FROM unnest($1, $2, $3))
   AND (s.most_common_vals IS NOT NULL OR s.histogram_bounds IS NOT NULL)
 "#;
 
@@ -260,13 +283,34 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
                 .iter()
                 .map(|r| pg_sys::Oid::from(r.relation.oid))
                 .collect();
-            let columns: Vec<ColumnRow> = parse(&json(COLUMNS_SQL, &[oids.clone().into()])?)?;
+            let mut columns: Vec<ColumnRow> = parse(&json(COLUMNS_SQL, &[oids.clone().into()])?)?;
+            for row in &mut columns {
+                // Text the extension may read on its own: built-in types, and domains over
+                // them (a domain's CHECK does not run on a read).
+                // SAFETY: a catalog look-up of a column's type.
+                let base = unsafe { pg_sys::getBaseType(pg_sys::Oid::from(row.column.type_oid)) };
+                row.column.textual &= base.to_u32() < pg_sys::FirstNormalObjectId;
+            }
             let statistics: Vec<StatisticsRow> = if common_values {
-                let names: Vec<String> = found.iter().map(|r| r.raw_name.clone()).collect();
-                parse(&json(
-                    STATISTICS_SQL,
-                    &[schemas.to_vec().into(), names.into()],
-                )?)?
+                let by_oid: HashMap<u32, &RelationRow> =
+                    found.iter().map(|r| (r.relation.oid, r)).collect();
+                let (mut in_schemas, mut in_tables, mut names) =
+                    (Vec::new(), Vec::new(), Vec::new());
+                for row in columns.iter().filter(|c| c.column.textual) {
+                    if let Some(relation) = by_oid.get(&row.relation) {
+                        in_schemas.push(relation.raw_schema.clone());
+                        in_tables.push(relation.raw_name.clone());
+                        names.push(row.raw_name.clone());
+                    }
+                }
+                if names.is_empty() {
+                    Vec::new()
+                } else {
+                    parse(&json(
+                        STATISTICS_SQL,
+                        &[in_schemas.into(), in_tables.into(), names.into()],
+                    )?)?
+                }
             } else {
                 Vec::new()
             };

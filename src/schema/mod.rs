@@ -43,15 +43,12 @@ pub struct TextColumn {
     pub relation: usize,
     /// The column's name, quoted.
     pub column_sql: String,
-    /// The relation, schema-qualified and quoted (for reading it).
-    pub qualified_table: String,
+    /// Where the extension may read its relation on its own (`Relation::own_read_from`).
+    pub read_from: Option<String>,
     /// `relation.column` as the prompt writes it.
     pub display: String,
     /// Values known from the planner's statistics (most common values, histogram bounds).
     pub statistics: Vec<String>,
-    /// Row-level security applies to the caller on its relation.
-    pub row_security: bool,
-    pub foreign: bool,
 }
 
 /// The text columns of a schema context, grouped by relation.
@@ -446,15 +443,12 @@ impl SchemaContext {
     pub fn text_columns(&self) -> TextColumns {
         let mut columns = Vec::new();
         for (i, relation) in self.relations.iter().enumerate() {
-            let row_security = unsafe {
-                pg_sys::check_enable_rls(pg_sys::Oid::from(relation.oid), pg_sys::InvalidOid, true)
-                    == pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32
-            };
+            let read_from = relation.own_read_from();
             for column in relation.columns.iter().filter(|c| c.textual) {
                 columns.push(TextColumn {
                     relation: i,
                     column_sql: column.name.clone(),
-                    qualified_table: format!("{}.{}", relation.schema, relation.name),
+                    read_from: read_from.clone(),
                     display: format!("{}.{}", relation.sql_name(), column.name),
                     statistics: column
                         .common_values
@@ -462,8 +456,6 @@ impl SchemaContext {
                         .chain(&column.histogram)
                         .cloned()
                         .collect(),
-                    row_security,
-                    foreign: relation.kind == "foreign table",
                 });
             }
         }

@@ -1,8 +1,8 @@
 //! Sample values for text columns, cheaply and safely. Where ANALYZE ran, the planner's most
 //! common values come with the catalog query. Otherwise a bounded read of the relation (at most
-//! `SCAN_ROWS` rows, as the caller, read-only, under a short timeout, through the same guarded
-//! executor as generated queries) supplies them. Values are truncated and, in the prompt,
-//! quoted as data.
+//! `SCAN_ROWS` rows, as the caller, read-only, under a short timeout, in the sandbox) supplies
+//! them, only where that read runs no code (`Relation::own_read_from`). Values are truncated
+//! and, in the prompt, quoted as data.
 
 use super::catalog::{Column, Relation};
 use crate::exec;
@@ -69,7 +69,10 @@ pub fn for_relation(relation: &Relation, per_column: usize) -> Vec<Option<Sample
         .filter(|(i, c)| c.textual && samples[*i].is_none())
         .map(|(i, _)| i)
         .collect();
-    if per_column == 0 || unknown.is_empty() || relation.kind == "foreign table" {
+    let Some(from) = relation.own_read_from() else {
+        return samples;
+    };
+    if per_column == 0 || unknown.is_empty() {
         return samples;
     }
     let columns: Vec<&str> = unknown
@@ -77,10 +80,10 @@ pub fn for_relation(relation: &Relation, per_column: usize) -> Vec<Option<Sample
         .map(|i| relation.columns[*i].name.as_str())
         .collect();
     let Some(scanned) = exec::scan_text_columns(
-        &relation.sql_name(),
+        &from,
         &columns,
         SCAN_ROWS,
-        None,
+        exec::ValueLength::Cut(MAX_VALUE_CHARS + 1),
         SCAN_TIMEOUT_MS,
     ) else {
         return samples;

@@ -4,12 +4,13 @@
 //! Built once per schema context (so per role, and again whenever the schema cache is rebuilt:
 //! DDL, or ANALYZE that moved the statistics), as the caller, from what the caller may read: the
 //! planner's most common values and histogram bounds of each text column, and a bounded read of
-//! each relation (`SCAN_ROWS` rows, read-only, through the guarded executor), within a time
-//! budget and a size bound. Tables where row-level security applies to the caller are not
-//! indexed: their values are looked up live, as the caller, for each question. Nothing is built
-//! or sent with `sample_values = 0`. Look-ups are exact (case and blank space aside) for every
-//! phrase of the question, and fuzzy (trigram similarity, as pg_trgm computes it) for quoted and
-//! capitalised ones.
+//! each relation whose read runs no code (`Relation::own_read_from`: no views, no foreign
+//! tables, no tables where row-level security applies to the caller; `SCAN_ROWS` rows,
+//! read-only, in the sandbox), within a time budget and a size bound. Relations that may not be
+//! read are indexed from their statistics alone (PostgreSQL shows none for tables whose row
+//! security applies). Nothing is built or sent with `sample_values = 0`. Look-ups are exact
+//! (case and blank space aside) for every phrase of the question, and fuzzy (trigram
+//! similarity, as pg_trgm computes it) for quoted and capitalised ones.
 
 mod phrases;
 
@@ -18,7 +19,7 @@ use std::cell::RefCell;
 use std::rc::{Rc, Weak};
 use std::time::{Duration, Instant};
 
-use crate::exec::{self, Mode, Outcome};
+use crate::exec;
 use crate::schema::{SchemaContext, TextColumns};
 
 pub use phrases::{normalize, phrases, similarity, trigrams};
@@ -32,9 +33,6 @@ const MAX_VALUES: usize = 200_000;
 const MAX_VALUE_CHARS: usize = 80;
 /// Time the whole build may take; relations not read by then are indexed from statistics only.
 const BUILD_BUDGET: Duration = Duration::from_millis(2000);
-/// Rows a live look-up (row security) reads at most, and its time limit.
-const LIVE_ROWS: usize = 100_000;
-const LIVE_TIMEOUT_MS: i32 = 200;
 /// Similarity a fuzzy match needs.
 const FUZZY_THRESHOLD: f32 = 0.55;
 /// Matches shown at most, and columns per phrase.
@@ -66,8 +64,6 @@ pub struct ValueIndex {
     values: Vec<Stored>,
     exact: FxHashMap<String, Vec<usize>>,
     by_trigram: FxHashMap<u64, Vec<u32>>,
-    /// Columns of tables with row security for the caller: looked up live.
-    live: Vec<usize>,
 }
 
 thread_local! {
@@ -95,33 +91,28 @@ impl ValueIndex {
             values: Vec::new(),
             exact: FxHashMap::default(),
             by_trigram: FxHashMap::default(),
-            live: Vec::new(),
             columns,
         };
         let deadline = Instant::now() + BUILD_BUDGET;
         for relation in index.columns.relations() {
+            pgrx::check_for_interrupts!();
             let ids = index.columns.of_relation(relation);
-            if index.columns.get(ids[0]).row_security {
-                index.live.extend(ids);
-                continue;
-            }
             let mut per_column: Vec<Vec<String>> = ids
                 .iter()
                 .map(|&id| index.columns.get(id).statistics.clone())
                 .collect();
             let now = Instant::now();
-            if now < deadline && !index.columns.get(ids[0]).foreign {
+            if let (true, Some(from)) = (now < deadline, &index.columns.get(ids[0]).read_from) {
                 let remaining = (deadline - now).as_millis().clamp(1, 1000) as i32;
                 let columns: Vec<&str> = ids
                     .iter()
                     .map(|&id| index.columns.get(id).column_sql.as_str())
                     .collect();
-                let table = &index.columns.get(ids[0]).qualified_table;
                 let scanned = exec::scan_text_columns(
-                    table,
+                    from,
                     &columns,
                     SCAN_ROWS,
-                    Some(MAX_VALUE_CHARS),
+                    exec::ValueLength::AtMost(MAX_VALUE_CHARS),
                     remaining,
                 );
                 for (values, more) in per_column
@@ -215,7 +206,6 @@ impl ValueIndex {
                 }
             }
         }
-        matches.extend(self.live_lookup(&candidates, MAX_MATCHES.saturating_sub(matches.len())));
         matches.truncate(MAX_MATCHES);
         matches
     }
@@ -246,54 +236,6 @@ impl ValueIndex {
             .collect();
         best.sort_by(|a, b| b.0.total_cmp(&a.0));
         best.into_iter().take(2).map(|(_, id)| id).collect()
-    }
-
-    /// Exact matches in tables with row security for the caller, read as the caller.
-    fn live_lookup(&self, candidates: &[phrases::Phrase], room: usize) -> Vec<Match> {
-        if room == 0 || self.live.is_empty() {
-            return Vec::new();
-        }
-        let keys: Vec<String> = candidates
-            .iter()
-            .take(50)
-            .map(|p| crate::schema::quote_literal(&normalize(&p.text)))
-            .collect();
-        if keys.is_empty() {
-            return Vec::new();
-        }
-        let mut found = Vec::new();
-        for &id in &self.live {
-            let column = self.columns.get(id);
-            let sql = format!(
-                "SELECT DISTINCT v FROM (SELECT {} AS v FROM {} LIMIT {LIVE_ROWS}) s \
-                 WHERE lower(v) IN ({}) LIMIT 3",
-                column.column_sql,
-                column.qualified_table,
-                keys.join(", ")
-            );
-            if let Outcome::Rows(result) =
-                exec::attempt(&sql, Mode::Run { max_rows: 3 }, LIVE_TIMEOUT_MS)
-            {
-                for row in result.rows {
-                    let value = serde_json::from_str::<serde_json::Value>(&row)
-                        .ok()
-                        .and_then(|v| v.get("v").and_then(|v| v.as_str()).map(str::to_string));
-                    if let Some(value) = value {
-                        found.push(Match {
-                            value,
-                            column: column.display.clone(),
-                            relation: column.relation,
-                            exact: true,
-                        });
-                    }
-                }
-            }
-            if found.len() >= room {
-                break;
-            }
-        }
-        found.truncate(room);
-        found
     }
 }
 

@@ -319,16 +319,17 @@ fn the_questions_values_are_found_where_they_are_stored_and_only_where_the_role_
         "-- 'Death Touch' found in powers.power_name"
     );
 
-    // row-level security: looked up live, as the caller, and only its own rows
+    // row-level security: the table's policies are its owner's code, which the extension's
+    // own reads never run, and PostgreSQL shows no statistics of it: no values from it at all,
+    // and certainly none of rows the role cannot see
     let told = ask(&mut s, "notes about the Secret Plan or the Shopping List");
-    assert!(
-        told.contains("'Shopping List' found in notes.body"),
-        "{told}"
-    );
     let context = told.split("Question:").next().unwrap();
+    assert!(context.contains("CREATE TABLE notes"), "{told}");
     assert!(
-        !context.contains("Secret Plan") && !context.contains("somebody_else"),
-        "a row the role cannot see: {told}"
+        !context.contains("found in notes.body")
+            && !context.contains("Secret Plan")
+            && !context.contains("somebody_else"),
+        "values of a table with row security: {told}"
     );
 
     // a column the role may not read is not looked at

@@ -171,9 +171,17 @@ fn redis_shares_a_conversation_across_connections_but_not_roles() {
         .arg("sql_query_engine:*:session:pooled")
         .query(&mut r)
         .unwrap();
-    // one key per role: namespaced by database and role
-    let own = format!("sql_query_engine:{}:postgres:session:pooled", s.database);
-    let theirs = format!("sql_query_engine:{}:{role}:session:pooled", s.database);
+    // one key per role: namespaced by database and role, both by OID
+    let mut oid = |sql: &str| -> u32 { s.client.query_one(sql, &[]).unwrap().get(0) };
+    let database = oid("SELECT oid FROM pg_database WHERE datname = current_database()");
+    let (postgres, stranger) = (
+        oid("SELECT oid FROM pg_roles WHERE rolname = 'postgres'"),
+        oid(&format!(
+            "SELECT oid FROM pg_roles WHERE rolname = '{role}'"
+        )),
+    );
+    let own = format!("sql_query_engine:{database}:{postgres}:session:pooled");
+    let theirs = format!("sql_query_engine:{database}:{stranger}:session:pooled");
     assert!(
         keys.contains(&own) && keys.contains(&theirs) && keys.len() == 2,
         "{keys:?}"
@@ -312,15 +320,26 @@ fn a_restarted_redis_is_used_again_and_memory_bridges_the_gap() {
 #[test]
 fn progress_events_are_published_in_order_and_shown_as_notices() {
     let redis = RedisServer::start();
+    let notices = Arc::new(Mutex::new(Vec::new()));
+    let mut s = Session::with_notices(Arc::clone(&notices));
+    // The channel is namespaced like the session keys: database and role, by OID. Nothing
+    // goes to a channel named after the session alone, which any Redis client could read.
+    let channel: String = s
+        .client
+        .query_one(
+            "SELECT format('sql_query_engine:%s:%s:progress:live', d.oid, current_user::regrole::oid)
+             FROM pg_database d WHERE d.datname = current_database()",
+            &[],
+        )
+        .unwrap()
+        .get(0);
     let mut subscriber = redis.client().unwrap();
     let mut pubsub = subscriber.as_pubsub();
+    pubsub.subscribe(&channel).unwrap();
     pubsub.subscribe("sql_query_engine:live").unwrap();
     pubsub
         .set_read_timeout(Some(Duration::from_secs(5)))
         .unwrap();
-
-    let notices = Arc::new(Mutex::new(Vec::new()));
-    let mut s = Session::with_notices(Arc::clone(&notices));
     use_redis(&mut s.client, &redis.url());
     s.client
         .batch_execute("SET sql_query_engine.progress = on")
@@ -343,6 +362,7 @@ fn progress_events_are_published_in_order_and_shown_as_notices() {
         .unwrap_or(true)
     {
         let message = pubsub.get_message().expect("an event");
+        assert_eq!(message.get_channel_name(), channel);
         let payload: String = message.get_payload().unwrap();
         events.push(serde_json::from_str(&payload).unwrap());
     }

@@ -451,13 +451,21 @@ fn with_sample_values_off_no_stored_value_reaches_the_model() {
 }
 
 #[test]
-fn a_failed_call_is_in_the_server_log_after_the_callers_rollback() {
+fn every_call_is_in_the_server_log_whatever_the_callers_transaction() {
     let mut s = Session::new();
     configure_database(&mut s, "sk-audit-0001");
     let role = reader(&mut s, "audited");
     s.llm.on(
         "delete the evidence",
         vec![Reply::sql("DELETE FROM orders")],
+    );
+    s.llm.on(
+        "count them quietly",
+        vec![Reply::sql("SELECT count(*) AS n FROM orders")],
+    );
+    s.llm.on(
+        "count them and roll back",
+        vec![Reply::sql("SELECT count(*) AS n FROM orders")],
     );
     let mut caller = cluster().connect_as(&s.database, &role);
     caller.batch_execute("BEGIN").unwrap();
@@ -466,6 +474,19 @@ fn a_failed_call_is_in_the_server_log_after_the_callers_rollback() {
         .unwrap_err();
     assert_eq!(db_error(&error).0, "25006");
     caller.batch_execute("ROLLBACK").unwrap();
+    // Successful calls too: in a read-only transaction (no history row can be written) and in
+    // one that is rolled back (the history row goes with it).
+    caller
+        .batch_execute(
+            "BEGIN READ ONLY; SELECT nl_query('count them quietly'); COMMIT;
+             BEGIN; SELECT nl_query('count them and roll back'); ROLLBACK;",
+        )
+        .unwrap();
+    let history: i64 = caller
+        .query_one("SELECT count(*) FROM nl_history", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(history, 0, "no history row survives");
     // the role cannot hide it: the log setting is the superuser's
     let refused = caller
         .batch_execute("SET sql_query_engine.audit_log = off")
@@ -474,6 +495,25 @@ fn a_failed_call_is_in_the_server_log_after_the_callers_rollback() {
     let Some(log) = cluster().server_log() else {
         return; // a cluster this process did not start: its log is not ours to read
     };
-    let line = format!("sql_query_engine: nl_query by role \"{role}\": ERROR 25006");
-    assert!(log.contains(&line), "not in the server log: {line}");
+    let oid: u32 = s
+        .client
+        .query_one("SELECT oid FROM pg_roles WHERE rolname = $1", &[&role])
+        .unwrap()
+        .get(0);
+    let by = format!("sql_query_engine: nl_query by role \"{role}\" (oid {oid})");
+    for (outcome, question) in [
+        ("ERROR 25006", "delete the evidence"),
+        ("ok, 1 rows, 1 attempt", "count them quietly"),
+        ("ok, 1 rows, 1 attempt", "count them and roll back"),
+    ] {
+        let line = format!("{by}: {outcome}");
+        let asked = format!("input: {question}");
+        assert!(
+            log.lines()
+                .collect::<Vec<_>>()
+                .windows(2)
+                .any(|w| w[0].contains(&line) && w[1].contains(&asked)),
+            "not in the server log: {line} / {asked}"
+        );
+    }
 }

@@ -4,20 +4,44 @@
 use sql_query_engine_e2e::{cluster, Reply, ScriptedLlm};
 
 /// Every object of the extension with what defines it, sorted: functions with their full
-/// definition, tables with their columns, event triggers with their tags.
+/// definition and privileges; tables with their columns (types, NOT NULL, defaults), row
+/// security, privileges, indexes, constraints and policies; event triggers with their tags.
 const MEMBERS: &str = "
 SELECT pg_describe_object(d.classid, d.objid, d.objsubid) || ': ' || coalesce(
-         CASE WHEN d.classid = 'pg_proc'::regclass THEN pg_get_functiondef(d.objid) END,
+         CASE WHEN d.classid = 'pg_proc'::regclass THEN
+             pg_get_functiondef(d.objid) || ' acl ' || coalesce(
+                 (SELECT proacl::text FROM pg_proc WHERE oid = d.objid), '') END,
          CASE WHEN d.classid = 'pg_class'::regclass THEN (
              SELECT string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
-                               || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END, ', ' ORDER BY a.attnum)
-             FROM pg_attribute a WHERE a.attrelid = d.objid AND a.attnum > 0 AND NOT a.attisdropped) END,
+                               || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
+                               || coalesce(' default ' || pg_get_expr(ad.adbin, ad.adrelid), '')
+                               || CASE WHEN a.attidentity <> '' THEN ' identity ' || a.attidentity::text ELSE '' END,
+                               ', ' ORDER BY a.attnum)
+             FROM pg_attribute a
+             LEFT JOIN pg_attrdef ad ON ad.adrelid = a.attrelid AND ad.adnum = a.attnum
+             WHERE a.attrelid = d.objid AND a.attnum > 0 AND NOT a.attisdropped)
+             || ' | row security ' || c.relrowsecurity || ' forced ' || c.relforcerowsecurity
+             || ' | acl ' || coalesce(c.relacl::text, '')
+             || ' | indexes ' || coalesce((SELECT string_agg(pg_get_indexdef(i.indexrelid), '; '
+                                                             ORDER BY 1)
+                                          FROM pg_index i WHERE i.indrelid = d.objid), '')
+             || ' | constraints ' || coalesce((SELECT string_agg(co.conname || ' '
+                                                                 || pg_get_constraintdef(co.oid), '; '
+                                                                 ORDER BY co.conname)
+                                              FROM pg_constraint co WHERE co.conrelid = d.objid), '')
+             || ' | policies ' || coalesce((SELECT string_agg(p.polname || ' ' || p.polcmd::text || ' '
+                                                              || coalesce(pg_get_expr(p.polqual, p.polrelid), '')
+                                                              || ' check ' || coalesce(pg_get_expr(p.polwithcheck, p.polrelid), ''),
+                                                              '; ' ORDER BY p.polname)
+                                           FROM pg_policy p WHERE p.polrelid = d.objid), '')
+             END,
          CASE WHEN d.classid = 'pg_event_trigger'::regclass THEN (
              SELECT evtevent || ' ' || coalesce(array_to_string(evttags, ','), '') || ' '
                     || evtfoid::regproc::text
              FROM pg_event_trigger WHERE oid = d.objid) END,
          '')
 FROM pg_depend d JOIN pg_extension e ON e.oid = d.refobjid
+LEFT JOIN pg_class c ON d.classid = 'pg_class'::regclass AND c.oid = d.objid
 WHERE e.extname = 'sql_query_engine' AND d.deptype = 'e'
 ORDER BY 1";
 
@@ -44,7 +68,7 @@ fn new_database(name: &str) -> String {
 }
 
 #[test]
-fn updating_from_0_1_0_equals_a_fresh_install_and_keeps_the_data() {
+fn updating_from_0_1_0_through_0_2_0_equals_a_fresh_install_and_keeps_the_data() {
     let fresh = new_database("sqe_fresh");
     cluster()
         .connect(&fresh)
@@ -61,7 +85,7 @@ fn updating_from_0_1_0_equals_a_fresh_install_and_keeps_the_data() {
         )
         .expect("installing 0.1.0 (scripts/test.sh puts its script into the server's directory)");
     client
-        .batch_execute("ALTER EXTENSION sql_query_engine UPDATE TO '0.2.0'")
+        .batch_execute("ALTER EXTENSION sql_query_engine UPDATE TO '0.3.0'")
         .unwrap();
     let version: String = client
         .query_one(
@@ -70,7 +94,7 @@ fn updating_from_0_1_0_equals_a_fresh_install_and_keeps_the_data() {
         )
         .unwrap()
         .get(0);
-    assert_eq!(version, "0.2.0");
+    assert_eq!(version, "0.3.0");
     let (updated_members, fresh_members) = (members(&updated), members(&fresh));
     let only = |a: &[String], b: &[String]| -> Vec<String> {
         a.iter().filter(|m| !b.contains(m)).cloned().collect()

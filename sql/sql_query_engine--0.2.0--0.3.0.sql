@@ -1,0 +1,27 @@
+-- sql_query_engine 0.2.0 -> 0.3.0 (ALTER EXTENSION sql_query_engine UPDATE TO '0.3.0').
+\echo Use "ALTER EXTENSION sql_query_engine UPDATE TO '0.3.0'" to load this file. \quit
+
+-- Roles are told apart by OID, not by name: a role dropped and created again under the same
+-- name, or renamed, never sees another role's history or sessions. Rows of roles that no
+-- longer exist keep role_id 0 (history, which only its owner reads) or go (sessions).
+ALTER TABLE @extschema@.nl_history ADD COLUMN role_id oid NOT NULL DEFAULT 0;
+UPDATE @extschema@.nl_history h SET role_id = r.oid
+    FROM pg_catalog.pg_roles r WHERE r.rolname = h.role;
+ALTER TABLE @extschema@.nl_history ALTER COLUMN role_id SET DEFAULT current_user::regrole::oid;
+DROP INDEX @extschema@.nl_history_role_at_idx;
+CREATE INDEX nl_history_role_id_at_idx ON @extschema@.nl_history (role_id, at);
+ALTER POLICY own_rows ON @extschema@.nl_history USING (role_id = current_user::regrole::oid)
+    WITH CHECK (role_id = current_user::regrole::oid);
+
+ALTER TABLE @extschema@.nl_sessions ADD COLUMN role_id oid NOT NULL DEFAULT 0;
+UPDATE @extschema@.nl_sessions s SET role_id = r.oid
+    FROM pg_catalog.pg_roles r WHERE r.rolname = s.role;
+DELETE FROM @extschema@.nl_sessions WHERE role_id = 0;
+ALTER TABLE @extschema@.nl_sessions ALTER COLUMN role_id SET DEFAULT current_user::regrole::oid;
+ALTER TABLE @extschema@.nl_sessions DROP CONSTRAINT nl_sessions_pkey;
+ALTER TABLE @extschema@.nl_sessions ADD PRIMARY KEY (role_id, session);
+ALTER POLICY own_sessions ON @extschema@.nl_sessions USING (role_id = current_user::regrole::oid)
+    WITH CHECK (role_id = current_user::regrole::oid);
+
+-- nl_check analyses in a subtransaction now (parse analysis can run code): not in parallel mode.
+ALTER FUNCTION @extschema@.nl_check(text) STABLE PARALLEL UNSAFE;

@@ -1,0 +1,147 @@
+//! The runtime gate: while it is open, no function starts that its rule does not allow.
+//!
+//! The guard decides on the parse tree, but some code runs where no tree shows it: parse
+//! analysis converts a literal to an array of a domain and so runs the domain's CHECK, a cast to
+//! json is looked up while results are collected, a superuser's query reaches a function another
+//! role owns through a view. PostgreSQL's fmgr hooks (the ones sepgsql uses) see every call of a
+//! function that is not built in, at the moment it starts, whoever asked for it. So the
+//! extension opens the gate around what must run no code nobody asked for (analysis of SQL it
+//! did not write, its own reads, result collection, all of a superuser's query) and a call that
+//! the rule refuses raises 42501 before its body runs.
+//!
+//! The hooks are asked about a function when its call is set up (`fmgr_info`); outside an open
+//! gate they say no, so nothing changes for the backend's other work (SQL functions are still
+//! inlined, calls cost nothing more).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use pgrx::pg_sys;
+
+use super::policy::{self, Allowed};
+use super::{builtin, FunctionFacts, Trusted};
+use crate::error::{SqlError, SqlState};
+
+/// What may start while a gate is open.
+#[derive(Clone, Debug)]
+pub enum Rule {
+    /// Built-in functions only: the extension's own reads.
+    BuiltinOnly,
+    /// Built-ins and what a superuser allowed (`sql_query_engine.allowed_functions`): analysis
+    /// of a generated query, and the collection of its results.
+    Allowed(Rc<Allowed>),
+    /// Functions owned by superusers or trusted roles: the whole of a superuser's query.
+    TrustedOwners(Trusted),
+}
+
+/// An open gate, with what it is open for (the refusal says so).
+struct Open {
+    rule: Rule,
+    during: &'static str,
+}
+
+thread_local! {
+    static OPEN: RefCell<Vec<Open>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Closes its gate when dropped, also when an ERROR unwinds past it.
+#[must_use = "the gate closes when this is dropped"]
+pub struct Gate {
+    depth: usize,
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        OPEN.with(|open| {
+            if let Ok(mut open) = open.try_borrow_mut() {
+                open.truncate(self.depth);
+            }
+        });
+    }
+}
+
+/// Opens a gate with `rule` until the returned guard is dropped; `during` completes "may not
+/// run while ...". Gates nest: a function must pass every open one.
+pub fn open(rule: Rule, during: &'static str) -> Gate {
+    OPEN.with_borrow_mut(|open| {
+        let depth = open.len();
+        open.push(Open { rule, during });
+        Gate { depth }
+    })
+}
+
+fn is_open() -> bool {
+    OPEN.with(|open| open.try_borrow().map_or(true, |open| !open.is_empty()))
+}
+
+/// Why `function` may not start now, when a gate refuses it.
+unsafe fn refusal(function: pg_sys::Oid) -> Option<SqlError> {
+    if builtin(function) || !is_open() {
+        return None;
+    }
+    let facts = FunctionFacts::of(function);
+    OPEN.with(|open| {
+        let open = open.try_borrow().ok()?;
+        open.iter().find_map(|gate| {
+            let why = match (&gate.rule, &facts) {
+                (_, None) => Some("it is not in the catalog".to_string()),
+                (Rule::BuiltinOnly, Some(_)) => Some(
+                    "only built-in functions run here, whatever sql_query_engine.allowed_functions says"
+                        .to_string(),
+                ),
+                (Rule::Allowed(allowed), Some(f)) => policy::refuse_support(&f.policy(), allowed),
+                (Rule::TrustedOwners(trusted), Some(f)) => trusted.refuse_owner(f.owner, "function"),
+            }?;
+            let signature = FunctionFacts::signature(function);
+            Some(SqlError::new(
+                SqlState::INSUFFICIENT_PRIVILEGE,
+                format!(
+                    "function {signature} may not run while {}: {why}",
+                    gate.during
+                ),
+            ))
+        })
+    })
+}
+
+static mut NEXT_NEEDS_HOOK: pg_sys::needs_fmgr_hook_type = None;
+static mut NEXT_HOOK: pg_sys::fmgr_hook_type = None;
+
+/// Asked when a call of `function` is set up: only calls set up behind an open gate are watched
+/// (and whatever another extension's hook watches).
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn needs_hook(function: pg_sys::Oid) -> bool {
+    // SAFETY: the previous hook was stored once, in `init`, before any call could arrive.
+    let next = unsafe { NEXT_NEEDS_HOOK };
+    (!builtin(function) && is_open()) || next.is_some_and(|next| unsafe { next(function) })
+}
+
+/// Called when a watched function starts, ends or fails: a refused start raises 42501.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn hook(
+    event: pg_sys::FmgrHookEventType::Type,
+    flinfo: *mut pg_sys::FmgrInfo,
+    private: *mut pg_sys::Datum,
+) {
+    if event == pg_sys::FmgrHookEventType::FHET_START && !flinfo.is_null() {
+        // SAFETY: PostgreSQL passes the FmgrInfo of the call that is starting.
+        if let Some(error) = unsafe { refusal((*flinfo).fn_oid) } {
+            crate::error::Error::Refused(Box::new(error)).raise();
+        }
+    }
+    // SAFETY: as above; the next hook gets exactly what PostgreSQL gave this one.
+    if let Some(next) = unsafe { NEXT_HOOK } {
+        unsafe { next(event, flinfo, private) };
+    }
+}
+
+/// Installs the hooks, chained to any that were there (called from `_PG_init`).
+pub fn init() {
+    // SAFETY: `_PG_init` runs once per backend, on the backend's thread, before any query.
+    unsafe {
+        NEXT_NEEDS_HOOK = pg_sys::needs_fmgr_hook;
+        NEXT_HOOK = pg_sys::fmgr_hook;
+        pg_sys::needs_fmgr_hook = Some(needs_hook);
+        pg_sys::fmgr_hook = Some(hook);
+    }
+}

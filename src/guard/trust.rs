@@ -1,0 +1,173 @@
+//! A superuser's call: code another role wrote must not run with a superuser's rights because a
+//! model picked that role's relation. Views and row-security policies run their owner's
+//! functions as the caller, and owner code can `RESET ROLE` when the session user is a
+//! superuser, so a call counts as a superuser's when the current or the session user is one.
+//! Its generated queries may read only relations owned by superusers (or by the roles
+//! `sql_query_engine.trusted_owners` names), directly, through views, partitions or
+//! inheritance children; the runtime gate refuses every function of another owner.
+
+use std::ffi::CString;
+
+use pgrx::{pg_sys, PgList};
+
+use super::{builtin, c_string, relation_name};
+use crate::settings;
+
+/// The owners a superuser's call trusts: superusers, and these roles.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Trusted {
+    roles: Vec<pg_sys::Oid>,
+}
+
+/// Views followed at most into the views they read.
+const MAX_VIEW_DEPTH: usize = 32;
+
+/// `Some` when this call is a superuser's: the current user or the session user is one.
+pub fn superuser_call() -> Option<Trusted> {
+    // SAFETY: plain reads of backend state and the role catalog.
+    let superuser = unsafe {
+        pg_sys::superuser_arg(pg_sys::GetUserId())
+            || pg_sys::superuser_arg(pg_sys::GetSessionUserId())
+    };
+    superuser.then(|| Trusted {
+        roles: settings::trusted_owners()
+            .iter()
+            .filter_map(|name| CString::new(name.as_str()).ok())
+            // SAFETY: a NUL-terminated name; a role that does not exist is skipped.
+            .map(|name| unsafe { pg_sys::get_role_oid(name.as_ptr(), true) })
+            .filter(|oid| *oid != pg_sys::InvalidOid)
+            .collect(),
+    })
+}
+
+impl Trusted {
+    fn trusts(&self, owner: pg_sys::Oid) -> bool {
+        // SAFETY: a role catalog look-up.
+        self.roles.contains(&owner) || unsafe { pg_sys::superuser_arg(owner) }
+    }
+
+    /// Why an object of `owner` may not be used by this call (`what` names the object).
+    pub fn refuse_owner(&self, owner: pg_sys::Oid, what: &str) -> Option<String> {
+        if self.trusts(owner) {
+            return None;
+        }
+        // SAFETY: a role catalog look-up; NULL when the role is gone.
+        let role = unsafe { c_string(pg_sys::GetUserNameFromId(owner, true)) };
+        Some(format!(
+            "its owner, role \"{role}\", is not a superuser, and a superuser's call runs no {what} \
+             of another role (a superuser may trust the role with \
+             sql_query_engine.trusted_owners = '{role}')"
+        ))
+    }
+
+    /// Why a superuser's query may not read `relation`: it, a view it goes through, or one of
+    /// its partitions or children belongs to a role this call does not trust.
+    ///
+    /// # Safety
+    /// Call inside a transaction, with `relation` an existing relation the parser locked.
+    pub unsafe fn refuse_relation(&self, relation: pg_sys::Oid) -> Option<String> {
+        unsafe { self.relation_refusal(relation, 0, &mut Vec::new()) }
+    }
+
+    unsafe fn relation_refusal(
+        &self,
+        relation: pg_sys::Oid,
+        depth: usize,
+        seen: &mut Vec<pg_sys::Oid>,
+    ) -> Option<String> {
+        // A view's stored query names the view itself (as OLD and NEW before PostgreSQL 16).
+        if builtin(relation) || seen.contains(&relation) {
+            return None;
+        }
+        seen.push(relation);
+        if depth > MAX_VIEW_DEPTH {
+            return Some("its views nest too deeply to be checked".into());
+        }
+        // SAFETY: the caller's contract; the relation is locked by the parser or by us below.
+        unsafe {
+            let rel = pg_sys::relation_open(relation, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+            let owner = (*(*rel).rd_rel).relowner;
+            let kind = (*(*rel).rd_rel).relkind as u8;
+            let view = (kind == pg_sys::RELKIND_VIEW)
+                .then(|| pg_sys::get_view_query(rel))
+                .filter(|query| !query.is_null());
+            pg_sys::relation_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+            if let Some(why) = self.refuse_owner(owner, "relation") {
+                return Some(format!(
+                    "relation {} is refused: {why}",
+                    relation_name(relation)
+                ));
+            }
+            if let Some(query) = view {
+                let mut found = Vec::new();
+                collect_relations(query, &mut found);
+                return found
+                    .into_iter()
+                    .find_map(|inner| self.relation_refusal(inner, depth + 1, seen));
+            }
+            if kind == pg_sys::RELKIND_PARTITIONED_TABLE || kind == pg_sys::RELKIND_RELATION {
+                return inheritors(relation)
+                    .into_iter()
+                    .find_map(|child| self.relation_refusal(child, depth + 1, seen));
+            }
+            None
+        }
+    }
+}
+
+/// The relations a (view's) query reads, at any depth of its subqueries.
+unsafe fn collect_relations(query: *mut pg_sys::Query, found: &mut Vec<pg_sys::Oid>) {
+    // SAFETY: a Query from the relcache; only read.
+    unsafe {
+        for rte in PgList::<pg_sys::RangeTblEntry>::from_pg((*query).rtable).iter_ptr() {
+            match (*rte).rtekind {
+                pg_sys::RTEKind::RTE_RELATION if !found.contains(&(*rte).relid) => {
+                    found.push((*rte).relid)
+                }
+                pg_sys::RTEKind::RTE_SUBQUERY if !(*rte).subquery.is_null() => {
+                    collect_relations((*rte).subquery, found)
+                }
+                _ => {}
+            }
+        }
+        for cte in PgList::<pg_sys::CommonTableExpr>::from_pg((*query).cteList).iter_ptr() {
+            let inner = (*cte).ctequery;
+            if !inner.is_null() && (*inner).type_ == pg_sys::NodeTag::T_Query {
+                collect_relations(inner.cast(), found);
+            }
+        }
+    }
+}
+
+// catalog/pg_inherits.h, which pgrx does not bind (the same signature in PostgreSQL 13 to 18).
+unsafe extern "C-unwind" {
+    fn find_all_inheritors(
+        parent: pg_sys::Oid,
+        lockmode: pg_sys::LOCKMODE,
+        numparents: *mut *mut pg_sys::List,
+    ) -> *mut pg_sys::List;
+}
+
+/// `relation` and every partition or inheritance child below it, locked for reading (as the
+/// planner will lock them).
+///
+/// # Safety
+/// Call inside a transaction.
+pub unsafe fn inheritors(relation: pg_sys::Oid) -> Vec<pg_sys::Oid> {
+    // SAFETY: declared with PostgreSQL's own signature; an ERROR comes back through pgrx.
+    let list = unsafe {
+        pg_sys::ffi::pg_guard_ffi_boundary(|| {
+            find_all_inheritors(
+                relation,
+                pg_sys::AccessShareLock as pg_sys::LOCKMODE,
+                std::ptr::null_mut(),
+            )
+        })
+    };
+    // SAFETY: an OID list PostgreSQL just made.
+    unsafe {
+        PgList::<std::ffi::c_void>::from_pg(list)
+            .iter_oid()
+            .collect()
+    }
+}

@@ -1,0 +1,305 @@
+//! Fail closed on types as on functions. A value converted to or from a type runs that type's
+//! code: its input and output functions (and with them a domain's CHECK expressions, a
+//! composite's fields, an array's elements, a range's subtype), and the casts PostgreSQL looks
+//! up while it runs (`to_jsonb` calls a type's cast to json). So every type a generated query
+//! touches must be built in, or made only of what may run: built-in or allowed support and cast
+//! functions, and CHECK expressions that pass the function policy. Refusals name the function.
+//! The extension's own reads are stricter: only types that are built in, or domains over them.
+
+use pgrx::pg_sys;
+
+use super::policy;
+use super::{builtin, FunctionFacts, Origin, Walk};
+
+/// Types followed at most into the types they are made of.
+const MAX_TYPE_DEPTH: usize = 16;
+
+// pg_cast's castfunc and pg_range's rngcanonical and rngsubdiff, by attribute number (their
+// headers are not in pgrx's bindings; the numbers are the same in PostgreSQL 13 to 18).
+const ANUM_CAST_FUNC: pg_sys::AttrNumber = 4;
+const ANUM_RANGE_CANONICAL: pg_sys::AttrNumber = 6;
+const ANUM_RANGE_SUBDIFF: pg_sys::AttrNumber = 7;
+
+/// What a type is made of, from pg_type.
+struct TypeFacts {
+    kind: u8,
+    base: pg_sys::Oid,
+    relation: pg_sys::Oid,
+    support: Vec<pg_sys::Oid>,
+}
+
+impl TypeFacts {
+    unsafe fn of(typ: pg_sys::Oid) -> Option<TypeFacts> {
+        // SAFETY: a syscache look-up, released before returning.
+        unsafe {
+            let tuple = pg_sys::SearchSysCache1(
+                pg_sys::SysCacheIdentifier::TYPEOID as i32,
+                pg_sys::Datum::from(typ),
+            );
+            if tuple.is_null() {
+                return None;
+            }
+            let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_type>(tuple);
+            let facts = TypeFacts {
+                kind: (*form).typtype as u8,
+                base: (*form).typbasetype,
+                relation: (*form).typrelid,
+                support: [
+                    (*form).typinput,
+                    (*form).typoutput,
+                    (*form).typreceive,
+                    (*form).typsend,
+                    (*form).typmodin,
+                    (*form).typmodout,
+                    (*form).typanalyze,
+                    (*form).typsubscript,
+                ]
+                .into_iter()
+                .filter(|f| *f != pg_sys::InvalidOid)
+                .collect(),
+            };
+            pg_sys::ReleaseSysCache(tuple);
+            Some(facts)
+        }
+    }
+}
+
+/// `typ` as SQL writes it, schema-qualified.
+pub fn type_name(typ: pg_sys::Oid) -> String {
+    // SAFETY: formats an OID; an unknown one comes back as "???" rather than an error.
+    unsafe {
+        super::c_string(pg_sys::format_type_extended(
+            typ,
+            -1,
+            (pg_sys::FORMAT_TYPE_ALLOW_INVALID | pg_sys::FORMAT_TYPE_FORCE_QUALIFY) as u16,
+        ))
+    }
+}
+
+impl Walk {
+    /// Whether `typ` is refused here; records the refusal.
+    pub(super) unsafe fn check_type(&mut self, typ: pg_sys::Oid) -> bool {
+        if typ == pg_sys::InvalidOid || builtin(typ) {
+            return false;
+        }
+        // SAFETY: catalog look-ups inside the transaction that analyses the query.
+        let why = unsafe { self.type_refusal(typ, 0) };
+        match why {
+            Some(why) => {
+                self.refuse(format!(
+                    "type {} is not allowed in {}: {why}",
+                    type_name(typ),
+                    self.origin.what()
+                ));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Why values of `typ` may not be converted, remembered per type for this statement.
+    unsafe fn type_refusal(&mut self, typ: pg_sys::Oid, depth: usize) -> Option<String> {
+        if typ == pg_sys::InvalidOid || builtin(typ) {
+            return None;
+        }
+        if let Some(known) = self.types.get(&typ) {
+            return known.clone();
+        }
+        let why = if depth > MAX_TYPE_DEPTH {
+            Some("it is made of types nested too deeply to be checked".to_string())
+        } else if self.origin == Origin::Own {
+            // SAFETY: a catalog look-up.
+            let base = unsafe { pg_sys::getBaseType(typ) };
+            (!builtin(base)).then(|| {
+                "the extension reads on its own only built-in types and domains over them".into()
+            })
+        } else {
+            // SAFETY: catalog look-ups.
+            unsafe { self.generated_type_refusal(typ, depth) }
+        };
+        self.types.insert(typ, why.clone());
+        why
+    }
+
+    unsafe fn generated_type_refusal(&mut self, typ: pg_sys::Oid, depth: usize) -> Option<String> {
+        // SAFETY (whole body): catalog look-ups on OIDs the catalog itself gave.
+        let Some(facts) = (unsafe { TypeFacts::of(typ) }) else {
+            return Some("it is not in the catalog".into());
+        };
+        let made_of = |walk: &mut Walk, part: pg_sys::Oid, what: &str| {
+            unsafe { walk.type_refusal(part, depth + 1) }
+                .map(|why| format!("its {what} {} is refused: {why}", type_name(part)))
+        };
+        if let Some(why) = self.support_refusal(&facts.support, "input, output or support") {
+            return Some(why);
+        }
+        if let Some(why) = unsafe { self.cast_refusal(typ) } {
+            return Some(why);
+        }
+        match facts.kind {
+            pg_sys::TYPTYPE_DOMAIN => {
+                if let Some(why) = made_of(self, facts.base, "base type") {
+                    return Some(why);
+                }
+                unsafe { self.domain_check_refusal(typ) }
+            }
+            pg_sys::TYPTYPE_COMPOSITE => unsafe { composite_fields(facts.relation) }
+                .into_iter()
+                .find_map(|field| made_of(self, field, "field type")),
+            pg_sys::TYPTYPE_RANGE => {
+                let subtype = unsafe { pg_sys::get_range_subtype(typ) };
+                made_of(self, subtype, "subtype")
+                    .or_else(|| self.support_refusal(&unsafe { range_functions(typ) }, "range"))
+            }
+            pg_sys::TYPTYPE_MULTIRANGE => {
+                let range = unsafe { pg_sys::get_multirange_range(typ) };
+                made_of(self, range, "range type")
+            }
+            _ => {
+                let element = unsafe { pg_sys::get_element_type(typ) };
+                (element != pg_sys::InvalidOid)
+                    .then(|| made_of(self, element, "element type"))
+                    .flatten()
+            }
+        }
+    }
+
+    /// The first of `functions` that may not run implicitly for a type.
+    fn support_refusal(&self, functions: &[pg_sys::Oid], what: &str) -> Option<String> {
+        functions.iter().find_map(|&function| {
+            if builtin(function) {
+                return None;
+            }
+            // SAFETY: a catalog look-up.
+            let facts = unsafe { FunctionFacts::of(function) }?;
+            policy::refuse_support(&facts.policy(), &self.allowed).map(|why| {
+                format!(
+                    "its {what} function {} is not allowed: {why}",
+                    FunctionFacts::signature(function)
+                )
+            })
+        })
+    }
+
+    /// Casts from `typ` that call a function: PostgreSQL may look one up while it runs (a cast
+    /// to json inside `to_jsonb`), so each must pass the function policy.
+    unsafe fn cast_refusal(&mut self, typ: pg_sys::Oid) -> Option<String> {
+        let cache = pg_sys::SysCacheIdentifier::CASTSOURCETARGET as i32;
+        // SAFETY: a syscache list search on the first key, released before returning.
+        let functions: Vec<pg_sys::Oid> = unsafe {
+            let list = pg_sys::SearchSysCacheList(
+                cache,
+                1,
+                pg_sys::Datum::from(typ),
+                pg_sys::Datum::from(0usize),
+                pg_sys::Datum::from(0usize),
+            );
+            if list.is_null() {
+                return None;
+            }
+            let members = (*list).members.as_slice((*list).n_members as usize);
+            let functions = members
+                .iter()
+                .filter_map(|&member| {
+                    let mut is_null = true;
+                    let datum = pg_sys::SysCacheGetAttr(
+                        cache,
+                        &mut (*member).tuple,
+                        ANUM_CAST_FUNC,
+                        &mut is_null,
+                    );
+                    let function = pg_sys::Oid::from(datum.value() as u32);
+                    (!is_null && function != pg_sys::InvalidOid).then_some(function)
+                })
+                .collect();
+            pg_sys::ReleaseCatCacheList(list);
+            functions
+        };
+        functions.into_iter().find_map(|function| {
+            if builtin(function) {
+                return None;
+            }
+            let facts = unsafe { FunctionFacts::of(function) }?;
+            policy::refuse(&facts.policy(), &self.allowed, self.allow_catalogs).map(|why| {
+                format!(
+                    "its cast function {} is not allowed: {why}",
+                    FunctionFacts::signature(function)
+                )
+            })
+        })
+    }
+
+    /// The domain's CHECK expressions, walked like the query itself.
+    unsafe fn domain_check_refusal(&mut self, domain: pg_sys::Oid) -> Option<String> {
+        // The reference registers a callback on the memory context that releases it, so it
+        // lives in that context, not on the stack. No expression state is built: nothing runs.
+        // SAFETY: palloc'd in the current context; PostgreSQL fills it.
+        let constraints = unsafe {
+            let constraints = pg_sys::palloc0(std::mem::size_of::<pg_sys::DomainConstraintRef>())
+                .cast::<pg_sys::DomainConstraintRef>();
+            pg_sys::InitDomainConstraintRef(
+                domain,
+                constraints,
+                pg_sys::CurrentMemoryContext,
+                false,
+            );
+            constraints
+        };
+        // SAFETY: the list PostgreSQL just filled; each expression is a plain node tree.
+        let expressions: Vec<*mut pg_sys::Node> = unsafe {
+            pgrx::PgList::<pg_sys::DomainConstraintState>::from_pg((*constraints).constraints)
+                .iter_ptr()
+                .map(|c| (*c).check_expr.cast::<pg_sys::Node>())
+                .filter(|e| !e.is_null())
+                .collect()
+        };
+        expressions.into_iter().find_map(|expression| {
+            unsafe { self.expression_refusal(expression) }
+                .map(|why| format!("its CHECK constraint is refused: {why}"))
+        })
+    }
+}
+
+/// The field types of a composite type's relation (dropped columns aside).
+unsafe fn composite_fields(relation: pg_sys::Oid) -> Vec<pg_sys::Oid> {
+    // SAFETY: the relcache entry of a composite type's relation, closed before returning.
+    unsafe {
+        let rel = pg_sys::RelationIdGetRelation(relation);
+        if rel.is_null() {
+            return vec![pg_sys::InvalidOid];
+        }
+        let desc = (*rel).rd_att;
+        let fields = (*desc)
+            .attrs
+            .as_slice((*desc).natts as usize)
+            .iter()
+            .filter(|a| !a.attisdropped)
+            .map(|a| a.atttypid)
+            .collect();
+        pg_sys::RelationClose(rel);
+        fields
+    }
+}
+
+/// A range type's canonical and subtype-difference functions.
+unsafe fn range_functions(range: pg_sys::Oid) -> Vec<pg_sys::Oid> {
+    let cache = pg_sys::SysCacheIdentifier::RANGETYPE as i32;
+    // SAFETY: a syscache look-up, released before returning.
+    unsafe {
+        let tuple = pg_sys::SearchSysCache1(cache, pg_sys::Datum::from(range));
+        if tuple.is_null() {
+            return Vec::new();
+        }
+        let functions = [ANUM_RANGE_CANONICAL, ANUM_RANGE_SUBDIFF]
+            .into_iter()
+            .filter_map(|attribute| {
+                let mut is_null = true;
+                let datum = pg_sys::SysCacheGetAttr(cache, tuple, attribute, &mut is_null);
+                let function = pg_sys::Oid::from(datum.value() as u32);
+                (!is_null && function != pg_sys::InvalidOid).then_some(function)
+            })
+            .collect();
+        pg_sys::ReleaseSysCache(tuple);
+        functions
+    }
+}

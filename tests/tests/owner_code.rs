@@ -1,0 +1,460 @@
+//! The extension never runs code nobody asked it to run: not in the reads it makes on its own
+//! (schema samples, the value index), not while it analyses SQL (parse analysis converts
+//! literals and so runs domain CHECKs), not in implicit conversions, not while it collects
+//! results, and never, for a superuser's call, code that another role owns.
+//!
+//! Every test pits an attacker role (an ordinary login role that owns some objects) against a
+//! victim role or a superuser, and looks for a signal from outside that code ran: an advisory
+//! lock held by the victim's backend (session locks survive the sandbox's rollback), a row
+//! committed, a file written, a connection received. Each has a positive control that makes
+//! the same code run by asking for it directly, so the signal is known to work.
+
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use postgres::Client;
+use sql_query_engine_e2e::{cluster, db_error, Reply, Session};
+
+/// The attacker and victim roles of a fresh test database, and a connection for each.
+struct World {
+    s: Session,
+    attacker: String,
+    victim: String,
+}
+
+impl World {
+    /// `attacker` may create in `public` and owns schema `shared`; `victim` reads the fixture's
+    /// customers and orders, and the database points every connection at the scripted model.
+    fn new() -> World {
+        let mut s = Session::new();
+        let (attacker, victim) = (
+            format!("attacker_{}", s.database),
+            format!("victim_{}", s.database),
+        );
+        let db = s.database.clone();
+        s.client
+            .batch_execute(&format!(
+                "CREATE ROLE {attacker} LOGIN; CREATE ROLE {victim} LOGIN;
+                 GRANT CREATE ON SCHEMA public TO {attacker};
+                 CREATE SCHEMA shared AUTHORIZATION {attacker};
+                 GRANT USAGE ON SCHEMA shared TO PUBLIC;
+                 GRANT SELECT ON customers, orders TO {victim};
+                 ALTER DATABASE {db} SET sql_query_engine.llm_url = '{}';
+                 ALTER DATABASE {db} SET sql_query_engine.vote = off;
+                 ALTER DATABASE {db} SET sql_query_engine.max_repairs = 0;",
+                s.llm.url()
+            ))
+            .unwrap();
+        World {
+            s,
+            attacker,
+            victim,
+        }
+    }
+
+    fn connect(&self, role: &str) -> Client {
+        cluster().connect_as(&self.s.database, role)
+    }
+
+    /// Runs `sql` as the attacker.
+    fn attacker_runs(&self, sql: &str) {
+        self.connect(&self.attacker)
+            .batch_execute(sql)
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// Advisory locks on `key` held by anyone, as another role sees them in pg_locks.
+    fn locks(&self, key: i64) -> i64 {
+        self.connect(&self.attacker)
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
+                   AND ((classid::int8 << 32) | objid::int8) = $1",
+                &[&key],
+            )
+            .unwrap()
+            .get(0)
+    }
+}
+
+/// A function of the attacker's that takes the session-level advisory lock `key` and returns
+/// `returns` (typed `type_`): the signal that it ran.
+fn locker(name: &str, key: i64, type_: &str, returns: &str) -> String {
+    format!(
+        "CREATE FUNCTION {name} RETURNS {type_} LANGUAGE plpgsql AS
+         $$ BEGIN PERFORM pg_advisory_lock({key}); RETURN {returns}; END $$;"
+    )
+}
+
+fn text(client: &mut Client, sql: &str) -> String {
+    client
+        .query_one(sql, &[])
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .get(0)
+}
+
+#[test]
+fn views_and_row_security_policies_run_no_code_in_the_extensions_own_reads() {
+    let w = World::new();
+    let victim = w.victim.clone();
+    w.attacker_runs(&format!(
+        "{}
+         {}
+         CREATE VIEW public.release_notes AS SELECT public.note() AS note, 'Gamma'::text AS title;
+         GRANT SELECT ON public.release_notes TO {victim};
+         CREATE TABLE public.shared_notes (title text, body text);
+         INSERT INTO public.shared_notes
+             SELECT 'Gamma ' || g, 'body ' || g FROM generate_series(1, 50) g;
+         ALTER TABLE public.shared_notes ENABLE ROW LEVEL SECURITY;
+         CREATE POLICY p ON public.shared_notes USING (public.pol());
+         GRANT SELECT ON public.shared_notes TO {victim};",
+        locker("public.note()", 4242, "text", "'x'"),
+        locker("public.pol()", 4243, "boolean", "true"),
+    ));
+    w.s.llm.on(
+        "how many customers",
+        vec![Reply::sql("SELECT count(*) AS n FROM customers"); 4],
+    );
+    let mut v = w.connect(&victim);
+    for round in ["before ANALYZE", "after ANALYZE"] {
+        let whole = text(&mut v, "SELECT nl_schema()");
+        let asked = text(
+            &mut v,
+            "SELECT nl_schema('the release notes and shared notes about Gamma 7')",
+        );
+        let n = text(&mut v, "SELECT nl_query('how many customers')::text");
+        assert_eq!(n, r#"{"n": 4}"#, "{round}");
+        // Both are still described (columns, no values from them) ...
+        for schema in [&whole, &asked] {
+            assert!(
+                schema.contains("release_notes") && schema.contains("shared_notes"),
+                "{round}: {schema}"
+            );
+            assert!(!schema.contains("body 1"), "{round}: {schema}");
+        }
+        // ... and neither the view's function nor the policy ran.
+        assert_eq!(
+            (w.locks(4242), w.locks(4243)),
+            (0, 0),
+            "{round}: owner code ran"
+        );
+        w.attacker_runs("ANALYZE public.shared_notes");
+    }
+    // A superuser's own reads skip the view too (row security does not apply to it).
+    let mut admin = cluster().connect(&w.s.database);
+    text(&mut admin, "SELECT nl_schema('release notes Gamma 7')");
+    assert_eq!(
+        w.locks(4242),
+        0,
+        "the view ran in a superuser's schema read"
+    );
+    drop(admin);
+
+    // Positive control: reading the view and the table does run the owner's code.
+    v.batch_execute("SELECT * FROM release_notes; SELECT count(*) FROM shared_notes")
+        .unwrap();
+    assert_eq!((w.locks(4242), w.locks(4243)), (1, 1));
+}
+
+/// A TCP listener that counts the connections it is offered.
+fn counting_listener() -> (u16, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let count = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&count);
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            seen.fetch_add(1, Ordering::SeqCst);
+            drop(stream);
+        }
+    });
+    (port, count)
+}
+
+#[test]
+fn foreign_tables_are_never_read_on_the_extensions_own() {
+    let mut w = World::new();
+    let (attacker, victim) = (w.attacker.clone(), w.victim.clone());
+    let (port, connections) = counting_listener();
+    w.s.client
+        .batch_execute(&format!(
+            "CREATE EXTENSION postgres_fdw;
+             CREATE SERVER elsewhere FOREIGN DATA WRAPPER postgres_fdw
+                 OPTIONS (host '127.0.0.1', port '{port}', dbname 'x', connect_timeout '2');
+             GRANT USAGE ON FOREIGN SERVER elsewhere TO {attacker};
+             CREATE USER MAPPING FOR PUBLIC SERVER elsewhere OPTIONS (user 'x', password 'x');"
+        ))
+        .unwrap();
+    w.attacker_runs(&format!(
+        "CREATE FOREIGN TABLE public.remote_titles (title text) SERVER elsewhere;
+         CREATE TABLE public.titles (title text) PARTITION BY LIST (title);
+         CREATE FOREIGN TABLE public.titles_far PARTITION OF public.titles FOR VALUES IN ('far')
+             SERVER elsewhere;
+         GRANT SELECT ON public.remote_titles, public.titles TO {victim};"
+    ));
+    let mut v = w.connect(&victim);
+    let schema = text(&mut v, "SELECT nl_schema('remote titles far away')");
+    assert!(
+        schema.contains("remote_titles") && schema.contains("titles"),
+        "{schema}"
+    );
+    text(&mut v, "SELECT nl_schema()");
+    let mut admin = cluster().connect(&w.s.database);
+    text(&mut admin, "SELECT nl_schema('remote titles far away')");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        0,
+        "a foreign table was read"
+    );
+
+    // Positive control: reading it connects.
+    let _ = v.batch_execute("SELECT * FROM remote_titles");
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(connections.load(Ordering::SeqCst) >= 1);
+}
+
+#[test]
+fn a_superusers_generated_queries_run_no_code_of_other_roles() {
+    let mut w = World::new();
+    let (attacker, victim) = (w.attacker.clone(), w.victim.clone());
+    let marker = format!("/tmp/sqe-owner-code-{}", w.s.database);
+    let _ = std::fs::remove_file(&marker);
+    // Owner code that escalates: with a superuser as current or session user it resets the
+    // role and runs a shell command as the server's operating-system user.
+    w.attacker_runs(&format!(
+        "CREATE FUNCTION public.shell_note() RETURNS text LANGUAGE plpgsql AS $$
+         BEGIN
+             RESET ROLE;
+             EXECUTE format('COPY (SELECT 1) TO PROGRAM %L', 'touch {marker}');
+             RETURN 'x';
+         END $$;
+         CREATE VIEW public.release_notes AS SELECT public.shell_note() AS note;
+         GRANT SELECT ON public.release_notes TO {victim};"
+    ));
+    // A superuser's own view that calls the attacker's function.
+    w.s.client
+        .batch_execute(&format!(
+            "CREATE VIEW public.admin_notes AS SELECT public.shell_note() AS note;
+             GRANT SELECT ON public.admin_notes TO {victim};"
+        ))
+        .unwrap();
+    w.s.llm.on(
+        "the release notes",
+        vec![Reply::sql("SELECT note FROM release_notes"); 4],
+    );
+    w.s.llm.on(
+        "the admin notes",
+        vec![Reply::sql("SELECT note FROM admin_notes"); 4],
+    );
+    let trace = |client: &mut Client, question: &str| -> serde_json::Value {
+        let text: String = client
+            .query_one("SELECT nl_trace($1)::text", &[&question])
+            .unwrap()
+            .get(0);
+        serde_json::from_str(&text).unwrap()
+    };
+    let mut admin = cluster().connect(&w.s.database);
+    // As a superuser, and as a role whose session user is a superuser (SET ROLE).
+    for role in [None, Some(victim.as_str())] {
+        if let Some(role) = role {
+            admin.batch_execute(&format!("SET ROLE {role}")).unwrap();
+        }
+        let t = trace(&mut admin, "the release notes");
+        let message = t["attempts"][0]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert_eq!(t["status"], "error", "{t}");
+        assert!(
+            message.contains(&format!("\"{attacker}\""))
+                && message.contains("sql_query_engine.trusted_owners"),
+            "{message}"
+        );
+        let t = trace(&mut admin, "the admin notes");
+        let message = t["attempts"][0]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert_eq!(t["status"], "error", "{t}");
+        assert!(message.contains("public.shell_note()"), "{message}");
+        admin.batch_execute("RESET ROLE").unwrap();
+        assert!(
+            !std::path::Path::new(&marker).exists(),
+            "the attacker's code ran as a superuser"
+        );
+    }
+    // Roles may not trust for the superuser (once the library is loaded, as with
+    // shared_preload_libraries: before, the value is discarded when it loads).
+    let mut v = w.connect(&victim);
+    v.batch_execute("SELECT nl_schema()").unwrap();
+    let error = v
+        .batch_execute(&format!(
+            "SET sql_query_engine.trusted_owners = '{attacker}'"
+        ))
+        .unwrap_err();
+    assert_eq!(db_error(&error).0, "42501");
+
+    // Positive control: a superuser who trusts the attacker runs the view, and the code runs.
+    admin
+        .batch_execute(&format!(
+            "SET sql_query_engine.trusted_owners = '{attacker}'"
+        ))
+        .unwrap();
+    let t = trace(&mut admin, "the release notes");
+    assert_eq!(t["status"], "ok", "{t}");
+    assert!(std::path::Path::new(&marker).exists());
+    let _ = std::fs::remove_file(&marker);
+}
+
+#[test]
+fn parse_analysis_runs_no_code_in_nl_check_nl_example_add_or_nl_query() {
+    let mut w = World::new();
+    let (attacker, victim) = (w.attacker.clone(), w.victim.clone());
+    // A domain whose CHECK runs its value as SQL: as the attacker (definer) ...
+    w.attacker_runs(
+        "CREATE TABLE shared.log (v int);
+         GRANT SELECT ON shared.log TO PUBLIC;
+         CREATE FUNCTION shared.run(text) RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER
+             AS $$ BEGIN EXECUTE $1; RETURN true; END $$;
+         CREATE DOMAIN shared.sqltext AS text CHECK (shared.run(VALUE));
+         CREATE FUNCTION shared.run_as_caller(text) RETURNS boolean LANGUAGE plpgsql
+             AS $$ BEGIN EXECUTE $1; RETURN true; END $$;
+         CREATE DOMAIN shared.callertext AS text CHECK (shared.run_as_caller(VALUE));",
+    );
+    let log_rows = |w: &World| -> i64 {
+        w.connect(&w.attacker)
+            .query_one("SELECT count(*) FROM shared.log", &[])
+            .unwrap()
+            .get(0)
+    };
+    let write = r#"SELECT '{"INSERT INTO shared.log VALUES (1)"}'::shared.sqltext[]"#;
+    let lock = r#"SELECT '{"SELECT pg_advisory_lock(77)"}'::shared.sqltext[] AS x"#;
+    let mut v = w.connect(&victim);
+    for sql in [write, lock] {
+        let error = v.query_one("SELECT nl_check($1)", &[&sql]).unwrap_err();
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "42501", "{sql}: {message}");
+        assert!(message.contains("shared.run("), "{message}");
+    }
+    // nl_example_add (a superuser's, who may write examples) analyses the same way.
+    let error =
+        w.s.client
+            .query_one("SELECT nl_example_add('log it', $1)", &[&write])
+            .unwrap_err();
+    assert_eq!(db_error(&error).0, "42501");
+    // And a model answer through nl_query.
+    w.s.llm.on("log something", vec![Reply::sql(write)]);
+    let error = v
+        .query_one("SELECT nl_query('log something')::text", &[])
+        .unwrap_err();
+    assert_eq!(db_error(&error).0, "42501");
+    assert_eq!(log_rows(&w), 0, "a row was committed by parse analysis");
+    assert_eq!(w.locks(77), 0, "a lock was taken by parse analysis");
+    let examples: i64 =
+        w.s.client
+            .query_one("SELECT count(*) FROM nl_examples", &[])
+            .unwrap()
+            .get(0);
+    assert_eq!(examples, 0);
+
+    // A superuser checking SQL a role handed them: the role does not become a superuser.
+    let escalate =
+        format!(r#"SELECT '{{"ALTER ROLE {attacker} SUPERUSER"}}'::shared.callertext[]"#);
+    let error =
+        w.s.client
+            .query_one("SELECT nl_check($1)", &[&escalate])
+            .unwrap_err();
+    assert_eq!(db_error(&error).0, "42501");
+    let superuser: bool =
+        w.s.client
+            .query_one(
+                "SELECT rolsuper FROM pg_roles WHERE rolname = $1",
+                &[&attacker],
+            )
+            .unwrap()
+            .get(0);
+    assert!(!superuser, "the attacker became a superuser");
+
+    // Positive control: the literal, run directly, writes.
+    v.batch_execute(write).unwrap();
+    assert_eq!(log_rows(&w), 1);
+}
+
+#[test]
+fn implicit_conversions_of_user_types_are_refused_and_collection_looks_up_no_cast() {
+    let mut w = World::new();
+    let victim = w.victim.clone();
+    w.attacker_runs(&format!(
+        "{}
+         CREATE TYPE shared.mood AS ENUM ('happy', 'sad');
+         {}
+         CREATE DOMAIN shared.d AS int CHECK (shared.lock_it(VALUE));
+         CREATE TYPE shared.comp AS (a shared.d);
+         CREATE CAST (shared.mood AS json) WITH FUNCTION shared.mood_json(shared.mood);
+         CREATE TABLE shared.moods (m shared.mood, n text);
+         INSERT INTO shared.moods VALUES ('happy', '12'), ('sad', '{{12}}');
+         GRANT SELECT ON shared.moods TO {victim};",
+        locker("shared.lock_it(int)", 5151, "boolean", "true"),
+        locker("shared.mood_json(shared.mood)", 5152, "json", "'\"x\"'"),
+    ));
+    let cases = [
+        "SELECT '{12}'::shared.d[]",
+        "SELECT n::shared.d[] FROM shared.moods WHERE n LIKE '{%'",
+        "SELECT ('(16)'::shared.comp).a",
+        r#"SELECT * FROM jsonb_populate_record(NULL::shared.comp, '{"a": 12}')"#,
+        r#"SELECT * FROM jsonb_to_record('{"a": 12}') AS r(a shared.d)"#,
+        "SELECT 1 FROM jsonb_to_record('{\"a\": 12}') AS r(a shared.d)",
+        "SELECT * FROM xmltable('/r' PASSING ('<r><a>12</a></r>'::xml) COLUMNS a shared.d)",
+        "SELECT domain_in('12', 'shared.d'::regtype, -1)",
+        "SELECT m FROM shared.moods",
+        "SELECT to_jsonb(m) FROM shared.moods",
+        "SELECT txid_current_snapshot()",
+    ];
+    let mut v = w.connect(&victim);
+    for (i, sql) in cases.iter().enumerate() {
+        let error = v.query_one("SELECT nl_check($1)", &[sql]).unwrap_err();
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "42501", "{sql}: {message}");
+        // And through the model, run as the victim: refused, nothing ran.
+        let question = format!("implicit case {i}");
+        w.s.llm.on(&question, vec![Reply::sql(sql)]);
+        let error = v
+            .query_one("SELECT nl_query($1)::text", &[&question])
+            .unwrap_err();
+        assert_eq!(db_error(&error).0, "42501", "{sql}");
+    }
+    assert_eq!(
+        (w.locks(5151), w.locks(5152)),
+        (0, 0),
+        "a user function ran"
+    );
+
+    // A superuser allows the cast: the enum passes, and collecting it never calls the cast.
+    let db = w.s.database.clone();
+    w.s.client
+        .batch_execute(&format!(
+            "ALTER ROLE {victim} IN DATABASE {db}
+                 SET sql_query_engine.allowed_functions = 'shared.mood_json'"
+        ))
+        .unwrap();
+    let mut v = w.connect(&victim);
+    w.s.llm.on(
+        "the moods",
+        vec![Reply::sql("SELECT m FROM shared.moods ORDER BY m")],
+    );
+    let rows: Vec<String> = v
+        .query("SELECT nl_query('the moods')::text", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(rows, [r#"{"m": "happy"}"#, r#"{"m": "sad"}"#]);
+    assert_eq!(w.locks(5152), 0, "collecting the result called the cast");
+
+    // Positive control: asking for the conversion runs the code.
+    v.batch_execute("SELECT to_jsonb(m) FROM shared.moods; SELECT '{12}'::shared.d[]")
+        .unwrap();
+    assert_eq!((w.locks(5151), w.locks(5152)), (1, 1));
+}
