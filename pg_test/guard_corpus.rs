@@ -27,6 +27,19 @@ CREATE AGGREGATE sqe_corpus.agg(int) (sfunc = int4pl, stype = int);
 CREATE FUNCTION sqe_corpus.volatile_pl() RETURNS int LANGUAGE plpgsql VOLATILE
     AS 'BEGIN RETURN 1; END';
 CREATE DOMAIN sqe_corpus.checked AS int CHECK (sqe_corpus.volatile_pl() = 1);
+CREATE FUNCTION sqe_corpus.lock_it(int) RETURNS boolean LANGUAGE plpgsql
+    AS 'BEGIN PERFORM pg_advisory_lock(4321); RETURN true; END';
+CREATE DOMAIN sqe_corpus.locking AS int CHECK (sqe_corpus.lock_it(VALUE));
+CREATE TYPE sqe_corpus.comp AS (a sqe_corpus.locking);
+CREATE TYPE sqe_corpus.mood AS ENUM ('happy', 'sad');
+CREATE FUNCTION sqe_corpus.mood_json(sqe_corpus.mood) RETURNS json LANGUAGE plpgsql
+    AS 'BEGIN PERFORM pg_advisory_lock(4322); RETURN ''"x"''; END';
+CREATE CAST (sqe_corpus.mood AS json) WITH FUNCTION sqe_corpus.mood_json(sqe_corpus.mood);
+CREATE TABLE sqe_corpus.moods (m sqe_corpus.mood);
+CREATE DOMAIN sqe_corpus.positive AS int CHECK (VALUE > 0);
+CREATE TYPE sqe_corpus.color AS ENUM ('red', 'green');
+CREATE TYPE sqe_corpus.plain AS (a int, b text);
+CREATE TABLE sqe_corpus.colors (c sqe_corpus.color, p sqe_corpus.positive, r sqe_corpus.plain);
 "#;
 
 pub const CASES: &[(&str, &str)] = &[
@@ -164,6 +177,37 @@ pub const CASES: &[(&str, &str)] = &[
     ("SELECT harmless(a) FROM t", "42501"),
     ("SELECT agg(a) FROM t", "42501"),
     ("SELECT 1::checked", "42501"),
+    // implicit conversions: a domain's CHECK behind arrays, records, column definition lists,
+    // XMLTABLE columns, I/O functions called directly, and casts looked up at run time
+    ("SELECT 12::locking", "42501"),
+    ("SELECT '{12}'::locking[]", "42501"),
+    ("SELECT ARRAY[1]::locking[]", "42501"),
+    ("SELECT x::locking[] FROM (VALUES ('{12}'::text)) v(x)", "42501"),
+    ("SELECT ('(16)'::comp).a", "42501"),
+    ("SELECT '(1)'::comp", "42501"),
+    ("VALUES ('{1}'::locking[])", "42501"),
+    ("WITH c AS (SELECT '{1}'::locking[] AS a) SELECT 1 FROM c", "42501"),
+    ("SELECT 1 WHERE '{1}'::locking[] IS NOT NULL", "42501"),
+    (r#"SELECT * FROM jsonb_populate_record(NULL::comp, '{"a": 12}')"#, "42501"),
+    (r#"SELECT * FROM jsonb_to_record('{"a": 12}') AS r(a locking)"#, "42501"),
+    (r#"SELECT 1 FROM jsonb_to_record('{"a": 12}') AS r(a locking)"#, "42501"),
+    ("SELECT * FROM xmltable('/r' PASSING ('<r><a>12</a></r>'::xml) COLUMNS a locking)", "42501"),
+    ("SELECT domain_in('12', 'sqe_corpus.locking'::regtype, -1)", "42501"),
+    ("SELECT record_in('(1)', 'sqe_corpus.comp'::regtype, -1)", "42501"),
+    ("SELECT int4in('1')", "42501"),
+    ("SELECT m FROM moods", "42501"),
+    ("SELECT to_jsonb(m) FROM moods", "42501"),
+    ("SELECT row_to_json(x) FROM moods x", "42501"),
+    ("SELECT txid_current_snapshot()", "42501"),
+    // an aggregate's DISTINCT and ORDER BY operators are checked like sort operators
+    ("SELECT count(DISTINCT a), array_agg(a ORDER BY a DESC) FROM t", OK),
+    // user types made only of what may run pass
+    ("SELECT 5::positive", OK),
+    ("SELECT c, p, r FROM colors", OK),
+    ("SELECT to_jsonb(c), row_to_json(x) FROM colors x", OK),
+    ("SELECT '(1,x)'::plain, 'red'::color, '{1,2}'::positive[]", OK),
+    (r#"SELECT * FROM jsonb_to_record('{"a": 1}') AS r(a int, b text)"#, OK),
+    ("SELECT * FROM xmltable('/r' PASSING ('<r><a>1</a></r>'::xml) COLUMNS a int)", OK),
     ("SELECT CAST(a AS checked) FROM t", "42501"),
     // functions that run SQL given as text
     ("SELECT * FROM crosstab('SELECT pg_advisory_lock(42)::text, 1::text, 1::text') AS x(a text, b text)", "42501"),

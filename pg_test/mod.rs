@@ -5,9 +5,11 @@ mod guard_corpus;
 
 pub fn setup(_options: Vec<&str>) {}
 
+/// Every test statement runs with the statement timer armed, so that the timer's position in
+/// PostgreSQL's `enum TimeoutId` can be checked (`the_statement_timer_is_the_one_declared`).
 #[must_use]
 pub fn postgresql_conf_options() -> Vec<&'static str> {
-    vec![]
+    vec!["statement_timeout = '1h'"]
 }
 
 #[pgrx::pg_schema]
@@ -329,6 +331,62 @@ mod tests {
     }
 
     #[pg_test]
+    fn the_statement_timer_is_the_one_declared() {
+        use crate::compat::timeout::*;
+        // The server armed statement_timeout (1h, see postgresql_conf_options) for this
+        // statement: the timer the extension takes for it is armed, and ends about then.
+        let (active, finish, lock_active) = unsafe {
+            (
+                get_timeout_active(STATEMENT_TIMEOUT),
+                get_timeout_finish_time(STATEMENT_TIMEOUT),
+                get_timeout_active(STATEMENT_TIMEOUT - 1),
+            )
+        };
+        assert!(active, "timer {STATEMENT_TIMEOUT} is not armed");
+        assert!(!lock_active, "the lock timeout is armed: the enum moved");
+        let left_s = (finish - unsafe { pg_sys::GetCurrentTimestamp() }) / 1_000_000;
+        assert!((3000..=3600).contains(&left_s), "{left_s} s left");
+    }
+
+    #[pg_test]
+    fn a_node_kind_the_guard_does_not_know_is_refused() {
+        use crate::guard::{self, Allowed, Origin};
+        // A planner-only node where an expression belongs: the walk must refuse it, not pass it.
+        let query = unsafe {
+            let text = c"SELECT 1 AS one";
+            let raw = pgrx::PgList::<pg_sys::RawStmt>::from_pg(pg_sys::raw_parser(
+                text.as_ptr(),
+                pg_sys::RawParseMode::RAW_PARSE_DEFAULT,
+            ));
+            let query = pg_sys::parse_analyze_fixedparams(
+                raw.get_ptr(0).unwrap(),
+                text.as_ptr(),
+                std::ptr::null(),
+                0,
+                std::ptr::null_mut(),
+            );
+            let entry = pgrx::PgList::<pg_sys::TargetEntry>::from_pg((*query).targetList)
+                .get_ptr(0)
+                .unwrap();
+            let node = pg_sys::palloc0(std::mem::size_of::<pg_sys::NextValueExpr>())
+                .cast::<pg_sys::NextValueExpr>();
+            (*node).xpr.type_ = pg_sys::NodeTag::T_NextValueExpr;
+            (*node).typeId = pg_sys::INT8OID;
+            (*entry).expr = node.cast();
+            query
+        };
+        let refusal =
+            unsafe { guard::check_tree(query, Origin::Generated, Allowed::default(), None) }
+                .unwrap_err();
+        assert_eq!(refusal.error.sqlstate, "42501");
+        assert!(
+            refusal.error.message.contains("T_NextValueExpr"),
+            "{}",
+            refusal.error.message
+        );
+    }
+
+    #[pg_test]
     fn settings_have_their_documented_defaults() {
         let show =
             |name: &str| Spi::get_one::<String>(&format!("SHOW sql_query_engine.{name}")).unwrap();
@@ -337,6 +395,9 @@ mod tests {
         assert_eq!(show("statement_timeout").as_deref(), Some("10s"));
         assert_eq!(show("max_rows").as_deref(), Some("1000"));
         assert_eq!(show("temperature").as_deref(), Some("0"));
+        assert_eq!(show("max_result_bytes").as_deref(), Some("16MB"));
+        assert_eq!(show("audit_log").as_deref(), Some("all"));
+        assert_eq!(show("trusted_owners").as_deref(), Some(""));
         assert!(crate::settings::llm_url().is_err());
     }
 }

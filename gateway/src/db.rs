@@ -161,11 +161,16 @@ SELECT w.rolname::text, coalesce(
     (SELECT 'it owns schema ' || pg_catalog.quote_ident(n.nspname)
      FROM reach x JOIN pg_catalog.pg_namespace n ON n.nspowner = x.role
      WHERE x.token_role = w.oid AND n.oid NOT IN (SELECT oid FROM temp) LIMIT 1),
-    (SELECT 'it owns relation ' || c.oid::pg_catalog.regclass::text
+    (SELECT 'it owns relation ' || pg_catalog.quote_ident(n.nspname) || '.'
+            || pg_catalog.quote_ident(c.relname)
      FROM reach x JOIN pg_catalog.pg_class c ON c.relowner = x.role
+     JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
      WHERE x.token_role = w.oid AND c.relnamespace NOT IN (SELECT oid FROM temp) LIMIT 1),
-    (SELECT 'it owns function ' || p.oid::pg_catalog.regprocedure::text
+    (SELECT 'it owns function ' || pg_catalog.quote_ident(n.nspname) || '.'
+            || pg_catalog.quote_ident(p.proname) || '('
+            || pg_catalog.pg_get_function_identity_arguments(p.oid) || ')'
      FROM reach x JOIN pg_catalog.pg_proc p ON p.proowner = x.role
+     JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
      WHERE x.token_role = w.oid AND p.pronamespace NOT IN (SELECT oid FROM temp) LIMIT 1),
     (SELECT 'it owns type ' || t.oid::pg_catalog.regtype::text
      FROM reach x JOIN pg_catalog.pg_type t ON t.typowner = x.role

@@ -205,10 +205,9 @@ pub fn markdown(trace: &Value, max_rows: usize) -> String {
         format!(
             "{}{} ({}).",
             plural(rows.len(), "row"),
-            if trace["truncated"] == true {
-                ", cut at sql_query_engine.max_rows"
-            } else {
-                ""
+            match trace["cut_by"].as_str() {
+                Some(setting) => format!(", cut at sql_query_engine.{setting}"),
+                None => String::new(),
             },
             plural(attempts, "attempt")
         )

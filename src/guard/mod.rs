@@ -171,6 +171,26 @@ pub fn check(sql: &str, origin: Origin, trusted: Option<&Trusted>) -> Result<Che
             )
         }
     };
+    // SAFETY: the tree parse analysis just made.
+    let relations = unsafe { check_tree(query, origin, allowed, trusted) }?;
+    Ok(Checked {
+        query,
+        text,
+        relations,
+    })
+}
+
+/// Walks an analyzed tree with the policy of `origin`: the relations it names, or why it may
+/// not run.
+///
+/// # Safety
+/// `query` must be an analyzed Query of the current transaction.
+pub(crate) unsafe fn check_tree(
+    query: *mut pg_sys::Query,
+    origin: Origin,
+    allowed: Allowed,
+    trusted: Option<&Trusted>,
+) -> Result<Vec<pg_sys::Oid>, Refusal> {
     let mut walk = Walk {
         origin,
         allow_catalogs: origin == Origin::Generated && settings::allow_system_catalogs(),
@@ -183,7 +203,7 @@ pub fn check(sql: &str, origin: Origin, trusted: Option<&Trusted>) -> Result<Che
     // Through PostgreSQL's walker, never by calling a walker directly: an ERROR raised deep in
     // the walk (stack depth, say) must come back through pgrx's FFI boundary as a catchable
     // error, not jump past the caller's PgTry.
-    // SAFETY: `query` is the analyzed tree; `walk` outlives the walk.
+    // SAFETY: the caller's contract; `walk` outlives the walk.
     unsafe {
         if !walk.check_query(query) {
             pg_sys::query_tree_walker(
@@ -196,11 +216,7 @@ pub fn check(sql: &str, origin: Origin, trusted: Option<&Trusted>) -> Result<Che
     }
     match walk.refusal {
         Some(refusal) => Err(refusal),
-        None => Ok(Checked {
-            query,
-            text,
-            relations: walk.relations,
-        }),
+        None => Ok(walk.relations),
     }
 }
 
@@ -555,6 +571,13 @@ unsafe extern "C-unwind" fn analyzed_walker(node: *mut pg_sys::Node, context: *m
             pg_sys::NodeTag::T_TableFunc => {
                 walk.check_types((*node.cast::<pg_sys::TableFunc>()).coltypes)
                     || pg_sys::expression_tree_walker(node, Some(analyzed_walker), context)
+            }
+            // An aggregate's DISTINCT or ORDER BY: its operators run, out of the tree's sight.
+            pg_sys::NodeTag::T_SortGroupClause => {
+                let clause = node.cast::<pg_sys::SortGroupClause>();
+                [(*clause).sortop, (*clause).eqop]
+                    .into_iter()
+                    .any(|op| op != pg_sys::InvalidOid && walk.check_operator(op))
             }
             // The conversion's input and output functions are the types' (checked above).
             pg_sys::NodeTag::T_CoerceViaIO | pg_sys::NodeTag::T_CoerceToDomain => {

@@ -124,6 +124,12 @@ async def mcp_session(session, expect_rows=True):
     check(json.loads(result.content[0].text)["rows"] == [{"n": 6}], result)
     result = await session.call_tool("check_sql", {"sql": "SELECT pg_sleep(1)"})
     check(result.is_error and "42501" in result.content[0].text, result)
+    # Checking runs no code: a literal of an array of a domain whose CHECK runs SQL is refused
+    # before the CHECK runs (the test looks for the row it would have written).
+    result = await session.call_tool(
+        "check_sql", {"sql": """SELECT '{"INSERT INTO shared.log VALUES (1)"}'::shared.sqltext[]"""}
+    )
+    check(result.is_error and "42501" in result.content[0].text, result)
     result = await session.call_tool("fix_sql", {"sql": "SELECT nme FROM customers"})
     check(json.loads(result.content[0].text)["sql"] == "SELECT name FROM customers", result)
 

@@ -107,6 +107,11 @@ fn setup() -> Setup {
              CREATE ROLE {reader}; GRANT SELECT ON customers, orders TO {reader};
              CREATE ROLE {limited}; GRANT SELECT ON customers TO {limited};
              GRANT {reader}, {limited} TO {authenticator};
+             CREATE SCHEMA shared; CREATE TABLE shared.log (v int);
+             CREATE FUNCTION shared.run(text) RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER
+                 AS $$ BEGIN EXECUTE $1; RETURN true; END $$;
+             CREATE DOMAIN shared.sqltext AS text CHECK (shared.run(VALUE));
+             GRANT USAGE ON SCHEMA shared TO PUBLIC;
              ALTER DATABASE {database} SET sql_query_engine.llm_url = '{}';
              ALTER DATABASE {database} SET sql_query_engine.vote = off;
              ALTER DATABASE {database} SET sql_query_engine.max_repairs = 1;",
@@ -208,6 +213,11 @@ fn the_official_openai_and_mcp_sdks_work_against_the_gateway() {
         .unwrap()
         .get(0);
     assert_eq!(orders, 6);
+    let logged: i64 = admin
+        .query_one("SELECT count(*) FROM shared.log", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(logged, 0, "check_sql ran a domain's CHECK");
     // Requests ran as the token's role, and the history says so.
     let roles: Vec<String> = admin
         .query("SELECT DISTINCT role::text FROM nl_history ORDER BY 1", &[])
@@ -290,4 +300,141 @@ fn a_client_that_goes_away_cancels_its_question_and_tokens_reload_on_sighup() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Runs the gateway with `args` and waits for it to exit: its status and what it said.
+fn gateway_exits(database_url: &str, tokens: &Path, extra: &[&str]) -> (bool, String) {
+    let mut child = Command::new(gateway_binary())
+        .args(["serve", "--listen", &format!("127.0.0.1:{}", free_port())])
+        .arg("--database-url")
+        .arg(database_url)
+        .arg("--tokens")
+        .arg(tokens)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting sqe-gateway");
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut said = String::new();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut said)
+                .unwrap();
+            return (status.success(), said);
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the gateway neither started nor exited"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn the_gateway_refuses_a_superuser_login_and_token_roles_that_can_run_their_own_code() {
+    let s = setup();
+    let c = cluster();
+    let superuser_url = format!(
+        "host={} port={} user={} dbname={}",
+        c.host, c.port, c.user, s.database
+    );
+    let (started, said) = gateway_exits(&superuser_url, &s.tokens, &[]);
+    assert!(!started && said.contains("is a superuser"), "{said}");
+
+    // Roles that may create objects, or own some, through the authenticator's eyes.
+    let id = s.database.clone();
+    let (creator, owner) = (format!("creator_{id}"), format!("owner_{id}"));
+    let mut admin = c.connect(&s.database);
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {creator}; GRANT CREATE ON SCHEMA public TO {creator};
+             CREATE ROLE {owner};
+             CREATE FUNCTION public.owned_code() RETURNS int LANGUAGE sql AS 'SELECT 1';
+             ALTER FUNCTION public.owned_code() OWNER TO {owner};
+             GRANT {creator}, {owner} TO authenticator_{id};"
+        ))
+        .unwrap();
+    let good = std::fs::read_to_string(&s.tokens).unwrap();
+    for (role, why) in [
+        (&creator, "may create objects in schema public"),
+        (&owner, "owns function public.owned_code()"),
+    ] {
+        let risky = std::env::temp_dir().join(format!("sqe-risky-tokens-{id}-{role}"));
+        std::fs::write(&risky, format!("{good}risky-token-{id}-1 {role}\n")).unwrap();
+        let (started, said) = gateway_exits(&s.database_url, &risky, &[]);
+        assert!(
+            !started && said.contains(&format!("role {role}: it {why}")),
+            "{said}"
+        );
+    }
+
+    // A reload that would add such a role keeps the tokens in force.
+    let gateway = Gateway::start(&s.database_url, &s.tokens);
+    let status = |token: &str| -> String {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", gateway.port)).unwrap();
+        write!(
+            stream,
+            "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        response.lines().next().unwrap_or_default().to_string()
+    };
+    let sneaky = format!("sneaky-token-{id}-0001");
+    let fresh = format!("fresh-token-{id}-00001");
+    std::fs::write(
+        &s.tokens,
+        format!("{good}{sneaky} {creator}\n{fresh} {}\n", s.reader),
+    )
+    .unwrap();
+    unsafe { libc::kill(gateway.child.id() as i32, libc::SIGHUP) };
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        status(&s.token).contains("200"),
+        "the old tokens stay in force"
+    );
+    assert!(
+        status(&sneaky).contains("401"),
+        "a risky role was let in on SIGHUP"
+    );
+    assert!(
+        status(&fresh).contains("401"),
+        "a file with a risky role is refused whole"
+    );
+    drop(gateway);
+
+    // The opt-in starts with a warning.
+    let mut child = Command::new(gateway_binary())
+        .args(["serve", "--listen", &format!("127.0.0.1:{}", free_port())])
+        .arg("--database-url")
+        .arg(&s.database_url)
+        .arg("--tokens")
+        .arg(&s.tokens)
+        .arg("--allow-object-owners")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let mut said = Vec::new();
+    let mut byte = [0u8; 1];
+    while !String::from_utf8_lossy(&said).contains("listening on") {
+        if stderr.read(&mut byte).unwrap() == 0 {
+            break;
+        }
+        said.push(byte[0]);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let said = String::from_utf8_lossy(&said);
+    assert!(
+        said.contains("WARNING") && said.contains(&creator) && said.contains("listening on"),
+        "{said}"
+    );
 }

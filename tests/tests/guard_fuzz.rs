@@ -76,6 +76,11 @@ const TOKENS: &[&str] = &[
     " === ",
     " dblink_exec('x')",
     " setval('s', 1)",
+    "::locking[]",
+    "::comp",
+    "::mood",
+    " domain_in('1', 'sqe_corpus.locking'::regtype, -1)",
+    " AS r(a locking)",
 ];
 
 /// Expressions for composed statements: harmless ones, which must pass, and dangerous ones,
@@ -99,6 +104,13 @@ const EXPRESSIONS: &[&str] = &[
     "pg_notify('ch', 'x')",
     "query_to_xml('SELECT pg_advisory_lock(10)', true, false, '')",
     "1::checked",
+    "'{12}'::locking[]",
+    "('(16)'::comp).a",
+    "(SELECT m FROM moods LIMIT 1)",
+    "to_jsonb('happy'::mood)",
+    "(SELECT a FROM jsonb_to_record('{\"a\": 1}') AS r(a locking))",
+    "'red'::color",
+    "5::positive",
 ];
 
 /// A statement built from a passing statement of the corpus and an expression, in one of the
@@ -175,6 +187,8 @@ const FORBIDDEN_IN_PLAN: &[&str] = &[
     "volatile_fn(",
     "vol_eq(",
     "dblink_exec(",
+    "lock_it(",
+    "mood_json(",
     "insert on",
     "update on",
     "delete on",

@@ -520,3 +520,129 @@ fn nl_answer_is_grounded_in_the_rows_unless_sample_data_is_off() {
         "{request}"
     );
 }
+
+#[test]
+fn a_role_is_told_apart_by_oid_in_history_sessions_and_redis() {
+    let redis = RedisServer::start();
+    let mut s = Session::new();
+    let db = s.database.clone();
+    let role = format!("ephemeral_{db}");
+    let renamed = format!("renamed_{db}");
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN; GRANT SELECT ON orders TO {role};
+             ALTER DATABASE {db} SET sql_query_engine.llm_url = '{}';
+             ALTER DATABASE {db} SET sql_query_engine.vote = off;
+             ALTER DATABASE {db} SET sql_query_engine.redis_url = '{}';",
+            s.llm.url(),
+            redis.url()
+        ))
+        .unwrap();
+    s.llm
+        .respond_with(|_| Some(Reply::sql("SELECT count(*) AS n FROM orders")));
+    let asked = |login: &str, sql: &str, question: &str| -> String {
+        let mut c = sql_query_engine_e2e::cluster().connect_as(&db, login);
+        c.batch_execute(&format!("{sql} SELECT nl_query('{question}', 'conv');"))
+            .unwrap();
+        let history: i64 = c
+            .query_one("SELECT count(*) FROM nl_history", &[])
+            .unwrap()
+            .get(0);
+        format!("history {history}")
+    };
+    let last_prompt = |s: &Session| s.llm.requests().last().unwrap().text();
+    // Turns in the table (a writable transaction) and in Redis (a read-only one).
+    assert_eq!(
+        asked(&role, "", "how many orders in the table"),
+        "history 1"
+    );
+    asked(&role, "BEGIN READ ONLY;", "how many orders in redis");
+
+    // Renamed: the same role, with its history and conversations.
+    s.client
+        .batch_execute(&format!("ALTER ROLE {role} RENAME TO {renamed}"))
+        .unwrap();
+    assert_eq!(asked(&renamed, "", "and in the table now"), "history 2");
+    assert!(last_prompt(&s).contains("how many orders in the table"));
+    asked(&renamed, "BEGIN READ ONLY;", "and in redis now");
+    assert!(last_prompt(&s).contains("how many orders in redis"));
+
+    // Dropped and created again under the first name: another role, which inherits nothing.
+    s.client
+        .batch_execute(&format!(
+            "REVOKE SELECT ON orders FROM {renamed}; DROP ROLE {renamed};
+             CREATE ROLE {role} LOGIN; GRANT SELECT ON orders TO {role};"
+        ))
+        .unwrap();
+    assert_eq!(asked(&role, "", "a new role asks"), "history 1");
+    assert!(
+        !last_prompt(&s).contains("how many orders"),
+        "{}",
+        last_prompt(&s)
+    );
+    asked(&role, "BEGIN READ ONLY;", "a new role asks redis");
+    assert!(!last_prompt(&s).contains("how many orders in redis"));
+}
+
+#[test]
+fn progress_events_withhold_stored_values_when_sample_values_is_off() {
+    let redis = RedisServer::start();
+    let mut s = Session::new();
+    use_redis(&mut s.client, &redis.url());
+    s.client
+        .batch_execute(
+            "BEGIN READ WRITE; CREATE TABLE codes (code text);
+             INSERT INTO codes VALUES ('TOPSECRET-42'); COMMIT;
+             SET sql_query_engine.sample_values = 0;",
+        )
+        .unwrap();
+    let channel: String = s
+        .client
+        .query_one(
+            "SELECT format('sql_query_engine:%s:%s:progress:private', d.oid, current_user::regrole::oid)
+             FROM pg_database d WHERE d.datname = current_database()",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let mut subscriber = redis.client().unwrap();
+    let mut pubsub = subscriber.as_pubsub();
+    pubsub.psubscribe("sql_query_engine:*").unwrap();
+    pubsub
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    s.llm.on(
+        "the code as a number",
+        vec![
+            Reply::sql("SELECT code::int AS n FROM codes"),
+            Reply::sql("SELECT count(*) AS n FROM codes"),
+        ],
+    );
+    s.client
+        .query("SELECT nl_query('the code as a number', 'private')", &[])
+        .unwrap();
+    let mut events = Vec::new();
+    while events
+        .last()
+        .map(|e: &Value| e["event"] != "done")
+        .unwrap_or(true)
+    {
+        let message = pubsub.get_message().expect("an event");
+        assert_eq!(message.get_channel_name(), channel);
+        let payload: String = message.get_payload().unwrap();
+        assert!(
+            !payload.contains("TOPSECRET"),
+            "a stored value was published: {payload}"
+        );
+        events.push(serde_json::from_str(&payload).unwrap());
+    }
+    let failed = events
+        .iter()
+        .find(|e| e["event"] == "attempt" && e["outcome"] == "error")
+        .expect("the failed attempt");
+    assert_eq!(failed["sqlstate"], "22P02");
+    assert!(
+        failed["message"].as_str().unwrap().contains('…'),
+        "{failed}"
+    );
+}

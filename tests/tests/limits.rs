@@ -1,0 +1,130 @@
+//! Bounds a role cannot lift: the bytes of a result a backend collects, and the settings that
+//! bound time, rows, model calls and tokens, which roles may lower for themselves but only a
+//! superuser may raise above the server's setting.
+
+use std::sync::{Arc, Mutex};
+
+use sql_query_engine_e2e::{cluster, db_error, Session};
+
+/// A login role that may read the fixture, and a connection of it whose notices are kept.
+fn role_connection(
+    s: &mut Session,
+    prefix: &str,
+) -> (String, postgres::Client, Arc<Mutex<Vec<String>>>) {
+    let (role, db) = (format!("{prefix}_{}", s.database), s.database.clone());
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN; GRANT SELECT ON customers, orders TO {role};
+             ALTER DATABASE {db} SET sql_query_engine.llm_url = '{}';
+             ALTER DATABASE {db} SET sql_query_engine.vote = off;",
+            s.llm.url()
+        ))
+        .unwrap();
+    let notices = Arc::new(Mutex::new(Vec::new()));
+    let client = cluster().connect_as_with_notices(&s.database, &role, Arc::clone(&notices));
+    (role, client, notices)
+}
+
+/// The peak resident memory of a backend, in kB (VmHWM from /proc).
+fn peak_kb(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn a_result_is_cut_by_its_bytes_and_the_backend_stays_small() {
+    let mut s = Session::new();
+    let (_, mut role, notices) = role_connection(&mut s, "greedy");
+    let pid: i32 = role
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    let count = |client: &mut postgres::Client, sql: &str| -> i64 {
+        client
+            .query_one("SELECT count(*) FROM nl_run($1)", &[&sql])
+            .unwrap()
+            .get(0)
+    };
+    // 20 rows of 50 MB: a single row is larger than the default 16 MB, so none is kept, and
+    // the backend never holds the rows (it took about 2 GB when only rows were counted).
+    let huge = "SELECT repeat('x', 50000000) AS x FROM generate_series(1, 20)";
+    assert_eq!(count(&mut role, huge), 0);
+    let peak = peak_kb(pid);
+    assert!(peak < 600 * 1024, "the backend grew to {peak} kB");
+    let said = notices.lock().unwrap().join("\n");
+    assert!(
+        said.contains("cut at 0 rows (sql_query_engine.max_result_bytes)"),
+        "{said}"
+    );
+
+    // 1 MB rows: as many as fit in 16 MB.
+    let megabytes = "SELECT repeat('x', 1000000) AS x FROM generate_series(1, 40)";
+    let kept = count(&mut role, megabytes);
+    assert!((14..=16).contains(&kept), "{kept} rows of 1 MB kept");
+    // A role may lower the bound for itself.
+    role.batch_execute("SET sql_query_engine.max_result_bytes = '3MB'")
+        .unwrap();
+    let kept = count(&mut role, megabytes);
+    assert!(
+        (2..=3).contains(&kept),
+        "{kept} rows of 1 MB kept under 3 MB"
+    );
+    // The trace says which setting cut the result.
+    s.llm.on(
+        "many megabytes",
+        vec![sql_query_engine_e2e::Reply::sql(megabytes)],
+    );
+    role.batch_execute("SET sql_query_engine.max_result_bytes = '2MB'")
+        .unwrap();
+    let trace: String = role
+        .query_one("SELECT nl_trace('many megabytes')::text", &[])
+        .unwrap()
+        .get(0);
+    let trace: serde_json::Value = serde_json::from_str(&trace).unwrap();
+    assert_eq!(trace["truncated"], true, "{trace}");
+    assert_eq!(
+        trace["attempts"][0]["cut_by"], "max_result_bytes",
+        "{trace}"
+    );
+}
+
+#[test]
+fn roles_may_lower_the_bounds_but_not_raise_them() {
+    let mut s = Session::new();
+    let (role_name, mut role, _) = role_connection(&mut s, "bounded");
+    // Load the library first (with shared_preload_libraries it always is).
+    role.batch_execute("SELECT nl_schema()").unwrap();
+    for (setting, higher, lower) in [
+        ("max_result_bytes", "'1GB'", "'1MB'"),
+        ("max_rows", "100000", "10"),
+        ("statement_timeout", "'1h'", "'1s'"),
+        ("llm_timeout", "'1h'", "'1s'"),
+        ("max_repairs", "10", "1"),
+        ("candidates", "16", "2"),
+        ("max_tokens", "65536", "64"),
+        ("sample_values", "10", "1"),
+    ] {
+        for statement in [
+            format!("SET sql_query_engine.{setting} = {higher}"),
+            format!("ALTER ROLE {role_name} SET sql_query_engine.{setting} = {higher}"),
+        ] {
+            let error = role.batch_execute(&statement).unwrap_err();
+            let (code, message, _) = db_error(&error);
+            assert_eq!(code, "42501", "{statement}: {message}");
+            assert!(
+                message.contains(&format!("sql_query_engine.{setting}")),
+                "{message}"
+            );
+        }
+        role.batch_execute(&format!("SET sql_query_engine.{setting} = {lower}"))
+            .unwrap_or_else(|e| panic!("lowering {setting}: {e}"));
+        // A superuser may raise it, for its own session.
+        s.client
+            .batch_execute(&format!("SET sql_query_engine.{setting} = {higher}"))
+            .unwrap_or_else(|e| panic!("a superuser raising {setting}: {e}"));
+    }
+}
