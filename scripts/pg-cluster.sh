@@ -28,7 +28,7 @@ start)
     # A backtrace variable in the server's environment would fill error details with traces.
     as_server_user env -u RUST_BACKTRACE -u RUST_LIB_BACKTRACE "$bin/pg_ctl" start -D "$dir/data" \
         -w -t 60 -l "$dir/server.log" \
-        -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200 $extra" \
+        -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200 -c wal_keep_size=512MB $extra" \
         >/dev/null
     ;;
 stop)

@@ -1,41 +1,140 @@
 #!/usr/bin/env bash
-# Runs every test of sql_query_engine:
-#   1. unit tests and backend tests (#[pg_test]) through `cargo pgrx test`,
-#   2. the extension installed into the server's directories, with the previous release's
-#      install script (for the upgrade test),
-#   3. end-to-end tests: a real cluster, real clients, a real Redis, a scripted
-#      OpenAI-compatible model (with SQE_BENCH_DIR set, also: every gold query of that benchmark
-#      passes the guard),
-#   4. the benchmark harness's comparator.
-# Needs the set-up of scripts/setup.sh. As root, the test clusters run as postgres; as another
-# user, installing into the system PostgreSQL goes through sudo.
+# The tests of sql_query_engine, by tier (README, "Development"):
+#   scripts/test.sh [all]        every tier, as CI runs them
+#   scripts/test.sh unit         pure-Rust unit tests of the extension and the gateway
+#   scripts/test.sh pg           backend tests (#[pg_test]), in a cluster pgrx starts
+#   scripts/test.sh regress      expected-output tests (test/sql, test/expected) of what users
+#                                read as text: refusals, the schema text, settings, the upgrade
+#   scripts/test.sh e2e [AREA]   end-to-end tests (a real cluster, real clients, a real Redis, a
+#                                scripted model); AREA is one test binary (tests/tests/AREA.rs)
+#   scripts/test.sh gateway      the gateway: its unit tests and its end-to-end tests
+# regress, e2e and gateway share one cluster started here, with the extension installed (and,
+# for the upgrade tests, the previous releases' install scripts). With SQE_BENCH_DIR set, e2e also
+# checks that every gold query of that benchmark passes the guard.
+# The server is $PG_CONFIG's (default: PostgreSQL 15 from Debian); scripts/pg.sh makes others
+# ready. Needs the set-up of scripts/setup.sh. As root, clusters run as postgres; as another user,
+# installing into the server's directories goes through sudo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 export PATH="$HOME/.cargo/bin:$PATH"
 export PG_CONFIG="${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}"
 unset RUST_BACKTRACE RUST_LIB_BACKTRACE
+major="$("$PG_CONFIG" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')"
+features=(--no-default-features --features "pg$major")
+tier="${1:-all}"
+area="${2:-}"
 
-pgdata="/tmp/sqe-pgrx-$$"
-rm -rf "$pgdata" && mkdir -p "$pgdata"
-trap 'rm -rf "$pgdata"' EXIT
 if [ "$(id -u)" = 0 ]; then
-    # initdb refuses root: pgrx runs the test cluster as postgres (short path: it holds the socket).
-    chown postgres:postgres "$pgdata"
-    SUDO="" SUDO_FLAG=""
-    runas=postgres
+    # initdb refuses root: pgrx runs its test cluster as postgres (short path: it holds the socket).
+    SUDO="" SUDO_FLAG="" runas=postgres
 else
-    # With --runas, pgrx installs through sudo; running as oneself keeps the data directory ours.
-    SUDO=sudo SUDO_FLAG=--sudo
-    runas="$(id -un)"
+    SUDO=sudo SUDO_FLAG=--sudo runas="$(id -un)"
 fi
-cargo pgrx test pg15 --runas "$runas" --pgdata "$pgdata"
-cargo pgrx install --pg-config "$PG_CONFIG" $SUDO_FLAG
-$SUDO cp sql/sql_query_engine--0.1.0.sql "$("$PG_CONFIG" --sharedir)/extension/"
+work="/tmp/sqe-test-$$"
+cluster_dir="$work/cluster"
+cleanup() {
+    [ -d "$cluster_dir" ] && bash scripts/pg-cluster.sh stop "$cluster_dir"
+    rm -rf "$work"
+}
+trap cleanup EXIT
+mkdir -p "$work"
+[ "$(id -u)" = 0 ] && chown postgres:postgres "$work"
 
-# The gateway's tests drive its binary with the official client SDKs (tests/clients).
-cargo build -p sqe-gateway
-cargo test -p sqe-gateway
-cargo test -p sql_query_engine_e2e -- --test-threads="${E2E_THREADS:-4}" ${SQE_BENCH_DIR:+--include-ignored}
+step() { echo "test: $*"; }
 
-(cd bench && python3 -m unittest test_score 2>&1 | tail -3)
+# cargo pgrx test runs the crate's plain #[test]s and the #[pg_test]s in one binary.
+pgrx_test() {
+    local pgdata="$work/pgrx"
+    rm -rf "$pgdata" && mkdir -p "$pgdata"
+    [ "$(id -u)" = 0 ] && chown postgres:postgres "$pgdata"
+    cargo pgrx test "pg$major" --runas "$runas" --pgdata "$pgdata" "$@"
+}
+
+unit() {
+    step "unit tests (pg$major)"
+    # The backend tests need the cluster pgrx starts; the plain ones run without a server.
+    cargo test --lib "${features[@]}" -- --skip pg_test::
+    cargo test -p sqe-gateway
+}
+
+backend() {
+    step "backend tests (pg$major)"
+    pgrx_test pg_test::
+}
+
+install() {
+    step "installing the extension into $("$PG_CONFIG" --pkglibdir)"
+    cargo pgrx install --pg-config "$PG_CONFIG" "${features[@]}" $SUDO_FLAG
+    # The previous releases' install scripts, for the upgrade tests.
+    $SUDO cp sql/sql_query_engine--0.1.0.sql "$("$PG_CONFIG" --sharedir)/extension/"
+}
+
+shared_cluster() {
+    [ -n "${SQE_TEST_PGPORT:-}" ] && return
+    local port
+    port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+    bash scripts/pg-cluster.sh start "$cluster_dir" "$port"
+    export SQE_TEST_PGHOST="$cluster_dir" SQE_TEST_PGPORT="$port" SQE_TEST_PGDIR="$cluster_dir"
+    export SQE_TEST_PGUSER=postgres
+}
+
+regress() {
+    step "expected-output tests (pg$major)"
+    shared_cluster
+    local pg_regress
+    pg_regress="$(dirname "$("$PG_CONFIG" --pgxs)")/../test/regress/pg_regress"
+    local out="$work/regress"
+    mkdir -p "$out"
+    [ "$(id -u)" = 0 ] && chown postgres:postgres "$out"
+    local tests
+    tests=$(cd test/sql && ls ./*.sql | sed 's|^\./||; s|\.sql$||' | sort)
+    local run=("$pg_regress" --host="$SQE_TEST_PGHOST" --port="$SQE_TEST_PGPORT"
+               --user=postgres --dbname=sqe_regress --inputdir=test --outputdir="$out"
+               --bindir="$("$PG_CONFIG" --bindir)")
+    # shellcheck disable=SC2086
+    if ! "${run[@]}" $tests; then
+        cat "$out/regression.diffs" 2>/dev/null || true
+        return 1
+    fi
+}
+
+e2e() {
+    shared_cluster
+    cargo build -p sqe-gateway
+    if [ -n "$area" ]; then
+        step "end-to-end tests: $area"
+        cargo test -p sql_query_engine_e2e --test "$area" -- --test-threads="${E2E_THREADS:-4}"
+    else
+        step "end-to-end tests"
+        cargo test -p sql_query_engine_e2e -- --test-threads="${E2E_THREADS:-4}" \
+            ${SQE_BENCH_DIR:+--include-ignored}
+        (cd bench && python3 -m unittest test_score 2>&1 | tail -3)
+    fi
+}
+
+gateway() {
+    step "gateway tests"
+    cargo test -p sqe-gateway
+    area=gateway
+    e2e
+}
+
+case "$tier" in
+all)
+    pgrx_test
+    install
+    regress
+    e2e
+    cargo test -p sqe-gateway
+    ;;
+unit) unit ;;
+pg) backend ;;
+regress) install && regress ;;
+e2e) install && e2e ;;
+gateway) install && gateway ;;
+*)
+    echo "usage: $0 [all | unit | pg | regress | e2e [AREA] | gateway]" >&2
+    exit 2
+    ;;
+esac

@@ -1,8 +1,11 @@
 //! A real PostgreSQL cluster for the end-to-end tests, with the extension installed.
 //!
-//! When `SQE_TEST_PGHOST` and `SQE_TEST_PGPORT` are set, that cluster is used. Otherwise one is
-//! created with `scripts/pg-cluster.sh` under /tmp and stopped when the test process exits. Each test gets a fresh database
-//! cloned from a template that holds the extension and a small shop schema.
+//! When `SQE_TEST_PGHOST` and `SQE_TEST_PGPORT` are set, that cluster is used (scripts/test.sh
+//! starts one for all the test binaries; with `SQE_TEST_PGDIR` naming its directory, the tests
+//! that need it, a standby's base backup or the server log, may use it). Otherwise one is
+//! created with `scripts/pg-cluster.sh` under /tmp and stopped when the test process exits.
+//! Each test gets a fresh database cloned from a template that holds the extension and a small
+//! shop schema.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -31,11 +34,16 @@ pub fn cluster() -> &'static Cluster {
             std::env::var("SQE_TEST_PGHOST"),
             std::env::var("SQE_TEST_PGPORT"),
         ) {
-            (Ok(host), Ok(port)) => Cluster {
-                host,
-                port: port.parse().expect("SQE_TEST_PGPORT is a port number"),
-                user: std::env::var("SQE_TEST_PGUSER").unwrap_or_else(|_| "postgres".into()),
-            },
+            (Ok(host), Ok(port)) => {
+                if let Ok(dir) = std::env::var("SQE_TEST_PGDIR") {
+                    let _ = CLUSTER_DIR.set(PathBuf::from(dir));
+                }
+                Cluster {
+                    host,
+                    port: port.parse().expect("SQE_TEST_PGPORT is a port number"),
+                    user: std::env::var("SQE_TEST_PGUSER").unwrap_or_else(|_| "postgres".into()),
+                }
+            }
             _ => start_cluster(),
         };
         create_template(&cluster);
@@ -116,7 +124,8 @@ fn create_template(cluster: &Cluster) {
 }
 
 impl Cluster {
-    /// The cluster's directory, when this process started it.
+    /// The cluster's directory, when this process (or the test run, `SQE_TEST_PGDIR`) started
+    /// it.
     pub fn own_dir(&self) -> Option<&'static Path> {
         CLUSTER_DIR.get().map(PathBuf::as_path)
     }

