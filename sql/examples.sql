@@ -6,8 +6,15 @@ CREATE TABLE @extschema@.nl_examples (
     question text NOT NULL CHECK (btrim(question) <> ''),
     sql text NOT NULL,
     added_by name NOT NULL DEFAULT current_user,
-    added_at timestamptz NOT NULL DEFAULT now()
+    added_at timestamptz NOT NULL DEFAULT now(),
+    -- The question's words as retrieval sees them: examples are found through this index, so
+    -- that a question costs the same with ten examples or a hundred thousand.
+    terms text[] GENERATED ALWAYS AS (@extschema@.nl_example_words(question)) STORED
 );
+-- Without GIN's pending list, which every look-up would scan until a vacuum merged it: examples
+-- are written rarely and read on every question.
+CREATE INDEX nl_examples_terms_idx ON @extschema@.nl_examples USING gin (terms)
+    WITH (fastupdate = off);
 GRANT SELECT ON @extschema@.nl_examples TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_examples', '');
 

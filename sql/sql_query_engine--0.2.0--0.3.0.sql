@@ -25,3 +25,12 @@ ALTER POLICY own_sessions ON @extschema@.nl_sessions USING (role_id = current_us
 
 -- nl_check analyses in a subtransaction now (parse analysis can run code): not in parallel mode.
 ALTER FUNCTION @extschema@.nl_check(text) STABLE PARALLEL UNSAFE;
+
+-- Verified examples are found through an index of their questions' words.
+CREATE FUNCTION @extschema@.nl_example_words("question" text) RETURNS text[]
+IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'nl_example_words_wrapper';
+ALTER TABLE @extschema@.nl_examples ADD COLUMN terms text[]
+    GENERATED ALWAYS AS (@extschema@.nl_example_words(question)) STORED;
+CREATE INDEX nl_examples_terms_idx ON @extschema@.nl_examples USING gin (terms)
+    WITH (fastupdate = off);

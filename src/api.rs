@@ -2,8 +2,6 @@
 //! history together and turn errors into PostgreSQL ERRORs, once, here. Every call is written to
 //! the server log before it returns or raises (`history::audit`).
 
-use std::time::Duration;
-
 use pgrx::prelude::*;
 use pgrx::JsonB;
 
@@ -11,7 +9,7 @@ use crate::error::{Error, Result, SqlError, SqlState};
 use crate::exec::{self, Mode, Outcome, ResultSet};
 use crate::extract::strip_think;
 use crate::heal::{self, Limits, Run, Vote};
-use crate::llm::{Batch, Chain, Completion, Llm, Options};
+use crate::llm::{self, Batch, Chain, Completion, Llm, Message};
 use crate::progress::{Event, Progress};
 use crate::schema::PromptSchema;
 use crate::session::Turn;
@@ -61,7 +59,7 @@ fn nl_answer(question: Option<&str>, session: default!(Option<&str>, "NULL")) ->
     let shown =
         (settings::sample_values() > 0).then(|| (&rows[..rows.len().min(ANSWER_ROWS)], rows.len()));
     let request = prompt::answer_request(&run.question, sql, shown);
-    let completion = client(false)
+    let completion = llm::configured(false)
         .and_then(|mut llm| llm.complete(&request))
         .unwrap_or_else(|e| e.raise());
     strip_think(&completion.content).trim().to_string()
@@ -103,6 +101,8 @@ fn nl_call(
     });
     // A procedure returns its INOUT parameters as one record; pgrx has no type for "the
     // procedure's own record", so it is formed here and handed back as a raw Datum.
+    // SAFETY: PostgreSQL passes a valid fcinfo of this procedure, whose result type is the
+    // record of its one INOUT parameter; the tuple is formed in the current memory context.
     unsafe {
         let mut desc: pg_sys::TupleDesc = std::ptr::null_mut();
         let class = pg_sys::get_call_result_type(fcinfo, std::ptr::null_mut(), &mut desc);
@@ -148,36 +148,39 @@ fn nl_fix(sql: Option<&str>, question: default!(Option<&str>, "NULL")) -> String
 )]
 fn nl_cursor(question: Option<&str>, cursor_name: default!(Option<&str>, "'nl_answer'")) -> String {
     let name = cursor_name.filter(|n| !n.is_empty()).unwrap_or("nl_answer");
-    let (run, _) = answered(Ask::new("nl_cursor", question, None)).unwrap_or_else(|e| e.raise());
-    let sql = run.final_sql().unwrap_or_default();
-    let Some(portal) = exec::new_cursor(name, sql) else {
+    let Some(portal) = exec::new_cursor(name) else {
         Error::Query(Box::new(SqlError::new(
             SqlState::DUPLICATE_CURSOR,
             format!("cursor \"{name}\" already exists"),
         )))
         .raise()
     };
-    let outcome = exec::attempt(
-        sql,
-        Mode::Cursor {
+    // Every attempt keeps its rows in the cursor's memory; the one that answers is the cursor
+    // (the query is not run a second time, and the cursor has exactly the rows of the answer).
+    let ask = Ask {
+        mode: Mode::Cursor {
             portal,
             limits: exec::Limits::from_settings(),
         },
-        settings::statement_timeout_ms(),
+        ..Ask::new("nl_cursor", question, None)
+    };
+    let (run, _) = answered(ask).unwrap_or_else(|e| e.raise());
+    let held: Vec<exec::Held> = run
+        .attempts
+        .iter()
+        .filter_map(|a| a.outcome.result().and_then(|r| r.held))
+        .collect();
+    let answer = run.best_result();
+    exec::finish_cursor(
+        portal,
+        run.final_sql().unwrap_or_default(),
+        answer.and_then(|r| r.held),
+        &held,
     );
-    exec::finish_cursor(portal, outcome.result().is_some());
-    match outcome {
-        Outcome::Rows(r) | Outcome::Empty(r) => {
-            if let Some(setting) = r.cut_by {
-                pgrx::notice!(
-                    "sql_query_engine: the result was cut at {} rows (sql_query_engine.{setting})",
-                    r.stored
-                );
-            }
-        }
-        Outcome::Failed(e) => Error::Query(Box::new(e)).raise(),
-        Outcome::Refused(r) => Error::Refused(Box::new(r.error)).raise(),
-        Outcome::Planned | Outcome::Checked => {}
+    if let Some((setting, rows)) = answer.and_then(|r| r.cut_by.map(|by| (by, r.rows.len()))) {
+        pgrx::notice!(
+            "sql_query_engine: the result was cut at {rows} rows (sql_query_engine.{setting})"
+        );
     }
     name.to_string()
 }
@@ -272,25 +275,6 @@ fn rows_of(result: Option<&ResultSet>) -> SetOfIterator<'static, JsonB> {
     SetOfIterator::new(rows)
 }
 
-/// The model: the chain of configured endpoints, with their keys read.
-fn client(json_mode: bool) -> Result<Chain> {
-    let endpoints = settings::llm_endpoints()?
-        .iter()
-        .map(settings::EndpointSetting::endpoint)
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Chain::new(
-        endpoints,
-        Options {
-            temperature: settings::temperature(),
-            timeout: Duration::from_millis(settings::llm_timeout_ms()),
-            json_mode: json_mode && settings::json_mode(),
-            max_tokens: settings::max_tokens(),
-            max_response_bytes: settings::max_response_bytes(),
-        },
-        settings::llm_circuit_breaker(),
-    ))
-}
-
 /// What the prompt says about the database for a question: its text, the schema shown, and
 /// where the question's values are stored (for repairs).
 struct DatabaseContext {
@@ -345,15 +329,15 @@ impl Asked {
 }
 
 impl Llm for Asked {
-    fn complete(&mut self, messages: &[prompt::Message]) -> Result<Completion> {
+    fn complete(&mut self, messages: &[Message]) -> Result<Completion> {
         self.call(|chain| chain.complete(messages))
     }
 
-    fn complete_exploring(&mut self, messages: &[prompt::Message]) -> Result<Completion> {
+    fn complete_exploring(&mut self, messages: &[Message]) -> Result<Completion> {
         self.call(|chain| chain.complete_exploring(messages))
     }
 
-    fn complete_many(&mut self, messages: &[prompt::Message], n: usize) -> Result<Batch> {
+    fn complete_many(&mut self, messages: &[Message], n: usize) -> Result<Batch> {
         self.call(|chain| chain.complete_many(messages, n))
     }
 }
@@ -456,7 +440,7 @@ fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
     let started = std::time::Instant::now();
     let session = ask.session.filter(|s| !s.is_empty());
     let mut llm = Asked {
-        chain: client(true)?,
+        chain: llm::configured(true)?,
         release: ask.release,
     };
     let progress = Progress::new(session);

@@ -12,15 +12,20 @@ pub fn structural_kind(_tag: pg_sys::NodeTag) -> bool {
     false
 }
 
+/// Numbers read from the server's headers at build time (build.rs): enum positions and catalog
+/// attribute numbers that pgrx does not bind.
+pub mod numbers {
+    include!(concat!(env!("OUT_DIR"), "/server_numbers.rs"));
+}
+
 /// utils/timeout.h, which pgrx does not bind.
 #[allow(non_snake_case)]
 pub mod timeout {
     use pgrx::pg_sys::TimestampTz;
 
-    /// `STATEMENT_TIMEOUT` in `enum TimeoutId`: the fourth reason in PostgreSQL 13 to 18
-    /// (after the start-up packet, deadlock and lock timeouts). A backend test checks that
-    /// this is the timer `statement_timeout` arms.
-    pub const STATEMENT_TIMEOUT: u32 = 3;
+    /// The statement timer, as `enum TimeoutId` numbers it in the server built for (a backend
+    /// test checks that it is the timer `statement_timeout` arms).
+    pub use crate::compat::numbers::STATEMENT_TIMEOUT;
 
     unsafe extern "C-unwind" {
         pub fn enable_timeout_after(id: u32, delay_ms: std::ffi::c_int);

@@ -5,8 +5,10 @@
 use pgrx::prelude::*;
 
 use crate::error::{Error, Result};
-use crate::schema::{extension_schema, words};
+use crate::schema::quote_literal;
+use crate::store::extension_schema;
 use crate::subxact;
+use crate::text::words;
 
 /// Stores a verified example after the guard accepted its SQL, as the caller (who needs INSERT
 /// on `nl_examples`); returns its id. The SQL is checked in the sandbox on the caller's search
@@ -31,17 +33,39 @@ pub fn add(question: &str, sql: &str) -> Result<i64> {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Example {
+    pub id: i64,
     pub question: String,
     pub sql: String,
 }
 
+/// Examples fetched at most per look-up, before they are ranked.
+const CANDIDATES: i64 = 100;
+/// Words of the question used to find candidates: its rarest ones.
+const LOOKUP_WORDS: usize = 6;
+/// A word in more than this share of the examples does not find candidates (it is still
+/// counted when they are ranked): it would find nearly all of them.
+const COMMON_SHARE: f64 = 0.02;
+
 /// Up to `n` examples most similar to `question` (word overlap), best first. None when the
-/// caller may not read the examples.
+/// caller may not read the examples. Found through the GIN index on `nl_examples.terms`, by the
+/// question's rarest words (the planner's statistics of `terms` say which are common): first
+/// the examples that share two of them, then, when those are too few, those that share one; at
+/// most `CANDIDATES` are read, whatever the table's size.
 pub fn similar(question: &str, n: usize) -> Result<Vec<Example>> {
     if n == 0 {
         return Ok(Vec::new());
     }
-    let table = format!("{}.nl_examples", extension_schema()?);
+    let mut asked: Vec<String> = Vec::new();
+    for word in words(question) {
+        if !asked.contains(&word) {
+            asked.push(word);
+        }
+    }
+    if asked.is_empty() {
+        return Ok(Vec::new());
+    }
+    let schema = extension_schema()?;
+    let table = format!("{schema}.nl_examples");
     let examples: Vec<Example> = crate::subxact::pinned(|| {
         Spi::connect(|client| {
             let readable = client
@@ -56,22 +80,88 @@ pub fn similar(question: &str, n: usize) -> Result<Vec<Example>> {
             if !readable {
                 return Ok(Vec::new());
             }
-            let rows = client.select(
-                &format!("SELECT question, sql FROM {table} ORDER BY id"),
-                None,
-                &[],
+            // How common each word is, where ANALYZE has counted (rare words are not listed).
+            let statistics = client.select(
+                "SELECT most_common_elems::text::text[], most_common_elem_freqs FROM pg_stats \
+                 WHERE schemaname = $1 AND tablename = 'nl_examples' AND attname = 'terms'",
+                Some(1),
+                &[schema.trim_matches('"').into()],
             )?;
-            let mut examples = Vec::new();
-            for row in rows {
-                let question = row.get::<String>(1)?.unwrap_or_default();
-                let sql = row.get::<String>(2)?.unwrap_or_default();
-                examples.push(Example { question, sql });
+            let (common, shares): (Vec<String>, Vec<f32>) = match statistics.first().get_two() {
+                Ok((Some(common), Some(shares))) => (common, shares),
+                _ => (Vec::new(), Vec::new()),
+            };
+            let share = |word: &String| {
+                common
+                    .iter()
+                    .position(|c| c == word)
+                    .and_then(|i| shares.get(i))
+                    .map_or(0.0, |s| f64::from(*s))
+            };
+            let mut rare: Vec<&String> =
+                asked.iter().filter(|w| share(w) <= COMMON_SHARE).collect();
+            rare.sort_by(|a, b| share(a).total_cmp(&share(b)));
+            rare.truncate(LOOKUP_WORDS);
+            if rare.is_empty() {
+                return Ok(Vec::new());
             }
-            Ok::<_, pgrx::spi::Error>(examples)
+            let mut found: Vec<Example> = Vec::new();
+            let read = |condition: &str, found: &mut Vec<Example>| {
+                let rows = client.select(
+                    &format!(
+                        "SELECT id, question, sql FROM {table} WHERE {condition} \
+                         LIMIT {CANDIDATES}"
+                    ),
+                    None,
+                    &[],
+                )?;
+                for row in rows {
+                    let id = row.get::<i64>(1)?.unwrap_or_default();
+                    if found.iter().all(|e| e.id != id) {
+                        found.push(Example {
+                            id,
+                            question: row.get::<String>(2)?.unwrap_or_default(),
+                            sql: row.get::<String>(3)?.unwrap_or_default(),
+                        });
+                    }
+                }
+                Ok::<_, pgrx::spi::Error>(())
+            };
+            let pairs: Vec<String> = (0..rare.len())
+                .flat_map(|i| (i + 1..rare.len()).map(move |j| (i, j)))
+                .map(|(i, j)| {
+                    format!(
+                        "terms @> ARRAY[{}, {}]",
+                        quote_literal(rare[i]),
+                        quote_literal(rare[j])
+                    )
+                })
+                .collect();
+            if !pairs.is_empty() {
+                read(&pairs.join(" OR "), &mut found)?;
+            }
+            if found.len() < n {
+                let any: Vec<String> = rare.iter().map(|w| quote_literal(w)).collect();
+                read(&format!("terms && ARRAY[{}]", any.join(", ")), &mut found)?;
+            }
+            Ok::<_, pgrx::spi::Error>(found)
         })
     })
     .map_err(|e| Error::internal(format!("reading the verified examples failed: {e}")))?;
     Ok(most_similar(question, examples, n))
+}
+
+/// The words a verified example is found by (`nl_examples.terms`, a generated column): the
+/// question's words as retrieval sees them.
+#[pg_extern(immutable, parallel_safe, strict)]
+fn nl_example_words(question: &str) -> Vec<String> {
+    let mut found: Vec<String> = Vec::new();
+    for word in words(question) {
+        if !found.contains(&word) {
+            found.push(word);
+        }
+    }
+    found
 }
 
 /// Ranks by Jaccard similarity of the questions' words; only examples sharing a word count.
@@ -97,6 +187,7 @@ mod tests {
 
     fn ex(q: &str) -> Example {
         Example {
+            id: 0,
             question: q.into(),
             sql: format!("-- {q}"),
         }

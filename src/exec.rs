@@ -51,8 +51,9 @@ pub enum Mode {
     Plan,
     /// Only check it (`nl_check`): parse analysis and the guard, nothing planned or run.
     Check,
-    /// Run it into the hold store of `portal` (a cursor of the caller's transaction, made by
-    /// `new_cursor`), with the query's own column types.
+    /// Run it like `Run`, and keep its rows also as tuples of the query's own column types, in
+    /// a store in the memory of `portal` (a cursor of the caller's transaction, made by
+    /// `new_cursor`): the attempt that answers becomes the cursor (`finish_cursor`).
     Cursor {
         portal: pg_sys::Portal,
         limits: Limits,
@@ -75,8 +76,15 @@ pub struct ResultSet {
     pub row_security: Vec<String>,
     /// Parallel workers the executor launched (0 for a serial plan).
     pub parallel_workers: i32,
-    /// Rows written to a cursor (`Mode::Cursor`), where they are not kept here.
-    pub stored: usize,
+    /// The rows as tuples, for a cursor (`Mode::Cursor`).
+    pub held: Option<Held>,
+}
+
+/// An attempt's rows as tuples, kept in a cursor's memory (`Mode::Cursor`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    store: *mut pg_sys::Tuplestorestate,
+    desc: pg_sys::TupleDesc,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -309,7 +317,7 @@ fn run_guarded(sql: &str, mode: Mode, origin: Origin) -> Outcome {
             Mode::Plan | Mode::Check => Outcome::Planned,
             Mode::Run(_) | Mode::Cursor { .. } => {
                 let mut result = execute(planned, &checked.text, mode, origin);
-                if result.rows.is_empty() && result.stored == 0 {
+                if result.rows.is_empty() {
                     result.row_security = row_security_tables(&checked.relations);
                     Outcome::Empty(result)
                 } else {
@@ -341,7 +349,7 @@ unsafe fn execute(
         ),
     };
     let rule = match origin {
-        Origin::Generated => gate::Rule::Allowed(std::rc::Rc::new(settings::allowed_functions())),
+        Origin::Generated => gate::Rule::Allowed(std::rc::Rc::new(guard::allowed_functions())),
         Origin::Own => gate::Rule::BuiltinOnly,
     };
     let mut collector = Collector {
@@ -462,8 +470,8 @@ unsafe fn collector<'a>(receiver: *mut pg_sys::DestReceiver) -> &'a mut Collecto
 
 /// Whether `to_jsonb` turns values of `typ` into JSON without looking up a cast: built-in
 /// types (through domains), and arrays and named composites made only of them.
-unsafe fn json_without_casts(typ: pg_sys::Oid, depth: usize) -> bool {
-    // SAFETY (whole body): catalog look-ups; a row type's descriptor is released again.
+fn json_without_casts(typ: pg_sys::Oid, depth: usize) -> bool {
+    // SAFETY: catalog look-ups; a row type's descriptor is released again.
     unsafe {
         let base = pg_sys::getBaseType(typ);
         // An anonymous record's fields are known only per value.
@@ -538,9 +546,13 @@ unsafe extern "C-unwind" fn startup(
     unsafe {
         let c = collector(receiver);
         if let Some(portal) = c.portal {
-            // The cursor's row type, in the portal's memory: it outlives this execution.
-            let caller = pg_sys::MemoryContextSwitchTo((*portal).portalContext);
-            (*portal).tupDesc = pg_sys::CreateTupleDescCopy(source);
+            // The row type and a store for the rows, in the portal's memory, which outlives this
+            // execution and its subtransaction; scrollable, like the cursor.
+            let caller = pg_sys::MemoryContextSwitchTo((*portal).holdContext);
+            c.result.held = Some(Held {
+                store: pg_sys::tuplestore_begin_heap(true, true, pg_sys::work_mem),
+                desc: pg_sys::CreateTupleDescCopy(source),
+            });
             pg_sys::MemoryContextSwitchTo(caller);
         }
         let natts = (*source).natts as usize;
@@ -555,9 +567,6 @@ unsafe extern "C-unwind" fn startup(
             })
             .collect();
         c.result.columns = unique_names(&names);
-        if c.portal.is_some() {
-            return;
-        }
         // Output functions are looked up behind the gate: they are what runs for each row.
         let _gate = gate::open(c.rule.clone(), "results are collected");
         let record = pg_sys::CreateTupleDescCopy(source);
@@ -629,7 +638,7 @@ unsafe extern "C-unwind" fn receive_slot(
     // result's descriptor.
     unsafe {
         let c = collector(receiver);
-        if c.result.rows.len() + c.result.stored >= c.limits.max_rows {
+        if c.result.rows.len() >= c.limits.max_rows {
             // One row more than may be returned: the result is cut, and the executor stops here.
             c.cut("max_rows");
             return false;
@@ -640,16 +649,14 @@ unsafe extern "C-unwind" fn receive_slot(
             c.cut("max_result_bytes");
             return false;
         }
-        if let Some(portal) = c.portal {
+        if let (Some(portal), Some(held)) = (c.portal, c.result.held) {
             // As PostgreSQL fills a held cursor: under the portal's resource owner, so that a
             // spilled store outlives this subtransaction.
             let owner = pg_sys::CurrentResourceOwner;
             pg_sys::CurrentResourceOwner = (*portal).resowner;
-            pg_sys::tuplestore_puttupleslot((*portal).holdStore, slot);
+            pg_sys::tuplestore_puttupleslot(held.store, slot);
             pg_sys::CurrentResourceOwner = owner;
-            c.result.stored += 1;
             c.bytes += raw;
-            return true;
         }
         let _gate = gate::open(c.rule.clone(), "results are collected");
         let caller = pg_sys::MemoryContextSwitchTo(c.per_row);
@@ -683,17 +690,37 @@ unsafe extern "C-unwind" fn receive_slot(
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn shutdown(_receiver: *mut pg_sys::DestReceiver) {}
 
-/// A new cursor `name` of the caller's transaction, with an empty hold store to run a query
-/// into (`Mode::Cursor`); `None` when a cursor of that name exists.
-pub fn new_cursor(name: &str, sql: &str) -> Option<pg_sys::Portal> {
-    let (Ok(name), Ok(sql)) = (CString::new(name), CString::new(sql)) else {
-        return None;
-    };
+/// A new cursor `name` of the caller's transaction, whose memory the attempts of `Mode::Cursor`
+/// keep their rows in; `None` when a cursor of that name exists.
+pub fn new_cursor(name: &str) -> Option<pg_sys::Portal> {
+    let name = CString::new(name).ok()?;
+    // SAFETY: a portal of the current transaction, with its hold context (and an empty hold
+    // store, replaced by `finish_cursor`).
     unsafe {
         if !pg_sys::GetPortalByName(name.as_ptr()).is_null() {
             return None;
         }
         let portal = pg_sys::CreatePortal(name.as_ptr(), false, false);
+        (*portal).cursorOptions = pg_sys::CURSOR_OPT_SCROLL as i32;
+        pg_sys::PortalCreateHoldStore(portal);
+        Some(portal)
+    }
+}
+
+/// Makes the cursor of `new_cursor` ready to FETCH from the rows of the attempt that answered
+/// (`answer`, its SQL `sql`), like a held cursor; the other attempts' stores are ended. Drops
+/// the cursor when there is no answer.
+pub fn finish_cursor(portal: pg_sys::Portal, sql: &str, answer: Option<Held>, others: &[Held]) {
+    // SAFETY: a portal `new_cursor` made, not yet defined; the stores are the attempts', in its
+    // hold context.
+    unsafe {
+        for held in others.iter().filter(|h| Some(**h) != answer) {
+            pg_sys::tuplestore_end(held.store);
+        }
+        let (Some(answer), Ok(sql)) = (answer, CString::new(sql)) else {
+            pg_sys::PortalDrop(portal, false);
+            return;
+        };
         let text = pg_sys::MemoryContextStrdup((*portal).portalContext, sql.as_ptr());
         pg_sys::PortalDefineQuery(
             portal,
@@ -703,40 +730,31 @@ pub fn new_cursor(name: &str, sql: &str) -> Option<pg_sys::Portal> {
             std::ptr::null_mut(),
             std::ptr::null_mut(),
         );
-        (*portal).cursorOptions = pg_sys::CURSOR_OPT_SCROLL as i32;
-        pg_sys::PortalCreateHoldStore(portal);
-        Some(portal)
-    }
-}
-
-/// Makes a filled cursor ready to FETCH from (from its store, like a held cursor), or drops it
-/// when the query did not run.
-pub fn finish_cursor(portal: pg_sys::Portal, ran: bool) {
-    unsafe {
-        if ran && !(*portal).tupDesc.is_null() {
-            (*portal).strategy = pg_sys::PortalStrategy::PORTAL_ONE_SELECT;
-            (*portal).atStart = true;
-            (*portal).atEnd = false;
-            (*portal).portalPos = 0;
-            (*portal).status = pg_sys::PortalStatus::PORTAL_READY;
-        } else {
-            pg_sys::PortalDrop(portal, false);
-        }
+        pg_sys::tuplestore_end((*portal).holdStore);
+        (*portal).holdStore = answer.store;
+        (*portal).tupDesc = answer.desc;
+        (*portal).strategy = pg_sys::PortalStrategy::PORTAL_ONE_SELECT;
+        (*portal).atStart = true;
+        (*portal).atEnd = false;
+        (*portal).portalPos = 0;
+        (*portal).status = pg_sys::PortalStatus::PORTAL_READY;
     }
 }
 
 /// The relations among `relations` on which row-level security applies to the current role.
-unsafe fn row_security_tables(relations: &[pg_sys::Oid]) -> Vec<String> {
+fn row_security_tables(relations: &[pg_sys::Oid]) -> Vec<String> {
     let mut tables: Vec<String> = Vec::new();
     for &relid in relations {
-        let applies = pg_sys::check_enable_rls(relid, pg_sys::InvalidOid, true)
-            == pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32;
-        let name = pg_sys::get_rel_name(relid);
-        if applies && !name.is_null() {
-            let name = CStr::from_ptr(name).to_string_lossy().into_owned();
-            if !tables.contains(&name) {
-                tables.push(name);
-            }
+        // SAFETY: catalog look-ups of relations the query read (NULL for one that is gone).
+        let (applies, name) = unsafe {
+            (
+                pg_sys::check_enable_rls(relid, pg_sys::InvalidOid, true)
+                    == pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32,
+                crate::names::c_string(pg_sys::get_rel_name(relid)),
+            )
+        };
+        if applies && !name.is_empty() && !tables.contains(&name) {
+            tables.push(name);
         }
     }
     tables

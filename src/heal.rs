@@ -13,7 +13,7 @@ use std::time::Instant;
 use crate::error::{Error, Result, SqlError, SqlState};
 use crate::exec::{Outcome, ResultSet};
 use crate::extract::extract_sql;
-use crate::llm::{Completion, Llm};
+use crate::llm::{Completion, Llm, Message};
 use crate::progress::Event;
 use crate::prompt;
 
@@ -201,7 +201,7 @@ struct Step {
 /// The loop's state and collaborators.
 struct Solver<'a> {
     question: &'a str,
-    initial: Vec<prompt::Message>,
+    initial: Vec<Message>,
     /// SQL to start from instead of asking the model (`nl_fix`).
     first: Option<&'a str>,
     limits: Limits,
@@ -325,7 +325,7 @@ impl Solver<'_> {
     /// far (the first one included) by that result. The largest group wins (ties: the better
     /// outcome, then the earliest); it becomes the answer when it is better than the best so
     /// far, or, with `Vote::Always`, whenever it has rows. Returns whether the run has rows.
-    fn vote(&mut self, request: &[prompt::Message]) -> Result<bool> {
+    fn vote(&mut self, request: &[Message]) -> Result<bool> {
         let asked = Instant::now();
         let batch = match self.llm.complete_many(request, self.limits.candidates) {
             Ok(batch) => batch,
@@ -553,7 +553,7 @@ impl Solver<'_> {
 /// anything) when given.
 pub fn solve(
     question: &str,
-    initial: Vec<prompt::Message>,
+    initial: Vec<Message>,
     first: Option<&str>,
     limits: Limits,
     llm: &mut dyn Llm,
@@ -648,7 +648,7 @@ mod tests {
     use crate::exec::ResultSet;
     use crate::guard::Refusal;
     use crate::llm::Completion;
-    use crate::prompt::Message;
+    use crate::llm::Message;
     use std::collections::VecDeque;
 
     /// A model that answers from a script and remembers what it was asked.

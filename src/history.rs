@@ -12,21 +12,18 @@ use pgrx::{PgLogLevel, PgSqlErrorCode};
 use crate::error::Error;
 use crate::heal::Run;
 use crate::settings::AuditLog;
-use crate::{schema, settings, subxact, trace};
-
-/// Longest wait for a lock on the history table.
-const LOCK_TIMEOUT: &std::ffi::CStr = c"100ms";
+use crate::{names, settings, store, trace};
 
 /// Records one call of `function` (`nl_query`, ...).
 pub fn record(function: &str, session: Option<&str>, run: &Run) {
     if !settings::history() {
         return;
     }
-    if unsafe { pg_sys::XactReadOnly || pg_sys::RecoveryInProgress() } {
+    if !store::writable() {
         debug1!("sql_query_engine: history not recorded: the transaction is read-only");
         return;
     }
-    let Ok(schema) = schema::extension_schema() else {
+    let Ok(schema) = store::extension_schema() else {
         return;
     };
     let clamp = |n: u64| n.min(i32::MAX as u64) as i32;
@@ -37,43 +34,29 @@ pub fn record(function: &str, session: Option<&str>, run: &Run) {
     );
     let attempts = trace::attempts(run).to_string();
     let row_count = run.best_result().map(|r| clamp(r.rows.len() as u64));
-    let settings = [
-        (c"lock_timeout", LOCK_TIMEOUT),
-        (c"search_path", subxact::PINNED_SEARCH_PATH),
-    ];
-    // Like a function's SET clause: both last until the end of this write.
-    let result = subxact::in_subtransaction(true, || {
-        subxact::with_settings(&settings, || {
-            Spi::connect_mut(|client| {
-                client
-                    .update(
-                        sql.as_str(),
-                        None,
-                        &[
-                            function.into(),
-                            session.into(),
-                            run.question.as_str().into(),
-                            run.final_sql().into(),
-                            run.status.as_str().into(),
-                            attempts.as_str().into(),
-                            row_count.into(),
-                            run.ms.into(),
-                            (run.llm_calls as i32).into(),
-                            clamp(run.prompt_tokens).into(),
-                            clamp(run.completion_tokens).into(),
-                            // SAFETY: reads the backend's current role.
-                            unsafe { pg_sys::GetUserId() }.into(),
-                        ],
-                    )
-                    .map(|_| ())
-            })
-        })
+    store::write_best_effort("history", |client| {
+        client
+            .update(
+                sql.as_str(),
+                None,
+                &[
+                    function.into(),
+                    session.into(),
+                    run.question.as_str().into(),
+                    run.final_sql().into(),
+                    run.status.as_str().into(),
+                    attempts.as_str().into(),
+                    row_count.into(),
+                    run.ms.into(),
+                    (run.llm_calls as i32).into(),
+                    clamp(run.prompt_tokens).into(),
+                    clamp(run.completion_tokens).into(),
+                    // SAFETY: reads the backend's current role.
+                    unsafe { pg_sys::GetUserId() }.into(),
+                ],
+            )
+            .map(|_| ())
     });
-    match result {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => debug1!("sql_query_engine: history not recorded: {e}"),
-        Err(caught) => debug1!("sql_query_engine: history not recorded: {caught:?}"),
-    }
 }
 
 /// How a call ended, as the audit line says it.
@@ -98,19 +81,9 @@ pub fn audit(function: &str, session: Option<&str>, input: &str, outcome: Audite
     if !wanted {
         return;
     }
-    // SAFETY: reads the backend's current role and its name (NULL when it is gone).
-    let (role_id, role) = unsafe {
-        let role_id = pg_sys::GetUserId();
-        let name = pg_sys::GetUserNameFromId(role_id, true);
-        let name = if name.is_null() {
-            String::new()
-        } else {
-            std::ffi::CStr::from_ptr(name)
-                .to_string_lossy()
-                .into_owned()
-        };
-        (role_id, name)
-    };
+    // SAFETY: reads the backend's current role.
+    let role_id = unsafe { pg_sys::GetUserId() };
+    let role = names::role_name(role_id).unwrap_or_default();
     let (result, sql) = match outcome {
         Audited::Answered(run) => (
             format!(

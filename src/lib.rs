@@ -2,6 +2,12 @@
 //! PostgreSQL's own parser guards it, it runs read-only in a subtransaction, and failures or
 //! empty results are repaired in a bounded loop.
 
+#![deny(
+    unsafe_op_in_unsafe_fn,
+    clippy::undocumented_unsafe_blocks,
+    clippy::missing_safety_doc
+)]
+
 mod api;
 mod compat;
 mod error;
@@ -13,13 +19,16 @@ mod heal;
 mod hints;
 mod history;
 mod llm;
+mod names;
 mod progress;
 mod prompt;
 mod redis_client;
 mod schema;
 mod session;
 mod settings;
+mod store;
 mod subxact;
+mod text;
 mod trace;
 mod values;
 mod wait;
@@ -27,7 +36,11 @@ mod wait;
 ::pgrx::pg_module_magic!(name, version);
 
 pgrx::extension_sql_file!("../sql/schema_version.sql", name = "schema_version");
-pgrx::extension_sql_file!("../sql/examples.sql", name = "examples");
+pgrx::extension_sql_file!(
+    "../sql/examples.sql",
+    name = "examples",
+    requires = [examples::nl_example_words]
+);
 pgrx::extension_sql_file!("../sql/history.sql", name = "history");
 pgrx::extension_sql_file!("../sql/sessions.sql", name = "sessions");
 

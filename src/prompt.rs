@@ -4,38 +4,10 @@
 //! with DDL), then the question. A repair adds to the first request's last message, so the
 //! first request stays a shared prefix.
 
-use serde::Serialize;
-
 use crate::error::SqlError;
 use crate::examples::Example;
+use crate::llm::Message;
 use crate::session::Turn;
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Message {
-    pub role: &'static str,
-    pub content: String,
-}
-
-impl Message {
-    fn system(content: impl Into<String>) -> Self {
-        Message {
-            role: "system",
-            content: content.into(),
-        }
-    }
-    fn user(content: impl Into<String>) -> Self {
-        Message {
-            role: "user",
-            content: content.into(),
-        }
-    }
-    fn assistant(content: impl Into<String>) -> Self {
-        Message {
-            role: "assistant",
-            content: content.into(),
-        }
-    }
-}
 
 const INSTRUCTIONS: &str = "\
 You are an expert PostgreSQL analyst. You answer a question about a PostgreSQL database by \
@@ -324,6 +296,7 @@ mod tests {
     #[test]
     fn first_request_puts_instructions_first_and_question_last() {
         let examples = [Example {
+            id: 1,
             question: "how many u?".into(),
             sql: "SELECT count(*) FROM u".into(),
         }];

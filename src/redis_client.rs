@@ -103,8 +103,8 @@ where
                 pgrx::warning!(
                     "sql_query_engine: Redis at {} is unavailable ({}); conversation context, \
                      progress events and the schema cache use backend memory",
-                    settings::redact_url(&url),
-                    settings::redact(&cause, &url)
+                    crate::llm::redact_url(&url),
+                    crate::llm::redact(&cause, &url)
                 );
             }
             None

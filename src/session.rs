@@ -18,7 +18,7 @@ use std::collections::{HashMap, VecDeque};
 use pgrx::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::{redis_client, schema, settings, subxact};
+use crate::{redis_client, settings, store, subxact};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Turn {
@@ -51,8 +51,7 @@ thread_local! {
 
 /// The store this transaction uses.
 pub fn store() -> Store {
-    let writable = unsafe { !pg_sys::XactReadOnly && !pg_sys::RecoveryInProgress() };
-    if writable && schema::extension_schema().is_ok() {
+    if store::writable() && store::extension_schema().is_ok() {
         Store::Table
     } else if redis_client::configured() {
         Store::Redis
@@ -97,7 +96,7 @@ fn memory_turns(session: &str) -> Vec<Turn> {
 }
 
 fn table_turns(session: &str) -> Option<Vec<Turn>> {
-    let schema = schema::extension_schema().ok()?;
+    let schema = store::extension_schema().ok()?;
     let sql = format!(
         "SELECT turns::text FROM {schema}.nl_sessions \
          WHERE role_id = $3 AND session = $1 \
@@ -164,7 +163,7 @@ pub fn record(session: &str, turn: Turn) -> Store {
 /// Writes the session's turns (the earlier ones still alive, this one, at most `keep`) and drops
 /// this role's expired sessions; in a subtransaction that never makes the answer fail.
 fn record_in_table(session: &str, turn: &Turn, keep: usize) -> bool {
-    let Ok(schema) = schema::extension_schema() else {
+    let Ok(schema) = store::extension_schema() else {
         return false;
     };
     let mut turns = table_turns(session).unwrap_or_default();
@@ -182,24 +181,15 @@ fn record_in_table(session: &str, turn: &Turn, keep: usize) -> bool {
          WHERE role_id = $2 AND updated_at < now() - make_interval(secs => $1)"
     );
     let ttl = settings::session_ttl_s() as f64;
-    let settings = [
-        (c"lock_timeout", c"100ms"),
-        (c"search_path", subxact::PINNED_SEARCH_PATH),
-    ];
-    let written = subxact::in_subtransaction(true, || {
-        subxact::with_settings(&settings, || {
-            Spi::connect_mut(|client| {
-                client.update(
-                    &upsert,
-                    None,
-                    &[session.into(), turns.as_str().into(), role_id().into()],
-                )?;
-                client.update(&expire, None, &[ttl.into(), role_id().into()])?;
-                Ok::<_, pgrx::spi::Error>(())
-            })
-        })
-    });
-    matches!(written, Ok(Ok(())))
+    store::write_best_effort("the session", |client| {
+        client.update(
+            &upsert,
+            None,
+            &[session.into(), turns.as_str().into(), role_id().into()],
+        )?;
+        client.update(&expire, None, &[ttl.into(), role_id().into()])?;
+        Ok(())
+    })
 }
 
 fn record_in_redis(session: &str, turn: &Turn, keep: usize) -> bool {
@@ -231,16 +221,13 @@ fn record_in_redis(session: &str, turn: &Turn, keep: usize) -> bool {
 /// Forgets `session`, in every store this backend can reach.
 pub fn reset(session: &str) {
     if store() == Store::Table {
-        if let Ok(schema) = schema::extension_schema() {
+        if let Ok(schema) = store::extension_schema() {
             let sql =
                 format!("DELETE FROM {schema}.nl_sessions WHERE role_id = $2 AND session = $1");
-            let _ = subxact::in_subtransaction(true, || {
-                subxact::pinned(|| {
-                    Spi::connect_mut(|c| {
-                        c.update(&sql, None, &[session.into(), role_id().into()])
-                            .map(|_| ())
-                    })
-                })
+            store::write_best_effort("the session reset", |client| {
+                client
+                    .update(&sql, None, &[session.into(), role_id().into()])
+                    .map(|_| ())
             });
         }
     }
@@ -266,43 +253,52 @@ unsafe extern "C-unwind" fn on_utility(
     dest: *mut pg_sys::DestReceiver,
     completion: *mut pg_sys::QueryCompletion,
 ) {
-    let node = (*statement).utilityStmt;
-    if !node.is_null()
-        && (*node).type_ == pg_sys::NodeTag::T_DiscardStmt
-        && (*node.cast::<pg_sys::DiscardStmt>()).target == pg_sys::DiscardMode::DISCARD_ALL
-    {
+    // SAFETY: PostgreSQL passes a planned utility statement; a node is read as the struct its
+    // tag names.
+    let discard_all = unsafe {
+        let node = (*statement).utilityStmt;
+        !node.is_null()
+            && (*node).type_ == pg_sys::NodeTag::T_DiscardStmt
+            && (*node.cast::<pg_sys::DiscardStmt>()).target == pg_sys::DiscardMode::DISCARD_ALL
+    };
+    if discard_all {
         MEMORY.with(|m| {
             if let Ok(mut m) = m.try_borrow_mut() {
                 m.clear();
             }
         });
     }
-    match PREVIOUS_UTILITY_HOOK {
-        Some(previous) => previous(
-            statement,
-            query,
-            read_only_tree,
-            context,
-            params,
-            environment,
-            dest,
-            completion,
-        ),
-        None => pg_sys::standard_ProcessUtility(
-            statement,
-            query,
-            read_only_tree,
-            context,
-            params,
-            environment,
-            dest,
-            completion,
-        ),
+    // SAFETY: the previous hook (stored once, in `init`) or PostgreSQL's own, with exactly what
+    // PostgreSQL gave this one.
+    unsafe {
+        match PREVIOUS_UTILITY_HOOK {
+            Some(previous) => previous(
+                statement,
+                query,
+                read_only_tree,
+                context,
+                params,
+                environment,
+                dest,
+                completion,
+            ),
+            None => pg_sys::standard_ProcessUtility(
+                statement,
+                query,
+                read_only_tree,
+                context,
+                params,
+                environment,
+                dest,
+                completion,
+            ),
+        }
     }
 }
 
 /// Called from `_PG_init`.
 pub fn init() {
+    // SAFETY: `_PG_init` runs once per backend, before any statement: the hook is chained.
     unsafe {
         PREVIOUS_UTILITY_HOOK = pg_sys::ProcessUtility_hook;
         pg_sys::ProcessUtility_hook = Some(on_utility);

@@ -1,14 +1,12 @@
 //! Every `sql_query_engine.*` setting, registered once in `_PG_init`, read through the accessor
-//! functions below (modelled on paradedb's `gucs.rs`).
+//! functions below (modelled on paradedb's `gucs.rs`). Plain data only: what a setting means is
+//! decided where it is used (the guard parses `allowed_functions`, `llm` the endpoints).
 
 use std::ffi::CStr;
 
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use pgrx::{pg_sys, GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnum};
-
-use crate::error::{Error, Result};
-use crate::guard::Allowed;
 
 /// When `sql_query_engine.vote` asks for candidates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PostgresGucEnum)]
@@ -41,46 +39,79 @@ pub enum AuditLog {
     All,
 }
 
+/// Where prompts go: superuser-only, or a role could send the schema and the key elsewhere.
 static LLM_URL: GucSetting<Option<std::ffi::CString>> =
     GucSetting::<Option<std::ffi::CString>>::new(None);
+/// The model the endpoint is asked for: superuser-only, as it decides cost and where data goes.
 static LLM_MODEL: GucSetting<Option<std::ffi::CString>> =
     GucSetting::<Option<std::ffi::CString>>::new(None);
+/// The file the key is read from when a request is made: the key itself is never a setting.
 static LLM_API_KEY_FILE: GucSetting<Option<std::ffi::CString>> =
     GucSetting::<Option<std::ffi::CString>>::new(None);
+/// The retired key setting, kept only to refuse a value without echoing it.
 static LLM_API_KEY_REFUSED: GucSetting<Option<std::ffi::CString>> =
     GucSetting::<Option<std::ffi::CString>>::new(None);
+/// Functions (and with them types) beyond the built-ins that generated queries may use.
 static ALLOWED_FUNCTIONS: GucSetting<Option<std::ffi::CString>> =
     GucSetting::<Option<std::ffi::CString>>::new(None);
+/// Bounds what the model may write per answer (cost, and the work of extracting SQL).
 static MAX_TOKENS: GucSetting<i32> = GucSetting::<i32>::new(1024);
+/// Bounds what is read from an endpoint: a hostile one could send gigabytes.
 static MAX_RESPONSE_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1 << 20);
+/// Which calls leave a server-log line, which no rollback or read-only transaction removes.
 static AUDIT_LOG: GucSetting<AuditLog> = GucSetting::<AuditLog>::new(AuditLog::All);
+/// Endpoints tried when `llm_url` fails, each with its own model and key file.
 static LLM_FALLBACKS: GucSetting<Option<std::ffi::CString>> =
     GucSetting::<Option<std::ffi::CString>>::new(None);
+/// How long a failed endpoint is skipped, so a dead provider does not cost every question its timeout.
 static LLM_CIRCUIT_BREAKER_S: GucSetting<i32> = GucSetting::<i32>::new(30);
+/// Whether the question's values are looked up in the columns that store them.
 static VALUE_INDEX: GucSetting<bool> = GucSetting::<bool>::new(true);
+/// When candidates are asked for and the result most agree on wins.
 static VOTE: GucSetting<VoteSetting> = GucSetting::<VoteSetting>::new(VoteSetting::WhenInDoubt);
+/// How many candidates a vote asks for (a ceiling: each costs a model call).
 static CANDIDATES: GucSetting<i32> = GucSetting::<i32>::new(4);
+/// How the schema is written for the model.
 static SCHEMA_FORMAT: GucSetting<SchemaFormat> = GucSetting::<SchemaFormat>::new(SchemaFormat::Ddl);
+/// Bounds one model request, retries included (a ceiling: the backend waits this long).
 static LLM_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(60_000);
+/// Sampling temperature: 0 for repeatable SQL.
 static TEMPERATURE: GucSetting<f64> = GucSetting::<f64>::new(0.0);
+/// Bounds the repair loop (a ceiling: each repair is a model call and a query).
 static MAX_REPAIRS: GucSetting<i32> = GucSetting::<i32>::new(4);
+/// Bounds each generated query (a ceiling).
 static STATEMENT_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+/// Bounds the rows kept per query (a ceiling).
 static MAX_ROWS: GucSetting<i32> = GucSetting::<i32>::new(1000);
+/// Whether generated queries may read the catalogs: off, questions about the schema are answered from the schema context.
 static ALLOW_SYSTEM_CATALOGS: GucSetting<bool> = GucSetting::<bool>::new(false);
+/// Narrows the schemas the model is told about.
 static SCHEMAS: GucSetting<Option<std::ffi::CString>> =
     GucSetting::<Option<std::ffi::CString>>::new(None);
+/// How many stored values per text column reach the model; 0 sends none (a ceiling).
 static SAMPLE_VALUES: GucSetting<i32> = GucSetting::<i32>::new(3);
+/// Tokens the schema may take before retrieval prunes it.
 static PROMPT_BUDGET: GucSetting<i32> = GucSetting::<i32>::new(4000);
+/// How many verified examples go into the prompt.
 static EXAMPLES: GucSetting<i32> = GucSetting::<i32>::new(3);
+/// Whether JSON output is asked for (dropped for endpoints that reject it).
 static JSON_MODE: GucSetting<bool> = GucSetting::<bool>::new(true);
+/// Where sessions and progress events are shared: superuser-only, as it decides where data goes.
 static REDIS_URL: GucSetting<Option<std::ffi::CString>> =
     GucSetting::<Option<std::ffi::CString>>::new(None);
+/// Bounds one Redis call before backend memory is used.
 static REDIS_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
+/// How many earlier turns of a session the model sees.
 static SESSION_TURNS: GucSetting<i32> = GucSetting::<i32>::new(5);
+/// How long a session lives after its last turn.
 static SESSION_TTL_S: GucSetting<i32> = GucSetting::<i32>::new(3600);
+/// Whether each step is reported as a NOTICE.
 static PROGRESS: GucSetting<bool> = GucSetting::<bool>::new(false);
+/// Whether calls are recorded in nl_history: superuser-only, the audited role cannot turn it off.
 static HISTORY: GucSetting<bool> = GucSetting::<bool>::new(true);
+/// Bounds the bytes of rows a query keeps (a ceiling): rows alone do not bound memory.
 static MAX_RESULT_BYTES: GucSetting<i32> = GucSetting::<i32>::new(16 << 20);
+/// Roles whose code a superuser's call may run besides superusers' own.
 static TRUSTED_OWNERS: GucSetting<Option<std::ffi::CString>> =
     GucSetting::<Option<std::ffi::CString>>::new(None);
 
@@ -112,6 +143,7 @@ pub fn init() {
     );
     // The key used to be a setting; a value now is refused with a pointer to the file, and a
     // custom message, so that the refusal never echoes the value.
+    // SAFETY: the check hook only reads the proposed value and sets GUC\'s error fields.
     unsafe {
         GucRegistry::define_string_guc_with_hooks(
             c"sql_query_engine.llm_api_key",
@@ -125,6 +157,7 @@ pub fn init() {
             None,
         );
     }
+    // SAFETY: the check hook only reads the proposed value and sets GUC\'s error fields.
     unsafe {
         GucRegistry::define_int_guc_with_hooks(
             c"sql_query_engine.llm_timeout",
@@ -150,6 +183,7 @@ pub fn init() {
         GucContext::Userset,
         GucFlags::default(),
     );
+    // SAFETY: the check hook only reads the proposed value and sets GUC\'s error fields.
     unsafe {
         GucRegistry::define_int_guc_with_hooks(
             c"sql_query_engine.max_repairs",
@@ -165,6 +199,7 @@ pub fn init() {
             None,
         );
     }
+    // SAFETY: the check hook only reads the proposed value and sets GUC\'s error fields.
     unsafe {
         GucRegistry::define_int_guc_with_hooks(
             c"sql_query_engine.statement_timeout",
@@ -180,6 +215,7 @@ pub fn init() {
             None,
         );
     }
+    // SAFETY: the check hook only reads the proposed value and sets GUC\'s error fields.
     unsafe {
         GucRegistry::define_int_guc_with_hooks(
             c"sql_query_engine.max_rows",
@@ -211,6 +247,7 @@ pub fn init() {
         GucContext::Userset,
         GucFlags::default(),
     );
+    // SAFETY: the check hook only reads the proposed value and sets GUC\'s error fields.
     unsafe {
         GucRegistry::define_int_guc_with_hooks(
             c"sql_query_engine.sample_values",
@@ -329,6 +366,7 @@ pub fn init() {
         GucContext::Suset,
         GucFlags::default(),
     );
+    // SAFETY: the check hook only reads the proposed value and sets GUC\'s error fields.
     unsafe {
         GucRegistry::define_int_guc_with_hooks(
             c"sql_query_engine.max_tokens",
@@ -388,6 +426,7 @@ pub fn init() {
         GucContext::Userset,
         GucFlags::default(),
     );
+    // SAFETY: the check hook only reads the proposed value and sets GUC\'s error fields.
     unsafe {
         GucRegistry::define_int_guc_with_hooks(
             c"sql_query_engine.candidates",
@@ -411,6 +450,7 @@ pub fn init() {
         GucContext::Userset,
         GucFlags::default(),
     );
+    // SAFETY: the check hook only reads the proposed value and sets GUC\'s error fields.
     unsafe {
         GucRegistry::define_int_guc_with_hooks(
             c"sql_query_engine.max_result_bytes",
@@ -439,6 +479,7 @@ pub fn init() {
         GucFlags::default(),
     );
     // A mistyped sql_query_engine.* setting is an error instead of a silent placeholder.
+    // SAFETY: reserves the prefix, once, in `_PG_init`.
     unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"sql_query_engine".as_ptr()) };
 }
 
@@ -449,48 +490,23 @@ fn string(setting: &GucSetting<Option<std::ffi::CString>>) -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
-/// Base URL of the LLM endpoint, required.
-pub fn llm_url() -> Result<String> {
-    string(&LLM_URL).ok_or_else(|| Error::Setting {
-        message: "sql_query_engine.llm_url is not set".into(),
-        hint: "Point it at an OpenAI-compatible API, e.g. \
-               SET sql_query_engine.llm_url = 'http://127.0.0.1:8080/v1'."
-            .into(),
-    })
+/// Base URL of the model's OpenAI-compatible API, when set.
+pub fn llm_url() -> Option<String> {
+    string(&LLM_URL)
 }
 
 pub fn llm_model() -> Option<String> {
     string(&LLM_MODEL)
 }
 
-/// Longest key file read.
-const MAX_KEY_BYTES: u64 = 4096;
+/// The file holding the key of `llm_url`, when set.
+pub fn llm_api_key_file() -> Option<String> {
+    string(&LLM_API_KEY_FILE)
+}
 
-/// A key from `path`: the file's content without surrounding blank space. Errors name the
-/// file, never its content.
-pub fn read_key_file(path: &str) -> Result<String> {
-    use std::io::Read;
-    let unreadable = |cause: String| Error::Setting {
-        message: format!("the API key file {path} cannot be used: {cause}"),
-        hint: "It must be a file the server's operating-system user can read, holding only the \
-               key (sql_query_engine.llm_api_key_file)."
-            .into(),
-    };
-    let file = std::fs::File::open(path).map_err(|e| unreadable(e.to_string()))?;
-    let mut key = String::new();
-    file.take(MAX_KEY_BYTES + 1)
-        .read_to_string(&mut key)
-        .map_err(|e| unreadable(e.to_string()))?;
-    if key.len() as u64 > MAX_KEY_BYTES {
-        return Err(unreadable(format!(
-            "it is longer than {MAX_KEY_BYTES} bytes"
-        )));
-    }
-    let key = key.trim();
-    if key.is_empty() || key.contains(['\r', '\n']) {
-        return Err(unreadable("it must hold one key on one line".into()));
-    }
-    Ok(key.to_string())
+/// The fallback endpoints as written (`URL [model=NAME] [key_file=PATH], ...`), when set.
+pub fn llm_fallbacks() -> Option<String> {
+    string(&LLM_FALLBACKS)
 }
 
 /// Refuses any value for the retired `llm_api_key` setting, without echoing it.
@@ -500,18 +516,23 @@ unsafe extern "C-unwind" fn refuse_api_key(
     _extra: *mut *mut std::ffi::c_void,
     _source: pg_sys::GucSource::Type,
 ) -> bool {
-    if newval.is_null() || (*newval).is_null() || *(*newval) == 0 {
+    // SAFETY: GUC passes a pointer to the proposed value (a string or NULL).
+    let empty = unsafe { newval.is_null() || (*newval).is_null() || *(*newval) == 0 };
+    if empty {
         return true;
     }
-    pg_sys::GUC_check_errcode(pgrx::PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE as i32);
-    pg_sys::GUC_check_errmsg_string = c"sql_query_engine.llm_api_key is not used: keys are never \
-        stored in settings, but read from the file sql_query_engine.llm_api_key_file names"
-        .as_ptr()
-        .cast_mut();
-    pg_sys::GUC_check_errhint_string = c"Write the key to a file the server can read and set \
-        sql_query_engine.llm_api_key_file to its path."
-        .as_ptr()
-        .cast_mut();
+    // SAFETY: GUC's check-hook error fields, given static messages.
+    unsafe {
+        pg_sys::GUC_check_errcode(pgrx::PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE as i32);
+        pg_sys::GUC_check_errmsg_string = c"sql_query_engine.llm_api_key is not used: keys are \
+            never stored in settings, but read from the file sql_query_engine.llm_api_key_file names"
+            .as_ptr()
+            .cast_mut();
+        pg_sys::GUC_check_errhint_string = c"Write the key to a file the server can read and set \
+            sql_query_engine.llm_api_key_file to its path."
+            .as_ptr()
+            .cast_mut();
+    }
     false
 }
 
@@ -533,7 +554,7 @@ impl Ceiling {
     }
 
     /// The check hook's verdict on `value` from `source`.
-    unsafe fn check(&self, value: i32, source: pg_sys::GucSource::Type) -> bool {
+    fn check(&self, value: i32, source: pg_sys::GucSource::Type) -> bool {
         if source <= pg_sys::GucSource::PGC_S_GLOBAL {
             self.value.store(value, Ordering::Relaxed);
             return true;
@@ -575,7 +596,8 @@ macro_rules! ceiling_hook {
             source: pg_sys::GucSource::Type,
         ) -> bool {
             // SAFETY: GUC passes a valid pointer to the proposed value.
-            unsafe { $ceiling.check(*newval, source) }
+            let value = unsafe { *newval };
+            $ceiling.check(value, source)
         }
     };
 }
@@ -597,28 +619,10 @@ ceiling_hook!(check_max_repairs, MAX_REPAIRS_CEILING, "max_repairs");
 ceiling_hook!(check_candidates, CANDIDATES_CEILING, "candidates");
 ceiling_hook!(check_max_tokens, MAX_TOKENS_CEILING, "max_tokens");
 
-/// Functions generated queries may call beyond the built-ins. An unparsable setting allows
-/// nothing more (and says so once per backend).
-pub fn allowed_functions() -> Allowed {
-    thread_local! {
-        static PARSED: std::cell::RefCell<Option<(String, Allowed)>> = const { std::cell::RefCell::new(None) };
-    }
-    let text = string(&ALLOWED_FUNCTIONS).unwrap_or_default();
-    PARSED.with_borrow_mut(|parsed| {
-        if let Some((cached, allowed)) = parsed.as_ref() {
-            if *cached == text {
-                return allowed.clone();
-            }
-        }
-        let allowed = Allowed::parse(&text).unwrap_or_else(|e| {
-            pgrx::warning!(
-                "sql_query_engine.allowed_functions is ignored: {e}; only built-in functions run"
-            );
-            Allowed::default()
-        });
-        *parsed = Some((text, allowed.clone()));
-        allowed
-    })
+/// Functions beyond the built-ins that generated queries may call, as written (the guard
+/// parses it).
+pub fn allowed_functions() -> String {
+    string(&ALLOWED_FUNCTIONS).unwrap_or_default()
 }
 
 pub fn max_tokens() -> u32 {
@@ -631,67 +635,6 @@ pub fn max_response_bytes() -> u64 {
 
 pub fn audit_log() -> AuditLog {
     AUDIT_LOG.get()
-}
-
-/// One endpoint of the chain as configured: URL, model, and the file its key is in.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EndpointSetting {
-    pub url: String,
-    pub model: Option<String>,
-    pub key_file: Option<String>,
-}
-
-impl EndpointSetting {
-    /// The endpoint with its key read.
-    pub fn endpoint(&self) -> Result<crate::llm::Endpoint> {
-        Ok(crate::llm::Endpoint {
-            base_url: self.url.clone(),
-            model: self.model.clone(),
-            api_key: self.key_file.as_deref().map(read_key_file).transpose()?,
-        })
-    }
-}
-
-/// `URL [model=NAME] [key_file=PATH], ...`
-pub fn parse_fallbacks(text: &str) -> std::result::Result<Vec<EndpointSetting>, String> {
-    let mut endpoints = Vec::new();
-    for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-        let mut parts = entry.split_whitespace();
-        let url = parts.next().unwrap_or_default().to_string();
-        if !(url.starts_with("http://") || url.starts_with("https://")) {
-            return Err(format!("\"{entry}\" does not start with an http(s) URL"));
-        }
-        let mut endpoint = EndpointSetting {
-            url,
-            model: None,
-            key_file: None,
-        };
-        for part in parts {
-            match part.split_once('=') {
-                Some(("model", v)) if !v.is_empty() => endpoint.model = Some(v.to_string()),
-                Some(("key_file", v)) if !v.is_empty() => endpoint.key_file = Some(v.to_string()),
-                _ => return Err(format!("\"{part}\" is not model=NAME or key_file=PATH")),
-            }
-        }
-        endpoints.push(endpoint);
-    }
-    Ok(endpoints)
-}
-
-/// The chain of endpoints: `llm_url` with its model and key file, then the fallbacks.
-pub fn llm_endpoints() -> Result<Vec<EndpointSetting>> {
-    let mut endpoints = vec![EndpointSetting {
-        url: llm_url()?,
-        model: llm_model(),
-        key_file: string(&LLM_API_KEY_FILE),
-    }];
-    if let Some(text) = string(&LLM_FALLBACKS) {
-        endpoints.extend(parse_fallbacks(&text).map_err(|e| Error::Setting {
-            message: format!("sql_query_engine.llm_fallbacks cannot be used: {e}"),
-            hint: "Write it as URL [model=NAME] [key_file=PATH], comma-separated.".into(),
-        })?);
-    }
-    Ok(endpoints)
 }
 
 pub fn llm_circuit_breaker() -> std::time::Duration {
@@ -798,55 +741,10 @@ pub fn history() -> bool {
     HISTORY.get()
 }
 
-/// A URL as it may be shown: without the credentials it may carry.
-pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            format!("{}{}", &url[..scheme_end + 3], &url[at + 1..])
-        }
-        _ => url.to_string(),
-    }
-}
-
-/// `text` with the secrets of `url` (the whole URL, its credentials) replaced.
-pub fn redact(text: &str, url: &str) -> String {
-    let mut text = text.replace(url, &redact_url(url));
-    if let (Some(scheme_end), Some(at)) = (url.find("://"), url.rfind('@')) {
-        if at > scheme_end + 3 {
-            let credentials = &url[scheme_end + 3..at];
-            text = text.replace(credentials, "[credentials]");
-        }
-    }
-    text
-}
-
 pub fn json_mode() -> bool {
     JSON_MODE.get()
 }
 
 pub fn allow_system_catalogs() -> bool {
     ALLOW_SYSTEM_CATALOGS.get()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fallbacks_parse_strictly() {
-        let chain = parse_fallbacks(
-            "https://api.groq.com/openai/v1 model=llama key_file=/etc/sqe/groq.key, http://127.0.0.1:9/v1",
-        )
-        .unwrap();
-        assert_eq!(chain.len(), 2);
-        assert_eq!(chain[0].model.as_deref(), Some("llama"));
-        assert_eq!(chain[0].key_file.as_deref(), Some("/etc/sqe/groq.key"));
-        assert_eq!(
-            (chain[1].model.as_deref(), chain[1].key_file.as_deref()),
-            (None, None)
-        );
-        assert!(parse_fallbacks("ftp://x").is_err());
-        assert!(parse_fallbacks("http://x key=abc").is_err());
-        assert_eq!(parse_fallbacks(" ").unwrap(), vec![]);
-    }
 }

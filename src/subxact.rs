@@ -13,6 +13,9 @@ use pgrx::pg_sys::{self, PgTryBuilder};
 /// rolled back otherwise; any error is caught and returned, and the caller's transaction, memory
 /// context and resource owner are as they were.
 pub fn in_subtransaction<R>(commit: bool, work: impl FnOnce() -> R) -> Result<R, Box<CaughtError>> {
+    // SAFETY: the subtransaction begun here is ended here on every path: PgTry catches every
+    // error and panic of `work`, so control always reaches the release or rollback below; the
+    // caller's memory context and resource owner are put back after it.
     unsafe {
         let caller_context = pg_sys::CurrentMemoryContext;
         let caller_owner = pg_sys::CurrentResourceOwner;
@@ -37,11 +40,21 @@ pub fn in_subtransaction<R>(commit: bool, work: impl FnOnce() -> R) -> Result<R,
 /// so that no function, operator or type a role created can stand in for a built-in one.
 pub const PINNED_SEARCH_PATH: &CStr = c"pg_catalog, pg_temp";
 
-/// Runs `work` with `settings` in force, restored afterwards (also when `work` raises an
-/// ERROR: then the (sub)transaction abort restores them).
+/// Runs `work` with `settings` in force, restored afterwards, like a function's `SET` clause
+/// (also when `work` raises an ERROR: the guard restores them as it unwinds).
 pub fn with_settings<R>(settings: &[(&CStr, &CStr)], work: impl FnOnce() -> R) -> R {
-    unsafe {
-        let level = pg_sys::NewGUCNestLevel();
+    /// The GUC nesting level of the settings; dropping it ends that level.
+    struct Level(std::ffi::c_int);
+    impl Drop for Level {
+        fn drop(&mut self) {
+            // SAFETY: ends the level `NewGUCNestLevel` opened below, keeping its values only
+            // when the work returned (an error's abort would restore them anyway).
+            unsafe { pg_sys::AtEOXact_GUC(!std::thread::panicking(), self.0) }
+        }
+    }
+    // SAFETY: a new nesting level, and settings made at it, which `Level` ends.
+    let _level = unsafe {
+        let level = Level(pg_sys::NewGUCNestLevel());
         for (name, value) in settings {
             pg_sys::set_config_option(
                 name.as_ptr(),
@@ -54,10 +67,9 @@ pub fn with_settings<R>(settings: &[(&CStr, &CStr)], work: impl FnOnce() -> R) -
                 false,
             );
         }
-        let result = work();
-        pg_sys::AtEOXact_GUC(true, level);
-        result
-    }
+        level
+    };
+    work()
 }
 
 /// Runs the extension's own SQL in `work` with the pinned search path.
@@ -67,6 +79,8 @@ pub fn pinned<R>(work: impl FnOnce() -> R) -> R {
 
 /// Sets `name` to `value` until the end of the current (sub)transaction.
 pub fn set_local(name: &CStr, value: &CStr) {
+    // SAFETY: NUL-terminated name and value; GUC_ACTION_LOCAL lasts until the (sub)transaction
+    // ends.
     unsafe {
         pg_sys::set_config_option(
             name.as_ptr(),
@@ -95,10 +109,19 @@ pub fn in_procedure<R>(fcinfo: pg_sys::FunctionCallInfo, work: impl FnOnce() -> 
     if !nonatomic {
         return work();
     }
+    /// The procedure's non-atomic SPI connection; dropping it finishes it.
+    struct Connected;
+    impl Drop for Connected {
+        fn drop(&mut self) {
+            // SAFETY: finishes the connection made below, the innermost one: everything made
+            // inside `work` finished its own before returning or unwinding past here.
+            unsafe { pg_sys::SPI_finish() };
+        }
+    }
+    // SAFETY: a CALL outside a transaction block may connect non-atomically.
     unsafe { pg_sys::SPI_connect_ext(pg_sys::SPI_OPT_NONATOMIC as i32) };
-    let result = work();
-    unsafe { pg_sys::SPI_finish() };
-    result
+    let _connected = Connected;
+    work()
 }
 
 /// Commits the transaction of a procedure run by `in_procedure` and starts the next one
@@ -107,6 +130,8 @@ pub fn in_procedure<R>(fcinfo: pg_sys::FunctionCallInfo, work: impl FnOnce() -> 
 /// transaction, only the extension's bookkeeping. Does nothing (and says so) anywhere else: in
 /// a function, in a transaction block, in a subtransaction, inside the extension's own SPI.
 pub fn release() -> bool {
+    // SAFETY: commits only inside a non-atomic SPI connection outside any subtransaction, the
+    // one state in which PostgreSQL allows a procedure to end its transaction.
     unsafe {
         if !pg_sys::SPI_inside_nonatomic_context() || pg_sys::IsSubTransaction() {
             return false;
@@ -118,5 +143,6 @@ pub fn release() -> bool {
 
 /// Takes the snapshot that the procedure's next statements need, after `release`.
 pub fn resume() {
+    // SAFETY: takes the snapshot PostgreSQL would take for the procedure's next statement.
     unsafe { pg_sys::EnsurePortalSnapshotExists() }
 }

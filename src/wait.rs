@@ -32,7 +32,9 @@ struct Signal(OwnedFd);
 
 impl Signal {
     fn new() -> Option<Signal> {
+        // SAFETY: eventfd has no memory arguments; it returns a new descriptor or -1.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        // SAFETY: a descriptor eventfd just opened, owned by nothing else.
         (fd >= 0).then(|| Signal(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
 
@@ -40,6 +42,7 @@ impl Signal {
         let one: u64 = 1;
         // Cannot block (the counter would have to reach u64::MAX - 1); a failure only means
         // the backend wakes at its next timeout instead.
+        // SAFETY: writes the eight bytes of `one` to the descriptor this Signal owns.
         let _ = unsafe {
             libc::write(
                 self.0.as_raw_fd(),
@@ -60,16 +63,19 @@ where
     let signal = Arc::new(Signal::new().ok_or(WaitError::Lost)?);
     // Hold no snapshot of our own while waiting (the catalog's is taken again when needed);
     // the calling statement's snapshot is PostgreSQL's to keep.
+    // SAFETY: drops the backend's catalog snapshot, which PostgreSQL takes again on demand.
     unsafe { pg_sys::InvalidateCatalogSnapshot() };
     let (sender, receiver) = mpsc::sync_channel(1);
     let done = Arc::clone(&signal);
-    let spawned = std::thread::Builder::new()
-        .name("sql_query_engine-io".into())
-        .spawn(move || {
-            // The receiver may be gone (cancel, timeout): then the result is simply dropped.
-            let _ = sender.send(work());
-            done.raise();
-        });
+    let spawned = without_signals(|| {
+        std::thread::Builder::new()
+            .name("sql_query_engine-io".into())
+            .spawn(move || {
+                // The receiver may be gone (cancel, timeout): then the result is simply dropped.
+                let _ = sender.send(work());
+                done.raise();
+            })
+    });
     if spawned.is_err() {
         return Err(WaitError::Lost);
     }
@@ -84,6 +90,25 @@ where
             return Err(WaitError::TimedOut);
         }
         wait_for(Some(signal.0.as_raw_fd()), (deadline - now).min(MAX_SLEEP));
+    }
+}
+
+/// Runs `spawn` with every signal blocked on this thread, so that a thread it starts inherits
+/// a mask that blocks them all: PostgreSQL's handlers (cancel, terminate, the latch) must run on
+/// the backend's own thread, never on a helper. The backend's mask is put back afterwards.
+fn without_signals<T>(spawn: impl FnOnce() -> T) -> T {
+    // SAFETY: sigset_t is plain data that sigfillset initialises; pthread_sigmask only changes
+    // this thread's mask, and the old one is restored before returning.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        let blocked = libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old) == 0;
+        let result = spawn();
+        if blocked {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        }
+        result
     }
 }
 
@@ -107,6 +132,8 @@ fn wait_for(socket: Option<std::ffi::c_int>, timeout: Duration) {
     }
     // Round up, so that a wait never ends just before its deadline and spins.
     let millis = timeout.as_micros().div_ceil(1000).max(1) as std::ffi::c_long;
+    // SAFETY: sleeps on the backend's own latch (and a descriptor this wait owns), then resets
+    // the latch and handles interrupts, as PostgreSQL's own waits do.
     unsafe {
         pg_sys::WaitLatchOrSocket(
             pg_sys::MyLatch,

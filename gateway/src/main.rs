@@ -8,6 +8,7 @@
 //!   sqe-gateway serve --listen ADDR --database-url URL --tokens FILE
 //!   sqe-gateway mcp-stdio --database-url URL [--role ROLE]
 
+mod app;
 mod db;
 mod errors;
 mod mcp;
@@ -30,6 +31,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::ServiceExt;
 
+use crate::app::{App, Role};
 use crate::db::Db;
 use crate::errors::ApiError;
 use crate::tokens::Tokens;
@@ -89,20 +91,6 @@ enum Command {
         #[arg(long)]
         role: Option<String>,
     },
-}
-
-/// The role a request runs as (set by `authenticate`).
-#[derive(Clone, Debug)]
-pub struct Role(pub String);
-
-#[derive(Clone)]
-pub struct App {
-    pub db: Arc<Db>,
-    pub tokens: Tokens,
-    pub model: String,
-    pub timeout: Duration,
-    pub max_body: usize,
-    pub max_table_rows: usize,
 }
 
 /// Every route needs a known bearer token; it decides the role.

@@ -19,8 +19,8 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::app::Role;
 use crate::db::{Call, Db, DbError};
-use crate::Role;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct AskParams {

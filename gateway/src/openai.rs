@@ -21,10 +21,10 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+use crate::app::{App, Role};
 use crate::db::Call;
 use crate::errors::ApiError;
 use crate::watch::ClientGone;
-use crate::{App, Role};
 
 #[derive(Deserialize)]
 struct ChatRequest {

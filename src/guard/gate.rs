@@ -18,8 +18,9 @@ use std::rc::Rc;
 
 use pgrx::pg_sys;
 
+use super::facts::{builtin, FunctionFacts};
 use super::policy::{self, Allowed};
-use super::{builtin, FunctionFacts, Trusted};
+use super::trust::Trusted;
 use crate::error::{SqlError, SqlState};
 
 /// What may start while a gate is open.
@@ -75,7 +76,7 @@ fn is_open() -> bool {
 }
 
 /// Why `function` may not start now, when a gate refuses it.
-unsafe fn refusal(function: pg_sys::Oid) -> Option<SqlError> {
+fn refusal(function: pg_sys::Oid) -> Option<SqlError> {
     if builtin(function) || !is_open() {
         return None;
     }
@@ -111,9 +112,12 @@ static mut NEXT_HOOK: pg_sys::fmgr_hook_type = None;
 /// (and whatever another extension's hook watches).
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn needs_hook(function: pg_sys::Oid) -> bool {
-    // SAFETY: the previous hook was stored once, in `init`, before any call could arrive.
-    let next = unsafe { NEXT_NEEDS_HOOK };
-    (!builtin(function) && is_open()) || next.is_some_and(|next| unsafe { next(function) })
+    if !builtin(function) && is_open() {
+        return true;
+    }
+    // SAFETY: the previous hook was stored once, in `init`, before any call could arrive; it
+    // gets exactly what PostgreSQL gave this one.
+    unsafe { NEXT_NEEDS_HOOK.is_some_and(|next| next(function)) }
 }
 
 /// Called when a watched function starts, ends or fails: a refused start raises 42501.
@@ -125,13 +129,17 @@ unsafe extern "C-unwind" fn hook(
 ) {
     if event == pg_sys::FmgrHookEventType::FHET_START && !flinfo.is_null() {
         // SAFETY: PostgreSQL passes the FmgrInfo of the call that is starting.
-        if let Some(error) = unsafe { refusal((*flinfo).fn_oid) } {
+        let function = unsafe { (*flinfo).fn_oid };
+        if let Some(error) = refusal(function) {
             crate::error::Error::Refused(Box::new(error)).raise();
         }
     }
-    // SAFETY: as above; the next hook gets exactly what PostgreSQL gave this one.
-    if let Some(next) = unsafe { NEXT_HOOK } {
-        unsafe { next(event, flinfo, private) };
+    // SAFETY: the previous hook was stored once, in `init`; it gets exactly what PostgreSQL
+    // gave this one.
+    unsafe {
+        if let Some(next) = NEXT_HOOK {
+            next(event, flinfo, private);
+        }
     }
 }
 

@@ -10,7 +10,8 @@ use std::ffi::CString;
 
 use pgrx::{pg_sys, PgList};
 
-use super::{builtin, c_string, relation_name};
+use super::facts::builtin;
+use crate::names::{relation_name, role_name};
 use crate::settings;
 
 /// The owners a superuser's call trusts: superusers, and these roles.
@@ -51,8 +52,7 @@ impl Trusted {
         if self.trusts(owner) {
             return None;
         }
-        // SAFETY: a role catalog look-up; NULL when the role is gone.
-        let role = unsafe { c_string(pg_sys::GetUserNameFromId(owner, true)) };
+        let role = role_name(owner).unwrap_or_default();
         Some(format!(
             "its owner, role \"{role}\", is not a superuser, and a superuser's call runs no {what} \
              of another role (a superuser may trust the role with \
@@ -62,14 +62,11 @@ impl Trusted {
 
     /// Why a superuser's query may not read `relation`: it, a view it goes through, or one of
     /// its partitions or children belongs to a role this call does not trust.
-    ///
-    /// # Safety
-    /// Call inside a transaction, with `relation` an existing relation the parser locked.
-    pub unsafe fn refuse_relation(&self, relation: pg_sys::Oid) -> Option<String> {
-        unsafe { self.relation_refusal(relation, 0, &mut Vec::new()) }
+    pub fn refuse_relation(&self, relation: pg_sys::Oid) -> Option<String> {
+        self.relation_refusal(relation, 0, &mut Vec::new())
     }
 
-    unsafe fn relation_refusal(
+    fn relation_refusal(
         &self,
         relation: pg_sys::Oid,
         depth: usize,
@@ -83,7 +80,8 @@ impl Trusted {
         if depth > MAX_VIEW_DEPTH {
             return Some("its views nest too deeply to be checked".into());
         }
-        // SAFETY: the caller's contract; the relation is locked by the parser or by us below.
+        // SAFETY: the relation is opened with a lock (the parser or the rewriter would take the
+        // same), read and closed; its view query is only read.
         unsafe {
             let rel = pg_sys::relation_open(relation, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
             let owner = (*(*rel).rd_rel).relowner;
@@ -150,10 +148,7 @@ unsafe extern "C-unwind" {
 
 /// `relation` and every partition or inheritance child below it, locked for reading (as the
 /// planner will lock them).
-///
-/// # Safety
-/// Call inside a transaction.
-pub unsafe fn inheritors(relation: pg_sys::Oid) -> Vec<pg_sys::Oid> {
+pub fn inheritors(relation: pg_sys::Oid) -> Vec<pg_sys::Oid> {
     // SAFETY: declared with PostgreSQL's own signature; an ERROR comes back through pgrx.
     let list = unsafe {
         pg_sys::ffi::pg_guard_ffi_boundary(|| {

@@ -8,17 +8,22 @@
 
 use pgrx::pg_sys;
 
-use super::policy;
-use super::{builtin, FunctionFacts, Origin, Walk};
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use super::facts::{builtin, FunctionFacts};
+use super::policy::{self, Allowed};
+use super::verdict::Origin;
 
 /// Types followed at most into the types they are made of.
 const MAX_TYPE_DEPTH: usize = 16;
 
 // pg_cast's castfunc and pg_range's rngcanonical and rngsubdiff, by attribute number (their
-// headers are not in pgrx's bindings; the numbers are the same in PostgreSQL 13 to 18).
-const ANUM_CAST_FUNC: pg_sys::AttrNumber = 4;
-const ANUM_RANGE_CANONICAL: pg_sys::AttrNumber = 6;
-const ANUM_RANGE_SUBDIFF: pg_sys::AttrNumber = 7;
+// headers are not in pgrx's bindings; build.rs reads the numbers from the server's).
+use crate::compat::numbers::{
+    ANUM_PG_CAST_CASTFUNC as ANUM_CAST_FUNC, ANUM_PG_RANGE_RNGCANONICAL as ANUM_RANGE_CANONICAL,
+    ANUM_PG_RANGE_RNGSUBDIFF as ANUM_RANGE_SUBDIFF,
+};
 
 /// What a type is made of, from pg_type.
 struct TypeFacts {
@@ -29,7 +34,7 @@ struct TypeFacts {
 }
 
 impl TypeFacts {
-    unsafe fn of(typ: pg_sys::Oid) -> Option<TypeFacts> {
+    fn of(typ: pg_sys::Oid) -> Option<TypeFacts> {
         // SAFETY: a syscache look-up, released before returning.
         unsafe {
             let tuple = pg_sys::SearchSysCache1(
@@ -68,7 +73,7 @@ impl TypeFacts {
 pub fn type_name(typ: pg_sys::Oid) -> String {
     // SAFETY: formats an OID; an unknown one comes back as "???" rather than an error.
     unsafe {
-        super::c_string(pg_sys::format_type_extended(
+        crate::names::c_string(pg_sys::format_type_extended(
             typ,
             -1,
             (pg_sys::FORMAT_TYPE_ALLOW_INVALID | pg_sys::FORMAT_TYPE_FORCE_QUALIFY) as u16,
@@ -76,64 +81,73 @@ pub fn type_name(typ: pg_sys::Oid) -> String {
     }
 }
 
-impl Walk {
-    /// Whether `typ` is refused here; records the refusal.
-    pub(super) unsafe fn check_type(&mut self, typ: pg_sys::Oid) -> bool {
-        if typ == pg_sys::InvalidOid || builtin(typ) {
-            return false;
-        }
-        // SAFETY: catalog look-ups inside the transaction that analyses the query.
-        let why = unsafe { self.type_refusal(typ, 0) };
-        match why {
-            Some(why) => {
-                self.refuse(format!(
-                    "type {} is not allowed in {}: {why}",
-                    type_name(typ),
-                    self.origin.what()
-                ));
-                true
-            }
-            None => false,
-        }
-    }
+/// What a type may be made of, for the SQL of `origin`.
+pub struct TypePolicy {
+    pub origin: Origin,
+    pub allowed: Rc<Allowed>,
+    pub allow_catalogs: bool,
+}
 
+/// Why values of `typ` may not be converted, remembered per type in `memo` (for one
+/// statement). `check_expression` walks a domain's CHECK expression like the query itself and
+/// says why it is refused.
+///
+pub fn refusal(
+    policy: &TypePolicy,
+    typ: pg_sys::Oid,
+    memo: &mut HashMap<pg_sys::Oid, Option<String>>,
+    check_expression: &mut dyn FnMut(*mut pg_sys::Node) -> Option<String>,
+) -> Option<String> {
+    Types {
+        policy,
+        memo,
+        check_expression,
+    }
+    .refusal(typ, 0)
+}
+
+struct Types<'a> {
+    policy: &'a TypePolicy,
+    memo: &'a mut HashMap<pg_sys::Oid, Option<String>>,
+    check_expression: &'a mut dyn FnMut(*mut pg_sys::Node) -> Option<String>,
+}
+
+impl Types<'_> {
     /// Why values of `typ` may not be converted, remembered per type for this statement.
-    unsafe fn type_refusal(&mut self, typ: pg_sys::Oid, depth: usize) -> Option<String> {
+    fn refusal(&mut self, typ: pg_sys::Oid, depth: usize) -> Option<String> {
         if typ == pg_sys::InvalidOid || builtin(typ) {
             return None;
         }
-        if let Some(known) = self.types.get(&typ) {
+        if let Some(known) = self.memo.get(&typ) {
             return known.clone();
         }
         let why = if depth > MAX_TYPE_DEPTH {
             Some("it is made of types nested too deeply to be checked".to_string())
-        } else if self.origin == Origin::Own {
+        } else if self.policy.origin == Origin::Own {
             // SAFETY: a catalog look-up.
             let base = unsafe { pg_sys::getBaseType(typ) };
             (!builtin(base)).then(|| {
                 "the extension reads on its own only built-in types and domains over them".into()
             })
         } else {
-            // SAFETY: catalog look-ups.
-            unsafe { self.generated_type_refusal(typ, depth) }
+            self.generated_type_refusal(typ, depth)
         };
-        self.types.insert(typ, why.clone());
+        self.memo.insert(typ, why.clone());
         why
     }
 
-    unsafe fn generated_type_refusal(&mut self, typ: pg_sys::Oid, depth: usize) -> Option<String> {
-        // SAFETY (whole body): catalog look-ups on OIDs the catalog itself gave.
-        let Some(facts) = (unsafe { TypeFacts::of(typ) }) else {
+    fn generated_type_refusal(&mut self, typ: pg_sys::Oid, depth: usize) -> Option<String> {
+        let Some(facts) = TypeFacts::of(typ) else {
             return Some("it is not in the catalog".into());
         };
-        let made_of = |walk: &mut Walk, part: pg_sys::Oid, what: &str| {
-            unsafe { walk.type_refusal(part, depth + 1) }
+        let made_of = |walk: &mut Types, part: pg_sys::Oid, what: &str| {
+            walk.refusal(part, depth + 1)
                 .map(|why| format!("its {what} {} is refused: {why}", type_name(part)))
         };
         if let Some(why) = self.support_refusal(&facts.support, "input, output or support") {
             return Some(why);
         }
-        if let Some(why) = unsafe { self.cast_refusal(typ) } {
+        if let Some(why) = self.cast_refusal(typ) {
             return Some(why);
         }
         match facts.kind {
@@ -141,21 +155,24 @@ impl Walk {
                 if let Some(why) = made_of(self, facts.base, "base type") {
                     return Some(why);
                 }
-                unsafe { self.domain_check_refusal(typ) }
+                self.domain_check_refusal(typ)
             }
-            pg_sys::TYPTYPE_COMPOSITE => unsafe { composite_fields(facts.relation) }
+            pg_sys::TYPTYPE_COMPOSITE => composite_fields(facts.relation)
                 .into_iter()
                 .find_map(|field| made_of(self, field, "field type")),
             pg_sys::TYPTYPE_RANGE => {
+                // SAFETY: a catalog look-up.
                 let subtype = unsafe { pg_sys::get_range_subtype(typ) };
                 made_of(self, subtype, "subtype")
-                    .or_else(|| self.support_refusal(&unsafe { range_functions(typ) }, "range"))
+                    .or_else(|| self.support_refusal(&range_functions(typ), "range"))
             }
             pg_sys::TYPTYPE_MULTIRANGE => {
+                // SAFETY: a catalog look-up.
                 let range = unsafe { pg_sys::get_multirange_range(typ) };
                 made_of(self, range, "range type")
             }
             _ => {
+                // SAFETY: a catalog look-up.
                 let element = unsafe { pg_sys::get_element_type(typ) };
                 (element != pg_sys::InvalidOid)
                     .then(|| made_of(self, element, "element type"))
@@ -170,9 +187,8 @@ impl Walk {
             if builtin(function) {
                 return None;
             }
-            // SAFETY: a catalog look-up.
-            let facts = unsafe { FunctionFacts::of(function) }?;
-            policy::refuse_support(&facts.policy(), &self.allowed).map(|why| {
+            let facts = FunctionFacts::of(function)?;
+            policy::refuse_support(&facts.policy(), &self.policy.allowed).map(|why| {
                 format!(
                     "its {what} function {} is not allowed: {why}",
                     FunctionFacts::signature(function)
@@ -183,7 +199,7 @@ impl Walk {
 
     /// Casts from `typ` that call a function: PostgreSQL may look one up while it runs (a cast
     /// to json inside `to_jsonb`), so each must pass the function policy.
-    unsafe fn cast_refusal(&mut self, typ: pg_sys::Oid) -> Option<String> {
+    fn cast_refusal(&mut self, typ: pg_sys::Oid) -> Option<String> {
         let cache = pg_sys::SysCacheIdentifier::CASTSOURCETARGET as i32;
         // SAFETY: a syscache list search on the first key, released before returning.
         let functions: Vec<pg_sys::Oid> = unsafe {
@@ -219,8 +235,13 @@ impl Walk {
             if builtin(function) {
                 return None;
             }
-            let facts = unsafe { FunctionFacts::of(function) }?;
-            policy::refuse(&facts.policy(), &self.allowed, self.allow_catalogs).map(|why| {
+            let facts = FunctionFacts::of(function)?;
+            policy::refuse(
+                &facts.policy(),
+                &self.policy.allowed,
+                self.policy.allow_catalogs,
+            )
+            .map(|why| {
                 format!(
                     "its cast function {} is not allowed: {why}",
                     FunctionFacts::signature(function)
@@ -230,7 +251,7 @@ impl Walk {
     }
 
     /// The domain's CHECK expressions, walked like the query itself.
-    unsafe fn domain_check_refusal(&mut self, domain: pg_sys::Oid) -> Option<String> {
+    fn domain_check_refusal(&mut self, domain: pg_sys::Oid) -> Option<String> {
         // The reference registers a callback on the memory context that releases it, so it
         // lives in that context, not on the stack. No expression state is built: nothing runs.
         // SAFETY: palloc'd in the current context; PostgreSQL fills it.
@@ -254,14 +275,14 @@ impl Walk {
                 .collect()
         };
         expressions.into_iter().find_map(|expression| {
-            unsafe { self.expression_refusal(expression) }
+            (self.check_expression)(expression)
                 .map(|why| format!("its CHECK constraint is refused: {why}"))
         })
     }
 }
 
 /// The field types of a composite type's relation (dropped columns aside).
-unsafe fn composite_fields(relation: pg_sys::Oid) -> Vec<pg_sys::Oid> {
+fn composite_fields(relation: pg_sys::Oid) -> Vec<pg_sys::Oid> {
     // SAFETY: the relcache entry of a composite type's relation, closed before returning.
     unsafe {
         let rel = pg_sys::RelationIdGetRelation(relation);
@@ -282,7 +303,7 @@ unsafe fn composite_fields(relation: pg_sys::Oid) -> Vec<pg_sys::Oid> {
 }
 
 /// A range type's canonical and subtype-difference functions.
-unsafe fn range_functions(range: pg_sys::Oid) -> Vec<pg_sys::Oid> {
+fn range_functions(range: pg_sys::Oid) -> Vec<pg_sys::Oid> {
     let cache = pg_sys::SysCacheIdentifier::RANGETYPE as i32;
     // SAFETY: a syscache look-up, released before returning.
     unsafe {

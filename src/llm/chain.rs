@@ -10,10 +10,10 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use super::openai::{Endpoint, OpenAiClient, Options};
-use super::{Batch, Completion, Llm};
+use super::completion::{Batch, Completion, Llm, Message};
+use super::endpoint::Endpoint;
+use super::openai::{OpenAiClient, Options};
 use crate::error::{Error, Result};
-use crate::prompt::Message;
 
 thread_local! {
     /// Endpoints (by URL) not to ask until the given time.

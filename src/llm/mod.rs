@@ -1,51 +1,34 @@
-//! Talking to the model: OpenAI-compatible chat-completion clients, chained for fallback,
-//! behind a small trait.
+//! Talking to the model: OpenAI-compatible chat-completion clients (`openai`), chained for
+//! fallback (`chain`), for the endpoints configured (`endpoint`), behind a small trait
+//! (`completion`).
 
 mod chain;
+mod completion;
+mod endpoint;
 mod openai;
 
+use std::time::Duration;
+
 pub use chain::Chain;
-pub use openai::{Endpoint, Options};
+pub use completion::{Batch, Completion, Llm, Message};
+pub use endpoint::{redact, redact_url};
+pub use openai::Options;
 
 use crate::error::Result;
-use crate::prompt::Message;
+use crate::settings;
 
-/// What one chat completion returned.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Completion {
-    pub content: String,
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-    /// The endpoint that answered (without credentials).
-    pub endpoint: String,
-    /// What the endpoints tried before it said.
-    pub failures: Vec<String>,
-}
-
-/// Several completions of one request, and how many HTTP requests they took.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Batch {
-    pub completions: Vec<Completion>,
-    pub requests: u32,
-}
-
-/// A model that answers a conversation. The pipeline depends on this, not on HTTP, so the heal
-/// loop is testable without a network.
-pub trait Llm {
-    fn complete(&mut self, messages: &[Message]) -> Result<Completion>;
-
-    /// Like `complete`, with some sampling freedom (for a model stuck repeating itself).
-    fn complete_exploring(&mut self, messages: &[Message]) -> Result<Completion> {
-        self.complete(messages)
-    }
-
-    /// `n` different completions (sampled), for a vote.
-    fn complete_many(&mut self, messages: &[Message], n: usize) -> Result<Batch> {
-        let mut batch = Batch::default();
-        for _ in 0..n {
-            batch.completions.push(self.complete_exploring(messages)?);
-            batch.requests += 1;
-        }
-        Ok(batch)
-    }
+/// The model as configured: the chain of endpoints, with their keys read; JSON output is asked
+/// for when `json_mode` (and the setting) say so.
+pub fn configured(json_mode: bool) -> Result<Chain> {
+    Ok(Chain::new(
+        endpoint::configured()?,
+        Options {
+            temperature: settings::temperature(),
+            timeout: Duration::from_millis(settings::llm_timeout_ms()),
+            json_mode: json_mode && settings::json_mode(),
+            max_tokens: settings::max_tokens(),
+            max_response_bytes: settings::max_response_bytes(),
+        },
+        settings::llm_circuit_breaker(),
+    ))
 }

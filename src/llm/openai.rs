@@ -7,19 +7,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::{Batch, Completion};
+use super::completion::{Batch, Completion, Message};
+use super::endpoint::{redact, redact_url, Endpoint};
 use crate::error::{Error, Result};
-use crate::prompt::Message;
-use crate::settings;
 use crate::wait::{run_interruptible, sleep_interruptible, WaitError};
-
-/// One endpoint: where requests go, and the key that belongs to it (and to no other URL).
-#[derive(Clone)]
-pub struct Endpoint {
-    pub base_url: String,
-    pub model: Option<String>,
-    pub api_key: Option<String>,
-}
 
 /// How requests are made, read once per call from the settings.
 #[derive(Debug, Clone, Copy)]
@@ -80,14 +71,14 @@ impl OpenAiClient {
 
     /// The endpoint as it may be shown: without credentials in the URL, never with the key.
     pub fn endpoint(&self) -> String {
-        settings::redact_url(&format!(
+        redact_url(&format!(
             "{}/chat/completions",
             self.base_url.trim_end_matches('/')
         ))
     }
 
     fn error(&self, cause: impl Into<String>) -> Error {
-        let mut cause = settings::redact(&cause.into(), &self.base_url);
+        let mut cause = redact(&cause.into(), &self.base_url);
         if let Some(key) = self.api_key.as_deref() {
             cause = cause.replace(key, "[api key]");
         }

@@ -321,6 +321,7 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
     .map_err(|e| Error::internal(format!("reading the schema failed: {e}")))?;
     let mut relations = assemble(rows.0, rows.1, rows.2, rows.3);
     // Visibility on the caller's search path, as the server decides it.
+    // SAFETY: a namespace look-up of a relation the catalog query returned.
     let visible = |oid: u32| unsafe { pg_sys::RelationIsVisible(pg_sys::Oid::from(oid)) };
     for relation in &mut relations {
         relation.visible = visible(relation.oid);
@@ -427,13 +428,11 @@ fn assemble(
 
 /// A type as `format_type` writes it on the caller's search path (qualified only when needed).
 fn type_name(oid: u32, typmod: i32) -> String {
+    // SAFETY: formats a type the catalog query returned; the text is palloc'd.
     unsafe {
-        let text = pg_sys::format_type_with_typemod(pg_sys::Oid::from(oid), typmod);
-        if text.is_null() {
-            return String::new();
-        }
-        std::ffi::CStr::from_ptr(text)
-            .to_string_lossy()
-            .into_owned()
+        crate::names::c_string(pg_sys::format_type_with_typemod(
+            pg_sys::Oid::from(oid),
+            typmod,
+        ))
     }
 }

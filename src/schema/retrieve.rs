@@ -5,6 +5,8 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
+use crate::text::{name_tokens, stem, words};
+
 /// What a relation can be found by, prepared once per schema load.
 #[derive(Debug, Clone, Default)]
 pub struct Terms {
@@ -13,14 +15,6 @@ pub struct Terms {
     pub comments: FxHashSet<String>,
     pub values: FxHashSet<String>,
 }
-
-const STOPWORDS: &[&str] = &[
-    "a", "an", "the", "of", "in", "on", "at", "to", "for", "by", "with", "and", "or", "is", "are",
-    "was", "were", "be", "what", "which", "who", "whom", "whose", "how", "many", "much", "list",
-    "show", "give", "find", "all", "each", "every", "that", "this", "those", "these", "their",
-    "there", "from", "than", "more", "most", "less", "least", "do", "does", "did", "has", "have",
-    "it", "its", "as", "per", "me", "please", "any", "top", "name", "names", "number", "id",
-];
 
 /// Words that ask for the same data under different names (one direction is enough: both
 /// words are added to the question's terms).
@@ -52,59 +46,6 @@ const SYNONYMS: &[(&str, &[&str])] = &[
     ("film", &["movie"]),
 ];
 
-/// Light stemming: enough to match plurals and common inflections.
-pub fn stem(word: &str) -> String {
-    let w = word.to_lowercase();
-    let n = w.chars().count();
-    if n <= 3 {
-        return w;
-    }
-    for (suffix, replacement) in [
-        ("ies", "y"),
-        ("sses", "ss"),
-        ("ses", "s"),
-        ("xes", "x"),
-        ("ing", ""),
-        ("ed", ""),
-    ] {
-        if let Some(base) = w.strip_suffix(suffix) {
-            if base.chars().count() >= 3 {
-                return format!("{base}{replacement}");
-            }
-        }
-    }
-    if let Some(base) = w.strip_suffix('s') {
-        if !base.ends_with('s') && !base.ends_with('u') {
-            return base.to_string();
-        }
-    }
-    w
-}
-
-/// `text` with every run of letters and digits separated by a blank, identifiers split at `_`
-/// and camelCase.
-fn spaced_words(text: &str) -> String {
-    let mut spaced = String::with_capacity(text.len() + 8);
-    let mut previous_lower = false;
-    for c in text.chars() {
-        if c.is_uppercase() && previous_lower {
-            spaced.push(' ');
-        }
-        previous_lower = c.is_lowercase() || c.is_ascii_digit();
-        spaced.push(if c.is_alphanumeric() { c } else { ' ' });
-    }
-    spaced
-}
-
-/// Words of a text (identifiers split at `_` and camelCase), stemmed, without stopwords.
-pub fn words(text: &str) -> Vec<String> {
-    spaced_words(text)
-        .split_whitespace()
-        .map(stem)
-        .filter(|w| !STOPWORDS.contains(&w.as_str()))
-        .collect()
-}
-
 /// The question's terms, with synonyms added. Numbers and one- or two-letter words are left
 /// out: they match sample values by accident ("A requires B" is not about grades A and B).
 pub fn question_terms(question: &str) -> FxHashSet<String> {
@@ -129,15 +70,6 @@ pub fn score(terms: &Terms, question: &FxHashSet<String>) -> f64 {
         + 1.5 * hits(&terms.columns)
         + hits(&terms.comments)
         + 2.0 * hits(&terms.values)
-}
-
-/// Lower-case runs of letters and digits, identifiers split at `_` and camelCase: how a name is
-/// compared with the question's words.
-pub fn name_tokens(text: &str) -> Vec<String> {
-    spaced_words(text)
-        .split_whitespace()
-        .map(str::to_lowercase)
-        .collect()
 }
 
 /// The relations' names, and their multi-word column names, keyed by their first word: finding
@@ -266,15 +198,7 @@ mod tests {
     }
 
     #[test]
-    fn stemming_and_splitting() {
-        assert_eq!(stem("countries"), "country");
-        assert_eq!(stem("orders"), "order");
-        assert_eq!(stem("status"), "status");
-        assert_eq!(stem("classes"), "class");
-        assert_eq!(
-            words("orderItems customer_id"),
-            vec!["order", "item", "customer"]
-        );
+    fn question_terms_have_synonyms_and_no_noise() {
         assert!(question_terms("Which customers spent the most revenue?").contains("amount"));
         let noise = question_terms("courses where A requires B, depth 2");
         assert!(noise.contains(&stem("courses")) && !noise.contains("b") && !noise.contains("2"));

@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 use crate::exec;
 use crate::schema::{SchemaContext, TextColumns};
 
-pub use phrases::{normalize, phrases, similarity, trigrams};
+use crate::text::normalize;
+use phrases::{phrases, similarity, trigrams};
 
 /// Rows read at most from one relation to index its values.
 const SCAN_ROWS: usize = 20_000;
@@ -135,9 +136,12 @@ impl ValueIndex {
     fn add_column(&mut self, column: usize, values: Vec<String>) {
         let mut kept = 0;
         let mut seen = FxHashSet::default();
-        for value in values {
+        for (i, value) in values.into_iter().enumerate() {
             if kept >= MAX_PER_COLUMN || self.values.len() >= MAX_VALUES {
                 break;
+            }
+            if i % 1024 == 1023 {
+                pgrx::check_for_interrupts!();
             }
             let key = normalize(&value);
             if key.is_empty()

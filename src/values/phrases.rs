@@ -3,19 +3,10 @@
 
 use std::collections::HashSet;
 
+use crate::text::{never_a_value, normalize};
+
 /// Longest phrase, in words, tried against stored values.
 const MAX_WORDS: usize = 4;
-
-/// Words that are never a value on their own.
-const STOPWORDS: &[&str] = &[
-    "a", "an", "the", "of", "in", "on", "at", "to", "for", "by", "with", "and", "or", "is", "are",
-    "was", "were", "be", "been", "what", "which", "who", "whom", "whose", "how", "many", "much",
-    "list", "show", "give", "find", "all", "each", "every", "that", "this", "those", "these",
-    "their", "there", "from", "than", "more", "most", "less", "least", "do", "does", "did", "has",
-    "have", "had", "it", "its", "as", "per", "me", "please", "any", "top", "name", "names",
-    "number", "not", "no", "yes", "between", "where", "when", "than", "also", "both", "only",
-    "hint", "refers", "refer", "mean", "means", "count", "total", "average", "sum", "order",
-];
 
 /// A phrase of the question that may be a stored value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,16 +15,6 @@ pub struct Phrase {
     pub text: String,
     /// Quoted, or capitalised: worth a fuzzy look-up too.
     pub marked: bool,
-}
-
-/// Normalized form for exact matching: lower case, blank space collapsed, surrounding
-/// punctuation dropped.
-pub fn normalize(text: &str) -> String {
-    text.split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
-        .trim_matches(|c: char| !c.is_alphanumeric())
-        .to_lowercase()
 }
 
 /// The candidate literals of `question`: quoted strings, then every run of 1 to `MAX_WORDS`
@@ -68,7 +49,7 @@ pub fn phrases(question: &str) -> Vec<Phrase> {
         .map(|w| w.trim_end_matches('.'))
         .filter(|w| !w.is_empty())
         .collect();
-    let stop = |w: &str| STOPWORDS.contains(&w.to_lowercase().as_str());
+    let stop = |w: &str| never_a_value(w);
     let capitalised = |w: &str| w.chars().next().is_some_and(|c| c.is_uppercase());
     let mut runs: Vec<(usize, String, bool)> = Vec::new();
     for start in 0..words.len() {
@@ -168,12 +149,6 @@ mod tests {
         assert!(found.contains(&"Shopping List".to_string()), "{found:?}");
         assert!(found.contains(&"The Who".to_string()), "{found:?}");
         assert!(!found.contains(&"List".to_string()), "{found:?}");
-    }
-
-    #[test]
-    fn normalizing_ignores_case_space_and_punctuation() {
-        assert_eq!(normalize("  Death   Touch. "), "death touch");
-        assert_eq!(normalize("'O'Brien'"), "o'brien");
     }
 
     #[test]

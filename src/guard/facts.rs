@@ -1,0 +1,85 @@
+//! What the guard's policies need to know about catalog objects, looked up by OID.
+
+use pgrx::pg_sys;
+
+use super::policy;
+use crate::names::{c_string, namespace_name};
+
+/// Objects with OIDs below this were created by initdb.
+pub fn builtin(oid: pg_sys::Oid) -> bool {
+    oid.to_u32() < pg_sys::FirstNormalObjectId
+}
+
+/// What the function policy needs to know about one function, from pg_proc.
+pub struct FunctionFacts {
+    schema: String,
+    name: String,
+    volatility: u8,
+    /// Created by initdb in pg_catalog.
+    pub builtin: bool,
+    extension: Option<String>,
+    type_support: bool,
+    pub owner: pg_sys::Oid,
+    /// An aggregate, whose support functions run for it.
+    pub aggregate: bool,
+}
+
+impl FunctionFacts {
+    /// The facts of `function`, `None` when it is not in the catalog.
+    pub fn of(function: pg_sys::Oid) -> Option<FunctionFacts> {
+        // SAFETY: syscache look-ups, each released before returning.
+        unsafe {
+            let tuple = pg_sys::SearchSysCache1(
+                pg_sys::SysCacheIdentifier::PROCOID as i32,
+                pg_sys::Datum::from(function),
+            );
+            if tuple.is_null() {
+                return None;
+            }
+            let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tuple);
+            let internal = |t: pg_sys::Oid| t == pg_sys::CSTRINGOID || t == pg_sys::INTERNALOID;
+            let arguments = &(*form).proargtypes;
+            let type_support = internal((*form).prorettype)
+                || arguments
+                    .values
+                    .as_slice(arguments.dim1.max(0) as usize)
+                    .iter()
+                    .any(|t| internal(*t));
+            let namespace = (*form).pronamespace;
+            let facts = FunctionFacts {
+                schema: namespace_name(namespace).unwrap_or_default(),
+                name: c_string((*form).proname.data.as_ptr()),
+                volatility: (*form).provolatile as u8,
+                builtin: builtin(function) && namespace.to_u32() == pg_sys::PG_CATALOG_NAMESPACE,
+                extension: None,
+                type_support,
+                owner: (*form).proowner,
+                aggregate: (*form).prokind as u8 == b'a',
+            };
+            pg_sys::ReleaseSysCache(tuple);
+            let extension_oid = pg_sys::getExtensionOfObject(pg_sys::ProcedureRelationId, function);
+            Some(FunctionFacts {
+                extension: (extension_oid != pg_sys::InvalidOid)
+                    .then(|| c_string(pg_sys::get_extension_name(extension_oid))),
+                ..facts
+            })
+        }
+    }
+
+    pub fn policy(&self) -> policy::Function<'_> {
+        policy::Function {
+            schema: &self.schema,
+            name: &self.name,
+            volatility: self.volatility,
+            builtin: self.builtin,
+            extension: self.extension.as_deref(),
+            type_support: self.type_support,
+        }
+    }
+
+    /// `schema.name(argument types)`, as a refusal names it.
+    pub fn signature(function: pg_sys::Oid) -> String {
+        // SAFETY: formats a function that exists (its facts were just read).
+        unsafe { c_string(pg_sys::format_procedure_qualified(function)) }
+    }
+}

@@ -1,0 +1,567 @@
+//! The walk over an analyzed tree: every function, operator, type and relation a query reaches,
+//! against the policy of who wrote it (`Origin`). Fail closed: a node kind the walk does not
+//! know is refused.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::rc::Rc;
+
+use pgrx::pg_sys;
+use pgrx::PgList;
+
+use super::facts::{builtin, FunctionFacts};
+use super::policy::{self, Allowed};
+use super::trust::{self, Trusted};
+use super::types::{self, TypePolicy};
+use super::verdict::{Origin, Refusal};
+use crate::error::SqlState;
+use crate::names::{c_string, namespace_name, relation_name};
+use crate::settings;
+
+/// Stack kept free below PostgreSQL's `max_stack_depth` when the guard's walks recurse: the
+/// walks stop with a refusal before PostgreSQL's own check raises an ERROR inside them, which
+/// every nested frame of the walk would then have to pass on.
+const STACK_MARGIN: usize = 256 * 1024;
+
+/// The refusal of a statement nested too deeply to walk, when the stack is nearly used up.
+pub fn too_deep() -> Option<Refusal> {
+    thread_local! {
+        /// The backend's stack base, as PostgreSQL measures depth from it.
+        static BASE: usize = {
+            // SAFETY: reading the base back by setting and restoring it, on the backend's thread.
+            unsafe {
+                let base = pg_sys::set_stack_base();
+                pg_sys::restore_stack_base(base);
+                base as usize
+            }
+        };
+    }
+    let here = 0u8;
+    let used = BASE.with(|base| base.abs_diff(&here as *const u8 as usize));
+    // SAFETY: reading a setting.
+    let limit = (unsafe { pg_sys::max_stack_depth }.max(100) as usize) * 1024;
+    (used + STACK_MARGIN > limit).then(|| {
+        Refusal::read(
+            SqlState::STATEMENT_TOO_COMPLEX,
+            "the query is nested too deeply to be checked".into(),
+        )
+    })
+}
+
+/// State of the walk over the analyzed tree.
+struct Walk {
+    origin: Origin,
+    allow_catalogs: bool,
+    allowed: Rc<Allowed>,
+    /// Set for a superuser's call: the owners it may read from.
+    trusted: Option<Trusted>,
+    relations: Vec<pg_sys::Oid>,
+    /// Types already decided in this statement, and why they were refused.
+    types: HashMap<pg_sys::Oid, Option<String>>,
+    refusal: Option<Refusal>,
+}
+
+/// Walks an analyzed tree with the policy of `origin`: the relations it names, or why it may
+/// not run.
+///
+/// # Safety
+/// `query` must be an analyzed Query of the current transaction.
+pub unsafe fn check_tree(
+    query: *mut pg_sys::Query,
+    origin: Origin,
+    allowed: Allowed,
+    trusted: Option<&Trusted>,
+) -> Result<Vec<pg_sys::Oid>, Refusal> {
+    let mut walk = Walk {
+        origin,
+        allow_catalogs: origin == Origin::Generated && settings::allow_system_catalogs(),
+        allowed: Rc::new(allowed),
+        trusted: trusted.cloned(),
+        relations: Vec::new(),
+        types: HashMap::new(),
+        refusal: None,
+    };
+    // Through PostgreSQL's walker, never by calling a walker directly: an ERROR raised deep in
+    // the walk (stack depth, say) must come back through pgrx's FFI boundary as a catchable
+    // error, not jump past the caller's PgTry.
+    // SAFETY: the caller's contract; `walk` outlives the walk.
+    unsafe {
+        if !walk.check_query(query) {
+            pg_sys::query_tree_walker(
+                query,
+                Some(analyzed_walker),
+                (&mut walk as *mut Walk).cast(),
+                pg_sys::QTW_EXAMINE_RTES_BEFORE as i32,
+            );
+        }
+    }
+    match walk.refusal {
+        Some(refusal) => Err(refusal),
+        None => Ok(walk.relations),
+    }
+}
+
+/// Node kinds of an analyzed SELECT that carry a value (`exprType` knows them).
+fn expression_kind(tag: pg_sys::NodeTag) -> bool {
+    use pg_sys::NodeTag::*;
+    matches!(
+        tag,
+        T_Var
+            | T_Const
+            | T_Param
+            | T_Aggref
+            | T_GroupingFunc
+            | T_WindowFunc
+            | T_SubscriptingRef
+            | T_FuncExpr
+            | T_NamedArgExpr
+            | T_OpExpr
+            | T_DistinctExpr
+            | T_NullIfExpr
+            | T_ScalarArrayOpExpr
+            | T_BoolExpr
+            | T_SubLink
+            | T_FieldSelect
+            | T_FieldStore
+            | T_RelabelType
+            | T_CoerceViaIO
+            | T_ArrayCoerceExpr
+            | T_ConvertRowtypeExpr
+            | T_CollateExpr
+            | T_CaseExpr
+            | T_CaseTestExpr
+            | T_ArrayExpr
+            | T_RowExpr
+            | T_RowCompareExpr
+            | T_CoalesceExpr
+            | T_MinMaxExpr
+            | T_SQLValueFunction
+            | T_XmlExpr
+            | T_NullTest
+            | T_BooleanTest
+            | T_CoerceToDomain
+            | T_CoerceToDomainValue
+    ) || crate::compat::expression_kind(tag)
+}
+
+/// Node kinds of an analyzed SELECT that hold expressions without being one.
+fn structural_kind(tag: pg_sys::NodeTag) -> bool {
+    use pg_sys::NodeTag::*;
+    matches!(
+        tag,
+        T_List
+            | T_TargetEntry
+            | T_FromExpr
+            | T_JoinExpr
+            | T_RangeTblRef
+            | T_SetOperationStmt
+            | T_CommonTableExpr
+            | T_CaseWhen
+            | T_TableSampleClause
+    ) || crate::compat::structural_kind(tag)
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn analyzed_walker(node: *mut pg_sys::Node, context: *mut c_void) -> bool {
+    if node.is_null() {
+        return false;
+    }
+    // SAFETY: PostgreSQL's walkers pass analyzed nodes and our `Walk`; each node is cast to the
+    // struct its tag names.
+    unsafe {
+        let walk = &mut *context.cast::<Walk>();
+        if let Some(refusal) = too_deep() {
+            walk.refusal = Some(refusal);
+            return true;
+        }
+        let tag = (*node).type_;
+        if expression_kind(tag) && walk.check_type(pg_sys::exprType(node)) {
+            return true;
+        }
+        match tag {
+            pg_sys::NodeTag::T_Query => {
+                let query = node.cast::<pg_sys::Query>();
+                if walk.check_query(query) {
+                    return true;
+                }
+                pg_sys::query_tree_walker(
+                    query,
+                    Some(analyzed_walker),
+                    context,
+                    pg_sys::QTW_EXAMINE_RTES_BEFORE as i32,
+                )
+            }
+            // The walker goes on into the entry's subquery, functions, VALUES lists, table
+            // function and TABLESAMPLE arguments.
+            pg_sys::NodeTag::T_RangeTblEntry => walk.check_rte(node.cast()),
+            pg_sys::NodeTag::T_RangeTblFunction => {
+                let function = node.cast::<pg_sys::RangeTblFunction>();
+                walk.check_types((*function).funccoltypes)
+                    || pg_sys::expression_tree_walker(node, Some(analyzed_walker), context)
+            }
+            pg_sys::NodeTag::T_TableFunc => {
+                walk.check_types((*node.cast::<pg_sys::TableFunc>()).coltypes)
+                    || pg_sys::expression_tree_walker(node, Some(analyzed_walker), context)
+            }
+            // An aggregate's DISTINCT or ORDER BY: its operators run, out of the tree's sight.
+            pg_sys::NodeTag::T_SortGroupClause => {
+                let clause = node.cast::<pg_sys::SortGroupClause>();
+                [(*clause).sortop, (*clause).eqop]
+                    .into_iter()
+                    .any(|op| op != pg_sys::InvalidOid && walk.check_operator(op))
+            }
+            // The conversion's input and output functions are the types' (checked above).
+            pg_sys::NodeTag::T_CoerceViaIO | pg_sys::NodeTag::T_CoerceToDomain => {
+                pg_sys::expression_tree_walker(node, Some(analyzed_walker), context)
+            }
+            tag if expression_kind(tag) || structural_kind(tag) => {
+                if walk.check_operators(node, tag) {
+                    return true;
+                }
+                if pg_sys::check_functions_in_node(node, Some(function_checker), context) {
+                    return true;
+                }
+                pg_sys::expression_tree_walker(node, Some(analyzed_walker), context)
+            }
+            tag => {
+                walk.refuse(format!(
+                    "a query with a node of kind {tag:?} is not allowed in {}: the guard does not \
+                     know what it runs",
+                    walk.origin.what()
+                ));
+                true
+            }
+        }
+    }
+}
+
+impl Walk {
+    fn refuse(&mut self, message: String) {
+        if self.refusal.is_none() {
+            self.refusal = Some(Refusal::forbidden(message));
+        }
+    }
+
+    /// Why `expression` (a domain's CHECK, say) is refused, walked like the query.
+    unsafe fn expression_refusal(&mut self, expression: *mut pg_sys::Node) -> Option<String> {
+        let earlier = self.refusal.take();
+        // SAFETY: through PostgreSQL's walker, as everywhere in the walk: a one-element list,
+        // so that the walker sees the expression itself.
+        unsafe {
+            let list = pg_sys::lappend(std::ptr::null_mut(), expression.cast());
+            pg_sys::expression_tree_walker(
+                list.cast(),
+                Some(analyzed_walker),
+                (self as *mut Walk).cast(),
+            );
+        }
+        let found = std::mem::replace(&mut self.refusal, earlier);
+        found.map(|refusal| refusal.error.message)
+    }
+
+    /// Whether `typ` is refused here (`types.rs`); records the refusal.
+    fn check_type(&mut self, typ: pg_sys::Oid) -> bool {
+        if typ == pg_sys::InvalidOid || builtin(typ) {
+            return false;
+        }
+        let policy = TypePolicy {
+            origin: self.origin,
+            allowed: Rc::clone(&self.allowed),
+            allow_catalogs: self.allow_catalogs,
+        };
+        let mut memo = std::mem::take(&mut self.types);
+        let why = types::refusal(&policy, typ, &mut memo, &mut |expression| {
+            // SAFETY: a CHECK expression PostgreSQL gave, a plain node tree.
+            unsafe { self.expression_refusal(expression) }
+        });
+        self.types.extend(memo);
+        match why {
+            Some(why) => {
+                self.refuse(format!(
+                    "type {} is not allowed in {}: {why}",
+                    types::type_name(typ),
+                    self.origin.what()
+                ));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Checks each type of an OID list (column definition lists, XMLTABLE columns).
+    unsafe fn check_types(&mut self, types: *mut pg_sys::List) -> bool {
+        // SAFETY: an OID list of the analyzed tree.
+        let types: Vec<pg_sys::Oid> =
+            unsafe { PgList::<c_void>::from_pg(types).iter_oid().collect() };
+        types.into_iter().any(|typ| self.check_type(typ))
+    }
+
+    /// A range table entry: relations (catalogs, trust, the extension's own reads), the column
+    /// types of VALUES lists and CTEs, TABLESAMPLE methods.
+    unsafe fn check_rte(&mut self, rte: *mut pg_sys::RangeTblEntry) -> bool {
+        // SAFETY: an RTE of the analyzed tree.
+        unsafe {
+            match (*rte).rtekind {
+                pg_sys::RTEKind::RTE_RELATION => {
+                    let relid = (*rte).relid;
+                    let schema =
+                        namespace_name(pg_sys::get_rel_namespace(relid)).unwrap_or_default();
+                    if !self.allow_catalogs && policy::CATALOG_SCHEMAS.contains(&schema.as_str()) {
+                        self.refuse(format!(
+                            "relation {schema}.{} is not allowed in {}: system catalogs are not \
+                             queryable (sql_query_engine.allow_system_catalogs is off); questions \
+                             about the database's structure are answered from the schema shown",
+                            c_string(pg_sys::get_rel_name(relid)),
+                            self.origin.what(),
+                        ));
+                        return true;
+                    }
+                    let refused = match (self.origin, &self.trusted) {
+                        (Origin::Own, _) => own_read_refusal(relid, (*rte).inh),
+                        (Origin::Generated, Some(trusted)) => trusted.refuse_relation(relid),
+                        (Origin::Generated, None) => None,
+                    };
+                    if let Some(why) = refused {
+                        self.refuse(format!(
+                            "relation {} is not allowed in {}: {why}",
+                            relation_name(relid),
+                            self.origin.what()
+                        ));
+                        return true;
+                    }
+                    self.relations.push(relid);
+                    let sample = (*rte).tablesample;
+                    !sample.is_null() && self.check_function((*sample).tsmhandler)
+                }
+                pg_sys::RTEKind::RTE_VALUES | pg_sys::RTEKind::RTE_CTE => {
+                    self.check_types((*rte).coltypes)
+                }
+                _ => false,
+            }
+        }
+    }
+
+    /// A (sub)query that writes or locks rows, or sorts, groups or deduplicates with an
+    /// operator that may not run; records the refusal and says whether there was one.
+    unsafe fn check_query(&mut self, query: *mut pg_sys::Query) -> bool {
+        // SAFETY: a Query of the analyzed tree.
+        unsafe {
+            if (*query).commandType != pg_sys::CmdType::CMD_SELECT
+                || !(*query).utilityStmt.is_null()
+            {
+                self.refusal = Some(Refusal::write("data-modifying"));
+                return true;
+            }
+            if !(*query).rowMarks.is_null() {
+                self.refuse(
+                    "a locking clause (FOR UPDATE/SHARE) is not allowed in a generated query"
+                        .into(),
+                );
+                return true;
+            }
+            // Sort, group and DISTINCT operators are operator OIDs in the tree, not
+            // expressions: the walker would not see their functions.
+            let mut clauses = vec![
+                (*query).sortClause,
+                (*query).groupClause,
+                (*query).distinctClause,
+            ];
+            for window in PgList::<pg_sys::WindowClause>::from_pg((*query).windowClause).iter_ptr()
+            {
+                clauses.push((*window).partitionClause);
+                clauses.push((*window).orderClause);
+            }
+            for list in clauses {
+                for clause in PgList::<pg_sys::SortGroupClause>::from_pg(list).iter_ptr() {
+                    for operator in [(*clause).sortop, (*clause).eqop] {
+                        if operator != pg_sys::InvalidOid && self.check_operator(operator) {
+                            return true;
+                        }
+                    }
+                }
+            }
+            false
+        }
+    }
+
+    /// The operators an expression node applies, whose estimators the planner calls.
+    unsafe fn check_operators(&mut self, node: *mut pg_sys::Node, tag: pg_sys::NodeTag) -> bool {
+        // SAFETY: the node is of the struct its tag names.
+        let operators: Vec<pg_sys::Oid> = unsafe {
+            match tag {
+                pg_sys::NodeTag::T_OpExpr
+                | pg_sys::NodeTag::T_DistinctExpr
+                | pg_sys::NodeTag::T_NullIfExpr => vec![(*node.cast::<pg_sys::OpExpr>()).opno],
+                pg_sys::NodeTag::T_ScalarArrayOpExpr => {
+                    vec![(*node.cast::<pg_sys::ScalarArrayOpExpr>()).opno]
+                }
+                pg_sys::NodeTag::T_RowCompareExpr => {
+                    PgList::<c_void>::from_pg((*node.cast::<pg_sys::RowCompareExpr>()).opnos)
+                        .iter_oid()
+                        .collect()
+                }
+                _ => Vec::new(),
+            }
+        };
+        operators
+            .into_iter()
+            .any(|operator| self.check_operator(operator))
+    }
+
+    /// A user-defined operator: its function and the planner's estimators for it.
+    fn check_operator(&mut self, operator: pg_sys::Oid) -> bool {
+        if builtin(operator) {
+            return false;
+        }
+        // SAFETY: catalog look-ups of an operator the parser resolved.
+        let functions = unsafe {
+            [
+                pg_sys::get_opcode(operator),
+                pg_sys::get_oprrest(operator),
+                pg_sys::get_oprjoin(operator),
+            ]
+        };
+        functions
+            .into_iter()
+            .filter(|f| *f != pg_sys::InvalidOid)
+            .any(|f| self.check_function(f))
+    }
+
+    /// Whether `function` is refused (the refusal is recorded); for a user aggregate that may
+    /// run, its support functions and sort operator are checked too.
+    fn check_function(&mut self, function: pg_sys::Oid) -> bool {
+        let Some(facts) = FunctionFacts::of(function) else {
+            self.refuse(format!("function {function} is not in the catalog"));
+            return true;
+        };
+        let why = match self.origin {
+            Origin::Own => (!facts.builtin)
+                .then(|| "the extension's own reads call only built-in functions".to_string()),
+            Origin::Generated => {
+                policy::refuse(&facts.policy(), &self.allowed, self.allow_catalogs)
+            }
+        };
+        if let Some(reason) = why {
+            let signature = FunctionFacts::signature(function);
+            self.refuse(format!(
+                "function {signature} is not allowed in {}: {reason}",
+                self.origin.what()
+            ));
+            return true;
+        }
+        if facts.aggregate && !facts.builtin {
+            let (functions, sort_operator) = aggregate_support(function);
+            return functions.into_iter().any(|f| self.check_function(f))
+                || sort_operator.is_some_and(|op| self.check_operator(op));
+        }
+        false
+    }
+}
+
+/// Why the extension may not read `relation` on its own: reading it could run code (a view, a
+/// row-security policy that applies), connect elsewhere (a foreign table, also as a partition
+/// or child), or read its inheritance children (plain tables are read with ONLY).
+fn own_read_refusal(relation: pg_sys::Oid, inheritance: bool) -> Option<String> {
+    // SAFETY: catalog look-ups of a relation the parser locked.
+    unsafe {
+        let kind = pg_sys::get_rel_relkind(relation) as u8;
+        let readable = match kind {
+            pg_sys::RELKIND_RELATION => !inheritance,
+            pg_sys::RELKIND_MATVIEW => true,
+            pg_sys::RELKIND_PARTITIONED_TABLE => trust::inheritors(relation).into_iter().all(|p| {
+                matches!(
+                    pg_sys::get_rel_relkind(p) as u8,
+                    pg_sys::RELKIND_RELATION | pg_sys::RELKIND_PARTITIONED_TABLE
+                )
+            }),
+            _ => false,
+        };
+        if !readable {
+            return Some(
+                "only plain and partitioned tables and materialized views are read on the \
+                 extension's own (views run their owner's code, foreign tables connect elsewhere)"
+                    .into(),
+            );
+        }
+        let row_security = pg_sys::check_enable_rls(relation, pg_sys::InvalidOid, true);
+        (row_security != pg_sys::CheckEnableRlsResult::RLS_NONE as i32)
+            .then(|| "row-level security applies to it: its policies run their owner's code".into())
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn function_checker(function: pg_sys::Oid, context: *mut c_void) -> bool {
+    // SAFETY: called by check_functions_in_node with our `Walk`.
+    unsafe {
+        let walk = &mut *context.cast::<Walk>();
+        if walk.check_function(function) {
+            return true;
+        }
+        match default_arguments(function) {
+            // A List: the walker visits each default expression (the planner inserts them into
+            // the call, out of the analyzed tree's sight).
+            Some(defaults) => {
+                pg_sys::expression_tree_walker(defaults, Some(analyzed_walker), context)
+            }
+            None => false,
+        }
+    }
+}
+
+/// The transition, final, combine, (de)serialisation and moving-aggregate functions of an
+/// aggregate, which run for it out of the tree's sight, and its sort operator.
+fn aggregate_support(aggregate: pg_sys::Oid) -> (Vec<pg_sys::Oid>, Option<pg_sys::Oid>) {
+    use crate::compat::numbers::*;
+    // pg_aggregate's function columns, from aggtransfn to aggmfinalfn, and aggsortop.
+    const SUPPORT_ATTRIBUTES: std::ops::RangeInclusive<i16> =
+        ANUM_PG_AGGREGATE_AGGTRANSFN..=ANUM_PG_AGGREGATE_AGGMFINALFN;
+    const SORT_OPERATOR: i16 = ANUM_PG_AGGREGATE_AGGSORTOP;
+    let cache = pg_sys::SysCacheIdentifier::AGGFNOID as i32;
+    // SAFETY: a syscache look-up, released before returning.
+    unsafe {
+        let tuple = pg_sys::SearchSysCache1(cache, pg_sys::Datum::from(aggregate));
+        if tuple.is_null() {
+            return (Vec::new(), None);
+        }
+        let oid_at = |attribute: i16| {
+            let mut is_null = true;
+            let datum = pg_sys::SysCacheGetAttr(cache, tuple, attribute, &mut is_null);
+            let oid = pg_sys::Oid::from(datum.value() as u32);
+            (!is_null && oid != pg_sys::InvalidOid).then_some(oid)
+        };
+        let functions = SUPPORT_ATTRIBUTES.filter_map(oid_at).collect();
+        let sort_operator = oid_at(SORT_OPERATOR);
+        pg_sys::ReleaseSysCache(tuple);
+        (functions, sort_operator)
+    }
+}
+
+/// The function's default-argument expressions, when it has any.
+fn default_arguments(function: pg_sys::Oid) -> Option<*mut pg_sys::Node> {
+    // SAFETY: a syscache look-up, released before returning; the defaults are a node tree
+    // PostgreSQL wrote.
+    unsafe {
+        let tuple = pg_sys::SearchSysCache1(
+            pg_sys::SysCacheIdentifier::PROCOID as i32,
+            pg_sys::Datum::from(function),
+        );
+        if tuple.is_null() {
+            return None;
+        }
+        let mut is_null = true;
+        let datum = pg_sys::SysCacheGetAttr(
+            pg_sys::SysCacheIdentifier::PROCOID as i32,
+            tuple,
+            pg_sys::Anum_pg_proc_proargdefaults as pg_sys::AttrNumber,
+            &mut is_null,
+        );
+        let defaults = if is_null {
+            None
+        } else {
+            let text = pg_sys::text_to_cstring(datum.cast_mut_ptr());
+            Some(pg_sys::stringToNode(text).cast::<pg_sys::Node>())
+        };
+        pg_sys::ReleaseSysCache(tuple);
+        defaults
+    }
+}

@@ -1,0 +1,47 @@
+//! Names of catalog objects as PostgreSQL spells them, looked up by OID: for messages, audit
+//! lines and keys that must not depend on anyone's search path.
+
+use std::ffi::{c_char, CStr};
+
+use pgrx::pg_sys;
+
+/// A string PostgreSQL made; empty for NULL.
+///
+/// # Safety
+/// `text` must be NULL or point to a NUL-terminated string that lives while this runs.
+pub unsafe fn c_string(text: *const c_char) -> String {
+    if text.is_null() {
+        String::new()
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { CStr::from_ptr(text).to_string_lossy().into_owned() }
+    }
+}
+
+/// The schema's name; `None` when it is gone.
+pub fn namespace_name(namespace: pg_sys::Oid) -> Option<String> {
+    // SAFETY: a catalog look-up; NULL for a schema that does not exist.
+    let name = unsafe { pg_sys::get_namespace_name(namespace) };
+    // SAFETY: NULL or a string palloc'd in the current context.
+    (!name.is_null()).then(|| unsafe { c_string(name) })
+}
+
+/// The role's name; `None` when it is gone.
+pub fn role_name(role: pg_sys::Oid) -> Option<String> {
+    // SAFETY: a catalog look-up that returns NULL for a role that does not exist.
+    let name = unsafe { pg_sys::GetUserNameFromId(role, true) };
+    // SAFETY: NULL or a string palloc'd in the current context.
+    (!name.is_null()).then(|| unsafe { c_string(name) })
+}
+
+/// `schema.relation`, as messages name a relation (empty parts for one that is gone).
+pub fn relation_name(relation: pg_sys::Oid) -> String {
+    // SAFETY: catalog look-ups; NULL for a relation that does not exist.
+    let (namespace, name) = unsafe {
+        (
+            pg_sys::get_rel_namespace(relation),
+            c_string(pg_sys::get_rel_name(relation)),
+        )
+    };
+    format!("{}.{name}", namespace_name(namespace).unwrap_or_default())
+}

@@ -1,0 +1,256 @@
+//! The schema cache: one schema context per backend, keyed by role, the schemas read, the search
+//! path, the sample-value setting and the comment count, and dropped only when something it
+//! shows may have changed:
+//! - a relcache invalidation for a relation it holds (ALTER, DROP, GRANT, and ANALYZE when the
+//!   statistics moved), or a reset of the whole relcache;
+//! - a relation it does not hold that is now in one of its schemas and readable by the role
+//!   (CREATE TABLE, a GRANT): such invalidations are noted and checked at the next question, so
+//!   that temporary tables and unrelated relations never cost a rebuild;
+//! - a change of role memberships, schemas or enum labels (syscache invalidations);
+//! - a COMMENT, which invalidates nothing: the extension's event trigger counts it in
+//!   `nl_schema_changes`, whose sum is part of the key.
+//!
+//! Invalidations arrive when DDL commits, also for the backend's own DDL in an open
+//! transaction, and on a hot standby when the commit is replayed (the comment count too, being a
+//! table). An unchanged schema costs one small query per question and no catalog scan.
+
+use std::cell::RefCell;
+use std::collections::HashSet;
+use std::rc::Rc;
+
+use pgrx::prelude::*;
+
+use crate::error::{Error, Result};
+use crate::{names, settings, store, subxact};
+
+use super::catalog;
+use super::context::SchemaContext;
+
+/// Invalidations of unknown relations noted at most before the cache is simply dropped.
+const MAX_PENDING: usize = 1000;
+
+#[derive(Clone, PartialEq, Eq)]
+struct CacheKey {
+    role: pg_sys::Oid,
+    /// The schemas read, in order (the search path's, or `sql_query_engine.schemas`).
+    schemas: Vec<String>,
+    /// The caller's search path: it decides which names need qualifying.
+    search_path: Vec<pg_sys::Oid>,
+    sample_values: usize,
+    /// COMMENTs committed so far (`nl_schema_changes`).
+    comments: i64,
+}
+
+/// What invalidation callbacks have said since the cache was built.
+#[derive(Default)]
+struct Invalidations {
+    /// Something the cache shows may have changed.
+    stale: bool,
+    /// Relations the cache does not hold that were invalidated: new, or newly readable?
+    unknown: Vec<pg_sys::Oid>,
+}
+
+thread_local! {
+    static CACHE: RefCell<Option<(CacheKey, Rc<SchemaContext>)>> = const { RefCell::new(None) };
+    /// OIDs of the relations the cache holds, for the invalidation callback.
+    static CACHED: RefCell<HashSet<pg_sys::Oid>> = RefCell::new(HashSet::new());
+    /// Syscache hash values of the schemas the cache reads: only their invalidations matter.
+    static SCHEMA_HASHES: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
+    static INVALIDATED: RefCell<Invalidations> = RefCell::new(Invalidations::default());
+}
+
+/// Marks the cache stale (from a callback: never panics, never raises).
+fn mark_stale() {
+    INVALIDATED.with(|i| {
+        if let Ok(mut i) = i.try_borrow_mut() {
+            i.stale = true;
+        }
+    });
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+    let cached = CACHED.with(|c| c.try_borrow().map_or(true, |c| c.contains(&relid)));
+    if relid == pg_sys::InvalidOid || cached {
+        mark_stale();
+        return;
+    }
+    INVALIDATED.with(|i| {
+        if let Ok(mut i) = i.try_borrow_mut() {
+            if i.unknown.len() < MAX_PENDING {
+                i.unknown.push(relid);
+            } else {
+                i.stale = true;
+            }
+        }
+    });
+}
+
+/// Role memberships and enum labels: any change. Schemas: only those the cache reads (a
+/// session's first temporary table creates its temporary schema, which must not count).
+#[pg_guard]
+unsafe extern "C-unwind" fn on_syscache_invalidation(
+    _arg: pg_sys::Datum,
+    cache: std::ffi::c_int,
+    hash: u32,
+) {
+    let namespaces = pg_sys::SysCacheIdentifier::NAMESPACEOID as std::ffi::c_int;
+    let ours = cache != namespaces
+        || hash == 0
+        || SCHEMA_HASHES.with(|h| h.try_borrow().map_or(true, |h| h.contains(&hash)));
+    if ours {
+        mark_stale();
+    }
+}
+
+/// The syscache hash values of `schemas`, as invalidations carry them.
+fn schema_hashes(schemas: &[String]) -> Vec<u32> {
+    schemas
+        .iter()
+        .filter_map(|name| std::ffi::CString::new(name.as_str()).ok())
+        // SAFETY: a catalog look-up of a NUL-terminated name.
+        .map(|name| unsafe { pg_sys::get_namespace_oid(name.as_ptr(), true) })
+        .filter(|oid| *oid != pg_sys::InvalidOid)
+        // SAFETY: hashes a key of the schema cache, as its invalidations carry it.
+        .map(|oid| unsafe {
+            pg_sys::GetSysCacheHashValue(
+                pg_sys::SysCacheIdentifier::NAMESPACEOID as std::ffi::c_int,
+                pg_sys::Datum::from(oid),
+                pg_sys::Datum::from(0usize),
+                pg_sys::Datum::from(0usize),
+                pg_sys::Datum::from(0usize),
+            )
+        })
+        .collect()
+}
+
+/// Called from `_PG_init`.
+pub fn init() {
+    // SAFETY: registers callbacks, once per backend, that never raise (they only mark the cache).
+    unsafe {
+        pg_sys::CacheRegisterRelcacheCallback(
+            Some(on_relcache_invalidation),
+            pg_sys::Datum::from(0usize),
+        );
+        for cache in [
+            pg_sys::SysCacheIdentifier::AUTHMEMROLEMEM,
+            pg_sys::SysCacheIdentifier::NAMESPACEOID,
+            pg_sys::SysCacheIdentifier::ENUMOID,
+        ] {
+            pg_sys::CacheRegisterSyscacheCallback(
+                cache as i32,
+                Some(on_syscache_invalidation),
+                pg_sys::Datum::from(0usize),
+            );
+        }
+    }
+}
+
+/// The schema context for the current role and settings, from the cache when still valid.
+pub fn context() -> Result<Rc<SchemaContext>> {
+    load().map(|(context, _)| context)
+}
+
+/// `context`, and whether it came from the cache.
+pub fn load() -> Result<(Rc<SchemaContext>, bool)> {
+    let key = current_key()?;
+    let stale = take_invalidations(&key.schemas);
+    if !stale {
+        if let Some(hit) = CACHE.with_borrow(|c| {
+            c.as_ref()
+                .filter(|(k, _)| *k == key)
+                .map(|(_, ctx)| Rc::clone(ctx))
+        }) {
+            return Ok((hit, true));
+        }
+    }
+    let relations = catalog::load(&key.schemas, key.sample_values > 0)?;
+    let oids: HashSet<pg_sys::Oid> = relations.iter().map(|r| pg_sys::Oid::from(r.oid)).collect();
+    let context = Rc::new(SchemaContext::new(relations, key.sample_values));
+    CACHED.with_borrow_mut(|c| *c = oids);
+    SCHEMA_HASHES.with_borrow_mut(|h| *h = schema_hashes(&key.schemas));
+    CACHE.with_borrow_mut(|c| *c = Some((key, Rc::clone(&context))));
+    Ok((context, false))
+}
+
+/// Whether the invalidations since the last question make the cache stale; forgets them.
+fn take_invalidations(schemas: &[String]) -> bool {
+    let Invalidations { stale, unknown } = INVALIDATED.with_borrow_mut(std::mem::take);
+    stale
+        || unknown
+            .into_iter()
+            .any(|relid| newly_readable(relid, schemas))
+}
+
+/// A relation (not a partition, not temporary) in one of `schemas` that the role can read: it
+/// was created or granted after the cache was built.
+fn newly_readable(relid: pg_sys::Oid, schemas: &[String]) -> bool {
+    // SAFETY: catalog look-ups and privilege checks of a relation an invalidation named (each
+    // says "no" for one that is gone).
+    unsafe {
+        let namespace = pg_sys::get_rel_namespace(relid);
+        if namespace == pg_sys::InvalidOid || pg_sys::isAnyTempNamespace(namespace) {
+            return false;
+        }
+        let Some(schema) = names::namespace_name(namespace) else {
+            return false;
+        };
+        if !schemas.contains(&schema) || pg_sys::get_rel_relispartition(relid) {
+            return false;
+        }
+        let kind = pg_sys::get_rel_relkind(relid) as u8;
+        if !b"rvmfp".contains(&kind) {
+            return false;
+        }
+        let role = pg_sys::GetUserId();
+        pg_sys::pg_class_aclcheck(relid, role, pg_sys::ACL_SELECT as pg_sys::AclMode)
+            == pg_sys::AclResult::ACLCHECK_OK
+            || pg_sys::pg_attribute_aclcheck_all(
+                relid,
+                role,
+                pg_sys::ACL_SELECT as pg_sys::AclMode,
+                pg_sys::AclMaskHow::ACLMASK_ANY,
+            ) == pg_sys::AclResult::ACLCHECK_OK
+    }
+}
+
+/// Role, schemas, search path, settings and the comment count.
+fn current_key() -> Result<CacheKey> {
+    let schema = store::extension_schema()?;
+    let comments = subxact::pinned(|| {
+        store::read_one::<i64>(
+            &format!("SELECT coalesce(sum(changes), 0)::int8 FROM {schema}.nl_schema_changes"),
+            &[],
+        )
+    })
+    .map_err(|e| Error::internal(format!("reading the schema version failed: {e}")))?
+    .unwrap_or(0);
+    let search_path = search_path();
+    let schemas = settings::schemas().unwrap_or_else(|| {
+        search_path
+            .iter()
+            .filter_map(|&oid| names::namespace_name(oid))
+            .collect()
+    });
+    Ok(CacheKey {
+        // SAFETY: reads the backend's current role.
+        role: unsafe { pg_sys::GetUserId() },
+        schemas,
+        search_path,
+        sample_values: settings::sample_values(),
+        comments,
+    })
+}
+
+/// The caller's search path, without the implicit schemas (pg_catalog, pg_temp).
+fn search_path() -> Vec<pg_sys::Oid> {
+    // SAFETY: a copy of the search path, read and freed here.
+    unsafe {
+        let list = pg_sys::fetch_search_path(false);
+        let oids = pgrx::PgList::<std::ffi::c_void>::from_pg(list)
+            .iter_oid()
+            .collect();
+        pg_sys::list_free(list);
+        oids
+    }
+}

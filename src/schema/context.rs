@@ -1,0 +1,404 @@
+//! What the model is told about the database for one question: the schema context as loaded
+//! for a role (relations, their retrieval terms, foreign-key neighbours, token estimates, sample
+//! values read lazily), the prompt text chosen for a question, and what a repair needs to know
+//! about the relations a failed query named.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use crate::settings;
+use crate::text::{name_tokens, words};
+
+use super::catalog::Relation;
+use super::render;
+use super::retrieve::{self, Candidate, NameIndex, Terms};
+use super::samples::{self, Samples};
+
+/// One text column, as the value index reads it.
+pub struct TextColumn {
+    /// Index of its relation in the schema context.
+    pub relation: usize,
+    /// The column's name, quoted.
+    pub column_sql: String,
+    /// Where the extension may read its relation on its own (`Relation::own_read_from`).
+    pub read_from: Option<String>,
+    /// `relation.column` as the prompt writes it.
+    pub display: String,
+    /// Values known from the planner's statistics (most common values, histogram bounds).
+    pub statistics: Vec<String>,
+}
+
+/// The text columns of a schema context, grouped by relation.
+pub struct TextColumns(Vec<TextColumn>);
+
+impl TextColumns {
+    pub fn get(&self, id: usize) -> &TextColumn {
+        &self.0[id]
+    }
+
+    /// The relations that have text columns, in schema order.
+    pub fn relations(&self) -> Vec<usize> {
+        let mut relations: Vec<usize> = self.0.iter().map(|c| c.relation).collect();
+        relations.dedup();
+        relations
+    }
+
+    /// The ids of `relation`'s text columns.
+    pub fn of_relation(&self, relation: usize) -> Vec<usize> {
+        (0..self.0.len())
+            .filter(|&i| self.0[i].relation == relation)
+            .collect()
+    }
+}
+
+/// Foreign-key steps a repair hint follows to say how to reach a column's table.
+const JOIN_HOPS: usize = 3;
+
+/// The schema as loaded for one role and set of schemas, with what retrieval needs.
+pub struct SchemaContext {
+    relations: Vec<Relation>,
+    terms: Vec<Terms>,
+    /// Each relation's name, and its multi-word column names.
+    names: NameIndex,
+    neighbours: Vec<Vec<usize>>,
+    /// Estimated tokens of each relation's rendering (sample values included).
+    tokens: Vec<usize>,
+    /// Samples of each relation's columns, once read.
+    samples: RefCell<HashMap<usize, Rc<Vec<Option<Samples>>>>>,
+    sample_values: usize,
+}
+
+/// What goes into the prompt about the database for one question.
+pub struct PromptSchema {
+    pub text: String,
+    /// The relations shown, as written in SQL.
+    pub relations: Vec<String>,
+    /// Whether retrieval left relations out.
+    pub pruned: bool,
+    /// Whether the schema came from this backend's cache (no catalog read).
+    pub cached: bool,
+}
+
+impl SchemaContext {
+    pub(super) fn new(relations: Vec<Relation>, sample_values: usize) -> Self {
+        let index: HashMap<u32, usize> = relations
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.oid, i))
+            .collect();
+        let mut neighbours = vec![Vec::new(); relations.len()];
+        for (i, r) in relations.iter().enumerate() {
+            pgrx::check_for_interrupts!();
+            for fk in &r.foreign_keys {
+                if let Some(&j) = index.get(&fk.ref_oid) {
+                    if i != j {
+                        neighbours[i].push(j);
+                        neighbours[j].push(i);
+                    }
+                }
+            }
+        }
+        let terms = relations
+            .iter()
+            .map(|r| relation_terms(r, sample_values))
+            .collect();
+        let unquote = |s: &str| s.trim_matches('"').to_string();
+        let mut names = NameIndex::default();
+        for (i, r) in relations.iter().enumerate() {
+            names.add(name_tokens(&unquote(&r.name)), i);
+            for column in &r.columns {
+                let tokens = name_tokens(&unquote(&column.name));
+                if tokens.len() > 1 {
+                    names.add(tokens, i);
+                }
+            }
+        }
+        let tokens = relations
+            .iter()
+            .map(|r| {
+                pgrx::check_for_interrupts!();
+                let known = statistics_samples(r, sample_values);
+                let unknown_text_columns = r
+                    .columns
+                    .iter()
+                    .filter(|c| c.textual && c.common_values.is_empty())
+                    .count();
+                // A read sample adds about eight tokens to a text column.
+                retrieve::estimate_tokens(&render::render_relation(r, &known))
+                    + if sample_values > 0 {
+                        8 * unknown_text_columns
+                    } else {
+                        0
+                    }
+            })
+            .collect();
+        SchemaContext {
+            relations,
+            terms,
+            names,
+            neighbours,
+            tokens,
+            samples: RefCell::new(HashMap::new()),
+            sample_values,
+        }
+    }
+
+    /// The text columns, for the value index.
+    pub fn text_columns(&self) -> TextColumns {
+        let mut columns = Vec::new();
+        for (i, relation) in self.relations.iter().enumerate() {
+            let read_from = relation.own_read_from();
+            for column in relation.columns.iter().filter(|c| c.textual) {
+                columns.push(TextColumn {
+                    relation: i,
+                    column_sql: column.name.clone(),
+                    read_from: read_from.clone(),
+                    display: format!("{}.{}", relation.sql_name(), column.name),
+                    statistics: column
+                        .common_values
+                        .iter()
+                        .chain(&column.histogram)
+                        .cloned()
+                        .collect(),
+                });
+            }
+        }
+        TextColumns(columns)
+    }
+
+    /// The schema text for `question` (every relation when no question is given or all fit the
+    /// prompt budget). The relations in `evidence` (where the question's values are stored)
+    /// are always shown.
+    pub fn for_question(&self, question: Option<&str>, evidence: &[usize]) -> PromptSchema {
+        let budget = settings::prompt_budget();
+        let chosen: Vec<usize> = match question {
+            Some(q) => {
+                let candidates: Vec<Candidate> = (0..self.relations.len())
+                    .map(|i| Candidate {
+                        terms: &self.terms[i],
+                        tokens: self.tokens[i],
+                        neighbours: &self.neighbours[i],
+                    })
+                    .collect();
+                let mut must = self.names.named_in(q);
+                must.extend(
+                    evidence
+                        .iter()
+                        .filter(|i| !must.contains(i))
+                        .collect::<Vec<_>>(),
+                );
+                retrieve::select(&candidates, q, budget, &must)
+            }
+            None => (0..self.relations.len()).collect(),
+        };
+        let mut text = String::new();
+        let mschema = settings::schema_format() == settings::SchemaFormat::MSchema;
+        for &i in &chosen {
+            pgrx::check_for_interrupts!();
+            let samples = self.samples_of(i);
+            text.push_str(&if mschema {
+                render::render_mschema(&self.relations[i], &samples)
+            } else {
+                render::render_relation(&self.relations[i], &samples)
+            });
+        }
+        if mschema {
+            let shown: Vec<&Relation> = chosen.iter().map(|&i| &self.relations[i]).collect();
+            text.push_str(&render::mschema_keys(&shown));
+        }
+        if text.is_empty() {
+            text.push_str(render::NOTHING_VISIBLE);
+        }
+        PromptSchema {
+            cached: false,
+            pruned: chosen.len() < self.relations.len(),
+            relations: chosen
+                .iter()
+                .map(|&i| self.relations[i].sql_name())
+                .collect(),
+            text,
+        }
+    }
+
+    /// What a repair needs to know about the relations a failed query named: their columns;
+    /// for a column that does not exist there, the relations that have it and how they join
+    /// to the named ones (directly, or through up to `JOIN_HOPS` foreign keys); and, when
+    /// `list_all` (a table did not exist) or none of the names is known, which tables there are.
+    pub fn describe(
+        &self,
+        names: &[String],
+        missing_column: Option<&str>,
+        list_all: bool,
+    ) -> Option<String> {
+        let unquote = |s: &str| s.trim_matches('"').to_string();
+        let named: Vec<usize> = (0..self.relations.len())
+            .filter(|&i| names.contains(&unquote(&self.relations[i].name)))
+            .collect();
+        let mut lines: Vec<String> = named
+            .iter()
+            .map(|&i| {
+                let r = &self.relations[i];
+                let columns: Vec<&str> = r.columns.iter().map(|c| c.name.as_str()).collect();
+                format!(
+                    "The columns of {} are: {}.",
+                    r.sql_name(),
+                    columns.join(", ")
+                )
+            })
+            .collect();
+        if let Some(column) = missing_column {
+            let owners = (0..self.relations.len()).filter(|&i| {
+                self.relations[i]
+                    .columns
+                    .iter()
+                    .any(|c| unquote(&c.name) == column)
+            });
+            for owner in owners {
+                let direct: Vec<String> = named
+                    .iter()
+                    .filter(|&&n| n != owner)
+                    .flat_map(|&n| self.join(n, owner))
+                    .collect();
+                let via = if !direct.is_empty() {
+                    format!(", joined by {}", direct.join(" or "))
+                } else if named.contains(&owner) {
+                    String::new()
+                } else {
+                    let chain = self.join_chain(&named, owner);
+                    if chain.is_empty() {
+                        String::new()
+                    } else {
+                        format!(", joined by {}", chain.join(", then "))
+                    }
+                };
+                lines.push(format!(
+                    "{column} is a column of {}{via}.",
+                    self.relations[owner].sql_name()
+                ));
+            }
+        }
+        if list_all || lines.is_empty() {
+            let all: Vec<String> = self
+                .relations
+                .iter()
+                .take(60)
+                .map(|r| r.sql_name())
+                .collect();
+            if !all.is_empty() {
+                lines.push(format!("The tables and views are: {}.", all.join(", ")));
+            }
+        }
+        (!lines.is_empty()).then(|| lines.join("\n"))
+    }
+
+    /// The join conditions between relations `a` and `b` through their foreign keys (either
+    /// way), as SQL.
+    fn join(&self, a: usize, b: usize) -> Vec<String> {
+        let (a, b) = (&self.relations[a], &self.relations[b]);
+        join_conditions(a, b)
+            .into_iter()
+            .chain(join_conditions(b, a))
+            .collect()
+    }
+
+    /// The shortest chain of foreign-key joins from any of `from` to `to`, at most `JOIN_HOPS`
+    /// long: one join condition per step, in order. Empty when there is none.
+    fn join_chain(&self, from: &[usize], to: usize) -> Vec<String> {
+        // For each relation reached: the one it was reached from.
+        let mut came_from: HashMap<usize, usize> = HashMap::new();
+        let mut frontier: Vec<usize> = from.to_vec();
+        for _ in 0..JOIN_HOPS {
+            let mut next = Vec::new();
+            for &i in &frontier {
+                for &j in &self.neighbours[i] {
+                    if from.contains(&j) || came_from.contains_key(&j) {
+                        continue;
+                    }
+                    came_from.insert(j, i);
+                    next.push(j);
+                }
+            }
+            if came_from.contains_key(&to) {
+                let mut chain = Vec::new();
+                let mut at = to;
+                while let Some(&previous) = came_from.get(&at) {
+                    chain.extend(self.join(previous, at).into_iter().next());
+                    at = previous;
+                }
+                chain.reverse();
+                return chain;
+            }
+            frontier = next;
+        }
+        Vec::new()
+    }
+
+    fn samples_of(&self, i: usize) -> Rc<Vec<Option<Samples>>> {
+        if self.sample_values == 0 {
+            return Rc::new(Vec::new());
+        }
+        if let Some(s) = self.samples.borrow().get(&i) {
+            return Rc::clone(s);
+        }
+        let s = Rc::new(samples::for_relation(
+            &self.relations[i],
+            self.sample_values,
+        ));
+        self.samples.borrow_mut().insert(i, Rc::clone(&s));
+        s
+    }
+}
+
+/// The join conditions of `from`'s foreign keys to `to`, as SQL.
+fn join_conditions(from: &Relation, to: &Relation) -> Vec<String> {
+    from.foreign_keys
+        .iter()
+        .filter(|fk| fk.ref_oid == to.oid)
+        .map(|fk| {
+            let pairs: Vec<String> = fk
+                .columns
+                .iter()
+                .zip(&fk.ref_columns)
+                .map(|(c, r)| format!("{}.{c} = {}.{r}", from.sql_name(), to.sql_name()))
+                .collect();
+            pairs.join(" AND ")
+        })
+        .collect()
+}
+
+/// Samples known from the planner's statistics alone (no read of the relation).
+fn statistics_samples(relation: &Relation, per_column: usize) -> Vec<Option<Samples>> {
+    if per_column == 0 {
+        return Vec::new();
+    }
+    relation
+        .columns
+        .iter()
+        .map(|c| samples::from_statistics(c, per_column))
+        .collect()
+}
+
+fn relation_terms(relation: &Relation, sample_values: usize) -> Terms {
+    let unquote = |s: &str| s.trim_matches('"').to_string();
+    let mut terms = Terms::default();
+    terms.name.extend(words(&unquote(&relation.name)));
+    for column in &relation.columns {
+        terms.columns.extend(words(&unquote(&column.name)));
+        if let Some(comment) = &column.comment {
+            terms.comments.extend(words(comment));
+        }
+        terms
+            .values
+            .extend(column.labels.iter().flat_map(|l| words(l)));
+        if sample_values > 0 {
+            terms
+                .values
+                .extend(column.common_values.iter().flat_map(|v| words(v)));
+        }
+    }
+    if let Some(comment) = &relation.comment {
+        terms.comments.extend(words(comment));
+    }
+    terms
+}

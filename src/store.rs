@@ -1,0 +1,91 @@
+//! The extension's own storage: the schema it is installed in, its four tables (`nl_examples`,
+//! `nl_history`, `nl_sessions`, `nl_schema_changes`, defined in `sql/`), and the reads and the
+//! one best-effort write that the extension's own SQL makes, all on the pinned search path.
+
+use std::cell::RefCell;
+
+use pgrx::prelude::*;
+
+use crate::error::{Error, Result};
+use crate::subxact;
+
+thread_local! {
+    /// The extension's OID and its schema, quoted.
+    static EXTENSION: RefCell<Option<(pg_sys::Oid, String)>> = const { RefCell::new(None) };
+}
+
+/// The schema the extension lives in, quoted (for its own tables).
+pub fn extension_schema() -> Result<String> {
+    // SAFETY: a catalog look-up by a NUL-terminated name.
+    let extension = unsafe { pg_sys::get_extension_oid(c"sql_query_engine".as_ptr(), true) };
+    if extension == pg_sys::InvalidOid {
+        return Err(Error::Setting {
+            message: "the extension sql_query_engine is not installed in this database".into(),
+            hint: "CREATE EXTENSION sql_query_engine;".into(),
+        });
+    }
+    if let Some(schema) = EXTENSION.with_borrow(|e| {
+        e.as_ref()
+            .filter(|(oid, _)| *oid == extension)
+            .map(|(_, schema)| schema.clone())
+    }) {
+        return Ok(schema);
+    }
+    let schema = subxact::pinned(|| {
+        read_one::<String>(
+            "SELECT quote_ident(n.nspname) FROM pg_extension e \
+             JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.oid = $1",
+            &[extension.into()],
+        )
+    })
+    .map_err(|e| Error::internal(format!("reading the extension's schema failed: {e}")))?
+    .ok_or_else(|| Error::internal("the extension has no schema"))?;
+    EXTENSION.with_borrow_mut(|e| *e = Some((extension, schema.clone())));
+    Ok(schema)
+}
+
+/// The first column of the first row of a read. Read-only SPI: it assigns no transaction id
+/// (pgrx's `Spi::get_one` does, which fails on a hot standby and costs an XID per question).
+pub fn read_one<T: pgrx::FromDatum + pgrx::IntoDatum>(
+    sql: &str,
+    args: &[pgrx::datum::DatumWithOid],
+) -> std::result::Result<Option<T>, pgrx::spi::Error> {
+    Spi::connect(|client| client.select(sql, Some(1), args)?.first().get_one::<T>())
+}
+
+/// Longest wait for a lock on one of the extension's tables: bookkeeping never blocks an answer.
+const LOCK_TIMEOUT: &std::ffi::CStr = c"100ms";
+
+/// Whether this transaction can write the extension's tables (not read-only, not a standby).
+pub fn writable() -> bool {
+    // SAFETY: reads of backend state.
+    unsafe { !pg_sys::XactReadOnly && !pg_sys::RecoveryInProgress() }
+}
+
+/// Runs the extension's own write `work` (its bookkeeping: history, sessions) so that it never
+/// makes the call fail: in a subtransaction that is committed when it succeeds, with a short
+/// lock timeout and the pinned search path (like a function's SET clause); a failure is
+/// swallowed and said at DEBUG1, naming `what`. Returns whether it was written.
+pub fn write_best_effort<F>(what: &str, work: F) -> bool
+where
+    F: FnOnce(&mut pgrx::spi::SpiClient<'_>) -> std::result::Result<(), pgrx::spi::Error>,
+{
+    let settings = [
+        (c"lock_timeout", LOCK_TIMEOUT),
+        (c"search_path", subxact::PINNED_SEARCH_PATH),
+    ];
+    let written = subxact::in_subtransaction(true, || {
+        subxact::with_settings(&settings, || Spi::connect_mut(work))
+    });
+    match written {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            debug1!("sql_query_engine: {what} not written: {e}");
+            false
+        }
+        Err(caught) => {
+            debug1!("sql_query_engine: {what} not written: {caught:?}");
+            false
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! Text analysis shared by retrieval, the value index and the verified examples: how a question
+//! and a name are split into words, stemmed and compared. Pure logic: tested without a backend.
+
+/// Words that carry no meaning of their own in a question about data: articles, prepositions,
+/// question words, requests ("show", "list"). Neither relation names nor stored values.
+const FUNCTION_WORDS: &[&str] = &[
+    "a", "an", "the", "of", "in", "on", "at", "to", "for", "by", "with", "and", "or", "is", "are",
+    "was", "were", "be", "what", "which", "who", "whom", "whose", "how", "many", "much", "list",
+    "show", "give", "find", "all", "each", "every", "that", "this", "those", "these", "their",
+    "there", "from", "than", "more", "most", "less", "least", "do", "does", "did", "has", "have",
+    "it", "its", "as", "per", "me", "please", "any", "top", "name", "names", "number",
+];
+
+/// Words that do not tell relations apart: every key has an `id`.
+const NOT_RELATION_WORDS: &[&str] = &["id"];
+
+/// Words that say what is asked, not which value: aggregates, negation, the benchmarks' "hint
+/// refers to", and a few more function words. Never a stored value on their own.
+const NOT_VALUE_WORDS: &[&str] = &[
+    "been", "had", "not", "no", "yes", "between", "where", "when", "also", "both", "only", "hint",
+    "refers", "refer", "mean", "means", "count", "total", "average", "sum", "order",
+];
+
+/// Whether `word` (lower case, stemmed) is left out when matching a question to relations.
+fn ignored_for_relations(word: &str) -> bool {
+    FUNCTION_WORDS.contains(&word) || NOT_RELATION_WORDS.contains(&word)
+}
+
+/// Whether `word` (any case) is never a stored value on its own.
+pub fn never_a_value(word: &str) -> bool {
+    let lower = word.to_lowercase();
+    FUNCTION_WORDS.contains(&lower.as_str()) || NOT_VALUE_WORDS.contains(&lower.as_str())
+}
+
+/// Light stemming: enough to match plurals and common inflections.
+pub fn stem(word: &str) -> String {
+    let w = word.to_lowercase();
+    let n = w.chars().count();
+    if n <= 3 {
+        return w;
+    }
+    for (suffix, replacement) in [
+        ("ies", "y"),
+        ("sses", "ss"),
+        ("ses", "s"),
+        ("xes", "x"),
+        ("ing", ""),
+        ("ed", ""),
+    ] {
+        if let Some(base) = w.strip_suffix(suffix) {
+            if base.chars().count() >= 3 {
+                return format!("{base}{replacement}");
+            }
+        }
+    }
+    if let Some(base) = w.strip_suffix('s') {
+        if !base.ends_with('s') && !base.ends_with('u') {
+            return base.to_string();
+        }
+    }
+    w
+}
+
+/// `text` with every run of letters and digits separated by a blank, identifiers split at `_`
+/// and camelCase.
+fn spaced_words(text: &str) -> String {
+    let mut spaced = String::with_capacity(text.len() + 8);
+    let mut previous_lower = false;
+    for c in text.chars() {
+        if c.is_uppercase() && previous_lower {
+            spaced.push(' ');
+        }
+        previous_lower = c.is_lowercase() || c.is_ascii_digit();
+        spaced.push(if c.is_alphanumeric() { c } else { ' ' });
+    }
+    spaced
+}
+
+/// Words of a text (identifiers split at `_` and camelCase), stemmed, without stopwords.
+pub fn words(text: &str) -> Vec<String> {
+    spaced_words(text)
+        .split_whitespace()
+        .map(stem)
+        .filter(|w| !ignored_for_relations(w))
+        .collect()
+}
+
+/// Lower-case runs of letters and digits, identifiers split at `_` and camelCase: how a name is
+/// compared with the question's words.
+pub fn name_tokens(text: &str) -> Vec<String> {
+    spaced_words(text)
+        .split_whitespace()
+        .map(str::to_lowercase)
+        .collect()
+}
+
+/// Normalized form for exact matching: lower case, blank space collapsed, surrounding
+/// punctuation dropped.
+pub fn normalize(text: &str) -> String {
+    text.split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .trim_matches(|c: char| !c.is_alphanumeric())
+        .to_lowercase()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stemming_and_splitting() {
+        assert_eq!(stem("countries"), "country");
+        assert_eq!(stem("orders"), "order");
+        assert_eq!(stem("status"), "status");
+        assert_eq!(stem("classes"), "class");
+        assert_eq!(
+            words("orderItems customer_id"),
+            vec!["order", "item", "customer"]
+        );
+        assert_eq!(name_tokens("OrderItems_2"), vec!["order", "items", "2"]);
+    }
+
+    #[test]
+    fn normalizing_ignores_case_space_and_punctuation() {
+        assert_eq!(normalize("  Death   Touch. "), "death touch");
+        assert_eq!(normalize("'O'Brien'"), "o'brien");
+    }
+
+    #[test]
+    fn the_word_lists_serve_their_purpose() {
+        assert!(never_a_value("The") && never_a_value("count") && !never_a_value("Touch"));
+        assert!(ignored_for_relations("id") && !never_a_value("id"));
+    }
+}
