@@ -308,3 +308,37 @@ pub const CASES: &[(&str, &str)] = &[
     ("SELECT 'pg_class'::regclass::oid", OK),
     ("SELECT a FROM t ORDER BY a DESC NULLS LAST LIMIT 5 OFFSET 1", OK),
 ];
+
+/// SQL/JSON, which the grammar has from PostgreSQL 16 (constructors, IS JSON) and 17 (JSON_VALUE,
+/// JSON_QUERY, JSON_EXISTS, JSON_TABLE): new node kinds the walk must know, and new places a
+/// type can hide.
+#[cfg(any(feature = "pg17", feature = "pg18"))]
+pub const SQL_JSON_CASES: &[(&str, &str)] = &[
+    (
+        r#"SELECT JSON_OBJECT('a': 1), JSON_ARRAY(1, 2), '{"a": 1}' IS JSON OBJECT"#,
+        OK,
+    ),
+    (
+        r#"SELECT JSON_VALUE('{"a": 1}', '$.a' RETURNING int), JSON_QUERY('{"a": [1]}', '$.a')"#,
+        OK,
+    ),
+    (r#"SELECT JSON_EXISTS('{"a": 1}', '$.a')"#, OK),
+    (
+        r#"SELECT * FROM JSON_TABLE('[{"a": 1}]', '$[*]' COLUMNS (a int PATH '$.a'))"#,
+        OK,
+    ),
+    (r#"SELECT JSON_OBJECTAGG(a: a) FROM t"#, OK),
+    (
+        r#"SELECT JSON_VALUE('{"a": 1}', '$.a' RETURNING locking)"#,
+        "42501",
+    ),
+    (
+        r#"SELECT * FROM JSON_TABLE('[{"a": 1}]', '$[*]' COLUMNS (a locking PATH '$.a'))"#,
+        "42501",
+    ),
+    (
+        r#"SELECT JSON_VALUE('{"a": 1}', '$.a' RETURNING int DEFAULT volatile_fn() ON ERROR)"#,
+        "42501",
+    ),
+    (r#"SELECT JSON_OBJECT('a': nextval('s'))"#, "42501"),
+];

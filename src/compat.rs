@@ -1,15 +1,88 @@
-//! What differs between the PostgreSQL versions the extension supports, in one place.
+//! What differs between the PostgreSQL versions the extension supports (15, 17 and 18), in one
+//! place: node kinds the guard walks, the tuple descriptor's layout, `ExecutorRun`'s arguments,
+//! and the numbers build.rs reads from each server's headers.
 
 use pgrx::pg_sys;
 
-/// Expression node kinds of an analyzed SELECT that only some versions have.
-pub fn expression_kind(_tag: pg_sys::NodeTag) -> bool {
+/// Expression node kinds of an analyzed SELECT that only some versions have: the SQL/JSON
+/// constructors and predicates (PostgreSQL 16 and later) and query functions (17 and later).
+pub fn expression_kind(tag: pg_sys::NodeTag) -> bool {
+    #[cfg(any(feature = "pg17", feature = "pg18"))]
+    if matches!(
+        tag,
+        pg_sys::NodeTag::T_JsonConstructorExpr
+            | pg_sys::NodeTag::T_JsonIsPredicate
+            | pg_sys::NodeTag::T_JsonValueExpr
+            | pg_sys::NodeTag::T_JsonExpr
+            | pg_sys::NodeTag::T_JsonBehavior
+    ) {
+        return true;
+    }
+    let _ = tag;
     false
 }
 
-/// Structural node kinds of an analyzed SELECT that only some versions have.
-pub fn structural_kind(_tag: pg_sys::NodeTag) -> bool {
+/// Structural node kinds of an analyzed SELECT that only some versions have (the format and
+/// return type of SQL/JSON expressions).
+pub fn structural_kind(tag: pg_sys::NodeTag) -> bool {
+    #[cfg(any(feature = "pg17", feature = "pg18"))]
+    if matches!(
+        tag,
+        pg_sys::NodeTag::T_JsonFormat | pg_sys::NodeTag::T_JsonReturning
+    ) {
+        return true;
+    }
+    let _ = tag;
     false
+}
+
+/// The attributes of a tuple descriptor. PostgreSQL 18 keeps them after an array of compact
+/// attributes, where earlier versions had them as the struct's last field.
+///
+/// # Safety
+/// `desc` must be a valid tuple descriptor that outlives the slice.
+pub unsafe fn attributes<'a>(desc: pg_sys::TupleDesc) -> &'a [pg_sys::FormData_pg_attribute] {
+    // SAFETY: the caller's contract; `natts` attributes follow where each version puts them.
+    unsafe {
+        let natts = (*desc).natts.max(0) as usize;
+        #[cfg(not(feature = "pg18"))]
+        let first = (*desc).attrs.as_ptr();
+        #[cfg(feature = "pg18")]
+        let first = (*desc)
+            .compact_attrs
+            .as_ptr()
+            .add(natts)
+            .cast::<pg_sys::FormData_pg_attribute>();
+        std::slice::from_raw_parts(first, natts)
+    }
+}
+
+/// `attributes`, to change (a copy the extension made).
+///
+/// # Safety
+/// As `attributes`, and nothing else may refer to the descriptor's attributes meanwhile.
+pub unsafe fn attributes_mut<'a>(
+    desc: pg_sys::TupleDesc,
+) -> &'a mut [pg_sys::FormData_pg_attribute] {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let attributes = attributes(desc);
+        std::slice::from_raw_parts_mut(attributes.as_ptr().cast_mut(), attributes.len())
+    }
+}
+
+/// Runs a started query to its end (PostgreSQL 18 dropped `ExecutorRun`'s `execute_once`).
+///
+/// # Safety
+/// `query` must be a query descriptor `ExecutorStart` started.
+pub unsafe fn executor_run(query: *mut pg_sys::QueryDesc) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        #[cfg(not(feature = "pg18"))]
+        pg_sys::ExecutorRun(query, pg_sys::ScanDirection::ForwardScanDirection, 0, true);
+        #[cfg(feature = "pg18")]
+        pg_sys::ExecutorRun(query, pg_sys::ScanDirection::ForwardScanDirection, 0);
+    }
 }
 
 /// Numbers read from the server's headers at build time (build.rs): enum positions and catalog

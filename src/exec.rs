@@ -22,7 +22,7 @@ use pgrx::PgList;
 
 use crate::error::{SqlError, SqlState};
 use crate::guard::{self, gate, Origin};
-use crate::{settings, subxact};
+use crate::{compat, settings, subxact};
 
 /// How much of a result is kept at most.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -389,7 +389,7 @@ unsafe fn execute(
             0,
         );
         pg_sys::ExecutorStart(query, 0);
-        pg_sys::ExecutorRun(query, pg_sys::ScanDirection::ForwardScanDirection, 0, true);
+        compat::executor_run(query);
         collector.result.parallel_workers = launched_workers((*query).planstate);
         pg_sys::ExecutorFinish(query);
         pg_sys::ExecutorEnd(query);
@@ -495,9 +495,7 @@ fn json_without_casts(typ: pg_sys::Oid, depth: usize) -> bool {
         if desc.is_null() {
             return false;
         }
-        let fields: Vec<pg_sys::Oid> = (*desc)
-            .attrs
-            .as_slice((*desc).natts as usize)
+        let fields: Vec<pg_sys::Oid> = compat::attributes(desc)
             .iter()
             .filter(|a| !a.attisdropped)
             .map(|a| a.atttypid)
@@ -520,9 +518,7 @@ unsafe fn row_bytes(slot: *mut pg_sys::TupleTableSlot) -> usize {
         let natts = (*desc).natts as usize;
         let values = std::slice::from_raw_parts((*slot).tts_values, natts);
         let nulls = std::slice::from_raw_parts((*slot).tts_isnull, natts);
-        (*desc)
-            .attrs
-            .as_slice(natts)
+        compat::attributes(desc)
             .iter()
             .zip(values.iter().zip(nulls))
             .map(|(attr, (value, null))| match attr.attlen {
@@ -555,10 +551,7 @@ unsafe extern "C-unwind" fn startup(
             });
             pg_sys::MemoryContextSwitchTo(caller);
         }
-        let natts = (*source).natts as usize;
-        let names: Vec<String> = (*source)
-            .attrs
-            .as_slice(natts)
+        let names: Vec<String> = compat::attributes(source)
             .iter()
             .map(|attr| {
                 CStr::from_ptr(attr.attname.data.as_ptr())
@@ -571,13 +564,12 @@ unsafe extern "C-unwind" fn startup(
         let _gate = gate::open(c.rule.clone(), "results are collected");
         let record = pg_sys::CreateTupleDescCopy(source);
         for (i, name) in c.result.columns.iter().enumerate() {
-            let Ok(name) = CString::new(name.as_str()) else {
-                continue;
-            };
-            let typ = (*source).attrs.as_slice(natts)[i].atttypid;
+            // A column name never holds a NUL; one that did would keep its own name.
+            let name = CString::new(name.as_str()).unwrap_or_default();
+            let typ = compat::attributes(source)[i].atttypid;
             if json_without_casts(typ, 0) {
                 pg_sys::namestrcpy(
-                    &mut (*record).attrs.as_mut_slice(natts)[i].attname,
+                    &mut compat::attributes_mut(record)[i].attname,
                     name.as_ptr(),
                 );
                 c.as_text.push(None);

@@ -290,9 +290,7 @@ fn composite_fields(relation: pg_sys::Oid) -> Vec<pg_sys::Oid> {
             return vec![pg_sys::InvalidOid];
         }
         let desc = (*rel).rd_att;
-        let fields = (*desc)
-            .attrs
-            .as_slice((*desc).natts as usize)
+        let fields = crate::compat::attributes(desc)
             .iter()
             .filter(|a| !a.attisdropped)
             .map(|a| a.atttypid)
