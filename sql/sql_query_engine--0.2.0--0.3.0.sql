@@ -34,3 +34,15 @@ ALTER TABLE @extschema@.nl_examples ADD COLUMN terms text[]
     GENERATED ALWAYS AS (@extschema@.nl_example_words(question)) STORED;
 CREATE INDEX nl_examples_terms_idx ON @extschema@.nl_examples USING gin (terms)
     WITH (fastupdate = off);
+
+-- Chat clients send the whole conversation: nl_ask and nl_call take its earlier turns, which
+-- then replace the session's stored ones.
+DROP FUNCTION @extschema@.nl_ask(text, text);
+CREATE FUNCTION @extschema@.nl_ask("question" text, "session" text DEFAULT NULL,
+    "turns" jsonb DEFAULT NULL) RETURNS jsonb
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'nl_ask_wrapper';
+DROP PROCEDURE @extschema@.nl_call(text, text, jsonb);
+CREATE PROCEDURE @extschema@.nl_call(question text, session text DEFAULT NULL,
+    INOUT answer jsonb DEFAULT NULL, turns jsonb DEFAULT NULL)
+LANGUAGE c AS 'MODULE_PATHNAME', 'nl_call_wrapper';

@@ -66,11 +66,21 @@ fn nl_answer(question: Option<&str>, session: default!(Option<&str>, "NULL")) ->
 }
 
 /// Answers a question with its rows and how they were found: the `nl_trace` object with `rows`
-/// added, each an array of values in the query's column order (for API clients).
+/// added, each an array of values in the query's column order (for API clients). `turns`, the
+/// conversation's earlier questions with the SQL that answered them (`[{"question": ...,
+/// "sql": ...}]`, as chat clients send the whole conversation), replaces the session's stored
+/// turns: the session is then only a label in the history.
 #[pg_extern(volatile, parallel_unsafe)]
-fn nl_ask(question: Option<&str>, session: default!(Option<&str>, "NULL")) -> JsonB {
-    let (run, shown) =
-        answered(Ask::new("nl_ask", question, session)).unwrap_or_else(|e| e.raise());
+fn nl_ask(
+    question: Option<&str>,
+    session: default!(Option<&str>, "NULL"),
+    turns: default!(Option<JsonB>, "NULL"),
+) -> JsonB {
+    let ask = Ask {
+        turns: turns.as_ref().map(|t| &t.0),
+        ..Ask::new("nl_ask", question, session)
+    };
+    let (run, shown) = answered(ask).unwrap_or_else(|e| e.raise());
     JsonB(traced_with_rows(&run, &shown))
 }
 
@@ -82,18 +92,20 @@ fn nl_ask(question: Option<&str>, session: default!(Option<&str>, "NULL")) -> Js
     volatile,
     parallel_unsafe,
     sql = "CREATE PROCEDURE nl_call(question text, session text DEFAULT NULL, \
-           INOUT answer jsonb DEFAULT NULL) \
+           INOUT answer jsonb DEFAULT NULL, turns jsonb DEFAULT NULL) \
            LANGUAGE c AS 'MODULE_PATHNAME', 'nl_call_wrapper';"
 )]
 fn nl_call(
     question: Option<&str>,
     session: Option<&str>,
     _answer: Option<JsonB>,
+    turns: Option<JsonB>,
     fcinfo: pg_sys::FunctionCallInfo,
 ) -> pgrx::datum::Internal {
     let answer = subxact::in_procedure(fcinfo, || {
         let ask = Ask {
             release: true,
+            turns: turns.as_ref().map(|t| &t.0),
             ..Ask::new("nl_call", question, session)
         };
         let (run, shown) = answered(ask).unwrap_or_else(|e| e.raise());
@@ -188,7 +200,12 @@ fn nl_cursor(question: Option<&str>, cursor_name: default!(Option<&str>, "'nl_an
 /// The trace of a run, with what the prompt showed.
 fn traced(run: &Run, shown: &DatabaseContext) -> serde_json::Value {
     let mut trace = trace::run(run, Some(&shown.schema), shown.values.as_deref());
-    trace["session_store"] = serde_json::json!(shown.session.map(session::Store::as_str));
+    let (turns, sent) = shown.turns;
+    trace["session_store"] = match sent {
+        true => serde_json::json!("request"),
+        false => serde_json::json!(shown.session.map(session::Store::as_str)),
+    };
+    trace["context_turns"] = serde_json::json!(turns);
     trace
 }
 
@@ -283,6 +300,8 @@ struct DatabaseContext {
     values: Option<String>,
     /// Where the session's turns are kept, when the call has a session.
     session: Option<session::Store>,
+    /// How many earlier turns the model saw, and whether the caller sent them.
+    turns: (usize, bool),
 }
 
 /// The schema, the question's values and the examples, as the prompt shows them.
@@ -307,6 +326,7 @@ fn database_context(question: Option<&str>) -> Result<DatabaseContext> {
         schema,
         values,
         session: None,
+        turns: (0, false),
     })
 }
 
@@ -374,6 +394,9 @@ struct Ask<'a> {
     first: Option<&'a str>,
     /// End the transaction before each model call, where that is allowed (`nl_call`).
     release: bool,
+    /// The conversation's earlier turns as the caller sent them (`session::from_request`),
+    /// instead of the session's stored ones.
+    turns: Option<&'a serde_json::Value>,
 }
 
 impl<'a> Ask<'a> {
@@ -385,6 +408,7 @@ impl<'a> Ask<'a> {
             mode: run_mode(),
             first: None,
             release: false,
+            turns: None,
         }
     }
 }
@@ -454,14 +478,16 @@ fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
         relations: shown.schema.relations.len(),
         pruned: shown.schema.pruned,
     });
-    let (turns, store) = match session {
-        Some(s) => {
+    let (turns, store) = match (ask.turns, session) {
+        (Some(sent), _) => (session::from_request(sent)?, None),
+        (None, Some(s)) => {
             let (turns, store) = session::turns(s);
             (turns, Some(store))
         }
-        None => (Vec::new(), None),
+        (None, None) => (Vec::new(), None),
     };
     shown.session = store;
+    shown.turns = (turns.len(), ask.turns.is_some());
     let mut database = LiveDatabase {
         mode: ask.mode,
         timeout_ms: settings::statement_timeout_ms(),
@@ -496,9 +522,11 @@ fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
             failure.cause
         );
     }
-    if let (Some(session), Some(sql)) = (
+    // Turns the caller sent are its own to keep: the session store is left alone.
+    if let (Some(session), Some(sql), None) = (
         session,
         run.failure().is_none().then(|| run.final_sql()).flatten(),
+        ask.turns,
     ) {
         session::record(
             session,

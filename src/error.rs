@@ -142,6 +142,13 @@ pub enum Error {
         last_sql: String,
     },
 
+    /// The model twice answered without a query: what was asked is not a question the
+    /// database answers (a greeting, a task for another tool).
+    #[error(
+        "this does not look like a question about the data: the model answered without a query"
+    )]
+    NotAQuestion { said: String },
+
     /// A bug on our side; never expected, but never a crash either.
     #[error("internal error in sql_query_engine: {0}")]
     Internal(String),
@@ -157,7 +164,9 @@ impl Error {
     /// The SQLSTATE this error is raised with.
     pub fn sqlstate(&self) -> SqlState {
         match self {
-            Error::InvalidParameter(_) => SqlState::INVALID_PARAMETER_VALUE,
+            Error::InvalidParameter(_) | Error::NotAQuestion { .. } => {
+                SqlState::INVALID_PARAMETER_VALUE
+            }
             Error::Setting { .. } => SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
             // An external service failed: PostgreSQL's "system error" class, not a client error.
             Error::Llm { .. } => SqlState::SYSTEM_ERROR,
@@ -171,6 +180,7 @@ impl Error {
         match self {
             Error::Refused(e) | Error::Query(e) => e.detail.clone(),
             Error::AllAttemptsFailed { last_sql, .. } => Some(format!("last SQL: {last_sql}")),
+            Error::NotAQuestion { said } => Some(format!("the model said: {said}")),
             _ => None,
         }
     }
@@ -180,6 +190,9 @@ impl Error {
             Error::Setting { hint, .. } => Some(hint.clone()),
             Error::Refused(e) | Error::Query(e) => e.hint.clone(),
             Error::AllAttemptsFailed { last, .. } => last.hint.clone(),
+            Error::NotAQuestion { .. } => {
+                Some("Ask about the data in the tables and views nl_schema() shows.".into())
+            }
             Error::Llm { .. } => Some(
                 "Check sql_query_engine.llm_url and that the endpoint is up; \
                  sql_query_engine.llm_timeout bounds the wait."

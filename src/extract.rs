@@ -25,11 +25,12 @@ pub fn extract_sql(output: &str) -> Option<String> {
             .map(|sql| clean(&sql))
             .filter(|s| !s.is_empty());
     }
+    // Prose with no statement in it is no SQL: the repair then says so, and twice in a row
+    // it ends the run (the question is not one for the database).
     let found = embedded_json(text)
         .or_else(|| fenced_block(text))
         .or_else(|| starts_with_command(text).then(|| text.to_string()))
-        .or_else(|| statement_in_prose(text))
-        .unwrap_or_else(|| text.to_string());
+        .or_else(|| statement_in_prose(text))?;
     let sql = clean(&found);
     (!sql.is_empty()).then_some(sql)
 }
@@ -259,16 +260,65 @@ fn skip_comments(mut text: &str) -> &str {
 /// to the first `;` outside quotes and comments, or to a blank line, or to the end.
 fn statement_in_prose(text: &str) -> Option<String> {
     let lower = text.to_ascii_lowercase();
-    let start = ["select", "with"]
-        .iter()
-        .filter_map(|kw| keyword_position(&lower, kw))
-        .min()?;
+    let start = [
+        ("select", None),
+        ("with", Some(opens_cte as fn(&str) -> bool)),
+    ]
+    .iter()
+    .filter_map(|(kw, follows)| keyword_position(&lower, kw, *follows))
+    .min()?;
     let body = &text[start..];
     let end = statement_end(body);
     Some(body[..end].to_string())
 }
 
-fn keyword_position(lower: &str, keyword: &str) -> Option<usize> {
+/// Whether `rest` (lower case, after WITH) goes on like a common table expression:
+/// `[RECURSIVE] name [(columns)] AS [[NOT] MATERIALIZED] (`. Rules out WITH as an English word
+/// ("I can help with questions about your data").
+fn opens_cte(rest: &str) -> bool {
+    let mut rest = rest.trim_start();
+    if let Some(r) = rest.strip_prefix("recursive") {
+        rest = r.trim_start();
+    }
+    let name_len = if let Some(quoted) = rest.strip_prefix('"') {
+        match quoted.find('"') {
+            Some(end) => end + 2,
+            None => return false,
+        }
+    } else {
+        rest.bytes()
+            .take_while(|b| is_word_byte(*b) && *b != b'(')
+            .count()
+    };
+    if name_len == 0 {
+        return false;
+    }
+    rest = rest[name_len..].trim_start();
+    if let Some(columns) = rest.strip_prefix('(') {
+        match columns.find(')') {
+            Some(end) => rest = columns[end + 1..].trim_start(),
+            None => return false,
+        }
+    }
+    let Some(after_as) = rest.strip_prefix("as") else {
+        return false;
+    };
+    let mut rest = after_as.trim_start();
+    for word in ["not", "materialized"] {
+        if let Some(r) = rest.strip_prefix(word) {
+            rest = r.trim_start();
+        }
+    }
+    rest.starts_with('(')
+}
+
+/// Where `keyword` first starts a statement in `lower`: at a word boundary, followed by more
+/// text, and by what `follows` requires (when given).
+fn keyword_position(
+    lower: &str,
+    keyword: &str,
+    follows: Option<fn(&str) -> bool>,
+) -> Option<usize> {
     let bytes = lower.as_bytes();
     let mut from = 0;
     while let Some(offset) = lower[from..].find(keyword) {
@@ -279,7 +329,11 @@ fn keyword_position(lower: &str, keyword: &str) -> Option<usize> {
             after >= bytes.len() || bytes[after].is_ascii_whitespace() || bytes[after] == b'(';
         // Only a statement if something follows on the same logical line (rules out "select" as
         // an English verb at the end of a sentence well enough, with the other strategies first).
-        if before_ok && after_ok && after < bytes.len() {
+        if before_ok
+            && after_ok
+            && after < bytes.len()
+            && follows.is_none_or(|f| f(&lower[after..]))
+        {
             return Some(at);
         }
         from = at + keyword.len();
@@ -475,5 +529,11 @@ mod tests {
         assert_eq!(extract_sql("<think>only thoughts</think>"), None);
         assert_eq!(extract_sql(r#"{"sql": ""}"#), None);
         assert_eq!(extract_sql(r#"{"answer": "I cannot"}"#), None);
+        assert_eq!(extract_sql("Hello! Ask me anything about your data."), None);
+        assert_eq!(extract_sql("I cannot answer that from these tables."), None);
+        assert_eq!(
+            extract_sql("I can only help with questions about your data."),
+            None
+        );
     }
 }

@@ -12,9 +12,9 @@ use std::time::Instant;
 
 use crate::error::{Error, Result, SqlError, SqlState};
 use crate::exec::{Outcome, ResultSet};
-use crate::extract::extract_sql;
+use crate::extract::{extract_sql, strip_think};
 use crate::llm::{Completion, Llm, Message};
-use crate::progress::Event;
+use crate::progress::{Agreed, Asking, Event, Kind};
 use crate::prompt;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -25,8 +25,8 @@ pub struct Attempt {
     pub ms: f64,
     /// Time the model took to write it.
     pub llm_ms: f64,
-    /// One of the candidates asked for when in doubt (see `Vote`).
-    pub candidate: bool,
+    /// The first query, an alternative of a vote, or a repair.
+    pub kind: Kind,
     /// The result group it was counted in, when there was a vote.
     pub group: Option<usize>,
     /// The endpoint that wrote it, and what the endpoints tried before said.
@@ -76,6 +76,9 @@ pub struct Run {
     /// The execution vote among candidates, when there was one: the size of each result
     /// group (in order of first appearance) and the winner.
     pub vote: Option<VoteResult>,
+    /// What the model said instead, when it twice in a row answered without a query: the
+    /// question is not one the database answers (a greeting, a task for another tool).
+    pub said_instead: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,7 +216,7 @@ struct Solver<'a> {
 
 impl Solver<'_> {
     /// Takes the SQL out of `content`, runs it and says how to repair it.
-    fn step(&mut self, content: &str, attempt: usize) -> Step {
+    fn step(&mut self, content: &str, attempt: usize, kind: Kind) -> Step {
         let Some(sql) = extract_sql(content) else {
             return Step {
                 sql: String::new(),
@@ -237,6 +240,7 @@ impl Solver<'_> {
         let ms = millis(ran);
         (self.progress)(Event::Executed {
             attempt,
+            kind,
             sql: &sql,
             outcome: &outcome,
             ms,
@@ -291,7 +295,7 @@ impl Solver<'_> {
         }
     }
 
-    fn record(&mut self, step: &Step, llm_ms: f64, candidate: bool, by: &Completion) {
+    fn record(&mut self, step: &Step, llm_ms: f64, kind: Kind, by: &Completion) {
         let outcome = &step.outcome;
         if rank(outcome) > 0
             && self
@@ -306,7 +310,7 @@ impl Solver<'_> {
             outcome: step.outcome.clone(),
             ms: step.ms,
             llm_ms,
-            candidate,
+            kind,
             group: None,
             endpoint: by.endpoint.clone(),
             endpoint_failures: by.failures.clone(),
@@ -326,6 +330,9 @@ impl Solver<'_> {
     /// outcome, then the earliest); it becomes the answer when it is better than the best so
     /// far, or, with `Vote::Always`, whenever it has rows. Returns whether the run has rows.
     fn vote(&mut self, request: &[Message]) -> Result<bool> {
+        (self.progress)(Event::ModelAsked(Asking::Alternatives(
+            self.limits.candidates,
+        )));
         let asked = Instant::now();
         let batch = match self.llm.complete_many(request, self.limits.candidates) {
             Ok(batch) => batch,
@@ -337,10 +344,12 @@ impl Solver<'_> {
         };
         let llm_ms = millis(asked);
         self.count(batch.requests, &batch.completions);
-        for completion in &batch.completions {
+        let of = batch.completions.len();
+        for (i, completion) in batch.completions.iter().enumerate() {
             let attempt = self.run.attempts.len() + 1;
-            let step = self.step(&completion.content, attempt);
-            self.record(&step, llm_ms, true, completion);
+            let kind = Kind::Alternative { n: i + 1, of };
+            let step = self.step(&completion.content, attempt, kind);
+            self.record(&step, llm_ms, kind, completion);
         }
         let mut signatures: Vec<String> = Vec::new();
         let mut sizes: Vec<usize> = Vec::new();
@@ -388,6 +397,13 @@ impl Solver<'_> {
                 self.run.best = Some(first);
             }
         }
+        (self.progress)(Event::Voted {
+            alternatives: of,
+            agreed: winner.map(|w| Agreed {
+                queries: sizes[w],
+                first_among_them: self.run.attempts[0].group == Some(w),
+            }),
+        });
         self.run.vote = Some(VoteResult {
             groups: sizes,
             winner,
@@ -405,13 +421,24 @@ impl Solver<'_> {
         // Short accounts of the attempts before the last one, for the repair requests.
         let mut earlier: Vec<String> = Vec::new();
         let mut explore = false;
+        // Why the next repair is asked for: what the round before it gave, in words.
+        let mut because = String::new();
         for round in 0..=max_repairs {
-            (self.progress)(Event::ModelAsked {
-                attempt: round + 1,
-                repair: round > 0,
-            });
-            let asked = Instant::now();
             let given = self.first.filter(|_| round == 0);
+            let kind = match (round, given) {
+                (0, Some(_)) => Kind::Given,
+                (0, None) => Kind::First,
+                (n, _) => Kind::Repair { n, of: max_repairs },
+            };
+            match kind {
+                Kind::Given => {}
+                Kind::Repair { .. } => (self.progress)(Event::ModelAsked(Asking::Repair {
+                    kind,
+                    because: &because,
+                })),
+                _ => (self.progress)(Event::ModelAsked(Asking::Query)),
+            }
+            let asked = Instant::now();
             let asked_for = match given {
                 Some(sql) => Ok(Completion {
                     content: sql.to_string(),
@@ -444,7 +471,7 @@ impl Solver<'_> {
                 }
             }
             let attempt = self.run.attempts.len() + 1;
-            let step = self.step(&completion.content, attempt);
+            let step = self.step(&completion.content, attempt, kind);
             explore = step.outcome.error().is_some()
                 && self
                     .run
@@ -457,18 +484,36 @@ impl Solver<'_> {
                 &step.sql,
                 &result_line(&step.outcome, self.limits.share_values),
             );
-            let reason = if matches!(step.outcome, Outcome::Empty(_)) {
-                "0 rows"
-            } else {
-                "an error"
-            };
-            self.record(&step, llm_ms, false, &completion);
+            let no_query = step.sql.is_empty();
+            // Twice no query at all: the model says this is not a question for the database.
+            let said_no_query_before = self
+                .run
+                .attempts
+                .last()
+                .is_some_and(|a| a.sql.is_empty() && !a.kind.is_alternative());
+            because = format!(
+                "{} {}",
+                kind.label(),
+                match &step.outcome {
+                    _ if no_query => "had no query in it",
+                    Outcome::Empty(_) => "returned no rows",
+                    _ => "gave an error",
+                }
+            );
+            self.record(&step, llm_ms, kind, &completion);
+            if no_query && said_no_query_before {
+                let said = strip_think(&completion.content);
+                self.run.said_instead = Some(said.trim().chars().take(SAID_CHARS).collect());
+                break;
+            }
 
-            // When in doubt (or always), after the first query: candidates and a vote.
+            // When in doubt (or always), after the first query: alternatives and a vote. Not
+            // over an answer with no query in it: that is repaired, not outvoted.
             let in_doubt = !matches!(step.outcome, Outcome::Rows(_) | Outcome::Planned);
             let votes = self.limits.candidates >= 2
                 && round == 0
                 && !ends_run
+                && !no_query
                 && match self.limits.vote {
                     Vote::Off => false,
                     Vote::WhenInDoubt => in_doubt,
@@ -482,7 +527,7 @@ impl Solver<'_> {
                 if self.vote(&candidates_request)? || self.run.llm_failure.is_some() {
                     break;
                 }
-                // Candidates that agree with an empty first result confirm it.
+                // Alternatives that agree with an empty first result confirm it.
                 let agreed = self
                     .run
                     .vote
@@ -496,6 +541,7 @@ impl Solver<'_> {
                     self.run.confirmed_empty = true;
                     break;
                 }
+                because.push_str(", and no alternative returned rows");
                 for (i, a) in self.run.attempts.iter().enumerate().skip(1) {
                     earlier.push(prompt::attempt_summary(
                         i + 1,
@@ -515,9 +561,9 @@ impl Solver<'_> {
                     break;
                 }
                 Some(feedback) if round < max_repairs => {
-                    (self.progress)(Event::RepairRequested { attempt, reason });
                     request = prompt::repair_request(&self.initial, &earlier, &feedback);
-                    // The first attempt's account goes before the candidates' (when there were).
+                    // The first attempt's account goes before the alternatives' (when there
+                    // were).
                     if round == 0 {
                         earlier.insert(0, summary);
                     } else {
@@ -540,11 +586,15 @@ impl Solver<'_> {
             status: run.status.as_str(),
             row_count: run.best_result().map(|r| r.rows.len()),
             attempts: run.attempts.len(),
+            answered_by: run.best_attempt().map(|a| a.kind),
             ms: run.ms,
         });
         Ok(run)
     }
 }
+
+/// Characters of the model's reply kept when it answered without a query.
+const SAID_CHARS: usize = 300;
 
 /// Answers `question` with at most `1 + limits.max_repairs` queries (and, in a vote, up to
 /// `limits.candidates` more), starting from the request `initial` (`prompt::initial`). `db`
@@ -580,6 +630,7 @@ pub fn solve(
             ms: 0.0,
             llm_failure: None,
             vote: None,
+            said_instead: None,
         },
     }
     .solve()
@@ -604,6 +655,9 @@ impl Run {
                 _ => None,
             }),
             Status::Error => {
+                if let Some(said) = &self.said_instead {
+                    return Some(Error::NotAQuestion { said: said.clone() });
+                }
                 if let Some(f) = &self.llm_failure {
                     return Some(Error::Llm {
                         endpoint: f.endpoint.clone(),
@@ -1088,7 +1142,7 @@ mod tests {
             5,
             "the first request and four candidates"
         );
-        assert!(run.attempts[1..].iter().all(|a| a.candidate));
+        assert!(run.attempts[1..].iter().all(|a| a.kind.is_alternative()));
         assert!(
             llm.exploring[1..].iter().all(|e| *e),
             "candidates are sampled"
@@ -1182,5 +1236,122 @@ mod tests {
             .unwrap()
             .content
             .contains("SELECT bad"));
+    }
+
+    /// Runs `solve` and returns the progress as psql shows it.
+    fn progress_of(
+        answers: &[&str],
+        limits: Limits,
+        db: impl Fn(&str) -> Outcome,
+    ) -> (Run, Vec<String>) {
+        let mut llm = Scripted::new(answers);
+        let mut database = FakeDb {
+            answer: db,
+            executed: Vec::new(),
+        };
+        let mut told = Vec::new();
+        let run = solve(
+            "q?",
+            prompt::initial("s", &[], "q?"),
+            None,
+            limits,
+            &mut llm,
+            &mut database,
+            &mut |event| told.push(event.describe()),
+        )
+        .unwrap();
+        (run, told)
+    }
+
+    fn position(told: &[String], needle: &str) -> usize {
+        told.iter()
+            .position(|t| t.contains(needle))
+            .unwrap_or_else(|| panic!("{needle:?} not in {told:#?}"))
+    }
+
+    #[test]
+    fn progress_tells_the_first_error_then_the_alternatives_then_the_repairs() {
+        let answers = [
+            "SELECT bad",
+            "SELECT b1",
+            "SELECT b2",
+            "SELECT b3",
+            "SELECT b4",
+            "SELECT good",
+        ];
+        let (run, told) = progress_of(&answers, voting(Vote::WhenInDoubt), |sql| {
+            if sql == "SELECT good" {
+                rows(2)
+            } else {
+                failed("42703")
+            }
+        });
+        let at = |needle: &str| position(&told, needle);
+        assert!(at("the first query: error 42703") < at("asking the model for 4 alternatives"));
+        assert!(
+            at("alternative 4 of 4: error") < at("asked 4 alternatives: none ran with a result")
+        );
+        assert!(
+            at("asked 4 alternatives")
+                < at(
+                    "asking the model for repair 1 of 2: the first query gave an error, and no \
+                      alternative returned rows"
+                )
+        );
+        assert!(at("repair 1 of 2: 2 rows") < at("done: ok, 2 rows from repair 1 of 2 (6 queries"));
+        assert!(!told.iter().any(|t| t.contains("attempt")), "{told:#?}");
+        assert_eq!(
+            run.best_attempt().map(|a| a.kind),
+            Some(Kind::Repair { n: 1, of: 2 })
+        );
+    }
+
+    #[test]
+    fn a_vote_says_how_many_agreed() {
+        let answers = [
+            "SELECT first",
+            "SELECT c",
+            "SELECT c2",
+            "SELECT c3",
+            "SELECT d",
+        ];
+        let (run, told) = progress_of(&answers, voting(Vote::WhenInDoubt), |sql| match sql {
+            "SELECT first" => empty(),
+            "SELECT d" => rows_of(&["2"]),
+            _ => rows_of(&["3"]),
+        });
+        position(&told, "asked 4 alternatives, 3 agreed");
+        position(&told, "done: ok, 1 row from alternative 1 of 4 (5 queries");
+        assert_eq!(run.final_sql(), Some("SELECT c"));
+    }
+
+    #[test]
+    fn twice_no_query_ends_the_run_with_what_the_model_said() {
+        let answers = [
+            "Hello! Ask me about your data.",
+            "<think>a greeting</think>I answer questions about the data in this database.",
+        ];
+        let (run, told) = progress_of(&answers, voting(Vote::WhenInDoubt), |_| rows(1));
+        assert_eq!(
+            (run.status, run.llm_calls, run.attempts.len()),
+            (Status::Error, 2, 2)
+        );
+        assert_eq!(
+            run.said_instead.as_deref(),
+            Some("I answer questions about the data in this database.")
+        );
+        assert!(
+            matches!(run.failure(), Some(Error::NotAQuestion { .. })),
+            "{:?}",
+            run.failure()
+        );
+        position(
+            &told,
+            "asking the model for repair 1 of 2: the first query had no query in it",
+        );
+        assert!(
+            !told.iter().any(|t| t.contains("alternatives")),
+            "{told:#?}"
+        );
     }
 }

@@ -11,32 +11,81 @@ use serde_json::{json, Value};
 use crate::exec::Outcome;
 use crate::{prompt, redis_client, settings};
 
+/// What an attempt was, in the words progress, traces and summaries use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// The model's first query for the question.
+    First,
+    /// The caller's own SQL (`nl_fix`), run before the model is asked anything.
+    Given,
+    /// Alternative `n` of the `of` asked for when in doubt (see `heal::Vote`).
+    Alternative { n: usize, of: usize },
+    /// Repair `n` of at most `of` (`max_repairs`).
+    Repair { n: usize, of: usize },
+}
+
+impl Kind {
+    /// "the first query", "alternative 2 of 4", "repair 1 of 3".
+    pub fn label(self) -> String {
+        match self {
+            Kind::First => "the first query".into(),
+            Kind::Given => "your query".into(),
+            Kind::Alternative { n, of } => format!("alternative {n} of {of}"),
+            Kind::Repair { n, of } => format!("repair {n} of {of}"),
+        }
+    }
+
+    pub fn is_alternative(self) -> bool {
+        matches!(self, Kind::Alternative { .. })
+    }
+}
+
+/// What the model is asked for.
+pub enum Asking<'a> {
+    /// The first query for the question.
+    Query,
+    /// Alternatives, to vote on.
+    Alternatives(usize),
+    /// A repair (`Kind::Repair`), and why: what the queries before it gave.
+    Repair { kind: Kind, because: &'a str },
+}
+
 /// One step of answering a question.
 pub enum Event<'a> {
     SchemaReady {
         relations: usize,
         pruned: bool,
     },
-    ModelAsked {
-        attempt: usize,
-        repair: bool,
-    },
+    ModelAsked(Asking<'a>),
     Executed {
+        /// 1-based position among the run's attempts.
         attempt: usize,
+        kind: Kind,
         sql: &'a str,
         outcome: &'a Outcome,
         ms: f64,
     },
-    RepairRequested {
-        attempt: usize,
-        reason: &'static str,
+    /// The alternatives ran: how many of all the queries so far gave the winning result.
+    Voted {
+        alternatives: usize,
+        agreed: Option<Agreed>,
     },
     Done {
         status: &'static str,
         row_count: Option<usize>,
         attempts: usize,
+        answered_by: Option<Kind>,
         ms: f64,
     },
+}
+
+/// The winning group of a vote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Agreed {
+    /// Queries that gave the winning result, the first query included.
+    pub queries: usize,
+    /// Whether the first query is one of them.
+    pub first_among_them: bool,
 }
 
 impl Event<'_> {
@@ -45,11 +94,20 @@ impl Event<'_> {
             Event::SchemaReady { relations, pruned } => {
                 json!({"event": "schema_ready", "relations": relations, "pruned": pruned})
             }
-            Event::ModelAsked { attempt, repair } => {
-                json!({"event": "model_asked", "attempt": attempt, "repair": repair})
+            Event::ModelAsked(Asking::Query) => json!({"event": "model_asked", "for": "query"}),
+            Event::ModelAsked(Asking::Alternatives(n)) => {
+                json!({"event": "model_asked", "for": "alternatives", "alternatives": n})
+            }
+            Event::ModelAsked(Asking::Repair { kind, because }) => {
+                let (n, of) = match kind {
+                    Kind::Repair { n, of } => (*n, *of),
+                    _ => (0, 0),
+                };
+                json!({"event": "model_asked", "for": "repair", "repair": n, "of": of, "because": because})
             }
             Event::Executed {
                 attempt,
+                kind,
                 sql,
                 outcome,
                 ms,
@@ -58,28 +116,35 @@ impl Event<'_> {
                     .error()
                     .map(|e| prompt::shown_error(e, share_values));
                 json!({
-                    "event": "attempt", "attempt": attempt, "sql": sql, "ms": ms,
-                    "outcome": outcome.label(),
+                    "event": "attempt", "attempt": attempt, "kind": kind.label(), "sql": sql,
+                    "ms": ms, "outcome": outcome.label(),
                     "row_count": outcome.result().map(|r| r.rows.len()),
                     "sqlstate": error.as_ref().map(|e| e.sqlstate),
                     "message": error.as_ref().map(|e| &e.message),
                 })
             }
-            Event::RepairRequested { attempt, reason } => {
-                json!({"event": "repair_requested", "after_attempt": attempt, "reason": reason})
-            }
+            Event::Voted {
+                alternatives,
+                agreed,
+            } => json!({
+                "event": "vote", "alternatives": alternatives,
+                "agreed": agreed.map(|a| a.queries),
+                "first_among_them": agreed.map(|a| a.first_among_them),
+            }),
             Event::Done {
                 status,
                 row_count,
                 attempts,
+                answered_by,
                 ms,
             } => json!({
-                "event": "done", "status": status, "row_count": row_count, "attempts": attempts, "ms": ms
+                "event": "done", "status": status, "row_count": row_count, "attempts": attempts,
+                "answered_by": answered_by.map(Kind::label), "ms": ms
             }),
         }
     }
 
-    fn describe(&self) -> String {
+    pub fn describe(&self) -> String {
         match self {
             Event::SchemaReady { relations, pruned } => format!(
                 "schema ready: {relations} relations{}",
@@ -89,39 +154,72 @@ impl Event<'_> {
                     ""
                 }
             ),
-            Event::ModelAsked { attempt, repair } => {
-                format!(
-                    "asking the model for {} {attempt}",
-                    if *repair { "repair" } else { "attempt" }
-                )
+            Event::ModelAsked(Asking::Query) => "asking the model for a query".into(),
+            Event::ModelAsked(Asking::Alternatives(n)) => {
+                format!("asking the model for {n} alternatives to vote on")
+            }
+            Event::ModelAsked(Asking::Repair { kind, because }) => {
+                format!("asking the model for {}: {because}", kind.label())
             }
             Event::Executed {
-                attempt,
+                kind,
                 sql,
                 outcome,
                 ms,
+                ..
             } => {
                 let result = match (outcome.result(), outcome.error()) {
-                    (Some(r), _) => format!("{} rows", r.rows.len()),
+                    (Some(r), _) => rows(r.rows.len()),
                     (_, Some(e)) => format!("{} {}: {}", outcome.label(), e.sqlstate, e.message),
                     _ => outcome.label().to_string(),
                 };
-                format!("attempt {attempt}: {result} ({ms} ms)\n{sql}")
+                format!("{}: {result} ({ms} ms)\n{sql}", kind.label())
             }
-            Event::RepairRequested { attempt, reason } => {
-                format!("attempt {attempt} gave {reason}: asking for a repair")
-            }
+            Event::Voted {
+                alternatives,
+                agreed,
+            } => vote_summary(*alternatives, *agreed),
             Event::Done {
                 status,
                 row_count,
                 attempts,
+                answered_by,
                 ms,
             } => format!(
-                "done: {status}{} after {attempts} attempt{} in {ms} ms",
-                row_count.map(|n| format!(", {n} rows")).unwrap_or_default(),
-                if *attempts == 1 { "" } else { "s" }
+                "done: {status}{}{} ({attempts} quer{} in {ms} ms)",
+                row_count
+                    .map(|n| format!(", {}", rows(n)))
+                    .unwrap_or_default(),
+                answered_by
+                    .map(|k| format!(" from {}", k.label()))
+                    .unwrap_or_default(),
+                if *attempts == 1 { "y" } else { "ies" }
             ),
         }
+    }
+}
+
+/// "1 row", "3 rows".
+fn rows(n: usize) -> String {
+    format!("{n} row{}", if n == 1 { "" } else { "s" })
+}
+
+/// "asked 4 alternatives, 3 agreed (the first query among them)".
+pub fn vote_summary(alternatives: usize, agreed: Option<Agreed>) -> String {
+    match agreed {
+        None => format!("asked {alternatives} alternatives: none ran with a result"),
+        Some(Agreed { queries: 1, .. }) => {
+            format!("asked {alternatives} alternatives: no two results agreed")
+        }
+        Some(a) => format!(
+            "asked {alternatives} alternatives, {} agreed{}",
+            a.queries,
+            if a.first_among_them {
+                " (the first query among them)"
+            } else {
+                ""
+            }
+        ),
     }
 }
 

@@ -63,7 +63,10 @@ pub fn initial(context: &str, turns: &[Turn], question: &str) -> Vec<Message> {
         context.trim_end()
     )));
     for (turn, next) in turns.iter().zip(questions) {
-        messages.push(answer(&turn.sql));
+        // A turn without SQL (its answer failed) is its question alone.
+        if !turn.sql.is_empty() {
+            messages.push(answer(&turn.sql));
+        }
         messages.push(Message::user(format!(
             "Question (it may build on the questions before): {next}"
         )));

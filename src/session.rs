@@ -18,6 +18,7 @@ use std::collections::{HashMap, VecDeque};
 use pgrx::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::error::{Error, Result};
 use crate::{redis_client, settings, store, subxact};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -138,6 +139,52 @@ fn redis_turns(session: &str, keep: usize) -> Option<Vec<Turn>> {
     })
 }
 
+/// Earlier turns a call may carry, at most (`turns jsonb`).
+const MAX_REQUEST_TURNS: usize = 1000;
+/// Characters of a carried turn's question or SQL, at most.
+const MAX_TURN_CHARS: usize = 20_000;
+
+/// The earlier turns a caller sends with the call (`turns jsonb`, how the gateway passes a chat
+/// conversation): an array of `{"question": text, "sql": text or null}`, oldest first, of which
+/// the last `session_turns` are kept. They are context for the model and nothing else: their
+/// SQL is the client's word, never run, checked or stored. A turn without SQL (an answer that
+/// failed) is its question alone.
+pub fn from_request(turns: &serde_json::Value) -> Result<Vec<Turn>> {
+    let bad = |what: String| Error::InvalidParameter(format!("turns: {what}"));
+    let items = turns
+        .as_array()
+        .ok_or_else(|| bad("not an array of {\"question\": ..., \"sql\": ...} objects".into()))?;
+    if items.len() > MAX_REQUEST_TURNS {
+        return Err(bad(format!(
+            "{} turns; at most {MAX_REQUEST_TURNS} are accepted",
+            items.len()
+        )));
+    }
+    let text = |i: usize, item: &serde_json::Value, key: &str| -> Result<Option<String>> {
+        match item.get(key) {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(serde_json::Value::String(s)) if s.chars().count() > MAX_TURN_CHARS => Err(bad(
+                format!("turns[{i}].{key} is longer than {MAX_TURN_CHARS} characters"),
+            )),
+            Some(serde_json::Value::String(s)) => Ok(Some(s.trim().to_string())),
+            Some(_) => Err(bad(format!("turns[{i}].{key} is not a string"))),
+        }
+    };
+    let mut out = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        if !item.is_object() {
+            return Err(bad(format!("turns[{i}] is not an object")));
+        }
+        let question = text(i, item, "question")?
+            .filter(|q| !q.is_empty())
+            .ok_or_else(|| bad(format!("turns[{i}] has no question")))?;
+        let sql = text(i, item, "sql")?.unwrap_or_default();
+        out.push(Turn { question, sql });
+    }
+    let skip = out.len().saturating_sub(settings::session_turns());
+    Ok(out.split_off(skip))
+}
+
 /// Adds a turn to `session` in this transaction's store (and in backend memory, which bridges
 /// a Redis outage).
 pub fn record(session: &str, turn: Turn) -> Store {
@@ -160,21 +207,27 @@ pub fn record(session: &str, turn: Turn) -> Store {
     store
 }
 
-/// Writes the session's turns (the earlier ones still alive, this one, at most `keep`) and drops
-/// this role's expired sessions; in a subtransaction that never makes the answer fail.
+/// Appends the turn to the session's row in one statement (the row's lock orders concurrent
+/// turns of one session, so none is lost), keeping the last `keep` of the turns still alive,
+/// and drops this role's expired sessions; in a subtransaction that never makes the answer fail.
 fn record_in_table(session: &str, turn: &Turn, keep: usize) -> bool {
     let Ok(schema) = store::extension_schema() else {
         return false;
     };
-    let mut turns = table_turns(session).unwrap_or_default();
-    turns.push(turn.clone());
-    let skip = turns.len().saturating_sub(keep);
-    let Ok(turns) = serde_json::to_string(&turns[skip..]) else {
+    let Ok(turn) = serde_json::to_string(&[turn]) else {
         return false;
     };
     let upsert = format!(
-        "INSERT INTO {schema}.nl_sessions (session, turns, role_id) VALUES ($1, $2::jsonb, $3) \
-         ON CONFLICT (role_id, session) DO UPDATE SET turns = EXCLUDED.turns, updated_at = now()"
+        "INSERT INTO {schema}.nl_sessions AS s (session, turns, role_id) \
+         VALUES ($1, $2::jsonb, $3) \
+         ON CONFLICT (role_id, session) DO UPDATE SET updated_at = now(), turns = ( \
+             SELECT pg_catalog.jsonb_agg(t.turn ORDER BY t.n) \
+             FROM pg_catalog.jsonb_array_elements( \
+                 CASE WHEN s.updated_at > now() - make_interval(secs => $5) THEN s.turns \
+                      ELSE '[]' END || EXCLUDED.turns) WITH ORDINALITY AS t(turn, n) \
+             WHERE t.n > pg_catalog.jsonb_array_length( \
+                 CASE WHEN s.updated_at > now() - make_interval(secs => $5) THEN s.turns \
+                      ELSE '[]' END || EXCLUDED.turns) - $4)"
     );
     let expire = format!(
         "DELETE FROM {schema}.nl_sessions \
@@ -185,7 +238,13 @@ fn record_in_table(session: &str, turn: &Turn, keep: usize) -> bool {
         client.update(
             &upsert,
             None,
-            &[session.into(), turns.as_str().into(), role_id().into()],
+            &[
+                session.into(),
+                turn.as_str().into(),
+                role_id().into(),
+                (keep as i64).into(),
+                ttl.into(),
+            ],
         )?;
         client.update(&expire, None, &[ttl.into(), role_id().into()])?;
         Ok(())

@@ -4,6 +4,7 @@
 use serde_json::{json, Value};
 
 use crate::heal::{Attempt, Run};
+use crate::progress::Kind;
 use crate::schema::PromptSchema;
 
 /// The whole trace of `run`; `schema` and `values` add what the prompt showed, when known.
@@ -18,6 +19,8 @@ pub fn run(run: &Run, schema: Option<&PromptSchema>, values: Option<&str>) -> Va
         "cut_by": result.and_then(|r| r.cut_by),
         "columns": result.map(|r| &r.columns),
         "confirmed_empty": run.confirmed_empty,
+        "answered_by": run.best_attempt().map(|a| a.kind.label()),
+        "repairs": run.attempts.iter().filter(|a| matches!(a.kind, Kind::Repair { .. })).count(),
         "attempts": attempts(run),
         "llm_calls": run.llm_calls,
         "prompt_tokens": run.prompt_tokens,
@@ -29,7 +32,15 @@ pub fn run(run: &Run, schema: Option<&PromptSchema>, values: Option<&str>) -> Va
     });
     trace["values"] = json!(values.map(|v| v.lines().collect::<Vec<_>>()));
     if let Some(vote) = &run.vote {
-        trace["vote"] = json!({"groups": vote.groups, "winner": vote.winner});
+        let alternatives = run
+            .attempts
+            .iter()
+            .filter(|a| a.kind.is_alternative())
+            .count();
+        trace["vote"] = json!({
+            "groups": vote.groups, "winner": vote.winner, "alternatives": alternatives,
+            "agreed": vote.winner.map(|w| vote.groups[w]),
+        });
     }
     if let Some(schema) = schema {
         trace["relations"] = json!(schema.relations);
@@ -79,7 +90,8 @@ fn attempt(attempt: &Attempt) -> Value {
         "cut_by": result.and_then(|r| r.cut_by),
         "row_security": result.map(|r| &r.row_security).filter(|t| !t.is_empty()),
         "parallel_workers": result.map(|r| r.parallel_workers),
-        "candidate": attempt.candidate,
+        "kind": attempt.kind.label(),
+        "candidate": attempt.kind.is_alternative(),
         "endpoint": attempt.endpoint,
         "endpoint_failures": attempt.endpoint_failures,
         "vote_group": attempt.group,
@@ -105,7 +117,7 @@ mod tests {
                     outcome: Outcome::Failed(SqlError::new(SqlState::UNDEFINED_COLUMN, "no")),
                     ms: 1.0,
                     llm_ms: 2.0,
-                    candidate: false,
+                    kind: Kind::First,
                     group: None,
                     endpoint: "http://model".into(),
                     endpoint_failures: vec![],
@@ -119,7 +131,7 @@ mod tests {
                     }),
                     ms: 1.0,
                     llm_ms: 2.0,
-                    candidate: false,
+                    kind: Kind::Repair { n: 1, of: 4 },
                     group: None,
                     endpoint: "http://model".into(),
                     endpoint_failures: vec![],
@@ -134,6 +146,7 @@ mod tests {
             ms: 7.0,
             llm_failure: None,
             vote: None,
+            said_instead: None,
         };
         let t = super::run(&run, None, None);
         assert_eq!(t["sql"], "SELECT good");

@@ -382,6 +382,29 @@ fn nl_call_holds_no_snapshot_while_the_model_thinks_and_nl_ask_does() {
     let answer = call(&mut s.client, "BEGIN; CALL nl_call('in a block'); COMMIT;").unwrap();
     assert_eq!(answer["rows"], json!([[4]]));
 
+    // The conversation so far may come with the call, as with nl_ask.
+    s.llm.on(
+        "and in Germany",
+        vec![Reply::sql(
+            "SELECT count(*) AS n FROM customers WHERE country = 'DE'",
+        )],
+    );
+    let answer = call(
+        &mut s.client,
+        "CALL nl_call('and in Germany', turns => \
+         '[{\"question\": \"how many customers\", \"sql\": \"SELECT count(*) FROM customers\"}]')",
+    )
+    .unwrap();
+    assert_eq!(answer["rows"], json!([[2]]));
+    assert_eq!(answer["context_turns"], 1);
+    assert!(s
+        .llm
+        .requests()
+        .last()
+        .unwrap()
+        .text()
+        .contains("how many customers"));
+
     // A failure is the usual ERROR, and the session is usable afterwards.
     let error = call(&mut s.client, "CALL nl_call('')").unwrap_err();
     assert_eq!(db_error(&error).0, "22023");

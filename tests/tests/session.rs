@@ -376,20 +376,30 @@ fn progress_events_are_published_in_order_and_shown_as_notices() {
             "schema_ready",
             "model_asked",
             "attempt",
-            "repair_requested",
             "model_asked",
             "attempt",
             "done"
         ]
     );
     assert_eq!(events[2]["sqlstate"], "42703");
-    assert_eq!(events[5]["outcome"], "rows");
-    assert_eq!(events[6]["status"], "ok");
+    assert_eq!(events[2]["kind"], "the first query");
+    assert_eq!(events[3]["for"], "repair");
+    assert_eq!(events[3]["because"], "the first query gave an error");
+    assert_eq!(events[4]["outcome"], "rows");
+    assert_eq!(events[4]["kind"], format!("repair 1 of {}", 4));
+    assert_eq!(events[5]["status"], "ok");
+    assert_eq!(events[5]["answered_by"], events[4]["kind"]);
     let notices = notices.lock().unwrap();
     assert!(
         notices
             .iter()
-            .any(|n| n.starts_with("NOTICE") && n.contains("attempt 1: error 42703")),
+            .any(|n| n.starts_with("NOTICE") && n.contains("the first query: error 42703")),
+        "{notices:?}"
+    );
+    assert!(
+        notices.iter().any(
+            |n| n.contains("asking the model for repair 1 of 4: the first query gave an error")
+        ),
         "{notices:?}"
     );
     assert!(
@@ -644,5 +654,113 @@ fn progress_events_withhold_stored_values_when_sample_values_is_off() {
     assert!(
         failed["message"].as_str().unwrap().contains('…'),
         "{failed}"
+    );
+}
+
+#[test]
+fn turns_sent_with_the_call_are_the_context_and_leave_the_session_store_alone() {
+    let mut s = Session::new();
+    s.llm
+        .on("only the German ones", vec![Reply::sql("SELECT 1 AS n")]);
+    // An earlier turn whose SQL would write, and a lock the test would see taken: the turns
+    // are context for the model, never run.
+    let turns = serde_json::json!([
+        {"question": "How many customers?", "sql": "SELECT count(*) FROM customers"},
+        {"question": "Which ones failed?", "sql": null},
+        {"question": "Delete them", "sql": "DELETE FROM orders; SELECT pg_advisory_lock(4242)"},
+    ])
+    .to_string();
+    let trace: Value = serde_json::from_str(
+        s.client
+            .query_one(
+                "SELECT nl_ask('only the German ones', 'chat-7', $1::text::jsonb)::text",
+                &[&turns],
+            )
+            .unwrap()
+            .get::<_, &str>(0),
+    )
+    .unwrap();
+    assert_eq!(trace["status"], "ok");
+    assert_eq!(trace["session_store"], "request");
+    assert_eq!(trace["context_turns"], 3);
+    let asked = s.llm.requests().last().unwrap().clone();
+    let text = asked.text();
+    assert!(text.contains("How many customers?") && text.contains("Which ones failed?"));
+    assert!(
+        text.contains(r#"{"sql":"SELECT count(*) FROM customers"}"#),
+        "{text}"
+    );
+    assert_eq!(s.scalar_i64("SELECT count(*) FROM orders"), 6);
+    assert_eq!(
+        s.scalar_i64("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"),
+        0
+    );
+    // Nothing was stored for the session: the next call without turns starts fresh, and the
+    // history has the label.
+    assert_eq!(s.scalar_i64("SELECT count(*) FROM nl_sessions"), 0);
+    assert_eq!(
+        s.scalar_i64("SELECT count(*) FROM nl_history WHERE session = 'chat-7'"),
+        1
+    );
+
+    // turns that are not what the argument takes are refused clearly
+    for (turns, says) in [
+        (r#"{"question": "x"}"#, "not an array"),
+        (r#"[{"sql": "SELECT 1"}]"#, "turns[0] has no question"),
+        (
+            r#"[{"question": "x", "sql": 5}]"#,
+            "turns[0].sql is not a string",
+        ),
+        (r#"["x"]"#, "turns[0] is not an object"),
+    ] {
+        let error = s
+            .client
+            .query_one("SELECT nl_ask('q', NULL, $1::text::jsonb)", &[&turns])
+            .unwrap_err();
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "22023", "{turns}");
+        assert!(message.contains(says), "{turns}: {message}");
+    }
+    let long = serde_json::json!([{"question": "x".repeat(20_001)}]).to_string();
+    let error = s
+        .client
+        .query_one("SELECT nl_ask('q', NULL, $1::text::jsonb)", &[&long])
+        .unwrap_err();
+    assert!(db_error(&error).1.contains("longer than 20000"));
+}
+
+#[test]
+fn concurrent_turns_of_one_server_side_session_are_all_kept() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute(&format!(
+            "ALTER DATABASE {db} SET sql_query_engine.llm_url = '{url}';
+             ALTER DATABASE {db} SET sql_query_engine.vote = off;
+             ALTER DATABASE {db} SET sql_query_engine.session_turns = 10;",
+            db = s.database,
+            url = s.llm.url()
+        ))
+        .unwrap();
+    for i in 0..6 {
+        s.llm
+            .on(&format!("question {i}"), vec![Reply::sql("SELECT 1 AS n")]);
+    }
+    std::thread::scope(|scope| {
+        for i in 0..6 {
+            let database = s.database.clone();
+            scope.spawn(move || {
+                let mut client = sql_query_engine_e2e::cluster().connect(&database);
+                client
+                    .query("SELECT nl_ask($1, 'shared')", &[&format!("question {i}")])
+                    .unwrap();
+            });
+        }
+    });
+    assert_eq!(
+        s.scalar_i64(
+            "SELECT jsonb_array_length(turns)::bigint FROM nl_sessions WHERE session = 'shared'"
+        ),
+        6,
+        "a concurrent turn was lost"
     );
 }
