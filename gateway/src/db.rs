@@ -15,10 +15,12 @@ use tokio_postgres::{AsyncMessage, CancelToken, Client, Config, NoTls};
 /// One call of the extension.
 #[derive(Debug, Clone)]
 pub enum Call {
-    /// `nl_ask`: the answer's rows and its trace.
+    /// `nl_ask`: the answer's rows and its trace. With `turns` (the conversation's earlier
+    /// turns, from the request) the session only labels the history.
     Ask {
         question: String,
         session: Option<String>,
+        turns: Option<Value>,
     },
     /// `nl_generate`: the SQL only.
     Generate { question: String },
@@ -40,8 +42,13 @@ pub enum Call {
 /// Why a call failed.
 #[derive(Debug)]
 pub enum DbError {
-    /// PostgreSQL said no: SQLSTATE and message.
-    Sql { sqlstate: String, message: String },
+    /// PostgreSQL said no: SQLSTATE, message, detail and hint.
+    Sql {
+        sqlstate: String,
+        message: String,
+        detail: Option<String>,
+        hint: Option<String>,
+    },
     /// No connection became free in time.
     Busy,
     /// The database could not be reached.
@@ -54,6 +61,8 @@ impl From<tokio_postgres::Error> for DbError {
             Some(db) => DbError::Sql {
                 sqlstate: db.code().code().to_string(),
                 message: db.message().to_string(),
+                detail: db.detail().map(str::to_string),
+                hint: db.hint().map(str::to_string),
             },
             None => DbError::Unavailable(e.to_string()),
         }
@@ -303,14 +312,21 @@ async fn run(
     }
     let json = |text: String| serde_json::from_str::<Value>(&text).unwrap_or(Value::Null);
     let value = match call {
-        Call::Ask { question, session } => json(
-            tx.query_one(
-                &format!("SELECT {schema}.nl_ask($1, $2)::text"),
-                &[question, session],
+        Call::Ask {
+            question,
+            session,
+            turns,
+        } => {
+            let turns = turns.as_ref().map(Value::to_string);
+            json(
+                tx.query_one(
+                    &format!("SELECT {schema}.nl_ask($1, $2, $3::text::jsonb)::text"),
+                    &[question, session, &turns],
+                )
+                .await?
+                .get(0),
             )
-            .await?
-            .get(0),
-        ),
+        }
         Call::Generate { question } => Value::String(
             tx.query_one(&format!("SELECT {schema}.nl_generate($1)"), &[question])
                 .await?

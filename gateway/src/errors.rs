@@ -69,7 +69,12 @@ impl From<DbError> for ApiError {
                 "server_error",
                 format!("the database is unavailable: {cause}"),
             ),
-            DbError::Sql { sqlstate, message } => {
+            DbError::Sql {
+                sqlstate,
+                message,
+                hint,
+                ..
+            } => {
                 let (status, kind) = match sqlstate.as_str() {
                     "22023" | "22021" | "42601" => {
                         (StatusCode::BAD_REQUEST, "invalid_request_error")
@@ -81,6 +86,11 @@ impl From<DbError> for ApiError {
                     s if s.starts_with("28") => (StatusCode::SERVICE_UNAVAILABLE, "server_error"),
                     // Every attempt failed: the question could not be answered.
                     _ => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request_error"),
+                };
+                // PostgreSQL's hint says what to do about it: chat UIs show only the message.
+                let message = match hint {
+                    Some(hint) => format!("{message} ({hint})"),
+                    None => message,
                 };
                 ApiError {
                     code: Some(sqlstate),

@@ -9,8 +9,10 @@
 //!   sqe-gateway mcp-stdio --database-url URL [--role ROLE]
 
 mod app;
+mod conversation;
 mod db;
 mod errors;
+mod housekeeping;
 mod mcp;
 mod openai;
 mod tokens;

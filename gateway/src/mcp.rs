@@ -84,7 +84,15 @@ fn role_of(server: &Mcp, context: &RequestContext<RoleServer>) -> Result<Option<
 
 fn failure(error: DbError) -> CallToolResult {
     let text = match error {
-        DbError::Sql { sqlstate, message } => format!("ERROR {sqlstate}: {message}"),
+        DbError::Sql {
+            sqlstate,
+            message,
+            hint,
+            ..
+        } => match hint {
+            Some(hint) => format!("ERROR {sqlstate}: {message}\nHINT: {hint}"),
+            None => format!("ERROR {sqlstate}: {message}"),
+        },
         DbError::Busy => "every database connection is busy; try again".to_string(),
         DbError::Unavailable(cause) => format!("the database is unavailable: {cause}"),
     };
@@ -137,6 +145,7 @@ impl Mcp {
         let call = Call::Ask {
             question: p.question,
             session: p.session,
+            turns: None,
         };
         self.call(&context, call, |trace| {
             json!({

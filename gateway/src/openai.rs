@@ -1,10 +1,10 @@
 //! The OpenAI-compatible API (`/v1/models`, `/v1/chat/completions`), for chat UIs (Open WebUI,
-//! LibreChat) and any OpenAI SDK. The last user message is the question; the session is the
-//! client's chat id when it sends one (Open WebUI does), else a stable hash of the
-//! conversation's first user message, so follow-ups work. The answer is Markdown: a one-line
-//! summary, the SQL, and the rows as a table. A streamed answer first sends the extension's
-//! progress as `reasoning_content` deltas (shown as the model's reasoning by Open WebUI and
-//! LibreChat, ignored by clients that do not know it), then the answer.
+//! LibreChat) and any OpenAI SDK. The question is the last user message and its context the
+//! conversation the request carries (`conversation`); a client's housekeeping (titles, tags,
+//! follow-ups) is answered here without the database (`housekeeping`). The answer is Markdown:
+//! a one-line summary, the SQL, and the rows as a table. A streamed answer first sends the
+//! extension's progress as `reasoning_content` deltas (shown as the model's reasoning by Open
+//! WebUI and LibreChat, ignored by clients that do not know it), then the answer.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,8 +22,10 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::app::{App, Role};
-use crate::db::Call;
+use crate::conversation::{ChatMessage, Conversation};
+use crate::db::{Call, DbError};
 use crate::errors::ApiError;
+use crate::housekeeping::Task;
 use crate::watch::ClientGone;
 
 #[derive(Deserialize)]
@@ -38,36 +40,13 @@ struct ChatRequest {
 }
 
 #[derive(Deserialize)]
-struct ChatMessage {
-    role: String,
-    content: Option<Value>,
-}
-
-#[derive(Deserialize)]
 struct StreamOptions {
     #[serde(default)]
     include_usage: bool,
 }
 
-/// A message's text: a string, or the text parts of a list of parts.
-fn text_of(content: &Option<Value>) -> String {
-    match content {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => String::new(),
-    }
-}
-
-/// FNV-1a: a hash that is the same in every build and version.
-fn stable_hash(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-    })
-}
+/// The header a client that sends only the last message names its server-side session with.
+pub const SESSION_HEADER: &str = "x-sqe-session";
 
 fn completion_id() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -93,12 +72,17 @@ pub async fn models(State(app): State<App>) -> Json<Value> {
     }))
 }
 
-/// What the request asks: the question, the session, and how to answer.
+/// What the request asks and how to answer it.
 struct Asked {
-    question: String,
-    session: String,
+    /// A question about the data, or the client's housekeeping.
+    what: Wanted,
     stream: bool,
     include_usage: bool,
+}
+
+enum Wanted {
+    Question(Call),
+    Housekeeping(Task),
 }
 
 fn read_request(
@@ -132,17 +116,28 @@ fn read_request(
             });
         }
     }
-    let users: Vec<String> = request
-        .messages
-        .iter()
-        .filter(|m| m.role == "user")
-        .map(|m| text_of(&m.content))
-        .collect();
-    let question = users
-        .last()
-        .filter(|q| !q.trim().is_empty())
-        .ok_or_else(|| ApiError::bad_request("the conversation has no user message to answer"))?
-        .clone();
+    let (stream, include_usage) = (
+        request.stream,
+        request.stream_options.is_some_and(|o| o.include_usage),
+    );
+    if let Some(task) = Task::of(&request.messages) {
+        return Ok(Asked {
+            what: Wanted::Housekeeping(task),
+            stream,
+            include_usage,
+        });
+    }
+    let conversation = Conversation::of(&request.messages)
+        .ok_or_else(|| ApiError::bad_request("the conversation has no user message to answer"))?;
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .map(str::to_string)
+    };
+    // The client's chat id, when it sends one, only labels the history.
     let chat_id = request
         .chat_id
         .or_else(|| {
@@ -153,22 +148,28 @@ fn read_request(
                 .and_then(Value::as_str)
                 .map(str::to_string)
         })
-        .or_else(|| {
-            headers
-                .get("x-openwebui-chat-id")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string)
-        })
-        .filter(|id| !id.is_empty());
-    let session = match chat_id {
-        Some(id) => format!("chat-{id}"),
-        None => format!("conversation-{:016x}", stable_hash(&users[0])),
+        .or_else(|| header("x-openwebui-chat-id"))
+        .filter(|id| !id.is_empty())
+        .map(|id| format!("chat-{id}"));
+    // A client that sends only the last message keeps its context on the server, in the
+    // session it names; a request that carries earlier turns is its own context.
+    let server_session = header(SESSION_HEADER);
+    let call = match server_session {
+        Some(session) if conversation.turns.is_empty() => Call::Ask {
+            question: conversation.question,
+            session: Some(session),
+            turns: None,
+        },
+        named => Call::Ask {
+            turns: Some(conversation.turns_json()),
+            question: conversation.question,
+            session: named.or(chat_id),
+        },
     };
     Ok(Asked {
-        question,
-        session,
-        stream: request.stream,
-        include_usage: request.stream_options.is_some_and(|o| o.include_usage),
+        what: Wanted::Question(call),
+        stream,
+        include_usage,
     })
 }
 
@@ -180,6 +181,45 @@ fn cell(value: &Value) -> String {
         other => other.to_string(),
     };
     text.replace('|', "\\|").replace(['\n', '\r'], " ")
+}
+
+/// One line on what was found and how: "3 rows.", "3 rows, from repair 1 of 4.", "No rows: the
+/// query ran and found nothing (asked 4 alternatives, 3 agreed)."
+fn summary(trace: &Value, rows: usize) -> String {
+    let found = match rows {
+        0 => "No rows: the query ran and found nothing".to_string(),
+        1 => "1 row".to_string(),
+        n => format!("{n} rows"),
+    };
+    let cut = trace["cut_by"]
+        .as_str()
+        .map(|setting| format!(", cut at sql_query_engine.{setting}"))
+        .unwrap_or_default();
+    let mut how: Vec<String> = Vec::new();
+    let vote = &trace["vote"];
+    if let Some(alternatives) = vote["alternatives"].as_u64().filter(|n| *n > 0) {
+        how.push(match vote["agreed"].as_u64() {
+            Some(agreed) if agreed >= 2 => {
+                format!("asked {alternatives} alternatives, {agreed} agreed")
+            }
+            Some(_) => format!("asked {alternatives} alternatives, no two agreed"),
+            None => format!("asked {alternatives} alternatives, none ran with a result"),
+        });
+    }
+    if let Some(by) = trace["answered_by"]
+        .as_str()
+        .filter(|by| by.starts_with("repair"))
+    {
+        how.push(format!("from {by}"));
+    }
+    if rows == 0 && trace["confirmed_empty"] == true {
+        how.push("the model confirmed the query".into());
+    }
+    match (rows, how.is_empty()) {
+        (_, true) => format!("{found}{cut}."),
+        (0, false) => format!("{found} ({}).", how.join("; ")),
+        _ => format!("{found}{cut}, {}.", how.join("; ")),
+    }
 }
 
 /// The answer as Markdown: a one-line summary, the SQL, the rows (at most `max_rows`).
@@ -194,24 +234,7 @@ pub fn markdown(trace: &Value, max_rows: usize) -> String {
                 .collect()
         })
         .unwrap_or_default();
-    let attempts = trace["attempts"].as_array().map_or(0, Vec::len);
-    let plural = |n: usize, word: &str| format!("{n} {word}{}", if n == 1 { "" } else { "s" });
-    let summary = if rows.is_empty() {
-        format!(
-            "No rows: the query ran and found nothing ({}).",
-            plural(attempts, "attempt")
-        )
-    } else {
-        format!(
-            "{}{} ({}).",
-            plural(rows.len(), "row"),
-            match trace["cut_by"].as_str() {
-                Some(setting) => format!(", cut at sql_query_engine.{setting}"),
-                None => String::new(),
-            },
-            plural(attempts, "attempt")
-        )
-    };
+    let summary = summary(trace, rows.len());
     let mut out = format!(
         "{summary}\n\n```sql\n{}\n```\n",
         trace["sql"].as_str().unwrap_or_default()
@@ -266,9 +289,12 @@ pub async fn chat(
         Ok(asked) => asked,
         Err(e) => return e.into_response(),
     };
-    let call = Call::Ask {
-        question: asked.question.clone(),
-        session: Some(asked.session.clone()),
+    let call = match asked.what {
+        Wanted::Question(call) => call,
+        // The client's housekeeping is answered here: no model call, no query, no history.
+        Wanted::Housekeeping(task) => {
+            return said(&app, task.answer(), asked.stream, asked.include_usage)
+        }
     };
     if !asked.stream {
         let answered = tokio::select! {
@@ -276,20 +302,72 @@ pub async fn chat(
             // Dropping the call cancels its query; nobody reads this answer.
             _ = gone.cancelled() => return ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", "the client went away").into_response(),
         };
-        return match answered {
+        return match answered.map(|result| content(result, app.max_table_rows)) {
             Err(_) => ApiError::timeout().into_response(),
-            Ok(Err(e)) => ApiError::from(e).into_response(),
-            Ok(Ok(trace)) => Json(json!({
-                "id": completion_id(), "object": "chat.completion", "created": created(),
-                "model": app.model,
-                "choices": [{"index": 0, "finish_reason": "stop",
-                             "message": {"role": "assistant", "content": markdown(&trace, app.max_table_rows)}}],
-                "usage": usage(&trace),
-            }))
-            .into_response(),
+            Ok(Err(e)) => e.into_response(),
+            Ok(Ok(answer)) => completion(&app, answer),
         };
     }
     stream(app, role, call, asked.include_usage).await
+}
+
+/// The explanation a chat user gets when what they wrote is not a question about the data (the
+/// extension's 22023 "does not look like a question about the data"): an answer, not an error.
+fn not_a_question(error: &DbError) -> Option<String> {
+    match error {
+        DbError::Sql {
+            sqlstate,
+            message,
+            detail,
+            hint,
+        } if sqlstate == "22023" && message.starts_with("this does not look like a question") => {
+            let mut text =
+                "This does not look like a question about the data, so no query was run."
+                    .to_string();
+            if let Some(hint) = hint {
+                text.push(' ');
+                text.push_str(hint);
+            }
+            if let Some(said) = detail
+                .as_deref()
+                .and_then(|d| d.strip_prefix("the model said: "))
+            {
+                text.push_str(&format!("\n\n> {}", said.replace('\n', "\n> ")));
+            }
+            Some(text)
+        }
+        _ => None,
+    }
+}
+
+/// A complete answer the gateway writes itself, as one completion or one stream.
+fn said(app: &App, content: String, stream: bool, include_usage: bool) -> Response {
+    let answer = (content, usage(&Value::Null));
+    if !stream {
+        return completion(app, answer);
+    }
+    let (events, receiver) = mpsc::channel::<Event>(8);
+    tokio::spawn(finish(
+        events,
+        app.model.clone(),
+        completion_id(),
+        Ok(answer),
+        include_usage,
+        true,
+    ));
+    sse(receiver)
+}
+
+/// An answer as one (non-streamed) chat completion.
+fn completion(app: &App, (content, usage): (String, Value)) -> Response {
+    Json(json!({
+        "id": completion_id(), "object": "chat.completion", "created": created(),
+        "model": app.model,
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": content}}],
+        "usage": usage,
+    }))
+    .into_response()
 }
 
 /// A streamed answer. The HTTP status is decided by what happens first: a call that fails
@@ -306,14 +384,16 @@ async fn stream(app: App, role: String, call: Call, include_usage: bool) -> Resp
         notice = progress.recv() => notice,
         finished = &mut task => {
             match finished {
-                Ok(Ok(Err(e))) => return ApiError::from(e).into_response(),
                 Ok(Err(_)) => return ApiError::timeout().into_response(),
                 Err(e) => return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()).into_response(),
-                Ok(Ok(Ok(trace))) => {
-                    let (events, receiver) = mpsc::channel::<Event>(64);
-                    tokio::spawn(finish(events, app.model.clone(), completion_id(), Ok(trace), app.max_table_rows, include_usage, true));
-                    return sse(receiver);
-                }
+                Ok(Ok(result)) => match content(result, app.max_table_rows) {
+                    Err(e) => return e.into_response(),
+                    Ok(answer) => {
+                        let (events, receiver) = mpsc::channel::<Event>(64);
+                        tokio::spawn(finish(events, app.model.clone(), completion_id(), Ok(answer), include_usage, true));
+                        return sse(receiver);
+                    }
+                },
             }
         }
     };
@@ -358,8 +438,7 @@ async fn stream(app: App, role: String, call: Call, include_usage: bool) -> Resp
                 .await;
         }
         let result = match outcome {
-            Ok(Ok(Ok(trace))) => Ok(trace),
-            Ok(Ok(Err(e))) => Err(ApiError::from(e)),
+            Ok(Ok(result)) => content(result, max_rows),
             Ok(Err(_)) => Err(ApiError::timeout()),
             Err(e) => Err(ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -367,9 +446,21 @@ async fn stream(app: App, role: String, call: Call, include_usage: bool) -> Resp
                 e.to_string(),
             )),
         };
-        finish(events, model, id, result, max_rows, include_usage, false).await;
+        finish(events, model, id, result, include_usage, false).await;
     });
     sse(receiver)
+}
+
+/// What a call's result says to the user: the answer's Markdown and its usage, the
+/// explanation of a message that was no question, or the error.
+fn content(result: Result<Value, DbError>, max_rows: usize) -> Result<(String, Value), ApiError> {
+    match result {
+        Ok(trace) => Ok((markdown(&trace, max_rows), usage(&trace))),
+        Err(e) => match not_a_question(&e) {
+            Some(text) => Ok((text, usage(&Value::Null))),
+            None => Err(ApiError::from(e)),
+        },
+    }
 }
 
 /// The end of a stream: the answer (or the error), the final chunk, usage when asked, [DONE].
@@ -377,8 +468,7 @@ async fn finish(
     events: mpsc::Sender<Event>,
     model: String,
     id: String,
-    result: Result<Value, ApiError>,
-    max_rows: usize,
+    result: Result<(String, Value), ApiError>,
     include_usage: bool,
     opening: bool,
 ) {
@@ -393,21 +483,16 @@ async fn finish(
             .await;
     }
     match result {
-        Ok(trace) => {
+        Ok((content, usage)) => {
             let _ = events
-                .send(chunk(
-                    &id,
-                    &model,
-                    json!({"content": markdown(&trace, max_rows)}),
-                    None,
-                ))
+                .send(chunk(&id, &model, json!({ "content": content }), None))
                 .await;
             let _ = events
                 .send(chunk(&id, &model, json!({}), Some("stop")))
                 .await;
             if include_usage {
                 let body = json!({"id": id, "object": "chat.completion.chunk", "created": created(),
-                                  "model": model, "choices": [], "usage": usage(&trace)});
+                                  "model": model, "choices": [], "usage": usage});
                 let _ = events.send(Event::default().data(body.to_string())).await;
             }
         }
@@ -441,11 +526,12 @@ mod tests {
             "columns": ["name", "n"],
             "rows": [["a|b", 1], ["c", null], ["d", 3]],
             "attempts": [{}, {}],
+            "answered_by": "repair 1 of 4",
             "truncated": false,
         });
         let md = markdown(&trace, 2);
         assert!(
-            md.starts_with("3 rows (2 attempts).\n\n```sql\nSELECT name, n FROM t\n```\n"),
+            md.starts_with("3 rows, from repair 1 of 4.\n\n```sql\nSELECT name, n FROM t\n```\n"),
             "{md}"
         );
         assert!(
@@ -461,12 +547,34 @@ mod tests {
     }
 
     #[test]
-    fn the_session_hash_is_stable() {
+    fn the_summary_says_how_the_answer_was_found() {
+        let said = |trace: Value, rows: usize| summary(&trace, rows);
+        assert_eq!(said(json!({"answered_by": "the first query"}), 1), "1 row.");
         assert_eq!(
-            stable_hash("how many orders?"),
-            stable_hash("how many orders?")
+            said(json!({"answered_by": "repair 2 of 4"}), 3),
+            "3 rows, from repair 2 of 4."
         );
-        assert_ne!(stable_hash("a"), stable_hash("b"));
-        assert_eq!(stable_hash(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(
+            said(
+                json!({"answered_by": "alternative 1 of 4",
+                       "vote": {"alternatives": 4, "agreed": 3}}),
+                3
+            ),
+            "3 rows, asked 4 alternatives, 3 agreed."
+        );
+        assert_eq!(
+            said(
+                json!({"answered_by": "the first query", "confirmed_empty": true}),
+                0
+            ),
+            "No rows: the query ran and found nothing (the model confirmed the query)."
+        );
+        assert_eq!(
+            said(
+                json!({"answered_by": "the first query", "cut_by": "max_rows"}),
+                5
+            ),
+            "5 rows, cut at sql_query_engine.max_rows."
+        );
     }
 }

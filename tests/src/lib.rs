@@ -2,6 +2,7 @@
 //! connection, and a scripted OpenAI-compatible server in the role of the model.
 
 pub mod cluster;
+pub mod gateway;
 pub mod llm;
 pub mod redis;
 

@@ -4,25 +4,12 @@
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sql_query_engine_e2e::cluster::free_port;
+use sql_query_engine_e2e::gateway::{gateway_binary, repo, Gateway};
 use sql_query_engine_e2e::{cluster, Reply, ScriptedLlm};
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// The gateway binary (scripts/test.sh builds it first).
-fn gateway_binary() -> PathBuf {
-    let path = repo().join("target/debug/sqe-gateway");
-    assert!(
-        path.exists(),
-        "build the gateway first: cargo build -p sqe-gateway"
-    );
-    path
-}
 
 /// A Python with the client SDKs.
 fn clients_python() -> String {
@@ -36,48 +23,6 @@ fn clients_python() -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-struct Gateway {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Gateway {
-    fn start(database_url: &str, tokens: &Path) -> Gateway {
-        let port = free_port();
-        let child = Command::new(gateway_binary())
-            .args([
-                "serve",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--database-url",
-            ])
-            .arg(database_url)
-            .arg("--tokens")
-            .arg(tokens)
-            .args(["--pool-size", "8", "--request-timeout", "60"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("starting sqe-gateway");
-        let started = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "the gateway did not start"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Gateway { child, port }
-    }
 }
 
 struct Setup {

@@ -1,0 +1,145 @@
+//! sqe-gateway as the tests run it: the binary on a free port, logged in as an authenticator
+//! role, and a small HTTP client that reads answers the way chat clients do (a completion, or
+//! a stream of chunks with the progress as `reasoning_content`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::cluster::free_port;
+
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The gateway binary (scripts/test.sh builds it first).
+pub fn gateway_binary() -> PathBuf {
+    let path = repo().join("target/debug/sqe-gateway");
+    assert!(
+        path.exists(),
+        "build the gateway first: cargo build -p sqe-gateway"
+    );
+    path
+}
+
+/// A running gateway; killed when dropped.
+pub struct Gateway {
+    pub child: Child,
+    pub port: u16,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What a chat completion said.
+#[derive(Debug, Default)]
+pub struct Answer {
+    pub status: u16,
+    /// The assistant message's content (all content deltas of a stream).
+    pub content: String,
+    /// The progress of a stream, line by line.
+    pub reasoning: Vec<String>,
+    /// The error object, when there was one (as the body, or as an event of a stream).
+    pub error: Option<Value>,
+}
+
+impl Gateway {
+    pub fn start(database_url: &str, tokens: &Path) -> Gateway {
+        let port = free_port();
+        let child = Command::new(gateway_binary())
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--database-url",
+            ])
+            .arg(database_url)
+            .arg("--tokens")
+            .arg(tokens)
+            .args(["--pool-size", "8", "--request-timeout", "60"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting sqe-gateway");
+        let started = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the gateway did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Gateway { child, port }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// POSTs a chat completion request as a client would, with `headers` added.
+    pub fn chat(&self, token: &str, body: &Value, headers: &[(&str, &str)]) -> Answer {
+        let mut request = ureq::post(&format!("{}/v1/chat/completions", self.url()))
+            .set("Authorization", &format!("Bearer {token}"))
+            .set("Content-Type", "application/json")
+            .timeout(Duration::from_secs(120));
+        for (name, value) in headers {
+            request = request.set(name, value);
+        }
+        let response = match request.send_string(&body.to_string()) {
+            Ok(response) => response,
+            Err(ureq::Error::Status(status, response)) => {
+                let text = response.into_string().unwrap_or_default();
+                return Answer {
+                    status,
+                    error: serde_json::from_str(&text).ok(),
+                    ..Default::default()
+                };
+            }
+            Err(e) => panic!("the gateway did not answer: {e}"),
+        };
+        let status = response.status();
+        let streamed = response.content_type() == "text/event-stream";
+        let text = response.into_string().expect("reading the answer");
+        if !streamed {
+            let value: Value = serde_json::from_str(&text).expect("a JSON completion");
+            return Answer {
+                status,
+                content: value["choices"][0]["message"]["content"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                ..Default::default()
+            };
+        }
+        let mut answer = Answer {
+            status,
+            ..Default::default()
+        };
+        for data in text.lines().filter_map(|l| l.strip_prefix("data: ")) {
+            if data == "[DONE]" {
+                break;
+            }
+            let event: Value = serde_json::from_str(data).expect("a JSON event");
+            if event.get("error").is_some() {
+                answer.error = Some(event);
+                continue;
+            }
+            let delta = &event["choices"][0]["delta"];
+            if let Some(content) = delta["content"].as_str() {
+                answer.content.push_str(content);
+            }
+            if let Some(reasoning) = delta["reasoning_content"].as_str() {
+                answer
+                    .reasoning
+                    .extend(reasoning.lines().map(str::to_string));
+            }
+        }
+        answer
+    }
+}
