@@ -155,6 +155,29 @@ pub fn key_file(key: &str) -> String {
     path
 }
 
+/// Whether backend `pid` is still listed in pg_stat_activity, as seen from `watcher`, after
+/// giving it up to five seconds to leave: a client sees a FATAL before the backend's exit hooks
+/// have removed it from the list.
+pub fn backend_lingers(watcher: &mut Client, pid: i32) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let alive: i64 = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+                &[&pid],
+            )
+            .expect("reading pg_stat_activity")
+            .get(0);
+        if alive == 0 {
+            return false;
+        }
+        if std::time::Instant::now() > deadline {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// The SQLSTATE, message and detail of a database error.
 pub fn db_error(error: &postgres::Error) -> (String, String, String) {
     let db = error
