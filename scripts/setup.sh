@@ -20,7 +20,9 @@ done_step() { echo "setup:   ... $(( $(date +%s) - step_started )) s"; }
 
 packages=(build-essential pkg-config ca-certificates curl postgresql-15 postgresql-server-dev-15
           libclang-dev redis-server pgbouncer sudo python3 python3-venv
-          python3-pip)
+          python3-pip
+          # a JDBC client, as BI tools connect (tests/clients/ViewColumns.java)
+          openjdk-17-jdk-headless libpostgresql-jdbc-java)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

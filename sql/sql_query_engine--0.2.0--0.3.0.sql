@@ -46,3 +46,26 @@ DROP PROCEDURE @extschema@.nl_call(text, text, jsonb);
 CREATE PROCEDURE @extschema@.nl_call(question text, session text DEFAULT NULL,
     INOUT answer jsonb DEFAULT NULL, turns jsonb DEFAULT NULL)
 LANGUAGE c AS 'MODULE_PATHNAME', 'nl_call_wrapper';
+
+-- Saved questions for BI tools and dbt: answers kept as views, and answers typed as a row type.
+CREATE FUNCTION @extschema@.nl_view("view_name" text, "question" text, "replace" bool DEFAULT false)
+RETURNS text STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'nl_view_wrapper';
+CREATE FUNCTION @extschema@.nl_view_refresh("view_name" text) RETURNS text
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'nl_view_refresh_wrapper';
+CREATE FUNCTION @extschema@.nl_query_shaped("question" text, "shape" oid) RETURNS SETOF jsonb
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'nl_query_shaped_wrapper';
+-- Answers typed as a row type the caller names: SELECT * FROM nl_query_as('...', NULL::my_type).
+-- nl_query_shaped asks for exactly the type's columns (repairing answers with other ones) and
+-- keys each row by the type's field names, column by column; jsonb_populate_record converts
+-- the values (nl_query_shaped refuses types whose conversion would run code of their own).
+CREATE FUNCTION @extschema@.nl_query_as("question" text, "shape" anyelement)
+RETURNS SETOF anyelement
+VOLATILE PARALLEL UNSAFE
+LANGUAGE sql
+AS $$
+    SELECT pg_catalog.jsonb_populate_record(shape, r)
+    FROM @extschema@.nl_query_shaped(question, pg_catalog.pg_typeof(shape)::pg_catalog.oid) AS r
+$$;

@@ -11,6 +11,7 @@ use crate::extract::strip_think;
 use crate::heal::{self, Limits, Run, Vote};
 use crate::llm::{self, Batch, Chain, Completion, Llm, Message};
 use crate::progress::{Event, Progress};
+use crate::saved::{self, Field};
 use crate::schema::PromptSchema;
 use crate::session::Turn;
 use crate::settings::VoteSetting;
@@ -130,6 +131,71 @@ fn nl_call(
         let tuple = pg_sys::heap_form_tuple(desc, values.as_mut_ptr(), nulls.as_mut_ptr());
         pgrx::datum::Internal::from(Some(pg_sys::HeapTupleHeaderGetDatum((*tuple).t_data)))
     }
+}
+
+/// Saves the answer to a question as a view (`view_name`, or `schema.view_name`), for BI tools:
+/// a normal view with the answer's own column names and types, whose definition is the SQL that
+/// passed the guard and ran. Created as the caller, in the caller's transaction; its comment
+/// names the question (`nl_view_refresh` asks it again). Returns the SQL.
+#[pg_extern(volatile, parallel_unsafe, strict)]
+fn nl_view(view_name: &str, question: &str, replace: default!(bool, false)) -> String {
+    let target = saved::target(view_name, replace).unwrap_or_else(|e| e.raise());
+    let (run, _) =
+        answered(Ask::new("nl_view", Some(question), None)).unwrap_or_else(|e| e.raise());
+    let sql = run.final_sql().unwrap_or_default();
+    let columns = run
+        .best_result()
+        .map(|r| r.columns.clone())
+        .unwrap_or_default();
+    saved::create(&target, sql, &columns, question).unwrap_or_else(|e| e.raise());
+    sql.to_string()
+}
+
+/// Asks a saved question's view again and redefines it with the new answer (its columns may
+/// not change: CREATE OR REPLACE VIEW keeps them). Returns what changed.
+#[pg_extern(volatile, parallel_unsafe, strict)]
+fn nl_view_refresh(view_name: &str) -> String {
+    let before = saved::saved(view_name).unwrap_or_else(|e| e.raise());
+    let (run, _) = answered(Ask::new("nl_view_refresh", Some(&before.question), None))
+        .unwrap_or_else(|e| e.raise());
+    let sql = run.final_sql().unwrap_or_default();
+    let columns = run
+        .best_result()
+        .map(|r| r.columns.clone())
+        .unwrap_or_default();
+    saved::redefine(&before, view_name, sql, &columns).unwrap_or_else(|e| e.raise());
+    let after = saved::saved(view_name).unwrap_or_else(|e| e.raise());
+    if after.definition == before.definition {
+        format!(
+            "unchanged: {view_name} answers \"{}\" as before",
+            before.question
+        )
+    } else {
+        format!(
+            "changed: {view_name} was\n{}\nand is now\n{}",
+            before.definition.trim(),
+            after.definition.trim()
+        )
+    }
+}
+
+/// The rows of an answer fitted to the row type `shape`, keyed by its field names (for
+/// `nl_query_as`, which converts them): the model is asked for exactly those columns, and an
+/// answer with other ones is repaired like an error.
+#[pg_extern(volatile, parallel_unsafe, strict)]
+fn nl_query_shaped(question: &str, shape: pg_sys::Oid) -> SetOfIterator<'static, JsonB> {
+    let fields = saved::shape(shape).unwrap_or_else(|e| e.raise());
+    let asked = saved::shaped_question(question, &fields);
+    let ask = Ask {
+        shape: Some(&fields),
+        ..Ask::new("nl_query_as", Some(&asked), None)
+    };
+    let (run, _) = answered(ask).unwrap_or_else(|e| e.raise());
+    let rows = run
+        .best_result()
+        .map(|r| saved::rekeyed(r, &fields))
+        .unwrap_or_default();
+    SetOfIterator::new(rows.into_iter().map(JsonB))
 }
 
 /// Repairs the caller's own SQL: runs it through the guard and the sandbox and, when it fails or
@@ -363,15 +429,21 @@ impl Llm for Asked {
 }
 
 /// The database the heal loop works on: this backend, as the caller.
-struct LiveDatabase {
+struct LiveDatabase<'a> {
     mode: Mode,
     timeout_ms: i32,
     values: Option<String>,
+    /// The columns an answer must have, when the caller named a row type.
+    shape: Option<&'a [Field]>,
 }
 
-impl heal::Database for LiveDatabase {
+impl heal::Database for LiveDatabase<'_> {
     fn run(&mut self, sql: &str) -> exec::Outcome {
-        exec::attempt(sql, self.mode, self.timeout_ms)
+        let outcome = exec::attempt(sql, self.mode, self.timeout_ms);
+        match self.shape {
+            Some(fields) => saved::fit(outcome, fields),
+            None => outcome,
+        }
     }
 
     fn hint(&mut self, sql: &str, error: &SqlError) -> Option<String> {
@@ -397,6 +469,8 @@ struct Ask<'a> {
     /// The conversation's earlier turns as the caller sent them (`session::from_request`),
     /// instead of the session's stored ones.
     turns: Option<&'a serde_json::Value>,
+    /// The row type the answer must fit (`nl_query_as`).
+    shape: Option<&'a [Field]>,
 }
 
 impl<'a> Ask<'a> {
@@ -409,6 +483,7 @@ impl<'a> Ask<'a> {
             first: None,
             release: false,
             turns: None,
+            shape: None,
         }
     }
 }
@@ -492,6 +567,7 @@ fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
         mode: ask.mode,
         timeout_ms: settings::statement_timeout_ms(),
         values: shown.values.clone(),
+        shape: ask.shape,
     };
     let limits = Limits {
         max_repairs: settings::max_repairs(),

@@ -25,7 +25,6 @@ impl SqlState {
     pub const INTERNAL_ERROR: SqlState = SqlState(*b"XX000");
 
     /// From its five characters; anything else is an internal error's code.
-    #[cfg(test)]
     pub fn parse(text: &str) -> SqlState {
         match <[u8; 5]>::try_from(text.as_bytes()) {
             Ok(bytes) if bytes.iter().all(u8::is_ascii_alphanumeric) => SqlState(bytes),

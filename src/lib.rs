@@ -23,6 +23,7 @@ mod names;
 mod progress;
 mod prompt;
 mod redis_client;
+mod saved;
 mod schema;
 mod session;
 mod settings;
@@ -43,6 +44,11 @@ pgrx::extension_sql_file!(
 );
 pgrx::extension_sql_file!("../sql/history.sql", name = "history");
 pgrx::extension_sql_file!("../sql/sessions.sql", name = "sessions");
+pgrx::extension_sql_file!(
+    "../sql/query_as.sql",
+    name = "query_as",
+    requires = [api::nl_query_shaped]
+);
 
 #[pgrx::pg_guard]
 pub extern "C-unwind" fn _PG_init() {

@@ -3,16 +3,14 @@
 //! a stream of chunks with the progress as `reasoning_content`).
 
 use std::path::{Path, PathBuf};
+
+pub use crate::clients::repo;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 use crate::cluster::free_port;
-
-pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 /// The gateway binary (scripts/test.sh builds it first).
 pub fn gateway_binary() -> PathBuf {

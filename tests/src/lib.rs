@@ -1,6 +1,7 @@
 //! Harness for the end-to-end tests: a real cluster with the extension installed, a real client
 //! connection, and a scripted OpenAI-compatible server in the role of the model.
 
+pub mod clients;
 pub mod cluster;
 pub mod gateway;
 pub mod llm;

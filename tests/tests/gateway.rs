@@ -7,23 +7,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use sql_query_engine_e2e::clients::clients_python;
 use sql_query_engine_e2e::cluster::free_port;
 use sql_query_engine_e2e::gateway::{gateway_binary, repo, Gateway};
 use sql_query_engine_e2e::{cluster, Reply, ScriptedLlm};
-
-/// A Python with the client SDKs.
-fn clients_python() -> String {
-    let out = Command::new("bash")
-        .arg(repo().join("tests/clients/python.sh"))
-        .output()
-        .expect("running tests/clients/python.sh");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
 
 struct Setup {
     database: String,

@@ -1,0 +1,458 @@
+//! Saved questions, for BI tools and dbt: a question's checked SQL kept as a view (`nl_view`,
+//! `nl_view_refresh`), and answers typed as a row type the caller names (`nl_query_as`).
+//!
+//! A view is created by an explicit call, as the caller, in the caller's transaction: its body
+//! is the SQL that passed the guard and ran in the sandbox, and its columns are the ones the
+//! caller saw. Its comment says which question it answers, so it can be asked again. Creating
+//! it analyses that SQL once more, behind the same runtime gate as the sandbox's analysis.
+
+use pgrx::prelude::*;
+
+use crate::error::{Error, Result, SqlError, SqlState};
+use crate::exec::{Outcome, ResultSet};
+use crate::guard::{self, gate};
+use crate::{settings, store, subxact};
+
+/// How a view's comment begins; the question follows on the same line.
+const COMMENT_PREFIX: &str = "sql_query_engine question: ";
+
+/// Where a saved question's view goes.
+pub struct Target {
+    /// `schema.name`, quoted.
+    pub qualified: String,
+    /// Whether a view of that name is there already.
+    pub exists: bool,
+}
+
+fn error(sqlstate: &str, message: String, hint: Option<&str>) -> Error {
+    Error::Query(Box::new(SqlError {
+        sqlstate: SqlState::parse(sqlstate),
+        message,
+        hint: hint.map(str::to_string),
+        ..Default::default()
+    }))
+}
+
+/// The view `view_name` names (unqualified: in the schema a CREATE VIEW would use), checked
+/// before the model is asked anything: a writable transaction, CREATE on the schema, and a
+/// free name (or, with `replace`, a view).
+pub fn target(view_name: &str, replace: bool) -> Result<Target> {
+    if !store::writable() {
+        return Err(error(
+            "25006",
+            "nl_view creates a view: it cannot run in a read-only transaction".into(),
+            None,
+        ));
+    }
+    // The schema an unqualified CREATE VIEW would use, on the caller's search path; the rest
+    // is read on the pinned one.
+    let current =
+        store::read_one::<String>("SELECT pg_catalog.concat(pg_catalog.current_schema())", &[])
+            .map_err(|e| Error::internal(format!("reading the current schema: {e}")))?
+            .filter(|s| !s.is_empty());
+    // schema, name, CREATE allowed, the relation's kind when it exists
+    let sql = "
+        WITH parts AS (SELECT pg_catalog.parse_ident($1) AS p),
+        named AS (
+            SELECT CASE pg_catalog.array_length(p, 1) WHEN 1 THEN $2
+                        WHEN 2 THEN p[1] END AS schema,
+                   p[pg_catalog.array_length(p, 1)] AS name,
+                   pg_catalog.array_length(p, 1) AS parts
+            FROM parts)
+        SELECT pg_catalog.json_build_object(
+            'parts', parts, 'schema', schema, 'name', name,
+            'exists', EXISTS (SELECT 1 FROM pg_catalog.pg_namespace n
+                              WHERE n.nspname = named.schema),
+            'create', (SELECT pg_catalog.has_schema_privilege(n.oid, 'CREATE')
+                       FROM pg_catalog.pg_namespace n WHERE n.nspname = named.schema),
+            'kind', (SELECT c.relkind FROM pg_catalog.pg_class c
+                     JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                     WHERE n.nspname = named.schema AND c.relname = named.name),
+            'qualified', pg_catalog.quote_ident(schema) || '.' || pg_catalog.quote_ident(name)
+        )::text FROM named";
+    let found = subxact::in_subtransaction(false, || {
+        subxact::pinned(|| {
+            store::read_one::<String>(sql, &[view_name.into(), current.as_deref().into()])
+        })
+    });
+    let text = match found {
+        Ok(Ok(Some(text))) => text,
+        Ok(Ok(None)) => return Err(Error::internal("naming the view found nothing")),
+        Ok(Err(e)) => return Err(Error::internal(format!("naming the view failed: {e}"))),
+        // parse_ident's own error: not a name
+        Err(_) => {
+            return Err(Error::InvalidParameter(format!(
+                "{view_name:?} is not a view name (name or schema.name)"
+            )))
+        }
+    };
+    let found: serde_json::Value = serde_json::from_str(&text).map_err(Error::internal)?;
+    if found["parts"].as_i64() != Some(1) && found["parts"].as_i64() != Some(2) {
+        return Err(Error::InvalidParameter(format!(
+            "{view_name:?} is not a view name (name or schema.name)"
+        )));
+    }
+    let Some(schema) = found["schema"].as_str() else {
+        return Err(error(
+            "3F000",
+            "no schema has been selected to create the view in".into(),
+            Some("Qualify the name: nl_view('schema.name', ...)."),
+        ));
+    };
+    if found["exists"] != true {
+        return Err(error(
+            "3F000",
+            format!("schema \"{schema}\" does not exist"),
+            None,
+        ));
+    }
+    if found["create"] != true {
+        return Err(error(
+            "42501",
+            format!("permission denied for schema {schema}"),
+            Some("nl_view creates the view as you: you need CREATE on its schema."),
+        ));
+    }
+    let name = found["name"].as_str().unwrap_or_default();
+    let exists = match found["kind"].as_str() {
+        None => false,
+        Some("v") if replace => true,
+        Some("v") => {
+            return Err(error(
+                "42P07",
+                format!("relation \"{name}\" already exists"),
+                Some("Pass replace => true to redefine it, or ask again with nl_view_refresh."),
+            ))
+        }
+        Some(_) => return Err(error("42809", format!("\"{name}\" is not a view"), None)),
+    };
+    Ok(Target {
+        qualified: found["qualified"].as_str().unwrap_or_default().to_string(),
+        exists,
+    })
+}
+
+/// A saved question's view, found by name, with the question its comment names and its
+/// definition and columns as they are now.
+pub struct Saved {
+    pub target: Target,
+    pub question: String,
+    pub definition: String,
+    pub columns: Vec<String>,
+}
+
+/// The saved question `view_name` names: a view the caller owns whose comment names a question.
+pub fn saved(view_name: &str) -> Result<Saved> {
+    if !store::writable() {
+        return Err(error(
+            "25006",
+            "nl_view_refresh redefines a view: it cannot run in a read-only transaction".into(),
+            None,
+        ));
+    }
+    let sql = "
+        SELECT pg_catalog.json_build_object(
+            'kind', c.relkind,
+            'owner', pg_catalog.pg_has_role(c.relowner, 'USAGE'),
+            'comment', pg_catalog.obj_description(c.oid, 'pg_class'),
+            'definition', CASE WHEN c.relkind = 'v' THEN pg_catalog.pg_get_viewdef(c.oid) END,
+            'columns', (SELECT pg_catalog.json_agg(a.attname || ' ' ||
+                                   pg_catalog.format_type(a.atttypid, a.atttypmod)
+                                   ORDER BY a.attnum)
+                        FROM pg_catalog.pg_attribute a
+                        WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
+            'qualified', pg_catalog.quote_ident(n.nspname) || '.' ||
+                         pg_catalog.quote_ident(c.relname))::text
+        FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+        WHERE c.oid = $1";
+    // to_regclass resolves an unqualified name on the caller's search path, as the caller
+    // would; the rest of the read uses the pinned one.
+    let oid_sql = "SELECT pg_catalog.to_regclass($1)::pg_catalog.oid";
+    let resolved = subxact::in_subtransaction(false, || {
+        store::read_one::<pg_sys::Oid>(oid_sql, &[view_name.into()])
+    });
+    let Ok(Ok(Some(oid))) = resolved else {
+        return Err(error(
+            "42P01",
+            format!("view \"{view_name}\" does not exist"),
+            None,
+        ));
+    };
+    let text = subxact::pinned(|| store::read_one::<String>(sql, &[oid.into()]))
+        .map_err(|e| Error::internal(format!("reading the view failed: {e}")))?
+        .ok_or_else(|| {
+            error(
+                "42P01",
+                format!("view \"{view_name}\" does not exist"),
+                None,
+            )
+        })?;
+    let found: serde_json::Value = serde_json::from_str(&text).map_err(Error::internal)?;
+    if found["kind"] != "v" {
+        return Err(error(
+            "42809",
+            format!("\"{view_name}\" is not a view"),
+            None,
+        ));
+    }
+    if found["owner"] != true {
+        return Err(error(
+            "42501",
+            format!("must be owner of view {view_name}"),
+            None,
+        ));
+    }
+    let question = found["comment"]
+        .as_str()
+        .and_then(|c| c.lines().next())
+        .and_then(|line| line.strip_prefix(COMMENT_PREFIX))
+        .filter(|q| !q.trim().is_empty())
+        .ok_or_else(|| {
+            Error::InvalidParameter(format!(
+                "view {view_name} is not a saved question: its comment names no question \
+                 (nl_view writes \"{COMMENT_PREFIX}...\")"
+            ))
+        })?;
+    Ok(Saved {
+        target: Target {
+            qualified: found["qualified"].as_str().unwrap_or_default().to_string(),
+            exists: true,
+        },
+        question: question.to_string(),
+        definition: found["definition"].as_str().unwrap_or_default().to_string(),
+        columns: found["columns"]
+            .as_array()
+            .map(|c| {
+                c.iter()
+                    .filter_map(|c| c.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    })
+}
+
+/// `CREATE [OR REPLACE] VIEW target (columns) AS sql`, then its comment, as the caller. The
+/// SQL is analysed again here (as when it was checked, on the caller's search path), behind
+/// the runtime gate.
+pub fn create(target: &Target, sql: &str, columns: &[String], question: &str) -> Result<()> {
+    let quoted: Vec<String> = columns
+        .iter()
+        .map(|c| format!("\"{}\"", c.replace('"', "\"\"")))
+        .collect();
+    let statement = format!(
+        "CREATE {}VIEW {} ({}) AS\n{sql}\n",
+        if target.exists { "OR REPLACE " } else { "" },
+        target.qualified,
+        quoted.join(", ")
+    );
+    let trusted = guard::superuser_call();
+    {
+        let _gate = gate::open(
+            gate::Rule::Allowed(std::rc::Rc::new(guard::allowed_functions())),
+            "a saved question's view is created",
+        );
+        let _superuser_gate = trusted.map(|t| {
+            gate::open(
+                gate::Rule::TrustedOwners(t),
+                "a superuser's saved question's view is created",
+            )
+        });
+        Spi::run(&statement).map_err(|e| Error::internal(format!("creating the view: {e}")))?;
+    }
+    let model = settings::llm_model().unwrap_or_default();
+    let comment = format!(
+        "{COMMENT_PREFIX}{}\nWritten by sql_query_engine{} and checked by its guard; asked again \
+         with nl_view_refresh('{}').",
+        question.split_whitespace().collect::<Vec<_>>().join(" "),
+        if model.is_empty() {
+            String::new()
+        } else {
+            format!(" (model {model})")
+        },
+        target.qualified.replace('\'', "''"),
+    );
+    subxact::pinned(|| {
+        let sql = store::read_one::<String>(
+            "SELECT pg_catalog.format('COMMENT ON VIEW %s IS %L', $1::text, \
+             $2::text || ' ' || pg_catalog.to_char(pg_catalog.now() AT TIME ZONE 'UTC', \
+             '\"At\" YYYY-MM-DD HH24:MI \"UTC.\"'))",
+            &[target.qualified.as_str().into(), comment.as_str().into()],
+        )?
+        .unwrap_or_default();
+        Spi::run(&sql)
+    })
+    .map_err(|e| Error::internal(format!("commenting the view: {e}")))
+}
+
+/// Redefines the saved question `before` with a new answer. When PostgreSQL refuses because
+/// the columns changed (CREATE OR REPLACE VIEW keeps names and types), the error says which
+/// and how to take the new ones; any other error is raised as it is.
+pub fn redefine(before: &Saved, view_name: &str, sql: &str, columns: &[String]) -> Result<()> {
+    let created = subxact::in_subtransaction(true, || {
+        create(&before.target, sql, columns, &before.question)
+    });
+    let caught = match created {
+        Ok(created) => return created,
+        Err(caught) => caught,
+    };
+    let sqlstate = match caught.as_ref() {
+        pg_sys::panic::CaughtError::PostgresError(r)
+        | pg_sys::panic::CaughtError::ErrorReport(r) => {
+            Some(SqlState::from_code(r.sql_error_code()))
+        }
+        _ => None,
+    };
+    // 42P16: a column renamed or dropped; 42804: a column's type changed
+    match sqlstate.filter(|s| matches!(s.as_str(), "42P16" | "42804")) {
+        Some(sqlstate) => Err(Error::Query(Box::new(SqlError {
+            sqlstate,
+            message: format!(
+                "the new answer's columns ({}) do not fit view {view_name}'s ({})",
+                columns.join(", "),
+                before.columns.join(", ")
+            ),
+            detail: Some(format!("The new SQL: {sql}")),
+            hint: Some(format!(
+                "A view keeps its columns. To take the new ones: DROP VIEW {view_name}, then \
+                 nl_view('{view_name}', the same question)."
+            )),
+            ..Default::default()
+        }))),
+        None => (*caught).rethrow(),
+    }
+}
+
+/// One field of the row type an answer is converted to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Field {
+    pub name: String,
+    pub type_name: String,
+}
+
+/// The fields of row type `typ` (`NULL::my_type`, or a table's row type), whose types a value
+/// may be converted to without running code nobody asked for: built-in types, enums, arrays of
+/// them, and domains over them without CHECK constraints.
+pub fn shape(typ: pg_sys::Oid) -> Result<Vec<Field>> {
+    let sql = "
+        SELECT pg_catalog.json_build_object(
+            'composite', t.typrelid <> 0,
+            'fields', (SELECT pg_catalog.json_agg(pg_catalog.json_build_object(
+                           'name', a.attname,
+                           'type', pg_catalog.format_type(a.atttypid, a.atttypmod),
+                           'refused', NOT (
+                               f.oid < 16384 OR f.typtype = 'e'
+                               OR e.oid IS NOT NULL AND (e.oid < 16384 OR e.typtype = 'e')
+                                  AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_constraint k
+                                                  WHERE k.contypid = f.oid AND k.contype = 'c')))
+                           ORDER BY a.attnum)
+                       FROM pg_catalog.pg_attribute a
+                       JOIN pg_catalog.pg_type f ON f.oid = a.atttypid
+                       -- the base of a domain, the element of an array
+                       LEFT JOIN pg_catalog.pg_type e ON e.oid = CASE
+                           WHEN f.typtype = 'd' THEN f.typbasetype
+                           WHEN f.typelem <> 0 AND f.typlen = -1 THEN f.typelem END
+                       WHERE a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped),
+            'name', pg_catalog.format_type(t.oid, NULL))::text
+        FROM pg_catalog.pg_type t WHERE t.oid = $1";
+    let text = subxact::pinned(|| store::read_one::<String>(sql, &[typ.into()]))
+        .map_err(|e| Error::internal(format!("reading the row type: {e}")))?
+        .ok_or_else(|| Error::InvalidParameter("the shape's type does not exist".into()))?;
+    let found: serde_json::Value = serde_json::from_str(&text).map_err(Error::internal)?;
+    let type_name = found["name"].as_str().unwrap_or_default();
+    if found["composite"] != true {
+        return Err(error(
+            "42804",
+            format!("nl_query_as needs a row type, and {type_name} is not one"),
+            Some("Pass NULL::a_composite_type or NULL::a_table_name."),
+        ));
+    }
+    let fields = found["fields"].as_array().cloned().unwrap_or_default();
+    if fields.is_empty() {
+        return Err(error(
+            "42804",
+            format!("the row type {type_name} has no columns"),
+            None,
+        ));
+    }
+    let mut out = Vec::with_capacity(fields.len());
+    for field in fields {
+        let (name, typ) = (
+            field["name"].as_str().unwrap_or_default().to_string(),
+            field["type"].as_str().unwrap_or_default().to_string(),
+        );
+        if field["refused"] == true {
+            return Err(error(
+                "42501",
+                format!(
+                    "nl_query_as converts answers only to built-in types, enums, arrays of them \
+                     and domains over them without CHECK constraints; {type_name}.{name} is of \
+                     type {typ}"
+                ),
+                Some("Converting to other types runs their own code: convert the rows yourself."),
+            ));
+        }
+        out.push(Field {
+            name,
+            type_name: typ,
+        });
+    }
+    Ok(out)
+}
+
+/// The question as the model is asked it when the answer must fit `fields`.
+pub fn shaped_question(question: &str, fields: &[Field]) -> String {
+    let columns: Vec<String> = fields
+        .iter()
+        .map(|f| format!("{} ({})", f.name, f.type_name))
+        .collect();
+    format!(
+        "{question}\nReturn exactly these columns, in this order: {}.",
+        columns.join(", ")
+    )
+}
+
+/// `outcome` of a query whose result must have one column per field: a result with another
+/// count is an error the model is asked to repair.
+pub fn fit(outcome: Outcome, fields: &[Field]) -> Outcome {
+    let columns = match outcome.result() {
+        Some(r) => r.columns.clone(),
+        None => return outcome,
+    };
+    if columns.len() == fields.len() {
+        return outcome;
+    }
+    let wanted: Vec<String> = fields
+        .iter()
+        .map(|f| format!("{} {}", f.name, f.type_name))
+        .collect();
+    Outcome::Failed(SqlError {
+        sqlstate: SqlState::parse("42804"),
+        message: format!(
+            "the query returns {} columns ({}); the answer needs {}: {}",
+            columns.len(),
+            columns.join(", "),
+            fields.len(),
+            wanted.join(", ")
+        ),
+        hint: Some("Return exactly these columns, in this order.".into()),
+        ..Default::default()
+    })
+}
+
+/// The rows of `result` keyed by the fields' names, column by column in order (the model's
+/// own column names do not matter, their order does).
+pub fn rekeyed(result: &ResultSet, fields: &[Field]) -> Vec<serde_json::Value> {
+    crate::trace::rows_in_column_order(result)
+        .into_iter()
+        .map(|row| {
+            let values = row.as_array().cloned().unwrap_or_default();
+            serde_json::Value::Object(
+                fields
+                    .iter()
+                    .zip(values)
+                    .map(|(f, v)| (f.name.clone(), v))
+                    .collect(),
+            )
+        })
+        .collect()
+}

@@ -1,0 +1,459 @@
+//! Saved questions and typed answers, as BI tools and SQL callers that know the shape use them:
+//! `nl_view` and `nl_view_refresh` keep a question's checked SQL as a normal view, made as an
+//! ordinary role in its own schema; `nl_query_as` returns rows of the caller's row type. Real
+//! drivers (psycopg, the PostgreSQL JDBC driver) read the view's columns with their types.
+
+use std::process::Command;
+
+use postgres::Client;
+use sql_query_engine_e2e::clients::{clients_python, repo, JDBC_DRIVER};
+use sql_query_engine_e2e::{cluster, db_error, Reply, Session};
+
+const REVENUE: &str = "SELECT c.country, sum(o.amount) AS revenue, max(o.ordered_on) AS last_order
+     FROM customers c JOIN orders o USING (customer_id) GROUP BY c.country ORDER BY c.country";
+
+/// A fresh database with an ordinary login role `analyst` that reads the shop and owns
+/// schema `reports`, every connection pointed at the scripted model.
+struct Shop {
+    s: Session,
+    analyst: String,
+}
+
+impl Shop {
+    fn new() -> Shop {
+        let mut s = Session::new();
+        let analyst = format!("analyst_{}", s.database);
+        let db = s.database.clone();
+        s.client
+            .batch_execute(&format!(
+                "CREATE ROLE {analyst} LOGIN;
+                 GRANT SELECT ON customers, orders TO {analyst};
+                 CREATE SCHEMA reports AUTHORIZATION {analyst};
+                 ALTER DATABASE {db} SET sql_query_engine.llm_url = '{}';
+                 ALTER DATABASE {db} SET sql_query_engine.vote = off;
+                 ALTER DATABASE {db} SET sql_query_engine.max_repairs = 1;",
+                s.llm.url()
+            ))
+            .unwrap();
+        Shop { s, analyst }
+    }
+
+    fn analyst(&self) -> Client {
+        cluster().connect_as(&self.s.database, &self.analyst)
+    }
+
+    fn model_calls(&self) -> usize {
+        self.s.llm.requests().len()
+    }
+
+    /// The view's columns as `name type`, from the catalog.
+    fn columns(&self, client: &mut Client, view: &str) -> Vec<String> {
+        client
+            .query(
+                "SELECT attname || ' ' || format_type(atttypid, atttypmod) FROM pg_attribute
+                 WHERE attrelid = $1::text::regclass AND attnum > 0 ORDER BY attnum",
+                &[&view],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    }
+}
+
+fn run(command: &mut Command) -> String {
+    let out = command.output().expect("running a client");
+    assert!(
+        out.status.success(),
+        "{command:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn a_saved_question_is_a_typed_view_that_drivers_read_like_any_other() {
+    let shop = Shop::new();
+    shop.s.llm.on(
+        "revenue per country",
+        vec![Reply::sql(REVENUE), Reply::sql(REVENUE)],
+    );
+    let mut analyst = shop.analyst();
+
+    // Made in the caller's own transaction: a rollback takes it away with everything else.
+    analyst.batch_execute("BEGIN").unwrap();
+    let sql: String = analyst
+        .query_one(
+            "SELECT nl_view('reports.revenue_by_country', 'revenue per country')",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(sql.contains("sum(o.amount)"), "{sql}");
+    analyst.batch_execute("ROLLBACK").unwrap();
+    let gone: Option<String> = analyst
+        .query_one(
+            "SELECT to_regclass('reports.revenue_by_country')::text",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(gone, None, "the rolled-back view is gone");
+
+    analyst
+        .query_one(
+            "SELECT nl_view('reports.revenue_by_country', 'revenue per country')",
+            &[],
+        )
+        .unwrap();
+    assert_eq!(
+        shop.columns(&mut analyst, "reports.revenue_by_country"),
+        ["country text", "revenue numeric", "last_order date"]
+    );
+    let row = analyst
+        .query_one(
+            "SELECT pg_get_userbyid(c.relowner)::text, obj_description(c.oid, 'pg_class'),
+                    (SELECT revenue::text FROM reports.revenue_by_country WHERE country = 'DE')
+             FROM pg_class c WHERE c.oid = 'reports.revenue_by_country'::regclass",
+            &[],
+        )
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), shop.analyst, "made as the caller");
+    let comment: String = row.get(1);
+    assert!(
+        comment.starts_with("sql_query_engine question: revenue per country\n"),
+        "{comment}"
+    );
+    assert!(comment.contains("UTC"), "the comment says when: {comment}");
+    assert_eq!(row.get::<_, String>(2), "104.35");
+
+    // What a Python BI tool's driver sees: numeric as Decimal, date as date.
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user={} dbname={}",
+        cluster().port,
+        shop.analyst,
+        shop.s.database
+    );
+    let seen = run(Command::new(clients_python())
+        .arg(repo().join("tests/clients/view_columns.py"))
+        .args([&conninfo, "reports.revenue_by_country"]));
+    for line in [
+        "column country text str",
+        "column revenue numeric Decimal",
+        "column last_order date date",
+    ] {
+        assert!(seen.contains(line), "psycopg saw:\n{seen}");
+    }
+
+    // And a JDBC tool's (Metabase, Tableau, DBeaver): NUMERIC as BigDecimal, DATE as Date.
+    let url = format!(
+        "jdbc:postgresql://127.0.0.1:{}/{}",
+        cluster().port,
+        shop.s.database
+    );
+    let seen = run(Command::new("java")
+        .args(["-cp", JDBC_DRIVER])
+        .arg(repo().join("tests/clients/ViewColumns.java"))
+        .args([&url, &shop.analyst, "reports.revenue_by_country"]));
+    for line in [
+        "column country VARCHAR java.lang.String",
+        "column revenue NUMERIC java.math.BigDecimal",
+        "column last_order DATE java.sql.Date",
+    ] {
+        assert!(seen.contains(line), "JDBC saw:\n{seen}");
+    }
+    assert!(
+        seen.contains("row DE 104.35 2024-07-14"),
+        "JDBC saw:\n{seen}"
+    );
+}
+
+#[test]
+fn saving_is_refused_before_the_model_is_asked() {
+    let shop = Shop::new();
+    let mut analyst = shop.analyst();
+    analyst
+        .batch_execute(
+            "CREATE TABLE reports.a_table (x int);
+             CREATE VIEW reports.a_view AS SELECT 1 AS x;",
+        )
+        .unwrap();
+    let refusal = |analyst: &mut Client, sql: &str| {
+        let error = analyst.query_one(sql, &[]).unwrap_err();
+        db_error(&error)
+    };
+    // PostgreSQL 15 and later: nobody but the owner may create in public.
+    let (code, message, _) = refusal(&mut analyst, "SELECT nl_view('in_public', 'q')");
+    assert_eq!(code, "42501", "{message}");
+    assert!(message.contains("public"), "{message}");
+    let (code, ..) = refusal(&mut analyst, "SELECT nl_view('nowhere.v', 'q')");
+    assert_eq!(code, "3F000");
+    let (code, ..) = refusal(&mut analyst, "SELECT nl_view('reports.a_view', 'q')");
+    assert_eq!(code, "42P07");
+    let (code, ..) = refusal(
+        &mut analyst,
+        "SELECT nl_view('reports.a_table', 'q', replace => true)",
+    );
+    assert_eq!(code, "42809");
+    let (code, ..) = refusal(&mut analyst, "SELECT nl_view('a.b.c', 'q')");
+    assert_eq!(code, "22023");
+    analyst.batch_execute("BEGIN READ ONLY").unwrap();
+    let (code, ..) = refusal(&mut analyst, "SELECT nl_view('reports.v', 'q')");
+    assert_eq!(code, "25006");
+    analyst.batch_execute("ROLLBACK").unwrap();
+    let (code, ..) = refusal(&mut analyst, "SELECT nl_view_refresh('reports.a_view')");
+    assert_eq!(code, "22023", "a view that is no saved question");
+    assert_eq!(shop.model_calls(), 0, "no refusal asked the model");
+
+    // A model answer that writes is refused by the guard: no view, nothing changed.
+    shop.s
+        .llm
+        .on("clean up", vec![Reply::sql("DELETE FROM orders")]);
+    let error = analyst
+        .query_one("SELECT nl_view('reports.cleanup', 'clean up')", &[])
+        .unwrap_err();
+    assert_eq!(db_error(&error).0, "25006", "{error}");
+    let exists: Option<String> = analyst
+        .query_one("SELECT to_regclass('reports.cleanup')::text", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(exists, None);
+    assert_eq!(shop.s.llm.requests().len(), 1);
+    let orders: i64 = analyst
+        .query_one("SELECT count(*) FROM orders", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(orders, 6);
+
+    // Another role's saved question is not yours to refresh.
+    shop.s
+        .llm
+        .on("revenue per country", vec![Reply::sql(REVENUE)]);
+    analyst
+        .query_one(
+            "SELECT nl_view('reports.revenue', 'revenue per country')",
+            &[],
+        )
+        .unwrap();
+    analyst
+        .batch_execute("GRANT USAGE ON SCHEMA reports TO PUBLIC")
+        .unwrap();
+    let other = format!("other_{}", shop.s.database);
+    let mut admin = cluster().connect(&shop.s.database);
+    admin
+        .batch_execute(&format!("CREATE ROLE {other} LOGIN"))
+        .unwrap();
+    let mut other = cluster().connect_as(&shop.s.database, &other);
+    let (code, ..) = refusal(&mut other, "SELECT nl_view_refresh('reports.revenue')");
+    assert_eq!(code, "42501");
+    assert_eq!(shop.model_calls(), 2);
+}
+
+#[test]
+fn a_refresh_says_what_changed_and_keeps_the_columns() {
+    let shop = Shop::new();
+    let newer = "SELECT c.country, sum(o.amount) AS revenue, max(o.ordered_on) AS last_order
+         FROM customers c JOIN orders o USING (customer_id)
+         WHERE o.ordered_on >= DATE '2024-01-01' GROUP BY c.country ORDER BY c.country";
+    shop.s.llm.on(
+        "revenue per country",
+        vec![
+            Reply::sql(REVENUE),
+            Reply::sql(REVENUE),
+            Reply::sql(newer),
+            Reply::sql("SELECT country, count(*) AS customers FROM customers GROUP BY country"),
+        ],
+    );
+    let mut analyst = shop.analyst();
+    analyst
+        .batch_execute("SET search_path = reports, public")
+        .unwrap();
+    analyst
+        .query_one("SELECT nl_view('revenue', 'revenue per country')", &[])
+        .unwrap();
+
+    let said: String = analyst
+        .query_one("SELECT nl_view_refresh('revenue')", &[])
+        .unwrap()
+        .get(0);
+    assert!(said.starts_with("unchanged:"), "{said}");
+
+    let said: String = analyst
+        .query_one("SELECT nl_view_refresh('revenue')", &[])
+        .unwrap()
+        .get(0);
+    assert!(said.starts_with("changed:"), "{said}");
+    assert!(said.contains("2024-01-01"), "{said}");
+    let it: i64 = analyst
+        .query_one("SELECT count(*) FROM revenue", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(it, 2, "IT bought only in 2023");
+
+    // An answer with other columns would break the view's readers: refused, view kept.
+    let error = analyst
+        .query_one("SELECT nl_view_refresh('revenue')", &[])
+        .unwrap_err();
+    let db = error.as_db_error().expect("a database error");
+    assert_eq!(db.code().code(), "42P16", "{error}");
+    assert!(db.message().contains("do not fit"), "{}", db.message());
+    assert!(db.hint().unwrap_or_default().contains("DROP VIEW revenue"));
+    assert_eq!(
+        shop.columns(&mut analyst, "reports.revenue"),
+        ["country text", "revenue numeric", "last_order date"]
+    );
+    let definition: String = analyst
+        .query_one("SELECT pg_get_viewdef('reports.revenue'::regclass)", &[])
+        .unwrap()
+        .get(0);
+    assert!(definition.contains("2024-01-01"), "{definition}");
+}
+
+#[test]
+fn nl_query_as_returns_the_callers_row_type_and_repairs_a_misfit() {
+    let shop = Shop::new();
+    let mut analyst = shop.analyst();
+    analyst
+        .batch_execute(
+            "CREATE TYPE reports.country_revenue AS (country text, revenue numeric);
+             CREATE TYPE reports.size AS ENUM ('small', 'large');
+             CREATE TYPE reports.sized AS (country text, size reports.size);",
+        )
+        .unwrap();
+    // Three columns first: the misfit is repaired like an error, naming what is wanted.
+    shop.s.llm.on(
+        "revenue per country",
+        vec![
+            Reply::sql(REVENUE),
+            Reply::sql(
+                "SELECT c.country AS land, sum(o.amount) AS total FROM customers c
+                 JOIN orders o USING (customer_id) GROUP BY 1 ORDER BY 1",
+            ),
+        ],
+    );
+    let got: Vec<String> = analyst
+        .query(
+            "SELECT country || ' ' || revenue || ' ' || pg_typeof(revenue)
+             FROM nl_query_as('revenue per country', NULL::reports.country_revenue)",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        got,
+        ["DE 104.35 numeric", "GB 129.50 numeric", "IT 80.00 numeric"]
+    );
+    let requests = shop.s.llm.requests();
+    assert!(requests[0].text().contains(
+        "Return exactly these columns, in this order: country (text), revenue (numeric)"
+    ));
+    assert!(requests[1].is_repair());
+    assert!(
+        requests[1].last_message().contains("the answer needs 2"),
+        "{}",
+        requests[1].last_message()
+    );
+
+    // Enums are built-in code: allowed.
+    shop.s.llm.on(
+        "sizes",
+        vec![Reply::sql(
+            "SELECT country, CASE WHEN count(*) > 1 THEN 'large' ELSE 'small' END
+             FROM customers GROUP BY country ORDER BY country",
+        )],
+    );
+    let sizes: Vec<String> = analyst
+        .query(
+            "SELECT country || ' ' || size FROM nl_query_as('sizes', NULL::reports.sized)",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(sizes, ["DE large", "GB small", "IT small"]);
+
+    // Values that do not convert: PostgreSQL's own error, naming the type.
+    shop.s.llm.on(
+        "names",
+        vec![Reply::sql("SELECT country, name FROM customers")],
+    );
+    let error = analyst
+        .query(
+            "SELECT * FROM nl_query_as('names', NULL::reports.country_revenue)",
+            &[],
+        )
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "22P02", "{message}");
+    assert!(message.contains("numeric"), "{message}");
+
+    // Not a row type: refused before the model is asked.
+    let calls = shop.model_calls();
+    let error = analyst
+        .query("SELECT * FROM nl_query_as('q', NULL::int)", &[])
+        .unwrap_err();
+    assert_eq!(db_error(&error).0, "42804");
+    assert_eq!(shop.model_calls(), calls);
+}
+
+#[test]
+fn nl_query_as_never_converts_to_a_type_that_runs_its_owners_code() {
+    let shop = Shop::new();
+    let attacker = format!("attacker_{}", shop.s.database);
+    let mut admin = cluster().connect(&shop.s.database);
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {attacker} LOGIN;
+             CREATE SCHEMA shared AUTHORIZATION {attacker};
+             GRANT USAGE ON SCHEMA shared TO PUBLIC;"
+        ))
+        .unwrap();
+    // The attacker's domain CHECK takes a session advisory lock in whichever backend converts
+    // a value to it: a signal that outlives any rollback, visible to all in pg_locks.
+    cluster()
+        .connect_as(&shop.s.database, &attacker)
+        .batch_execute(
+            "CREATE FUNCTION shared.spy(text) RETURNS boolean LANGUAGE sql VOLATILE
+                 AS $$ SELECT pg_advisory_lock(777024) IS NOT NULL $$;
+             CREATE DOMAIN shared.tag AS text CHECK (shared.spy(VALUE));
+             CREATE TYPE shared.tagged AS (country shared.tag);
+             CREATE TYPE shared.tags AS (countries shared.tag[]);
+             CREATE TYPE shared.nested AS (inner_row shared.tagged);",
+        )
+        .unwrap();
+    let locks = || -> i64 {
+        cluster()
+            .connect(&shop.s.database)
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
+                   AND objid = 777024",
+                &[],
+            )
+            .unwrap()
+            .get(0)
+    };
+    let mut analyst = shop.analyst();
+    for shape in ["shared.tagged", "shared.tags", "shared.nested"] {
+        let error = analyst
+            .query(
+                &format!("SELECT * FROM nl_query_as('countries', NULL::{shape})"),
+                &[],
+            )
+            .unwrap_err();
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "42501", "{shape}: {message}");
+        assert!(message.contains("converts answers only to"), "{message}");
+    }
+    assert_eq!(shop.model_calls(), 0);
+    assert_eq!(locks(), 0, "the domain's CHECK never ran");
+
+    // Positive control: converting to the domain directly runs the attacker's code.
+    analyst
+        .query_one("SELECT 'DE'::shared.tag::text", &[])
+        .unwrap();
+    assert_eq!(locks(), 1, "the signal works");
+}
