@@ -1,0 +1,1 @@
+{{ sql_query_engine.nl('How many customers are there per country?') }}
