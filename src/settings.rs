@@ -242,7 +242,7 @@ pub fn init() {
     GucRegistry::define_string_guc(
         c"sql_query_engine.schemas",
         c"Schemas whose relations the model is told about (comma-separated).",
-        c"Unset: the schemas of the search path.",
+        c"Unset: the search path's, then every other schema you may use that you, the database owner or a superuser own.",
         &SCHEMAS,
         GucContext::Userset,
         GucFlags::default(),

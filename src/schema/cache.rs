@@ -32,7 +32,8 @@ const MAX_PENDING: usize = 1000;
 #[derive(Clone, PartialEq, Eq)]
 struct CacheKey {
     role: pg_sys::Oid,
-    /// The schemas read, in order (the search path's, or `sql_query_engine.schemas`).
+    /// The schemas read, in order (the search path's and the other usable ones, or
+    /// `sql_query_engine.schemas`).
     schemas: Vec<String>,
     /// The caller's search path: it decides which names need qualifying.
     search_path: Vec<pg_sys::Oid>,
@@ -226,12 +227,10 @@ fn current_key() -> Result<CacheKey> {
     .map_err(|e| Error::internal(format!("reading the schema version failed: {e}")))?
     .unwrap_or(0);
     let search_path = search_path();
-    let schemas = settings::schemas().unwrap_or_else(|| {
-        search_path
-            .iter()
-            .filter_map(|&oid| names::namespace_name(oid))
-            .collect()
-    });
+    let schemas = match settings::schemas() {
+        Some(schemas) => schemas,
+        None => usable_schemas(&search_path)?,
+    };
     Ok(CacheKey {
         // SAFETY: reads the backend's current role.
         role: unsafe { pg_sys::GetUserId() },
@@ -240,6 +239,40 @@ fn current_key() -> Result<CacheKey> {
         sample_values: settings::sample_values(),
         comments,
     })
+}
+
+/// The schemas a question reads by default, after the search path's: every other schema the
+/// role may use whose owner it trusts already (itself or a role it belongs to, the database's
+/// owner, a superuser), except system schemas and other extensions' own. A schema some other
+/// role made and opened to PUBLIC is left out, so that nobody can put relations in front of
+/// the model that the caller never chose to look at (`sql_query_engine.schemas` names it).
+const OTHER_SCHEMAS_SQL: &str = "
+SELECT coalesce(pg_catalog.array_agg(n.nspname::text ORDER BY n.nspname), '{}')
+FROM pg_catalog.pg_namespace n
+WHERE n.oid <> ALL ($1::pg_catalog.oid[])
+  AND n.nspname <> ALL ('{pg_catalog,information_schema}') AND n.nspname !~ '^pg_'
+  AND pg_catalog.has_schema_privilege(n.oid, 'USAGE')
+  AND (pg_catalog.pg_has_role(n.nspowner, 'USAGE')
+       OR n.nspowner = (SELECT d.datdba FROM pg_catalog.pg_database d
+                        WHERE d.datname = pg_catalog.current_database())
+       OR EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.oid = n.nspowner AND r.rolsuper))
+  AND NOT EXISTS (SELECT FROM pg_catalog.pg_depend e
+                  WHERE e.classid = 'pg_catalog.pg_namespace'::pg_catalog.regclass
+                    AND e.objid = n.oid AND e.deptype = 'e')";
+
+/// The search path's schemas, then the other usable ones (`OTHER_SCHEMAS_SQL`), by name.
+fn usable_schemas(search_path: &[pg_sys::Oid]) -> Result<Vec<String>> {
+    let mut schemas: Vec<String> = search_path
+        .iter()
+        .filter_map(|&oid| names::namespace_name(oid))
+        .collect();
+    let others = subxact::pinned(|| {
+        store::read_one::<Vec<String>>(OTHER_SCHEMAS_SQL, &[search_path.to_vec().into()])
+    })
+    .map_err(|e| Error::internal(format!("reading the usable schemas failed: {e}")))?
+    .unwrap_or_default();
+    schemas.extend(others);
+    Ok(schemas)
 }
 
 /// The caller's search path, without the implicit schemas (pg_catalog, pg_temp).

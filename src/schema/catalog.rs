@@ -320,16 +320,24 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
     })
     .map_err(|e| Error::internal(format!("reading the schema failed: {e}")))?;
     let mut relations = assemble(rows.0, rows.1, rows.2, rows.3);
+    // A name in two schemas is written qualified both times, so that the model cannot take
+    // one for the other.
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for relation in &relations {
+        *seen.entry(relation.name.clone()).or_default() += 1;
+    }
+    let unique = |name: &str| seen.get(name).copied().unwrap_or(0) <= 1;
     // Visibility on the caller's search path, as the server decides it.
     // SAFETY: a namespace look-up of a relation the catalog query returned.
-    let visible = |oid: u32| unsafe { pg_sys::RelationIsVisible(pg_sys::Oid::from(oid)) };
+    let on_path = |oid: u32| unsafe { pg_sys::RelationIsVisible(pg_sys::Oid::from(oid)) };
+    let visible = |oid: u32, name: &str| unique(name) && on_path(oid);
     for relation in &mut relations {
-        relation.visible = visible(relation.oid);
+        relation.visible = visible(relation.oid, &relation.name);
         for column in &mut relation.columns {
             column.type_name = type_name(column.type_oid, column.typmod);
         }
         for fk in &mut relation.foreign_keys {
-            fk.references = if visible(fk.ref_oid) {
+            fk.references = if visible(fk.ref_oid, &fk.ref_name) {
                 fk.ref_name.clone()
             } else {
                 format!("{}.{}", fk.ref_schema, fk.ref_name)

@@ -1,7 +1,7 @@
 //! The schema context end to end: sample values (and the switch that turns them off), data
 //! rendered as data, retrieval for large schemas, verified examples, and what DDL changes.
 
-use sql_query_engine_e2e::{db_error, Reply, Session};
+use sql_query_engine_e2e::{cluster, db_error, Reply, Session};
 
 fn ask(s: &mut Session, question: &str) -> String {
     s.llm.on(question, vec![Reply::sql("SELECT 1 AS one")]);
@@ -249,19 +249,88 @@ fn verified_examples_go_into_the_prompt_and_only_writers_add_them() {
 }
 
 #[test]
-fn the_schemas_setting_chooses_what_the_model_sees() {
+fn every_schema_the_role_may_use_is_shown_and_the_setting_narrows_it() {
     let mut s = Session::new();
+    let (analyst, stranger) = (
+        format!("analyst_{}", s.database),
+        format!("stranger_{}", s.database),
+    );
+    let db = s.database.clone();
     s.client
-        .batch_execute("CREATE SCHEMA hr; CREATE TABLE hr.staff (id int, salary numeric);")
+        .batch_execute(&format!(
+            "CREATE ROLE {analyst} LOGIN; CREATE ROLE {stranger} LOGIN;
+             GRANT SELECT ON customers, orders TO {analyst};
+             CREATE SCHEMA hr;
+             CREATE TABLE hr.staff (id int PRIMARY KEY, name text, salary numeric);
+             INSERT INTO hr.staff VALUES (1, 'Grace', 10), (2, 'Linus', 20);
+             ANALYZE hr.staff;
+             CREATE TABLE hr.customers (id int);
+             GRANT USAGE ON SCHEMA hr TO {analyst};
+             GRANT SELECT ON hr.staff, hr.customers TO {analyst};
+             CREATE SCHEMA vault; CREATE TABLE vault.keys (k text);
+             GRANT SELECT ON vault.keys TO {analyst};
+             CREATE SCHEMA lure AUTHORIZATION {stranger};
+             GRANT USAGE ON SCHEMA lure TO PUBLIC;
+             ALTER DATABASE {db} SET sql_query_engine.llm_url = '{}';
+             ALTER DATABASE {db} SET sql_query_engine.vote = off;",
+            s.llm.url()
+        ))
         .unwrap();
-    let told = ask(&mut s, "first");
-    assert!(!told.contains("staff"), "hr is not on the search path");
-    s.client
-        .batch_execute("SET sql_query_engine.schemas = 'hr'")
+    cluster()
+        .connect_as(&db, &stranger)
+        .batch_execute(
+            "CREATE TABLE lure.staff_salaries (id int, salary numeric);
+             GRANT SELECT ON lure.staff_salaries TO PUBLIC;",
+        )
         .unwrap();
-    let told = ask(&mut s, "second");
-    assert!(told.contains("CREATE TABLE hr.staff"), "{told}");
-    assert!(!told.contains("CREATE TABLE customers"));
+    let mut analyst = cluster().connect_as(&db, &analyst);
+    let schema = |client: &mut postgres::Client| -> String {
+        client.query_one("SELECT nl_schema()", &[]).unwrap().get(0)
+    };
+    let told = schema(&mut analyst);
+    assert!(told.contains("CREATE TABLE hr.staff ("), "{told}");
+    // A name in two schemas is qualified both times, in keys too; unique ones stay short.
+    assert!(told.contains("CREATE TABLE public.customers ("), "{told}");
+    assert!(told.contains("CREATE TABLE hr.customers ("), "{told}");
+    assert!(told.contains("REFERENCES public.customers("), "{told}");
+    assert!(told.contains("CREATE TABLE orders ("), "{told}");
+    assert!(!told.contains("vault"), "no USAGE on vault: {told}");
+    assert!(
+        !told.contains("lure"),
+        "another role's schema opened to PUBLIC is not put before the model: {told}"
+    );
+
+    // Generated queries and the value index work across schemas.
+    s.llm.on(
+        "Linus's salary",
+        vec![Reply::sql(
+            "SELECT salary FROM hr.staff WHERE name = 'Linus'",
+        )],
+    );
+    let trace: String = analyst
+        .query_one("SELECT nl_trace('Linus''s salary')::text", &[])
+        .unwrap()
+        .get(0);
+    let trace: serde_json::Value = serde_json::from_str(&trace).unwrap();
+    assert_eq!(trace["row_count"], 1, "{trace}");
+    assert!(
+        trace["values"]
+            .to_string()
+            .contains("found in hr.staff.name"),
+        "{trace}"
+    );
+
+    // The setting narrows it; the role's own choice of a schema counts too.
+    analyst
+        .batch_execute("SET sql_query_engine.schemas = 'public'")
+        .unwrap();
+    let told = schema(&mut analyst);
+    assert!(!told.contains("staff"), "{told}");
+    assert!(told.contains("CREATE TABLE customers ("), "{told}");
+    analyst
+        .batch_execute("SET sql_query_engine.schemas = 'lure'")
+        .unwrap();
+    assert!(schema(&mut analyst).contains("lure.staff_salaries"));
 }
 
 #[test]
