@@ -40,7 +40,8 @@ pub struct OpenAiClient {
 thread_local! {
     /// Endpoints that rejected `response_format` in this session: not asked again.
     static NO_JSON_MODE: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
-    /// Endpoints that rejected `n` (several choices per request): asked one at a time.
+    /// Endpoints that rejected or ignored `n` (several choices per request): asked for one
+    /// choice per request, all requests at once.
     static NO_CHOICES: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -108,18 +109,52 @@ impl OpenAiClient {
     }
 
     fn send_once(&self, body: &str, deadline: Instant) -> Result<Reply> {
+        let exchange = self.request(body, deadline);
+        match run_interruptible(wait_deadline(deadline), exchange) {
+            Ok(reply) => Ok(reply),
+            Err(WaitError::TimedOut) => Err(self.timeout_error()),
+            Err(WaitError::Lost) => Err(self.error("the request thread ended without an answer")),
+        }
+    }
+
+    /// `count` copies of one request sent at once, each on its own thread, while the backend
+    /// waits for all of them (interruptibly, as for one): for an endpoint that answers one
+    /// choice per request, so that candidates cost one request's time, not `count`.
+    fn send_together(&self, body: &str, count: usize, deadline: Instant) -> Result<Vec<Reply>> {
+        let requests: Vec<_> = (0..count).map(|_| self.request(body, deadline)).collect();
+        let together = move || {
+            std::thread::scope(|scope| {
+                let running: Vec<_> = requests
+                    .into_iter()
+                    .map(|request| std::thread::Builder::new().spawn_scoped(scope, request))
+                    .collect();
+                running
+                    .into_iter()
+                    .map(|running| match running {
+                        Ok(handle) => handle.join().unwrap_or_else(|_| {
+                            Reply::Failed("the request thread ended without an answer".into())
+                        }),
+                        Err(e) => Reply::Failed(format!("starting a request thread failed: {e}")),
+                    })
+                    .collect::<Vec<Reply>>()
+            })
+        };
+        match run_interruptible(wait_deadline(deadline), together) {
+            Ok(replies) => Ok(replies),
+            Err(WaitError::TimedOut) => Err(self.timeout_error()),
+            Err(WaitError::Lost) => Err(self.error("the request threads ended without an answer")),
+        }
+    }
+
+    /// One HTTP exchange, as work for a helper thread that never touches PostgreSQL.
+    fn request(&self, body: &str, deadline: Instant) -> impl FnOnce() -> Reply + Send + 'static {
         let url = format!("{}/chat/completions", self.base_url.trim_end_matches('/'));
         let agent = agent_for(&url);
         let key = self.api_key.clone();
         let body = body.to_string();
         let limit = self.max_response_bytes;
         let remaining = deadline.saturating_duration_since(Instant::now());
-        // The helper gets the remaining time as its own budget; the backend waits a little
-        // longer so that the helper's precise error (connect refused, timeout) wins the race.
-        let wait_until = deadline
-            .checked_add(Duration::from_millis(500))
-            .unwrap_or(deadline);
-        let exchange = move || {
+        move || {
             let mut request = agent
                 .post(&url)
                 .config()
@@ -159,17 +194,20 @@ impl OpenAiClient {
                 }
                 Err(e) => Reply::Failed(describe(&e)),
             }
-        };
-        match run_interruptible(wait_until, exchange) {
-            Ok(reply) => Ok(reply),
-            Err(WaitError::TimedOut) => Err(self.timeout_error()),
-            Err(WaitError::Lost) => Err(self.error("the request thread ended without an answer")),
         }
     }
 
     fn timeout_error(&self) -> Error {
         self.error("no answer in time (sql_query_engine.llm_timeout)")
     }
+}
+
+/// How long the backend waits for a helper whose own budget ends at `deadline`: a little
+/// longer, so that the helper's precise error (connect refused, timeout) wins the race.
+fn wait_deadline(deadline: Instant) -> Instant {
+    deadline
+        .checked_add(Duration::from_millis(500))
+        .unwrap_or(deadline)
 }
 
 /// Temperature for a model that repeats a failed query, and for candidates.
@@ -227,7 +265,8 @@ impl OpenAiClient {
     }
 
     /// `n` completions: one request with `n` choices, so that the server reads the prompt once;
-    /// an endpoint that returns fewer (or rejects `n`) is asked again for the rest.
+    /// the rest, when the endpoint returns fewer (it ignores or rejects `n`), asked for all at
+    /// once. An endpoint known to answer one choice per request gets all `n` at once.
     pub fn many(
         &mut self,
         messages: &[Message],
@@ -235,23 +274,62 @@ impl OpenAiClient {
         deadline: Instant,
         retry: bool,
     ) -> Result<Batch> {
-        let first = if NO_CHOICES.with_borrow(|e| e.contains(&self.base_url)) {
-            1
-        } else {
-            n
-        };
+        if n > 1 && NO_CHOICES.with_borrow(|e| e.contains(&self.base_url)) {
+            return Ok(Batch {
+                completions: self.together(messages, n, deadline, retry)?,
+                requests: n as u32,
+            });
+        }
         let mut batch = Batch {
-            completions: self.exchange(messages, first, deadline, retry)?,
+            completions: self.exchange(messages, n, deadline, retry)?,
             requests: 1,
         };
-        while batch.completions.len() < n {
+        if n > 1 && batch.completions.len() == 1 {
+            // It ignored `n` (llama-cpp-python does): one choice per request from now on.
+            NO_CHOICES.with_borrow_mut(|e| {
+                if !e.contains(&self.base_url) {
+                    e.push(self.base_url.clone())
+                }
+            });
+        }
+        let missing = n.saturating_sub(batch.completions.len());
+        if missing > 0 {
             batch
                 .completions
-                .extend(self.exchange(messages, 1, deadline, retry)?);
-            batch.requests += 1;
+                .extend(self.together(messages, missing, deadline, retry)?);
+            batch.requests += missing as u32;
         }
         batch.completions.truncate(n);
         Ok(batch)
+    }
+
+    /// `count` single-choice completions asked for at once; a request that did not succeed is
+    /// asked again the usual way (`exchange`: retries, fallbacks, its precise error).
+    fn together(
+        &mut self,
+        messages: &[Message],
+        count: usize,
+        deadline: Instant,
+        retry: bool,
+    ) -> Result<Vec<Completion>> {
+        if count <= 1 {
+            return self.exchange(messages, 1, deadline, retry);
+        }
+        let body = self.request_body(messages, 1).to_string();
+        let mut completions = Vec::with_capacity(count);
+        for reply in self.send_together(&body, count, deadline)? {
+            let parsed = match reply {
+                Reply::Status { code, body, .. } if (200..300).contains(&code) => {
+                    parse_completions(&body, 1).ok()
+                }
+                _ => None,
+            };
+            match parsed {
+                Some(parsed) => completions.extend(parsed),
+                None => completions.extend(self.exchange(messages, 1, deadline, retry)?),
+            }
+        }
+        Ok(completions)
     }
 
     /// Runs `work` with at least the exploring temperature.

@@ -84,6 +84,9 @@ struct State {
     scripts: Vec<(String, Vec<Reply>)>,
     responder: Option<Responder>,
     requests: Vec<Request>,
+    /// Requests received and not yet answered, and the most there ever were at once.
+    in_flight: usize,
+    most_in_flight: usize,
 }
 
 pub struct ScriptedLlm {
@@ -125,6 +128,12 @@ impl ScriptedLlm {
 
     pub fn requests(&self) -> Vec<Request> {
         self.lock().requests.clone()
+    }
+
+    /// The most requests that were being answered at the same time (a `Reply::Slow` keeps
+    /// one open): 1 for requests sent one after another.
+    pub fn most_in_flight(&self) -> usize {
+        self.lock().most_in_flight
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -181,6 +190,8 @@ fn serve(stream: TcpStream, state: &Mutex<State>) {
     let reply = {
         let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
         state.requests.push(request);
+        state.in_flight += 1;
+        state.most_in_flight = state.most_in_flight.max(state.in_flight);
         let mut matching: Vec<&mut (String, Vec<Reply>)> = state
             .scripts
             .iter_mut()
@@ -204,6 +215,8 @@ fn serve(stream: TcpStream, state: &Mutex<State>) {
             })
     };
     respond(stream, reply);
+    let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+    state.in_flight -= 1;
 }
 
 fn completion(content: &str) -> String {

@@ -1,6 +1,8 @@
 //! The self-healing pipeline end to end: nl_query, nl_generate and nl_trace through a real
 //! client, with the scripted model.
 
+use std::time::Duration;
+
 use serde_json::json;
 use sql_query_engine_e2e::{db_error, Reply, Session};
 
@@ -536,6 +538,56 @@ fn in_doubt_candidates_are_asked_for_in_one_request_and_the_majority_answers() {
     assert_eq!(requests.len(), 2, "the candidates came in one request");
     assert_eq!(requests[1].body["n"], 3);
     assert!(requests[1].body["temperature"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn an_endpoint_that_ignores_n_gets_the_candidates_all_at_once() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute(
+            "SET sql_query_engine.vote = when_in_doubt; SET sql_query_engine.candidates = 3",
+        )
+        .unwrap();
+    let good = "SELECT name FROM customers WHERE country = 'DE' ORDER BY name";
+    let slow = |sql: &str| Reply::Slow(Duration::from_millis(700), Box::new(Reply::sql(sql)));
+    // One choice per request whatever `n` says, as llama-cpp-python's server answers.
+    s.llm.on(
+        "customers in Germany",
+        vec![
+            Reply::sql("SELECT name FROM customers WHERE country = 'Germany'"),
+            slow(good),
+            slow(good),
+            slow("SELECT name FROM customers"),
+        ],
+    );
+    let trace = s.trace("customers in Germany").unwrap();
+    assert_eq!(trace["row_count"], 2, "{trace}");
+    assert_eq!(trace["vote"]["alternatives"], 3, "{trace}");
+    let requests = s.llm.requests();
+    assert_eq!(requests.len(), 4);
+    assert_eq!(requests[1].body["n"], 3, "asked for several choices first");
+    assert!(requests[2..].iter().all(|r| r.body.get("n").is_none()));
+    assert_eq!(
+        s.llm.most_in_flight(),
+        2,
+        "the two missing ones were asked together"
+    );
+
+    // Known now to answer one choice per request: all three at once.
+    s.llm.on(
+        "customers in Italy",
+        vec![
+            Reply::sql("SELECT name FROM customers WHERE country = 'Italy'"),
+            slow("SELECT name FROM customers WHERE country = 'IT'"),
+            slow("SELECT name FROM customers WHERE country = 'IT'"),
+            slow("SELECT name FROM customers WHERE country IN ('IT')"),
+        ],
+    );
+    let trace = s.trace("customers in Italy").unwrap();
+    assert_eq!(trace["row_count"], 1, "{trace}");
+    assert_eq!(trace["vote"]["agreed"], 3, "{trace}");
+    assert_eq!(s.llm.requests().len(), 8);
+    assert_eq!(s.llm.most_in_flight(), 3);
 }
 
 #[test]
