@@ -18,7 +18,7 @@ import time
 
 import psycopg
 
-from score import DECIMALS, gold_precision, same_result
+from score import DECIMALS, gold_precision, official_result, same_result
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -136,7 +136,7 @@ def ask(conn, question, config, args):
         candidates=[bool(a.get("candidate")) for a in trace["attempts"]], vote=trace.get("vote"),
         errors=[f"{a['sqlstate']}: {a['message']}" for a in trace["attempts"] if a.get("sqlstate")],
     )
-    record["correct"] = record["correct_at_precision"] = False
+    record["correct"] = record["correct_at_precision"] = record["correct_official"] = False
     if trace["status"] in ("ok", "empty") and trace["sql"]:
         try:
             predicted = run_rows(conn, trace["sql"])
@@ -148,10 +148,15 @@ def ask(conn, question, config, args):
         record["correct_at_precision"] = record["correct"] or (
             precision is not None and matches_gold(conn, question, predicted, precision)
         )
+        suite = question.get("suite", "")
+        record["correct_official"] = matches_gold(
+            conn, question, predicted,
+            compare=lambda p, g, ordered, decimals: official_result(p, g, suite, ordered, decimals),
+        )
     return record
 
 
-def matches_gold(conn, question, predicted, decimals=DECIMALS):
+def matches_gold(conn, question, predicted, decimals=DECIMALS, compare=same_result):
     # A gold ORDER BY with ties fixes the order only up to the ties: such questions compare as
     # multisets.
     ordered = bool(question.get("gold_ordered")) and not question.get("nondeterministic_order")
@@ -159,12 +164,12 @@ def matches_gold(conn, question, predicted, decimals=DECIMALS):
         gold = run_rows(conn, question["gold_sql"])
     else:
         gold = question["gold_result"]
-    if same_result(predicted, gold, ordered, decimals):
+    if compare(predicted, gold, ordered, decimals):
         return True
     # Benchmarks that list equivalent gold queries (defog) accept any of them.
     for variant in question.get("gold_sql_variants") or []:
         try:
-            if same_result(predicted, run_rows(conn, variant), ordered, decimals):
+            if compare(predicted, run_rows(conn, variant), ordered, decimals):
                 return True
         except psycopg.Error:
             continue
@@ -202,7 +207,8 @@ def summarize(records, questions):
         for r in scored:
             groups.setdefault(r[key], []).append(r)
         return {
-            k: {"ex": ex(v), "n": len(v), "ci95": wilson(sum(r["correct"] for r in v), len(v))}
+            k: {"ex": ex(v), "n": len(v), "ci95": wilson(sum(r["correct"] for r in v), len(v)),
+                "ex_official": ex(v, "correct_official")}
             for k, v in sorted(groups.items())
         }
 
@@ -213,6 +219,8 @@ def summarize(records, questions):
         "ex": ex(scored), "n": len(scored), "correct": sum(r["correct"] for r in scored),
         "ci95": wilson(sum(r["correct"] for r in scored), len(scored)),
         "ex_at_gold_precision": ex(scored, "correct_at_precision"),
+        "ex_official": ex(scored, "correct_official"),
+        "ci95_official": wilson(sum(r.get("correct_official", False) for r in scored), len(scored)),
         "excluded": {"nondeterministic_rows": sorted(nondeterministic & {r["id"] for r in records})},
         "by_suite": grouped("suite"), "by_difficulty": grouped("difficulty"),
         "nondeterministic_rows": {"n": len(records) - len(scored),
@@ -244,9 +252,12 @@ def markdown(results, args):
     ci = lambda s: "" if not s.get("ci95") else f" [{100 * s['ci95'][0]:.1f}-{100 * s['ci95'][1]:.1f}]"
     row("EX (execution accuracy), 95 % interval", lambda s: f"{pct(s['ex'])} ({s['correct']}/{s['n']}){ci(s)}")
     row("EX at the gold's precision", lambda s: pct(s.get("ex_at_gold_precision")))
+    ci_official = lambda s: "" if not s.get("ci95_official") else f" [{100 * s['ci95_official'][0]:.1f}-{100 * s['ci95_official'][1]:.1f}]"
+    row("EX under each suite's official rule (spider: columns in any order; defog: extra columns accepted; bird: rows as a set)",
+        lambda s: pct(s.get("ex_official")) + ci_official(s))
     suites = sorted({k for c in configs for k in results["configs"][c]["by_suite"]})
     for suite in suites:
-        row(f"EX {suite}", lambda s, k=suite: pct(s["by_suite"].get(k, {}).get("ex")) + f" (n={s['by_suite'].get(k, {}).get('n', 0)})")
+        row(f"EX {suite} (strict / official)", lambda s, k=suite: pct(s["by_suite"].get(k, {}).get("ex")) + " / " + pct(s["by_suite"].get(k, {}).get("ex_official")) + f" (n={s['by_suite'].get(k, {}).get('n', 0)})")
     levels = sorted({k for c in configs for k in results["configs"][c]["by_difficulty"]})
     for level in levels:
         row(f"EX {level}", lambda s, k=level: pct(s["by_difficulty"].get(k, {}).get("ex")) + f" (n={s['by_difficulty'].get(k, {}).get('n', 0)})")

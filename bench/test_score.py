@@ -4,7 +4,7 @@ import datetime
 import decimal
 import unittest
 
-from score import gold_precision, same_result
+from score import gold_precision, official_result, same_result
 
 
 class SameResult(unittest.TestCase):
@@ -58,3 +58,26 @@ class Precision(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class OfficialResult(unittest.TestCase):
+    def test_spider_takes_columns_in_any_order_and_rows_as_a_multiset(self):
+        self.assertTrue(official_result([["a", 1], ["b", 2]], [[2, "b"], [1, "a"]], "spider_dev"))
+        self.assertFalse(official_result([["a", 1]], [[1, "a"], [1, "a"]], "spider_dev"))
+        self.assertFalse(official_result([["a", 1, 0]], [[1, "a"]], "spider_dev"))
+        self.assertFalse(
+            official_result([["b", 2], ["a", 1]], [[1, "a"], [2, "b"]], "spider_dev", ordered=True)
+        )
+
+    def test_defog_accepts_extra_columns(self):
+        self.assertTrue(official_result([[7, "x", 1.5]], [["x", 1.5]], "defog_sqleval"))
+        self.assertFalse(official_result([[7, "x"]], [["x", 1.5]], "defog_sqleval"))
+        self.assertFalse(official_result([["x"], ["x"]], [["x"]], "defog_sqleval"))
+
+    def test_bird_compares_rows_as_a_set(self):
+        self.assertTrue(official_result([[1], [1], [2]], [[2], [1]], "bird_minidev"))
+        self.assertFalse(official_result([[1, 2]], [[2, 1]], "bird_minidev"))
+
+    def test_other_suites_stay_strict(self):
+        self.assertFalse(official_result([["a", 1]], [[1, "a"]], "sqe_synthetic"))
+        self.assertTrue(official_result([[decimal.Decimal("9.50")]], [[9.5]], "sqe_synthetic"))
