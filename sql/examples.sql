@@ -9,7 +9,9 @@ CREATE TABLE @extschema@.nl_examples (
     added_at timestamptz NOT NULL DEFAULT now(),
     -- The question's words as retrieval sees them: examples are found through this index, so
     -- that a question costs the same with ten examples or a hundred thousand.
-    terms text[] GENERATED ALWAYS AS (@extschema@.nl_example_words(question)) STORED
+    terms text[] GENERATED ALWAYS AS (@extschema@.nl_example_words(question)) STORED,
+    -- the recorded answer (nl_history) it came from, when it came from feedback
+    history_id bigint
 );
 -- Without GIN's pending list, which every look-up would scan until a vacuum merged it: examples
 -- are written rarely and read on every question.

@@ -69,3 +69,30 @@ AS $$
     SELECT pg_catalog.jsonb_populate_record(shape, r)
     FROM @extschema@.nl_query_shaped(question, pg_catalog.pg_typeof(shape)::pg_catalog.oid) AS r
 $$;
+
+-- Feedback on answers: a recorded answer marked right or corrected becomes a verified example
+-- (from a role that may write them) or waits for review; examples say which answer they came
+-- from.
+ALTER TABLE @extschema@.nl_examples ADD COLUMN history_id bigint;
+CREATE TABLE @extschema@.nl_feedback (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at timestamptz NOT NULL DEFAULT now(),
+    role name NOT NULL DEFAULT current_user,
+    role_id oid NOT NULL DEFAULT current_user::regrole::oid,
+    history_id bigint NOT NULL,
+    question text NOT NULL,
+    correct boolean NOT NULL,
+    -- the SQL the feedback vouches for: the answer's, or the correction (NULL when noted)
+    sql text,
+    status text NOT NULL CHECK (status IN ('promoted', 'pending', 'noted')),
+    example_id bigint
+);
+ALTER TABLE @extschema@.nl_feedback ENABLE ROW LEVEL SECURITY;
+CREATE POLICY own_rows ON @extschema@.nl_feedback USING (role_id = current_user::regrole::oid)
+    WITH CHECK (role_id = current_user::regrole::oid);
+GRANT SELECT, INSERT ON @extschema@.nl_feedback TO PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_feedback', '');
+CREATE FUNCTION @extschema@.nl_feedback("history_id" bigint, "correct" bool,
+    "corrected_sql" text DEFAULT NULL) RETURNS jsonb
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c AS 'MODULE_PATHNAME', 'nl_feedback_wrapper';

@@ -15,7 +15,9 @@ use crate::saved::{self, Field};
 use crate::schema::PromptSchema;
 use crate::session::Turn;
 use crate::settings::VoteSetting;
-use crate::{examples, hints, history, prompt, schema, session, settings, subxact, trace, values};
+use crate::{
+    examples, feedback, hints, history, prompt, schema, session, settings, subxact, trace, values,
+};
 
 /// Rows of an answer sent to the model by `nl_answer`, at most.
 const ANSWER_ROWS: usize = 20;
@@ -272,6 +274,8 @@ fn traced(run: &Run, shown: &DatabaseContext) -> serde_json::Value {
         false => serde_json::json!(shown.session.map(session::Store::as_str)),
     };
     trace["context_turns"] = serde_json::json!(turns);
+    trace["history_id"] = serde_json::json!(shown.history_id);
+    trace["examples_skipped"] = serde_json::json!(shown.examples_skipped);
     trace
 }
 
@@ -307,6 +311,21 @@ fn nl_run(sql: &str) -> SetOfIterator<'static, JsonB> {
 fn nl_example_add(question: &str, sql: &str) -> i64 {
     history::audited("nl_example_add", sql, examples::add(question, sql))
         .unwrap_or_else(|e| e.raise())
+}
+
+/// Feedback on a recorded answer (`history_id`, as `nl_ask` returns it): `correct`, or a
+/// corrected query that passes the guard and returns rows. From a role that may write
+/// `nl_examples` it becomes a verified example of the question at once; anyone else's waits
+/// for review in `nl_feedback`. Returns `{feedback_id, status, example_id}`.
+#[pg_extern(volatile, parallel_unsafe)]
+fn nl_feedback(
+    history_id: i64,
+    correct: bool,
+    corrected_sql: default!(Option<&str>, "NULL"),
+) -> JsonB {
+    let given = feedback::give(history_id, correct, corrected_sql);
+    let input = corrected_sql.unwrap_or("");
+    JsonB(history::audited("nl_feedback", input, given).unwrap_or_else(|e| e.raise()))
 }
 
 /// Forgets a session's earlier questions (in backend memory and in Redis).
@@ -368,6 +387,10 @@ struct DatabaseContext {
     session: Option<session::Store>,
     /// How many earlier turns the model saw, and whether the caller sent them.
     turns: (usize, bool),
+    /// The call's `nl_history` row, when one was written (for `nl_feedback`).
+    history_id: Option<i64>,
+    /// Similar examples left out because their SQL no longer passes the guard.
+    examples_skipped: Vec<i64>,
 }
 
 /// The schema, the question's values and the examples, as the prompt shows them.
@@ -383,9 +406,10 @@ fn database_context(question: Option<&str>) -> Result<DatabaseContext> {
         ..context.for_question(question, &evidence)
     };
     let values = values::describe(&matches);
-    let examples = match question {
-        Some(q) => examples::similar(q, settings::examples())?,
-        None => Vec::new(),
+    let wanted = settings::examples();
+    let (examples, examples_skipped) = match question {
+        Some(q) => examples::still_valid(examples::similar(q, wanted + examples::SPARE)?, wanted),
+        None => (Vec::new(), Vec::new()),
     };
     Ok(DatabaseContext {
         text: prompt::database_context(&schema.text, values.as_deref(), &examples),
@@ -393,6 +417,8 @@ fn database_context(question: Option<&str>) -> Result<DatabaseContext> {
         values,
         session: None,
         turns: (0, false),
+        history_id: None,
+        examples_skipped,
     })
 }
 
@@ -613,7 +639,7 @@ fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
         );
     }
     if ask.function != "nl_trace" {
-        history::record(ask.function, session, &run);
+        shown.history_id = history::record(ask.function, session, &run);
     }
     Ok((run, shown))
 }

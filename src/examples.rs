@@ -14,21 +14,54 @@ use crate::text::words;
 /// on `nl_examples`); returns its id. The SQL is checked in the sandbox on the caller's search
 /// path (it is the caller's SQL); the insert runs on the pinned one.
 pub fn add(question: &str, sql: &str) -> Result<i64> {
+    insert(question, sql, None)
+}
+
+/// `add`, for an example that comes from the recorded answer `history_id` (`nl_feedback`).
+pub fn add_from_history(question: &str, sql: &str, history_id: i64) -> Result<i64> {
+    insert(question, sql, Some(history_id))
+}
+
+fn insert(question: &str, sql: &str, history_id: Option<i64>) -> Result<i64> {
     crate::exec::check(sql)?;
     let insert = format!(
-        "INSERT INTO {}.nl_examples (question, sql) VALUES ($1, $2) RETURNING id",
+        "INSERT INTO {}.nl_examples (question, sql, history_id) VALUES ($1, $2, $3) RETURNING id",
         extension_schema()?
     );
     subxact::pinned(|| {
         Spi::connect_mut(|client| {
             client
-                .update(&insert, Some(1), &[question.into(), sql.into()])?
+                .update(
+                    &insert,
+                    Some(1),
+                    &[question.into(), sql.into(), history_id.into()],
+                )?
                 .first()
                 .get_one::<i64>()
         })
     })
     .map_err(|e| Error::internal(format!("storing the example failed: {e}")))?
     .ok_or_else(|| Error::internal("the example got no id"))
+}
+
+/// Examples looked up beyond the number shown, so that skipped ones leave no gap.
+pub const SPARE: usize = 2;
+
+/// The first `n` of `found` whose SQL still passes the guard against the database as it is
+/// now (after DDL an example may name a dropped table or column, and would teach the model a
+/// query that fails), and the ids of those skipped, for the trace.
+pub fn still_valid(found: Vec<Example>, n: usize) -> (Vec<Example>, Vec<i64>) {
+    let (mut kept, mut skipped) = (Vec::new(), Vec::new());
+    for example in found {
+        if kept.len() == n {
+            break;
+        }
+        match crate::exec::check(&example.sql) {
+            Ok(()) => kept.push(example),
+            Err(_) => skipped.push(example.id),
+        }
+    }
+    (kept, skipped)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

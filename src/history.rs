@@ -14,23 +14,22 @@ use crate::heal::Run;
 use crate::settings::AuditLog;
 use crate::{names, settings, store, trace};
 
-/// Records one call of `function` (`nl_query`, ...).
-pub fn record(function: &str, session: Option<&str>, run: &Run) {
+/// Records one call of `function` (`nl_query`, ...); returns its `nl_history` id when it was
+/// written.
+pub fn record(function: &str, session: Option<&str>, run: &Run) -> Option<i64> {
     if !settings::history() {
-        return;
+        return None;
     }
     if !store::writable() {
         debug1!("sql_query_engine: history not recorded: the transaction is read-only");
-        return;
+        return None;
     }
-    let Ok(schema) = store::extension_schema() else {
-        return;
-    };
+    let schema = store::extension_schema().ok()?;
     let clamp = |n: u64| n.min(i32::MAX as u64) as i32;
     let sql = format!(
         "INSERT INTO {schema}.nl_history (function, session, question, sql, status, attempts, \
          row_count, ms, llm_calls, prompt_tokens, completion_tokens, role_id) \
-         VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10, $11, $12)"
+         VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10, $11, $12) RETURNING id"
     );
     let attempts = trace::attempts(run).to_string();
     let row_count = run.best_result().map(|r| clamp(r.rows.len() as u64));
@@ -38,7 +37,7 @@ pub fn record(function: &str, session: Option<&str>, run: &Run) {
         client
             .update(
                 sql.as_str(),
-                None,
+                Some(1),
                 &[
                     function.into(),
                     session.into(),
@@ -54,9 +53,11 @@ pub fn record(function: &str, session: Option<&str>, run: &Run) {
                     // SAFETY: reads the backend's current role.
                     unsafe { pg_sys::GetUserId() }.into(),
                 ],
-            )
-            .map(|_| ())
-    });
+            )?
+            .first()
+            .get_one::<i64>()
+    })
+    .flatten()
 }
 
 /// How a call ended, as the audit line says it.

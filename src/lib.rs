@@ -14,6 +14,7 @@ mod error;
 mod examples;
 mod exec;
 mod extract;
+mod feedback;
 mod guard;
 mod heal;
 mod hints;
@@ -44,6 +45,7 @@ pgrx::extension_sql_file!(
 );
 pgrx::extension_sql_file!("../sql/history.sql", name = "history");
 pgrx::extension_sql_file!("../sql/sessions.sql", name = "sessions");
+pgrx::extension_sql_file!("../sql/feedback.sql", name = "feedback");
 pgrx::extension_sql_file!(
     "../sql/query_as.sql",
     name = "query_as",

@@ -249,6 +249,7 @@ fn record_in_table(session: &str, turn: &Turn, keep: usize) -> bool {
         client.update(&expire, None, &[ttl.into(), role_id().into()])?;
         Ok(())
     })
+    .is_some()
 }
 
 fn record_in_redis(session: &str, turn: &Turn, keep: usize) -> bool {

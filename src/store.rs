@@ -44,13 +44,20 @@ pub fn extension_schema() -> Result<String> {
     Ok(schema)
 }
 
-/// The first column of the first row of a read. Read-only SPI: it assigns no transaction id
-/// (pgrx's `Spi::get_one` does, which fails on a hot standby and costs an XID per question).
+/// The first column of the first row of a read (None without rows). Read-only SPI: it
+/// assigns no transaction id (pgrx's `Spi::get_one` does, which fails on a hot standby and
+/// costs an XID per question).
 pub fn read_one<T: pgrx::FromDatum + pgrx::IntoDatum>(
     sql: &str,
     args: &[pgrx::datum::DatumWithOid],
 ) -> std::result::Result<Option<T>, pgrx::spi::Error> {
-    Spi::connect(|client| client.select(sql, Some(1), args)?.first().get_one::<T>())
+    Spi::connect(|client| {
+        let table = client.select(sql, Some(1), args)?;
+        if table.is_empty() {
+            return Ok(None);
+        }
+        table.first().get_one::<T>()
+    })
 }
 
 /// Longest wait for a lock on one of the extension's tables: bookkeeping never blocks an answer.
@@ -65,10 +72,11 @@ pub fn writable() -> bool {
 /// Runs the extension's own write `work` (its bookkeeping: history, sessions) so that it never
 /// makes the call fail: in a subtransaction that is committed when it succeeds, with a short
 /// lock timeout and the pinned search path (like a function's SET clause); a failure is
-/// swallowed and said at DEBUG1, naming `what`. Returns whether it was written.
-pub fn write_best_effort<F>(what: &str, work: F) -> bool
+/// swallowed and said at DEBUG1, naming `what`. Returns what `work` returned, when it was
+/// written.
+pub fn write_best_effort<T, F>(what: &str, work: F) -> Option<T>
 where
-    F: FnOnce(&mut pgrx::spi::SpiClient<'_>) -> std::result::Result<(), pgrx::spi::Error>,
+    F: FnOnce(&mut pgrx::spi::SpiClient<'_>) -> std::result::Result<T, pgrx::spi::Error>,
 {
     let settings = [
         (c"lock_timeout", LOCK_TIMEOUT),
@@ -78,14 +86,14 @@ where
         subxact::with_settings(&settings, || Spi::connect_mut(work))
     });
     match written {
-        Ok(Ok(())) => true,
+        Ok(Ok(done)) => Some(done),
         Ok(Err(e)) => {
             debug1!("sql_query_engine: {what} not written: {e}");
-            false
+            None
         }
         Err(caught) => {
             debug1!("sql_query_engine: {what} not written: {caught:?}");
-            false
+            None
         }
     }
 }

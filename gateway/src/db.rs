@@ -37,6 +37,12 @@ pub enum Call {
     },
     /// The relations the role can read.
     Tables,
+    /// `nl_feedback`: an answer (its history id) marked right, or corrected.
+    Feedback {
+        history_id: i64,
+        correct: bool,
+        corrected_sql: Option<String>,
+    },
 }
 
 /// Why a call failed.
@@ -357,6 +363,18 @@ async fn run(
             tx.query_one(&format!("SELECT {schema}.nl_fix($1, $2)"), &[sql, question])
                 .await?
                 .get(0),
+        ),
+        Call::Feedback {
+            history_id,
+            correct,
+            corrected_sql,
+        } => json(
+            tx.query_one(
+                &format!("SELECT {schema}.nl_feedback($1, $2, $3)::text"),
+                &[history_id, correct, corrected_sql],
+            )
+            .await?
+            .get(0),
         ),
         Call::Tables => json({
             tx.batch_execute("SET LOCAL search_path = pg_catalog, pg_temp")

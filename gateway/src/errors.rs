@@ -80,6 +80,7 @@ impl From<DbError> for ApiError {
                         (StatusCode::BAD_REQUEST, "invalid_request_error")
                     }
                     "42501" | "25006" => (StatusCode::FORBIDDEN, "permission_error"),
+                    "42704" => (StatusCode::NOT_FOUND, "invalid_request_error"),
                     "58000" => (StatusCode::BAD_GATEWAY, "upstream_error"),
                     "57014" => (StatusCode::GATEWAY_TIMEOUT, "timeout_error"),
                     "55000" | "53300" => (StatusCode::SERVICE_UNAVAILABLE, "server_error"),

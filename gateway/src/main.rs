@@ -199,6 +199,7 @@ async fn serve(
     let router = Router::new()
         .route("/v1/models", get(openai::models))
         .route("/v1/chat/completions", post(openai::chat))
+        .route("/v1/feedback", post(openai::feedback))
         .nest_service("/mcp", mcp)
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(app.clone(), authenticate))

@@ -1,6 +1,7 @@
 //! The Model Context Protocol server, for agents and IDEs: over streamable HTTP at `/mcp` (the
 //! bearer token selects the role, as for the OpenAI API) and over stdio (the login role, or
-//! `--role`). Every tool is read-only and goes through the extension: `run_sql` and `fix_sql`
+//! `--role`). Every tool goes through the extension and all but `give_feedback` (which writes
+//! only the extension's feedback and example tables) are read-only: `run_sql` and `fix_sql`
 //! run the caller's SQL through the same guard and sandbox as generated SQL, so a
 //! `COMMIT; DELETE ...` changes nothing.
 
@@ -57,6 +58,17 @@ pub struct SchemaParams {
     /// Only what this question needs (the whole schema without one).
     #[serde(default)]
     pub question: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct FeedbackParams {
+    /// The answer's `history_id`, as `ask` returned it.
+    pub history_id: i64,
+    /// Whether the answer was right.
+    pub correct: bool,
+    /// The query that answers the question, when the answer was wrong.
+    #[serde(default)]
+    pub corrected_sql: Option<String>,
 }
 
 #[derive(Clone)]
@@ -153,6 +165,7 @@ impl Mcp {
                 "rows": trace["rows"], "row_count": trace["row_count"],
                 "truncated": trace["truncated"],
                 "attempts": trace["attempts"].as_array().map_or(0, Vec::len),
+                "history_id": trace["history_id"],
             })
         })
         .await
@@ -225,6 +238,29 @@ impl Mcp {
             question: p.question,
         };
         self.call(&context, call, |sql| json!({ "sql": sql })).await
+    }
+
+    #[tool(
+        description = "Say whether an answer of `ask` was right, or give the query that answers it: feedback becomes a verified example of the question (for roles that may write examples) or waits for review. The only tool that writes, and only to the extension's own feedback and example tables.",
+        annotations(
+            title = "Give feedback on an answer",
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
+    )]
+    async fn give_feedback(
+        &self,
+        Parameters(p): Parameters<FeedbackParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, McpError> {
+        let call = Call::Feedback {
+            history_id: p.history_id,
+            correct: p.correct,
+            corrected_sql: p.corrected_sql,
+        };
+        self.call(&context, call, |given| given).await
     }
 
     #[tool(

@@ -311,6 +311,45 @@ pub async fn chat(
     stream(app, role, call, asked.include_usage).await
 }
 
+/// `POST /v1/feedback` `{"history_id": N, "correct": true|false, "corrected_sql": "..."}`: a
+/// thumbs-up or -down (or a correction) on an answer, as the token's role, for chat clients
+/// that can call a URL from their rating buttons. The answer is what `nl_feedback` returned.
+pub async fn feedback(
+    State(app): State<App>,
+    Extension(Role(role)): Extension<Role>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let bad = |message: String| {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message).into_response()
+    };
+    let Ok(body) = body else {
+        return bad("the request body could not be read".into());
+    };
+    let Ok(value) = serde_json::from_slice::<Value>(&body) else {
+        return bad("the body is not JSON".into());
+    };
+    let (Some(history_id), Some(correct)) =
+        (value["history_id"].as_i64(), value["correct"].as_bool())
+    else {
+        return bad("the body needs history_id (a number) and correct (true or false)".into());
+    };
+    let corrected_sql = match &value["corrected_sql"] {
+        Value::Null => None,
+        Value::String(sql) => Some(sql.clone()),
+        _ => return bad("corrected_sql must be a string".into()),
+    };
+    let call = Call::Feedback {
+        history_id,
+        correct,
+        corrected_sql,
+    };
+    match tokio::time::timeout(app.timeout, app.db.call(Some(&role), &call, None)).await {
+        Err(_) => ApiError::timeout().into_response(),
+        Ok(Err(e)) => ApiError::from(e).into_response(),
+        Ok(Ok(given)) => Json(given).into_response(),
+    }
+}
+
 /// The explanation a chat user gets when what they wrote is not a question about the data (the
 /// extension's 22023 "does not look like a question about the data"): an answer, not an error.
 fn not_a_question(error: &DbError) -> Option<String> {

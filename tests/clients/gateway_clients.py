@@ -109,13 +109,21 @@ async def mcp_session(session, expect_rows=True):
     info = await session.initialize()
     check(info.server_info.name == "sqe-gateway", info)
     tools = {t.name: t for t in (await session.list_tools()).tools}
-    check(set(tools) == {"ask", "generate_sql", "check_sql", "run_sql", "fix_sql", "describe_schema"}, tools)
-    check(all(t.annotations and t.annotations.read_only_hint for t in tools.values()), tools)
+    check(set(tools) == {"ask", "generate_sql", "check_sql", "run_sql", "fix_sql", "describe_schema",
+                         "give_feedback"}, tools)
+    check(all(t.annotations and t.annotations.read_only_hint for n, t in tools.items() if n != "give_feedback"),
+          tools)
+    check(tools["give_feedback"].annotations.read_only_hint is False, tools["give_feedback"])
 
     result = await session.call_tool("ask", {"question": "How many orders are there?"})
     check(not result.is_error, result)
     answer = json.loads(result.content[0].text)
     check(answer["sql"] == "SELECT count(*) AS n FROM orders" and answer["rows"] == [[6]], answer)
+    # A thumbs-up: the role may not write examples, so it waits for review.
+    result = await session.call_tool("give_feedback", {"history_id": answer["history_id"], "correct": True})
+    check(not result.is_error, result)
+    given = json.loads(result.content[0].text)
+    check(given["status"] == "pending" and given["example_id"] is None, given)
 
     # Multi-statement injection goes through the guard like everything else.
     result = await session.call_tool("run_sql", {"sql": "COMMIT; DELETE FROM orders"})

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use serde_json::Value;
 use sql_query_engine_e2e::clients::clients_python;
 use sql_query_engine_e2e::cluster::free_port;
 use sql_query_engine_e2e::gateway::{gateway_binary, repo, Gateway};
@@ -158,6 +159,55 @@ fn the_official_openai_and_mcp_sdks_work_against_the_gateway() {
         .map(|r| r.get(0))
         .collect();
     assert!(roles.contains(&s.reader), "{roles:?}");
+    // The MCP sessions' thumbs-up (over HTTP and over stdio) wait for review, as the reader.
+    let pending: Vec<String> = admin
+        .query(
+            "SELECT role::text FROM nl_feedback WHERE status = 'pending' AND correct",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(pending, [s.reader.clone(), s.reader.clone()]);
+
+    // The same over plain HTTP, for chat clients' rating buttons.
+    let history_id: i64 = admin
+        .query_one(
+            "SELECT max(id) FROM nl_history WHERE role = $1::text::name AND status = 'ok'",
+            &[&s.reader],
+        )
+        .unwrap()
+        .get(0);
+    let post = |token: &str, body: &str| -> (u16, Value) {
+        let response = ureq::post(&format!("{}/v1/feedback", gateway.url()))
+            .set("Authorization", &format!("Bearer {token}"))
+            .set("Content-Type", "application/json")
+            .send_string(body);
+        let (status, text) = match response {
+            Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+            Err(ureq::Error::Status(status, r)) => (status, r.into_string().unwrap_or_default()),
+            Err(e) => panic!("the gateway did not answer: {e}"),
+        };
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    };
+    let (status, given) = post(
+        &s.token,
+        &format!(
+            r#"{{"history_id": {history_id}, "correct": false, "corrected_sql": "SELECT count(*) AS n FROM orders WHERE amount > 0"}}"#
+        ),
+    );
+    assert_eq!(status, 200, "{given}");
+    assert_eq!(given["status"], "pending", "{given}");
+    let (status, given) = post(&s.token, r#"{"history_id": "one"}"#);
+    assert_eq!(status, 400, "{given}");
+    // Another role cannot vouch for the reader's answers.
+    let (status, given) = post(
+        &s.limited_token,
+        &format!(r#"{{"history_id": {history_id}, "correct": true}}"#),
+    );
+    assert_eq!(status, 404, "{given}");
+    assert_eq!(given["error"]["code"], "42704", "{given}");
 }
 
 #[test]

@@ -1,0 +1,23 @@
+-- Feedback on answers (nl_feedback): a recorded answer marked right or wrong, or corrected.
+-- Feedback from a role that may write nl_examples becomes a verified example at once
+-- (`promoted`, naming it); anyone else's waits for review (`pending`: the table's owner sees
+-- every row, and promotes one with nl_example_add). A wrong answer without a correction is
+-- `noted`. Each role sees and writes only its own rows, told apart by OID as in nl_history.
+CREATE TABLE @extschema@.nl_feedback (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at timestamptz NOT NULL DEFAULT now(),
+    role name NOT NULL DEFAULT current_user,
+    role_id oid NOT NULL DEFAULT current_user::regrole::oid,
+    history_id bigint NOT NULL,
+    question text NOT NULL,
+    correct boolean NOT NULL,
+    -- the SQL the feedback vouches for: the answer's, or the correction (NULL when noted)
+    sql text,
+    status text NOT NULL CHECK (status IN ('promoted', 'pending', 'noted')),
+    example_id bigint
+);
+ALTER TABLE @extschema@.nl_feedback ENABLE ROW LEVEL SECURITY;
+CREATE POLICY own_rows ON @extschema@.nl_feedback USING (role_id = current_user::regrole::oid)
+    WITH CHECK (role_id = current_user::regrole::oid);
+GRANT SELECT, INSERT ON @extschema@.nl_feedback TO PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_feedback', '');

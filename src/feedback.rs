@@ -1,0 +1,166 @@
+//! Feedback on answers (`nl_feedback`): what a deployment learns from its users. A recorded
+//! answer marked right, or a corrected query, becomes a verified example of that question
+//! when the caller may write examples, and waits for review otherwise; every piece of
+//! feedback is kept in `nl_feedback` with who, when and which answer.
+//!
+//! Everything runs as the caller: the history row is read under its row security (a role
+//! sees only its own answers), a correction runs through the guard and the sandbox like any
+//! query of the caller's, and both writes are statements of the caller's transaction.
+
+use pgrx::prelude::*;
+use serde_json::json;
+
+use crate::error::{Error, Result, SqlError, SqlState};
+use crate::exec::{self, Mode, Outcome};
+use crate::{examples, settings, store, subxact};
+
+/// What feedback became.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    /// A verified example now.
+    Promoted,
+    /// Vouched for, by a role that may not write examples: for review.
+    Pending,
+    /// Marked wrong without a correction.
+    Noted,
+}
+
+impl Status {
+    fn as_str(self) -> &'static str {
+        match self {
+            Status::Promoted => "promoted",
+            Status::Pending => "pending",
+            Status::Noted => "noted",
+        }
+    }
+}
+
+fn error(sqlstate: &str, message: String, hint: Option<&str>) -> Error {
+    Error::Query(Box::new(SqlError {
+        sqlstate: SqlState::parse(sqlstate),
+        message,
+        hint: hint.map(str::to_string),
+        ..Default::default()
+    }))
+}
+
+/// Records feedback on the answer `history_id`: `correct`, or a `corrected` query (which must
+/// pass the guard and return rows). Returns `{feedback_id, status, example_id}`.
+pub fn give(history_id: i64, correct: bool, corrected: Option<&str>) -> Result<serde_json::Value> {
+    if !store::writable() {
+        return Err(error(
+            "25006",
+            "nl_feedback records feedback: it cannot run in a read-only transaction".into(),
+            None,
+        ));
+    }
+    let schema = store::extension_schema()?;
+    // As the caller, so that row security shows only the caller's own answers.
+    let answer = subxact::pinned(|| {
+        store::read_one::<pgrx::JsonB>(
+            &format!(
+                "SELECT (SELECT pg_catalog.jsonb_build_object('question', question, 'sql', sql, \
+                 'status', status) FROM {schema}.nl_history WHERE id = $1)"
+            ),
+            &[history_id.into()],
+        )
+    })
+    .map_err(|e| Error::internal(format!("reading the answer failed: {e}")))?
+    .ok_or_else(|| {
+        error(
+            "42704",
+            format!("there is no answer {history_id} in your history"),
+            Some("nl_ask returns history_id; nl_history lists your answers."),
+        )
+    })?
+    .0;
+    let question = answer["question"].as_str().unwrap_or_default().to_string();
+    let corrected = corrected.filter(|sql| !sql.trim().is_empty());
+    let vouched: Option<String> = match corrected {
+        Some(sql) => {
+            returns_rows(sql)?;
+            Some(sql.to_string())
+        }
+        None if correct => {
+            let sql = answer["sql"].as_str().filter(|_| answer["status"] == "ok");
+            let Some(sql) = sql else {
+                return Err(error(
+                    "22023",
+                    format!(
+                        "answer {history_id} returned no rows, so there is nothing to mark correct"
+                    ),
+                    Some("Pass the query that answers it: nl_feedback(id, true, 'SELECT ...')."),
+                ));
+            };
+            exec::check(sql)?;
+            Some(sql.to_string())
+        }
+        None => None,
+    };
+    let (status, example_id) = match &vouched {
+        None => (Status::Noted, None),
+        Some(sql) if may_write_examples(&schema)? => (
+            Status::Promoted,
+            Some(examples::add_from_history(&question, sql, history_id)?),
+        ),
+        Some(_) => (Status::Pending, None),
+    };
+    let feedback_id = subxact::pinned(|| {
+        Spi::connect_mut(|client| {
+            client
+                .update(
+                    &format!(
+                        "INSERT INTO {schema}.nl_feedback \
+                         (history_id, question, correct, sql, status, example_id) \
+                         VALUES ($1, $2, $3, $4, $5, $6) RETURNING id"
+                    ),
+                    Some(1),
+                    &[
+                        history_id.into(),
+                        question.as_str().into(),
+                        correct.into(),
+                        vouched.as_deref().into(),
+                        status.as_str().into(),
+                        example_id.into(),
+                    ],
+                )?
+                .first()
+                .get_one::<i64>()
+        })
+    })
+    .map_err(|e| Error::internal(format!("recording the feedback failed: {e}")))?;
+    Ok(json!({
+        "feedback_id": feedback_id,
+        "status": status.as_str(),
+        "example_id": example_id,
+    }))
+}
+
+/// Whether the caller may add verified examples (INSERT on `nl_examples`).
+fn may_write_examples(schema: &str) -> Result<bool> {
+    subxact::pinned(|| {
+        store::read_one::<bool>(
+            "SELECT pg_catalog.has_table_privilege(($1 || '.nl_examples')::pg_catalog.regclass, \
+             'INSERT')",
+            &[schema.into()],
+        )
+    })
+    .map_err(|e| Error::internal(format!("checking the examples' privileges failed: {e}")))
+    .map(|may| may.unwrap_or(false))
+}
+
+/// A correction must pass the guard and answer with rows, run as any query of the caller's.
+fn returns_rows(sql: &str) -> Result<()> {
+    let mode = Mode::Run(exec::Limits::from_settings());
+    match exec::attempt(sql, mode, settings::statement_timeout_ms()) {
+        Outcome::Rows(_) => Ok(()),
+        Outcome::Empty(_) => Err(error(
+            "22023",
+            "the corrected query returns no rows: an example must answer its question".into(),
+            None,
+        )),
+        Outcome::Refused(refusal) => Err(Error::Refused(Box::new(refusal.error))),
+        Outcome::Failed(error) => Err(Error::Query(Box::new(error))),
+        Outcome::Planned | Outcome::Checked => Ok(()),
+    }
+}

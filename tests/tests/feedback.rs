@@ -1,0 +1,230 @@
+//! Feedback on answers as ordinary roles give it: a role that may write examples turns a
+//! corrected answer into a verified example that the next similar question is shown; anyone
+//! else's feedback waits for review; nobody can vouch for another role's answer or for a
+//! query the guard refuses.
+
+use postgres::Client;
+use sql_query_engine_e2e::{cluster, db_error, Reply, Session};
+
+struct Roles {
+    s: Session,
+    writer: String,
+    analyst: String,
+}
+
+impl Roles {
+    fn new() -> Roles {
+        let mut s = Session::new();
+        let (writer, analyst) = (
+            format!("writer_{}", s.database),
+            format!("analyst_{}", s.database),
+        );
+        let db = s.database.clone();
+        s.client
+            .batch_execute(&format!(
+                "CREATE ROLE {writer} LOGIN; CREATE ROLE {analyst} LOGIN;
+                 GRANT SELECT ON customers, orders TO {writer}, {analyst};
+                 GRANT INSERT ON nl_examples TO {writer};
+                 ALTER DATABASE {db} SET sql_query_engine.llm_url = '{}';
+                 ALTER DATABASE {db} SET sql_query_engine.vote = off;
+                 ALTER DATABASE {db} SET sql_query_engine.max_repairs = 0;",
+                s.llm.url()
+            ))
+            .unwrap();
+        Roles { s, writer, analyst }
+    }
+
+    fn connect(&self, role: &str) -> Client {
+        cluster().connect_as(&self.s.database, role)
+    }
+}
+
+/// `nl_ask` as `client`: the answer's history id.
+fn asked(client: &mut Client, question: &str) -> i64 {
+    let answer: String = client
+        .query_one("SELECT nl_ask($1)::text", &[&question])
+        .unwrap()
+        .get(0);
+    let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    answer["history_id"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no history_id: {answer}"))
+}
+
+fn feedback(client: &mut Client, id: i64, correct: bool, sql: Option<&str>) -> serde_json::Value {
+    let given: String = client
+        .query_one(
+            "SELECT nl_feedback($1, $2, $3)::text",
+            &[&id, &correct, &sql],
+        )
+        .unwrap()
+        .get(0);
+    serde_json::from_str(&given).unwrap()
+}
+
+#[test]
+fn a_writers_correction_becomes_an_example_and_others_wait_for_review() {
+    let roles = Roles::new();
+    let italy = "SELECT name FROM customers WHERE country = 'IT'";
+    roles.s.llm.on(
+        "customers in Italy",
+        vec![
+            Reply::sql("SELECT name FROM customers WHERE country = 'Italy'"),
+            Reply::sql(italy),
+        ],
+    );
+    roles.s.llm.on(
+        "customers in Germany",
+        vec![Reply::sql(
+            "SELECT name FROM customers WHERE country = 'DE'",
+        )],
+    );
+    let mut writer = roles.connect(&roles.writer);
+    let mut analyst = roles.connect(&roles.analyst);
+
+    // The writer's wrong answer, corrected: a verified example, with where it came from.
+    let wrong = asked(&mut writer, "customers in Italy");
+    let given = feedback(
+        &mut writer,
+        wrong,
+        false,
+        Some("SELECT name FROM customers WHERE country = 'IT' ORDER BY name"),
+    );
+    assert_eq!(given["status"], "promoted", "{given}");
+    let example = given["example_id"].as_i64().expect("an example id");
+    let row = writer
+        .query_one(
+            "SELECT question, sql, history_id, added_by::text FROM nl_examples WHERE id = $1",
+            &[&example],
+        )
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "customers in Italy");
+    assert!(row.get::<_, String>(1).contains("'IT'"));
+    assert_eq!(row.get::<_, Option<i64>>(2), Some(wrong));
+    assert_eq!(row.get::<_, String>(3), roles.writer);
+
+    // The next similar question is shown it.
+    asked(&mut analyst, "customers in Italy, again");
+    let last = roles.s.llm.requests().last().unwrap().text();
+    assert!(
+        last.contains("WHERE country = 'IT' ORDER BY name"),
+        "the example reached the model: {last}"
+    );
+
+    // The analyst may not write examples: its feedback waits for review.
+    let right = asked(&mut analyst, "customers in Germany");
+    let given = feedback(&mut analyst, right, true, None);
+    assert_eq!(given["status"], "pending", "{given}");
+    assert_eq!(given["example_id"], serde_json::Value::Null);
+    let examples: i64 = analyst
+        .query_one("SELECT count(*) FROM nl_examples", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(examples, 1);
+    // Each role sees only its own feedback; the extension's owner sees all of it.
+    let seen = |client: &mut Client| -> i64 {
+        client
+            .query_one("SELECT count(*) FROM nl_feedback", &[])
+            .unwrap()
+            .get(0)
+    };
+    assert_eq!(seen(&mut analyst), 1);
+    assert_eq!(seen(&mut writer), 1);
+    assert_eq!(seen(&mut roles.connect("postgres")), 2);
+
+    // Nobody vouches for another role's answer.
+    let error = analyst
+        .query_one("SELECT nl_feedback($1, true)", &[&wrong])
+        .unwrap_err();
+    assert_eq!(db_error(&error).0, "42704", "{error}");
+}
+
+#[test]
+fn feedback_never_vouches_for_what_the_guard_refuses_or_for_no_rows() {
+    let roles = Roles::new();
+    roles.s.llm.on(
+        "customers in Atlantis",
+        vec![Reply::sql(
+            "SELECT name FROM customers WHERE country = 'AT'",
+        )],
+    );
+    let mut writer = roles.connect(&roles.writer);
+    let id = asked(&mut writer, "customers in Atlantis");
+    let refusal = |writer: &mut Client, correct: bool, sql: Option<&str>| {
+        let error = writer
+            .query_one("SELECT nl_feedback($1, $2, $3)", &[&id, &correct, &sql])
+            .unwrap_err();
+        db_error(&error).0
+    };
+    assert_eq!(
+        refusal(&mut writer, false, Some("DELETE FROM orders")),
+        "25006"
+    );
+    assert_eq!(
+        refusal(&mut writer, false, Some("SELECT 1 WHERE false")),
+        "22023",
+        "an example must return rows"
+    );
+    assert_eq!(
+        refusal(&mut writer, true, None),
+        "22023",
+        "the answer was empty: nothing to mark correct"
+    );
+    writer.batch_execute("BEGIN READ ONLY").unwrap();
+    assert_eq!(refusal(&mut writer, false, None), "25006");
+    writer.batch_execute("ROLLBACK").unwrap();
+    let (orders, examples, feedback_rows): (i64, i64, i64) = {
+        let row = writer
+            .query_one(
+                "SELECT (SELECT count(*) FROM orders), (SELECT count(*) FROM nl_examples),
+                        (SELECT count(*) FROM nl_feedback)",
+                &[],
+            )
+            .unwrap();
+        (row.get(0), row.get(1), row.get(2))
+    };
+    assert_eq!((orders, examples, feedback_rows), (6, 0, 0));
+
+    // A wrong answer without a correction is noted, nothing more.
+    let given = feedback(&mut writer, id, false, None);
+    assert_eq!(given["status"], "noted", "{given}");
+}
+
+#[test]
+fn an_example_that_no_longer_passes_the_guard_is_skipped_and_reported() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute(
+            "CREATE TABLE regions (code text, label text);
+             INSERT INTO regions VALUES ('EU', 'Europe');
+             SELECT nl_example_add('How many regions are there?',
+                                   'SELECT count(label) FROM regions');
+             SELECT nl_example_add('How many customers are there?',
+                                   'SELECT count(*) FROM customers');",
+        )
+        .unwrap();
+    s.llm.on(
+        "How many regions and customers are there now?",
+        vec![Reply::sql("SELECT count(*) FROM customers"); 2],
+    );
+    let trace = s
+        .trace("How many regions and customers are there now?")
+        .unwrap();
+    assert_eq!(trace["examples_skipped"], serde_json::json!([]), "{trace}");
+    assert!(s.llm.requests()[0]
+        .text()
+        .contains("count(label) FROM regions"));
+
+    // After DDL the first example names a column that is gone: the model is not taught it.
+    s.client
+        .batch_execute("ALTER TABLE regions DROP COLUMN label")
+        .unwrap();
+    let trace = s
+        .trace("How many regions and customers are there now?")
+        .unwrap();
+    let skipped = trace["examples_skipped"].as_array().unwrap();
+    assert_eq!(skipped.len(), 1, "{trace}");
+    let told = s.llm.requests()[1].text();
+    assert!(!told.contains("count(label)"), "{told}");
+    assert!(told.contains("SELECT count(*) FROM customers"), "{told}");
+}
