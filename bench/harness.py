@@ -135,6 +135,8 @@ def ask(conn, question, config, args):
         outcomes=[a["outcome"] for a in trace["attempts"]],
         candidates=[bool(a.get("candidate")) for a in trace["attempts"]], vote=trace.get("vote"),
         errors=[f"{a['sqlstate']}: {a['message']}" for a in trace["attempts"] if a.get("sqlstate")],
+        confidence=(trace.get("confidence") or {}).get("level"),
+        doubts=(trace.get("confidence") or {}).get("doubts"),
     )
     record["correct"] = record["correct_at_precision"] = record["correct_official"] = False
     if trace["status"] in ("ok", "empty") and trace["sql"]:
@@ -212,6 +214,7 @@ def summarize(records, questions):
             for k, v in sorted(groups.items())
         }
 
+    sure = [r for r in scored if r.get("confidence") == "high"]
     ms = [r["ms"] for r in records]
     total_minutes = sum(ms) / 60000
     n = len(records) or 1
@@ -220,6 +223,9 @@ def summarize(records, questions):
         "ci95": wilson(sum(r["correct"] for r in scored), len(scored)),
         "ex_at_gold_precision": ex(scored, "correct_at_precision"),
         "ex_official": ex(scored, "correct_official"),
+        # What abstain = when_in_doubt would answer: the share answered, and EX on those.
+        "answered_share": round(len(sure) / len(scored), 4) if scored else None,
+        "ex_answered": ex(sure), "ci95_answered": wilson(sum(r["correct"] for r in sure), len(sure)),
         "ci95_official": wilson(sum(r.get("correct_official", False) for r in scored), len(scored)),
         "excluded": {"nondeterministic_rows": sorted(nondeterministic & {r["id"] for r in records})},
         "by_suite": grouped("suite"), "by_difficulty": grouped("difficulty"),
@@ -255,6 +261,8 @@ def markdown(results, args):
     ci_official = lambda s: "" if not s.get("ci95_official") else f" [{100 * s['ci95_official'][0]:.1f}-{100 * s['ci95_official'][1]:.1f}]"
     row("EX under each suite's official rule (spider: columns in any order; defog: extra columns accepted; bird: rows as a set)",
         lambda s: pct(s.get("ex_official")) + ci_official(s))
+    row("abstain = when_in_doubt: answered share / EX on the answered",
+        lambda s: "n/a" if s.get("answered_share") is None else f"{pct(s['answered_share'])} / {pct(s.get('ex_answered'))}" + (f" [{100 * s['ci95_answered'][0]:.1f}-{100 * s['ci95_answered'][1]:.1f}]" if s.get("ci95_answered") else ""))
     suites = sorted({k for c in configs for k in results["configs"][c]["by_suite"]})
     for suite in suites:
         row(f"EX {suite} (strict / official)", lambda s, k=suite: pct(s["by_suite"].get(k, {}).get("ex")) + " / " + pct(s["by_suite"].get(k, {}).get("ex_official")) + f" (n={s['by_suite'].get(k, {}).get('n', 0)})")

@@ -14,9 +14,10 @@ use crate::progress::{Event, Progress};
 use crate::saved::{self, Field};
 use crate::schema::PromptSchema;
 use crate::session::Turn;
-use crate::settings::VoteSetting;
+use crate::settings::{AbstainSetting, VoteSetting};
 use crate::{
-    examples, feedback, hints, history, prompt, schema, session, settings, subxact, trace, values,
+    confidence, examples, feedback, hints, history, prompt, schema, session, settings, subxact,
+    trace, values,
 };
 
 /// Rows of an answer sent to the model by `nl_answer`, at most.
@@ -56,7 +57,12 @@ fn nl_trace(question: Option<&str>, session: default!(Option<&str>, "NULL")) -> 
 /// (none are sent to the model when sample values are off: then it describes the query).
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_answer(question: Option<&str>, session: default!(Option<&str>, "NULL")) -> String {
-    let (run, _) = answered(Ask::new("nl_answer", question, session)).unwrap_or_else(|e| e.raise());
+    let (run, _) = match answered(Ask::new("nl_answer", question, session)) {
+        Ok(answered) => answered,
+        // Withheld as doubtful: ask back instead of guessing.
+        Err(e) if e.sqlstate() == SqlState::NOT_SURE => return clarifying_question(&e),
+        Err(e) => e.raise(),
+    };
     let sql = run.final_sql().unwrap_or_default();
     let rows = run.best_result().map_or(&[][..], |r| &r.rows);
     let shown =
@@ -66,6 +72,19 @@ fn nl_answer(question: Option<&str>, session: default!(Option<&str>, "NULL")) ->
         .and_then(|mut llm| llm.complete(&request))
         .unwrap_or_else(|e| e.raise());
     strip_think(&completion.content).trim().to_string()
+}
+
+/// What `nl_answer` says when it withholds a doubtful answer: the question it would need
+/// answered, naming the interpretations.
+fn clarifying_question(error: &Error) -> String {
+    let mut text = "I am not sure what you mean, so I did not guess.".to_string();
+    if let Some(detail) = error.detail() {
+        text.push_str(" Which of these did you mean?\n");
+        text.push_str(detail.trim_start_matches("It hesitated between:\n"));
+    } else {
+        text.push_str(" Could you name the table, column or value you mean?");
+    }
+    text
 }
 
 /// Answers a question with its rows and how they were found: the `nl_trace` object with `rows`
@@ -275,6 +294,10 @@ fn traced(run: &Run, shown: &DatabaseContext) -> serde_json::Value {
     };
     trace["context_turns"] = serde_json::json!(turns);
     trace["history_id"] = serde_json::json!(shown.history_id);
+    let verdict = confidence::assess(run, shown.schema.pruned);
+    trace["confidence"] = serde_json::json!({
+        "level": verdict.level(), "doubts": verdict.doubts, "notes": verdict.notes,
+    });
     trace["examples_skipped"] = serde_json::json!(shown.examples_skipped);
     trace
 }
@@ -517,10 +540,52 @@ impl<'a> Ask<'a> {
 /// `answer` for the functions that return the answer itself: a run without one is an error,
 /// and every outcome is audited.
 fn answered(ask: Ask) -> Result<(Run, DatabaseContext)> {
+    // The caller's own SQL (nl_fix) is answered as asked.
+    let may_abstain = settings::abstain() == AbstainSetting::WhenInDoubt && ask.first.is_none();
     audited_run(ask, |(run, shown)| match run.failure() {
         Some(error) => Err(error),
+        None if may_abstain => match not_sure(&run, &shown) {
+            Some(error) => Err(error),
+            None => Ok((run, shown)),
+        },
         None => Ok((run, shown)),
     })
+}
+
+/// The error that withholds a doubtful answer (`abstain = when_in_doubt`): why, and the
+/// interpretations the run hesitated between.
+fn not_sure(run: &Run, shown: &DatabaseContext) -> Option<Error> {
+    let verdict = confidence::assess(run, shown.schema.pruned);
+    if verdict.sure() {
+        return None;
+    }
+    let detail = match verdict.interpretations.as_slice() {
+        [] => None,
+        found => Some(format!(
+            "It hesitated between:\n{}",
+            found
+                .iter()
+                .enumerate()
+                .map(|(i, line)| format!("{}. {line}", i + 1))
+                .collect::<Vec<_>>()
+                .join("\n")
+        )),
+    };
+    Some(Error::Query(Box::new(SqlError {
+        sqlstate: SqlState::NOT_SURE,
+        message: format!(
+            "not sure enough to answer \"{}\": {}",
+            run.question,
+            verdict.doubts.join("; ")
+        ),
+        detail,
+        hint: Some(
+            "Ask more precisely (name the table, column or value you mean), or SET \
+             sql_query_engine.abstain = off for the best guess."
+                .into(),
+        ),
+        ..Default::default()
+    })))
 }
 
 /// `answer`, then `accept` on what it gave, audited either way.

@@ -23,6 +23,10 @@ impl SqlState {
     pub const OBJECT_NOT_IN_PREREQUISITE_STATE: SqlState = SqlState(*b"55000");
     pub const SYSTEM_ERROR: SqlState = SqlState(*b"58000");
     pub const INTERNAL_ERROR: SqlState = SqlState(*b"XX000");
+    /// ambiguous_parameter: the question (the call's parameter) is too doubtful to answer
+    /// (`sql_query_engine.abstain`). Generated queries have no parameters, so PostgreSQL never
+    /// raises it for them.
+    pub const NOT_SURE: SqlState = SqlState(*b"42P08");
 
     /// From its five characters; anything else is an internal error's code.
     pub fn parse(text: &str) -> SqlState {
@@ -175,7 +179,7 @@ impl Error {
         }
     }
 
-    fn detail(&self) -> Option<String> {
+    pub fn detail(&self) -> Option<String> {
         match self {
             Error::Refused(e) | Error::Query(e) => e.detail.clone(),
             Error::AllAttemptsFailed { last_sql, .. } => Some(format!("last SQL: {last_sql}")),

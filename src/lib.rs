@@ -10,6 +10,7 @@
 
 mod api;
 mod compat;
+mod confidence;
 mod error;
 mod examples;
 mod exec;

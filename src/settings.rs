@@ -19,6 +19,15 @@ pub enum VoteSetting {
     Always,
 }
 
+/// Whether a doubtful answer is returned (`sql_query_engine.abstain`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PostgresGucEnum)]
+pub enum AbstainSetting {
+    #[name = c"off"]
+    Off,
+    #[name = c"when_in_doubt"]
+    WhenInDoubt,
+}
+
 /// How the schema is written for the model (`sql_query_engine.schema_format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PostgresGucEnum)]
 pub enum SchemaFormat {
@@ -69,6 +78,8 @@ static LLM_CIRCUIT_BREAKER_S: GucSetting<i32> = GucSetting::<i32>::new(30);
 static VALUE_INDEX: GucSetting<bool> = GucSetting::<bool>::new(true);
 /// When candidates are asked for and the result most agree on wins.
 static VOTE: GucSetting<VoteSetting> = GucSetting::<VoteSetting>::new(VoteSetting::WhenInDoubt);
+/// Refusing to guess: off returns the best answer whatever the doubts (the trace says them).
+static ABSTAIN: GucSetting<AbstainSetting> = GucSetting::<AbstainSetting>::new(AbstainSetting::Off);
 /// How many candidates a vote asks for (a ceiling: each costs a model call).
 static CANDIDATES: GucSetting<i32> = GucSetting::<i32>::new(4);
 /// How the schema is written for the model.
@@ -426,6 +437,14 @@ pub fn init() {
         GucContext::Userset,
         GucFlags::default(),
     );
+    GucRegistry::define_enum_guc(
+        c"sql_query_engine.abstain",
+        c"Whether a doubtful answer is withheld: off, or when_in_doubt (raise 42P08 naming the interpretations).",
+        c"Doubtful: the queries of a vote did not mostly agree, an empty result nothing confirmed, or only a repair ran after every alternative failed.",
+        &ABSTAIN,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
     // SAFETY: the check hook only reads the proposed value and sets GUC\'s error fields.
     unsafe {
         GucRegistry::define_int_guc_with_hooks(
@@ -648,6 +667,10 @@ pub fn value_index() -> bool {
 
 pub fn vote() -> VoteSetting {
     VOTE.get()
+}
+
+pub fn abstain() -> AbstainSetting {
+    ABSTAIN.get()
 }
 
 pub fn candidates() -> usize {

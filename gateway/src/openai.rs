@@ -490,12 +490,40 @@ async fn stream(app: App, role: String, call: Call, include_usage: bool) -> Resp
     sse(receiver)
 }
 
+/// The question a chat user is asked back when the extension withheld a doubtful answer
+/// (`42P08`, with `sql_query_engine.abstain = when_in_doubt`): the interpretations it
+/// hesitated between, to choose from.
+fn not_sure(error: &DbError) -> Option<String> {
+    match error {
+        DbError::Sql {
+            sqlstate, detail, ..
+        } if sqlstate == "42P08" => {
+            let mut text = "I am not sure what you mean, so I did not guess.".to_string();
+            match detail
+                .as_deref()
+                .and_then(|d| d.strip_prefix("It hesitated between:\n"))
+            {
+                Some(choices) => {
+                    text.push_str(" Which of these did you mean?\n\n");
+                    for line in choices.lines() {
+                        text.push_str(&format!("- `{line}`\n"));
+                    }
+                }
+                None => text.push_str(" Could you name the table, column or value you mean?"),
+            }
+            Some(text)
+        }
+        _ => None,
+    }
+}
+
 /// What a call's result says to the user: the answer's Markdown and its usage, the
-/// explanation of a message that was no question, or the error.
+/// explanation of a message that was no question, the question asked back when the answer
+/// was too doubtful, or the error.
 fn content(result: Result<Value, DbError>, max_rows: usize) -> Result<(String, Value), ApiError> {
     match result {
         Ok(trace) => Ok((markdown(&trace, max_rows), usage(&trace))),
-        Err(e) => match not_a_question(&e) {
+        Err(e) => match not_a_question(&e).or_else(|| not_sure(&e)) {
             Some(text) => Ok((text, usage(&Value::Null))),
             None => Err(ApiError::from(e)),
         },
@@ -557,6 +585,29 @@ fn sse(receiver: mpsc::Receiver<Event>) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_withheld_answer_is_asked_back_with_its_interpretations() {
+        let error = DbError::Sql {
+            sqlstate: "42P08".into(),
+            message: "not sure enough to answer \"q\": the alternatives did not agree".into(),
+            detail: Some("It hesitated between:\n1. SELECT 1 (1 row)\n2. SELECT 2 (1 row)".into()),
+            hint: None,
+        };
+        let text = not_sure(&error).expect("asked back");
+        assert!(text.starts_with("I am not sure what you mean"), "{text}");
+        assert!(
+            text.contains("- `1. SELECT 1 (1 row)`\n- `2. SELECT 2 (1 row)`"),
+            "{text}"
+        );
+        let other = DbError::Sql {
+            sqlstate: "42703".into(),
+            message: "column does not exist".into(),
+            detail: None,
+            hint: None,
+        };
+        assert!(not_sure(&other).is_none());
+    }
 
     #[test]
     fn the_answer_is_a_summary_the_sql_and_a_capped_table() {

@@ -1,0 +1,119 @@
+//! How sure an answer is, from what the pipeline already knows: a vote whose queries did not
+//! mostly agree, an empty result nothing confirmed, an answer that only a repair found after
+//! the alternatives all failed. With `sql_query_engine.abstain = when_in_doubt` a doubtful
+//! answer is not returned: a wrong table of numbers in a BI tool is worse than none.
+//!
+//! Pure: it reads the run and says why it doubts, so that it can be tested without a server.
+
+use crate::exec::Outcome;
+use crate::heal::{Run, Status};
+use crate::progress::Kind;
+
+/// Interpretations named when abstaining, at most.
+const MAX_INTERPRETATIONS: usize = 3;
+
+/// The verdict on one answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Confidence {
+    /// Why the answer is doubtful; empty when it is not.
+    pub doubts: Vec<String>,
+    /// What else the schema context left out, which does not make an answer doubtful alone.
+    pub notes: Vec<String>,
+    /// The different answers the run found, each as its SQL and what it returned, the chosen
+    /// one first (for the DETAIL of an abstention).
+    pub interpretations: Vec<String>,
+}
+
+impl Confidence {
+    pub fn sure(&self) -> bool {
+        self.doubts.is_empty()
+    }
+
+    pub fn level(&self) -> &'static str {
+        if self.sure() {
+            "high"
+        } else {
+            "low"
+        }
+    }
+}
+
+/// What `run` says about its own answer; `pruned` says whether the schema shown was cut to
+/// the relations retrieval chose.
+pub fn assess(run: &Run, pruned: bool) -> Confidence {
+    let mut doubts = Vec::new();
+    let mut notes = Vec::new();
+    if let Some(vote) = &run.vote {
+        // A majority of the alternatives (the first query, which was in doubt, may add to
+        // the winning group but not to the count).
+        let alternatives = run
+            .attempts
+            .iter()
+            .filter(|a| a.kind.is_alternative())
+            .count();
+        let agreed = vote
+            .winner
+            .map_or(0, |w| vote.groups.get(w).copied().unwrap_or(0))
+            .min(alternatives);
+        if alternatives > 1 && agreed * 2 <= alternatives {
+            doubts.push(format!(
+                "the alternatives did not agree: the most that gave one result were {agreed} \
+                 of {alternatives}"
+            ));
+        }
+    }
+    if run.status == Status::Empty && !run.confirmed_empty {
+        doubts.push("the answer is an empty result that nothing confirmed".to_string());
+    }
+    let alternatives_failed = run
+        .attempts
+        .iter()
+        .filter(|a| a.kind.is_alternative())
+        .all(|a| matches!(a.outcome, Outcome::Failed(_) | Outcome::Refused(_)));
+    let has_alternatives = run.attempts.iter().any(|a| a.kind.is_alternative());
+    let by_repair = run
+        .best_attempt()
+        .is_some_and(|a| matches!(a.kind, Kind::Repair { .. }));
+    if has_alternatives && alternatives_failed && by_repair {
+        doubts.push("every alternative failed and only a repair ran".to_string());
+    }
+    if pruned {
+        notes.push("the schema shown was cut to the relations the question seemed to need".into());
+    }
+    Confidence {
+        interpretations: if doubts.is_empty() {
+            Vec::new()
+        } else {
+            interpretations(run)
+        },
+        doubts,
+        notes,
+    }
+}
+
+/// One line per distinct result the run found (the answer's first), as SQL and row count.
+fn interpretations(run: &Run) -> Vec<String> {
+    let mut seen_groups = Vec::new();
+    let mut lines = Vec::new();
+    let answer = run.best;
+    let order = answer.into_iter().chain(0..run.attempts.len());
+    for i in order {
+        let Some(attempt) = run.attempts.get(i) else {
+            continue;
+        };
+        let rows = match &attempt.outcome {
+            Outcome::Rows(r) => r.rows.len(),
+            Outcome::Empty(_) => 0,
+            _ => continue,
+        };
+        let group = attempt.group.unwrap_or(usize::MAX - i);
+        if seen_groups.contains(&group) || lines.len() == MAX_INTERPRETATIONS {
+            continue;
+        }
+        seen_groups.push(group);
+        let sql = attempt.sql.split_whitespace().collect::<Vec<_>>().join(" ");
+        let plural = if rows == 1 { "" } else { "s" };
+        lines.push(format!("{sql} ({rows} row{plural})"));
+    }
+    lines
+}

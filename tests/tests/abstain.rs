@@ -1,0 +1,113 @@
+//! Saying "not sure" instead of guessing: every trace says how sure its answer is and why,
+//! and with `abstain = when_in_doubt` a doubtful answer is withheld (SQLSTATE 42P08, the
+//! interpretations in DETAIL), and nl_answer asks back instead.
+
+use sql_query_engine_e2e::{db_error, Reply, Session};
+
+/// A first query that comes back empty, then three candidates that each find something else.
+fn disagreeing(s: &Session, question: &str) {
+    s.llm.on(
+        question,
+        vec![
+            Reply::sql("SELECT name FROM customers WHERE country = 'Deutschland'"),
+            Reply::Choices(vec![
+                serde_json::json!({ "sql": "SELECT name FROM customers WHERE country = 'DE'" })
+                    .to_string(),
+                serde_json::json!({ "sql": "SELECT name FROM customers WHERE country = 'GB'" })
+                    .to_string(),
+                serde_json::json!({ "sql": "SELECT name FROM customers" }).to_string(),
+            ]),
+        ],
+    );
+}
+
+fn session() -> Session {
+    let mut s = Session::new();
+    s.client
+        .batch_execute(
+            "SET sql_query_engine.vote = when_in_doubt; SET sql_query_engine.candidates = 3;
+             SET sql_query_engine.max_repairs = 0;",
+        )
+        .unwrap();
+    s
+}
+
+#[test]
+fn the_trace_says_how_sure_and_a_doubtful_answer_is_withheld_when_asked() {
+    let mut s = session();
+    disagreeing(&s, "the German customers");
+    let trace = s.trace("the German customers").unwrap();
+    assert_eq!(trace["confidence"]["level"], "low", "{trace}");
+    let doubts = trace["confidence"]["doubts"].to_string();
+    assert!(
+        doubts.contains("did not agree: the most that gave one result were 1 of 3"),
+        "{doubts}"
+    );
+    // Off (the default): the best guess is still the answer.
+    disagreeing(&s, "the German customers, as rows");
+    assert!(!s.query("the German customers, as rows").unwrap().is_empty());
+
+    s.client
+        .batch_execute("SET sql_query_engine.abstain = when_in_doubt")
+        .unwrap();
+    disagreeing(&s, "the German customers, once more");
+    let error = s.query("the German customers, once more").unwrap_err();
+    let (code, message, detail) = db_error(&error);
+    assert_eq!(code, "42P08", "{message}");
+    assert!(message.contains("not sure enough"), "{message}");
+    assert!(detail.contains("1. ") && detail.contains("2. "), "{detail}");
+    assert!(detail.contains("country = 'DE'"), "{detail}");
+
+    // nl_answer asks back, without asking the model to describe rows it does not trust.
+    disagreeing(&s, "the German customers, in words");
+    let calls = s.llm.requests().len();
+    let said: String = s
+        .client
+        .query_one("SELECT nl_answer('the German customers, in words')", &[])
+        .unwrap()
+        .get(0);
+    assert!(said.starts_with("I am not sure what you mean"), "{said}");
+    assert!(said.contains("Which of these did you mean?"), "{said}");
+    assert_eq!(
+        s.llm.requests().len(),
+        calls + 2,
+        "the query and the candidates only"
+    );
+}
+
+#[test]
+fn agreeing_answers_are_sure_and_an_unconfirmed_empty_one_is_not() {
+    let mut s = session();
+    s.client
+        .batch_execute("SET sql_query_engine.abstain = when_in_doubt")
+        .unwrap();
+    let de = "SELECT name FROM customers WHERE country = 'DE' ORDER BY name";
+    s.llm.on(
+        "customers in Germany",
+        vec![
+            Reply::sql("SELECT name FROM customers WHERE country = 'Germany'"),
+            Reply::Choices(vec![
+                serde_json::json!({ "sql": de }).to_string(),
+                serde_json::json!({ "sql": de }).to_string(),
+                serde_json::json!({ "sql": "SELECT name FROM customers" }).to_string(),
+            ]),
+        ],
+    );
+    let rows = s.query("customers in Germany").unwrap();
+    assert_eq!(rows.len(), 2, "2 of 3 alternatives agreed: sure enough");
+
+    // Without a vote, an empty result that nothing confirmed is a doubt.
+    s.client
+        .batch_execute("SET sql_query_engine.vote = off")
+        .unwrap();
+    s.llm.on(
+        "customers in Atlantis",
+        vec![Reply::sql(
+            "SELECT name FROM customers WHERE country = 'AT'",
+        )],
+    );
+    let error = s.query("customers in Atlantis").unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "42P08", "{message}");
+    assert!(message.contains("empty result"), "{message}");
+}
