@@ -6,7 +6,7 @@ use pgrx::prelude::*;
 use pgrx::JsonB;
 
 use crate::error::{Error, Result, SqlError, SqlState};
-use crate::exec::{self, Mode, Outcome, ResultSet};
+use crate::exec::{self, Mode, ResultSet};
 use crate::extract::strip_think;
 use crate::heal::{self, Limits, Run, Vote};
 use crate::llm::{self, Batch, Chain, Completion, Llm, Message};
@@ -318,12 +318,7 @@ fn traced_with_rows(run: &Run, shown: &DatabaseContext) -> serde_json::Value {
 /// `max_rows`. Raises the refusal or the query's own error.
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_run(sql: &str) -> SetOfIterator<'static, JsonB> {
-    let result = match exec::attempt(sql, run_mode(), settings::statement_timeout_ms()) {
-        Outcome::Rows(result) | Outcome::Empty(result) => Ok(Some(result)),
-        Outcome::Refused(refusal) => Err(Error::Refused(Box::new(refusal.error))),
-        Outcome::Failed(error) => Err(Error::Query(Box::new(error))),
-        Outcome::Planned | Outcome::Checked => Ok(None),
-    };
+    let result = exec::attempt(sql, run_mode(), settings::statement_timeout_ms()).into_result();
     let result = history::audited("nl_run", sql, result).unwrap_or_else(|e| e.raise());
     rows_of(result.as_ref())
 }

@@ -46,11 +46,7 @@ pub fn assess(run: &Run, pruned: bool) -> Confidence {
     if let Some(vote) = &run.vote {
         // A majority of the alternatives (the first query, which was in doubt, may add to
         // the winning group but not to the count).
-        let alternatives = run
-            .attempts
-            .iter()
-            .filter(|a| a.kind.is_alternative())
-            .count();
+        let alternatives = run.alternatives().count();
         let agreed = vote
             .winner
             .map_or(0, |w| vote.groups.get(w).copied().unwrap_or(0))
@@ -65,16 +61,14 @@ pub fn assess(run: &Run, pruned: bool) -> Confidence {
     if run.status == Status::Empty && !run.confirmed_empty {
         doubts.push("the answer is an empty result that nothing confirmed".to_string());
     }
-    let alternatives_failed = run
-        .attempts
-        .iter()
-        .filter(|a| a.kind.is_alternative())
-        .all(|a| matches!(a.outcome, Outcome::Failed(_) | Outcome::Refused(_)));
-    let has_alternatives = run.attempts.iter().any(|a| a.kind.is_alternative());
+    let alternatives_failed = run.alternatives().next().is_some()
+        && run
+            .alternatives()
+            .all(|a| matches!(a.outcome, Outcome::Failed(_) | Outcome::Refused(_)));
     let by_repair = run
         .best_attempt()
         .is_some_and(|a| matches!(a.kind, Kind::Repair { .. }));
-    if has_alternatives && alternatives_failed && by_repair {
+    if alternatives_failed && by_repair {
         doubts.push("every alternative failed and only a repair ran".to_string());
     }
     if pruned {

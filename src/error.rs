@@ -164,6 +164,16 @@ impl Error {
         Error::Internal(what.to_string())
     }
 
+    /// An error with its own SQLSTATE, message and hint (a refusal of the caller's request).
+    pub fn sql(sqlstate: &str, message: impl Into<String>, hint: Option<&str>) -> Self {
+        Error::Query(Box::new(SqlError {
+            sqlstate: SqlState::parse(sqlstate),
+            message: message.into(),
+            hint: hint.map(str::to_string),
+            ..Default::default()
+        }))
+    }
+
     /// The SQLSTATE this error is raised with.
     pub fn sqlstate(&self) -> SqlState {
         match self {

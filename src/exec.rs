@@ -100,6 +100,17 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// The result of a query the caller ran itself (`nl_run`, a correction): its rows, or its
+    /// refusal or error as the error to raise; nothing for a check or a plan.
+    pub fn into_result(self) -> crate::error::Result<Option<ResultSet>> {
+        match self {
+            Outcome::Rows(result) | Outcome::Empty(result) => Ok(Some(result)),
+            Outcome::Refused(refusal) => Err(crate::error::Error::Refused(Box::new(refusal.error))),
+            Outcome::Failed(error) => Err(crate::error::Error::Query(Box::new(error))),
+            Outcome::Planned | Outcome::Checked => Ok(None),
+        }
+    }
+
     /// The outcome's name, as the trace and progress events show it.
     pub fn label(&self) -> &'static str {
         match self {

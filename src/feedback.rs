@@ -10,8 +10,8 @@
 use pgrx::prelude::*;
 use serde_json::json;
 
-use crate::error::{Error, Result, SqlError, SqlState};
-use crate::exec::{self, Mode, Outcome};
+use crate::error::{Error, Result};
+use crate::exec::{self, Mode};
 use crate::{examples, settings, store, subxact};
 
 /// What feedback became.
@@ -35,22 +35,13 @@ impl Status {
     }
 }
 
-fn error(sqlstate: &str, message: String, hint: Option<&str>) -> Error {
-    Error::Query(Box::new(SqlError {
-        sqlstate: SqlState::parse(sqlstate),
-        message,
-        hint: hint.map(str::to_string),
-        ..Default::default()
-    }))
-}
-
 /// Records feedback on the answer `history_id`: `correct`, or a `corrected` query (which must
 /// pass the guard and return rows). Returns `{feedback_id, status, example_id}`.
 pub fn give(history_id: i64, correct: bool, corrected: Option<&str>) -> Result<serde_json::Value> {
     if !store::writable() {
-        return Err(error(
+        return Err(Error::sql(
             "25006",
-            "nl_feedback records feedback: it cannot run in a read-only transaction".into(),
+            "nl_feedback records feedback: it cannot run in a read-only transaction",
             None,
         ));
     }
@@ -67,7 +58,7 @@ pub fn give(history_id: i64, correct: bool, corrected: Option<&str>) -> Result<s
     })
     .map_err(|e| Error::internal(format!("reading the answer failed: {e}")))?
     .ok_or_else(|| {
-        error(
+        Error::sql(
             "42704",
             format!("there is no answer {history_id} in your history"),
             Some("nl_ask returns history_id; nl_history lists your answers."),
@@ -84,7 +75,7 @@ pub fn give(history_id: i64, correct: bool, corrected: Option<&str>) -> Result<s
         None if correct => {
             let sql = answer["sql"].as_str().filter(|_| answer["status"] == "ok");
             let Some(sql) = sql else {
-                return Err(error(
+                return Err(Error::sql(
                     "22023",
                     format!(
                         "answer {history_id} returned no rows, so there is nothing to mark correct"
@@ -152,15 +143,13 @@ fn may_write_examples(schema: &str) -> Result<bool> {
 /// A correction must pass the guard and answer with rows, run as any query of the caller's.
 fn returns_rows(sql: &str) -> Result<()> {
     let mode = Mode::Run(exec::Limits::from_settings());
-    match exec::attempt(sql, mode, settings::statement_timeout_ms()) {
-        Outcome::Rows(_) => Ok(()),
-        Outcome::Empty(_) => Err(error(
+    let result = exec::attempt(sql, mode, settings::statement_timeout_ms()).into_result()?;
+    if result.is_some_and(|r| r.rows.is_empty()) {
+        return Err(Error::sql(
             "22023",
-            "the corrected query returns no rows: an example must answer its question".into(),
+            "the corrected query returns no rows: an example must answer its question",
             None,
-        )),
-        Outcome::Refused(refusal) => Err(Error::Refused(Box::new(refusal.error))),
-        Outcome::Failed(error) => Err(Error::Query(Box::new(error))),
-        Outcome::Planned | Outcome::Checked => Ok(()),
+        ));
     }
+    Ok(())
 }

@@ -690,6 +690,11 @@ impl Run {
             .map(|a| a.sql.as_str())
     }
 
+    /// The alternatives a vote asked for, in order.
+    pub fn alternatives(&self) -> impl Iterator<Item = &Attempt> {
+        self.attempts.iter().filter(|a| a.kind.is_alternative())
+    }
+
     /// The result of the answer, when it ran.
     pub fn best_result(&self) -> Option<&ResultSet> {
         self.best_attempt().and_then(|a| a.outcome.result())

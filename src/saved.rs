@@ -24,23 +24,14 @@ pub struct Target {
     pub exists: bool,
 }
 
-fn error(sqlstate: &str, message: String, hint: Option<&str>) -> Error {
-    Error::Query(Box::new(SqlError {
-        sqlstate: SqlState::parse(sqlstate),
-        message,
-        hint: hint.map(str::to_string),
-        ..Default::default()
-    }))
-}
-
 /// The view `view_name` names (unqualified: in the schema a CREATE VIEW would use), checked
 /// before the model is asked anything: a writable transaction, CREATE on the schema, and a
 /// free name (or, with `replace`, a view).
 pub fn target(view_name: &str, replace: bool) -> Result<Target> {
     if !store::writable() {
-        return Err(error(
+        return Err(Error::sql(
             "25006",
-            "nl_view creates a view: it cannot run in a read-only transaction".into(),
+            "nl_view creates a view: it cannot run in a read-only transaction",
             None,
         ));
     }
@@ -93,21 +84,21 @@ pub fn target(view_name: &str, replace: bool) -> Result<Target> {
         )));
     }
     let Some(schema) = found["schema"].as_str() else {
-        return Err(error(
+        return Err(Error::sql(
             "3F000",
-            "no schema has been selected to create the view in".into(),
+            "no schema has been selected to create the view in",
             Some("Qualify the name: nl_view('schema.name', ...)."),
         ));
     };
     if found["exists"] != true {
-        return Err(error(
+        return Err(Error::sql(
             "3F000",
             format!("schema \"{schema}\" does not exist"),
             None,
         ));
     }
     if found["create"] != true {
-        return Err(error(
+        return Err(Error::sql(
             "42501",
             format!("permission denied for schema {schema}"),
             Some("nl_view creates the view as you: you need CREATE on its schema."),
@@ -118,13 +109,19 @@ pub fn target(view_name: &str, replace: bool) -> Result<Target> {
         None => false,
         Some("v") if replace => true,
         Some("v") => {
-            return Err(error(
+            return Err(Error::sql(
                 "42P07",
                 format!("relation \"{name}\" already exists"),
                 Some("Pass replace => true to redefine it, or ask again with nl_view_refresh."),
             ))
         }
-        Some(_) => return Err(error("42809", format!("\"{name}\" is not a view"), None)),
+        Some(_) => {
+            return Err(Error::sql(
+                "42809",
+                format!("\"{name}\" is not a view"),
+                None,
+            ))
+        }
     };
     Ok(Target {
         qualified: found["qualified"].as_str().unwrap_or_default().to_string(),
@@ -144,9 +141,9 @@ pub struct Saved {
 /// The saved question `view_name` names: a view the caller owns whose comment names a question.
 pub fn saved(view_name: &str) -> Result<Saved> {
     if !store::writable() {
-        return Err(error(
+        return Err(Error::sql(
             "25006",
-            "nl_view_refresh redefines a view: it cannot run in a read-only transaction".into(),
+            "nl_view_refresh redefines a view: it cannot run in a read-only transaction",
             None,
         ));
     }
@@ -172,7 +169,7 @@ pub fn saved(view_name: &str) -> Result<Saved> {
         store::read_one::<pg_sys::Oid>(oid_sql, &[view_name.into()])
     });
     let Ok(Ok(Some(oid))) = resolved else {
-        return Err(error(
+        return Err(Error::sql(
             "42P01",
             format!("view \"{view_name}\" does not exist"),
             None,
@@ -181,7 +178,7 @@ pub fn saved(view_name: &str) -> Result<Saved> {
     let text = subxact::pinned(|| store::read_one::<String>(sql, &[oid.into()]))
         .map_err(|e| Error::internal(format!("reading the view failed: {e}")))?
         .ok_or_else(|| {
-            error(
+            Error::sql(
                 "42P01",
                 format!("view \"{view_name}\" does not exist"),
                 None,
@@ -189,14 +186,14 @@ pub fn saved(view_name: &str) -> Result<Saved> {
         })?;
     let found: serde_json::Value = serde_json::from_str(&text).map_err(Error::internal)?;
     if found["kind"] != "v" {
-        return Err(error(
+        return Err(Error::sql(
             "42809",
             format!("\"{view_name}\" is not a view"),
             None,
         ));
     }
     if found["owner"] != true {
-        return Err(error(
+        return Err(Error::sql(
             "42501",
             format!("must be owner of view {view_name}"),
             None,
@@ -360,7 +357,7 @@ pub fn shape(typ: pg_sys::Oid) -> Result<Vec<Field>> {
     let found: serde_json::Value = serde_json::from_str(&text).map_err(Error::internal)?;
     let type_name = found["name"].as_str().unwrap_or_default();
     if found["composite"] != true {
-        return Err(error(
+        return Err(Error::sql(
             "42804",
             format!("nl_query_as needs a row type, and {type_name} is not one"),
             Some("Pass NULL::a_composite_type or NULL::a_table_name."),
@@ -368,7 +365,7 @@ pub fn shape(typ: pg_sys::Oid) -> Result<Vec<Field>> {
     }
     let fields = found["fields"].as_array().cloned().unwrap_or_default();
     if fields.is_empty() {
-        return Err(error(
+        return Err(Error::sql(
             "42804",
             format!("the row type {type_name} has no columns"),
             None,
@@ -381,7 +378,7 @@ pub fn shape(typ: pg_sys::Oid) -> Result<Vec<Field>> {
             field["type"].as_str().unwrap_or_default().to_string(),
         );
         if field["refused"] == true {
-            return Err(error(
+            return Err(Error::sql(
                 "42501",
                 format!(
                     "nl_query_as converts answers only to built-in types, enums, arrays of them \

@@ -32,11 +32,7 @@ pub fn run(run: &Run, schema: Option<&PromptSchema>, values: Option<&str>) -> Va
     });
     trace["values"] = json!(values.map(|v| v.lines().collect::<Vec<_>>()));
     if let Some(vote) = &run.vote {
-        let alternatives = run
-            .attempts
-            .iter()
-            .filter(|a| a.kind.is_alternative())
-            .count();
+        let alternatives = run.alternatives().count();
         trace["vote"] = json!({
             "groups": vote.groups, "winner": vote.winner, "alternatives": alternatives,
             "agreed": vote.winner.map(|w| vote.groups[w]),
