@@ -232,7 +232,8 @@ fn a_client_that_goes_away_cancels_its_question_and_tokens_reload_on_sighup() {
         admin
             .query_one(
                 "SELECT count(*) FROM pg_stat_activity \
-                 WHERE state = 'active' AND query LIKE '%nl_ask%' AND pid <> pg_backend_pid()",
+                 WHERE state = 'active' AND query LIKE '%nl_ask%' AND pid <> pg_backend_pid() \
+                   AND datname = current_database()",
                 &[],
             )
             .unwrap()
