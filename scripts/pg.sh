@@ -121,6 +121,10 @@ build() {
     rm -rf "$prefix"
     (
         cd "$source"
+        # Called from make (`make pg`), the outer make's level and flags would reach
+        # PostgreSQL's own make, which then skips generating its headers (it does that only at
+        # level 0) and fails on utils/errcodes.h.
+        unset MAKELEVEL MAKEFLAGS MFLAGS
         # Portable code only: no -march=native, whatever the machine.
         ./configure --prefix="$prefix" --with-libxml --with-libxslt --with-openssl --with-lz4 \
             --without-icu --without-readline CFLAGS="-O2" >"$work/configure.log" 2>&1 \
