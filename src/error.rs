@@ -125,8 +125,15 @@ pub enum Error {
     Setting { message: String, hint: String },
 
     /// The LLM endpoint could not be reached, answered with an error, or answered garbage.
+    /// `down`: the failure is the endpoint's own (unreachable, no answer within the server's
+    /// `llm_timeout`, 429 or 5xx, not a completion), not one the request could have caused;
+    /// only such failures are shared with other backends (`llm::breaker`).
     #[error("LLM request to {endpoint} failed: {cause}")]
-    Llm { endpoint: String, cause: String },
+    Llm {
+        endpoint: String,
+        cause: String,
+        down: bool,
+    },
 
     /// The guard refused a statement (a write proposed by the model, or what `nl_check` was
     /// given); it was never executed.

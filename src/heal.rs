@@ -336,7 +336,9 @@ impl Solver<'_> {
         let asked = Instant::now();
         let batch = match self.llm.complete_many(request, self.limits.candidates) {
             Ok(batch) => batch,
-            Err(Error::Llm { endpoint, cause }) => {
+            Err(Error::Llm {
+                endpoint, cause, ..
+            }) => {
                 self.run.llm_failure = Some(LlmFailure { endpoint, cause });
                 return Ok(false);
             }
@@ -451,7 +453,9 @@ impl Solver<'_> {
             let completion = match asked_for {
                 Ok(completion) => completion,
                 // A repair that cannot be asked for leaves the run with what it has.
-                Err(Error::Llm { endpoint, cause }) if round > 0 => {
+                Err(Error::Llm {
+                    endpoint, cause, ..
+                }) if round > 0 => {
                     self.run.llm_failure = Some(LlmFailure { endpoint, cause });
                     break;
                 }
@@ -666,6 +670,7 @@ impl Run {
                             f.cause,
                             self.attempts.len()
                         ),
+                        down: false,
                     });
                 }
                 let last = self.attempts.iter().rev().find_map(|a| match &a.outcome {
@@ -747,6 +752,7 @@ mod tests {
                 return Err(Error::Llm {
                     endpoint: "http://model".into(),
                     cause: "HTTP 503".into(),
+                    down: true,
                 });
             }
             Ok(Completion {

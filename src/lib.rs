@@ -56,6 +56,7 @@ pgrx::extension_sql_file!(
 #[pgrx::pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     settings::init();
+    llm::breaker::init();
     guard::gate::init();
     schema::init();
     session::init();

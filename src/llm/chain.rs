@@ -2,23 +2,17 @@
 //! model and key, all within one `llm_timeout`. The next endpoint is tried when one is
 //! unreachable, times out, answers an HTTP error (429 and 5xx included) or no completion; the
 //! time left is shared among the endpoints still to try, and only the last one retries 429 and
-//! 5xx. A failed endpoint is skipped for `llm_circuit_breaker` (in this backend), so a dead
-//! provider does not cost every question its timeout; when every endpoint is skipped, they are
-//! all tried anyway.
+//! 5xx. A failed endpoint is skipped for `llm_circuit_breaker` (`breaker`: in every backend
+//! of the server when the library is preloaded), so a dead provider does not cost every
+//! question its timeout; when every endpoint is skipped, they are all tried anyway.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use super::breaker;
 use super::completion::{Batch, Completion, Llm, Message};
 use super::endpoint::Endpoint;
 use super::openai::{OpenAiClient, Options};
 use crate::error::{Error, Result};
-
-thread_local! {
-    /// Endpoints (by URL) not to ask until the given time.
-    static SKIPPED: RefCell<HashMap<String, Instant>> = RefCell::new(HashMap::new());
-}
 
 pub struct Chain {
     clients: Vec<OpenAiClient>,
@@ -46,9 +40,7 @@ impl Chain {
     ) -> Result<(T, String, Vec<String>)> {
         let now = Instant::now();
         let overall = now.checked_add(self.timeout).unwrap_or(now);
-        let skipped = |c: &OpenAiClient| {
-            SKIPPED.with_borrow(|s| s.get(&c.endpoint()).is_some_and(|until| *until > now))
-        };
+        let skipped = |c: &OpenAiClient| breaker::skipped(&c.endpoint(), self.breaker);
         let mut order: Vec<usize> = (0..self.clients.len())
             .filter(|&i| !skipped(&self.clients[i]))
             .collect();
@@ -73,18 +65,21 @@ impl Chain {
             let endpoint = client.endpoint();
             match ask(client, deadline, last) {
                 Ok(answer) => {
-                    SKIPPED.with_borrow_mut(|s| s.remove(&endpoint));
+                    breaker::answered(&endpoint);
                     return Ok((answer, endpoint, failures));
                 }
-                Err(Error::Llm { endpoint, cause }) => {
-                    let until = Instant::now().checked_add(self.breaker);
-                    SKIPPED.with_borrow_mut(|s| {
-                        if let Some(until) = until {
-                            s.insert(endpoint.clone(), until);
-                        }
-                    });
+                Err(Error::Llm {
+                    endpoint,
+                    cause,
+                    down,
+                }) => {
+                    breaker::failed(&endpoint, down);
                     failures.push(format!("{endpoint}: {cause}"));
-                    last_error = Some(Error::Llm { endpoint, cause });
+                    last_error = Some(Error::Llm {
+                        endpoint,
+                        cause,
+                        down,
+                    });
                 }
                 Err(other) => return Err(other),
             }
@@ -102,6 +97,7 @@ impl Chain {
                 } else {
                     format!("every endpoint failed: {}", failures.join("; "))
                 },
+                down: false,
             },
         })
     }

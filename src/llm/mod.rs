@@ -2,6 +2,7 @@
 //! fallback (`chain`), for the endpoints configured (`endpoint`), behind a small trait
 //! (`completion`).
 
+pub mod breaker;
 mod chain;
 mod completion;
 mod endpoint;

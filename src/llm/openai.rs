@@ -52,6 +52,8 @@ enum Reply {
         retry_after: Option<Duration>,
         body: String,
     },
+    /// No answer within the request's time.
+    TimedOut,
     Failed(String),
 }
 
@@ -78,14 +80,25 @@ impl OpenAiClient {
         ))
     }
 
+    /// A failure this request may have caused (or the backend's own).
     fn error(&self, cause: impl Into<String>) -> Error {
-        let mut cause = redact(&cause.into(), &self.base_url);
+        self.failure(cause.into(), false)
+    }
+
+    /// A failure that is the endpoint's own, whatever was asked (see `Error::Llm`).
+    fn down(&self, cause: impl Into<String>) -> Error {
+        self.failure(cause.into(), true)
+    }
+
+    fn failure(&self, cause: String, down: bool) -> Error {
+        let mut cause = redact(&cause, &self.base_url);
         if let Some(key) = self.api_key.as_deref() {
             cause = cause.replace(key, "[api key]");
         }
         Error::Llm {
             endpoint: self.endpoint(),
             cause,
+            down,
         }
     }
 
@@ -189,16 +202,23 @@ impl OpenAiClient {
                             "the response is larger than sql_query_engine.max_response_bytes \
                              ({limit} bytes)"
                         )),
+                        Err(ureq::Error::Timeout(_)) => Reply::TimedOut,
                         Err(e) => Reply::Failed(format!("reading the response failed: {e}")),
                     }
                 }
+                Err(ureq::Error::Timeout(_)) => Reply::TimedOut,
                 Err(e) => Reply::Failed(describe(&e)),
             }
         }
     }
 
+    /// No answer in time: the endpoint's failure only when the caller did not shorten the
+    /// server's `llm_timeout` (a role's own short timeout says nothing about the endpoint).
     fn timeout_error(&self) -> Error {
-        self.error("no answer in time (sql_query_engine.llm_timeout)")
+        self.failure(
+            "no answer in time (sql_query_engine.llm_timeout)".into(),
+            !crate::settings::llm_timeout_lowered(),
+        )
     }
 }
 
@@ -230,7 +250,8 @@ impl OpenAiClient {
                 return Err(self.timeout_error());
             }
             let (code, retry_after, text) = match self.send_once(&body, deadline)? {
-                Reply::Failed(cause) => return Err(self.error(cause)),
+                Reply::Failed(cause) => return Err(self.down(cause)),
+                Reply::TimedOut => return Err(self.timeout_error()),
                 Reply::Status {
                     code,
                     retry_after,
@@ -238,7 +259,7 @@ impl OpenAiClient {
                 } => (code, retry_after, body),
             };
             if (200..300).contains(&code) {
-                return parse_completions(&text, n).map_err(|cause| self.error(cause));
+                return parse_completions(&text, n).map_err(|cause| self.down(cause));
             }
             if code == 400 && self.json_mode && text.contains("response_format") {
                 // This endpoint has no JSON mode: ask again without it (extraction copes).
@@ -257,7 +278,12 @@ impl OpenAiClient {
             let pause = retry_after.unwrap_or(backoff);
             let resume = Instant::now().checked_add(pause);
             if !retryable || pause > MAX_RETRY_AFTER || resume.is_none_or(|r| r >= deadline) {
-                return Err(self.error(status_cause(code, &text)));
+                let cause = status_cause(code, &text);
+                return Err(if code == 429 || code >= 500 {
+                    self.down(cause)
+                } else {
+                    self.error(cause)
+                });
             }
             sleep_interruptible(resume.unwrap_or(deadline));
             backoff = (backoff * 2).min(Duration::from_secs(8));
@@ -385,7 +411,6 @@ fn is_loopback(url: &str) -> bool {
 
 fn describe(error: &ureq::Error) -> String {
     match error {
-        ureq::Error::Timeout(_) => "no answer in time (sql_query_engine.llm_timeout)".into(),
         ureq::Error::HostNotFound => "host not found".into(),
         ureq::Error::ConnectionFailed => "connection failed".into(),
         ureq::Error::Io(e) => format!("connection failed: {e}"),
