@@ -1,5 +1,5 @@
-//! The optional Redis connection (`sql_query_engine.redis_url`): shared conversation context,
-//! progress events and the schema cache for a pool of connections.
+//! The optional Redis connection (`sql_query_engine.redis_url`): conversations, progress events
+//! and the value index's reads, shared by every connection to every node of a deployment.
 //!
 //! Redis is never required. Every call is bounded by `sql_query_engine.redis_timeout` and waits
 //! interruptibly (query cancel still works); when Redis is unreachable, slow or restarting, the
@@ -122,5 +122,17 @@ pub fn key(kind: &str, name: &str) -> String {
         "sql_query_engine:{}:{}:{kind}:{name}",
         database.to_u32(),
         role.to_u32()
+    )
+}
+
+/// A Redis key for what every role of a database shares (the value index's reads of relations
+/// whose read is the same for every role that may read them): namespaced by the database's OID
+/// alone, and never equal to a role's key (`key`), whose third part is a number.
+pub fn database_key(kind: &str, name: &str) -> String {
+    // SAFETY: reads backend state.
+    let database = unsafe { pgrx::pg_sys::MyDatabaseId };
+    format!(
+        "sql_query_engine:{}:shared:{kind}:{name}",
+        database.to_u32()
     )
 }

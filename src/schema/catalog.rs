@@ -39,12 +39,24 @@ pub struct Relation {
     pub unique: Vec<Vec<String>>,
     #[serde(default)]
     pub foreign_keys: Vec<ForeignKey>,
+    /// Whether what the extension reads of it on its own is the same for every role that may
+    /// read a column of it, so that the read may be shared (`values`): a permanent table,
+    /// materialized view or partitioned table without row-level security.
+    #[serde(default)]
+    pub shareable: bool,
+    /// Its storage (`relfilenode`): new after TRUNCATE, VACUUM FULL or a rewrite.
+    #[serde(default)]
+    pub filenode: u32,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Default)]
 pub struct Column {
     /// Quoted column name.
     pub name: String,
+    /// Its number in the relation: a column dropped and added again under the same name has
+    /// another.
+    #[serde(default)]
+    pub attnum: i16,
     /// The type as written from the caller's search path (`format_type`, run outside the
     /// pinned path).
     #[serde(rename = "type", default)]
@@ -133,7 +145,10 @@ SELECT coalesce(json_agg(json_build_object(
                      WHEN 'm' THEN 'materialized view' WHEN 'f' THEN 'foreign table'
                      ELSE 'partitioned table' END,
         'comment', d.description,
-        'rows', c.reltuples)
+        'rows', c.reltuples,
+        'shareable', c.relkind IN ('r', 'm', 'p') AND NOT c.relrowsecurity
+                     AND c.relpersistence = 'p',
+        'filenode', c.relfilenode::bigint)
 ) ORDER BY s.ord, c.relname), '[]')::text
 FROM unnest($1::text[]) WITH ORDINALITY AS s(name, ord)
 JOIN pg_namespace n ON n.nspname = s.name
@@ -158,6 +173,7 @@ SELECT coalesce(json_agg(json_build_object(
     'raw_name', a.attname,
     'column', json_build_object(
         'name', quote_ident(a.attname),
+        'attnum', a.attnum,
         'type_oid', a.atttypid::bigint,
         'typmod', a.atttypmod,
         'not_null', a.attnotnull,

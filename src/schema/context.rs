@@ -23,6 +23,9 @@ pub struct TextColumn {
     pub column_sql: String,
     /// Where the extension may read its relation on its own (`Relation::own_read_from`).
     pub read_from: Option<String>,
+    /// What the read of this column is known as to every role (`relation oid:filenode` and
+    /// the column's number), when it may be shared (`Relation::shareable`).
+    pub shared_as: Option<(String, i16)>,
     /// `relation.column` as the prompt writes it.
     pub display: String,
     /// Values known from the planner's statistics (most common values, histogram bounds).
@@ -154,6 +157,12 @@ impl SchemaContext {
                     relation: i,
                     column_sql: column.name.clone(),
                     read_from: read_from.clone(),
+                    shared_as: (relation.shareable && read_from.is_some()).then(|| {
+                        (
+                            format!("{}:{}", relation.oid, relation.filenode),
+                            column.attnum,
+                        )
+                    }),
                     display: format!("{}.{}", relation.sql_name(), column.name),
                     statistics: column
                         .common_values

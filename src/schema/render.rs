@@ -269,6 +269,8 @@ mod tests {
                 ref_oid: 2,
                 ref_columns: vec!["id".into()],
             }],
+            shareable: true,
+            filenode: 1,
         }
     }
 
@@ -360,6 +362,8 @@ mod tests {
                 ref_oid: 4,
                 ref_columns: vec!["x".into(), "y".into()],
             }],
+            shareable: false,
+            filenode: 0,
         };
         assert_eq!(
             render_relation(&items, &[]),

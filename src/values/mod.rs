@@ -10,9 +10,12 @@
 //! read are indexed from their statistics alone (PostgreSQL shows none for tables whose row
 //! security applies). Nothing is built or sent with `sample_values = 0`. Look-ups are exact
 //! (case and blank space aside) for every phrase of the question, and fuzzy (trigram
-//! similarity, as pg_trgm computes it) for quoted and capitalised ones.
+//! similarity, as pg_trgm computes it) for quoted and capitalised ones. With Redis configured,
+//! reads that are the same for every role are shared by the backends of a deployment
+//! (`shared`), so that a new backend does not read every relation again.
 
 mod phrases;
+mod shared;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::cell::RefCell;
@@ -95,6 +98,9 @@ impl ValueIndex {
             columns,
         };
         let deadline = Instant::now() + BUILD_BUDGET;
+        let mut shared = shared::fetch(&index.columns);
+        let share = shared::may_share();
+        let mut read: Vec<(usize, Vec<String>)> = Vec::new();
         for relation in index.columns.relations() {
             pgrx::check_for_interrupts!();
             let ids = index.columns.of_relation(relation);
@@ -102,12 +108,21 @@ impl ValueIndex {
                 .iter()
                 .map(|&id| index.columns.get(id).statistics.clone())
                 .collect();
+            // What another backend read already; the rest is read here.
+            let mut unread = Vec::new();
+            for (position, id) in ids.iter().enumerate() {
+                match shared.remove(id) {
+                    Some(values) => per_column[position].extend(values),
+                    None => unread.push(position),
+                }
+            }
             let now = Instant::now();
-            if let (true, Some(from)) = (now < deadline, &index.columns.get(ids[0]).read_from) {
+            let from = &index.columns.get(ids[0]).read_from;
+            if let (true, false, Some(from)) = (now < deadline, unread.is_empty(), from) {
                 let remaining = (deadline - now).as_millis().clamp(1, 1000) as i32;
-                let columns: Vec<&str> = ids
+                let columns: Vec<&str> = unread
                     .iter()
-                    .map(|&id| index.columns.get(id).column_sql.as_str())
+                    .map(|&position| index.columns.get(ids[position]).column_sql.as_str())
                     .collect();
                 let scanned = exec::scan_text_columns(
                     from,
@@ -116,11 +131,13 @@ impl ValueIndex {
                     exec::ValueLength::AtMost(MAX_VALUE_CHARS),
                     remaining,
                 );
-                for (values, more) in per_column
-                    .iter_mut()
-                    .zip(scanned.map(|s| s.columns).unwrap_or_default())
-                {
-                    values.extend(more);
+                if let Some(scanned) = scanned {
+                    for (&position, more) in unread.iter().zip(scanned.columns) {
+                        if share && index.columns.get(ids[position]).shared_as.is_some() {
+                            read.push((ids[position], more.clone()));
+                        }
+                        per_column[position].extend(more);
+                    }
                 }
             }
             for (&id, values) in ids.iter().zip(per_column) {
@@ -130,6 +147,7 @@ impl ValueIndex {
                 break;
             }
         }
+        shared::store(&index.columns, &read);
         index
     }
 

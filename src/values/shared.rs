@@ -1,0 +1,99 @@
+//! Reads of the value index shared by the backends of a deployment, through Redis when it is
+//! configured: a new backend of a busy server (or of another node) takes the values other
+//! backends read instead of reading every relation again.
+//!
+//! Only reads that are the same for every role are shared: relations without row-level
+//! security (`Relation::shareable`), kept per column (its number, so a column dropped and
+//! added again under the same name is another), and a role takes only the columns of its own
+//! schema context, which holds only what it may read. A relation's key names its storage
+//! (`relfilenode`), so a TRUNCATE or a rewrite starts afresh, and expires after `TTL` (a
+//! backend's own index is as old as its schema cache, which ANALYZE and DDL renew). Reads made
+//! in a transaction that wrote something (whose rows nobody else may see yet) are not shared.
+
+use std::collections::HashMap;
+
+use pgrx::pg_sys;
+
+use crate::redis_client;
+use crate::schema::TextColumns;
+
+/// How long a shared read is used.
+const TTL_S: u64 = 600;
+
+/// The shared reads of `columns` (by column id) that Redis has: one round trip for all of them.
+pub fn fetch(columns: &TextColumns) -> HashMap<usize, Vec<String>> {
+    if !redis_client::configured() {
+        return HashMap::new();
+    }
+    // Per relation: its key, and (column id, field) of each column whose read may be shared.
+    let mut wanted: Vec<(String, Vec<(usize, String)>)> = Vec::new();
+    for relation in columns.relations() {
+        let mut fields = Vec::new();
+        let mut key = None;
+        for id in columns.of_relation(relation) {
+            if let Some((relation_key, attnum)) = &columns.get(id).shared_as {
+                key = Some(relation_key.clone());
+                fields.push((id, attnum.to_string()));
+            }
+        }
+        if let Some(key) = key {
+            wanted.push((redis_client::database_key("values", &key), fields));
+        }
+    }
+    if wanted.is_empty() {
+        return HashMap::new();
+    }
+    let request: Vec<(String, Vec<String>)> = wanted
+        .iter()
+        .map(|(key, fields)| (key.clone(), fields.iter().map(|(_, f)| f.clone()).collect()))
+        .collect();
+    let answers: Option<Vec<Vec<Option<String>>>> = redis_client::call(move |c| {
+        let mut pipe = ::redis::pipe();
+        for (key, fields) in &request {
+            pipe.cmd("HMGET").arg(key).arg(fields);
+        }
+        pipe.query(c)
+    });
+    let mut found = HashMap::new();
+    for ((_, fields), answer) in wanted.iter().zip(answers.unwrap_or_default()) {
+        for ((id, _), value) in fields.iter().zip(answer) {
+            if let Some(values) = value.and_then(|v| serde_json::from_str::<Vec<String>>(&v).ok()) {
+                found.insert(*id, values);
+            }
+        }
+    }
+    found
+}
+
+/// Whether this transaction's reads may be shared: nothing it wrote can be in them.
+pub fn may_share() -> bool {
+    // SAFETY: reads backend state.
+    redis_client::configured()
+        && unsafe { pg_sys::GetTopTransactionIdIfAny() } == pg_sys::InvalidTransactionId
+}
+
+/// Shares the reads `read` (column id, the values read) with the other backends.
+pub fn store(columns: &TextColumns, read: &[(usize, Vec<String>)]) {
+    let mut by_key: HashMap<String, Vec<(String, String)>> = HashMap::new();
+    for (id, values) in read {
+        if let (Some((key, attnum)), Ok(json)) =
+            (&columns.get(*id).shared_as, serde_json::to_string(values))
+        {
+            by_key
+                .entry(redis_client::database_key("values", key))
+                .or_default()
+                .push((attnum.to_string(), json));
+        }
+    }
+    if by_key.is_empty() {
+        return;
+    }
+    let _: Option<()> = redis_client::call(move |c| {
+        let mut pipe = ::redis::pipe();
+        for (key, fields) in &by_key {
+            pipe.cmd("HSET").arg(key).arg(fields).ignore();
+            pipe.cmd("EXPIRE").arg(key).arg(TTL_S).ignore();
+        }
+        pipe.query(c)
+    });
+}

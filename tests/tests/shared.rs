@@ -1,0 +1,275 @@
+//! What the backends of a server share, and what they must not: the circuit breaker's view of
+//! a dead endpoint (in shared memory, when the library is preloaded), and the value index's
+//! reads (through Redis, only reads that are the same for every role).
+
+use std::path::PathBuf;
+
+use postgres::{Client, NoTls};
+use sql_query_engine_e2e::cluster::{free_port, run_script, FIXTURE};
+use sql_query_engine_e2e::redis::RedisServer;
+use sql_query_engine_e2e::{cluster, Reply, ScriptedLlm, Session};
+
+/// A cluster of its own with the library preloaded (the shared test cluster is not), and one
+/// database with the extension and the fixture; stopped and removed on drop.
+struct Preloaded {
+    dir: PathBuf,
+    port: u16,
+}
+
+impl Preloaded {
+    fn start() -> Preloaded {
+        let dir = PathBuf::from(format!("/tmp/sqe-preloaded-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let port = free_port();
+        run_script(&[
+            "start",
+            dir.to_str().unwrap(),
+            &port.to_string(),
+            "-c",
+            "shared_preload_libraries=sql_query_engine",
+        ]);
+        let preloaded = Preloaded { dir, port };
+        preloaded
+            .connect("postgres")
+            .batch_execute("CREATE DATABASE shop")
+            .unwrap();
+        let mut shop = preloaded.connect("shop");
+        shop.batch_execute("CREATE EXTENSION sql_query_engine")
+            .unwrap();
+        shop.batch_execute(FIXTURE).unwrap();
+        preloaded
+    }
+
+    fn connect(&self, database: &str) -> Client {
+        Client::connect(
+            &format!(
+                "host={} port={} user=postgres dbname={database}",
+                self.dir.display(),
+                self.port
+            ),
+            NoTls,
+        )
+        .unwrap()
+    }
+}
+
+impl Drop for Preloaded {
+    fn drop(&mut self) {
+        run_script(&["stop", self.dir.to_str().unwrap_or("")]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A model endpoint that always answers 503 and counts what it was asked.
+fn failing_endpoint() -> ScriptedLlm {
+    let llm = ScriptedLlm::start();
+    llm.respond_with(|_| {
+        Some(Reply::Status(
+            503,
+            r#"{"error":{"message":"overloaded"}}"#.into(),
+        ))
+    });
+    llm
+}
+
+/// Asks `question` on a new connection (a new backend) from `connect`; returns the trace.
+fn ask_fresh(connect: impl Fn() -> Client, settings: &str, question: &str) -> serde_json::Value {
+    let mut client = connect();
+    client.batch_execute(settings).unwrap();
+    let text: String = client
+        .query_one("SELECT nl_trace($1)::text", &[&question])
+        .unwrap()
+        .get(0);
+    serde_json::from_str(&text).unwrap()
+}
+
+#[test]
+fn a_dead_endpoint_is_skipped_by_every_backend_of_a_preloaded_server_but_a_roles_own_timeout_is_not_shared(
+) {
+    let server = Preloaded::start();
+    let (dead, slow, healthy) = (
+        failing_endpoint(),
+        ScriptedLlm::start(),
+        ScriptedLlm::start(),
+    );
+    healthy.respond_with(|_| Some(Reply::sql("SELECT count(*) AS n FROM customers")));
+    slow.respond_with(|_| {
+        Some(Reply::Slow(
+            std::time::Duration::from_millis(1500),
+            Box::new(Reply::sql("SELECT count(*) AS n FROM customers")),
+        ))
+    });
+    let chain = |first: &ScriptedLlm| {
+        format!(
+            "SET sql_query_engine.llm_url = '{}'; SET sql_query_engine.llm_fallbacks = '{}';
+             SET sql_query_engine.vote = off;",
+            first.url(),
+            healthy.url()
+        )
+    };
+    let connect = || server.connect("shop");
+
+    // One backend finds the endpoint dead and falls back; a new backend skips it at once.
+    let first = ask_fresh(connect, &chain(&dead), "count the customers");
+    assert_eq!(first["status"], "ok");
+    assert_eq!(
+        first["attempts"][0]["endpoint_failures"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    let asked = dead.requests().len();
+    let second = ask_fresh(connect, &chain(&dead), "count the customers again");
+    assert_eq!(second["status"], "ok");
+    assert_eq!(dead.requests().len(), asked, "the new backend skipped it");
+    assert_eq!(
+        second["attempts"][0]["endpoint_failures"],
+        serde_json::json!([])
+    );
+
+    // A timeout under a role's own shorter llm_timeout says nothing about the endpoint: the
+    // next backend, with the server's timeout, asks it again and gets its answer.
+    let impatient = format!("{} SET sql_query_engine.llm_timeout = 600;", chain(&slow));
+    let short = ask_fresh(connect, &impatient, "count them quickly");
+    assert_eq!(short["status"], "ok");
+    assert_eq!(slow.requests().len(), 1);
+    let patient = ask_fresh(connect, &chain(&slow), "count them patiently");
+    assert_eq!(patient["status"], "ok");
+    assert_eq!(
+        slow.requests().len(),
+        2,
+        "the slow endpoint was asked again"
+    );
+    assert_eq!(
+        patient["attempts"][0]["endpoint"],
+        format!("{}/chat/completions", slow.url())
+    );
+
+    // The control: on a server without the library preloaded, each backend finds out alone.
+    let s = Session::new();
+    let dead_elsewhere = failing_endpoint();
+    let on_shared_cluster = || cluster().connect(&s.database);
+    ask_fresh(
+        on_shared_cluster,
+        &chain(&dead_elsewhere),
+        "count the customers",
+    );
+    let asked = dead_elsewhere.requests().len();
+    ask_fresh(
+        on_shared_cluster,
+        &chain(&dead_elsewhere),
+        "count them again",
+    );
+    assert_eq!(dead_elsewhere.requests().len(), asked + 1);
+}
+
+/// The key a relation's shared reads are kept under, and how many there are.
+fn shared_reads(redis: &RedisServer, client: &mut Client, table: &str) -> usize {
+    let (database, relation, filenode): (u32, u32, u32) = {
+        let row = client
+            .query_one(
+                "SELECT (SELECT oid FROM pg_database WHERE datname = current_database()), \
+                 oid, relfilenode FROM pg_class WHERE oid = $1::text::regclass",
+                &[&table],
+            )
+            .unwrap();
+        (row.get(0), row.get(1), row.get(2))
+    };
+    let mut r = redis.client().unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!(
+            "sql_query_engine:{database}:shared:values:{relation}:{filenode}"
+        ))
+        .query(&mut r)
+        .unwrap();
+    keys.len()
+}
+
+#[test]
+fn value_reads_are_shared_through_redis_only_where_they_are_the_same_for_every_role() {
+    let redis = RedisServer::start();
+    let mut s = Session::new();
+    let id = std::process::id();
+    let (first, second) = (format!("reader_a_{id}"), format!("reader_b_{id}"));
+    let db = s.database.clone();
+    s.client
+        .batch_execute(&format!(
+            "CREATE TABLE shipments (id int, city text);
+             INSERT INTO shipments VALUES (1, 'Zaragoza'), (2, 'Tromsø');
+             CREATE TABLE notes (id int, topic text);
+             INSERT INTO notes VALUES (1, 'Quarterly pruning');
+             ALTER TABLE notes ENABLE ROW LEVEL SECURITY;
+             CREATE POLICY everyone ON notes USING (true);
+             CREATE TABLE drafts (id int, title text);
+             CREATE ROLE {first} LOGIN; CREATE ROLE {second} LOGIN;
+             GRANT SELECT ON shipments, notes, drafts TO {first}, {second};
+             ALTER DATABASE {db} SET sql_query_engine.llm_url = '{}';
+             ALTER DATABASE {db} SET sql_query_engine.redis_url = '{}';",
+            s.llm.url(),
+            redis.url()
+        ))
+        .unwrap();
+    let schema_for = |role: &str, question: &str| -> String {
+        cluster()
+            .connect_as(&db, role)
+            .query_one("SELECT nl_schema($1)", &[&question])
+            .unwrap()
+            .get(0)
+    };
+    // What a transaction that wrote reads (its own rows, which nobody else sees yet) is not
+    // shared: nothing of that build reaches Redis.
+    s.client
+        .batch_execute(&format!(
+            "SET sql_query_engine.redis_url = '{}'",
+            redis.url()
+        ))
+        .unwrap();
+    s.client.batch_execute("BEGIN").unwrap();
+    s.client
+        .batch_execute("INSERT INTO drafts VALUES (1, 'Uncommitted Ideas')")
+        .unwrap();
+    let own: String = s
+        .client
+        .query_one("SELECT nl_schema('drafts about Uncommitted Ideas')", &[])
+        .unwrap()
+        .get(0);
+    assert!(
+        own.contains("'Uncommitted Ideas' found in drafts.title"),
+        "{own}"
+    );
+    s.client.batch_execute("ROLLBACK").unwrap();
+    assert_eq!(shared_reads(&redis, &mut s.client, "drafts"), 0);
+    assert_eq!(shared_reads(&redis, &mut s.client, "shipments"), 0);
+
+    // The first role's backend reads the table and shares what it read.
+    let seen = schema_for(&first, "shipments to Zaragoza");
+    assert!(
+        seen.contains("'Zaragoza' found in shipments.city"),
+        "{seen}"
+    );
+    assert_eq!(shared_reads(&redis, &mut s.client, "shipments"), 1);
+    // The table changes in place; another role's new backend takes the shared read instead of
+    // reading the table again, so it still knows the old value and not the new one.
+    s.client
+        .batch_execute("UPDATE shipments SET city = 'Zamora' WHERE id = 1")
+        .unwrap();
+    let shared = schema_for(&second, "shipments to Zaragoza");
+    assert!(
+        shared.contains("'Zaragoza' found in shipments.city"),
+        "{shared}"
+    );
+    let later = schema_for(&second, "shipments to Zamora");
+    assert!(!later.contains("'Zamora' found"), "{later}");
+
+    // A table with row-level security is never read on the extension's own behalf (its
+    // policies are their owner's code), so nothing of it is shared either; a new backend in a
+    // transaction that wrote nothing shares what it read.
+    let _: String = cluster()
+        .connect(&db)
+        .query_one("SELECT nl_schema('notes on Quarterly pruning')", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(shared_reads(&redis, &mut s.client, "drafts"), 1);
+    assert_eq!(shared_reads(&redis, &mut s.client, "notes"), 0);
+}
