@@ -109,12 +109,16 @@ fn nl_ask(
 /// `nl_ask` as a procedure, for slow models: `CALL nl_call('question', answer => NULL)`.
 /// Called outside a transaction block, it commits its transaction before each model call, so
 /// that no snapshot (`backend_xmin`), lock or transaction id is held while the model thinks;
-/// inside one, the caller owns the snapshot and it behaves like `nl_ask`.
+/// inside one, the caller owns the snapshot and it behaves like `nl_ask`. `run_as` is the role
+/// the call runs as (checked as `SET ROLE` checks it) and `progress` its progress setting, both
+/// for the call only: a client that shares connections (the gateway, through a pooler in
+/// transaction mode) leaves nothing behind on the connection.
 #[pg_extern(
     volatile,
     parallel_unsafe,
     sql = "CREATE PROCEDURE nl_call(question text, session text DEFAULT NULL, \
-           INOUT answer jsonb DEFAULT NULL, turns jsonb DEFAULT NULL) \
+           INOUT answer jsonb DEFAULT NULL, turns jsonb DEFAULT NULL, \
+           run_as text DEFAULT NULL, progress boolean DEFAULT NULL) \
            LANGUAGE c AS 'MODULE_PATHNAME', 'nl_call_wrapper';"
 )]
 fn nl_call(
@@ -122,9 +126,12 @@ fn nl_call(
     session: Option<&str>,
     _answer: Option<JsonB>,
     turns: Option<JsonB>,
+    run_as: Option<&str>,
+    progress: Option<bool>,
     fcinfo: pg_sys::FunctionCallInfo,
 ) -> pgrx::datum::Internal {
-    let answer = subxact::in_procedure(fcinfo, || {
+    let settings = call_settings(run_as, progress).unwrap_or_else(|e| e.raise());
+    let answer = subxact::in_procedure(fcinfo, &settings, || {
         let ask = Ask {
             release: true,
             turns: turns.as_ref().map(|t| &t.0),
@@ -152,6 +159,33 @@ fn nl_call(
         let tuple = pg_sys::heap_form_tuple(desc, values.as_mut_ptr(), nulls.as_mut_ptr());
         pgrx::datum::Internal::from(Some(pg_sys::HeapTupleHeaderGetDatum((*tuple).t_data)))
     }
+}
+
+/// The settings `nl_call` makes for the call: the role it runs as and its progress.
+fn call_settings(
+    run_as: Option<&str>,
+    progress: Option<bool>,
+) -> Result<Vec<(std::ffi::CString, std::ffi::CString)>> {
+    let text = |value: &str, what: &str| {
+        std::ffi::CString::new(value)
+            .map_err(|_| Error::InvalidParameter(format!("{what} contains a NUL character")))
+    };
+    let mut settings = Vec::new();
+    if let Some(role) = run_as {
+        if role.is_empty() {
+            return Err(Error::InvalidParameter(
+                "run_as is empty: name a role".into(),
+            ));
+        }
+        settings.push((c"role".to_owned(), text(role, "run_as")?));
+    }
+    if let Some(on) = progress {
+        settings.push((
+            c"sql_query_engine.progress".to_owned(),
+            (if on { c"on" } else { c"off" }).to_owned(),
+        ));
+    }
+    Ok(settings)
 }
 
 /// Saves the answer to a question as a view (`view_name`, or `schema.view_name`), for BI tools:
@@ -346,10 +380,34 @@ fn nl_feedback(
     JsonB(history::audited("nl_feedback", input, given).unwrap_or_else(|e| e.raise()))
 }
 
-/// Forgets a session's earlier questions (in backend memory and in Redis).
+/// Forgets a session's earlier questions (in every store this server reaches).
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_session_reset(session: &str) {
     session::reset(session);
+}
+
+/// Where a session's turns are kept on this server now: `redis` (shared by every connection to
+/// every node of the deployment), `table` (this primary's `nl_sessions`) or `memory` (this
+/// backend only). A gateway sends server-side sessions only to servers that keep them shared.
+#[pg_extern(volatile, parallel_unsafe)]
+fn nl_session_store() -> &'static str {
+    session::reachable_store().as_str()
+}
+
+/// Records in this server's `nl_history`, as the caller, an answer another server of the
+/// deployment gave (a hot standby, which cannot write): the object `nl_ask` or `nl_call`
+/// returned there. Returns the history id (for `nl_feedback`), or NULL when
+/// `sql_query_engine.history` is off. It writes only the row the caller could insert itself.
+#[pg_extern(volatile, parallel_unsafe)]
+fn nl_history_add(
+    answer: Option<JsonB>,
+    function: default!(&str, "'nl_ask'"),
+    session: default!(Option<&str>, "NULL"),
+) -> Option<i64> {
+    let answer = answer.map_or(serde_json::Value::Null, |a| a.0);
+    let recorded = history::record_answer(function, session, &answer);
+    let question = answer["question"].as_str().unwrap_or_default();
+    history::audited("nl_history_add", question, recorded).unwrap_or_else(|e| e.raise())
 }
 
 /// Checks SQL with the guard, without running it: raises the refusal as an ERROR (25006 for a

@@ -9,10 +9,67 @@ use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 
-use crate::error::Error;
+use crate::error::{Error, Result};
 use crate::heal::Run;
 use crate::settings::AuditLog;
-use crate::{names, settings, store, trace};
+use crate::{names, settings, store, subxact, trace};
+
+/// One `nl_history` row.
+struct Row<'a> {
+    function: &'a str,
+    session: Option<&'a str>,
+    question: &'a str,
+    sql: Option<&'a str>,
+    status: &'a str,
+    /// The attempts, as the trace writes them (`trace::attempts`).
+    attempts: String,
+    row_count: Option<i32>,
+    ms: f64,
+    llm_calls: i32,
+    prompt_tokens: i32,
+    completion_tokens: i32,
+}
+
+impl Row<'_> {
+    /// Inserts the row as the caller (its role OID, under row security); returns its id.
+    fn insert(
+        &self,
+        schema: &str,
+        client: &mut pgrx::spi::SpiClient<'_>,
+    ) -> std::result::Result<Option<i64>, pgrx::spi::Error> {
+        let sql = format!(
+            "INSERT INTO {schema}.nl_history (function, session, question, sql, status, \
+             attempts, row_count, ms, llm_calls, prompt_tokens, completion_tokens, role_id) \
+             VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10, $11, $12) RETURNING id"
+        );
+        client
+            .update(
+                sql.as_str(),
+                Some(1),
+                &[
+                    self.function.into(),
+                    self.session.into(),
+                    self.question.into(),
+                    self.sql.into(),
+                    self.status.into(),
+                    self.attempts.as_str().into(),
+                    self.row_count.into(),
+                    self.ms.into(),
+                    self.llm_calls.into(),
+                    self.prompt_tokens.into(),
+                    self.completion_tokens.into(),
+                    // SAFETY: reads the backend's current role.
+                    unsafe { pg_sys::GetUserId() }.into(),
+                ],
+            )?
+            .first()
+            .get_one::<i64>()
+    }
+}
+
+fn clamp(n: u64) -> i32 {
+    n.min(i32::MAX as u64) as i32
+}
 
 /// Records one call of `function` (`nl_query`, ...); returns its `nl_history` id when it was
 /// written.
@@ -25,39 +82,80 @@ pub fn record(function: &str, session: Option<&str>, run: &Run) -> Option<i64> {
         return None;
     }
     let schema = store::extension_schema().ok()?;
-    let clamp = |n: u64| n.min(i32::MAX as u64) as i32;
-    let sql = format!(
-        "INSERT INTO {schema}.nl_history (function, session, question, sql, status, attempts, \
-         row_count, ms, llm_calls, prompt_tokens, completion_tokens, role_id) \
-         VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10, $11, $12) RETURNING id"
-    );
-    let attempts = trace::attempts(run).to_string();
-    let row_count = run.best_result().map(|r| clamp(r.rows.len() as u64));
-    store::write_best_effort("history", |client| {
-        client
-            .update(
-                sql.as_str(),
-                Some(1),
-                &[
-                    function.into(),
-                    session.into(),
-                    run.question.as_str().into(),
-                    run.final_sql().into(),
-                    run.status.as_str().into(),
-                    attempts.as_str().into(),
-                    row_count.into(),
-                    run.ms.into(),
-                    (run.llm_calls as i32).into(),
-                    clamp(run.prompt_tokens).into(),
-                    clamp(run.completion_tokens).into(),
-                    // SAFETY: reads the backend's current role.
-                    unsafe { pg_sys::GetUserId() }.into(),
-                ],
-            )?
-            .first()
-            .get_one::<i64>()
-    })
-    .flatten()
+    let row = Row {
+        function,
+        session,
+        question: &run.question,
+        sql: run.final_sql(),
+        status: run.status.as_str(),
+        attempts: trace::attempts(run).to_string(),
+        row_count: run.best_result().map(|r| clamp(r.rows.len() as u64)),
+        ms: run.ms,
+        llm_calls: run.llm_calls as i32,
+        prompt_tokens: clamp(run.prompt_tokens),
+        completion_tokens: clamp(run.completion_tokens),
+    };
+    store::write_best_effort("history", |client| row.insert(&schema, client)).flatten()
+}
+
+/// The functions whose answers `record_answer` records.
+const ANSWERING: [&str; 4] = ["nl_ask", "nl_call", "nl_query", "nl_trace"];
+
+/// Records an answer another server gave (`nl_history_add`): the object `nl_ask` returned
+/// there. Unlike `record`, a failure is the caller's error: recording is what was asked for.
+pub fn record_answer(
+    function: &str,
+    session: Option<&str>,
+    answer: &serde_json::Value,
+) -> Result<Option<i64>> {
+    if !ANSWERING.contains(&function) {
+        return Err(Error::InvalidParameter(format!(
+            "function must name the function that answered: one of {}",
+            ANSWERING.join(", ")
+        )));
+    }
+    let bad = |what: &str| Error::InvalidParameter(format!("answer: {what}"));
+    let text = |key: &str| answer.get(key).and_then(serde_json::Value::as_str);
+    let count = |key: &str| answer.get(key).and_then(serde_json::Value::as_u64);
+    let question = text("question")
+        .filter(|q| !q.trim().is_empty())
+        .ok_or_else(|| bad("has no question (pass the object nl_ask returned)"))?;
+    let status = text("status")
+        .filter(|s| ["ok", "empty", "error", "refused"].contains(s))
+        .ok_or_else(|| bad("has no status of ok, empty, error or refused"))?;
+    let attempts = answer
+        .get("attempts")
+        .filter(|a| a.is_array())
+        .ok_or_else(|| bad("has no attempts array"))?;
+    if !settings::history() {
+        return Ok(None);
+    }
+    if !store::writable() {
+        return Err(Error::sql(
+            "25006",
+            "nl_history_add records an answer: it cannot run in a read-only transaction",
+            Some("Call it on the primary."),
+        ));
+    }
+    let schema = store::extension_schema()?;
+    let row = Row {
+        function,
+        session,
+        question,
+        sql: text("sql"),
+        status,
+        attempts: attempts.to_string(),
+        row_count: count("row_count").map(clamp),
+        ms: answer
+            .get("ms")
+            .and_then(serde_json::Value::as_f64)
+            .unwrap_or(0.0),
+        llm_calls: count("llm_calls").map_or(0, clamp),
+        prompt_tokens: count("prompt_tokens").map_or(0, clamp),
+        completion_tokens: count("completion_tokens").map_or(0, clamp),
+    };
+    subxact::pinned(|| Spi::connect_mut(|client| row.insert(&schema, client)))
+        .map_err(|e| Error::internal(format!("recording the answer failed: {e}")))
 }
 
 /// How a call ended, as the audit line says it.

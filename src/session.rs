@@ -2,13 +2,15 @@
 //! it), so that "now only 2024" means something.
 //!
 //! A session must be found by whichever backend serves the next turn (a pool, pgbouncer in
-//! transaction mode), so the store is, in this order:
-//! - the extension's table `nl_sessions` when the transaction can write (keyed by role OID and
-//!   session, row-level security like `nl_history`, rows expire after `session_ttl`), written in
-//!   the caller's transaction;
-//! - Redis when configured (namespaced by database and role OID, expiring after `session_ttl`);
-//! - backend memory, as the last resort (a read-only transaction without Redis, or a hot
-//!   standby without Redis); `DISCARD ALL` forgets it.
+//! transaction mode, another node of a deployment), so the store is, in this order:
+//! - Redis when configured: one store for every node of the deployment, primary and standbys
+//!   alike (namespaced by database and role OID, expiring after `session_ttl`), so that a
+//!   conversation may hop between them;
+//! - else the extension's table `nl_sessions` when the transaction can write (keyed by role OID
+//!   and session, row-level security like `nl_history`, rows expire after `session_ttl`),
+//!   written in the caller's transaction;
+//! - else backend memory, as the last resort (a read-only transaction or a hot standby without
+//!   Redis); `DISCARD ALL` forgets it. It also bridges a Redis outage.
 //!
 //! The trace says which store served a turn.
 
@@ -50,14 +52,31 @@ thread_local! {
     static MEMORY: RefCell<HashMap<(u32, String), VecDeque<Turn>>> = RefCell::new(HashMap::new());
 }
 
-/// The store this transaction uses.
+/// The store this transaction uses: Redis when configured, else the table where it can be
+/// written, else backend memory.
 pub fn store() -> Store {
-    if store::writable() && store::extension_schema().is_ok() {
-        Store::Table
-    } else if redis_client::configured() {
+    if redis_client::configured() {
         Store::Redis
+    } else if store::writable() && store::extension_schema().is_ok() {
+        Store::Table
     } else {
         Store::Memory
+    }
+}
+
+/// The store a session would use now, Redis only when it answers (for `nl_session_store`,
+/// which the gateway routes server-side sessions by).
+pub fn reachable_store() -> Store {
+    match store() {
+        Store::Redis => {
+            let pong: Option<String> = redis_client::call(|c| ::redis::cmd("PING").query(c));
+            if pong.is_some() {
+                Store::Redis
+            } else {
+                Store::Memory
+            }
+        }
+        other => other,
     }
 }
 
@@ -71,21 +90,27 @@ fn memory_key(session: &str) -> (u32, String) {
     (role_id().to_u32(), session.to_string())
 }
 
-/// The last `session_turns` turns of `session`, oldest first, and the store they came from.
+/// The last `session_turns` turns of `session`, oldest first, and the store that served them
+/// (backend memory when Redis did not answer).
 pub fn turns(session: &str) -> (Vec<Turn>, Store) {
     let keep = settings::session_turns();
     let store = store();
     if keep == 0 {
         return (Vec::new(), store);
     }
-    let found = match store {
-        Store::Table => table_turns(session),
-        Store::Redis => redis_turns(session, keep),
-        Store::Memory => None,
+    let (found, served) = match store {
+        Store::Table => (table_turns(session), Store::Table),
+        Store::Redis => match redis_turns(session, keep) {
+            // An empty list after a Redis restart: this backend's memory may still know them.
+            Some(turns) if turns.is_empty() => (None, Store::Redis),
+            Some(turns) => (Some(turns), Store::Redis),
+            None => (None, Store::Memory),
+        },
+        Store::Memory => (None, Store::Memory),
     };
     let turns = found.unwrap_or_else(|| memory_turns(session));
     let skip = turns.len().saturating_sub(keep);
-    (turns.into_iter().skip(skip).collect(), store)
+    (turns.into_iter().skip(skip).collect(), served)
 }
 
 fn memory_turns(session: &str) -> Vec<Turn> {
@@ -130,8 +155,7 @@ fn redis_turns(session: &str, keep: usize) -> Option<Vec<Turn>> {
             .arg(-1)
             .query(c)
     });
-    // An empty list after a Redis restart: this backend's memory still knows its turns.
-    stored.filter(|s| !s.is_empty()).map(|stored| {
+    stored.map(|stored| {
         stored
             .iter()
             .filter_map(|t| serde_json::from_str(t).ok())
@@ -186,7 +210,7 @@ pub fn from_request(turns: &serde_json::Value) -> Result<Vec<Turn>> {
 }
 
 /// Adds a turn to `session` in this transaction's store (and in backend memory, which bridges
-/// a Redis outage).
+/// a Redis outage); returns the store that kept it.
 pub fn record(session: &str, turn: Turn) -> Store {
     let keep = settings::session_turns().max(1);
     let store = store();
@@ -204,7 +228,11 @@ pub fn record(session: &str, turn: Turn) -> Store {
             }
         });
     }
-    store
+    if stored {
+        store
+    } else {
+        Store::Memory
+    }
 }
 
 /// Appends the turn to the session's row in one statement (the row's lock orders concurrent
@@ -280,7 +308,7 @@ fn record_in_redis(session: &str, turn: &Turn, keep: usize) -> bool {
 
 /// Forgets `session`, in every store this backend can reach.
 pub fn reset(session: &str) {
-    if store() == Store::Table {
+    if store::writable() {
         if let Ok(schema) = store::extension_schema() {
             let sql =
                 format!("DELETE FROM {schema}.nl_sessions WHERE role_id = $2 AND session = $1");

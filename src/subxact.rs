@@ -3,7 +3,8 @@
 //! until the end of a scope (like a function's `SET` clause), and the transaction a procedure
 //! may end so that nothing is held while the model thinks.
 
-use std::ffi::CStr;
+use std::cell::RefCell;
+use std::ffi::{CStr, CString};
 use std::panic::AssertUnwindSafe;
 
 use pgrx::pg_sys::panic::CaughtError;
@@ -77,15 +78,21 @@ pub fn pinned<R>(work: impl FnOnce() -> R) -> R {
     with_settings(&[(c"search_path", PINNED_SEARCH_PATH)], work)
 }
 
-/// Sets `name` to `value` until the end of the current (sub)transaction.
+/// Sets `name` to `value` until the end of the current (sub)transaction, checked as `SET LOCAL`
+/// checks it (for `role`: the session user must be allowed to become the role).
 pub fn set_local(name: &CStr, value: &CStr) {
     // SAFETY: NUL-terminated name and value; GUC_ACTION_LOCAL lasts until the (sub)transaction
-    // ends.
+    // ends; the context is the one `SET` uses for the current user.
     unsafe {
+        let context = if pg_sys::superuser() {
+            pg_sys::GucContext::PGC_SUSET
+        } else {
+            pg_sys::GucContext::PGC_USERSET
+        };
         pg_sys::set_config_option(
             name.as_ptr(),
             value.as_ptr(),
-            pg_sys::GucContext::PGC_USERSET,
+            context,
             pg_sys::GucSource::PGC_S_SESSION,
             pg_sys::GucAction::GUC_ACTION_LOCAL,
             true,
@@ -97,8 +104,16 @@ pub fn set_local(name: &CStr, value: &CStr) {
 
 /// Runs `work`, the body of a procedure, so that `release` may end its transaction: in a
 /// non-atomic SPI connection when `fcinfo` is a `CALL` outside a transaction block, as is
-/// otherwise (then `release` does nothing).
-pub fn in_procedure<R>(fcinfo: pg_sys::FunctionCallInfo, work: impl FnOnce() -> R) -> R {
+/// otherwise (then `release` does nothing). `settings` are in force for the whole call and no
+/// longer: in each transaction of a non-atomic call (`resume` sets them again in the next
+/// one: a procedure that commits cannot have a `SET` clause), else until `work` returns, like
+/// a function's `SET` clause. Nothing of them outlives the call, not even on a connection a
+/// transaction-mode pooler hands to another client next.
+pub fn in_procedure<R>(
+    fcinfo: pg_sys::FunctionCallInfo,
+    settings: &[(CString, CString)],
+    work: impl FnOnce() -> R,
+) -> R {
     // SAFETY: PostgreSQL passes a valid fcinfo; its context, when set, is a Node.
     let nonatomic = unsafe {
         let context = (*fcinfo).context;
@@ -107,12 +122,18 @@ pub fn in_procedure<R>(fcinfo: pg_sys::FunctionCallInfo, work: impl FnOnce() -> 
             && !(*context.cast::<pg_sys::CallContext>()).atomic
     };
     if !nonatomic {
-        return work();
+        let scoped: Vec<(&CStr, &CStr)> = settings
+            .iter()
+            .map(|(name, value)| (name.as_c_str(), value.as_c_str()))
+            .collect();
+        return with_settings(&scoped, work);
     }
-    /// The procedure's non-atomic SPI connection; dropping it finishes it.
+    /// The procedure's non-atomic SPI connection and its per-transaction settings; dropping
+    /// it finishes both.
     struct Connected;
     impl Drop for Connected {
         fn drop(&mut self) {
+            PER_TRANSACTION.with_borrow_mut(Vec::clear);
             // SAFETY: finishes the connection made below, the innermost one: everything made
             // inside `work` finished its own before returning or unwinding past here.
             unsafe { pg_sys::SPI_finish() };
@@ -121,7 +142,23 @@ pub fn in_procedure<R>(fcinfo: pg_sys::FunctionCallInfo, work: impl FnOnce() -> 
     // SAFETY: a CALL outside a transaction block may connect non-atomically.
     unsafe { pg_sys::SPI_connect_ext(pg_sys::SPI_OPT_NONATOMIC as i32) };
     let _connected = Connected;
+    PER_TRANSACTION.with_borrow_mut(|s| *s = settings.to_vec());
+    set_per_transaction();
     work()
+}
+
+thread_local! {
+    /// The settings of the running non-atomic procedure, for each of its transactions.
+    static PER_TRANSACTION: RefCell<Vec<(CString, CString)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Sets the running procedure's settings until the end of the current transaction. A setting
+/// that may not be made (a role the session user may not become) raises its ERROR.
+fn set_per_transaction() {
+    let settings = PER_TRANSACTION.with_borrow(Clone::clone);
+    for (name, value) in &settings {
+        set_local(name, value);
+    }
 }
 
 /// Commits the transaction of a procedure run by `in_procedure` and starts the next one
@@ -141,8 +178,10 @@ pub fn release() -> bool {
     true
 }
 
-/// Takes the snapshot that the procedure's next statements need, after `release`.
+/// Takes the snapshot that the procedure's next statements need, after `release`, and sets the
+/// procedure's settings again in the new transaction.
 pub fn resume() {
     // SAFETY: takes the snapshot PostgreSQL would take for the procedure's next statement.
     unsafe { pg_sys::EnsurePortalSnapshotExists() }
+    set_per_transaction();
 }

@@ -27,18 +27,30 @@ impl Drop for Pgbouncer {
 
 impl Pgbouncer {
     fn start() -> Pgbouncer {
+        Pgbouncer::with_pool(2, &[])
+    }
+
+    /// pgbouncer with `size` server connections per database and user, for the test cluster's
+    /// user and `users` (pgbouncer knows only the users of its file, also with trust).
+    fn with_pool(size: usize, users: &[&str]) -> Pgbouncer {
         let c = cluster();
         let port = free_port();
-        let dir = PathBuf::from(format!("/tmp/sqe-pgbouncer-{}", std::process::id()));
+        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let dir = PathBuf::from(format!("/tmp/sqe-pgbouncer-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("users.txt"), format!("\"{}\" \"\"\n", c.user)).unwrap();
+        let known: String = std::iter::once(c.user.as_str())
+            .chain(users.iter().copied())
+            .map(|user| format!("\"{user}\" \"\"\n"))
+            .collect();
+        std::fs::write(dir.join("users.txt"), known).unwrap();
         std::fs::write(
             dir.join("pgbouncer.ini"),
             format!(
                 "[databases]\n* = host={} port={}\n\n[pgbouncer]\nlisten_addr = 127.0.0.1\n\
                  listen_port = {port}\nunix_socket_dir =\nauth_type = trust\nauth_file = {}\n\
-                 pool_mode = transaction\ndefault_pool_size = 2\nmax_client_conn = 50\n\
+                 pool_mode = transaction\ndefault_pool_size = {size}\nmax_client_conn = 50\n\
                  ignore_startup_parameters = extra_float_digits,options\nlogfile = {}\n",
                 c.host,
                 c.port,
@@ -79,10 +91,13 @@ impl Pgbouncer {
     }
 
     fn connect(&self, database: &str) -> Client {
+        self.connect_as(database, &cluster().user)
+    }
+
+    fn connect_as(&self, database: &str, user: &str) -> Client {
         let config = format!(
-            "host=127.0.0.1 port={} user={} dbname={database}",
-            self.port,
-            cluster().user
+            "host=127.0.0.1 port={} user={user} dbname={database}",
+            self.port
         );
         Client::connect(&config, NoTls).unwrap()
     }
@@ -195,4 +210,57 @@ fn discard_all_forgets_the_sessions_held_in_backend_memory() {
     s.trace_in("second turn", "memory-1");
     let forgotten = s.llm.requests().last().unwrap().text();
     assert!(!forgotten.contains("first turn"), "{forgotten}");
+}
+
+/// A client of pgbouncer in transaction mode shares one server connection with the others:
+/// `nl_call(..., run_as => role)` runs as the role and leaves the connection as it found it,
+/// where a session-level `SET ROLE` (the control) is inherited by the next client.
+#[test]
+fn a_role_given_to_nl_call_is_not_left_to_the_next_client_of_a_pooler() {
+    let s = Session::new();
+    let id = std::process::id();
+    let (authenticator, analyst) = (format!("pool_auth_{id}"), format!("pool_analyst_{id}"));
+    let db = s.database.clone();
+    cluster()
+        .connect(&db)
+        .batch_execute(&format!(
+            "CREATE ROLE {authenticator} LOGIN NOINHERIT; CREATE ROLE {analyst};
+             GRANT SELECT ON customers TO {analyst}; GRANT {analyst} TO {authenticator};
+             ALTER DATABASE {db} SET sql_query_engine.llm_url = '{}';
+             ALTER DATABASE {db} SET sql_query_engine.vote = off;",
+            s.llm.url()
+        ))
+        .unwrap();
+    s.llm.on(
+        "pooled customers",
+        vec![Reply::sql("SELECT count(*) AS n FROM customers")],
+    );
+    // One server connection: every client below gets the same backend.
+    let bouncer = Pgbouncer::with_pool(1, &[&authenticator]);
+    let mut first = bouncer.connect_as(&db, &authenticator);
+    let mut next = bouncer.connect_as(&db, &authenticator);
+    let backend =
+        |c: &mut Client| -> i32 { c.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0) };
+    let whoami = |c: &mut Client| -> String {
+        c.query_one("SELECT current_user::text", &[])
+            .unwrap()
+            .get(0)
+    };
+
+    let answer = first
+        .query_one(
+            "CALL nl_call('pooled customers', NULL, NULL, NULL, $1::text)",
+            &[&analyst],
+        )
+        .unwrap();
+    let answer: serde_json::Value = answer.get(0);
+    assert_eq!(answer["rows"], serde_json::json!([[4]]), "{answer}");
+    assert_eq!(backend(&mut first), backend(&mut next));
+    assert_eq!(whoami(&mut next), authenticator);
+    assert!(next.query("SELECT count(*) FROM customers", &[]).is_err());
+
+    // The control: a session-level SET ROLE stays on the server connection for the next client.
+    first.batch_execute(&format!("SET ROLE {analyst}")).unwrap();
+    assert_eq!(whoami(&mut next), analyst);
+    next.batch_execute("RESET ROLE").unwrap();
 }

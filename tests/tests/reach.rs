@@ -410,3 +410,123 @@ fn nl_call_holds_no_snapshot_while_the_model_thinks_and_nl_ask_does() {
     assert_eq!(db_error(&error).0, "22023");
     assert_eq!(s.scalar_i64("SELECT 1::bigint"), 1);
 }
+
+/// Roles for a client that logs in as an authenticator and asks as the roles it may become
+/// (the gateway's pattern): `(authenticator, analyst, stranger)`, where only `analyst` may read
+/// the customers and the authenticator may become it but not `stranger`. The model is set for
+/// the database, as a superuser sets it.
+fn authenticator_roles(s: &mut Session, tag: &str) -> (String, String, String) {
+    let id = format!("{tag}_{}", std::process::id());
+    let (authenticator, analyst, stranger) = (
+        format!("auth_{id}"),
+        format!("analyst_{id}"),
+        format!("stranger_{id}"),
+    );
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {authenticator} LOGIN NOINHERIT; CREATE ROLE {analyst};
+             CREATE ROLE {stranger}; GRANT SELECT ON customers TO {analyst}, {stranger};
+             GRANT {analyst} TO {authenticator};
+             ALTER DATABASE {db} SET sql_query_engine.llm_url = '{url}';
+             ALTER DATABASE {db} SET sql_query_engine.vote = off;",
+            db = s.database,
+            url = s.llm.url()
+        ))
+        .unwrap();
+    (authenticator, analyst, stranger)
+}
+
+#[test]
+fn nl_call_runs_as_the_role_it_is_given_for_the_call_only() {
+    let mut s = Session::new();
+    let (authenticator, analyst, stranger) = authenticator_roles(&mut s, "runas");
+    let mut client = sql_query_engine_e2e::cluster().connect_as(&s.database, &authenticator);
+    // Alone, the login role may read nothing.
+    let denied = client
+        .query_one("SELECT count(*) FROM customers", &[])
+        .unwrap_err();
+    assert_eq!(db_error(&denied).0, "42501");
+
+    // The first query fails and the repair comes after a slow model call, for which the
+    // transaction is committed: the repair (a new transaction) still runs as the role.
+    s.llm.on(
+        "customers, as the analyst",
+        vec![
+            Reply::sql("SELECT count(nickname) AS n FROM customers"),
+            Reply::Slow(
+                std::time::Duration::from_millis(1500),
+                Box::new(Reply::sql("SELECT count(*) AS n FROM customers")),
+            ),
+        ],
+    );
+    let pid: i32 = client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    let watcher = watch_backend(&s, pid, std::time::Duration::from_millis(1200));
+    let answer = call(
+        &mut client,
+        &format!("CALL nl_call('customers, as the analyst', run_as => '{analyst}')"),
+    )
+    .unwrap();
+    assert_eq!(answer["rows"], json!([[4]]), "{answer}");
+    assert_eq!(answer["attempts"].as_array().unwrap().len(), 2, "{answer}");
+    let samples = watcher.join().unwrap();
+    assert!(
+        samples
+            .iter()
+            .filter(|(state, query, ..)| state == "active" && query.contains("nl_call"))
+            .all(|(.., xmin, xid)| xmin.is_none() && xid.is_none()),
+        "no snapshot while the model thinks: {samples:?}"
+    );
+    // The history and the audit name the role the call ran as; the connection is the login
+    // role's again, outside and inside a transaction block.
+    let recorded: String = s
+        .client
+        .query_one(
+            "SELECT role_id::regrole::text FROM nl_history \
+             WHERE question = 'customers, as the analyst'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(recorded, analyst);
+    let who: String = client
+        .query_one("SELECT current_user::text", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(who, authenticator);
+    s.llm.on(
+        "in a block, as the analyst",
+        vec![Reply::sql("SELECT count(*) AS n FROM customers")],
+    );
+    let messages = client
+        .simple_query(&format!(
+            "BEGIN; CALL nl_call('in a block, as the analyst', run_as => '{analyst}'); \
+             SELECT current_user; COMMIT;"
+        ))
+        .unwrap();
+    let rows: Vec<String> = messages
+        .iter()
+        .filter_map(|m| match m {
+            postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_string),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert!(rows[0].contains("\"rows\": [[4]]"), "{rows:?}");
+    assert_eq!(rows[1], authenticator, "the role ended with the call");
+
+    // A role the login role may not become is refused as SET ROLE refuses it, before the model
+    // is asked anything.
+    let asked_before = s.llm.requests().len();
+    let refused = call(
+        &mut client,
+        &format!("CALL nl_call('customers, as a stranger', run_as => '{stranger}')"),
+    )
+    .unwrap_err();
+    let (sqlstate, message, _) = db_error(&refused);
+    assert_eq!(sqlstate, "42501", "{message}");
+    assert!(message.contains("set role"), "{message}");
+    assert_eq!(s.llm.requests().len(), asked_before);
+}

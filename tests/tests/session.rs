@@ -764,3 +764,78 @@ fn concurrent_turns_of_one_server_side_session_are_all_kept() {
         "a concurrent turn was lost"
     );
 }
+
+#[test]
+fn with_redis_every_connection_keeps_sessions_there_and_says_where() {
+    let redis = RedisServer::start();
+    let mut s = Session::new();
+    let store = |c: &mut postgres::Client| -> String {
+        c.query_one("SELECT nl_session_store()", &[])
+            .unwrap()
+            .get(0)
+    };
+    // Without Redis: the table where the transaction can write, else backend memory.
+    assert_eq!(store(&mut s.client), "table");
+    let mut read_only = s.second_connection();
+    read_only
+        .batch_execute("SET default_transaction_read_only = on")
+        .unwrap();
+    assert_eq!(store(&mut read_only), "memory");
+
+    // With Redis: Redis for a writable and a read-only connection alike (a primary and its
+    // standbys), so a conversation may move between them.
+    s.client
+        .batch_execute(&format!(
+            "SET sql_query_engine.redis_url = '{}'",
+            redis.url()
+        ))
+        .unwrap();
+    read_only
+        .batch_execute(&format!(
+            "SET sql_query_engine.redis_url = '{}'",
+            redis.url()
+        ))
+        .unwrap();
+    assert_eq!(store(&mut s.client), "redis");
+    assert_eq!(store(&mut read_only), "redis");
+    s.llm.on(
+        "orders on the writable one",
+        vec![Reply::sql("SELECT count(*) AS n FROM orders")],
+    );
+    let trace = s.trace_in("orders on the writable one", "moving");
+    assert_eq!(trace["session_store"], "redis");
+    s.llm.on(
+        "and on the read-only one",
+        vec![Reply::sql(
+            "SELECT count(*) AS n FROM orders WHERE amount > 100",
+        )],
+    );
+    let text: String = read_only
+        .query_one(
+            "SELECT nl_trace('and on the read-only one', 'moving')::text",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let trace: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(trace["session_store"], "redis");
+    assert_eq!(trace["context_turns"], 1);
+    assert!(s
+        .llm
+        .requests()
+        .last()
+        .unwrap()
+        .text()
+        .contains("orders on the writable one"));
+    // Nothing went to the table.
+    let rows: i64 = s
+        .client
+        .query_one("SELECT count(*) FROM nl_sessions", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0);
+
+    // Redis gone: backend memory, and the trace and nl_session_store say so.
+    drop(redis);
+    assert_eq!(store(&mut s.client), "memory");
+}

@@ -227,3 +227,127 @@ fn sessions_on_a_hot_standby_live_in_redis_or_backend_memory() {
     let follow_up = llm.requests().last().unwrap().text();
     assert!(follow_up.contains("customers first"), "{follow_up}");
 }
+
+/// One deployment, one session store: with Redis, a conversation begun on the primary goes on
+/// on the standby; the standby writes no history, and the primary records the answer the
+/// standby gave (`nl_history_add`, as the gateway does), as the role that asked.
+#[test]
+fn a_conversation_moves_from_the_primary_to_a_standby_and_its_history_to_the_primary() {
+    if cluster().own_dir().is_none() {
+        eprintln!("skipped: needs a cluster this test started (SQE_TEST_PGHOST is set)");
+        return;
+    }
+    let database = cluster().fresh_database();
+    let redis = RedisServer::start();
+    let llm = ScriptedLlm::start();
+    let role = format!("hopper_{}", std::process::id());
+    let mut primary = cluster().connect(&database);
+    primary
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN; GRANT SELECT ON customers TO {role};
+             ALTER DATABASE {database} SET sql_query_engine.llm_url = '{}';
+             ALTER DATABASE {database} SET sql_query_engine.vote = off;
+             ALTER DATABASE {database} SET sql_query_engine.redis_url = '{}';",
+            llm.url(),
+            redis.url()
+        ))
+        .unwrap();
+    let standby = Standby::start();
+    wait_for_replay(&mut primary, &mut standby.connect(&database));
+    let as_role = |port: u16, host: &str| {
+        Client::connect(
+            &format!("host={host} port={port} user={role} dbname={database}"),
+            NoTls,
+        )
+        .unwrap()
+    };
+    let mut on_primary = as_role(cluster().port, &cluster().host);
+    let mut on_standby = as_role(standby.port, &standby.dir.display().to_string());
+    llm.on(
+        "customers on the primary",
+        vec![Reply::sql("SELECT count(*) AS n FROM customers")],
+    );
+    llm.on(
+        "and from Germany, on the standby",
+        vec![Reply::sql(
+            "SELECT count(*) AS n FROM customers WHERE country = 'DE'",
+        )],
+    );
+    let first = trace_in(&mut on_primary, "customers on the primary", "hop");
+    assert_eq!(first["session_store"], "redis");
+    let store: String = on_standby
+        .query_one("SELECT nl_session_store()", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(store, "redis");
+    let text: String = on_standby
+        .query_one(
+            "SELECT nl_ask('and from Germany, on the standby', 'hop')::text",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let answer: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(answer["session_store"], "redis");
+    assert_eq!(answer["context_turns"], 1);
+    assert_eq!(answer["rows"], serde_json::json!([[2]]));
+    assert!(
+        answer["history_id"].is_null(),
+        "a standby writes no history"
+    );
+    assert!(llm
+        .requests()
+        .last()
+        .unwrap()
+        .text()
+        .contains("customers on the primary"));
+
+    // The standby cannot record it; the primary can, as the role, and feedback then works.
+    let refused = on_standby
+        .query_one("SELECT nl_history_add($1::text::jsonb)", &[&text])
+        .unwrap_err();
+    assert_eq!(
+        refused.as_db_error().map(|e| e.code().code()),
+        Some("25006")
+    );
+    let id: i64 = on_primary
+        .query_one(
+            "SELECT nl_history_add($1::text::jsonb, 'nl_ask', 'hop')",
+            &[&text],
+        )
+        .unwrap()
+        .get(0);
+    let row = primary
+        .query_one(
+            "SELECT role_id::regrole::text, question, sql, status, row_count, session \
+             FROM nl_history WHERE id = $1",
+            &[&id],
+        )
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), role);
+    assert_eq!(row.get::<_, String>(1), "and from Germany, on the standby");
+    assert!(row.get::<_, String>(2).contains("country = 'DE'"));
+    assert_eq!(row.get::<_, String>(3), "ok");
+    assert_eq!(row.get::<_, i32>(4), 1);
+    assert_eq!(row.get::<_, String>(5), "hop");
+    let feedback: String = on_primary
+        .query_one("SELECT nl_feedback($1, true)::text", &[&id])
+        .unwrap()
+        .get(0);
+    assert!(feedback.contains("\"status\": \"pending\""), "{feedback}");
+    // What is not an answer is refused, naming what is missing.
+    let junk = on_primary
+        .query_one("SELECT nl_history_add('{\"sql\": \"SELECT 1\"}')", &[])
+        .unwrap_err();
+    assert_eq!(junk.as_db_error().map(|e| e.code().code()), Some("22023"));
+    let elsewhere = on_primary
+        .query_one(
+            "SELECT nl_history_add($1::text::jsonb, 'nl_view')",
+            &[&text],
+        )
+        .unwrap_err();
+    assert_eq!(
+        elsewhere.as_db_error().map(|e| e.code().code()),
+        Some("22023")
+    );
+}

@@ -68,7 +68,7 @@ fn new_database(name: &str) -> String {
 }
 
 #[test]
-fn updating_from_0_1_0_through_0_2_0_equals_a_fresh_install_and_keeps_the_data() {
+fn updating_from_0_1_0_through_every_release_equals_a_fresh_install_and_keeps_the_data() {
     let fresh = new_database("sqe_fresh");
     cluster()
         .connect(&fresh)
@@ -85,7 +85,7 @@ fn updating_from_0_1_0_through_0_2_0_equals_a_fresh_install_and_keeps_the_data()
         )
         .expect("installing 0.1.0 (scripts/test.sh puts its script into the server's directory)");
     client
-        .batch_execute("ALTER EXTENSION sql_query_engine UPDATE TO '0.3.0'")
+        .batch_execute("ALTER EXTENSION sql_query_engine UPDATE TO '0.4.0'")
         .unwrap();
     let version: String = client
         .query_one(
@@ -94,7 +94,7 @@ fn updating_from_0_1_0_through_0_2_0_equals_a_fresh_install_and_keeps_the_data()
         )
         .unwrap()
         .get(0);
-    assert_eq!(version, "0.3.0");
+    assert_eq!(version, "0.4.0");
     let (updated_members, fresh_members) = (members(&updated), members(&fresh));
     let only = |a: &[String], b: &[String]| -> Vec<String> {
         a.iter().filter(|m| !b.contains(m)).cloned().collect()
