@@ -1,15 +1,27 @@
-//! The database side: a bounded pool of connections logged in as the *authenticator* role (no
-//! privileges of its own, NOINHERIT, member of the roles it may become), and one call of the
-//! extension per request, in its own transaction, as the request's role (`SET LOCAL ROLE`),
-//! PostgREST's pattern. The extension's progress NOTICEs are read from the connection as they
+//! The database side: bounded pools of connections logged in as the *authenticator* role (no
+//! privileges of its own, NOINHERIT, member of the roles it may become), to the primary and to
+//! the read servers (streaming standbys) when there are any, and one call of the extension per
+//! request, as the request's role, PostgREST's pattern.
+//!
+//! A question goes to a read server (round-robin over those that pass their health checks), the
+//! primary when there is none; what writes goes to the primary. A question is asked with
+//! `CALL nl_call(..., run_as => role)` outside a transaction, so the connection holds no
+//! snapshot while the model thinks (on a standby, a held snapshot would also be cancelled by
+//! replay conflicts), and the role lasts only as long as the call, also through a pooler in
+//! transaction mode. The other calls run in one transaction each with `SET LOCAL ROLE`. A read
+//! server that fails during a call is taken out of the rotation and the call is asked again
+//! elsewhere; the history of an answer a standby gave is written to the primary
+//! (`nl_history_add`). The extension's progress NOTICEs are read from the connection as they
 //! arrive. A request that is dropped (client gone, timeout) cancels its query.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use deadpool::managed::{self, Metrics, Object, RecycleResult};
+use deadpool::managed::{self, Metrics, Object, RecycleResult, Timeouts};
 use serde_json::Value;
 use tokio::sync::mpsc::UnboundedSender;
+use tokio_postgres::types::Type;
 use tokio_postgres::{AsyncMessage, CancelToken, Client, Config, NoTls};
 
 /// One call of the extension.
@@ -37,6 +49,8 @@ pub enum Call {
     },
     /// The relations the role can read.
     Tables,
+    /// `nl_history_add`, on the primary: an answer a read server gave, for the history.
+    History { answer: Value },
     /// `nl_feedback`: an answer (its history id) marked right, or corrected.
     Feedback {
         history_id: i64,
@@ -59,6 +73,22 @@ pub enum DbError {
     Busy,
     /// The database could not be reached.
     Unavailable(String),
+}
+
+impl DbError {
+    /// Whether the server (or a pooler in front of it) failed rather than the call: then
+    /// another server may answer it.
+    fn server_failed(&self) -> bool {
+        match self {
+            DbError::Unavailable(_) => true,
+            DbError::Sql { sqlstate, .. } => {
+                // connection exceptions, shutdown, "cannot connect now", too many connections
+                sqlstate.starts_with("08")
+                    || ["57P01", "57P02", "57P03", "53300"].contains(&sqlstate.as_str())
+            }
+            DbError::Busy => false,
+        }
+    }
 }
 
 impl From<tokio_postgres::Error> for DbError {
@@ -142,8 +172,76 @@ impl Drop for CancelOnDrop {
     }
 }
 
-pub struct Db {
+/// One server of the deployment: its pool, and what its health checks found.
+struct Node {
+    /// `host:port`, for messages (never the password).
+    name: String,
+    config: Config,
     pool: managed::Pool<Manager>,
+    /// Whether it answered its last health check (a read server that fails is skipped).
+    healthy: AtomicBool,
+    /// Whether it keeps sessions where every server finds them (`nl_session_store()` is
+    /// `redis`): only then does it serve server-side sessions.
+    shared_sessions: AtomicBool,
+}
+
+impl Node {
+    fn new(url: &str, pool_size: usize, wait: Duration) -> anyhow::Result<Node> {
+        let config: Config = url.parse()?;
+        let pool = managed::Pool::builder(Manager {
+            config: config.clone(),
+        })
+        .max_size(pool_size)
+        .wait_timeout(Some(wait))
+        .create_timeout(Some(CONNECT_TIMEOUT))
+        .runtime(deadpool::Runtime::Tokio1)
+        .build()?;
+        Ok(Node {
+            name: server_name(&config),
+            config,
+            pool,
+            healthy: AtomicBool::new(true),
+            shared_sessions: AtomicBool::new(false),
+        })
+    }
+
+    /// A connection, waiting at most `wait` for one to be free.
+    async fn get(&self, wait: Duration) -> Result<Object<Manager>, DbError> {
+        let timeouts = Timeouts {
+            wait: Some(wait),
+            create: Some(CONNECT_TIMEOUT),
+            recycle: Some(CONNECT_TIMEOUT),
+        };
+        self.pool.timeout_get(&timeouts).await.map_err(|e| match e {
+            managed::PoolError::Timeout(managed::TimeoutType::Wait) => DbError::Busy,
+            managed::PoolError::Backend(e) => DbError::from(e),
+            other => DbError::Unavailable(other.to_string()),
+        })
+    }
+}
+
+/// Longest wait for a new connection, and for a health check.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `host:port` of the first host of `config`.
+fn server_name(config: &Config) -> String {
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+        Some(tokio_postgres::config::Host::Unix(path)) => path.display().to_string(),
+        None => "localhost".into(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    format!("{host}:{port}")
+}
+
+pub struct Db {
+    primary: Node,
+    /// Read servers (streaming standbys); questions go to them when any is healthy.
+    readers: Vec<Node>,
+    /// The read server the next question starts with.
+    next: AtomicUsize,
+    /// Longest wait for a free connection before a request is answered "busy".
+    wait: Duration,
     /// The database's name (the model id users select).
     pub database: String,
     /// The extension's schema, quoted: its functions are called by qualified name.
@@ -199,22 +297,20 @@ pub fn quote_ident(name: &str) -> String {
 }
 
 impl Db {
-    pub async fn connect(url: &str, pool_size: usize, wait: Duration) -> anyhow::Result<Db> {
-        let config: Config = url.parse()?;
-        let pool = managed::Pool::builder(Manager {
-            config: config.clone(),
-        })
-        .max_size(pool_size)
-        .wait_timeout(Some(wait))
-        .create_timeout(Some(wait))
-        .runtime(deadpool::Runtime::Tokio1)
-        .build()?;
+    /// Connects to the primary (`url`) and prepares pools for the read servers (`read_urls`).
+    pub async fn connect(
+        url: &str,
+        read_urls: &[String],
+        pool_size: usize,
+        wait: Duration,
+    ) -> anyhow::Result<Db> {
+        let primary = Node::new(url, pool_size, wait)?;
         // Fail at start-up, not at the first request, when the database is unreachable or
         // the extension is missing.
-        let conn: Object<Manager> = pool
-            .get()
+        let conn = primary
+            .get(CONNECT_TIMEOUT)
             .await
-            .map_err(|e| anyhow::anyhow!("connecting to the database: {e}"))?;
+            .map_err(|e| anyhow::anyhow!("connecting to the database: {e:?}"))?;
         let superuser: bool = conn
             .client
             .query_one(
@@ -245,11 +341,107 @@ impl Db {
         let schema = schema.ok_or_else(|| {
             anyhow::anyhow!("the extension sql_query_engine is not installed in this database")
         })?;
-        Ok(Db {
-            pool,
-            database: config.get_dbname().unwrap_or("postgres").to_string(),
+        let readers = read_urls
+            .iter()
+            .map(|url| Node::new(url, pool_size, wait))
+            .collect::<anyhow::Result<Vec<Node>>>()?;
+        let db = Db {
+            database: primary
+                .config
+                .get_dbname()
+                .unwrap_or("postgres")
+                .to_string(),
+            primary,
+            readers,
+            next: AtomicUsize::new(0),
+            wait,
             schema,
-        })
+        };
+        for reader in &db.readers {
+            db.check(reader).await;
+        }
+        Ok(db)
+    }
+
+    /// Checks the read servers every `interval`, for as long as the gateway runs.
+    pub fn watch_readers(self: &Arc<Self>, interval: Duration) {
+        if self.readers.is_empty() {
+            return;
+        }
+        let db = Arc::clone(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(interval).await;
+                for reader in &db.readers {
+                    db.check(reader).await;
+                }
+            }
+        });
+    }
+
+    /// One health check of a read server, on a connection of its own: it answers, its login
+    /// role is no superuser, and where it keeps sessions. A change is said on stderr.
+    async fn check(&self, node: &Node) {
+        let probe = async {
+            let (client, connection) = node.config.connect(NoTls).await?;
+            tokio::spawn(connection);
+            let row = client
+                .query_one(
+                    &format!(
+                        "SELECT r.rolsuper, {}.nl_session_store() FROM pg_catalog.pg_roles r \
+                         WHERE r.rolname = session_user",
+                        self.schema
+                    ),
+                    &[],
+                )
+                .await?;
+            Ok::<(bool, String), tokio_postgres::Error>((row.get(0), row.get(1)))
+        };
+        let (healthy, shared, why) = match tokio::time::timeout(CONNECT_TIMEOUT, probe).await {
+            Ok(Ok((false, store))) => (true, store == "redis", String::new()),
+            Ok(Ok((true, _))) => (
+                false,
+                false,
+                "its login role is a superuser (refused, as for --database-url)".to_string(),
+            ),
+            Ok(Err(e)) => (false, false, e.to_string()),
+            Err(_) => (false, false, "no answer in time".to_string()),
+        };
+        node.shared_sessions.store(shared, Ordering::Relaxed);
+        if node.healthy.swap(healthy, Ordering::Relaxed) != healthy {
+            match healthy {
+                true => eprintln!("sqe-gateway: read server {} is back", node.name),
+                false => eprintln!(
+                    "sqe-gateway: read server {} left the rotation: {why}",
+                    node.name
+                ),
+            }
+        }
+    }
+
+    /// The servers that may answer `call`, in the order to try them: a write (or a question
+    /// whose session lives on the server, when no read server shares sessions) only the
+    /// primary; a question the healthy read servers, round-robin, then the primary.
+    fn route(&self, call: &Call) -> Vec<&Node> {
+        let server_session = matches!(
+            call,
+            Call::Ask {
+                session: Some(_),
+                turns: None,
+                ..
+            }
+        );
+        if matches!(call, Call::Feedback { .. }) || self.readers.is_empty() {
+            return vec![&self.primary];
+        }
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut nodes: Vec<&Node> = (0..self.readers.len())
+            .map(|i| &self.readers[(start + i) % self.readers.len()])
+            .filter(|n| n.healthy.load(Ordering::Relaxed))
+            .filter(|n| !server_session || n.shared_sessions.load(Ordering::Relaxed))
+            .collect();
+        nodes.push(&self.primary);
+        nodes
     }
 
     /// Why each of `roles` should not be a token's role: it is (or may become) a superuser, it
@@ -260,10 +452,7 @@ impl Db {
     /// it would reach every role the login role may become. Roles that do not exist are left
     /// out (their requests fail).
     pub async fn risky_roles(&self, roles: &[String]) -> Result<Vec<(String, String)>, DbError> {
-        let conn: Object<Manager> = self.pool.get().await.map_err(|e| match e {
-            managed::PoolError::Timeout(_) => DbError::Busy,
-            other => DbError::Unavailable(other.to_string()),
-        })?;
+        let conn = self.primary.get(self.wait).await?;
         let rows = conn.client.query(RISKY_ROLES_SQL, &[&roles]).await?;
         Ok(rows
             .iter()
@@ -274,7 +463,8 @@ impl Db {
             .collect())
     }
 
-    /// Runs `call` as `role` (the login role when `None`) in one transaction; NOTICEs go to
+    /// Runs `call` as `role` (the login role when `None`) on the first server of its route
+    /// that has a free connection, and on the next when that server fails; NOTICEs go to
     /// `progress` as they arrive. Dropping the future cancels the query.
     pub async fn call(
         &self,
@@ -282,10 +472,52 @@ impl Db {
         call: &Call,
         progress: Option<UnboundedSender<String>>,
     ) -> Result<Value, DbError> {
-        let mut conn: Object<Manager> = self.pool.get().await.map_err(|e| match e {
-            managed::PoolError::Timeout(_) => DbError::Busy,
-            other => DbError::Unavailable(other.to_string()),
-        })?;
+        let nodes = self.route(call);
+        let mut failed = None;
+        for (i, node) in nodes.iter().enumerate() {
+            let last = i + 1 == nodes.len();
+            // A busy read server is passed over at once; only the last one is waited for.
+            let wait = if last { self.wait } else { Duration::ZERO };
+            let result = match node.get(wait).await {
+                Ok(mut conn) => self.call_on(&mut conn, role, call, progress.clone()).await,
+                Err(e) => Err(e),
+            };
+            match result {
+                Err(e) if !last && e.server_failed() => {
+                    node.healthy.store(false, Ordering::Relaxed);
+                    eprintln!(
+                        "sqe-gateway: read server {} failed ({e:?}); asking another",
+                        node.name
+                    );
+                    if let Some(progress) = &progress {
+                        let _ = progress.send(format!(
+                            "sql_query_engine: the server answering failed ({}); asking another",
+                            node.name
+                        ));
+                    }
+                    failed = Some(e);
+                }
+                Err(DbError::Busy) if !last => {}
+                Ok(mut answer)
+                    if matches!(call, Call::Ask { .. }) && !std::ptr::eq(*node, &self.primary) =>
+                {
+                    self.record_on_primary(role, &mut answer).await;
+                    return Ok(answer);
+                }
+                other => return other,
+            }
+        }
+        Err(failed.unwrap_or(DbError::Busy))
+    }
+
+    /// Runs `call` on one connection; NOTICEs go to `progress` while it runs.
+    async fn call_on(
+        &self,
+        conn: &mut Object<Manager>,
+        role: Option<&str>,
+        call: &Call,
+        progress: Option<UnboundedSender<String>>,
+    ) -> Result<Value, DbError> {
         let streaming = progress.is_some();
         if let Ok(mut sender) = conn.notices.lock() {
             *sender = progress;
@@ -298,6 +530,28 @@ impl Db {
         }
         result
     }
+
+    /// Writes the history of an answer a read server gave (a standby writes none) to the
+    /// primary, as the same role, and puts its id into the answer (for feedback). Best effort:
+    /// the answer stands without it, and the standby's server log has the audit line.
+    async fn record_on_primary(&self, role: Option<&str>, answer: &mut Value) {
+        if !answer["history_id"].is_null() {
+            return;
+        }
+        let mut recorded = answer.clone();
+        if let Some(object) = recorded.as_object_mut() {
+            object.remove("rows");
+        }
+        let call = Call::History { answer: recorded };
+        let written = match self.primary.get(self.wait).await {
+            Ok(mut conn) => self.call_on(&mut conn, role, &call, None).await,
+            Err(e) => Err(e),
+        };
+        match written {
+            Ok(id) => answer["history_id"] = id,
+            Err(e) => eprintln!("sqe-gateway: the history of an answer was not written: {e:?}"),
+        }
+    }
 }
 
 async fn run(
@@ -307,6 +561,32 @@ async fn run(
     call: &Call,
     progress: bool,
 ) -> Result<Value, DbError> {
+    if let Call::Ask {
+        question,
+        session,
+        turns,
+    } = call
+    {
+        // Outside a transaction: nl_call commits before each model call, and its role and
+        // progress setting end with it.
+        let turns = turns.as_ref().map(Value::to_string);
+        let row = client
+            .query_typed(
+                &format!("CALL {schema}.nl_call($1, $2, NULL, $3::jsonb, $4, $5)"),
+                &[
+                    (question, Type::TEXT),
+                    (session, Type::TEXT),
+                    (&turns, Type::TEXT),
+                    (&role, Type::TEXT),
+                    (&progress, Type::BOOL),
+                ],
+            )
+            .await?;
+        return Ok(row
+            .first()
+            .and_then(|row| row.try_get::<_, Value>(0).ok())
+            .unwrap_or(Value::Null));
+    }
     let tx = client.transaction().await?;
     if let Some(role) = role {
         tx.batch_execute(&format!("SET LOCAL ROLE {}", quote_ident(role)))
@@ -318,20 +598,17 @@ async fn run(
     }
     let json = |text: String| serde_json::from_str::<Value>(&text).unwrap_or(Value::Null);
     let value = match call {
-        Call::Ask {
-            question,
-            session,
-            turns,
-        } => {
-            let turns = turns.as_ref().map(Value::to_string);
-            json(
-                tx.query_one(
-                    &format!("SELECT {schema}.nl_ask($1, $2, $3::text::jsonb)::text"),
-                    &[question, session, &turns],
+        Call::Ask { .. } => Value::Null,
+        Call::History { answer } => {
+            let answer = answer.to_string();
+            let id: Option<i64> = tx
+                .query_one(
+                    &format!("SELECT {schema}.nl_history_add($1::text::jsonb, 'nl_call')"),
+                    &[&answer],
                 )
                 .await?
-                .get(0),
-            )
+                .get(0);
+            Value::from(id)
         }
         Call::Generate { question } => Value::String(
             tx.query_one(&format!("SELECT {schema}.nl_generate($1)"), &[question])

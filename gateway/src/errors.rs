@@ -15,7 +15,12 @@ pub struct ApiError {
     pub message: String,
     /// The SQLSTATE, or OpenAI's code (`model_not_found`, ...).
     pub code: Option<String>,
+    /// Seconds after which a client may try again (`Retry-After`), for a 503.
+    pub retry_after: Option<u64>,
 }
+
+/// What a busy or unreachable database's 503 tells clients to wait before trying again.
+const RETRY_AFTER_S: u64 = 2;
 
 impl ApiError {
     pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
@@ -24,6 +29,7 @@ impl ApiError {
             kind,
             message: message.into(),
             code: None,
+            retry_after: None,
         }
     }
 
@@ -59,16 +65,22 @@ impl ApiError {
 impl From<DbError> for ApiError {
     fn from(error: DbError) -> Self {
         match error {
-            DbError::Busy => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "server_error",
-                "every database connection is busy; try again",
-            ),
-            DbError::Unavailable(cause) => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "server_error",
-                format!("the database is unavailable: {cause}"),
-            ),
+            DbError::Busy => ApiError {
+                retry_after: Some(RETRY_AFTER_S),
+                ..ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "server_error",
+                    "every database connection is busy; try again",
+                )
+            },
+            DbError::Unavailable(cause) => ApiError {
+                retry_after: Some(RETRY_AFTER_S),
+                ..ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "server_error",
+                    format!("the database is unavailable: {cause}"),
+                )
+            },
             DbError::Sql {
                 sqlstate,
                 message,
@@ -104,6 +116,12 @@ impl From<DbError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        let mut response = (self.status, Json(self.body())).into_response();
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, seconds.into());
+        }
+        response
     }
 }

@@ -5,7 +5,7 @@
 //! (no privileges of its own); each request's bearer token selects the role the request runs
 //! as, in its own transaction (`SET LOCAL ROLE`).
 //!
-//!   sqe-gateway serve --listen ADDR --database-url URL --tokens FILE
+//!   sqe-gateway serve --listen ADDR --database-url URL [--read-database-url URL ...] --tokens FILE
 //!   sqe-gateway mcp-stdio --database-url URL [--role ROLE]
 
 mod app;
@@ -56,15 +56,27 @@ enum Command {
         /// Address to listen on, e.g. 127.0.0.1:8085.
         #[arg(long)]
         listen: SocketAddr,
-        /// The authenticator role's connection: postgresql://authenticator@host/db.
+        /// The authenticator role's connection to the primary:
+        /// postgresql://authenticator@host/db.
         #[arg(long)]
         database_url: String,
+        /// A read server (a streaming standby of the primary), as the same role; repeat for
+        /// several. Questions go to them round-robin while they pass their health checks.
+        #[arg(long)]
+        read_database_url: Vec<String>,
+        /// Seconds between health checks of the read servers.
+        #[arg(long, default_value_t = 2)]
+        health_interval: u64,
         /// File of `TOKEN ROLE` lines; read again on SIGHUP.
         #[arg(long)]
         tokens: String,
-        /// Database connections at most.
+        /// Database connections at most, per server.
         #[arg(long, default_value_t = 16)]
         pool_size: usize,
+        /// Seconds a request waits for a free connection before it is answered 503 with
+        /// Retry-After.
+        #[arg(long, default_value_t = 5)]
+        pool_wait: u64,
         /// A request is cancelled after this many seconds.
         #[arg(long, default_value_t = 300)]
         request_timeout: u64,
@@ -127,20 +139,49 @@ async fn not_found() -> ApiError {
     )
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn serve(
+/// What `serve` is given.
+struct Serve {
     listen: SocketAddr,
     database_url: String,
+    read_database_urls: Vec<String>,
+    health_interval: u64,
     tokens_path: String,
     pool_size: usize,
+    pool_wait: u64,
     request_timeout: u64,
     max_body: usize,
     max_table_rows: usize,
     model: Option<String>,
     allowed_hosts: Vec<String>,
     allow_object_owners: bool,
-) -> anyhow::Result<()> {
-    let db = Arc::new(Db::connect(&database_url, pool_size, Duration::from_secs(30)).await?);
+}
+
+async fn serve(options: Serve) -> anyhow::Result<()> {
+    let Serve {
+        listen,
+        database_url,
+        read_database_urls,
+        health_interval,
+        tokens_path,
+        pool_size,
+        pool_wait,
+        request_timeout,
+        max_body,
+        max_table_rows,
+        model,
+        allowed_hosts,
+        allow_object_owners,
+    } = options;
+    let db = Arc::new(
+        Db::connect(
+            &database_url,
+            &read_database_urls,
+            pool_size,
+            Duration::from_secs(pool_wait),
+        )
+        .await?,
+    );
+    db.watch_readers(Duration::from_secs(health_interval.max(1)));
     let entries =
         Tokens::read(&tokens_path).map_err(|e| anyhow::anyhow!("reading the tokens: {e}"))?;
     vet(&db, &entries, allow_object_owners)
@@ -250,7 +291,7 @@ async fn vet(db: &Db, entries: &[(String, String)], allow: bool) -> Result<(), S
 }
 
 async fn mcp_stdio(database_url: String, role: Option<String>) -> anyhow::Result<()> {
-    let db = Arc::new(Db::connect(&database_url, 4, Duration::from_secs(30)).await?);
+    let db = Arc::new(Db::connect(&database_url, &[], 4, Duration::from_secs(30)).await?);
     let running = mcp::Mcp::new(db, role)
         .serve(rmcp::transport::stdio())
         .await?;
@@ -264,8 +305,11 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve {
             listen,
             database_url,
+            read_database_url,
+            health_interval,
             tokens,
             pool_size,
+            pool_wait,
             request_timeout,
             max_body,
             max_table_rows,
@@ -273,18 +317,21 @@ async fn main() -> anyhow::Result<()> {
             allowed_host,
             allow_object_owners,
         } => {
-            serve(
+            serve(Serve {
                 listen,
                 database_url,
-                tokens,
+                read_database_urls: read_database_url,
+                health_interval,
+                tokens_path: tokens,
                 pool_size,
+                pool_wait,
                 request_timeout,
                 max_body,
                 max_table_rows,
                 model,
-                allowed_host,
+                allowed_hosts: allowed_host,
                 allow_object_owners,
-            )
+            })
             .await
         }
         Command::McpStdio { database_url, role } => mcp_stdio(database_url, role).await,
