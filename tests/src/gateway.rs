@@ -49,6 +49,11 @@ pub struct Answer {
 
 impl Gateway {
     pub fn start(database_url: &str, tokens: &Path) -> Gateway {
+        Gateway::start_with(database_url, tokens, &["--pool-size", "8"])
+    }
+
+    /// The gateway with options of its own (`--pool-size`, `--pool-wait`, ...).
+    pub fn start_with(database_url: &str, tokens: &Path, options: &[&str]) -> Gateway {
         let port = free_port();
         let child = Command::new(gateway_binary())
             .args([
@@ -60,7 +65,8 @@ impl Gateway {
             .arg(database_url)
             .arg("--tokens")
             .arg(tokens)
-            .args(["--pool-size", "8", "--request-timeout", "60"])
+            .args(["--request-timeout", "60"])
+            .args(options)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()

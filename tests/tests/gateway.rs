@@ -232,7 +232,7 @@ fn a_client_that_goes_away_cancels_its_question_and_tokens_reload_on_sighup() {
         admin
             .query_one(
                 "SELECT count(*) FROM pg_stat_activity \
-                 WHERE state = 'active' AND query LIKE '%nl_ask%' AND pid <> pg_backend_pid() \
+                 WHERE state = 'active' AND query LIKE '%nl_call%' AND pid <> pg_backend_pid() \
                    AND datname = current_database()",
                 &[],
             )
@@ -420,4 +420,74 @@ fn the_gateway_refuses_a_superuser_login_and_token_roles_that_can_run_their_own_
         said.contains("WARNING") && said.contains(&creator) && said.contains("listening on"),
         "{said}"
     );
+}
+
+/// A request that finds every database connection busy is answered 503 with Retry-After once
+/// `--pool-wait` has passed, instead of waiting for as long as the busy one takes.
+#[test]
+fn a_full_pool_answers_503_with_retry_after_instead_of_waiting() {
+    let s = setup();
+    let gateway = Gateway::start_with(
+        &s.database_url,
+        &s.tokens,
+        &["--pool-size", "1", "--pool-wait", "1"],
+    );
+    let chat = |question: &str| {
+        format!(
+            r#"{{"model":"{}","messages":[{{"role":"user","content":"{question}"}}]}}"#,
+            s.database
+        )
+    };
+    // The one connection thinks for 30 s.
+    let body = chat("Take your time");
+    let mut slow = std::net::TcpStream::connect(("127.0.0.1", gateway.port)).unwrap();
+    write!(
+        slow,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        s.token,
+        body.len()
+    )
+    .unwrap();
+    let mut admin = cluster().connect(&s.database);
+    let started = Instant::now();
+    loop {
+        let active: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
+                 AND query LIKE '%nl_call%' AND datname = current_database() \
+                 AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        if active == 1 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let asked = Instant::now();
+    let response = ureq::post(&format!("{}/v1/chat/completions", gateway.url()))
+        .set("Authorization", &format!("Bearer {}", s.token))
+        .set("Content-Type", "application/json")
+        .timeout(Duration::from_secs(20))
+        .send_string(&chat("How many orders are there?"));
+    let waited = asked.elapsed();
+    match response {
+        Err(ureq::Error::Status(503, response)) => {
+            assert_eq!(response.header("Retry-After"), Some("2"));
+            let body: Value = serde_json::from_str(&response.into_string().unwrap()).unwrap();
+            assert!(
+                body["error"]["message"].as_str().unwrap().contains("busy"),
+                "{body}"
+            );
+        }
+        other => panic!("expected 503, got {other:?}"),
+    }
+    assert!(
+        waited >= Duration::from_millis(900) && waited < Duration::from_secs(5),
+        "answered after {waited:?}"
+    );
+    drop(slow);
 }
