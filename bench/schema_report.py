@@ -10,6 +10,8 @@ import argparse
 import json
 import pathlib
 import re
+import shutil
+import socket
 import statistics
 import subprocess
 import time
@@ -69,6 +71,7 @@ def scale(tables, columns):
             warm = [timed(conn, "SELECT nl_schema(%s)", (question,))[0] for _ in range(20)]
             round_trip = statistics.median(timed(conn, "SELECT 1")[0] for _ in range(20))
         rows.append((label, cold_all, warm_all, cold_q, statistics.median(warm), round_trip, tokens(full), tokens(pruned)))
+    shared = shared_value_reads(question)
     lines = [
         f"### Introspection: {tables} tables x {columns} columns, foreign keys, comments, analyzed\n",
         "| | cold, whole schema | warm, whole schema | cold, one question (retrieval) | warm, one question (median of 20) | client round trip | tokens, whole | tokens, after retrieval |",
@@ -78,7 +81,41 @@ def scale(tables, columns):
         lines.append(
             f"| {label} | {cold_all:.0f} ms | {warm_all:.1f} ms | {cold_q:.0f} ms | {warm_q:.2f} ms | {rt:.2f} ms | {full} | {pruned} |"
         )
+    if shared:
+        first, later = shared
+        lines += [
+            "",
+            "Cold, one question, with the value index's reads shared through Redis (a redis-server "
+            f"started for it): the first new backend reads the tables and shares its reads, {first:.0f} ms; "
+            f"a later new backend takes them, median of 5: {later:.0f} ms.",
+        ]
     return "\n".join(lines) + "\n"
+
+
+def shared_value_reads(question):
+    """A new backend's cold question when another backend shared its value reads through Redis:
+    (the first backend's time, the median of 5 later new backends), or None without
+    redis-server."""
+    if not shutil.which("redis-server"):
+        return None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                              "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)
+        url = f"redis://127.0.0.1:{port}/0"
+
+        def cold():
+            with connect(SCALE_DB) as conn:
+                conn.execute(f"SET sql_query_engine.redis_url = '{url}'")
+                return timed(conn, "SELECT nl_schema(%s)", (question,))[0]
+
+        first = cold()
+        return first, statistics.median(cold() for _ in range(5))
+    finally:
+        redis.kill()
 
 
 def gold_relations(conn, sql):

@@ -50,7 +50,10 @@ pub enum Call {
     /// The relations the role can read.
     Tables,
     /// `nl_history_add`, on the primary: an answer a read server gave, for the history.
-    History { answer: Value },
+    History {
+        answer: Value,
+        session: Option<String>,
+    },
     /// `nl_feedback`: an answer (its history id) marked right, or corrected.
     Feedback {
         history_id: i64,
@@ -183,6 +186,8 @@ struct Node {
     /// Whether it keeps sessions where every server finds them (`nl_session_store()` is
     /// `redis`): only then does it serve server-side sessions.
     shared_sessions: AtomicBool,
+    /// The health checks' own connection, kept between checks.
+    probe: tokio::sync::Mutex<Option<Client>>,
 }
 
 impl Node {
@@ -202,6 +207,7 @@ impl Node {
             pool,
             healthy: AtomicBool::new(true),
             shared_sessions: AtomicBool::new(false),
+            probe: tokio::sync::Mutex::new(None),
         })
     }
 
@@ -382,9 +388,16 @@ impl Db {
     /// One health check of a read server, on a connection of its own: it answers, its login
     /// role is no superuser, and where it keeps sessions. A change is said on stderr.
     async fn check(&self, node: &Node) {
+        let mut kept = node.probe.lock().await;
         let probe = async {
-            let (client, connection) = node.config.connect(NoTls).await?;
-            tokio::spawn(connection);
+            let client = match kept.take().filter(|c| !c.is_closed()) {
+                Some(client) => kept.insert(client),
+                None => {
+                    let (client, connection) = node.config.connect(NoTls).await?;
+                    tokio::spawn(connection);
+                    kept.insert(client)
+                }
+            };
             let row = client
                 .query_one(
                     &format!(
@@ -407,6 +420,10 @@ impl Db {
             Ok(Err(e)) => (false, false, e.to_string()),
             Err(_) => (false, false, "no answer in time".to_string()),
         };
+        if !healthy {
+            // A connection that failed or hung is not asked again.
+            *kept = None;
+        }
         node.shared_sessions.store(shared, Ordering::Relaxed);
         if node.healthy.swap(healthy, Ordering::Relaxed) != healthy {
             match healthy {
@@ -490,10 +507,10 @@ impl Db {
                         node.name
                     );
                     if let Some(progress) = &progress {
-                        let _ = progress.send(format!(
-                            "sql_query_engine: the server answering failed ({}); asking another",
-                            node.name
-                        ));
+                        let _ = progress.send(
+                            "sql_query_engine: the server answering failed; asking another"
+                                .to_string(),
+                        );
                     }
                     failed = Some(e);
                 }
@@ -501,7 +518,7 @@ impl Db {
                 Ok(mut answer)
                     if matches!(call, Call::Ask { .. }) && !std::ptr::eq(*node, &self.primary) =>
                 {
-                    self.record_on_primary(role, &mut answer).await;
+                    self.record_on_primary(role, call, &mut answer).await;
                     return Ok(answer);
                 }
                 other => return other,
@@ -534,7 +551,7 @@ impl Db {
     /// Writes the history of an answer a read server gave (a standby writes none) to the
     /// primary, as the same role, and puts its id into the answer (for feedback). Best effort:
     /// the answer stands without it, and the standby's server log has the audit line.
-    async fn record_on_primary(&self, role: Option<&str>, answer: &mut Value) {
+    async fn record_on_primary(&self, role: Option<&str>, call: &Call, answer: &mut Value) {
         if !answer["history_id"].is_null() {
             return;
         }
@@ -542,7 +559,14 @@ impl Db {
         if let Some(object) = recorded.as_object_mut() {
             object.remove("rows");
         }
-        let call = Call::History { answer: recorded };
+        let session = match call {
+            Call::Ask { session, .. } => session.clone(),
+            _ => None,
+        };
+        let call = Call::History {
+            answer: recorded,
+            session,
+        };
         let written = match self.primary.get(self.wait).await {
             Ok(mut conn) => self.call_on(&mut conn, role, &call, None).await,
             Err(e) => Err(e),
@@ -599,12 +623,12 @@ async fn run(
     let json = |text: String| serde_json::from_str::<Value>(&text).unwrap_or(Value::Null);
     let value = match call {
         Call::Ask { .. } => Value::Null,
-        Call::History { answer } => {
+        Call::History { answer, session } => {
             let answer = answer.to_string();
             let id: Option<i64> = tx
                 .query_one(
-                    &format!("SELECT {schema}.nl_history_add($1::text::jsonb, 'nl_call')"),
-                    &[&answer],
+                    &format!("SELECT {schema}.nl_history_add($1::text::jsonb, 'nl_call', $2)"),
+                    &[&answer, session],
                 )
                 .await?
                 .get(0);

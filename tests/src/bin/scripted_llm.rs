@@ -1,6 +1,7 @@
 //! The scripted model as a standalone server, for the demo and the benchmark harness's tests.
-//! Usage: scripted_llm ANSWERS.json, where ANSWERS maps a question to the SQL to answer with,
-//! or to {"first": SQL, "repair": SQL} to answer first attempts and repairs differently.
+//! Usage: scripted_llm ANSWERS.json [DELAY_MS], where ANSWERS maps a question to the SQL to
+//! answer with, or to {"first": SQL, "repair": SQL} to answer first attempts and repairs
+//! differently, and DELAY_MS is how long each answer takes (a model that thinks; default 0).
 //! Prints its base URL, then serves until killed.
 
 use std::io::Write;
@@ -21,6 +22,14 @@ fn main() {
         eprintln!("{path} is not a JSON object of question -> answer: {e}");
         std::process::exit(1);
     });
+    let delay = match std::env::args().nth(2).map(|ms| ms.parse::<u64>()) {
+        None => std::time::Duration::ZERO,
+        Some(Ok(ms)) => std::time::Duration::from_millis(ms),
+        Some(Err(e)) => {
+            eprintln!("DELAY_MS is not a number of milliseconds: {e}");
+            std::process::exit(2);
+        }
+    };
     let llm = ScriptedLlm::start();
     llm.respond_with(move |request| {
         let text = request.last_message();
@@ -34,7 +43,12 @@ fn main() {
             Value::Object(o) => o.get("first"),
             other => Some(other),
         }?;
-        Some(Reply::sql(sql.as_str()?))
+        let reply = Reply::sql(sql.as_str()?);
+        Some(if delay.is_zero() {
+            reply
+        } else {
+            Reply::Slow(delay, Box::new(reply))
+        })
     });
     println!("{}", llm.url());
     let _ = std::io::stdout().flush();
