@@ -95,6 +95,10 @@ regress() {
     # shellcheck disable=SC2086
     if ! "${run[@]}" $tests; then
         cat "$out/regression.diffs" 2>/dev/null || true
+        # The work directory goes when this script ends: keep what the server printed, to
+        # review and to take as the new expected output (README, "Tests, by tier").
+        rm -rf test/results && cp -r "$out/results" test/results
+        echo "test: the output of the failed run is in test/results" >&2
         return 1
     fi
 }
