@@ -211,6 +211,19 @@ impl Node {
         })
     }
 
+    /// Notes what the last health check or call found; a change is said on stderr.
+    fn set_healthy(&self, healthy: bool, why: &str) {
+        if self.healthy.swap(healthy, Ordering::Relaxed) != healthy {
+            match healthy {
+                true => eprintln!("sqe-gateway: read server {} is back", self.name),
+                false => eprintln!(
+                    "sqe-gateway: read server {} left the rotation: {why}",
+                    self.name
+                ),
+            }
+        }
+    }
+
     /// A connection, waiting at most `wait` for one to be free.
     async fn get(&self, wait: Duration) -> Result<Object<Manager>, DbError> {
         let timeouts = Timeouts {
@@ -425,15 +438,7 @@ impl Db {
             *kept = None;
         }
         node.shared_sessions.store(shared, Ordering::Relaxed);
-        if node.healthy.swap(healthy, Ordering::Relaxed) != healthy {
-            match healthy {
-                true => eprintln!("sqe-gateway: read server {} is back", node.name),
-                false => eprintln!(
-                    "sqe-gateway: read server {} left the rotation: {why}",
-                    node.name
-                ),
-            }
-        }
+        node.set_healthy(healthy, &why);
     }
 
     /// The servers that may answer `call`, in the order to try them: a write (or a question
@@ -501,7 +506,7 @@ impl Db {
             };
             match result {
                 Err(e) if !last && e.server_failed() => {
-                    node.healthy.store(false, Ordering::Relaxed);
+                    node.set_healthy(false, &format!("a call failed ({e:?})"));
                     eprintln!(
                         "sqe-gateway: read server {} failed ({e:?}); asking another",
                         node.name
