@@ -34,7 +34,17 @@ CONFIGS = {
     "C-mschema": ("generation only, M-Schema layout", {"max_repairs": "0", "vote": "off", "schema_format": "mschema"}),
     "A-vote2": ("two candidates", {"candidates": "2"}),
     "A-always": ("vote after every first query", {"vote": "always"}),
+    # Verified examples, leave-one-out: each question's examples are the other questions of its
+    # database with their gold SQL, never the question itself (see `examples_for`).
+    "C-loo3": ("generation only, 3 examples (leave-one-out)", {"max_repairs": "0", "vote": "off", "examples": "3"}),
+    "C-looall": ("generation only, all examples (leave-one-out)", {"max_repairs": "0", "vote": "off", "examples": "20"}),
+    "A-loo3": ("full pipeline, 3 examples (leave-one-out)", {"examples": "3"}),
+    "A-looall": ("full pipeline, all examples (leave-one-out)", {"examples": "20"}),
 }
+
+
+def leave_one_out(config):
+    return "-loo" in config
 
 
 def parse_args():
@@ -53,9 +63,13 @@ def parse_args():
     return p.parse_args()
 
 
-def select_questions(args):
+def all_questions(args):
     path = pathlib.Path(args.questions or pathlib.Path(args.bench) / "dev.jsonl")
-    questions = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def select_questions(args):
+    questions = all_questions(args)
     if args.ids:
         wanted = set(args.ids.split(","))
         questions = [q for q in questions if q["id"] in wanted]
@@ -108,18 +122,44 @@ def run_rows(conn, sql, timeout_ms=60000):
         return [list(row) for row in conn.execute(sql).fetchall()]
 
 
-def ask(conn, question, config, args):
+def asked_text(question):
+    """The question as it is asked: BIRD's evidence follows it as a hint."""
+    text = question["question"]
+    if question.get("evidence"):
+        text += "\nHint: " + question["evidence"]
+    return text
+
+
+def examples_for(conn, question, config, everything):
+    """Makes the database's verified examples what `config` measures with: none, or (leave-one-
+    out) every other question of the same database with its gold SQL. Returns how many."""
+    conn.execute("DELETE FROM nl_examples")
+    if not leave_one_out(config):
+        return 0
+    added = 0
+    for other in everything:
+        if other["pg_database"] != question["pg_database"] or other["id"] == question["id"]:
+            continue
+        try:
+            conn.execute("SELECT nl_example_add(%s, %s)", [asked_text(other), other["gold_sql"]])
+            added += 1
+        except psycopg.Error:
+            continue  # a gold query the guard refuses is no example
+    return added
+
+
+def ask(conn, question, config, args, everything):
     """One question through nl_trace, then its rows; a record of what happened."""
     settings = {"llm_url": args.llm_url, "llm_model": args.model, "llm_timeout": args.llm_timeout}
     settings.update(CONFIGS[config][1])
     conn.execute("RESET ALL")
+    examples = examples_for(conn, question, config, everything)
     for name, value in settings.items():
         conn.execute("SELECT set_config(%s, %s, false)", [f"sql_query_engine.{name}", value])
-    text = question["question"]
-    if question.get("evidence"):
-        text += "\nHint: " + question["evidence"]
+    text = asked_text(question)
     record = {"id": question["id"], "config": config, "suite": question["suite"],
-              "difficulty": question.get("difficulty") or "unrated", "db": question["pg_database"]}
+              "difficulty": question.get("difficulty") or "unrated", "db": question["pg_database"],
+              "examples": examples}
     started = time.monotonic()
     try:
         trace = conn.execute("SELECT nl_trace(%s)", [text]).fetchone()[0]
@@ -135,6 +175,7 @@ def ask(conn, question, config, args):
         outcomes=[a["outcome"] for a in trace["attempts"]],
         candidates=[bool(a.get("candidate")) for a in trace["attempts"]], vote=trace.get("vote"),
         errors=[f"{a['sqlstate']}: {a['message']}" for a in trace["attempts"] if a.get("sqlstate")],
+        answered_by=trace.get("answered_by"),
         confidence=(trace.get("confidence") or {}).get("level"),
         doubts=(trace.get("confidence") or {}).get("doubts"),
     )
@@ -302,6 +343,7 @@ def main():
     if unknown:
         sys.exit(f"bench/run: unknown configuration {', '.join(unknown)}; known: {', '.join(CONFIGS)}")
     questions = select_questions(args)
+    everything = all_questions(args)
     if not questions:
         sys.exit("bench/run: no questions selected")
     out = pathlib.Path(args.out)
@@ -325,7 +367,7 @@ def main():
                     db = question["pg_database"]
                     if db not in connections:
                         connections[db] = connect(db)
-                    record = ask(connections[db], question, config, args)
+                    record = ask(connections[db], question, config, args, everything)
                     record["measured_with"] = measured_with
                     path.write_text(json.dumps(record, indent=1, default=str))
                 records.append(record)
