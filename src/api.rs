@@ -8,7 +8,7 @@ use pgrx::JsonB;
 use crate::error::{Error, Result, SqlError, SqlState};
 use crate::exec::{self, Mode, ResultSet};
 use crate::extract::strip_think;
-use crate::heal::{self, Limits, Run, Vote};
+use crate::heal::{self, Limits, Run, Start, Vote};
 use crate::llm::{self, Batch, Chain, Completion, Llm, Message};
 use crate::progress::{Event, Progress};
 use crate::saved::{self, Field};
@@ -17,7 +17,7 @@ use crate::session::Turn;
 use crate::settings::{AbstainSetting, VoteSetting};
 use crate::{
     confidence, examples, feedback, hints, history, prompt, schema, session, settings, subxact,
-    trace, values,
+    templates, trace, values,
 };
 
 /// Rows of an answer sent to the model by `nl_answer`, at most.
@@ -333,6 +333,7 @@ fn traced(run: &Run, shown: &DatabaseContext) -> serde_json::Value {
         "level": verdict.level(), "doubts": verdict.doubts, "notes": verdict.notes,
     });
     trace["examples_skipped"] = serde_json::json!(shown.examples_skipped);
+    trace["template_example"] = serde_json::json!(shown.template_used);
     trace
 }
 
@@ -467,13 +468,18 @@ struct DatabaseContext {
     history_id: Option<i64>,
     /// Similar examples left out because their SQL no longer passes the guard.
     examples_skipped: Vec<i64>,
+    /// A shown example that answers the question as a template, instantiated.
+    template: Option<templates::Instantiated>,
+    /// The example whose template the run started from, when one did.
+    template_used: Option<i64>,
 }
 
 /// The schema, the question's values and the examples, as the prompt shows them.
 fn database_context(question: Option<&str>) -> Result<DatabaseContext> {
     let (context, cached) = schema::load()?;
-    let matches = match question {
-        Some(q) if settings::value_index() => values::index(&context).lookup(q),
+    let index = (question.is_some() && settings::value_index()).then(|| values::index(&context));
+    let matches = match (question, &index) {
+        (Some(q), Some(index)) => index.lookup(q),
         _ => Vec::new(),
     };
     let evidence: Vec<usize> = matches.iter().map(|m| m.relation).collect();
@@ -484,9 +490,20 @@ fn database_context(question: Option<&str>) -> Result<DatabaseContext> {
     let values = values::describe(&matches);
     let wanted = settings::examples();
     let (examples, examples_skipped) = match question {
-        Some(q) => examples::still_valid(examples::similar(q, wanted + examples::SPARE)?, wanted),
+        Some(q) => {
+            let focus = examples::Focus {
+                relations: context.about(q, &evidence),
+                values: matches.iter().map(|m| m.value.clone()).collect(),
+            };
+            examples::still_valid(
+                examples::similar(q, wanted + examples::SPARE, &focus)?,
+                wanted,
+            )
+        }
         None => (Vec::new(), Vec::new()),
     };
+    let stored = |text: &str| index.as_ref().map(|i| i.stored(text)).unwrap_or_default();
+    let template = question.and_then(|q| templates::instantiate(q, &examples, &stored));
     Ok(DatabaseContext {
         text: prompt::database_context(&schema.text, values.as_deref(), &examples),
         schema,
@@ -495,6 +512,8 @@ fn database_context(question: Option<&str>) -> Result<DatabaseContext> {
         turns: (0, false),
         history_id: None,
         examples_skipped,
+        template,
+        template_used: None,
     })
 }
 
@@ -541,7 +560,7 @@ struct LiveDatabase<'a> {
 
 impl heal::Database for LiveDatabase<'_> {
     fn run(&mut self, sql: &str) -> exec::Outcome {
-        let outcome = exec::attempt(sql, self.mode, self.timeout_ms);
+        let outcome = exec::attempt_in_loop(sql, self.mode, self.timeout_ms);
         match self.shape {
             Some(fields) => saved::fit(outcome, fields),
             None => outcome,
@@ -707,6 +726,16 @@ fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
     };
     shown.session = store;
     shown.turns = (turns.len(), ask.turns.is_some());
+    // The caller's own SQL first; else a verified example that answers a question asked on its
+    // own (a follow-up means more than its words).
+    let start = match (ask.first, &shown.template) {
+        (Some(sql), _) => Some(Start::Given(sql)),
+        (None, Some(template)) if turns.is_empty() => {
+            shown.template_used = Some(template.example_id);
+            Some(Start::Template(template.sql.as_str()))
+        }
+        _ => None,
+    };
     let mut database = LiveDatabase {
         mode: ask.mode,
         timeout_ms: settings::statement_timeout_ms(),
@@ -726,7 +755,7 @@ fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
     let mut run = heal::solve(
         question,
         prompt::initial(&shown.text, &turns, question),
-        ask.first,
+        start,
         limits,
         &mut llm,
         &mut database,

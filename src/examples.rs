@@ -71,6 +71,19 @@ pub struct Example {
     pub sql: String,
 }
 
+/// What a question is about beyond its words, for ranking examples: the relations it names or
+/// where its values are stored (bare names, lower case), and those values.
+#[derive(Debug, Default)]
+pub struct Focus {
+    pub relations: Vec<String>,
+    pub values: Vec<String>,
+}
+
+/// How much an example gains in ranking when its SQL reads all the relations the question is
+/// about, and when it uses a value the question names (word similarity counts from 0 to 1).
+const RELATION_WEIGHT: f64 = 0.25;
+const VALUE_WEIGHT: f64 = 0.1;
+
 /// Examples fetched at most per look-up, before they are ranked.
 const CANDIDATES: i64 = 100;
 /// Words of the question used to find candidates: its rarest ones.
@@ -79,12 +92,13 @@ const LOOKUP_WORDS: usize = 6;
 /// counted when they are ranked): it would find nearly all of them.
 const COMMON_SHARE: f64 = 0.02;
 
-/// Up to `n` examples most similar to `question` (word overlap), best first. None when the
-/// caller may not read the examples. Found through the GIN index on `nl_examples.terms`, by the
+/// Up to `n` examples most similar to `question` (word overlap, and, among those, the ones over
+/// the relations and values of `focus`), best first. None when the caller may not read the
+/// examples. Found through the GIN index on `nl_examples.terms`, by the
 /// question's rarest words (the planner's statistics of `terms` say which are common): first
 /// the examples that share two of them, then, when those are too few, those that share one; at
 /// most `CANDIDATES` are read, whatever the table's size.
-pub fn similar(question: &str, n: usize) -> Result<Vec<Example>> {
+pub fn similar(question: &str, n: usize, focus: &Focus) -> Result<Vec<Example>> {
     if n == 0 {
         return Ok(Vec::new());
     }
@@ -181,7 +195,33 @@ pub fn similar(question: &str, n: usize) -> Result<Vec<Example>> {
         })
     })
     .map_err(|e| Error::internal(format!("reading the verified examples failed: {e}")))?;
-    Ok(most_similar(question, examples, n))
+    Ok(most_similar(question, examples, n, focus))
+}
+
+/// What an example's SQL shares with what the question is about: the share of `focus`'s
+/// relations it names, and whether it uses one of `focus`'s values.
+fn focus_bonus(sql: &str, focus: &Focus) -> f64 {
+    let identifiers: std::collections::HashSet<String> = sql
+        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect();
+    let relations = if focus.relations.is_empty() {
+        0.0
+    } else {
+        focus
+            .relations
+            .iter()
+            .filter(|r| identifiers.contains(r.as_str()))
+            .count() as f64
+            / focus.relations.len() as f64
+    };
+    let lower = sql.to_lowercase();
+    let value = focus
+        .values
+        .iter()
+        .any(|v| lower.contains(&crate::schema::quote_literal(&v.to_lowercase())));
+    RELATION_WEIGHT * relations + if value { VALUE_WEIGHT } else { 0.0 }
 }
 
 /// The words a verified example is found by (`nl_examples.terms`, a generated column): the
@@ -197,8 +237,9 @@ fn nl_example_words(question: &str) -> Vec<String> {
     found
 }
 
-/// Ranks by Jaccard similarity of the questions' words; only examples sharing a word count.
-fn most_similar(question: &str, examples: Vec<Example>, n: usize) -> Vec<Example> {
+/// Ranks by Jaccard similarity of the questions' words, plus what the example's SQL shares with
+/// `focus`; only examples sharing a word count.
+fn most_similar(question: &str, examples: Vec<Example>, n: usize, focus: &Focus) -> Vec<Example> {
     let asked: std::collections::HashSet<String> = words(question).into_iter().collect();
     let mut scored: Vec<(f64, Example)> = examples
         .into_iter()
@@ -206,9 +247,11 @@ fn most_similar(question: &str, examples: Vec<Example>, n: usize) -> Vec<Example
             let theirs: std::collections::HashSet<String> =
                 words(&e.question).into_iter().collect();
             let union = asked.union(&theirs).count().max(1) as f64;
-            (asked.intersection(&theirs).count() as f64 / union, e)
+            let similar = asked.intersection(&theirs).count() as f64 / union;
+            (similar, e)
         })
         .filter(|(score, _)| *score > 0.0)
+        .map(|(similar, e)| (similar + focus_bonus(&e.sql, focus), e))
         .collect();
     scored.sort_by(|a, b| b.0.total_cmp(&a.0));
     scored.into_iter().take(n).map(|(_, e)| e).collect()
@@ -233,8 +276,50 @@ mod tests {
             ex("Top customers by revenue in 2023"),
             ex("Average product price"),
         ];
-        let chosen = most_similar("top 5 customers by revenue in 2024", examples, 2);
+        let chosen = most_similar(
+            "top 5 customers by revenue in 2024",
+            examples,
+            2,
+            &Focus::default(),
+        );
         assert_eq!(chosen[0].question, "Top customers by revenue in 2023");
         assert_eq!(chosen.len(), 1, "examples sharing no word are left out");
+    }
+
+    #[test]
+    fn among_similar_examples_those_over_the_questions_tables_and_values_come_first() {
+        let sql = |q: &str, sql: &str| Example {
+            id: 0,
+            question: q.into(),
+            sql: sql.into(),
+        };
+        let examples = vec![
+            sql(
+                "How many orders per month?",
+                "SELECT count(*) FROM invoices GROUP BY 1",
+            ),
+            sql(
+                "How many orders per day?",
+                "SELECT count(*) FROM orders GROUP BY 1",
+            ),
+            sql(
+                "How many orders per week?",
+                "SELECT count(*) FROM orders WHERE status = 'shipped' GROUP BY 1",
+            ),
+        ];
+        let focus = Focus {
+            relations: vec!["orders".into()],
+            values: vec!["Shipped".into()],
+        };
+        let chosen = most_similar("How many shipped orders per year?", examples, 3, &focus);
+        let questions: Vec<&str> = chosen.iter().map(|e| e.question.as_str()).collect();
+        assert_eq!(
+            questions,
+            [
+                "How many orders per week?",
+                "How many orders per day?",
+                "How many orders per month?"
+            ]
+        );
     }
 }

@@ -205,8 +205,8 @@ struct Step {
 struct Solver<'a> {
     question: &'a str,
     initial: Vec<Message>,
-    /// SQL to start from instead of asking the model (`nl_fix`).
-    first: Option<&'a str>,
+    /// SQL to start from instead of asking the model.
+    first: Option<Start<'a>>,
     limits: Limits,
     llm: &'a mut dyn Llm,
     db: &'a mut dyn Database,
@@ -428,12 +428,13 @@ impl Solver<'_> {
         for round in 0..=max_repairs {
             let given = self.first.filter(|_| round == 0);
             let kind = match (round, given) {
-                (0, Some(_)) => Kind::Given,
+                (0, Some(Start::Given(_))) => Kind::Given,
+                (0, Some(Start::Template(_))) => Kind::Template,
                 (0, None) => Kind::First,
                 (n, _) => Kind::Repair { n, of: max_repairs },
             };
             match kind {
-                Kind::Given => {}
+                Kind::Given | Kind::Template => {}
                 Kind::Repair { .. } => (self.progress)(Event::ModelAsked(Asking::Repair {
                     kind,
                     because: &because,
@@ -442,8 +443,8 @@ impl Solver<'_> {
             }
             let asked = Instant::now();
             let asked_for = match given {
-                Some(sql) => Ok(Completion {
-                    content: sql.to_string(),
+                Some(start) => Ok(Completion {
+                    content: start.sql().to_string(),
                     endpoint: "(given)".into(),
                     ..Default::default()
                 }),
@@ -600,15 +601,32 @@ impl Solver<'_> {
 /// Characters of the model's reply kept when it answered without a query.
 const SAID_CHARS: usize = 300;
 
+/// SQL a run starts from before the model is asked anything.
+#[derive(Debug, Clone, Copy)]
+pub enum Start<'a> {
+    /// The caller's own (`nl_fix`).
+    Given(&'a str),
+    /// A verified example instantiated for the question (`templates`).
+    Template(&'a str),
+}
+
+impl Start<'_> {
+    fn sql(&self) -> &str {
+        match self {
+            Start::Given(sql) | Start::Template(sql) => sql,
+        }
+    }
+}
+
 /// Answers `question` with at most `1 + limits.max_repairs` queries (and, in a vote, up to
 /// `limits.candidates` more), starting from the request `initial` (`prompt::initial`). `db`
 /// runs them, `llm` writes them, `progress` hears of every step. Only a failure of the first
-/// model call is an `Err`. Starts from `first` (the caller's SQL, run before the model is asked
-/// anything) when given.
+/// model call is an `Err`. Starts from `first` (SQL run before the model is asked anything)
+/// when given.
 pub fn solve(
     question: &str,
     initial: Vec<Message>,
-    first: Option<&str>,
+    first: Option<Start>,
     limits: Limits,
     llm: &mut dyn Llm,
     db: &mut dyn Database,
@@ -1228,7 +1246,7 @@ mod tests {
         let run = solve(
             "q?",
             messages,
-            Some("SELECT bad"),
+            Some(Start::Given("SELECT bad")),
             limits,
             &mut llm,
             &mut database,

@@ -31,6 +31,7 @@ mod session;
 mod settings;
 mod store;
 mod subxact;
+mod templates;
 mod text;
 mod trace;
 mod values;

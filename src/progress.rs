@@ -18,6 +18,9 @@ pub enum Kind {
     First,
     /// The caller's own SQL (`nl_fix`), run before the model is asked anything.
     Given,
+    /// A verified example that answers the question as a template (`templates`), run before
+    /// the model is asked anything.
+    Template,
     /// Alternative `n` of the `of` asked for when in doubt (see `heal::Vote`).
     Alternative { n: usize, of: usize },
     /// Repair `n` of at most `of` (`max_repairs`).
@@ -30,6 +33,7 @@ impl Kind {
         match self {
             Kind::First => "the first query".into(),
             Kind::Given => "your query".into(),
+            Kind::Template => "a verified example".into(),
             Kind::Alternative { n, of } => format!("alternative {n} of {of}"),
             Kind::Repair { n, of } => format!("repair {n} of {of}"),
         }

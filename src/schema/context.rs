@@ -147,6 +147,22 @@ impl SchemaContext {
         }
     }
 
+    /// The bare names (unquoted, lower case) of the relations `question` is about: those it
+    /// names and those where its values are stored (`evidence`), for ranking examples.
+    pub fn about(&self, question: &str, evidence: &[usize]) -> Vec<String> {
+        let mut about: Vec<String> = self
+            .names
+            .named_in(question)
+            .into_iter()
+            .chain(evidence.iter().copied())
+            .filter_map(|i| self.relations.get(i))
+            .map(|r| r.name.trim_matches('"').to_lowercase())
+            .collect();
+        about.sort();
+        about.dedup();
+        about
+    }
+
     /// The text columns, for the value index.
     pub fn text_columns(&self) -> TextColumns {
         let mut columns = Vec::new();

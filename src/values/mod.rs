@@ -181,6 +181,25 @@ impl ValueIndex {
         }
     }
 
+    /// The columns that store `text` exactly (case and blank space aside), each with the value
+    /// as stored.
+    pub fn stored(&self, text: &str) -> Vec<(String, String)> {
+        self.exact
+            .get(&normalize(text))
+            .map(|ids| {
+                ids.iter()
+                    .map(|&id| {
+                        let value = &self.values[id];
+                        (
+                            self.columns.get(value.column).display.clone(),
+                            value.text.clone(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// The stored values `question` names, best first.
     pub fn lookup(&self, question: &str) -> Vec<Match> {
         let mut matches: Vec<Match> = Vec::new();

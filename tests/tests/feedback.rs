@@ -228,3 +228,95 @@ fn an_example_that_no_longer_passes_the_guard_is_skipped_and_reported() {
     assert!(!told.contains("count(label)"), "{told}");
     assert!(told.contains("SELECT count(*) FROM customers"), "{told}");
 }
+
+/// `nl_ask` as `client` (with `session`): the answer.
+fn ask_in(client: &mut Client, question: &str, session: Option<&str>) -> serde_json::Value {
+    let answer: String = client
+        .query_one("SELECT nl_ask($1, $2)::text", &[&question, &session])
+        .unwrap()
+        .get(0);
+    serde_json::from_str(&answer).unwrap()
+}
+
+/// A corrected answer becomes a template at once: the same question with another value that
+/// the same column stores is answered from it, without the model; a value no column stores, or
+/// a follow-up in a conversation, goes to the model as before.
+#[test]
+fn a_verified_example_answers_the_same_question_with_other_values() {
+    let r = Roles::new();
+    let (mut writer, mut analyst) = (r.connect(&r.writer), r.connect(&r.analyst));
+    r.s.llm.on(
+        "orders did customers in DE place",
+        vec![Reply::sql("SELECT count(*) AS n FROM orders")],
+    );
+    let id = asked(&mut writer, "How many orders did customers in DE place?");
+    let given = feedback(
+        &mut writer,
+        id,
+        false,
+        Some(
+            "SELECT count(*) AS n FROM orders o JOIN customers c USING (customer_id) \
+             WHERE c.country = 'DE'",
+        ),
+    );
+    assert_eq!(given["status"], "promoted", "{given}");
+    let example = given["example_id"].as_i64().unwrap();
+
+    let asked_before = r.s.llm.requests().len();
+    let answer = ask_in(
+        &mut analyst,
+        "How many orders did customers in IT place?",
+        None,
+    );
+    assert_eq!(answer["rows"], serde_json::json!([[1]]), "{answer}");
+    assert_eq!(answer["answered_by"], "a verified example");
+    assert_eq!(answer["template_example"], example);
+    assert!(answer["sql"].as_str().unwrap().contains("c.country = 'IT'"));
+    assert_eq!(answer["llm_calls"], 0);
+    assert_eq!(
+        r.s.llm.requests().len(),
+        asked_before,
+        "the model was not asked"
+    );
+
+    // FR is stored nowhere: the model answers, with the example shown.
+    // (The whole question: the example in the prompt holds the shorter key of the first.)
+    r.s.llm.on(
+        "How many orders did customers in FR place?",
+        vec![Reply::sql(
+            "SELECT count(*) AS n FROM orders o JOIN customers c USING (customer_id) \
+             WHERE c.country = 'FR'",
+        )],
+    );
+    let answer = ask_in(
+        &mut analyst,
+        "How many orders did customers in FR place?",
+        None,
+    );
+    assert_eq!(answer["template_example"], serde_json::Value::Null);
+    assert_eq!(answer["llm_calls"], 1);
+    assert!(r
+        .s
+        .llm
+        .requests()
+        .last()
+        .unwrap()
+        .text()
+        .contains("c.country = 'DE'"));
+
+    // A follow-up means more than its words: the model answers it, with the conversation.
+    r.s.llm
+        .on("only the big ones", vec![Reply::sql("SELECT 1 AS n")]);
+    r.s.llm.on(
+        "How many orders did customers in GB place?",
+        vec![Reply::sql("SELECT 2 AS n")],
+    );
+    ask_in(&mut analyst, "only the big ones", Some("chat"));
+    let answer = ask_in(
+        &mut analyst,
+        "How many orders did customers in GB place?",
+        Some("chat"),
+    );
+    assert_eq!(answer["template_example"], serde_json::Value::Null);
+    assert_eq!(answer["rows"], serde_json::json!([[2]]));
+}

@@ -1,0 +1,475 @@
+//! Verified examples as templates: an example answers its own question again, and the same
+//! question with other values, without asking the model.
+//!
+//! A literal of an example's SQL whose text its question names (a string or a number, case
+//! aside) is a parameter: the example "orders of customers in Germany" with `country =
+//! 'Germany'` is the template "orders of customers in …" with `country = …`. A new question
+//! matches a template when it is the example's question word for word outside the parameters;
+//! a string parameter takes the new value only when the value index finds it stored, exactly
+//! (case and blank space aside), in a column that also stores the example's value, and takes
+//! it as stored; a number takes any number. The SQL is the example's with the values replaced,
+//! checked and run like any other query; when it fails or comes back empty, the model is asked
+//! as usual. Only questions without earlier turns are matched: a follow-up means more than its
+//! words.
+
+use crate::examples::Example;
+use crate::schema::quote_literal;
+
+/// Words a parameter of a template may take in a new question, at most.
+const MAX_PARAMETER_WORDS: usize = 6;
+/// Parameters of one template, at most (more make matching costly and mistakes likely).
+const MAX_PARAMETERS: usize = 4;
+/// Words of an example's question, at most, for it to be a template (matching recurses once
+/// per word).
+const MAX_TEMPLATE_WORDS: usize = 100;
+
+/// A verified example instantiated for a question.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Instantiated {
+    pub example_id: i64,
+    pub sql: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LiteralKind {
+    Text,
+    Number,
+}
+
+/// A literal of a query: where it is, what kind, and what it says (a string unquoted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Literal {
+    start: usize,
+    end: usize,
+    kind: LiteralKind,
+    value: String,
+}
+
+/// The string and number literals of `sql`, outside comments and quoted identifiers. A
+/// string with an escape prefix (`E'...'`) or a dollar-quoted string is not a parameter.
+fn literals(sql: &str) -> Vec<Literal> {
+    let bytes = sql.as_bytes();
+    let mut found = Vec::new();
+    let mut i = 0;
+    let word_char = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b >= 0x80;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'-' if bytes.get(i + 1) == Some(&b'-') => {
+                while i < bytes.len() && bytes[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'/' if bytes.get(i + 1) == Some(&b'*') => {
+                i += 2;
+                while i + 1 < bytes.len() && !(bytes[i] == b'*' && bytes[i + 1] == b'/') {
+                    i += 1;
+                }
+                i += 2;
+            }
+            b'"' => {
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    i += 1;
+                }
+                i += 1;
+            }
+            b'$' => {
+                // A dollar quote ($tag$ ... $tag$) is skipped whole; $1 is a parameter sign.
+                let tag_end = sql[i + 1..].find('$').map(|p| i + 1 + p);
+                match tag_end {
+                    Some(end) if sql[i + 1..end].bytes().all(word_char) => {
+                        let tag = &sql[i..=end];
+                        i = sql[end + 1..]
+                            .find(tag)
+                            .map_or(bytes.len(), |p| end + 1 + p + tag.len());
+                    }
+                    _ => i += 1,
+                }
+            }
+            b'\'' => {
+                let prefixed = i > 0 && word_char(bytes[i - 1]);
+                let start = i;
+                let mut value = String::new();
+                i += 1;
+                let mut closed = false;
+                while i < bytes.len() {
+                    if bytes[i] == b'\'' {
+                        if bytes.get(i + 1) == Some(&b'\'') {
+                            value.push('\'');
+                            i += 2;
+                            continue;
+                        }
+                        closed = true;
+                        i += 1;
+                        break;
+                    }
+                    let next = sql[i..].chars().next().map_or(1, char::len_utf8);
+                    value.push_str(&sql[i..i + next]);
+                    i += next;
+                }
+                if closed && !prefixed {
+                    found.push(Literal {
+                        start,
+                        end: i,
+                        kind: LiteralKind::Text,
+                        value,
+                    });
+                }
+            }
+            b if b.is_ascii_digit() && (i == 0 || !word_char(bytes[i - 1])) => {
+                let start = i;
+                while i < bytes.len() && (bytes[i].is_ascii_digit() || bytes[i] == b'.') {
+                    i += 1;
+                }
+                if i == bytes.len() || !word_char(bytes[i]) {
+                    found.push(Literal {
+                        start,
+                        end: i,
+                        kind: LiteralKind::Number,
+                        value: sql[start..i].to_string(),
+                    });
+                }
+            }
+            b if word_char(b) => {
+                while i < bytes.len() && word_char(bytes[i]) {
+                    i += 1;
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    found
+}
+
+/// A word of a question: its place in the text and its lower-case form. Words are runs of
+/// letters and digits, with `.` inside a number (`2.5`).
+#[derive(Debug, Clone)]
+struct Word {
+    start: usize,
+    end: usize,
+    text: String,
+}
+
+fn question_words(text: &str) -> Vec<Word> {
+    let mut found = Vec::new();
+    let mut start = None;
+    let chars: Vec<(usize, char)> = text.char_indices().collect();
+    for (k, &(i, c)) in chars.iter().enumerate() {
+        let inside_number = c == '.'
+            && start.is_some()
+            && k > 0
+            && chars[k - 1].1.is_ascii_digit()
+            && chars.get(k + 1).is_some_and(|(_, n)| n.is_ascii_digit());
+        if c.is_alphanumeric() || inside_number {
+            start.get_or_insert(i);
+        } else if let Some(s) = start.take() {
+            found.push(Word {
+                start: s,
+                end: i,
+                text: text[s..i].to_lowercase(),
+            });
+        }
+    }
+    if let Some(s) = start {
+        found.push(Word {
+            start: s,
+            end: text.len(),
+            text: text[s..].to_lowercase(),
+        });
+    }
+    found
+}
+
+/// A piece of a template's question: a word, or parameter `n`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Piece {
+    Word(String),
+    Parameter(usize),
+}
+
+/// A parameter of a template: a literal of its SQL, and every place it is written there.
+#[derive(Debug)]
+struct Parameter {
+    kind: LiteralKind,
+    value: String,
+    places: Vec<(usize, usize)>,
+}
+
+/// An example as a template: its question in pieces, its SQL, and its parameters.
+#[derive(Debug)]
+struct Template<'a> {
+    pieces: Vec<Piece>,
+    sql: &'a str,
+    parameters: Vec<Parameter>,
+}
+
+impl<'a> Template<'a> {
+    fn of(example: &'a Example) -> Option<Template<'a>> {
+        let words = question_words(&example.question);
+        if words.len() > MAX_TEMPLATE_WORDS {
+            return None;
+        }
+        let mut pieces: Vec<Piece> = words.iter().map(|w| Piece::Word(w.text.clone())).collect();
+        let mut parameters: Vec<Parameter> = Vec::new();
+        for literal in literals(&example.sql) {
+            if let Some(p) = parameters
+                .iter_mut()
+                .find(|p| p.kind == literal.kind && p.value == literal.value)
+            {
+                p.places.push((literal.start, literal.end));
+                continue;
+            }
+            let named: Vec<String> = question_words(&literal.value)
+                .into_iter()
+                .map(|w| w.text)
+                .collect();
+            if named.is_empty() || named.len() > MAX_PARAMETER_WORDS {
+                continue;
+            }
+            // Where the question names it: exactly once, or it is not a parameter.
+            let places: Vec<usize> = (0..pieces.len().saturating_sub(named.len() - 1))
+                .filter(|&at| {
+                    named
+                        .iter()
+                        .enumerate()
+                        .all(|(k, w)| pieces[at + k] == Piece::Word(w.clone()))
+                })
+                .collect();
+            let [at] = places[..] else { continue };
+            if parameters.len() == MAX_PARAMETERS {
+                return None;
+            }
+            pieces.splice(at..at + named.len(), [Piece::Parameter(parameters.len())]);
+            parameters.push(Parameter {
+                kind: literal.kind,
+                value: literal.value,
+                places: vec![(literal.start, literal.end)],
+            });
+        }
+        Some(Template {
+            pieces,
+            sql: &example.sql,
+            parameters,
+        })
+    }
+
+    /// The text `question` gives each parameter, when the question is this template's.
+    fn match_question(&self, question: &str) -> Option<Vec<String>> {
+        let words = question_words(question);
+        let mut taken = vec![None; self.parameters.len()];
+        fits(&self.pieces, &words, question, &mut taken)
+            .then(|| taken.into_iter().map(Option::unwrap_or_default).collect())
+    }
+
+    /// The SQL with each parameter replaced by its new literal.
+    fn with_values(&self, values: &[String]) -> String {
+        let mut places: Vec<(usize, usize, String)> = Vec::new();
+        for (parameter, value) in self.parameters.iter().zip(values) {
+            let literal = match parameter.kind {
+                LiteralKind::Text => quote_literal(value),
+                LiteralKind::Number => value.clone(),
+            };
+            places.extend(
+                parameter
+                    .places
+                    .iter()
+                    .map(|&(s, e)| (s, e, literal.clone())),
+            );
+        }
+        places.sort_by_key(|p| std::cmp::Reverse(p.0));
+        let mut sql = self.sql.to_string();
+        for (start, end, literal) in places {
+            sql.replace_range(start..end, &literal);
+        }
+        sql
+    }
+}
+
+/// Whether `words` (of `text`) fit `pieces`, filling `taken` with what each parameter took
+/// (the question's own text, from its first word to its last).
+fn fits(pieces: &[Piece], words: &[Word], text: &str, taken: &mut [Option<String>]) -> bool {
+    match pieces.split_first() {
+        None => words.is_empty(),
+        Some((Piece::Word(w), rest)) => {
+            words.first().is_some_and(|first| first.text == *w)
+                && fits(rest, &words[1..], text, taken)
+        }
+        Some((Piece::Parameter(p), rest)) => {
+            for n in 1..=MAX_PARAMETER_WORDS.min(words.len()) {
+                let value = text[words[0].start..words[n - 1].end].to_string();
+                taken[*p] = Some(value);
+                if fits(rest, &words[n..], text, taken) {
+                    return true;
+                }
+            }
+            taken[*p] = None;
+            false
+        }
+    }
+}
+
+/// The first of `examples` that answers `question` as a template, instantiated. `stored`
+/// finds where a text is stored: the columns that store it exactly, each with the value as
+/// stored (the value index); a string parameter takes a new value only from a column that
+/// also stores the example's value.
+pub fn instantiate(
+    question: &str,
+    examples: &[Example],
+    stored: &dyn Fn(&str) -> Vec<(String, String)>,
+) -> Option<Instantiated> {
+    examples.iter().find_map(|example| {
+        let template = Template::of(example)?;
+        let taken = template.match_question(question)?;
+        let mut values = Vec::with_capacity(taken.len());
+        for (parameter, new) in template.parameters.iter().zip(taken) {
+            let original = &parameter.value;
+            match parameter.kind {
+                LiteralKind::Number => {
+                    if !new.parse::<f64>().is_ok_and(f64::is_finite) {
+                        return None;
+                    }
+                    values.push(new);
+                }
+                LiteralKind::Text if new.eq_ignore_ascii_case(original) => {
+                    values.push(original.clone())
+                }
+                LiteralKind::Text => {
+                    let columns: Vec<String> = stored(original)
+                        .into_iter()
+                        .map(|(column, _)| column)
+                        .collect();
+                    let (_, value) = stored(&new)
+                        .into_iter()
+                        .find(|(column, _)| columns.contains(column))?;
+                    values.push(value);
+                }
+            }
+        }
+        Some(Instantiated {
+            example_id: example.id,
+            sql: template.with_values(&values),
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn example(id: i64, question: &str, sql: &str) -> Example {
+        Example {
+            id,
+            question: question.into(),
+            sql: sql.into(),
+        }
+    }
+
+    /// A value index of two columns.
+    fn stored(text: &str) -> Vec<(String, String)> {
+        let countries = ["Germany", "France", "Costa Rica"];
+        let statuses = ["shipped", "cancelled"];
+        let mut found = Vec::new();
+        for c in countries {
+            if c.eq_ignore_ascii_case(text.trim()) {
+                found.push(("customers.country".to_string(), c.to_string()));
+            }
+        }
+        for s in statuses {
+            if s.eq_ignore_ascii_case(text.trim()) {
+                found.push(("orders.status".to_string(), s.to_string()));
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn literals_are_found_outside_identifiers_comments_and_dollar_quotes() {
+        let found = literals(
+            "SELECT \"a'b\", x2, 'it''s' -- 'no'\nFROM t WHERE n > 10 AND m = 2.5 AND e = E'x' \
+             AND d = $q$'no'$q$ LIMIT 5",
+        );
+        let values: Vec<(&str, LiteralKind)> =
+            found.iter().map(|l| (l.value.as_str(), l.kind)).collect();
+        assert_eq!(
+            values,
+            vec![
+                ("it's", LiteralKind::Text),
+                ("10", LiteralKind::Number),
+                ("2.5", LiteralKind::Number),
+                ("5", LiteralKind::Number),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_template_takes_other_values_that_the_same_column_stores() {
+        let examples = vec![example(
+            7,
+            "How many orders of customers in Germany were shipped? Top 5 only.",
+            "SELECT count(*) FROM orders o JOIN customers c USING (customer_id) \
+             WHERE c.country = 'Germany' AND o.status = 'shipped' LIMIT 5",
+        )];
+        let got = instantiate(
+            "how many orders of customers in Costa Rica were cancelled? top 10 only",
+            &examples,
+            &stored,
+        )
+        .expect("a match");
+        assert_eq!(got.example_id, 7);
+        assert_eq!(
+            got.sql,
+            "SELECT count(*) FROM orders o JOIN customers c USING (customer_id) \
+             WHERE c.country = 'Costa Rica' AND o.status = 'cancelled' LIMIT 10"
+        );
+        // The same question is the example itself.
+        let same = instantiate(
+            "How many orders of customers in Germany were shipped? Top 5 only.",
+            &examples,
+            &stored,
+        )
+        .unwrap();
+        assert_eq!(same.sql, examples[0].sql);
+    }
+
+    #[test]
+    fn a_template_refuses_what_it_cannot_vouch_for() {
+        let examples = vec![example(
+            1,
+            "orders of customers in Germany",
+            "SELECT * FROM orders o JOIN customers c USING (customer_id) WHERE c.country = 'Germany'",
+        )];
+        // a value no column stores, a value of another column, other words, a number for text
+        for question in [
+            "orders of customers in Atlantis",
+            "orders of customers in shipped",
+            "all orders of customers in France",
+            "orders of customers from France",
+        ] {
+            assert_eq!(
+                instantiate(question, &examples, &stored),
+                None,
+                "{question}"
+            );
+        }
+        let numbers = vec![example(
+            2,
+            "the 5 largest orders",
+            "SELECT * FROM orders LIMIT 5",
+        )];
+        assert!(instantiate("the 12 largest orders", &numbers, &stored).is_some());
+        assert_eq!(
+            instantiate("the few largest orders", &numbers, &stored),
+            None
+        );
+        // A value the question names twice is no parameter: only the same question matches.
+        let twice = vec![example(
+            3,
+            "Germany orders for Germany",
+            "SELECT * FROM orders WHERE country = 'Germany'",
+        )];
+        assert_eq!(
+            instantiate("France orders for France", &twice, &stored),
+            None
+        );
+    }
+}
