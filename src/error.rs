@@ -20,6 +20,7 @@ impl SqlState {
     pub const DUPLICATE_CURSOR: SqlState = SqlState(*b"42P03");
     pub const QUERY_CANCELED: SqlState = SqlState(*b"57014");
     pub const STATEMENT_TOO_COMPLEX: SqlState = SqlState(*b"54001");
+    pub const PROGRAM_LIMIT_EXCEEDED: SqlState = SqlState(*b"54000");
     pub const OBJECT_NOT_IN_PREREQUISITE_STATE: SqlState = SqlState(*b"55000");
     pub const SYSTEM_ERROR: SqlState = SqlState(*b"58000");
     pub const INTERNAL_ERROR: SqlState = SqlState(*b"XX000");

@@ -146,15 +146,39 @@ impl Outcome {
 /// statement_timeout, resource exhaustion) is re-raised after the subtransaction is rolled
 /// back.
 pub fn attempt(sql: &str, mode: Mode, timeout_ms: i32) -> Outcome {
-    sandboxed(sql, mode, timeout_ms, Origin::Generated)
+    sandboxed(sql, mode, timeout_ms, Origin::Generated, None)
 }
 
-fn sandboxed(sql: &str, mode: Mode, timeout_ms: i32, origin: Origin) -> Outcome {
+/// `attempt` for a query of the repair loop: also not run when its plan is absurd for a
+/// question (`absurd_plan`), so that the model gets the reason as a repair instead of the query
+/// running into the timeout.
+pub fn attempt_in_loop(sql: &str, mode: Mode, timeout_ms: i32) -> Outcome {
+    let cost_limit = f64::from(timeout_ms.max(1)) * COST_PER_MS;
+    sandboxed(sql, mode, timeout_ms, Origin::Generated, Some(cost_limit))
+}
+
+/// Planner cost units per millisecond that no server reaches (default cost settings count a
+/// sequential page read as 1): a plan estimated above `statement_timeout` times this is far
+/// beyond what the timeout lets run.
+const COST_PER_MS: f64 = 1e5;
+/// Pairs of rows a join without any join condition may make before it is called a cartesian
+/// product, and the rows each side must have.
+const CARTESIAN_PAIRS: f64 = 1e8;
+const CARTESIAN_SIDE_ROWS: f64 = 1000.0;
+
+fn sandboxed(
+    sql: &str,
+    mode: Mode,
+    timeout_ms: i32,
+    origin: Origin,
+    cost_limit: Option<f64>,
+) -> Outcome {
     let (result, position, ours) = {
         let position = ErrorPosition::push();
         let timer = StatementTimer::arm(timeout_ms);
         // Always rolled back: the query only read, and nothing it did may outlive it.
-        let result = subxact::in_subtransaction(false, || run_guarded(sql, mode, origin));
+        let result =
+            subxact::in_subtransaction(false, || run_guarded(sql, mode, origin, cost_limit));
         (result, position.get(), timer.fired())
     };
     match result {
@@ -222,7 +246,8 @@ pub fn scan_text_columns(
         max_rows: 1,
         max_bytes: OWN_READ_BYTES,
     };
-    let Outcome::Rows(result) = sandboxed(&sql, Mode::Run(limits), timeout_ms, Origin::Own) else {
+    let Outcome::Rows(result) = sandboxed(&sql, Mode::Run(limits), timeout_ms, Origin::Own, None)
+    else {
         return None;
     };
     let row: serde_json::Value = serde_json::from_str(result.rows.first()?).ok()?;
@@ -279,8 +304,9 @@ fn failure(caught: CaughtError, position: Option<i32>, ours: bool, timeout_ms: i
     Outcome::Failed(error)
 }
 
-/// Everything that happens inside the subtransaction.
-fn run_guarded(sql: &str, mode: Mode, origin: Origin) -> Outcome {
+/// Everything that happens inside the subtransaction. With `cost_limit`, a plan that
+/// `absurd_plan` calls absurd is not run.
+fn run_guarded(sql: &str, mode: Mode, origin: Origin, cost_limit: Option<f64>) -> Outcome {
     subxact::set_local(c"transaction_read_only", c"on");
     let trusted = match origin {
         Origin::Generated => guard::superuser_call(),
@@ -324,6 +350,19 @@ fn run_guarded(sql: &str, mode: Mode, origin: Origin) -> Outcome {
             pg_sys::CURSOR_OPT_PARALLEL_OK as i32,
             std::ptr::null_mut(),
         );
+        if let Some(why) = cost_limit.and_then(|limit| absurd_plan(planned, limit)) {
+            pg_sys::PopActiveSnapshot();
+            return Outcome::Failed(SqlError {
+                sqlstate: SqlState::PROGRAM_LIMIT_EXCEEDED,
+                message: format!("the query was not run: {why}"),
+                hint: Some(
+                    "Join the tables on their keys (foreign keys), and filter or aggregate \
+                     before joining large tables."
+                        .into(),
+                ),
+                ..Default::default()
+            });
+        }
         let outcome = match mode {
             Mode::Plan | Mode::Check => Outcome::Planned,
             Mode::Run(_) | Mode::Cursor { .. } => {
@@ -338,6 +377,115 @@ fn run_guarded(sql: &str, mode: Mode, origin: Origin) -> Outcome {
         };
         pg_sys::PopActiveSnapshot();
         outcome
+    }
+}
+
+/// Why the plan `planned` is not worth running for a question, when it is not: a join with no
+/// join condition at all between two large inputs (a cartesian product: PostgreSQL would make
+/// every pair of rows), or an estimated cost above `cost_limit`. Estimates are the planner's,
+/// from the statistics: only what is absurd by a wide margin is refused.
+///
+/// # Safety
+/// `planned` must be a plan PostgreSQL just made, in the current transaction.
+unsafe fn absurd_plan(planned: *mut pg_sys::PlannedStmt, cost_limit: f64) -> Option<String> {
+    // SAFETY: the caller's contract.
+    let (top, rtable) = unsafe { ((*planned).planTree, (*planned).rtable) };
+    if top.is_null() {
+        return None;
+    }
+    // SAFETY: as above; each node is read as the struct its tag names.
+    if let Some(why) = unsafe { cartesian(top, rtable, 0) } {
+        return Some(why);
+    }
+    // SAFETY: as above.
+    let cost = unsafe { (*top).total_cost };
+    (cost > cost_limit).then(|| {
+        format!(
+            "its plan is estimated at {cost:.1e} cost units, far more than \
+             sql_query_engine.statement_timeout lets run"
+        )
+    })
+}
+
+/// Plan nodes walked at most when looking for a cartesian product.
+const PLAN_DEPTH: usize = 200;
+
+/// The first join without a join condition between two large inputs under `node`, described.
+///
+/// # Safety
+/// `node` is NULL or a node of a plan tree PostgreSQL made, whose range table is `rtable`.
+unsafe fn cartesian(
+    node: *mut pg_sys::Plan,
+    rtable: *mut pg_sys::List,
+    depth: usize,
+) -> Option<String> {
+    if node.is_null() || depth > PLAN_DEPTH {
+        return None;
+    }
+    // SAFETY: the caller's contract: a node is read as the struct its tag names.
+    unsafe {
+        let tag = (*node.cast::<pg_sys::Node>()).type_;
+        let (left, right) = ((*node).lefttree, (*node).righttree);
+        let unconditional = match tag {
+            pg_sys::NodeTag::T_NestLoop => {
+                let join = node.cast::<pg_sys::NestLoop>();
+                (*join).join.joinqual.is_null()
+                    && (*node).qual.is_null()
+                    && (*join).nestParams.is_null()
+            }
+            // Hash and merge joins always have a condition.
+            _ => false,
+        };
+        if unconditional && !left.is_null() && !right.is_null() {
+            let (outer, inner) = ((*left).plan_rows, (*right).plan_rows);
+            if outer >= CARTESIAN_SIDE_ROWS
+                && inner >= CARTESIAN_SIDE_ROWS
+                && outer * inner >= CARTESIAN_PAIRS
+            {
+                return Some(format!(
+                    "its plan joins {} (about {outer:.0} rows) and {} (about {inner:.0} rows) \
+                     without any join condition, a cartesian product of about {:.1e} rows",
+                    scanned_relation(left, rtable, 0).unwrap_or_else(|| "a subquery".into()),
+                    scanned_relation(right, rtable, 0).unwrap_or_else(|| "a subquery".into()),
+                    outer * inner
+                ));
+            }
+        }
+        cartesian(left, rtable, depth + 1).or_else(|| cartesian(right, rtable, depth + 1))
+    }
+}
+
+/// The first relation a plan node scans (itself or under it), as messages name it.
+///
+/// # Safety
+/// As for `cartesian`.
+unsafe fn scanned_relation(
+    node: *mut pg_sys::Plan,
+    rtable: *mut pg_sys::List,
+    depth: usize,
+) -> Option<String> {
+    if node.is_null() || depth > PLAN_DEPTH {
+        return None;
+    }
+    // SAFETY: the caller's contract: a node is read as the struct its tag names, and a scan's
+    // range-table index is 1-based into the plan's range table.
+    unsafe {
+        let tag = (*node.cast::<pg_sys::Node>()).type_;
+        if matches!(
+            tag,
+            pg_sys::NodeTag::T_SeqScan
+                | pg_sys::NodeTag::T_IndexScan
+                | pg_sys::NodeTag::T_IndexOnlyScan
+                | pg_sys::NodeTag::T_BitmapHeapScan
+        ) {
+            let index = (*node.cast::<pg_sys::Scan>()).scanrelid as usize;
+            let entries = PgList::<pg_sys::RangeTblEntry>::from_pg(rtable);
+            return entries
+                .get_ptr(index.checked_sub(1)?)
+                .map(|entry| crate::names::relation_name((*entry).relid));
+        }
+        scanned_relation((*node).lefttree, rtable, depth + 1)
+            .or_else(|| scanned_relation((*node).righttree, rtable, depth + 1))
     }
 }
 

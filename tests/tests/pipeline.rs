@@ -611,3 +611,86 @@ fn a_question_writes_nothing_but_its_history() {
     assert_eq!(xid, None, "answering assigned a transaction id");
     transaction.rollback().unwrap();
 }
+
+/// A query whose plan is absurd for a question goes back to the model with the reason before
+/// it runs: a join without any join condition between two large tables, or a plan estimated far
+/// beyond `statement_timeout`. The caller's own SQL (`nl_run`) is not second-guessed: it runs
+/// into the timeout instead (the control).
+#[test]
+fn an_absurd_plan_is_repaired_before_it_runs() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute(
+            "CREATE TABLE readings (id int PRIMARY KEY, sensor int, value int);
+             CREATE TABLE sensors (id int PRIMARY KEY, site int);
+             INSERT INTO readings SELECT i, i % 20000, i % 97 FROM generate_series(1, 20000) i;
+             INSERT INTO sensors SELECT i, i % 50 FROM generate_series(0, 19999) i;
+             ANALYZE readings, sensors;",
+        )
+        .unwrap();
+    s.llm.on(
+        "readings per site",
+        vec![
+            Reply::sql("SELECT s.site, count(*) AS n FROM readings r, sensors s GROUP BY s.site"),
+            Reply::sql(
+                "SELECT s.site, count(*) AS n FROM readings r JOIN sensors s ON s.id = r.sensor \
+                 GROUP BY s.site",
+            ),
+        ],
+    );
+    let started = std::time::Instant::now();
+    let trace = s.trace("readings per site").unwrap();
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(trace["status"], "ok", "{trace}");
+    assert_eq!(trace["row_count"], 50);
+    let first = &trace["attempts"][0];
+    assert_eq!(first["sqlstate"], "54000", "{first}");
+    let message = first["message"].as_str().unwrap();
+    assert!(
+        message.contains("readings") && message.contains("sensors"),
+        "{message}"
+    );
+    assert!(message.contains("without any join condition"), "{message}");
+    let repair = s.llm.requests().last().unwrap().last_message();
+    assert!(repair.contains("cartesian product"), "{repair}");
+
+    // An estimate far beyond the time allowed (here 5 ms), with a join condition.
+    s.client
+        .batch_execute("SET sql_query_engine.statement_timeout = 5")
+        .unwrap();
+    s.llm.on(
+        "readings below each sensor value",
+        vec![
+            Reply::sql("SELECT count(*) AS n FROM readings r JOIN sensors s ON r.value < s.site"),
+            Reply::sql("SELECT 1 AS n"),
+        ],
+    );
+    let trace = s.trace("readings below each sensor value").unwrap();
+    let first = &trace["attempts"][0];
+    assert_eq!(first["sqlstate"], "54000", "{first}");
+    assert!(
+        first["message"]
+            .as_str()
+            .unwrap()
+            .contains("far more than sql_query_engine.statement_timeout"),
+        "{first}"
+    );
+    assert_eq!(trace["status"], "ok");
+
+    // The caller's own query runs as written, and meets the timeout.
+    s.client
+        .batch_execute("SET sql_query_engine.statement_timeout = 500")
+        .unwrap();
+    let error = s
+        .client
+        .query(
+            "SELECT * FROM nl_run('SELECT count(*) FROM readings r, sensors s')",
+            &[],
+        )
+        .unwrap_err();
+    assert_eq!(db_error(&error).0, "57014");
+}
