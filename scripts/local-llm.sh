@@ -10,16 +10,19 @@
 #   local-llm.sh prepare        only download/verify the model and build the server
 #   local-llm.sh rebuild        build the server again (after a crash: see its log)
 #
-# The server is llama-cpp-python's, built from source once, portably: never with native CPU
-# detection (a native build may emit instructions, AMX or AVX-512, that a virtual CPU advertises
-# but cannot run). It is built for the widest instruction set every x86-64 CPU of its level has:
-# AVX2 (x86-64-v3) when the OS lets this machine run it, else SSE4.2 only. The wheel carries that
-# level in its version (0.3.36+avx2), so pip's cache never hands back a native build.
+# The server is llama.cpp's own (llama-server), built once from the llama.cpp sources that the
+# llama-cpp-python 0.3.36 source package on PyPI vendors, with cmake from PyPI, portably: never
+# with native CPU detection (a native build may emit instructions, AMX or AVX-512, that a
+# virtual CPU advertises but cannot run). It is built for the widest instruction set every
+# x86-64 CPU of its level has: AVX2 (x86-64-v3) when the OS lets this machine run it, else
+# SSE4.2 only, into a directory named after that level. It serves SQE_LLM_PARALLEL (default 4,
+# the vote's candidates) requests at once in parallel slots with continuous batching, so that
+# the candidates of a vote are decoded together instead of one after another.
 # SQE_LLAMA_SERVER=/path/to/llama-server uses an existing llama.cpp server binary instead.
 #
 # SQE_MODEL=1.5b (default) or 0.5b (faster, weaker). SQE_CACHE (default
-# ~/.cache/sql_query_engine) holds the wheels, the model, the server's venv, its log and pid.
-# SQE_LLM_THREADS (default: all cores) and SQE_LLM_CTX (default 8192) tune the server.
+# ~/.cache/sql_query_engine) holds the wheels, the model, the server, its log and pid.
+# SQE_LLM_THREADS (default: all cores) and SQE_LLM_CTX (tokens per slot, default 8192) tune it.
 set -euo pipefail
 
 cache="${SQE_CACHE:-$HOME/.cache/sql_query_engine}"
@@ -106,38 +109,37 @@ cmake_args() {
 }
 
 level="$(cpu_level)"
-wheel_version="$server_version+$level"
-venv="$cache/llama-server-$wheel_version"
+built="$cache/llama.cpp-$server_version+$level"
+server="${SQE_LLAMA_SERVER:-$built/bin/llama-server}"
+parallel="${SQE_LLM_PARALLEL:-4}"
 
 prepare_server() {
     [ -n "${SQE_LLAMA_SERVER:-}" ] && return
-    if [ -x "$venv/bin/python" ] &&
-        [ "$("$venv/bin/python" -c 'import llama_cpp; print(llama_cpp.__version__)' 2>/dev/null)" = "$wheel_version" ] &&
-        "$venv/bin/python" -c 'import llama_cpp.server' 2>/dev/null; then
-        return
-    fi
-    build_server
+    [ -x "$server" ] || build_server
 }
 
 build_server() {
-    say "building llama-cpp-python $wheel_version, portable for $level CPUs (about 8 minutes on 2 cores, once)"
-    python3 -m venv --clear "$venv"
-    "$venv/bin/pip" install --quiet --upgrade pip
-    local src="$cache/llama-src" wheelhouse="$cache/wheelhouse"
-    rm -rf "$src" && mkdir -p "$src" "$wheelhouse"
-    "$venv/bin/pip" download --quiet --no-deps --no-binary llama-cpp-python --dest "$src" \
+    say "building llama.cpp's server (as vendored by llama-cpp-python $server_version), portable for $level CPUs (once)"
+    local started=$SECONDS tools="$cache/build-tools" src="$cache/llama-src"
+    python3 -m venv "$tools"
+    "$tools/bin/pip" install --quiet 'cmake>=3.18,<5'
+    rm -rf "$src" && mkdir -p "$src"
+    "$tools/bin/pip" download --quiet --no-deps --no-binary llama-cpp-python --dest "$src" \
         "llama-cpp-python==$server_version"
     tar -xzf "$src"/llama_cpp_python-"$server_version".tar.gz -C "$src"
-    local tree="$src/llama_cpp_python-$server_version"
-    # Our own version: pip's wheel cache is keyed by the sdist, not by CMAKE_ARGS.
-    sed -i "s/^__version__ = \"$server_version\"/__version__ = \"$wheel_version\"/" \
-        "$tree/llama_cpp/__init__.py"
-    rm -f "$wheelhouse"/llama_cpp_python-"$server_version"+"$level"-*.whl
-    env -u SOURCE_DATE_EPOCH CMAKE_ARGS="$(cmake_args "$level")" \
-        "$venv/bin/pip" wheel --quiet --no-cache-dir --no-deps -w "$wheelhouse" "$tree"
-    "$venv/bin/pip" install --quiet --find-links "$wheelhouse" \
-        "llama-cpp-python[server]==$wheel_version"
+    local tree="$src/llama_cpp_python-$server_version/vendor/llama.cpp" build="$src/build"
+    # No web UI (neither built with npm nor downloaded), no TLS: an API on loopback.
+    # shellcheck disable=SC2046
+    "$tools/bin/cmake" -S "$tree" -B "$build" -DCMAKE_BUILD_TYPE=Release $(cmake_args "$level") \
+        -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+        -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF \
+        -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF >"$src/cmake.log" 2>&1 \
+        || { tail -20 "$src/cmake.log" >&2; exit 1; }
+    "$tools/bin/cmake" --build "$build" --target llama-server -j "$(nproc)" >"$src/build.log" 2>&1 \
+        || { tail -20 "$src/build.log" >&2; exit 1; }
+    install -D "$build/bin/llama-server" "$built/bin/llama-server"
     rm -rf "$src"
+    say "built $built/bin/llama-server in $((SECONDS - started)) s"
 }
 
 running() {
@@ -159,15 +161,10 @@ PY
 }
 
 start_server() {
-    local port="$1"
-    if [ -n "${SQE_LLAMA_SERVER:-}" ]; then
-        nohup "$SQE_LLAMA_SERVER" -m "$gguf" --alias "$alias" --host 127.0.0.1 --port "$port" \
-            -c "${SQE_LLM_CTX:-8192}" -t "${SQE_LLM_THREADS:-$(nproc)}" --seed 42 >"$log" 2>&1 &
-    else
-        nohup "$venv/bin/python" -m llama_cpp.server --model "$gguf" --model_alias "$alias" \
-            --host 127.0.0.1 --port "$port" --n_ctx "${SQE_LLM_CTX:-8192}" \
-            --n_threads "${SQE_LLM_THREADS:-$(nproc)}" --seed 42 >"$log" 2>&1 &
-    fi
+    local port="$1" ctx="${SQE_LLM_CTX:-8192}" threads="${SQE_LLM_THREADS:-$(nproc)}"
+    nohup "$server" -m "$gguf" --alias "$alias" --host 127.0.0.1 --port "$port" \
+        -c "$((ctx * parallel))" -np "$parallel" -t "$threads" -tb "$threads" --seed 42 \
+        >"$log" 2>&1 &
     echo $! >"$pidfile"
 }
 
