@@ -256,6 +256,14 @@ def summarize(records, questions):
         }
 
     sure = [r for r in scored if r.get("confidence") == "high"]
+    # The selective-accuracy curve: answering only what has at most d doubts (0 = the answers
+    # abstain = when_in_doubt gives), for every d seen; the last point answers everything.
+    most = max((len(r.get("doubts") or []) for r in scored), default=0)
+    curve = []
+    for d in range(most + 1):
+        answered = [r for r in scored if len(r.get("doubts") or []) <= d]
+        curve.append({"max_doubts": d, "answered_share": round(len(answered) / len(scored), 4),
+                      "ex_answered": ex(answered), "n": len(answered)})
     ms = [r["ms"] for r in records]
     total_minutes = sum(ms) / 60000
     n = len(records) or 1
@@ -267,6 +275,7 @@ def summarize(records, questions):
         # What abstain = when_in_doubt would answer: the share answered, and EX on those.
         "answered_share": round(len(sure) / len(scored), 4) if scored else None,
         "ex_answered": ex(sure), "ci95_answered": wilson(sum(r["correct"] for r in sure), len(sure)),
+        "selective_curve": curve,
         "ci95_official": wilson(sum(r.get("correct_official", False) for r in scored), len(scored)),
         "excluded": {"nondeterministic_rows": sorted(nondeterministic & {r["id"] for r in records})},
         "by_suite": grouped("suite"), "by_difficulty": grouped("difficulty"),
@@ -304,6 +313,9 @@ def markdown(results, args):
         lambda s: pct(s.get("ex_official")) + ci_official(s))
     row("abstain = when_in_doubt: answered share / EX on the answered",
         lambda s: "n/a" if s.get("answered_share") is None else f"{pct(s['answered_share'])} / {pct(s.get('ex_answered'))}" + (f" [{100 * s['ci95_answered'][0]:.1f}-{100 * s['ci95_answered'][1]:.1f}]" if s.get("ci95_answered") else ""))
+    row("selective accuracy (answered share -> EX on the answered, by doubts allowed)",
+        lambda s: "; ".join(f"{pct(p['answered_share'])} -> {pct(p['ex_answered'])}"
+                            for p in s.get("selective_curve", [])) or "n/a")
     suites = sorted({k for c in configs for k in results["configs"][c]["by_suite"]})
     for suite in suites:
         row(f"EX {suite} (strict / official)", lambda s, k=suite: pct(s["by_suite"].get(k, {}).get("ex")) + " / " + pct(s["by_suite"].get(k, {}).get("ex_official")) + f" (n={s['by_suite'].get(k, {}).get('n', 0)})")

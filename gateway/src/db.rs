@@ -92,6 +92,12 @@ impl DbError {
             DbError::Busy => false,
         }
     }
+
+    /// Whether a standby cancelled the call to replay the primary's changes (a conflict with
+    /// recovery): another server may answer it, and this one is not unwell.
+    fn replay_conflict(&self) -> bool {
+        matches!(self, DbError::Sql { sqlstate, .. } if sqlstate == "40001")
+    }
 }
 
 impl From<tokio_postgres::Error> for DbError {
@@ -519,6 +525,7 @@ impl Db {
                     }
                     failed = Some(e);
                 }
+                Err(e) if !last && e.replay_conflict() => failed = Some(e),
                 Err(DbError::Busy) if !last => {}
                 Ok(mut answer)
                     if matches!(call, Call::Ask { .. }) && !std::ptr::eq(*node, &self.primary) =>
