@@ -23,7 +23,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 
@@ -31,7 +30,7 @@ import psycopg
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from harness import Cluster  # noqa: E402
-from overhead import DATABASE, REPO, create_database, percentiles, start_model  # noqa: E402
+from overhead import DATABASE, REPO, create_database, in_threads, percentiles, start_model  # noqa: E402
 
 TOKEN = "bench-token-0123456789abcdef"
 
@@ -109,13 +108,7 @@ def concurrent(base, questions, clients):
         for q in questions[i::clients] or questions[:1]:
             results[i].append(chat(base, q))
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
-    started = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    seconds = time.perf_counter() - started
+    seconds = in_threads(worker, clients)
     times = [t for r in results for t in r]
     return {**percentiles(times), "requests_per_second": round(len(times) / seconds, 1)}
 

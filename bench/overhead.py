@@ -54,6 +54,17 @@ def percentiles(values):
     return {"p50": round(statistics.median(values), 3), "p90": round(p(0.9), 3), "n": len(values)}
 
 
+def in_threads(work, n):
+    """Runs work(0) .. work(n - 1) in n threads at once; the seconds until all are done."""
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - started
+
+
 def create_database(tables):
     with psycopg.connect(dbname="postgres", autocommit=True) as admin:
         admin.execute(f"DROP DATABASE IF EXISTS {DATABASE}")

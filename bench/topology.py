@@ -24,7 +24,7 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from overhead import REPO, percentiles  # noqa: E402
+from overhead import REPO, in_threads, percentiles  # noqa: E402
 
 # Both have 64 connections for questions: one gateway with 64 to the primary, and two with 16
 # to each of two standbys.
@@ -88,13 +88,7 @@ def load(gateways, token, conversations, turns):
                 times.append((time.perf_counter() - started) * 1000)
             messages += [asked, {"role": "assistant", "content": content}]
 
-    threads = [threading.Thread(target=conversation, args=(c,)) for c in range(conversations)]
-    started = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    seconds = time.perf_counter() - started
+    seconds = in_threads(conversation, conversations)
     return {**percentiles(times), "turns_per_second": round(len(times) / seconds, 1),
             "failed": len(failures)}
 

@@ -394,7 +394,7 @@ unsafe fn absurd_plan(planned: *mut pg_sys::PlannedStmt, cost_limit: f64) -> Opt
         return None;
     }
     // SAFETY: as above; each node is read as the struct its tag names.
-    if let Some(why) = unsafe { cartesian(top, rtable, 0) } {
+    if let Some(why) = unsafe { cartesian(top, rtable) } {
         return Some(why);
     }
     // SAFETY: as above.
@@ -407,86 +407,102 @@ unsafe fn absurd_plan(planned: *mut pg_sys::PlannedStmt, cost_limit: f64) -> Opt
     })
 }
 
-/// Plan nodes walked at most when looking for a cartesian product.
+/// Depth of a plan tree walked at most.
 const PLAN_DEPTH: usize = 200;
 
-/// The first join without a join condition between two large inputs under `node`, described.
+/// The first answer of `found` for a node of the plan tree under `node`, the node itself
+/// first, then its left and right subtrees.
 ///
 /// # Safety
-/// `node` is NULL or a node of a plan tree PostgreSQL made, whose range table is `rtable`.
-unsafe fn cartesian(
+/// `node` is NULL or a node of a plan tree PostgreSQL made; `found` is given only such nodes.
+unsafe fn first_in_plan<T>(
     node: *mut pg_sys::Plan,
-    rtable: *mut pg_sys::List,
     depth: usize,
-) -> Option<String> {
+    found: &mut dyn FnMut(*mut pg_sys::Plan) -> Option<T>,
+) -> Option<T> {
     if node.is_null() || depth > PLAN_DEPTH {
         return None;
     }
-    // SAFETY: the caller's contract: a node is read as the struct its tag names.
+    if let Some(answer) = found(node) {
+        return Some(answer);
+    }
+    // SAFETY: the caller's contract: `node` is a plan node, its subtrees NULL or plan nodes.
     unsafe {
-        let tag = (*node.cast::<pg_sys::Node>()).type_;
         let (left, right) = ((*node).lefttree, (*node).righttree);
-        let unconditional = match tag {
-            pg_sys::NodeTag::T_NestLoop => {
-                let join = node.cast::<pg_sys::NestLoop>();
-                (*join).join.joinqual.is_null()
-                    && (*node).qual.is_null()
-                    && (*join).nestParams.is_null()
-            }
+        match first_in_plan(left, depth + 1, found) {
+            Some(answer) => Some(answer),
+            None => first_in_plan(right, depth + 1, found),
+        }
+    }
+}
+
+/// The first join without a join condition between two large inputs under `top`, described.
+///
+/// # Safety
+/// `top` is NULL or the top node of a plan PostgreSQL made, whose range table is `rtable`.
+unsafe fn cartesian(top: *mut pg_sys::Plan, rtable: *mut pg_sys::List) -> Option<String> {
+    let mut unconditional_join = |node: *mut pg_sys::Plan| {
+        // SAFETY: `first_in_plan` gives plan nodes; a node is read as the struct its tag names.
+        unsafe {
             // Hash and merge joins always have a condition.
-            _ => false,
-        };
-        if unconditional && !left.is_null() && !right.is_null() {
+            if (*node.cast::<pg_sys::Node>()).type_ != pg_sys::NodeTag::T_NestLoop {
+                return None;
+            }
+            let join = node.cast::<pg_sys::NestLoop>();
+            let (left, right) = ((*node).lefttree, (*node).righttree);
+            let unconditional = (*join).join.joinqual.is_null()
+                && (*node).qual.is_null()
+                && (*join).nestParams.is_null();
+            if !unconditional || left.is_null() || right.is_null() {
+                return None;
+            }
             let (outer, inner) = ((*left).plan_rows, (*right).plan_rows);
-            if outer >= CARTESIAN_SIDE_ROWS
+            let large = outer >= CARTESIAN_SIDE_ROWS
                 && inner >= CARTESIAN_SIDE_ROWS
-                && outer * inner >= CARTESIAN_PAIRS
-            {
-                return Some(format!(
+                && outer * inner >= CARTESIAN_PAIRS;
+            large.then(|| {
+                format!(
                     "its plan joins {} (about {outer:.0} rows) and {} (about {inner:.0} rows) \
                      without any join condition, a cartesian product of about {:.1e} rows",
-                    scanned_relation(left, rtable, 0).unwrap_or_else(|| "a subquery".into()),
-                    scanned_relation(right, rtable, 0).unwrap_or_else(|| "a subquery".into()),
+                    scanned_relation(left, rtable).unwrap_or_else(|| "a subquery".into()),
+                    scanned_relation(right, rtable).unwrap_or_else(|| "a subquery".into()),
                     outer * inner
-                ));
-            }
+                )
+            })
         }
-        cartesian(left, rtable, depth + 1).or_else(|| cartesian(right, rtable, depth + 1))
-    }
+    };
+    // SAFETY: the caller's contract.
+    unsafe { first_in_plan(top, 0, &mut unconditional_join) }
 }
 
 /// The first relation a plan node scans (itself or under it), as messages name it.
 ///
 /// # Safety
-/// As for `cartesian`.
-unsafe fn scanned_relation(
-    node: *mut pg_sys::Plan,
-    rtable: *mut pg_sys::List,
-    depth: usize,
-) -> Option<String> {
-    if node.is_null() || depth > PLAN_DEPTH {
-        return None;
-    }
-    // SAFETY: the caller's contract: a node is read as the struct its tag names, and a scan's
-    // range-table index is 1-based into the plan's range table.
-    unsafe {
-        let tag = (*node.cast::<pg_sys::Node>()).type_;
-        if matches!(
-            tag,
-            pg_sys::NodeTag::T_SeqScan
-                | pg_sys::NodeTag::T_IndexScan
-                | pg_sys::NodeTag::T_IndexOnlyScan
-                | pg_sys::NodeTag::T_BitmapHeapScan
-        ) {
+/// As for `cartesian`, for any node of the plan.
+unsafe fn scanned_relation(node: *mut pg_sys::Plan, rtable: *mut pg_sys::List) -> Option<String> {
+    let mut scan = |node: *mut pg_sys::Plan| {
+        // SAFETY: `first_in_plan` gives plan nodes; a node is read as the struct its tag names,
+        // and a scan's range-table index is 1-based into the plan's range table.
+        unsafe {
+            let tag = (*node.cast::<pg_sys::Node>()).type_;
+            if !matches!(
+                tag,
+                pg_sys::NodeTag::T_SeqScan
+                    | pg_sys::NodeTag::T_IndexScan
+                    | pg_sys::NodeTag::T_IndexOnlyScan
+                    | pg_sys::NodeTag::T_BitmapHeapScan
+            ) {
+                return None;
+            }
             let index = (*node.cast::<pg_sys::Scan>()).scanrelid as usize;
             let entries = PgList::<pg_sys::RangeTblEntry>::from_pg(rtable);
-            return entries
+            entries
                 .get_ptr(index.checked_sub(1)?)
-                .map(|entry| crate::names::relation_name((*entry).relid));
+                .map(|entry| crate::names::relation_name((*entry).relid))
         }
-        scanned_relation((*node).lefttree, rtable, depth + 1)
-            .or_else(|| scanned_relation((*node).righttree, rtable, depth + 1))
-    }
+    };
+    // SAFETY: the caller's contract.
+    unsafe { first_in_plan(node, 0, &mut scan) }
 }
 
 /// Runs a planned SELECT to completion or until the limits cut it.

@@ -197,14 +197,13 @@ struct Node {
 }
 
 impl Node {
-    fn new(url: &str, pool_size: usize, wait: Duration) -> anyhow::Result<Node> {
+    /// A server and its pool; every wait for a connection is bounded by `get`.
+    fn new(url: &str, pool_size: usize) -> anyhow::Result<Node> {
         let config: Config = url.parse()?;
         let pool = managed::Pool::builder(Manager {
             config: config.clone(),
         })
         .max_size(pool_size)
-        .wait_timeout(Some(wait))
-        .create_timeout(Some(CONNECT_TIMEOUT))
         .runtime(deadpool::Runtime::Tokio1)
         .build()?;
         Ok(Node {
@@ -329,7 +328,7 @@ impl Db {
         pool_size: usize,
         wait: Duration,
     ) -> anyhow::Result<Db> {
-        let primary = Node::new(url, pool_size, wait)?;
+        let primary = Node::new(url, pool_size)?;
         // Fail at start-up, not at the first request, when the database is unreachable or
         // the extension is missing.
         let conn = primary
@@ -368,7 +367,7 @@ impl Db {
         })?;
         let readers = read_urls
             .iter()
-            .map(|url| Node::new(url, pool_size, wait))
+            .map(|url| Node::new(url, pool_size))
             .collect::<anyhow::Result<Vec<Node>>>()?;
         let db = Db {
             database: primary

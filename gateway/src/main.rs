@@ -28,7 +28,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::ServiceExt;
@@ -52,51 +52,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve /v1/models, /v1/chat/completions and /mcp.
-    Serve {
-        /// Address to listen on, e.g. 127.0.0.1:8085.
-        #[arg(long)]
-        listen: SocketAddr,
-        /// The authenticator role's connection to the primary:
-        /// postgresql://authenticator@host/db.
-        #[arg(long)]
-        database_url: String,
-        /// A read server (a streaming standby of the primary), as the same role; repeat for
-        /// several. Questions go to them round-robin while they pass their health checks.
-        #[arg(long)]
-        read_database_url: Vec<String>,
-        /// Seconds between health checks of the read servers.
-        #[arg(long, default_value_t = 2)]
-        health_interval: u64,
-        /// File of `TOKEN ROLE` lines; read again on SIGHUP.
-        #[arg(long)]
-        tokens: String,
-        /// Database connections at most, per server.
-        #[arg(long, default_value_t = 16)]
-        pool_size: usize,
-        /// Seconds a request waits for a free connection before it is answered 503 with
-        /// Retry-After.
-        #[arg(long, default_value_t = 5)]
-        pool_wait: u64,
-        /// A request is cancelled after this many seconds.
-        #[arg(long, default_value_t = 300)]
-        request_timeout: u64,
-        /// Largest request body, in bytes.
-        #[arg(long, default_value_t = 1 << 20)]
-        max_body: usize,
-        /// Rows shown at most in a chat answer's table.
-        #[arg(long, default_value_t = 50)]
-        max_table_rows: usize,
-        /// The model id clients select (default: the database's name).
-        #[arg(long)]
-        model: Option<String>,
-        /// Host names the MCP endpoint answers to (besides localhost and 127.0.0.1).
-        #[arg(long)]
-        allowed_host: Vec<String>,
-        /// Start (with a warning) even when a token's role may create objects or owns some:
-        /// its code could SET ROLE to any role the login role may become.
-        #[arg(long)]
-        allow_object_owners: bool,
-    },
+    Serve(Serve),
     /// MCP over stdio, for local clients.
     McpStdio {
         #[arg(long)]
@@ -105,6 +61,54 @@ enum Command {
         #[arg(long)]
         role: Option<String>,
     },
+}
+
+// The options of `serve` (a doc comment here would replace the subcommand's help).
+#[derive(Args)]
+struct Serve {
+    /// Address to listen on, e.g. 127.0.0.1:8085.
+    #[arg(long)]
+    listen: SocketAddr,
+    /// The authenticator role's connection to the primary:
+    /// postgresql://authenticator@host/db.
+    #[arg(long)]
+    database_url: String,
+    /// A read server (a streaming standby of the primary), as the same role; repeat for
+    /// several. Questions go to them round-robin while they pass their health checks.
+    #[arg(long)]
+    read_database_url: Vec<String>,
+    /// Seconds between health checks of the read servers.
+    #[arg(long, default_value_t = 2)]
+    health_interval: u64,
+    /// File of `TOKEN ROLE` lines; read again on SIGHUP.
+    #[arg(long)]
+    tokens: String,
+    /// Database connections at most, per server.
+    #[arg(long, default_value_t = 16)]
+    pool_size: usize,
+    /// Seconds a request waits for a free connection before it is answered 503 with
+    /// Retry-After.
+    #[arg(long, default_value_t = 5)]
+    pool_wait: u64,
+    /// A request is cancelled after this many seconds.
+    #[arg(long, default_value_t = 300)]
+    request_timeout: u64,
+    /// Largest request body, in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    max_body: usize,
+    /// Rows shown at most in a chat answer's table.
+    #[arg(long, default_value_t = 50)]
+    max_table_rows: usize,
+    /// The model id clients select (default: the database's name).
+    #[arg(long)]
+    model: Option<String>,
+    /// Host names the MCP endpoint answers to (besides localhost and 127.0.0.1).
+    #[arg(long)]
+    allowed_host: Vec<String>,
+    /// Start (with a warning) even when a token's role may create objects or owns some:
+    /// its code could SET ROLE to any role the login role may become.
+    #[arg(long)]
+    allow_object_owners: bool,
 }
 
 /// Every route needs a known bearer token; it decides the role.
@@ -139,43 +143,26 @@ async fn not_found() -> ApiError {
     )
 }
 
-/// What `serve` is given.
-struct Serve {
-    listen: SocketAddr,
-    database_url: String,
-    read_database_urls: Vec<String>,
-    health_interval: u64,
-    tokens_path: String,
-    pool_size: usize,
-    pool_wait: u64,
-    request_timeout: u64,
-    max_body: usize,
-    max_table_rows: usize,
-    model: Option<String>,
-    allowed_hosts: Vec<String>,
-    allow_object_owners: bool,
-}
-
 async fn serve(options: Serve) -> anyhow::Result<()> {
     let Serve {
         listen,
         database_url,
-        read_database_urls,
+        read_database_url,
         health_interval,
-        tokens_path,
+        tokens: tokens_file,
         pool_size,
         pool_wait,
         request_timeout,
         max_body,
         max_table_rows,
         model,
-        allowed_hosts,
+        allowed_host,
         allow_object_owners,
     } = options;
     let db = Arc::new(
         Db::connect(
             &database_url,
-            &read_database_urls,
+            &read_database_url,
             pool_size,
             Duration::from_secs(pool_wait),
         )
@@ -183,7 +170,7 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
     );
     db.watch_readers(Duration::from_secs(health_interval.max(1)));
     let entries =
-        Tokens::read(&tokens_path).map_err(|e| anyhow::anyhow!("reading the tokens: {e}"))?;
+        Tokens::read(&tokens_file).map_err(|e| anyhow::anyhow!("reading the tokens: {e}"))?;
     vet(&db, &entries, allow_object_owners)
         .await
         .map_err(|e| anyhow::anyhow!("refusing to start: {e}"))?;
@@ -209,7 +196,7 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
             return;
         };
         while hangups.recv().await.is_some() {
-            let read = Tokens::read(&tokens_path);
+            let read = Tokens::read(&tokens_file);
             let checked = match read {
                 Ok(entries) => vet(&vetting, &entries, allow_object_owners)
                     .await
@@ -228,7 +215,7 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
         "127.0.0.1".to_string(),
         "::1".to_string(),
     ];
-    hosts.extend(allowed_hosts);
+    hosts.extend(allowed_host);
     let config = StreamableHttpServerConfig::default().with_allowed_hosts(hosts);
     let cancel = config.cancellation_token.clone();
     let mcp_db = Arc::clone(&db);
@@ -302,38 +289,7 @@ async fn mcp_stdio(database_url: String, role: Option<String>) -> anyhow::Result
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::Serve {
-            listen,
-            database_url,
-            read_database_url,
-            health_interval,
-            tokens,
-            pool_size,
-            pool_wait,
-            request_timeout,
-            max_body,
-            max_table_rows,
-            model,
-            allowed_host,
-            allow_object_owners,
-        } => {
-            serve(Serve {
-                listen,
-                database_url,
-                read_database_urls: read_database_url,
-                health_interval,
-                tokens_path: tokens,
-                pool_size,
-                pool_wait,
-                request_timeout,
-                max_body,
-                max_table_rows,
-                model,
-                allowed_hosts: allowed_host,
-                allow_object_owners,
-            })
-            .await
-        }
+        Command::Serve(options) => serve(options).await,
         Command::McpStdio { database_url, role } => mcp_stdio(database_url, role).await,
     }
 }

@@ -67,9 +67,12 @@ pub fn fetch(columns: &TextColumns) -> HashMap<usize, Vec<String>> {
 
 /// Whether this transaction's reads may be shared: nothing it wrote can be in them.
 pub fn may_share() -> bool {
-    // SAFETY: reads backend state.
-    redis_client::configured()
-        && unsafe { pg_sys::GetTopTransactionIdIfAny() } == pg_sys::InvalidTransactionId
+    if !redis_client::configured() {
+        return false;
+    }
+    // SAFETY: reads this backend's transaction state; no pointers are involved.
+    let wrote = unsafe { pg_sys::GetTopTransactionIdIfAny() } != pg_sys::InvalidTransactionId;
+    !wrote
 }
 
 /// Shares the reads `read` (column id, the values read) with the other backends.
