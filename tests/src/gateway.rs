@@ -2,6 +2,7 @@
 //! role, and a small HTTP client that reads answers the way chat clients do (a completion, or
 //! a stream of chunks with the progress as `reasoning_content`).
 
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 pub use crate::clients::repo;
@@ -84,6 +85,34 @@ impl Gateway {
 
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Sends a chat completion request `body` without reading the answer: the connection, to
+    /// read it later or to drop it (a client that goes away).
+    pub fn send_chat(&self, token: &str, body: &str) -> std::net::TcpStream {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        write!(
+            stream,
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        stream
+    }
+
+    /// The status line the gateway answers `GET /v1/models` with `token`.
+    pub fn models_status(&self, token: &str) -> String {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        write!(
+            stream,
+            "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\
+             Connection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        response.lines().next().unwrap_or_default().to_string()
     }
 
     /// POSTs a chat completion request as a client would, with `headers` added.

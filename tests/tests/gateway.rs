@@ -2,7 +2,7 @@
 //! official OpenAI and MCP Python SDKs as clients (tests/clients/gateway_clients.py). The
 //! gateway logs in as an authenticator role; tokens select the roles requests run as.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -218,15 +218,7 @@ fn a_client_that_goes_away_cancels_its_question_and_tokens_reload_on_sighup() {
         r#"{{"model":"{}","messages":[{{"role":"user","content":"Take your time"}}]}}"#,
         s.database
     );
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", gateway.port)).unwrap();
-    write!(
-        stream,
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {}\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        s.token,
-        body.len()
-    )
-    .unwrap();
+    let stream = gateway.send_chat(&s.token, &body);
     let mut admin = cluster().connect(&s.database);
     let busy = |admin: &mut postgres::Client| -> i64 {
         admin
@@ -259,17 +251,7 @@ fn a_client_that_goes_away_cancels_its_question_and_tokens_reload_on_sighup() {
 
     // A new token works after SIGHUP, without a restart.
     let new_token = format!("later-token-{}", s.database);
-    let status = |token: &str| -> String {
-        let mut stream = std::net::TcpStream::connect(("127.0.0.1", gateway.port)).unwrap();
-        write!(
-            stream,
-            "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).unwrap();
-        response.lines().next().unwrap_or_default().to_string()
-    };
+    let status = |token: &str| gateway.models_status(token);
     assert!(status(&new_token).contains("401"));
     let mut tokens = std::fs::read_to_string(&s.tokens).unwrap();
     tokens.push_str(&format!("{new_token} {}\n", s.reader));
@@ -358,17 +340,7 @@ fn the_gateway_refuses_a_superuser_login_and_token_roles_that_can_run_their_own_
 
     // A reload that would add such a role keeps the tokens in force.
     let gateway = Gateway::start(&s.database_url, &s.tokens);
-    let status = |token: &str| -> String {
-        let mut stream = std::net::TcpStream::connect(("127.0.0.1", gateway.port)).unwrap();
-        write!(
-            stream,
-            "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).unwrap();
-        response.lines().next().unwrap_or_default().to_string()
-    };
+    let status = |token: &str| gateway.models_status(token);
     let sneaky = format!("sneaky-token-{id}-0001");
     let fresh = format!("fresh-token-{id}-00001");
     std::fs::write(
@@ -440,15 +412,7 @@ fn a_full_pool_answers_503_with_retry_after_instead_of_waiting() {
     };
     // The one connection thinks for 30 s.
     let body = chat("Take your time");
-    let mut slow = std::net::TcpStream::connect(("127.0.0.1", gateway.port)).unwrap();
-    write!(
-        slow,
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {}\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        s.token,
-        body.len()
-    )
-    .unwrap();
+    let slow = gateway.send_chat(&s.token, &body);
     let mut admin = cluster().connect(&s.database);
     let started = Instant::now();
     loop {
