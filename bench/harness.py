@@ -34,6 +34,7 @@ CONFIGS = {
     "C-mschema": ("generation only, M-Schema layout", {"max_repairs": "0", "vote": "off", "schema_format": "mschema"}),
     "A-vote2": ("two candidates", {"candidates": "2"}),
     "A-always": ("vote after every first query", {"vote": "always"}),
+    "A-abstain": ("withhold doubtful answers", {"abstain": "when_in_doubt"}),
     # Verified examples, leave-one-out: each question's examples are the other questions of its
     # database with their gold SQL, never the question itself (see `examples_for`).
     "C-loo3": ("generation only, 3 examples (leave-one-out)", {"max_repairs": "0", "vote": "off", "examples": "3"}),

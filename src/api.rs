@@ -612,16 +612,21 @@ impl<'a> Ask<'a> {
 /// `answer` for the functions that return the answer itself: a run without one is an error,
 /// and every outcome is audited.
 fn answered(ask: Ask) -> Result<(Run, DatabaseContext)> {
-    // The caller's own SQL (nl_fix) is answered as asked.
-    let may_abstain = settings::abstain() == AbstainSetting::WhenInDoubt && ask.first.is_none();
+    let abstains = may_abstain(&ask);
     audited_run(ask, |(run, shown)| match run.failure() {
         Some(error) => Err(error),
-        None if may_abstain => match not_sure(&run, &shown) {
+        None if abstains => match not_sure(&run, &shown) {
             Some(error) => Err(error),
             None => Ok((run, shown)),
         },
         None => Ok((run, shown)),
     })
+}
+
+/// Whether a doubtful answer to `ask` is withheld: the caller's own SQL (nl_fix) is answered
+/// as asked.
+fn may_abstain(ask: &Ask) -> bool {
+    settings::abstain() == AbstainSetting::WhenInDoubt && ask.first.is_none()
 }
 
 /// The error that withholds a doubtful answer (`abstain = when_in_doubt`): why, and the
@@ -751,6 +756,7 @@ fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
             VoteSetting::Always => Vote::Always,
         },
         candidates: settings::candidates(),
+        abstain: may_abstain(ask),
     };
     let mut run = heal::solve(
         question,

@@ -43,20 +43,11 @@ impl Confidence {
 pub fn assess(run: &Run, pruned: bool) -> Confidence {
     let mut doubts = Vec::new();
     let mut notes = Vec::new();
-    if let Some(vote) = &run.vote {
-        // A majority of the alternatives (the first query, which was in doubt, may add to
-        // the winning group but not to the count).
-        let alternatives = run.alternatives().count();
-        let agreed = vote
-            .winner
-            .map_or(0, |w| vote.groups.get(w).copied().unwrap_or(0))
-            .min(alternatives);
-        if alternatives > 1 && agreed * 2 <= alternatives {
-            doubts.push(format!(
-                "the alternatives did not agree: the most that gave one result were {agreed} \
-                 of {alternatives}"
-            ));
-        }
+    if let Some((agreed, alternatives)) = run.split_vote() {
+        doubts.push(format!(
+            "the alternatives did not agree: the most that gave one result were {agreed} of \
+             {alternatives}"
+        ));
     }
     if run.status == Status::Empty && !run.confirmed_empty {
         doubts.push("the answer is an empty result that nothing confirmed".to_string());

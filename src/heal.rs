@@ -115,6 +115,10 @@ pub struct Limits {
     pub vote: Vote,
     /// Candidates asked for in a vote.
     pub candidates: usize,
+    /// A doubtful answer will be withheld (`abstain = when_in_doubt`): every query the model
+    /// wrote first is checked by a vote (unless votes are off), and a vote without a majority
+    /// ends the run, since no repair can make its alternatives agree after the fact.
+    pub abstain: bool,
 }
 
 /// How good an outcome is: a repair replaces the best attempt only when it ranks higher.
@@ -514,15 +518,18 @@ impl Solver<'_> {
 
             // When in doubt (or always), after the first query: alternatives and a vote. Not
             // over an answer with no query in it: that is repaired, not outvoted.
+            // A verified example's answer (a template) is not put to a vote when it has rows.
             let in_doubt = !matches!(step.outcome, Outcome::Rows(_) | Outcome::Planned);
+            let checked = in_doubt || kind == Kind::First;
             let votes = self.limits.candidates >= 2
                 && round == 0
                 && !ends_run
                 && !no_query
                 && match self.limits.vote {
                     Vote::Off => false,
+                    Vote::WhenInDoubt if self.limits.abstain => checked,
                     Vote::WhenInDoubt => in_doubt,
-                    Vote::Always => true,
+                    Vote::Always => checked,
                 };
             if votes {
                 let candidates_request = match &step.feedback {
@@ -544,6 +551,9 @@ impl Solver<'_> {
                     });
                 if agreed && matches!(self.run.attempts[0].outcome, Outcome::Empty(_)) {
                     self.run.confirmed_empty = true;
+                    break;
+                }
+                if self.limits.abstain && self.run.split_vote().is_some() {
                     break;
                 }
                 because.push_str(", and no alternative returned rows");
@@ -713,6 +723,19 @@ impl Run {
             .map(|a| a.sql.as_str())
     }
 
+    /// When a vote's alternatives did not mostly agree: how many gave the winning result, and
+    /// of how many. The first query, which was in doubt, may add to the winning group but not
+    /// to the count.
+    pub fn split_vote(&self) -> Option<(usize, usize)> {
+        let vote = self.vote.as_ref()?;
+        let alternatives = self.alternatives().count();
+        let agreed = vote
+            .winner
+            .map_or(0, |w| vote.groups.get(w).copied().unwrap_or(0))
+            .min(alternatives);
+        (alternatives > 1 && agreed * 2 <= alternatives).then_some((agreed, alternatives))
+    }
+
     /// The alternatives a vote asked for, in order.
     pub fn alternatives(&self) -> impl Iterator<Item = &Attempt> {
         self.attempts.iter().filter(|a| a.kind.is_alternative())
@@ -831,6 +854,7 @@ mod tests {
             share_values: true,
             vote: Vote::Off,
             candidates: 4,
+            abstain: false,
         };
         solve_limited(answers, limits, db)
     }
@@ -1043,6 +1067,7 @@ mod tests {
             share_values: true,
             vote: Vote::Off,
             candidates: 4,
+            abstain: false,
         };
         let run = solve(
             "q?",
@@ -1132,6 +1157,7 @@ mod tests {
             share_values: true,
             vote,
             candidates: 4,
+            abstain: false,
         }
     }
 
@@ -1203,6 +1229,79 @@ mod tests {
         });
         assert_eq!(run.final_sql(), Some("SELECT c"));
         assert_eq!(run.vote.unwrap().groups, vec![1, 3, 1]);
+    }
+
+    #[test]
+    fn when_withholding_doubt_a_first_answer_with_rows_is_checked_by_a_vote() {
+        let answers = ["SELECT a", "SELECT a2", "SELECT a3", "SELECT b", "SELECT c"];
+        let limits = Limits {
+            abstain: true,
+            ..voting(Vote::WhenInDoubt)
+        };
+        let (run, llm) = solve_limited(&answers, limits, |sql| match sql {
+            "SELECT b" => rows_of(&["b"]),
+            "SELECT c" => rows_of(&["c"]),
+            _ => rows_of(&["a"]),
+        });
+        assert_eq!(llm.requests.len(), 5, "the first query and four candidates");
+        assert_eq!(run.vote.as_ref().unwrap().groups, vec![3, 1, 1]);
+        assert_eq!(run.final_sql(), Some("SELECT a"));
+        assert_eq!(run.split_vote(), None, "3 of 4 agree with the first");
+    }
+
+    #[test]
+    fn when_withholding_doubt_a_split_vote_ends_the_run_without_repairs() {
+        let answers = [
+            "SELECT bad",
+            "SELECT b1",
+            "SELECT b2",
+            "SELECT b3",
+            "SELECT b4",
+            "SELECT good",
+        ];
+        let limits = Limits {
+            abstain: true,
+            ..voting(Vote::WhenInDoubt)
+        };
+        let db = |sql: &str| match sql {
+            "SELECT good" => rows(1),
+            _ => failed("42703"),
+        };
+        let (run, llm) = solve_limited(&answers, limits, db);
+        assert_eq!(llm.requests.len(), 5, "no repair after a split vote");
+        assert_eq!(
+            (run.split_vote(), run.status),
+            (Some((0, 4)), Status::Error)
+        );
+        // Without withholding, the same run goes on to a repair.
+        let (run, llm) = solve_limited(&answers, voting(Vote::WhenInDoubt), db);
+        assert_eq!((llm.requests.len(), run.status), (6, Status::Ok));
+        assert_eq!(run.final_sql(), Some("SELECT good"));
+    }
+
+    #[test]
+    fn a_verified_examples_answer_with_rows_is_not_put_to_a_vote() {
+        let mut llm = Scripted::new(&["SELECT x", "SELECT y", "SELECT z", "SELECT w"]);
+        let mut database = FakeDb {
+            answer: |_: &str| rows_of(&["a"]),
+            executed: Vec::new(),
+        };
+        let limits = Limits {
+            abstain: true,
+            ..voting(Vote::Always)
+        };
+        let run = solve(
+            "q?",
+            prompt::initial("schema", &[], "q?"),
+            Some(Start::Template("SELECT t")),
+            limits,
+            &mut llm,
+            &mut database,
+            &mut |_| {},
+        )
+        .unwrap();
+        assert_eq!((run.status, llm.requests.len()), (Status::Ok, 0));
+        assert!(run.vote.is_none());
     }
 
     #[test]

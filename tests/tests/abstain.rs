@@ -111,3 +111,73 @@ fn agreeing_answers_are_sure_and_an_unconfirmed_empty_one_is_not() {
     assert_eq!(code, "42P08", "{message}");
     assert!(message.contains("empty result"), "{message}");
 }
+
+#[test]
+fn withholding_doubt_checks_an_answer_with_rows_and_stops_at_a_split_vote() {
+    let mut s = session();
+    s.client
+        .batch_execute(
+            "SET sql_query_engine.abstain = when_in_doubt; SET sql_query_engine.max_repairs = 2",
+        )
+        .unwrap();
+    let de = "SELECT name FROM customers WHERE country = 'DE' ORDER BY name";
+    let choices = |sqls: [&str; 3]| {
+        Reply::Choices(
+            sqls.iter()
+                .map(|sql| serde_json::json!({ "sql": sql }).to_string())
+                .collect(),
+        )
+    };
+    // A first answer with rows is put to a vote: two of three candidates agree with it.
+    s.llm.on(
+        "names of the German customers",
+        vec![
+            Reply::sql(de),
+            choices([
+                de,
+                "SELECT name FROM customers WHERE country = 'DE'",
+                "SELECT 1",
+            ]),
+        ],
+    );
+    let before = s.llm.requests().len();
+    let rows = s.query("names of the German customers").unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(s.llm.requests().len(), before + 2, "the query and the vote");
+
+    // Candidates that each find something else: withheld at once, no repair is asked for
+    // (two were allowed).
+    s.llm.on(
+        "the customers that matter",
+        vec![
+            Reply::sql("SELECT name FROM customers"),
+            choices([
+                de,
+                "SELECT name FROM customers WHERE country = 'GB'",
+                "SELECT name FROM customers WHERE country = 'IT'",
+            ]),
+            Reply::sql("SELECT name FROM customers"),
+        ],
+    );
+    let before = s.llm.requests().len();
+    let error = s.query("the customers that matter").unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "42P08", "{message}");
+    assert_eq!(
+        s.llm.requests().len(),
+        before + 2,
+        "no repair after the split"
+    );
+
+    // The same answer with abstain off is the first query's, without a vote.
+    s.client
+        .batch_execute("SET sql_query_engine.abstain = off")
+        .unwrap();
+    s.llm.on(
+        "the customers that count",
+        vec![Reply::sql("SELECT name FROM customers")],
+    );
+    let before = s.llm.requests().len();
+    assert_eq!(s.query("the customers that count").unwrap().len(), 4);
+    assert_eq!(s.llm.requests().len(), before + 1);
+}
