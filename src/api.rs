@@ -359,11 +359,14 @@ fn nl_run(sql: &str) -> SetOfIterator<'static, JsonB> {
 }
 
 /// Stores a verified question -> SQL example (after `nl_check`); returns its id. Only roles that
-/// may write `nl_examples` can.
+/// may write `nl_examples` can. Values in braces in the question are its parameters
+/// (`templates`).
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_example_add(question: &str, sql: &str) -> i64 {
-    history::audited("nl_example_add", sql, examples::add(question, sql))
-        .unwrap_or_else(|e| e.raise())
+    let added = templates::check_marks(question, sql)
+        .map_err(Error::InvalidParameter)
+        .and_then(|()| examples::add(question, sql));
+    history::audited("nl_example_add", sql, added).unwrap_or_else(|e| e.raise())
 }
 
 /// Feedback on a recorded answer (`history_id`, as `nl_ask` returns it): `correct`, or a

@@ -8,6 +8,7 @@ use crate::error::SqlError;
 use crate::examples::Example;
 use crate::llm::Message;
 use crate::session::Turn;
+use crate::templates;
 
 const INSTRUCTIONS: &str = "\
 You are an expert PostgreSQL analyst. You answer a question about a PostgreSQL database by \
@@ -44,7 +45,7 @@ pub fn database_context(schema: &str, values: Option<&str>, examples: &[Example]
         for e in examples {
             text.push_str(&format!(
                 "Question: {}\nSQL: {}\n\n",
-                e.question,
+                templates::unmarked(&e.question),
                 e.sql.trim()
             ));
         }

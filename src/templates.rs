@@ -11,6 +11,11 @@
 //! checked and run like any other query; when it fails or comes back empty, the model is asked
 //! as usual. Only questions without earlier turns are matched: a follow-up means more than its
 //! words.
+//!
+//! An example's question may mark its parameters itself, in braces: "orders of customers in
+//! {Germany} since 2020" makes `'Germany'` a parameter and keeps `2020` fixed. With marks, only
+//! marked values are parameters, and `nl_example_add` refuses a mark that names no literal of
+//! the SQL (`unmarked`). The braces are not shown to the model.
 
 use crate::examples::Example;
 use crate::schema::quote_literal;
@@ -180,6 +185,66 @@ fn question_words(text: &str) -> Vec<Word> {
     found
 }
 
+/// The byte ranges of `question` inside braces (`{Germany}`), the text of each mark.
+fn marks(question: &str) -> Vec<(usize, usize)> {
+    let mut found = Vec::new();
+    let mut open = None;
+    for (i, c) in question.char_indices() {
+        match c {
+            '{' => open = Some(i + 1),
+            '}' => {
+                if let Some(start) = open.take() {
+                    found.push((start, i));
+                }
+            }
+            _ => {}
+        }
+    }
+    found
+}
+
+/// `question` as the model is shown it: without the braces that mark parameters.
+pub fn unmarked(question: &str) -> String {
+    if marks(question).is_empty() {
+        return question.to_string();
+    }
+    question.replace(['{', '}'], "")
+}
+
+/// Why `question` cannot be stored with `sql` as an example, when it marks parameters that
+/// are not literals of the SQL, or more than a template may have.
+pub fn check_marks(question: &str, sql: &str) -> Result<(), String> {
+    let spans = marks(question);
+    if spans.is_empty() {
+        return Ok(());
+    }
+    let example = Example {
+        id: 0,
+        question: question.to_string(),
+        sql: sql.to_string(),
+    };
+    let Some(template) = Template::of(&example) else {
+        return Err(format!(
+            "a question that marks parameters may have at most {MAX_TEMPLATE_WORDS} words and \
+             {MAX_PARAMETERS} parameters"
+        ));
+    };
+    match spans.iter().find(|&&(start, end)| {
+        let named = question_words(&question[start..end]);
+        !template.parameters.iter().any(|p| {
+            let words = question_words(&p.value);
+            words.len() == named.len() && words.iter().zip(&named).all(|(a, b)| a.text == b.text)
+        })
+    }) {
+        Some(&(start, end)) => Err(format!(
+            "the question marks {{{}}} as a parameter, but the SQL has no literal with that \
+             value written where the mark is the only place the question names it",
+            &question[start..end]
+        )),
+        None => Ok(()),
+    }
+}
+
 /// A piece of a template's question: a word, or parameter `n`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Piece {
@@ -210,6 +275,13 @@ impl<'a> Template<'a> {
             return None;
         }
         let mut pieces: Vec<Piece> = words.iter().map(|w| Piece::Word(w.text.clone())).collect();
+        // With marks, only a literal that fills one mark exactly is a parameter: each word's
+        // mark, spliced along with the pieces.
+        let spans = marks(&example.question);
+        let mut marked: Vec<Option<usize>> = words
+            .iter()
+            .map(|w| spans.iter().position(|&(s, e)| w.start >= s && w.end <= e))
+            .collect();
         let mut parameters: Vec<Parameter> = Vec::new();
         for literal in literals(&example.sql) {
             if let Some(p) = parameters
@@ -234,12 +306,14 @@ impl<'a> Template<'a> {
                         .enumerate()
                         .all(|(k, w)| pieces[at + k] == Piece::Word(w.clone()))
                 })
+                .filter(|&at| spans.is_empty() || fills_mark(&marked, at, named.len()))
                 .collect();
             let [at] = places[..] else { continue };
             if parameters.len() == MAX_PARAMETERS {
                 return None;
             }
             pieces.splice(at..at + named.len(), [Piece::Parameter(parameters.len())]);
+            marked.splice(at..at + named.len(), [None]);
             parameters.push(Parameter {
                 kind: literal.kind,
                 value: literal.value,
@@ -283,6 +357,15 @@ impl<'a> Template<'a> {
         }
         sql
     }
+}
+
+/// Whether the `n` words from `at` are all of one mark, and all of it.
+fn fills_mark(marked: &[Option<usize>], at: usize, n: usize) -> bool {
+    let Some(mark) = marked.get(at).copied().flatten() else {
+        return false;
+    };
+    marked[at..at + n].iter().all(|m| *m == Some(mark))
+        && marked.iter().filter(|m| **m == Some(mark)).count() == n
 }
 
 /// Whether `words` (of `text`) fit `pieces`, filling `taken` with what each parameter took
@@ -429,6 +512,59 @@ mod tests {
         )
         .unwrap();
         assert_eq!(same.sql, examples[0].sql);
+    }
+
+    #[test]
+    fn marked_parameters_are_the_only_ones() {
+        let marked = vec![example(
+            4,
+            "orders of customers in {Germany} since 2020",
+            "SELECT * FROM orders o JOIN customers c USING (customer_id) \
+             WHERE c.country = 'Germany' AND o.year >= 2020",
+        )];
+        let got = instantiate("orders of customers in France since 2020", &marked, &stored);
+        assert!(got.unwrap().sql.contains("'France' AND o.year >= 2020"));
+        // 2020 is not marked: another year is another question.
+        assert_eq!(
+            instantiate("orders of customers in France since 2021", &marked, &stored),
+            None
+        );
+        // Without marks, both literals the question names are parameters.
+        let unmarked_example = vec![example(5, &unmarked(&marked[0].question), &marked[0].sql)];
+        assert_eq!(
+            unmarked_example[0].question,
+            "orders of customers in Germany since 2020"
+        );
+        assert!(instantiate(
+            "orders of customers in France since 2021",
+            &unmarked_example,
+            &stored
+        )
+        .is_some());
+        // A question may name a marked value elsewhere too: the mark decides which place.
+        let twice = vec![example(
+            6,
+            "Germany orders for {Germany}",
+            "SELECT * FROM orders WHERE country = 'Germany'",
+        )];
+        let got = instantiate("Germany orders for France", &twice, &stored);
+        assert!(got.unwrap().sql.ends_with("'France'"));
+    }
+
+    #[test]
+    fn a_mark_must_name_a_literal_of_the_sql() {
+        let sql = "SELECT * FROM orders WHERE country = 'Germany' LIMIT 5";
+        assert_eq!(check_marks("top {5} orders from {Germany}", sql), Ok(()));
+        assert_eq!(check_marks("top 5 orders from Germany", sql), Ok(()));
+        let error = check_marks("top 5 orders from {France}", sql).unwrap_err();
+        assert!(error.contains("{France}"), "{error}");
+        // part of a literal is not a parameter
+        assert!(check_marks("orders from {Ger}many", sql).is_err());
+        assert!(
+            check_marks("{a} {b} {c} {d} {e}", "SELECT 'a', 'b', 'c', 'd', 'e'")
+                .unwrap_err()
+                .contains("at most")
+        );
     }
 
     #[test]

@@ -320,3 +320,52 @@ fn a_verified_example_answers_the_same_question_with_other_values() {
     assert_eq!(answer["template_example"], serde_json::Value::Null);
     assert_eq!(answer["rows"], serde_json::json!([[2]]));
 }
+
+#[test]
+fn an_example_that_marks_its_parameters_keeps_its_other_values_fixed() {
+    let r = Roles::new();
+    let (mut writer, mut analyst) = (r.connect(&r.writer), r.connect(&r.analyst));
+    let sql = "SELECT count(*) AS n FROM orders o JOIN customers c USING (customer_id) \
+               WHERE c.country = 'DE' AND o.amount > 10";
+    // A mark that names no literal of the SQL is refused, and nothing is stored.
+    let error = writer
+        .query_one(
+            "SELECT nl_example_add($1, $2)",
+            &[&"Orders over 10 from customers in {FR}", &sql],
+        )
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "22023", "{message}");
+    assert!(message.contains("{FR}"), "{message}");
+    let stored: i64 = writer
+        .query_one("SELECT count(*) FROM nl_examples", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(stored, 0);
+
+    let id: i64 = writer
+        .query_one(
+            "SELECT nl_example_add($1, $2)",
+            &[&"Orders over 10 from customers in {DE}", &sql],
+        )
+        .unwrap()
+        .get(0);
+    let answer = ask_in(&mut analyst, "Orders over 10 from customers in IT", None);
+    assert_eq!(answer["template_example"], id, "{answer}");
+    assert_eq!(answer["rows"], serde_json::json!([[1]]), "{answer}");
+    assert_eq!(answer["llm_calls"], 0);
+
+    // 10 is not marked: another amount is a question for the model, which sees the example
+    // without braces.
+    r.s.llm.on(
+        "Orders over 50 from customers in IT",
+        vec![Reply::sql("SELECT 1 AS n")],
+    );
+    let answer = ask_in(&mut analyst, "Orders over 50 from customers in IT", None);
+    assert_eq!(answer["template_example"], serde_json::Value::Null);
+    let prompt = r.s.llm.requests().last().unwrap().text();
+    assert!(
+        prompt.contains("Question: Orders over 10 from customers in DE\n"),
+        "{prompt}"
+    );
+}
