@@ -397,7 +397,7 @@ impl Solver<'_> {
             let better = self.run.best.is_none_or(|b| {
                 rank(&self.run.attempts[first].outcome) > rank(&self.run.attempts[b].outcome)
             });
-            let replaces = self.limits.vote == Vote::Always
+            let replaces = (self.limits.vote == Vote::Always || self.limits.abstain)
                 && matches!(self.run.attempts[first].outcome, Outcome::Rows(_));
             if better || replaces {
                 self.run.best = Some(first);
@@ -723,15 +723,15 @@ impl Run {
             .map(|a| a.sql.as_str())
     }
 
-    /// When a vote's alternatives did not mostly agree: how many gave the winning result, and
-    /// of how many. The first query, which was in doubt, may add to the winning group but not
-    /// to the count.
+    /// When a vote's alternatives did not mostly agree with the answer: how many gave its
+    /// result (the winning one's, when a repair found the answer after the vote), and of how
+    /// many. The first query may add to its group but not to the count.
     pub fn split_vote(&self) -> Option<(usize, usize)> {
         let vote = self.vote.as_ref()?;
         let alternatives = self.alternatives().count();
-        let agreed = vote
-            .winner
-            .map_or(0, |w| vote.groups.get(w).copied().unwrap_or(0))
+        let group = self.best_attempt().and_then(|a| a.group).or(vote.winner);
+        let agreed = group
+            .map_or(0, |g| vote.groups.get(g).copied().unwrap_or(0))
             .min(alternatives);
         (alternatives > 1 && agreed * 2 <= alternatives).then_some((agreed, alternatives))
     }
@@ -1247,6 +1247,23 @@ mod tests {
         assert_eq!(run.vote.as_ref().unwrap().groups, vec![3, 1, 1]);
         assert_eq!(run.final_sql(), Some("SELECT a"));
         assert_eq!(run.split_vote(), None, "3 of 4 agree with the first");
+
+        // Three candidates that agree against the first answer replace it.
+        let answers = ["SELECT a", "SELECT b", "SELECT b2", "SELECT b3", "SELECT c"];
+        let (run, _) = solve_limited(&answers, limits, |sql| match sql {
+            "SELECT a" => rows_of(&["a"]),
+            "SELECT c" => rows_of(&["c"]),
+            _ => rows_of(&["b"]),
+        });
+        assert_eq!(
+            (run.final_sql(), run.split_vote()),
+            (Some("SELECT b"), None)
+        );
+        // Without withholding, a vote when in doubt keeps a first answer with rows; were it
+        // kept against such a majority, that would be a doubt.
+        let mut kept = run.clone();
+        kept.best = Some(0);
+        assert_eq!(kept.split_vote(), Some((1, 4)));
     }
 
     #[test]

@@ -278,6 +278,9 @@ impl<'a> Template<'a> {
         // With marks, only a literal that fills one mark exactly is a parameter: each word's
         // mark, spliced along with the pieces.
         let spans = marks(&example.question);
+        if spans.len() > MAX_TEMPLATE_WORDS {
+            return None;
+        }
         let mut marked: Vec<Option<usize>> = words
             .iter()
             .map(|w| spans.iter().position(|&(s, e)| w.start >= s && w.end <= e))
