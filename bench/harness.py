@@ -265,6 +265,21 @@ def summarize(records, questions):
         answered = [r for r in scored if len(r.get("doubts") or []) <= d]
         curve.append({"max_doubts": d, "answered_share": round(len(answered) / len(scored), 4),
                       "ex_answered": ex(answered), "n": len(answered)})
+    # The same by the vote's agreement (abstain = when_in_doubt puts every first query to a
+    # vote): answering what at least k alternatives agreed on, and nothing else doubted; the
+    # default is a majority.
+    def agreement(r):
+        vote = r.get("vote") or {}
+        return min(vote.get("agreed") or 0, vote.get("alternatives") or 0)
+    def other_doubts(r):
+        return [d for d in (r.get("doubts") or []) if "did not agree" not in d]
+    most_alternatives = max(((r.get("vote") or {}).get("alternatives") or 0 for r in scored), default=0)
+    agreement_curve = []
+    for k in range(1, most_alternatives + 1):
+        answered = [r for r in scored if not other_doubts(r) and (not r.get("vote") or agreement(r) >= k)]
+        agreement_curve.append({"min_agreed": k, "answered_share": round(len(answered) / len(scored), 4),
+                                "ex_answered": ex(answered), "n": len(answered),
+                                "ci95": wilson(sum(r["correct"] for r in answered), len(answered))})
     ms = [r["ms"] for r in records]
     total_minutes = sum(ms) / 60000
     n = len(records) or 1
@@ -276,7 +291,7 @@ def summarize(records, questions):
         # What abstain = when_in_doubt would answer: the share answered, and EX on those.
         "answered_share": round(len(sure) / len(scored), 4) if scored else None,
         "ex_answered": ex(sure), "ci95_answered": wilson(sum(r["correct"] for r in sure), len(sure)),
-        "selective_curve": curve,
+        "selective_curve": curve, "agreement_curve": agreement_curve,
         "ci95_official": wilson(sum(r.get("correct_official", False) for r in scored), len(scored)),
         "excluded": {"nondeterministic_rows": sorted(nondeterministic & {r["id"] for r in records})},
         "by_suite": grouped("suite"), "by_difficulty": grouped("difficulty"),
@@ -317,6 +332,9 @@ def markdown(results, args):
     row("selective accuracy (answered share -> EX on the answered, by doubts allowed)",
         lambda s: "; ".join(f"{pct(p['answered_share'])} -> {pct(p['ex_answered'])}"
                             for p in s.get("selective_curve", [])) or "n/a")
+    row("selective accuracy by the vote's agreement (at least k alternatives: answered share -> EX on the answered)",
+        lambda s: "; ".join(f"k={p['min_agreed']}: {pct(p['answered_share'])} -> {pct(p['ex_answered'])}"
+                            for p in s.get("agreement_curve", [])) or "n/a")
     suites = sorted({k for c in configs for k in results["configs"][c]["by_suite"]})
     for suite in suites:
         row(f"EX {suite} (strict / official)", lambda s, k=suite: pct(s["by_suite"].get(k, {}).get("ex")) + " / " + pct(s["by_suite"].get(k, {}).get("ex_official")) + f" (n={s['by_suite'].get(k, {}).get('n', 0)})")
