@@ -750,16 +750,20 @@ fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
         values: shown.values.clone(),
         shape: ask.shape,
     };
+    // A doubtful answer that will be withheld must first be known to be doubtful: every
+    // first query is then put to a vote (the candidates' agreement is the signal).
+    let abstain = may_abstain(ask);
     let limits = Limits {
         max_repairs: settings::max_repairs(),
         share_values: settings::sample_values() > 0,
         vote: match settings::vote() {
             VoteSetting::Off => Vote::Off,
+            VoteSetting::WhenInDoubt if abstain => Vote::Always,
             VoteSetting::WhenInDoubt => Vote::WhenInDoubt,
             VoteSetting::Always => Vote::Always,
         },
         candidates: settings::candidates(),
-        abstain: may_abstain(ask),
+        abstain,
     };
     let mut run = heal::solve(
         question,

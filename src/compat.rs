@@ -100,6 +100,9 @@ pub mod timeout {
     /// test checks that it is the timer `statement_timeout` arms).
     pub use crate::compat::numbers::STATEMENT_TIMEOUT;
 
+    // SAFETY: these declarations match utils/timeout.h of every supported server (TimeoutId
+    // is a C enum, passed as an int; TimestampTz is int64), and the functions may raise
+    // PostgreSQL errors, hence C-unwind.
     unsafe extern "C-unwind" {
         pub fn enable_timeout_after(id: u32, delay_ms: std::ffi::c_int);
         pub fn enable_timeout_at(id: u32, fin_time: TimestampTz);

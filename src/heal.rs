@@ -115,9 +115,9 @@ pub struct Limits {
     pub vote: Vote,
     /// Candidates asked for in a vote.
     pub candidates: usize,
-    /// A doubtful answer will be withheld (`abstain = when_in_doubt`): every query the model
-    /// wrote first is checked by a vote (unless votes are off), and a vote without a majority
-    /// ends the run, since no repair can make its alternatives agree after the fact.
+    /// A doubtful answer will be withheld (`abstain = when_in_doubt`): a vote without a
+    /// majority for the answer ends the run, since no repair can make its alternatives agree
+    /// after the fact.
     pub abstain: bool,
 }
 
@@ -397,7 +397,7 @@ impl Solver<'_> {
             let better = self.run.best.is_none_or(|b| {
                 rank(&self.run.attempts[first].outcome) > rank(&self.run.attempts[b].outcome)
             });
-            let replaces = (self.limits.vote == Vote::Always || self.limits.abstain)
+            let replaces = self.limits.vote == Vote::Always
                 && matches!(self.run.attempts[first].outcome, Outcome::Rows(_));
             if better || replaces {
                 self.run.best = Some(first);
@@ -516,20 +516,19 @@ impl Solver<'_> {
                 break;
             }
 
-            // When in doubt (or always), after the first query: alternatives and a vote. Not
-            // over an answer with no query in it: that is repaired, not outvoted.
-            // A verified example's answer (a template) is not put to a vote when it has rows.
+            // When in doubt (or always, after the model's own first query: not over a
+            // template's or the caller's answer with rows), after the first query: alternatives
+            // and a vote. Not over an answer with no query in it: that is repaired, not
+            // outvoted.
             let in_doubt = !matches!(step.outcome, Outcome::Rows(_) | Outcome::Planned);
-            let checked = in_doubt || kind == Kind::First;
             let votes = self.limits.candidates >= 2
                 && round == 0
                 && !ends_run
                 && !no_query
                 && match self.limits.vote {
                     Vote::Off => false,
-                    Vote::WhenInDoubt if self.limits.abstain => checked,
                     Vote::WhenInDoubt => in_doubt,
-                    Vote::Always => checked,
+                    Vote::Always => in_doubt || kind == Kind::First,
                 };
             if votes {
                 let candidates_request = match &step.feedback {
@@ -1161,6 +1160,14 @@ mod tests {
         }
     }
 
+    /// As `abstain = when_in_doubt` asks the loop to vote: always, and to stop at a split.
+    fn withholding() -> Limits {
+        Limits {
+            abstain: true,
+            ..voting(Vote::Always)
+        }
+    }
+
     fn rows_of(values: &[&str]) -> Outcome {
         Outcome::Rows(ResultSet {
             columns: vec!["a".into()],
@@ -1234,10 +1241,7 @@ mod tests {
     #[test]
     fn when_withholding_doubt_a_first_answer_with_rows_is_checked_by_a_vote() {
         let answers = ["SELECT a", "SELECT a2", "SELECT a3", "SELECT b", "SELECT c"];
-        let limits = Limits {
-            abstain: true,
-            ..voting(Vote::WhenInDoubt)
-        };
+        let limits = withholding();
         let (run, llm) = solve_limited(&answers, limits, |sql| match sql {
             "SELECT b" => rows_of(&["b"]),
             "SELECT c" => rows_of(&["c"]),
@@ -1276,10 +1280,7 @@ mod tests {
             "SELECT b4",
             "SELECT good",
         ];
-        let limits = Limits {
-            abstain: true,
-            ..voting(Vote::WhenInDoubt)
-        };
+        let limits = withholding();
         let db = |sql: &str| match sql {
             "SELECT good" => rows(1),
             _ => failed("42703"),
@@ -1303,10 +1304,7 @@ mod tests {
             answer: |_: &str| rows_of(&["a"]),
             executed: Vec::new(),
         };
-        let limits = Limits {
-            abstain: true,
-            ..voting(Vote::Always)
-        };
+        let limits = withholding();
         let run = solve(
             "q?",
             prompt::initial("schema", &[], "q?"),
