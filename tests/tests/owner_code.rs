@@ -222,12 +222,15 @@ fn a_superusers_generated_queries_run_no_code_of_other_roles() {
     let marker = format!("/tmp/sqe-owner-code-{}", w.s.database);
     let _ = std::fs::remove_file(&marker);
     // Owner code that escalates: with a superuser as current or session user it resets the
-    // role and runs a shell command as the server's operating-system user.
+    // role and runs a shell command as the server's operating-system user. The command reads
+    // what COPY sends before it writes the marker: a program that exits before COPY flushes its
+    // row makes COPY fail with EPIPE ("could not close pipe to external command: Broken pipe"),
+    // now and then, in the positive control below.
     w.attacker_runs(&format!(
         "CREATE FUNCTION public.shell_note() RETURNS text LANGUAGE plpgsql AS $$
          BEGIN
              RESET ROLE;
-             EXECUTE format('COPY (SELECT 1) TO PROGRAM %L', 'touch {marker}');
+             EXECUTE format('COPY (SELECT 1) TO PROGRAM %L', 'cat >/dev/null; touch {marker}');
              RETURN 'x';
          END $$;
          CREATE VIEW public.release_notes AS SELECT public.shell_note() AS note;
@@ -249,9 +252,16 @@ fn a_superusers_generated_queries_run_no_code_of_other_roles() {
         vec![Reply::sql("SELECT note FROM admin_notes"); 4],
     );
     let trace = |client: &mut Client, question: &str| -> serde_json::Value {
+        // Which call failed, and as whom, when one does.
         let text: String = client
             .query_one("SELECT nl_trace($1)::text", &[&question])
-            .unwrap()
+            .unwrap_or_else(|e| {
+                let who = client
+                    .query_one("SELECT current_user::text", &[])
+                    .map(|r| r.get::<_, String>(0))
+                    .unwrap_or_default();
+                panic!("nl_trace('{question}') as {who}: {e}")
+            })
             .get(0);
         serde_json::from_str(&text).unwrap()
     };
