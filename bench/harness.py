@@ -35,6 +35,7 @@ CONFIGS = {
     "A-vote2": ("two candidates", {"candidates": "2"}),
     "A-always": ("vote after every first query", {"vote": "always"}),
     "A-abstain": ("withhold doubtful answers", {"abstain": "when_in_doubt"}),
+    "A-nobudget": ("no answer budget", {"answer_budget": "2147483647"}),
     # Verified examples, leave-one-out: each question's examples are the other questions of its
     # database with their gold SQL, never the question itself (see `examples_for`).
     "C-loo3": ("generation only, 3 examples (leave-one-out)", {"max_repairs": "0", "vote": "off", "examples": "3"}),
@@ -176,7 +177,7 @@ def ask(conn, question, config, args, everything):
         outcomes=[a["outcome"] for a in trace["attempts"]],
         candidates=[bool(a.get("candidate")) for a in trace["attempts"]], vote=trace.get("vote"),
         errors=[f"{a['sqlstate']}: {a['message']}" for a in trace["attempts"] if a.get("sqlstate")],
-        answered_by=trace.get("answered_by"),
+        answered_by=trace.get("answered_by"), out_of_time=trace.get("out_of_time", False),
         confidence=(trace.get("confidence") or {}).get("level"),
         doubts=(trace.get("confidence") or {}).get("doubts"),
     )

@@ -550,6 +550,10 @@ impl Llm for Asked {
     fn complete_many(&mut self, messages: &[Message], n: usize) -> Result<Batch> {
         self.call(|chain| chain.complete_many(messages, n))
     }
+
+    fn cut_at(&mut self, deadline: Option<std::time::Instant>) {
+        self.chain.cut_at(deadline);
+    }
 }
 
 /// The database the heal loop works on: this backend, as the caller.
@@ -764,6 +768,7 @@ fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
         },
         candidates: settings::candidates(),
         abstain,
+        deadline: started.checked_add(settings::answer_budget()),
     };
     let mut run = heal::solve(
         question,
@@ -782,6 +787,13 @@ fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
              attempt so far is the answer",
             failure.endpoint,
             failure.cause
+        );
+    }
+    if run.out_of_time {
+        pgrx::notice!(
+            "sql_query_engine: the answer budget (sql_query_engine.answer_budget) ran out after \
+             {} attempts; the best attempt so far is the answer",
+            run.attempts.len()
         );
     }
     // Turns the caller sent are its own to keep: the session store is left alone.

@@ -62,6 +62,9 @@ pub fn assess(run: &Run, pruned: bool) -> Confidence {
     if alternatives_failed && by_repair {
         doubts.push("every alternative failed and only a repair ran".to_string());
     }
+    if run.out_of_time {
+        notes.push("the answer budget ran out before the repair loop ended".into());
+    }
     if pruned {
         notes.push("the schema shown was cut to the relations the question seemed to need".into());
     }

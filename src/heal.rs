@@ -79,6 +79,8 @@ pub struct Run {
     /// What the model said instead, when it twice in a row answered without a query: the
     /// question is not one the database answers (a greeting, a task for another tool).
     pub said_instead: Option<String>,
+    /// The answer budget ended the run before the loop did.
+    pub out_of_time: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,6 +121,9 @@ pub struct Limits {
     /// majority for the answer ends the run, since no repair can make its alternatives agree
     /// after the fact.
     pub abstain: bool,
+    /// When the call stops improving its answer (`answer_budget`): no vote or repair is asked
+    /// for after it, and a request in flight ends at it. The first query is always waited for.
+    pub deadline: Option<Instant>,
 }
 
 /// How good an outcome is: a repair replaces the best attempt only when it ranks higher.
@@ -219,6 +224,13 @@ struct Solver<'a> {
 }
 
 impl Solver<'_> {
+    /// Whether the answer budget is spent (the run then says so).
+    fn out_of_time(&mut self) -> bool {
+        let spent = self.limits.deadline.is_some_and(|d| Instant::now() >= d);
+        self.run.out_of_time |= spent;
+        spent
+    }
+
     /// Takes the SQL out of `content`, runs it and says how to repair it.
     fn step(&mut self, content: &str, attempt: usize, kind: Kind) -> Step {
         let Some(sql) = extract_sql(content) else {
@@ -340,6 +352,7 @@ impl Solver<'_> {
         let asked = Instant::now();
         let batch = match self.llm.complete_many(request, self.limits.candidates) {
             Ok(batch) => batch,
+            Err(Error::Llm { .. }) if self.out_of_time() => return Ok(false),
             Err(Error::Llm {
                 endpoint, cause, ..
             }) => {
@@ -430,6 +443,9 @@ impl Solver<'_> {
         // Why the next repair is asked for: what the round before it gave, in words.
         let mut because = String::new();
         for round in 0..=max_repairs {
+            if round > 0 && self.out_of_time() {
+                break;
+            }
             let given = self.first.filter(|_| round == 0);
             let kind = match (round, given) {
                 (0, Some(Start::Given(_))) => Kind::Given,
@@ -455,9 +471,15 @@ impl Solver<'_> {
                 None if explore => self.llm.complete_exploring(&request),
                 None => self.llm.complete(&request),
             };
+            if round == 0 {
+                // Whatever is asked for from now on ends with the budget.
+                self.llm.cut_at(self.limits.deadline);
+            }
             let completion = match asked_for {
                 Ok(completion) => completion,
-                // A repair that cannot be asked for leaves the run with what it has.
+                // A repair cut by the budget, or that cannot be asked for, leaves the run with
+                // what it has.
+                Err(Error::Llm { .. }) if round > 0 && self.out_of_time() => break,
                 Err(Error::Llm {
                     endpoint, cause, ..
                 }) if round > 0 => {
@@ -529,7 +551,8 @@ impl Solver<'_> {
                     Vote::Off => false,
                     Vote::WhenInDoubt => in_doubt,
                     Vote::Always => in_doubt || kind == Kind::First,
-                };
+                }
+                && !self.out_of_time();
             if votes {
                 let candidates_request = match &step.feedback {
                     Some(feedback) => prompt::repair_request(&self.initial, &[], feedback),
@@ -662,6 +685,7 @@ pub fn solve(
             llm_failure: None,
             vote: None,
             said_instead: None,
+            out_of_time: false,
         },
     }
     .solve()
@@ -760,6 +784,8 @@ mod tests {
         answers: VecDeque<String>,
         requests: Vec<Vec<Message>>,
         exploring: Vec<bool>,
+        /// The deadline the loop set, and how many requests had been made when it did.
+        cut: Option<(Option<Instant>, usize)>,
     }
 
     impl Scripted {
@@ -768,11 +794,16 @@ mod tests {
                 answers: answers.iter().map(|s| s.to_string()).collect(),
                 requests: vec![],
                 exploring: vec![],
+                cut: None,
             }
         }
     }
 
     impl Llm for Scripted {
+        fn cut_at(&mut self, deadline: Option<Instant>) {
+            self.cut = Some((deadline, self.requests.len()));
+        }
+
         fn complete_exploring(&mut self, messages: &[Message]) -> Result<Completion> {
             let completion = self.complete(messages);
             if let Some(last) = self.exploring.last_mut() {
@@ -793,6 +824,17 @@ mod tests {
                     endpoint: "http://model".into(),
                     cause: "HTTP 503".into(),
                     down: true,
+                });
+            }
+            // A request that ends at the deadline the loop set, unanswered.
+            if content == "CUT" {
+                if let Some((Some(deadline), _)) = self.cut {
+                    std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
+                }
+                return Err(Error::Llm {
+                    endpoint: "http://model".into(),
+                    cause: "no answer in time".into(),
+                    down: false,
                 });
             }
             Ok(Completion {
@@ -854,6 +896,7 @@ mod tests {
             vote: Vote::Off,
             candidates: 4,
             abstain: false,
+            deadline: None,
         };
         solve_limited(answers, limits, db)
     }
@@ -1067,6 +1110,7 @@ mod tests {
             vote: Vote::Off,
             candidates: 4,
             abstain: false,
+            deadline: None,
         };
         let run = solve(
             "q?",
@@ -1157,6 +1201,7 @@ mod tests {
             vote,
             candidates: 4,
             abstain: false,
+            deadline: None,
         }
     }
 
@@ -1295,6 +1340,55 @@ mod tests {
         let (run, llm) = solve_limited(&answers, voting(Vote::WhenInDoubt), db);
         assert_eq!((llm.requests.len(), run.status), (6, Status::Ok));
         assert_eq!(run.final_sql(), Some("SELECT good"));
+    }
+
+    #[test]
+    fn a_spent_answer_budget_asks_for_nothing_after_the_first_query() {
+        let answers = [
+            "SELECT bad",
+            "SELECT b1",
+            "SELECT b2",
+            "SELECT b3",
+            "SELECT b4",
+            "SELECT r1",
+            "SELECT r2",
+        ];
+        let deadline = Instant::now();
+        let limits = Limits {
+            deadline: Some(deadline),
+            ..voting(Vote::WhenInDoubt)
+        };
+        let db = |_: &str| failed("42703");
+        let (run, llm) = solve_limited(&answers, limits, db);
+        assert_eq!(llm.requests.len(), 1, "no vote and no repair");
+        assert_eq!(llm.cut, Some((Some(deadline), 1)), "cut after the first");
+        assert!(run.out_of_time && run.llm_failure.is_none());
+        assert_eq!(run.status, Status::Error);
+        // Without a budget the same run votes (4) and repairs (2).
+        let (run, llm) = solve_limited(&answers, voting(Vote::WhenInDoubt), db);
+        assert_eq!(llm.requests.len(), 7);
+        assert!(!run.out_of_time);
+    }
+
+    #[test]
+    fn a_repair_cut_by_the_answer_budget_keeps_the_best_attempt() {
+        let limits = Limits {
+            deadline: Some(Instant::now() + std::time::Duration::from_millis(50)),
+            ..voting(Vote::Off)
+        };
+        let db = |sql: &str| match sql {
+            "SELECT empty" => empty(),
+            _ => failed("42703"),
+        };
+        let (run, llm) = solve_limited(&["SELECT empty", "CUT", "SELECT never"], limits, db);
+        assert_eq!(llm.requests.len(), 2);
+        assert_eq!(run.status, Status::Empty, "the first answer stays");
+        assert!(run.out_of_time);
+        assert!(
+            run.llm_failure.is_none(),
+            "the budget is not a model failure"
+        );
+        assert!(run.failure().is_none());
     }
 
     #[test]

@@ -90,6 +90,9 @@ static LLM_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(60_000);
 static TEMPERATURE: GucSetting<f64> = GucSetting::<f64>::new(0.0);
 /// Bounds the repair loop (a ceiling: each repair is a model call and a query).
 static MAX_REPAIRS: GucSetting<i32> = GucSetting::<i32>::new(4);
+/// Bounds the time a call spends improving its answer (a ceiling: a vote and the repairs are
+/// model calls that a slow model makes long).
+static ANSWER_BUDGET_MS: GucSetting<i32> = GucSetting::<i32>::new(60_000);
 /// Bounds each generated query (a ceiling).
 static STATEMENT_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 /// Bounds the rows kept per query (a ceiling).
@@ -206,6 +209,24 @@ pub fn init() {
             GucContext::Userset,
             GucFlags::default(),
             Some(check_max_repairs),
+            None,
+            None,
+        );
+    }
+    // SAFETY: the check hook only reads the proposed value and sets GUC\'s error fields.
+    unsafe {
+        GucRegistry::define_int_guc_with_hooks(
+            c"sql_query_engine.answer_budget",
+            c"How long a call may spend improving its answer (vote and repairs).",
+            c"Counted from the start of the call. Once spent, no vote or repair is asked for, a \
+              request in flight ends, and the best answer so far is returned; the first query \
+              is always waited for (up to llm_timeout).",
+            &ANSWER_BUDGET_MS,
+            0,
+            i32::MAX,
+            GucContext::Userset,
+            GucFlags::UNIT_MS,
+            Some(check_answer_budget),
             None,
             None,
         );
@@ -635,6 +656,7 @@ ceiling_hook!(
 );
 ceiling_hook!(check_llm_timeout, LLM_TIMEOUT_CEILING, "llm_timeout");
 ceiling_hook!(check_max_repairs, MAX_REPAIRS_CEILING, "max_repairs");
+ceiling_hook!(check_answer_budget, ANSWER_BUDGET_CEILING, "answer_budget");
 ceiling_hook!(check_candidates, CANDIDATES_CEILING, "candidates");
 ceiling_hook!(check_max_tokens, MAX_TOKENS_CEILING, "max_tokens");
 
@@ -697,6 +719,11 @@ pub fn temperature() -> f64 {
 
 pub fn max_repairs() -> usize {
     MAX_REPAIRS.get().max(0) as usize
+}
+
+/// How long a call may spend on its answer before it stops asking the model for better.
+pub fn answer_budget() -> std::time::Duration {
+    std::time::Duration::from_millis(ANSWER_BUDGET_MS.get().max(0) as u64)
 }
 
 pub fn statement_timeout_ms() -> i32 {

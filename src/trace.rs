@@ -28,6 +28,7 @@ pub fn run(run: &Run, schema: Option<&PromptSchema>, values: Option<&str>) -> Va
         "llm_failure": run.llm_failure.as_ref().map(|f| json!({
             "endpoint": f.endpoint, "cause": f.cause
         })),
+        "out_of_time": run.out_of_time,
         "ms": run.ms,
     });
     trace["values"] = json!(values.map(|v| v.lines().collect::<Vec<_>>()));
@@ -141,6 +142,7 @@ mod tests {
             completion_tokens: 4,
             ms: 7.0,
             llm_failure: None,
+            out_of_time: false,
             vote: None,
             said_instead: None,
         };

@@ -4,7 +4,9 @@
 //! time left is shared among the endpoints still to try, and only the last one retries 429 and
 //! 5xx. A failed endpoint is skipped for `llm_circuit_breaker` (`breaker`: in every backend
 //! of the server when the library is preloaded), so a dead provider does not cost every
-//! question its timeout; when every endpoint is skipped, they are all tried anyway.
+//! question its timeout; when every endpoint is skipped, they are all tried anyway. A call's
+//! answer budget may end a request sooner (`cut_at`); a request it cut says nothing about the
+//! endpoint, so the breaker does not hear of it.
 
 use std::time::{Duration, Instant};
 
@@ -18,6 +20,8 @@ pub struct Chain {
     clients: Vec<OpenAiClient>,
     timeout: Duration,
     breaker: Duration,
+    /// When the call's answer budget ends every request.
+    cut: Option<Instant>,
 }
 
 impl Chain {
@@ -29,6 +33,7 @@ impl Chain {
                 .collect(),
             timeout: options.timeout,
             breaker,
+            cut: None,
         }
     }
 
@@ -39,7 +44,9 @@ impl Chain {
         mut ask: impl FnMut(&mut OpenAiClient, Instant, bool) -> Result<T>,
     ) -> Result<(T, String, Vec<String>)> {
         let now = Instant::now();
-        let overall = now.checked_add(self.timeout).unwrap_or(now);
+        let natural = now.checked_add(self.timeout).unwrap_or(now);
+        let overall = self.cut.map_or(natural, |cut| cut.min(natural));
+        let cut_short = overall < natural;
         let skipped = |c: &OpenAiClient| breaker::skipped(&c.endpoint(), self.breaker);
         let mut order: Vec<usize> = (0..self.clients.len())
             .filter(|&i| !skipped(&self.clients[i]))
@@ -73,7 +80,11 @@ impl Chain {
                     cause,
                     down,
                 }) => {
-                    breaker::failed(&endpoint, down);
+                    // No answer within a share the call's budget shortened says nothing
+                    // about the endpoint.
+                    if !(cut_short && Instant::now() >= deadline) {
+                        breaker::failed(&endpoint, down);
+                    }
                     failures.push(format!("{endpoint}: {cause}"));
                     last_error = Some(Error::Llm {
                         endpoint,
@@ -125,6 +136,10 @@ impl Llm for Chain {
 
     fn complete_exploring(&mut self, messages: &[Message]) -> Result<Completion> {
         self.one(messages, true)
+    }
+
+    fn cut_at(&mut self, deadline: Option<Instant>) {
+        self.cut = deadline;
     }
 
     fn complete_many(&mut self, messages: &[Message], n: usize) -> Result<Batch> {

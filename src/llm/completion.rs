@@ -2,6 +2,8 @@
 //! model (a chain of HTTP endpoints, or a test's script) answers, so that the heal loop is
 //! testable without a network.
 
+use std::time::Instant;
+
 use serde::Serialize;
 
 use crate::error::Result;
@@ -62,6 +64,11 @@ pub trait Llm {
     fn complete_exploring(&mut self, messages: &[Message]) -> Result<Completion> {
         self.complete(messages)
     }
+
+    /// Ends every request still to come, and the one in flight, at `deadline` at the latest
+    /// (the call's answer budget); `None` lifts it. No default: a wrapper that forgot to pass
+    /// it on would leave the budget without effect.
+    fn cut_at(&mut self, deadline: Option<Instant>);
 
     /// `n` different completions (sampled), for a vote.
     fn complete_many(&mut self, messages: &[Message], n: usize) -> Result<Batch> {

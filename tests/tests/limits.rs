@@ -104,6 +104,7 @@ fn roles_may_lower_the_bounds_but_not_raise_them() {
         ("statement_timeout", "'1h'", "'1s'"),
         ("llm_timeout", "'1h'", "'1s'"),
         ("max_repairs", "10", "1"),
+        ("answer_budget", "'1h'", "'1s'"),
         ("candidates", "16", "2"),
         ("max_tokens", "65536", "64"),
         ("sample_values", "10", "1"),

@@ -130,6 +130,67 @@ fn a_rate_limited_endpoint_is_passed_over_without_waiting() {
 }
 
 #[test]
+fn the_answer_budget_ends_a_slow_repair_and_the_endpoint_stays_first() {
+    let mut s = Session::new();
+    let backup = ScriptedLlm::start();
+    s.client
+        .batch_execute(&format!(
+            "SET sql_query_engine.llm_fallbacks = '{}';
+             SET sql_query_engine.vote = off;
+             SET sql_query_engine.answer_budget = '1s';",
+            backup.url()
+        ))
+        .unwrap();
+    // The first query fails; its repair would come after 20 s, from either endpoint (the
+    // fallback gets its share of the time left).
+    let slow = || {
+        Reply::Slow(
+            std::time::Duration::from_secs(20),
+            Box::new(Reply::sql("SELECT count(*) AS n FROM customers")),
+        )
+    };
+    s.llm.on(
+        "slow to repair",
+        vec![Reply::sql("SELECT nosuch FROM customers"), slow()],
+    );
+    backup.on("slow to repair", vec![slow()]);
+    let started = std::time::Instant::now();
+    let trace = s.trace("slow to repair").unwrap();
+    let waited = started.elapsed();
+    assert!(
+        waited < std::time::Duration::from_secs(15),
+        "the call waited {waited:?} for the repair"
+    );
+    assert_eq!(trace["status"], "error", "{trace}");
+    assert_eq!(trace["out_of_time"], true, "{trace}");
+    assert!(trace["llm_failure"].is_null(), "{trace}");
+    assert_eq!(trace["attempts"].as_array().unwrap().len(), 1, "{trace}");
+    assert_eq!(
+        s.llm.requests().len(),
+        2,
+        "the repair was asked for, then cut"
+    );
+    assert_eq!(
+        backup.requests().len(),
+        1,
+        "and of the fallback, in the time left"
+    );
+    // A request the call's own budget cut says nothing about the endpoint: the next question
+    // still goes to it first, not to the fallback.
+    s.llm.on(
+        "count the customers",
+        vec![Reply::sql("SELECT count(*) AS n FROM customers")],
+    );
+    let trace = s.trace("count the customers").unwrap();
+    assert_eq!(trace["status"], "ok", "{trace}");
+    assert_eq!(
+        trace["attempts"][0]["endpoint"],
+        format!("{}/chat/completions", s.llm.url())
+    );
+    assert_eq!(backup.requests().len(), 1, "the fallback was asked first");
+}
+
+#[test]
 fn nl_ask_returns_rows_in_the_querys_column_order() {
     let mut s = Session::new();
     s.llm.on(
