@@ -62,7 +62,11 @@ pub fn assess(run: &Run, pruned: bool) -> Confidence {
     if alternatives_failed && by_repair {
         doubts.push("every alternative failed and only a repair ran".to_string());
     }
-    if run.out_of_time {
+    // Out of time before any vote: nothing checked the answer (withholding votes on every
+    // first answer; otherwise only an error or an empty result is left unvoted this way).
+    if run.out_of_time && run.vote.is_none() {
+        doubts.push("the answer budget ran out before alternatives were asked for".to_string());
+    } else if run.out_of_time {
         notes.push("the answer budget ran out before the repair loop ended".into());
     }
     if pruned {

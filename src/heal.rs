@@ -1371,6 +1371,22 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_the_budget_left_unvoted_is_doubtful_when_withholding() {
+        let limits = Limits {
+            deadline: Some(Instant::now()),
+            ..withholding()
+        };
+        let (run, llm) = solve_limited(&["SELECT a"], limits, |_| rows(1));
+        assert_eq!((run.status, llm.requests.len()), (Status::Ok, 1));
+        assert!(run.out_of_time && run.vote.is_none());
+        assert!(!crate::confidence::assess(&run, false).sure());
+        // With time for the vote, four agreeing alternatives make it sure.
+        let answers = ["SELECT a", "SELECT b", "SELECT c", "SELECT d", "SELECT e"];
+        let (run, _) = solve_limited(&answers, withholding(), |_| rows(1));
+        assert!(crate::confidence::assess(&run, false).sure());
+    }
+
+    #[test]
     fn a_repair_cut_by_the_answer_budget_keeps_the_best_attempt() {
         let limits = Limits {
             deadline: Some(Instant::now() + std::time::Duration::from_millis(50)),
