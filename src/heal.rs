@@ -1315,16 +1315,18 @@ mod tests {
         assert_eq!(kept.split_vote(), Some((1, 4)));
     }
 
+    /// A first query and the 4 alternatives of its vote, for a database that fails them all.
+    const FAILING_VOTE: [&str; 5] = [
+        "SELECT bad",
+        "SELECT b1",
+        "SELECT b2",
+        "SELECT b3",
+        "SELECT b4",
+    ];
+
     #[test]
     fn when_withholding_doubt_a_split_vote_ends_the_run_without_repairs() {
-        let answers = [
-            "SELECT bad",
-            "SELECT b1",
-            "SELECT b2",
-            "SELECT b3",
-            "SELECT b4",
-            "SELECT good",
-        ];
+        let answers = [FAILING_VOTE.as_slice(), &["SELECT good"]].concat();
         let limits = withholding();
         let db = |sql: &str| match sql {
             "SELECT good" => rows(1),
@@ -1344,15 +1346,7 @@ mod tests {
 
     #[test]
     fn a_spent_answer_budget_asks_for_nothing_after_the_first_query() {
-        let answers = [
-            "SELECT bad",
-            "SELECT b1",
-            "SELECT b2",
-            "SELECT b3",
-            "SELECT b4",
-            "SELECT r1",
-            "SELECT r2",
-        ];
+        let answers = [FAILING_VOTE.as_slice(), &["SELECT r1", "SELECT r2"]].concat();
         let deadline = Instant::now();
         let limits = Limits {
             deadline: Some(deadline),

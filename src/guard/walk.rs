@@ -290,9 +290,12 @@ impl Walk {
 
     /// Checks each type of an OID list (column definition lists, XMLTABLE columns).
     unsafe fn check_types(&mut self, types: *mut pg_sys::List) -> bool {
-        // SAFETY: an OID list of the analyzed tree.
-        let types: Vec<pg_sys::Oid> =
-            unsafe { PgList::<c_void>::from_pg(types).iter_oid().collect() };
+        let types: Vec<pg_sys::Oid> = {
+            // SAFETY: an OID list of the analyzed tree.
+            unsafe { PgList::<c_void>::from_pg(types) }
+                .iter_oid()
+                .collect()
+        };
         types.into_iter().any(|typ| self.check_type(typ))
     }
 
