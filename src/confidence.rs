@@ -1,11 +1,11 @@
 //! How sure an answer is, from what the pipeline already knows: a vote whose queries did not
-//! mostly agree, an empty result nothing confirmed, an answer that only a repair found after
-//! the alternatives all failed. With `sql_query_engine.abstain = when_in_doubt` a doubtful
+//! mostly agree, an answer with nothing in it (no rows, or only nulls), an answer that only a
+//! repair found after the alternatives all failed. With `sql_query_engine.abstain = when_in_doubt` a doubtful
 //! answer is not returned: a wrong table of numbers in a BI tool is worse than none.
 //!
 //! Pure: it reads the run and says why it doubts, so that it can be tested without a server.
 
-use crate::exec::Outcome;
+use crate::exec::{Outcome, ResultSet};
 use crate::heal::{Run, Status};
 use crate::progress::Kind;
 
@@ -49,8 +49,21 @@ pub fn assess(run: &Run, pruned: bool) -> Confidence {
              {alternatives}"
         ));
     }
-    if run.status == Status::Empty && !run.confirmed_empty {
-        doubts.push("the answer is an empty result that nothing confirmed".to_string());
+    // No rows, or only nulls (what an aggregate over no rows gives), is also what a filter gives
+    // that does not match how the data spells a value, and candidates written by the same model
+    // share that mistake: neither the model returning the same query nor a unanimous vote
+    // makes such an answer sure.
+    if run.status == Status::Empty {
+        doubts.push(
+            "the answer is an empty result, which a filter that does not match how the data \
+             spells a value also gives"
+                .to_string(),
+        );
+    } else if run.best_result().is_some_and(only_nulls) {
+        doubts.push(
+            "every value of the answer is null, which an aggregate over no rows also gives"
+                .to_string(),
+        );
     }
     let alternatives_failed = run.alternatives().next().is_some()
         && run
@@ -81,6 +94,16 @@ pub fn assess(run: &Run, pruned: bool) -> Confidence {
         doubts,
         notes,
     }
+}
+
+/// Whether a result has rows and every value in them is null. A row that is not a JSON object
+/// (which the collector never makes) counts as not null.
+fn only_nulls(result: &ResultSet) -> bool {
+    !result.rows.is_empty()
+        && result.rows.iter().all(|row| {
+            serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(row)
+                .is_ok_and(|columns| columns.values().all(serde_json::Value::is_null))
+        })
 }
 
 /// One line per distinct result the run found (the answer's first), as SQL and row count.

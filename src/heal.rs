@@ -1381,6 +1381,35 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_with_nothing_in_it_is_doubtful_however_many_agree() {
+        let answers = ["SELECT a", "SELECT b", "SELECT c", "SELECT d", "SELECT e"];
+        let all_null = || {
+            Outcome::Rows(ResultSet {
+                columns: vec!["a".into(), "b".into()],
+                rows: vec!["{\"a\": null, \"b\": null}".into()],
+                ..Default::default()
+            })
+        };
+        let one_null = || {
+            Outcome::Rows(ResultSet {
+                columns: vec!["a".into(), "b".into()],
+                rows: vec!["{\"a\": null, \"b\": 0}".into()],
+                ..Default::default()
+            })
+        };
+        for (what, outcome, sure) in [
+            ("no rows", empty as fn() -> Outcome, false),
+            ("only nulls", all_null, false),
+            ("a null beside a value", one_null, true),
+        ] {
+            let (run, _) = solve_limited(&answers, withholding(), |_| outcome());
+            assert_eq!(run.split_vote(), None, "{what}: all five agreed");
+            let verdict = crate::confidence::assess(&run, false);
+            assert_eq!(verdict.sure(), sure, "{what}: {:?}", verdict.doubts);
+        }
+    }
+
+    #[test]
     fn a_repair_cut_by_the_answer_budget_keeps_the_best_attempt() {
         let limits = Limits {
             deadline: Some(Instant::now() + std::time::Duration::from_millis(50)),

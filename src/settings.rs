@@ -461,7 +461,7 @@ pub fn init() {
     GucRegistry::define_enum_guc(
         c"sql_query_engine.abstain",
         c"Whether a doubtful answer is withheld: off, or when_in_doubt (raise 42P08 naming the interpretations).",
-        c"Doubtful: the queries of a vote did not mostly agree, an empty result nothing confirmed, or only a repair ran after every alternative failed.",
+        c"Doubtful: the queries of a vote did not mostly agree, the answer has no rows or only nulls, or only a repair ran after every alternative failed.",
         &ABSTAIN,
         GucContext::Userset,
         GucFlags::default(),
