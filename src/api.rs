@@ -768,6 +768,7 @@ fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
         },
         candidates: settings::candidates(),
         abstain,
+        agreement: settings::abstain_agreement(),
         deadline: started.checked_add(settings::answer_budget()),
     };
     let mut run = heal::solve(

@@ -1,7 +1,8 @@
 //! How sure an answer is, from what the pipeline already knows: a vote whose queries did not
 //! mostly agree, an answer with nothing in it (no rows, or only nulls), an answer that only a
-//! repair found after the alternatives all failed. With `sql_query_engine.abstain = when_in_doubt` a doubtful
-//! answer is not returned: a wrong table of numbers in a BI tool is worse than none.
+//! repair found after the alternatives all failed. With `sql_query_engine.abstain =
+//! when_in_doubt` a doubtful answer is not returned: a wrong table of numbers in a BI tool is
+//! worse than none.
 //!
 //! Pure: it reads the run and says why it doubts, so that it can be tested without a server.
 
@@ -43,10 +44,15 @@ impl Confidence {
 pub fn assess(run: &Run, pruned: bool) -> Confidence {
     let mut doubts = Vec::new();
     let mut notes = Vec::new();
-    if let Some((agreed, alternatives)) = run.split_vote() {
+    if let Some(split) = run.split_vote() {
+        let tie = if split.tied {
+            ", and another result as many"
+        } else {
+            ""
+        };
         doubts.push(format!(
-            "the alternatives did not agree: the most that gave one result were {agreed} of \
-             {alternatives}"
+            "the alternatives did not agree: {} of {} gave the answer's result{tie}",
+            split.agreed, split.alternatives
         ));
     }
     // No rows, or only nulls (what an aggregate over no rows gives), is also what a filter gives

@@ -87,6 +87,19 @@ pub struct Run {
 pub struct VoteResult {
     pub groups: Vec<usize>,
     pub winner: Option<usize>,
+    /// How many of the alternatives must give the answer's result for it to be sure
+    /// (`Limits::agreement` of them, at least one).
+    pub needed: usize,
+}
+
+/// A vote that leaves its answer in doubt (see `Run::split_vote`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Split {
+    /// Queries that gave the answer's result, at most as many as there were alternatives.
+    pub agreed: usize,
+    pub alternatives: usize,
+    /// Another result had at least as many queries as the answer's.
+    pub tied: bool,
 }
 
 /// When to ask for several candidates and answer with the result most of them agree on.
@@ -117,10 +130,13 @@ pub struct Limits {
     pub vote: Vote,
     /// Candidates asked for in a vote.
     pub candidates: usize,
-    /// A doubtful answer will be withheld (`abstain = when_in_doubt`): a vote without a
-    /// majority for the answer ends the run, since no repair can make its alternatives agree
-    /// after the fact.
+    /// A doubtful answer will be withheld (`abstain = when_in_doubt`): a vote that leaves the
+    /// answer in doubt (`Run::split_vote`) ends the run, since no repair can make its
+    /// alternatives agree after the fact.
     pub abstain: bool,
+    /// The share of a vote's alternatives, in percent, that must give the answer's result for
+    /// the answer to be sure (`abstain_agreement`).
+    pub agreement: u8,
     /// When the call stops improving its answer (`answer_budget`): no vote or repair is asked
     /// for after it, and a request in flight ends at it. The first query is always waited for.
     pub deadline: Option<Instant>,
@@ -426,6 +442,9 @@ impl Solver<'_> {
         self.run.vote = Some(VoteResult {
             groups: sizes,
             winner,
+            needed: (of * usize::from(self.limits.agreement))
+                .div_ceil(100)
+                .max(1),
         });
         Ok(self
             .run
@@ -746,17 +765,26 @@ impl Run {
             .map(|a| a.sql.as_str())
     }
 
-    /// When a vote's alternatives did not mostly agree with the answer: how many gave its
-    /// result (the winning one's, when a repair found the answer after the vote), and of how
-    /// many. The first query may add to its group but not to the count.
-    pub fn split_vote(&self) -> Option<(usize, usize)> {
+    /// When a vote leaves the answer in doubt: fewer queries than the vote needed gave its
+    /// result (the winning one's, when a repair found the answer after the vote), or another
+    /// result had as many. The first query may add to its group but not to the count.
+    pub fn split_vote(&self) -> Option<Split> {
         let vote = self.vote.as_ref()?;
         let alternatives = self.alternatives().count();
         let group = self.best_attempt().and_then(|a| a.group).or(vote.winner);
-        let agreed = group
-            .map_or(0, |g| vote.groups.get(g).copied().unwrap_or(0))
-            .min(alternatives);
-        (alternatives > 1 && agreed * 2 <= alternatives).then_some((agreed, alternatives))
+        let size = group.map_or(0, |g| vote.groups.get(g).copied().unwrap_or(0));
+        let tied = group.is_some_and(|g| {
+            vote.groups
+                .iter()
+                .enumerate()
+                .any(|(other, &n)| other != g && n >= size)
+        });
+        let agreed = size.min(alternatives);
+        (alternatives > 1 && (agreed < vote.needed || tied)).then_some(Split {
+            agreed,
+            alternatives,
+            tied,
+        })
     }
 
     /// The alternatives a vote asked for, in order.
@@ -896,6 +924,7 @@ mod tests {
             vote: Vote::Off,
             candidates: 4,
             abstain: false,
+            agreement: 50,
             deadline: None,
         };
         solve_limited(answers, limits, db)
@@ -1110,6 +1139,7 @@ mod tests {
             vote: Vote::Off,
             candidates: 4,
             abstain: false,
+            agreement: 50,
             deadline: None,
         };
         let run = solve(
@@ -1201,6 +1231,7 @@ mod tests {
             vote,
             candidates: 4,
             abstain: false,
+            agreement: 50,
             deadline: None,
         }
     }
@@ -1312,7 +1343,42 @@ mod tests {
         // kept against such a majority, that would be a doubt.
         let mut kept = run.clone();
         kept.best = Some(0);
-        assert_eq!(kept.split_vote(), Some((1, 4)));
+        assert_eq!(
+            kept.split_vote(),
+            Some(Split {
+                agreed: 1,
+                alternatives: 4,
+                tied: true
+            })
+        );
+    }
+
+    #[test]
+    fn an_answer_is_sure_when_enough_alternatives_give_its_result_and_none_other_as_many() {
+        let db = |sql: &str| rows_of(&[sql.trim_start_matches("SELECT ").split_at(1).0]);
+        let split = |answers: &[&str], agreement: u8| {
+            let limits = Limits {
+                agreement,
+                ..withholding()
+            };
+            solve_limited(answers, limits, db).0.split_vote()
+        };
+        // The first answer and one of four alternatives: half of them.
+        let corroborated = ["SELECT a", "SELECT a2", "SELECT b", "SELECT c", "SELECT d"];
+        assert_eq!(split(&corroborated, 50), None);
+        assert_eq!(
+            split(&corroborated, 51),
+            Some(Split {
+                agreed: 2,
+                alternatives: 4,
+                tied: false
+            }),
+            "more than half needs 3"
+        );
+        // As many alternatives gave another result: a doubt whatever the share.
+        let tied = ["SELECT a", "SELECT a2", "SELECT b", "SELECT b2", "SELECT c"];
+        assert_eq!(split(&tied, 50).map(|s| s.tied), Some(true));
+        assert_eq!(split(&tied, 1).map(|s| s.tied), Some(true));
     }
 
     /// A first query and the 4 alternatives of its vote, for a database that fails them all.
@@ -1335,7 +1401,10 @@ mod tests {
         let (run, llm) = solve_limited(&answers, limits, db);
         assert_eq!(llm.requests.len(), 5, "no repair after a split vote");
         assert_eq!(
-            (run.split_vote(), run.status),
+            (
+                run.split_vote().map(|s| (s.agreed, s.alternatives)),
+                run.status
+            ),
             (Some((0, 4)), Status::Error)
         );
         // Without withholding, the same run goes on to a repair.

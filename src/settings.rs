@@ -80,6 +80,10 @@ static VALUE_INDEX: GucSetting<bool> = GucSetting::<bool>::new(true);
 static VOTE: GucSetting<VoteSetting> = GucSetting::<VoteSetting>::new(VoteSetting::WhenInDoubt);
 /// Refusing to guess: off returns the best answer whatever the doubts (the trace says them).
 static ABSTAIN: GucSetting<AbstainSetting> = GucSetting::<AbstainSetting>::new(AbstainSetting::Off);
+/// How much of a vote must give the answer's result for it to be sure, in percent: at least
+/// half by default (the first query and one of four alternatives), so that one corroborating
+/// alternative is enough and a lone query is not.
+static ABSTAIN_AGREEMENT: GucSetting<i32> = GucSetting::<i32>::new(50);
 /// How many candidates a vote asks for (a ceiling: each costs a model call).
 static CANDIDATES: GucSetting<i32> = GucSetting::<i32>::new(4);
 /// How the schema is written for the model.
@@ -461,8 +465,18 @@ pub fn init() {
     GucRegistry::define_enum_guc(
         c"sql_query_engine.abstain",
         c"Whether a doubtful answer is withheld: off, or when_in_doubt (raise 42P08 naming the interpretations).",
-        c"Doubtful: the queries of a vote did not mostly agree, the answer has no rows or only nulls, or only a repair ran after every alternative failed.",
+        c"Doubtful: fewer of a vote's alternatives than abstain_agreement gave the answer's result (or another result as many), the answer has no rows or only nulls, or only a repair ran after every alternative failed.",
         &ABSTAIN,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"sql_query_engine.abstain_agreement",
+        c"Percent of a vote's alternatives that must give the answer's result for it to be sure.",
+        c"The first query counts to its result's group; another result with as many queries is a doubt whatever the share.",
+        &ABSTAIN_AGREEMENT,
+        1,
+        100,
         GucContext::Userset,
         GucFlags::default(),
     );
@@ -693,6 +707,10 @@ pub fn vote() -> VoteSetting {
 
 pub fn abstain() -> AbstainSetting {
     ABSTAIN.get()
+}
+
+pub fn abstain_agreement() -> u8 {
+    ABSTAIN_AGREEMENT.get().clamp(1, 100) as u8
 }
 
 pub fn candidates() -> usize {

@@ -40,7 +40,7 @@ fn the_trace_says_how_sure_and_a_doubtful_answer_is_withheld_when_asked() {
     assert_eq!(trace["confidence"]["level"], "low", "{trace}");
     let doubts = trace["confidence"]["doubts"].to_string();
     assert!(
-        doubts.contains("did not agree: the most that gave one result were 1 of 3"),
+        doubts.contains("did not agree: 1 of 3 gave the answer's result"),
         "{doubts}"
     );
     // Off (the default): the best guess is still the answer.
@@ -76,7 +76,7 @@ fn the_trace_says_how_sure_and_a_doubtful_answer_is_withheld_when_asked() {
 }
 
 #[test]
-fn agreeing_answers_are_sure_and_an_unconfirmed_empty_one_is_not() {
+fn agreeing_answers_are_sure_and_an_empty_one_is_not() {
     let mut s = session();
     s.client
         .batch_execute("SET sql_query_engine.abstain = when_in_doubt")
@@ -96,7 +96,7 @@ fn agreeing_answers_are_sure_and_an_unconfirmed_empty_one_is_not() {
     let rows = s.query("customers in Germany").unwrap();
     assert_eq!(rows.len(), 2, "2 of 3 alternatives agreed: sure enough");
 
-    // Without a vote, an empty result that nothing confirmed is a doubt.
+    // Without a vote, an empty result is a doubt.
     s.client
         .batch_execute("SET sql_query_engine.vote = off")
         .unwrap();
@@ -110,6 +110,43 @@ fn agreeing_answers_are_sure_and_an_unconfirmed_empty_one_is_not() {
     let (code, message, _) = db_error(&error);
     assert_eq!(code, "42P08", "{message}");
     assert!(message.contains("empty result"), "{message}");
+}
+
+#[test]
+fn nothing_is_never_a_sure_answer_however_many_queries_agree() {
+    let mut s = session();
+    s.client
+        .batch_execute("SET sql_query_engine.abstain = when_in_doubt")
+        .unwrap();
+    // A misspelt value makes an aggregate over no rows: one row of nulls, which every
+    // candidate of the same model agrees on.
+    let null_row = "SELECT max(name) AS last_name FROM customers WHERE country = 'Austria'";
+    let empty = "SELECT name FROM customers WHERE country = 'Austria'";
+    for (question, sql, why) in [
+        (
+            "the last Austrian customer",
+            null_row,
+            "every value of the answer is null",
+        ),
+        ("the Austrian customers", empty, "empty result"),
+    ] {
+        let unanimous = Reply::Choices(vec![serde_json::json!({ "sql": sql }).to_string(); 3]);
+        s.llm.on(question, vec![Reply::sql(sql), unanimous]);
+        let error = s.query(question).unwrap_err();
+        let (code, message, detail) = db_error(&error);
+        assert_eq!(code, "42P08", "{question}: {message}");
+        assert!(message.contains(why), "{question}: {message}");
+        assert!(detail.contains("Austria"), "{question}: {detail}");
+    }
+    // A null beside a value is an answer.
+    let counted = "SELECT max(name) AS last_name, count(*) AS n FROM customers \
+                   WHERE country = 'Austria'";
+    let unanimous = Reply::Choices(vec![serde_json::json!({ "sql": counted }).to_string(); 3]);
+    s.llm.on(
+        "how many Austrian customers",
+        vec![Reply::sql(counted), unanimous],
+    );
+    assert_eq!(s.query("how many Austrian customers").unwrap().len(), 1);
 }
 
 #[test]
