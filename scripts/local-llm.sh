@@ -209,7 +209,17 @@ start)
     echo "$url"
     ;;
 stop)
-    if running; then kill "$(cat "$pidfile")"; fi
+    # llama-server can hang in its shutdown while a client's request is cut off: the port
+    # stays taken and the next start fails to bind. It gets 10 s, then SIGKILL.
+    if running; then
+        pid="$(cat "$pidfile")"
+        kill "$pid"
+        for _ in $(seq 1 20); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.5
+        done
+        kill -9 "$pid" 2>/dev/null || true
+    fi
     rm -f "$pidfile"
     ;;
 *)
