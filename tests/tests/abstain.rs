@@ -32,6 +32,15 @@ fn session() -> Session {
     s
 }
 
+/// A session that withholds doubtful answers.
+fn withholding() -> Session {
+    let mut s = session();
+    s.client
+        .batch_execute("SET sql_query_engine.abstain = when_in_doubt")
+        .unwrap();
+    s
+}
+
 #[test]
 fn the_trace_says_how_sure_and_a_doubtful_answer_is_withheld_when_asked() {
     let mut s = session();
@@ -77,10 +86,7 @@ fn the_trace_says_how_sure_and_a_doubtful_answer_is_withheld_when_asked() {
 
 #[test]
 fn agreeing_answers_are_sure_and_an_empty_one_is_not() {
-    let mut s = session();
-    s.client
-        .batch_execute("SET sql_query_engine.abstain = when_in_doubt")
-        .unwrap();
+    let mut s = withholding();
     let de = "SELECT name FROM customers WHERE country = 'DE' ORDER BY name";
     s.llm.on(
         "customers in Germany",
@@ -114,10 +120,7 @@ fn agreeing_answers_are_sure_and_an_empty_one_is_not() {
 
 #[test]
 fn nothing_is_never_a_sure_answer_however_many_queries_agree() {
-    let mut s = session();
-    s.client
-        .batch_execute("SET sql_query_engine.abstain = when_in_doubt")
-        .unwrap();
+    let mut s = withholding();
     // A misspelt value makes an aggregate over no rows: one row of nulls, which every
     // candidate of the same model agrees on.
     let null_row = "SELECT max(name) AS last_name FROM customers WHERE country = 'Austria'";
@@ -151,11 +154,9 @@ fn nothing_is_never_a_sure_answer_however_many_queries_agree() {
 
 #[test]
 fn withholding_doubt_checks_an_answer_with_rows_and_stops_at_a_split_vote() {
-    let mut s = session();
+    let mut s = withholding();
     s.client
-        .batch_execute(
-            "SET sql_query_engine.abstain = when_in_doubt; SET sql_query_engine.max_repairs = 2",
-        )
+        .batch_execute("SET sql_query_engine.max_repairs = 2")
         .unwrap();
     let de = "SELECT name FROM customers WHERE country = 'DE' ORDER BY name";
     let choices = |sqls: [&str; 3]| {
