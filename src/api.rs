@@ -2,6 +2,8 @@
 //! history together and turn errors into PostgreSQL ERRORs, once, here. Every call is written to
 //! the server log before it returns or raises (`history::audit`).
 
+use std::rc::Rc;
+
 use pgrx::prelude::*;
 use pgrx::JsonB;
 
@@ -463,6 +465,8 @@ struct DatabaseContext {
     text: String,
     schema: PromptSchema,
     values: Option<String>,
+    /// The value index, when it is on and there is a question (to check answers' values).
+    index: Option<Rc<values::ValueIndex>>,
     /// Where the session's turns are kept, when the call has a session.
     session: Option<session::Store>,
     /// How many earlier turns the model saw, and whether the caller sent them.
@@ -511,6 +515,7 @@ fn database_context(question: Option<&str>) -> Result<DatabaseContext> {
         text: prompt::database_context(&schema.text, values.as_deref(), &examples),
         schema,
         values,
+        index,
         session: None,
         turns: (0, false),
         history_id: None,
@@ -561,6 +566,7 @@ struct LiveDatabase<'a> {
     mode: Mode,
     timeout_ms: i32,
     values: Option<String>,
+    index: Option<Rc<values::ValueIndex>>,
     /// The columns an answer must have, when the caller named a row type.
     shape: Option<&'a [Field]>,
 }
@@ -580,6 +586,16 @@ impl heal::Database for LiveDatabase<'_> {
 
     fn values(&mut self) -> Option<String> {
         self.values.clone()
+    }
+
+    fn misread(&mut self, sql: &str) -> Vec<String> {
+        self.index.as_ref().map_or_else(Vec::new, |index| {
+            index
+                .misread(sql)
+                .iter()
+                .map(values::Misread::describe)
+                .collect()
+        })
     }
 }
 
@@ -752,6 +768,7 @@ fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
         mode: ask.mode,
         timeout_ms: settings::statement_timeout_ms(),
         values: shown.values.clone(),
+        index: shown.index.clone(),
         shape: ask.shape,
     };
     // A doubtful answer that will be withheld must first be known to be doubtful: every

@@ -1,6 +1,7 @@
 //! How sure an answer is, from what the pipeline already knows: a vote whose queries did not
-//! mostly agree, an answer with nothing in it (no rows, or only nulls), an answer that only a
-//! repair found after the alternatives all failed. With `sql_query_engine.abstain =
+//! mostly agree, an answer with nothing in it (no rows, or only nulls), an answer whose query
+//! compares a column with a string the column does not store as written (the value index),
+//! an answer that only a repair found after the alternatives all failed. With `sql_query_engine.abstain =
 //! when_in_doubt` a doubtful answer is not returned: a wrong table of numbers in a BI tool is
 //! worse than none.
 //!
@@ -70,6 +71,13 @@ pub fn assess(run: &Run, pruned: bool) -> Confidence {
             "every value of the answer is null, which an aggregate over no rows also gives"
                 .to_string(),
         );
+    }
+    // A string the column does not store as written: a count over it is most often zero.
+    if let Some(answer) = run.best_attempt().filter(|a| !a.misread.is_empty()) {
+        doubts.push(format!(
+            "the answer compares columns with values they do not store as written: {}",
+            answer.misread.join("; ")
+        ));
     }
     let alternatives_failed = run.alternatives().next().is_some()
         && run

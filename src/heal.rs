@@ -1,10 +1,13 @@
 //! The generate → run → repair loop, and its bookkeeping.
 //!
-//! Rows are accepted at once (the model is never asked to re-judge a working query). An error
-//! or an empty result goes back to the model with everything PostgreSQL said; every repaired
-//! query is run again. An empty result that the model confirms by returning the same query ends
-//! the loop: empty can be the right answer. The best attempt is kept (rows beat empty beat
-//! error), so a repair can never make a good answer worse: neither a model that fails during a
+//! Rows are accepted at once (the model is never asked to re-judge a working query), unless the
+//! query compares a column with a string the column does not store as written (the value
+//! index knows all its values and stores it otherwise: `'shipped'` for `'Shipped'`): a count
+//! over that is most often zero. Those rows, an error or an empty result go back to the model
+//! with everything PostgreSQL and the value index said; every repaired query is run again. An
+//! empty result (or questioned rows) that the model confirms by returning the same query ends
+//! the loop: empty can be the right answer. The best attempt is kept (rows beat questioned
+//! rows beat empty beat error), so a repair can never make a good answer worse: neither a model that fails during a
 //! repair nor a write it proposes after a good attempt takes that attempt away. A write ends the
 //! run at once; it is the answer (a refusal) only when nothing better came before it.
 
@@ -32,6 +35,9 @@ pub struct Attempt {
     /// The endpoint that wrote it, and what the endpoints tried before said.
     pub endpoint: String,
     pub endpoint_failures: Vec<String>,
+    /// The strings it compares columns with that those columns do not store as written
+    /// (`Database::misread`), one line each.
+    pub misread: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,12 +149,20 @@ pub struct Limits {
 }
 
 /// How good an outcome is: a repair replaces the best attempt only when it ranks higher.
-fn rank(outcome: &Outcome) -> u8 {
+/// Rows got by comparing a column with a string it does not store (`misread`) rank below
+/// other rows: such a query most often counts or sums nothing.
+fn rank(outcome: &Outcome, misread: &[String]) -> u8 {
     match outcome {
+        Outcome::Rows(_) | Outcome::Planned | Outcome::Checked if misread.is_empty() => 3,
         Outcome::Rows(_) | Outcome::Planned | Outcome::Checked => 2,
         Outcome::Empty(_) => 1,
         Outcome::Failed(_) | Outcome::Refused(_) => 0,
     }
+}
+
+/// How good an attempt is (`rank`).
+fn rank_of(attempt: &Attempt) -> u8 {
+    rank(&attempt.outcome, &attempt.misread)
 }
 
 /// SQL compared for "the same query": blank space and trailing semicolons do not count.
@@ -192,6 +206,11 @@ pub trait Database {
     fn values(&mut self) -> Option<String> {
         None
     }
+    /// The strings `sql` compares columns with that those columns do not store as written,
+    /// one line each (`values::Misread`): empty when the value index is off or cannot tell.
+    fn misread(&mut self, _sql: &str) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// A result as the vote compares it: the values in column order, rows as a multiset.
@@ -223,6 +242,7 @@ struct Step {
     sql: String,
     outcome: Outcome,
     ms: f64,
+    misread: Vec<String>,
     feedback: Option<String>,
 }
 
@@ -257,6 +277,7 @@ impl Solver<'_> {
                     "the model's answer contained no SQL statement",
                 )),
                 ms: 0.0,
+                misread: Vec::new(),
                 feedback: Some(prompt::repair_no_sql(self.question, content)),
             };
         };
@@ -277,17 +298,22 @@ impl Solver<'_> {
             outcome: &outcome,
             ms,
         });
-        let feedback = self.feedback(&sql, &outcome);
+        let misread = match outcome {
+            Outcome::Rows(_) | Outcome::Empty(_) => self.db.misread(&sql),
+            _ => Vec::new(),
+        };
+        let feedback = self.feedback(&sql, &outcome, &misread);
         Step {
             sql,
             outcome,
             ms,
+            misread,
             feedback,
         }
     }
 
     /// What the model is told about `outcome` of `sql`; `None` when there is nothing to repair.
-    fn feedback(&mut self, sql: &str, outcome: &Outcome) -> Option<String> {
+    fn feedback(&mut self, sql: &str, outcome: &Outcome, misread: &[String]) -> Option<String> {
         // A model that returns a query that already failed is told so: small models at
         // temperature 0 otherwise repeat it until the repairs run out.
         let repeated = self
@@ -296,6 +322,9 @@ impl Solver<'_> {
             .iter()
             .any(|a| a.outcome.error().is_some() && same_query(&a.sql, sql));
         match outcome {
+            Outcome::Rows(_) if !misread.is_empty() => {
+                Some(prompt::repair_misread(self.question, sql, misread))
+            }
             Outcome::Rows(_) | Outcome::Planned => None,
             Outcome::Empty(result) => {
                 let values = self.db.values();
@@ -304,6 +333,7 @@ impl Solver<'_> {
                     sql,
                     &result.row_security,
                     values.as_deref(),
+                    misread,
                 ))
             }
             Outcome::Refused(refusal) if refusal.ends_run => None,
@@ -328,12 +358,12 @@ impl Solver<'_> {
     }
 
     fn record(&mut self, step: &Step, llm_ms: f64, kind: Kind, by: &Completion) {
-        let outcome = &step.outcome;
-        if rank(outcome) > 0
+        let ranked = rank(&step.outcome, &step.misread);
+        if ranked > 0
             && self
                 .run
                 .best
-                .is_none_or(|b| rank(outcome) > rank(&self.run.attempts[b].outcome))
+                .is_none_or(|b| ranked > rank_of(&self.run.attempts[b]))
         {
             self.run.best = Some(self.run.attempts.len());
         }
@@ -346,6 +376,7 @@ impl Solver<'_> {
             group: None,
             endpoint: by.endpoint.clone(),
             endpoint_failures: by.failures.clone(),
+            misread: step.misread.clone(),
         });
     }
 
@@ -360,7 +391,8 @@ impl Solver<'_> {
     /// Asks for candidates with `request`, runs them, and groups every attempt with a result so
     /// far (the first one included) by that result. The largest group wins (ties: the better
     /// outcome, then the earliest); it becomes the answer when it is better than the best so
-    /// far, or, with `Vote::Always`, whenever it has rows. Returns whether the run has rows.
+    /// far, or, with `Vote::Always`, whenever it has rows and ranks as well. Returns whether the run
+    /// has rows got without a misread value.
     fn vote(&mut self, request: &[Message]) -> Result<bool> {
         (self.progress)(Event::ModelAsked(Asking::Alternatives(
             self.limits.candidates,
@@ -416,17 +448,18 @@ impl Solver<'_> {
             );
             sizes[a]
                 .cmp(&sizes[b])
-                .then(
-                    rank(&self.run.attempts[ia].outcome).cmp(&rank(&self.run.attempts[ib].outcome)),
-                )
+                .then(rank_of(&self.run.attempts[ia]).cmp(&rank_of(&self.run.attempts[ib])))
                 .then(ib.cmp(&ia))
         });
         if let Some(w) = winner {
             let first = first_of(w, &self.run.attempts);
             let better = self.run.best.is_none_or(|b| {
-                rank(&self.run.attempts[first].outcome) > rank(&self.run.attempts[b].outcome)
+                rank_of(&self.run.attempts[first]) > rank_of(&self.run.attempts[b])
             });
             let replaces = self.limits.vote == Vote::Always
+                && self.run.best.is_none_or(|b| {
+                    rank_of(&self.run.attempts[first]) >= rank_of(&self.run.attempts[b])
+                })
                 && matches!(self.run.attempts[first].outcome, Outcome::Rows(_));
             if better || replaces {
                 self.run.best = Some(first);
@@ -446,10 +479,9 @@ impl Solver<'_> {
                 .div_ceil(100)
                 .max(1),
         });
-        Ok(self
-            .run
-            .best_attempt()
-            .is_some_and(|a| matches!(a.outcome, Outcome::Rows(_) | Outcome::Planned)))
+        Ok(self.run.best_attempt().is_some_and(|a| {
+            matches!(a.outcome, Outcome::Rows(_) | Outcome::Planned) && a.misread.is_empty()
+        }))
     }
 
     fn solve(mut self) -> Result<Run> {
@@ -519,6 +551,11 @@ impl Solver<'_> {
                     self.run.confirmed_empty = true;
                     break;
                 }
+                // The model stands by a query whose values were questioned: asking again
+                // would get the same answer.
+                if !last.misread.is_empty() && same_query(&last.sql, &sql) {
+                    break;
+                }
             }
             let attempt = self.run.attempts.len() + 1;
             let step = self.step(&completion.content, attempt, kind);
@@ -547,6 +584,7 @@ impl Solver<'_> {
                 match &step.outcome {
                     _ if no_query => "had no query in it",
                     Outcome::Empty(_) => "returned no rows",
+                    Outcome::Rows(_) => "compared a column with a value it does not store",
                     _ => "gave an error",
                 }
             );
@@ -561,7 +599,8 @@ impl Solver<'_> {
             // template's or the caller's answer with rows), after the first query: alternatives
             // and a vote. Not over an answer with no query in it: that is repaired, not
             // outvoted.
-            let in_doubt = !matches!(step.outcome, Outcome::Rows(_) | Outcome::Planned);
+            let in_doubt = !matches!(step.outcome, Outcome::Rows(_) | Outcome::Planned)
+                || !step.misread.is_empty();
             let votes = self.limits.candidates >= 2
                 && round == 0
                 && !ends_run
@@ -910,7 +949,18 @@ mod tests {
             (error.sqlstate == SqlState::UNDEFINED_COLUMN)
                 .then(|| "The columns of t are: good.".to_string())
         }
+        /// The data stores `'Shipped'`, never `'shipped'`.
+        fn misread(&mut self, sql: &str) -> Vec<String> {
+            if sql.contains("= 'shipped'") {
+                vec![MISREAD.to_string()]
+            } else {
+                Vec::new()
+            }
+        }
     }
+
+    const MISREAD: &str = "'shipped' is stored as 'Shipped' in o.s";
+    const COUNT_MISREAD: &str = "SELECT count(*) FROM o WHERE s = 'shipped'";
 
     /// Runs `solve` where the database answers each SQL text as `db` says.
     fn solve_with(
@@ -979,6 +1029,59 @@ mod tests {
         );
         assert_eq!(llm.requests.len(), 1);
         assert_eq!((run.prompt_tokens, run.completion_tokens), (10, 2));
+    }
+
+    #[test]
+    fn rows_over_a_value_the_column_does_not_store_are_repaired_and_the_repair_wins() {
+        let (run, llm) = solve_with(
+            &[COUNT_MISREAD, "SELECT count(*) FROM o WHERE s = 'Shipped'"],
+            2,
+            |_| rows(1),
+        );
+        assert_eq!((run.status, run.best), (Status::Ok, Some(1)));
+        assert_eq!(run.attempts[0].misread, vec![MISREAD]);
+        let asked = &llm.requests[1].last().unwrap().content;
+        assert!(
+            asked.contains(MISREAD) && asked.contains(COUNT_MISREAD),
+            "{asked}"
+        );
+        assert!(crate::confidence::assess(&run, false).sure());
+    }
+
+    #[test]
+    fn questioned_rows_stay_the_answer_when_the_model_stands_by_them_or_a_repair_is_worse() {
+        // The same query again: the loop ends, and the answer stays in doubt.
+        let (run, llm) = solve_with(&[COUNT_MISREAD, COUNT_MISREAD], 3, |_| rows(1));
+        assert_eq!(
+            (run.status, run.best, run.attempts.len()),
+            (Status::Ok, Some(0), 1)
+        );
+        assert_eq!(llm.requests.len(), 2);
+        let verdict = crate::confidence::assess(&run, false);
+        assert!(
+            verdict
+                .doubts
+                .iter()
+                .any(|d| d.contains("do not store as written") && d.contains(MISREAD)),
+            "{verdict:?}"
+        );
+        // A repair that comes back empty does not replace them; rows without a misread
+        // value would have.
+        let (run, _) = solve_with(
+            &[
+                COUNT_MISREAD,
+                "SELECT count(*) FROM o WHERE s = 'Shipped' AND false",
+            ],
+            1,
+            |sql| {
+                if sql.contains("false") {
+                    empty()
+                } else {
+                    rows(1)
+                }
+            },
+        );
+        assert_eq!((run.status, run.best), (Status::Ok, Some(0)));
     }
 
     #[test]

@@ -20,6 +20,7 @@ mod guard;
 mod heal;
 mod hints;
 mod history;
+mod literals;
 mod llm;
 mod names;
 mod progress;

@@ -230,8 +230,12 @@ pub fn repair_empty(
     sql: &str,
     row_security: &[String],
     values: Option<&str>,
+    misread: &[String],
 ) -> String {
     let mut text = format!("This query ran without error but returned 0 rows.\n\nSQL:\n{sql}\n\n");
+    if !misread.is_empty() {
+        text.push_str(&misread_lines(misread));
+    }
     if let Some(values) = values {
         text.push_str(&format!(
             "The values the question mentions are stored like this:\n{values}\n\n"
@@ -252,6 +256,29 @@ pub fn repair_empty(
          Question: {question}\n{ANSWER_FORMAT}"
     ));
     text
+}
+
+/// Feedback on a query that returned rows but compares a column with a string the column does
+/// not store as written: what it counts or sums is most often nothing. As with an empty
+/// result, the model may stand by the query by returning it unchanged.
+pub fn repair_misread(question: &str, sql: &str, misread: &[String]) -> String {
+    format!(
+        "This query ran and returned rows, but it compares columns with values they do not \
+         store, so its result most likely counts or sums nothing.\n\nSQL:\n{sql}\n\n{}\
+         If the query is right as it is, return exactly the same query unchanged. Otherwise \
+         return a corrected query that uses the values as they are stored.\n\
+         Question: {question}\n{ANSWER_FORMAT}",
+        misread_lines(misread)
+    )
+}
+
+/// The value index's account of the strings a query compares columns with.
+fn misread_lines(misread: &[String]) -> String {
+    let lines: Vec<String> = misread.iter().map(|m| format!("- {m}")).collect();
+    format!(
+        "The values the query compares with are not stored as written:\n{}\n\n",
+        lines.join("\n")
+    )
 }
 
 const ANSWER_INSTRUCTIONS: &str = "\
@@ -363,8 +390,9 @@ mod tests {
 
     #[test]
     fn empty_feedback_invites_the_same_query() {
-        let m = repair_empty("who?", "SELECT a FROM t WHERE b = 'x'", &[], None);
+        let m = repair_empty("who?", "SELECT a FROM t WHERE b = 'x'", &[], None, &[]);
         assert!(m.contains("returned 0 rows"));
+        assert!(!m.contains("not stored as written"));
         assert!(m.contains("SELECT a FROM t WHERE b = 'x'"));
         assert!(m.contains("return exactly the same query"));
         assert!(m.contains("who?"));
@@ -374,9 +402,32 @@ mod tests {
             "SELECT a FROM t",
             &["t".to_string()],
             Some("-- 'X' found in t.b"),
+            &["'x' is stored as 'X' in t.b".to_string()],
         );
         assert!(m.contains("-- 'X' found in t.b"));
         assert!(m.contains("row-level security filters the rows of t"));
+        assert!(
+            m.contains("not stored as written:\n- 'x' is stored as 'X' in t.b"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn rows_over_a_misread_value_are_questioned_and_may_be_confirmed() {
+        let m = repair_misread(
+            "how many shipped?",
+            "SELECT count(*) FROM o WHERE s = 'shipped'",
+            &["'shipped' is stored as 'Shipped' in o.s".to_string()],
+        );
+        for part in [
+            "returned rows",
+            "SELECT count(*) FROM o WHERE s = 'shipped'",
+            "- 'shipped' is stored as 'Shipped' in o.s",
+            "return exactly the same query unchanged",
+            "how many shipped?",
+        ] {
+            assert!(m.contains(part), "{part} missing from {m}");
+        }
     }
 
     #[test]

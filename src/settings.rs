@@ -465,7 +465,7 @@ pub fn init() {
     GucRegistry::define_enum_guc(
         c"sql_query_engine.abstain",
         c"Whether a doubtful answer is withheld: off, or when_in_doubt (raise 42P08 naming the interpretations).",
-        c"Doubtful: fewer of a vote's alternatives than abstain_agreement gave the answer's result (or another result as many), the answer has no rows or only nulls, or only a repair ran after every alternative failed.",
+        c"Doubtful: fewer of a vote's alternatives than abstain_agreement gave the answer's result (or another result as many), the answer has no rows or only nulls, its query compares a column with a string the column does not store as written, or only a repair ran after every alternative failed.",
         &ABSTAIN,
         GucContext::Userset,
         GucFlags::default(),

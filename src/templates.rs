@@ -18,6 +18,7 @@
 //! the SQL (`unmarked`). The braces are not shown to the model.
 
 use crate::examples::Example;
+use crate::literals::{literals, LiteralKind};
 use crate::schema::quote_literal;
 
 /// Words a parameter of a template may take in a new question, at most.
@@ -33,117 +34,6 @@ const MAX_TEMPLATE_WORDS: usize = 100;
 pub struct Instantiated {
     pub example_id: i64,
     pub sql: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum LiteralKind {
-    Text,
-    Number,
-}
-
-/// A literal of a query: where it is, what kind, and what it says (a string unquoted).
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Literal {
-    start: usize,
-    end: usize,
-    kind: LiteralKind,
-    value: String,
-}
-
-/// The string and number literals of `sql`, outside comments and quoted identifiers. A
-/// string with an escape prefix (`E'...'`) or a dollar-quoted string is not a parameter.
-fn literals(sql: &str) -> Vec<Literal> {
-    let bytes = sql.as_bytes();
-    let mut found = Vec::new();
-    let mut i = 0;
-    let word_char = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b >= 0x80;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'-' if bytes.get(i + 1) == Some(&b'-') => {
-                while i < bytes.len() && bytes[i] != b'\n' {
-                    i += 1;
-                }
-            }
-            b'/' if bytes.get(i + 1) == Some(&b'*') => {
-                i += 2;
-                while i + 1 < bytes.len() && !(bytes[i] == b'*' && bytes[i + 1] == b'/') {
-                    i += 1;
-                }
-                i += 2;
-            }
-            b'"' => {
-                i += 1;
-                while i < bytes.len() && bytes[i] != b'"' {
-                    i += 1;
-                }
-                i += 1;
-            }
-            b'$' => {
-                // A dollar quote ($tag$ ... $tag$) is skipped whole; $1 is a parameter sign.
-                let tag_end = sql[i + 1..].find('$').map(|p| i + 1 + p);
-                match tag_end {
-                    Some(end) if sql[i + 1..end].bytes().all(word_char) => {
-                        let tag = &sql[i..=end];
-                        i = sql[end + 1..]
-                            .find(tag)
-                            .map_or(bytes.len(), |p| end + 1 + p + tag.len());
-                    }
-                    _ => i += 1,
-                }
-            }
-            b'\'' => {
-                let prefixed = i > 0 && word_char(bytes[i - 1]);
-                let start = i;
-                let mut value = String::new();
-                i += 1;
-                let mut closed = false;
-                while i < bytes.len() {
-                    if bytes[i] == b'\'' {
-                        if bytes.get(i + 1) == Some(&b'\'') {
-                            value.push('\'');
-                            i += 2;
-                            continue;
-                        }
-                        closed = true;
-                        i += 1;
-                        break;
-                    }
-                    let next = sql[i..].chars().next().map_or(1, char::len_utf8);
-                    value.push_str(&sql[i..i + next]);
-                    i += next;
-                }
-                if closed && !prefixed {
-                    found.push(Literal {
-                        start,
-                        end: i,
-                        kind: LiteralKind::Text,
-                        value,
-                    });
-                }
-            }
-            b if b.is_ascii_digit() && (i == 0 || !word_char(bytes[i - 1])) => {
-                let start = i;
-                while i < bytes.len() && (bytes[i].is_ascii_digit() || bytes[i] == b'.') {
-                    i += 1;
-                }
-                if i == bytes.len() || !word_char(bytes[i]) {
-                    found.push(Literal {
-                        start,
-                        end: i,
-                        kind: LiteralKind::Number,
-                        value: sql[start..i].to_string(),
-                    });
-                }
-            }
-            b if word_char(b) => {
-                while i < bytes.len() && word_char(bytes[i]) {
-                    i += 1;
-                }
-            }
-            _ => i += 1,
-        }
-    }
-    found
 }
 
 /// A word of a question: its place in the text and its lower-case form. Words are runs of
@@ -466,25 +356,6 @@ mod tests {
             }
         }
         found
-    }
-
-    #[test]
-    fn literals_are_found_outside_identifiers_comments_and_dollar_quotes() {
-        let found = literals(
-            "SELECT \"a'b\", x2, 'it''s' -- 'no'\nFROM t WHERE n > 10 AND m = 2.5 AND e = E'x' \
-             AND d = $q$'no'$q$ LIMIT 5",
-        );
-        let values: Vec<(&str, LiteralKind)> =
-            found.iter().map(|l| (l.value.as_str(), l.kind)).collect();
-        assert_eq!(
-            values,
-            vec![
-                ("it's", LiteralKind::Text),
-                ("10", LiteralKind::Number),
-                ("2.5", LiteralKind::Number),
-                ("5", LiteralKind::Number),
-            ]
-        );
     }
 
     #[test]

@@ -92,6 +92,7 @@ fn attempt(attempt: &Attempt) -> Value {
         "endpoint": attempt.endpoint,
         "endpoint_failures": attempt.endpoint_failures,
         "vote_group": attempt.group,
+        "misread_values": attempt.misread,
         "ms": attempt.ms,
         "llm_ms": attempt.llm_ms,
     })
@@ -118,6 +119,7 @@ mod tests {
                     group: None,
                     endpoint: "http://model".into(),
                     endpoint_failures: vec![],
+                    misread: vec![],
                 },
                 Attempt {
                     sql: "SELECT good".into(),
@@ -132,6 +134,7 @@ mod tests {
                     group: None,
                     endpoint: "http://model".into(),
                     endpoint_failures: vec![],
+                    misread: vec![],
                 },
             ],
             best: Some(1),

@@ -36,6 +36,12 @@ pub struct TextColumn {
 pub struct TextColumns(Vec<TextColumn>);
 
 impl TextColumns {
+    /// Columns made by hand (the value index's tests).
+    #[cfg(test)]
+    pub fn new(columns: Vec<TextColumn>) -> TextColumns {
+        TextColumns(columns)
+    }
+
     pub fn get(&self, id: usize) -> &TextColumn {
         &self.0[id]
     }

@@ -11,5 +11,7 @@ mod retrieve;
 mod samples;
 
 pub use cache::{context, init, load};
+#[cfg(test)]
+pub use context::TextColumn;
 pub use context::{PromptSchema, SchemaContext, TextColumns};
 pub use samples::quote as quote_literal;

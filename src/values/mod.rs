@@ -23,6 +23,7 @@ use std::rc::{Rc, Weak};
 use std::time::{Duration, Instant};
 
 use crate::exec;
+use crate::literals;
 use crate::schema::{SchemaContext, TextColumns};
 
 use crate::text::normalize;
@@ -42,6 +43,8 @@ const FUZZY_THRESHOLD: f32 = 0.55;
 /// Matches shown at most, and columns per phrase.
 const MAX_MATCHES: usize = 10;
 const MAX_COLUMNS_PER_PHRASE: usize = 3;
+/// Compared strings of one query checked at most.
+const MAX_COMPARED: usize = 20;
 
 /// One stored value.
 struct Stored {
@@ -68,6 +71,38 @@ pub struct ValueIndex {
     values: Vec<Stored>,
     exact: FxHashMap<String, Vec<usize>>,
     by_trigram: FxHashMap<u64, Vec<u32>>,
+    /// Columns whose every value (as the caller sees them) is indexed: read in full here, and
+    /// all kept. Only of these can the index say that a value is not stored.
+    complete: FxHashSet<usize>,
+}
+
+/// A string an answer compares a column with that the column does not store as written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Misread {
+    /// The string as the query writes it.
+    pub written: String,
+    /// The closest value the column stores.
+    pub stored: String,
+    /// `relation.column`, as written in SQL.
+    pub column: String,
+}
+
+impl Misread {
+    /// One line for the model and for a doubt: `'shipped' is stored as 'Shipped' in orders.status`.
+    pub fn describe(&self) -> String {
+        let (written, stored) = (
+            crate::schema::quote_literal(&self.written),
+            crate::schema::quote_literal(&self.stored),
+        );
+        if normalize(&self.written) == normalize(&self.stored) {
+            format!("{written} is stored as {stored} in {}", self.column)
+        } else {
+            format!(
+                "{written} is not a value of {}; the closest stored value is {stored}",
+                self.column
+            )
+        }
+    }
 }
 
 thread_local! {
@@ -95,6 +130,7 @@ impl ValueIndex {
             values: Vec::new(),
             exact: FxHashMap::default(),
             by_trigram: FxHashMap::default(),
+            complete: FxHashSet::default(),
             columns,
         };
         let deadline = Instant::now() + BUILD_BUDGET;
@@ -118,6 +154,8 @@ impl ValueIndex {
             }
             let now = Instant::now();
             let from = &index.columns.get(ids[0]).read_from;
+            // Columns whose relation was read to its end here (shared reads do not say so).
+            let mut read_in_full = Vec::new();
             if let (true, false, Some(from)) = (now < deadline, unread.is_empty(), from) {
                 let remaining = (deadline - now).as_millis().clamp(1, 1000) as i32;
                 let columns: Vec<&str> = unread
@@ -132,6 +170,9 @@ impl ValueIndex {
                     remaining,
                 );
                 if let Some(scanned) = scanned {
+                    if scanned.rows < SCAN_ROWS {
+                        read_in_full = unread.iter().map(|&position| ids[position]).collect();
+                    }
                     for (&position, more) in unread.iter().zip(scanned.columns) {
                         if share && index.columns.get(ids[position]).shared_as.is_some() {
                             read.push((ids[position], more.clone()));
@@ -141,7 +182,9 @@ impl ValueIndex {
                 }
             }
             for (&id, values) in ids.iter().zip(per_column) {
-                index.add_column(id, values);
+                if index.add_column(id, values) && read_in_full.contains(&id) {
+                    index.complete.insert(id);
+                }
             }
             if index.values.len() >= MAX_VALUES {
                 break;
@@ -151,34 +194,42 @@ impl ValueIndex {
         index
     }
 
-    fn add_column(&mut self, column: usize, values: Vec<String>) {
-        let mut kept = 0;
+    /// Indexes `values` of `column`; says whether every one of them was taken (none left out
+    /// for a bound; those too long to be a value do not count).
+    fn add_column(&mut self, column: usize, values: Vec<String>) -> bool {
+        // Distinct as written: a column that stores both 'Shipped' and 'shipped' keeps both,
+        // so that `misread` does not question either.
         let mut seen = FxHashSet::default();
         for (i, value) in values.into_iter().enumerate() {
-            if kept >= MAX_PER_COLUMN || self.values.len() >= MAX_VALUES {
-                break;
+            if seen.len() >= MAX_PER_COLUMN || self.values.len() >= MAX_VALUES {
+                return false;
             }
             if i % 1024 == 1023 {
                 pgrx::check_for_interrupts!();
             }
-            let key = normalize(&value);
-            if key.is_empty()
-                || value.chars().count() > MAX_VALUE_CHARS
-                || !seen.insert(key.clone())
-            {
-                continue;
+            if value.chars().count() <= MAX_VALUE_CHARS && !seen.contains(&value) {
+                self.add_value(column, value.clone());
+                seen.insert(value);
             }
-            let id = self.values.len();
-            for trigram in trigrams(&value) {
-                self.by_trigram.entry(trigram).or_default().push(id as u32);
-            }
-            self.exact.entry(key).or_default().push(id);
-            self.values.push(Stored {
-                text: value,
-                column,
-            });
-            kept += 1;
         }
+        true
+    }
+
+    /// Indexes one value of `column` (a blank one is no value).
+    fn add_value(&mut self, column: usize, value: String) {
+        let key = normalize(&value);
+        if key.is_empty() {
+            return;
+        }
+        let id = self.values.len();
+        for trigram in trigrams(&value) {
+            self.by_trigram.entry(trigram).or_default().push(id as u32);
+        }
+        self.exact.entry(key).or_default().push(id);
+        self.values.push(Stored {
+            text: value,
+            column,
+        });
     }
 
     /// The columns that store `text` exactly (case and blank space aside), each with the value
@@ -251,6 +302,57 @@ impl ValueIndex {
         matches
     }
 
+    /// The strings `sql` compares a column with that the column does not store as written,
+    /// when the index knows all of the column's values: another case or spacing of a stored
+    /// value (unless the query ignores case), or no stored value but a similar one. A string
+    /// nothing like any value says nothing: the question may ask for what is not there.
+    pub fn misread(&self, sql: &str) -> Vec<Misread> {
+        let mut found: Vec<Misread> = Vec::new();
+        for compared in literals::compared(sql).into_iter().take(MAX_COMPARED) {
+            let value = &compared.value;
+            let length = value.chars().count();
+            if !(2..=MAX_VALUE_CHARS).contains(&length)
+                || !value.chars().any(char::is_alphabetic)
+                || found.iter().any(|m| m.written == *value)
+            {
+                continue;
+            }
+            let in_column = |id: &usize| {
+                let column = self.columns.get(self.values[*id].column);
+                column_name(&column.column_sql).eq_ignore_ascii_case(&compared.column)
+            };
+            let same: Vec<usize> = self
+                .exact
+                .get(&normalize(value))
+                .map(|ids| ids.iter().copied().filter(in_column).collect())
+                .unwrap_or_default();
+            let stored_as_written = same.iter().any(|&id| {
+                let stored = &self.values[id].text;
+                stored == value
+                    || (compared.ignores_case && stored.to_lowercase() == value.to_lowercase())
+            });
+            if stored_as_written {
+                continue;
+            }
+            let closest = if same.is_empty() && length >= 3 {
+                self.fuzzy(value).into_iter().find(in_column)
+            } else {
+                same.first().copied()
+            };
+            let Some(id) = closest.filter(|id| self.complete.contains(&self.values[*id].column))
+            else {
+                continue;
+            };
+            let stored = &self.values[id];
+            found.push(Misread {
+                written: value.clone(),
+                stored: stored.text.clone(),
+                column: self.columns.get(stored.column).display.clone(),
+            });
+        }
+        found
+    }
+
     /// Values most similar to `text`, above the threshold, best first (at most two).
     fn fuzzy(&self, text: &str) -> Vec<usize> {
         let wanted = trigrams(text);
@@ -280,6 +382,14 @@ impl ValueIndex {
     }
 }
 
+/// A column's name as `literals::compared` reads it from a query: unquoted.
+fn column_name(quoted: &str) -> String {
+    match quoted.strip_prefix('"').and_then(|q| q.strip_suffix('"')) {
+        Some(inner) => inner.replace("\"\"", "\""),
+        None => quoted.to_string(),
+    }
+}
+
 /// The prompt's lines for `matches`: `-- 'Death Touch' found in superpower.power_name`.
 pub fn describe(matches: &[Match]) -> Option<String> {
     if matches.is_empty() {
@@ -297,4 +407,86 @@ pub fn describe(matches: &[Match]) -> Option<String> {
         })
         .collect();
     Some(lines.join("\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::TextColumn;
+
+    /// `orders.status` and `orders."Ship Mode"`, read in full when `complete`.
+    fn orders(complete: bool) -> ValueIndex {
+        let column = |name: &str| TextColumn {
+            relation: 0,
+            column_sql: name.to_string(),
+            read_from: None,
+            shared_as: None,
+            display: format!("orders.{name}"),
+            statistics: vec![],
+        };
+        let mut index = ValueIndex {
+            columns: TextColumns::new(vec![column("status"), column("\"Ship Mode\"")]),
+            values: Vec::new(),
+            exact: FxHashMap::default(),
+            by_trigram: FxHashMap::default(),
+            complete: FxHashSet::default(),
+        };
+        for (column, value) in [
+            (0, "Shipped"),
+            (0, "Pending"),
+            (0, "Cancelled"),
+            (1, "Air"),
+            (1, "Truck"),
+            (1, "truck"),
+        ] {
+            index.add_value(column, value.to_string());
+        }
+        if complete {
+            index.complete.extend([0, 1]);
+        }
+        index
+    }
+
+    fn said(index: &ValueIndex, filter: &str) -> Vec<String> {
+        let sql = format!("SELECT count(*) FROM orders WHERE {filter}");
+        index.misread(&sql).iter().map(Misread::describe).collect()
+    }
+
+    #[test]
+    fn a_string_a_column_stores_otherwise_is_named_with_how_it_is_stored() {
+        let index = orders(true);
+        assert_eq!(
+            said(&index, "status = 'shipped'"),
+            ["'shipped' is stored as 'Shipped' in orders.status"]
+        );
+        assert_eq!(
+            said(&index, "status IN ('Shiped', 'Pending')"),
+            ["'Shiped' is not a value of orders.status; the closest stored value is 'Shipped'"]
+        );
+        assert_eq!(
+            said(&index, "o.\"Ship Mode\" <> 'air'"),
+            ["'air' is stored as 'Air' in orders.\"Ship Mode\""]
+        );
+    }
+
+    #[test]
+    fn what_the_index_cannot_vouch_for_is_not_questioned() {
+        let index = orders(true);
+        for filter in [
+            "status = 'Shipped'",
+            "status ILIKE 'shipped'",
+            // Stored both ways.
+            "\"Ship Mode\" = 'truck'",
+            "lower(status) = 'shipped'",
+            // Nothing like any stored value: the question may ask for what is not there.
+            "status = 'Refunded'",
+            // Another column, whose values the index does not hold.
+            "city = 'shipped'",
+            "status = '42'",
+        ] {
+            assert!(said(&index, filter).is_empty(), "{filter}");
+        }
+        // A column not read in full may store the string in rows that were not read.
+        assert!(said(&orders(false), "status = 'shipped'").is_empty());
+    }
 }

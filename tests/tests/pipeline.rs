@@ -694,3 +694,64 @@ fn an_absurd_plan_is_repaired_before_it_runs() {
         .unwrap_err();
     assert_eq!(db_error(&error).0, "57014");
 }
+
+#[test]
+fn a_count_over_a_value_the_data_stores_otherwise_is_repaired_or_else_doubted() {
+    let mut s = Session::new();
+    let reader = format!("misread_reader_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE TABLE shipments (id int, status text);
+             INSERT INTO shipments SELECT g, CASE WHEN g % 3 = 0 THEN 'Shipped' ELSE 'Pending' END
+               FROM generate_series(1, 30) g;
+             CREATE ROLE {reader}; GRANT SELECT ON shipments TO {reader}; SET ROLE {reader};"
+        ))
+        .unwrap();
+    // 'shipped' counts nothing: the model is told how the data spells it, and the repair's
+    // count is the answer.
+    let misread = "SELECT count(*) AS n FROM shipments WHERE status = 'shipped'";
+    let stored = "SELECT count(*) AS n FROM shipments WHERE status = 'Shipped'";
+    s.llm.on(
+        "how many shipments were shipped",
+        vec![Reply::sql(misread), Reply::sql(stored)],
+    );
+    let trace = s.trace("how many shipments were shipped").unwrap();
+    let said = "'shipped' is stored as 'Shipped' in shipments.status";
+    assert_eq!(trace["sql"], stored, "{trace}");
+    assert_eq!(trace["attempts"][0]["misread_values"], json!([said]));
+    assert_eq!(trace["confidence"]["level"], "high", "{trace}");
+    let feedback = s.llm.requests()[1].last_message();
+    assert!(feedback.contains(said), "{feedback}");
+    assert!(feedback.contains("returned rows"), "{feedback}");
+
+    // The model stands by its query: that is the answer, and it is doubtful.
+    s.llm.on(
+        "how many were shipped, as written",
+        vec![Reply::sql(misread), Reply::sql(misread)],
+    );
+    let trace = s.trace("how many were shipped, as written").unwrap();
+    assert_eq!(trace["sql"], misread, "{trace}");
+    assert_eq!(trace["row_count"], 1, "{trace}");
+    assert_eq!(trace["confidence"]["level"], "low", "{trace}");
+    assert!(
+        trace["confidence"]["doubts"]
+            .to_string()
+            .contains("do not store as written"),
+        "{trace}"
+    );
+
+    // A string the data does not hold, nothing like a stored value, is not questioned.
+    s.llm.on(
+        "how many were returned",
+        vec![Reply::sql(
+            "SELECT count(*) AS n FROM shipments WHERE status = 'Returned'",
+        )],
+    );
+    let trace = s.trace("how many were returned").unwrap();
+    assert_eq!(
+        trace["attempts"].as_array().map(Vec::len),
+        Some(1),
+        "{trace}"
+    );
+    assert_eq!(trace["confidence"]["level"], "high", "{trace}");
+}
