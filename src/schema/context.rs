@@ -46,6 +46,11 @@ impl TextColumns {
         &self.0[id]
     }
 
+    /// Every column's id.
+    pub fn ids(&self) -> std::ops::Range<usize> {
+        0..self.0.len()
+    }
+
     /// The relations that have text columns, in schema order.
     pub fn relations(&self) -> Vec<usize> {
         let mut relations: Vec<usize> = self.0.iter().map(|c| c.relation).collect();
