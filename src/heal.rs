@@ -7,9 +7,10 @@
 //! with everything PostgreSQL and the value index said; every repaired query is run again. An
 //! empty result (or questioned rows) that the model confirms by returning the same query ends
 //! the loop: empty can be the right answer. The best attempt is kept (rows beat questioned
-//! rows beat empty beat error), so a repair can never make a good answer worse: neither a model that fails during a
-//! repair nor a write it proposes after a good attempt takes that attempt away. A write ends the
-//! run at once; it is the answer (a refusal) only when nothing better came before it.
+//! rows beat empty beat error), so a repair can never make a good answer worse: neither a
+//! model that fails during a repair nor a write it proposes after a good attempt takes that
+//! attempt away. A write ends the run at once; it is the answer (a refusal) only when nothing
+//! better came before it.
 
 use std::time::Instant;
 
