@@ -127,6 +127,9 @@ pub struct Compared {
     pub ignores_case: bool,
 }
 
+/// Literals of one query `compared` looks at, at most.
+const MAX_LITERALS: usize = 256;
+
 /// The strings `sql` compares a named column with. A comparison whose left side is not a
 /// column name (`lower(name) = 'x'`), ranges (`<`, `>=`), patterns and regular expressions
 /// are left out: what they match cannot be told from the stored values alone.
@@ -137,7 +140,9 @@ pub fn compared(sql: &str) -> Vec<Compared> {
         .iter()
         .any(|f| lower.contains(f));
     let mut out = Vec::new();
-    for (k, literal) in found.iter().enumerate() {
+    // Each literal looks back over those before it (a list): bounded, since a caller's own
+    // SQL (`nl_fix`) may hold any number.
+    for (k, literal) in found.iter().enumerate().take(MAX_LITERALS) {
         if literal.kind != LiteralKind::Text {
             continue;
         }
@@ -311,6 +316,18 @@ mod tests {
         assert_eq!(
             read("SELECT * FROM t WHERE lower(a) = 'x' OR b = 'Y'"),
             vec![("b".into(), "Y".into(), true)]
+        );
+    }
+
+    #[test]
+    fn a_long_list_is_read_only_so_far() {
+        let list: Vec<String> = (0..10_000).map(|i| format!("'v{i}'")).collect();
+        let sql = format!("SELECT * FROM t WHERE c IN ({})", list.join(", "));
+        let found = compared(&sql);
+        assert_eq!(found.len(), MAX_LITERALS);
+        assert_eq!(
+            found[MAX_LITERALS - 1].value,
+            format!("v{}", MAX_LITERALS - 1)
         );
     }
 }
