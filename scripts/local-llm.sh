@@ -17,9 +17,10 @@
 # built for a named level, the widest whose every instruction set this CPU has and the OS
 # enabled: avx512 (AVX-512 F/CD/BW/DQ/VL with VBMI and VNNI: Ice Lake and later Xeons, Zen 4
 # and later EPYCs; reads long prompts about 1.7 times as fast as AVX2 on 2 cores), avx2
-# (x86-64-v3), else SSE4.2 only, into a directory named after that level. It serves SQE_LLM_PARALLEL (default 4,
-# the vote's candidates) requests at once in parallel slots with continuous batching, so that
-# the candidates of a vote are decoded together instead of one after another.
+# (x86-64-v3), else SSE4.2 only, into a directory named after that level. It serves
+# SQE_LLM_PARALLEL (default 4, the vote's candidates) requests at once in parallel slots with
+# continuous batching, so that the candidates of a vote are decoded together instead of one
+# after another.
 # SQE_LLAMA_SERVER=/path/to/llama-server uses an existing llama.cpp server binary instead.
 #
 # SQE_MODEL=1.5b (default) or 0.5b (faster, weaker). SQE_CACHE (default
@@ -83,8 +84,6 @@ PY
     touch "$gguf.verified"
 }
 
-# The instruction-set level to build for: AVX2 when the CPU has it and the OS saves the AVX
-# registers for processes (XCR0, as the kernel reports it), else SSE4.2.
 # The OS-enabled register state (XCR0, via arch_prctl ARCH_GET_XCOMP_SUPP) has every bit of
 # the mask given; older kernels without the call hide in /proc/cpuinfo what they do not enable.
 os_enables() {
@@ -104,10 +103,12 @@ has_flags() {
     for flag in "$@"; do grep -qw "$flag" /proc/cpuinfo || return 1; done
 }
 
+# The instruction-set level to build for: the widest whose instructions the CPU has and whose
+# registers the OS saves for processes (XCR0 bits: 1-2 SSE and AVX state, 5-7 AVX-512's).
 cpu_level() {
     if has_flags avx2 fma f16c bmi2 avx512f avx512cd avx512bw avx512dq avx512vl avx512vbmi \
         avx512_vnni && os_enables 0xe6; then
-        echo avx512 # YMM (bit 2) and the AVX-512 opmask and ZMM state (bits 5-7)
+        echo avx512
     elif has_flags avx2 fma f16c bmi2 && os_enables 0x6; then
         echo avx2
     else
@@ -116,17 +117,14 @@ cpu_level() {
 }
 
 cmake_args() {
-    local off="-DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF \
--DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+    local base="-DGGML_NATIVE=OFF -DGGML_SSE42=ON" never="-DGGML_AVX_VNNI=OFF -DGGML_AVX512_BF16=OFF \
+-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+    local avx2="-DGGML_AVX=ON -DGGML_F16C=ON -DGGML_FMA=ON -DGGML_BMI2=ON -DGGML_AVX2=ON"
+    local no_avx512="-DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF"
     case "$1" in
-    avx512) echo "-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_F16C=ON -DGGML_FMA=ON \
--DGGML_BMI2=ON -DGGML_AVX2=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON \
--DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF \
--DGGML_AMX_BF16=OFF" ;;
-    avx2) echo "-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_F16C=ON -DGGML_FMA=ON \
--DGGML_BMI2=ON -DGGML_AVX2=ON $off" ;;
-    *) echo "-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=OFF -DGGML_F16C=OFF -DGGML_FMA=OFF \
--DGGML_BMI2=OFF -DGGML_AVX2=OFF $off" ;;
+    avx512) echo "$base $avx2 -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON $never" ;;
+    avx2) echo "$base $avx2 $no_avx512 $never" ;;
+    *) echo "$base ${avx2//=ON/=OFF} $no_avx512 $never" ;;
     esac
 }
 
