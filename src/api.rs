@@ -584,6 +584,10 @@ impl heal::Database for LiveDatabase<'_> {
         hints::for_error(sql, error)
     }
 
+    fn requalify(&mut self, sql: &str, error: &SqlError) -> Option<hints::Requalified> {
+        hints::requalify(sql, error)
+    }
+
     fn values(&mut self) -> Option<String> {
         self.values.clone()
     }

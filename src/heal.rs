@@ -17,6 +17,7 @@ use std::time::Instant;
 use crate::error::{Error, Result, SqlError, SqlState};
 use crate::exec::{Outcome, ResultSet};
 use crate::extract::{extract_sql, strip_think};
+use crate::hints::Requalified;
 use crate::llm::{Completion, Llm, Message};
 use crate::progress::{Agreed, Asking, Event, Kind};
 use crate::prompt;
@@ -39,6 +40,10 @@ pub struct Attempt {
     /// The strings it compares columns with that those columns do not store as written
     /// (`Database::misread`), one line each.
     pub misread: Vec<String>,
+    /// The columns the model qualified by a relation that lacks them, each moved to the one
+    /// relation of the query that has them (`ae.drug_id → t.drug_id`): `sql` is the query
+    /// as it ran after that.
+    pub requalified: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,7 +217,15 @@ pub trait Database {
     fn misread(&mut self, _sql: &str) -> Vec<String> {
         Vec::new()
     }
+    /// `sql` with a column that `error` says its qualifier's relation lacks qualified by the
+    /// one relation of the query that has it (`hints::requalify`).
+    fn requalify(&mut self, _sql: &str, _error: &SqlError) -> Option<Requalified> {
+        None
+    }
 }
+
+/// Columns moved to another relation of one query, at most (each move is a query run).
+const REQUALIFY_ROUNDS: usize = 3;
 
 /// A result as the vote compares it: the values in column order, rows as a multiset.
 fn signature(outcome: &Outcome) -> Option<String> {
@@ -245,6 +258,7 @@ struct Step {
     ms: f64,
     misread: Vec<String>,
     feedback: Option<String>,
+    requalified: Vec<String>,
 }
 
 /// The loop's state and collaborators.
@@ -280,25 +294,20 @@ impl Solver<'_> {
                 ms: 0.0,
                 misread: Vec::new(),
                 feedback: Some(prompt::repair_no_sql(self.question, content)),
+                requalified: Vec::new(),
             };
         };
-        // The same query asked for again (a candidate, or a confirmation) is not run twice.
-        let earlier = self
-            .run
-            .attempts
-            .iter()
-            .find(|a| same_query(&a.sql, &sql))
-            .map(|a| a.outcome.clone());
         let ran = Instant::now();
-        let outcome = earlier.unwrap_or_else(|| self.db.run(&sql));
-        let ms = millis(ran);
+        let outcome = self.run_once(&sql);
         (self.progress)(Event::Executed {
             attempt,
             kind,
             sql: &sql,
             outcome: &outcome,
-            ms,
+            ms: millis(ran),
         });
+        let (sql, outcome, requalified) = self.requalify(sql, outcome, attempt, kind);
+        let ms = millis(ran);
         let misread = match outcome {
             Outcome::Rows(_) | Outcome::Empty(_) => self.db.misread(&sql),
             _ => Vec::new(),
@@ -310,7 +319,62 @@ impl Solver<'_> {
             ms,
             misread,
             feedback,
+            requalified,
         }
+    }
+
+    /// The outcome of `sql`; the same query asked for again (a candidate, or a confirmation)
+    /// is not run twice.
+    fn run_once(&mut self, sql: &str) -> Outcome {
+        let earlier = self
+            .run
+            .attempts
+            .iter()
+            .find(|a| same_query(&a.sql, sql))
+            .map(|a| a.outcome.clone());
+        earlier.unwrap_or_else(|| self.db.run(sql))
+    }
+
+    /// A query that failed because it qualified a column by a relation that lacks it, run
+    /// with the column qualified by the relation that has it (`Database::requalify`), once
+    /// per such column. The rewritten query is kept only when it runs: otherwise the model's
+    /// own query and error stand, and go back to it.
+    fn requalify(
+        &mut self,
+        sql: String,
+        outcome: Outcome,
+        attempt: usize,
+        kind: Kind,
+    ) -> (String, Outcome, Vec<String>) {
+        let mut now = (sql.clone(), outcome.clone());
+        let mut changes = Vec::new();
+        for _ in 0..REQUALIFY_ROUNDS {
+            let Some(error) = now
+                .1
+                .error()
+                .filter(|e| e.sqlstate == SqlState::UNDEFINED_COLUMN)
+            else {
+                break;
+            };
+            let Some(fix) = self.db.requalify(&now.0, error) else {
+                break;
+            };
+            let ran = Instant::now();
+            let outcome = self.run_once(&fix.sql);
+            (self.progress)(Event::Executed {
+                attempt,
+                kind,
+                sql: &fix.sql,
+                outcome: &outcome,
+                ms: millis(ran),
+            });
+            changes.push(fix.change);
+            now = (fix.sql, outcome);
+        }
+        if changes.is_empty() || now.1.error().is_some() {
+            return (sql, outcome, Vec::new());
+        }
+        (now.0, now.1, changes)
     }
 
     /// What the model is told about `outcome` of `sql`; `None` when there is nothing to repair.
@@ -378,6 +442,7 @@ impl Solver<'_> {
             endpoint: by.endpoint.clone(),
             endpoint_failures: by.failures.clone(),
             misread: step.misread.clone(),
+            requalified: step.requalified.clone(),
         });
     }
 
@@ -950,6 +1015,15 @@ mod tests {
             (error.sqlstate == SqlState::UNDEFINED_COLUMN)
                 .then(|| "The columns of t are: good.".to_string())
         }
+        /// `a` has no column `x`; `b` has.
+        fn requalify(&mut self, sql: &str, error: &SqlError) -> Option<Requalified> {
+            (error.sqlstate == SqlState::UNDEFINED_COLUMN && sql.contains("a.x")).then(|| {
+                Requalified {
+                    sql: sql.replace("a.x", "b.x"),
+                    change: "a.x → b.x".into(),
+                }
+            })
+        }
         /// The data stores `'Shipped'`, never `'shipped'`.
         fn misread(&mut self, sql: &str) -> Vec<String> {
             if sql.contains("= 'shipped'") {
@@ -1007,16 +1081,20 @@ mod tests {
             steps >= 3,
             "progress heard of the model, the attempt and the end"
         );
-        let distinct: std::collections::HashSet<String> = run
-            .attempts
-            .iter()
-            .filter(|a| !a.sql.is_empty())
-            .map(|a| a.sql.split_whitespace().collect::<Vec<_>>().join(" "))
-            .collect();
+        let normal = |sql: &str| sql.split_whitespace().collect::<Vec<_>>().join(" ");
+        let executed: std::collections::HashSet<String> =
+            database.executed.iter().map(|sql| normal(sql)).collect();
         assert_eq!(
             database.executed.len(),
-            distinct.len(),
-            "every query is executed exactly once"
+            executed.len(),
+            "no query is executed twice"
+        );
+        assert!(
+            run.attempts
+                .iter()
+                .filter(|a| !a.sql.is_empty())
+                .all(|a| executed.contains(&normal(&a.sql))),
+            "every attempt's query was executed"
         );
         (run, llm)
     }
@@ -1030,6 +1108,40 @@ mod tests {
         );
         assert_eq!(llm.requests.len(), 1);
         assert_eq!((run.prompt_tokens, run.completion_tokens), (10, 2));
+    }
+
+    #[test]
+    fn a_column_of_the_wrong_relation_is_moved_to_the_right_one_without_asking_the_model() {
+        let (run, llm) = solve_with(&["SELECT a.x FROM a, b"], 2, |sql| {
+            if sql.contains("a.x") {
+                failed("42703")
+            } else {
+                rows(1)
+            }
+        });
+        assert_eq!(
+            (run.status, run.best, llm.requests.len()),
+            (Status::Ok, Some(0), 1)
+        );
+        assert_eq!(run.attempts[0].sql, "SELECT b.x FROM a, b");
+        assert_eq!(run.attempts[0].requalified, vec!["a.x → b.x"]);
+
+        // When the rewrite fails too, the model's own query and error go back to it.
+        let (run, llm) = solve_with(&["SELECT a.x FROM a, b", "SELECT 1"], 2, |sql| {
+            if sql.contains(".x") {
+                failed("42703")
+            } else {
+                rows(1)
+            }
+        });
+        assert_eq!(
+            (run.status, run.best, llm.requests.len()),
+            (Status::Ok, Some(1), 2)
+        );
+        assert_eq!(run.attempts[0].sql, "SELECT a.x FROM a, b");
+        assert!(run.attempts[0].requalified.is_empty());
+        let asked = &llm.requests[1].last().unwrap().content;
+        assert!(asked.contains("SELECT a.x FROM a, b"), "{asked}");
     }
 
     #[test]

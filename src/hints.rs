@@ -4,7 +4,7 @@
 //! where the column really is, and how to join to it.
 
 use crate::error::{SqlError, SqlState};
-use crate::guard::{self, RelationRef};
+use crate::guard::{self, References, RelationRef};
 use crate::schema;
 
 /// The name a failed query got wrong, as read from PostgreSQL's message.
@@ -50,7 +50,7 @@ impl NameError {
 /// What the schema says that helps repair `error` of `sql`, when it is about a name.
 pub fn for_error(sql: &str, error: &SqlError) -> Option<String> {
     let problem = NameError::read(sql, error)?;
-    let refs = guard::relation_refs(sql);
+    let refs = guard::references(sql).relations;
     let mut lines = Vec::new();
     let column = match &problem {
         NameError::UnknownRelation => None,
@@ -77,6 +77,142 @@ pub fn for_error(sql: &str, error: &SqlError) -> Option<String> {
     let list_all = problem == NameError::UnknownRelation;
     lines.extend(schema::context().ok()?.describe(&names, column, list_all));
     (!lines.is_empty()).then(|| lines.join("\n"))
+}
+
+/// A failed query rewritten so that a column its qualifier's relation lacks is qualified by
+/// the relation of the query that has it, and what changed (`ae.drug_id → t.drug_id`).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Requalified {
+    pub sql: String,
+    pub change: String,
+}
+
+/// When `error` says `q.c does not exist` and exactly one other relation of `sql` has a column
+/// `c`: `sql` with that relation's name or alias for `q` wherever `q.c` is written. Small
+/// models mix up aliases most of all, and repeat the mix-up however the repair request names
+/// the right table. Not when the rewrite would compare a column with itself (`a.c = q.c`
+/// becoming `a.c = a.c`: the join itself is what is wrong there), nor when the names are
+/// ambiguous (the column in two relations, a relation name in two schemas, a qualifier that is
+/// a subquery's or a CTE's).
+pub fn requalify(sql: &str, error: &SqlError) -> Option<Requalified> {
+    let Some(NameError::MissingColumn {
+        qualifier: Some(qualifier),
+        column,
+    }) = NameError::read(sql, error)
+    else {
+        return None;
+    };
+    let context = schema::context().ok()?;
+    requalified(
+        sql,
+        &guard::references(sql),
+        &qualifier,
+        &column,
+        |relation, column| context.has_column(relation, column),
+    )
+}
+
+/// `requalify` once the names are read; `has_column` says whether the one relation of that
+/// name has that column (`None`: no such relation, or several).
+fn requalified(
+    sql: &str,
+    refs: &References,
+    qualifier: &str,
+    column: &str,
+    has_column: impl Fn(&str, &str) -> Option<bool>,
+) -> Option<Requalified> {
+    let (table, _) = resolve(&refs.relations, qualifier)?;
+    if has_column(table, column) != Some(false) {
+        return None;
+    }
+    let qualifier_of = |r: &RelationRef| r.alias.clone().unwrap_or_else(|| r.name.clone());
+    let mut owners = refs
+        .relations
+        .iter()
+        .filter(|r| has_column(&r.name, column) == Some(true));
+    let owner = qualifier_of(owners.next()?);
+    if owners.next().is_some()
+        || refs
+            .relations
+            .iter()
+            .filter(|r| qualifier_of(r) == owner)
+            .count()
+            != 1
+    {
+        return None;
+    }
+    let renamed = |q: &str, c: &str| {
+        if q == qualifier && c == column {
+            owner.clone()
+        } else {
+            q.to_string()
+        }
+    };
+    if refs
+        .equalities
+        .iter()
+        .any(|[a, x, b, y]| x == y && renamed(a, x) == renamed(b, y))
+    {
+        return None;
+    }
+    let mut starts: Vec<usize> = refs
+        .columns
+        .iter()
+        .filter(|c| c.qualifier == qualifier && c.column == column)
+        .map(|c| c.at)
+        .collect();
+    starts.sort_unstable();
+    starts.dedup();
+    if starts.is_empty() {
+        return None;
+    }
+    let mut rewritten = sql.to_string();
+    let written_owner = identifier(&owner);
+    for &start in starts.iter().rev() {
+        let length = written_length(sql.get(start..)?, qualifier)?;
+        rewritten.replace_range(start..start + length, &written_owner);
+    }
+    Some(Requalified {
+        sql: rewritten,
+        change: format!("{qualifier}.{column} → {owner}.{column}"),
+    })
+}
+
+/// The length of the identifier `text` starts with, when the parser folds it to `folded`.
+fn written_length(text: &str, folded: &str) -> Option<usize> {
+    if let Some(quoted) = text.strip_prefix('"') {
+        let mut name = String::new();
+        let mut chars = quoted.char_indices().peekable();
+        while let Some((i, c)) = chars.next() {
+            if c == '"' {
+                if chars.peek().is_some_and(|&(_, next)| next == '"') {
+                    chars.next();
+                    name.push('"');
+                    continue;
+                }
+                return (name == folded).then_some(i + 2);
+            }
+            name.push(c);
+        }
+        return None;
+    }
+    let length = text
+        .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == '$'))
+        .unwrap_or(text.len());
+    (length > 0 && text[..length].to_ascii_lowercase() == folded).then_some(length)
+}
+
+/// `name` as SQL writes it: bare when the parser would fold it to itself, else quoted.
+fn identifier(name: &str) -> String {
+    let bare = name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if bare {
+        name.to_string()
+    } else {
+        format!("\"{}\"", name.replace('"', "\"\""))
+    }
 }
 
 /// The table a qualifier stands for, and the alias when it is one.
@@ -204,6 +340,183 @@ mod tests {
             NameError::read(sql, &error("42P01", "relation \"x\" does not exist", None)),
             Some(NameError::UnknownRelation)
         );
+    }
+
+    /// The references of `sql` as the raw parser would report them, from a plain reading
+    /// that is good enough for the queries below (`alias.column` tokens, `a.x = b.y`).
+    fn read_refs(sql: &str, relations: &[(&str, Option<&str>)]) -> References {
+        let token = |t: &str| {
+            t.trim_matches(|c: char| !(c.is_alphanumeric() || c == '_' || c == '.' || c == '"'))
+                .to_string()
+        };
+        let mut columns = Vec::new();
+        let mut at = 0;
+        for word in sql.split(' ') {
+            let t = token(word);
+            if let Some((q, c)) = t.split_once('.') {
+                let offset = word.find(&t).unwrap_or(0);
+                columns.push(guard::ColumnRef {
+                    qualifier: q.trim_matches('"').to_string(),
+                    column: c.to_lowercase(),
+                    at: at + offset,
+                });
+            }
+            at += word.len() + 1;
+        }
+        let words: Vec<&str> = sql.split(' ').collect();
+        let equalities = words
+            .windows(3)
+            .filter(|w| w[1] == "=")
+            .map(|w| [token(w[0]), token(w[2])])
+            .filter_map(|w| {
+                let (a, x) = w[0].split_once('.')?;
+                let (b, y) = w[1].split_once('.')?;
+                Some([a.to_string(), x.to_string(), b.to_string(), y.to_string()])
+            })
+            .collect();
+        References {
+            relations: relations
+                .iter()
+                .map(|(n, a)| RelationRef {
+                    name: n.to_string(),
+                    alias: a.map(str::to_string),
+                })
+                .collect(),
+            columns,
+            equalities,
+        }
+    }
+
+    /// adverse_events(id, treatment_id), treatments(treatment_id, drug_id), drugs(drug_id, name).
+    fn derm(relation: &str, column: &str) -> Option<bool> {
+        let columns: &[&str] = match relation {
+            "adverse_events" => &["id", "treatment_id", "description"],
+            "treatments" => &["treatment_id", "drug_id", "patient_id"],
+            "drugs" => &["drug_id", "drug_name"],
+            "patients" => &["patient_id", "name"],
+            _ => return None,
+        };
+        Some(columns.contains(&column))
+    }
+
+    #[test]
+    fn a_column_of_the_wrong_alias_moves_to_the_one_relation_that_has_it() {
+        let sql = "SELECT ae.description, ae.drug_id FROM adverse_events ae JOIN treatments t ON ae.treatment_id = t.treatment_id WHERE ae.drug_id > 2";
+        let refs = read_refs(
+            sql,
+            &[("adverse_events", Some("ae")), ("treatments", Some("t"))],
+        );
+        assert_eq!(
+            requalified(sql, &refs, "ae", "drug_id", derm),
+            Some(Requalified {
+                sql: "SELECT ae.description, t.drug_id FROM adverse_events ae JOIN treatments t ON ae.treatment_id = t.treatment_id WHERE t.drug_id > 2".into(),
+                change: "ae.drug_id → t.drug_id".into(),
+            })
+        );
+        // A quoted qualifier, as the parser keeps it; an unaliased owner, by its name.
+        let sql =
+            "SELECT \"AE\".drug_id FROM treatments JOIN adverse_events \"AE\" USING (treatment_id)";
+        let refs = read_refs(sql, &[("treatments", None), ("adverse_events", Some("AE"))]);
+        assert_eq!(
+            requalified(sql, &refs, "AE", "drug_id", derm).map(|r| r.sql).as_deref(),
+            Some("SELECT treatments.drug_id FROM treatments JOIN adverse_events \"AE\" USING (treatment_id)")
+        );
+    }
+
+    #[test]
+    fn a_requalification_that_would_be_a_guess_is_not_made() {
+        let with = |sql: &str, relations: &[(&str, Option<&str>)], q: &str, c: &str| {
+            requalified(sql, &read_refs(sql, relations), q, c, derm)
+        };
+        // The join itself is wrong: ae.drug_id = d.drug_id would become d.drug_id = d.drug_id.
+        let sql =
+            "SELECT d.drug_name FROM adverse_events ae JOIN drugs d ON ae.drug_id = d.drug_id";
+        assert_eq!(
+            with(
+                sql,
+                &[("adverse_events", Some("ae")), ("drugs", Some("d"))],
+                "ae",
+                "drug_id"
+            ),
+            None
+        );
+        // Two relations have the column.
+        let sql = "SELECT ae.drug_id FROM adverse_events ae JOIN treatments t ON t.treatment_id = ae.treatment_id JOIN drugs d ON d.drug_id = t.drug_id";
+        assert_eq!(
+            with(
+                sql,
+                &[
+                    ("adverse_events", Some("ae")),
+                    ("treatments", Some("t")),
+                    ("drugs", Some("d"))
+                ],
+                "ae",
+                "drug_id"
+            ),
+            None
+        );
+        // No relation of the query has it.
+        let sql = "SELECT ae.drug_name FROM adverse_events ae";
+        assert_eq!(
+            with(sql, &[("adverse_events", Some("ae"))], "ae", "drug_name"),
+            None
+        );
+        // The qualifier's relation is unknown (a CTE's, or in no schema shown) or has it.
+        let sql = "SELECT x.drug_id FROM x JOIN treatments t ON true";
+        assert_eq!(
+            with(
+                sql,
+                &[("x", None), ("treatments", Some("t"))],
+                "x",
+                "drug_id"
+            ),
+            None
+        );
+        let sql = "SELECT t.drug_id FROM treatments t JOIN drugs d ON true";
+        assert_eq!(
+            with(
+                sql,
+                &[("treatments", Some("t")), ("drugs", Some("d"))],
+                "t",
+                "drug_id"
+            ),
+            None
+        );
+        // The owner's name stands for two relations of the query.
+        let sql = "SELECT ae.drug_id FROM adverse_events ae, treatments, public.treatments";
+        let refs = References {
+            relations: vec![
+                RelationRef {
+                    name: "adverse_events".into(),
+                    alias: Some("ae".into()),
+                },
+                RelationRef {
+                    name: "treatments".into(),
+                    alias: None,
+                },
+                RelationRef {
+                    name: "treatments".into(),
+                    alias: Some("treatments".into()),
+                },
+            ],
+            ..read_refs(sql, &[])
+        };
+        assert_eq!(requalified(sql, &refs, "ae", "drug_id", derm), None);
+    }
+
+    #[test]
+    fn identifiers_are_measured_and_written_as_the_parser_reads_them() {
+        assert_eq!(written_length("ae.drug_id", "ae"), Some(2));
+        assert_eq!(written_length("AE.drug_id", "ae"), Some(2));
+        assert_eq!(written_length("\"AE\".drug_id", "AE"), Some(4));
+        assert_eq!(written_length("\"a\"\"b\".x", "a\"b"), Some(6));
+        assert_eq!(written_length("\"AE\".drug_id", "ae"), None);
+        assert_eq!(written_length("ab.x", "a"), None);
+        assert_eq!(written_length("\"open", "open"), None);
+        assert_eq!(identifier("t2"), "t2");
+        assert_eq!(identifier("T2"), "\"T2\"");
+        assert_eq!(identifier("2t"), "\"2t\"");
+        assert_eq!(identifier("a\"b"), "\"a\"\"b\"");
     }
 
     #[test]

@@ -93,6 +93,7 @@ fn attempt(attempt: &Attempt) -> Value {
         "endpoint_failures": attempt.endpoint_failures,
         "vote_group": attempt.group,
         "misread_values": attempt.misread,
+        "requalified": attempt.requalified,
         "ms": attempt.ms,
         "llm_ms": attempt.llm_ms,
     })
@@ -120,6 +121,7 @@ mod tests {
                     endpoint: "http://model".into(),
                     endpoint_failures: vec![],
                     misread: vec![],
+                    requalified: vec![],
                 },
                 Attempt {
                     sql: "SELECT good".into(),
@@ -135,6 +137,7 @@ mod tests {
                     endpoint: "http://model".into(),
                     endpoint_failures: vec![],
                     misread: vec![],
+                    requalified: vec![],
                 },
             ],
             best: Some(1),

@@ -32,6 +32,7 @@
 mod facts;
 pub mod gate;
 mod policy;
+mod refs;
 mod trust;
 mod types;
 mod verdict;
@@ -43,12 +44,14 @@ use pgrx::pg_sys;
 use pgrx::PgList;
 
 use crate::error::SqlState;
-use crate::names::c_string;
-use crate::{settings, subxact};
+use crate::settings;
 use walk::too_deep;
 
 pub use facts::builtin;
 pub use policy::Allowed;
+#[cfg(test)]
+pub use refs::ColumnRef;
+pub use refs::{references, References, RelationRef};
 pub use trust::{superuser_call, Trusted};
 pub use verdict::{Origin, Refusal};
 pub use walk::check_tree;
@@ -154,72 +157,6 @@ pub fn check(sql: &str, origin: Origin, trusted: Option<&Trusted>) -> Result<Che
         text,
         relations,
     })
-}
-
-/// A relation a query names, with the alias it gives it there.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RelationRef {
-    /// As the parser folded it.
-    pub name: String,
-    pub alias: Option<String>,
-}
-
-/// The relations `sql` refers to, for repair hints; empty when it does not parse. The raw
-/// parse runs no code.
-pub fn relation_refs(sql: &str) -> Vec<RelationRef> {
-    let Ok(text) = CString::new(sql) else {
-        return Vec::new();
-    };
-    subxact::in_subtransaction(false, || {
-        let mut refs: Vec<RelationRef> = Vec::new();
-        // SAFETY: the grammar and PostgreSQL's raw walker; `refs` outlives the walk.
-        unsafe {
-            let statements = PgList::<pg_sys::RawStmt>::from_pg(pg_sys::raw_parser(
-                text.as_ptr(),
-                pg_sys::RawParseMode::RAW_PARSE_DEFAULT,
-            ));
-            for raw in statements.iter_ptr() {
-                pg_sys::raw_expression_tree_walker(
-                    (*raw).stmt,
-                    Some(range_var_collector),
-                    (&mut refs as *mut Vec<RelationRef>).cast(),
-                );
-            }
-        }
-        refs
-    })
-    .unwrap_or_default()
-}
-
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn range_var_collector(
-    node: *mut pg_sys::Node,
-    context: *mut c_void,
-) -> bool {
-    if node.is_null() {
-        return false;
-    }
-    if too_deep().is_some() {
-        return true;
-    }
-    // SAFETY: PostgreSQL's raw walker passes raw parse nodes and our context.
-    unsafe {
-        if (*node).type_ == pg_sys::NodeTag::T_RangeVar {
-            let range_var = node.cast::<pg_sys::RangeVar>();
-            let alias = (*range_var).alias;
-            let found = RelationRef {
-                name: c_string((*range_var).relname),
-                alias: (!alias.is_null())
-                    .then(|| c_string((*alias).aliasname))
-                    .filter(|a| !a.is_empty()),
-            };
-            let refs = &mut *context.cast::<Vec<RelationRef>>();
-            if !found.name.is_empty() && !refs.contains(&found) {
-                refs.push(found);
-            }
-        }
-        pg_sys::raw_expression_tree_walker(node, Some(range_var_collector), context)
-    }
 }
 
 /// Statement kind, `INTO`, data-modifying CTEs and locking clauses, from the raw tree.

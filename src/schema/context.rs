@@ -328,6 +328,18 @@ impl SchemaContext {
         (!lines.is_empty()).then(|| lines.join("\n"))
     }
 
+    /// Whether the one relation named `name` (as the parser folds it) has a column `column`;
+    /// `None` when no relation, or more than one (in different schemas), is named so.
+    pub fn has_column(&self, name: &str, column: &str) -> Option<bool> {
+        let unquote = |s: &str| s.trim_matches('"').to_string();
+        let mut named = self.relations.iter().filter(|r| unquote(&r.name) == name);
+        let relation = named.next()?;
+        if named.next().is_some() {
+            return None;
+        }
+        Some(relation.columns.iter().any(|c| unquote(&c.name) == column))
+    }
+
     /// The join conditions between relations `a` and `b` through their foreign keys (either
     /// way), as SQL.
     fn join(&self, a: usize, b: usize) -> Vec<String> {

@@ -144,6 +144,77 @@ fn a_column_on_the_wrong_table_is_repaired_with_where_it_is_and_how_to_join() {
 }
 
 #[test]
+fn a_column_behind_the_wrong_alias_runs_from_the_one_table_that_has_it_without_a_repair() {
+    let mut s = Session::new();
+    s.llm.on(
+        "total amount per customer name",
+        vec![Reply::sql(
+            "SELECT O.name, sum(o.amount) AS total FROM customers c \
+             JOIN orders o ON o.customer_id = c.customer_id \
+             WHERE o.name <> 'nobody' GROUP BY o.name ORDER BY o.name",
+        )],
+    );
+    let trace = s.trace("total amount per customer name").unwrap();
+    assert_eq!(trace["status"], "ok");
+    assert_eq!(trace["llm_calls"], 1, "no repair was asked for");
+    let attempt = &trace["attempts"][0];
+    assert_eq!(attempt["outcome"], "rows");
+    assert_eq!(attempt["requalified"], json!(["o.name → c.name"]));
+    assert_eq!(
+        attempt["sql"],
+        "SELECT c.name, sum(o.amount) AS total FROM customers c \
+         JOIN orders o ON o.customer_id = c.customer_id \
+         WHERE c.name <> 'nobody' GROUP BY c.name ORDER BY c.name"
+    );
+    assert_eq!(trace["sql"], attempt["sql"]);
+}
+
+#[test]
+fn no_column_moves_to_a_table_the_caller_cannot_read_it_from() {
+    let notices = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut s = Session::with_notices(std::sync::Arc::clone(&notices));
+    let role = format!("clerk_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {role}; GRANT SELECT ON orders TO {role}; \
+             GRANT SELECT (customer_id, country) ON customers TO {role}; \
+             SET sql_query_engine.max_repairs = 1; SET sql_query_engine.progress = on; \
+             SET ROLE {role};"
+        ))
+        .unwrap();
+    s.llm.on(
+        "names of customers who ordered",
+        vec![
+            Reply::sql("SELECT o.name FROM orders o JOIN customers c USING (customer_id)"),
+            Reply::sql("SELECT c.country FROM orders o JOIN customers c USING (customer_id)"),
+        ],
+    );
+    let trace = s.trace("names of customers who ordered").unwrap();
+    assert_eq!(trace["llm_calls"], 2, "the model was asked for a repair");
+    let first = &trace["attempts"][0];
+    assert_eq!(first["sqlstate"], "42703");
+    assert_eq!(first["requalified"], json!([]));
+    assert_eq!(
+        first["sql"],
+        "SELECT o.name FROM orders o JOIN customers c USING (customer_id)"
+    );
+    let feedback = s.llm.requests()[1].last_message();
+    assert!(
+        !feedback.contains("name is a column of customers"),
+        "a column the caller cannot read was named: {feedback}"
+    );
+    // Progress shows every query run: the model's, never one moved to customers.name.
+    let notices = notices.lock().unwrap();
+    assert!(notices
+        .iter()
+        .any(|n| n.contains("SELECT o.name FROM orders o")));
+    assert!(
+        !notices.iter().any(|n| n.contains("c.name")),
+        "a query was run with a column the caller cannot read: {notices:?}"
+    );
+}
+
+#[test]
 fn an_unknown_alias_or_a_column_behind_the_wrong_alias_is_repaired_with_the_join_path() {
     let mut s = Session::new();
     s.client
