@@ -181,6 +181,7 @@ def ask(conn, question, config, args, everything):
         confidence=(trace.get("confidence") or {}).get("level"),
         doubts=(trace.get("confidence") or {}).get("doubts"),
         misread=[[m for m in a.get("misread_values") or []] for a in trace["attempts"]],
+        requalified=[list(a.get("requalified") or []) for a in trace["attempts"]],
     )
     record["correct"] = record["correct_at_precision"] = record["correct_official"] = False
     if trace["status"] in ("ok", "empty") and trace["sql"]:

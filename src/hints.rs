@@ -4,7 +4,7 @@
 //! where the column really is, and how to join to it.
 
 use crate::error::{SqlError, SqlState};
-use crate::guard::{self, References, RelationRef};
+use crate::guard::{self, ColumnRef, References, RelationRef};
 use crate::schema;
 
 /// The name a failed query got wrong, as read from PostgreSQL's message.
@@ -121,9 +121,45 @@ fn requalified(
     column: &str,
     has_column: impl Fn(&str, &str) -> Option<bool>,
 ) -> Option<Requalified> {
-    let (table, _) = resolve(&refs.relations, qualifier)?;
-    if has_column(table, column) != Some(false) {
+    let has =
+        |q: &str, c: &str| resolve(&refs.relations, q).and_then(|(table, _)| has_column(table, c));
+    if has(qualifier, column) != Some(false) {
         return None;
+    }
+    let is_wrong = |c: &ColumnRef| c.qualifier == qualifier && c.column == column;
+    // The join conditions `q.c = o.d` the wrong column is in, as (it, the other side).
+    let joins: Vec<(&ColumnRef, &ColumnRef)> = refs
+        .equalities
+        .iter()
+        .filter_map(|[l, r]| match (is_wrong(l), is_wrong(r)) {
+            (true, false) => Some((l, r)),
+            (false, true) => Some((r, l)),
+            _ => None,
+        })
+        .collect();
+    // `q.c = o.d` where o has c and q has d: the join is written the wrong way round (which
+    // side holds the foreign key), and swapping the qualifiers is the join meant.
+    let swaps: Vec<&(&ColumnRef, &ColumnRef)> = joins
+        .iter()
+        .filter(|(_, other)| {
+            other.qualifier != qualifier
+                && has(&other.qualifier, column) == Some(true)
+                && has(qualifier, &other.column) == Some(true)
+        })
+        .collect();
+    if let [(wrong, other)] = swaps[..] {
+        let sql = rewrite(
+            sql,
+            &[
+                (wrong.at, qualifier, &other.qualifier),
+                (other.at, &other.qualifier, qualifier),
+            ],
+        )?;
+        let (o, d) = (&other.qualifier, &other.column);
+        return Some(Requalified {
+            sql,
+            change: format!("{qualifier}.{column} = {o}.{d} → {o}.{column} = {qualifier}.{d}"),
+        });
     }
     let qualifier_of = |r: &RelationRef| r.alias.clone().unwrap_or_else(|| r.name.clone());
     let mut owners = refs
@@ -131,51 +167,46 @@ fn requalified(
         .iter()
         .filter(|r| has_column(&r.name, column) == Some(true));
     let owner = qualifier_of(owners.next()?);
-    if owners.next().is_some()
+    let ambiguous = owners.next().is_some()
         || refs
             .relations
             .iter()
             .filter(|r| qualifier_of(r) == owner)
             .count()
-            != 1
-    {
+            != 1;
+    // A join condition would then compare two columns of one relation (`a.c = q.c` becoming
+    // `a.c = a.c`): the join itself is what is wrong.
+    if ambiguous || joins.iter().any(|(_, other)| other.qualifier == owner) {
         return None;
     }
-    let renamed = |q: &str, c: &str| {
-        if q == qualifier && c == column {
-            owner.clone()
-        } else {
-            q.to_string()
-        }
-    };
-    if refs
-        .equalities
-        .iter()
-        .any(|[a, x, b, y]| x == y && renamed(a, x) == renamed(b, y))
-    {
-        return None;
-    }
-    let mut starts: Vec<usize> = refs
+    let edits: Vec<(usize, &str, &str)> = refs
         .columns
         .iter()
-        .filter(|c| c.qualifier == qualifier && c.column == column)
-        .map(|c| c.at)
+        .filter(|c| is_wrong(c))
+        .map(|c| (c.at, qualifier, owner.as_str()))
         .collect();
-    starts.sort_unstable();
-    starts.dedup();
-    if starts.is_empty() {
+    Some(Requalified {
+        sql: rewrite(sql, &edits)?,
+        change: format!("{qualifier}.{column} → {owner}.{column}"),
+    })
+}
+
+/// `sql` with each `(at, from, to)`: the qualifier written at byte `at`, which the parser folds
+/// to `from`, written as `to`. `None` when there is nothing to do or a qualifier is not where
+/// the parser said.
+fn rewrite(sql: &str, edits: &[(usize, &str, &str)]) -> Option<String> {
+    let mut edits = edits.to_vec();
+    edits.sort_unstable_by_key(|&(at, _, _)| std::cmp::Reverse(at));
+    edits.dedup_by_key(|&mut (at, _, _)| at);
+    if edits.is_empty() {
         return None;
     }
     let mut rewritten = sql.to_string();
-    let written_owner = identifier(&owner);
-    for &start in starts.iter().rev() {
-        let length = written_length(sql.get(start..)?, qualifier)?;
-        rewritten.replace_range(start..start + length, &written_owner);
+    for (at, from, to) in edits {
+        let length = written_length(sql.get(at..)?, from)?;
+        rewritten.replace_range(at..at + length, &identifier(to));
     }
-    Some(Requalified {
-        sql: rewritten,
-        change: format!("{qualifier}.{column} → {owner}.{column}"),
-    })
+    Some(rewritten)
 }
 
 /// The length of the identifier `text` starts with, when the parser folds it to `folded`.
@@ -349,30 +380,25 @@ mod tests {
             t.trim_matches(|c: char| !(c.is_alphanumeric() || c == '_' || c == '.' || c == '"'))
                 .to_string()
         };
-        let mut columns = Vec::new();
+        let words: Vec<&str> = sql.split(' ').collect();
+        // Each word's column reference, folded as the parser folds it.
         let mut at = 0;
-        for word in sql.split(' ') {
+        let mut by_word: Vec<Option<ColumnRef>> = Vec::new();
+        for word in &words {
             let t = token(word);
-            if let Some((q, c)) = t.split_once('.') {
-                let offset = word.find(&t).unwrap_or(0);
-                columns.push(guard::ColumnRef {
-                    qualifier: q.trim_matches('"').to_string(),
-                    column: c.to_lowercase(),
-                    at: at + offset,
-                });
-            }
+            by_word.push(t.split_once('.').map(|(q, c)| ColumnRef {
+                qualifier: match q.strip_prefix('"') {
+                    Some(quoted) => quoted.trim_end_matches('"').to_string(),
+                    None => q.to_lowercase(),
+                },
+                column: c.to_lowercase(),
+                at: at + word.find(&t).unwrap_or(0),
+            }));
             at += word.len() + 1;
         }
-        let words: Vec<&str> = sql.split(' ').collect();
-        let equalities = words
-            .windows(3)
-            .filter(|w| w[1] == "=")
-            .map(|w| [token(w[0]), token(w[2])])
-            .filter_map(|w| {
-                let (a, x) = w[0].split_once('.')?;
-                let (b, y) = w[1].split_once('.')?;
-                Some([a.to_string(), x.to_string(), b.to_string(), y.to_string()])
-            })
+        let equalities = (0..words.len().saturating_sub(2))
+            .filter(|&i| words[i + 1] == "=")
+            .filter_map(|i| Some([by_word[i].clone()?, by_word[i + 2].clone()?]))
             .collect();
         References {
             relations: relations
@@ -382,7 +408,7 @@ mod tests {
                     alias: a.map(str::to_string),
                 })
                 .collect(),
-            columns,
+            columns: by_word.into_iter().flatten().collect(),
             equalities,
         }
     }
@@ -420,6 +446,45 @@ mod tests {
         assert_eq!(
             requalified(sql, &refs, "AE", "drug_id", derm).map(|r| r.sql).as_deref(),
             Some("SELECT treatments.drug_id FROM treatments JOIN adverse_events \"AE\" USING (treatment_id)")
+        );
+    }
+
+    /// battle(id, name), ship(id, lost_in_battle, ship_type), crew(name).
+    fn battles(relation: &str, column: &str) -> Option<bool> {
+        let columns: &[&str] = match relation {
+            "battle" => &["id", "name"],
+            "ship" => &["id", "lost_in_battle", "ship_type"],
+            "crew" => &["name"],
+            _ => return None,
+        };
+        Some(columns.contains(&column))
+    }
+
+    #[test]
+    fn a_join_written_the_wrong_way_round_is_swapped() {
+        // Aliases as the parser folds them.
+        let relations = [("battle", Some("t1")), ("ship", Some("t2"))];
+        let sql = "SELECT DISTINCT T1.id, T1.name FROM battle AS T1 JOIN ship AS T2 ON T1.lost_in_battle = T2.id WHERE T2.ship_type = 'Brig'";
+        assert_eq!(
+            requalified(sql, &read_refs(sql, &relations), "t1", "lost_in_battle", battles),
+            Some(Requalified {
+                sql: "SELECT DISTINCT T1.id, T1.name FROM battle AS T1 JOIN ship AS T2 ON t2.lost_in_battle = t1.id WHERE T2.ship_type = 'Brig'".into(),
+                change: "t1.lost_in_battle = t2.id → t2.lost_in_battle = t1.id".into(),
+            })
+        );
+        // Where the qualifier's relation lacks the other column too, no swap makes a join of
+        // it, and moving the column would join ship with itself.
+        let sql = "SELECT c.name FROM crew c JOIN ship s ON c.lost_in_battle = s.id";
+        let relations = [("crew", Some("c")), ("ship", Some("s"))];
+        assert_eq!(
+            requalified(
+                sql,
+                &read_refs(sql, &relations),
+                "c",
+                "lost_in_battle",
+                battles
+            ),
+            None
         );
     }
 

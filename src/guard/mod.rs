@@ -49,9 +49,7 @@ use walk::too_deep;
 
 pub use facts::builtin;
 pub use policy::Allowed;
-#[cfg(test)]
-pub use refs::ColumnRef;
-pub use refs::{references, References, RelationRef};
+pub use refs::{references, ColumnRef, References, RelationRef};
 pub use trust::{superuser_call, Trusted};
 pub use verdict::{Origin, Refusal};
 pub use walk::check_tree;

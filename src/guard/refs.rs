@@ -34,8 +34,8 @@ pub struct References {
     pub relations: Vec<RelationRef>,
     /// Qualified references to a column (`t.c`; not `c`, `s.t.c` or `t.*`).
     pub columns: Vec<ColumnRef>,
-    /// `a.x = b.y`, as (`a`, `x`, `b`, `y`).
-    pub equalities: Vec<[String; 4]>,
+    /// `a.x = b.y`: the join conditions (and other equalities) between two columns.
+    pub equalities: Vec<[ColumnRef; 2]>,
 }
 
 /// The names `sql` uses; empty when it does not parse.
@@ -139,9 +139,7 @@ unsafe extern "C-unwind" fn collector(node: *mut pg_sys::Node, context: *mut c_v
                         qualified_column((*expr).lexpr),
                         qualified_column((*expr).rexpr),
                     ) {
-                        found
-                            .equalities
-                            .push([l.qualifier, l.column, r.qualifier, r.column]);
+                        found.equalities.push([l, r]);
                     }
                 }
             }

@@ -170,6 +170,42 @@ fn a_column_behind_the_wrong_alias_runs_from_the_one_table_that_has_it_without_a
 }
 
 #[test]
+fn a_join_written_the_wrong_way_round_runs_swapped() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute(
+            "CREATE TABLE battle (id int PRIMARY KEY, name text);
+             CREATE TABLE ship (id int PRIMARY KEY, lost_in_battle int REFERENCES battle(id),
+                                ship_type text);
+             INSERT INTO battle VALUES (1, 'Lepanto'), (2, 'Actium');
+             INSERT INTO ship VALUES (1, 2, 'Brig'), (2, 1, 'Galley');",
+        )
+        .unwrap();
+    let written = "SELECT DISTINCT T1.id, T1.name FROM battle AS T1 JOIN ship AS T2 \
+                   ON T1.lost_in_battle = T2.id WHERE T2.ship_type = 'Brig'";
+    s.llm.on(
+        "battles that lost a brig",
+        vec![Reply::sql(written), Reply::sql(written)],
+    );
+    let trace = s.trace("battles that lost a brig").unwrap();
+    assert_eq!(trace["llm_calls"], 1, "no repair was asked for");
+    let attempt = &trace["attempts"][0];
+    assert_eq!(
+        attempt["requalified"],
+        json!(["t1.lost_in_battle = t2.id → t2.lost_in_battle = t1.id"])
+    );
+    assert_eq!(
+        attempt["sql"],
+        "SELECT DISTINCT T1.id, T1.name FROM battle AS T1 JOIN ship AS T2 \
+         ON t2.lost_in_battle = t1.id WHERE T2.ship_type = 'Brig'"
+    );
+    assert_eq!(
+        s.query("battles that lost a brig").unwrap(),
+        vec![json!({"id": 2, "name": "Actium"})]
+    );
+}
+
+#[test]
 fn no_column_moves_to_a_table_the_caller_cannot_read_it_from() {
     let notices = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut s = Session::with_notices(std::sync::Arc::clone(&notices));
