@@ -40,9 +40,9 @@ pub struct Attempt {
     /// The strings it compares columns with that those columns do not store as written
     /// (`Database::misread`), one line each.
     pub misread: Vec<String>,
-    /// The columns the model qualified by a relation that lacks them, each moved to the one
-    /// relation of the query that has them (`ae.drug_id → t.drug_id`): `sql` is the query
-    /// as it ran after that.
+    /// The columns the model qualified by a relation that lacks them, each moved to the
+    /// relation of the query that has them (`ae.drug_id → t.drug_id`, or a join condition
+    /// swapped): `sql` is the query as it ran after that (`hints::requalify`).
     pub requalified: Vec<String>,
 }
 

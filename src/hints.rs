@@ -87,13 +87,14 @@ pub struct Requalified {
     pub change: String,
 }
 
-/// When `error` says `q.c does not exist` and exactly one other relation of `sql` has a column
-/// `c`: `sql` with that relation's name or alias for `q` wherever `q.c` is written. Small
-/// models mix up aliases most of all, and repeat the mix-up however the repair request names
-/// the right table. Not when the rewrite would compare a column with itself (`a.c = q.c`
-/// becoming `a.c = a.c`: the join itself is what is wrong there), nor when the names are
-/// ambiguous (the column in two relations, a relation name in two schemas, a qualifier that is
-/// a subquery's or a CTE's).
+/// When `error` says `q.c does not exist` and the schema says what was meant: `sql` with a
+/// join condition `q.c = o.d` written the wrong way round swapped (o has c, q has d), or else
+/// with the one other relation of `sql` that has a column `c` named wherever `q.c` is written.
+/// Small models mix up aliases most of all, and repeat the mix-up however the repair request
+/// names the right table. No move that would make a join condition compare a relation with
+/// itself (`a.c = q.c` becoming `a.c = a.c`: the join itself is what is wrong there), and none
+/// when the names are ambiguous (the column in two relations, a relation name in two schemas, a
+/// qualifier that is a subquery's or a CTE's).
 pub fn requalify(sql: &str, error: &SqlError) -> Option<Requalified> {
     let Some(NameError::MissingColumn {
         qualifier: Some(qualifier),
