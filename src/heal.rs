@@ -298,14 +298,7 @@ impl Solver<'_> {
             };
         };
         let ran = Instant::now();
-        let outcome = self.run_once(&sql);
-        (self.progress)(Event::Executed {
-            attempt,
-            kind,
-            sql: &sql,
-            outcome: &outcome,
-            ms: millis(ran),
-        });
+        let outcome = self.run_reported(&sql, attempt, kind);
         let (sql, outcome, requalified) = self.requalify(sql, outcome, attempt, kind);
         let ms = millis(ran);
         let misread = match outcome {
@@ -323,16 +316,25 @@ impl Solver<'_> {
         }
     }
 
-    /// The outcome of `sql`; the same query asked for again (a candidate, or a confirmation)
-    /// is not run twice.
-    fn run_once(&mut self, sql: &str) -> Outcome {
+    /// The outcome of `sql`, which progress hears of; the same query asked for again (a
+    /// candidate, or a confirmation) is not run twice.
+    fn run_reported(&mut self, sql: &str, attempt: usize, kind: Kind) -> Outcome {
+        let ran = Instant::now();
         let earlier = self
             .run
             .attempts
             .iter()
             .find(|a| same_query(&a.sql, sql))
             .map(|a| a.outcome.clone());
-        earlier.unwrap_or_else(|| self.db.run(sql))
+        let outcome = earlier.unwrap_or_else(|| self.db.run(sql));
+        (self.progress)(Event::Executed {
+            attempt,
+            kind,
+            sql,
+            outcome: &outcome,
+            ms: millis(ran),
+        });
+        outcome
     }
 
     /// A query that failed because it qualified a column by a relation that lacks it, run
@@ -346,35 +348,27 @@ impl Solver<'_> {
         attempt: usize,
         kind: Kind,
     ) -> (String, Outcome, Vec<String>) {
-        let mut now = (sql.clone(), outcome.clone());
         let mut changes = Vec::new();
+        let mut rewritten: Option<(String, Outcome)> = None;
         for _ in 0..REQUALIFY_ROUNDS {
-            let Some(error) = now
-                .1
+            let (query, result) = rewritten.as_ref().map_or((&sql, &outcome), |(q, r)| (q, r));
+            let Some(error) = result
                 .error()
                 .filter(|e| e.sqlstate == SqlState::UNDEFINED_COLUMN)
             else {
                 break;
             };
-            let Some(fix) = self.db.requalify(&now.0, error) else {
+            let Some(fix) = self.db.requalify(query, error) else {
                 break;
             };
-            let ran = Instant::now();
-            let outcome = self.run_once(&fix.sql);
-            (self.progress)(Event::Executed {
-                attempt,
-                kind,
-                sql: &fix.sql,
-                outcome: &outcome,
-                ms: millis(ran),
-            });
+            let ran = self.run_reported(&fix.sql, attempt, kind);
             changes.push(fix.change);
-            now = (fix.sql, outcome);
+            rewritten = Some((fix.sql, ran));
         }
-        if changes.is_empty() || now.1.error().is_some() {
-            return (sql, outcome, Vec::new());
+        match rewritten {
+            Some((query, result)) if result.error().is_none() => (query, result, changes),
+            _ => (sql, outcome, Vec::new()),
         }
-        (now.0, now.1, changes)
     }
 
     /// What the model is told about `outcome` of `sql`; `None` when there is nothing to repair.

@@ -117,12 +117,11 @@ impl SchemaContext {
             .iter()
             .map(|r| relation_terms(r, sample_values))
             .collect();
-        let unquote = |s: &str| s.trim_matches('"').to_string();
         let mut names = NameIndex::default();
         for (i, r) in relations.iter().enumerate() {
-            names.add(name_tokens(&unquote(&r.name)), i);
+            names.add(name_tokens(unquoted(&r.name)), i);
             for column in &r.columns {
-                let tokens = name_tokens(&unquote(&column.name));
+                let tokens = name_tokens(unquoted(&column.name));
                 if tokens.len() > 1 {
                     names.add(tokens, i);
                 }
@@ -267,9 +266,8 @@ impl SchemaContext {
         missing_column: Option<&str>,
         list_all: bool,
     ) -> Option<String> {
-        let unquote = |s: &str| s.trim_matches('"').to_string();
         let named: Vec<usize> = (0..self.relations.len())
-            .filter(|&i| names.contains(&unquote(&self.relations[i].name)))
+            .filter(|&i| names.iter().any(|n| n == unquoted(&self.relations[i].name)))
             .collect();
         let mut lines: Vec<String> = named
             .iter()
@@ -288,7 +286,7 @@ impl SchemaContext {
                 self.relations[i]
                     .columns
                     .iter()
-                    .any(|c| unquote(&c.name) == column)
+                    .any(|c| unquoted(&c.name) == column)
             });
             for owner in owners {
                 let direct: Vec<String> = named
@@ -331,13 +329,12 @@ impl SchemaContext {
     /// Whether the one relation named `name` (as the parser folds it) has a column `column`;
     /// `None` when no relation, or more than one (in different schemas), is named so.
     pub fn has_column(&self, name: &str, column: &str) -> Option<bool> {
-        let unquote = |s: &str| s.trim_matches('"').to_string();
-        let mut named = self.relations.iter().filter(|r| unquote(&r.name) == name);
+        let mut named = self.relations.iter().filter(|r| unquoted(&r.name) == name);
         let relation = named.next()?;
         if named.next().is_some() {
             return None;
         }
-        Some(relation.columns.iter().any(|c| unquote(&c.name) == column))
+        Some(relation.columns.iter().any(|c| unquoted(&c.name) == column))
     }
 
     /// The join conditions between relations `a` and `b` through their foreign keys (either
@@ -428,11 +425,10 @@ fn statistics_samples(relation: &Relation, per_column: usize) -> Vec<Option<Samp
 }
 
 fn relation_terms(relation: &Relation, sample_values: usize) -> Terms {
-    let unquote = |s: &str| s.trim_matches('"').to_string();
     let mut terms = Terms::default();
-    terms.name.extend(words(&unquote(&relation.name)));
+    terms.name.extend(words(unquoted(&relation.name)));
     for column in &relation.columns {
-        terms.columns.extend(words(&unquote(&column.name)));
+        terms.columns.extend(words(unquoted(&column.name)));
         if let Some(comment) = &column.comment {
             terms.comments.extend(words(comment));
         }
@@ -449,4 +445,9 @@ fn relation_terms(relation: &Relation, sample_values: usize) -> Terms {
         terms.comments.extend(words(comment));
     }
     terms
+}
+
+/// A name as the parser folds it, from the quoted form the schema context keeps.
+fn unquoted(name: &str) -> &str {
+    name.trim_matches('"')
 }
