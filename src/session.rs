@@ -210,7 +210,10 @@ pub fn from_request(turns: &serde_json::Value) -> Result<Vec<Turn>> {
 }
 
 /// Adds a turn to `session` in this transaction's store (and in backend memory, which bridges
-/// a Redis outage); returns the store that kept it.
+/// a Redis outage); returns the store that kept it. An earlier turn with the same question is
+/// dropped: a request retried after a failure (a gateway or server lost mid-call, which may
+/// have recorded the turn already) is kept once, instead of pushing older turns out of the
+/// last `session_turns`.
 pub fn record(session: &str, turn: Turn) -> Store {
     let keep = settings::session_turns().max(1);
     let store = store();
@@ -222,6 +225,7 @@ pub fn record(session: &str, turn: Turn) -> Store {
     if store != Store::Table || !stored {
         MEMORY.with_borrow_mut(|m| {
             let turns = m.entry(memory_key(session)).or_default();
+            turns.retain(|t| t.question != turn.question);
             turns.push_back(turn);
             while turns.len() > keep {
                 turns.pop_front();
@@ -236,8 +240,9 @@ pub fn record(session: &str, turn: Turn) -> Store {
 }
 
 /// Appends the turn to the session's row in one statement (the row's lock orders concurrent
-/// turns of one session, so none is lost), keeping the last `keep` of the turns still alive,
-/// and drops this role's expired sessions; in a subtransaction that never makes the answer fail.
+/// turns of one session, so none is lost), without an earlier turn of the same question, keeping
+/// the last `keep` of the turns still alive, and drops this role's expired sessions; in a
+/// subtransaction that never makes the answer fail.
 fn record_in_table(session: &str, turn: &Turn, keep: usize) -> bool {
     let Ok(schema) = store::extension_schema() else {
         return false;
@@ -245,17 +250,21 @@ fn record_in_table(session: &str, turn: &Turn, keep: usize) -> bool {
     let Ok(turn) = serde_json::to_string(&[turn]) else {
         return false;
     };
+    // `back` numbers the turns from the newest (1) backwards.
     let upsert = format!(
         "INSERT INTO {schema}.nl_sessions AS s (session, turns, role_id) \
          VALUES ($1, $2::jsonb, $3) \
          ON CONFLICT (role_id, session) DO UPDATE SET updated_at = now(), turns = ( \
-             SELECT pg_catalog.jsonb_agg(t.turn ORDER BY t.n) \
-             FROM pg_catalog.jsonb_array_elements( \
-                 CASE WHEN s.updated_at > now() - make_interval(secs => $5) THEN s.turns \
-                      ELSE '[]' END || EXCLUDED.turns) WITH ORDINALITY AS t(turn, n) \
-             WHERE t.n > pg_catalog.jsonb_array_length( \
-                 CASE WHEN s.updated_at > now() - make_interval(secs => $5) THEN s.turns \
-                      ELSE '[]' END || EXCLUDED.turns) - $4)"
+             SELECT pg_catalog.jsonb_agg(k.turn ORDER BY k.n) FROM ( \
+                 SELECT a.turn, a.n, pg_catalog.count(*) OVER (ORDER BY a.n DESC) AS back \
+                 FROM ( \
+                     SELECT t.turn, t.n FROM pg_catalog.jsonb_array_elements( \
+                         CASE WHEN s.updated_at > now() - make_interval(secs => $5) \
+                              THEN s.turns ELSE '[]' END) WITH ORDINALITY AS t(turn, n) \
+                     WHERE t.turn ->> 'question' IS DISTINCT FROM EXCLUDED.turns -> 0 ->> 'question' \
+                     UNION ALL SELECT EXCLUDED.turns -> 0, 9223372036854775807 \
+                 ) a \
+             ) k WHERE k.back <= $4)"
     );
     let expire = format!(
         "DELETE FROM {schema}.nl_sessions \
@@ -280,27 +289,42 @@ fn record_in_table(session: &str, turn: &Turn, keep: usize) -> bool {
     .is_some()
 }
 
+/// Drops the session's earlier turns with the new turn's question, appends it, keeps the last
+/// ARGV[3] and renews the expiry: one script, so that concurrent turns of a session are
+/// applied one after the other and none is lost.
+const RECORD_SCRIPT: &str = r"
+local kept = {}
+for _, item in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
+    local ok, turn = pcall(cjson.decode, item)
+    if not (ok and type(turn) == 'table' and turn.question == ARGV[2]) then
+        kept[#kept + 1] = item
+    end
+end
+kept[#kept + 1] = ARGV[1]
+redis.call('DEL', KEYS[1])
+for i = math.max(1, #kept - tonumber(ARGV[3]) + 1), #kept do
+    redis.call('RPUSH', KEYS[1], kept[i])
+end
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+return #kept
+";
+
 fn record_in_redis(session: &str, turn: &Turn, keep: usize) -> bool {
     let key = redis_client::key("session", session);
     let ttl = settings::session_ttl_s();
     let Ok(json) = serde_json::to_string(turn) else {
         return false;
     };
-    let done: Option<()> = redis_client::call(move |c| {
-        ::redis::pipe()
-            .cmd("RPUSH")
+    let question = turn.question.clone();
+    let done: Option<i64> = redis_client::call(move |c| {
+        ::redis::cmd("EVAL")
+            .arg(RECORD_SCRIPT)
+            .arg(1)
             .arg(&key)
             .arg(json)
-            .ignore()
-            .cmd("LTRIM")
-            .arg(&key)
-            .arg(-(keep as i64))
-            .arg(-1)
-            .ignore()
-            .cmd("EXPIRE")
-            .arg(&key)
+            .arg(question)
+            .arg(keep)
             .arg(ttl)
-            .ignore()
             .query(c)
     });
     done.is_some()

@@ -121,6 +121,66 @@ fn a_session_keeps_a_bounded_number_of_turns() {
     assert!(!last.contains("question number 0"));
 }
 
+/// A request retried after a failure may have been recorded already (a gateway or server lost
+/// mid-call): in every store, a question asked again replaces its earlier turn instead of
+/// pushing the older turns out of the last `session_turns`.
+#[test]
+fn a_question_asked_again_is_kept_once_and_pushes_no_earlier_turn_out() {
+    let redis = RedisServer::start();
+    for store in ["table", "redis", "memory"] {
+        let mut s = Session::new();
+        s.client
+            .batch_execute("SET sql_query_engine.session_turns = 3")
+            .unwrap();
+        match store {
+            "redis" => use_redis(&mut s.client, &redis.url()),
+            "memory" => s
+                .client
+                .batch_execute("SET default_transaction_read_only = on")
+                .unwrap(),
+            _ => {}
+        }
+        let used: String = s
+            .client
+            .query_one("SELECT nl_session_store()", &[])
+            .unwrap()
+            .get(0);
+        assert_eq!(used, store);
+        // Earlier turns are in every request: the model answers what the last message asks.
+        let sql = Arc::new(Mutex::new(String::new()));
+        let answer = Arc::clone(&sql);
+        s.llm
+            .respond_with(move |_| Some(Reply::sql(&answer.lock().unwrap())));
+        let mut ask = |question: &str, answer: &str| {
+            *sql.lock().unwrap() = answer.to_string();
+            s.client
+                .query("SELECT nl_query($1, 'retried')", &[&question])
+                .unwrap();
+            s.llm.requests().last().unwrap().text()
+        };
+        ask("first question", "SELECT 1 AS n");
+        for _ in 0..3 {
+            ask("second question", "SELECT 2 AS n");
+        }
+        let told = ask("third question", "SELECT 3 AS n");
+        assert!(told.contains("first question"), "{store}: {told}");
+        assert_eq!(
+            told.matches("second question").count(),
+            1,
+            "{store}: {told}"
+        );
+        // An earlier question asked again moves to the end, with the SQL that answered it now.
+        ask("first question", "SELECT 4 AS n");
+        let told = ask("fourth question", "SELECT 5 AS n");
+        let at = |text: &str| told.find(text).unwrap_or(usize::MAX);
+        assert!(
+            at("third question") < at("first question") && at("SELECT 4 AS n") < usize::MAX,
+            "{store}: {told}"
+        );
+        assert!(!told.contains("SELECT 1 AS n"), "{store}: {told}");
+    }
+}
+
 #[test]
 fn redis_shares_a_conversation_across_connections_but_not_roles() {
     let redis = RedisServer::start();
