@@ -334,4 +334,29 @@ fn conversations_hop_between_gateways_and_servers_and_survive_losing_one_of_each
         .query(&mut redis)
         .unwrap();
     assert_eq!(keys.len(), CONVERSATIONS / 2, "{keys:?}");
+    // Each holds every turn of its conversation once: a turn retried after a failure (and maybe
+    // recorded by the server that failed, or by a call the killed gateway left running, which
+    // may finish after the retry) was not kept twice.
+    for key in &keys {
+        let c: usize = key
+            .rsplit('-')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{key}"));
+        let turns: Vec<String> = redis::cmd("LRANGE")
+            .arg(key)
+            .arg(0)
+            .arg(-1)
+            .query(&mut redis)
+            .unwrap();
+        let mut questions: Vec<String> = turns
+            .iter()
+            .map(|t| serde_json::from_str::<Value>(t).unwrap()["question"].to_string())
+            .collect();
+        questions.sort();
+        let expected: Vec<String> = (1..=TURNS)
+            .map(|turn| Value::from(question(c, turn)).to_string())
+            .collect();
+        assert_eq!(questions, expected, "{key}");
+    }
 }
