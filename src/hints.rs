@@ -93,8 +93,8 @@ pub struct Requalified {
 /// Small models mix up aliases most of all, and repeat the mix-up however the repair request
 /// names the right table. No move that would make a join condition compare a relation with
 /// itself (`a.c = q.c` becoming `a.c = a.c`: the join itself is what is wrong there), and none
-/// when the names are ambiguous (the column in two relations, a relation name in two schemas, a
-/// qualifier that is a subquery's or a CTE's).
+/// when the names are ambiguous (the column in two relations the query does not join on it, a
+/// relation name in two schemas, a qualifier that is a subquery's or a CTE's).
 pub fn requalify(sql: &str, error: &SqlError) -> Option<Requalified> {
     let Some(NameError::MissingColumn {
         qualifier: Some(qualifier),
@@ -163,18 +163,21 @@ fn requalified(
         });
     }
     let qualifier_of = |r: &RelationRef| r.alias.clone().unwrap_or_else(|| r.name.clone());
-    let mut owners = refs
+    let owners: Vec<String> = refs
         .relations
         .iter()
-        .filter(|r| has_column(&r.name, column) == Some(true));
-    let owner = qualifier_of(owners.next()?);
-    let ambiguous = owners.next().is_some()
-        || refs
-            .relations
-            .iter()
-            .filter(|r| qualifier_of(r) == owner)
-            .count()
-            != 1;
+        .filter(|r| has_column(&r.name, column) == Some(true))
+        .map(qualifier_of)
+        .collect();
+    let owner = owners.first()?.clone();
+    let ambiguous = !equated(refs, &owners, column)
+        || owners.iter().any(|o| {
+            refs.relations
+                .iter()
+                .filter(|r| qualifier_of(r) == *o)
+                .count()
+                != 1
+        });
     // A join condition would then compare two columns of one relation (`a.c = q.c` becoming
     // `a.c = a.c`): the join itself is what is wrong.
     if ambiguous || joins.iter().any(|(_, other)| other.qualifier == owner) {
@@ -190,6 +193,37 @@ fn requalified(
         sql: rewrite(sql, &edits)?,
         change: format!("{qualifier}.{column} → {owner}.{column}"),
     })
+}
+
+/// Whether `owners` (qualifiers) are one, or the query's equalities join all of them on
+/// `column` (`t.c = d.c`, chained): then they hold the same value, and the first is as good as
+/// any.
+fn equated(refs: &References, owners: &[String], column: &str) -> bool {
+    let Some(first) = owners.first() else {
+        return false;
+    };
+    let mut joined = vec![first];
+    // Each round joins at least one more owner, or ends.
+    for _ in 1..owners.len() {
+        let before = joined.len();
+        for [l, r] in &refs.equalities {
+            if l.column != column || r.column != column {
+                continue;
+            }
+            for (a, b) in [(l, r), (r, l)] {
+                if joined.contains(&&a.qualifier)
+                    && !joined.contains(&&b.qualifier)
+                    && owners.contains(&b.qualifier)
+                {
+                    joined.push(&b.qualifier);
+                }
+            }
+        }
+        if joined.len() == before {
+            break;
+        }
+    }
+    joined.len() == owners.len()
 }
 
 /// `sql` with each `(at, from, to)`: the qualifier written at byte `at`, which the parser folds
@@ -450,6 +484,29 @@ mod tests {
         );
     }
 
+    #[test]
+    fn relations_joined_on_the_column_are_one_owner() {
+        let relations = [
+            ("adverse_events", Some("ae")),
+            ("treatments", Some("t")),
+            ("drugs", Some("d")),
+        ];
+        let sql = "SELECT ae.description, ae.drug_id, d.drug_name FROM adverse_events ae JOIN treatments t ON ae.treatment_id = t.treatment_id JOIN drugs d ON d.drug_id = t.drug_id";
+        assert_eq!(
+            requalified(sql, &read_refs(sql, &relations), "ae", "drug_id", derm),
+            Some(Requalified {
+                sql: "SELECT ae.description, t.drug_id, d.drug_name FROM adverse_events ae JOIN treatments t ON ae.treatment_id = t.treatment_id JOIN drugs d ON d.drug_id = t.drug_id".into(),
+                change: "ae.drug_id → t.drug_id".into(),
+            })
+        );
+        // Joined on another column: which one is meant is a guess.
+        let sql = "SELECT ae.drug_id FROM adverse_events ae JOIN treatments t ON ae.treatment_id = t.treatment_id JOIN drugs d ON d.drug_id = t.treatment_id";
+        assert_eq!(
+            requalified(sql, &read_refs(sql, &relations), "ae", "drug_id", derm),
+            None
+        );
+    }
+
     /// battle(id, name), ship(id, lost_in_battle, ship_type), crew(name).
     fn battles(relation: &str, column: &str) -> Option<bool> {
         let columns: &[&str] = match relation {
@@ -506,8 +563,8 @@ mod tests {
             ),
             None
         );
-        // Two relations have the column.
-        let sql = "SELECT ae.drug_id FROM adverse_events ae JOIN treatments t ON t.treatment_id = ae.treatment_id JOIN drugs d ON d.drug_id = t.drug_id";
+        // Two relations have the column, and the query does not join them on it.
+        let sql = "SELECT ae.drug_id FROM adverse_events ae JOIN treatments t ON t.treatment_id = ae.treatment_id JOIN drugs d ON d.drug_name = t.treatment_id::text";
         assert_eq!(
             with(
                 sql,

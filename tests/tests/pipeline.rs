@@ -170,6 +170,38 @@ fn a_column_behind_the_wrong_alias_runs_from_the_one_table_that_has_it_without_a
 }
 
 #[test]
+fn a_column_two_joined_tables_share_runs_from_the_first_of_them() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute(
+            "CREATE TABLE payments (payment_id int PRIMARY KEY,
+                                    order_id int REFERENCES orders(order_id), paid numeric);
+             INSERT INTO payments SELECT order_id, order_id, amount FROM orders;",
+        )
+        .unwrap();
+    // customer_id is in orders and customers, which the query joins on it: either is meant.
+    s.llm.on(
+        "paid per customer",
+        vec![Reply::sql(
+            "SELECT p.customer_id, sum(p.paid) AS paid FROM payments p \
+             JOIN orders o ON o.order_id = p.order_id \
+             JOIN customers c ON c.customer_id = o.customer_id \
+             GROUP BY p.customer_id ORDER BY p.customer_id",
+        )],
+    );
+    let trace = s.trace("paid per customer").unwrap();
+    assert_eq!(trace["status"], "ok");
+    assert_eq!(trace["llm_calls"], 1, "no repair was asked for");
+    let attempt = &trace["attempts"][0];
+    assert_eq!(
+        attempt["requalified"],
+        json!(["p.customer_id → o.customer_id"])
+    );
+    let expected: i64 = s.scalar_i64("SELECT count(DISTINCT customer_id) FROM orders");
+    assert_eq!(attempt["row_count"], expected);
+}
+
+#[test]
 fn a_join_written_the_wrong_way_round_runs_swapped() {
     let mut s = Session::new();
     s.client
