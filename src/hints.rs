@@ -5,7 +5,7 @@
 
 use crate::error::{SqlError, SqlState};
 use crate::guard::{self, ColumnRef, References, RelationRef};
-use crate::schema;
+use crate::schema::{self, Hop};
 
 /// The name a failed query got wrong, as read from PostgreSQL's message.
 #[derive(Debug, PartialEq, Eq)]
@@ -109,19 +109,34 @@ pub fn requalify(sql: &str, error: &SqlError) -> Option<Requalified> {
         &guard::references(sql),
         &qualifier,
         &column,
-        |relation, column| context.has_column(relation, column),
+        Schema {
+            has_column: |relation: &str, column: &str| context.has_column(relation, column),
+            one_hop: |relation: &str, column: &str| context.one_hop(relation, column),
+        },
     )
 }
 
-/// `requalify` once the names are read; `has_column` says whether the one relation of that
-/// name has that column (`None`: no such relation, or several).
-fn requalified(
+/// What `requalified` asks of the schema: whether the one relation of a name has a column
+/// (`None`: no such relation, or several), and the relations one foreign key away from it that
+/// have a column.
+struct Schema<H, J> {
+    has_column: H,
+    one_hop: J,
+}
+
+/// `requalify` once the names are read.
+fn requalified<H, J>(
     sql: &str,
     refs: &References,
     qualifier: &str,
     column: &str,
-    has_column: impl Fn(&str, &str) -> Option<bool>,
-) -> Option<Requalified> {
+    schema: Schema<H, J>,
+) -> Option<Requalified>
+where
+    H: Fn(&str, &str) -> Option<bool>,
+    J: Fn(&str, &str) -> Vec<Hop>,
+{
+    let has_column = &schema.has_column;
     let has =
         |q: &str, c: &str| resolve(&refs.relations, q).and_then(|(table, _)| has_column(table, c));
     if has(qualifier, column) != Some(false) {
@@ -169,7 +184,9 @@ fn requalified(
         .filter(|r| has_column(&r.name, column) == Some(true))
         .map(qualifier_of)
         .collect();
-    let owner = owners.first()?.clone();
+    let Some(owner) = owners.first().cloned() else {
+        return joined(sql, refs, qualifier, column, &schema.one_hop);
+    };
     let ambiguous = !equated(refs, &owners, column)
         || owners.iter().any(|o| {
             refs.relations
@@ -180,8 +197,12 @@ fn requalified(
         });
     // A join condition would then compare two columns of one relation (`a.c = q.c` becoming
     // `a.c = a.c`): the join itself is what is wrong.
-    if ambiguous || joins.iter().any(|(_, other)| other.qualifier == owner) {
+    if ambiguous {
         return None;
+    }
+    if joins.iter().any(|(_, other)| other.qualifier == owner) {
+        // `a.c = q.c`: the model joined q where a relation between them was meant.
+        return joined(sql, refs, qualifier, column, &schema.one_hop);
     }
     let edits: Vec<(usize, &str, &str)> = refs
         .columns
@@ -230,18 +251,131 @@ fn equated(refs: &References, owners: &[String], column: &str) -> bool {
 /// to `from`, written as `to`. `None` when there is nothing to do or a qualifier is not where
 /// the parser said.
 fn rewrite(sql: &str, edits: &[(usize, &str, &str)]) -> Option<String> {
-    let mut edits = edits.to_vec();
-    edits.sort_unstable_by_key(|&(at, _, _)| std::cmp::Reverse(at));
-    edits.dedup_by_key(|&mut (at, _, _)| at);
-    if edits.is_empty() {
+    let splices = edits
+        .iter()
+        .map(|&(at, from, to)| Some((at, written_length(sql.get(at..)?, from)?, identifier(to))))
+        .collect::<Option<Vec<_>>>()?;
+    splice(sql, splices)
+}
+
+/// `sql` with each `(at, length, text)`: the `length` bytes at `at` replaced by `text`. `None`
+/// when there is nothing to do or a range is not in `sql`.
+fn splice(sql: &str, mut splices: Vec<(usize, usize, String)>) -> Option<String> {
+    splices.sort_unstable_by_key(|&(at, _, _)| std::cmp::Reverse(at));
+    splices.dedup_by_key(|&mut (at, _, _)| at);
+    if splices.is_empty() {
         return None;
     }
     let mut rewritten = sql.to_string();
-    for (at, from, to) in edits {
-        let length = written_length(sql.get(at..)?, from)?;
-        rewritten.replace_range(at..at + length, &identifier(to));
+    for (at, length, text) in splices {
+        sql.get(at..at.checked_add(length)?)?;
+        rewritten.replace_range(at..at + length, &text);
     }
     Some(rewritten)
+}
+
+/// When the qualifier's relation lacks the column, no relation of the query has it, and exactly
+/// one relation one foreign key away does (the model skipped a table between them): `sql` with
+/// that relation joined right after the qualifier's FROM item, through the key, and the column
+/// read from it. The join nests there (`a JOIN b JOIN c ON .. ON ..` is `a JOIN (b JOIN c ON
+/// ..) ON ..`), so every clause that could name the qualifier can name the new relation too.
+fn joined(
+    sql: &str,
+    refs: &References,
+    qualifier: &str,
+    column: &str,
+    one_hop: impl Fn(&str, &str) -> Vec<Hop>,
+) -> Option<Requalified> {
+    let (table, alias) = resolve(&refs.relations, qualifier)?;
+    let item = refs
+        .relations
+        .iter()
+        .find(|r| r.name == table && r.alias.as_deref() == alias)?;
+    let [hop] = &one_hop(table, column)[..] else {
+        return None;
+    };
+    // The new relation is named by its name, which nothing in the query may name already.
+    let taken = refs
+        .relations
+        .iter()
+        .any(|r| r.name == hop.name || r.alias.as_deref() == Some(hop.name.as_str()))
+        || refs.columns.iter().any(|c| c.qualifier == hop.name);
+    if taken {
+        return None;
+    }
+    let end = item_end(sql, item.at?, alias)?;
+    let (q, h) = (identifier(qualifier), identifier(&hop.name));
+    let on: Vec<String> = hop
+        .on
+        .iter()
+        .map(|(from, to)| format!("{h}.{} = {q}.{}", identifier(to), identifier(from)))
+        .collect();
+    let on = on.join(" AND ");
+    let named = if hop.sql == h {
+        h.clone()
+    } else {
+        format!("{} AS {h}", hop.sql)
+    };
+    let mut splices = vec![(end, 0, format!(" JOIN {named} ON {on}"))];
+    for c in refs.columns.iter() {
+        if c.qualifier == qualifier && c.column == column {
+            splices.push((
+                c.at,
+                written_length(sql.get(c.at..)?, qualifier)?,
+                h.clone(),
+            ));
+        }
+    }
+    Some(Requalified {
+        sql: splice(sql, splices)?,
+        change: format!("{qualifier}.{column} → {h}.{column}, joined by {on}"),
+    })
+}
+
+/// The byte offset right after the FROM item that starts at `at`: its (maybe qualified) name
+/// and then, when it has one, its alias, with or without AS.
+fn item_end(sql: &str, at: usize, alias: Option<&str>) -> Option<usize> {
+    let mut end = at + any_identifier(sql.get(at..)?)?;
+    while sql.get(end..)?.starts_with('.') {
+        end += 1 + any_identifier(sql.get(end + 1..)?)?;
+    }
+    let Some(alias) = alias else {
+        return Some(end);
+    };
+    let gap = |from: usize| -> Option<usize> {
+        let rest = sql.get(from..)?;
+        Some(rest.len() - rest.trim_start().len())
+    };
+    let mut at_alias = end + gap(end)?;
+    let rest = sql.get(at_alias..)?;
+    if rest.len() > 2
+        && rest[..2].eq_ignore_ascii_case("as")
+        && rest[2..].starts_with(char::is_whitespace)
+    {
+        at_alias += 2 + gap(at_alias + 2)?;
+    }
+    Some(at_alias + written_length(sql.get(at_alias..)?, alias)?)
+}
+
+/// The length of the identifier `text` starts with, bare or quoted, whatever it folds to.
+fn any_identifier(text: &str) -> Option<usize> {
+    if let Some(quoted) = text.strip_prefix('"') {
+        let mut chars = quoted.char_indices().peekable();
+        while let Some((i, c)) = chars.next() {
+            if c == '"' {
+                if chars.peek().is_some_and(|&(_, next)| next == '"') {
+                    chars.next();
+                    continue;
+                }
+                return Some(i + 2);
+            }
+        }
+        return None;
+    }
+    let length = text
+        .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == '$'))
+        .unwrap_or(text.len());
+    (length > 0).then_some(length)
 }
 
 /// The length of the identifier `text` starts with, when the parser folds it to `folded`.
@@ -441,6 +575,16 @@ mod tests {
                 .map(|(n, a)| RelationRef {
                     name: n.to_string(),
                     alias: a.map(str::to_string),
+                    // Where the word is first written (the parser's offset of a FROM item).
+                    at: sql
+                        .split(' ')
+                        .scan(0, |at, w| {
+                            let start = *at;
+                            *at += w.len() + 1;
+                            Some((start, w))
+                        })
+                        .find(|(_, w)| w.eq_ignore_ascii_case(n))
+                        .map(|(start, _)| start),
                 })
                 .collect(),
             columns: by_word.into_iter().flatten().collect(),
@@ -448,8 +592,28 @@ mod tests {
         }
     }
 
+    type Lookup = Schema<fn(&str, &str) -> Option<bool>, fn(&str, &str) -> Vec<Hop>>;
+
+    fn no_hops(_: &str, _: &str) -> Vec<Hop> {
+        Vec::new()
+    }
+
+    fn derm() -> Lookup {
+        Schema {
+            has_column: derm_columns,
+            one_hop: no_hops,
+        }
+    }
+
+    fn battles() -> Lookup {
+        Schema {
+            has_column: battles_columns,
+            one_hop: no_hops,
+        }
+    }
+
     /// adverse_events(id, treatment_id), treatments(treatment_id, drug_id), drugs(drug_id, name).
-    fn derm(relation: &str, column: &str) -> Option<bool> {
+    fn derm_columns(relation: &str, column: &str) -> Option<bool> {
         let columns: &[&str] = match relation {
             "adverse_events" => &["id", "treatment_id", "description"],
             "treatments" => &["treatment_id", "drug_id", "patient_id"],
@@ -468,7 +632,7 @@ mod tests {
             &[("adverse_events", Some("ae")), ("treatments", Some("t"))],
         );
         assert_eq!(
-            requalified(sql, &refs, "ae", "drug_id", derm),
+            requalified(sql, &refs, "ae", "drug_id", derm()),
             Some(Requalified {
                 sql: "SELECT ae.description, t.drug_id FROM adverse_events ae JOIN treatments t ON ae.treatment_id = t.treatment_id WHERE t.drug_id > 2".into(),
                 change: "ae.drug_id → t.drug_id".into(),
@@ -479,7 +643,7 @@ mod tests {
             "SELECT \"AE\".drug_id FROM treatments JOIN adverse_events \"AE\" USING (treatment_id)";
         let refs = read_refs(sql, &[("treatments", None), ("adverse_events", Some("AE"))]);
         assert_eq!(
-            requalified(sql, &refs, "AE", "drug_id", derm).map(|r| r.sql).as_deref(),
+            requalified(sql, &refs, "AE", "drug_id", derm()).map(|r| r.sql).as_deref(),
             Some("SELECT treatments.drug_id FROM treatments JOIN adverse_events \"AE\" USING (treatment_id)")
         );
     }
@@ -493,7 +657,7 @@ mod tests {
         ];
         let sql = "SELECT ae.description, ae.drug_id, d.drug_name FROM adverse_events ae JOIN treatments t ON ae.treatment_id = t.treatment_id JOIN drugs d ON d.drug_id = t.drug_id";
         assert_eq!(
-            requalified(sql, &read_refs(sql, &relations), "ae", "drug_id", derm),
+            requalified(sql, &read_refs(sql, &relations), "ae", "drug_id", derm()),
             Some(Requalified {
                 sql: "SELECT ae.description, t.drug_id, d.drug_name FROM adverse_events ae JOIN treatments t ON ae.treatment_id = t.treatment_id JOIN drugs d ON d.drug_id = t.drug_id".into(),
                 change: "ae.drug_id → t.drug_id".into(),
@@ -502,13 +666,110 @@ mod tests {
         // Joined on another column: which one is meant is a guess.
         let sql = "SELECT ae.drug_id FROM adverse_events ae JOIN treatments t ON ae.treatment_id = t.treatment_id JOIN drugs d ON d.drug_id = t.treatment_id";
         assert_eq!(
-            requalified(sql, &read_refs(sql, &relations), "ae", "drug_id", derm),
+            requalified(sql, &read_refs(sql, &relations), "ae", "drug_id", derm()),
             None
         );
     }
 
+    /// courses(course_id, title), sections(section_id, course_id), enrollments(enrollment_id,
+    /// section_id), with enrollments.section_id referencing sections.
+    fn university() -> Lookup {
+        fn columns(relation: &str, column: &str) -> Option<bool> {
+            let columns: &[&str] = match relation {
+                "courses" => &["course_id", "title"],
+                "sections" => &["section_id", "course_id"],
+                "enrollments" => &["enrollment_id", "section_id"],
+                _ => return None,
+            };
+            Some(columns.contains(&column))
+        }
+        fn hops(relation: &str, column: &str) -> Vec<Hop> {
+            match (relation, column) {
+                ("enrollments", "course_id") => vec![Hop {
+                    sql: "uni.sections".into(),
+                    name: "sections".into(),
+                    on: vec![("section_id".into(), "section_id".into())],
+                }],
+                _ => Vec::new(),
+            }
+        }
+        Schema {
+            has_column: columns,
+            one_hop: hops,
+        }
+    }
+
+    #[test]
+    fn a_table_the_model_skipped_is_joined_through_its_foreign_key() {
+        let relations = [("courses", Some("c")), ("enrollments", Some("e"))];
+        let sql = "SELECT c.title, count(*) FROM courses c JOIN enrollments e ON c.course_id = e.course_id GROUP BY c.title";
+        assert_eq!(
+            requalified(sql, &read_refs(sql, &relations), "e", "course_id", university()),
+            Some(Requalified {
+                sql: "SELECT c.title, count(*) FROM courses c JOIN enrollments e JOIN uni.sections AS sections ON sections.section_id = e.section_id ON c.course_id = sections.course_id GROUP BY c.title".into(),
+                change: "e.course_id → sections.course_id, joined by sections.section_id = e.section_id".into(),
+            })
+        );
+        // No relation of the query has it; an alias written with AS.
+        let relations = [("enrollments", Some("e"))];
+        let sql = "SELECT E.enrollment_id FROM enrollments AS E WHERE E.course_id = 3";
+        assert_eq!(
+            requalified(sql, &read_refs(sql, &relations), "e", "course_id", university())
+                .map(|r| r.sql)
+                .as_deref(),
+            Some("SELECT E.enrollment_id FROM enrollments AS E JOIN uni.sections AS sections ON sections.section_id = e.section_id WHERE sections.course_id = 3")
+        );
+        // The query uses the name sections already (for courses, here): never a second one.
+        let relations = [("enrollments", Some("e")), ("courses", Some("sections"))];
+        let sql =
+            "SELECT 1 FROM enrollments e JOIN courses sections ON sections.course_id = e.course_id";
+        assert_eq!(
+            requalified(
+                sql,
+                &read_refs(sql, &relations),
+                "e",
+                "course_id",
+                university()
+            ),
+            None
+        );
+        // Two relations a key away have it, or none: a guess.
+        let two = Schema {
+            has_column: university().has_column,
+            one_hop: |relation: &str, column: &str| {
+                let mut hops = (university().one_hop)(relation, column);
+                hops.extend(hops.clone());
+                hops
+            },
+        };
+        let relations = [("enrollments", Some("e"))];
+        let sql = "SELECT e.course_id FROM enrollments e";
+        assert_eq!(
+            requalified(sql, &read_refs(sql, &relations), "e", "course_id", two),
+            None
+        );
+        assert_eq!(
+            requalified(sql, &read_refs(sql, &relations), "e", "title", university()),
+            None
+        );
+    }
+
+    #[test]
+    fn a_from_item_ends_after_its_name_and_alias() {
+        let sql = "SELECT 1 FROM public.\"Enroll ments\" AS  \"E\" WHERE true";
+        assert_eq!(
+            item_end(sql, 14, Some("E")),
+            Some(sql.find(" WHERE").unwrap())
+        );
+        let sql = "SELECT 1 FROM enrollments e, x";
+        assert_eq!(item_end(sql, 14, Some("e")), Some(27));
+        assert_eq!(item_end(sql, 14, None), Some(25));
+        assert_eq!(item_end(sql, 14, Some("f")), None);
+        assert_eq!(item_end("FROM asx", 5, Some("x")), None);
+    }
+
     /// battle(id, name), ship(id, lost_in_battle, ship_type), crew(name).
-    fn battles(relation: &str, column: &str) -> Option<bool> {
+    fn battles_columns(relation: &str, column: &str) -> Option<bool> {
         let columns: &[&str] = match relation {
             "battle" => &["id", "name"],
             "ship" => &["id", "lost_in_battle", "ship_type"],
@@ -524,7 +785,7 @@ mod tests {
         let relations = [("battle", Some("t1")), ("ship", Some("t2"))];
         let sql = "SELECT DISTINCT T1.id, T1.name FROM battle AS T1 JOIN ship AS T2 ON T1.lost_in_battle = T2.id WHERE T2.ship_type = 'Brig'";
         assert_eq!(
-            requalified(sql, &read_refs(sql, &relations), "t1", "lost_in_battle", battles),
+            requalified(sql, &read_refs(sql, &relations), "t1", "lost_in_battle", battles()),
             Some(Requalified {
                 sql: "SELECT DISTINCT T1.id, T1.name FROM battle AS T1 JOIN ship AS T2 ON t2.lost_in_battle = t1.id WHERE T2.ship_type = 'Brig'".into(),
                 change: "t1.lost_in_battle = t2.id → t2.lost_in_battle = t1.id".into(),
@@ -540,7 +801,7 @@ mod tests {
                 &read_refs(sql, &relations),
                 "c",
                 "lost_in_battle",
-                battles
+                battles()
             ),
             None
         );
@@ -549,7 +810,7 @@ mod tests {
     #[test]
     fn a_requalification_that_would_be_a_guess_is_not_made() {
         let with = |sql: &str, relations: &[(&str, Option<&str>)], q: &str, c: &str| {
-            requalified(sql, &read_refs(sql, relations), q, c, derm)
+            requalified(sql, &read_refs(sql, relations), q, c, derm())
         };
         // The join itself is wrong: ae.drug_id = d.drug_id would become d.drug_id = d.drug_id.
         let sql =
@@ -612,19 +873,22 @@ mod tests {
                 RelationRef {
                     name: "adverse_events".into(),
                     alias: Some("ae".into()),
+                    at: None,
                 },
                 RelationRef {
                     name: "treatments".into(),
                     alias: None,
+                    at: None,
                 },
                 RelationRef {
                     name: "treatments".into(),
                     alias: Some("treatments".into()),
+                    at: None,
                 },
             ],
             ..read_refs(sql, &[])
         };
-        assert_eq!(requalified(sql, &refs, "ae", "drug_id", derm), None);
+        assert_eq!(requalified(sql, &refs, "ae", "drug_id", derm()), None);
     }
 
     #[test]
@@ -648,10 +912,12 @@ mod tests {
             RelationRef {
                 name: "order_items".into(),
                 alias: Some("oi".into()),
+                at: None,
             },
             RelationRef {
                 name: "orders".into(),
                 alias: None,
+                at: None,
             },
         ];
         assert_eq!(resolve(&refs, "oi"), Some(("order_items", Some("oi"))));

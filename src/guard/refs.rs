@@ -17,6 +17,8 @@ pub struct RelationRef {
     /// As the parser folded it.
     pub name: String,
     pub alias: Option<String>,
+    /// The byte offset its (maybe schema-qualified) name starts at, where first named.
+    pub at: Option<usize>,
 }
 
 /// A column reference `qualifier.column` and the byte offset its qualifier starts at.
@@ -115,8 +117,10 @@ unsafe extern "C-unwind" fn collector(node: *mut pg_sys::Node, context: *mut c_v
                     alias: (!alias.is_null())
                         .then(|| c_string((*alias).aliasname))
                         .filter(|a| !a.is_empty()),
+                    at: usize::try_from((*range_var).location).ok(),
                 };
-                if !relation.name.is_empty() && !found.relations.contains(&relation) {
+                let named = |r: &RelationRef| r.name == relation.name && r.alias == relation.alias;
+                if !relation.name.is_empty() && !found.relations.iter().any(named) {
                     found.relations.push(relation);
                 }
             }

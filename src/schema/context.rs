@@ -337,6 +337,40 @@ impl SchemaContext {
         Some(relation.columns.iter().any(|c| unquoted(&c.name) == column))
     }
 
+    /// The relations one foreign key away from the one relation named `name` (as the parser
+    /// folds it) that have a column `column`, each with the columns the key joins; only
+    /// columns this context shows (the caller may read them) are used.
+    pub fn one_hop(&self, name: &str, column: &str) -> Vec<Hop> {
+        let mut named = self.relations.iter().filter(|r| unquoted(&r.name) == name);
+        let (Some(from), None) = (named.next(), named.next()) else {
+            return Vec::new();
+        };
+        let shows = |r: &Relation, c: &str| r.columns.iter().any(|k| unquoted(&k.name) == c);
+        let hop = |to: &Relation, pairs: Vec<(&String, &String)>| -> Option<Hop> {
+            let on: Vec<(String, String)> = pairs
+                .into_iter()
+                .map(|(f, t)| (unquoted(f).to_string(), unquoted(t).to_string()))
+                .collect();
+            let readable = on.iter().all(|(f, t)| shows(from, f) && shows(to, t));
+            (to.oid != from.oid && shows(to, column) && readable && !on.is_empty()).then(|| Hop {
+                sql: to.sql_name(),
+                name: unquoted(&to.name).to_string(),
+                on,
+            })
+        };
+        let outgoing = from.foreign_keys.iter().filter_map(|fk| {
+            let to = self.relations.iter().find(|r| r.oid == fk.ref_oid)?;
+            hop(to, fk.columns.iter().zip(&fk.ref_columns).collect())
+        });
+        let incoming = self.relations.iter().flat_map(|to| {
+            to.foreign_keys
+                .iter()
+                .filter(|fk| fk.ref_oid == from.oid)
+                .filter_map(move |fk| hop(to, fk.ref_columns.iter().zip(&fk.columns).collect()))
+        });
+        outgoing.chain(incoming).collect()
+    }
+
     /// The join conditions between relations `a` and `b` through their foreign keys (either
     /// way), as SQL.
     fn join(&self, a: usize, b: usize) -> Vec<String> {
@@ -393,6 +427,17 @@ impl SchemaContext {
         self.samples.borrow_mut().insert(i, Rc::clone(&s));
         s
     }
+}
+
+/// A relation one foreign key away from another (`SchemaContext::one_hop`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hop {
+    /// As SQL writes it (schema-qualified when the search path would not find it).
+    pub sql: String,
+    /// Its name, as the parser folds it.
+    pub name: String,
+    /// The columns the key joins: (the other relation's, this one's).
+    pub on: Vec<(String, String)>,
 }
 
 /// The join conditions of `from`'s foreign keys to `to`, as SQL.

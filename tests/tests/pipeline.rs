@@ -125,12 +125,17 @@ fn a_column_on_the_wrong_table_is_repaired_with_where_it_is_and_how_to_join() {
     s.llm.on(
         "names of customers who ordered",
         vec![
-            Reply::sql("SELECT o.name FROM orders o"),
+            // Joined to customers, it fails too (name is not grouped): the model's error stands.
+            Reply::sql("SELECT o.name FROM orders o GROUP BY o.customer_id"),
             Reply::sql("SELECT DISTINCT c.name FROM orders o JOIN customers c USING (customer_id)"),
         ],
     );
     assert_eq!(s.query("names of customers who ordered").unwrap().len(), 4);
     let feedback = s.llm.requests()[1].last_message();
+    assert!(
+        feedback.contains("SELECT o.name FROM orders o GROUP BY o.customer_id"),
+        "{feedback}"
+    );
     assert!(
         feedback.contains("The columns of orders are: order_id, customer_id, ordered_on, amount."),
         "{feedback}"
@@ -199,6 +204,54 @@ fn a_column_two_joined_tables_share_runs_from_the_first_of_them() {
     );
     let expected: i64 = s.scalar_i64("SELECT count(DISTINCT customer_id) FROM orders");
     assert_eq!(attempt["row_count"], expected);
+}
+
+#[test]
+fn a_table_the_model_skipped_is_joined_through_its_foreign_key_when_the_caller_may_read_it() {
+    let mut s = Session::new();
+    let role = format!("picker_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE TABLE order_items (order_id int REFERENCES orders(order_id), quantity int);
+             INSERT INTO order_items SELECT order_id, 2 FROM orders;
+             CREATE ROLE {role}; GRANT SELECT ON order_items TO {role};
+             GRANT SELECT (order_id, amount) ON orders TO {role};"
+        ))
+        .unwrap();
+    // order_items has no customer_id; orders, one foreign key away, has.
+    let written = "SELECT oi.customer_id, sum(oi.quantity) AS items FROM order_items oi \
+                   GROUP BY oi.customer_id ORDER BY oi.customer_id";
+    s.llm.on("items per customer", vec![Reply::sql(written)]);
+    let trace = s.trace("items per customer").unwrap();
+    assert_eq!(trace["status"], "ok");
+    assert_eq!(trace["llm_calls"], 1, "no repair was asked for");
+    let attempt = &trace["attempts"][0];
+    assert_eq!(
+        attempt["requalified"],
+        json!(["oi.customer_id → orders.customer_id, joined by orders.order_id = oi.order_id"])
+    );
+    assert_eq!(
+        attempt["sql"],
+        "SELECT orders.customer_id, sum(oi.quantity) AS items FROM order_items oi \
+         JOIN orders ON orders.order_id = oi.order_id \
+         GROUP BY orders.customer_id ORDER BY orders.customer_id"
+    );
+    let customers = s.scalar_i64("SELECT count(DISTINCT customer_id) FROM orders");
+    assert_eq!(attempt["row_count"], customers);
+
+    // A role that may not read orders.customer_id: the model's query and error stand.
+    s.client
+        .batch_execute(&format!(
+            "SET sql_query_engine.max_repairs = 0; SET ROLE {role}"
+        ))
+        .unwrap();
+    s.llm
+        .on("items per customer, as a picker", vec![Reply::sql(written)]);
+    let trace = s.trace("items per customer, as a picker").unwrap();
+    let attempt = &trace["attempts"][0];
+    assert_eq!(attempt["sqlstate"], "42703");
+    assert_eq!(attempt["requalified"], json!([]));
+    assert_eq!(attempt["sql"], written);
 }
 
 #[test]
@@ -301,9 +354,10 @@ fn an_unknown_alias_or_a_column_behind_the_wrong_alias_is_repaired_with_the_join
                 "SELECT c.name, sum(p.price) FROM customers c \
                  JOIN orders o ON o.customer_id = c.customer_id GROUP BY 1",
             ),
+            // Two foreign keys away from order_items: not joined without the model.
             Reply::sql(
                 "SELECT c.name, sum(oi.quantity) FROM customers c \
-                 JOIN order_items oi ON oi.customer_id = c.customer_id GROUP BY 1",
+                 JOIN order_items oi ON oi.country = c.country GROUP BY 1",
             ),
             Reply::sql("SELECT name, 0 AS revenue FROM customers"),
         ],
@@ -328,14 +382,11 @@ fn an_unknown_alias_or_a_column_behind_the_wrong_alias_is_repaired_with_the_join
     let wrong_table = s.llm.requests()[2].last_message();
     let feedback = &wrong_table[wrong_table.rfind("This query").unwrap()..];
     assert!(
-        feedback.contains("order_items (oi) has no column customer_id."),
+        feedback.contains("order_items (oi) has no column country."),
         "{feedback}"
     );
     assert!(
-        feedback.contains(
-            "customer_id is a column of orders, joined by orders.customer_id = \
-             customers.customer_id or order_items.order_id = orders.order_id."
-        ),
+        feedback.contains("country is a column of customers."),
         "{feedback}"
     );
 }
