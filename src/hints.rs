@@ -195,13 +195,13 @@ where
                 .count()
                 != 1
         });
-    // A join condition would then compare two columns of one relation (`a.c = q.c` becoming
-    // `a.c = a.c`): the join itself is what is wrong.
     if ambiguous {
         return None;
     }
+    // A move would make a join condition compare two columns of one relation (`a.c = q.c`
+    // becoming `a.c = a.c`): the join itself is what is wrong, q joined where a relation
+    // between them was meant.
     if joins.iter().any(|(_, other)| other.qualifier == owner) {
-        // `a.c = q.c`: the model joined q where a relation between them was meant.
         return joined(sql, refs, qualifier, column, &schema.one_hop);
     }
     let edits: Vec<(usize, &str, &str)> = refs
@@ -274,8 +274,9 @@ fn splice(sql: &str, mut splices: Vec<(usize, usize, String)>) -> Option<String>
     Some(rewritten)
 }
 
-/// When the qualifier's relation lacks the column, no relation of the query has it, and exactly
-/// one relation one foreign key away does (the model skipped a table between them): `sql` with
+/// When the qualifier's relation lacks the column, no relation of the query can give it in its
+/// place, and exactly one relation one foreign key away has it (the model skipped a table
+/// between them): `sql` with
 /// that relation joined right after the qualifier's FROM item, through the key, and the column
 /// read from it. The join nests there (`a JOIN b JOIN c ON .. ON ..` is `a JOIN (b JOIN c ON
 /// ..) ON ..`), so every clause that could name the qualifier can name the new relation too.
@@ -335,9 +336,9 @@ fn joined(
 /// The byte offset right after the FROM item that starts at `at`: its (maybe qualified) name
 /// and then, when it has one, its alias, with or without AS.
 fn item_end(sql: &str, at: usize, alias: Option<&str>) -> Option<usize> {
-    let mut end = at + any_identifier(sql.get(at..)?)?;
+    let mut end = at + leading_identifier(sql.get(at..)?)?.0;
     while sql.get(end..)?.starts_with('.') {
-        end += 1 + any_identifier(sql.get(end + 1..)?)?;
+        end += 1 + leading_identifier(sql.get(end + 1..)?)?.0;
     }
     let Some(alias) = alias else {
         return Some(end);
@@ -357,29 +358,9 @@ fn item_end(sql: &str, at: usize, alias: Option<&str>) -> Option<usize> {
     Some(at_alias + written_length(sql.get(at_alias..)?, alias)?)
 }
 
-/// The length of the identifier `text` starts with, bare or quoted, whatever it folds to.
-fn any_identifier(text: &str) -> Option<usize> {
-    if let Some(quoted) = text.strip_prefix('"') {
-        let mut chars = quoted.char_indices().peekable();
-        while let Some((i, c)) = chars.next() {
-            if c == '"' {
-                if chars.peek().is_some_and(|&(_, next)| next == '"') {
-                    chars.next();
-                    continue;
-                }
-                return Some(i + 2);
-            }
-        }
-        return None;
-    }
-    let length = text
-        .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == '$'))
-        .unwrap_or(text.len());
-    (length > 0).then_some(length)
-}
-
-/// The length of the identifier `text` starts with, when the parser folds it to `folded`.
-fn written_length(text: &str, folded: &str) -> Option<usize> {
+/// The length of the identifier `text` starts with, bare or quoted, and the name the parser
+/// folds it to.
+fn leading_identifier(text: &str) -> Option<(usize, String)> {
     if let Some(quoted) = text.strip_prefix('"') {
         let mut name = String::new();
         let mut chars = quoted.char_indices().peekable();
@@ -390,7 +371,7 @@ fn written_length(text: &str, folded: &str) -> Option<usize> {
                     name.push('"');
                     continue;
                 }
-                return (name == folded).then_some(i + 2);
+                return Some((i + 2, name));
             }
             name.push(c);
         }
@@ -399,7 +380,13 @@ fn written_length(text: &str, folded: &str) -> Option<usize> {
     let length = text
         .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == '$'))
         .unwrap_or(text.len());
-    (length > 0 && text[..length].to_ascii_lowercase() == folded).then_some(length)
+    (length > 0).then(|| (length, text[..length].to_ascii_lowercase()))
+}
+
+/// The length of the identifier `text` starts with, when the parser folds it to `folded`.
+fn written_length(text: &str, folded: &str) -> Option<usize> {
+    let (length, name) = leading_identifier(text)?;
+    (name == folded).then_some(length)
 }
 
 /// `name` as SQL writes it: bare when the parser would fold it to itself, else quoted.

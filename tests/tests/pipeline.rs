@@ -238,6 +238,22 @@ fn a_table_the_model_skipped_is_joined_through_its_foreign_key_when_the_caller_m
     );
     let customers = s.scalar_i64("SELECT count(DISTINCT customer_id) FROM orders");
     assert_eq!(attempt["row_count"], customers);
+    // The other way: orders has no quantity; order_items, whose key references orders, has.
+    s.llm.on(
+        "quantity per order",
+        vec![Reply::sql("SELECT o.order_id, o.quantity FROM orders AS o")],
+    );
+    let trace = s.trace("quantity per order").unwrap();
+    let attempt = &trace["attempts"][0];
+    assert_eq!(
+        attempt["sql"],
+        "SELECT o.order_id, order_items.quantity FROM orders AS o \
+         JOIN order_items ON order_items.order_id = o.order_id"
+    );
+    assert_eq!(
+        attempt["row_count"],
+        s.scalar_i64("SELECT count(*) FROM order_items")
+    );
 
     // A role that may not read orders.customer_id: the model's query and error stand.
     s.client
