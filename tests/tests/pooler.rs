@@ -2,6 +2,7 @@
 //! finds its context (the extension's table), and `DISCARD ALL` forgets what backend memory
 //! holds (where the table cannot be written).
 
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -60,19 +61,24 @@ impl Pgbouncer {
         )
         .unwrap();
         let root = unsafe { libc::geteuid() } == 0;
-        let mut command = if root {
-            // pgbouncer refuses to run as root.
+        let mut command = Command::new("pgbouncer");
+        if root {
+            // pgbouncer refuses to run as root: it runs as postgres, and is itself the child
+            // (not under runuser, whose kill would leave it running).
             Command::new("chown")
                 .args(["-R", "postgres:postgres"])
                 .arg(&dir)
                 .status()
                 .unwrap();
-            let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--", "pgbouncer"]);
-            c
-        } else {
-            Command::new("pgbouncer")
-        };
+            let id = |flag: &str| -> u32 {
+                let out = Command::new("id")
+                    .args([flag, "postgres"])
+                    .output()
+                    .unwrap();
+                String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+            };
+            command.uid(id("-u")).gid(id("-g"));
+        }
         let child = command
             .arg(dir.join("pgbouncer.ini"))
             .stdout(Stdio::null())
