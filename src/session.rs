@@ -126,7 +126,7 @@ fn table_turns(session: &str) -> Option<Vec<Turn>> {
     let sql = format!(
         "SELECT turns::text FROM {schema}.nl_sessions \
          WHERE role_id = $3 AND session = $1 \
-           AND updated_at > now() - make_interval(secs => $2)"
+           AND updated_at > pg_catalog.now() - pg_catalog.make_interval(secs => $2)"
     );
     let ttl = settings::session_ttl_s() as f64;
     let text = subxact::pinned(|| {
@@ -250,25 +250,23 @@ fn record_in_table(session: &str, turn: &Turn, keep: usize) -> bool {
     let Ok(turn) = serde_json::to_string(&[turn]) else {
         return false;
     };
-    // `back` numbers the turns from the newest (1) backwards.
+    // The newest `keep` of the live turns without this question, and this turn (numbered last).
     let upsert = format!(
         "INSERT INTO {schema}.nl_sessions AS s (session, turns, role_id) \
          VALUES ($1, $2::jsonb, $3) \
-         ON CONFLICT (role_id, session) DO UPDATE SET updated_at = now(), turns = ( \
+         ON CONFLICT (role_id, session) DO UPDATE SET updated_at = pg_catalog.now(), turns = ( \
              SELECT pg_catalog.jsonb_agg(k.turn ORDER BY k.n) FROM ( \
-                 SELECT a.turn, a.n, pg_catalog.count(*) OVER (ORDER BY a.n DESC) AS back \
-                 FROM ( \
-                     SELECT t.turn, t.n FROM pg_catalog.jsonb_array_elements( \
-                         CASE WHEN s.updated_at > now() - make_interval(secs => $5) \
-                              THEN s.turns ELSE '[]' END) WITH ORDINALITY AS t(turn, n) \
-                     WHERE t.turn ->> 'question' IS DISTINCT FROM EXCLUDED.turns -> 0 ->> 'question' \
-                     UNION ALL SELECT EXCLUDED.turns -> 0, 9223372036854775807 \
-                 ) a \
-             ) k WHERE k.back <= $4)"
+                 SELECT t.turn, t.n FROM pg_catalog.jsonb_array_elements( \
+                     CASE WHEN s.updated_at > pg_catalog.now() - pg_catalog.make_interval(secs => $5) \
+                          THEN s.turns ELSE '[]' END) WITH ORDINALITY AS t(turn, n) \
+                 WHERE t.turn ->> 'question' IS DISTINCT FROM EXCLUDED.turns -> 0 ->> 'question' \
+                 UNION ALL SELECT EXCLUDED.turns -> 0, 9223372036854775807 \
+                 ORDER BY n DESC LIMIT $4 \
+             ) k)"
     );
     let expire = format!(
         "DELETE FROM {schema}.nl_sessions \
-         WHERE role_id = $2 AND updated_at < now() - make_interval(secs => $1)"
+         WHERE role_id = $2 AND updated_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1)"
     );
     let ttl = settings::session_ttl_s() as f64;
     store::write_best_effort("the session", |client| {

@@ -326,26 +326,27 @@ impl SchemaContext {
         (!lines.is_empty()).then(|| lines.join("\n"))
     }
 
+    /// The one relation named `name` (as the parser folds it); `None` when no relation, or more
+    /// than one (in different schemas), is named so.
+    fn named(&self, name: &str) -> Option<&Relation> {
+        let mut named = self.relations.iter().filter(|r| unquoted(&r.name) == name);
+        let relation = named.next()?;
+        named.next().is_none().then_some(relation)
+    }
+
     /// Whether the one relation named `name` (as the parser folds it) has a column `column`;
     /// `None` when no relation, or more than one (in different schemas), is named so.
     pub fn has_column(&self, name: &str, column: &str) -> Option<bool> {
-        let mut named = self.relations.iter().filter(|r| unquoted(&r.name) == name);
-        let relation = named.next()?;
-        if named.next().is_some() {
-            return None;
-        }
-        Some(relation.columns.iter().any(|c| unquoted(&c.name) == column))
+        self.named(name).map(|r| shows(r, column))
     }
 
     /// The relations one foreign key away from the one relation named `name` (as the parser
     /// folds it) that have a column `column`, each with the columns the key joins; only
     /// columns this context shows (the caller may read them) are used.
     pub fn one_hop(&self, name: &str, column: &str) -> Vec<Hop> {
-        let mut named = self.relations.iter().filter(|r| unquoted(&r.name) == name);
-        let (Some(from), None) = (named.next(), named.next()) else {
+        let Some(from) = self.named(name) else {
             return Vec::new();
         };
-        let shows = |r: &Relation, c: &str| r.columns.iter().any(|k| unquoted(&k.name) == c);
         let hop = |to: &Relation, pairs: Vec<(&String, &String)>| -> Option<Hop> {
             let on: Vec<(String, String)> = pairs
                 .into_iter()
@@ -490,6 +491,12 @@ fn relation_terms(relation: &Relation, sample_values: usize) -> Terms {
         terms.comments.extend(words(comment));
     }
     terms
+}
+
+/// Whether `relation` has a column `column` (as the parser folds it) in this context: the
+/// columns the caller may read.
+fn shows(relation: &Relation, column: &str) -> bool {
+    relation.columns.iter().any(|c| unquoted(&c.name) == column)
 }
 
 /// A name as the parser folds it, from the quoted form the schema context keeps.
