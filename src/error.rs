@@ -17,6 +17,12 @@ impl SqlState {
     pub const INSUFFICIENT_PRIVILEGE: SqlState = SqlState(*b"42501");
     pub const UNDEFINED_COLUMN: SqlState = SqlState(*b"42703");
     pub const UNDEFINED_TABLE: SqlState = SqlState(*b"42P01");
+    pub const GROUPING_ERROR: SqlState = SqlState(*b"42803");
+    pub const WINDOWING_ERROR: SqlState = SqlState(*b"42P20");
+    pub const UNDEFINED_FUNCTION: SqlState = SqlState(*b"42883");
+    pub const AMBIGUOUS_FUNCTION: SqlState = SqlState(*b"42725");
+    pub const DATATYPE_MISMATCH: SqlState = SqlState(*b"42804");
+    pub const CANNOT_COERCE: SqlState = SqlState(*b"42846");
     pub const DUPLICATE_CURSOR: SqlState = SqlState(*b"42P03");
     pub const QUERY_CANCELED: SqlState = SqlState(*b"57014");
     pub const STATEMENT_TOO_COMPLEX: SqlState = SqlState(*b"54001");

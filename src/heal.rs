@@ -339,8 +339,10 @@ impl Solver<'_> {
 
     /// A query that failed because it qualified a column by a relation that lacks it, run
     /// with the column qualified by the relation that has it (`Database::requalify`), once
-    /// per such column. The rewritten query is kept only when it runs: otherwise the model's
-    /// own query and error stand, and go back to it.
+    /// per such column. The rewritten query is kept when it runs, or when every name in it
+    /// resolves and what fails is the query's own logic (`past_the_names`): the repair then
+    /// starts from that error, which the model can fix, instead of the name error it kept
+    /// repeating. Otherwise the model's own query and error stand, and go back to it.
     fn requalify(
         &mut self,
         sql: String,
@@ -366,7 +368,7 @@ impl Solver<'_> {
             rewritten = Some((fix.sql, ran));
         }
         match rewritten {
-            Some((query, result)) if result.error().is_none() => (query, result, changes),
+            Some((query, result)) if past_the_names(&result) => (query, result, changes),
             _ => (sql, outcome, Vec::new()),
         }
     }
@@ -746,6 +748,23 @@ impl Solver<'_> {
         });
         Ok(run)
     }
+}
+
+/// Whether `outcome` is past name resolution: the query ran, or it failed on what parse
+/// analysis checks once every name resolved (grouping, types, functions, windows), which is
+/// the query's own logic and not a name a rewrite could have got wrong.
+fn past_the_names(outcome: &Outcome) -> bool {
+    outcome.error().is_none_or(|e| {
+        [
+            SqlState::GROUPING_ERROR,
+            SqlState::WINDOWING_ERROR,
+            SqlState::UNDEFINED_FUNCTION,
+            SqlState::AMBIGUOUS_FUNCTION,
+            SqlState::DATATYPE_MISMATCH,
+            SqlState::CANNOT_COERCE,
+        ]
+        .contains(&e.sqlstate)
+    })
 }
 
 /// Characters of the model's reply kept when it answered without a query.
@@ -1136,6 +1155,28 @@ mod tests {
         assert!(run.attempts[0].requalified.is_empty());
         let asked = &llm.requests[1].last().unwrap().content;
         assert!(asked.contains("SELECT a.x FROM a, b"), "{asked}");
+
+        // When every name of the rewrite resolves and its own logic fails (here: grouping), the
+        // repair starts from the rewrite and its error, not from the name error.
+        let (run, llm) = solve_with(&["SELECT a.x, y FROM a, b", "SELECT 1"], 2, |sql| {
+            if sql.contains("a.x") {
+                failed("42703")
+            } else if sql.contains("b.x") {
+                failed("42803")
+            } else {
+                rows(1)
+            }
+        });
+        assert_eq!(
+            (run.status, run.best, llm.requests.len()),
+            (Status::Ok, Some(1), 2)
+        );
+        assert_eq!(run.attempts[0].sql, "SELECT b.x, y FROM a, b");
+        assert_eq!(run.attempts[0].requalified, vec!["a.x → b.x"]);
+        let asked = &llm.requests[1].last().unwrap().content;
+        assert!(asked.contains("SELECT b.x, y FROM a, b"), "{asked}");
+        assert!(asked.contains("42803"), "{asked}");
+        assert!(!asked.contains("SELECT a.x"), "{asked}");
     }
 
     #[test]

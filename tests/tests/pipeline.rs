@@ -125,15 +125,16 @@ fn a_column_on_the_wrong_table_is_repaired_with_where_it_is_and_how_to_join() {
     s.llm.on(
         "names of customers who ordered",
         vec![
-            // Joined to customers, it fails too (name is not grouped): the model's error stands.
-            Reply::sql("SELECT o.name FROM orders o GROUP BY o.customer_id"),
+            // Joined to customers, it fails on another name no relation has: the model's
+            // error stands.
+            Reply::sql("SELECT o.name FROM orders o WHERE o.nickname IS NOT NULL"),
             Reply::sql("SELECT DISTINCT c.name FROM orders o JOIN customers c USING (customer_id)"),
         ],
     );
     assert_eq!(s.query("names of customers who ordered").unwrap().len(), 4);
     let feedback = s.llm.requests()[1].last_message();
     assert!(
-        feedback.contains("SELECT o.name FROM orders o GROUP BY o.customer_id"),
+        feedback.contains("SELECT o.name FROM orders o WHERE o.nickname IS NOT NULL"),
         "{feedback}"
     );
     assert!(
@@ -204,6 +205,58 @@ fn a_column_two_joined_tables_share_runs_from_the_first_of_them() {
     );
     let expected: i64 = s.scalar_i64("SELECT count(DISTINCT customer_id) FROM orders");
     assert_eq!(attempt["row_count"], expected);
+}
+
+#[test]
+fn a_rewrite_whose_names_resolve_is_repaired_from_its_own_error() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute(
+            "CREATE TABLE payments (payment_id int PRIMARY KEY,
+                                    order_id int REFERENCES orders(order_id), paid numeric);
+             INSERT INTO payments SELECT order_id, order_id, amount FROM orders;
+             SET sql_query_engine.max_repairs = 1;",
+        )
+        .unwrap();
+    // p.customer_id: orders has it (moved there); then p.paid is not grouped: the model's own
+    // mistake, which the repair request shows on the moved query.
+    let fixed = "SELECT o.customer_id, sum(p.paid) AS paid FROM payments p \
+                 JOIN orders o ON o.order_id = p.order_id GROUP BY o.customer_id";
+    s.llm.on(
+        "paid per customer, per payment",
+        vec![
+            Reply::sql(
+                "SELECT p.customer_id, p.paid FROM payments p \
+                 JOIN orders o ON o.order_id = p.order_id GROUP BY p.customer_id",
+            ),
+            Reply::sql(fixed),
+        ],
+    );
+    let trace = s.trace("paid per customer, per payment").unwrap();
+    assert_eq!(trace["status"], "ok");
+    assert_eq!(trace["llm_calls"], 2);
+    let first = &trace["attempts"][0];
+    assert_eq!(first["sqlstate"], "42803");
+    assert_eq!(
+        first["requalified"],
+        json!(["p.customer_id → o.customer_id"])
+    );
+    assert_eq!(
+        first["sql"],
+        "SELECT o.customer_id, p.paid FROM payments p \
+         JOIN orders o ON o.order_id = p.order_id GROUP BY o.customer_id"
+    );
+    let repair = s.llm.requests()[1].last_message();
+    assert!(repair.contains("42803"), "{repair}");
+    assert!(
+        repair.contains("GROUP BY o.customer_id") && !repair.contains("p.customer_id"),
+        "the repair starts from the moved query: {repair}"
+    );
+    assert_eq!(trace["attempts"][1]["sql"], fixed);
+    assert_eq!(
+        trace["attempts"][1]["row_count"],
+        s.scalar_i64("SELECT count(DISTINCT customer_id) FROM orders")
+    );
 }
 
 #[test]
