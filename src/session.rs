@@ -291,20 +291,16 @@ fn record_in_table(session: &str, turn: &Turn, keep: usize) -> bool {
 /// ARGV[3] and renews the expiry: one script, so that concurrent turns of a session are
 /// applied one after the other and none is lost.
 const RECORD_SCRIPT: &str = r"
-local kept = {}
 for _, item in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
     local ok, turn = pcall(cjson.decode, item)
-    if not (ok and type(turn) == 'table' and turn.question == ARGV[2]) then
-        kept[#kept + 1] = item
+    if ok and type(turn) == 'table' and turn.question == ARGV[2] then
+        redis.call('LREM', KEYS[1], 0, item)
     end
 end
-kept[#kept + 1] = ARGV[1]
-redis.call('DEL', KEYS[1])
-for i = math.max(1, #kept - tonumber(ARGV[3]) + 1), #kept do
-    redis.call('RPUSH', KEYS[1], kept[i])
-end
+redis.call('RPUSH', KEYS[1], ARGV[1])
+redis.call('LTRIM', KEYS[1], -tonumber(ARGV[3]), -1)
 redis.call('EXPIRE', KEYS[1], ARGV[4])
-return #kept
+return redis.call('LLEN', KEYS[1])
 ";
 
 fn record_in_redis(session: &str, turn: &Turn, keep: usize) -> bool {

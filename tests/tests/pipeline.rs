@@ -175,8 +175,8 @@ fn a_column_behind_the_wrong_alias_runs_from_the_one_table_that_has_it_without_a
     assert_eq!(trace["sql"], attempt["sql"]);
 }
 
-#[test]
-fn a_column_two_joined_tables_share_runs_from_the_first_of_them() {
+/// A session whose database also has payments, one per order, referencing orders.
+fn session_with_payments() -> Session {
     let mut s = Session::new();
     s.client
         .batch_execute(
@@ -185,6 +185,12 @@ fn a_column_two_joined_tables_share_runs_from_the_first_of_them() {
              INSERT INTO payments SELECT order_id, order_id, amount FROM orders;",
         )
         .unwrap();
+    s
+}
+
+#[test]
+fn a_column_two_joined_tables_share_runs_from_the_first_of_them() {
+    let mut s = session_with_payments();
     // customer_id is in orders and customers, which the query joins on it: either is meant.
     s.llm.on(
         "paid per customer",
@@ -209,14 +215,9 @@ fn a_column_two_joined_tables_share_runs_from_the_first_of_them() {
 
 #[test]
 fn a_rewrite_whose_names_resolve_is_repaired_from_its_own_error() {
-    let mut s = Session::new();
+    let mut s = session_with_payments();
     s.client
-        .batch_execute(
-            "CREATE TABLE payments (payment_id int PRIMARY KEY,
-                                    order_id int REFERENCES orders(order_id), paid numeric);
-             INSERT INTO payments SELECT order_id, order_id, amount FROM orders;
-             SET sql_query_engine.max_repairs = 1;",
-        )
+        .batch_execute("SET sql_query_engine.max_repairs = 1")
         .unwrap();
     // p.customer_id: orders has it (moved there); then p.paid is not grouped: the model's own
     // mistake, which the repair request shows on the moved query.
