@@ -51,9 +51,15 @@ pub fn assess(run: &Run, pruned: bool) -> Confidence {
         } else {
             ""
         };
+        let missing = split.asked.saturating_sub(split.alternatives);
+        let missing = if missing > 0 {
+            format!(" ({missing} did not come back)")
+        } else {
+            String::new()
+        };
         doubts.push(format!(
-            "the alternatives did not agree: {} of {} gave the answer's result{tie}",
-            split.agreed, split.alternatives
+            "the alternatives did not agree: {} of {}{missing} gave the answer's result{tie}",
+            split.agreed, split.asked
         ));
     }
     // No rows, or only nulls (what an aggregate over no rows gives), is also what a filter gives

@@ -99,8 +99,10 @@ pub struct Run {
 pub struct VoteResult {
     pub groups: Vec<usize>,
     pub winner: Option<usize>,
-    /// How many of the alternatives must give the answer's result for it to be sure
-    /// (`Limits::agreement` of them, at least one).
+    /// The alternatives asked for; fewer come back when the answer budget ends some of them.
+    pub asked: usize,
+    /// How many of the alternatives asked for must give the answer's result for it to be sure
+    /// (`Limits::agreement` of them, at least one): one that did not come back does not.
     pub needed: usize,
 }
 
@@ -109,6 +111,8 @@ pub struct VoteResult {
 pub struct Split {
     /// Queries that gave the answer's result, at most as many as there were alternatives.
     pub agreed: usize,
+    /// The alternatives asked for, and those that came back.
+    pub asked: usize,
     pub alternatives: usize,
     /// Another result had at least as many queries as the answer's.
     pub tied: bool,
@@ -459,7 +463,7 @@ impl Solver<'_> {
         (self.progress)(Event::ModelAsked(Asking::Alternatives(
             self.limits.candidates,
         )));
-        let asked = Instant::now();
+        let sent = Instant::now();
         let batch = match self.llm.complete_many(request, self.limits.candidates) {
             Ok(batch) => batch,
             Err(Error::Llm { .. }) if self.out_of_time() => return Ok(false),
@@ -471,9 +475,13 @@ impl Solver<'_> {
             }
             Err(e) => return Err(e),
         };
-        let llm_ms = millis(asked);
+        let llm_ms = millis(sent);
         self.count(batch.requests, &batch.completions);
         let of = batch.completions.len();
+        if of < self.limits.candidates {
+            // The budget may have ended the others: the run says so.
+            self.out_of_time();
+        }
         for (i, completion) in batch.completions.iter().enumerate() {
             let attempt = self.run.attempts.len() + 1;
             let kind = Kind::Alternative { n: i + 1, of };
@@ -527,7 +535,9 @@ impl Solver<'_> {
                 self.run.best = Some(first);
             }
         }
+        let asked = self.limits.candidates;
         (self.progress)(Event::Voted {
+            asked,
             alternatives: of,
             agreed: winner.map(|w| Agreed {
                 queries: sizes[w],
@@ -537,7 +547,8 @@ impl Solver<'_> {
         self.run.vote = Some(VoteResult {
             groups: sizes,
             winner,
-            needed: (of * usize::from(self.limits.agreement))
+            asked,
+            needed: (asked * usize::from(self.limits.agreement))
                 .div_ceil(100)
                 .max(1),
         });
@@ -898,8 +909,9 @@ impl Run {
                 .any(|(other, &n)| other != g && n >= size)
         });
         let agreed = size.min(alternatives);
-        (alternatives > 1 && (agreed < vote.needed || tied)).then_some(Split {
+        (vote.asked > 1 && (agreed < vote.needed || tied)).then_some(Split {
             agreed,
+            asked: vote.asked,
             alternatives,
             tied,
         })
@@ -921,8 +933,7 @@ mod tests {
     use super::*;
     use crate::exec::ResultSet;
     use crate::guard::Refusal;
-    use crate::llm::Completion;
-    use crate::llm::Message;
+    use crate::llm::{Batch, Completion, Message};
     use std::collections::VecDeque;
 
     /// A model that answers from a script and remembers what it was asked.
@@ -989,6 +1000,23 @@ mod tests {
                 completion_tokens: 2,
                 ..Default::default()
             })
+        }
+
+        /// As a streamed vote: a "CUT" ends the batch at the deadline, keeping what came
+        /// before it (nothing: the timeout error).
+        fn complete_many(&mut self, messages: &[Message], n: usize) -> Result<Batch> {
+            let mut batch = Batch {
+                requests: 1,
+                ..Default::default()
+            };
+            for _ in 0..n {
+                match self.complete_exploring(messages) {
+                    Ok(completion) => batch.completions.push(completion),
+                    Err(Error::Llm { down: false, .. }) if !batch.completions.is_empty() => break,
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(batch)
         }
     }
 
@@ -1598,6 +1626,7 @@ mod tests {
             kept.split_vote(),
             Some(Split {
                 agreed: 1,
+                asked: 4,
                 alternatives: 4,
                 tied: true
             })
@@ -1621,6 +1650,7 @@ mod tests {
             split(&corroborated, 51),
             Some(Split {
                 agreed: 2,
+                asked: 4,
                 alternatives: 4,
                 tied: false
             }),
@@ -1698,6 +1728,39 @@ mod tests {
         let answers = ["SELECT a", "SELECT b", "SELECT c", "SELECT d", "SELECT e"];
         let (run, _) = solve_limited(&answers, withholding(), |_| rows(1));
         assert!(crate::confidence::assess(&run, false).sure());
+    }
+
+    #[test]
+    fn a_vote_the_budget_cut_counts_what_came_back_against_all_it_asked_for() {
+        let cut_soon = || Limits {
+            deadline: Some(Instant::now() + std::time::Duration::from_millis(100)),
+            ..withholding()
+        };
+        // 2 of 4 came back, both with the first query's result: half of those asked for.
+        let answers = ["SELECT a", "SELECT b", "SELECT c", "CUT"];
+        let (run, llm) = solve_limited(&answers, cut_soon(), |_| rows(1));
+        assert_eq!((run.status, llm.requests.len()), (Status::Ok, 4));
+        let vote = run.vote.as_ref().expect("a vote of what came back");
+        assert_eq!((vote.asked, run.alternatives().count()), (4, 2));
+        assert!(run.out_of_time);
+        let verdict = crate::confidence::assess(&run, false);
+        assert!(verdict.sure(), "{:?}", verdict.doubts);
+        // 1 of 4 agreeing is not half of them, though it is all that came back.
+        let answers = ["SELECT a", "SELECT b", "CUT"];
+        let (run, _) = solve_limited(&answers, cut_soon(), |_| rows(1));
+        assert_eq!(run.alternatives().count(), 1);
+        let verdict = crate::confidence::assess(&run, false);
+        assert_eq!(
+            verdict.doubts,
+            [
+                "the alternatives did not agree: 1 of 4 (3 did not come back) gave the answer's \
+              result"
+            ]
+        );
+        // None came back: no vote at all.
+        let (run, _) = solve_limited(&["SELECT a", "CUT"], cut_soon(), |_| rows(1));
+        assert!(run.vote.is_none() && run.out_of_time);
+        assert!(!crate::confidence::assess(&run, false).sure());
     }
 
     #[test]

@@ -71,6 +71,8 @@ pub enum Event<'a> {
     },
     /// The alternatives ran: how many of all the queries so far gave the winning result.
     Voted {
+        /// Asked for, and came back (fewer when the answer budget ended some).
+        asked: usize,
         alternatives: usize,
         agreed: Option<Agreed>,
     },
@@ -128,10 +130,11 @@ impl Event<'_> {
                 })
             }
             Event::Voted {
+                asked,
                 alternatives,
                 agreed,
             } => json!({
-                "event": "vote", "alternatives": alternatives,
+                "event": "vote", "asked": asked, "alternatives": alternatives,
                 "agreed": agreed.map(|a| a.queries),
                 "first_among_them": agreed.map(|a| a.first_among_them),
             }),
@@ -180,9 +183,10 @@ impl Event<'_> {
                 format!("{}: {result} ({ms} ms)\n{sql}", kind.label())
             }
             Event::Voted {
+                asked,
                 alternatives,
                 agreed,
-            } => vote_summary(*alternatives, *agreed),
+            } => vote_summary(*asked, *alternatives, *agreed),
             Event::Done {
                 status,
                 row_count,
@@ -208,15 +212,19 @@ fn rows(n: usize) -> String {
     format!("{n} row{}", if n == 1 { "" } else { "s" })
 }
 
-/// "asked 4 alternatives, 3 agreed (the first query among them)".
-pub fn vote_summary(alternatives: usize, agreed: Option<Agreed>) -> String {
+/// "asked 4 alternatives, 3 agreed (the first query among them)"; "asked 4 alternatives (2
+/// came back), ..." when the answer budget ended some.
+pub fn vote_summary(asked: usize, alternatives: usize, agreed: Option<Agreed>) -> String {
+    let asked = if alternatives < asked {
+        format!("asked {asked} alternatives ({alternatives} came back)")
+    } else {
+        format!("asked {asked} alternatives")
+    };
     match agreed {
-        None => format!("asked {alternatives} alternatives: none ran with a result"),
-        Some(Agreed { queries: 1, .. }) => {
-            format!("asked {alternatives} alternatives: no two results agreed")
-        }
+        None => format!("{asked}: none ran with a result"),
+        Some(Agreed { queries: 1, .. }) => format!("{asked}: no two results agreed"),
         Some(a) => format!(
-            "asked {alternatives} alternatives, {} agreed{}",
+            "{asked}, {} agreed{}",
             a.queries,
             if a.first_among_them {
                 " (the first query among them)"

@@ -35,7 +35,8 @@ pub fn run(run: &Run, schema: Option<&PromptSchema>, values: Option<&str>) -> Va
     if let Some(vote) = &run.vote {
         let alternatives = run.alternatives().count();
         trace["vote"] = json!({
-            "groups": vote.groups, "winner": vote.winner, "alternatives": alternatives,
+            "groups": vote.groups, "winner": vote.winner, "asked": vote.asked,
+            "alternatives": alternatives,
             "agreed": vote.winner.map(|w| vote.groups[w]),
         });
     }

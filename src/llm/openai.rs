@@ -1,6 +1,8 @@
 //! A client for one OpenAI-compatible chat-completion API (OpenAI, vLLM, llama.cpp, Ollama,
-//! Groq, DeepSeek, OpenRouter...): one non-streaming request per call, bounded by a deadline,
-//! with 429/5xx retried inside it when asked to (`chain` decides).
+//! Groq, DeepSeek, OpenRouter...): one request per call, bounded by a deadline, with 429/5xx
+//! retried inside it when asked to (`chain` decides). A request for several choices (a vote) is
+//! streamed, so that the choices that finished before the deadline are kept when it ends the
+//! others.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -55,6 +57,30 @@ enum Reply {
     /// No answer within the request's time.
     TimedOut,
     Failed(String),
+    /// A streamed answer (`text/event-stream`): the choices that finished, and why the stream
+    /// stopped before its end, if it did.
+    Streamed {
+        choices: Vec<Completion>,
+        stopped: Option<Stop>,
+    },
+}
+
+/// Why a stream ended before the server ended it.
+#[derive(Debug, PartialEq, Eq)]
+enum Stop {
+    TimedOut,
+    Failed(String),
+}
+
+/// The most choices a stream may carry (an index beyond it is ignored): a bound on what a
+/// server can make the backend keep, far above any vote's size.
+const MAX_STREAMED_CHOICES: usize = 64;
+
+/// What several completions asked for together gave: `whole` unless the deadline (or a broken
+/// stream) ended some of them, whose finished siblings are then all there is.
+struct Choices {
+    completions: Vec<Completion>,
+    whole: bool,
 }
 
 impl OpenAiClient {
@@ -102,15 +128,18 @@ impl OpenAiClient {
         }
     }
 
+    /// The request for `n` choices; several are streamed (`read_stream`), with the token
+    /// counts in the stream.
     fn request_body(&self, messages: &[Message], n: usize) -> Value {
         let mut body = json!({
             "messages": messages,
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
-            "stream": false,
+            "stream": n > 1,
         });
         if n > 1 {
             body["n"] = json!(n);
+            body["stream_options"] = json!({ "include_usage": true });
         }
         if let Some(model) = &self.model {
             body["model"] = json!(model);
@@ -181,6 +210,17 @@ impl OpenAiClient {
             match request.send(body) {
                 Ok(mut response) => {
                     let code = response.status().as_u16();
+                    let streamed = response
+                        .headers()
+                        .get("content-type")
+                        .and_then(|v| v.to_str().ok())
+                        .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+                    if (200..300).contains(&code) && streamed {
+                        let reader = response.body_mut().with_config().limit(limit).reader();
+                        let (choices, stopped) =
+                            read_stream(std::io::BufReader::new(reader), limit);
+                        return Reply::Streamed { choices, stopped };
+                    }
                     let retry_after = response
                         .headers()
                         .get("retry-after")
@@ -243,6 +283,18 @@ impl OpenAiClient {
         deadline: Instant,
         retry: bool,
     ) -> Result<Vec<Completion>> {
+        self.ask(messages, n, deadline, retry)
+            .map(|c| c.completions)
+    }
+
+    /// `exchange`, saying whether a stream of several choices was cut short.
+    fn ask(
+        &mut self,
+        messages: &[Message],
+        n: usize,
+        deadline: Instant,
+        retry: bool,
+    ) -> Result<Choices> {
         let mut body = self.request_body(messages, n).to_string();
         let mut backoff = Duration::from_millis(250);
         loop {
@@ -252,6 +304,17 @@ impl OpenAiClient {
             let (code, retry_after, text) = match self.send_once(&body, deadline)? {
                 Reply::Failed(cause) => return Err(self.down(cause)),
                 Reply::TimedOut => return Err(self.timeout_error()),
+                Reply::Streamed { choices, stopped } => {
+                    return match stopped {
+                        _ if !choices.is_empty() => Ok(Choices {
+                            whole: stopped.is_none(),
+                            completions: choices,
+                        }),
+                        Some(Stop::TimedOut) => Err(self.timeout_error()),
+                        Some(Stop::Failed(cause)) => Err(self.down(cause)),
+                        None => Err(self.down("the answer has no choices")),
+                    };
+                }
                 Reply::Status {
                     code,
                     retry_after,
@@ -259,7 +322,12 @@ impl OpenAiClient {
                 } => (code, retry_after, body),
             };
             if (200..300).contains(&code) {
-                return parse_completions(&text, n).map_err(|cause| self.down(cause));
+                return parse_completions(&text, n)
+                    .map(|completions| Choices {
+                        completions,
+                        whole: true,
+                    })
+                    .map_err(|cause| self.down(cause));
             }
             if code == 400 && self.json_mode && text.contains("response_format") {
                 // This endpoint has no JSON mode: ask again without it (extraction copes).
@@ -292,7 +360,8 @@ impl OpenAiClient {
 
     /// `n` completions: one request with `n` choices, so that the server reads the prompt once;
     /// the rest, when the endpoint returns fewer (it ignores or rejects `n`), asked for all at
-    /// once. An endpoint known to answer one choice per request gets all `n` at once.
+    /// once. An endpoint known to answer one choice per request gets all `n` at once. When the
+    /// deadline ends some of them, those that finished are the batch.
     pub fn many(
         &mut self,
         messages: &[Message],
@@ -306,10 +375,14 @@ impl OpenAiClient {
                 requests: n as u32,
             });
         }
+        let choices = self.ask(messages, n, deadline, retry)?;
         let mut batch = Batch {
-            completions: self.exchange(messages, n, deadline, retry)?,
+            completions: choices.completions,
             requests: 1,
         };
+        if !choices.whole {
+            return Ok(batch);
+        }
         if n > 1 && batch.completions.len() == 1 {
             // It ignored `n` (llama-cpp-python does): one choice per request from now on.
             NO_CHOICES.with_borrow_mut(|e| {
@@ -330,7 +403,8 @@ impl OpenAiClient {
     }
 
     /// `count` single-choice completions asked for at once; a request that did not succeed is
-    /// asked again the usual way (`exchange`: retries, fallbacks, its precise error).
+    /// asked again the usual way (`exchange`: retries, fallbacks, its precise error), one that
+    /// ran out of time is not: the others that finished are kept (none: the timeout error).
     fn together(
         &mut self,
         messages: &[Message],
@@ -343,10 +417,15 @@ impl OpenAiClient {
         }
         let body = self.request_body(messages, 1).to_string();
         let mut completions = Vec::with_capacity(count);
+        let mut timed_out = 0;
         for reply in self.send_together(&body, count, deadline)? {
             let parsed = match reply {
                 Reply::Status { code, body, .. } if (200..300).contains(&code) => {
                     parse_completions(&body, 1).ok()
+                }
+                Reply::TimedOut => {
+                    timed_out += 1;
+                    continue;
                 }
                 _ => None,
             };
@@ -354,6 +433,9 @@ impl OpenAiClient {
                 Some(parsed) => completions.extend(parsed),
                 None => completions.extend(self.exchange(messages, 1, deadline, retry)?),
             }
+        }
+        if completions.is_empty() && timed_out > 0 {
+            return Err(self.timeout_error());
         }
         Ok(completions)
     }
@@ -444,6 +526,103 @@ fn status_cause(code: u16, body: &str) -> String {
     }
 }
 
+/// The finished choices of a streamed chat completion (server-sent events, `data: {chunk}`
+/// lines until `data: [DONE]`), in the order they finished, with the token counts of every
+/// usage chunk summed on the first (one per choice from llama.cpp, one in all from OpenAI);
+/// and why the stream stopped before its end, if it did. The reader bounds the whole (to
+/// `limit` bytes, named in the error).
+fn read_stream(mut reader: impl std::io::BufRead, limit: u64) -> (Vec<Completion>, Option<Stop>) {
+    let mut texts: Vec<String> = Vec::new();
+    let mut finished: Vec<Completion> = Vec::new();
+    let mut done: Vec<bool> = Vec::new();
+    let (mut prompt_tokens, mut completion_tokens) = (0u64, 0u64);
+    let mut line = Vec::new();
+    let stopped = loop {
+        line.clear();
+        match reader.read_until(b'\n', &mut line) {
+            Ok(0) => break None,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => break Some(Stop::TimedOut),
+            Err(e) => {
+                break Some(match ureq::Error::from(e) {
+                    ureq::Error::Timeout(_) => Stop::TimedOut,
+                    ureq::Error::BodyExceedsLimit(_) => Stop::Failed(format!(
+                        "the response is larger than sql_query_engine.max_response_bytes \
+                         ({limit} bytes)"
+                    )),
+                    e => Stop::Failed(format!("reading the response failed: {e}")),
+                })
+            }
+        }
+        let Some(data) = std::str::from_utf8(&line)
+            .ok()
+            .and_then(|l| l.strip_prefix("data:"))
+            .map(str::trim)
+        else {
+            continue;
+        };
+        if data == "[DONE]" {
+            break None;
+        }
+        let Ok(chunk) = serde_json::from_str::<Value>(data) else {
+            continue;
+        };
+        if let Some(error) = chunk.get("error") {
+            let message = error
+                .get("message")
+                .and_then(Value::as_str)
+                .map_or_else(|| error.to_string(), str::to_string);
+            break Some(Stop::Failed(format!(
+                "the stream ended on an error: {}",
+                message.chars().take(200).collect::<String>()
+            )));
+        }
+        if let Some(usage) = chunk.get("usage") {
+            let count = |name: &str| usage.get(name).and_then(Value::as_u64).unwrap_or(0);
+            if prompt_tokens == 0 {
+                prompt_tokens = count("prompt_tokens");
+            }
+            completion_tokens = completion_tokens.saturating_add(count("completion_tokens"));
+        }
+        let choices = chunk.get("choices").and_then(Value::as_array);
+        for choice in choices.into_iter().flatten() {
+            let Some(index) = choice
+                .get("index")
+                .and_then(Value::as_u64)
+                .and_then(|i| usize::try_from(i).ok())
+                .filter(|&i| i < MAX_STREAMED_CHOICES)
+            else {
+                continue;
+            };
+            if texts.len() <= index {
+                texts.resize(index + 1, String::new());
+                done.resize(index + 1, false);
+            }
+            if done[index] {
+                continue;
+            }
+            if let Some(piece) = choice.pointer("/delta/content").and_then(Value::as_str) {
+                texts[index].push_str(piece);
+            }
+            if choice.get("finish_reason").is_some_and(|r| !r.is_null()) {
+                done[index] = true;
+                let content = std::mem::take(&mut texts[index]);
+                if !content.trim().is_empty() {
+                    finished.push(Completion {
+                        content,
+                        ..Default::default()
+                    });
+                }
+            }
+        }
+    };
+    if let Some(first) = finished.first_mut() {
+        first.prompt_tokens = prompt_tokens;
+        first.completion_tokens = completion_tokens;
+    }
+    (finished, stopped)
+}
+
 /// The assistants' texts (at most `n`, at least one) and token counts from a chat-completion
 /// body; the counts go with the first.
 fn parse_completions(body: &str, n: usize) -> std::result::Result<Vec<Completion>, String> {
@@ -532,6 +711,119 @@ mod tests {
         );
         assert_eq!((all[0].prompt_tokens, all[1].prompt_tokens), (50, 0));
         assert_eq!(parse_completions(body, 1).unwrap().len(), 1);
+    }
+
+    /// A reader that gives `text`, then fails as a timeout would (`None`: ends).
+    struct Cut(std::io::Cursor<Vec<u8>>, Option<std::io::ErrorKind>);
+
+    impl std::io::Read for Cut {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            match self.0.read(buf)? {
+                0 => match self.1 {
+                    Some(kind) => Err(std::io::Error::new(kind, "cut")),
+                    None => Ok(0),
+                },
+                n => Ok(n),
+            }
+        }
+    }
+
+    fn stream(
+        events: &[&str],
+        then: Option<std::io::ErrorKind>,
+    ) -> (Vec<Completion>, Option<Stop>) {
+        let text: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+        let reader = Cut(std::io::Cursor::new(text.into_bytes()), then);
+        read_stream(std::io::BufReader::new(reader), 1000)
+    }
+
+    #[test]
+    fn a_stream_cut_by_the_deadline_keeps_the_choices_that_finished() {
+        let events = [
+            r#"{"choices":[{"index":1,"delta":{"role":"assistant","content":"SELECT "}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"SELECT a"}}]}"#,
+            r#"{"choices":[{"index":1,"delta":{"content":"b"},"finish_reason":null}]}"#,
+            r#"{"choices":[{"index":1,"delta":{},"finish_reason":"stop"}]}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":40,"completion_tokens":3}}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":" FROM"}}]}"#,
+        ];
+        let (choices, stopped) = stream(&events, Some(std::io::ErrorKind::TimedOut));
+        let contents: Vec<&str> = choices.iter().map(|c| c.content.as_str()).collect();
+        assert_eq!(contents, ["SELECT b"], "only the finished choice");
+        assert_eq!(
+            (choices[0].prompt_tokens, choices[0].completion_tokens),
+            (40, 3)
+        );
+        assert_eq!(stopped, Some(Stop::TimedOut));
+        // A broken connection keeps them too, and says why.
+        let (choices, stopped) = stream(&events, Some(std::io::ErrorKind::ConnectionReset));
+        assert_eq!(choices.len(), 1);
+        assert!(matches!(stopped, Some(Stop::Failed(cause)) if cause.contains("reading")));
+    }
+
+    #[test]
+    fn a_whole_stream_gives_every_choice_with_the_usage_summed_on_the_first() {
+        let events = [
+            r#"{"choices":[{"index":0,"delta":{"content":"SELECT 1"}},{"index":1,"delta":{"content":"SELECT 2"}}]}"#,
+            r#"{"choices":[{"index":1,"delta":{},"finish_reason":"stop"}]}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":40,"completion_tokens":3}}"#,
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}"#,
+            r#"{"choices":[{"index":2,"delta":{"content":"  "},"finish_reason":"stop"}]}"#,
+            r#"{"choices":[{"index":99,"delta":{"content":"SELECT 9"},"finish_reason":"stop"}]}"#,
+            r#"{"choices":[{"index":1,"delta":{"content":"late"},"finish_reason":"stop"}]}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":40,"completion_tokens":5}}"#,
+            "[DONE]",
+            r#"{"choices":[{"index":3,"delta":{"content":"SELECT 3"},"finish_reason":"stop"}]}"#,
+        ];
+        let (choices, stopped) = stream(&events, None);
+        let contents: Vec<&str> = choices.iter().map(|c| c.content.as_str()).collect();
+        assert_eq!(
+            contents,
+            ["SELECT 2", "SELECT 1"],
+            "in the order they finished; empty, out-of-bound, repeated and late ones dropped"
+        );
+        assert_eq!(
+            (choices[0].prompt_tokens, choices[0].completion_tokens),
+            (40, 8)
+        );
+        assert_eq!(stopped, None);
+    }
+
+    #[test]
+    fn an_error_event_ends_the_stream_with_its_message() {
+        let events = [r#"{"error":{"message":"the context is full","code":500}}"#];
+        let (choices, stopped) = stream(&events, None);
+        assert!(choices.is_empty());
+        assert!(matches!(stopped, Some(Stop::Failed(cause)) if cause.contains("context is full")));
+    }
+
+    #[test]
+    fn several_choices_are_streamed_with_their_usage_and_one_is_not() {
+        let client = OpenAiClient::new(
+            Endpoint {
+                base_url: "http://127.0.0.1:1/v1".into(),
+                model: None,
+                api_key: None,
+            },
+            Options {
+                temperature: 0.0,
+                timeout: Duration::from_secs(1),
+                json_mode: false,
+                max_tokens: 100,
+                max_response_bytes: 1000,
+            },
+        );
+        let many = client.request_body(&[Message::user("q")], 4);
+        assert_eq!(
+            (many["stream"].as_bool(), many["n"].as_u64()),
+            (Some(true), Some(4))
+        );
+        assert_eq!(
+            many.pointer("/stream_options/include_usage"),
+            Some(&json!(true))
+        );
+        let one = client.request_body(&[Message::user("q")], 1);
+        assert_eq!((one["stream"].as_bool(), one.get("n")), (Some(false), None));
     }
 
     #[test]

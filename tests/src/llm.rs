@@ -27,6 +27,14 @@ pub enum Reply {
     Raw(String),
     /// Wait, then answer.
     Slow(Duration, Box<Reply>),
+    /// A streamed answer (server-sent events, as to a request with `stream`): one choice per
+    /// content finishes at once, `stalled` more begin and never finish, and the stream is held
+    /// open for `hold` before it ends without them.
+    Stream {
+        finished: Vec<String>,
+        stalled: usize,
+        hold: Duration,
+    },
     /// Close the connection without answering.
     HangUp,
 }
@@ -240,6 +248,34 @@ fn completions(contents: &[String]) -> String {
     .to_string()
 }
 
+/// One server-sent event per chunk, as llama.cpp's server streams several choices: content
+/// deltas, a finishing chunk per choice, a usage chunk per finished choice.
+fn stream_events(mut stream: TcpStream, finished: &[String], stalled: usize, hold: Duration) {
+    let chunk = |choices: Value| {
+        let chunk =
+            json!({"id": "chatcmpl-test", "object": "chat.completion.chunk", "choices": choices});
+        format!("data: {chunk}\n\n")
+    };
+    let mut events =
+        "HTTP/1.1 200 Scripted\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+            .to_string();
+    for (i, content) in finished.iter().enumerate() {
+        events += &chunk(json!([{"index": i, "delta": {"role": "assistant", "content": content}}]));
+        events += &chunk(json!([{"index": i, "delta": {}, "finish_reason": "stop"}]));
+        events += &format!(
+            "data: {}\n\n",
+            json!({"choices": [], "usage": {"prompt_tokens": 100, "completion_tokens": 10}})
+        );
+    }
+    for i in finished.len()..finished.len() + stalled {
+        events += &chunk(json!([{"index": i, "delta": {"content": "{\"sql\": \"SELECT"}}]));
+    }
+    let _ = stream.write_all(events.as_bytes());
+    let _ = stream.flush();
+    std::thread::sleep(hold);
+    let _ = stream.write_all(b"data: [DONE]\n\n");
+}
+
 fn respond(mut stream: TcpStream, reply: Reply) {
     let (status, body) = match reply {
         Reply::Sql(sql) => (200, completion(&json!({ "sql": sql }).to_string())),
@@ -252,6 +288,11 @@ fn respond(mut stream: TcpStream, reply: Reply) {
             return respond(stream, *then);
         }
         Reply::HangUp => return,
+        Reply::Stream {
+            finished,
+            stalled,
+            hold,
+        } => return stream_events(stream, &finished, stalled, hold),
     };
     let head = format!(
         "HTTP/1.1 {status} Scripted\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",

@@ -2,6 +2,8 @@
 //! and with `abstain = when_in_doubt` a doubtful answer is withheld (SQLSTATE 42P08, the
 //! interpretations in DETAIL), and nl_answer asks back instead.
 
+use std::time::{Duration, Instant};
+
 use sql_query_engine_e2e::{db_error, Reply, Session};
 
 /// A first query that comes back empty, then three candidates that each find something else.
@@ -218,4 +220,64 @@ fn withholding_doubt_checks_an_answer_with_rows_and_stops_at_a_split_vote() {
     let before = s.llm.requests().len();
     assert_eq!(s.query("the customers that count").unwrap().len(), 4);
     assert_eq!(s.llm.requests().len(), before + 1);
+}
+
+/// A vote the answer budget ends counts as far as it came: the alternatives that finished
+/// before the budget ran out are kept (a vote is streamed), and those that did not come back
+/// count against the answer.
+#[test]
+fn a_vote_cut_by_the_answer_budget_keeps_the_alternatives_that_finished() {
+    let mut s = withholding();
+    s.client
+        .batch_execute(
+            "SET sql_query_engine.candidates = 4; SET sql_query_engine.answer_budget = '2s';",
+        )
+        .unwrap();
+    let de = "SELECT name FROM customers WHERE country = 'DE' ORDER BY name";
+    let sql = || serde_json::json!({ "sql": de }).to_string();
+    let stalled_vote = |finished: usize| Reply::Stream {
+        finished: vec![sql(); finished],
+        stalled: 4 - finished,
+        hold: Duration::from_secs(30),
+    };
+    s.llm.on(
+        "German customers, quickly",
+        vec![Reply::sql(de), stalled_vote(2)],
+    );
+    let started = Instant::now();
+    let rows = s.query("German customers, quickly").unwrap();
+    assert_eq!(
+        rows.len(),
+        2,
+        "2 of the 4 came back, agreeing: half, sure enough"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "the budget ended the wait, not the stream: {:?}",
+        started.elapsed()
+    );
+    let vote = s
+        .llm
+        .requests()
+        .last()
+        .cloned()
+        .expect("the vote's request");
+    assert_eq!(
+        (vote.body["n"].as_u64(), vote.body["stream"].as_bool()),
+        (Some(4), Some(true)),
+        "several choices are streamed"
+    );
+
+    // One of four is not half of them, though it is all that came back.
+    s.llm.on(
+        "German customers, hastily",
+        vec![Reply::sql(de), stalled_vote(1)],
+    );
+    let error = s.query("German customers, hastily").unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "42P08", "{message}");
+    assert!(
+        message.contains("1 of 4 (3 did not come back)"),
+        "{message}"
+    );
 }
