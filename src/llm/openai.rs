@@ -150,8 +150,8 @@ impl OpenAiClient {
         body
     }
 
-    fn send_once(&self, body: &str, deadline: Instant) -> Result<Reply> {
-        let exchange = self.request(body, deadline);
+    fn send_once(&self, body: &str, choices: usize, deadline: Instant) -> Result<Reply> {
+        let exchange = self.request(body, choices, deadline);
         match run_interruptible(wait_deadline(deadline), exchange) {
             Ok(reply) => Ok(reply),
             Err(WaitError::TimedOut) => Err(self.timeout_error()),
@@ -163,7 +163,9 @@ impl OpenAiClient {
     /// waits for all of them (interruptibly, as for one): for an endpoint that answers one
     /// choice per request, so that candidates cost one request's time, not `count`.
     fn send_together(&self, body: &str, count: usize, deadline: Instant) -> Result<Vec<Reply>> {
-        let requests: Vec<_> = (0..count).map(|_| self.request(body, deadline)).collect();
+        let requests: Vec<_> = (0..count)
+            .map(|_| self.request(body, 1, deadline))
+            .collect();
         let together = move || {
             std::thread::scope(|scope| {
                 let running: Vec<_> = requests
@@ -188,8 +190,15 @@ impl OpenAiClient {
         }
     }
 
-    /// One HTTP exchange, as work for a helper thread that never touches PostgreSQL.
-    fn request(&self, body: &str, deadline: Instant) -> impl FnOnce() -> Reply + Send + 'static {
+    /// One HTTP exchange for `choices` choices, as work for a helper thread that never touches
+    /// PostgreSQL. A stream of several may be as long as that many answers (and is longer than
+    /// one answer with them all: every token comes in its own event).
+    fn request(
+        &self,
+        body: &str,
+        choices: usize,
+        deadline: Instant,
+    ) -> impl FnOnce() -> Reply + Send + 'static {
         let url = format!("{}/chat/completions", self.base_url.trim_end_matches('/'));
         let agent = agent_for(&url);
         let key = self.api_key.clone();
@@ -216,6 +225,8 @@ impl OpenAiClient {
                         .and_then(|v| v.to_str().ok())
                         .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
                     if (200..300).contains(&code) && streamed {
+                        let limit =
+                            limit.saturating_mul(choices.clamp(1, MAX_STREAMED_CHOICES) as u64);
                         let reader = response.body_mut().with_config().limit(limit).reader();
                         let (choices, stopped) =
                             read_stream(std::io::BufReader::new(reader), limit);
@@ -301,7 +312,7 @@ impl OpenAiClient {
             if Instant::now() >= deadline {
                 return Err(self.timeout_error());
             }
-            let (code, retry_after, text) = match self.send_once(&body, deadline)? {
+            let (code, retry_after, text) = match self.send_once(&body, n, deadline)? {
                 Reply::Failed(cause) => return Err(self.down(cause)),
                 Reply::TimedOut => return Err(self.timeout_error()),
                 Reply::Streamed { choices, stopped } => {

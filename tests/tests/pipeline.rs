@@ -848,6 +848,30 @@ fn an_endpoint_that_ignores_n_gets_the_candidates_all_at_once() {
     assert_eq!(trace["vote"]["agreed"], 3, "{trace}");
     assert_eq!(s.llm.requests().len(), 8);
     assert_eq!(s.llm.most_in_flight(), 3);
+
+    // The answer budget ends the one still running: the two that came back are voted on.
+    s.client
+        .batch_execute("SET sql_query_engine.answer_budget = '2s'")
+        .unwrap();
+    s.llm.on(
+        "customers in Italia",
+        vec![
+            Reply::sql("SELECT name FROM customers WHERE country = 'Italia'"),
+            Reply::sql("SELECT name FROM customers WHERE country = 'IT'"),
+            Reply::Slow(Duration::from_secs(30), Box::new(Reply::sql("SELECT 1"))),
+            Reply::sql("SELECT name FROM customers WHERE country = 'IT'"),
+        ],
+    );
+    let started = std::time::Instant::now();
+    let trace = s.trace("customers in Italia").unwrap();
+    assert!(started.elapsed() < Duration::from_secs(15), "{trace}");
+    assert_eq!(trace["row_count"], 1, "{trace}");
+    assert_eq!(
+        (&trace["vote"]["asked"], &trace["vote"]["alternatives"]),
+        (&json!(3), &json!(2)),
+        "{trace}"
+    );
+    assert_eq!(trace["out_of_time"], true, "{trace}");
 }
 
 #[test]
