@@ -16,6 +16,7 @@ impl SqlState {
     pub const SYNTAX_ERROR: SqlState = SqlState(*b"42601");
     pub const INSUFFICIENT_PRIVILEGE: SqlState = SqlState(*b"42501");
     pub const UNDEFINED_COLUMN: SqlState = SqlState(*b"42703");
+    pub const INVALID_COLUMN_REFERENCE: SqlState = SqlState(*b"42P10");
     pub const UNDEFINED_TABLE: SqlState = SqlState(*b"42P01");
     pub const GROUPING_ERROR: SqlState = SqlState(*b"42803");
     pub const WINDOWING_ERROR: SqlState = SqlState(*b"42P20");

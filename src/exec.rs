@@ -151,7 +151,8 @@ pub fn attempt(sql: &str, mode: Mode, timeout_ms: i32) -> Outcome {
 
 /// `attempt` for a query of the repair loop: also not run when its plan is absurd for a
 /// question (`absurd_plan`), so that the model gets the reason as a repair instead of the query
-/// running into the timeout.
+/// running into the timeout, or when an IN subquery of it selects a column of the outer query
+/// (`guard::outer_column_subquery`), which no result would show.
 pub fn attempt_in_loop(sql: &str, mode: Mode, timeout_ms: i32) -> Outcome {
     let cost_limit = f64::from(timeout_ms.max(1)) * COST_PER_MS;
     sandboxed(sql, mode, timeout_ms, Origin::Generated, Some(cost_limit))
@@ -304,8 +305,9 @@ fn failure(caught: CaughtError, position: Option<i32>, ours: bool, timeout_ms: i
     Outcome::Failed(error)
 }
 
-/// Everything that happens inside the subtransaction. With `cost_limit`, a plan that
-/// `absurd_plan` calls absurd is not run.
+/// Everything that happens inside the subtransaction. With `cost_limit` (a query of the repair
+/// loop), a plan that `absurd_plan` calls absurd is not run, nor a query whose IN subquery
+/// selects a column of the outer query (`guard::outer_column_subquery`).
 fn run_guarded(sql: &str, mode: Mode, origin: Origin, cost_limit: Option<f64>) -> Outcome {
     subxact::set_local(c"transaction_read_only", c"on");
     let trusted = match origin {
@@ -331,6 +333,21 @@ fn run_guarded(sql: &str, mode: Mode, origin: Origin, cost_limit: Option<f64>) -
     };
     if mode == Mode::Check {
         return Outcome::Checked;
+    }
+    if cost_limit.is_some() {
+        // SAFETY: the analyzed tree the guard just checked, in this transaction.
+        if let Some(why) = unsafe { guard::outer_column_subquery(checked.query) } {
+            return Outcome::Failed(SqlError {
+                sqlstate: SqlState::INVALID_COLUMN_REFERENCE,
+                message: format!("the query was not run: {why}"),
+                hint: Some(
+                    "Select a column of the subquery's own tables (join the table that has \
+                     the column inside the subquery), or compare without a subquery."
+                        .into(),
+                ),
+                ..Default::default()
+            });
+        }
     }
     // SAFETY: the analyzed tree the guard checked, rewritten, planned and run under an active
     // snapshot, all inside this subtransaction.

@@ -31,6 +31,7 @@
 
 mod facts;
 pub mod gate;
+mod outer;
 mod policy;
 mod refs;
 mod trust;
@@ -48,6 +49,7 @@ use crate::settings;
 use walk::too_deep;
 
 pub use facts::builtin;
+pub use outer::outer_column_subquery;
 pub use policy::Allowed;
 pub use refs::{references, ColumnRef, References, RelationRef};
 pub use trust::{superuser_call, Trusted};

@@ -1039,3 +1039,48 @@ fn a_count_over_a_value_the_data_stores_otherwise_is_repaired_or_else_doubted() 
     );
     assert_eq!(trace["confidence"]["level"], "high", "{trace}");
 }
+
+/// An IN subquery that selects a column of the outer query (its own table lacks the name, so
+/// PostgreSQL looks outside) compares each row with itself: it is not run, the model is told
+/// why, and its repair answers. A subquery correlated the usual way runs as written.
+#[test]
+fn an_in_subquery_that_selects_an_outer_column_is_repaired_instead_of_run() {
+    let mut s = Session::new();
+    let outer = "SELECT c.name FROM customers c \
+                 WHERE c.country IN (SELECT country FROM orders WHERE amount > 100) ORDER BY 1";
+    let fixed = "SELECT c.name FROM customers c \
+                 WHERE c.customer_id IN (SELECT customer_id FROM orders WHERE amount > 100)";
+    s.llm.on(
+        "customers with an order over 100",
+        vec![Reply::sql(outer), Reply::sql(fixed)],
+    );
+    let trace = s.trace("customers with an order over 100").unwrap();
+    let attempts = trace["attempts"].as_array().unwrap();
+    assert_eq!(attempts[0]["sqlstate"], "42P10", "{trace}");
+    let message = attempts[0]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("selects c.country, a column of the outer query, not of orders"),
+        "{message}"
+    );
+    assert_eq!(
+        (&trace["status"], &trace["row_count"]),
+        (&json!("ok"), &json!(1)),
+        "the repair, not every customer: {trace}"
+    );
+    let repair = s.llm.requests()[1].last_message();
+    assert!(repair.contains("a column of the outer query"), "{repair}");
+
+    let correlated = "SELECT c.name FROM customers c WHERE c.customer_id IN \
+                      (SELECT o.customer_id FROM orders o WHERE o.amount > 100 \
+                       AND o.customer_id = c.customer_id)";
+    s.llm.on("big spenders", vec![Reply::sql(correlated)]);
+    let trace = s.trace("big spenders").unwrap();
+    assert_eq!(
+        (
+            &trace["row_count"],
+            trace["attempts"].as_array().map(Vec::len)
+        ),
+        (&json!(1), Some(1)),
+        "{trace}"
+    );
+}
