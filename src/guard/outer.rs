@@ -100,6 +100,14 @@ unsafe fn outer_select_list(
         if !(*inner).setOperations.is_null() {
             return None;
         }
+        // The first select-list entry that is a bare column of an enclosing query.
+        let (entry, var) = PgList::<pg_sys::TargetEntry>::from_pg((*inner).targetList)
+            .iter_ptr()
+            .filter(|&entry| !(*entry).resjunk)
+            .map(|entry| (entry, (*entry).expr.cast::<pg_sys::Node>()))
+            .filter(|&(_, expr)| !expr.is_null() && (*expr).type_ == pg_sys::NodeTag::T_Var)
+            .map(|(entry, expr)| (entry, expr.cast::<pg_sys::Var>()))
+            .find(|&(_, var)| (*var).varlevelsup > 0)?;
         let own: Vec<String> = PgList::<pg_sys::RangeTblEntry>::from_pg((*inner).rtable)
             .iter_ptr()
             .filter(|&rte| {
@@ -116,42 +124,31 @@ unsafe fn outer_select_list(
         if own.is_empty() {
             return None;
         }
-        for entry in PgList::<pg_sys::TargetEntry>::from_pg((*inner).targetList).iter_ptr() {
-            let expr = (*entry).expr.cast::<pg_sys::Node>();
-            if (*entry).resjunk || expr.is_null() || (*expr).type_ != pg_sys::NodeTag::T_Var {
-                continue;
-            }
-            let var = expr.cast::<pg_sys::Var>();
-            let up = usize::try_from((*var).varlevelsup).unwrap_or(0);
-            if up == 0 {
-                continue;
-            }
-            let column = if (*entry).resname.is_null() {
-                "?column?".to_string()
-            } else {
-                c_string((*entry).resname)
-            };
-            let owner = outer
-                .len()
-                .checked_sub(up)
-                .and_then(|level| outer.get(level))
-                .and_then(|&query| {
-                    let index = usize::try_from((*var).varno).ok()?.checked_sub(1)?;
-                    PgList::<pg_sys::RangeTblEntry>::from_pg((*query).rtable).get_ptr(index)
-                })
-                .and_then(|rte| alias_of(rte));
-            let outside = match owner {
-                Some(owner) => format!("{owner}.{column}"),
-                None => column,
-            };
-            return Some(format!(
-                "the subquery compared with IN, ANY or ALL selects {outside}, a column of the \
-                 outer query, not of {}: each row is compared with its own value, so the \
-                 subquery filters nothing",
-                own.join(", ")
-            ));
-        }
-        None
+        let column = if (*entry).resname.is_null() {
+            "?column?".to_string()
+        } else {
+            c_string((*entry).resname)
+        };
+        let up = usize::try_from((*var).varlevelsup).ok()?;
+        let owner = outer
+            .len()
+            .checked_sub(up)
+            .and_then(|level| outer.get(level))
+            .and_then(|&query| {
+                let index = usize::try_from((*var).varno).ok()?.checked_sub(1)?;
+                PgList::<pg_sys::RangeTblEntry>::from_pg((*query).rtable).get_ptr(index)
+            })
+            .and_then(|rte| alias_of(rte));
+        let outside = match owner {
+            Some(owner) => format!("{owner}.{column}"),
+            None => column,
+        };
+        Some(format!(
+            "the subquery compared with IN, ANY or ALL selects {outside}, a column of the outer \
+             query, not of {}: each row is compared with its own value, so the subquery filters \
+             nothing",
+            own.join(", ")
+        ))
     }
 }
 

@@ -249,10 +249,7 @@ impl OpenAiClient {
                             retry_after,
                             body,
                         },
-                        Err(ureq::Error::BodyExceedsLimit(_)) => Reply::Failed(format!(
-                            "the response is larger than sql_query_engine.max_response_bytes \
-                             ({limit} bytes)"
-                        )),
+                        Err(ureq::Error::BodyExceedsLimit(_)) => Reply::Failed(too_large(limit)),
                         Err(ureq::Error::Timeout(_)) => Reply::TimedOut,
                         Err(e) => Reply::Failed(format!("reading the response failed: {e}")),
                     }
@@ -428,14 +425,14 @@ impl OpenAiClient {
         }
         let body = self.request_body(messages, 1).to_string();
         let mut completions = Vec::with_capacity(count);
-        let mut timed_out = 0;
+        let mut timed_out = false;
         for reply in self.send_together(&body, count, deadline)? {
             let parsed = match reply {
                 Reply::Status { code, body, .. } if (200..300).contains(&code) => {
                     parse_completions(&body, 1).ok()
                 }
                 Reply::TimedOut => {
-                    timed_out += 1;
+                    timed_out = true;
                     continue;
                 }
                 _ => None,
@@ -445,7 +442,7 @@ impl OpenAiClient {
                 None => completions.extend(self.exchange(messages, 1, deadline, retry)?),
             }
         }
-        if completions.is_empty() && timed_out > 0 {
+        if completions.is_empty() && timed_out {
             return Err(self.timeout_error());
         }
         Ok(completions)
@@ -537,15 +534,20 @@ fn status_cause(code: u16, body: &str) -> String {
     }
 }
 
+/// Why a response was not read to its end.
+fn too_large(limit: u64) -> String {
+    format!("the response is larger than sql_query_engine.max_response_bytes ({limit} bytes)")
+}
+
 /// The finished choices of a streamed chat completion (server-sent events, `data: {chunk}`
 /// lines until `data: [DONE]`), in the order they finished, with the token counts of every
 /// usage chunk summed on the first (one per choice from llama.cpp, one in all from OpenAI);
 /// and why the stream stopped before its end, if it did. The reader bounds the whole (to
 /// `limit` bytes, named in the error).
 fn read_stream(mut reader: impl std::io::BufRead, limit: u64) -> (Vec<Completion>, Option<Stop>) {
-    let mut texts: Vec<String> = Vec::new();
+    // Each choice's text so far, by index; `None` once it finished.
+    let mut texts: Vec<Option<String>> = Vec::new();
     let mut finished: Vec<Completion> = Vec::new();
-    let mut done: Vec<bool> = Vec::new();
     let (mut prompt_tokens, mut completion_tokens) = (0u64, 0u64);
     let mut line = Vec::new();
     let stopped = loop {
@@ -557,10 +559,7 @@ fn read_stream(mut reader: impl std::io::BufRead, limit: u64) -> (Vec<Completion
             Err(e) => {
                 break Some(match ureq::Error::from(e) {
                     ureq::Error::Timeout(_) => Stop::TimedOut,
-                    ureq::Error::BodyExceedsLimit(_) => Stop::Failed(format!(
-                        "the response is larger than sql_query_engine.max_response_bytes \
-                         ({limit} bytes)"
-                    )),
+                    ureq::Error::BodyExceedsLimit(_) => Stop::Failed(too_large(limit)),
                     e => Stop::Failed(format!("reading the response failed: {e}")),
                 })
             }
@@ -606,18 +605,16 @@ fn read_stream(mut reader: impl std::io::BufRead, limit: u64) -> (Vec<Completion
                 continue;
             };
             if texts.len() <= index {
-                texts.resize(index + 1, String::new());
-                done.resize(index + 1, false);
+                texts.resize(index + 1, Some(String::new()));
             }
-            if done[index] {
+            let Some(text) = texts[index].as_mut() else {
                 continue;
-            }
+            };
             if let Some(piece) = choice.pointer("/delta/content").and_then(Value::as_str) {
-                texts[index].push_str(piece);
+                text.push_str(piece);
             }
             if choice.get("finish_reason").is_some_and(|r| !r.is_null()) {
-                done[index] = true;
-                let content = std::mem::take(&mut texts[index]);
+                let content = texts[index].take().unwrap_or_default();
                 if !content.trim().is_empty() {
                     finished.push(Completion {
                         content,
