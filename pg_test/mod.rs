@@ -412,4 +412,96 @@ mod tests {
         assert_eq!(show("trusted_owners").as_deref(), Some(""));
         assert!(crate::settings::llm_url().is_none());
     }
+
+    #[pg_test]
+    fn each_select_has_its_own_from_clause_and_unqualified_columns() {
+        use crate::guard::references;
+        // The SELECT of the unqualified column written at `column`'s first offset, as
+        // "relation:alias,..." and whether its FROM clause holds anything else.
+        let select_of = |sql: &str, column: &str| {
+            let at = sql.find(&format!(" {column} ")).map(|p| p + 1)?;
+            let refs = references(sql);
+            let select = refs.select_at(at)?;
+            let relations: Vec<String> = select
+                .relations
+                .iter()
+                .map(|r| format!("{}:{}", r.name, r.alias.as_deref().unwrap_or("")))
+                .collect();
+            Some((relations.join(","), select.opaque))
+        };
+        let sql = "SELECT name FROM customers c JOIN orders ON true WHERE power_id = 1";
+        assert_eq!(
+            select_of(sql, "power_id"),
+            Some(("customers:c,orders:".into(), false))
+        );
+        // The innermost SELECT's FROM, not the outer one's; each side of a UNION.
+        let sql = "SELECT name FROM customers WHERE id IN (SELECT customer_id FROM orders o \
+                   WHERE quantity > 1)";
+        assert_eq!(select_of(sql, "quantity"), Some(("orders:o".into(), false)));
+        let sql = "SELECT a FROM t UNION SELECT b FROM u WHERE quantity > 1";
+        assert_eq!(select_of(sql, "quantity"), Some(("u:".into(), false)));
+        // What the schema cannot tell the columns of: a subquery, a function, a common table
+        // expression, an aliased join (whose relations are hidden behind its alias).
+        for (sql, relations) in [
+            (
+                "SELECT x FROM (SELECT 1 AS a) s, t WHERE quantity > 1",
+                "t:",
+            ),
+            (
+                "SELECT x FROM generate_series(1, 3) g WHERE quantity > 1",
+                "",
+            ),
+            (
+                "WITH t AS (SELECT 1 AS a) SELECT x FROM t, u WHERE quantity > 1",
+                "u:",
+            ),
+            (
+                "WITH w AS (SELECT 1) SELECT x FROM u WHERE u.a IN \
+                 (SELECT a FROM t, w WHERE quantity > 1)",
+                "t:",
+            ),
+            (
+                "SELECT x FROM (t JOIN u ON true) AS j, v WHERE quantity > 1",
+                "v:",
+            ),
+        ] {
+            assert_eq!(
+                select_of(sql, "quantity"),
+                Some((relations.into(), true)),
+                "{sql}"
+            );
+        }
+        // A schema-qualified relation named like a common table expression is the relation.
+        let sql = "WITH t AS (SELECT 1) SELECT x FROM public.t WHERE quantity > 1";
+        assert_eq!(select_of(sql, "quantity"), Some(("t:".into(), false)));
+        // The unqualified columns of a SELECT, not those of the SELECTs inside it; found by a
+        // relation of its FROM clause too.
+        let sql = "SELECT a, * FROM t WHERE quantity > (SELECT max(b) FROM u) ORDER BY c";
+        let refs = references(sql);
+        let select = refs.select_at(25).unwrap();
+        let bare: Vec<(Option<&str>, usize)> = select
+            .bare
+            .iter()
+            .map(|(n, at)| (n.as_deref(), *at))
+            .collect();
+        assert_eq!(
+            bare,
+            [
+                (Some("a"), 7),
+                (None, 10),
+                (Some("quantity"), 25),
+                (Some("c"), 68)
+            ]
+        );
+        assert_eq!(refs.select_at(sql.find("t WHERE").unwrap()), Some(select));
+        assert_eq!(
+            refs.select_at(sql.find("u)").unwrap())
+                .map(|s| s.bare.len()),
+            Some(1),
+            "b"
+        );
+        // Qualified there, or nothing there: no SELECT.
+        assert_eq!(references("SELECT t.quantity FROM t").select_at(7), None);
+        assert_eq!(references("SELECT (").select_at(7), None, "does not parse");
+    }
 }

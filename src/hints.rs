@@ -4,7 +4,7 @@
 //! where the column really is, and how to join to it.
 
 use crate::error::{SqlError, SqlState};
-use crate::guard::{self, ColumnRef, References, RelationRef};
+use crate::guard::{self, ColumnRef, References, RelationRef, Select};
 use crate::schema::{self, Hop};
 
 /// The name a failed query got wrong, as read from PostgreSQL's message.
@@ -95,15 +95,28 @@ pub struct Requalified {
 /// itself (`a.c = q.c` becoming `a.c = a.c`: the join itself is what is wrong there), and none
 /// when the names are ambiguous (the column in two relations the query does not join on it, a
 /// relation name in two schemas, a qualifier that is a subquery's or a CTE's).
+///
+/// An unqualified column that no relation of the query has (`column "power_id" does not
+/// exist`) is read from the one relation one foreign key away from the relations of its own
+/// FROM clause that has it, joined there (see `joined_around`).
 pub fn requalify(sql: &str, error: &SqlError) -> Option<Requalified> {
-    let Some(NameError::MissingColumn {
-        qualifier: Some(qualifier),
-        column,
-    }) = NameError::read(sql, error)
-    else {
+    let Some(NameError::MissingColumn { qualifier, column }) = NameError::read(sql, error) else {
         return None;
     };
     let context = schema::context().ok()?;
+    let Some(qualifier) = qualifier else {
+        let at = byte_offset(sql, error.position?)?;
+        return joined_around(
+            sql,
+            &guard::references(sql),
+            at,
+            &column,
+            &Schema {
+                has_column: |relation: &str, column: &str| context.has_column(relation, column),
+                one_hop: |relation: &str, column: &str| context.one_hop(relation, column),
+            },
+        );
+    };
     requalified(
         sql,
         &guard::references(sql),
@@ -185,7 +198,7 @@ where
         .map(qualifier_of)
         .collect();
     let Some(owner) = owners.first().cloned() else {
-        return joined(sql, refs, qualifier, column, &schema.one_hop);
+        return joined(sql, refs, qualifier, column, &schema);
     };
     let ambiguous = !equated(refs, &owners, column)
         || owners.iter().any(|o| {
@@ -202,7 +215,7 @@ where
     // becoming `a.c = a.c`): the join itself is what is wrong, q joined where a relation
     // between them was meant.
     if joins.iter().any(|(_, other)| other.qualifier == owner) {
-        return joined(sql, refs, qualifier, column, &schema.one_hop);
+        return joined(sql, refs, qualifier, column, &schema);
     }
     let edits: Vec<(usize, &str, &str)> = refs
         .columns
@@ -276,48 +289,32 @@ fn splice(sql: &str, mut splices: Vec<(usize, usize, String)>) -> Option<String>
 
 /// When the qualifier's relation lacks the column, no relation of the query can give it in its
 /// place, and exactly one relation one foreign key away has it (the model skipped a table
-/// between them): `sql` with
-/// that relation joined right after the qualifier's FROM item, through the key, and the column
-/// read from it. The join nests there (`a JOIN b JOIN c ON .. ON ..` is `a JOIN (b JOIN c ON
-/// ..) ON ..`), so every clause that could name the qualifier can name the new relation too.
-fn joined(
+/// between them): `sql` with that relation joined right after the qualifier's FROM item, through
+/// the key, and the column read from it.
+fn joined<H, J>(
     sql: &str,
     refs: &References,
     qualifier: &str,
     column: &str,
-    one_hop: impl Fn(&str, &str) -> Vec<Hop>,
-) -> Option<Requalified> {
+    schema: &Schema<H, J>,
+) -> Option<Requalified>
+where
+    H: Fn(&str, &str) -> Option<bool>,
+    J: Fn(&str, &str) -> Vec<Hop>,
+{
     let (table, alias) = resolve(&refs.relations, qualifier)?;
     let item = refs
         .relations
         .iter()
         .find(|r| r.name == table && r.alias.as_deref() == alias)?;
-    let [hop] = &one_hop(table, column)[..] else {
+    let [hop] = &(schema.one_hop)(table, column)[..] else {
         return None;
     };
-    // The new relation is named by its name, which nothing in the query may name already.
-    let taken = refs
-        .relations
-        .iter()
-        .any(|r| r.name == hop.name || r.alias.as_deref() == Some(hop.name.as_str()))
-        || refs.columns.iter().any(|c| c.qualifier == hop.name);
-    if taken {
-        return None;
-    }
-    let end = item_end(sql, item.at?, alias)?;
-    let (q, h) = (identifier(qualifier), identifier(&hop.name));
-    let on: Vec<String> = hop
-        .on
-        .iter()
-        .map(|(from, to)| format!("{h}.{} = {q}.{}", identifier(to), identifier(from)))
-        .collect();
-    let on = on.join(" AND ");
-    let named = if hop.sql == h {
-        h.clone()
-    } else {
-        format!("{} AS {h}", hop.sql)
-    };
-    let mut splices = vec![(end, 0, format!(" JOIN {named} ON {on}"))];
+    let select = refs.select_at(item.at?)?;
+    let (join, on) = join_after(sql, refs, item, hop)?;
+    let mut splices = kept_meanings(sql, select, item, hop, None, &schema.has_column)?;
+    splices.push(join);
+    let h = identifier(&hop.name);
     for c in refs.columns.iter() {
         if c.qualifier == qualifier && c.column == column {
             splices.push((
@@ -331,6 +328,128 @@ fn joined(
         sql: splice(sql, splices)?,
         change: format!("{qualifier}.{column} → {h}.{column}, joined by {on}"),
     })
+}
+
+/// When an unqualified column, written at byte `at`, is in no relation in reach and exactly one
+/// relation one foreign key away from the relations of its own SELECT's FROM clause has it (the
+/// model read it from the table beside the one that holds it, most often a link table): `sql`
+/// with that relation joined right after that FROM item, through the key. The column then
+/// resolves to it as written. Nothing when two relations of the FROM clause, or two keys, lead
+/// to the column: which was meant is the model's to say.
+fn joined_around<H, J>(
+    sql: &str,
+    refs: &References,
+    at: usize,
+    column: &str,
+    schema: &Schema<H, J>,
+) -> Option<Requalified>
+where
+    H: Fn(&str, &str) -> Option<bool>,
+    J: Fn(&str, &str) -> Vec<Hop>,
+{
+    let select = refs.select_at(at)?;
+    let mut found = select.relations.iter().flat_map(|item| {
+        (schema.one_hop)(&item.name, column)
+            .into_iter()
+            .map(move |hop| (item, hop))
+    });
+    let (item, hop) = found.next()?;
+    if found.next().is_some() {
+        return None;
+    }
+    let (join, on) = join_after(sql, refs, item, &hop)?;
+    let mut splices = kept_meanings(sql, select, item, &hop, Some(column), &schema.has_column)?;
+    splices.push(join);
+    Some(Requalified {
+        sql: splice(sql, splices)?,
+        change: format!(
+            "{column} → {}.{column}, joined by {on}",
+            identifier(&hop.name)
+        ),
+    })
+}
+
+/// The splices that keep every other name of `select` meaning what it meant once `hop` is
+/// joined into it after `item`: an unqualified column the new relation also has is qualified by
+/// the one relation of the FROM clause that has it, and `*` by `item` when it is alone there.
+/// `None` when that cannot be made sure of: such a name that no relation of the FROM clause has
+/// (an outer query's column, or an output column's name, which the new relation would take
+/// over) or two have, a FROM clause the schema does not know all of, `*` over several
+/// relations. `missing`: the column the join is for, which is meant to be the new relation's.
+fn kept_meanings(
+    sql: &str,
+    select: &Select,
+    item: &RelationRef,
+    hop: &Hop,
+    missing: Option<&str>,
+    has_column: impl Fn(&str, &str) -> Option<bool>,
+) -> Option<Vec<(usize, usize, String)>> {
+    let qualifier = |r: &RelationRef| identifier(r.alias.as_deref().unwrap_or(&r.name));
+    let mut splices = Vec::new();
+    for (name, at) in &select.bare {
+        let owner = match name.as_deref() {
+            Some(name) if Some(name) == missing => continue,
+            Some(name) => {
+                if !has_column(&hop.name, name)? {
+                    continue;
+                }
+                if select.opaque {
+                    return None;
+                }
+                let mut owners = Vec::new();
+                for relation in &select.relations {
+                    if has_column(&relation.name, name)? {
+                        owners.push(relation);
+                    }
+                }
+                let [owner] = owners[..] else {
+                    return None;
+                };
+                written_length(sql.get(*at..)?, name)?;
+                owner
+            }
+            None if !select.opaque && select.relations.len() == 1 => item,
+            None => return None,
+        };
+        splices.push((*at, 0, format!("{}.", qualifier(owner))));
+    }
+    Some(splices)
+}
+
+/// The splice that joins `hop` right after the FROM item `item`, through its key, and the join
+/// condition. The join nests there (`a JOIN b JOIN c ON .. ON ..` is `a JOIN (b JOIN c ON ..)
+/// ON ..`), so every clause that could name the item can name the new relation too. `None` when
+/// the query names the new relation already (by name or as an alias or qualifier), or the item
+/// is not where the parser said.
+fn join_after(
+    sql: &str,
+    refs: &References,
+    item: &RelationRef,
+    hop: &Hop,
+) -> Option<((usize, usize, String), String)> {
+    let taken = refs
+        .relations
+        .iter()
+        .any(|r| r.name == hop.name || r.alias.as_deref() == Some(hop.name.as_str()))
+        || refs.columns.iter().any(|c| c.qualifier == hop.name);
+    if taken {
+        return None;
+    }
+    let end = item_end(sql, item.at?, item.alias.as_deref())?;
+    let qualifier = item.alias.as_deref().unwrap_or(&item.name);
+    let (q, h) = (identifier(qualifier), identifier(&hop.name));
+    let on: Vec<String> = hop
+        .on
+        .iter()
+        .map(|(from, to)| format!("{h}.{} = {q}.{}", identifier(to), identifier(from)))
+        .collect();
+    let on = on.join(" AND ");
+    let named = if hop.sql == h {
+        h.clone()
+    } else {
+        format!("{} AS {h}", hop.sql)
+    };
+    Some(((end, 0, format!(" JOIN {named} ON {on}")), on))
 }
 
 /// The byte offset right after the FROM item that starts at `at`: its (maybe qualified) name
@@ -432,6 +551,12 @@ fn missing_column(message: &str) -> Option<(Option<String>, String)> {
     };
     let column = column.trim_matches('"');
     (!column.is_empty()).then(|| (qualifier, column.to_string()))
+}
+
+/// The byte offset in `sql` of PostgreSQL's 1-based character `position`.
+fn byte_offset(sql: &str, position: i32) -> Option<usize> {
+    let index = usize::try_from(position).ok()?.checked_sub(1)?;
+    sql.char_indices().nth(index).map(|(at, _)| at)
 }
 
 /// The column of the reference `qualifier.column` that starts at PostgreSQL's 1-based
@@ -576,6 +701,21 @@ mod tests {
                 .collect(),
             columns: by_word.into_iter().flatten().collect(),
             equalities,
+            selects: Vec::new(),
+        }
+        .in_one_select()
+    }
+
+    impl References {
+        /// These references as one SELECT whose FROM clause has all the relations (no bare
+        /// column references: `bare` adds them).
+        fn in_one_select(mut self) -> Self {
+            self.selects = vec![Select {
+                relations: self.relations.clone(),
+                opaque: false,
+                bare: Vec::new(),
+            }];
+            self
         }
     }
 
@@ -737,6 +877,148 @@ mod tests {
         );
         assert_eq!(
             requalified(sql, &read_refs(sql, &relations), "e", "title", university()),
+            None
+        );
+    }
+
+    /// `read_refs`, with the words of `bare` (or `*`) as the SELECT's unqualified column
+    /// references, where they are written.
+    fn with_bare(sql: &str, relations: &[(&str, Option<&str>)], bare: &[&str]) -> References {
+        let mut refs = read_refs(sql, relations);
+        refs.selects[0].bare = sql
+            .split(' ')
+            .scan(0, |at, w| {
+                let start = *at;
+                *at += w.len() + 1;
+                Some((start, w.trim_end_matches(',')))
+            })
+            .filter(|(_, w)| bare.contains(w))
+            .map(|(at, w)| ((w != "*").then(|| w.to_string()), at))
+            .collect();
+        refs
+    }
+
+    /// `joined_around` for the first unqualified `column` of `sql`.
+    fn around(
+        sql: &str,
+        relations: &[(&str, Option<&str>)],
+        bare: &[&str],
+        column: &str,
+        schema: Lookup,
+    ) -> Option<Requalified> {
+        let refs = with_bare(sql, relations, bare);
+        let at = refs.selects[0]
+            .bare
+            .iter()
+            .find(|(name, _)| name.as_deref() == Some(column))?
+            .1;
+        joined_around(sql, &refs, at, column, &schema)
+    }
+
+    #[test]
+    fn an_unqualified_column_no_relation_has_is_read_from_the_one_a_key_away() {
+        let sql = "SELECT enrollment_id FROM enrollments WHERE course_id = 3";
+        let relations = [("enrollments", None)];
+        let bare = ["enrollment_id", "course_id"];
+        assert_eq!(
+            around(sql, &relations, &bare, "course_id", university()),
+            Some(Requalified {
+                sql: "SELECT enrollment_id FROM enrollments JOIN uni.sections AS sections ON sections.section_id = enrollments.section_id WHERE course_id = 3".into(),
+                change: "course_id → sections.course_id, joined by sections.section_id = enrollments.section_id".into(),
+            })
+        );
+        // After an alias; the other relations of the FROM clause lead nowhere.
+        let sql = "SELECT count(*) FROM courses c, enrollments AS e WHERE course_id = 3";
+        assert_eq!(
+            around(sql, &[("courses", Some("c")), ("enrollments", Some("e"))], &["course_id"], "course_id", university()).map(|r| r.sql).as_deref(),
+            Some("SELECT count(*) FROM courses c, enrollments AS e JOIN uni.sections AS sections ON sections.section_id = e.section_id WHERE course_id = 3")
+        );
+        // Names the new relation shares with the FROM clause keep their relation; so does `*`.
+        let sql = "SELECT section_id, count(*) FROM enrollments e WHERE course_id = 3 GROUP BY section_id";
+        assert_eq!(
+            around(sql, &[("enrollments", Some("e"))], &["section_id", "course_id"], "course_id", university()).map(|r| r.sql).as_deref(),
+            Some("SELECT e.section_id, count(*) FROM enrollments e JOIN uni.sections AS sections ON sections.section_id = e.section_id WHERE course_id = 3 GROUP BY e.section_id")
+        );
+        let sql = "SELECT * FROM enrollments WHERE course_id = 3";
+        assert_eq!(
+            around(sql, &[("enrollments", None)], &["*", "course_id"], "course_id", university()).map(|r| r.sql).as_deref(),
+            Some("SELECT enrollments.* FROM enrollments JOIN uni.sections AS sections ON sections.section_id = enrollments.section_id WHERE course_id = 3")
+        );
+    }
+
+    #[test]
+    fn a_relation_joined_for_a_qualified_column_leaves_the_other_names_as_they_were() {
+        let relations = [("enrollments", Some("e"))];
+        let sql = "SELECT section_id, * FROM enrollments e WHERE e.course_id = 3";
+        let refs = with_bare(sql, &relations, &["section_id", "*"]);
+        assert_eq!(
+            requalified(sql, &refs, "e", "course_id", university()).map(|r| r.sql).as_deref(),
+            Some("SELECT e.section_id, e.* FROM enrollments e JOIN uni.sections AS sections ON sections.section_id = e.section_id WHERE sections.course_id = 3")
+        );
+        // `*` over two relations would gain the new relation's columns.
+        let relations = [("enrollments", Some("e")), ("students", Some("s"))];
+        let sql = "SELECT * FROM enrollments e, students s WHERE e.course_id = 3";
+        let refs = with_bare(sql, &relations, &["*"]);
+        assert_eq!(
+            requalified(sql, &refs, "e", "course_id", university()),
+            None
+        );
+    }
+
+    #[test]
+    fn an_unqualified_column_is_not_joined_to_where_that_would_be_a_guess() {
+        let sql = "SELECT 1 FROM enrollments WHERE course_id = 3";
+        let one = [("enrollments", None)];
+        // Two keys lead to it.
+        let twice: Lookup = Schema {
+            has_column: university().has_column,
+            one_hop: |r: &str, c: &str| {
+                let mut found = (university().one_hop)(r, c);
+                found.extend(found.clone());
+                found
+            },
+        };
+        assert_eq!(around(sql, &one, &["course_id"], "course_id", twice), None);
+        // Nothing a key away has it.
+        assert_eq!(around(sql, &one, &["title"], "title", university()), None);
+        // The query names the new relation already.
+        let sql = "SELECT 1 FROM enrollments, courses sections WHERE course_id = 3";
+        let relations = [("enrollments", None), ("courses", Some("sections"))];
+        assert_eq!(
+            around(sql, &relations, &["course_id"], "course_id", university()),
+            None
+        );
+        // `*` over two relations would gain the new relation's columns.
+        let sql = "SELECT * FROM enrollments, courses WHERE course_id = 3";
+        let relations = [("enrollments", None), ("courses", None)];
+        assert_eq!(
+            around(
+                sql,
+                &relations,
+                &["*", "course_id"],
+                "course_id",
+                university()
+            ),
+            None
+        );
+        // The new relation has a name no relation of the FROM clause has (an outer query's
+        // column): it would take it over.
+        let sql = "SELECT 1 FROM enrollments WHERE course_id = section_no";
+        let shadowing: Lookup = Schema {
+            has_column: |r: &str, c: &str| match (r, c) {
+                ("sections", "section_no") => Some(true),
+                _ => (university().has_column)(r, c),
+            },
+            one_hop: university().one_hop,
+        };
+        assert_eq!(
+            around(
+                sql,
+                &one,
+                &["course_id", "section_no"],
+                "course_id",
+                shadowing
+            ),
             None
         );
     }

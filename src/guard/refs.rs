@@ -38,6 +38,41 @@ pub struct References {
     pub columns: Vec<ColumnRef>,
     /// `a.x = b.y`: the join conditions (and other equalities) between two columns.
     pub equalities: Vec<[ColumnRef; 2]>,
+    /// Each SELECT of the query, outermost first.
+    pub selects: Vec<Select>,
+}
+
+/// One SELECT of a query: what its own FROM clause and its unqualified column references are,
+/// so that a relation joined into it is known not to change what another name there means.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Select {
+    /// The relations of its FROM clause, through joins.
+    pub relations: Vec<RelationRef>,
+    /// Its FROM clause holds something else too (a subquery, a function, a common table
+    /// expression, an aliased join), whose columns the schema does not know.
+    pub opaque: bool,
+    /// Its unqualified column references (not those of the SELECTs inside it): the name
+    /// (`None` for `*`) and the byte offset.
+    pub bare: Vec<(Option<String>, usize)>,
+}
+
+impl References {
+    /// The SELECT that holds the unqualified column reference, or whose FROM clause names the
+    /// relation, written at byte `at`.
+    pub fn select_at(&self, at: usize) -> Option<&Select> {
+        self.selects.iter().find(|s| {
+            s.bare.iter().any(|&(_, b)| b == at) || s.relations.iter().any(|r| r.at == Some(at))
+        })
+    }
+}
+
+/// The walk's state: what was found, and where the walk is.
+struct Collecting {
+    found: References,
+    /// The SELECTs the walk is in (indexes into `found.selects`), innermost last.
+    within: Vec<usize>,
+    /// The names of the common table expressions in reach.
+    ctes: Vec<String>,
 }
 
 /// The names `sql` uses; empty when it does not parse.
@@ -46,22 +81,28 @@ pub fn references(sql: &str) -> References {
         return References::default();
     };
     subxact::in_subtransaction(false, || {
-        let mut found = References::default();
-        // SAFETY: the grammar and PostgreSQL's raw walker; `found` outlives the walk.
+        let mut collecting = Collecting {
+            found: References::default(),
+            within: Vec::new(),
+            ctes: Vec::new(),
+        };
+        // SAFETY: the grammar, then our walker over its raw tree; `collecting` outlives the
+        // walk.
         unsafe {
             let statements = PgList::<pg_sys::RawStmt>::from_pg(pg_sys::raw_parser(
                 text.as_ptr(),
                 pg_sys::RawParseMode::RAW_PARSE_DEFAULT,
             ));
             for raw in statements.iter_ptr() {
-                pg_sys::raw_expression_tree_walker(
+                // The statement itself first: PostgreSQL's walker visits only a node's
+                // children, and the statement is a SELECT too.
+                collector(
                     (*raw).stmt,
-                    Some(collector),
-                    (&mut found as *mut References).cast(),
+                    (&mut collecting as *mut Collecting).cast::<c_void>(),
                 );
             }
         }
-        found
+        collecting.found
     })
     .unwrap_or_default()
 }
@@ -97,6 +138,84 @@ unsafe fn qualified_column(node: *mut pg_sys::Node) -> Option<ColumnRef> {
     }
 }
 
+/// The relations of a raw FROM list, through joins, and whether it holds anything else (a
+/// subquery, a function, a common table expression in reach, an aliased join).
+///
+/// # Safety
+/// `items` is a raw parse tree's FROM list.
+unsafe fn from_relations(items: *mut pg_sys::List, ctes: &[String]) -> (Vec<RelationRef>, bool) {
+    /// Adds the relations of one FROM item, at most `depth` joins deep; `false` when it holds
+    /// anything else.
+    ///
+    /// # Safety
+    /// `node` is a raw FROM item.
+    unsafe fn add(
+        node: *mut pg_sys::Node,
+        ctes: &[String],
+        depth: usize,
+        out: &mut Vec<RelationRef>,
+    ) -> bool {
+        // SAFETY: the caller's contract: RangeVar and JoinExpr nodes of a raw FROM clause.
+        unsafe {
+            if node.is_null() || depth == 0 {
+                return false;
+            }
+            match (*node).type_ {
+                pg_sys::NodeTag::T_RangeVar => {
+                    let relation = relation(node.cast());
+                    let cte = (*node.cast::<pg_sys::RangeVar>()).schemaname.is_null()
+                        && ctes.contains(&relation.name);
+                    if !cte {
+                        out.push(relation);
+                    }
+                    !cte
+                }
+                pg_sys::NodeTag::T_JoinExpr => {
+                    // The names inside an aliased join are hidden behind its alias.
+                    let join = node.cast::<pg_sys::JoinExpr>();
+                    if !(*join).alias.is_null() {
+                        return false;
+                    }
+                    let left = add((*join).larg, ctes, depth - 1, out);
+                    let right = add((*join).rarg, ctes, depth - 1, out);
+                    left && right
+                }
+                _ => false,
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut only_relations = true;
+    // SAFETY: the caller's contract; a FROM list holds raw FROM items.
+    unsafe {
+        for item in PgList::<pg_sys::Node>::from_pg(items).iter_ptr() {
+            only_relations &= add(item, ctes, MAX_JOINS, &mut out);
+        }
+    }
+    (out, !only_relations)
+}
+
+/// Joins nested deeper than this in one FROM item are not followed.
+const MAX_JOINS: usize = 64;
+
+/// A raw `RangeVar` as a `RelationRef`.
+///
+/// # Safety
+/// `range_var` is a raw parse tree's RangeVar.
+unsafe fn relation(range_var: *mut pg_sys::RangeVar) -> RelationRef {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let alias = (*range_var).alias;
+        RelationRef {
+            name: c_string((*range_var).relname),
+            alias: (!alias.is_null())
+                .then(|| c_string((*alias).aliasname))
+                .filter(|a| !a.is_empty()),
+            at: usize::try_from((*range_var).location).ok(),
+        }
+    }
+}
+
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn collector(node: *mut pg_sys::Node, context: *mut c_void) -> bool {
     if node.is_null() {
@@ -105,28 +224,51 @@ unsafe extern "C-unwind" fn collector(node: *mut pg_sys::Node, context: *mut c_v
     if too_deep().is_some() {
         return true;
     }
-    // SAFETY: PostgreSQL's raw walker passes raw parse nodes and our context.
+    // SAFETY: PostgreSQL's raw walker (or `references`) passes raw parse nodes and our context.
     unsafe {
-        let found = &mut *context.cast::<References>();
+        let collecting = &mut *context.cast::<Collecting>();
         match (*node).type_ {
+            pg_sys::NodeTag::T_SelectStmt => {
+                let select = node.cast::<pg_sys::SelectStmt>();
+                let reach = collecting.ctes.len();
+                let with = (*select).withClause;
+                if !with.is_null() {
+                    for cte in PgList::<pg_sys::Node>::from_pg((*with).ctes).iter_ptr() {
+                        if !cte.is_null() && (*cte).type_ == pg_sys::NodeTag::T_CommonTableExpr {
+                            let name = (*cte.cast::<pg_sys::CommonTableExpr>()).ctename;
+                            collecting.ctes.push(c_string(name));
+                        }
+                    }
+                }
+                let (relations, opaque) = from_relations((*select).fromClause, &collecting.ctes);
+                collecting.within.push(collecting.found.selects.len());
+                collecting.found.selects.push(Select {
+                    relations,
+                    opaque,
+                    bare: Vec::new(),
+                });
+                let stop = pg_sys::raw_expression_tree_walker(node, Some(collector), context);
+                let collecting = &mut *context.cast::<Collecting>();
+                collecting.within.pop();
+                collecting.ctes.truncate(reach);
+                return stop;
+            }
             pg_sys::NodeTag::T_RangeVar => {
-                let range_var = node.cast::<pg_sys::RangeVar>();
-                let alias = (*range_var).alias;
-                let relation = RelationRef {
-                    name: c_string((*range_var).relname),
-                    alias: (!alias.is_null())
-                        .then(|| c_string((*alias).aliasname))
-                        .filter(|a| !a.is_empty()),
-                    at: usize::try_from((*range_var).location).ok(),
-                };
+                let relation = relation(node.cast());
                 let named = |r: &RelationRef| r.name == relation.name && r.alias == relation.alias;
-                if !relation.name.is_empty() && !found.relations.iter().any(named) {
-                    found.relations.push(relation);
+                if !relation.name.is_empty() && !collecting.found.relations.iter().any(named) {
+                    collecting.found.relations.push(relation);
                 }
             }
             pg_sys::NodeTag::T_ColumnRef => {
                 if let Some(column) = qualified_column(node) {
-                    found.columns.push(column);
+                    collecting.found.columns.push(column);
+                } else if let (Some(bare), Some(&within)) =
+                    (bare_column(node), collecting.within.last())
+                {
+                    if let Some(select) = collecting.found.selects.get_mut(within) {
+                        select.bare.push(bare);
+                    }
                 }
             }
             pg_sys::NodeTag::T_A_Expr => {
@@ -143,12 +285,35 @@ unsafe extern "C-unwind" fn collector(node: *mut pg_sys::Node, context: *mut c_v
                         qualified_column((*expr).lexpr),
                         qualified_column((*expr).rexpr),
                     ) {
-                        found.equalities.push([l, r]);
+                        collecting.found.equalities.push([l, r]);
                     }
                 }
             }
             _ => {}
         }
         pg_sys::raw_expression_tree_walker(node, Some(collector), context)
+    }
+}
+
+/// The name (`None` for `*`) and offset of a raw `ColumnRef` of one field.
+///
+/// # Safety
+/// `node` is a raw `ColumnRef`.
+unsafe fn bare_column(node: *mut pg_sys::Node) -> Option<(Option<String>, usize)> {
+    // SAFETY: the caller's contract; list cells of a ColumnRef are String or A_Star nodes.
+    unsafe {
+        let column_ref = node.cast::<pg_sys::ColumnRef>();
+        let fields = PgList::<pg_sys::Node>::from_pg((*column_ref).fields);
+        let at = usize::try_from((*column_ref).location).ok()?;
+        match (fields.len(), fields.get_ptr(0)) {
+            (1, Some(field)) if !field.is_null() => match (*field).type_ {
+                pg_sys::NodeTag::T_String => {
+                    Some((Some(c_string((*field.cast::<pg_sys::String>()).sval)), at))
+                }
+                pg_sys::NodeTag::T_A_Star => Some((None, at)),
+                _ => None,
+            },
+            _ => None,
+        }
     }
 }

@@ -325,6 +325,84 @@ fn a_table_the_model_skipped_is_joined_through_its_foreign_key_when_the_caller_m
 }
 
 #[test]
+fn an_unqualified_column_of_a_table_a_key_away_is_read_from_it_joined() {
+    let mut s = Session::new();
+    let role = format!("counter_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE TABLE order_items (order_id int REFERENCES orders(order_id), quantity int);
+             INSERT INTO order_items SELECT order_id, 2 FROM orders WHERE amount > 30;
+             CREATE ROLE {role}; GRANT SELECT ON orders, order_items TO {role};
+             GRANT SELECT (customer_id, name) ON customers TO {role};"
+        ))
+        .unwrap();
+    // orders has no country; customers, whose key orders references, has.
+    let written =
+        "SELECT country, sum(amount) AS total FROM orders GROUP BY country ORDER BY country";
+    s.llm.on("revenue per country", vec![Reply::sql(written)]);
+    let trace = s.trace("revenue per country").unwrap();
+    assert_eq!(trace["status"], "ok");
+    assert_eq!(trace["llm_calls"], 1, "no repair was asked for");
+    let attempt = &trace["attempts"][0];
+    assert_eq!(
+        attempt["requalified"],
+        json!([
+            "country → customers.country, joined by customers.customer_id = orders.customer_id"
+        ])
+    );
+    assert_eq!(
+        attempt["sql"],
+        "SELECT country, sum(amount) AS total FROM orders \
+         JOIN customers ON customers.customer_id = orders.customer_id \
+         GROUP BY country ORDER BY country"
+    );
+    assert_eq!(
+        attempt["row_count"],
+        s.scalar_i64(
+            "SELECT count(DISTINCT country) FROM customers JOIN orders USING (customer_id)"
+        )
+    );
+    // In a subquery, the join goes into the subquery's FROM: the outer query is untouched.
+    s.llm.on(
+        "customers with a large order",
+        vec![Reply::sql(
+            "SELECT name FROM customers WHERE customer_id IN \
+             (SELECT customer_id FROM orders WHERE quantity > 1) ORDER BY name",
+        )],
+    );
+    let trace = s.trace("customers with a large order").unwrap();
+    let attempt = &trace["attempts"][0];
+    assert_eq!(
+        attempt["sql"],
+        "SELECT name FROM customers WHERE customer_id IN \
+         (SELECT customer_id FROM orders JOIN order_items ON order_items.order_id = orders.order_id \
+         WHERE quantity > 1) ORDER BY name"
+    );
+    assert_eq!(
+        attempt["row_count"],
+        s.scalar_i64(
+            "SELECT count(DISTINCT customer_id) FROM orders JOIN order_items USING (order_id)"
+        )
+    );
+
+    // A role that may not read customers.country: the model's query and error stand.
+    s.client
+        .batch_execute(&format!(
+            "SET sql_query_engine.max_repairs = 0; SET ROLE {role}"
+        ))
+        .unwrap();
+    s.llm.on(
+        "revenue per country, as a counter",
+        vec![Reply::sql(written)],
+    );
+    let trace = s.trace("revenue per country, as a counter").unwrap();
+    let attempt = &trace["attempts"][0];
+    assert_eq!(attempt["sqlstate"], "42703");
+    assert_eq!(attempt["requalified"], json!([]));
+    assert_eq!(attempt["sql"], written);
+}
+
+#[test]
 fn a_join_written_the_wrong_way_round_runs_swapped() {
     let mut s = Session::new();
     s.client
