@@ -421,7 +421,7 @@ mod tests {
         let select_of = |sql: &str, column: &str| {
             let at = sql.find(&format!(" {column} ")).map(|p| p + 1)?;
             let refs = references(sql);
-            let select = refs.select_at(at)?;
+            let select = &refs.selects[refs.select_at(at)?];
             let relations: Vec<String> = select
                 .relations
                 .iter()
@@ -478,8 +478,8 @@ mod tests {
         // relation of its FROM clause too.
         let sql = "SELECT a, * FROM t WHERE quantity > (SELECT max(b) FROM u) ORDER BY c";
         let refs = references(sql);
-        let select = refs.select_at(25).unwrap();
-        let bare: Vec<(Option<&str>, usize)> = select
+        let outer = refs.select_at(25).unwrap();
+        let bare: Vec<(Option<&str>, usize)> = refs.selects[outer]
             .bare
             .iter()
             .map(|(n, at)| (n.as_deref(), *at))
@@ -493,12 +493,35 @@ mod tests {
                 (Some("c"), 68)
             ]
         );
-        assert_eq!(refs.select_at(sql.find("t WHERE").unwrap()), Some(select));
+        assert_eq!(refs.select_at(sql.find("t WHERE").unwrap()), Some(outer));
+        let inner = refs.select_at(sql.find("u)").unwrap()).unwrap();
+        assert_eq!(refs.selects[inner].bare, [(Some("b".into()), 48)]);
+        assert_eq!(refs.selects[inner].parent, Some(outer));
+        // A qualifier names the relation of the nearest SELECT out that has one so named.
+        let sql = "SELECT t.a FROM t WHERE t.b IN (SELECT t.c FROM t AS t, u WHERE u.d = t.e) \
+                   AND EXISTS (SELECT u.f, t.g FROM u)";
+        let refs = references(sql);
+        let select_of = |column: &str| {
+            let c = refs.columns.iter().find(|c| c.column == column).unwrap();
+            refs.qualifier_select(c)
+        };
         assert_eq!(
-            refs.select_at(sql.find("u)").unwrap())
-                .map(|s| s.bare.len()),
-            Some(1),
-            "b"
+            ["a", "b", "c", "d", "e", "f", "g"].map(select_of),
+            [
+                Some(0),
+                Some(0),
+                Some(1),
+                Some(1),
+                Some(1),
+                Some(2),
+                Some(0)
+            ]
+        );
+        let refs = references("SELECT x FROM t WHERE 1 IN (SELECT t.a FROM (SELECT 1) t)");
+        assert_eq!(
+            refs.qualifier_select(&refs.columns[0]),
+            None,
+            "a subquery's alias"
         );
         // Qualified there, or nothing there: no SELECT.
         assert_eq!(references("SELECT t.quantity FROM t").select_at(7), None);

@@ -91,9 +91,10 @@ pub struct Requalified {
 /// join condition `q.c = o.d` written the wrong way round swapped (o has c, q has d), or else
 /// with the one other relation of `sql` that has a column `c` named wherever `q.c` is written.
 /// Small models mix up aliases most of all, and repeat the mix-up however the repair request
-/// names the right table. No move that would make a join condition compare a relation with
-/// itself (`a.c = q.c` becoming `a.c = a.c`: the join itself is what is wrong there), and none
-/// when the names are ambiguous (the column in two relations the query does not join on it, a
+/// names the right table. The other side of a join condition `q.c` is in is never the one moved
+/// to (`a.c = q.c` would become `a.c = a.c`): another relation that has `c` is, or else the
+/// relation between them that was skipped is joined (`joined`). No move when the names are
+/// ambiguous (the column in two relations the query does not join on it, a
 /// relation name in two schemas, a qualifier that is a subquery's or a CTE's).
 ///
 /// An unqualified column that no relation of the query has (`column "power_id" does not
@@ -191,12 +192,16 @@ where
         });
     }
     let qualifier_of = |r: &RelationRef| r.alias.clone().unwrap_or_else(|| r.name.clone());
+    // The relations that have the column, but not the other side of a join condition the wrong
+    // column is in: moved there, `q.c = o.c` would compare o with itself.
     let owners: Vec<String> = refs
         .relations
         .iter()
         .filter(|r| has_column(&r.name, column) == Some(true))
         .map(qualifier_of)
+        .filter(|o| !joins.iter().any(|(_, other)| other.qualifier == *o))
         .collect();
+    // None (or only that other side): the relation between q and it was skipped.
     let Some(owner) = owners.first().cloned() else {
         return joined(sql, refs, qualifier, column, &schema);
     };
@@ -210,12 +215,6 @@ where
         });
     if ambiguous {
         return None;
-    }
-    // A move would make a join condition compare two columns of one relation (`a.c = q.c`
-    // becoming `a.c = a.c`): the join itself is what is wrong, q joined where a relation
-    // between them was meant.
-    if joins.iter().any(|(_, other)| other.qualifier == owner) {
-        return joined(sql, refs, qualifier, column, &schema);
     }
     let edits: Vec<(usize, &str, &str)> = refs
         .columns
@@ -310,19 +309,27 @@ where
     let [hop] = &(schema.one_hop)(table, column)[..] else {
         return None;
     };
-    let select = refs.select_at(item.at?)?;
+    let home = refs.select_at(item.at?)?;
     let (join, on) = join_after(sql, refs, item, hop)?;
-    let mut splices = kept_meanings(sql, select, item, hop, None, &schema.has_column)?;
+    let mut splices = kept_meanings(sql, refs, home, item, hop, None, &schema.has_column)?;
     splices.push(join);
+    // Only where the qualifier stands for that FROM item: a SELECT with its own relation of
+    // that name keeps its reference (and its error).
     let h = identifier(&hop.name);
+    let mut moved = false;
     for c in refs.columns.iter() {
-        if c.qualifier == qualifier && c.column == column {
+        if c.qualifier == qualifier && c.column == column && refs.qualifier_select(c) == Some(home)
+        {
             splices.push((
                 c.at,
                 written_length(sql.get(c.at..)?, qualifier)?,
                 h.clone(),
             ));
+            moved = true;
         }
+    }
+    if !moved {
+        return None;
     }
     Some(Requalified {
         sql: splice(sql, splices)?,
@@ -347,7 +354,8 @@ where
     H: Fn(&str, &str) -> Option<bool>,
     J: Fn(&str, &str) -> Vec<Hop>,
 {
-    let select = refs.select_at(at)?;
+    let home = refs.select_at(at)?;
+    let select = refs.selects.get(home)?;
     let mut found = select.relations.iter().flat_map(|item| {
         (schema.one_hop)(&item.name, column)
             .into_iter()
@@ -358,7 +366,15 @@ where
         return None;
     }
     let (join, on) = join_after(sql, refs, item, &hop)?;
-    let mut splices = kept_meanings(sql, select, item, &hop, Some(column), &schema.has_column)?;
+    let mut splices = kept_meanings(
+        sql,
+        refs,
+        home,
+        item,
+        &hop,
+        Some(column),
+        &schema.has_column,
+    )?;
     splices.push(join);
     Some(Requalified {
         sql: splice(sql, splices)?,
@@ -369,21 +385,25 @@ where
     })
 }
 
-/// The splices that keep every other name of `select` meaning what it meant once `hop` is
+/// The splices that keep every other name of SELECT `home` meaning what it meant once `hop` is
 /// joined into it after `item`: an unqualified column the new relation also has is qualified by
 /// the one relation of the FROM clause that has it, and `*` by `item` when it is alone there.
 /// `None` when that cannot be made sure of: such a name that no relation of the FROM clause has
 /// (an outer query's column, or an output column's name, which the new relation would take
 /// over) or two have, a FROM clause the schema does not know all of, `*` over several
-/// relations. `missing`: the column the join is for, which is meant to be the new relation's.
+/// relations; or such a name in a SELECT inside `home` that no FROM clause between them has
+/// (the new relation would take it over there too). `missing`: the column the join is for,
+/// which is meant to be the new relation's.
 fn kept_meanings(
     sql: &str,
-    select: &Select,
+    refs: &References,
+    home: usize,
     item: &RelationRef,
     hop: &Hop,
     missing: Option<&str>,
     has_column: impl Fn(&str, &str) -> Option<bool>,
 ) -> Option<Vec<(usize, usize, String)>> {
+    let select = refs.selects.get(home)?;
     let qualifier = |r: &RelationRef| identifier(r.alias.as_deref().unwrap_or(&r.name));
     let mut splices = Vec::new();
     for (name, at) in &select.bare {
@@ -413,7 +433,50 @@ fn kept_meanings(
         };
         splices.push((*at, 0, format!("{}.", qualifier(owner))));
     }
+    // The SELECTs inside `home`: each of their names the new relation has must resolve before
+    // it gets there.
+    for (index, inner) in refs.selects.iter().enumerate() {
+        let Some(path) = path_out(refs, index, home) else {
+            continue;
+        };
+        for name in inner.bare.iter().filter_map(|(name, _)| name.as_deref()) {
+            if Some(name) == missing || !has_column(&hop.name, name)? {
+                continue;
+            }
+            let mut resolved = false;
+            for select in &path {
+                if select.opaque {
+                    return None;
+                }
+                for relation in &select.relations {
+                    resolved |= has_column(&relation.name, name)?;
+                }
+                if resolved {
+                    break;
+                }
+            }
+            if !resolved {
+                return None;
+            }
+        }
+    }
     Some(splices)
+}
+
+/// The SELECTs from `inner` out to `home`, `home` left out, when `inner` is inside `home`.
+fn path_out(refs: &References, inner: usize, home: usize) -> Option<Vec<&Select>> {
+    let mut path = Vec::new();
+    let mut at = inner;
+    // Each step goes one SELECT out; there are no more steps than SELECTs.
+    for _ in 0..refs.selects.len() {
+        if at == home {
+            return (!path.is_empty()).then_some(path);
+        }
+        let select = refs.selects.get(at)?;
+        path.push(select);
+        at = select.parent?;
+    }
+    None
 }
 
 /// The splice that joins `hop` right after the FROM item `item`, through its key, and the join
@@ -674,6 +737,7 @@ mod tests {
                 },
                 column: c.to_lowercase(),
                 at: at + word.find(&t).unwrap_or(0),
+                select: Some(0),
             }));
             at += word.len() + 1;
         }
@@ -711,6 +775,7 @@ mod tests {
         /// column references: `bare` adds them).
         fn in_one_select(mut self) -> Self {
             self.selects = vec![Select {
+                parent: None,
                 relations: self.relations.clone(),
                 opaque: false,
                 bare: Vec::new(),
@@ -787,6 +852,16 @@ mod tests {
             requalified(sql, &read_refs(sql, &relations), "ae", "drug_id", derm()),
             Some(Requalified {
                 sql: "SELECT ae.description, t.drug_id, d.drug_name FROM adverse_events ae JOIN treatments t ON ae.treatment_id = t.treatment_id JOIN drugs d ON d.drug_id = t.drug_id".into(),
+                change: "ae.drug_id → t.drug_id".into(),
+            })
+        );
+        // Joined on it to a relation that has it too, while another one has it: that other one
+        // is the relation the join condition meant (the first would be compared with itself).
+        let sql = "SELECT ae.description, ae.drug_id FROM adverse_events ae JOIN treatments t ON ae.treatment_id = t.treatment_id JOIN drugs d ON ae.drug_id = d.drug_id";
+        assert_eq!(
+            requalified(sql, &read_refs(sql, &relations), "ae", "drug_id", derm()),
+            Some(Requalified {
+                sql: "SELECT ae.description, t.drug_id FROM adverse_events ae JOIN treatments t ON ae.treatment_id = t.treatment_id JOIN drugs d ON t.drug_id = d.drug_id".into(),
                 change: "ae.drug_id → t.drug_id".into(),
             })
         );
@@ -963,6 +1038,48 @@ mod tests {
             requalified(sql, &refs, "e", "course_id", university()),
             None
         );
+    }
+
+    #[test]
+    fn a_name_of_a_select_inside_that_the_new_relation_would_take_over_stops_the_join() {
+        // sections has semester; in the subquery, semester is the outer query's (or grades').
+        let sql = "SELECT 1 FROM enrollments WHERE course_id = 3 AND 2 IN (SELECT 2 FROM grades WHERE semester = 1)";
+        let mut refs = with_bare(sql, &[("enrollments", None)], &["course_id"]);
+        let at = refs.selects[0].bare[0].1;
+        refs.selects.push(Select {
+            parent: Some(0),
+            relations: vec![RelationRef {
+                name: "grades".into(),
+                alias: None,
+                at: sql.find("grades"),
+            }],
+            opaque: false,
+            bare: vec![(Some("semester".into()), sql.find("semester").unwrap_or(0))],
+        });
+        fn semesters(relation: &str, column: &str) -> Option<bool> {
+            match (relation, column) {
+                ("sections", "semester") => Some(true),
+                ("grades", _) => Some(false),
+                _ => (university().has_column)(relation, column),
+            }
+        }
+        let taken_over: Lookup = Schema {
+            has_column: semesters,
+            one_hop: university().one_hop,
+        };
+        assert_eq!(
+            joined_around(sql, &refs, at, "course_id", &taken_over),
+            None
+        );
+        // When the subquery's own relation has it, the name stays its.
+        let kept: Lookup = Schema {
+            has_column: |relation: &str, column: &str| match (relation, column) {
+                ("grades", "semester") => Some(true),
+                _ => semesters(relation, column),
+            },
+            one_hop: university().one_hop,
+        };
+        assert!(joined_around(sql, &refs, at, "course_id", &kept).is_some());
     }
 
     #[test]

@@ -28,6 +28,8 @@ pub struct ColumnRef {
     pub qualifier: String,
     pub column: String,
     pub at: usize,
+    /// The SELECT it is written in (an index into `References::selects`).
+    pub select: Option<usize>,
 }
 
 /// The names a query uses, as `references` reads them.
@@ -46,6 +48,8 @@ pub struct References {
 /// so that a relation joined into it is known not to change what another name there means.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Select {
+    /// The SELECT it is inside of, when it is (an index into `References::selects`).
+    pub parent: Option<usize>,
     /// The relations of its FROM clause, through joins.
     pub relations: Vec<RelationRef>,
     /// Its FROM clause holds something else too (a subquery, a function, a common table
@@ -58,11 +62,34 @@ pub struct Select {
 
 impl References {
     /// The SELECT that holds the unqualified column reference, or whose FROM clause names the
-    /// relation, written at byte `at`.
-    pub fn select_at(&self, at: usize) -> Option<&Select> {
-        self.selects.iter().find(|s| {
+    /// relation, written at byte `at`: its index into `selects`.
+    pub fn select_at(&self, at: usize) -> Option<usize> {
+        self.selects.iter().position(|s| {
             s.bare.iter().any(|&(_, b)| b == at) || s.relations.iter().any(|r| r.at == Some(at))
         })
+    }
+
+    /// The SELECT whose FROM clause gives `column` its qualifier: the nearest one out from the
+    /// column's own whose relations are named or aliased so. `None` when a FROM clause on the
+    /// way holds what the schema does not know (its names are not all known).
+    pub fn qualifier_select(&self, column: &ColumnRef) -> Option<usize> {
+        let mut at = column.select?;
+        // Each step goes one SELECT out; there are no more steps than SELECTs.
+        for _ in 0..self.selects.len() {
+            let select = self.selects.get(at)?;
+            let names = |r: &RelationRef| match &r.alias {
+                Some(alias) => *alias == column.qualifier,
+                None => r.name == column.qualifier,
+            };
+            if select.relations.iter().any(names) {
+                return Some(at);
+            }
+            if select.opaque {
+                return None;
+            }
+            at = select.parent?;
+        }
+        None
     }
 }
 
@@ -132,6 +159,7 @@ unsafe fn qualified_column(node: *mut pg_sys::Node) -> Option<ColumnRef> {
                 qualifier,
                 column,
                 at,
+                select: None,
             }),
             Err(_) => None,
         }
@@ -241,8 +269,10 @@ unsafe extern "C-unwind" fn collector(node: *mut pg_sys::Node, context: *mut c_v
                     }
                 }
                 let (relations, opaque) = from_relations((*select).fromClause, &collecting.ctes);
+                let parent = collecting.within.last().copied();
                 collecting.within.push(collecting.found.selects.len());
                 collecting.found.selects.push(Select {
+                    parent,
                     relations,
                     opaque,
                     bare: Vec::new(),
@@ -262,7 +292,11 @@ unsafe extern "C-unwind" fn collector(node: *mut pg_sys::Node, context: *mut c_v
             }
             pg_sys::NodeTag::T_ColumnRef => {
                 if let Some(column) = qualified_column(node) {
-                    collecting.found.columns.push(column);
+                    let select = collecting.within.last().copied();
+                    collecting
+                        .found
+                        .columns
+                        .push(ColumnRef { select, ..column });
                 } else if let (Some(bare), Some(&within)) =
                     (bare_column(node), collecting.within.last())
                 {
@@ -285,7 +319,11 @@ unsafe extern "C-unwind" fn collector(node: *mut pg_sys::Node, context: *mut c_v
                         qualified_column((*expr).lexpr),
                         qualified_column((*expr).rexpr),
                     ) {
-                        collecting.found.equalities.push([l, r]);
+                        let select = collecting.within.last().copied();
+                        collecting
+                            .found
+                            .equalities
+                            .push([ColumnRef { select, ..l }, ColumnRef { select, ..r }]);
                     }
                 }
             }
