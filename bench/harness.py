@@ -382,17 +382,23 @@ def main():
         sys.exit("bench/run: no questions selected")
     out = pathlib.Path(args.out)
     cluster = Cluster(out)
+    connections = {}
     try:
         databases = sorted({q["pg_database"] for q in questions})
         if not args.no_load:
             load_databases(args.bench, databases)
-        connections = {}
         all_records = {}
         measured_with = {"commit": commit(), "model": args.model, "llm_url": args.llm_url}
         for config in configs:
             directory = out / "questions" / config
             directory.mkdir(parents=True, exist_ok=True)
             records = []
+            # Each configuration starts on new backends, as the first did: a backend's schema
+            # context and value index are built by its first question, and a configuration
+            # that found them built would be timed without that cost.
+            for conn in connections.values():
+                conn.close()
+            connections = {}
             for i, question in enumerate(questions):
                 path = directory / f"{question['id']}.json"
                 record = json.loads(path.read_text()) if path.exists() else None
