@@ -174,6 +174,9 @@ def ask(conn, question, config, args, everything):
         ms=round((time.monotonic() - started) * 1000, 1), status=trace["status"], sql=trace["sql"],
         attempts=len(trace["attempts"]), llm_calls=trace["llm_calls"],
         prompt_tokens=trace["prompt_tokens"], completion_tokens=trace["completion_tokens"],
+        # The model's time for the first query: the rest of `ms` is the extension's and the
+        # database's (a vote's candidates share one request, so later attempts do not add up).
+        first_llm_ms=trace["attempts"][0]["llm_ms"] if trace["attempts"] else None,
         outcomes=[a["outcome"] for a in trace["attempts"]],
         candidates=[bool(a.get("candidate")) for a in trace["attempts"]], vote=trace.get("vote"),
         errors=[f"{a['sqlstate']}: {a['message']}" for a in trace["attempts"] if a.get("sqlstate")],
