@@ -191,7 +191,7 @@ where
             change: format!("{qualifier}.{column} = {o}.{d} → {o}.{column} = {qualifier}.{d}"),
         });
     }
-    let qualifier_of = |r: &RelationRef| r.alias.clone().unwrap_or_else(|| r.name.clone());
+    let qualifier_of = |r: &RelationRef| r.qualifier().to_string();
     // The relations that have the column, but not the other side of a join condition the wrong
     // column is in: moved there, `q.c = o.c` would compare o with itself.
     let owners: Vec<String> = refs
@@ -404,7 +404,7 @@ fn kept_meanings(
     has_column: impl Fn(&str, &str) -> Option<bool>,
 ) -> Option<Vec<(usize, usize, String)>> {
     let select = refs.selects.get(home)?;
-    let qualifier = |r: &RelationRef| identifier(r.alias.as_deref().unwrap_or(&r.name));
+    let qualifier = |r: &RelationRef| identifier(r.qualifier());
     let mut splices = Vec::new();
     for (name, at) in &select.bare {
         let owner = match name.as_deref() {
@@ -499,7 +499,7 @@ fn join_after(
         return None;
     }
     let end = item_end(sql, item.at?, item.alias.as_deref())?;
-    let qualifier = item.alias.as_deref().unwrap_or(&item.name);
+    let qualifier = item.qualifier();
     let (q, h) = (identifier(qualifier), identifier(&hop.name));
     let on: Vec<String> = hop
         .on

@@ -21,6 +21,13 @@ pub struct RelationRef {
     pub at: Option<usize>,
 }
 
+impl RelationRef {
+    /// The name a query refers to it by: its alias, else its name.
+    pub fn qualifier(&self) -> &str {
+        self.alias.as_deref().unwrap_or(&self.name)
+    }
+}
+
 /// A column reference `qualifier.column` and the byte offset its qualifier starts at.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ColumnRef {
@@ -77,11 +84,11 @@ impl References {
         // Each step goes one SELECT out; there are no more steps than SELECTs.
         for _ in 0..self.selects.len() {
             let select = self.selects.get(at)?;
-            let names = |r: &RelationRef| match &r.alias {
-                Some(alias) => *alias == column.qualifier,
-                None => r.name == column.qualifier,
-            };
-            if select.relations.iter().any(names) {
+            if select
+                .relations
+                .iter()
+                .any(|r| r.qualifier() == column.qualifier)
+            {
                 return Some(at);
             }
             if select.opaque {
