@@ -16,6 +16,8 @@ import subprocess
 import sys
 import time
 
+import re
+
 import psycopg
 
 from score import DECIMALS, gold_precision, official_result, same_result
@@ -53,7 +55,8 @@ def parse_args():
     p = argparse.ArgumentParser(prog="bench/run", description=__doc__)
     p.add_argument("--bench", required=True, help="directory with dumps/, load.sh and questions")
     p.add_argument("--questions", help="questions JSONL (default: BENCH/dev.jsonl)")
-    p.add_argument("--llm-url", required=True, help="OpenAI-compatible base URL")
+    p.add_argument("--llm-url", required=True,
+                   help="OpenAI-compatible base URL, or one per configuration: C=URL,A=URL")
     p.add_argument("--model", required=True, help="model name sent to the endpoint")
     p.add_argument("--configs", default="C,A", help="comma-separated: " + ", ".join(CONFIGS))
     p.add_argument("--limit", type=int, help="only the first N questions")
@@ -62,7 +65,28 @@ def parse_args():
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--llm-timeout", default="600000", help="sql_query_engine.llm_timeout (ms)")
     p.add_argument("--no-load", action="store_true", help="the databases are loaded already")
+    p.add_argument("--interleave", action="store_true",
+                   help="ask each question in every configuration before the next question, so that "
+                        "a machine that slows down during the run slows every configuration alike; "
+                        "needs a model server per configuration (--llm-url C=URL,A=URL)")
     return p.parse_args()
+
+
+def llm_urls(args, configs):
+    """The endpoint of each configuration. One server shared by interleaved configurations would
+    time each with the prompts of the one before cached (its schema prefix, its question)."""
+    if not re.match(r"^[\w-]+=", args.llm_url):
+        urls = {c: args.llm_url for c in configs}
+    else:
+        urls = dict(part.split("=", 1) for part in args.llm_url.split(",") if part.strip())
+        missing = [c for c in configs if c not in urls]
+        if missing:
+            sys.exit(f"bench/run: no --llm-url for {', '.join(missing)}")
+    if args.interleave and len({urls[c] for c in configs}) < len(configs):
+        sys.exit("bench/run: --interleave needs a model server per configuration "
+                 "(--llm-url C=URL1,A=URL2): on one server, each would be timed with the others' "
+                 "prompts cached")
+    return {c: urls[c] for c in configs}
 
 
 def all_questions(args):
@@ -150,9 +174,9 @@ def examples_for(conn, question, config, everything):
     return added
 
 
-def ask(conn, question, config, args, everything):
+def ask(conn, question, config, args, everything, llm_url):
     """One question through nl_trace, then its rows; a record of what happened."""
-    settings = {"llm_url": args.llm_url, "llm_model": args.model, "llm_timeout": args.llm_timeout}
+    settings = {"llm_url": llm_url, "llm_model": args.model, "llm_timeout": args.llm_timeout}
     settings.update(CONFIGS[config][1])
     conn.execute("RESET ALL")
     examples = examples_for(conn, question, config, everything)
@@ -317,7 +341,8 @@ def markdown(results, args):
     configs = list(results["configs"])
     meta = results["meta"]
     lines = [f"# Benchmark results\n",
-             f"- questions: {args.questions or 'dev.jsonl'}; model `{args.model}` at {args.llm_url}",
+             f"- questions: {args.questions or 'dev.jsonl'}; model `{args.model}` at {args.llm_url}"
+             + ("; configurations interleaved question by question" if args.interleave else ""),
              f"- commit {meta['commit']}; settings per configuration: {json.dumps(meta['settings'])}",
              f"- excluded from scoring: {json.dumps(meta['excluded'])}", ""]
     header = "| | " + " | ".join(f"{c}: {CONFIGS[c][0]}" for c in configs) + " |"
@@ -385,43 +410,56 @@ def main():
         sys.exit("bench/run: no questions selected")
     out = pathlib.Path(args.out)
     cluster = Cluster(out)
-    connections = {}
     try:
         databases = sorted({q["pg_database"] for q in questions})
         if not args.no_load:
             load_databases(args.bench, databases)
-        all_records = {}
+        urls = llm_urls(args, configs)
         measured_with = {"commit": commit(), "model": args.model, "llm_url": args.llm_url}
-        for config in configs:
+        # Each configuration has backends of its own, new at its start: a backend's schema
+        # context and value index are built by its first question, and a configuration that
+        # found them built would be timed without that cost.
+        connections = {c: {} for c in configs}
+        all_records = {c: [] for c in configs}
+
+        def measure(config, question):
             directory = out / "questions" / config
             directory.mkdir(parents=True, exist_ok=True)
-            records = []
-            # Each configuration starts on new backends, as the first did: a backend's schema
-            # context and value index are built by its first question, and a configuration
-            # that found them built would be timed without that cost.
-            for conn in connections.values():
-                conn.close()
-            connections = {}
+            path = directory / f"{question['id']}.json"
+            record = json.loads(path.read_text()) if path.exists() else None
+            # An interrupted run resumes only with what the same commit and model measured.
+            if not record or record.get("measured_with") != measured_with:
+                db = question["pg_database"]
+                if db not in connections[config]:
+                    connections[config][db] = connect(db)
+                record = ask(connections[config][db], question, config, args, everything, urls[config])
+                record["measured_with"] = measured_with
+                path.write_text(json.dumps(record, indent=1, default=str))
+            all_records[config].append(record)
+
+        if args.interleave:
             for i, question in enumerate(questions):
-                path = directory / f"{question['id']}.json"
-                record = json.loads(path.read_text()) if path.exists() else None
-                # An interrupted run resumes only with what the same commit and model measured.
-                if not record or record.get("measured_with") != measured_with:
-                    db = question["pg_database"]
-                    if db not in connections:
-                        connections[db] = connect(db)
-                    record = ask(connections[db], question, config, args, everything)
-                    record["measured_with"] = measured_with
-                    path.write_text(json.dumps(record, indent=1, default=str))
-                records.append(record)
-                progress(config, i + 1, len(questions), records)
+                # Every other question the other way round: neither configuration always runs
+                # right after the other.
+                for config in configs if i % 2 == 0 else configs[::-1]:
+                    measure(config, question)
+                progress(",".join(configs), i + 1, len(questions), all_records[configs[0]])
             sys.stderr.write("\n")
-            all_records[config] = records
+        else:
+            for config in configs:
+                for i, question in enumerate(questions):
+                    measure(config, question)
+                    progress(config, i + 1, len(questions), all_records[config])
+                sys.stderr.write("\n")
+                for conn in connections[config].values():
+                    conn.close()
+                connections[config] = {}
         results = {"configs": {c: summarize(r, questions) for c, r in all_records.items()}}
         results["meta"] = {
             "commit": measured_with["commit"],  # the commit at the start: what every record measured
             "model": args.model,
             "llm_url": args.llm_url,
+            "interleaved": args.interleave,
             "questions": len(questions),
             "settings": {c: {"llm_timeout": args.llm_timeout, **CONFIGS[c][1]} for c in configs},
             "excluded": {

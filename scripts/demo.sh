@@ -43,7 +43,7 @@ elif [ -z "${LLM_URL:-}" ]; then
     LLM_URL="$(bash scripts/local-llm.sh start "${LLM_PORT:-8080}")"
     LLM_MODEL=qwen2.5-coder-1.5b-instruct
     local_model=true
-    echo "The local model keeps running; stop it with: bash scripts/local-llm.sh stop"
+    echo "The local model keeps running; stop it with: bash scripts/local-llm.sh stop ${LLM_PORT:-8080}"
 fi
 
 export PGHOST="$dir" PGPORT="$port" PGUSER=postgres
@@ -72,8 +72,8 @@ SELECT * FROM nl_query(:'q');
 SQL
     then
         answered=$((answered + 1))
-    elif $local_model && ! bash scripts/local-llm.sh status; then
-        echo "demo: the local model server is gone; see ${SQE_CACHE:-$HOME/.cache/sql_query_engine}/llm.log" >&2
+    elif $local_model && ! bash scripts/local-llm.sh status "${LLM_PORT:-8080}"; then
+        echo "demo: the local model server is gone; see its log in ${SQE_CACHE:-$HOME/.cache/sql_query_engine}" >&2
         echo "demo: rebuild it with: bash scripts/local-llm.sh rebuild" >&2
         exit 1
     fi

