@@ -517,6 +517,18 @@ mod tests {
                 Some(0)
             ]
         );
+        let f = refs.columns.iter().find(|c| c.column == "f").unwrap();
+        assert_eq!(
+            refs.relation_of(f).map(|(at, r)| (at, r.name.as_str())),
+            Some((2, "u"))
+        );
+        assert_eq!(refs.binding(2, "t"), Some(0), "t from the EXISTS subquery");
+        assert_eq!(
+            refs.binding(1, "t"),
+            Some(1),
+            "its own t hides the outer one"
+        );
+        assert_eq!(refs.binding(2, "v"), None, "named nowhere");
         let refs = references("SELECT x FROM t WHERE 1 IN (SELECT t.a FROM (SELECT 1) t)");
         assert_eq!(
             refs.qualifier_select(&refs.columns[0]),

@@ -89,74 +89,130 @@ pub struct Requalified {
 
 /// When `error` says `q.c does not exist` and the schema says what was meant: `sql` with a
 /// join condition `q.c = o.d` written the wrong way round swapped (o has c, q has d), or else
-/// with the one other relation of `sql` that has a column `c` named wherever `q.c` is written.
-/// Small models mix up aliases most of all, and repeat the mix-up however the repair request
-/// names the right table. The other side of a join condition `q.c` is in is never the one moved
-/// to (`a.c = q.c` would become `a.c = a.c`): another relation that has `c` is, or else the
-/// relation between them that was skipped is joined (`joined`). No move when the names are
-/// ambiguous (the column in two relations the query does not join on it, a
-/// relation name in two schemas, a qualifier that is a subquery's or a CTE's).
+/// with the one other relation in reach that has a column `c` named wherever `q.c` is written.
+/// Names are read where they are written, as PostgreSQL reads them: `q` is the relation of the
+/// nearest SELECT (from the reported reference out) that names one so, only references to that
+/// same relation move, and the relations in reach are those of that SELECT and the SELECTs
+/// around it, a nearer name hiding a further one. Small models mix up aliases most of all, and
+/// repeat the mix-up however the repair request names the right table. The other side of a
+/// join condition `q.c` is in is never the one moved to (`a.c = q.c` would become `a.c =
+/// a.c`): another relation that has `c` is, or else the relation between them that was skipped
+/// is joined (`joined`). No move when the names are ambiguous (the column in two relations the
+/// query does not join on it, a relation name in two schemas, a qualifier that is a
+/// subquery's or a CTE's).
 ///
 /// An unqualified column that no relation of the query has (`column "power_id" does not
 /// exist`) is read from the one relation one foreign key away from the relations of its own
-/// FROM clause that has it, joined there (see `joined_around`).
+/// FROM clause that has it (or, when none has, two keys away), joined there (see
+/// `joined_around`).
 pub fn requalify(sql: &str, error: &SqlError) -> Option<Requalified> {
     let Some(NameError::MissingColumn { qualifier, column }) = NameError::read(sql, error) else {
         return None;
     };
     let context = schema::context().ok()?;
+    let schema = Schema {
+        has_column: |relation: &str, column: &str| context.has_column(relation, column),
+        // A look-up reads every relation of the context: a wide schema is a long loop.
+        hops: |relation: &str, column: Option<&str>| {
+            pgrx::check_for_interrupts!();
+            context.hops(relation, column)
+        },
+    };
     let Some(qualifier) = qualifier else {
         let at = byte_offset(sql, error.position?)?;
-        return joined_around(
-            sql,
-            &guard::references(sql),
-            at,
-            &column,
-            &Schema {
-                has_column: |relation: &str, column: &str| context.has_column(relation, column),
-                one_hop: |relation: &str, column: &str| context.one_hop(relation, column),
-            },
-        );
+        return joined_around(sql, &guard::references(sql), at, &column, &schema);
     };
     requalified(
         sql,
         &guard::references(sql),
         &qualifier,
         &column,
-        Schema {
-            has_column: |relation: &str, column: &str| context.has_column(relation, column),
-            one_hop: |relation: &str, column: &str| context.one_hop(relation, column),
-        },
+        error.position.and_then(|p| byte_offset(sql, p)),
+        schema,
     )
 }
 
 /// What `requalified` asks of the schema: whether the one relation of a name has a column
-/// (`None`: no such relation, or several), and the relations one foreign key away from it that
-/// have a column.
+/// (`None`: no such relation, or several), and the relations one foreign key away from it
+/// (those that have a column, when one is named).
 struct Schema<H, J> {
     has_column: H,
-    one_hop: J,
+    hops: J,
 }
 
-/// `requalify` once the names are read.
+impl<H, J> Schema<H, J>
+where
+    H: Fn(&str, &str) -> Option<bool>,
+    J: Fn(&str, Option<&str>) -> Vec<Hop>,
+{
+    /// The shortest ways through foreign keys from the relation `from` to one that has
+    /// `column`: each relation one key away that has it; when none has, each relation one key
+    /// further through one that lacks it (a link table, most often), never back to `from` or
+    /// to a relation named in `not_through` (the relations the query's FROM clause has
+    /// already). At most `MAX_PATHS`: more than one is a guess anyway.
+    fn key_paths(&self, from: &str, column: &str, not_through: &[&str]) -> Vec<Vec<Hop>> {
+        let direct: Vec<Vec<Hop>> = (self.hops)(from, Some(column))
+            .into_iter()
+            .map(|hop| vec![hop])
+            .collect();
+        if !direct.is_empty() {
+            return direct;
+        }
+        let mut paths = Vec::new();
+        for first in (self.hops)(from, None) {
+            if not_through.contains(&first.name.as_str()) {
+                continue;
+            }
+            for second in (self.hops)(&first.name, Some(column)) {
+                if second.name == from || not_through.contains(&second.name.as_str()) {
+                    continue;
+                }
+                paths.push(vec![first.clone(), second]);
+                if paths.len() > MAX_PATHS {
+                    return paths;
+                }
+            }
+        }
+        paths
+    }
+}
+
+/// Ways to a column counted before `Schema::key_paths` stops: one is used, two are a guess.
+const MAX_PATHS: usize = 2;
+
+/// `requalify` once the names are read; `at`: where PostgreSQL says the reference is (else the
+/// first one written is taken).
 fn requalified<H, J>(
     sql: &str,
     refs: &References,
     qualifier: &str,
     column: &str,
+    at: Option<usize>,
     schema: Schema<H, J>,
 ) -> Option<Requalified>
 where
     H: Fn(&str, &str) -> Option<bool>,
-    J: Fn(&str, &str) -> Vec<Hop>,
+    J: Fn(&str, Option<&str>) -> Vec<Hop>,
 {
     let has_column = &schema.has_column;
-    let has =
-        |q: &str, c: &str| resolve(&refs.relations, q).and_then(|(table, _)| has_column(table, c));
-    if has(qualifier, column) != Some(false) {
+    let named = |c: &ColumnRef| c.qualifier == qualifier && c.column == column;
+    // The reference reported, and the FROM item its qualifier stands for where it is written.
+    let reported = refs
+        .columns
+        .iter()
+        .filter(|c| named(c))
+        .find(|c| at.is_none_or(|at| c.at == at))?;
+    let (home, item) = refs.relation_of(reported)?;
+    if has_column(&item.name, column) != Some(false) {
         return None;
     }
-    let is_wrong = |c: &ColumnRef| c.qualifier == qualifier && c.column == column;
+    // Every reference to that column of that FROM item (a SELECT with its own relation of that
+    // name keeps its references).
+    let is_wrong = |c: &ColumnRef| named(c) && refs.qualifier_select(c) == Some(home);
+    let has = |c: &ColumnRef, name: &str| {
+        refs.relation_of(c)
+            .and_then(|(_, r)| has_column(&r.name, name))
+    };
     // The join conditions `q.c = o.d` the wrong column is in, as (it, the other side).
     let joins: Vec<(&ColumnRef, &ColumnRef)> = refs
         .equalities
@@ -171,10 +227,11 @@ where
     // side holds the foreign key), and swapping the qualifiers is the join meant.
     let swaps: Vec<&(&ColumnRef, &ColumnRef)> = joins
         .iter()
-        .filter(|(_, other)| {
+        .filter(|(wrong, other)| {
             other.qualifier != qualifier
-                && has(&other.qualifier, column) == Some(true)
-                && has(qualifier, &other.column) == Some(true)
+                && wrong.select == other.select
+                && has(other, column) == Some(true)
+                && has_column(&item.name, &other.column) == Some(true)
         })
         .collect();
     if let [(wrong, other)] = swaps[..] {
@@ -191,40 +248,72 @@ where
             change: format!("{qualifier}.{column} = {o}.{d} → {o}.{column} = {qualifier}.{d}"),
         });
     }
-    let qualifier_of = |r: &RelationRef| r.qualifier().to_string();
-    // The relations that have the column, but not the other side of a join condition the wrong
-    // column is in: moved there, `q.c = o.c` would compare o with itself.
-    let owners: Vec<String> = refs
-        .relations
+    // The relations in reach of the reported reference (its SELECT's and those out from it; a
+    // nearer qualifier hides a further one) that have the column, but not the other side of a
+    // join condition the wrong column is in: moved there, `q.c = o.c` would compare o with
+    // itself.
+    let sides: Vec<(usize, &RelationRef)> = joins
         .iter()
-        .filter(|r| has_column(&r.name, column) == Some(true))
-        .map(qualifier_of)
-        .filter(|o| !joins.iter().any(|(_, other)| other.qualifier == *o))
+        .filter_map(|(_, other)| refs.relation_of(other))
         .collect();
-    // None (or only that other side): the relation between q and it was skipped.
-    let Some(owner) = owners.first().cloned() else {
-        return joined(sql, refs, qualifier, column, &schema);
-    };
-    let ambiguous = !equated(refs, &owners, column)
-        || owners.iter().any(|o| {
-            refs.relations
+    let mut owners: Vec<(usize, &RelationRef)> = Vec::new();
+    let mut hidden: Vec<&str> = Vec::new();
+    let mut within = reported.select;
+    // Each step goes one SELECT out; there are no more steps than SELECTs.
+    for _ in 0..refs.selects.len() {
+        let Some(index) = within else {
+            break;
+        };
+        let select = refs.selects.get(index)?;
+        for relation in &select.relations {
+            let q = relation.qualifier();
+            // Two of one name in one FROM clause: PostgreSQL refuses it; nothing to go by.
+            if select
+                .relations
                 .iter()
-                .filter(|r| qualifier_of(r) == *o)
+                .filter(|r| r.qualifier() == q)
                 .count()
-                != 1
-        });
-    if ambiguous {
+                > 1
+            {
+                return None;
+            }
+            if hidden.contains(&q) {
+                continue;
+            }
+            hidden.push(q);
+            if has_column(&relation.name, column) == Some(true)
+                && !sides.contains(&(index, relation))
+            {
+                owners.push((index, relation));
+            }
+        }
+        if select.opaque {
+            break;
+        }
+        within = select.parent;
+    }
+    // None (or only that other side): the relation between q and it was skipped.
+    let Some(&(owner_select, owner)) = owners.first() else {
+        return joined(sql, refs, home, item, column, &schema);
+    };
+    let qualifiers: Vec<String> = owners
+        .iter()
+        .map(|(_, r)| r.qualifier().to_string())
+        .collect();
+    if !equated(refs, &qualifiers, column) {
         return None;
     }
-    let edits: Vec<(usize, &str, &str)> = refs
-        .columns
-        .iter()
-        .filter(|c| is_wrong(c))
-        .map(|c| (c.at, qualifier, owner.as_str()))
-        .collect();
+    // Each reference moves where the owner's qualifier stands for the owner.
+    let mut edits: Vec<(usize, &str, &str)> = Vec::new();
+    for c in refs.columns.iter().filter(|c| is_wrong(c)) {
+        if refs.binding(c.select?, owner.qualifier()) != Some(owner_select) {
+            return None;
+        }
+        edits.push((c.at, qualifier, owner.qualifier()));
+    }
     Some(Requalified {
         sql: rewrite(sql, &edits)?,
-        change: format!("{qualifier}.{column} → {owner}.{column}"),
+        change: format!("{qualifier}.{column} → {}.{column}", owner.qualifier()),
     })
 }
 
@@ -288,34 +377,32 @@ fn splice(sql: &str, mut splices: Vec<(usize, usize, String)>) -> Option<String>
 
 /// When the qualifier's relation lacks the column, no relation of the query can give it in its
 /// place, and exactly one relation one foreign key away has it (the model skipped a table
-/// between them): `sql` with that relation joined right after the qualifier's FROM item, through
-/// the key, and the column read from it.
+/// between them), or else none does and exactly one two keys away has it: `sql` with that
+/// relation (and the one between) joined right after the qualifier's FROM item, through the
+/// keys, and the column read from it.
 fn joined<H, J>(
     sql: &str,
     refs: &References,
-    qualifier: &str,
+    home: usize,
+    item: &RelationRef,
     column: &str,
     schema: &Schema<H, J>,
 ) -> Option<Requalified>
 where
     H: Fn(&str, &str) -> Option<bool>,
-    J: Fn(&str, &str) -> Vec<Hop>,
+    J: Fn(&str, Option<&str>) -> Vec<Hop>,
 {
-    let (table, alias) = resolve(&refs.relations, qualifier)?;
-    let item = refs
-        .relations
-        .iter()
-        .find(|r| r.name == table && r.alias.as_deref() == alias)?;
-    let [hop] = &(schema.one_hop)(table, column)[..] else {
+    let qualifier = item.qualifier();
+    let in_from = from_names(refs, home);
+    let [path] = &schema.key_paths(&item.name, column, &in_from)[..] else {
         return None;
     };
-    let home = refs.select_at(item.at?)?;
-    let (join, on) = join_after(sql, refs, item, hop)?;
-    let mut splices = kept_meanings(sql, refs, home, item, hop, None, &schema.has_column)?;
+    let (join, on) = join_after(sql, refs, home, item, path)?;
+    let mut splices = kept_meanings(sql, refs, home, item, path, None, &schema.has_column)?;
     splices.push(join);
     // Only where the qualifier stands for that FROM item: a SELECT with its own relation of
     // that name keeps its reference (and its error).
-    let h = identifier(&hop.name);
+    let h = identifier(&path.last()?.name);
     let mut moved = false;
     for c in refs.columns.iter() {
         if c.qualifier == qualifier && c.column == column && refs.qualifier_select(c) == Some(home)
@@ -339,10 +426,12 @@ where
 
 /// When an unqualified column, written at byte `at`, is in no relation in reach and exactly one
 /// relation one foreign key away from the relations of its own SELECT's FROM clause has it (the
-/// model read it from the table beside the one that holds it, most often a link table): `sql`
-/// with that relation joined right after that FROM item, through the key. The column then
-/// resolves to it as written. Nothing when two relations of the FROM clause, or two keys, lead
-/// to the column: which was meant is the model's to say.
+/// model read it from the table beside the one that holds it, most often a link table), or else
+/// none does and exactly one two keys away has it (through a link table the model skipped):
+/// `sql` with that relation (and the one between) joined right after that FROM item, through
+/// the keys. The column then resolves to it as written. Nothing when two relations of the FROM
+/// clause, or two keys, or two ways of the same length lead to the column: which was meant is
+/// the model's to say.
 fn joined_around<H, J>(
     sql: &str,
     refs: &References,
@@ -352,26 +441,34 @@ fn joined_around<H, J>(
 ) -> Option<Requalified>
 where
     H: Fn(&str, &str) -> Option<bool>,
-    J: Fn(&str, &str) -> Vec<Hop>,
+    J: Fn(&str, Option<&str>) -> Vec<Hop>,
 {
     let home = refs.select_at(at)?;
     let select = refs.selects.get(home)?;
-    let mut found = select.relations.iter().flat_map(|item| {
-        (schema.one_hop)(&item.name, column)
-            .into_iter()
-            .map(move |hop| (item, hop))
-    });
-    let (item, hop) = found.next()?;
-    if found.next().is_some() {
+    let in_from = from_names(refs, home);
+    let found: Vec<(&RelationRef, Vec<Hop>)> = select
+        .relations
+        .iter()
+        .flat_map(|item| {
+            schema
+                .key_paths(&item.name, column, &in_from)
+                .into_iter()
+                .map(move |path| (item, path))
+        })
+        .collect();
+    let shortest = found.iter().map(|(_, path)| path.len()).min()?;
+    let mut shortest = found.iter().filter(|(_, path)| path.len() == shortest);
+    let (item, path) = shortest.next()?;
+    if shortest.next().is_some() {
         return None;
     }
-    let (join, on) = join_after(sql, refs, item, &hop)?;
+    let (join, on) = join_after(sql, refs, home, item, path)?;
     let mut splices = kept_meanings(
         sql,
         refs,
         home,
         item,
-        &hop,
+        path,
         Some(column),
         &schema.has_column,
     )?;
@@ -380,13 +477,21 @@ where
         sql: splice(sql, splices)?,
         change: format!(
             "{column} → {}.{column}, joined by {on}",
-            identifier(&hop.name)
+            identifier(&path.last()?.name)
         ),
     })
 }
 
-/// The splices that keep every other name of SELECT `home` meaning what it meant once `hop` is
-/// joined into it after `item`: an unqualified column the new relation also has is qualified by
+/// The names of the relations of SELECT `home`'s FROM clause.
+fn from_names(refs: &References, home: usize) -> Vec<&str> {
+    refs.selects
+        .get(home)
+        .map(|s| s.relations.iter().map(|r| r.name.as_str()).collect())
+        .unwrap_or_default()
+}
+
+/// The splices that keep every other name of SELECT `home` meaning what it meant once the
+/// relations `new` are joined into it after `item`: an unqualified column a new relation also has is qualified by
 /// the one relation of the FROM clause that has it, and `*` by `item` when it is alone there.
 /// `None` when that cannot be made sure of: such a name that no relation of the FROM clause has
 /// (an outer query's column, or an output column's name, which the new relation would take
@@ -399,18 +504,27 @@ fn kept_meanings(
     refs: &References,
     home: usize,
     item: &RelationRef,
-    hop: &Hop,
+    new: &[Hop],
     missing: Option<&str>,
     has_column: impl Fn(&str, &str) -> Option<bool>,
 ) -> Option<Vec<(usize, usize, String)>> {
     let select = refs.selects.get(home)?;
+    // Whether a new relation has the column `name` (`None`: not known).
+    let new_has = |name: &str| -> Option<bool> {
+        for relation in new {
+            if has_column(&relation.name, name)? {
+                return Some(true);
+            }
+        }
+        Some(false)
+    };
     let qualifier = |r: &RelationRef| identifier(r.qualifier());
     let mut splices = Vec::new();
     for (name, at) in &select.bare {
         let owner = match name.as_deref() {
             Some(name) if Some(name) == missing => continue,
             Some(name) => {
-                if !has_column(&hop.name, name)? {
+                if !new_has(name)? {
                     continue;
                 }
                 if select.opaque {
@@ -440,7 +554,7 @@ fn kept_meanings(
             continue;
         };
         for name in inner.bare.iter().filter_map(|(name, _)| name.as_deref()) {
-            if Some(name) == missing || !has_column(&hop.name, name)? {
+            if Some(name) == missing || !new_has(name)? {
                 continue;
             }
             let mut resolved = false;
@@ -479,40 +593,64 @@ fn path_out(refs: &References, inner: usize, home: usize) -> Option<Vec<&Select>
     None
 }
 
-/// The splice that joins `hop` right after the FROM item `item`, through its key, and the join
-/// condition. The join nests there (`a JOIN b JOIN c ON .. ON ..` is `a JOIN (b JOIN c ON ..)
-/// ON ..`), so every clause that could name the item can name the new relation too. `None` when
-/// the query names the new relation already (by name or as an alias or qualifier), or the item
-/// is not where the parser said.
+/// The splice that joins the relations of `path` right after the FROM item `item` of SELECT
+/// `home`, each through its key to the one before, and the join conditions. The joins nest
+/// there (`a JOIN b JOIN c ON .. ON ..` is `a JOIN (b JOIN c ON ..) ON ..`), so every clause
+/// that could name the item can name the new relations too. `None` when a name of theirs would
+/// change what a name means (`taken`), or the item is not where the parser said.
 fn join_after(
     sql: &str,
     refs: &References,
+    home: usize,
     item: &RelationRef,
-    hop: &Hop,
+    path: &[Hop],
 ) -> Option<((usize, usize, String), String)> {
-    let taken = refs
-        .relations
-        .iter()
-        .any(|r| r.name == hop.name || r.alias.as_deref() == Some(hop.name.as_str()))
-        || refs.columns.iter().any(|c| c.qualifier == hop.name);
-    if taken {
+    if path.is_empty() || path.iter().any(|hop| taken(refs, home, &hop.name)) {
         return None;
     }
     let end = item_end(sql, item.at?, item.alias.as_deref())?;
-    let qualifier = item.qualifier();
-    let (q, h) = (identifier(qualifier), identifier(&hop.name));
-    let on: Vec<String> = hop
-        .on
-        .iter()
-        .map(|(from, to)| format!("{h}.{} = {q}.{}", identifier(to), identifier(from)))
-        .collect();
-    let on = on.join(" AND ");
-    let named = if hop.sql == h {
-        h.clone()
-    } else {
-        format!("{} AS {h}", hop.sql)
-    };
-    Some(((end, 0, format!(" JOIN {named} ON {on}")), on))
+    let mut previous = identifier(item.qualifier());
+    let (mut joins, mut conditions) = (String::new(), Vec::new());
+    for hop in path {
+        let h = identifier(&hop.name);
+        let on: Vec<String> = hop
+            .on
+            .iter()
+            .map(|(from, to)| format!("{h}.{} = {previous}.{}", identifier(to), identifier(from)))
+            .collect();
+        let on = on.join(" AND ");
+        let named = if hop.sql == h {
+            h.clone()
+        } else {
+            format!("{} AS {h}", hop.sql)
+        };
+        joins.push_str(&format!(" JOIN {named} ON {on}"));
+        conditions.push(on);
+        previous = h;
+    }
+    Some(((end, 0, joins), conditions.join(", then ")))
+}
+
+/// Whether a relation called `name`, joined into SELECT `home`, would take a name over or be
+/// taken for another: `home`'s FROM clause names a relation so (or aliases one so); a reference
+/// `name.c` in `home` or a SELECT inside it stands for a relation out from `home` (or for none
+/// the schema knows); or a common table expression is called so (the join would read it
+/// instead of the table). Relations so named in other SELECTs are theirs.
+fn taken(refs: &References, home: usize, name: &str) -> bool {
+    let inside = |select: usize| select == home || path_out(refs, select, home).is_some();
+    let named_at_home = refs.selects.get(home).is_none_or(|s| {
+        s.relations
+            .iter()
+            .any(|r| r.name == name || r.qualifier() == name)
+    });
+    let outer_use = refs.columns.iter().any(|c| {
+        c.qualifier == name
+            && c.select.is_none_or(inside)
+            && refs
+                .qualifier_select(c)
+                .is_none_or(|at| at == home || !inside(at))
+    });
+    named_at_home || outer_use || refs.ctes.iter().any(|c| c == name)
 }
 
 /// The byte offset right after the FROM item that starts at `at`: its (maybe qualified) name
@@ -765,7 +903,7 @@ mod tests {
                 .collect(),
             columns: by_word.into_iter().flatten().collect(),
             equalities,
-            selects: Vec::new(),
+            ..References::default()
         }
         .in_one_select()
     }
@@ -784,23 +922,23 @@ mod tests {
         }
     }
 
-    type Lookup = Schema<fn(&str, &str) -> Option<bool>, fn(&str, &str) -> Vec<Hop>>;
+    type Lookup = Schema<fn(&str, &str) -> Option<bool>, fn(&str, Option<&str>) -> Vec<Hop>>;
 
-    fn no_hops(_: &str, _: &str) -> Vec<Hop> {
+    fn no_hops(_: &str, _: Option<&str>) -> Vec<Hop> {
         Vec::new()
     }
 
     fn derm() -> Lookup {
         Schema {
             has_column: derm_columns,
-            one_hop: no_hops,
+            hops: no_hops,
         }
     }
 
     fn battles() -> Lookup {
         Schema {
             has_column: battles_columns,
-            one_hop: no_hops,
+            hops: no_hops,
         }
     }
 
@@ -824,7 +962,7 @@ mod tests {
             &[("adverse_events", Some("ae")), ("treatments", Some("t"))],
         );
         assert_eq!(
-            requalified(sql, &refs, "ae", "drug_id", derm()),
+            requalified(sql, &refs, "ae", "drug_id", None, derm()),
             Some(Requalified {
                 sql: "SELECT ae.description, t.drug_id FROM adverse_events ae JOIN treatments t ON ae.treatment_id = t.treatment_id WHERE t.drug_id > 2".into(),
                 change: "ae.drug_id → t.drug_id".into(),
@@ -835,7 +973,7 @@ mod tests {
             "SELECT \"AE\".drug_id FROM treatments JOIN adverse_events \"AE\" USING (treatment_id)";
         let refs = read_refs(sql, &[("treatments", None), ("adverse_events", Some("AE"))]);
         assert_eq!(
-            requalified(sql, &refs, "AE", "drug_id", derm()).map(|r| r.sql).as_deref(),
+            requalified(sql, &refs, "AE", "drug_id", None, derm()).map(|r| r.sql).as_deref(),
             Some("SELECT treatments.drug_id FROM treatments JOIN adverse_events \"AE\" USING (treatment_id)")
         );
     }
@@ -849,7 +987,7 @@ mod tests {
         ];
         let sql = "SELECT ae.description, ae.drug_id, d.drug_name FROM adverse_events ae JOIN treatments t ON ae.treatment_id = t.treatment_id JOIN drugs d ON d.drug_id = t.drug_id";
         assert_eq!(
-            requalified(sql, &read_refs(sql, &relations), "ae", "drug_id", derm()),
+            requalified(sql, &read_refs(sql, &relations), "ae", "drug_id", None, derm()),
             Some(Requalified {
                 sql: "SELECT ae.description, t.drug_id, d.drug_name FROM adverse_events ae JOIN treatments t ON ae.treatment_id = t.treatment_id JOIN drugs d ON d.drug_id = t.drug_id".into(),
                 change: "ae.drug_id → t.drug_id".into(),
@@ -859,7 +997,7 @@ mod tests {
         // is the relation the join condition meant (the first would be compared with itself).
         let sql = "SELECT ae.description, ae.drug_id FROM adverse_events ae JOIN treatments t ON ae.treatment_id = t.treatment_id JOIN drugs d ON ae.drug_id = d.drug_id";
         assert_eq!(
-            requalified(sql, &read_refs(sql, &relations), "ae", "drug_id", derm()),
+            requalified(sql, &read_refs(sql, &relations), "ae", "drug_id", None, derm()),
             Some(Requalified {
                 sql: "SELECT ae.description, t.drug_id FROM adverse_events ae JOIN treatments t ON ae.treatment_id = t.treatment_id JOIN drugs d ON t.drug_id = d.drug_id".into(),
                 change: "ae.drug_id → t.drug_id".into(),
@@ -868,7 +1006,14 @@ mod tests {
         // Joined on another column: which one is meant is a guess.
         let sql = "SELECT ae.drug_id FROM adverse_events ae JOIN treatments t ON ae.treatment_id = t.treatment_id JOIN drugs d ON d.drug_id = t.treatment_id";
         assert_eq!(
-            requalified(sql, &read_refs(sql, &relations), "ae", "drug_id", derm()),
+            requalified(
+                sql,
+                &read_refs(sql, &relations),
+                "ae",
+                "drug_id",
+                None,
+                derm()
+            ),
             None
         );
     }
@@ -885,19 +1030,27 @@ mod tests {
             };
             Some(columns.contains(&column))
         }
-        fn hops(relation: &str, column: &str) -> Vec<Hop> {
-            match (relation, column) {
-                ("enrollments", "course_id") => vec![Hop {
-                    sql: "uni.sections".into(),
-                    name: "sections".into(),
-                    on: vec![("section_id".into(), "section_id".into())],
-                }],
-                _ => Vec::new(),
-            }
+        // enrollments.section_id references sections, sections.course_id courses.
+        fn hops(relation: &str, column: Option<&str>) -> Vec<Hop> {
+            let keys = [
+                ("enrollments", "sections", "section_id"),
+                ("sections", "courses", "course_id"),
+            ];
+            keys.iter()
+                .flat_map(|&(a, b, key)| [(a, b, key), (b, a, key)])
+                .filter(|&(from, to, _)| {
+                    from == relation && column.is_none_or(|c| columns(to, c) == Some(true))
+                })
+                .map(|(_, to, key)| Hop {
+                    sql: format!("uni.{to}"),
+                    name: to.into(),
+                    on: vec![(key.into(), key.into())],
+                })
+                .collect()
         }
         Schema {
             has_column: columns,
-            one_hop: hops,
+            hops,
         }
     }
 
@@ -906,7 +1059,7 @@ mod tests {
         let relations = [("courses", Some("c")), ("enrollments", Some("e"))];
         let sql = "SELECT c.title, count(*) FROM courses c JOIN enrollments e ON c.course_id = e.course_id GROUP BY c.title";
         assert_eq!(
-            requalified(sql, &read_refs(sql, &relations), "e", "course_id", university()),
+            requalified(sql, &read_refs(sql, &relations), "e", "course_id", None, university()),
             Some(Requalified {
                 sql: "SELECT c.title, count(*) FROM courses c JOIN enrollments e JOIN uni.sections AS sections ON sections.section_id = e.section_id ON c.course_id = sections.course_id GROUP BY c.title".into(),
                 change: "e.course_id → sections.course_id, joined by sections.section_id = e.section_id".into(),
@@ -916,7 +1069,7 @@ mod tests {
         let relations = [("enrollments", Some("e"))];
         let sql = "SELECT E.enrollment_id FROM enrollments AS E WHERE E.course_id = 3";
         assert_eq!(
-            requalified(sql, &read_refs(sql, &relations), "e", "course_id", university())
+            requalified(sql, &read_refs(sql, &relations), "e", "course_id", None, university())
                 .map(|r| r.sql)
                 .as_deref(),
             Some("SELECT E.enrollment_id FROM enrollments AS E JOIN uni.sections AS sections ON sections.section_id = e.section_id WHERE sections.course_id = 3")
@@ -931,6 +1084,7 @@ mod tests {
                 &read_refs(sql, &relations),
                 "e",
                 "course_id",
+                None,
                 university()
             ),
             None
@@ -938,8 +1092,8 @@ mod tests {
         // Two relations a key away have it, or none: a guess.
         let two = Schema {
             has_column: university().has_column,
-            one_hop: |relation: &str, column: &str| {
-                let mut hops = (university().one_hop)(relation, column);
+            hops: |relation: &str, column: Option<&str>| {
+                let mut hops = (university().hops)(relation, column);
                 hops.extend(hops.clone());
                 hops
             },
@@ -947,12 +1101,61 @@ mod tests {
         let relations = [("enrollments", Some("e"))];
         let sql = "SELECT e.course_id FROM enrollments e";
         assert_eq!(
-            requalified(sql, &read_refs(sql, &relations), "e", "course_id", two),
+            requalified(
+                sql,
+                &read_refs(sql, &relations),
+                "e",
+                "course_id",
+                None,
+                two
+            ),
             None
         );
+        // Nothing a key away has it, one relation two keys away has: both are joined.
+        let sql = "SELECT e.title FROM enrollments e";
         assert_eq!(
-            requalified(sql, &read_refs(sql, &relations), "e", "title", university()),
-            None
+            requalified(sql, &read_refs(sql, &relations), "e", "title", None, university()),
+            Some(Requalified {
+                sql: "SELECT courses.title FROM enrollments e JOIN uni.sections AS sections ON sections.section_id = e.section_id JOIN uni.courses AS courses ON courses.course_id = sections.course_id".into(),
+                change: "e.title → courses.title, joined by sections.section_id = e.section_id, then courses.course_id = sections.course_id".into(),
+            })
+        );
+    }
+
+    #[test]
+    fn an_unqualified_column_two_keys_away_is_read_through_the_relation_between() {
+        let one = [("enrollments", None)];
+        // Through sections, whose section_id the query also names: that stays enrollments'.
+        let sql = "SELECT section_id FROM enrollments WHERE title = 'Databases'";
+        assert_eq!(
+            around(sql, &one, &["section_id", "title"], "title", university()),
+            Some(Requalified {
+                sql: "SELECT enrollments.section_id FROM enrollments JOIN uni.sections AS sections ON sections.section_id = enrollments.section_id JOIN uni.courses AS courses ON courses.course_id = sections.course_id WHERE title = 'Databases'".into(),
+                change: "title → courses.title, joined by sections.section_id = enrollments.section_id, then courses.course_id = sections.course_id".into(),
+            })
+        );
+        // Nothing two keys away has it.
+        let sql = "SELECT 1 FROM enrollments WHERE budget = 3";
+        assert_eq!(around(sql, &one, &["budget"], "budget", university()), None);
+        // Two ways two keys long: a guess.
+        let two_ways: Lookup = Schema {
+            has_column: university().has_column,
+            hops: |r: &str, c: Option<&str>| {
+                let mut found = (university().hops)(r, c);
+                if r == "sections" {
+                    found.extend(found.clone());
+                }
+                found
+            },
+        };
+        let sql = "SELECT 1 FROM enrollments WHERE title = 'x'";
+        assert_eq!(around(sql, &one, &["title"], "title", two_ways), None);
+        // The relation between is in the FROM clause already: that is one key away, not two.
+        let sql = "SELECT 1 FROM enrollments, sections WHERE title = 'x'";
+        let both = [("enrollments", None), ("sections", None)];
+        assert_eq!(
+            around(sql, &both, &["title"], "title", university()).map(|r| r.sql).as_deref(),
+            Some("SELECT 1 FROM enrollments, sections JOIN uni.courses AS courses ON courses.course_id = sections.course_id WHERE title = 'x'")
         );
     }
 
@@ -1003,10 +1206,10 @@ mod tests {
             })
         );
         // After an alias; the other relations of the FROM clause lead nowhere.
-        let sql = "SELECT count(*) FROM courses c, enrollments AS e WHERE course_id = 3";
+        let sql = "SELECT count(*) FROM students s, enrollments AS e WHERE course_id = 3";
         assert_eq!(
-            around(sql, &[("courses", Some("c")), ("enrollments", Some("e"))], &["course_id"], "course_id", university()).map(|r| r.sql).as_deref(),
-            Some("SELECT count(*) FROM courses c, enrollments AS e JOIN uni.sections AS sections ON sections.section_id = e.section_id WHERE course_id = 3")
+            around(sql, &[("students", Some("s")), ("enrollments", Some("e"))], &["course_id"], "course_id", university()).map(|r| r.sql).as_deref(),
+            Some("SELECT count(*) FROM students s, enrollments AS e JOIN uni.sections AS sections ON sections.section_id = e.section_id WHERE course_id = 3")
         );
         // Names the new relation shares with the FROM clause keep their relation; so does `*`.
         let sql = "SELECT section_id, count(*) FROM enrollments e WHERE course_id = 3 GROUP BY section_id";
@@ -1027,7 +1230,7 @@ mod tests {
         let sql = "SELECT section_id, * FROM enrollments e WHERE e.course_id = 3";
         let refs = with_bare(sql, &relations, &["section_id", "*"]);
         assert_eq!(
-            requalified(sql, &refs, "e", "course_id", university()).map(|r| r.sql).as_deref(),
+            requalified(sql, &refs, "e", "course_id", None, university()).map(|r| r.sql).as_deref(),
             Some("SELECT e.section_id, e.* FROM enrollments e JOIN uni.sections AS sections ON sections.section_id = e.section_id WHERE sections.course_id = 3")
         );
         // `*` over two relations would gain the new relation's columns.
@@ -1035,7 +1238,7 @@ mod tests {
         let sql = "SELECT * FROM enrollments e, students s WHERE e.course_id = 3";
         let refs = with_bare(sql, &relations, &["*"]);
         assert_eq!(
-            requalified(sql, &refs, "e", "course_id", university()),
+            requalified(sql, &refs, "e", "course_id", None, university()),
             None
         );
     }
@@ -1065,7 +1268,7 @@ mod tests {
         }
         let taken_over: Lookup = Schema {
             has_column: semesters,
-            one_hop: university().one_hop,
+            hops: university().hops,
         };
         assert_eq!(
             joined_around(sql, &refs, at, "course_id", &taken_over),
@@ -1077,7 +1280,7 @@ mod tests {
                 ("grades", "semester") => Some(true),
                 _ => semesters(relation, column),
             },
-            one_hop: university().one_hop,
+            hops: university().hops,
         };
         assert!(joined_around(sql, &refs, at, "course_id", &kept).is_some());
     }
@@ -1089,21 +1292,59 @@ mod tests {
         // Two keys lead to it.
         let twice: Lookup = Schema {
             has_column: university().has_column,
-            one_hop: |r: &str, c: &str| {
-                let mut found = (university().one_hop)(r, c);
+            hops: |r: &str, c: Option<&str>| {
+                let mut found = (university().hops)(r, c);
                 found.extend(found.clone());
                 found
             },
         };
         assert_eq!(around(sql, &one, &["course_id"], "course_id", twice), None);
-        // Nothing a key away has it.
-        assert_eq!(around(sql, &one, &["title"], "title", university()), None);
+        // Nothing a key away has it (nor two: see below).
+        let sql = "SELECT 1 FROM enrollments WHERE budget = 3";
+        assert_eq!(around(sql, &one, &["budget"], "budget", university()), None);
         // The query names the new relation already.
         let sql = "SELECT 1 FROM enrollments, courses sections WHERE course_id = 3";
         let relations = [("enrollments", None), ("courses", Some("sections"))];
         assert_eq!(
             around(sql, &relations, &["course_id"], "course_id", university()),
             None
+        );
+        // A common table expression of its name: the join would read that instead.
+        let sql = "SELECT 1 FROM enrollments WHERE course_id = 3";
+        let mut refs = with_bare(sql, &one, &["course_id"]);
+        let at = refs.selects[0].bare[0].1;
+        assert!(joined_around(sql, &refs, at, "course_id", &university()).is_some());
+        refs.ctes.push("sections".into());
+        assert_eq!(
+            joined_around(sql, &refs, at, "course_id", &university()),
+            None
+        );
+        // A reference sections.x inside the SELECT that stands for an outer query's relation
+        // would be taken over; one that stands for a subquery's own sections would not.
+        let sql = "SELECT 1 FROM enrollments WHERE course_id = 3 AND EXISTS (SELECT 1 FROM x WHERE x.a = sections.b)";
+        let refs = with_inner(
+            with_bare(sql, &one, &["course_id"]),
+            sql,
+            "(SELECT",
+            &[("x", None)],
+        );
+        let at = refs.selects[0].bare[0].1;
+        assert_eq!(
+            joined_around(sql, &refs, at, "course_id", &university()),
+            None
+        );
+        let sql = "SELECT 1 FROM enrollments WHERE course_id = 3 AND EXISTS (SELECT 1 FROM sections WHERE sections.b = 1)";
+        let refs = with_inner(
+            with_bare(sql, &one, &["course_id"]),
+            sql,
+            "(SELECT",
+            &[("sections", None)],
+        );
+        let at = refs.selects[0].bare[0].1;
+        assert_eq!(
+            joined_around(sql, &refs, at, "course_id", &university()).map(|r| r.sql).as_deref(),
+            Some("SELECT 1 FROM enrollments JOIN uni.sections AS sections ON sections.section_id = enrollments.section_id WHERE course_id = 3 AND EXISTS (SELECT 1 FROM sections WHERE sections.b = 1)"),
+            "a subquery's own relation of that name hides the new one there"
         );
         // `*` over two relations would gain the new relation's columns.
         let sql = "SELECT * FROM enrollments, courses WHERE course_id = 3";
@@ -1126,7 +1367,7 @@ mod tests {
                 ("sections", "section_no") => Some(true),
                 _ => (university().has_column)(r, c),
             },
-            one_hop: university().one_hop,
+            hops: university().hops,
         };
         assert_eq!(
             around(
@@ -1171,7 +1412,7 @@ mod tests {
         let relations = [("battle", Some("t1")), ("ship", Some("t2"))];
         let sql = "SELECT DISTINCT T1.id, T1.name FROM battle AS T1 JOIN ship AS T2 ON T1.lost_in_battle = T2.id WHERE T2.ship_type = 'Brig'";
         assert_eq!(
-            requalified(sql, &read_refs(sql, &relations), "t1", "lost_in_battle", battles()),
+            requalified(sql, &read_refs(sql, &relations), "t1", "lost_in_battle", None, battles()),
             Some(Requalified {
                 sql: "SELECT DISTINCT T1.id, T1.name FROM battle AS T1 JOIN ship AS T2 ON t2.lost_in_battle = t1.id WHERE T2.ship_type = 'Brig'".into(),
                 change: "t1.lost_in_battle = t2.id → t2.lost_in_battle = t1.id".into(),
@@ -1187,6 +1428,7 @@ mod tests {
                 &read_refs(sql, &relations),
                 "c",
                 "lost_in_battle",
+                None,
                 battles()
             ),
             None
@@ -1196,7 +1438,7 @@ mod tests {
     #[test]
     fn a_requalification_that_would_be_a_guess_is_not_made() {
         let with = |sql: &str, relations: &[(&str, Option<&str>)], q: &str, c: &str| {
-            requalified(sql, &read_refs(sql, relations), q, c, derm())
+            requalified(sql, &read_refs(sql, relations), q, c, None, derm())
         };
         // The join itself is wrong: ae.drug_id = d.drug_id would become d.drug_id = d.drug_id.
         let sql =
@@ -1273,8 +1515,99 @@ mod tests {
                 },
             ],
             ..read_refs(sql, &[])
-        };
-        assert_eq!(requalified(sql, &refs, "ae", "drug_id", derm()), None);
+        }
+        .in_one_select();
+        assert_eq!(requalified(sql, &refs, "ae", "drug_id", None, derm()), None);
+    }
+
+    /// `refs` with the part of `sql` from `inner` on as a SELECT inside the first one, whose
+    /// FROM clause has `relations`: the column references written there are its.
+    fn with_inner(
+        mut refs: References,
+        sql: &str,
+        inner: &str,
+        relations: &[(&str, Option<&str>)],
+    ) -> References {
+        let start = sql.find(inner).unwrap_or(sql.len());
+        for c in refs
+            .columns
+            .iter_mut()
+            .chain(refs.equalities.iter_mut().flatten())
+        {
+            if c.at >= start {
+                c.select = Some(1);
+            }
+        }
+        let relations: Vec<RelationRef> = relations
+            .iter()
+            .map(|(name, alias)| RelationRef {
+                name: name.to_string(),
+                alias: alias.map(str::to_string),
+                at: None,
+            })
+            .collect();
+        refs.relations.extend(relations.iter().cloned());
+        refs.selects.push(Select {
+            parent: Some(0),
+            relations,
+            opaque: false,
+            bare: Vec::new(),
+        });
+        refs
+    }
+
+    #[test]
+    fn a_qualifier_is_read_where_it_is_written() {
+        let outer = [("adverse_events", Some("ae")), ("treatments", Some("t"))];
+        // The subquery's own ae is drugs, which has drug_id: its reference stays.
+        let sql = "SELECT ae.drug_id FROM adverse_events ae JOIN treatments t ON ae.treatment_id = t.treatment_id WHERE EXISTS (SELECT 1 FROM drugs ae WHERE ae.drug_id = 1)";
+        let refs = with_inner(
+            read_refs(sql, &outer),
+            sql,
+            "(SELECT",
+            &[("drugs", Some("ae"))],
+        );
+        assert_eq!(
+            requalified(sql, &refs, "ae", "drug_id", None, derm()).map(|r| r.sql).as_deref(),
+            Some("SELECT t.drug_id FROM adverse_events ae JOIN treatments t ON ae.treatment_id = t.treatment_id WHERE EXISTS (SELECT 1 FROM drugs ae WHERE ae.drug_id = 1)")
+        );
+        // Reported in the subquery (PostgreSQL's position), where ae has the column: nothing.
+        let at = sql.rfind("ae.drug_id");
+        assert_eq!(requalified(sql, &refs, "ae", "drug_id", at, derm()), None);
+
+        // From a correlated subquery, to the outer query's relation.
+        let sql = "SELECT t.patient_id FROM treatments t WHERE EXISTS (SELECT 1 FROM adverse_events ae WHERE ae.treatment_id = t.treatment_id AND ae.drug_id = 2)";
+        let refs = with_inner(
+            read_refs(sql, &[("treatments", Some("t"))]),
+            sql,
+            "(SELECT",
+            &[("adverse_events", Some("ae"))],
+        );
+        assert_eq!(
+            requalified(sql, &refs, "ae", "drug_id", sql.find("ae.drug_id"), derm())
+                .map(|r| r.sql)
+                .as_deref(),
+            Some("SELECT t.patient_id FROM treatments t WHERE EXISTS (SELECT 1 FROM adverse_events ae WHERE ae.treatment_id = t.treatment_id AND t.drug_id = 2)")
+        );
+        // There the subquery's own t (patients, without drug_id) hides the outer one.
+        let sql = "SELECT 1 FROM treatments t WHERE EXISTS (SELECT 1 FROM adverse_events ae JOIN patients t ON true WHERE ae.drug_id = 2)";
+        let refs = with_inner(
+            read_refs(sql, &[("treatments", Some("t"))]),
+            sql,
+            "(SELECT",
+            &[("adverse_events", Some("ae")), ("patients", Some("t"))],
+        );
+        assert_eq!(requalified(sql, &refs, "ae", "drug_id", None, derm()), None);
+
+        // A relation of another SELECT (out of reach) is no owner.
+        let sql = "SELECT ae.drug_id FROM adverse_events ae WHERE ae.treatment_id IN (SELECT treatment_id FROM treatments)";
+        let refs = with_inner(
+            read_refs(sql, &[("adverse_events", Some("ae"))]),
+            sql,
+            "(SELECT",
+            &[("treatments", None)],
+        );
+        assert_eq!(requalified(sql, &refs, "ae", "drug_id", None, derm()), None);
     }
 
     #[test]

@@ -49,6 +49,8 @@ pub struct References {
     pub equalities: Vec<[ColumnRef; 2]>,
     /// Each SELECT of the query, outermost first.
     pub selects: Vec<Select>,
+    /// The names of its common table expressions, wherever they are.
+    pub ctes: Vec<String>,
 }
 
 /// One SELECT of a query: what its own FROM clause and its unqualified column references are,
@@ -80,15 +82,17 @@ impl References {
     /// column's own whose relations are named or aliased so. `None` when a FROM clause on the
     /// way holds what the schema does not know (its names are not all known).
     pub fn qualifier_select(&self, column: &ColumnRef) -> Option<usize> {
-        let mut at = column.select?;
+        self.binding(column.select?, &column.qualifier)
+    }
+
+    /// The SELECT whose FROM clause `qualifier`, written in SELECT `from`, stands for (as
+    /// `qualifier_select`).
+    pub fn binding(&self, from: usize, qualifier: &str) -> Option<usize> {
+        let mut at = from;
         // Each step goes one SELECT out; there are no more steps than SELECTs.
         for _ in 0..self.selects.len() {
             let select = self.selects.get(at)?;
-            if select
-                .relations
-                .iter()
-                .any(|r| r.qualifier() == column.qualifier)
-            {
+            if select.relations.iter().any(|r| r.qualifier() == qualifier) {
                 return Some(at);
             }
             if select.opaque {
@@ -97,6 +101,18 @@ impl References {
             at = select.parent?;
         }
         None
+    }
+
+    /// The relation `column`'s qualifier stands for where it is written, and its SELECT.
+    pub fn relation_of(&self, column: &ColumnRef) -> Option<(usize, &RelationRef)> {
+        let at = self.qualifier_select(column)?;
+        let relation = self
+            .selects
+            .get(at)?
+            .relations
+            .iter()
+            .find(|r| r.qualifier() == column.qualifier)?;
+        Some((at, relation))
     }
 }
 
@@ -270,8 +286,11 @@ unsafe extern "C-unwind" fn collector(node: *mut pg_sys::Node, context: *mut c_v
                 if !with.is_null() {
                     for cte in PgList::<pg_sys::Node>::from_pg((*with).ctes).iter_ptr() {
                         if !cte.is_null() && (*cte).type_ == pg_sys::NodeTag::T_CommonTableExpr {
-                            let name = (*cte.cast::<pg_sys::CommonTableExpr>()).ctename;
-                            collecting.ctes.push(c_string(name));
+                            let name = c_string((*cte.cast::<pg_sys::CommonTableExpr>()).ctename);
+                            if !collecting.found.ctes.contains(&name) {
+                                collecting.found.ctes.push(name.clone());
+                            }
+                            collecting.ctes.push(name);
                         }
                     }
                 }

@@ -341,9 +341,9 @@ impl SchemaContext {
     }
 
     /// The relations one foreign key away from the one relation named `name` (as the parser
-    /// folds it) that have a column `column`, each with the columns the key joins; only
-    /// columns this context shows (the caller may read them) are used.
-    pub fn one_hop(&self, name: &str, column: &str) -> Vec<Hop> {
+    /// folds it), those that have a column `column` when one is given, each with the columns
+    /// the key joins; only columns this context shows (the caller may read them) are used.
+    pub fn hops(&self, name: &str, column: Option<&str>) -> Vec<Hop> {
         let Some(from) = self.named(name) else {
             return Vec::new();
         };
@@ -353,7 +353,8 @@ impl SchemaContext {
                 .map(|(f, t)| (unquoted(f).to_string(), unquoted(t).to_string()))
                 .collect();
             let readable = on.iter().all(|(f, t)| shows(from, f) && shows(to, t));
-            (to.oid != from.oid && shows(to, column) && readable && !on.is_empty()).then(|| Hop {
+            let wanted = column.is_none_or(|c| shows(to, c));
+            (to.oid != from.oid && wanted && readable && !on.is_empty()).then(|| Hop {
                 sql: to.sql_name(),
                 name: unquoted(&to.name).to_string(),
                 on,
@@ -430,7 +431,7 @@ impl SchemaContext {
     }
 }
 
-/// A relation one foreign key away from another (`SchemaContext::one_hop`).
+/// A relation one foreign key away from another (`SchemaContext::hops`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hop {
     /// As SQL writes it (schema-qualified when the search path would not find it).

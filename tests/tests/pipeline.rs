@@ -175,6 +175,41 @@ fn a_column_behind_the_wrong_alias_runs_from_the_one_table_that_has_it_without_a
     assert_eq!(trace["sql"], attempt["sql"]);
 }
 
+#[test]
+fn a_qualifier_is_read_in_the_select_it_is_written_in() {
+    let mut s = Session::new();
+    // The outer o (orders) has no name; the subquery's own o (customers) has, and keeps it.
+    s.llm.on(
+        "orders per customer whose name starts with A",
+        vec![Reply::sql(
+            "SELECT o.name, count(*) AS orders FROM customers c \
+             JOIN orders o ON o.customer_id = c.customer_id \
+             WHERE EXISTS (SELECT 1 FROM customers o WHERE o.customer_id = c.customer_id \
+             AND o.name LIKE 'A%') GROUP BY o.name",
+        )],
+    );
+    let trace = s
+        .trace("orders per customer whose name starts with A")
+        .unwrap();
+    assert_eq!(trace["llm_calls"], 1, "no repair was asked for");
+    let attempt = &trace["attempts"][0];
+    assert_eq!(attempt["requalified"], json!(["o.name → c.name"]));
+    assert_eq!(
+        attempt["sql"],
+        "SELECT c.name, count(*) AS orders FROM customers c \
+         JOIN orders o ON o.customer_id = c.customer_id \
+         WHERE EXISTS (SELECT 1 FROM customers o WHERE o.customer_id = c.customer_id \
+         AND o.name LIKE 'A%') GROUP BY c.name"
+    );
+    assert_eq!(
+        attempt["row_count"],
+        s.scalar_i64(
+            "SELECT count(DISTINCT customer_id) FROM orders JOIN customers USING (customer_id) \
+             WHERE name LIKE 'A%'"
+        )
+    );
+}
+
 /// A session whose database also has payments, one per order, referencing orders.
 fn session_with_payments() -> Session {
     let mut s = Session::new();
@@ -383,6 +418,65 @@ fn an_unqualified_column_of_a_table_a_key_away_is_read_from_it_joined() {
         s.scalar_i64(
             "SELECT count(DISTINCT customer_id) FROM orders JOIN order_items USING (order_id)"
         )
+    );
+    // Another SELECT of the query naming order_items (its own) does not stop the join.
+    s.llm.on(
+        "customers with an order item and a large order",
+        vec![Reply::sql(
+            "SELECT name FROM customers WHERE customer_id IN \
+             (SELECT o.customer_id FROM orders o JOIN order_items i ON i.order_id = o.order_id) \
+             AND customer_id IN (SELECT customer_id FROM orders WHERE quantity > 1) ORDER BY name",
+        )],
+    );
+    let trace = s
+        .trace("customers with an order item and a large order")
+        .unwrap();
+    let attempt = &trace["attempts"][0];
+    assert_eq!(
+        attempt["sql"],
+        "SELECT name FROM customers WHERE customer_id IN \
+         (SELECT o.customer_id FROM orders o JOIN order_items i ON i.order_id = o.order_id) \
+         AND customer_id IN (SELECT customer_id FROM orders JOIN order_items ON \
+         order_items.order_id = orders.order_id WHERE quantity > 1) ORDER BY name"
+    );
+    assert_eq!(
+        attempt["row_count"],
+        s.scalar_i64(
+            "SELECT count(DISTINCT customer_id) FROM orders JOIN order_items USING (order_id)"
+        )
+    );
+    // Two keys away, through orders: both are joined; order_id, which orders has too, stays
+    // order_items'.
+    let written =
+        "SELECT order_id, quantity FROM order_items WHERE country = 'DE' ORDER BY order_id";
+    s.llm
+        .on("items bought from Germany", vec![Reply::sql(written)]);
+    let trace = s.trace("items bought from Germany").unwrap();
+    let attempt = &trace["attempts"][0];
+    assert_eq!(
+        attempt["requalified"],
+        json!([
+            "country → customers.country, joined by orders.order_id = order_items.order_id, \
+                then customers.customer_id = orders.customer_id"
+        ])
+    );
+    assert_eq!(
+        attempt["sql"],
+        "SELECT order_items.order_id, quantity FROM order_items \
+         JOIN orders ON orders.order_id = order_items.order_id \
+         JOIN customers ON customers.customer_id = orders.customer_id \
+         WHERE country = 'DE' ORDER BY order_items.order_id"
+    );
+    s.llm.on(
+        "items bought from Germany, again",
+        vec![Reply::sql(written)],
+    );
+    assert_eq!(
+        s.query("items bought from Germany, again").unwrap(),
+        [
+            json!({"order_id": 12, "quantity": 2}),
+            json!({"order_id": 15, "quantity": 2})
+        ]
     );
 
     // A role that may not read customers.country: the model's query and error stand.
