@@ -631,18 +631,25 @@ fn join_after(
     Some(((end, 0, joins), conditions.join(", then ")))
 }
 
-/// Whether a relation called `name`, joined into SELECT `home`, would take a name over or be
-/// taken for another: `home`'s FROM clause names a relation so (or aliases one so); a reference
-/// `name.c` in `home` or a SELECT inside it stands for a relation out from `home` (or for none
-/// the schema knows); or a common table expression is called so (the join would read it
-/// instead of the table). Relations so named in other SELECTs are theirs.
+/// Whether a relation called `name`, joined into SELECT `home`, would take a name over, be
+/// taken for another, or repeat one the model placed elsewhere on purpose: the FROM clause of
+/// `home`, of a SELECT inside it or of one around it names a relation so (or aliases one so:
+/// the model used that relation in a subquery, or correlated with it, and a second copy joined
+/// here would lose that link); a reference `name.c` in `home` or a SELECT inside it stands for
+/// a relation out from `home` (or for none the schema knows); or a common table expression is
+/// called so (the join would read it instead of the table). A relation so named in a SELECT
+/// neither inside nor around `home` (another branch of a UNION, a sibling subquery) is that
+/// SELECT's own.
 fn taken(refs: &References, home: usize, name: &str) -> bool {
     let inside = |select: usize| select == home || path_out(refs, select, home).is_some();
-    let named_at_home = refs.selects.get(home).is_none_or(|s| {
-        s.relations
-            .iter()
-            .any(|r| r.name == name || r.qualifier() == name)
-    });
+    let around = |select: usize| path_out(refs, home, select).is_some();
+    let named_in_line = refs.selects.get(home).is_none()
+        || refs.selects.iter().enumerate().any(|(i, s)| {
+            (inside(i) || around(i))
+                && s.relations
+                    .iter()
+                    .any(|r| r.name == name || r.qualifier() == name)
+        });
     let outer_use = refs.columns.iter().any(|c| {
         c.qualifier == name
             && c.select.is_none_or(inside)
@@ -650,7 +657,7 @@ fn taken(refs: &References, home: usize, name: &str) -> bool {
                 .qualifier_select(c)
                 .is_none_or(|at| at == home || !inside(at))
     });
-    named_at_home || outer_use || refs.ctes.iter().any(|c| c == name)
+    named_in_line || outer_use || refs.ctes.iter().any(|c| c == name)
 }
 
 /// The byte offset right after the FROM item that starts at `at`: its (maybe qualified) name
@@ -1321,30 +1328,58 @@ mod tests {
         );
         // A reference sections.x inside the SELECT that stands for an outer query's relation
         // would be taken over; one that stands for a subquery's own sections would not.
+        let with_subquery = |sql: &str, inner: &[(&str, Option<&str>)]| {
+            let refs = with_inner(with_bare(sql, &one, &["course_id"]), sql, "(SELECT", inner);
+            let at = refs.selects[0].bare[0].1;
+            joined_around(sql, &refs, at, "course_id", &university())
+        };
         let sql = "SELECT 1 FROM enrollments WHERE course_id = 3 AND EXISTS (SELECT 1 FROM x WHERE x.a = sections.b)";
-        let refs = with_inner(
-            with_bare(sql, &one, &["course_id"]),
-            sql,
-            "(SELECT",
-            &[("x", None)],
-        );
-        let at = refs.selects[0].bare[0].1;
-        assert_eq!(
-            joined_around(sql, &refs, at, "course_id", &university()),
-            None
-        );
+        assert_eq!(with_subquery(sql, &[("x", None)]), None);
+        // A subquery with a relation of that name: the model used it there (joined here too,
+        // an IN or EXISTS over it would no longer be tied to this row).
         let sql = "SELECT 1 FROM enrollments WHERE course_id = 3 AND EXISTS (SELECT 1 FROM sections WHERE sections.b = 1)";
-        let refs = with_inner(
-            with_bare(sql, &one, &["course_id"]),
-            sql,
-            "(SELECT",
-            &[("sections", None)],
-        );
-        let at = refs.selects[0].bare[0].1;
+        assert_eq!(with_subquery(sql, &[("sections", None)]), None);
+        // A sibling subquery's relation of that name is its own.
+        let sql = "SELECT 1 FROM x WHERE a IN (SELECT 1 FROM sections) AND b IN (SELECT enrollment_id FROM enrollments WHERE course_id = 3)";
+        let relation = |name: &str| RelationRef {
+            name: name.into(),
+            alias: None,
+            at: sql
+                .find(&format!("{name} WHERE"))
+                .or(sql.find(&format!("{name})"))),
+        };
+        let word = |w: &str| sql.find(w).unwrap_or(0);
+        let refs = References {
+            relations: vec![relation("x"), relation("sections"), relation("enrollments")],
+            selects: vec![
+                Select {
+                    relations: vec![relation("x")],
+                    bare: vec![
+                        (Some("a".into()), word("a IN")),
+                        (Some("b".into()), word("b IN")),
+                    ],
+                    ..Select::default()
+                },
+                Select {
+                    parent: Some(0),
+                    relations: vec![relation("sections")],
+                    ..Select::default()
+                },
+                Select {
+                    parent: Some(0),
+                    relations: vec![relation("enrollments")],
+                    bare: vec![
+                        (Some("enrollment_id".into()), word("enrollment_id")),
+                        (Some("course_id".into()), word("course_id")),
+                    ],
+                    ..Select::default()
+                },
+            ],
+            ..References::default()
+        };
         assert_eq!(
-            joined_around(sql, &refs, at, "course_id", &university()).map(|r| r.sql).as_deref(),
-            Some("SELECT 1 FROM enrollments JOIN uni.sections AS sections ON sections.section_id = enrollments.section_id WHERE course_id = 3 AND EXISTS (SELECT 1 FROM sections WHERE sections.b = 1)"),
-            "a subquery's own relation of that name hides the new one there"
+            joined_around(sql, &refs, word("course_id"), "course_id", &university()).map(|r| r.sql).as_deref(),
+            Some("SELECT 1 FROM x WHERE a IN (SELECT 1 FROM sections) AND b IN (SELECT enrollment_id FROM enrollments JOIN uni.sections AS sections ON sections.section_id = enrollments.section_id WHERE course_id = 3)")
         );
         // `*` over two relations would gain the new relation's columns.
         let sql = "SELECT * FROM enrollments, courses WHERE course_id = 3";

@@ -447,10 +447,12 @@ fn an_unqualified_column_of_a_table_a_key_away_is_read_from_it_joined() {
     );
     // Two keys away, through orders: both are joined; order_id, which orders has too, stays
     // order_items'.
-    let written =
+    let through_orders =
         "SELECT order_id, quantity FROM order_items WHERE country = 'DE' ORDER BY order_id";
-    s.llm
-        .on("items bought from Germany", vec![Reply::sql(written)]);
+    s.llm.on(
+        "items bought from Germany",
+        vec![Reply::sql(through_orders)],
+    );
     let trace = s.trace("items bought from Germany").unwrap();
     let attempt = &trace["attempts"][0];
     assert_eq!(
@@ -469,7 +471,7 @@ fn an_unqualified_column_of_a_table_a_key_away_is_read_from_it_joined() {
     );
     s.llm.on(
         "items bought from Germany, again",
-        vec![Reply::sql(written)],
+        vec![Reply::sql(through_orders)],
     );
     assert_eq!(
         s.query("items bought from Germany, again").unwrap(),
@@ -494,6 +496,15 @@ fn an_unqualified_column_of_a_table_a_key_away_is_read_from_it_joined() {
     assert_eq!(attempt["sqlstate"], "42703");
     assert_eq!(attempt["requalified"], json!([]));
     assert_eq!(attempt["sql"], written);
+    s.llm.on(
+        "items bought from Germany, as a counter",
+        vec![Reply::sql(through_orders)],
+    );
+    let trace = s.trace("items bought from Germany, as a counter").unwrap();
+    let attempt = &trace["attempts"][0];
+    assert_eq!(attempt["sqlstate"], "42703");
+    assert_eq!(attempt["requalified"], json!([]));
+    assert_eq!(attempt["sql"], through_orders);
 }
 
 #[test]
