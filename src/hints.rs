@@ -1593,15 +1593,14 @@ mod tests {
 
     #[test]
     fn a_qualifier_is_read_where_it_is_written() {
+        // The references of `sql` whose part from "(SELECT" on is a subquery.
+        let nested = |sql: &str, outer: &[(&str, Option<&str>)], inner: &[(&str, Option<&str>)]| {
+            with_inner(read_refs(sql, outer), sql, "(SELECT", inner)
+        };
         let outer = [("adverse_events", Some("ae")), ("treatments", Some("t"))];
         // The subquery's own ae is drugs, which has drug_id: its reference stays.
         let sql = "SELECT ae.drug_id FROM adverse_events ae JOIN treatments t ON ae.treatment_id = t.treatment_id WHERE EXISTS (SELECT 1 FROM drugs ae WHERE ae.drug_id = 1)";
-        let refs = with_inner(
-            read_refs(sql, &outer),
-            sql,
-            "(SELECT",
-            &[("drugs", Some("ae"))],
-        );
+        let refs = nested(sql, &outer, &[("drugs", Some("ae"))]);
         assert_eq!(
             requalified(sql, &refs, "ae", "drug_id", None, derm()).map(|r| r.sql).as_deref(),
             Some("SELECT t.drug_id FROM adverse_events ae JOIN treatments t ON ae.treatment_id = t.treatment_id WHERE EXISTS (SELECT 1 FROM drugs ae WHERE ae.drug_id = 1)")
@@ -1612,10 +1611,9 @@ mod tests {
 
         // From a correlated subquery, to the outer query's relation.
         let sql = "SELECT t.patient_id FROM treatments t WHERE EXISTS (SELECT 1 FROM adverse_events ae WHERE ae.treatment_id = t.treatment_id AND ae.drug_id = 2)";
-        let refs = with_inner(
-            read_refs(sql, &[("treatments", Some("t"))]),
+        let refs = nested(
             sql,
-            "(SELECT",
+            &[("treatments", Some("t"))],
             &[("adverse_events", Some("ae"))],
         );
         assert_eq!(
@@ -1626,20 +1624,18 @@ mod tests {
         );
         // There the subquery's own t (patients, without drug_id) hides the outer one.
         let sql = "SELECT 1 FROM treatments t WHERE EXISTS (SELECT 1 FROM adverse_events ae JOIN patients t ON true WHERE ae.drug_id = 2)";
-        let refs = with_inner(
-            read_refs(sql, &[("treatments", Some("t"))]),
+        let refs = nested(
             sql,
-            "(SELECT",
+            &[("treatments", Some("t"))],
             &[("adverse_events", Some("ae")), ("patients", Some("t"))],
         );
         assert_eq!(requalified(sql, &refs, "ae", "drug_id", None, derm()), None);
 
         // A relation of another SELECT (out of reach) is no owner.
         let sql = "SELECT ae.drug_id FROM adverse_events ae WHERE ae.treatment_id IN (SELECT treatment_id FROM treatments)";
-        let refs = with_inner(
-            read_refs(sql, &[("adverse_events", Some("ae"))]),
+        let refs = nested(
             sql,
-            "(SELECT",
+            &[("adverse_events", Some("ae"))],
             &[("treatments", None)],
         );
         assert_eq!(requalified(sql, &refs, "ae", "drug_id", None, derm()), None);
