@@ -50,14 +50,17 @@ impl NameError {
 /// What the schema says that helps repair `error` of `sql`, when it is about a name.
 pub fn for_error(sql: &str, error: &SqlError) -> Option<String> {
     let problem = NameError::read(sql, error)?;
-    let refs = guard::references(sql).relations;
+    let refs = guard::references(sql);
     let mut lines = Vec::new();
     let column = match &problem {
         NameError::UnknownRelation => None,
         NameError::MissingColumn { qualifier, column } => {
-            if let Some((table, alias)) = qualifier.as_deref().and_then(|q| resolve(&refs, q)) {
-                let alias = alias.map(|a| format!(" ({a})")).unwrap_or_default();
-                lines.push(format!("{table}{alias} has no column {column}."));
+            let at = error.position.and_then(|p| byte_offset(sql, p));
+            if let Some(line) = qualifier
+                .as_deref()
+                .and_then(|q| lacking(&refs, q, column, at))
+            {
+                lines.push(line);
             }
             Some(column.as_str())
         }
@@ -73,7 +76,7 @@ pub fn for_error(sql: &str, error: &SqlError) -> Option<String> {
             column.as_deref()
         }
     };
-    let names: Vec<String> = refs.into_iter().map(|r| r.name).collect();
+    let names: Vec<String> = refs.relations.into_iter().map(|r| r.name).collect();
     let list_all = problem == NameError::UnknownRelation;
     lines.extend(schema::context().ok()?.describe(&names, column, list_all));
     (!lines.is_empty()).then(|| lines.join("\n"))
@@ -197,11 +200,7 @@ where
     let has_column = &schema.has_column;
     let named = |c: &ColumnRef| c.qualifier == qualifier && c.column == column;
     // The reference reported, and the FROM item its qualifier stands for where it is written.
-    let reported = refs
-        .columns
-        .iter()
-        .filter(|c| named(c))
-        .find(|c| at.is_none_or(|at| c.at == at))?;
+    let reported = reported(refs, qualifier, column, at)?;
     let (home, item) = refs.relation_of(reported)?;
     if has_column(&item.name, column) != Some(false) {
         return None;
@@ -729,16 +728,30 @@ fn identifier(name: &str) -> String {
     }
 }
 
-/// The table a qualifier stands for, and the alias when it is one.
-fn resolve<'a>(refs: &'a [RelationRef], qualifier: &'a str) -> Option<(&'a str, Option<&'a str>)> {
-    refs.iter()
-        .find(|r| r.alias.as_deref() == Some(qualifier))
-        .map(|r| (r.name.as_str(), Some(qualifier)))
-        .or_else(|| {
-            refs.iter()
-                .find(|r| r.alias.is_none() && r.name == qualifier)
-                .map(|r| (r.name.as_str(), None))
-        })
+/// The reference `qualifier.column` PostgreSQL reported at byte `at` (else the first one
+/// written).
+fn reported<'a>(
+    refs: &'a References,
+    qualifier: &str,
+    column: &str,
+    at: Option<usize>,
+) -> Option<&'a ColumnRef> {
+    refs.columns
+        .iter()
+        .filter(|c| c.qualifier == qualifier && c.column == column)
+        .find(|c| at.is_none_or(|at| c.at == at))
+}
+
+/// `table (alias) has no column c.`: what the reported `qualifier.column` stands for where it
+/// is written (a subquery may give the alias to another table than the outer query does).
+fn lacking(refs: &References, qualifier: &str, column: &str, at: Option<usize>) -> Option<String> {
+    let (_, relation) = refs.relation_of(reported(refs, qualifier, column, at)?)?;
+    let alias = relation
+        .alias
+        .as_deref()
+        .map(|a| format!(" ({a})"))
+        .unwrap_or_default();
+    Some(format!("{}{alias} has no column {column}.", relation.name))
 }
 
 /// The qualifier and column of PostgreSQL's `column "x" does not exist`, `column t.x does not
@@ -1657,25 +1670,33 @@ mod tests {
     }
 
     #[test]
-    fn a_qualifier_resolves_to_its_table_by_alias_or_by_name() {
-        let refs = vec![
-            RelationRef {
-                name: "order_items".into(),
-                alias: Some("oi".into()),
-                at: None,
-            },
-            RelationRef {
-                name: "orders".into(),
-                alias: None,
-                at: None,
-            },
-        ];
-        assert_eq!(resolve(&refs, "oi"), Some(("order_items", Some("oi"))));
-        assert_eq!(resolve(&refs, "orders"), Some(("orders", None)));
+    fn the_table_said_to_lack_a_column_is_the_one_its_qualifier_names_where_written() {
+        let sql = "SELECT oi.country FROM order_items oi JOIN orders ON orders.id = oi.order_id";
+        let refs = read_refs(sql, &[("order_items", Some("oi")), ("orders", None)]);
         assert_eq!(
-            resolve(&refs, "order_items"),
-            None,
-            "an aliased table is known by its alias"
+            lacking(&refs, "oi", "country", None).as_deref(),
+            Some("order_items (oi) has no column country.")
+        );
+        assert_eq!(
+            lacking(&refs, "orders", "id", None).as_deref(),
+            Some("orders has no column id.")
+        );
+        assert_eq!(lacking(&refs, "order_items", "country", None), None);
+        // A subquery's own o is another table: the line names the one PostgreSQL reported.
+        let sql = "SELECT o.name FROM orders o WHERE o.id IN (SELECT o.order_id FROM order_items o WHERE o.name = 'x')";
+        let refs = with_inner(
+            read_refs(sql, &[("orders", Some("o"))]),
+            sql,
+            "(SELECT",
+            &[("order_items", Some("o"))],
+        );
+        assert_eq!(
+            lacking(&refs, "o", "name", sql.rfind("o.name")).as_deref(),
+            Some("order_items (o) has no column name.")
+        );
+        assert_eq!(
+            lacking(&refs, "o", "name", sql.find("o.name")).as_deref(),
+            Some("orders (o) has no column name.")
         );
     }
 }
