@@ -12,6 +12,14 @@
 /// Embedded JSON objects tried at most.
 const MAX_JSON_CANDIDATES: usize = 64;
 
+/// Longest language tag after a fence (` ```postgresql `), in bytes.
+const MAX_TAG: usize = 32;
+
+/// Longest start of a common table expression (`name (columns) AS NOT MATERIALIZED (`) looked
+/// at after a WITH in prose, in bytes: each WITH is looked at, so an unbounded look would make
+/// an answer of many WITHs cost the square of its length.
+const MAX_CTE_HEAD: usize = 4096;
+
 /// The SQL in `output`, or `None` when there is nothing that could be a statement.
 pub fn extract_sql(output: &str) -> Option<String> {
     let text = strip_think(output);
@@ -138,16 +146,24 @@ fn fenced_blocks(text: &str) -> Vec<(String, String)> {
     let mut rest = text;
     while let Some(open) = rest.find("```") {
         let after = &rest[open + 3..];
-        let (tag_line, body_start) = match after.find('\n') {
-            Some(nl) => (&after[..nl], nl + 1),
-            None => (after, after.len()),
+        // A tag is a short word: its line's end is looked for no further than `MAX_TAG` bytes,
+        // so that many fences on one long line cost no more than the line.
+        let window = &after.as_bytes()[..after.len().min(MAX_TAG + 1)];
+        let tag_end = match window.iter().position(|b| *b == b'\n') {
+            Some(nl) => Some((nl, nl + 1)),
+            None => (after.len() <= MAX_TAG).then_some((after.len(), after.len())),
         };
-        let tag = tag_line.trim().to_ascii_lowercase();
         // A fence followed by code on the same line (```SELECT 1```) has no tag.
-        let (tag, body_start) = if tag.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
-            (tag, body_start)
-        } else {
-            (String::new(), 0)
+        let (tag, body_start) = match tag_end {
+            Some((end, body_start))
+                if after[..end]
+                    .trim()
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-') =>
+            {
+                (after[..end].trim().to_ascii_lowercase(), body_start)
+            }
+            _ => (String::new(), 0),
         };
         let body = &after[body_start..];
         match body.find("```") {
@@ -276,7 +292,11 @@ fn statement_in_prose(text: &str) -> Option<String> {
 /// `[RECURSIVE] name [(columns)] AS [[NOT] MATERIALIZED] (`. Rules out WITH as an English word
 /// ("I can help with questions about your data").
 fn opens_cte(rest: &str) -> bool {
-    let mut rest = rest.trim_start();
+    let mut end = rest.len().min(MAX_CTE_HEAD);
+    while !rest.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut rest = rest[..end].trim_start();
     if let Some(r) = rest.strip_prefix("recursive") {
         rest = r.trim_start();
     }
