@@ -10,6 +10,7 @@
 //! its result is dropped.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -17,6 +18,34 @@ use pgrx::pg_sys;
 
 /// Longest single sleep: a bound, not a polling period (every event wakes the backend sooner).
 const MAX_SLEEP: Duration = Duration::from_secs(1);
+
+/// Helper threads of this backend that may run at once, abandoned ones included: a role that
+/// cancels call after call (catching the cancel in a loop) would otherwise leave a request, a
+/// thread and its buffers behind each time, each living until its own I/O timeout. A new wait
+/// beyond the bound first waits (interruptibly, within its deadline) for one to end.
+const MAX_LIVE_HELPERS: usize = 4;
+
+/// Helper threads of this process (one backend) that have not ended yet.
+static LIVE_HELPERS: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts a helper thread as live until it is dropped, also when the work panics.
+struct Live;
+
+impl Live {
+    fn count() -> Live {
+        LIVE_HELPERS.fetch_add(1, Ordering::SeqCst);
+        Live
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        LIVE_HELPERS.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// How often a wait for a free helper looks again (an ending helper signals no one).
+const HELPER_POLL: Duration = Duration::from_millis(50);
 
 /// Why a wait ended without a result.
 #[derive(Debug, PartialEq, Eq)]
@@ -60,6 +89,13 @@ where
     T: Send + 'static,
     F: FnOnce() -> T + Send + 'static,
 {
+    while LIVE_HELPERS.load(Ordering::SeqCst) >= MAX_LIVE_HELPERS {
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(WaitError::TimedOut);
+        }
+        wait_for(None, (deadline - now).min(HELPER_POLL));
+    }
     let signal = Arc::new(Signal::new().ok_or(WaitError::Lost)?);
     // Hold no snapshot of our own while waiting (the catalog's is taken again when needed);
     // the calling statement's snapshot is PostgreSQL's to keep.
@@ -67,10 +103,12 @@ where
     unsafe { pg_sys::InvalidateCatalogSnapshot() };
     let (sender, receiver) = mpsc::sync_channel(1);
     let done = Arc::clone(&signal);
+    let live = Live::count();
     let spawned = without_signals(|| {
         std::thread::Builder::new()
             .name("sql_query_engine-io".into())
             .spawn(move || {
+                let _live = live;
                 // The receiver may be gone (cancel, timeout): then the result is simply dropped.
                 let _ = sender.send(work());
                 done.raise();

@@ -201,6 +201,24 @@ fn pg_cancel_backend_interrupts_the_model_wait() {
 }
 
 #[test]
+fn cancelled_calls_leave_at_most_four_model_requests_running() {
+    let mut s = Session::new();
+    let slow = || Reply::Slow(Duration::from_secs(20), Box::new(Reply::sql("SELECT 1")));
+    s.llm.on("pile them up", (0..10).map(|_| slow()).collect());
+    s.client
+        .batch_execute("SET statement_timeout = 300")
+        .unwrap();
+    // Each cancel leaves its request running until the model answers (or llm_timeout); the
+    // fifth call waits for one of them to end instead of sending another, and is cancelled.
+    for _ in 0..10 {
+        let (code, _, _) = error_of(&mut s, "pile them up");
+        assert_eq!(code, "57014");
+    }
+    assert_eq!(s.llm.requests().len(), 4);
+    assert_eq!(s.llm.most_in_flight(), 4);
+}
+
+#[test]
 fn pg_terminate_backend_ends_the_backend_cleanly() {
     let mut s = Session::new();
     s.llm.on(
