@@ -355,8 +355,10 @@ fn traced_with_rows(run: &Run, shown: &DatabaseContext) -> serde_json::Value {
 /// `max_rows`. Raises the refusal or the query's own error.
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_run(sql: &str) -> SetOfIterator<'static, JsonB> {
-    let result = exec::attempt(sql, run_mode(), settings::statement_timeout_ms()).into_result();
-    let result = history::audited("nl_run", sql, result).unwrap_or_else(|e| e.raise());
+    let result = history::audited("nl_run", sql, || {
+        exec::attempt(sql, run_mode(), settings::statement_timeout_ms()).into_result()
+    })
+    .unwrap_or_else(|e| e.raise());
     rows_of(result.as_ref())
 }
 
@@ -365,10 +367,12 @@ fn nl_run(sql: &str) -> SetOfIterator<'static, JsonB> {
 /// (`templates`).
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_example_add(question: &str, sql: &str) -> i64 {
-    let added = templates::check_marks(question, sql)
-        .map_err(Error::InvalidParameter)
-        .and_then(|()| examples::add(question, sql));
-    history::audited("nl_example_add", sql, added).unwrap_or_else(|e| e.raise())
+    history::audited("nl_example_add", sql, || {
+        templates::check_marks(question, sql)
+            .map_err(Error::InvalidParameter)
+            .and_then(|()| examples::add(question, sql))
+    })
+    .unwrap_or_else(|e| e.raise())
 }
 
 /// Feedback on a recorded answer (`history_id`, as `nl_ask` returns it): `correct`, or a
@@ -381,9 +385,11 @@ fn nl_feedback(
     correct: bool,
     corrected_sql: default!(Option<&str>, "NULL"),
 ) -> JsonB {
-    let given = feedback::give(history_id, correct, corrected_sql);
     let input = corrected_sql.unwrap_or("");
-    JsonB(history::audited("nl_feedback", input, given).unwrap_or_else(|e| e.raise()))
+    let given = history::audited("nl_feedback", input, || {
+        feedback::give(history_id, correct, corrected_sql)
+    });
+    JsonB(given.unwrap_or_else(|e| e.raise()))
 }
 
 /// Forgets a session's earlier questions (in every store this server reaches).
@@ -411,9 +417,11 @@ fn nl_history_add(
     session: default!(Option<&str>, "NULL"),
 ) -> Option<i64> {
     let answer = answer.map_or(serde_json::Value::Null, |a| a.0);
-    let recorded = history::record_answer(function, session, &answer);
     let question = answer["question"].as_str().unwrap_or_default();
-    history::audited("nl_history_add", question, recorded).unwrap_or_else(|e| e.raise())
+    history::audited("nl_history_add", question, || {
+        history::record_answer(function, session, &answer)
+    })
+    .unwrap_or_else(|e| e.raise())
 }
 
 /// Checks SQL with the guard, without running it: raises the refusal as an ERROR (25006 for a
@@ -423,7 +431,7 @@ fn nl_history_add(
 /// back, behind the runtime gate: nothing it did outlives it.
 #[pg_extern(stable, parallel_unsafe)]
 fn nl_check(sql: &str) {
-    history::audited("nl_check", sql, exec::check(sql)).unwrap_or_else(|e| e.raise());
+    history::audited("nl_check", sql, || exec::check(sql)).unwrap_or_else(|e| e.raise());
 }
 
 /// The schema context exactly as the model would see it for `question` (all of it without
@@ -431,8 +439,10 @@ fn nl_check(sql: &str) {
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_schema(question: default!(Option<&str>, "NULL")) -> String {
     let question = question.filter(|q| !q.trim().is_empty());
-    let context = database_context(question).map(|context| context.text);
-    history::audited("nl_schema", question.unwrap_or(""), context).unwrap_or_else(|e| e.raise())
+    history::audited("nl_schema", question.unwrap_or(""), || {
+        database_context(question).map(|context| context.text)
+    })
+    .unwrap_or_else(|e| e.raise())
 }
 
 fn run_mode() -> Mode {
@@ -697,23 +707,16 @@ fn audited_run(
     ask: Ask,
     accept: impl FnOnce((Run, DatabaseContext)) -> Result<(Run, DatabaseContext)>,
 ) -> Result<(Run, DatabaseContext)> {
-    let result = answer(&ask).and_then(accept);
     let input = ask.question.or(ask.first).unwrap_or("");
-    match &result {
-        Ok((run, _)) => history::audit(
-            ask.function,
-            ask.session,
-            input,
-            history::Audited::Answered(run),
-        ),
-        Err(error) => history::audit(
-            ask.function,
-            ask.session,
-            input,
-            history::Audited::Failed(error),
-        ),
-    }
-    result
+    history::audit_raised(ask.function, ask.session, input, |caller| {
+        let result = answer(&ask).and_then(accept);
+        let outcome = match &result {
+            Ok((run, _)) => history::Audited::Answered(run),
+            Err(error) => history::Audited::Failed(error),
+        };
+        history::audit(caller, ask.function, ask.session, input, outcome);
+        result
+    })
 }
 
 /// The question `nl_fix` asks when the caller gave none.

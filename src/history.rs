@@ -5,11 +5,14 @@
 //! subtransaction whose failure is swallowed, and with a short lock timeout so that it never
 //! blocks the answer.
 
-use pgrx::pg_sys::panic::ErrorReport;
+use std::panic::AssertUnwindSafe;
+
+use pgrx::pg_sys::panic::{CaughtError, ErrorReport};
+use pgrx::pg_sys::PgTryBuilder;
 use pgrx::prelude::*;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, SqlState};
 use crate::heal::Run;
 use crate::settings::AuditLog;
 use crate::{names, settings, store, subxact, trace};
@@ -165,24 +168,66 @@ pub enum Audited<'a> {
     /// A call without a run (`nl_check`, `nl_run`, `nl_schema`, ...) that succeeded.
     Done,
     Failed(&'a Error),
+    /// An ERROR PostgreSQL raised inside the call (a cancel, a timeout) that ended it.
+    Raised(&'a CaughtError),
+}
+
+/// The role of a call, read when the call starts: once an ERROR is caught, the audit line is
+/// written without reading the catalogs again.
+pub struct Caller {
+    id: pg_sys::Oid,
+    name: String,
+}
+
+impl Caller {
+    pub fn now() -> Caller {
+        // SAFETY: reads the backend's current role.
+        let id = unsafe { pg_sys::GetUserId() };
+        Caller {
+            id,
+            name: names::role_name(id).unwrap_or_default(),
+        }
+    }
+}
+
+/// `work`, whose own outcome the caller audits; an ERROR raised inside it (a cancel, a
+/// statement timeout, an error PostgreSQL does not let the call catch) unwinds past that audit,
+/// so it is audited here on its way out, then raised on.
+pub fn audit_raised<T>(
+    function: &str,
+    session: Option<&str>,
+    input: &str,
+    work: impl FnOnce(&Caller) -> T,
+) -> T {
+    let caller = Caller::now();
+    PgTryBuilder::new(AssertUnwindSafe(|| work(&caller)))
+        .catch_others(|caught| {
+            audit(&caller, function, session, input, Audited::Raised(&caught));
+            caught.rethrow()
+        })
+        .execute()
 }
 
 /// Writes one call to the server log (`sql_query_engine.audit_log`, by default every call), as
 /// `LOG` that is never sent to the client: neither the caller's rollback (which takes the
 /// `nl_history` row with it) nor a read-only transaction or a standby (where no row is
 /// written) removes it. `input` is the question, or the caller's SQL.
-pub fn audit(function: &str, session: Option<&str>, input: &str, outcome: Audited) {
+/// It reads no catalog: it is also written after an ERROR was caught.
+pub fn audit(
+    caller: &Caller,
+    function: &str,
+    session: Option<&str>,
+    input: &str,
+    outcome: Audited,
+) {
     let wanted = match settings::audit_log() {
         AuditLog::Off => false,
-        AuditLog::Errors => matches!(outcome, Audited::Failed(_)),
+        AuditLog::Errors => matches!(outcome, Audited::Failed(_) | Audited::Raised(_)),
         AuditLog::All => true,
     };
     if !wanted {
         return;
     }
-    // SAFETY: reads the backend's current role.
-    let role_id = unsafe { pg_sys::GetUserId() };
-    let role = names::role_name(role_id).unwrap_or_default();
     let (result, sql) = match outcome {
         Audited::Answered(run) => (
             format!(
@@ -198,6 +243,7 @@ pub fn audit(function: &str, session: Option<&str>, input: &str, outcome: Audite
         ),
         Audited::Done => ("ok".to_string(), None),
         Audited::Failed(error) => (format!("ERROR {}: {error}", error.sqlstate()), None),
+        Audited::Raised(caught) => (raised(caught), None),
     };
     let session = session
         .map(|s| format!(" session {s:?}"))
@@ -209,8 +255,9 @@ pub fn audit(function: &str, session: Option<&str>, input: &str, outcome: Audite
     ErrorReport::new(
         PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
         format!(
-            "sql_query_engine: {function} by role {role:?} (oid {}){session}: {result}",
-            role_id.to_u32()
+            "sql_query_engine: {function} by role {:?} (oid {}){session}: {result}",
+            caller.name,
+            caller.id.to_u32()
         ),
         "sql_query_engine",
     )
@@ -218,15 +265,34 @@ pub fn audit(function: &str, session: Option<&str>, input: &str, outcome: Audite
     .report(PgLogLevel::LOG_SERVER_ONLY);
 }
 
-/// `result` audited as a call of `function` without a run, then returned.
+/// `work`'s result audited as a call of `function` without a run (an ERROR raised inside it
+/// too), then returned.
 pub fn audited<T>(
     function: &str,
     input: &str,
-    result: crate::error::Result<T>,
+    work: impl FnOnce() -> crate::error::Result<T>,
 ) -> crate::error::Result<T> {
-    match &result {
-        Ok(_) => audit(function, None, input, Audited::Done),
-        Err(error) => audit(function, None, input, Audited::Failed(error)),
+    audit_raised(function, None, input, |caller| {
+        let result = work();
+        match &result {
+            Ok(_) => audit(caller, function, None, input, Audited::Done),
+            Err(error) => audit(caller, function, None, input, Audited::Failed(error)),
+        }
+        result
+    })
+}
+
+/// `ERROR <SQLSTATE>: <message>` of an ERROR PostgreSQL raised (a Rust panic's own text).
+fn raised(caught: &CaughtError) -> String {
+    match caught {
+        CaughtError::PostgresError(report)
+        | CaughtError::ErrorReport(report)
+        | CaughtError::RustPanic {
+            ereport: report, ..
+        } => format!(
+            "ERROR {}: {}",
+            SqlState::from_code(report.sql_error_code()),
+            report.message()
+        ),
     }
-    result
 }

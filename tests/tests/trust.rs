@@ -490,6 +490,23 @@ fn every_call_is_in_the_server_log_whatever_the_callers_transaction() {
         .batch_execute("SET sql_query_engine.audit_log = off")
         .unwrap_err();
     assert_eq!(db_error(&refused).0, "42501");
+    // A call that an ERROR ends (here the caller's statement timeout during the model's answer,
+    // caught by the caller) is in the log too.
+    s.llm.on(
+        "wait and be cancelled",
+        vec![Reply::Slow(
+            std::time::Duration::from_secs(20),
+            Box::new(Reply::sql("SELECT 1 AS one")),
+        )],
+    );
+    caller
+        .batch_execute(
+            "SET statement_timeout = 500;
+             DO $$ BEGIN PERFORM * FROM nl_query('wait and be cancelled');
+                   EXCEPTION WHEN query_canceled THEN NULL; END $$;
+             RESET statement_timeout;",
+        )
+        .unwrap();
     let Some(log) = cluster().server_log() else {
         return; // a cluster this process did not start: its log is not ours to read
     };
@@ -503,6 +520,10 @@ fn every_call_is_in_the_server_log_whatever_the_callers_transaction() {
         ("ERROR 25006", "delete the evidence"),
         ("ok, 1 rows, 1 attempt", "count them quietly"),
         ("ok, 1 rows, 1 attempt", "count them and roll back"),
+        (
+            "ERROR 57014: canceling statement due to statement timeout",
+            "wait and be cancelled",
+        ),
     ] {
         let line = format!("{by}: {outcome}");
         let asked = format!("input: {question}");
