@@ -316,7 +316,7 @@ fn run_guarded(sql: &str, mode: Mode, origin: Origin, cost_limit: Option<f64>) -
     };
     // All of a superuser's query, and all of an own read, behind the gate: analysis, rewrite,
     // planning, execution and the collection of its rows.
-    let _gate = match (origin, &trusted) {
+    let behind_gate = match (origin, &trusted) {
         (Origin::Own, _) => Some(gate::open(
             gate::Rule::BuiltinOnly,
             "the extension reads on its own",
@@ -361,10 +361,17 @@ fn run_guarded(sql: &str, mode: Mode, origin: Origin, cost_limit: Option<f64>) -
             ));
         };
         pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+        // The gate is this backend's own: a parallel worker would run its part of the plan
+        // without it, so a query behind the gate gets no workers.
+        let cursor_options = if behind_gate.is_some() {
+            0
+        } else {
+            pg_sys::CURSOR_OPT_PARALLEL_OK as i32
+        };
         let planned = pg_sys::pg_plan_query(
             query,
             checked.text.as_ptr(),
-            pg_sys::CURSOR_OPT_PARALLEL_OK as i32,
+            cursor_options,
             std::ptr::null_mut(),
         );
         if let Some(why) = cost_limit.and_then(|limit| absurd_plan(planned, limit)) {

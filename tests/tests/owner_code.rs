@@ -319,6 +319,74 @@ fn a_superusers_generated_queries_run_no_code_of_other_roles() {
 }
 
 #[test]
+fn a_superusers_generated_query_gets_no_parallel_worker_to_run_other_roles_code_in() {
+    let mut w = World::new();
+    // The gate is the superuser's backend's own; a parallel worker runs without it.
+    w.attacker_runs(
+        "CREATE FUNCTION shared.seen(i int) RETURNS boolean LANGUAGE plpgsql STABLE PARALLEL SAFE
+         AS $$ BEGIN
+             IF i = 1 THEN RAISE NOTICE 'shared.seen ran in backend %', pg_backend_pid(); END IF;
+             RETURN true;
+         END $$;",
+    );
+    w.s.client
+        .batch_execute(
+            "CREATE TABLE public.many AS SELECT g AS id FROM generate_series(1, 100000) g;
+             ANALYZE public.many;
+             CREATE VIEW public.many_seen AS SELECT id FROM public.many WHERE shared.seen(id);",
+        )
+        .unwrap();
+    let notices = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut admin = cluster().connect_with_notices(&w.s.database, Arc::clone(&notices));
+    admin
+        .batch_execute(
+            "SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0;
+             SET min_parallel_table_scan_size = 0; SET max_parallel_workers_per_gather = 2;
+             SET parallel_leader_participation = off;",
+        )
+        .unwrap();
+    let ran = |notices: &std::sync::Mutex<Vec<String>>| -> Vec<String> {
+        notices
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|n| n.contains("shared.seen ran in backend"))
+            .cloned()
+            .collect()
+    };
+    // Positive control: the superuser's own read of the view runs the function in a worker.
+    let pid: i32 = admin
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    admin
+        .batch_execute("SELECT count(*) FROM public.many_seen")
+        .unwrap();
+    let seen = ran(&notices);
+    assert!(
+        !seen.is_empty() && seen.iter().all(|n| !n.ends_with(&format!(" {pid}"))),
+        "not run in a worker: {seen:?}"
+    );
+    notices.lock().unwrap().clear();
+
+    w.s.llm.on(
+        "how many are seen",
+        vec![Reply::sql("SELECT count(*) AS n FROM many_seen")],
+    );
+    let error = admin
+        .query("SELECT nl_query('how many are seen')", &[])
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "42501", "{message}");
+    assert!(message.contains("shared.seen"), "{message}");
+    assert_eq!(
+        ran(&notices),
+        Vec::<String>::new(),
+        "the attacker's code ran"
+    );
+}
+
+#[test]
 fn parse_analysis_runs_no_code_in_nl_check_nl_example_add_or_nl_query() {
     let mut w = World::new();
     let (attacker, victim) = (w.attacker.clone(), w.victim.clone());

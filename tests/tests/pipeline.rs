@@ -934,7 +934,38 @@ fn generated_queries_get_parallel_plans_where_the_planner_chooses_them() {
             "SELECT bucket, count(*) AS n FROM big GROUP BY bucket ORDER BY bucket",
         )],
     );
+    // A superuser's query runs behind the gate, which is this backend's own: no workers.
     let trace = s.trace("rows per bucket").unwrap();
+    assert_eq!(trace["row_count"], 7);
+    assert_eq!(trace["attempts"][0]["parallel_workers"], 0, "{trace}");
+    // Any other role's query (its own login: a superuser's SET ROLE is still a superuser's
+    // call) gets the workers the planner chooses.
+    let (role, db) = (format!("parallel_{}", s.database), s.database.clone());
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN; GRANT SELECT ON big TO {role};
+             ALTER DATABASE {db} SET sql_query_engine.llm_url = '{}';",
+            s.llm.url()
+        ))
+        .unwrap();
+    let mut client = sql_query_engine_e2e::cluster().connect_as(&db, &role);
+    client
+        .batch_execute(
+            "SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0;
+             SET min_parallel_table_scan_size = 0; SET max_parallel_workers_per_gather = 2;",
+        )
+        .unwrap();
+    s.llm.on(
+        "rows per bucket, as a role",
+        vec![Reply::sql(
+            "SELECT bucket, count(*) AS n FROM big GROUP BY bucket ORDER BY bucket",
+        )],
+    );
+    let text: String = client
+        .query_one("SELECT nl_trace('rows per bucket, as a role')::text", &[])
+        .unwrap()
+        .get(0);
+    let trace: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(trace["row_count"], 7);
     let workers = trace["attempts"][0]["parallel_workers"].as_i64().unwrap();
     assert!(workers > 0, "no parallel workers ran: {trace}");
