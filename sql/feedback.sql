@@ -7,7 +7,7 @@ CREATE TABLE @extschema@.nl_feedback (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     at timestamptz NOT NULL DEFAULT now(),
     role name NOT NULL DEFAULT current_user,
-    role_id oid NOT NULL DEFAULT current_user::regrole::oid,
+    role_id oid NOT NULL DEFAULT pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid,
     history_id bigint NOT NULL,
     question text NOT NULL,
     correct boolean NOT NULL,
@@ -17,7 +17,8 @@ CREATE TABLE @extschema@.nl_feedback (
     example_id bigint
 );
 ALTER TABLE @extschema@.nl_feedback ENABLE ROW LEVEL SECURITY;
-CREATE POLICY own_rows ON @extschema@.nl_feedback USING (role_id = current_user::regrole::oid)
-    WITH CHECK (role_id = current_user::regrole::oid);
+CREATE POLICY own_rows ON @extschema@.nl_feedback
+    USING (role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid)
+    WITH CHECK (role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid);
 GRANT SELECT, INSERT ON @extschema@.nl_feedback TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_feedback', '');

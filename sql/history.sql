@@ -1,7 +1,8 @@
 -- The history of questions: one row per call of a function that answers one (see
 -- sql_query_engine.history). Its owner reads every row; other roles see only their own (row
 -- level security), told apart by OID, so that a role dropped and created again under the same
--- name, or renamed, is never another role. Written in the caller's transaction, best effort:
+-- name, or renamed, is never another role. The OID is looked up by the role's exact name
+-- (quote_ident: a name is not read as an identifier, which would fold "Alice" to alice). Written in the caller's transaction, best effort:
 -- skipped in read-only transactions and on standbys (the server log keeps an audit line of
 -- every call; see sql_query_engine.audit_log).
 CREATE TABLE @extschema@.nl_history (
@@ -19,11 +20,12 @@ CREATE TABLE @extschema@.nl_history (
     llm_calls integer NOT NULL,
     prompt_tokens integer NOT NULL,
     completion_tokens integer NOT NULL,
-    role_id oid NOT NULL DEFAULT current_user::regrole::oid
+    role_id oid NOT NULL DEFAULT pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid
 );
 CREATE INDEX nl_history_role_id_at_idx ON @extschema@.nl_history (role_id, at);
 ALTER TABLE @extschema@.nl_history ENABLE ROW LEVEL SECURITY;
-CREATE POLICY own_rows ON @extschema@.nl_history USING (role_id = current_user::regrole::oid)
-    WITH CHECK (role_id = current_user::regrole::oid);
+CREATE POLICY own_rows ON @extschema@.nl_history
+    USING (role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid)
+    WITH CHECK (role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid);
 GRANT SELECT, INSERT ON @extschema@.nl_history TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_history', '');

@@ -7,10 +7,11 @@ CREATE TABLE @extschema@.nl_sessions (
     session text NOT NULL,
     turns jsonb NOT NULL,
     updated_at timestamptz NOT NULL DEFAULT now(),
-    role_id oid NOT NULL DEFAULT current_user::regrole::oid,
+    role_id oid NOT NULL DEFAULT pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid,
     PRIMARY KEY (role_id, session)
 );
 ALTER TABLE @extschema@.nl_sessions ENABLE ROW LEVEL SECURITY;
-CREATE POLICY own_sessions ON @extschema@.nl_sessions USING (role_id = current_user::regrole::oid)
-    WITH CHECK (role_id = current_user::regrole::oid);
+CREATE POLICY own_sessions ON @extschema@.nl_sessions
+    USING (role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid)
+    WITH CHECK (role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid);
 GRANT SELECT, INSERT, UPDATE, DELETE ON @extschema@.nl_sessions TO PUBLIC;

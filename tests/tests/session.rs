@@ -899,3 +899,66 @@ fn with_redis_every_connection_keeps_sessions_there_and_says_where() {
     drop(redis);
     assert_eq!(store(&mut s.client), "memory");
 }
+
+#[test]
+fn a_role_whose_name_reads_as_another_roles_keeps_to_its_own_history_and_sessions() {
+    let mut s = Session::new();
+    // "FOLD_x" read as an identifier is fold_x; "fold_x.y" cannot be read as one at all.
+    let plain = format!("fold_{}", s.database);
+    let upper = plain.to_uppercase();
+    let dotted = format!("{plain}.y");
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {plain}; CREATE ROLE \"{upper}\"; CREATE ROLE \"{dotted}\";
+             GRANT SELECT ON customers TO {plain}, \"{upper}\", \"{dotted}\";
+             SET ROLE {plain}"
+        ))
+        .unwrap();
+    ask_in(
+        &mut s,
+        "mine",
+        "a private question",
+        "SELECT count(*) AS n FROM customers",
+    );
+    let count =
+        |s: &mut Session, sql: &str| -> i64 { s.client.query_one(sql, &[]).unwrap().get(0) };
+    assert_eq!(count(&mut s, "SELECT count(*) FROM nl_history"), 1);
+    assert_eq!(count(&mut s, "SELECT count(*) FROM nl_sessions"), 1);
+
+    s.client
+        .batch_execute(&format!("RESET ROLE; SET ROLE \"{upper}\""))
+        .unwrap();
+    assert_eq!(count(&mut s, "SELECT count(*) FROM nl_history"), 0);
+    assert_eq!(count(&mut s, "SELECT count(*) FROM nl_sessions"), 0);
+    let changed = s
+        .client
+        .execute("UPDATE nl_sessions SET turns = '[]'", &[])
+        .unwrap();
+    assert_eq!(changed, 0, "another role's session was written");
+    // Its own question is its own: recorded under its OID, and not shown the other's turn.
+    ask_in(&mut s, "mine", "my own question", "SELECT 1 AS one");
+    assert!(!s
+        .llm
+        .requests()
+        .last()
+        .unwrap()
+        .text()
+        .contains("a private question"));
+    assert_eq!(
+        count(
+            &mut s,
+            "SELECT count(*) FROM nl_history h JOIN pg_roles r ON r.oid = h.role_id \
+             WHERE r.rolname = current_user AND h.question = 'my own question'"
+        ),
+        1
+    );
+
+    // A name with a dot works like any other.
+    s.client
+        .batch_execute(&format!("RESET ROLE; SET ROLE \"{dotted}\""))
+        .unwrap();
+    ask_in(&mut s, "dotted", "a dotted question", "SELECT 2 AS two");
+    assert_eq!(count(&mut s, "SELECT count(*) FROM nl_history"), 1);
+    assert_eq!(count(&mut s, "SELECT count(*) FROM nl_sessions"), 1);
+    s.client.batch_execute("RESET ROLE").unwrap();
+}

@@ -87,6 +87,40 @@ fn updating_from_0_1_0_through_every_release_equals_a_fresh_install_and_keeps_th
     client
         .batch_execute("ALTER EXTENSION sql_query_engine UPDATE TO '0.4.0'")
         .unwrap();
+    // 0.4.0 read a role's name as an identifier: "FOLD_..." wrote its history row under the
+    // OID of fold_...; the update gives it back to the role of its exact name.
+    let plain = format!("fold_{updated}");
+    let upper = plain.to_uppercase();
+    client
+        .batch_execute(&format!(
+            "CREATE ROLE {plain}; CREATE ROLE \"{upper}\"; SET ROLE \"{upper}\";
+             INSERT INTO nl_history (function, question, status, attempts, ms, llm_calls,
+                                     prompt_tokens, completion_tokens)
+             VALUES ('nl_ask', 'written by the upper-case role', 'ok', '[]', 1, 1, 1, 1);
+             RESET ROLE;"
+        ))
+        .unwrap();
+    let owner = |client: &mut postgres::Client| -> String {
+        client
+            .query_one(
+                "SELECT r.rolname::text FROM nl_history h JOIN pg_roles r ON r.oid = h.role_id \
+                 WHERE h.question = 'written by the upper-case role'",
+                &[],
+            )
+            .unwrap()
+            .get(0)
+    };
+    assert_eq!(owner(&mut client), plain, "0.4.0 as it was");
+    client
+        .batch_execute("ALTER EXTENSION sql_query_engine UPDATE TO '0.5.0'")
+        .unwrap();
+    assert_eq!(owner(&mut client), upper);
+    client
+        .batch_execute(&format!(
+            "DELETE FROM nl_history WHERE question = 'written by the upper-case role';
+             DROP ROLE {plain}; DROP ROLE \"{upper}\";"
+        ))
+        .unwrap();
     let version: String = client
         .query_one(
             "SELECT extversion FROM pg_extension WHERE extname = 'sql_query_engine'",
@@ -94,7 +128,7 @@ fn updating_from_0_1_0_through_every_release_equals_a_fresh_install_and_keeps_th
         )
         .unwrap()
         .get(0);
-    assert_eq!(version, "0.4.0");
+    assert_eq!(version, "0.5.0");
     let (updated_members, fresh_members) = (members(&updated), members(&fresh));
     let only = |a: &[String], b: &[String]| -> Vec<String> {
         a.iter().filter(|m| !b.contains(m)).cloned().collect()
