@@ -112,27 +112,32 @@ where
     }
 }
 
-/// A Redis key (or channel) namespaced by database and role, both by OID: one role never reads
+/// A Redis key (or channel) namespaced by cluster, database and role: one role never reads
 /// another's data, and a role that is dropped and created again under the same name, or
-/// renamed, is still told apart.
+/// renamed, is still told apart (OIDs). The cluster is its system identifier, which a primary
+/// shares with its standbys and no other cluster has: OIDs repeat between clusters (two made
+/// from one dump), and two that share a Redis would otherwise share their keys.
 pub fn key(kind: &str, name: &str) -> String {
     // SAFETY: reads of backend state.
-    let (database, role) = unsafe { (pgrx::pg_sys::MyDatabaseId, pgrx::pg_sys::GetUserId()) };
-    format!(
-        "sql_query_engine:{}:{}:{kind}:{name}",
-        database.to_u32(),
-        role.to_u32()
-    )
+    let role = unsafe { pgrx::pg_sys::GetUserId() };
+    format!("{}:{}:{kind}:{name}", database_prefix(), role.to_u32())
 }
 
 /// A Redis key for what every role of a database shares (the value index's reads of relations
-/// whose read is the same for every role that may read them): namespaced by the database's OID
-/// alone, and never equal to a role's key (`key`), whose third part is a number.
+/// whose read is the same for every role that may read them): namespaced by the cluster and
+/// the database alone, and never equal to a role's key (`key`), whose fourth part is a number.
 pub fn database_key(kind: &str, name: &str) -> String {
-    // SAFETY: reads backend state.
-    let database = unsafe { pgrx::pg_sys::MyDatabaseId };
-    format!(
-        "sql_query_engine:{}:shared:{kind}:{name}",
-        database.to_u32()
-    )
+    format!("{}:shared:{kind}:{name}", database_prefix())
+}
+
+/// `sql_query_engine:<system identifier>:<database OID>`.
+fn database_prefix() -> String {
+    // SAFETY: reads of backend state (the identifier is read from pg_control at start).
+    let (system, database) = unsafe {
+        (
+            pgrx::pg_sys::GetSystemIdentifier(),
+            pgrx::pg_sys::MyDatabaseId,
+        )
+    };
+    format!("sql_query_engine:{system}:{}", database.to_u32())
 }

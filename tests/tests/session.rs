@@ -231,7 +231,15 @@ fn redis_shares_a_conversation_across_connections_but_not_roles() {
         .arg("sql_query_engine:*:session:pooled")
         .query(&mut r)
         .unwrap();
-    // one key per role: namespaced by database and role, both by OID
+    // one key per role: namespaced by cluster (system identifier), database and role (OIDs)
+    let system: String = s
+        .client
+        .query_one(
+            "SELECT system_identifier::text FROM pg_control_system()",
+            &[],
+        )
+        .unwrap()
+        .get(0);
     let mut oid = |sql: &str| -> u32 { s.client.query_one(sql, &[]).unwrap().get(0) };
     let database = oid("SELECT oid FROM pg_database WHERE datname = current_database()");
     let (postgres, stranger) = (
@@ -240,8 +248,8 @@ fn redis_shares_a_conversation_across_connections_but_not_roles() {
             "SELECT oid FROM pg_roles WHERE rolname = '{role}'"
         )),
     );
-    let own = format!("sql_query_engine:{database}:{postgres}:session:pooled");
-    let theirs = format!("sql_query_engine:{database}:{stranger}:session:pooled");
+    let own = format!("sql_query_engine:{system}:{database}:{postgres}:session:pooled");
+    let theirs = format!("sql_query_engine:{system}:{database}:{stranger}:session:pooled");
     assert!(
         keys.contains(&own) && keys.contains(&theirs) && keys.len() == 2,
         "{keys:?}"
@@ -387,7 +395,9 @@ fn progress_events_are_published_in_order_and_shown_as_notices() {
     let channel: String = s
         .client
         .query_one(
-            "SELECT format('sql_query_engine:%s:%s:progress:live', d.oid, current_user::regrole::oid)
+            "SELECT format('sql_query_engine:%s:%s:%s:progress:live',
+                           (SELECT system_identifier FROM pg_control_system()), d.oid,
+                           (SELECT oid FROM pg_roles WHERE rolname = current_user))
              FROM pg_database d WHERE d.datname = current_database()",
             &[],
         )
@@ -669,7 +679,9 @@ fn progress_events_withhold_stored_values_when_sample_values_is_off() {
     let channel: String = s
         .client
         .query_one(
-            "SELECT format('sql_query_engine:%s:%s:progress:private', d.oid, current_user::regrole::oid)
+            "SELECT format('sql_query_engine:%s:%s:%s:progress:private',
+                           (SELECT system_identifier FROM pg_control_system()), d.oid,
+                           (SELECT oid FROM pg_roles WHERE rolname = current_user))
              FROM pg_database d WHERE d.datname = current_database()",
             &[],
         )

@@ -166,20 +166,21 @@ fn a_dead_endpoint_is_skipped_by_every_backend_of_a_preloaded_server_but_a_roles
 
 /// The key a relation's shared reads are kept under, and how many there are.
 fn shared_reads(redis: &RedisServer, client: &mut Client, table: &str) -> usize {
-    let (database, relation, filenode): (u32, u32, u32) = {
+    let (system, database, relation, filenode): (String, u32, u32, u32) = {
         let row = client
             .query_one(
-                "SELECT (SELECT oid FROM pg_database WHERE datname = current_database()), \
+                "SELECT (SELECT system_identifier::text FROM pg_control_system()), \
+                 (SELECT oid FROM pg_database WHERE datname = current_database()), \
                  oid, relfilenode FROM pg_class WHERE oid = $1::text::regclass",
                 &[&table],
             )
             .unwrap();
-        (row.get(0), row.get(1), row.get(2))
+        (row.get(0), row.get(1), row.get(2), row.get(3))
     };
     let mut r = redis.client().unwrap();
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!(
-            "sql_query_engine:{database}:shared:values:{relation}:{filenode}"
+            "sql_query_engine:{system}:{database}:shared:values:{relation}:{filenode}"
         ))
         .query(&mut r)
         .unwrap();
