@@ -310,6 +310,7 @@ fn failure(caught: CaughtError, position: Option<i32>, ours: bool, timeout_ms: i
 /// selects a column of the outer query (`guard::outer_column_subquery`).
 fn run_guarded(sql: &str, mode: Mode, origin: Origin, cost_limit: Option<f64>) -> Outcome {
     subxact::set_local(c"transaction_read_only", c"on");
+    let _restricted = subxact::Restricted::enter();
     let trusted = match origin {
         Origin::Generated => guard::superuser_call(),
         Origin::Own => None,

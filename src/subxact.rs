@@ -37,6 +37,41 @@ pub fn in_subtransaction<R>(commit: bool, work: impl FnOnce() -> R) -> Result<R,
     }
 }
 
+/// A security-restricted operation (as PostgreSQL runs `REFRESH MATERIALIZED VIEW` and the
+/// index expressions of `ANALYZE`) until dropped: code a query runs (a view's or a policy's
+/// functions) may not change the role (`SET ROLE`, `set_config('role', ...)`, `RESET ROLE`,
+/// a function's `SET role` clause) nor leave session state behind (`PREPARE`, `LISTEN`,
+/// holdable cursors, temporary tables). Without it, such code could become any role the
+/// session user may become: another of a gateway's roles, or a superuser session user's own.
+pub struct Restricted {
+    user: pg_sys::Oid,
+    context: std::ffi::c_int,
+}
+
+impl Restricted {
+    pub fn enter() -> Restricted {
+        let (mut user, mut context) = (pg_sys::InvalidOid, 0);
+        // SAFETY: reads the backend's current user and security context into locals, then sets
+        // the same user with the restriction added; `drop` puts both back (and an aborted
+        // subtransaction restores them itself).
+        unsafe {
+            pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
+            pg_sys::SetUserIdAndSecContext(
+                user,
+                context | pg_sys::SECURITY_RESTRICTED_OPERATION as std::ffi::c_int,
+            );
+        }
+        Restricted { user, context }
+    }
+}
+
+impl Drop for Restricted {
+    fn drop(&mut self) {
+        // SAFETY: the user and context `enter` read.
+        unsafe { pg_sys::SetUserIdAndSecContext(self.user, self.context) };
+    }
+}
+
 /// The search path of the extension's own SQL: built-in names only, temporary objects last,
 /// so that no function, operator or type a role created can stand in for a built-in one.
 pub const PINNED_SEARCH_PATH: &CStr = c"pg_catalog, pg_temp";

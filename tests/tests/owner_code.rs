@@ -229,7 +229,9 @@ fn a_superusers_generated_queries_run_no_code_of_other_roles() {
     w.attacker_runs(&format!(
         "CREATE FUNCTION public.shell_note() RETURNS text LANGUAGE plpgsql AS $$
          BEGIN
-             RESET ROLE;
+             IF NOT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
+                 RESET ROLE;
+             END IF;
              EXECUTE format('COPY (SELECT 1) TO PROGRAM %L', 'cat >/dev/null; touch {marker}');
              RETURN 'x';
          END $$;

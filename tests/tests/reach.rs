@@ -591,3 +591,58 @@ fn nl_call_runs_as_the_role_it_is_given_for_the_call_only() {
     assert!(message.contains("set role"), "{message}");
     assert_eq!(s.llm.requests().len(), asked_before);
 }
+
+#[test]
+fn code_a_generated_query_runs_cannot_become_another_role_the_login_role_may_become() {
+    let mut s = Session::new();
+    let (authenticator, analyst, _) = authenticator_roles(&mut s, "restricted");
+    let id = std::process::id();
+    let (other, owner) = (format!("other_{id}"), format!("owner_{id}"));
+    // A role the login role may also become, with a secret of its own; and a role (no token's)
+    // that owns a view the analyst may read, whose function switches to that other role.
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {other}; GRANT {other} TO {authenticator};
+             CREATE TABLE other_secrets (v text); INSERT INTO other_secrets VALUES ('only-for-other');
+             GRANT SELECT ON other_secrets TO {other};
+             CREATE ROLE {owner}; GRANT CREATE ON SCHEMA public TO {owner};
+             SET ROLE {owner};
+             CREATE FUNCTION public.peek_{id}() RETURNS text LANGUAGE plpgsql AS $$
+                 DECLARE r text;
+                 BEGIN
+                     PERFORM set_config('role', '{other}', true);
+                     SELECT string_agg(v, ',') INTO r FROM public.other_secrets;
+                     RETURN r;
+                 END $$;
+             CREATE VIEW public.notes_{id} AS SELECT public.peek_{id}() AS note;
+             GRANT SELECT ON public.notes_{id} TO {analyst};
+             RESET ROLE;"
+        ))
+        .unwrap();
+    let mut client = sql_query_engine_e2e::cluster().connect_as(&s.database, &authenticator);
+    // Positive control: read directly as the analyst, the view's code becomes the other role.
+    client
+        .batch_execute(&format!("SET ROLE {analyst}"))
+        .unwrap();
+    let direct: String = client
+        .query_one(&format!("SELECT note FROM public.notes_{id}"), &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(direct, "only-for-other");
+    client.batch_execute("RESET ROLE").unwrap();
+
+    s.llm.on(
+        "the notes, as the analyst",
+        vec![Reply::sql(&format!("SELECT note FROM public.notes_{id}")); 5],
+    );
+    let answered = call(
+        &mut client,
+        &format!("CALL nl_call('the notes, as the analyst', run_as => '{analyst}')"),
+    );
+    let text = match answered {
+        Ok(answer) => answer.to_string(),
+        Err(error) => db_error(&error).1,
+    };
+    assert!(!text.contains("only-for-other"), "{text}");
+    assert!(text.contains("security-restricted operation"), "{text}");
+}
