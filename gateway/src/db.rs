@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use deadpool::managed::{self, Metrics, Object, RecycleResult, Timeouts};
 use serde_json::Value;
-use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::mpsc::Sender;
 use tokio_postgres::types::Type;
 use tokio_postgres::{AsyncMessage, CancelToken, Client, Config, NoTls};
 
@@ -117,7 +117,7 @@ impl From<tokio_postgres::Error> for DbError {
 /// A pooled connection, with the channel its NOTICEs go to while a request holds it.
 pub struct Conn {
     client: Client,
-    notices: Arc<Mutex<Option<UnboundedSender<String>>>>,
+    notices: Arc<Mutex<Option<Sender<String>>>>,
 }
 
 pub struct Manager {
@@ -130,7 +130,7 @@ impl managed::Manager for Manager {
 
     async fn create(&self) -> Result<Conn, tokio_postgres::Error> {
         let (client, mut connection) = self.config.connect(NoTls).await?;
-        let notices: Arc<Mutex<Option<UnboundedSender<String>>>> = Arc::new(Mutex::new(None));
+        let notices: Arc<Mutex<Option<Sender<String>>>> = Arc::new(Mutex::new(None));
         let forward = Arc::clone(&notices);
         tokio::spawn(async move {
             while let Some(message) =
@@ -140,7 +140,9 @@ impl managed::Manager for Manager {
                     Ok(AsyncMessage::Notice(notice)) => {
                         let sender = forward.lock().ok().and_then(|s| s.clone());
                         if let Some(sender) = sender {
-                            let _ = sender.send(notice.message().to_string());
+                            // A client that reads slower than the server talks loses
+                            // progress lines, never the gateway's memory.
+                            let _ = sender.try_send(notice.message().to_string());
                         }
                     }
                     Ok(_) => {}
@@ -335,20 +337,23 @@ impl Db {
             .get(CONNECT_TIMEOUT)
             .await
             .map_err(|e| anyhow::anyhow!("connecting to the database: {e:?}"))?;
-        let superuser: bool = conn
+        let superuser: Option<String> = conn
             .client
-            .query_one(
-                "SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = session_user",
+            .query_opt(
+                "SELECT r.rolname::text FROM pg_catalog.pg_roles r \
+                 WHERE r.rolsuper AND pg_catalog.pg_has_role(session_user, r.oid, 'MEMBER') \
+                 ORDER BY r.rolname <> session_user LIMIT 1",
                 &[],
             )
             .await?
-            .get(0);
-        if superuser {
+            .map(|row| row.get(0));
+        if let Some(superuser) = superuser {
             anyhow::bail!(
-                "the login role of --database-url is a superuser: the code of views, policies \
-                 and functions that other roles own would run with a superuser's rights (it can \
-                 RESET ROLE); log in as a role with no privileges of its own that may become the \
-                 tokens' roles (see README, \"the gateway\")"
+                "the login role of --database-url is a superuser or may become one ({superuser}): \
+                 the code of views, policies and functions that other roles own would run with a \
+                 superuser's rights (it can RESET ROLE or SET ROLE); log in as a role with no \
+                 privileges of its own that may become the tokens' roles (see README, \"the \
+                 gateway\")"
             );
         }
         let schema: Option<String> = conn
@@ -497,7 +502,7 @@ impl Db {
         &self,
         role: Option<&str>,
         call: &Call,
-        progress: Option<UnboundedSender<String>>,
+        progress: Option<Sender<String>>,
     ) -> Result<Value, DbError> {
         let nodes = self.route(call);
         let mut failed = None;
@@ -517,7 +522,7 @@ impl Db {
                         node.name
                     );
                     if let Some(progress) = &progress {
-                        let _ = progress.send(
+                        let _ = progress.try_send(
                             "sql_query_engine: the server answering failed; asking another"
                                 .to_string(),
                         );
@@ -544,7 +549,7 @@ impl Db {
         conn: &mut Object<Manager>,
         role: Option<&str>,
         call: &Call,
-        progress: Option<UnboundedSender<String>>,
+        progress: Option<Sender<String>>,
     ) -> Result<Value, DbError> {
         let streaming = progress.is_some();
         if let Ok(mut sender) = conn.notices.lock() {
@@ -607,7 +612,11 @@ async fn run(
         let turns = turns.as_ref().map(Value::to_string);
         let row = client
             .query_typed(
-                &format!("CALL {schema}.nl_call($1, $2, NULL, $3::jsonb, $4, $5)"),
+                &format!(
+                    "CALL {schema}.nl_call($1::pg_catalog.text, $2::pg_catalog.text, \
+                     NULL::pg_catalog.jsonb, $3::pg_catalog.jsonb, $4::pg_catalog.text, \
+                     $5::pg_catalog.bool)"
+                ),
                 &[
                     (question, Type::TEXT),
                     (session, Type::TEXT),
@@ -638,7 +647,10 @@ async fn run(
             let answer = answer.to_string();
             let id: Option<i64> = tx
                 .query_one(
-                    &format!("SELECT {schema}.nl_history_add($1::text::jsonb, 'nl_call', $2)"),
+                    &format!(
+                        "SELECT {schema}.nl_history_add($1::pg_catalog.text::pg_catalog.jsonb, \
+                     'nl_call'::pg_catalog.text, $2::pg_catalog.text)"
+                    ),
                     &[&answer, session],
                 )
                 .await?
@@ -646,20 +658,26 @@ async fn run(
             Value::from(id)
         }
         Call::Generate { question } => Value::String(
-            tx.query_one(&format!("SELECT {schema}.nl_generate($1)"), &[question])
-                .await?
-                .get(0),
+            tx.query_one(
+                &format!("SELECT {schema}.nl_generate($1::pg_catalog.text)"),
+                &[question],
+            )
+            .await?
+            .get(0),
         ),
         Call::Check { sql } => {
-            tx.execute(&format!("SELECT {schema}.nl_check($1)"), &[sql])
-                .await?;
+            tx.execute(
+                &format!("SELECT {schema}.nl_check($1::pg_catalog.text)"),
+                &[sql],
+            )
+            .await?;
             Value::Bool(true)
         }
         Call::Run { sql } => json(
             tx.query_one(
                 &format!(
                     "SELECT coalesce(pg_catalog.jsonb_agg(r), '[]')::text \
-                     FROM {schema}.nl_run($1) r"
+                     FROM {schema}.nl_run($1::pg_catalog.text) r"
                 ),
                 &[sql],
             )
@@ -667,14 +685,20 @@ async fn run(
             .get(0),
         ),
         Call::Schema { question } => Value::String(
-            tx.query_one(&format!("SELECT {schema}.nl_schema($1)"), &[question])
-                .await?
-                .get(0),
+            tx.query_one(
+                &format!("SELECT {schema}.nl_schema($1::pg_catalog.text)"),
+                &[question],
+            )
+            .await?
+            .get(0),
         ),
         Call::Fix { sql, question } => Value::String(
-            tx.query_one(&format!("SELECT {schema}.nl_fix($1, $2)"), &[sql, question])
-                .await?
-                .get(0),
+            tx.query_one(
+                &format!("SELECT {schema}.nl_fix($1::pg_catalog.text, $2::pg_catalog.text)"),
+                &[sql, question],
+            )
+            .await?
+            .get(0),
         ),
         Call::Feedback {
             history_id,
@@ -682,7 +706,10 @@ async fn run(
             corrected_sql,
         } => json(
             tx.query_one(
-                &format!("SELECT {schema}.nl_feedback($1, $2, $3)::text"),
+                &format!(
+                    "SELECT {schema}.nl_feedback($1::pg_catalog.int8, $2::pg_catalog.bool, \
+                     $3::pg_catalog.text)::pg_catalog.text"
+                ),
                 &[history_id, correct, corrected_sql],
             )
             .await?

@@ -409,11 +409,15 @@ fn completion(app: &App, (content, usage): (String, Value)) -> Response {
     .into_response()
 }
 
+/// Progress lines kept for a client that reads slower than the server reports: more are
+/// dropped (the answer itself never is).
+const MAX_PENDING_PROGRESS: usize = 256;
+
 /// A streamed answer. The HTTP status is decided by what happens first: a call that fails
 /// before it reports any progress gets its own error status; once progress flows, the stream
 /// is 200 and a later failure ends it with an error object, as OpenAI's streams do.
 async fn stream(app: App, role: String, call: Call, include_usage: bool) -> Response {
-    let (progress_tx, mut progress) = mpsc::unbounded_channel::<String>();
+    let (progress_tx, mut progress) = mpsc::channel::<String>(MAX_PENDING_PROGRESS);
     let db = app.db.clone();
     let timeout = app.timeout;
     let mut task = tokio::spawn(async move {
