@@ -96,6 +96,10 @@ struct Serve {
     /// Largest request body, in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     max_body: usize,
+    /// Seconds a connection may take to send a request's headers, and stay idle between
+    /// requests, before it is closed.
+    #[arg(long, default_value_t = 30)]
+    header_timeout: u64,
     /// Rows shown at most in a chat answer's table.
     #[arg(long, default_value_t = 50)]
     max_table_rows: usize,
@@ -154,6 +158,7 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
         pool_wait,
         request_timeout,
         max_body,
+        header_timeout,
         max_table_rows,
         model,
         allowed_host,
@@ -233,17 +238,18 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
         .layer(middleware::from_fn_with_state(app.clone(), authenticate))
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(app);
-    let listener = watch::WatchedListener(tokio::net::TcpListener::bind(listen).await?);
-    eprintln!("sqe-gateway: listening on {}", listener.0.local_addr()?);
-    axum::serve(
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    eprintln!("sqe-gateway: listening on {}", listener.local_addr()?);
+    watch::serve(
         listener,
-        router.into_make_service_with_connect_info::<watch::ClientGone>(),
+        router,
+        Duration::from_secs(header_timeout.max(1)),
+        async move {
+            let _ = tokio::signal::ctrl_c().await;
+            cancel.cancel();
+        },
     )
-    .with_graceful_shutdown(async move {
-        let _ = tokio::signal::ctrl_c().await;
-        cancel.cancel();
-    })
-    .await?;
+    .await;
     Ok(())
 }
 

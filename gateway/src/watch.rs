@@ -1,17 +1,23 @@
-//! Knowing when a client has gone away. When an HTTP/1 client closes its connection in the
-//! middle of a long question, hyper drops the connection but goes on running the handler until
-//! it has an answer to write. So each accepted connection carries a token that fires when the
-//! connection is dropped; handlers see it as `ClientGone` and drop (and so cancel) their
-//! database call when it fires.
+//! Serving connections, and knowing when a client has gone away. When an HTTP/1 client closes
+//! its connection in the middle of a long question, hyper drops the connection but goes on
+//! running the handler until it has an answer to write. So each accepted connection carries a
+//! token that fires when the connection is dropped; handlers see it as `ClientGone` and drop
+//! (and so cancel) their database call when it fires. A connection must send each request's
+//! headers within the header timeout (counted from when the server is ready to read them, so
+//! an idle connection is closed too): no client holds a connection, or a descriptor, without
+//! asking anything.
 
 use std::io;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::extract::connect_info::Connected;
-use axum::serve::{IncomingStream, Listener};
+use axum::extract::ConnectInfo;
+use axum::{Extension, Router};
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
@@ -19,8 +25,6 @@ use tokio_util::sync::CancellationToken;
 /// Fires when the request's connection is gone.
 #[derive(Clone)]
 pub struct ClientGone(pub CancellationToken);
-
-pub struct WatchedListener(pub TcpListener);
 
 pub struct WatchedStream {
     inner: TcpStream,
@@ -33,33 +37,46 @@ impl Drop for WatchedStream {
     }
 }
 
-impl Listener for WatchedListener {
-    type Io = WatchedStream;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (WatchedStream, SocketAddr) {
-        loop {
-            match self.0.accept().await {
-                Ok((inner, address)) => {
-                    let _ = inner.set_nodelay(true);
-                    let gone = CancellationToken::new();
-                    return (WatchedStream { inner, gone }, address);
-                }
-                // Out of file descriptors and the like: wait, as axum's own listener does.
-                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+/// Serves `router` on `listener` (HTTP/1.1) until `shutdown` completes, then waits for the
+/// connections in progress to end.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    header_timeout: Duration,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let graceful = GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut shutdown => break,
+        };
+        let inner = match accepted {
+            Ok((inner, _)) => inner,
+            // Out of file descriptors and the like: wait, as axum's own listener does.
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
             }
-        }
+        };
+        let _ = inner.set_nodelay(true);
+        let gone = CancellationToken::new();
+        let service = router
+            .clone()
+            .layer(Extension(ConnectInfo(ClientGone(gone.clone()))));
+        let io = TokioIo::new(WatchedStream { inner, gone });
+        let connection = http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(header_timeout)
+            .serve_connection(io, TowerToHyperService::new(service));
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
     }
-
-    fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.0.local_addr()
-    }
-}
-
-impl Connected<IncomingStream<'_, WatchedListener>> for ClientGone {
-    fn connect_info(stream: IncomingStream<'_, WatchedListener>) -> Self {
-        ClientGone(stream.io().gone.clone())
-    }
+    drop(listener);
+    graceful.shutdown().await;
 }
 
 impl AsyncRead for WatchedStream {

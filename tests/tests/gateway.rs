@@ -2,7 +2,7 @@
 //! official OpenAI and MCP Python SDKs as clients (tests/clients/gateway_clients.py). The
 //! gateway logs in as an authenticator role; tokens select the roles requests run as.
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -513,4 +513,33 @@ fn an_overload_planted_next_to_the_extensions_procedure_is_never_called() {
         .unwrap()
         .get(0);
     assert_eq!(looted, 0, "the planted procedure ran");
+}
+
+#[test]
+fn a_connection_that_asks_nothing_in_time_is_closed() {
+    let s = setup();
+    let gateway = Gateway::start_with(
+        &s.database_url,
+        &s.tokens,
+        &["--pool-size", "2", "--header-timeout", "1"],
+    );
+    let address = format!("127.0.0.1:{}", gateway.port);
+    // One sends nothing, one sends its headers a line at a time and stops half way.
+    let mut idle = std::net::TcpStream::connect(&address).unwrap();
+    let mut slow = std::net::TcpStream::connect(&address).unwrap();
+    slow.write_all(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\n")
+        .unwrap();
+    for stream in [&mut idle, &mut slow] {
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let started = Instant::now();
+        let mut buffer = Vec::new();
+        // The server closes the connection (EOF) instead of waiting for the rest.
+        let read = stream.read_to_end(&mut buffer);
+        assert!(read.is_ok(), "still open after {:?}", started.elapsed());
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+    // A client that asks in time is answered.
+    assert!(gateway.models_status(&s.token).contains(" 200 "));
 }
