@@ -6,7 +6,8 @@
 //! - a relation it does not hold that is now in one of its schemas and readable by the role
 //!   (CREATE TABLE, a GRANT): such invalidations are noted and checked at the next question, so
 //!   that temporary tables and unrelated relations never cost a rebuild;
-//! - a change of role memberships, schemas or enum labels (syscache invalidations);
+//! - a change of role memberships or attributes (BYPASSRLS, SUPERUSER), schemas or enum
+//!   labels (syscache invalidations);
 //! - a COMMENT, which invalidates nothing: the extension's event trigger counts it in
 //!   `nl_schema_changes`, whose sum is part of the key.
 //!
@@ -135,6 +136,7 @@ pub fn init() {
         );
         for cache in [
             pg_sys::SysCacheIdentifier::AUTHMEMROLEMEM,
+            pg_sys::SysCacheIdentifier::AUTHOID,
             pg_sys::SysCacheIdentifier::NAMESPACEOID,
             pg_sys::SysCacheIdentifier::ENUMOID,
         ] {

@@ -450,3 +450,32 @@ fn a_table_named_in_the_question_is_shown_whatever_the_budget() {
         "the budget still holds for the rest: {shown} shown"
     );
 }
+
+#[test]
+fn a_role_that_stops_being_a_superuser_is_shown_no_more_of_what_it_may_not_read() {
+    let mut s = Session::new();
+    let reader = format!("former_superuser_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE TABLE private_notes (body text);
+             INSERT INTO private_notes VALUES ('Secret Plan');
+             CREATE ROLE {reader} SUPERUSER; GRANT SELECT ON customers TO {reader};
+             SET ROLE {reader};"
+        ))
+        .unwrap();
+    // A superuser may read the table: it is shown, with its values.
+    let told = ask(&mut s, "notes about the Secret Plan");
+    let context = told.split("Question:").next().unwrap();
+    assert!(context.contains("Secret Plan"), "{told}");
+    // Taken away in another session, at this backend's next question it is gone.
+    s.second_connection()
+        .batch_execute(&format!("ALTER ROLE {reader} NOSUPERUSER"))
+        .unwrap();
+    let told = ask(&mut s, "notes about the Secret Plan, again");
+    let context = told.split("Question:").next().unwrap();
+    assert!(context.contains("CREATE TABLE customers"), "{told}");
+    assert!(
+        !context.contains("private_notes") && !context.contains("Secret Plan"),
+        "{told}"
+    );
+}
