@@ -131,8 +131,15 @@ fn tidy<'a>(values: impl Iterator<Item = &'a String>) -> Vec<String> {
 }
 
 /// A value as an SQL string literal: quoted data, never mistaken for instructions or syntax.
+/// A value with a backslash is written as an escape string (`E'a\\b'`), as PostgreSQL's own
+/// `quote_literal` writes it, so that it reads the same whatever `standard_conforming_strings`
+/// the caller set (off, `'a\'` would not end where it seems to).
 pub fn quote(value: &str) -> String {
-    format!("'{}'", value.replace('\'', "''"))
+    if value.contains('\\') {
+        format!("E'{}'", value.replace('\\', "\\\\").replace('\'', "''"))
+    } else {
+        format!("'{}'", value.replace('\'', "''"))
+    }
 }
 
 #[cfg(test)]
@@ -146,5 +153,7 @@ mod tests {
         assert_eq!(v[0], "a b");
         assert_eq!(v[1].chars().count(), MAX_VALUE_CHARS + 1);
         assert_eq!(quote("it's"), "'it''s'");
+        assert_eq!(quote("a\\"), "E'a\\\\'");
+        assert_eq!(quote("a\\' OR true --"), "E'a\\\\'' OR true --'");
     }
 }
