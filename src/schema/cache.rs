@@ -59,6 +59,8 @@ thread_local! {
     /// Syscache hash values of the schemas the cache reads: only their invalidations matter.
     static SCHEMA_HASHES: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
     static INVALIDATED: RefCell<Invalidations> = RefCell::new(Invalidations::default());
+    /// Syscache hash value of the cached role (its attributes decide what it may read).
+    static ROLE_HASH: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
 }
 
 /// Marks the cache stale (from a callback: never panics, never raises).
@@ -97,9 +99,16 @@ unsafe extern "C-unwind" fn on_syscache_invalidation(
     hash: u32,
 ) {
     let namespaces = pg_sys::SysCacheIdentifier::NAMESPACEOID as std::ffi::c_int;
-    let ours = cache != namespaces
-        || hash == 0
-        || SCHEMA_HASHES.with(|h| h.try_borrow().map_or(true, |h| h.contains(&hash)));
+    let roles = pg_sys::SysCacheIdentifier::AUTHOID as std::ffi::c_int;
+    // Roles are shared by every database: only the cached role's own entry matters.
+    let ours = hash == 0
+        || if cache == namespaces {
+            SCHEMA_HASHES.with(|h| h.try_borrow().map_or(true, |h| h.contains(&hash)))
+        } else if cache == roles {
+            ROLE_HASH.get() == Some(hash)
+        } else {
+            true
+        };
     if ours {
         mark_stale();
     }
@@ -113,17 +122,22 @@ fn schema_hashes(schemas: &[String]) -> Vec<u32> {
         // SAFETY: a catalog look-up of a NUL-terminated name.
         .map(|name| unsafe { pg_sys::get_namespace_oid(name.as_ptr(), true) })
         .filter(|oid| *oid != pg_sys::InvalidOid)
-        // SAFETY: hashes a key of the schema cache, as its invalidations carry it.
-        .map(|oid| unsafe {
-            pg_sys::GetSysCacheHashValue(
-                pg_sys::SysCacheIdentifier::NAMESPACEOID as std::ffi::c_int,
-                pg_sys::Datum::from(oid),
-                pg_sys::Datum::from(0usize),
-                pg_sys::Datum::from(0usize),
-                pg_sys::Datum::from(0usize),
-            )
-        })
+        .map(|oid| syscache_hash(pg_sys::SysCacheIdentifier::NAMESPACEOID, oid))
         .collect()
+}
+
+/// The hash value invalidations of `cache` carry for the entry of `oid`.
+fn syscache_hash(cache: pg_sys::SysCacheIdentifier::Type, oid: pg_sys::Oid) -> u32 {
+    // SAFETY: hashes a one-key syscache key; no catalog access.
+    unsafe {
+        pg_sys::GetSysCacheHashValue(
+            cache as std::ffi::c_int,
+            pg_sys::Datum::from(oid),
+            pg_sys::Datum::from(0usize),
+            pg_sys::Datum::from(0usize),
+            pg_sys::Datum::from(0usize),
+        )
+    }
 }
 
 /// Called from `_PG_init`.
@@ -172,6 +186,10 @@ pub fn load() -> Result<(Rc<SchemaContext>, bool)> {
     let context = Rc::new(SchemaContext::new(relations, key.sample_values));
     CACHED.with_borrow_mut(|c| *c = oids);
     SCHEMA_HASHES.with_borrow_mut(|h| *h = schema_hashes(&key.schemas));
+    ROLE_HASH.set(Some(syscache_hash(
+        pg_sys::SysCacheIdentifier::AUTHOID,
+        key.role,
+    )));
     CACHE.with_borrow_mut(|c| *c = Some((key, Rc::clone(&context))));
     Ok((context, false))
 }
