@@ -14,9 +14,9 @@ use pgrx::pg_sys::{self, PgTryBuilder};
 /// rolled back otherwise; any error is caught and returned, and the caller's transaction, memory
 /// context and resource owner are as they were.
 pub fn in_subtransaction<R>(commit: bool, work: impl FnOnce() -> R) -> Result<R, Box<CaughtError>> {
-    // SAFETY: the subtransaction begun here is ended here on every path: PgTry catches every
-    // error and panic of `work`, so control always reaches the release or rollback below; the
-    // caller's memory context and resource owner are put back after it.
+    // PgTry catches every error and panic of `work`; the caller's memory context and resource
+    // owner are put back after the release or rollback.
+    // SAFETY: the subtransaction begun here is ended here on every path (see above).
     unsafe {
         let caller_context = pg_sys::CurrentMemoryContext;
         let caller_owner = pg_sys::CurrentResourceOwner;
@@ -51,9 +51,8 @@ pub struct Restricted {
 impl Restricted {
     pub fn enter() -> Restricted {
         let (mut user, mut context) = (pg_sys::InvalidOid, 0);
-        // SAFETY: reads the backend's current user and security context into locals, then sets
-        // the same user with the restriction added; `drop` puts both back (and an aborted
-        // subtransaction restores them itself).
+        // Reads the current user and security context into locals; `drop` puts both back.
+        // SAFETY: sets the same user with the restriction added (an abort restores it too).
         unsafe {
             pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
             pg_sys::SetUserIdAndSecContext(
