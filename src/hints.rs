@@ -1604,12 +1604,17 @@ mod tests {
         refs
     }
 
+    /// The references of `sql` whose part from "(SELECT" on is a subquery.
+    fn nested(
+        sql: &str,
+        outer: &[(&str, Option<&str>)],
+        inner: &[(&str, Option<&str>)],
+    ) -> References {
+        with_inner(read_refs(sql, outer), sql, "(SELECT", inner)
+    }
+
     #[test]
     fn a_qualifier_is_read_where_it_is_written() {
-        // The references of `sql` whose part from "(SELECT" on is a subquery.
-        let nested = |sql: &str, outer: &[(&str, Option<&str>)], inner: &[(&str, Option<&str>)]| {
-            with_inner(read_refs(sql, outer), sql, "(SELECT", inner)
-        };
         let outer = [("adverse_events", Some("ae")), ("treatments", Some("t"))];
         // The subquery's own ae is drugs, which has drug_id: its reference stays.
         let sql = "SELECT ae.drug_id FROM adverse_events ae JOIN treatments t ON ae.treatment_id = t.treatment_id WHERE EXISTS (SELECT 1 FROM drugs ae WHERE ae.drug_id = 1)";
@@ -1684,12 +1689,7 @@ mod tests {
         assert_eq!(lacking(&refs, "order_items", "country", None), None);
         // A subquery's own o is another table: the line names the one PostgreSQL reported.
         let sql = "SELECT o.name FROM orders o WHERE o.id IN (SELECT o.order_id FROM order_items o WHERE o.name = 'x')";
-        let refs = with_inner(
-            read_refs(sql, &[("orders", Some("o"))]),
-            sql,
-            "(SELECT",
-            &[("order_items", Some("o"))],
-        );
+        let refs = nested(sql, &[("orders", Some("o"))], &[("order_items", Some("o"))]);
         assert_eq!(
             lacking(&refs, "o", "name", sql.rfind("o.name")).as_deref(),
             Some("order_items (o) has no column name.")

@@ -12,15 +12,17 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::extract::ConnectInfo;
-use axum::{Extension, Router};
+use axum::extract::{ConnectInfo, Request};
+use axum::Router;
+use hyper::body::Incoming;
 use hyper::server::conn::http1;
+use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
 
 /// Fires when the request's connection is gone.
 #[derive(Clone)]
@@ -62,14 +64,19 @@ pub async fn serve(
         };
         let _ = inner.set_nodelay(true);
         let gone = CancellationToken::new();
-        let service = router
-            .clone()
-            .layer(Extension(ConnectInfo(ClientGone(gone.clone()))));
+        // Each request of the connection carries its token (what axum's ConnectInfo reads).
+        let (router, token) = (router.clone(), gone.clone());
+        let service = service_fn(move |mut request: Request<Incoming>| {
+            request
+                .extensions_mut()
+                .insert(ConnectInfo(ClientGone(token.clone())));
+            router.clone().oneshot(request)
+        });
         let io = TokioIo::new(WatchedStream { inner, gone });
         let connection = http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(header_timeout)
-            .serve_connection(io, TowerToHyperService::new(service));
+            .serve_connection(io, service);
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             let _ = connection.await;

@@ -138,6 +138,15 @@ impl ScriptedLlm {
         self.lock().requests.clone()
     }
 
+    /// The text of the last request (what the model was told last).
+    pub fn last_text(&self) -> String {
+        self.lock()
+            .requests
+            .last()
+            .map(Request::text)
+            .expect("no request reached the model")
+    }
+
     /// The most requests that were being answered at the same time (a `Reply::Slow` keeps
     /// one open): 1 for requests sent one after another.
     pub fn most_in_flight(&self) -> usize {

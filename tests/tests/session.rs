@@ -42,7 +42,7 @@ fn a_follow_up_sees_the_earlier_question_and_its_final_sql_and_nothing_else_does
         .query("SELECT nl_query('orders per customer', 'conv-1')", &[])
         .unwrap();
     ask_in(&mut s, "conv-1", "now only for Ada", "SELECT 1 AS one");
-    let follow_up = s.llm.requests().last().unwrap().text();
+    let follow_up = s.llm.last_text();
     assert!(follow_up.contains("orders per customer"), "{follow_up}");
     assert!(
         follow_up.contains("JOIN orders o USING (customer_id)"),
@@ -51,22 +51,10 @@ fn a_follow_up_sees_the_earlier_question_and_its_final_sql_and_nothing_else_does
     assert!(!follow_up.contains("SELECT nme"), "not the first draft");
 
     ask_in(&mut s, "conv-2", "another conversation", "SELECT 1 AS one");
-    assert!(!s
-        .llm
-        .requests()
-        .last()
-        .unwrap()
-        .text()
-        .contains("orders per customer"));
+    assert!(!s.llm.last_text().contains("orders per customer"));
     s.llm.on("stateless", vec![Reply::sql("SELECT 1 AS one")]);
     s.query("stateless").unwrap();
-    assert!(!s
-        .llm
-        .requests()
-        .last()
-        .unwrap()
-        .text()
-        .contains("orders per customer"));
+    assert!(!s.llm.last_text().contains("orders per customer"));
 
     let role = format!("other_{}", s.database);
     s.client
@@ -80,26 +68,14 @@ fn a_follow_up_sees_the_earlier_question_and_its_final_sql_and_nothing_else_does
         "same session name, other role",
         "SELECT 1 AS one",
     );
-    assert!(!s
-        .llm
-        .requests()
-        .last()
-        .unwrap()
-        .text()
-        .contains("orders per customer"));
+    assert!(!s.llm.last_text().contains("orders per customer"));
     s.client.batch_execute("RESET ROLE").unwrap();
 
     s.client
         .batch_execute("SELECT nl_session_reset('conv-1')")
         .unwrap();
     ask_in(&mut s, "conv-1", "after the reset", "SELECT 1 AS one");
-    assert!(!s
-        .llm
-        .requests()
-        .last()
-        .unwrap()
-        .text()
-        .contains("orders per customer"));
+    assert!(!s.llm.last_text().contains("orders per customer"));
 }
 
 #[test]
@@ -116,7 +92,7 @@ fn a_session_keeps_a_bounded_number_of_turns() {
             &format!("SELECT {i} AS n"),
         );
     }
-    let last = s.llm.requests().last().unwrap().text();
+    let last = s.llm.last_text();
     assert!(last.contains("question number 1") && last.contains("question number 2"));
     assert!(!last.contains("question number 0"));
 }
@@ -156,7 +132,7 @@ fn a_question_asked_again_is_kept_once_and_pushes_no_earlier_turn_out() {
             s.client
                 .query("SELECT nl_query($1, 'retried')", &[&question])
                 .unwrap();
-            s.llm.requests().last().unwrap().text()
+            s.llm.last_text()
         };
         ask("first question", "SELECT 1 AS n");
         for _ in 0..3 {
@@ -200,7 +176,7 @@ fn redis_shares_a_conversation_across_connections_but_not_roles() {
     other
         .query("SELECT nl_query('and per customer?', 'pooled')", &[])
         .unwrap();
-    let told = s.llm.requests().last().unwrap().text();
+    let told = s.llm.last_text();
     assert!(
         told.contains("total order amount")
             && told.contains("SELECT sum(amount) AS total FROM orders")
@@ -218,13 +194,7 @@ fn redis_shares_a_conversation_across_connections_but_not_roles() {
     other
         .query("SELECT nl_query('a stranger asks', 'pooled')", &[])
         .unwrap();
-    assert!(!s
-        .llm
-        .requests()
-        .last()
-        .unwrap()
-        .text()
-        .contains("total order amount"));
+    assert!(!s.llm.last_text().contains("total order amount"));
 
     let mut r = redis.client().unwrap();
     let keys: Vec<String> = redis::cmd("KEYS")
@@ -276,12 +246,7 @@ fn an_unreachable_redis_degrades_to_memory_with_one_warning() {
     ask_in(&mut s, "offline", "second question", "SELECT 2 AS two");
     assert!(started.elapsed() < Duration::from_secs(20));
     assert!(
-        s.llm
-            .requests()
-            .last()
-            .unwrap()
-            .text()
-            .contains("first question"),
+        s.llm.last_text().contains("first question"),
         "memory kept the turn"
     );
     let warnings: Vec<String> = notices
@@ -355,13 +320,7 @@ fn a_restarted_redis_is_used_again_and_memory_bridges_the_gap() {
         "question while it is down",
         "SELECT 2 AS two",
     );
-    assert!(s
-        .llm
-        .requests()
-        .last()
-        .unwrap()
-        .text()
-        .contains("question before the restart"));
+    assert!(s.llm.last_text().contains("question before the restart"));
     redis.restart();
     std::thread::sleep(Duration::from_millis(5500)); // past the retry pause
     ask_in(
@@ -370,13 +329,7 @@ fn a_restarted_redis_is_used_again_and_memory_bridges_the_gap() {
         "question after the restart",
         "SELECT 3 AS three",
     );
-    assert!(s
-        .llm
-        .requests()
-        .last()
-        .unwrap()
-        .text()
-        .contains("question while it is down"));
+    assert!(s.llm.last_text().contains("question while it is down"));
     let mut r = redis.client().unwrap();
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg("sql_query_engine:*:session:restart")
@@ -594,7 +547,7 @@ fn nl_answer_is_grounded_in_the_rows_unless_sample_data_is_off() {
     s.client
         .query_one("SELECT nl_answer('Who ordered the least?')", &[])
         .unwrap();
-    let request = s.llm.requests().last().unwrap().text();
+    let request = s.llm.last_text();
     assert!(
         !request.contains("Dmitri") && request.contains("may not be shown"),
         "{request}"
@@ -630,7 +583,6 @@ fn a_role_is_told_apart_by_oid_in_history_sessions_and_redis() {
             .get(0);
         format!("history {history}")
     };
-    let last_prompt = |s: &Session| s.llm.requests().last().unwrap().text();
     // Turns in the table (a writable transaction) and in Redis (a read-only one).
     assert_eq!(
         asked(&role, "", "how many orders in the table"),
@@ -643,9 +595,9 @@ fn a_role_is_told_apart_by_oid_in_history_sessions_and_redis() {
         .batch_execute(&format!("ALTER ROLE {role} RENAME TO {renamed}"))
         .unwrap();
     assert_eq!(asked(&renamed, "", "and in the table now"), "history 2");
-    assert!(last_prompt(&s).contains("how many orders in the table"));
+    assert!(s.llm.last_text().contains("how many orders in the table"));
     asked(&renamed, "BEGIN READ ONLY;", "and in redis now");
-    assert!(last_prompt(&s).contains("how many orders in redis"));
+    assert!(s.llm.last_text().contains("how many orders in redis"));
 
     // Dropped and created again under the first name: another role, which inherits nothing.
     s.client
@@ -656,12 +608,12 @@ fn a_role_is_told_apart_by_oid_in_history_sessions_and_redis() {
         .unwrap();
     assert_eq!(asked(&role, "", "a new role asks"), "history 1");
     assert!(
-        !last_prompt(&s).contains("how many orders"),
+        !s.llm.last_text().contains("how many orders"),
         "{}",
-        last_prompt(&s)
+        s.llm.last_text()
     );
     asked(&role, "BEGIN READ ONLY;", "a new role asks redis");
-    assert!(!last_prompt(&s).contains("how many orders in redis"));
+    assert!(!s.llm.last_text().contains("how many orders in redis"));
 }
 
 #[test]
@@ -892,13 +844,7 @@ fn with_redis_every_connection_keeps_sessions_there_and_says_where() {
     let trace: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(trace["session_store"], "redis");
     assert_eq!(trace["context_turns"], 1);
-    assert!(s
-        .llm
-        .requests()
-        .last()
-        .unwrap()
-        .text()
-        .contains("orders on the writable one"));
+    assert!(s.llm.last_text().contains("orders on the writable one"));
     // Nothing went to the table.
     let rows: i64 = s
         .client
@@ -949,13 +895,7 @@ fn a_role_whose_name_reads_as_another_roles_keeps_to_its_own_history_and_session
     assert_eq!(changed, 0, "another role's session was written");
     // Its own question is its own: recorded under its OID, and not shown the other's turn.
     ask_in(&mut s, "mine", "my own question", "SELECT 1 AS one");
-    assert!(!s
-        .llm
-        .requests()
-        .last()
-        .unwrap()
-        .text()
-        .contains("a private question"));
+    assert!(!s.llm.last_text().contains("a private question"));
     assert_eq!(
         count(
             &mut s,
