@@ -539,4 +539,50 @@ mod tests {
         assert_eq!(references("SELECT t.quantity FROM t").select_at(7), None);
         assert_eq!(references("SELECT (").select_at(7), None, "does not parse");
     }
+
+    #[pg_test]
+    fn a_select_knows_its_group_by_list_and_the_columns_equal_in_every_row() {
+        use crate::guard::references;
+        let named = |q: Option<&str>, c: &str| (q.map(str::to_string), c.to_string());
+        let sql = "SELECT c.name FROM orders o JOIN customers c ON c.id = o.customer_id AND o.x > 1 \
+                   LEFT JOIN notes n ON n.order_id = o.id WHERE o.y = z AND (o.a = c.b OR o.d = c.e) \
+                   GROUP BY o.customer_id, kind, 2 HAVING count(*) > 1";
+        let refs = references(sql);
+        let select = &refs.selects[0];
+        let group_by = select.group_by.as_ref().unwrap();
+        assert_eq!(group_by.at, sql.find("o.customer_id, kind").unwrap());
+        assert_eq!(
+            group_by.columns,
+            [named(Some("o"), "customer_id"), named(None, "kind")]
+        );
+        // Conjuncts of WHERE and of the inner join's ON; not the outer join's, not under OR.
+        assert_eq!(
+            select.equated,
+            [
+                [named(Some("o"), "y"), named(None, "z")],
+                [named(Some("c"), "id"), named(Some("o"), "customer_id")],
+            ]
+        );
+        // Grouping sets, or no GROUP BY: no list.
+        for sql in [
+            "SELECT a FROM t GROUP BY ROLLUP (a)",
+            "SELECT a FROM t GROUP BY a, ()",
+            "SELECT count(*) FROM t",
+        ] {
+            assert_eq!(references(sql).selects[0].group_by, None, "{sql}");
+        }
+        // A subquery's own list; an inner join's condition under an outer join.
+        let sql = "SELECT 1 FROM t WHERE t.a IN (SELECT u.b FROM u GROUP BY u.b) \
+                   AND 1 IN (SELECT 1 FROM v LEFT JOIN (w JOIN x ON w.i = x.i) ON v.j = w.j)";
+        let refs = references(sql);
+        assert_eq!(refs.selects[0].group_by, None);
+        assert_eq!(
+            refs.selects[1].group_by.as_ref().map(|g| g.columns.clone()),
+            Some(vec![named(Some("u"), "b")])
+        );
+        assert_eq!(
+            refs.selects[2].equated,
+            [[named(Some("w"), "i"), named(Some("x"), "i")]]
+        );
+    }
 }

@@ -222,7 +222,8 @@ pub trait Database {
         Vec::new()
     }
     /// `sql` with a column that `error` says its qualifier's relation lacks qualified by the
-    /// one relation of the query that has it (`hints::requalify`).
+    /// one relation of the query that has it, or with the primary key that a column said to
+    /// be ungrouped depends on grouped (`hints::requalify`).
     fn requalify(&mut self, _sql: &str, _error: &SqlError) -> Option<Requalified> {
         None
     }
@@ -342,8 +343,9 @@ impl Solver<'_> {
     }
 
     /// A query that failed because it qualified a column by a relation that lacks it, run
-    /// with the column qualified by the relation that has it (`Database::requalify`), once
-    /// per such column. The rewritten query is kept when it runs, or when every name in it
+    /// with the column qualified by the relation that has it, or because it read an ungrouped
+    /// column that each group has one value of, run with the key that says so grouped
+    /// (`Database::requalify`), once per such column. The rewritten query is kept when it runs, or when every name in it
     /// resolves and what fails is the query's own logic (`past_the_names`): the repair then
     /// starts from that error, which the model can fix, instead of the name error it kept
     /// repeating. Otherwise the model's own query and error stand, and go back to it.
@@ -358,10 +360,9 @@ impl Solver<'_> {
         let mut rewritten: Option<(String, Outcome)> = None;
         for _ in 0..REQUALIFY_ROUNDS {
             let (query, result) = rewritten.as_ref().map_or((&sql, &outcome), |(q, r)| (q, r));
-            let Some(error) = result
-                .error()
-                .filter(|e| e.sqlstate == SqlState::UNDEFINED_COLUMN)
-            else {
+            let Some(error) = result.error().filter(|e| {
+                [SqlState::UNDEFINED_COLUMN, SqlState::GROUPING_ERROR].contains(&e.sqlstate)
+            }) else {
                 break;
             };
             let Some(fix) = self.db.requalify(query, error) else {

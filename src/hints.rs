@@ -4,7 +4,7 @@
 //! where the column really is, and how to join to it.
 
 use crate::error::{SqlError, SqlState};
-use crate::guard::{self, ColumnRef, References, RelationRef, Select};
+use crate::guard::{self, ColumnRef, GroupBy, Named, References, RelationRef, Select};
 use crate::schema::{self, Hop};
 
 /// The name a failed query got wrong, as read from PostgreSQL's message.
@@ -108,7 +108,22 @@ pub struct Requalified {
 /// exist`) is read from the one relation one foreign key away from the relations of its own
 /// FROM clause that has it (or, when none has, two keys away), joined there (see
 /// `joined_around`).
+///
+/// A column a GROUP BY query reads outside an aggregate (`column "c.name" must appear in the
+/// GROUP BY clause`) is read through its relation's primary key when each group is already
+/// one row of that relation (see `regrouped`).
 pub fn requalify(sql: &str, error: &SqlError) -> Option<Requalified> {
+    if error.sqlstate == SqlState::GROUPING_ERROR {
+        let context = schema::context().ok()?;
+        return regrouped(
+            &guard::references(sql),
+            sql,
+            &error.message,
+            byte_offset(sql, error.position?)?,
+            |relation: &str| context.keys(relation),
+            |relation: &str, column: &str| context.has_column(relation, column),
+        );
+    }
     let Some(NameError::MissingColumn { qualifier, column }) = NameError::read(sql, error) else {
         return None;
     };
@@ -345,6 +360,99 @@ fn equated(refs: &References, owners: &[String], column: &str) -> bool {
         }
     }
     joined.len() == owners.len()
+}
+
+/// What follows the column in PostgreSQL's grouping error.
+const UNGROUPED: &str = "\" must appear in the GROUP BY clause or be used in an aggregate function";
+
+/// When `message` says the column `q.c` written at byte `at` must appear in the GROUP BY
+/// clause, and each group of its SELECT is already one row of `q`'s table: `sql` with that
+/// table's primary key added to the GROUP BY list, from which PostgreSQL reads `c` (a
+/// functional dependency). A group is one row of `q` when a key of `q` (its primary key, or
+/// a unique key of NOT NULL columns) is grouped: each key column is a GROUP BY item, or is
+/// equal in every row (a WHERE or inner-join conjunct) to one. That is the query a small
+/// model writes most (`GROUP BY o.customer_id` reading `c.name` of the customer joined on
+/// it, which SQLite and MySQL accept); the groups, and so the rows, stay what they were. A
+/// column that may vary within a group is left to the model: no key chooses for it.
+fn regrouped<K, H>(
+    refs: &References,
+    sql: &str,
+    message: &str,
+    at: usize,
+    keys: K,
+    has_column: H,
+) -> Option<Requalified>
+where
+    K: Fn(&str) -> Option<schema::Keys>,
+    H: Fn(&str, &str) -> Option<bool>,
+{
+    let reported = message.strip_prefix("column \"")?.strip_suffix(UNGROUPED)?;
+    let (home, qualifier, column) = match refs.columns.iter().find(|c| c.at == at) {
+        Some(c) => (c.select?, c.qualifier.as_str(), c.column.as_str()),
+        None => {
+            let home = refs.select_at(at)?;
+            let (column, _) = refs
+                .selects
+                .get(home)?
+                .bare
+                .iter()
+                .find(|(_, b)| *b == at)?;
+            let column = column.as_deref()?;
+            let qualifier = reported.strip_suffix(column)?.strip_suffix('.')?;
+            (home, qualifier, column)
+        }
+    };
+    let select = refs.selects.get(home)?;
+    let group_by: &GroupBy = select.group_by.as_ref()?;
+    let mut named = select
+        .relations
+        .iter()
+        .filter(|r| r.qualifier() == qualifier);
+    let relation = named.next()?;
+    if named.next().is_some() || reported != format!("{qualifier}.{column}") {
+        return None;
+    }
+    // `q.k`, or a bare `k` no other relation of the SELECT has.
+    let is_column = |name: &Named, key: &str| match name {
+        (Some(q), c) => q == qualifier && c == key,
+        (None, c) => {
+            c == key
+                && !select.opaque
+                && select
+                    .relations
+                    .iter()
+                    .filter(|r| r.qualifier() != qualifier)
+                    .all(|r| has_column(&r.name, c) == Some(false))
+        }
+    };
+    let in_group_by = |key: &str| group_by.columns.iter().any(|g| is_column(g, key));
+    let grouped = |key: &str| {
+        in_group_by(key)
+            || select.equated.iter().any(|[a, b]| {
+                (is_column(a, key) && group_by.columns.contains(b))
+                    || (is_column(b, key) && group_by.columns.contains(a))
+            })
+    };
+    let keys = keys(&relation.name)?;
+    let primary = keys.primary.as_ref()?;
+    let one_row = keys
+        .unique
+        .iter()
+        .chain([primary])
+        .any(|key| key.iter().all(|k| grouped(k)));
+    let added: Vec<String> = primary
+        .iter()
+        .filter(|k| !in_group_by(k))
+        .map(|k| format!("{}.{}", identifier(qualifier), identifier(k)))
+        .collect();
+    if !one_row || added.is_empty() {
+        return None;
+    }
+    let added = added.join(", ");
+    Some(Requalified {
+        sql: splice(sql, vec![(group_by.at, 0, format!("{added}, "))])?,
+        change: format!("{qualifier}.{column} → GROUP BY {added}"),
+    })
 }
 
 /// `sql` with each `(at, from, to)`: the qualifier written at byte `at`, which the parser folds
@@ -937,6 +1045,7 @@ mod tests {
                 relations: self.relations.clone(),
                 opaque: false,
                 bare: Vec::new(),
+                ..Select::default()
             }];
             self
         }
@@ -1278,6 +1387,7 @@ mod tests {
             }],
             opaque: false,
             bare: vec![(Some("semester".into()), sql.find("semester").unwrap_or(0))],
+            ..Select::default()
         });
         fn semesters(relation: &str, column: &str) -> Option<bool> {
             match (relation, column) {
@@ -1600,6 +1710,7 @@ mod tests {
             relations,
             opaque: false,
             bare: Vec::new(),
+            ..Select::default()
         });
         refs
     }
@@ -1698,5 +1809,162 @@ mod tests {
             lacking(&refs, "o", "name", sql.find("o.name")).as_deref(),
             Some("orders (o) has no column name.")
         );
+    }
+
+    /// `sql`'s references with its GROUP BY list read from the text after "GROUP BY " and
+    /// every `a = b` of it taken for a conjunct; `bare`: its unqualified column references.
+    fn grouping(sql: &str, relations: &[(&str, Option<&str>)], bare: &[&str]) -> References {
+        let mut refs = with_bare(sql, relations, bare);
+        let named = |c: &ColumnRef| (Some(c.qualifier.clone()), c.column.clone());
+        refs.selects[0].equated = refs
+            .equalities
+            .iter()
+            .map(|[a, b]| [named(a), named(b)])
+            .collect();
+        refs.selects[0].group_by = sql.find("GROUP BY ").map(|start| {
+            let at = start + "GROUP BY ".len();
+            GroupBy {
+                at,
+                columns: sql[at..]
+                    .split(" ORDER BY")
+                    .next()
+                    .unwrap_or_default()
+                    .split(", ")
+                    .map(|item| match item.split_once('.') {
+                        Some((q, c)) => (Some(q.to_lowercase()), c.to_lowercase()),
+                        None => (None, item.to_lowercase()),
+                    })
+                    .collect(),
+            }
+        });
+        refs
+    }
+
+    /// customers(customer_id primary key, email unique not null, phone unique, name),
+    /// orders(order_id primary key, customer_id, total).
+    fn shop_keys(relation: &str) -> Option<schema::Keys> {
+        let key = |k: &[&str]| k.iter().map(|c| c.to_string()).collect::<Vec<_>>();
+        match relation {
+            "customers" => Some(schema::Keys {
+                primary: Some(key(&["customer_id"])),
+                unique: vec![key(&["email"])],
+            }),
+            "orders" => Some(schema::Keys {
+                primary: Some(key(&["order_id"])),
+                unique: Vec::new(),
+            }),
+            _ => None,
+        }
+    }
+
+    fn shop_columns(relation: &str, column: &str) -> Option<bool> {
+        let columns: &[&str] = match relation {
+            "customers" => &["customer_id", "email", "phone", "name"],
+            "orders" => &["order_id", "customer_id", "total"],
+            _ => return None,
+        };
+        Some(columns.contains(&column))
+    }
+
+    fn ungrouped(column: &str) -> String {
+        format!("column \"{column}{UNGROUPED}")
+    }
+
+    /// `regrouped` for the error PostgreSQL gives at the first `written` of `sql`.
+    fn regroup_at(
+        refs: &References,
+        sql: &str,
+        written: &str,
+        reported: &str,
+    ) -> Option<Requalified> {
+        let at = sql.find(written).unwrap_or(0);
+        regrouped(refs, sql, &ungrouped(reported), at, shop_keys, shop_columns)
+    }
+
+    #[test]
+    fn a_column_each_group_has_one_value_of_is_read_through_its_primary_key() {
+        let relations = [("orders", Some("o")), ("customers", Some("c"))];
+        let sql = "SELECT c.name, count(*) FROM orders o JOIN customers c ON c.customer_id = o.customer_id GROUP BY o.customer_id";
+        let refs = grouping(sql, &relations, &[]);
+        assert_eq!(
+            regroup_at(&refs, sql, "c.name", "c.name"),
+            Some(Requalified {
+                sql: "SELECT c.name, count(*) FROM orders o JOIN customers c ON c.customer_id = o.customer_id GROUP BY c.customer_id, o.customer_id".into(),
+                change: "c.name → GROUP BY c.customer_id".into(),
+            })
+        );
+        // Grouped by a unique key of NOT NULL columns, directly; the column unqualified.
+        let sql = "SELECT name, count(*) FROM customers c JOIN orders o ON c.customer_id = o.customer_id GROUP BY c.email";
+        let refs = grouping(sql, &relations, &["name"]);
+        assert_eq!(
+            regroup_at(&refs, sql, "name", "c.name").map(|r| r.sql).as_deref(),
+            Some("SELECT name, count(*) FROM customers c JOIN orders o ON c.customer_id = o.customer_id GROUP BY c.customer_id, c.email")
+        );
+        // A bare key column counts when no other relation of the SELECT has the name.
+        let sql = "SELECT name FROM customers c JOIN orders o ON c.customer_id = o.customer_id GROUP BY email";
+        let refs = grouping(sql, &relations, &["name", "email"]);
+        assert!(regroup_at(&refs, sql, "name", "c.name").is_some());
+    }
+
+    #[test]
+    fn a_column_that_may_vary_within_a_group_is_left_to_the_model() {
+        let relations = [("orders", Some("o")), ("customers", Some("c"))];
+        // A unique key whose column may be NULL: its NULLs are one group of many customers.
+        let sql = "SELECT c.name FROM customers c GROUP BY c.phone";
+        let refs = grouping(sql, &relations, &[]);
+        assert_eq!(regroup_at(&refs, sql, "c.name", "c.name"), None);
+        // Grouped by a column that is no key.
+        let sql = "SELECT c.email, count(*) FROM customers c JOIN orders o ON c.customer_id = o.customer_id GROUP BY c.name";
+        let refs = grouping(sql, &relations, &[]);
+        assert_eq!(regroup_at(&refs, sql, "c.email", "c.email"), None);
+        // Grouped by the other side of an equality that does not hold in every row (an outer
+        // join's, an OR's): no conjunct says so.
+        let sql = "SELECT c.name FROM orders o LEFT JOIN customers c ON c.customer_id = o.customer_id GROUP BY o.customer_id";
+        let mut refs = grouping(sql, &relations, &[]);
+        refs.selects[0].equated.clear();
+        assert_eq!(regroup_at(&refs, sql, "c.name", "c.name"), None);
+        // The orders a customer has are many rows: grouping by the customer says nothing of
+        // one order's total.
+        let sql = "SELECT o.total FROM orders o JOIN customers c ON c.customer_id = o.customer_id GROUP BY c.customer_id";
+        let refs = grouping(sql, &relations, &[]);
+        assert_eq!(regroup_at(&refs, sql, "o.total", "o.total"), None);
+        // A bare key column another relation of the SELECT also has.
+        let sql =
+            "SELECT c.name FROM customers c JOIN orders o USING (customer_id) GROUP BY customer_id";
+        let refs = grouping(sql, &relations, &[]);
+        assert_eq!(regroup_at(&refs, sql, "c.name", "c.name"), None);
+    }
+
+    #[test]
+    fn a_grouping_error_is_regrouped_only_as_postgresql_reported_it() {
+        let relations = [("orders", Some("o")), ("customers", Some("c"))];
+        let sql = "SELECT c.name FROM orders o JOIN customers c ON c.customer_id = o.customer_id GROUP BY o.customer_id";
+        let refs = grouping(sql, &relations, &[]);
+        // Another column reported than the one written there; another error.
+        assert_eq!(regroup_at(&refs, sql, "c.name", "c.email"), None);
+        let at = sql.find("c.name").unwrap_or(0);
+        assert_eq!(
+            regrouped(
+                &refs,
+                sql,
+                "subquery uses ungrouped column \"c.name\" from outer query",
+                at,
+                shop_keys,
+                shop_columns
+            ),
+            None
+        );
+        // Its primary key already grouped: PostgreSQL's error is about something else.
+        let sql = "SELECT c.name FROM customers c GROUP BY c.customer_id";
+        let refs = grouping(sql, &relations, &[]);
+        assert_eq!(regroup_at(&refs, sql, "c.name", "c.name"), None);
+        // No GROUP BY list of plain expressions (none, or grouping sets).
+        let sql = "SELECT c.name, count(*) FROM customers c";
+        let refs = grouping(sql, &relations, &[]);
+        assert_eq!(regroup_at(&refs, sql, "c.name", "c.name"), None);
+        // A relation without a primary key.
+        let sql = "SELECT v.name FROM customer_view v GROUP BY v.customer_id";
+        let refs = grouping(sql, &[("customer_view", Some("v"))], &[]);
+        assert_eq!(regroup_at(&refs, sql, "v.name", "v.name"), None);
     }
 }

@@ -51,7 +51,7 @@ use walk::too_deep;
 pub use facts::builtin;
 pub use outer::outer_column_subquery;
 pub use policy::Allowed;
-pub use refs::{references, ColumnRef, References, RelationRef, Select};
+pub use refs::{references, ColumnRef, GroupBy, Named, References, RelationRef, Select};
 pub use trust::{superuser_call, Trusted};
 pub use verdict::{Origin, Refusal};
 pub use walk::check_tree;

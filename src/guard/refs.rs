@@ -67,6 +67,25 @@ pub struct Select {
     /// Its unqualified column references (not those of the SELECTs inside it): the name
     /// (`None` for `*`) and the byte offset.
     pub bare: Vec<(Option<String>, usize)>,
+    /// Its GROUP BY list, when it has one of plain expressions (no grouping sets).
+    pub group_by: Option<GroupBy>,
+    /// Columns equal in every row it reads, or both NULL where an outer join adds a row
+    /// without a partner: `a = b` conjuncts of its WHERE clause and of the ON clauses of its
+    /// inner joins, wherever they are (not of outer joins, not under OR or NOT).
+    pub equated: Vec<[Named; 2]>,
+}
+
+/// A column as written: its qualifier, when it has one, and its name, as the parser folds
+/// them.
+pub type Named = (Option<String>, String);
+
+/// A GROUP BY list of plain expressions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupBy {
+    /// The byte offset its first item starts at.
+    pub at: usize,
+    /// The items that are a column (`c` or `q.c`).
+    pub columns: Vec<Named>,
 }
 
 impl References {
@@ -295,6 +314,11 @@ unsafe extern "C-unwind" fn collector(node: *mut pg_sys::Node, context: *mut c_v
                     }
                 }
                 let (relations, opaque) = from_relations((*select).fromClause, &collecting.ctes);
+                let mut equated = Vec::new();
+                conjunct_equalities((*select).whereClause, MAX_JOINS, &mut equated);
+                for item in PgList::<pg_sys::Node>::from_pg((*select).fromClause).iter_ptr() {
+                    inner_join_equalities(item, MAX_JOINS, &mut equated);
+                }
                 let parent = collecting.within.last().copied();
                 collecting.within.push(collecting.found.selects.len());
                 collecting.found.selects.push(Select {
@@ -302,6 +326,8 @@ unsafe extern "C-unwind" fn collector(node: *mut pg_sys::Node, context: *mut c_v
                     relations,
                     opaque,
                     bare: Vec::new(),
+                    group_by: group_by((*select).groupClause),
+                    equated,
                 });
                 let stop = pg_sys::raw_expression_tree_walker(node, Some(collector), context);
                 let collecting = &mut *context.cast::<Collecting>();
@@ -333,14 +359,7 @@ unsafe extern "C-unwind" fn collector(node: *mut pg_sys::Node, context: *mut c_v
             }
             pg_sys::NodeTag::T_A_Expr => {
                 let expr = node.cast::<pg_sys::A_Expr>();
-                let operator = PgList::<pg_sys::Node>::from_pg((*expr).name);
-                let is_equal = (*expr).kind == pg_sys::A_Expr_Kind::AEXPR_OP
-                    && operator.len() == 1
-                    && operator.get_ptr(0).is_some_and(|name| {
-                        (*name).type_ == pg_sys::NodeTag::T_String
-                            && c_string((*name.cast::<pg_sys::String>()).sval) == "="
-                    });
-                if is_equal {
+                if is_equality(expr) {
                     if let (Some(l), Some(r)) = (
                         qualified_column((*expr).lexpr),
                         qualified_column((*expr).rexpr),
@@ -356,6 +375,120 @@ unsafe extern "C-unwind" fn collector(node: *mut pg_sys::Node, context: *mut c_v
             _ => {}
         }
         pg_sys::raw_expression_tree_walker(node, Some(collector), context)
+    }
+}
+
+/// Whether a raw `A_Expr` is `a = b`.
+///
+/// # Safety
+/// `expr` is a raw `A_Expr`.
+unsafe fn is_equality(expr: *mut pg_sys::A_Expr) -> bool {
+    // SAFETY: the caller's contract; an operator name is a list of String nodes.
+    unsafe {
+        let operator = PgList::<pg_sys::Node>::from_pg((*expr).name);
+        (*expr).kind == pg_sys::A_Expr_Kind::AEXPR_OP
+            && operator.len() == 1
+            && operator.get_ptr(0).is_some_and(|name| {
+                (*name).type_ == pg_sys::NodeTag::T_String
+                    && c_string((*name.cast::<pg_sys::String>()).sval) == "="
+            })
+    }
+}
+
+/// A raw expression that is a column, `c` or `q.c`, as written.
+///
+/// # Safety
+/// `node` is a raw parse node (or null).
+unsafe fn named(node: *mut pg_sys::Node) -> Option<Named> {
+    // SAFETY: the caller's contract; both readers check the node is a ColumnRef.
+    unsafe {
+        if let Some(column) = qualified_column(node) {
+            return Some((Some(column.qualifier), column.column));
+        }
+        if node.is_null() || (*node).type_ != pg_sys::NodeTag::T_ColumnRef {
+            return None;
+        }
+        match bare_column(node)? {
+            (Some(name), _) => Some((None, name)),
+            (None, _) => None,
+        }
+    }
+}
+
+/// Adds the `a = b` between two columns that `node` asserts for every row: `node` itself, or
+/// any conjunct of it, through ANDs at most `depth` deep.
+///
+/// # Safety
+/// `node` is a raw expression (or null).
+unsafe fn conjunct_equalities(node: *mut pg_sys::Node, depth: usize, out: &mut Vec<[Named; 2]>) {
+    // SAFETY: the caller's contract; a BoolExpr's args are raw expressions.
+    unsafe {
+        if node.is_null() || depth == 0 {
+            return;
+        }
+        match (*node).type_ {
+            pg_sys::NodeTag::T_BoolExpr => {
+                let and = node.cast::<pg_sys::BoolExpr>();
+                if (*and).boolop == pg_sys::BoolExprType::AND_EXPR {
+                    for arg in PgList::<pg_sys::Node>::from_pg((*and).args).iter_ptr() {
+                        conjunct_equalities(arg, depth - 1, out);
+                    }
+                }
+            }
+            pg_sys::NodeTag::T_A_Expr if is_equality(node.cast()) => {
+                let expr = node.cast::<pg_sys::A_Expr>();
+                if let (Some(l), Some(r)) = (named((*expr).lexpr), named((*expr).rexpr)) {
+                    out.push([l, r]);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Adds the equalities of the ON clauses of a FROM item's inner joins, `depth` joins deep.
+/// Not an outer join's: a row without a partner does not meet it. An inner join's holds
+/// under an outer join too: both sides are NULL in a row that join adds without a partner.
+///
+/// # Safety
+/// `node` is a raw FROM item (or null).
+unsafe fn inner_join_equalities(node: *mut pg_sys::Node, depth: usize, out: &mut Vec<[Named; 2]>) {
+    // SAFETY: the caller's contract; a JoinExpr's arguments are raw FROM items.
+    unsafe {
+        if node.is_null() || depth == 0 || (*node).type_ != pg_sys::NodeTag::T_JoinExpr {
+            return;
+        }
+        let join = node.cast::<pg_sys::JoinExpr>();
+        if (*join).jointype == pg_sys::JoinType::JOIN_INNER {
+            conjunct_equalities((*join).quals, MAX_JOINS, out);
+        }
+        inner_join_equalities((*join).larg, depth - 1, out);
+        inner_join_equalities((*join).rarg, depth - 1, out);
+    }
+}
+
+/// A raw GROUP BY list of plain expressions: where it starts and the columns it names.
+/// `None` when there is none, or it has grouping sets (`ROLLUP`, `CUBE`, `GROUPING SETS`,
+/// `()`).
+///
+/// # Safety
+/// `items` is a raw SELECT's `groupClause`.
+unsafe fn group_by(items: *mut pg_sys::List) -> Option<GroupBy> {
+    // SAFETY: the caller's contract; the items are raw expressions.
+    unsafe {
+        let items = PgList::<pg_sys::Node>::from_pg(items);
+        let first = items.get_ptr(0)?;
+        let mut columns = Vec::new();
+        for item in items.iter_ptr() {
+            if item.is_null() || (*item).type_ == pg_sys::NodeTag::T_GroupingSet {
+                return None;
+            }
+            columns.extend(named(item));
+        }
+        Some(GroupBy {
+            at: usize::try_from(pg_sys::exprLocation(first)).ok()?,
+            columns,
+        })
     }
 }
 

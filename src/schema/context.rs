@@ -340,6 +340,38 @@ impl SchemaContext {
         self.named(name).map(|r| shows(r, column))
     }
 
+    /// The keys of the one relation named `name` (as the parser folds it) whose columns this
+    /// context shows, columns as the parser folds them: its primary key, and each unique key
+    /// of NOT NULL columns (one row each, like the primary key). `None` when no relation, or
+    /// more than one, is named so.
+    pub fn keys(&self, name: &str) -> Option<Keys> {
+        let relation = self.named(name)?;
+        let shown =
+            |key: &[String]| !key.is_empty() && key.iter().all(|c| shows(relation, unquoted(c)));
+        let not_null = |column: &String| {
+            relation
+                .columns
+                .iter()
+                .any(|c| &c.name == column && c.not_null)
+        };
+        let folded = |key: &[String]| {
+            key.iter()
+                .map(|c| unquoted(c).to_string())
+                .collect::<Vec<_>>()
+        };
+        Some(Keys {
+            primary: Some(&relation.primary_key)
+                .filter(|k| shown(k))
+                .map(|k| folded(k)),
+            unique: relation
+                .unique
+                .iter()
+                .filter(|k| shown(k) && k.iter().all(not_null))
+                .map(|k| folded(k))
+                .collect(),
+        })
+    }
+
     /// The relations one foreign key away from the one relation named `name` (as the parser
     /// folds it), those that have a column `column` when one is given, each with the columns
     /// the key joins; only columns this context shows (the caller may read them) are used.
@@ -429,6 +461,14 @@ impl SchemaContext {
         self.samples.borrow_mut().insert(i, Rc::clone(&s));
         s
     }
+}
+
+/// A relation's keys as `SchemaContext::keys` gives them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Keys {
+    pub primary: Option<Vec<String>>,
+    /// Unique keys of NOT NULL columns.
+    pub unique: Vec<Vec<String>>,
 }
 
 /// A relation one foreign key away from another (`SchemaContext::hops`).

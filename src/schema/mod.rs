@@ -13,5 +13,5 @@ mod samples;
 pub use cache::{context, init, load};
 #[cfg(test)]
 pub use context::TextColumn;
-pub use context::{Hop, PromptSchema, SchemaContext, TextColumns};
+pub use context::{Hop, Keys, PromptSchema, SchemaContext, TextColumns};
 pub use samples::quote as quote_literal;

@@ -508,6 +508,79 @@ fn an_unqualified_column_of_a_table_a_key_away_is_read_from_it_joined() {
 }
 
 #[test]
+fn a_column_each_group_has_one_value_of_is_read_through_the_key_it_depends_on() {
+    let mut s = Session::new();
+    let role = format!("grouper_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {role}; GRANT SELECT ON orders TO {role};
+             GRANT SELECT (name, country) ON customers TO {role};"
+        ))
+        .unwrap();
+    // Grouped by the orders' customer_id, reading the name of the customer joined on it:
+    // SQLite and MySQL accept it, PostgreSQL wants customers' own key grouped.
+    let written = "SELECT c.name, sum(o.amount) AS total FROM orders o \
+                   JOIN customers c ON c.customer_id = o.customer_id \
+                   GROUP BY o.customer_id ORDER BY total DESC";
+    s.llm.on("revenue per customer", vec![Reply::sql(written)]);
+    let trace = s.trace("revenue per customer").unwrap();
+    assert_eq!(trace["status"], "ok");
+    assert_eq!(trace["llm_calls"], 1, "no repair was asked for");
+    let attempt = &trace["attempts"][0];
+    assert_eq!(
+        attempt["requalified"],
+        json!(["c.name → GROUP BY c.customer_id"])
+    );
+    assert_eq!(
+        attempt["sql"],
+        "SELECT c.name, sum(o.amount) AS total FROM orders o \
+         JOIN customers c ON c.customer_id = o.customer_id \
+         GROUP BY c.customer_id, o.customer_id ORDER BY total DESC"
+    );
+    s.llm
+        .on("revenue per customer, again", vec![Reply::sql(written)]);
+    let top = &s.query("revenue per customer, again").unwrap()[0];
+    assert_eq!(
+        (&top["name"], top["total"].to_string()),
+        (&json!("Ada"), "129.50".into())
+    );
+    // A column that varies within a group (one customer has several orders): no key
+    // chooses a value for it, the error goes back to the model.
+    let varies = "SELECT c.name, o.ordered_on FROM orders o \
+                  JOIN customers c ON c.customer_id = o.customer_id GROUP BY c.customer_id";
+    let fixed = "SELECT c.name, max(o.ordered_on) FROM orders o \
+                 JOIN customers c ON c.customer_id = o.customer_id GROUP BY c.customer_id";
+    s.llm.on(
+        "last order day per customer",
+        vec![Reply::sql(varies), Reply::sql(fixed)],
+    );
+    let trace = s.trace("last order day per customer").unwrap();
+    assert_eq!(trace["attempts"][0]["sqlstate"], "42803");
+    assert_eq!(trace["attempts"][0]["requalified"], json!([]));
+    assert_eq!(trace["attempts"][1]["sql"], fixed);
+    assert!(s
+        .llm
+        .last_text()
+        .contains("must appear in the GROUP BY clause"));
+
+    // A role that may not read customers' key: no key is grouped for it.
+    s.client
+        .batch_execute(&format!(
+            "SET sql_query_engine.max_repairs = 0; SET ROLE {role}"
+        ))
+        .unwrap();
+    s.llm.on(
+        "revenue per customer, as a grouper",
+        vec![Reply::sql(written)],
+    );
+    let trace = s.trace("revenue per customer, as a grouper").unwrap();
+    let attempt = &trace["attempts"][0];
+    assert_eq!(attempt["sqlstate"], "42803");
+    assert_eq!(attempt["requalified"], json!([]));
+    assert_eq!(attempt["sql"], written);
+}
+
+#[test]
 fn a_join_written_the_wrong_way_round_runs_swapped() {
     let mut s = Session::new();
     s.client
