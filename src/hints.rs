@@ -433,6 +433,12 @@ where
                     || (is_column(b, key) && group_by.columns.contains(a))
             })
     };
+    // The list's first item, written right after GROUP BY (not inside a parenthesis, which
+    // would make the key part of a row value).
+    let before = sql.get(..group_by.at)?.split_whitespace().last()?;
+    if !["by", "distinct", "all"].contains(&before.to_ascii_lowercase().as_str()) {
+        return None;
+    }
     let keys = keys(&relation.name)?;
     let primary = keys.primary.as_ref()?;
     let one_row = keys
@@ -1961,6 +1967,14 @@ mod tests {
         // No GROUP BY list of plain expressions (none, or grouping sets).
         let sql = "SELECT c.name, count(*) FROM customers c";
         let refs = grouping(sql, &relations, &[]);
+        assert_eq!(regroup_at(&refs, sql, "c.name", "c.name"), None);
+        // A first item in parentheses: the key would join a row value.
+        let sql = "SELECT c.name FROM orders o JOIN customers c ON c.customer_id = o.customer_id GROUP BY (o.customer_id)";
+        let mut refs = grouping(sql, &relations, &[]);
+        if let Some(g) = refs.selects[0].group_by.as_mut() {
+            g.at += 1;
+            g.columns = vec![(Some("o".into()), "customer_id".into())];
+        }
         assert_eq!(regroup_at(&refs, sql, "c.name", "c.name"), None);
         // A relation without a primary key.
         let sql = "SELECT v.name FROM customer_view v GROUP BY v.customer_id";
