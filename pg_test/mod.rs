@@ -584,5 +584,18 @@ mod tests {
             refs.selects[2].equated,
             [[named(Some("w"), "i"), named(Some("x"), "i")]]
         );
+        // An aliased join's names are not the SELECT's; a relation whose columns an alias
+        // renames is not described by the schema; a schema-qualified one keeps its schema.
+        let refs = references(
+            "SELECT 1 FROM (q JOIN s ON q.k = s.b) AS j, arch.t AS x(a, b), u.v WHERE x.a = 1",
+        );
+        assert!(refs.selects[0].equated.is_empty());
+        assert!(refs.selects[0].opaque);
+        let schemas: Vec<_> = refs.selects[0]
+            .relations
+            .iter()
+            .map(|r| (r.schema.as_deref(), r.name.as_str()))
+            .collect();
+        assert_eq!(schemas, [(Some("u"), "v")]);
     }
 }

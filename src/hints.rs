@@ -120,8 +120,10 @@ pub fn requalify(sql: &str, error: &SqlError) -> Option<Requalified> {
             sql,
             &error.message,
             byte_offset(sql, error.position?)?,
-            |relation: &str| context.keys(relation),
-            |relation: &str, column: &str| context.has_column(relation, column),
+            |schema: Option<&str>, name: &str| context.keys(schema, name),
+            |schema: Option<&str>, name: &str, column: &str| {
+                context.column_type(schema, name, column)
+            },
         );
     }
     let Some(NameError::MissingColumn { qualifier, column }) = NameError::read(sql, error) else {
@@ -368,23 +370,26 @@ const UNGROUPED: &str = "\" must appear in the GROUP BY clause or be used in an 
 /// When `message` says the column `q.c` written at byte `at` must appear in the GROUP BY
 /// clause, and each group of its SELECT is already one row of `q`'s table: `sql` with that
 /// table's primary key added to the GROUP BY list, from which PostgreSQL reads `c` (a
-/// functional dependency). A group is one row of `q` when a key of `q` (its primary key, or
-/// a unique key of NOT NULL columns) is grouped: each key column is a GROUP BY item, or is
-/// equal in every row (a WHERE or inner-join conjunct) to one. That is the query a small
-/// model writes most (`GROUP BY o.customer_id` reading `c.name` of the customer joined on
-/// it, which SQLite and MySQL accept); the groups, and so the rows, stay what they were. A
-/// column that may vary within a group is left to the model: no key chooses for it.
-fn regrouped<K, H>(
+/// functional dependency). A group is one row of `q` when a key of `q` (`SchemaContext::keys`:
+/// its primary key, or a unique key of NOT NULL columns) is grouped: each key column is a
+/// GROUP BY item, or is equal in every row (a WHERE or inner-join conjunct) to one, a column
+/// of another relation of that SELECT of the very same type (`=` between two types compares
+/// them as a third, which may equate values the key tells apart: text and citext, bigint and
+/// float). That is the query a small model writes most (`GROUP BY o.customer_id` reading
+/// `c.name` of the customer joined on it, which SQLite and MySQL accept); the groups, and so
+/// the rows, stay what they were. A column that may vary within a group is left to the model:
+/// no key chooses for it. `column_type` gives a column's type (`SchemaContext::column_type`).
+fn regrouped<K, T>(
     refs: &References,
     sql: &str,
     message: &str,
     at: usize,
     keys: K,
-    has_column: H,
+    column_type: T,
 ) -> Option<Requalified>
 where
-    K: Fn(&str) -> Option<schema::Keys>,
-    H: Fn(&str, &str) -> Option<bool>,
+    K: Fn(Option<&str>, &str) -> Option<schema::Keys>,
+    T: Fn(Option<&str>, &str, &str) -> Option<Option<u32>>,
 {
     let reported = message.strip_prefix("column \"")?.strip_suffix(UNGROUPED)?;
     let (home, qualifier, column) = match refs.columns.iter().find(|c| c.at == at) {
@@ -402,35 +407,40 @@ where
             (home, qualifier, column)
         }
     };
-    let select = refs.selects.get(home)?;
-    let group_by: &GroupBy = select.group_by.as_ref()?;
-    let mut named = select
-        .relations
-        .iter()
-        .filter(|r| r.qualifier() == qualifier);
-    let relation = named.next()?;
-    if named.next().is_some() || reported != format!("{qualifier}.{column}") {
+    if reported != format!("{qualifier}.{column}") {
         return None;
     }
-    // `q.k`, or a bare `k` no other relation of the SELECT has.
-    let is_column = |name: &Named, key: &str| match name {
-        (Some(q), c) => q == qualifier && c == key,
-        (None, c) => {
-            c == key
-                && !select.opaque
-                && select
-                    .relations
-                    .iter()
-                    .filter(|r| r.qualifier() != qualifier)
-                    .all(|r| has_column(&r.name, c) == Some(false))
+    let select = refs.selects.get(home)?;
+    let group_by: &GroupBy = select.group_by.as_ref()?;
+    let type_of = |r: &RelationRef, c: &str| column_type(r.schema.as_deref(), &r.name, c);
+    // The relation of this SELECT a column written so is of, and the column's type.
+    let resolve = |(q, c): &Named| -> Option<(&RelationRef, u32)> {
+        let mut of = select.relations.iter().filter(|r| match q {
+            Some(q) => r.qualifier() == q,
+            None => type_of(r, c) != Some(None),
+        });
+        let relation = of.next()?;
+        if of.next().is_some() || (q.is_none() && select.opaque) {
+            return None;
         }
+        Some((relation, type_of(relation, c)??))
     };
-    let in_group_by = |key: &str| group_by.columns.iter().any(|g| is_column(g, key));
+    let (relation, _) = resolve(&(Some(qualifier.to_string()), column.to_string()))?;
+    let is_key = |name: &Named, key: &str| {
+        name.1 == key && resolve(name).is_some_and(|(r, _)| std::ptr::eq(r, relation))
+    };
+    let in_group_by = |key: &str| group_by.columns.iter().any(|g| is_key(g, key));
+    let equal_to_grouped = |key: &Named, other: &Named| {
+        group_by.columns.contains(other)
+            && resolve(key)
+                .zip(resolve(other))
+                .is_some_and(|((_, a), (_, b))| a == b)
+    };
     let grouped = |key: &str| {
         in_group_by(key)
             || select.equated.iter().any(|[a, b]| {
-                (is_column(a, key) && group_by.columns.contains(b))
-                    || (is_column(b, key) && group_by.columns.contains(a))
+                (is_key(a, key) && equal_to_grouped(a, b))
+                    || (is_key(b, key) && equal_to_grouped(b, a))
             })
     };
     // The list's first item, written right after GROUP BY (not inside a parenthesis, which
@@ -439,7 +449,7 @@ where
     if !["by", "distinct", "all"].contains(&before.to_ascii_lowercase().as_str()) {
         return None;
     }
-    let keys = keys(&relation.name)?;
+    let keys = keys(relation.schema.as_deref(), &relation.name)?;
     let primary = keys.primary.as_ref()?;
     let one_row = keys
         .unique
@@ -1021,6 +1031,7 @@ mod tests {
             relations: relations
                 .iter()
                 .map(|(n, a)| RelationRef {
+                    schema: None,
                     name: n.to_string(),
                     alias: a.map(str::to_string),
                     // Where the word is first written (the parser's offset of a FROM item).
@@ -1387,6 +1398,7 @@ mod tests {
         refs.selects.push(Select {
             parent: Some(0),
             relations: vec![RelationRef {
+                schema: None,
                 name: "grades".into(),
                 alias: None,
                 at: sql.find("grades"),
@@ -1471,6 +1483,7 @@ mod tests {
         // A sibling subquery's relation of that name is its own.
         let sql = "SELECT 1 FROM x WHERE a IN (SELECT 1 FROM sections) AND b IN (SELECT enrollment_id FROM enrollments WHERE course_id = 3)";
         let relation = |name: &str| RelationRef {
+            schema: None,
             name: name.into(),
             alias: None,
             at: sql
@@ -1663,16 +1676,19 @@ mod tests {
         let refs = References {
             relations: vec![
                 RelationRef {
+                    schema: None,
                     name: "adverse_events".into(),
                     alias: Some("ae".into()),
                     at: None,
                 },
                 RelationRef {
+                    schema: None,
                     name: "treatments".into(),
                     alias: None,
                     at: None,
                 },
                 RelationRef {
+                    schema: None,
                     name: "treatments".into(),
                     alias: Some("treatments".into()),
                     at: None,
@@ -1705,6 +1721,7 @@ mod tests {
         let relations: Vec<RelationRef> = relations
             .iter()
             .map(|(name, alias)| RelationRef {
+                schema: None,
                 name: name.to_string(),
                 alias: alias.map(str::to_string),
                 at: None,
@@ -1847,8 +1864,11 @@ mod tests {
     }
 
     /// customers(customer_id primary key, email unique not null, phone unique, name),
-    /// orders(order_id primary key, customer_id, total).
-    fn shop_keys(relation: &str) -> Option<schema::Keys> {
+    /// orders(order_id primary key, customer_id, total), in the search path.
+    fn shop_keys(schema: Option<&str>, relation: &str) -> Option<schema::Keys> {
+        if schema.is_some() {
+            return None;
+        }
         let key = |k: &[&str]| k.iter().map(|c| c.to_string()).collect::<Vec<_>>();
         match relation {
             "customers" => Some(schema::Keys {
@@ -1863,13 +1883,21 @@ mod tests {
         }
     }
 
-    fn shop_columns(relation: &str, column: &str) -> Option<bool> {
-        let columns: &[&str] = match relation {
-            "customers" => &["customer_id", "email", "phone", "name"],
-            "orders" => &["order_id", "customer_id", "total"],
+    /// Their columns' types: integer 23, text 25, numeric 1700; orders.customer_id is a
+    /// bigint (20) in `wide`.
+    fn shop_columns(schema: Option<&str>, relation: &str, column: &str) -> Option<Option<u32>> {
+        let columns: &[(&str, u32)] = match (schema, relation) {
+            (None, "customers") => &[
+                ("customer_id", 23),
+                ("email", 25),
+                ("phone", 25),
+                ("name", 25),
+            ],
+            (None, "orders") => &[("order_id", 23), ("customer_id", 23), ("total", 1700)],
+            (Some("wide"), "orders") => &[("order_id", 23), ("customer_id", 20)],
             _ => return None,
         };
-        Some(columns.contains(&column))
+        Some(columns.iter().find(|(c, _)| *c == column).map(|(_, t)| *t))
     }
 
     fn ungrouped(column: &str) -> String {
@@ -1934,6 +1962,22 @@ mod tests {
         let sql = "SELECT o.total FROM orders o JOIN customers c ON c.customer_id = o.customer_id GROUP BY c.customer_id";
         let refs = grouping(sql, &relations, &[]);
         assert_eq!(regroup_at(&refs, sql, "o.total", "o.total"), None);
+        // Equal to a grouped column of another type: `=` may equate values the key tells
+        // apart (here bigint and integer would not, but text and citext, bigint and float do).
+        let sql = "SELECT c.name FROM wide.orders o JOIN customers c ON c.customer_id = o.customer_id GROUP BY o.customer_id";
+        let mut refs = grouping(sql, &relations, &[]);
+        refs.selects[0].relations[0].schema = Some("wide".into());
+        assert_eq!(regroup_at(&refs, sql, "c.name", "c.name"), None);
+        // Equal to a column of an outer query's relation (a row an outer join adds may
+        // pair a NULL key with it).
+        let sql = "SELECT c.name FROM customers c WHERE c.customer_id = o.customer_id GROUP BY o.customer_id";
+        let refs = grouping(sql, &[("customers", Some("c"))], &[]);
+        assert_eq!(regroup_at(&refs, sql, "c.name", "c.name"), None);
+        // A relation of another schema than the one the context knows by that name.
+        let sql = "SELECT c.name FROM archive.customers c GROUP BY c.email";
+        let mut refs = grouping(sql, &[("customers", Some("c"))], &[]);
+        refs.selects[0].relations[0].schema = Some("archive".into());
+        assert_eq!(regroup_at(&refs, sql, "c.name", "c.name"), None);
         // A bare key column another relation of the SELECT also has.
         let sql =
             "SELECT c.name FROM customers c JOIN orders o USING (customer_id) GROUP BY customer_id";

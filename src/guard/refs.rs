@@ -12,10 +12,12 @@ use crate::names::c_string;
 use crate::subxact;
 
 /// A relation a query names, with the alias it gives it there.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct RelationRef {
     /// As the parser folded it.
     pub name: String,
+    /// The schema it is qualified with, when it is (as the parser folded it).
+    pub schema: Option<String>,
     pub alias: Option<String>,
     /// The byte offset its (maybe schema-qualified) name starts at, where first named.
     pub at: Option<usize>,
@@ -232,13 +234,16 @@ unsafe fn from_relations(items: *mut pg_sys::List, ctes: &[String]) -> (Vec<Rela
             }
             match (*node).type_ {
                 pg_sys::NodeTag::T_RangeVar => {
-                    let relation = relation(node.cast());
-                    let cte = (*node.cast::<pg_sys::RangeVar>()).schemaname.is_null()
-                        && ctes.contains(&relation.name);
-                    if !cte {
+                    let range_var = node.cast::<pg_sys::RangeVar>();
+                    let relation = relation(range_var);
+                    let cte = (*range_var).schemaname.is_null() && ctes.contains(&relation.name);
+                    // `t AS x(a, b)` renames its columns: the schema's names are not its.
+                    let alias = (*range_var).alias;
+                    let renamed = !alias.is_null() && !(*alias).colnames.is_null();
+                    if !cte && !renamed {
                         out.push(relation);
                     }
-                    !cte
+                    !cte && !renamed
                 }
                 pg_sys::NodeTag::T_JoinExpr => {
                     // The names inside an aliased join are hidden behind its alias.
@@ -276,8 +281,10 @@ unsafe fn relation(range_var: *mut pg_sys::RangeVar) -> RelationRef {
     // SAFETY: the caller's contract.
     unsafe {
         let alias = (*range_var).alias;
+        let schema = (*range_var).schemaname;
         RelationRef {
             name: c_string((*range_var).relname),
+            schema: (!schema.is_null()).then(|| c_string(schema)),
             alias: (!alias.is_null())
                 .then(|| c_string((*alias).aliasname))
                 .filter(|a| !a.is_empty()),
@@ -449,6 +456,7 @@ unsafe fn conjunct_equalities(node: *mut pg_sys::Node, depth: usize, out: &mut V
 /// Adds the equalities of the ON clauses of a FROM item's inner joins, `depth` joins deep.
 /// Not an outer join's: a row without a partner does not meet it. An inner join's holds
 /// under an outer join too: both sides are NULL in a row that join adds without a partner.
+/// Not inside an aliased join, whose names are not the SELECT's.
 ///
 /// # Safety
 /// `node` is a raw FROM item (or null).
@@ -459,6 +467,9 @@ unsafe fn inner_join_equalities(node: *mut pg_sys::Node, depth: usize, out: &mut
             return;
         }
         let join = node.cast::<pg_sys::JoinExpr>();
+        if !(*join).alias.is_null() {
+            return;
+        }
         if (*join).jointype == pg_sys::JoinType::JOIN_INNER {
             conjunct_equalities((*join).quals, MAX_JOINS, out);
         }

@@ -37,6 +37,14 @@ pub struct Relation {
     pub primary_key: Vec<String>,
     #[serde(default)]
     pub unique: Vec<Vec<String>>,
+    /// Its primary or unique keys that are DEFERRABLE: a transaction may hold duplicates
+    /// until it commits, and PostgreSQL derives nothing from them.
+    #[serde(default)]
+    pub deferrable: Vec<Vec<String>>,
+    /// A table with inheritance children, whose rows a query of it reads too: its keys do
+    /// not cover theirs.
+    #[serde(default)]
+    pub inherited: bool,
     #[serde(default)]
     pub foreign_keys: Vec<ForeignKey>,
     /// Whether what the extension reads of it on its own is the same for every role that may
@@ -148,7 +156,8 @@ SELECT coalesce(json_agg(json_build_object(
         'rows', c.reltuples,
         'shareable', c.relkind IN ('r', 'm', 'p') AND NOT c.relrowsecurity
                      AND c.relpersistence = 'p',
-        'filenode', c.relfilenode::bigint)
+        'filenode', c.relfilenode::bigint,
+        'inherited', c.relkind = 'r' AND c.relhassubclass)
 ) ORDER BY s.ord, c.relname), '[]')::text
 FROM unnest($1::text[]) WITH ORDINALITY AS s(name, ord)
 JOIN pg_namespace n ON n.nspname = s.name
@@ -176,7 +185,10 @@ SELECT coalesce(json_agg(json_build_object(
         'attnum', a.attnum,
         'type_oid', a.atttypid::bigint,
         'typmod', a.atttypmod,
-        'not_null', a.attnotnull,
+        'not_null', a.attnotnull AND NOT EXISTS (
+            SELECT FROM pg_constraint nn
+            WHERE nn.conrelid = a.attrelid AND nn.contype = 'n' AND NOT nn.convalidated
+              AND a.attnum = ANY (nn.conkey)),
         'default', CASE WHEN a.attgenerated = ''
                              AND pg_get_expr(ad.adbin, ad.adrelid) NOT LIKE 'nextval(%'
                         THEN pg_get_expr(ad.adbin, ad.adrelid) END,
@@ -231,7 +243,8 @@ SELECT coalesce(json_agg(json_build_object(
     'ref_columns', (SELECT json_agg(quote_ident(a.attname) ORDER BY k.ord)
                     FROM unnest(co.confkey) WITH ORDINALITY AS k(attnum, ord)
                     JOIN pg_attribute a ON a.attrelid = co.confrelid AND a.attnum = k.attnum),
-    'ref_readable', co.contype = 'f' AND has_any_column_privilege(co.confrelid, 'SELECT')
+    'ref_readable', co.contype = 'f' AND has_any_column_privilege(co.confrelid, 'SELECT'),
+    'deferrable', co.condeferrable
 ) ORDER BY co.conrelid, co.conname), '[]')::text
 FROM pg_constraint co
 LEFT JOIN pg_class fc ON fc.oid = co.confrelid
@@ -275,6 +288,8 @@ struct KeyRow {
     ref_name: Option<String>,
     ref_columns: Option<Vec<String>>,
     ref_readable: Option<bool>,
+    #[serde(default)]
+    deferrable: bool,
 }
 
 /// Reads every relation the caller may see in `schemas`. Read-only: runs on a hot standby too.
@@ -433,6 +448,9 @@ fn assemble(
         };
         let columns = key.columns.unwrap_or_default();
         let relation = &mut relations[i];
+        if key.deferrable && key.kind != "f" {
+            relation.deferrable.push(columns.clone());
+        }
         match key.kind.as_str() {
             "p" => relation.primary_key = columns,
             "u" => relation.unique.push(columns),

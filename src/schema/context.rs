@@ -340,34 +340,68 @@ impl SchemaContext {
         self.named(name).map(|r| shows(r, column))
     }
 
-    /// The keys of the one relation named `name` (as the parser folds it) whose columns this
-    /// context shows, columns as the parser folds them: its primary key, and each unique key
-    /// of NOT NULL columns (one row each, like the primary key). `None` when no relation, or
-    /// more than one, is named so.
-    pub fn keys(&self, name: &str) -> Option<Keys> {
-        let relation = self.named(name)?;
-        let shown =
-            |key: &[String]| !key.is_empty() && key.iter().all(|c| shows(relation, unquoted(c)));
+    /// The relation a query names `schema.name` (as the parser folds them), or `name` alone
+    /// when the search path finds it: `None` when this context has no such relation, or
+    /// cannot tell which.
+    fn resolved(&self, schema: Option<&str>, name: &str) -> Option<&Relation> {
+        match schema {
+            Some(schema) => {
+                let mut found = self
+                    .relations
+                    .iter()
+                    .filter(|r| unquoted(&r.schema) == schema && unquoted(&r.name) == name);
+                let relation = found.next()?;
+                found.next().is_none().then_some(relation)
+            }
+            None => self.named(name).filter(|r| r.visible),
+        }
+    }
+
+    /// The type of column `column` of the relation `schema.name` (see `resolved`): `None`
+    /// when the relation is not known, `Some(None)` when it has no such column (that the
+    /// caller may read).
+    pub fn column_type(
+        &self,
+        schema: Option<&str>,
+        name: &str,
+        column: &str,
+    ) -> Option<Option<u32>> {
+        let relation = self.resolved(schema, name)?;
+        Some(
+            relation
+                .columns
+                .iter()
+                .find(|c| unquoted(&c.name) == column)
+                .map(|c| c.type_oid),
+        )
+    }
+
+    /// The keys that give each row of the relation `schema.name` (see `resolved`) a value of
+    /// its own, with columns the caller may read, as the parser folds them: its primary key,
+    /// and each unique key of NOT NULL columns; none that is DEFERRABLE, and no unique key of
+    /// a table with inheritance children (its rows are read too, and the key does not cover
+    /// them). PostgreSQL derives a column's value from the primary key alone.
+    pub fn keys(&self, schema: Option<&str>, name: &str) -> Option<Keys> {
+        let relation = self.resolved(schema, name)?;
+        let firm = |key: &Vec<String>| {
+            !key.is_empty()
+                && !relation.deferrable.contains(key)
+                && key.iter().all(|c| shows(relation, unquoted(c)))
+        };
         let not_null = |column: &String| {
             relation
                 .columns
                 .iter()
                 .any(|c| &c.name == column && c.not_null)
         };
-        let folded = |key: &[String]| {
-            key.iter()
-                .map(|c| unquoted(c).to_string())
-                .collect::<Vec<_>>()
-        };
+        let folded = |key: &Vec<String>| key.iter().map(|c| unquoted(c).to_string()).collect();
         Some(Keys {
-            primary: Some(&relation.primary_key)
-                .filter(|k| shown(k))
-                .map(|k| folded(k)),
+            primary: Some(&relation.primary_key).filter(|k| firm(k)).map(folded),
             unique: relation
                 .unique
                 .iter()
-                .filter(|k| shown(k) && k.iter().all(not_null))
-                .map(|k| folded(k))
+                .filter(|k| !relation.inherited && firm(k) && k.iter().all(not_null))
+                .map(folded)
                 .collect(),
         })
     }

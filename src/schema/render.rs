@@ -261,6 +261,8 @@ mod tests {
             ],
             primary_key: vec!["id".into()],
             unique: vec![vec!["code".into()]],
+            deferrable: vec![],
+            inherited: false,
             foreign_keys: vec![ForeignKey {
                 columns: vec!["customer_id".into()],
                 references: "sales.customers".into(),
@@ -354,6 +356,8 @@ mod tests {
             ],
             primary_key: vec!["a".into(), "b".into()],
             unique: vec![],
+            deferrable: vec![],
+            inherited: false,
             foreign_keys: vec![ForeignKey {
                 columns: vec!["a".into(), "b".into()],
                 references: "pairs".into(),

@@ -563,6 +563,55 @@ fn a_column_each_group_has_one_value_of_is_read_through_the_key_it_depends_on() 
         .last_text()
         .contains("must appear in the GROUP BY clause"));
 
+    // Equal through `=` between two types (here compared as float8, which equates two of
+    // the bigint keys): the key does not pin one row, nothing is added.
+    s.client
+        .batch_execute(
+            "CREATE TABLE accounts (id bigint PRIMARY KEY, holder text);
+             INSERT INTO accounts VALUES (9007199254740992, 'Ann'), (9007199254740993, 'Ben');
+             CREATE TABLE transfers (account float8, amount int);
+             INSERT INTO transfers VALUES (9007199254740992, 5);",
+        )
+        .unwrap();
+    let lossy = "SELECT a.holder, sum(t.amount) FROM transfers t \
+                 JOIN accounts a ON a.id = t.account GROUP BY t.account";
+    s.llm.on(
+        "transfers per account holder",
+        vec![Reply::sql(lossy), Reply::sql("SELECT 1 AS one")],
+    );
+    let trace = s.trace("transfers per account holder").unwrap();
+    assert_eq!(trace["attempts"][0]["sqlstate"], "42803");
+    assert_eq!(trace["attempts"][0]["requalified"], json!([]));
+    // A unique key of NOT NULL columns pins a row; not once inheritance children, whose rows
+    // the table's key does not cover, are read with it.
+    s.client
+        .batch_execute(
+            "CREATE TABLE people (id int PRIMARY KEY, email text NOT NULL UNIQUE, name text);
+             INSERT INTO people VALUES (1, 'a@x', 'Ann'), (2, 'b@x', 'Ben');",
+        )
+        .unwrap();
+    let by_email = "SELECT p.name, count(*) AS n FROM people p GROUP BY p.email";
+    s.llm.on("people by email", vec![Reply::sql(by_email)]);
+    let trace = s.trace("people by email").unwrap();
+    assert_eq!(
+        trace["attempts"][0]["requalified"],
+        json!(["p.name → GROUP BY p.id"])
+    );
+    assert_eq!(trace["attempts"][0]["row_count"], 2);
+    s.client
+        .batch_execute(
+            "CREATE TABLE vip (level int) INHERITS (people);
+             INSERT INTO vip VALUES (3, 'a@x', 'Ann again', 1);",
+        )
+        .unwrap();
+    s.llm.on(
+        "people by email, with the vips",
+        vec![Reply::sql(by_email), Reply::sql("SELECT 1 AS one")],
+    );
+    let trace = s.trace("people by email, with the vips").unwrap();
+    assert_eq!(trace["attempts"][0]["sqlstate"], "42803");
+    assert_eq!(trace["attempts"][0]["requalified"], json!([]));
+
     // A role that may not read customers' key: no key is grouped for it.
     s.client
         .batch_execute(&format!(
