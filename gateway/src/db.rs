@@ -24,6 +24,8 @@ use tokio::sync::mpsc::Sender;
 use tokio_postgres::types::Type;
 use tokio_postgres::{AsyncMessage, CancelToken, Client, Config, NoTls};
 
+use crate::shares::Shares;
+
 /// One call of the extension.
 #[derive(Debug, Clone)]
 pub enum Call {
@@ -74,6 +76,9 @@ pub enum DbError {
     },
     /// No connection became free in time.
     Busy,
+    /// The request's role already had its share of calls running (`--role-calls`, the
+    /// number) the whole time.
+    RoleBusy(usize),
     /// The database could not be reached.
     Unavailable(String),
 }
@@ -89,7 +94,7 @@ impl DbError {
                 sqlstate.starts_with("08")
                     || ["57P01", "57P02", "57P03", "53300"].contains(&sqlstate.as_str())
             }
-            DbError::Busy => false,
+            DbError::Busy | DbError::RoleBusy(_) => false,
         }
     }
 
@@ -268,6 +273,8 @@ pub struct Db {
     next: AtomicUsize,
     /// Longest wait for a free connection before a request is answered "busy".
     wait: Duration,
+    /// How many calls each role may have running at once.
+    shares: Shares,
     /// The database's name (the model id users select).
     pub database: String,
     /// The extension's schema, quoted: its functions are called by qualified name.
@@ -329,6 +336,7 @@ impl Db {
         read_urls: &[String],
         pool_size: usize,
         wait: Duration,
+        role_calls: usize,
     ) -> anyhow::Result<Db> {
         let primary = Node::new(url, pool_size)?;
         // Fail at start-up, not at the first request, when the database is unreachable or
@@ -384,6 +392,7 @@ impl Db {
             readers,
             next: AtomicUsize::new(0),
             wait,
+            shares: Shares::new(role_calls),
             schema,
         };
         for reader in &db.readers {
@@ -497,13 +506,23 @@ impl Db {
 
     /// Runs `call` as `role` (the login role when `None`) on the first server of its route
     /// that has a free connection, and on the next when that server fails; NOTICEs go to
-    /// `progress` as they arrive. Dropping the future cancels the query.
+    /// `progress` as they arrive. A role waits for a place among its own share of calls
+    /// first. Dropping the future cancels the query.
     pub async fn call(
         &self,
         role: Option<&str>,
         call: &Call,
         progress: Option<Sender<String>>,
     ) -> Result<Value, DbError> {
+        let _share = match role {
+            Some(role) => Some(
+                self.shares
+                    .enter(role, self.wait)
+                    .await
+                    .ok_or(DbError::RoleBusy(self.shares.per_role()))?,
+            ),
+            None => None,
+        };
         let nodes = self.route(call);
         let mut failed = None;
         for (i, node) in nodes.iter().enumerate() {

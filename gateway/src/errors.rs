@@ -15,11 +15,12 @@ pub struct ApiError {
     pub message: String,
     /// The SQLSTATE, or OpenAI's code (`model_not_found`, ...).
     pub code: Option<String>,
-    /// Seconds after which a client may try again (`Retry-After`), for a 503.
+    /// Seconds after which a client may try again (`Retry-After`), for a 503 or a 429.
     pub retry_after: Option<u64>,
 }
 
-/// What a busy or unreachable database's 503 tells clients to wait before trying again.
+/// What a busy or unreachable database's 503, or a role's full share's 429, tells clients to
+/// wait before trying again.
 const RETRY_AFTER_S: u64 = 2;
 
 impl ApiError {
@@ -71,6 +72,18 @@ impl From<DbError> for ApiError {
                     StatusCode::SERVICE_UNAVAILABLE,
                     "server_error",
                     "every database connection is busy; try again",
+                )
+            },
+            DbError::RoleBusy(calls) => ApiError {
+                retry_after: Some(RETRY_AFTER_S),
+                code: Some("rate_limit_exceeded".into()),
+                ..ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "rate_limit_error",
+                    format!(
+                        "this token's role already has {calls} calls running, its share of the \
+                         gateway (--role-calls); try again when one has ended"
+                    ),
                 )
             },
             DbError::Unavailable(cause) => ApiError {

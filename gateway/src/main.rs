@@ -15,6 +15,7 @@ mod errors;
 mod housekeeping;
 mod mcp;
 mod openai;
+mod shares;
 mod tokens;
 mod watch;
 
@@ -87,9 +88,13 @@ struct Serve {
     #[arg(long, default_value_t = 16)]
     pool_size: usize,
     /// Seconds a request waits for a free connection before it is answered 503 with
-    /// Retry-After.
+    /// Retry-After (and for a place among its role's calls before 429).
     #[arg(long, default_value_t = 5)]
     pool_wait: u64,
+    /// Calls one role may have running at once (default: half of --pool-size, at least 1),
+    /// so that one token's flood of requests leaves connections to the other roles.
+    #[arg(long)]
+    role_calls: Option<usize>,
     /// A request is cancelled after this many seconds.
     #[arg(long, default_value_t = 300)]
     request_timeout: u64,
@@ -156,6 +161,7 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
         tokens: tokens_file,
         pool_size,
         pool_wait,
+        role_calls,
         request_timeout,
         max_body,
         header_timeout,
@@ -170,6 +176,7 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
             &read_database_url,
             pool_size,
             Duration::from_secs(pool_wait),
+            role_calls.unwrap_or(pool_size.div_ceil(2)),
         )
         .await?,
     );
@@ -284,7 +291,8 @@ async fn vet(db: &Db, entries: &[(String, String)], allow: bool) -> Result<(), S
 }
 
 async fn mcp_stdio(database_url: String, role: Option<String>) -> anyhow::Result<()> {
-    let db = Arc::new(Db::connect(&database_url, &[], 4, Duration::from_secs(30)).await?);
+    // One client on stdio: its calls may use the whole pool.
+    let db = Arc::new(Db::connect(&database_url, &[], 4, Duration::from_secs(30), 4).await?);
     let running = mcp::Mcp::new(db, role)
         .serve(rmcp::transport::stdio())
         .await?;

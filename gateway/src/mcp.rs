@@ -106,6 +106,10 @@ fn failure(error: DbError) -> CallToolResult {
             None => format!("ERROR {sqlstate}: {message}"),
         },
         DbError::Busy => "every database connection is busy; try again".to_string(),
+        DbError::RoleBusy(calls) => format!(
+            "this role already has {calls} calls running, its share of the gateway; try again \
+             when one has ended"
+        ),
         DbError::Unavailable(cause) => format!("the database is unavailable: {cause}"),
     };
     CallToolResult::error(vec![ContentBlock::text(text)])

@@ -419,7 +419,8 @@ fn a_full_pool_answers_503_with_retry_after_instead_of_waiting() {
     let gateway = Gateway::start_with(
         &s.database_url,
         &s.tokens,
-        &["--pool-size", "1", "--pool-wait", "1"],
+        // Its role may have two calls running: the pool, not the role's share, is full.
+        &["--pool-size", "1", "--pool-wait", "1", "--role-calls", "2"],
     );
     let chat = |question: &str| {
         format!(
@@ -469,6 +470,76 @@ fn a_full_pool_answers_503_with_retry_after_instead_of_waiting() {
     assert!(
         waited >= Duration::from_millis(900) && waited < Duration::from_secs(5),
         "answered after {waited:?}"
+    );
+    drop(slow);
+}
+
+/// One role's requests take at most `--role-calls` connections: the next is answered 429
+/// with Retry-After, while another role's request is served from the rest of the pool.
+#[test]
+fn one_roles_flood_leaves_connections_to_the_other_roles() {
+    let s = setup();
+    let gateway = Gateway::start_with(
+        &s.database_url,
+        &s.tokens,
+        &["--pool-size", "3", "--role-calls", "1", "--pool-wait", "1"],
+    );
+    let chat = |question: &str| {
+        format!(
+            r#"{{"model":"{}","messages":[{{"role":"user","content":"{question}"}}]}}"#,
+            s.database
+        )
+    };
+    let post = |token: &str| {
+        ureq::post(&format!("{}/v1/chat/completions", gateway.url()))
+            .set("Authorization", &format!("Bearer {token}"))
+            .set("Content-Type", "application/json")
+            .timeout(Duration::from_secs(20))
+    };
+    // The reader's one call thinks for 30 s.
+    let slow = gateway.send_chat(&s.token, &chat("Take your time"));
+    let mut admin = cluster().connect(&s.database);
+    let started = Instant::now();
+    while admin
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
+             AND query LIKE '%nl_call%' AND datname = current_database() \
+             AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .unwrap()
+        .get::<_, i64>(0)
+        == 0
+    {
+        assert!(started.elapsed() < Duration::from_secs(10), "never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    match post(&s.token).send_string(&chat("How many orders are there?")) {
+        Err(ureq::Error::Status(429, response)) => {
+            assert_eq!(response.header("Retry-After"), Some("2"));
+            let body: Value = serde_json::from_str(&response.into_string().unwrap()).unwrap();
+            assert!(
+                body["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("already has 1 calls running"),
+                "{body}"
+            );
+        }
+        other => panic!("expected 429, got {other:?}"),
+    }
+    // Two connections are free: the other role is answered.
+    let answered = post(&s.limited_token)
+        .send_string(&chat("Which customers are from Germany?"))
+        .expect("the other role is served");
+    assert_eq!(answered.status(), 200);
+    let body: Value = serde_json::from_str(&answered.into_string().unwrap()).unwrap();
+    assert!(
+        body["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .contains("Bruno"),
+        "{body}"
     );
     drop(slow);
 }
