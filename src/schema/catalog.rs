@@ -52,7 +52,9 @@ pub struct Relation {
     /// materialized view or partitioned table without row-level security.
     #[serde(default)]
     pub shareable: bool,
-    /// Its storage (`relfilenode`): new after TRUNCATE, VACUUM FULL or a rewrite.
+    /// Its storage (`relfilenode`; for a partitioned table, which has none, a fingerprint of
+    /// its partitions'): new after TRUNCATE, VACUUM FULL or a rewrite, and after a partition
+    /// is attached or detached.
     #[serde(default)]
     pub filenode: u32,
 }
@@ -156,7 +158,12 @@ SELECT coalesce(json_agg(json_build_object(
         'rows', c.reltuples,
         'shareable', c.relkind IN ('r', 'm', 'p') AND NOT c.relrowsecurity
                      AND c.relpersistence = 'p',
-        'filenode', c.relfilenode::bigint,
+        'filenode', CASE WHEN c.relkind = 'p' THEN coalesce(
+                        (SELECT hashtext(string_agg(pc.relfilenode::text, ',' ORDER BY pc.oid))
+                                & 2147483647
+                         FROM pg_partition_tree(c.oid) t JOIN pg_class pc ON pc.oid = t.relid
+                         WHERE t.isleaf), 0)
+                    ELSE c.relfilenode END::bigint,
         'inherited', c.relkind = 'r' AND c.relhassubclass)
 ) ORDER BY s.ord, c.relname), '[]')::text
 FROM unnest($1::text[]) WITH ORDINALITY AS s(name, ord)

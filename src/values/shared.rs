@@ -6,7 +6,7 @@
 //! security (`Relation::shareable`), kept per column (its number, so a column dropped and
 //! added again under the same name is another), and a role takes only the columns of its own
 //! schema context, which holds only what it may read. A relation's key names its storage
-//! (`relfilenode`), so a TRUNCATE or a rewrite starts afresh, and expires after `TTL` (a
+//! (`relfilenode`, a partitioned table's partitions'), so a TRUNCATE or a rewrite starts afresh, and expires after `TTL` (a
 //! backend's own index is as old as its schema cache, which ANALYZE and DDL renew). Reads made
 //! in a transaction that wrote something (whose rows nobody else may see yet) are not shared.
 

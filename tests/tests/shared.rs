@@ -263,6 +263,30 @@ fn value_reads_are_shared_through_redis_only_where_they_are_the_same_for_every_r
     let later = schema_for(&second, "shipments to Zamora");
     assert!(!later.contains("'Zamora' found"), "{later}");
 
+    // A partitioned table has no storage of its own: its key names its partitions', so
+    // emptying them (TRUNCATE) starts afresh for it too.
+    s.client
+        .batch_execute(&format!(
+            "CREATE TABLE deliveries (id int, city text) PARTITION BY LIST (id);
+             CREATE TABLE deliveries_1 PARTITION OF deliveries FOR VALUES IN (1, 2);
+             INSERT INTO deliveries VALUES (1, 'Valladolid'), (2, 'Bergen');
+             GRANT SELECT ON deliveries TO {first}, {second};"
+        ))
+        .unwrap();
+    let seen = schema_for(&first, "deliveries to Valladolid");
+    assert!(
+        seen.contains("'Valladolid' found in deliveries.city"),
+        "{seen}"
+    );
+    s.client
+        .batch_execute("TRUNCATE deliveries; INSERT INTO deliveries VALUES (1, 'Salamanca')")
+        .unwrap();
+    let after = schema_for(&second, "deliveries to Salamanca, not Valladolid");
+    assert!(
+        after.contains("'Salamanca' found in deliveries.city") && !after.contains("'Valladolid'"),
+        "{after}"
+    );
+
     // A table with row-level security is never read on the extension's own behalf (its
     // policies are their owner's code), so nothing of it is shared either; a new backend in a
     // transaction that wrote nothing shares what it read.
