@@ -8,7 +8,8 @@
 //! schema context, which holds only what it may read. A relation's key names its storage
 //! (`relfilenode`, a partitioned table's partitions'), so a TRUNCATE or a rewrite starts afresh, and expires after `TTL` (a
 //! backend's own index is as old as its schema cache, which ANALYZE and DDL renew). Reads made
-//! in a transaction that wrote something (whose rows nobody else may see yet) are not shared.
+//! in a transaction that wrote something (whose rows nobody else may see yet), or with a
+//! transaction's snapshot (REPEATABLE READ, SERIALIZABLE), are not shared.
 
 use std::collections::HashMap;
 
@@ -65,14 +66,19 @@ pub fn fetch(columns: &TextColumns) -> HashMap<usize, Vec<String>> {
     found
 }
 
-/// Whether this transaction's reads may be shared: nothing it wrote can be in them.
+/// Whether this transaction's reads may be shared: nothing it wrote can be in them, and
+/// they see what is committed now. A REPEATABLE READ or SERIALIZABLE transaction reads with
+/// the snapshot it started with: rows deleted since would be shared again, for another
+/// `TTL_S`, each time the shared read has expired.
 pub fn may_share() -> bool {
     if !redis_client::configured() {
         return false;
     }
     // SAFETY: reads this backend's transaction state; no pointers are involved.
     let wrote = unsafe { pg_sys::GetTopTransactionIdIfAny() } != pg_sys::InvalidTransactionId;
-    !wrote
+    // SAFETY: as above: the backend's isolation level, a plain integer.
+    let old_snapshot = unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32;
+    !wrote && !old_snapshot
 }
 
 /// Shares the reads `read` (column id, the values read) with the other backends.

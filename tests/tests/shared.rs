@@ -263,6 +263,32 @@ fn value_reads_are_shared_through_redis_only_where_they_are_the_same_for_every_r
     let later = schema_for(&second, "shipments to Zamora");
     assert!(!later.contains("'Zamora' found"), "{later}");
 
+    // A REPEATABLE READ transaction reads with the snapshot it began with: rows deleted
+    // since are in its read, which is not shared (it would give them a new lease in Redis).
+    s.client
+        .batch_execute(&format!(
+            "CREATE TABLE parcels (id int, city text);
+             INSERT INTO parcels VALUES (1, 'Oviedo'), (2, 'Lugo');
+             GRANT SELECT ON parcels TO {first}, {second};"
+        ))
+        .unwrap();
+    let mut old_snapshot = cluster().connect_as(&db, &first);
+    old_snapshot
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM parcels")
+        .unwrap();
+    s.client
+        .batch_execute("DELETE FROM parcels WHERE city = 'Oviedo'")
+        .unwrap();
+    let read: String = old_snapshot
+        .query_one("SELECT nl_schema('parcels to Oviedo')", &[])
+        .unwrap()
+        .get(0);
+    assert!(read.contains("'Oviedo' found in parcels.city"), "{read}");
+    old_snapshot.batch_execute("COMMIT").unwrap();
+    assert_eq!(shared_reads(&redis, &mut s.client, "parcels"), 0);
+    let fresh = schema_for(&second, "parcels to Oviedo");
+    assert!(!fresh.contains("'Oviedo' found"), "{fresh}");
+
     // A partitioned table has no storage of its own: its key names its partitions', so
     // emptying them (TRUNCATE) starts afresh for it too.
     s.client
