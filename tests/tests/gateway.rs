@@ -411,6 +411,45 @@ fn the_gateway_refuses_a_superuser_login_and_token_roles_that_can_run_their_own_
     );
 }
 
+/// A chat completion request body for `question` on `s`'s database.
+fn chat(s: &Setup, question: &str) -> String {
+    format!(
+        r#"{{"model":"{}","messages":[{{"role":"user","content":"{question}"}}]}}"#,
+        s.database
+    )
+}
+
+/// A POST of a chat completion with `token`, waiting at most 20 s for the answer.
+fn post_chat(gateway: &Gateway, token: &str) -> ureq::Request {
+    ureq::post(&format!("{}/v1/chat/completions", gateway.url()))
+        .set("Authorization", &format!("Bearer {token}"))
+        .set("Content-Type", "application/json")
+        .timeout(Duration::from_secs(20))
+}
+
+/// Asks, as the reader, a question the model thinks about for 30 s, and returns once its call
+/// runs in the database (the connection it holds, to drop for the cancel).
+fn one_slow_call(s: &Setup, gateway: &Gateway) -> std::net::TcpStream {
+    let slow = gateway.send_chat(&s.token, &chat(s, "Take your time"));
+    let mut admin = cluster().connect(&s.database);
+    let started = Instant::now();
+    while admin
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
+             AND query LIKE '%nl_call%' AND datname = current_database() \
+             AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .unwrap()
+        .get::<_, i64>(0)
+        == 0
+    {
+        assert!(started.elapsed() < Duration::from_secs(10), "never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    slow
+}
+
 /// A request that finds every database connection busy is answered 503 with Retry-After once
 /// `--pool-wait` has passed, instead of waiting for as long as the busy one takes.
 #[test]
@@ -422,39 +461,11 @@ fn a_full_pool_answers_503_with_retry_after_instead_of_waiting() {
         // Its role may have two calls running: the pool, not the role's share, is full.
         &["--pool-size", "1", "--pool-wait", "1", "--role-calls", "2"],
     );
-    let chat = |question: &str| {
-        format!(
-            r#"{{"model":"{}","messages":[{{"role":"user","content":"{question}"}}]}}"#,
-            s.database
-        )
-    };
     // The one connection thinks for 30 s.
-    let body = chat("Take your time");
-    let slow = gateway.send_chat(&s.token, &body);
-    let mut admin = cluster().connect(&s.database);
-    let started = Instant::now();
-    loop {
-        let active: i64 = admin
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
-                 AND query LIKE '%nl_call%' AND datname = current_database() \
-                 AND pid <> pg_backend_pid()",
-                &[],
-            )
-            .unwrap()
-            .get(0);
-        if active == 1 {
-            break;
-        }
-        assert!(started.elapsed() < Duration::from_secs(10), "never started");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let slow = one_slow_call(&s, &gateway);
     let asked = Instant::now();
-    let response = ureq::post(&format!("{}/v1/chat/completions", gateway.url()))
-        .set("Authorization", &format!("Bearer {}", s.token))
-        .set("Content-Type", "application/json")
-        .timeout(Duration::from_secs(20))
-        .send_string(&chat("How many orders are there?"));
+    let response =
+        post_chat(&gateway, &s.token).send_string(&chat(&s, "How many orders are there?"));
     let waited = asked.elapsed();
     match response {
         Err(ureq::Error::Status(503, response)) => {
@@ -484,37 +495,9 @@ fn one_roles_flood_leaves_connections_to_the_other_roles() {
         &s.tokens,
         &["--pool-size", "3", "--role-calls", "1", "--pool-wait", "1"],
     );
-    let chat = |question: &str| {
-        format!(
-            r#"{{"model":"{}","messages":[{{"role":"user","content":"{question}"}}]}}"#,
-            s.database
-        )
-    };
-    let post = |token: &str| {
-        ureq::post(&format!("{}/v1/chat/completions", gateway.url()))
-            .set("Authorization", &format!("Bearer {token}"))
-            .set("Content-Type", "application/json")
-            .timeout(Duration::from_secs(20))
-    };
     // The reader's one call thinks for 30 s.
-    let slow = gateway.send_chat(&s.token, &chat("Take your time"));
-    let mut admin = cluster().connect(&s.database);
-    let started = Instant::now();
-    while admin
-        .query_one(
-            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
-             AND query LIKE '%nl_call%' AND datname = current_database() \
-             AND pid <> pg_backend_pid()",
-            &[],
-        )
-        .unwrap()
-        .get::<_, i64>(0)
-        == 0
-    {
-        assert!(started.elapsed() < Duration::from_secs(10), "never started");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    match post(&s.token).send_string(&chat("How many orders are there?")) {
+    let slow = one_slow_call(&s, &gateway);
+    match post_chat(&gateway, &s.token).send_string(&chat(&s, "How many orders are there?")) {
         Err(ureq::Error::Status(429, response)) => {
             assert_eq!(response.header("Retry-After"), Some("2"));
             let body: Value = serde_json::from_str(&response.into_string().unwrap()).unwrap();
@@ -529,8 +512,8 @@ fn one_roles_flood_leaves_connections_to_the_other_roles() {
         other => panic!("expected 429, got {other:?}"),
     }
     // Two connections are free: the other role is answered.
-    let answered = post(&s.limited_token)
-        .send_string(&chat("Which customers are from Germany?"))
+    let answered = post_chat(&gateway, &s.limited_token)
+        .send_string(&chat(&s, "Which customers are from Germany?"))
         .expect("the other role is served");
     assert_eq!(answered.status(), 200);
     let body: Value = serde_json::from_str(&answered.into_string().unwrap()).unwrap();

@@ -350,13 +350,32 @@ fn a_table_the_model_skipped_is_joined_through_its_foreign_key_when_the_caller_m
             "SET sql_query_engine.max_repairs = 0; SET ROLE {role}"
         ))
         .unwrap();
-    s.llm
-        .on("items per customer, as a picker", vec![Reply::sql(written)]);
-    let trace = s.trace("items per customer, as a picker").unwrap();
-    let attempt = &trace["attempts"][0];
-    assert_eq!(attempt["sqlstate"], "42703");
-    assert_eq!(attempt["requalified"], json!([]));
-    assert_eq!(attempt["sql"], written);
+    left_to_the_model(
+        &mut s,
+        "items per customer, as a picker",
+        written,
+        None,
+        "42703",
+    );
+}
+
+/// Asks `question`, which the model answers with `sql` (and then `then`), and checks that
+/// `sql` ran as written, without a rewrite, and failed with `sqlstate`. The trace.
+fn left_to_the_model(
+    s: &mut Session,
+    question: &str,
+    sql: &str,
+    then: Option<&str>,
+    sqlstate: &str,
+) -> serde_json::Value {
+    let replies = [Some(sql), then].into_iter().flatten().map(Reply::sql);
+    s.llm.on(question, replies.collect());
+    let trace = s.trace(question).unwrap();
+    let first = &trace["attempts"][0];
+    assert_eq!(first["sqlstate"], sqlstate, "{first}");
+    assert_eq!(first["requalified"], json!([]));
+    assert_eq!(first["sql"], sql);
+    trace
 }
 
 #[test]
@@ -487,24 +506,20 @@ fn an_unqualified_column_of_a_table_a_key_away_is_read_from_it_joined() {
             "SET sql_query_engine.max_repairs = 0; SET ROLE {role}"
         ))
         .unwrap();
-    s.llm.on(
+    left_to_the_model(
+        &mut s,
         "revenue per country, as a counter",
-        vec![Reply::sql(written)],
+        written,
+        None,
+        "42703",
     );
-    let trace = s.trace("revenue per country, as a counter").unwrap();
-    let attempt = &trace["attempts"][0];
-    assert_eq!(attempt["sqlstate"], "42703");
-    assert_eq!(attempt["requalified"], json!([]));
-    assert_eq!(attempt["sql"], written);
-    s.llm.on(
+    left_to_the_model(
+        &mut s,
         "items bought from Germany, as a counter",
-        vec![Reply::sql(through_orders)],
+        through_orders,
+        None,
+        "42703",
     );
-    let trace = s.trace("items bought from Germany, as a counter").unwrap();
-    let attempt = &trace["attempts"][0];
-    assert_eq!(attempt["sqlstate"], "42703");
-    assert_eq!(attempt["requalified"], json!([]));
-    assert_eq!(attempt["sql"], through_orders);
 }
 
 #[test]
@@ -550,13 +565,13 @@ fn a_column_each_group_has_one_value_of_is_read_through_the_key_it_depends_on() 
                   JOIN customers c ON c.customer_id = o.customer_id GROUP BY c.customer_id";
     let fixed = "SELECT c.name, max(o.ordered_on) FROM orders o \
                  JOIN customers c ON c.customer_id = o.customer_id GROUP BY c.customer_id";
-    s.llm.on(
+    let trace = left_to_the_model(
+        &mut s,
         "last order day per customer",
-        vec![Reply::sql(varies), Reply::sql(fixed)],
+        varies,
+        Some(fixed),
+        "42803",
     );
-    let trace = s.trace("last order day per customer").unwrap();
-    assert_eq!(trace["attempts"][0]["sqlstate"], "42803");
-    assert_eq!(trace["attempts"][0]["requalified"], json!([]));
     assert_eq!(trace["attempts"][1]["sql"], fixed);
     assert!(s
         .llm
@@ -575,13 +590,13 @@ fn a_column_each_group_has_one_value_of_is_read_through_the_key_it_depends_on() 
         .unwrap();
     let lossy = "SELECT a.holder, sum(t.amount) FROM transfers t \
                  JOIN accounts a ON a.id = t.account GROUP BY t.account";
-    s.llm.on(
+    left_to_the_model(
+        &mut s,
         "transfers per account holder",
-        vec![Reply::sql(lossy), Reply::sql("SELECT 1 AS one")],
+        lossy,
+        Some("SELECT 1"),
+        "42803",
     );
-    let trace = s.trace("transfers per account holder").unwrap();
-    assert_eq!(trace["attempts"][0]["sqlstate"], "42803");
-    assert_eq!(trace["attempts"][0]["requalified"], json!([]));
     // A unique key of NOT NULL columns pins a row; not once inheritance children, whose rows
     // the table's key does not cover, are read with it.
     s.client
@@ -604,13 +619,13 @@ fn a_column_each_group_has_one_value_of_is_read_through_the_key_it_depends_on() 
              INSERT INTO vip VALUES (3, 'a@x', 'Ann again', 1);",
         )
         .unwrap();
-    s.llm.on(
+    left_to_the_model(
+        &mut s,
         "people by email, with the vips",
-        vec![Reply::sql(by_email), Reply::sql("SELECT 1 AS one")],
+        by_email,
+        Some("SELECT 1"),
+        "42803",
     );
-    let trace = s.trace("people by email, with the vips").unwrap();
-    assert_eq!(trace["attempts"][0]["sqlstate"], "42803");
-    assert_eq!(trace["attempts"][0]["requalified"], json!([]));
 
     // A role that may not read customers' key: no key is grouped for it.
     s.client
@@ -618,15 +633,13 @@ fn a_column_each_group_has_one_value_of_is_read_through_the_key_it_depends_on() 
             "SET sql_query_engine.max_repairs = 0; SET ROLE {role}"
         ))
         .unwrap();
-    s.llm.on(
+    left_to_the_model(
+        &mut s,
         "revenue per customer, as a grouper",
-        vec![Reply::sql(written)],
+        written,
+        None,
+        "42803",
     );
-    let trace = s.trace("revenue per customer, as a grouper").unwrap();
-    let attempt = &trace["attempts"][0];
-    assert_eq!(attempt["sqlstate"], "42803");
-    assert_eq!(attempt["requalified"], json!([]));
-    assert_eq!(attempt["sql"], written);
 }
 
 #[test]
