@@ -411,13 +411,25 @@ fn parse<T: serde::de::DeserializeOwned>(json: &str) -> std::result::Result<T, L
     serde_json::from_str(if json.is_empty() { "[]" } else { json }).map_err(LoadError::Shape)
 }
 
-/// The relations with their columns, statistics and keys put in place.
+/// Whether a name can be shown as part of one line: a quoted identifier may hold a newline,
+/// and one in a name another role chose would end the schema's text where that role wants
+/// (a fake end of the table, a fake instruction after it).
+fn printable(name: &str) -> bool {
+    !name.chars().any(char::is_control)
+}
+
+/// The relations with their columns, statistics and keys put in place; relations, columns
+/// and keys with a name that is not `printable` are left out.
 fn assemble(
     found: Vec<RelationRow>,
     columns: Vec<ColumnRow>,
     statistics: Vec<StatisticsRow>,
     keys: Vec<KeyRow>,
 ) -> Vec<Relation> {
+    let found: Vec<RelationRow> = found
+        .into_iter()
+        .filter(|r| printable(&r.raw_schema) && printable(&r.raw_name))
+        .collect();
     let by_oid: HashMap<u32, usize> = found
         .iter()
         .enumerate()
@@ -430,7 +442,7 @@ fn assemble(
         .collect();
     let mut relations: Vec<Relation> = found.into_iter().map(|r| r.relation).collect();
     let mut column_at: HashMap<(usize, String), usize> = HashMap::new();
-    for row in columns {
+    for row in columns.into_iter().filter(|c| printable(&c.raw_name)) {
         if let Some(&i) = by_oid.get(&row.relation) {
             column_at.insert((i, row.raw_name), relations[i].columns.len());
             relations[i].columns.push(row.column);
@@ -453,6 +465,15 @@ fn assemble(
         let Some(&i) = by_oid.get(&key.relation) else {
             continue;
         };
+        let names = [&key.columns, &key.ref_columns]
+            .into_iter()
+            .flatten()
+            .flatten()
+            .chain(key.ref_schema.iter())
+            .chain(key.ref_name.iter());
+        if !names.into_iter().all(|n| printable(n)) {
+            continue;
+        }
         let columns = key.columns.unwrap_or_default();
         let relation = &mut relations[i];
         if key.deferrable && key.kind != "f" {
