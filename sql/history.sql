@@ -24,8 +24,11 @@ CREATE TABLE @extschema@.nl_history (
 );
 CREATE INDEX nl_history_role_id_at_idx ON @extschema@.nl_history (role_id, at);
 ALTER TABLE @extschema@.nl_history ENABLE ROW LEVEL SECURITY;
+-- A row a role writes is its own, under its own name, and of now: the table's owner reads who
+-- asked what and when from it.
 CREATE POLICY own_rows ON @extschema@.nl_history
     USING (role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid)
-    WITH CHECK (role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid);
+    WITH CHECK (role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid
+                AND role = current_user AND at = pg_catalog.now());
 GRANT SELECT, INSERT ON @extschema@.nl_history TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_history', '');

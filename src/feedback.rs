@@ -83,7 +83,9 @@ pub fn give(history_id: i64, correct: bool, corrected: Option<&str>) -> Result<s
                     Some("Pass the query that answers it: nl_feedback(id, true, 'SELECT ...')."),
                 ));
             };
-            exec::check(sql)?;
+            // The recorded SQL is only the caller's word (it may write its own history rows):
+            // it runs as a correction does.
+            returns_rows(sql)?;
             Some(sql.to_string())
         }
         None => None,
@@ -140,14 +142,15 @@ fn may_write_examples(schema: &str) -> Result<bool> {
     .map(|may| may.unwrap_or(false))
 }
 
-/// A correction must pass the guard and answer with rows, run as any query of the caller's.
+/// What feedback vouches for must pass the guard and answer with rows, run as any query of the
+/// caller's.
 fn returns_rows(sql: &str) -> Result<()> {
     let mode = Mode::Run(exec::Limits::from_settings());
     let result = exec::attempt(sql, mode, settings::statement_timeout_ms()).into_result()?;
     if result.is_some_and(|r| r.rows.is_empty()) {
         return Err(Error::sql(
             "22023",
-            "the corrected query returns no rows: an example must answer its question",
+            "the query returns no rows: an example must answer its question",
             None,
         ));
     }

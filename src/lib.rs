@@ -48,7 +48,12 @@ pgrx::extension_sql_file!(
 );
 pgrx::extension_sql_file!("../sql/history.sql", name = "history");
 pgrx::extension_sql_file!("../sql/sessions.sql", name = "sessions");
-pgrx::extension_sql_file!("../sql/feedback.sql", name = "feedback");
+// Its policy names nl_examples (who may record feedback as promoted).
+pgrx::extension_sql_file!(
+    "../sql/feedback.sql",
+    name = "feedback",
+    requires = ["examples"]
+);
 pgrx::extension_sql_file!(
     "../sql/query_as.sql",
     name = "query_as",

@@ -191,6 +191,60 @@ fn feedback_never_vouches_for_what_the_guard_refuses_or_for_no_rows() {
 }
 
 #[test]
+fn a_role_writes_history_and_feedback_only_as_itself_and_as_of_now() {
+    let roles = Roles::new();
+    let (writer, analyst) = (roles.writer.clone(), roles.analyst.clone());
+    let mut analyst_client = roles.connect(&analyst);
+    let history = |role: &str, at: &str| {
+        format!(
+            "INSERT INTO nl_history (role, at, function, question, sql, status, attempts, ms, \
+             llm_calls, prompt_tokens, completion_tokens) VALUES ({role}, {at}, 'nl_ask', \
+             'forged', 'SELECT name FROM customers WHERE false', 'ok', '[]', 1, 1, 1, 1) \
+             RETURNING id"
+        )
+    };
+    // Under another role's name, or dated in the past: refused.
+    for (role, at) in [
+        (format!("'{writer}'"), "now()".to_string()),
+        (
+            "current_user".to_string(),
+            "now() - interval '30 days'".to_string(),
+        ),
+    ] {
+        let error = db_error(
+            &analyst_client
+                .query_one(&history(&role, &at), &[])
+                .unwrap_err(),
+        );
+        assert_eq!(error.0, "42501", "{role} {at}: {}", error.1);
+    }
+    // A promoted feedback row without the right to write examples: refused.
+    let error = db_error(
+        &analyst_client
+            .query_one(
+                "INSERT INTO nl_feedback (history_id, question, correct, sql, status, example_id) \
+                 VALUES (1, 'q', true, 'SELECT 1', 'promoted', 42) RETURNING id",
+                &[],
+            )
+            .unwrap_err(),
+    );
+    assert_eq!(error.0, "42501", "{}", error.1);
+    // Its own row, as of now, is its to write; but the SQL it records is only its word:
+    // feedback runs it, and it returns no rows.
+    let id: i64 = analyst_client
+        .query_one(&history("current_user", "now()"), &[])
+        .unwrap()
+        .get(0);
+    let error = db_error(
+        &analyst_client
+            .query_one("SELECT nl_feedback($1, true)", &[&id])
+            .unwrap_err(),
+    );
+    assert_eq!(error.0, "22023", "{}", error.1);
+    assert!(error.1.contains("returns no rows"), "{}", error.1);
+}
+
+#[test]
 fn an_example_that_no_longer_passes_the_guard_is_skipped_and_reported() {
     let mut s = Session::new();
     s.client

@@ -115,6 +115,24 @@ fn updating_from_0_1_0_through_every_release_equals_a_fresh_install_and_keeps_th
         .batch_execute("ALTER EXTENSION sql_query_engine UPDATE TO '0.5.0'")
         .unwrap();
     assert_eq!(owner(&mut client), upper);
+    // 0.5.0 let a role's history row name another role; 0.6.0 does not.
+    let forged = format!(
+        "SET ROLE \"{upper}\";
+         INSERT INTO nl_history (role, function, question, status, attempts, ms, llm_calls,
+                                 prompt_tokens, completion_tokens)
+         VALUES ('{plain}', 'nl_ask', 'named as another role', 'ok', '[]', 1, 1, 1, 1);"
+    );
+    client.batch_execute(&forged).unwrap();
+    client.batch_execute("RESET ROLE").unwrap();
+    client
+        .batch_execute("ALTER EXTENSION sql_query_engine UPDATE TO '0.6.0'")
+        .unwrap();
+    assert!(client.batch_execute(&forged).is_err(), "0.6.0 refuses it");
+    client
+        .batch_execute(
+            "RESET ROLE; DELETE FROM nl_history WHERE question = 'named as another role'",
+        )
+        .unwrap();
     client
         .batch_execute(&format!(
             "DELETE FROM nl_history WHERE question = 'written by the upper-case role';
@@ -128,7 +146,7 @@ fn updating_from_0_1_0_through_every_release_equals_a_fresh_install_and_keeps_th
         )
         .unwrap()
         .get(0);
-    assert_eq!(version, "0.5.0");
+    assert_eq!(version, "0.6.0");
     let (updated_members, fresh_members) = (members(&updated), members(&fresh));
     let only = |a: &[String], b: &[String]| -> Vec<String> {
         a.iter().filter(|m| !b.contains(m)).cloned().collect()
