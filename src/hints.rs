@@ -839,18 +839,127 @@ fn written_length(text: &str, folded: &str) -> Option<usize> {
     (name == folded).then_some(length)
 }
 
-/// `name` as SQL writes it: bare when the parser would fold it to itself, else quoted.
+/// `name` as SQL writes it: bare when the parser would fold it to itself and read it as a
+/// name (not a keyword it reserves: a table `order` or `user` is written `"order"`), else
+/// quoted.
 fn identifier(name: &str) -> String {
     let bare = name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
         && name
             .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && !RESERVED.contains(&name);
     if bare {
         name.to_string()
     } else {
         format!("\"{}\"", name.replace('"', "\"\""))
     }
 }
+
+/// The keywords PostgreSQL's grammar does not take as a table, alias or qualifier without
+/// quotes (its reserved and type-or-function-name keywords, as of PostgreSQL 18).
+const RESERVED: &[&str] = &[
+    "all",
+    "analyse",
+    "analyze",
+    "and",
+    "any",
+    "array",
+    "as",
+    "asc",
+    "asymmetric",
+    "authorization",
+    "binary",
+    "both",
+    "case",
+    "cast",
+    "check",
+    "collate",
+    "collation",
+    "column",
+    "concurrently",
+    "constraint",
+    "create",
+    "cross",
+    "current_catalog",
+    "current_date",
+    "current_role",
+    "current_schema",
+    "current_time",
+    "current_timestamp",
+    "current_user",
+    "default",
+    "deferrable",
+    "desc",
+    "distinct",
+    "do",
+    "else",
+    "end",
+    "except",
+    "false",
+    "fetch",
+    "for",
+    "foreign",
+    "freeze",
+    "from",
+    "full",
+    "grant",
+    "group",
+    "having",
+    "ilike",
+    "in",
+    "initially",
+    "inner",
+    "intersect",
+    "into",
+    "is",
+    "isnull",
+    "join",
+    "lateral",
+    "leading",
+    "left",
+    "like",
+    "limit",
+    "localtime",
+    "localtimestamp",
+    "natural",
+    "not",
+    "notnull",
+    "null",
+    "offset",
+    "on",
+    "only",
+    "or",
+    "order",
+    "outer",
+    "overlaps",
+    "placing",
+    "primary",
+    "references",
+    "returning",
+    "right",
+    "select",
+    "session_user",
+    "similar",
+    "some",
+    "symmetric",
+    "system_user",
+    "table",
+    "tablesample",
+    "then",
+    "to",
+    "trailing",
+    "true",
+    "union",
+    "unique",
+    "user",
+    "using",
+    "variadic",
+    "verbose",
+    "when",
+    "where",
+    "window",
+    "with",
+];
 
 /// The reference `qualifier.column` PostgreSQL reported at byte `at` (else the first one
 /// written).
@@ -1806,6 +1915,9 @@ mod tests {
         assert_eq!(identifier("T2"), "\"T2\"");
         assert_eq!(identifier("2t"), "\"2t\"");
         assert_eq!(identifier("a\"b"), "\"a\"\"b\"");
+        assert_eq!(identifier("order"), "\"order\"");
+        assert_eq!(identifier("user"), "\"user\"");
+        assert_eq!(identifier("orders"), "orders");
     }
 
     #[test]
