@@ -465,13 +465,14 @@ fn assemble(
         let Some(&i) = by_oid.get(&key.relation) else {
             continue;
         };
-        let names = [&key.columns, &key.ref_columns]
+        let printable_names = [&key.columns, &key.ref_columns]
             .into_iter()
             .flatten()
             .flatten()
             .chain(key.ref_schema.iter())
-            .chain(key.ref_name.iter());
-        if !names.into_iter().all(|n| printable(n)) {
+            .chain(key.ref_name.iter())
+            .all(|n| printable(n));
+        if !printable_names {
             continue;
         }
         let columns = key.columns.unwrap_or_default();

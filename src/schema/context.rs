@@ -329,9 +329,7 @@ impl SchemaContext {
     /// The one relation named `name` (as the parser folds it); `None` when no relation, or more
     /// than one (in different schemas), is named so.
     fn named(&self, name: &str) -> Option<&Relation> {
-        let mut named = self.relations.iter().filter(|r| unquoted(&r.name) == name);
-        let relation = named.next()?;
-        named.next().is_none().then_some(relation)
+        only(self.relations.iter().filter(|r| unquoted(&r.name) == name))
     }
 
     /// Whether the one relation named `name` (as the parser folds it) has a column `column`;
@@ -345,14 +343,11 @@ impl SchemaContext {
     /// cannot tell which.
     fn resolved(&self, schema: Option<&str>, name: &str) -> Option<&Relation> {
         match schema {
-            Some(schema) => {
-                let mut found = self
-                    .relations
+            Some(schema) => only(
+                self.relations
                     .iter()
-                    .filter(|r| unquoted(&r.schema) == schema && unquoted(&r.name) == name);
-                let relation = found.next()?;
-                found.next().is_none().then_some(relation)
-            }
+                    .filter(|r| unquoted(&r.schema) == schema && unquoted(&r.name) == name),
+            ),
             None => self.named(name).filter(|r| r.visible),
         }
     }
@@ -572,6 +567,12 @@ fn relation_terms(relation: &Relation, sample_values: usize) -> Terms {
 /// columns the caller may read.
 fn shows(relation: &Relation, column: &str) -> bool {
     relation.columns.iter().any(|c| unquoted(&c.name) == column)
+}
+
+/// The one relation `found` holds; `None` when it holds none, or several.
+fn only<'a>(mut found: impl Iterator<Item = &'a Relation>) -> Option<&'a Relation> {
+    let relation = found.next()?;
+    found.next().is_none().then_some(relation)
 }
 
 /// A name as the parser folds it, from the quoted form the schema context keeps.

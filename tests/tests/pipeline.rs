@@ -345,11 +345,7 @@ fn a_table_the_model_skipped_is_joined_through_its_foreign_key_when_the_caller_m
     );
 
     // A role that may not read orders.customer_id: the model's query and error stand.
-    s.client
-        .batch_execute(&format!(
-            "SET sql_query_engine.max_repairs = 0; SET ROLE {role}"
-        ))
-        .unwrap();
+    without_repairs_as(&mut s, &role);
     left_to_the_model(
         &mut s,
         "items per customer, as a picker",
@@ -357,6 +353,15 @@ fn a_table_the_model_skipped_is_joined_through_its_foreign_key_when_the_caller_m
         None,
         "42703",
     );
+}
+
+/// Goes on as `role`, each model answer taken as it comes (no repair).
+fn without_repairs_as(s: &mut Session, role: &str) {
+    s.client
+        .batch_execute(&format!(
+            "SET sql_query_engine.max_repairs = 0; SET ROLE {role}"
+        ))
+        .unwrap();
 }
 
 /// Asks `question`, which the model answers with `sql` (and then `then`), and checks that
@@ -501,11 +506,7 @@ fn an_unqualified_column_of_a_table_a_key_away_is_read_from_it_joined() {
     );
 
     // A role that may not read customers.country: the model's query and error stand.
-    s.client
-        .batch_execute(&format!(
-            "SET sql_query_engine.max_repairs = 0; SET ROLE {role}"
-        ))
-        .unwrap();
+    without_repairs_as(&mut s, &role);
     left_to_the_model(
         &mut s,
         "revenue per country, as a counter",
@@ -628,11 +629,7 @@ fn a_column_each_group_has_one_value_of_is_read_through_the_key_it_depends_on() 
     );
 
     // A role that may not read customers' key: no key is grouped for it.
-    s.client
-        .batch_execute(&format!(
-            "SET sql_query_engine.max_repairs = 0; SET ROLE {role}"
-        ))
-        .unwrap();
+    without_repairs_as(&mut s, &role);
     left_to_the_model(
         &mut s,
         "revenue per customer, as a grouper",
