@@ -22,7 +22,7 @@ use pgrx::PgList;
 
 use crate::error::{SqlError, SqlState};
 use crate::guard::{self, gate, Origin};
-use crate::{compat, settings, subxact};
+use crate::{compat, session_locks, settings, subxact};
 
 /// How much of a result is kept at most.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -175,6 +175,8 @@ fn sandboxed(
     cost_limit: Option<f64>,
 ) -> Outcome {
     let (result, position, ours) = {
+        // Dropped last, after the rollback: gives back the session locks the query's code took.
+        let _locks = session_locks::Watch::start();
         let position = ErrorPosition::push();
         let timer = StatementTimer::arm(timeout_ms);
         // Always rolled back: the query only read, and nothing it did may outlive it.

@@ -29,6 +29,7 @@ mod redis_client;
 mod saved;
 mod schema;
 mod session;
+mod session_locks;
 mod settings;
 mod store;
 mod subxact;

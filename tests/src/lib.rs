@@ -179,6 +179,71 @@ pub fn backend_lingers(watcher: &mut Client, pid: i32) -> bool {
     }
 }
 
+/// Advisory lock keys held by a connection of its own, so that code that asks for one of them
+/// waits: a signal that code ran which every role sees in pg_locks, and which neither a rollback
+/// nor the extension's release of the session locks a query's code took can erase.
+pub struct Witness {
+    holder: Client,
+    keys: Vec<i64>,
+}
+
+impl Witness {
+    /// Holds `keys` (session-level, exclusive) in `database`.
+    pub fn hold(database: &str, keys: &[i64]) -> Witness {
+        let mut holder = cluster().connect(database);
+        for key in keys {
+            holder
+                .execute("SELECT pg_advisory_lock($1)", &[key])
+                .expect("holding a key");
+        }
+        Witness {
+            holder,
+            keys: keys.to_vec(),
+        }
+    }
+
+    /// Runs `work`, and returns what it returned with the keys that a backend waited for
+    /// meanwhile (in order). Each such key is let go at once, so that the code waiting for it
+    /// goes on, and is held again afterwards when it is free.
+    pub fn waited<R: Send>(&mut self, work: impl FnOnce() -> R + Send) -> (R, Vec<i64>) {
+        let mut waited: Vec<i64> = Vec::new();
+        let result = std::thread::scope(|scope| {
+            let running = scope.spawn(work);
+            while !running.is_finished() {
+                let rows = self
+                    .holder
+                    .query(
+                        "SELECT DISTINCT (classid::int8 << 32) | objid::int8 FROM pg_locks
+                         WHERE locktype = 'advisory' AND NOT granted AND objsubid = 1
+                           AND database = (SELECT oid FROM pg_database
+                                           WHERE datname = current_database())",
+                        &[],
+                    )
+                    .expect("reading pg_locks");
+                for key in rows.iter().map(|row| row.get::<_, i64>(0)) {
+                    if self.keys.contains(&key) && !waited.contains(&key) {
+                        self.holder
+                            .execute("SELECT pg_advisory_unlock($1)", &[&key])
+                            .expect("letting a key go");
+                        waited.push(key);
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            running
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        });
+        for key in &waited {
+            self.holder
+                .execute("SELECT pg_try_advisory_lock($1)", &[key])
+                .expect("holding a key again");
+        }
+        waited.sort_unstable();
+        (result, waited)
+    }
+}
+
 /// The SQLSTATE, message and detail of a database error.
 pub fn db_error(error: &postgres::Error) -> (String, String, String) {
     let db = error

@@ -4,10 +4,10 @@
 //! results, and never, for a superuser's call, code that another role owns.
 //!
 //! Every test pits an attacker role (an ordinary login role that owns some objects) against a
-//! victim role or a superuser, and looks for a signal from outside that code ran: an advisory
-//! lock held by the victim's backend (session locks survive the sandbox's rollback), a row
-//! committed, a file written, a connection received. Each has a positive control that makes
-//! the same code run by asking for it directly, so the signal is known to work.
+//! victim role or a superuser, and looks for a signal from outside that code ran: a wait for an
+//! advisory lock that another connection holds (a `Witness`), a row committed, a file written,
+//! a connection received. Each has a positive control that makes the same code run by asking
+//! for it directly, so the signal is known to work.
 
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use postgres::Client;
-use sql_query_engine_e2e::{cluster, db_error, Reply, Session};
+use sql_query_engine_e2e::{cluster, db_error, Reply, Session, Witness};
 
 /// The attacker and victim roles of a fresh test database, and a connection for each.
 struct World {
@@ -79,7 +79,8 @@ impl World {
 }
 
 /// A function of the attacker's that takes the session-level advisory lock `key` and returns
-/// `returns` (typed `type_`): the signal that it ran.
+/// `returns` (typed `type_`): a wait for `key` while a `Witness` holds it is the signal that it
+/// ran.
 fn locker(name: &str, key: i64, type_: &str, returns: &str) -> String {
     format!(
         "CREATE FUNCTION {name} RETURNS {type_} LANGUAGE plpgsql AS
@@ -117,13 +118,18 @@ fn views_and_row_security_policies_run_no_code_in_the_extensions_own_reads() {
         vec![Reply::sql("SELECT count(*) AS n FROM customers"); 4],
     );
     let mut v = w.connect(&victim);
+    let mut witness = Witness::hold(&w.s.database, &[4242, 4243]);
     for round in ["before ANALYZE", "after ANALYZE"] {
-        let whole = text(&mut v, "SELECT nl_schema()");
-        let asked = text(
-            &mut v,
-            "SELECT nl_schema('the release notes and shared notes about Gamma 7')",
-        );
-        let n = text(&mut v, "SELECT nl_query('how many customers')::text");
+        let ((whole, asked, n), waited) = witness.waited(|| {
+            (
+                text(&mut v, "SELECT nl_schema()"),
+                text(
+                    &mut v,
+                    "SELECT nl_schema('the release notes and shared notes about Gamma 7')",
+                ),
+                text(&mut v, "SELECT nl_query('how many customers')::text"),
+            )
+        });
         assert_eq!(n, r#"{"n": 4}"#, "{round}");
         // Both are still described (columns, no values from them) ...
         for schema in [&whole, &asked] {
@@ -134,27 +140,75 @@ fn views_and_row_security_policies_run_no_code_in_the_extensions_own_reads() {
             assert!(!schema.contains("body 1"), "{round}: {schema}");
         }
         // ... and neither the view's function nor the policy ran.
-        assert_eq!(
-            (w.locks(4242), w.locks(4243)),
-            (0, 0),
-            "{round}: owner code ran"
-        );
+        assert!(waited.is_empty(), "{round}: owner code ran: {waited:?}");
         w.attacker_runs("ANALYZE public.shared_notes");
     }
     // A superuser's own reads skip the view too (row security does not apply to it).
     let mut admin = cluster().connect(&w.s.database);
-    text(&mut admin, "SELECT nl_schema('release notes Gamma 7')");
-    assert_eq!(
-        w.locks(4242),
-        0,
+    let (_, waited) =
+        witness.waited(|| text(&mut admin, "SELECT nl_schema('release notes Gamma 7')"));
+    assert!(
+        waited.is_empty(),
         "the view ran in a superuser's schema read"
     );
     drop(admin);
 
     // Positive control: reading the view and the table does run the owner's code.
-    v.batch_execute("SELECT * FROM release_notes; SELECT count(*) FROM shared_notes")
-        .unwrap();
-    assert_eq!((w.locks(4242), w.locks(4243)), (1, 1));
+    let (_, waited) = witness.waited(|| {
+        v.batch_execute("SELECT * FROM release_notes; SELECT count(*) FROM shared_notes")
+            .unwrap()
+    });
+    assert_eq!(waited, [4242, 4243]);
+}
+
+#[test]
+fn session_locks_that_a_views_code_takes_are_given_back_when_the_call_ends() {
+    let w = World::new();
+    let victim = w.victim.clone();
+    // The view's function takes one lock twice and another in share mode, at session level:
+    // the sandbox's rollback does not release such locks.
+    w.attacker_runs(&format!(
+        "CREATE FUNCTION public.note() RETURNS text LANGUAGE plpgsql AS $$ BEGIN
+             PERFORM pg_advisory_lock(4250);
+             PERFORM pg_advisory_lock(4250);
+             PERFORM pg_advisory_lock_shared(4252);
+             RETURN 'noted';
+         END $$;
+         CREATE VIEW public.release_notes AS SELECT public.note() AS note;
+         GRANT SELECT ON public.release_notes TO {victim};"
+    ));
+    w.s.llm.on(
+        "the release notes",
+        vec![Reply::sql("SELECT note FROM release_notes")],
+    );
+    let mut v = w.connect(&victim);
+    // The victim's own session lock, taken before the call, stays its own.
+    v.batch_execute("SELECT pg_advisory_lock(4251)").unwrap();
+    for call in [
+        "SELECT nl_query('the release notes')::text",
+        "SELECT nl_run('SELECT note FROM release_notes')::text",
+    ] {
+        // The answer is the function's: it ran, and took its locks.
+        assert!(text(&mut v, call).contains("noted"), "{call}");
+        assert_eq!(
+            (w.locks(4250), w.locks(4252)),
+            (0, 0),
+            "{call}: a lock the view's code took outlived the call"
+        );
+        assert_eq!(w.locks(4251), 1, "{call}: the caller's own lock");
+    }
+    // The server log tells the DBA, once per call.
+    if let Some(log) = cluster().server_log() {
+        let told = "gave back 2 session-level advisory lock(s) (3 acquisition(s))";
+        assert_eq!(log.matches(told).count(), 2, "{log}");
+    }
+    // Held once: one unlock gives it back.
+    v.batch_execute("SELECT pg_advisory_unlock(4251)").unwrap();
+    assert_eq!(w.locks(4251), 0);
+
+    // Positive control: reading the view directly, the locks stay with the session.
+    v.batch_execute("SELECT * FROM release_notes").unwrap();
+    assert_eq!((w.locks(4250), w.locks(4252)), (1, 1));
 }
 
 /// A TCP listener that counts the connections it is offered.
@@ -412,12 +466,16 @@ fn parse_analysis_runs_no_code_in_nl_check_nl_example_add_or_nl_query() {
     let write = r#"SELECT '{"INSERT INTO shared.log VALUES (1)"}'::shared.sqltext[]"#;
     let lock = r#"SELECT '{"SELECT pg_advisory_lock(77)"}'::shared.sqltext[] AS x"#;
     let mut v = w.connect(&victim);
-    for sql in [write, lock] {
-        let error = v.query_one("SELECT nl_check($1)", &[&sql]).unwrap_err();
-        let (code, message, _) = db_error(&error);
-        assert_eq!(code, "42501", "{sql}: {message}");
-        assert!(message.contains("shared.run("), "{message}");
-    }
+    let mut witness = Witness::hold(&w.s.database, &[77]);
+    let (_, waited) = witness.waited(|| {
+        for sql in [write, lock] {
+            let error = v.query_one("SELECT nl_check($1)", &[&sql]).unwrap_err();
+            let (code, message, _) = db_error(&error);
+            assert_eq!(code, "42501", "{sql}: {message}");
+            assert!(message.contains("shared.run("), "{message}");
+        }
+    });
+    assert!(waited.is_empty(), "a lock was taken by parse analysis");
     // nl_example_add (a superuser's, who may write examples) analyses the same way.
     let error =
         w.s.client
@@ -431,7 +489,6 @@ fn parse_analysis_runs_no_code_in_nl_check_nl_example_add_or_nl_query() {
         .unwrap_err();
     assert_eq!(db_error(&error).0, "42501");
     assert_eq!(log_rows(&w), 0, "a row was committed by parse analysis");
-    assert_eq!(w.locks(77), 0, "a lock was taken by parse analysis");
     let examples: i64 =
         w.s.client
             .query_one("SELECT count(*) FROM nl_examples", &[])
@@ -493,23 +550,22 @@ fn implicit_conversions_of_user_types_are_refused_and_collection_looks_up_no_cas
         "SELECT txid_current_snapshot()",
     ];
     let mut v = w.connect(&victim);
-    for (i, sql) in cases.iter().enumerate() {
-        let error = v.query_one("SELECT nl_check($1)", &[sql]).unwrap_err();
-        let (code, message, _) = db_error(&error);
-        assert_eq!(code, "42501", "{sql}: {message}");
-        // And through the model, run as the victim: refused, nothing ran.
-        let question = format!("implicit case {i}");
-        w.s.llm.on(&question, vec![Reply::sql(sql)]);
-        let error = v
-            .query_one("SELECT nl_query($1)::text", &[&question])
-            .unwrap_err();
-        assert_eq!(db_error(&error).0, "42501", "{sql}");
-    }
-    assert_eq!(
-        (w.locks(5151), w.locks(5152)),
-        (0, 0),
-        "a user function ran"
-    );
+    let mut witness = Witness::hold(&w.s.database, &[5151, 5152]);
+    let (_, waited) = witness.waited(|| {
+        for (i, sql) in cases.iter().enumerate() {
+            let error = v.query_one("SELECT nl_check($1)", &[sql]).unwrap_err();
+            let (code, message, _) = db_error(&error);
+            assert_eq!(code, "42501", "{sql}: {message}");
+            // And through the model, run as the victim: refused, nothing ran.
+            let question = format!("implicit case {i}");
+            w.s.llm.on(&question, vec![Reply::sql(sql)]);
+            let error = v
+                .query_one("SELECT nl_query($1)::text", &[&question])
+                .unwrap_err();
+            assert_eq!(db_error(&error).0, "42501", "{sql}");
+        }
+    });
+    assert!(waited.is_empty(), "a user function ran: {waited:?}");
 
     // A superuser allows the cast: the enum passes, and collecting it never calls the cast.
     let db = w.s.database.clone();
@@ -524,17 +580,20 @@ fn implicit_conversions_of_user_types_are_refused_and_collection_looks_up_no_cas
         "the moods",
         vec![Reply::sql("SELECT m FROM shared.moods ORDER BY m")],
     );
-    let rows: Vec<String> = v
-        .query("SELECT nl_query('the moods')::text", &[])
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let (rows, waited) = witness.waited(|| {
+        v.query("SELECT nl_query('the moods')::text", &[])
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect::<Vec<String>>()
+    });
     assert_eq!(rows, [r#"{"m": "happy"}"#, r#"{"m": "sad"}"#]);
-    assert_eq!(w.locks(5152), 0, "collecting the result called the cast");
+    assert!(waited.is_empty(), "collecting the result called the cast");
 
     // Positive control: asking for the conversion runs the code.
-    v.batch_execute("SELECT to_jsonb(m) FROM shared.moods; SELECT '{12}'::shared.d[]")
-        .unwrap();
-    assert_eq!((w.locks(5151), w.locks(5152)), (1, 1));
+    let (_, waited) = witness.waited(|| {
+        v.batch_execute("SELECT to_jsonb(m) FROM shared.moods; SELECT '{12}'::shared.d[]")
+            .unwrap()
+    });
+    assert_eq!(waited, [5151, 5152]);
 }

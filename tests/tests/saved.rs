@@ -7,7 +7,7 @@ use std::process::Command;
 
 use postgres::Client;
 use sql_query_engine_e2e::clients::{clients_python, repo, JDBC_DRIVER};
-use sql_query_engine_e2e::{cluster, db_error, Reply, Session};
+use sql_query_engine_e2e::{cluster, db_error, Reply, Session, Witness};
 
 const REVENUE: &str = "SELECT c.country, sum(o.amount) AS revenue, max(o.ordered_on) AS last_order
      FROM customers c JOIN orders o USING (customer_id) GROUP BY c.country ORDER BY c.country";
@@ -413,7 +413,7 @@ fn nl_query_as_never_converts_to_a_type_that_runs_its_owners_code() {
         ))
         .unwrap();
     // The attacker's domain CHECK takes a session advisory lock in whichever backend converts
-    // a value to it: a signal that outlives any rollback, visible to all in pg_locks.
+    // a value to it: while a witness holds it, a wait every role sees in pg_locks.
     cluster()
         .connect_as(&shop.s.database, &attacker)
         .batch_execute(
@@ -425,35 +425,29 @@ fn nl_query_as_never_converts_to_a_type_that_runs_its_owners_code() {
              CREATE TYPE shared.nested AS (inner_row shared.tagged);",
         )
         .unwrap();
-    let locks = || -> i64 {
-        cluster()
-            .connect(&shop.s.database)
-            .query_one(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
-                   AND objid = 777024",
-                &[],
-            )
-            .unwrap()
-            .get(0)
-    };
+    let mut witness = Witness::hold(&shop.s.database, &[777024]);
     let mut analyst = shop.analyst();
-    for shape in ["shared.tagged", "shared.tags", "shared.nested"] {
-        let error = analyst
-            .query(
-                &format!("SELECT * FROM nl_query_as('countries', NULL::{shape})"),
-                &[],
-            )
-            .unwrap_err();
-        let (code, message, _) = db_error(&error);
-        assert_eq!(code, "42501", "{shape}: {message}");
-        assert!(message.contains("converts answers only to"), "{message}");
-    }
+    let (_, waited) = witness.waited(|| {
+        for shape in ["shared.tagged", "shared.tags", "shared.nested"] {
+            let error = analyst
+                .query(
+                    &format!("SELECT * FROM nl_query_as('countries', NULL::{shape})"),
+                    &[],
+                )
+                .unwrap_err();
+            let (code, message, _) = db_error(&error);
+            assert_eq!(code, "42501", "{shape}: {message}");
+            assert!(message.contains("converts answers only to"), "{message}");
+        }
+    });
     assert_eq!(shop.model_calls(), 0);
-    assert_eq!(locks(), 0, "the domain's CHECK never ran");
+    assert!(waited.is_empty(), "the domain's CHECK ran");
 
     // Positive control: converting to the domain directly runs the attacker's code.
-    analyst
-        .query_one("SELECT 'DE'::shared.tag::text", &[])
-        .unwrap();
-    assert_eq!(locks(), 1, "the signal works");
+    let (_, waited) = witness.waited(|| {
+        analyst
+            .query_one("SELECT 'DE'::shared.tag::text", &[])
+            .unwrap()
+    });
+    assert_eq!(waited, [777024], "the signal works");
 }
