@@ -346,8 +346,30 @@ pub fn reset(session: &str) {
 
 static mut PREVIOUS_UTILITY_HOOK: pg_sys::ProcessUtility_hook_type = None;
 
-/// `DISCARD ALL` (what poolers send between clients) forgets the sessions in backend memory.
-#[pg_guard]
+// PostgreSQL's own utility processing, declared here rather than taken from pgrx's bindings:
+// pgrx wraps each binding so that an ERROR it raises becomes a copy that keeps only some of the
+// error's fields (see `on_utility`).
+// SAFETY: the signature of tcop/utility.h, the same in every supported server.
+unsafe extern "C-unwind" {
+    #[link_name = "standard_ProcessUtility"]
+    fn standard_process_utility(
+        statement: *mut pg_sys::PlannedStmt,
+        query: *const std::ffi::c_char,
+        read_only_tree: bool,
+        context: pg_sys::ProcessUtilityContext::Type,
+        params: pg_sys::ParamListInfo,
+        environment: *mut pg_sys::QueryEnvironment,
+        dest: *mut pg_sys::DestReceiver,
+        completion: *mut pg_sys::QueryCompletion,
+    );
+}
+
+/// Every utility statement of the backend (DDL, `CALL`, `DO`, `COPY`, ...) passes here; only
+/// `DISCARD ALL` concerns the extension. Not `#[pg_guard]`, and calling the next hook without
+/// pgrx's wrapper: an ERROR of the statement must reach the client as PostgreSQL raised it, and
+/// pgrx's guard would re-raise a copy without its position, CONTEXT, table and column names, and
+/// with XX000 for a SQLSTATE pgrx does not know (a procedure's own `ERRCODE`). The ERROR
+/// long-jumps past this frame, which holds nothing to drop by then.
 #[allow(clippy::too_many_arguments)]
 unsafe extern "C-unwind" fn on_utility(
     statement: *mut pg_sys::PlannedStmt,
@@ -359,6 +381,38 @@ unsafe extern "C-unwind" fn on_utility(
     dest: *mut pg_sys::DestReceiver,
     completion: *mut pg_sys::QueryCompletion,
 ) {
+    // SAFETY: the statement PostgreSQL passed; then the previous hook (stored once, in `init`)
+    // or PostgreSQL's own, with exactly what PostgreSQL gave this one.
+    unsafe {
+        forget_on_discard_all(statement);
+        match PREVIOUS_UTILITY_HOOK {
+            Some(previous) => previous(
+                statement,
+                query,
+                read_only_tree,
+                context,
+                params,
+                environment,
+                dest,
+                completion,
+            ),
+            None => standard_process_utility(
+                statement,
+                query,
+                read_only_tree,
+                context,
+                params,
+                environment,
+                dest,
+                completion,
+            ),
+        }
+    }
+}
+
+/// `DISCARD ALL` (what poolers send between clients) forgets the sessions in backend memory.
+#[pg_guard]
+unsafe extern "C-unwind" fn forget_on_discard_all(statement: *mut pg_sys::PlannedStmt) {
     // SAFETY: PostgreSQL passes a planned utility statement; a node is read as the struct its
     // tag names.
     let discard_all = unsafe {
@@ -373,32 +427,6 @@ unsafe extern "C-unwind" fn on_utility(
                 m.clear();
             }
         });
-    }
-    // SAFETY: the previous hook (stored once, in `init`) or PostgreSQL's own, with exactly what
-    // PostgreSQL gave this one.
-    unsafe {
-        match PREVIOUS_UTILITY_HOOK {
-            Some(previous) => previous(
-                statement,
-                query,
-                read_only_tree,
-                context,
-                params,
-                environment,
-                dest,
-                completion,
-            ),
-            None => pg_sys::standard_ProcessUtility(
-                statement,
-                query,
-                read_only_tree,
-                context,
-                params,
-                environment,
-                dest,
-                completion,
-            ),
-        }
     }
 }
 

@@ -363,3 +363,56 @@ fn the_api_key_is_sent_as_a_bearer_token_and_shown_nowhere() {
         .get(0);
     assert_eq!(shown, 0);
 }
+
+/// Once the library is loaded (as `shared_preload_libraries` loads it in every backend), every
+/// utility statement passes through its hook: an ERROR of such a statement (DDL, `DO`, `CALL`)
+/// reaches the client exactly as without the extension, with its position, CONTEXT, column name
+/// and the SQLSTATE a procedure chose.
+#[test]
+fn errors_of_other_statements_reach_the_client_as_postgresql_raised_them() {
+    let s = Session::new();
+    let mut c = cluster().connect(&s.database);
+    c.batch_execute(
+        "LOAD 'sql_query_engine';
+         CREATE PROCEDURE refuse() LANGUAGE plpgsql AS $$ BEGIN
+             RAISE EXCEPTION 'not today' USING ERRCODE = 'P0099', COLUMN = 'day', HINT = 'later';
+         END $$;",
+    )
+    .unwrap();
+    let error = c
+        .batch_execute("CREATE VIEW v AS SELECT nosuchcol FROM pg_class")
+        .unwrap_err();
+    let db = error.as_db_error().unwrap();
+    assert_eq!(db.code().code(), "42703");
+    assert_eq!(
+        db.position(),
+        Some(&postgres::error::ErrorPosition::Original(25)),
+        "the position of the unknown column"
+    );
+    for call in ["CALL refuse()", "DO $$ BEGIN CALL refuse(); END $$"] {
+        let error = c.batch_execute(call).unwrap_err();
+        let db = error.as_db_error().unwrap();
+        assert_eq!(db.code().code(), "P0099", "{call}");
+        assert_eq!(db.column(), Some("day"), "{call}");
+        assert_eq!(db.hint(), Some("later"), "{call}");
+        assert!(
+            db.where_()
+                .unwrap_or_default()
+                .contains("refuse() line 2 at RAISE"),
+            "{call}: {:?}",
+            db.where_()
+        );
+    }
+    let error = c
+        .batch_execute("DO $$ BEGIN PERFORM 1 / 0; END $$")
+        .unwrap_err();
+    let db = error.as_db_error().unwrap();
+    assert_eq!(db.code().code(), "22012");
+    assert!(
+        db.where_()
+            .unwrap_or_default()
+            .contains("inline_code_block"),
+        "{:?}",
+        db.where_()
+    );
+}
