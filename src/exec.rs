@@ -175,8 +175,10 @@ fn sandboxed(
     cost_limit: Option<f64>,
 ) -> Outcome {
     let (result, position, ours) = {
-        // Dropped last, after the rollback: gives back the session locks the query's code took.
-        let _locks = session_locks::Watch::start();
+        // Dropped last, after the rollback: gives back the session locks the query's code took
+        // (a generated query's: the extension's own reads run built-in code only, which takes
+        // no lock it does not give back).
+        let _locks = matches!(origin, Origin::Generated).then(session_locks::Watch::start);
         let position = ErrorPosition::push();
         let timer = StatementTimer::arm(timeout_ms);
         // Always rolled back: the query only read, and nothing it did may outlive it.
