@@ -105,6 +105,10 @@ struct Serve {
     /// requests, before it is closed.
     #[arg(long, default_value_t = 30)]
     header_timeout: u64,
+    /// Seconds a response may wait for the client to read any of it before the connection is
+    /// closed: a client that never reads does not hold its answer in memory.
+    #[arg(long, default_value_t = 30)]
+    write_timeout: u64,
     /// Rows shown at most in a chat answer's table.
     #[arg(long, default_value_t = 50)]
     max_table_rows: usize,
@@ -165,6 +169,7 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
         request_timeout,
         max_body,
         header_timeout,
+        write_timeout,
         max_table_rows,
         model,
         allowed_host,
@@ -251,6 +256,7 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
         listener,
         router,
         Duration::from_secs(header_timeout.max(1)),
+        Duration::from_secs(write_timeout.max(1)),
         async move {
             let _ = tokio::signal::ctrl_c().await;
             cancel.cancel();

@@ -5,8 +5,11 @@
 //! (and so cancel) their database call when it fires. A connection must send each request's
 //! headers within the header timeout (counted from when the server is ready to read them, so
 //! an idle connection is closed too): no client holds a connection, or a descriptor, without
-//! asking anything.
+//! asking anything. And a client must read what it asked for: a response write that makes no
+//! progress for the write timeout closes the connection, so that a client that never reads
+//! does not hold the answer in the gateway's memory (up to `max_result_bytes` of rows) for ever.
 
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -31,6 +34,27 @@ pub struct ClientGone(pub CancellationToken);
 pub struct WatchedStream {
     inner: TcpStream,
     gone: CancellationToken,
+    write_timeout: Duration,
+    /// Since when a write has been waiting for the client to read (its deadline).
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl WatchedStream {
+    /// A write could not go on: pending until the client reads, an error once it has read
+    /// nothing for the write timeout.
+    fn stalled<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
+        let timeout = self.write_timeout;
+        let deadline = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        match deadline.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client read nothing of the response for the write timeout",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
 }
 
 impl Drop for WatchedStream {
@@ -45,6 +69,7 @@ pub async fn serve(
     listener: TcpListener,
     router: Router,
     header_timeout: Duration,
+    write_timeout: Duration,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let graceful = GracefulShutdown::new();
@@ -72,7 +97,12 @@ pub async fn serve(
                 .insert(ConnectInfo(ClientGone(token.clone())));
             router.clone().oneshot(request)
         });
-        let io = TokioIo::new(WatchedStream { inner, gone });
+        let io = TokioIo::new(WatchedStream {
+            inner,
+            gone,
+            write_timeout,
+            stalled: None,
+        });
         let connection = http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(header_timeout)
@@ -102,10 +132,24 @@ impl AsyncWrite for WatchedStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_write(cx, buf) {
+            Poll::Pending => this.stalled(cx),
+            written => {
+                this.stalled = None;
+                written
+            }
+        }
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_flush(cx) {
+            Poll::Pending => this.stalled(cx),
+            flushed => {
+                this.stalled = None;
+                flushed
+            }
+        }
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)

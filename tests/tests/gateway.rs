@@ -69,6 +69,10 @@ fn setup() -> Setup {
             ),
             ("Delete every order", "DELETE FROM orders"),
             ("Take your time", "SELECT 1 AS slow"),
+            (
+                "A wall of text",
+                "SELECT repeat('x', 200000) AS wall FROM generate_series(1, 50)",
+            ),
         ]
         .iter()
         .find(|(q, _)| asked.contains(q))
@@ -595,5 +599,44 @@ fn a_connection_that_asks_nothing_in_time_is_closed() {
         assert!(started.elapsed() < Duration::from_secs(5));
     }
     // A client that asks in time is answered.
+    assert!(gateway.models_status(&s.token).contains(" 200 "));
+}
+
+/// A client that asks for a large answer and never reads it is disconnected once the gateway
+/// has waited `--write-timeout` for it to read: the answer does not stay in the gateway's memory.
+#[test]
+fn a_client_that_reads_nothing_of_its_answer_is_disconnected() {
+    let s = setup();
+    let gateway = Gateway::start_with(
+        &s.database_url,
+        &s.tokens,
+        &["--pool-size", "2", "--write-timeout", "2"],
+    );
+    // 50 rows of 200 000 characters: far more than the sockets' buffers hold.
+    let whole = 50 * 200_000;
+    let answer = gateway.chat(
+        &s.token,
+        &serde_json::from_str::<Value>(&chat(&s, "A wall of text")).unwrap(),
+        &[],
+    );
+    assert_eq!(answer.status, 200, "{:?}", answer.error);
+    assert!(answer.content.len() > whole, "a reading client gets it all");
+
+    let mut stalled = gateway.send_chat(&s.token, &chat(&s, "A wall of text"));
+    // The answer is ready within a second or two; then the gateway waits 2 s for a read.
+    std::thread::sleep(Duration::from_secs(8));
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut received = Vec::new();
+    let read = stalled.read_to_end(&mut received);
+    // What the buffers held, then the end of the connection; not the rest of the answer.
+    assert!(read.is_ok(), "the connection stayed open: {read:?}");
+    assert!(
+        received.len() < whole,
+        "{} bytes: the whole answer was still there to read",
+        received.len()
+    );
+    // The gateway goes on serving.
     assert!(gateway.models_status(&s.token).contains(" 200 "));
 }
