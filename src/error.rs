@@ -46,7 +46,11 @@ impl SqlState {
 
     /// The code PostgreSQL packs into an integer (MAKE_SQLSTATE).
     pub fn from_code(code: PgSqlErrorCode) -> SqlState {
-        let mut packed = code as i32;
+        SqlState::from_packed(code as i32)
+    }
+
+    /// The code of PostgreSQL's integer `packed` (MAKE_SQLSTATE), also one pgrx does not know.
+    pub fn from_packed(mut packed: i32) -> SqlState {
         let mut bytes = [0u8; 5];
         for byte in &mut bytes {
             *byte = ((((packed & 0x3F) as u8) + b'0') & 0x7F).to_ascii_uppercase();
@@ -234,7 +238,16 @@ impl Error {
     pub fn raise(self) -> ! {
         let code = self.sqlstate().code();
         let mut report = ErrorReport::new(code, self.to_string(), "sql_query_engine");
-        if let Some(detail) = self.detail() {
+        // pgrx raises only the SQLSTATEs it knows (XX000 for the others, such as a function's
+        // own ERRCODE): the query's own is then named in DETAIL.
+        let unsaid = Some(self.sqlstate())
+            .filter(|s| SqlState::from_code(code) != *s)
+            .map(|s| format!("SQLSTATE of the query's error: {s}"));
+        let detail = match (self.detail(), unsaid) {
+            (Some(detail), Some(unsaid)) => Some(format!("{detail}\n{unsaid}")),
+            (detail, unsaid) => detail.or(unsaid),
+        };
+        if let Some(detail) = detail {
             report = report.set_detail(detail);
         }
         if let Some(hint) = self.hint() {

@@ -174,21 +174,22 @@ fn sandboxed(
     origin: Origin,
     cost_limit: Option<f64>,
 ) -> Outcome {
-    let (result, position, ours) = {
+    let (result, position, raw_sqlstate, ours) = {
         // Dropped last, after the rollback: gives back the session locks the query's code took
         // (a generated query's: the extension's own reads run built-in code only, which takes
         // no lock it does not give back).
         let _locks = matches!(origin, Origin::Generated).then(session_locks::Watch::start);
-        let position = ErrorPosition::push();
+        let reported = ErrorReported::push();
         let timer = StatementTimer::arm(timeout_ms);
         // Always rolled back: the query only read, and nothing it did may outlive it.
         let result =
             subxact::in_subtransaction(false, || run_guarded(sql, mode, origin, cost_limit));
-        (result, position.get(), timer.fired())
+        let fired = timer.fired();
+        (result, reported.position(), reported.sqlstate(), fired)
     };
     match result {
         Ok(outcome) => outcome,
-        Err(caught) => failure(*caught, position, ours, timeout_ms),
+        Err(caught) => failure(*caught, position, raw_sqlstate, ours, timeout_ms),
     }
 }
 
@@ -281,13 +282,23 @@ pub enum ValueLength {
 
 /// Turns a caught error into the attempt's outcome, or re-raises it when it is not the query's
 /// fault.
-fn failure(caught: CaughtError, position: Option<i32>, ours: bool, timeout_ms: i32) -> Outcome {
+fn failure(
+    caught: CaughtError,
+    position: Option<i32>,
+    raw_sqlstate: Option<SqlState>,
+    ours: bool,
+    timeout_ms: i32,
+) -> Outcome {
     let report = match &caught {
         CaughtError::PostgresError(r)
         | CaughtError::ErrorReport(r)
         | CaughtError::RustPanic { ereport: r, .. } => r,
     };
-    let sqlstate = SqlState::from_code(report.sql_error_code());
+    // pgrx reports XX000 for a SQLSTATE it does not know; the error's own is the one reported.
+    let sqlstate = match SqlState::from_code(report.sql_error_code()) {
+        SqlState::INTERNAL_ERROR => raw_sqlstate.unwrap_or(SqlState::INTERNAL_ERROR),
+        known => known,
+    };
     let ours = sqlstate == SqlState::QUERY_CANCELED && ours;
     let not_the_query = matches!(caught, CaughtError::RustPanic { .. })
         || (!ours && ["53", "57", "58", "XX"].contains(&sqlstate.class()));
@@ -971,35 +982,50 @@ fn unique_names(names: &[String]) -> Vec<String> {
     out
 }
 
-/// The cursor position of the error being reported, which a caught error report does not
-/// carry: an error-context callback on the stack while the attempt runs, taken off again when
-/// this is dropped (also when an ERROR unwinds past it).
-struct ErrorPosition {
+/// The cursor position and the SQLSTATE of the error being reported, which a caught error
+/// report does not carry (pgrx's copy of an error keeps only the SQLSTATEs it knows, XX000 for
+/// the others, such as a function's own `ERRCODE`): an error-context callback on the stack
+/// while the attempt runs, taken off again when this is dropped (also when an ERROR unwinds
+/// past it).
+struct ErrorReported {
     callback: Box<pg_sys::ErrorContextCallback>,
-    position: Box<Cell<i32>>,
+    seen: Box<Seen>,
 }
 
-impl ErrorPosition {
-    fn push() -> ErrorPosition {
-        let position = Box::new(Cell::new(0i32));
+/// What the callback saw of the last report.
+#[derive(Default)]
+struct Seen {
+    position: Cell<i32>,
+    sqlstate: Cell<i32>,
+}
+
+impl ErrorReported {
+    fn push() -> ErrorReported {
+        let seen = Box::<Seen>::default();
         let mut callback = Box::new(pg_sys::ErrorContextCallback {
             // SAFETY: reading the backend's error-context stack.
             previous: unsafe { pg_sys::error_context_stack },
-            callback: Some(record_error_position),
-            arg: (&*position as *const Cell<i32>).cast_mut().cast(),
+            callback: Some(record_error),
+            arg: (&*seen as *const Seen).cast_mut().cast(),
         });
         // SAFETY: the callback and its argument are boxed, so they stay where they are until
         // `drop` takes the callback off the stack again.
         unsafe { pg_sys::error_context_stack = &mut *callback };
-        ErrorPosition { callback, position }
+        ErrorReported { callback, seen }
     }
 
-    fn get(&self) -> Option<i32> {
-        Some(self.position.get()).filter(|p| *p > 0)
+    fn position(&self) -> Option<i32> {
+        Some(self.seen.position.get()).filter(|p| *p > 0)
+    }
+
+    /// The SQLSTATE of the last report, when it was an error's (not a notice's or warning's).
+    fn sqlstate(&self) -> Option<SqlState> {
+        Some(SqlState::from_packed(self.seen.sqlstate.get()))
+            .filter(|s| !["00", "01"].contains(&s.class()))
     }
 }
 
-impl Drop for ErrorPosition {
+impl Drop for ErrorReported {
     fn drop(&mut self) {
         // SAFETY: PostgreSQL restores the stack to what it was at each PG_TRY when it catches
         // an error, so at this point ours is on top again.
@@ -1007,19 +1033,24 @@ impl Drop for ErrorPosition {
     }
 }
 
-/// Error-context callback: remembers the cursor position of the error being reported. SPI's own
-/// callback (which runs first) moves the position of its query into the "internal" position, so
-/// that one is read too.
+/// Error-context callback: remembers the cursor position and the SQLSTATE of the error being
+/// reported. SPI's own callback (which runs first) moves the position of its query into the
+/// "internal" position, so that one is read too.
 #[pgrx::pg_guard]
-unsafe extern "C-unwind" fn record_error_position(arg: *mut std::ffi::c_void) {
-    // SAFETY: called while an error is being reported, with the argument `ErrorPosition` gave.
+unsafe extern "C-unwind" fn record_error(arg: *mut std::ffi::c_void) {
+    // SAFETY: called while an error is being reported, with the argument `ErrorReported` gave.
     unsafe {
+        if arg.is_null() {
+            return;
+        }
+        let seen = &*arg.cast::<Seen>();
+        seen.sqlstate.set(pg_sys::geterrcode());
         let position = match pg_sys::geterrposition() {
             p if p > 0 => p,
             _ => pg_sys::getinternalerrposition(),
         };
-        if position > 0 && !arg.is_null() {
-            (*arg.cast::<Cell<i32>>()).set(position);
+        if position > 0 {
+            seen.position.set(position);
         }
     }
 }

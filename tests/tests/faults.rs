@@ -416,3 +416,45 @@ fn errors_of_other_statements_reach_the_client_as_postgresql_raised_them() {
         db.where_()
     );
 }
+
+/// An error with a SQLSTATE of its own (a function's `ERRCODE`) that a query meets keeps that
+/// SQLSTATE: in `nl_query` it is the attempt's error, which the model is told, not an internal
+/// error that ends the call; `nl_run` (which can raise only the SQLSTATEs pgrx knows) names it
+/// in DETAIL.
+#[test]
+fn an_error_code_a_function_chose_reaches_the_caller_and_the_model() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute(
+            "SET sql_query_engine.max_repairs = 1;
+             CREATE FUNCTION picky() RETURNS int LANGUAGE plpgsql AS $$ BEGIN
+                 RAISE EXCEPTION 'not on weekends' USING ERRCODE = 'P0099';
+             END $$;
+             CREATE VIEW moods AS SELECT picky() AS mood;",
+        )
+        .unwrap();
+    let error = s
+        .client
+        .query("SELECT nl_run('SELECT mood FROM moods')", &[])
+        .unwrap_err();
+    let (code, message, detail) = db_error(&error);
+    assert_eq!(code, "XX000", "{message}");
+    assert!(message.contains("not on weekends"), "{message}");
+    assert!(
+        detail.contains("SQLSTATE of the query's error: P0099"),
+        "{detail}"
+    );
+
+    s.llm.on(
+        "the mood",
+        vec![
+            Reply::sql("SELECT mood FROM moods"),
+            Reply::sql("SELECT 1 AS mood"),
+        ],
+    );
+    let trace = s.trace("the mood").unwrap();
+    assert_eq!(trace["attempts"][0]["sqlstate"], "P0099", "{trace}");
+    assert_eq!(trace["status"], "ok", "{trace}");
+    let repair = s.llm.requests().last().unwrap().text();
+    assert!(repair.contains("P0099"), "{repair}");
+}
