@@ -32,6 +32,7 @@ fn nl_query(
     question: Option<&str>,
     session: default!(Option<&str>, "NULL"),
 ) -> SetOfIterator<'static, JsonB> {
+    exec::refuse_inside_a_query("nl_query");
     let (run, _) = answered(Ask::new("nl_query", question, session)).unwrap_or_else(|e| e.raise());
     rows_of(run.best_result())
 }
@@ -39,6 +40,7 @@ fn nl_query(
 /// Answers a question with SQL only: generated, guarded, and planned (never executed).
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_generate(question: Option<&str>, session: default!(Option<&str>, "NULL")) -> String {
+    exec::refuse_inside_a_query("nl_generate");
     let ask = Ask {
         mode: Mode::Plan,
         ..Ask::new("nl_generate", question, session)
@@ -50,6 +52,7 @@ fn nl_generate(question: Option<&str>, session: default!(Option<&str>, "NULL")) 
 /// Runs the pipeline like `nl_query` and returns what happened instead of the rows.
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_trace(question: Option<&str>, session: default!(Option<&str>, "NULL")) -> JsonB {
+    exec::refuse_inside_a_query("nl_trace");
     let (run, shown) =
         audited_run(Ask::new("nl_trace", question, session), Ok).unwrap_or_else(|e| e.raise());
     JsonB(traced(&run, &shown))
@@ -59,6 +62,7 @@ fn nl_trace(question: Option<&str>, session: default!(Option<&str>, "NULL")) -> 
 /// (none are sent to the model when sample values are off: then it describes the query).
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_answer(question: Option<&str>, session: default!(Option<&str>, "NULL")) -> String {
+    exec::refuse_inside_a_query("nl_answer");
     let (run, _) = match answered(Ask::new("nl_answer", question, session)) {
         Ok(answered) => answered,
         // Withheld as doubtful: ask back instead of guessing.
@@ -100,6 +104,7 @@ fn nl_ask(
     session: default!(Option<&str>, "NULL"),
     turns: default!(Option<JsonB>, "NULL"),
 ) -> JsonB {
+    exec::refuse_inside_a_query("nl_ask");
     let ask = Ask {
         turns: turns.as_ref().map(|t| &t.0),
         ..Ask::new("nl_ask", question, session)
@@ -132,6 +137,7 @@ fn nl_call(
     progress: Option<bool>,
     fcinfo: pg_sys::FunctionCallInfo,
 ) -> pgrx::datum::Internal {
+    exec::refuse_inside_a_query("nl_call");
     let settings = call_settings(run_as, progress).unwrap_or_else(|e| e.raise());
     let answer = subxact::in_procedure(fcinfo, &settings, || {
         let ask = Ask {
@@ -196,6 +202,7 @@ fn call_settings(
 /// names the question (`nl_view_refresh` asks it again). Returns the SQL.
 #[pg_extern(volatile, parallel_unsafe, strict)]
 fn nl_view(view_name: &str, question: &str, replace: default!(bool, false)) -> String {
+    exec::refuse_inside_a_query("nl_view");
     let target = saved::target(view_name, replace).unwrap_or_else(|e| e.raise());
     let (run, _) =
         answered(Ask::new("nl_view", Some(question), None)).unwrap_or_else(|e| e.raise());
@@ -212,6 +219,7 @@ fn nl_view(view_name: &str, question: &str, replace: default!(bool, false)) -> S
 /// not change: CREATE OR REPLACE VIEW keeps them). Returns what changed.
 #[pg_extern(volatile, parallel_unsafe, strict)]
 fn nl_view_refresh(view_name: &str) -> String {
+    exec::refuse_inside_a_query("nl_view_refresh");
     let before = saved::saved(view_name).unwrap_or_else(|e| e.raise());
     let (run, _) = answered(Ask::new("nl_view_refresh", Some(&before.question), None))
         .unwrap_or_else(|e| e.raise());
@@ -241,6 +249,7 @@ fn nl_view_refresh(view_name: &str) -> String {
 /// answer with other ones is repaired like an error.
 #[pg_extern(volatile, parallel_unsafe, strict)]
 fn nl_query_shaped(question: &str, shape: pg_sys::Oid) -> SetOfIterator<'static, JsonB> {
+    exec::refuse_inside_a_query("nl_query_shaped");
     let fields = saved::shape(shape).unwrap_or_else(|e| e.raise());
     let asked = saved::shaped_question(question, &fields);
     let ask = Ask {
@@ -260,6 +269,7 @@ fn nl_query_shaped(question: &str, shape: pg_sys::Oid) -> SetOfIterator<'static,
 /// when given). Returns the SQL that finally answers; raises when none does.
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_fix(sql: Option<&str>, question: default!(Option<&str>, "NULL")) -> String {
+    exec::refuse_inside_a_query("nl_fix");
     let Some(sql) = sql.filter(|s| !s.trim().is_empty()) else {
         Error::InvalidParameter("the SQL to fix is empty".into()).raise()
     };
@@ -282,6 +292,7 @@ fn nl_fix(sql: Option<&str>, question: default!(Option<&str>, "NULL")) -> String
            LANGUAGE c AS 'MODULE_PATHNAME', 'nl_cursor_wrapper';"
 )]
 fn nl_cursor(question: Option<&str>, cursor_name: default!(Option<&str>, "'nl_answer'")) -> String {
+    exec::refuse_inside_a_query("nl_cursor");
     let name = cursor_name.filter(|n| !n.is_empty()).unwrap_or("nl_answer");
     let Some(portal) = exec::new_cursor(name) else {
         Error::Query(Box::new(SqlError::new(
@@ -355,6 +366,7 @@ fn traced_with_rows(run: &Run, shown: &DatabaseContext) -> serde_json::Value {
 /// `max_rows`. Raises the refusal or the query's own error.
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_run(sql: &str) -> SetOfIterator<'static, JsonB> {
+    exec::refuse_inside_a_query("nl_run");
     let result = history::audited("nl_run", sql, || {
         exec::attempt(sql, run_mode(), settings::statement_timeout_ms()).into_result()
     })
@@ -367,6 +379,7 @@ fn nl_run(sql: &str) -> SetOfIterator<'static, JsonB> {
 /// (`templates`).
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_example_add(question: &str, sql: &str) -> i64 {
+    exec::refuse_inside_a_query("nl_example_add");
     history::audited("nl_example_add", sql, || {
         templates::check_marks(question, sql)
             .map_err(Error::InvalidParameter)
@@ -385,6 +398,7 @@ fn nl_feedback(
     correct: bool,
     corrected_sql: default!(Option<&str>, "NULL"),
 ) -> JsonB {
+    exec::refuse_inside_a_query("nl_feedback");
     let input = corrected_sql.unwrap_or("");
     let given = history::audited("nl_feedback", input, || {
         feedback::give(history_id, correct, corrected_sql)
@@ -395,6 +409,7 @@ fn nl_feedback(
 /// Forgets a session's earlier questions (in every store this server reaches).
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_session_reset(session: &str) {
+    exec::refuse_inside_a_query("nl_session_reset");
     session::reset(session);
 }
 
@@ -403,6 +418,7 @@ fn nl_session_reset(session: &str) {
 /// backend only). A gateway sends server-side sessions only to servers that keep them shared.
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_session_store() -> &'static str {
+    exec::refuse_inside_a_query("nl_session_store");
     session::reachable_store().as_str()
 }
 
@@ -416,6 +432,7 @@ fn nl_history_add(
     function: default!(&str, "'nl_ask'"),
     session: default!(Option<&str>, "NULL"),
 ) -> Option<i64> {
+    exec::refuse_inside_a_query("nl_history_add");
     let answer = answer.map_or(serde_json::Value::Null, |a| a.0);
     let question = answer["question"].as_str().unwrap_or_default();
     history::audited("nl_history_add", question, || {
@@ -431,6 +448,7 @@ fn nl_history_add(
 /// back, behind the runtime gate: nothing it did outlives it.
 #[pg_extern(stable, parallel_unsafe)]
 fn nl_check(sql: &str) {
+    exec::refuse_inside_a_query("nl_check");
     history::audited("nl_check", sql, || exec::check(sql)).unwrap_or_else(|e| e.raise());
 }
 
@@ -438,6 +456,7 @@ fn nl_check(sql: &str) {
 /// one), verified examples included.
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_schema(question: default!(Option<&str>, "NULL")) -> String {
+    exec::refuse_inside_a_query("nl_schema");
     let question = question.filter(|q| !q.trim().is_empty());
     history::audited("nl_schema", question.unwrap_or(""), || {
         database_context(question).map(|context| context.text)

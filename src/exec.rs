@@ -158,6 +158,42 @@ pub fn attempt_in_loop(sql: &str, mode: Mode, timeout_ms: i32) -> Outcome {
     sandboxed(sql, mode, timeout_ms, Origin::Generated, Some(cost_limit))
 }
 
+thread_local! {
+    /// Queries of the extension running in this backend, nested or not.
+    static RUNNING: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Counts a running query of the extension until dropped (also when an ERROR unwinds past it).
+struct Running;
+
+impl Running {
+    fn enter() -> Running {
+        RUNNING.set(RUNNING.get() + 1);
+        Running
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        RUNNING.set(RUNNING.get().saturating_sub(1));
+    }
+}
+
+/// Refuses a call of the extension's `function` made while one of its queries runs: by code
+/// that query runs as the caller (a function of a view or a policy another role owns), which
+/// would otherwise write turns into the caller's conversations or reset them, put questions to
+/// the model in the caller's name, or record history and feedback as the caller.
+pub fn refuse_inside_a_query(function: &str) {
+    if RUNNING.get() > 0 {
+        crate::error::Error::sql(
+            "42501",
+            format!("{function} may not be called by code that a query of sql_query_engine runs"),
+            Some("A view's, a policy's or a function's code called the extension while it ran a query."),
+        )
+        .raise();
+    }
+}
+
 /// Planner cost units per millisecond that no server reaches (default cost settings count a
 /// sequential page read as 1): a plan estimated above `statement_timeout` times this is far
 /// beyond what the timeout lets run.
@@ -179,6 +215,7 @@ fn sandboxed(
         // (a generated query's: the extension's own reads run built-in code only, which takes
         // no lock it does not give back).
         let _locks = matches!(origin, Origin::Generated).then(session_locks::Watch::start);
+        let _running = Running::enter();
         let reported = ErrorReported::push();
         let timer = StatementTimer::arm(timeout_ms);
         // Always rolled back: the query only read, and nothing it did may outlive it.
