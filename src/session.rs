@@ -381,10 +381,9 @@ unsafe extern "C-unwind" fn on_utility(
     dest: *mut pg_sys::DestReceiver,
     completion: *mut pg_sys::QueryCompletion,
 ) {
-    // SAFETY: the statement PostgreSQL passed; then the previous hook (stored once, in `init`)
-    // or PostgreSQL's own, with exactly what PostgreSQL gave this one.
+    // SAFETY: the previous hook (stored once, in `init`) or PostgreSQL's own, with exactly
+    // what PostgreSQL gave this one; then the statement PostgreSQL passed, still its caller's.
     unsafe {
-        forget_on_discard_all(statement);
         match PREVIOUS_UTILITY_HOOK {
             Some(previous) => previous(
                 statement,
@@ -407,6 +406,9 @@ unsafe extern "C-unwind" fn on_utility(
                 completion,
             ),
         }
+        // Reached only when the statement succeeded: a DISCARD ALL that fails (in a
+        // transaction block) forgets nothing.
+        forget_on_discard_all(statement);
     }
 }
 

@@ -195,13 +195,20 @@ fn discard_all_forgets_the_sessions_held_in_backend_memory() {
     let mut s = Session::new();
     s.llm.on("first turn", vec![Reply::sql("SELECT 1 AS a")]);
     s.llm
-        .on("second turn", vec![Reply::sql("SELECT 2 AS b"); 2]);
+        .on("second turn", vec![Reply::sql("SELECT 2 AS b"); 3]);
     // A read-only transaction cannot write the table: backend memory holds the session.
     s.client
         .batch_execute("SET default_transaction_read_only = on")
         .unwrap();
     let trace = s.trace_in("first turn", "memory-1");
     assert_eq!(trace["session_store"], "memory");
+    s.trace_in("second turn", "memory-1");
+    let remembered = s.llm.requests().last().unwrap().text();
+    assert!(remembered.contains("first turn"), "{remembered}");
+    // A DISCARD ALL that fails (it may not run in a transaction block) forgets nothing.
+    let refused = s.client.batch_execute("BEGIN; DISCARD ALL");
+    assert!(refused.is_err());
+    s.client.batch_execute("ROLLBACK").unwrap();
     s.trace_in("second turn", "memory-1");
     let remembered = s.llm.requests().last().unwrap().text();
     assert!(remembered.contains("first turn"), "{remembered}");
