@@ -1,6 +1,6 @@
 //! What differs between the PostgreSQL versions the extension supports (15, 17 and 18), in one
-//! place: node kinds the guard walks, the tuple descriptor's layout, the arguments of
-//! `ExecutorRun` and `LockHeldByMe`, and the numbers build.rs reads from each server's headers.
+//! place: node kinds the guard walks, the tuple descriptor's layout, `ExecutorRun`'s arguments,
+//! and the numbers build.rs reads from each server's headers.
 
 use pgrx::pg_sys;
 
@@ -82,21 +82,6 @@ pub unsafe fn executor_run(query: *mut pg_sys::QueryDesc) {
         pg_sys::ExecutorRun(query, pg_sys::ScanDirection::ForwardScanDirection, 0, true);
         #[cfg(feature = "pg18")]
         pg_sys::ExecutorRun(query, pg_sys::ScanDirection::ForwardScanDirection, 0);
-    }
-}
-
-/// Whether this backend holds `tag` in `mode` (PostgreSQL 17 added `LockHeldByMe`'s third
-/// argument, "or a stronger mode").
-///
-/// # Safety
-/// `tag` must be a valid lock tag.
-pub unsafe fn lock_held_by_me(tag: &pg_sys::LOCKTAG, mode: pg_sys::LOCKMODE) -> bool {
-    // SAFETY: the caller's contract; the look-up reads this backend's own lock table.
-    unsafe {
-        #[cfg(feature = "pg15")]
-        return pg_sys::LockHeldByMe(tag, mode);
-        #[cfg(not(feature = "pg15"))]
-        return pg_sys::LockHeldByMe(tag, mode, false);
     }
 }
 

@@ -3,10 +3,17 @@
 //! predicate's function that calls `pg_advisory_lock` runs as the caller, where the guard sees
 //! no such call in the query's text; left held, its lock would outlive the call on the caller's
 //! connection (on a pooler's or the gateway's, for whoever is handed it next) and block every
-//! session that asks for it. So the sandbox notes the advisory locks the session holds before a
-//! query, and gives back, after, every one taken since, as many times as it was taken.
+//! session that asks for it. So the sandbox counts the session-level holds of each advisory
+//! lock the session has before a query, and gives back, after, every hold taken since.
+//!
+//! The lock manager's table (`pg_locks`) shows which locks a backend holds, not at which level
+//! nor how many times: a lock the caller holds for its transaction and the query's code takes
+//! again for the session looks the same before and after. The holds are counted instead (see
+//! `session_holds`).
 
 use pgrx::pg_sys;
+
+use crate::subxact;
 
 /// One advisory lock this backend holds, in one mode.
 #[derive(Clone, Copy)]
@@ -34,17 +41,19 @@ impl Held {
     }
 }
 
-/// The advisory locks the session holds when it starts; dropping it releases those taken
-/// since (the sandbox drops it once the query's subtransaction is rolled back, which has
-/// released every transaction-level lock taken inside: what remains new is session-level).
+/// The session-level holds of the advisory locks the session has when it starts; dropping it
+/// gives back those taken since (the sandbox drops it once the query's subtransaction is
+/// rolled back, which has released every transaction-level hold taken inside).
 #[must_use = "the locks taken meanwhile are released when this is dropped"]
 pub struct Watch {
-    before: Vec<Held>,
+    before: Vec<(Held, u64)>,
 }
 
 impl Watch {
     pub fn start() -> Watch {
-        Watch { before: held() }
+        Watch {
+            before: counted(held()),
+        }
     }
 }
 
@@ -55,46 +64,88 @@ impl Drop for Watch {
         if std::thread::panicking() {
             return;
         }
-        let now = held();
-        let taken: Vec<&Held> = now
-            .iter()
-            .filter(|lock| !self.before.iter().any(|b| b.same(lock)))
-            .collect();
-        let mut released = 0u64;
-        for lock in &taken {
-            // Each release gives back one acquisition; the loop ends when none is left, after
-            // as many turns as the code took the lock in its bounded run time. It does not stop
-            // for an interrupt: stopping halfway would leave the lock held.
-            // SAFETY: a tag and mode read from the lock manager for this backend; a
-            // session-level release of a lock this backend holds at session level.
-            unsafe {
-                while crate::compat::lock_held_by_me(&lock.tag, lock.mode)
-                    && pg_sys::LockRelease(&lock.tag, lock.mode, true)
-                {
-                    released += 1;
+        let now = counted(held());
+        let before = |lock: &Held| {
+            self.before
+                .iter()
+                .find(|(b, _)| b.same(lock))
+                .map_or(0, |(_, holds)| *holds)
+        };
+        let (mut locks, mut released) = (0, 0u64);
+        for (lock, holds) in &now {
+            let taken = holds.saturating_sub(before(lock));
+            // As many turns as the code took the lock in its bounded run time; not stopped by
+            // an interrupt: stopping halfway would leave the lock held.
+            for _ in 0..taken {
+                // SAFETY: a session-level release of a lock this backend holds at session
+                // level (counted just now), with a tag and mode the lock manager reported.
+                if !unsafe { pg_sys::LockRelease(&lock.tag, lock.mode, true) } {
+                    break;
                 }
+                released += 1;
             }
+            locks += usize::from(taken > 0);
         }
-        let lost = self
+        let lost: u64 = self
             .before
             .iter()
-            .filter(|lock| !now.iter().any(|n| n.same(lock)))
-            .count();
+            .map(|(lock, holds)| {
+                let kept = now
+                    .iter()
+                    .find(|(n, _)| n.same(lock))
+                    .map_or(0, |(_, h)| *h);
+                holds.saturating_sub(kept)
+            })
+            .sum();
         if released > 0 {
             pgrx::log!(
-                "sql_query_engine: gave back {} session-level advisory lock(s) ({released} \
+                "sql_query_engine: gave back {locks} session-level advisory lock(s) ({released} \
                  acquisition(s)) that code run by a query took (a function of a view, a policy or \
-                 an index of what it read)",
-                taken.len()
+                 an index of what it read)"
             );
         }
         if lost > 0 {
             pgrx::log!(
-                "sql_query_engine: code that a query ran released {lost} advisory lock(s) the \
-                 session held before"
+                "sql_query_engine: code that a query ran released {lost} session-level hold(s) of \
+                 advisory locks the session held before"
             );
         }
     }
+}
+
+/// Each lock with its session-level holds.
+fn counted(locks: Vec<Held>) -> Vec<(Held, u64)> {
+    locks
+        .into_iter()
+        .map(|lock| (lock, session_holds(&lock)))
+        .collect()
+}
+
+/// How many session-level holds this backend has of `lock` (which it holds at some level).
+/// PostgreSQL tells only whether a lock is held; so a hold for the current transaction is taken
+/// as an anchor (granted at once: the lock is already held), the session-level holds are given
+/// back one by one and counted until there is none (the lock stays held by the anchor, so no
+/// other backend can take it meanwhile), taken again as many times, and the anchor is given
+/// back: the lock ends as it was. The last release finds no session-level hold and would warn
+/// "you don't own a lock": messages are off meanwhile.
+fn session_holds(lock: &Held) -> u64 {
+    let mut holds = 0u64;
+    subxact::without_messages(|| {
+        // SAFETY: a tag and mode the lock manager reported for this backend; the anchor is held
+        // under the current resource owner (inside the caller's transaction) and given back
+        // below; every session-level hold given back is taken again.
+        unsafe {
+            pg_sys::LockAcquire(&lock.tag, lock.mode, false, true);
+            while pg_sys::LockRelease(&lock.tag, lock.mode, true) {
+                holds += 1;
+            }
+            for _ in 0..holds {
+                pg_sys::LockAcquire(&lock.tag, lock.mode, true, true);
+            }
+            pg_sys::LockRelease(&lock.tag, lock.mode, false);
+        }
+    });
+    holds
 }
 
 /// The advisory locks this backend holds, each in each mode it holds it.

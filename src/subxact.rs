@@ -78,6 +78,28 @@ pub const PINNED_SEARCH_PATH: &CStr = c"pg_catalog, pg_temp";
 /// Runs `work` with `settings` in force, restored afterwards, like a function's `SET` clause
 /// (also when `work` raises an ERROR: the guard restores them as it unwinds).
 pub fn with_settings<R>(settings: &[(&CStr, &CStr)], work: impl FnOnce() -> R) -> R {
+    with_settings_in(pg_sys::GucContext::PGC_USERSET, settings, work)
+}
+
+/// Runs `work`, the extension's own, with no message below ERROR sent to the client or the
+/// server log: for a step that PostgreSQL would warn about while the extension expects it.
+pub fn without_messages<R>(work: impl FnOnce() -> R) -> R {
+    // log_min_messages is a superuser's setting: set here by the extension itself, for `work`.
+    with_settings_in(
+        pg_sys::GucContext::PGC_SUSET,
+        &[
+            (c"client_min_messages", c"error"),
+            (c"log_min_messages", c"error"),
+        ],
+        work,
+    )
+}
+
+fn with_settings_in<R>(
+    context: pg_sys::GucContext::Type,
+    settings: &[(&CStr, &CStr)],
+    work: impl FnOnce() -> R,
+) -> R {
     /// The GUC nesting level of the settings; dropping it ends that level.
     struct Level(std::ffi::c_int);
     impl Drop for Level {
@@ -94,7 +116,7 @@ pub fn with_settings<R>(settings: &[(&CStr, &CStr)], work: impl FnOnce() -> R) -
             pg_sys::set_config_option(
                 name.as_ptr(),
                 value.as_ptr(),
-                pg_sys::GucContext::PGC_USERSET,
+                context,
                 pg_sys::GucSource::PGC_S_SESSION,
                 pg_sys::GucAction::GUC_ACTION_SAVE,
                 true,

@@ -166,12 +166,16 @@ fn session_locks_that_a_views_code_takes_are_given_back_when_the_call_ends() {
     let w = World::new();
     let victim = w.victim.clone();
     // The view's function takes one lock twice and another in share mode, at session level:
-    // the sandbox's rollback does not release such locks.
+    // the sandbox's rollback does not release such locks. It also takes again, for the session,
+    // the two locks the victim holds when it asks: one for its session, one for its transaction
+    // (pg_locks shows both the same way before and after).
     w.attacker_runs(&format!(
         "CREATE FUNCTION public.note() RETURNS text LANGUAGE plpgsql AS $$ BEGIN
              PERFORM pg_advisory_lock(4250);
              PERFORM pg_advisory_lock(4250);
              PERFORM pg_advisory_lock_shared(4252);
+             PERFORM pg_advisory_lock(4251);
+             PERFORM pg_advisory_lock(4253);
              RETURN 'noted';
          END $$;
          CREATE VIEW public.release_notes AS SELECT public.note() AS note;
@@ -188,18 +192,21 @@ fn session_locks_that_a_views_code_takes_are_given_back_when_the_call_ends() {
         "SELECT nl_query('the release notes')::text",
         "SELECT nl_run('SELECT note FROM release_notes')::text",
     ] {
+        v.batch_execute("BEGIN; SELECT pg_advisory_xact_lock(4253)")
+            .unwrap();
         // The answer is the function's: it ran, and took its locks.
         assert!(text(&mut v, call).contains("noted"), "{call}");
+        v.batch_execute("COMMIT").unwrap();
         assert_eq!(
-            (w.locks(4250), w.locks(4252)),
-            (0, 0),
+            (w.locks(4250), w.locks(4252), w.locks(4253)),
+            (0, 0, 0),
             "{call}: a lock the view's code took outlived the call"
         );
         assert_eq!(w.locks(4251), 1, "{call}: the caller's own lock");
     }
     // The server log tells the DBA, once per call.
     if let Some(log) = cluster().server_log() {
-        let told = "gave back 2 session-level advisory lock(s) (3 acquisition(s))";
+        let told = "gave back 4 session-level advisory lock(s) (5 acquisition(s))";
         assert_eq!(log.matches(told).count(), 2, "{log}");
     }
     // Held once: one unlock gives it back.
