@@ -593,7 +593,10 @@ unsafe extern "C-unwind" fn refuse_api_key(
 /// A bound that the server's configuration sets and roles may only lower for themselves:
 /// a value from the defaults, the configuration file, the command line or `ALTER ROLE ALL`
 /// becomes the ceiling; a role's `SET` or `ALTER ROLE` above it is refused unless a superuser
-/// makes it.
+/// makes it. A value stored with `ALTER DATABASE` or `ALTER ROLE` that a role logs in with (or
+/// loads the library with) applies up to the ceiling for a role that is not a superuser: it may
+/// have been stored while the library was not loaded, unchecked, and refusing it would warn in
+/// every connection of the role, whether it uses the extension or not.
 struct Ceiling {
     value: AtomicI32,
     refusal: &'static CStr,
@@ -607,14 +610,21 @@ impl Ceiling {
         }
     }
 
-    /// The check hook's verdict on `value` from `source`.
-    fn check(&self, value: i32, source: pg_sys::GucSource::Type) -> bool {
-        if source <= pg_sys::GucSource::PGC_S_GLOBAL {
-            self.value.store(value, Ordering::Relaxed);
+    /// The check hook's verdict on `value` from `source` (lowered to the ceiling for a stored
+    /// setting).
+    fn check(&self, value: &mut i32, source: pg_sys::GucSource::Type) -> bool {
+        use pg_sys::GucSource::{PGC_S_DATABASE, PGC_S_DATABASE_USER, PGC_S_GLOBAL, PGC_S_USER};
+        if source <= PGC_S_GLOBAL {
+            self.value.store(*value, Ordering::Relaxed);
             return true;
         }
+        let ceiling = self.value.load(Ordering::Relaxed);
         // SAFETY: a check hook runs in a backend, where the current user is known.
-        if value <= self.value.load(Ordering::Relaxed) || unsafe { pg_sys::superuser() } {
+        if *value <= ceiling || unsafe { pg_sys::superuser() } {
+            return true;
+        }
+        if matches!(source, PGC_S_DATABASE | PGC_S_USER | PGC_S_DATABASE_USER) {
+            *value = ceiling;
             return true;
         }
         // SAFETY: GUC's check-hook error fields, given a static message.
@@ -649,9 +659,9 @@ macro_rules! ceiling_hook {
             _extra: *mut *mut std::ffi::c_void,
             source: pg_sys::GucSource::Type,
         ) -> bool {
-            // SAFETY: GUC passes a valid pointer to the proposed value.
-            let value = unsafe { *newval };
-            $ceiling.check(value, source)
+            // SAFETY: GUC passes a valid pointer to the proposed value, which a check hook may
+            // change.
+            $ceiling.check(unsafe { &mut *newval }, source)
         }
     };
 }

@@ -129,3 +129,36 @@ fn roles_may_lower_the_bounds_but_not_raise_them() {
             .unwrap_or_else(|e| panic!("a superuser raising {setting}: {e}"));
     }
 }
+
+#[test]
+fn a_stored_setting_above_the_bound_applies_up_to_it_without_a_warning_at_every_login() {
+    let mut s = Session::new();
+    let (role_name, _, _) = role_connection(&mut s, "stored");
+    let db = s.database.clone();
+    // Stored above the bounds for the database and for the role (the way a role stores its
+    // own while the library is not loaded, unchecked).
+    s.client
+        .batch_execute(&format!(
+            "ALTER DATABASE {db} SET sql_query_engine.max_repairs = 10;
+             ALTER ROLE {role_name} IN DATABASE {db} SET sql_query_engine.max_rows = 100000;"
+        ))
+        .unwrap();
+    let notices = Arc::new(Mutex::new(Vec::new()));
+    let mut role = cluster().connect_as_with_notices(&db, &role_name, Arc::clone(&notices));
+    role.batch_execute("SELECT nl_schema()").unwrap();
+    let show = |client: &mut postgres::Client, setting: &str| -> String {
+        client
+            .query_one(&format!("SHOW sql_query_engine.{setting}"), &[])
+            .unwrap()
+            .get(0)
+    };
+    // The server's bounds (the defaults here), with nothing said to the role.
+    assert_eq!(show(&mut role, "max_repairs"), "4");
+    assert_eq!(show(&mut role, "max_rows"), "1000");
+    let said = notices.lock().unwrap().join("\n");
+    assert!(!said.contains("only a superuser"), "{said}");
+    // A superuser logging in gets the database's value.
+    let mut admin = cluster().connect(&db);
+    admin.batch_execute("SELECT nl_schema()").unwrap();
+    assert_eq!(show(&mut admin, "max_repairs"), "10");
+}
