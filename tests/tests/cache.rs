@@ -110,3 +110,35 @@ fn ddl_on_what_the_cache_shows_is_seen_by_the_very_next_question() {
     let told = s.llm.requests().last().unwrap().text();
     assert!(told.contains("CREATE TABLE orders"), "{told}");
 }
+
+/// COMMENTs are counted by an event trigger: two serializable transactions that comment on
+/// objects at the same time both commit (the trigger reads nothing in them), and the next
+/// question sees both comments.
+#[test]
+fn comments_in_concurrent_serializable_transactions_both_commit_and_are_seen() {
+    let mut s = Session::new();
+    assert_eq!(traced(&mut s, "before")["schema_cached"], false);
+    let (mut a, mut b) = (
+        cluster().connect(&s.database),
+        cluster().connect(&s.database),
+    );
+    a.batch_execute(
+        "BEGIN ISOLATION LEVEL SERIALIZABLE;
+         COMMENT ON TABLE customers IS 'people who buy';
+         COMMENT ON COLUMN customers.name IS 'as on the invoice';",
+    )
+    .unwrap();
+    b.batch_execute(
+        "BEGIN ISOLATION LEVEL SERIALIZABLE; COMMENT ON TABLE orders IS 'what they buy';",
+    )
+    .unwrap();
+    a.batch_execute("COMMIT").unwrap();
+    b.batch_execute("COMMIT")
+        .unwrap_or_else(|e| panic!("the second serializable COMMENT failed: {e}"));
+    let trace = traced(&mut s, "after both");
+    assert_eq!(trace["schema_cached"], false);
+    let told = s.llm.requests().last().unwrap().text();
+    for comment in ["people who buy", "as on the invoice", "what they buy"] {
+        assert!(told.contains(comment), "{comment}: {told}");
+    }
+}

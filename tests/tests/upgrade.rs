@@ -134,6 +134,9 @@ fn updating_from_0_1_0_through_every_release_equals_a_fresh_install_and_keeps_th
         )
         .unwrap();
     client
+        .batch_execute("ALTER EXTENSION sql_query_engine UPDATE TO '0.7.0'")
+        .unwrap();
+    client
         .batch_execute(&format!(
             "DELETE FROM nl_history WHERE question = 'written by the upper-case role';
              DROP ROLE {plain}; DROP ROLE \"{upper}\";"
@@ -146,7 +149,7 @@ fn updating_from_0_1_0_through_every_release_equals_a_fresh_install_and_keeps_th
         )
         .unwrap()
         .get(0);
-    assert_eq!(version, "0.6.0");
+    assert_eq!(version, "0.7.0");
     let (updated_members, fresh_members) = (members(&updated), members(&fresh));
     let only = |a: &[String], b: &[String]| -> Vec<String> {
         a.iter().filter(|m| !b.contains(m)).cloned().collect()
