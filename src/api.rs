@@ -257,6 +257,16 @@ fn nl_query_shaped(question: &str, shape: pg_sys::Oid) -> SetOfIterator<'static,
         ..Ask::new("nl_query_as", Some(&asked), None)
     };
     let (run, _) = answered(ask).unwrap_or_else(|e| e.raise());
+    // The type's owner may have changed it while the model thought (a CHECK added to a domain
+    // of it would run in the conversion, as the caller): checked again before it is used.
+    if saved::shape(shape).unwrap_or_else(|e| e.raise()) != fields {
+        Error::sql(
+            "55000",
+            "the row type changed while the question was answered",
+            Some("Ask again."),
+        )
+        .raise();
+    }
     let rows = run
         .best_result()
         .map(|r| saved::rekeyed(r, &fields))

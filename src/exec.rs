@@ -182,9 +182,13 @@ impl Drop for Running {
 /// Refuses a call of the extension's `function` made while one of its queries runs: by code
 /// that query runs as the caller (a function of a view or a policy another role owns), which
 /// would otherwise write turns into the caller's conversations or reset them, put questions to
-/// the model in the caller's name, or record history and feedback as the caller.
+/// the model in the caller's name, or record history and feedback as the caller. Also in a
+/// parallel worker (code of a query's parallel plan; the count is per process) and wherever
+/// PostgreSQL runs in parallel mode: the extension's functions are parallel-unsafe, so no
+/// query of a caller's own puts them there.
 pub fn refuse_inside_a_query(function: &str) {
-    if RUNNING.get() > 0 {
+    // SAFETY: reads the backend's parallel-mode flag.
+    if RUNNING.get() > 0 || unsafe { pg_sys::IsInParallelMode() } {
         crate::error::Error::sql(
             "42501",
             format!("{function} may not be called by code that a query of sql_query_engine runs"),
@@ -331,9 +335,13 @@ fn failure(
         | CaughtError::ErrorReport(r)
         | CaughtError::RustPanic { ereport: r, .. } => r,
     };
-    // pgrx reports XX000 for a SQLSTATE it does not know; the error's own is the one reported.
+    // pgrx reports XX000 for a SQLSTATE it does not know; the error's own is the one last
+    // reported, if pgrx does not know it either (else that report was another one: a notice,
+    // or an error caught inside the query before this one was re-thrown without a report).
     let sqlstate = match SqlState::from_code(report.sql_error_code()) {
-        SqlState::INTERNAL_ERROR => raw_sqlstate.unwrap_or(SqlState::INTERNAL_ERROR),
+        SqlState::INTERNAL_ERROR => raw_sqlstate
+            .filter(|raw| SqlState::from_code(raw.code()) == SqlState::INTERNAL_ERROR)
+            .unwrap_or(SqlState::INTERNAL_ERROR),
         known => known,
     };
     let ours = sqlstate == SqlState::QUERY_CANCELED && ours;

@@ -445,6 +445,27 @@ fn an_error_code_a_function_chose_reaches_the_caller_and_the_model() {
         "{detail}"
     );
 
+    // Re-thrown by a bare RAISE (no new report) after the handler met and caught another
+    // error: that one's SQLSTATE is not taken for it.
+    s.client
+        .batch_execute(
+            "CREATE FUNCTION fussy() RETURNS int LANGUAGE plpgsql AS $$ BEGIN
+                 RAISE EXCEPTION 'not today' USING ERRCODE = 'P0099';
+             EXCEPTION WHEN OTHERS THEN
+                 BEGIN PERFORM 1 / 0; EXCEPTION WHEN division_by_zero THEN NULL; END;
+                 RAISE;
+             END $$;
+             CREATE VIEW fussed AS SELECT fussy() AS f;",
+        )
+        .unwrap();
+    let error = s
+        .client
+        .query("SELECT nl_run('SELECT f FROM fussed')", &[])
+        .unwrap_err();
+    let (code, message, detail) = db_error(&error);
+    assert_ne!(code, "22012", "{message}");
+    assert!(!detail.contains("22012"), "{detail}");
+
     s.llm.on(
         "the mood",
         vec![

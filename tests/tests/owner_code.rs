@@ -275,6 +275,72 @@ fn code_a_query_runs_cannot_call_the_extension_in_the_callers_name() {
     assert!(asked.contains("INJECTED"), "{asked}");
 }
 
+#[test]
+fn code_in_a_parallel_worker_of_a_query_cannot_call_the_extension_either() {
+    let w = World::new();
+    let victim = w.victim.clone();
+    // A function the planner may run in parallel workers, which asks the model a question in
+    // the victim's name from a worker (where the leader's count of running queries is not).
+    w.attacker_runs(&format!(
+        "CREATE TABLE shared.big AS SELECT g AS id FROM generate_series(1, 2000) g;
+         ALTER TABLE shared.big SET (parallel_workers = 2);
+         ANALYZE shared.big;
+         CREATE FUNCTION shared.pw(id int) RETURNS boolean LANGUAGE plpgsql PARALLEL SAFE
+             COST 100000 AS $$
+         BEGIN
+             IF id % 500 = 1 AND (SELECT leader_pid FROM pg_stat_activity
+                                  WHERE pid = pg_backend_pid()) IS NOT NULL THEN
+                 PERFORM count(*) FROM nl_query('WORKER QUESTION');
+             END IF;
+             RETURN true;
+         END $$;
+         CREATE VIEW shared.pv AS SELECT id FROM shared.big WHERE shared.pw(id);
+         GRANT SELECT ON shared.big, shared.pv TO {victim};"
+    ));
+    w.s.llm.on(
+        "how many rows in pv",
+        vec![Reply::sql("SELECT count(*) AS n FROM shared.pv")],
+    );
+    w.s.llm
+        .on("WORKER QUESTION", vec![Reply::sql("SELECT 1 AS one"); 4]);
+    let mut v = w.connect(&victim);
+    v.batch_execute(
+        "SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0;
+         SET min_parallel_table_scan_size = 0; SET parallel_leader_participation = off;",
+    )
+    .unwrap();
+    let plan: String = v
+        .query("EXPLAIN SELECT count(*) FROM shared.pv", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(plan.contains("Workers Planned"), "{plan}");
+    let trace: serde_json::Value = serde_json::from_str(&text(
+        &mut v,
+        "SELECT nl_trace('how many rows in pv')::text",
+    ))
+    .unwrap();
+    let message = trace["attempts"][0]["message"].as_str().unwrap_or_default();
+    assert!(
+        message
+            .contains("nl_query may not be called by code that a query of sql_query_engine runs"),
+        "{trace}"
+    );
+    let asked = w.s.llm.requests();
+    assert!(
+        !asked.iter().any(|r| r.text().contains("WORKER QUESTION")),
+        "a worker asked the model in the victim's name"
+    );
+    // Reading the view directly, the worker's call is refused the same way: the extension's
+    // functions never run in a parallel worker.
+    let error = v
+        .batch_execute("SELECT count(*) FROM shared.pv")
+        .unwrap_err();
+    assert_eq!(db_error(&error).0, "42501", "{error}");
+}
+
 /// A TCP listener that counts the connections it is offered.
 fn counting_listener() -> (u16, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
