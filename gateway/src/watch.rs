@@ -35,25 +35,64 @@ pub struct WatchedStream {
     inner: TcpStream,
     gone: CancellationToken,
     write_timeout: Duration,
-    /// Since when a write has been waiting for the client to read (its deadline).
-    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// A write waiting for the client to read: until when, and the bytes the socket still had
+    /// to deliver when the wait began.
+    stalled: Option<Stall>,
+}
+
+struct Stall {
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    queued: Option<usize>,
 }
 
 impl WatchedStream {
     /// A write could not go on: pending until the client reads, an error once it has read
-    /// nothing for the write timeout.
+    /// nothing for the write timeout. The socket accepts more only once the client has read a
+    /// good part of what it holds, which a client reading slowly but steadily may take longer
+    /// than the timeout to do: what it reads meanwhile (the socket's send queue shrinking)
+    /// counts as progress.
     fn stalled<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
-        let timeout = self.write_timeout;
-        let deadline = self
-            .stalled
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
-        match deadline.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the client read nothing of the response for the write timeout",
-            ))),
-            Poll::Pending => Poll::Pending,
+        // Each turn sets a new deadline after progress; the queue only shrinks while the
+        // write waits, so the turns are bounded by the bytes it holds.
+        loop {
+            let queued = send_queue(&self.inner);
+            let timeout = self.write_timeout;
+            let stall = self.stalled.get_or_insert_with(|| Stall {
+                deadline: Box::pin(tokio::time::sleep(timeout)),
+                queued,
+            });
+            if stall.deadline.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            match (queued, stall.queued) {
+                (Some(now), Some(then)) if now < then => self.stalled = None,
+                _ => {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the client read nothing of the response for the write timeout",
+                    )))
+                }
+            }
         }
+    }
+}
+
+/// The bytes a socket has not yet delivered to its peer (sent and not acknowledged, or not
+/// sent): Linux's SIOCOUTQ; `None` elsewhere.
+fn send_queue(stream: &TcpStream) -> Option<usize> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let mut queued: libc::c_int = 0;
+        // SAFETY: TIOCOUTQ (SIOCOUTQ for a socket) writes one int, to a local that outlives
+        // the call, for a descriptor the stream owns.
+        let done = unsafe { libc::ioctl(stream.as_raw_fd(), libc::TIOCOUTQ, &mut queued) };
+        (done == 0).then(|| usize::try_from(queued).ok()).flatten()
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = stream;
+        None
     }
 }
 
@@ -153,5 +192,104 @@ impl AsyncWrite for WatchedStream {
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    /// Writes `total` bytes to a watched connection whose client, with small socket buffers,
+    /// reads `chunk` bytes every `pause` (`None`: reads nothing until the write is over).
+    /// Returns what the client received and whether the write failed.
+    fn serve_to(
+        reader: Option<(usize, Duration)>,
+        total: usize,
+        timeout: Duration,
+    ) -> (usize, bool) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.set_send_buffer_size(128 * 1024).unwrap();
+            socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+            let listener = socket.listen(1).unwrap();
+            let address = listener.local_addr().unwrap();
+            let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+            let client = std::thread::spawn(move || {
+                let connected = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap()
+                    .block_on(async {
+                        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+                        socket.set_recv_buffer_size(16 * 1024).unwrap();
+                        socket.connect(address).await.unwrap()
+                    });
+                let mut stream = connected.into_std().unwrap();
+                stream.set_nonblocking(false).unwrap();
+                if reader.is_none() {
+                    let _ = done_rx.recv();
+                }
+                let (chunk, pause) = reader.unwrap_or((64 * 1024, Duration::ZERO));
+                let mut buffer = vec![0u8; chunk];
+                let mut received = 0;
+                while let Ok(n @ 1..) = stream.read(&mut buffer) {
+                    received += n;
+                    std::thread::sleep(pause);
+                }
+                received
+            });
+            let (inner, _) = listener.accept().await.unwrap();
+            let mut stream = WatchedStream {
+                inner,
+                gone: CancellationToken::new(),
+                write_timeout: timeout,
+                stalled: None,
+            };
+            let data = vec![b'x'; total];
+            let mut written = 0;
+            let failed = loop {
+                if written == total {
+                    break false;
+                }
+                let wrote = std::future::poll_fn(|cx| {
+                    Pin::new(&mut stream).poll_write(cx, &data[written..])
+                })
+                .await;
+                match wrote {
+                    Ok(n) => written += n,
+                    Err(_) => break true,
+                }
+            };
+            drop(stream);
+            let _ = done_tx.send(());
+            (client.join().unwrap(), failed)
+        })
+    }
+
+    #[test]
+    fn a_client_that_reads_slowly_but_steadily_gets_the_whole_response() {
+        // 80 kB/s: the socket takes more only after about a second each time, longer than
+        // the timeout, but the client reads all along.
+        let total = 512 * 1024;
+        let (received, failed) = serve_to(
+            Some((8 * 1024, Duration::from_millis(100))),
+            total,
+            Duration::from_millis(500),
+        );
+        assert!(!failed, "cut after {received} bytes");
+        assert_eq!(received, total);
+    }
+
+    #[test]
+    fn a_client_that_reads_nothing_is_disconnected() {
+        let total = 8 << 20;
+        let (received, failed) = serve_to(None, total, Duration::from_millis(300));
+        assert!(failed);
+        assert!(received < total, "{received}");
     }
 }
