@@ -4,6 +4,7 @@
 //! drivers (psycopg, the PostgreSQL JDBC driver) read the view's columns with their types.
 
 use std::process::Command;
+use std::time::Duration;
 
 use postgres::Client;
 use sql_query_engine_e2e::clients::{clients_python, repo, JDBC_DRIVER};
@@ -450,4 +451,42 @@ fn nl_query_as_never_converts_to_a_type_that_runs_its_owners_code() {
             .unwrap()
     });
     assert_eq!(waited, [777024], "the signal works");
+
+    // A domain without a CHECK when the question is asked, which the attacker gives one while
+    // the model thinks: the type is checked again before the conversion, and refused.
+    cluster()
+        .connect_as(&shop.s.database, &attacker)
+        .batch_execute(
+            "CREATE DOMAIN shared.plain AS text;
+             CREATE TYPE shared.later AS (country shared.plain);",
+        )
+        .unwrap();
+    shop.s.llm.on(
+        "countries slowly",
+        vec![Reply::Slow(
+            Duration::from_secs(2),
+            Box::new(Reply::sql("SELECT country FROM customers")),
+        )],
+    );
+    let database = shop.s.database.clone();
+    let (outcome, waited) = witness.waited(|| {
+        let altered = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(700));
+            cluster()
+                .connect_as(&database, &attacker)
+                .batch_execute("ALTER DOMAIN shared.plain ADD CHECK (shared.spy(VALUE))")
+                .unwrap();
+        });
+        let outcome = analyst.query(
+            "SELECT * FROM nl_query_as('countries slowly', NULL::shared.later)",
+            &[],
+        );
+        altered.join().unwrap();
+        outcome
+    });
+    assert!(waited.is_empty(), "the CHECK added meanwhile ran");
+    let error = outcome.unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "42501", "{message}");
+    assert!(message.contains("shared.plain"), "{message}");
 }
