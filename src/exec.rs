@@ -187,14 +187,22 @@ impl Drop for Running {
 /// PostgreSQL runs in parallel mode: the extension's functions are parallel-unsafe, so no
 /// query of a caller's own puts them there.
 pub fn refuse_inside_a_query(function: &str) {
-    // SAFETY: reads the backend's parallel-mode flag.
-    if RUNNING.get() > 0 || unsafe { pg_sys::IsInParallelMode() } {
-        crate::error::Error::sql(
-            "42501",
+    let refusal = |message: String, hint: &str| {
+        crate::error::Error::sql("42501", message, Some(hint)).raise()
+    };
+    if RUNNING.get() > 0 {
+        refusal(
             format!("{function} may not be called by code that a query of sql_query_engine runs"),
-            Some("A view's, a policy's or a function's code called the extension while it ran a query."),
-        )
-        .raise();
+            "A view's, a policy's or a function's code called the extension while it ran a query.",
+        );
+    }
+    // SAFETY: reads the backend's parallel-mode flag.
+    if unsafe { pg_sys::IsInParallelMode() } {
+        refusal(
+            format!("{function} may not be called in parallel mode"),
+            "It was called by a parallel worker, or by a function marked PARALLEL SAFE or \
+             RESTRICTED: the extension's functions are PARALLEL UNSAFE.",
+        );
     }
 }
 

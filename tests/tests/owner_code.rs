@@ -324,8 +324,7 @@ fn code_in_a_parallel_worker_of_a_query_cannot_call_the_extension_either() {
     .unwrap();
     let message = trace["attempts"][0]["message"].as_str().unwrap_or_default();
     assert!(
-        message
-            .contains("nl_query may not be called by code that a query of sql_query_engine runs"),
+        message.contains("nl_query may not be called in parallel mode"),
         "{trace}"
     );
     let asked = w.s.llm.requests();
@@ -338,7 +337,12 @@ fn code_in_a_parallel_worker_of_a_query_cannot_call_the_extension_either() {
     let error = v
         .batch_execute("SELECT count(*) FROM shared.pv")
         .unwrap_err();
-    assert_eq!(db_error(&error).0, "42501", "{error}");
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "42501", "{message}");
+    assert!(
+        message.contains("nl_query may not be called in parallel mode"),
+        "{message}"
+    );
 }
 
 /// A TCP listener that counts the connections it is offered.
