@@ -23,21 +23,18 @@ struct Held {
 }
 
 impl Held {
-    fn same(&self, other: &Held) -> bool {
-        let (a, b) = (&self.tag, &other.tag);
-        self.mode == other.mode
-            && (
-                a.locktag_field1,
-                a.locktag_field2,
-                a.locktag_field3,
-                a.locktag_field4,
-            ) == (
-                b.locktag_field1,
-                b.locktag_field2,
-                b.locktag_field3,
-                b.locktag_field4,
-            )
-            && (a.locktag_type, a.locktag_lockmethodid) == (b.locktag_type, b.locktag_lockmethodid)
+    /// What tells one held lock from another (the tag's fields and the mode).
+    fn key(&self) -> (u32, u32, u32, u16, u8, u8, pg_sys::LOCKMODE) {
+        let t = &self.tag;
+        (
+            t.locktag_field1,
+            t.locktag_field2,
+            t.locktag_field3,
+            t.locktag_field4,
+            t.locktag_type,
+            t.locktag_lockmethodid,
+            self.mode,
+        )
     }
 }
 
@@ -68,7 +65,7 @@ impl Drop for Watch {
         let before = |lock: &Held| {
             self.before
                 .iter()
-                .find(|(b, _)| b.same(lock))
+                .find(|(b, _)| b.key() == lock.key())
                 .map_or(0, |(_, holds)| *holds)
         };
         let (mut locks, mut released) = (0, 0u64);
@@ -92,7 +89,7 @@ impl Drop for Watch {
             .map(|(lock, holds)| {
                 let kept = now
                     .iter()
-                    .find(|(n, _)| n.same(lock))
+                    .find(|(n, _)| n.key() == lock.key())
                     .map_or(0, |(_, h)| *h);
                 holds.saturating_sub(kept)
             })
@@ -113,12 +110,17 @@ impl Drop for Watch {
     }
 }
 
-/// Each lock with its session-level holds.
+/// Each lock with its session-level holds, counted with messages off (see `session_holds`).
 fn counted(locks: Vec<Held>) -> Vec<(Held, u64)> {
-    locks
-        .into_iter()
-        .map(|lock| (lock, session_holds(&lock)))
-        .collect()
+    if locks.is_empty() {
+        return Vec::new();
+    }
+    subxact::without_messages(|| {
+        locks
+            .into_iter()
+            .map(|lock| (lock, session_holds(&lock)))
+            .collect()
+    })
 }
 
 /// How many session-level holds this backend has of `lock` (which it holds at some level).
@@ -126,25 +128,23 @@ fn counted(locks: Vec<Held>) -> Vec<(Held, u64)> {
 /// as an anchor (granted at once: the lock is already held), the session-level holds are given
 /// back one by one and counted until there is none (the lock stays held by the anchor, so no
 /// other backend can take it meanwhile), taken again as many times, and the anchor is given
-/// back: the lock ends as it was. The last release finds no session-level hold and would warn
-/// "you don't own a lock": messages are off meanwhile.
+/// back: the lock ends as it was. The last release finds no session-level hold and warns
+/// "you don't own a lock": `counted` turns messages off meanwhile.
 fn session_holds(lock: &Held) -> u64 {
     let mut holds = 0u64;
-    subxact::without_messages(|| {
-        // SAFETY: a tag and mode the lock manager reported for this backend; the anchor is held
-        // under the current resource owner (inside the caller's transaction) and given back
-        // below; every session-level hold given back is taken again.
-        unsafe {
-            pg_sys::LockAcquire(&lock.tag, lock.mode, false, true);
-            while pg_sys::LockRelease(&lock.tag, lock.mode, true) {
-                holds += 1;
-            }
-            for _ in 0..holds {
-                pg_sys::LockAcquire(&lock.tag, lock.mode, true, true);
-            }
-            pg_sys::LockRelease(&lock.tag, lock.mode, false);
+    // SAFETY: a tag and mode the lock manager reported for this backend; the anchor is held
+    // under the current resource owner (inside the caller's transaction) and given back below;
+    // every session-level hold given back is taken again.
+    unsafe {
+        pg_sys::LockAcquire(&lock.tag, lock.mode, false, true);
+        while pg_sys::LockRelease(&lock.tag, lock.mode, true) {
+            holds += 1;
         }
-    });
+        for _ in 0..holds {
+            pg_sys::LockAcquire(&lock.tag, lock.mode, true, true);
+        }
+        pg_sys::LockRelease(&lock.tag, lock.mode, false);
+    }
     holds
 }
 

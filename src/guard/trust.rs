@@ -137,7 +137,9 @@ unsafe fn collect_relations(query: *mut pg_sys::Query, found: &mut Vec<pg_sys::O
     }
 }
 
-// catalog/pg_inherits.h, which pgrx does not bind (the same signature in PostgreSQL 13 to 18).
+// catalog/pg_inherits.h, which pgrx does not bind.
+// SAFETY: the declaration matches the header's, the same in PostgreSQL 13 to 18; it may raise
+// PostgreSQL errors, hence C-unwind.
 unsafe extern "C-unwind" {
     fn find_all_inheritors(
         parent: pg_sys::Oid,
