@@ -345,9 +345,11 @@ impl Solver<'_> {
     /// A query that failed because it qualified a column by a relation that lacks it, run
     /// with the column qualified by the relation that has it, or because it read an ungrouped
     /// column that each group has one value of, run with the key that says so grouped
-    /// (`Database::requalify`), once per such column. The rewritten query is kept when it runs, or when every name in it
-    /// resolves and what fails is the query's own logic (`past_the_names`): the repair then
-    /// starts from that error, which the model can fix, instead of the name error it kept
+    /// (`Database::requalify`), once per such column. The rewritten query is kept when it runs,
+    /// when every name in it resolves and what fails is the query's own logic
+    /// (`past_the_names`), or when it fails on another missing column than the model's query
+    /// did (`named_another`: the model wrote two wrong names, and one is mended): the repair
+    /// then starts from that error, which the model can fix, instead of the name error it kept
     /// repeating. Otherwise the model's own query and error stand, and go back to it.
     fn requalify(
         &mut self,
@@ -373,7 +375,11 @@ impl Solver<'_> {
             rewritten = Some((fix.sql, ran));
         }
         match rewritten {
-            Some((query, result)) if past_the_names(&result) => (query, result, changes),
+            Some((query, result))
+                if past_the_names(&result) || named_another(&outcome, &result) =>
+            {
+                (query, result, changes)
+            }
             _ => (sql, outcome, Vec::new()),
         }
     }
@@ -763,8 +769,11 @@ impl Solver<'_> {
 }
 
 /// Whether `outcome` is past name resolution: the query ran, or it failed on what parse
-/// analysis checks once every name resolved (grouping, types, functions, windows), which is
-/// the query's own logic and not a name a rewrite could have got wrong.
+/// analysis checks once every name resolved (grouping, types, functions, windows), or on its
+/// data while it ran (a scalar subquery with several rows, a division by zero, a value that
+/// does not convert): the query's own logic, not a name a rewrite could have got wrong. Not a
+/// timeout or a resource limit: a rewrite that ran too long is no better start than the
+/// model's query.
 fn past_the_names(outcome: &Outcome) -> bool {
     outcome.error().is_none_or(|e| {
         [
@@ -776,7 +785,23 @@ fn past_the_names(outcome: &Outcome) -> bool {
             SqlState::CANNOT_COERCE,
         ]
         .contains(&e.sqlstate)
+            || ["21", "22"].contains(&e.sqlstate.class())
     })
+}
+
+/// Whether a rewrite of a query that named a missing column fails on another missing column:
+/// the one the rewrite was for now resolves, and the next one is the model's to mend (or the
+/// next rewrite's). A rewrite only ever names a column where a relation has it, so the new
+/// missing column was in the model's query too.
+fn named_another(before: &Outcome, after: &Outcome) -> bool {
+    match (before.error(), after.error()) {
+        (Some(b), Some(a)) => {
+            b.sqlstate == SqlState::UNDEFINED_COLUMN
+                && a.sqlstate == SqlState::UNDEFINED_COLUMN
+                && a.message != b.message
+        }
+        _ => false,
+    }
 }
 
 /// Characters of the model's reply kept when it answered without a query.
@@ -1206,6 +1231,56 @@ mod tests {
         assert!(asked.contains("SELECT b.x, y FROM a, b"), "{asked}");
         assert!(asked.contains("42803"), "{asked}");
         assert!(!asked.contains("SELECT a.x"), "{asked}");
+
+        // So does a rewrite that fails on the data while it runs (a scalar subquery the move
+        // made return several rows), and one that fails on another missing column of the
+        // model's (`y`): the model is asked about what is left, not the name already mended.
+        for (later, code) in [("21000", "21000"), ("y", "42703")] {
+            let missing = |column: &str| {
+                Outcome::Failed(SqlError::new(
+                    SqlState::UNDEFINED_COLUMN,
+                    format!("column {column} does not exist"),
+                ))
+            };
+            let (run, llm) = solve_with(&["SELECT a.x, y FROM a, b", "SELECT 1"], 2, |sql| {
+                if sql.contains("a.x") {
+                    missing("a.x")
+                } else if sql.contains("b.x") && later == "y" {
+                    missing("y")
+                } else if sql.contains("b.x") {
+                    failed(code)
+                } else {
+                    rows(1)
+                }
+            });
+            assert_eq!(
+                (run.status, run.best, llm.requests.len()),
+                (Status::Ok, Some(1), 2)
+            );
+            assert_eq!(run.attempts[0].sql, "SELECT b.x, y FROM a, b");
+            assert_eq!(run.attempts[0].requalified, vec!["a.x → b.x"]);
+            let asked = &llm.requests[1].last().unwrap().content;
+            let told = if later == "y" {
+                "column y does not exist"
+            } else {
+                "21000"
+            };
+            assert!(asked.contains(told), "{asked}");
+            assert!(!asked.contains("a.x"), "{asked}");
+        }
+
+        // A rewrite that runs out of time is no better start: the model's own query stands.
+        let (run, llm) = solve_with(&["SELECT a.x FROM a, b", "SELECT 1"], 2, |sql| {
+            if sql.contains("a.x") {
+                failed("42703")
+            } else if sql.contains("b.x") {
+                failed("57014")
+            } else {
+                rows(1)
+            }
+        });
+        assert_eq!((run.best, llm.requests.len()), (Some(1), 2));
+        assert_eq!(run.attempts[0].sql, "SELECT a.x FROM a, b");
     }
 
     #[test]

@@ -120,30 +120,43 @@ fn an_error_is_repaired_with_everything_postgres_said() {
 }
 
 #[test]
-fn a_column_on_the_wrong_table_is_repaired_with_where_it_is_and_how_to_join() {
+fn a_column_on_the_wrong_table_is_mended_and_the_repair_is_asked_about_the_name_left() {
     let mut s = Session::new();
     s.llm.on(
         "names of customers who ordered",
         vec![
-            // Joined to customers, it fails on another name no relation has: the model's
-            // error stands.
+            // Joined to customers, it fails on another name no relation has: the repair starts
+            // from the mended query, and is told which columns are named like the missing one.
             Reply::sql("SELECT o.name FROM orders o WHERE o.nickname IS NOT NULL"),
             Reply::sql("SELECT DISTINCT c.name FROM orders o JOIN customers c USING (customer_id)"),
         ],
     );
-    assert_eq!(s.query("names of customers who ordered").unwrap().len(), 4);
+    let trace = s.trace("names of customers who ordered").unwrap();
+    assert_eq!(trace["status"], "ok");
+    let first = &trace["attempts"][0];
+    assert_eq!(
+        first["sql"],
+        "SELECT customers.name FROM orders o JOIN customers ON customers.customer_id = \
+         o.customer_id WHERE o.nickname IS NOT NULL"
+    );
+    assert_eq!(
+        first["requalified"],
+        json!(["o.name → customers.name, joined by customers.customer_id = o.customer_id"])
+    );
+    assert_eq!(first["sqlstate"], "42703");
     let feedback = s.llm.requests()[1].last_message();
     assert!(
-        feedback.contains("SELECT o.name FROM orders o WHERE o.nickname IS NOT NULL"),
-        "{feedback}"
+        feedback.contains("JOIN customers ON customers.customer_id = o.customer_id WHERE"),
+        "the repair starts from the mended query: {feedback}"
     );
+    assert!(!feedback.contains("SELECT o.name"), "{feedback}");
     assert!(
-        feedback.contains("The columns of orders are: order_id, customer_id, ordered_on, amount."),
+        feedback.contains("column o.nickname does not exist"),
         "{feedback}"
     );
     assert!(
         feedback.contains(
-            "name is a column of customers, joined by orders.customer_id = customers.customer_id."
+            "No table has a column nickname; columns with a similar name: customers.name."
         ),
         "{feedback}"
     );
