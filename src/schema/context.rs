@@ -282,12 +282,17 @@ impl SchemaContext {
             })
             .collect();
         if let Some(column) = missing_column {
-            let owners = (0..self.relations.len()).filter(|&i| {
-                self.relations[i]
-                    .columns
-                    .iter()
-                    .any(|c| unquoted(&c.name) == column)
-            });
+            let owners: Vec<usize> = (0..self.relations.len())
+                .filter(|&i| {
+                    self.relations[i]
+                        .columns
+                        .iter()
+                        .any(|c| unquoted(&c.name) == column)
+                })
+                .collect();
+            if owners.is_empty() {
+                lines.extend(self.similar_columns(&named, column));
+            }
             for owner in owners {
                 let direct: Vec<String> = named
                     .iter()
@@ -300,10 +305,20 @@ impl SchemaContext {
                     String::new()
                 } else {
                     let chain = self.join_chain(&named, owner);
-                    if chain.is_empty() {
-                        String::new()
+                    let guessed = if chain.is_empty() {
+                        self.same_key_chain(&named, owner)
                     } else {
+                        Vec::new()
+                    };
+                    if !chain.is_empty() {
                         format!(", joined by {}", chain.join(", then "))
+                    } else if !guessed.is_empty() {
+                        format!(
+                            ", probably joined by {} (named alike; no foreign key)",
+                            guessed.join(", then ")
+                        )
+                    } else {
+                        String::new()
                     }
                 };
                 lines.push(format!(
@@ -324,6 +339,31 @@ impl SchemaContext {
             }
         }
         (!lines.is_empty()).then(|| lines.join("\n"))
+    }
+
+    /// When no relation has `column`: the columns whose names say the same kind of value
+    /// (`similar_name`), those of the relations the query named (`named`) first, at most
+    /// `SIMILAR_COLUMNS`. Small models invent a name from the question's words
+    /// (`templates.template_description` for a document's description) and repeat it however
+    /// often they are told it does not exist; naming what does exist is what they follow.
+    fn similar_columns(&self, named: &[usize], column: &str) -> Option<String> {
+        let others = (0..self.relations.len()).filter(|i| !named.contains(i));
+        let mut similar = Vec::new();
+        for i in named.iter().copied().chain(others) {
+            pgrx::check_for_interrupts!();
+            let relation = &self.relations[i];
+            for c in &relation.columns {
+                if similar.len() < SIMILAR_COLUMNS && similar_name(column, unquoted(&c.name)) {
+                    similar.push(format!("{}.{}", relation.sql_name(), c.name));
+                }
+            }
+        }
+        (!similar.is_empty()).then(|| {
+            format!(
+                "No table has a column {column}; columns with a similar name: {}.",
+                similar.join(", ")
+            )
+        })
     }
 
     /// The one relation named `name` (as the parser folds it); `None` when no relation, or more
@@ -476,6 +516,62 @@ impl SchemaContext {
         Vec::new()
     }
 
+    /// Where no foreign key leads from any of `from` to `to` (many databases declare none):
+    /// the shortest chain, at most `JOIN_HOPS` long, of joins on key-like columns (`key_like`)
+    /// of the same name and type, one condition per step (`author.oid = organization.oid`). A
+    /// guess for the model to weigh, never used to rewrite a query.
+    fn same_key_chain(&self, from: &[usize], to: usize) -> Vec<String> {
+        // The relations that have each key-like column, by name and type.
+        let mut having: HashMap<(&str, u32), Vec<usize>> = HashMap::new();
+        for (i, relation) in self.relations.iter().enumerate() {
+            pgrx::check_for_interrupts!();
+            for c in &relation.columns {
+                if key_like(unquoted(&c.name)) && c.type_oid != pgrx::pg_sys::BOOLOID.to_u32() {
+                    having.entry((&c.name, c.type_oid)).or_default().push(i);
+                }
+            }
+        }
+        // For each relation reached: the one it was reached from, and the column joined on.
+        let mut came_from: HashMap<usize, (usize, &str)> = HashMap::new();
+        let mut frontier: Vec<usize> = from.to_vec();
+        for _ in 0..JOIN_HOPS {
+            let mut next = Vec::new();
+            for &i in &frontier {
+                for c in &self.relations[i].columns {
+                    pgrx::check_for_interrupts!();
+                    for &j in having
+                        .get(&(c.name.as_str(), c.type_oid))
+                        .into_iter()
+                        .flatten()
+                    {
+                        if j == i || from.contains(&j) || came_from.contains_key(&j) {
+                            continue;
+                        }
+                        came_from.insert(j, (i, &c.name));
+                        next.push(j);
+                    }
+                }
+            }
+            if came_from.contains_key(&to) {
+                let mut chain = Vec::new();
+                let mut at = to;
+                while let Some(&(previous, column)) = came_from.get(&at) {
+                    let (a, b) = (&self.relations[previous], &self.relations[at]);
+                    chain.push(format!(
+                        "{}.{column} = {}.{column}",
+                        a.sql_name(),
+                        b.sql_name()
+                    ));
+                    at = previous;
+                }
+                chain.reverse();
+                return chain;
+            }
+            frontier = next;
+        }
+        Vec::new()
+    }
+
     fn samples_of(&self, i: usize) -> Rc<Vec<Option<Samples>>> {
         if self.sample_values == 0 {
             return Rc::new(Vec::new());
@@ -563,6 +659,46 @@ fn relation_terms(relation: &Relation, sample_values: usize) -> Terms {
     terms
 }
 
+/// Whether a column's name says it identifies a row of some table (`oid`, `patient_id`,
+/// `state_code`), so that two tables that have it are likely joined on it; never a bare `id`,
+/// which every table may have for its own rows.
+fn key_like(name: &str) -> bool {
+    let name = name.to_lowercase();
+    let last = name.rsplit('_').next().unwrap_or_default();
+    name != "id" && (name.ends_with("id") || ["code", "key", "no", "num", "number"].contains(&last))
+}
+
+/// Similar columns named in a repair hint, at most.
+const SIMILAR_COLUMNS: usize = 4;
+
+/// Whether `column` names the same kind of value as `missing`, a name no relation has: the
+/// same last word (`document_description` for `template_description`: the last word of a
+/// column name says what it holds), unless that word is as common as `id` or shorter, when
+/// two words must be shared; or one name holds the other whole (`budget_amount` for
+/// `budget`), when that is at least four characters long.
+fn similar_name(missing: &str, column: &str) -> bool {
+    if missing == column {
+        return false;
+    }
+    let words = |name: &str| -> Vec<String> {
+        name.split('_')
+            .filter(|w| !w.is_empty())
+            .map(str::to_lowercase)
+            .collect()
+    };
+    let (m, c) = (words(missing), words(column));
+    let (Some(m_last), Some(c_last)) = (m.last(), c.last()) else {
+        return false;
+    };
+    let shared = m.iter().filter(|w| c.contains(w)).count();
+    let generic = m_last.len() < 3 || ["id", "key", "code", "num", "no"].contains(&m_last.as_str());
+    let same_kind = m_last == c_last && (!generic || shared >= 2);
+    let (missing, column) = (missing.to_lowercase(), column.to_lowercase());
+    let holds = missing.len().min(column.len()) >= 4
+        && (column.contains(&missing) || missing.contains(&column));
+    same_kind || holds
+}
+
 /// Whether `relation` has a column `column` (as the parser folds it) in this context: the
 /// columns the caller may read.
 fn shows(relation: &Relation, column: &str) -> bool {
@@ -578,4 +714,39 @@ fn only<'a>(mut found: impl Iterator<Item = &'a Relation>) -> Option<&'a Relatio
 /// A name as the parser folds it, from the quoted form the schema context keeps.
 fn unquoted(name: &str) -> &str {
     name.trim_matches('"')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{key_like, similar_name};
+
+    #[test]
+    fn key_like_names_identify_rows_of_some_table() {
+        for name in [
+            "oid",
+            "patient_id",
+            "sbCustId",
+            "state_code",
+            "flight_number",
+        ] {
+            assert!(key_like(name), "{name}");
+        }
+        for name in ["id", "name", "year", "state", "code_description"] {
+            assert!(!key_like(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn similar_names_hold_the_same_kind_of_value() {
+        assert!(similar_name("template_description", "document_description"));
+        assert!(similar_name("budget", "budget_amount"));
+        assert!(similar_name("custname", "sbcustname"));
+        assert!(similar_name("customer_id", "order_customer_id"));
+        // A common last word alone says nothing; a short name held whole neither.
+        assert!(!similar_name("customer_id", "order_id"));
+        assert!(!similar_name("ins_code", "state_code"));
+        assert!(!similar_name("id", "aid"));
+        assert!(!similar_name("building", "room"));
+        assert!(!similar_name("name", "name"));
+    }
 }

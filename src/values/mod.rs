@@ -405,14 +405,25 @@ pub fn describe(matches: &[Match]) -> Option<String> {
     if matches.is_empty() {
         return None;
     }
-    let lines: Vec<String> = matches
-        .iter()
-        .map(|m| {
+    // A value two phrases of the question found (`Robbin CV` exactly, and `name Robbin CV`
+    // by similarity) is one line, exact when either found it so.
+    let mut found: Vec<(&str, &str, bool)> = Vec::new();
+    for m in matches {
+        match found
+            .iter_mut()
+            .find(|(value, column, _)| *value == m.value && *column == m.column)
+        {
+            Some((_, _, exact)) => *exact |= m.exact,
+            None => found.push((&m.value, &m.column, m.exact)),
+        }
+    }
+    let lines: Vec<String> = found
+        .into_iter()
+        .map(|(value, column, exact)| {
             format!(
-                "-- {} found in {}{}",
-                crate::schema::quote_literal(&m.value),
-                m.column,
-                if m.exact { "" } else { " (similar)" }
+                "-- {} found in {column}{}",
+                crate::schema::quote_literal(value),
+                if exact { "" } else { " (similar)" }
             )
         })
         .collect();
@@ -423,6 +434,28 @@ pub fn describe(matches: &[Match]) -> Option<String> {
 mod tests {
     use super::*;
     use crate::schema::TextColumn;
+
+    #[test]
+    fn a_value_found_twice_in_one_column_is_shown_once() {
+        let found = |value: &str, column: &str, exact: bool| Match {
+            value: value.into(),
+            column: column.into(),
+            relation: 0,
+            exact,
+        };
+        let shown = describe(&[
+            found("Robbin CV", "documents.document_name", false),
+            found("Robbin CV", "documents.document_name", true),
+            found("Robbin CV", "documents.other_details", false),
+        ]);
+        assert_eq!(
+            shown.as_deref(),
+            Some(
+                "-- 'Robbin CV' found in documents.document_name\n\
+                 -- 'Robbin CV' found in documents.other_details (similar)"
+            )
+        );
+    }
 
     /// `orders.status`, `orders."Ship Mode"` and `returns.status`; those in `complete` read
     /// in full.
