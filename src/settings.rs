@@ -136,11 +136,13 @@ static TRUSTED_OWNERS: GucSetting<Option<std::ffi::CString>> =
 pub fn init() {
     GucRegistry::define_string_guc(
         c"sql_query_engine.llm_url",
-        c"Base URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8080/v1 (superuser only).",
+        c"Base URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8080/v1 (superuser only, shown to superusers only).",
         c"Requests go to {llm_url}/chat/completions, with the key of llm_api_key_file.",
         &LLM_URL,
         GucContext::Suset,
-        GucFlags::default(),
+        // Where requests and keys go, with any credentials written into a URL: for
+        // superusers and pg_read_all_settings to read, like redis_url.
+        GucFlags::SUPERUSER_ONLY | GucFlags::NO_SHOW_ALL,
     );
     GucRegistry::define_string_guc(
         c"sql_query_engine.llm_model",
@@ -157,7 +159,9 @@ pub fn init() {
           SHOW, log line or catalog can reveal it.",
         &LLM_API_KEY_FILE,
         GucContext::Suset,
-        GucFlags::default(),
+        // Where requests and keys go, with any credentials written into a URL: for
+        // superusers and pg_read_all_settings to read, like redis_url.
+        GucFlags::SUPERUSER_ONLY | GucFlags::NO_SHOW_ALL,
     );
     // The key used to be a setting; a value now is refused with a pointer to the file, and a
     // custom message, so that the refusal never echoes the value.
@@ -434,7 +438,9 @@ pub fn init() {
         c"Comma-separated; each: URL [model=NAME] [key_file=PATH], its key only ever sent to it.",
         &LLM_FALLBACKS,
         GucContext::Suset,
-        GucFlags::default(),
+        // Where requests and keys go, with any credentials written into a URL: for
+        // superusers and pg_read_all_settings to read, like redis_url.
+        GucFlags::SUPERUSER_ONLY | GucFlags::NO_SHOW_ALL,
     );
     GucRegistry::define_int_guc(
         c"sql_query_engine.llm_circuit_breaker",
