@@ -20,6 +20,29 @@ CREATE INDEX nl_examples_terms_idx ON @extschema@.nl_examples USING gin (terms)
 GRANT SELECT ON @extschema@.nl_examples TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_examples', '');
 
+-- Who added an example, and when, is whoever inserts or changes it, now: a role that may write
+-- examples names no other role as the author, no other time, and no answer it cannot read
+-- (another role's history row) as the source. The table's owner (and a superuser) writes rows
+-- as given, as row security lets it: a restore keeps each example's provenance.
+CREATE FUNCTION @extschema@.nl_examples_provenance() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF (SELECT pg_has_role(c.relowner, 'USAGE') FROM pg_class c WHERE c.oid = TG_RELID) THEN
+        RETURN NEW;
+    END IF;
+    NEW.added_by := current_user;
+    NEW.added_at := now();
+    IF NEW.history_id IS NOT NULL AND NOT EXISTS (
+        SELECT FROM @extschema@.nl_history h WHERE h.id = NEW.history_id) THEN
+        RAISE EXCEPTION 'no answer % in your history', NEW.history_id
+            USING ERRCODE = '42501';
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER nl_examples_provenance BEFORE INSERT OR UPDATE ON @extschema@.nl_examples
+    FOR EACH ROW EXECUTE FUNCTION @extschema@.nl_examples_provenance();
+
 -- nl_example_add(question, sql) is a function of the library: it checks the SQL with the
 -- guard on the caller's search path, then inserts on the pinned one.
 

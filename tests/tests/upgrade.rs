@@ -34,6 +34,10 @@ SELECT pg_describe_object(d.classid, d.objid, d.objsubid) || ': ' || coalesce(
                                                               || ' check ' || coalesce(pg_get_expr(p.polwithcheck, p.polrelid), ''),
                                                               '; ' ORDER BY p.polname)
                                            FROM pg_policy p WHERE p.polrelid = d.objid), '')
+             || ' | triggers ' || coalesce((SELECT string_agg(pg_get_triggerdef(t.oid), '; '
+                                                              ORDER BY t.tgname)
+                                           FROM pg_trigger t WHERE t.tgrelid = d.objid
+                                             AND NOT t.tgisinternal), '')
              END,
          CASE WHEN d.classid = 'pg_event_trigger'::regclass THEN (
              SELECT evtevent || ' ' || coalesce(array_to_string(evttags, ','), '') || ' '
@@ -136,9 +140,38 @@ fn updating_from_0_1_0_through_every_release_equals_a_fresh_install_and_keeps_th
     client
         .batch_execute("ALTER EXTENSION sql_query_engine UPDATE TO '0.7.0'")
         .unwrap();
+    // 0.7.0 let a role that may write examples name another as their author; 0.8.0 does not.
+    let forged = format!(
+        "GRANT INSERT ON nl_examples TO \"{upper}\";
+         SET ROLE \"{upper}\";
+         INSERT INTO nl_examples (question, sql, added_by, added_at)
+         VALUES ('forged', 'SELECT 1', '{plain}', '2001-01-01');
+         RESET ROLE;"
+    );
+    let author = |client: &mut postgres::Client| -> String {
+        client
+            .query_one(
+                "SELECT added_by::text FROM nl_examples WHERE question = 'forged'",
+                &[],
+            )
+            .unwrap()
+            .get(0)
+    };
+    client.batch_execute(&forged).unwrap();
+    assert_eq!(author(&mut client), plain, "0.7.0 as it was");
+    client
+        .batch_execute("DELETE FROM nl_examples WHERE question = 'forged'")
+        .unwrap();
+    client
+        .batch_execute("ALTER EXTENSION sql_query_engine UPDATE TO '0.8.0'")
+        .unwrap();
+    client.batch_execute(&forged).unwrap();
+    assert_eq!(author(&mut client), upper, "0.8.0 names who inserted it");
     client
         .batch_execute(&format!(
-            "DELETE FROM nl_history WHERE question = 'written by the upper-case role';
+            "DELETE FROM nl_examples WHERE question = 'forged';
+             REVOKE INSERT ON nl_examples FROM \"{upper}\";
+             DELETE FROM nl_history WHERE question = 'written by the upper-case role';
              DROP ROLE {plain}; DROP ROLE \"{upper}\";"
         ))
         .unwrap();
@@ -149,7 +182,7 @@ fn updating_from_0_1_0_through_every_release_equals_a_fresh_install_and_keeps_th
         )
         .unwrap()
         .get(0);
-    assert_eq!(version, "0.7.0");
+    assert_eq!(version, "0.8.0");
     let (updated_members, fresh_members) = (members(&updated), members(&fresh));
     let only = |a: &[String], b: &[String]| -> Vec<String> {
         a.iter().filter(|m| !b.contains(m)).cloned().collect()
