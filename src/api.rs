@@ -10,9 +10,10 @@ use pgrx::JsonB;
 use crate::error::{Error, Result, SqlError, SqlState};
 use crate::exec::{self, Mode, ResultSet};
 use crate::extract::strip_think;
+use crate::guard::Scope;
 use crate::heal::{self, Limits, Run, Start, Vote};
 use crate::llm::{self, Batch, Chain, Completion, Llm, Message};
-use crate::progress::{Event, Progress};
+use crate::progress::{Event, Kind, Progress};
 use crate::saved::{self, Field};
 use crate::schema::PromptSchema;
 use crate::session::Turn;
@@ -459,7 +460,7 @@ fn nl_history_add(
 #[pg_extern(stable, parallel_unsafe)]
 fn nl_check(sql: &str) {
     exec::refuse_inside_a_query("nl_check");
-    history::audited("nl_check", sql, || exec::check(sql)).unwrap_or_else(|e| e.raise());
+    history::audited("nl_check", sql, || exec::check(sql, None)).unwrap_or_else(|e| e.raise());
 }
 
 /// The schema context exactly as the model would see it for `question` (all of it without
@@ -502,6 +503,8 @@ fn rows_of(result: Option<&ResultSet>) -> SetOfIterator<'static, JsonB> {
 /// where the question's values are stored (for repairs).
 struct DatabaseContext {
     text: String,
+    /// The relations the model's queries (and examples) may name: the schema context's.
+    scope: Scope,
     schema: PromptSchema,
     values: Option<String>,
     /// The value index, when it is on and there is a question (to check answers' values).
@@ -523,6 +526,7 @@ struct DatabaseContext {
 /// The schema, the question's values and the examples, as the prompt shows them.
 fn database_context(question: Option<&str>) -> Result<DatabaseContext> {
     let (context, cached) = schema::load()?;
+    let scope = context.scope();
     let index = (question.is_some() && settings::value_index()).then(|| values::index(&context));
     let matches = match (question, &index) {
         (Some(q), Some(index)) => index.lookup(q),
@@ -544,6 +548,7 @@ fn database_context(question: Option<&str>) -> Result<DatabaseContext> {
             examples::still_valid(
                 examples::similar(q, wanted + examples::SPARE, &focus)?,
                 wanted,
+                &scope,
             )
         }
         None => (Vec::new(), Vec::new()),
@@ -561,6 +566,7 @@ fn database_context(question: Option<&str>) -> Result<DatabaseContext> {
         examples_skipped,
         template,
         template_used: None,
+        scope,
     })
 }
 
@@ -602,6 +608,8 @@ impl Llm for Asked {
 
 /// The database the heal loop works on: this backend, as the caller.
 struct LiveDatabase<'a> {
+    /// The relations a query the caller did not write may name.
+    scope: &'a Scope,
     mode: Mode,
     timeout_ms: i32,
     values: Option<String>,
@@ -611,8 +619,11 @@ struct LiveDatabase<'a> {
 }
 
 impl heal::Database for LiveDatabase<'_> {
-    fn run(&mut self, sql: &str) -> exec::Outcome {
-        let outcome = exec::attempt_in_loop(sql, self.mode, self.timeout_ms);
+    fn run(&mut self, sql: &str, kind: Kind) -> exec::Outcome {
+        // The caller's own SQL (`nl_fix`) names what the caller chose; everything else stays
+        // within what the caller was shown.
+        let scope = (kind != Kind::Given).then_some(self.scope);
+        let outcome = exec::attempt_in_loop(sql, self.mode, self.timeout_ms, scope);
         match self.shape {
             Some(fields) => saved::fit(outcome, fields),
             None => outcome,
@@ -801,6 +812,7 @@ fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
         _ => None,
     };
     let mut database = LiveDatabase {
+        scope: &shown.scope,
         mode: ask.mode,
         timeout_ms: settings::statement_timeout_ms(),
         values: shown.values.clone(),

@@ -5,6 +5,7 @@
 use pgrx::prelude::*;
 
 use crate::error::{Error, Result};
+use crate::guard::Scope;
 use crate::schema::quote_literal;
 use crate::store::extension_schema;
 use crate::subxact;
@@ -23,7 +24,7 @@ pub fn add_from_history(question: &str, sql: &str, history_id: i64) -> Result<i6
 }
 
 fn insert(question: &str, sql: &str, history_id: Option<i64>) -> Result<i64> {
-    crate::exec::check(sql)?;
+    crate::exec::check(sql, None)?;
     let insert = format!(
         "INSERT INTO {}.nl_examples (question, sql, history_id) VALUES ($1, $2, $3) RETURNING id",
         extension_schema()?
@@ -49,14 +50,16 @@ pub const SPARE: usize = 2;
 
 /// The first `n` of `found` whose SQL still passes the guard against the database as it is
 /// now (after DDL an example may name a dropped table or column, and would teach the model a
-/// query that fails), and the ids of those skipped, for the trace.
-pub fn still_valid(found: Vec<Example>, n: usize) -> (Vec<Example>, Vec<i64>) {
+/// query that fails) and names only relations of `scope`, the caller's schema context (an
+/// example is another role's SQL: it may not steer the model, or run as a template, toward
+/// relations the caller was not shown), and the ids of those skipped, for the trace.
+pub fn still_valid(found: Vec<Example>, n: usize, scope: &Scope) -> (Vec<Example>, Vec<i64>) {
     let (mut kept, mut skipped) = (Vec::new(), Vec::new());
     for example in found {
         if kept.len() == n {
             break;
         }
-        match crate::exec::check(&example.sql) {
+        match crate::exec::check(&example.sql, Some(scope)) {
             Ok(()) => kept.push(example),
             Err(_) => skipped.push(example.id),
         }

@@ -21,7 +21,7 @@ use pgrx::pg_sys::panic::CaughtError;
 use pgrx::PgList;
 
 use crate::error::{SqlError, SqlState};
-use crate::guard::{self, gate, Origin};
+use crate::guard::{self, gate, Origin, Scope};
 use crate::{compat, session_locks, settings, subxact};
 
 /// How much of a result is kept at most.
@@ -146,16 +146,24 @@ impl Outcome {
 /// statement_timeout, resource exhaustion) is re-raised after the subtransaction is rolled
 /// back.
 pub fn attempt(sql: &str, mode: Mode, timeout_ms: i32) -> Outcome {
-    sandboxed(sql, mode, timeout_ms, Origin::Generated, None)
+    sandboxed(sql, mode, timeout_ms, Origin::Generated, None, None)
 }
 
 /// `attempt` for a query of the repair loop: also not run when its plan is absurd for a
 /// question (`absurd_plan`), so that the model gets the reason as a repair instead of the query
 /// running into the timeout, or when an IN subquery of it selects a column of the outer query
-/// (`guard::outer_column_subquery`), which no result would show.
-pub fn attempt_in_loop(sql: &str, mode: Mode, timeout_ms: i32) -> Outcome {
+/// (`guard::outer_column_subquery`), which no result would show. `scope`: for a query the caller
+/// did not write, the relations it may name (`guard::Scope`).
+pub fn attempt_in_loop(sql: &str, mode: Mode, timeout_ms: i32, scope: Option<&Scope>) -> Outcome {
     let cost_limit = f64::from(timeout_ms.max(1)) * COST_PER_MS;
-    sandboxed(sql, mode, timeout_ms, Origin::Generated, Some(cost_limit))
+    sandboxed(
+        sql,
+        mode,
+        timeout_ms,
+        Origin::Generated,
+        Some(cost_limit),
+        scope,
+    )
 }
 
 thread_local! {
@@ -221,6 +229,7 @@ fn sandboxed(
     timeout_ms: i32,
     origin: Origin,
     cost_limit: Option<f64>,
+    scope: Option<&Scope>,
 ) -> Outcome {
     let (result, position, raw_sqlstate, ours) = {
         // Dropped last, after the rollback: gives back the session locks the query's code took
@@ -232,7 +241,7 @@ fn sandboxed(
         let timer = StatementTimer::arm(timeout_ms);
         // Always rolled back: the query only read, and nothing it did may outlive it.
         let result =
-            subxact::in_subtransaction(false, || run_guarded(sql, mode, origin, cost_limit));
+            subxact::in_subtransaction(false, || run_guarded(sql, mode, origin, cost_limit, scope));
         let fired = timer.fired();
         (result, reported.position(), reported.sqlstate(), fired)
     };
@@ -242,11 +251,13 @@ fn sandboxed(
     }
 }
 
-/// Checks `sql` (the caller's) in the sandbox without planning or running it: the refusal,
-/// or the parser's own error, as the error to raise.
-pub fn check(sql: &str) -> Result<(), crate::error::Error> {
+/// Checks `sql` in the sandbox without planning or running it: the refusal, or the parser's
+/// own error, as the error to raise. `scope`: for SQL the caller did not write (a verified
+/// example), the relations it may name (`guard::Scope`).
+pub fn check(sql: &str, scope: Option<&Scope>) -> Result<(), crate::error::Error> {
     use crate::error::Error;
-    match attempt(sql, Mode::Check, settings::statement_timeout_ms()) {
+    let timeout_ms = settings::statement_timeout_ms();
+    match sandboxed(sql, Mode::Check, timeout_ms, Origin::Generated, None, scope) {
         Outcome::Refused(refusal) => Err(Error::Refused(Box::new(refusal.error))),
         Outcome::Failed(error) => Err(Error::Query(Box::new(error))),
         _ => Ok(()),
@@ -301,7 +312,8 @@ pub fn scan_text_columns(
         max_rows: 1,
         max_bytes: OWN_READ_BYTES,
     };
-    let Outcome::Rows(result) = sandboxed(&sql, Mode::Run(limits), timeout_ms, Origin::Own, None)
+    let Outcome::Rows(result) =
+        sandboxed(&sql, Mode::Run(limits), timeout_ms, Origin::Own, None, None)
     else {
         return None;
     };
@@ -376,7 +388,13 @@ fn failure(
 /// Everything that happens inside the subtransaction. With `cost_limit` (a query of the repair
 /// loop), a plan that `absurd_plan` calls absurd is not run, nor a query whose IN subquery
 /// selects a column of the outer query (`guard::outer_column_subquery`).
-fn run_guarded(sql: &str, mode: Mode, origin: Origin, cost_limit: Option<f64>) -> Outcome {
+fn run_guarded(
+    sql: &str,
+    mode: Mode,
+    origin: Origin,
+    cost_limit: Option<f64>,
+    scope: Option<&Scope>,
+) -> Outcome {
     subxact::set_local(c"transaction_read_only", c"on");
     let _restricted = subxact::Restricted::enter();
     let trusted = match origin {
@@ -396,7 +414,7 @@ fn run_guarded(sql: &str, mode: Mode, origin: Origin, cost_limit: Option<f64>) -
         )),
         (Origin::Generated, None) => None,
     };
-    let checked = match guard::check(sql, origin, trusted.as_ref()) {
+    let checked = match guard::check(sql, origin, trusted.as_ref(), scope) {
         Ok(checked) => checked,
         Err(refusal) => return Outcome::Refused(refusal),
     };

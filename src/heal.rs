@@ -207,7 +207,9 @@ pub fn millis(since: Instant) -> f64 {
 /// The database side of the loop: runs (or plans) one query, and says what the schema knows
 /// about the tables a failed query names. A trait so that the loop is tested without a backend.
 pub trait Database {
-    fn run(&mut self, sql: &str) -> Outcome;
+    /// Runs `sql`, which `kind` says who wrote (the caller's own SQL, or the model's or an
+    /// example's, which may read only what the caller was shown).
+    fn run(&mut self, sql: &str, kind: Kind) -> Outcome;
     /// Schema facts that help repair `error` (the columns of the tables `sql` names, the
     /// tables there are), when the error is about names.
     fn hint(&mut self, sql: &str, error: &SqlError) -> Option<String>;
@@ -331,7 +333,7 @@ impl Solver<'_> {
             .iter()
             .find(|a| same_query(&a.sql, sql))
             .map(|a| a.outcome.clone());
-        let outcome = earlier.unwrap_or_else(|| self.db.run(sql));
+        let outcome = earlier.unwrap_or_else(|| self.db.run(sql, kind));
         (self.progress)(Event::Executed {
             attempt,
             kind,
@@ -1074,7 +1076,7 @@ mod tests {
     }
 
     impl<F: Fn(&str) -> Outcome> Database for FakeDb<F> {
-        fn run(&mut self, sql: &str) -> Outcome {
+        fn run(&mut self, sql: &str, _kind: Kind) -> Outcome {
             self.executed.push(sql.to_string());
             (self.answer)(sql)
         }

@@ -18,6 +18,8 @@
 //!    JSON_TABLE columns). A node kind the walk does not know is refused. System catalogs are
 //!    refused unless `sql_query_engine.allow_system_catalogs` is on.
 //! 4. A superuser's call (`trust.rs`) reads only relations that superusers or trusted roles own.
+//!    A query the caller did not write (the model's, a verified example's) names only relations
+//!    of the caller's schema context (`scope.rs`).
 //! 5. The extension's own reads (`Origin::Own`) run no code but PostgreSQL's built-ins: only
 //!    plain and partitioned tables and materialized views without row security applying, no
 //!    views, no foreign tables, built-in functions and types only.
@@ -34,6 +36,7 @@ pub mod gate;
 mod outer;
 mod policy;
 mod refs;
+mod scope;
 mod trust;
 mod types;
 mod verdict;
@@ -52,6 +55,7 @@ pub use facts::builtin;
 pub use outer::outer_column_subquery;
 pub use policy::Allowed;
 pub use refs::{references, ColumnRef, GroupBy, Named, References, RelationRef, Select};
+pub use scope::Scope;
 pub use trust::{superuser_call, Trusted};
 pub use verdict::{Origin, Refusal};
 pub use walk::check_tree;
@@ -92,10 +96,16 @@ pub struct Checked {
     pub relations: Vec<pg_sys::Oid>,
 }
 
-/// Checks `sql`, written by `origin`; `trusted` is set for a superuser's call. Parse and
-/// analysis errors are raised as the server's own ERRORs (SQLSTATE and position included), so
-/// call this inside the sandbox, where errors are caught.
-pub fn check(sql: &str, origin: Origin, trusted: Option<&Trusted>) -> Result<Checked, Refusal> {
+/// Checks `sql`, written by `origin`; `trusted` is set for a superuser's call, `scope` for a
+/// query the caller did not write (the relations it may name). Parse and analysis errors are
+/// raised as the server's own ERRORs (SQLSTATE and position included), so call this inside the
+/// sandbox, where errors are caught.
+pub fn check(
+    sql: &str,
+    origin: Origin,
+    trusted: Option<&Trusted>,
+    scope: Option<&Scope>,
+) -> Result<Checked, Refusal> {
     let Ok(text) = CString::new(sql) else {
         return Err(Refusal::read(
             SqlState::CHARACTER_NOT_IN_REPERTOIRE,
@@ -152,6 +162,9 @@ pub fn check(sql: &str, origin: Origin, trusted: Option<&Trusted>) -> Result<Che
     };
     // SAFETY: the tree parse analysis just made.
     let relations = unsafe { check_tree(query, origin, allowed, trusted) }?;
+    if let Some(refusal) = scope.and_then(|scope| scope.refusal(&relations)) {
+        return Err(refusal);
+    }
     Ok(Checked {
         query,
         text,

@@ -142,7 +142,9 @@ impl Relation {
 }
 
 /// Relations in the schemas `$1` (in search order) that the caller can SELECT from (some
-/// column of): partitions are folded into their parent, the extension's own objects left out.
+/// column of) and reach (`USAGE` on the schema: `sql_query_engine.schemas` is the caller's to
+/// set, and a table granted in a schema the caller may not use is no table of its):
+/// partitions are folded into their parent, the extension's own objects left out.
 const RELATIONS_SQL: &str = r#"
 SELECT coalesce(json_agg(json_build_object(
     'raw_schema', n.nspname,
@@ -178,6 +180,7 @@ WHERE c.relkind IN ('r', 'v', 'm', 'f', 'p')
       WHERE dep.classid = 'pg_class'::regclass AND dep.objid = c.oid
         AND dep.refclassid = 'pg_extension'::regclass AND dep.deptype = 'e'
         AND e.extname = 'sql_query_engine')
+  AND has_schema_privilege(n.oid, 'USAGE')
   AND has_any_column_privilege(c.oid, 'SELECT')
 "#;
 
@@ -250,7 +253,8 @@ SELECT coalesce(json_agg(json_build_object(
     'ref_columns', (SELECT json_agg(quote_ident(a.attname) ORDER BY k.ord)
                     FROM unnest(co.confkey) WITH ORDINALITY AS k(attnum, ord)
                     JOIN pg_attribute a ON a.attrelid = co.confrelid AND a.attnum = k.attnum),
-    'ref_readable', co.contype = 'f' AND has_any_column_privilege(co.confrelid, 'SELECT'),
+    'ref_readable', co.contype = 'f' AND has_schema_privilege(fn.oid, 'USAGE')
+                    AND has_any_column_privilege(co.confrelid, 'SELECT'),
     'deferrable', co.condeferrable
 ) ORDER BY co.conrelid, co.conname), '[]')::text
 FROM pg_constraint co

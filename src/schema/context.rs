@@ -256,6 +256,12 @@ impl SchemaContext {
         }
     }
 
+    /// The relations a query the caller did not write may name: this context's
+    /// (`guard::Scope`).
+    pub fn scope(&self) -> crate::guard::Scope {
+        crate::guard::Scope::new(self.relations.iter().map(|r| r.oid).collect())
+    }
+
     /// What a repair needs to know about the relations a failed query named: their columns;
     /// for a column that does not exist there, the relations that have it and how they join
     /// to the named ones (directly, or through up to `JOIN_HOPS` foreign keys); and, when

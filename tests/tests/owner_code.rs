@@ -304,8 +304,11 @@ fn code_in_a_parallel_worker_of_a_query_cannot_call_the_extension_either() {
     w.s.llm
         .on("WORKER QUESTION", vec![Reply::sql("SELECT 1 AS one"); 4]);
     let mut v = w.connect(&victim);
+    // The victim looks at the schema another role opened (otherwise the model's query on it
+    // would be refused before any of its code could run: `queries_the_caller_did_not_write_...`).
     v.batch_execute(
-        "SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0;
+        "SET sql_query_engine.schemas = 'public, shared';
+         SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0;
          SET min_parallel_table_scan_size = 0; SET parallel_leader_participation = off;",
     )
     .unwrap();
@@ -684,6 +687,9 @@ fn implicit_conversions_of_user_types_are_refused_and_collection_looks_up_no_cas
         "SELECT txid_current_snapshot()",
     ];
     let mut v = w.connect(&victim);
+    // The victim looks at the attacker's schema: what is refused here is the code, not the place.
+    v.batch_execute("SET sql_query_engine.schemas = 'public, shared'")
+        .unwrap();
     let mut witness = Witness::hold(&w.s.database, &[5151, 5152]);
     let (_, waited) = witness.waited(|| {
         for (i, sql) in cases.iter().enumerate() {
@@ -710,6 +716,8 @@ fn implicit_conversions_of_user_types_are_refused_and_collection_looks_up_no_cas
         ))
         .unwrap();
     let mut v = w.connect(&victim);
+    v.batch_execute("SET sql_query_engine.schemas = 'public, shared'")
+        .unwrap();
     w.s.llm.on(
         "the moods",
         vec![Reply::sql("SELECT m FROM shared.moods ORDER BY m")],
@@ -730,4 +738,141 @@ fn implicit_conversions_of_user_types_are_refused_and_collection_looks_up_no_cas
             .unwrap()
     });
     assert_eq!(waited, [5151, 5152]);
+}
+
+/// A query the caller did not write names only what the caller was shown. A model's answer, or
+/// another role's verified example, that reads a view in a schema another role opened to
+/// PUBLIC (which the caller's schema context leaves out), or the extension's own tables, is
+/// refused, and the view's code never runs; an example over it is neither shown to the model
+/// nor run as a template. The caller's own SQL (`nl_run`) may read the view: that is the
+/// caller's choice (positive control).
+#[test]
+fn queries_the_caller_did_not_write_read_only_what_the_caller_was_shown() {
+    let mut w = World::new();
+    let (attacker, victim) = (w.attacker.clone(), w.victim.clone());
+    let key = 7_301;
+    w.attacker_runs(&format!(
+        "{} CREATE VIEW shared.widgets AS SELECT 1 AS n, shared.peek() AS p;
+         GRANT SELECT ON shared.widgets TO {victim};",
+        locker("shared.peek()", key, "text", "'x'")
+    ));
+    w.s.client
+        .batch_execute(&format!(
+            "GRANT INSERT ON nl_examples TO {attacker};
+             GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {attacker};"
+        ))
+        .unwrap();
+    w.s.llm.on(
+        "how many widgets",
+        vec![Reply::sql("SELECT count(*) AS n FROM shared.widgets"); 4],
+    );
+    w.s.llm.on(
+        "widgets are there",
+        vec![Reply::sql("SELECT count(*) AS n FROM customers"); 4],
+    );
+    w.s.llm.on(
+        "my earlier questions",
+        vec![Reply::sql("SELECT question FROM nl_history")],
+    );
+    let mut witness = Witness::hold(&w.s.database, &[key]);
+    let mut v = w.connect(&victim);
+    let traced = |v: &mut Client, question: &str| -> serde_json::Value {
+        let sql = format!("SELECT nl_trace('{question}')::text");
+        serde_json::from_str(&text(v, &sql)).unwrap()
+    };
+    for question in ["how many widgets", "my earlier questions"] {
+        let (trace, waited) = witness.waited(|| traced(&mut v, question));
+        assert!(waited.is_empty(), "{question}: the view's code ran");
+        let first = &trace["attempts"][0];
+        assert_eq!(first["sqlstate"], "42501", "{trace}");
+        assert!(
+            first["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("is not one of the tables and views shown for this question"),
+            "{trace}"
+        );
+    }
+
+    // The attacker's verified example over the view, with a value to fill in: neither a
+    // template for the victim's question nor shown to the model. An example over what the
+    // victim was shown is both (control).
+    let mut a = w.connect(&attacker);
+    let outside: i64 = a
+        .query_one(
+            "SELECT nl_example_add('How many widgets are there for customers in DE?',
+                 'SELECT count(*) AS n FROM shared.widgets w, customers c WHERE c.country = ''DE''')",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    a.batch_execute(
+        "SELECT nl_example_add('How many customers are there in DE?',
+             'SELECT count(*) AS n FROM customers c WHERE c.country = ''DE''')",
+    )
+    .unwrap();
+    let asked_before = w.s.llm.requests().len();
+    let (trace, waited) =
+        witness.waited(|| traced(&mut v, "How many widgets are there for customers in IT?"));
+    assert!(waited.is_empty(), "the example ran the view's code");
+    assert!(trace["template_example"].is_null(), "{trace}");
+    assert!(
+        trace["examples_skipped"]
+            .as_array()
+            .is_some_and(|s| s.contains(&serde_json::json!(outside))),
+        "{trace}"
+    );
+    let asked = w.s.llm.requests()[asked_before].text();
+    assert!(!asked.contains("shared.widgets w"), "{asked}");
+    let control = traced(&mut v, "How many customers are there in IT?");
+    assert_eq!(control["answered_by"], "a verified example", "{control}");
+
+    // The victim's own SQL reads the view, and its code runs.
+    let (ran, waited) = witness
+        .waited(|| v.batch_execute("SELECT * FROM nl_run('SELECT count(*) FROM shared.widgets')"));
+    assert!(ran.is_ok(), "{ran:?}");
+    assert_eq!(waited, vec![key]);
+}
+
+/// A table granted in a schema the caller may not use (no `USAGE`) is no table of the caller's,
+/// even when it names the schema in `sql_query_engine.schemas`: nothing of it (name, columns,
+/// values) reaches the schema context or the model.
+#[test]
+fn a_schema_the_caller_may_not_use_shows_nothing_of_its_tables() {
+    let mut w = World::new();
+    let victim = w.victim.clone();
+    w.s.client
+        .batch_execute(&format!(
+            "CREATE SCHEMA vault;
+             CREATE TABLE vault.codes (code text);
+             INSERT INTO vault.codes VALUES ('VAULTCODE-Kilimanjaro');
+             ANALYZE vault.codes;
+             GRANT SELECT ON vault.codes TO {victim};"
+        ))
+        .unwrap();
+    let shown = |v: &mut Client| {
+        v.batch_execute("SET sql_query_engine.schemas = 'vault'")
+            .unwrap();
+        text(v, "SELECT nl_schema('the code VAULTCODE-Kilimanjaro')")
+    };
+    let mut v = w.connect(&victim);
+    let schema = shown(&mut v);
+    assert!(!schema.contains("codes"), "{schema}");
+    assert!(!schema.contains("Kilimanjaro\" found"), "{schema}");
+    assert!(
+        !schema.contains("'VAULTCODE-Kilimanjaro' found"),
+        "{schema}"
+    );
+
+    // With USAGE, the table is the victim's to see (control).
+    w.s.client
+        .batch_execute(&format!("GRANT USAGE ON SCHEMA vault TO {victim}"))
+        .unwrap();
+    let mut v = w.connect(&victim);
+    let schema = shown(&mut v);
+    assert!(schema.contains("codes"), "{schema}");
+    assert!(
+        schema.contains("'VAULTCODE-Kilimanjaro' found in vault.codes.code"),
+        "{schema}"
+    );
 }

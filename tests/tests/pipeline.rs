@@ -1037,11 +1037,12 @@ fn tables_the_caller_cannot_read_are_not_in_the_prompt() {
         "an unreadable table reached the model"
     );
     assert!(requests[0].text().contains("CREATE TABLE orders"));
-    // the model named it anyway: the server's privilege check stops it
+    // the model named it anyway: it was not shown, so the query is refused before it runs
+    // (and the server's privilege check would stop it)
     let (code, message, _) = db_error(&error);
     assert_eq!(code, "42501");
     assert!(
-        message.contains("permission denied for table secrets"),
+        message.contains("relation public.secrets is not one of the tables and views shown"),
         "{message}"
     );
 }
