@@ -5,11 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::db::Db;
+pub use crate::tokens::Role;
 use crate::tokens::Tokens;
-
-/// The role a request runs as (set by `authenticate`).
-#[derive(Clone, Debug)]
-pub struct Role(pub String);
 
 #[derive(Clone)]
 pub struct App {

@@ -26,6 +26,20 @@ use tokio_postgres::{AsyncMessage, CancelToken, Client, Config, NoTls};
 
 use crate::shares::Shares;
 
+impl Call {
+    /// The call with its session named apart from those of other clients (`client`: the
+    /// token's fingerprint): sessions, and the history's session labels, belong to a role, and
+    /// two tokens of one role are two clients who share nothing.
+    pub fn of_client(mut self, client: Option<&str>) -> Call {
+        if let (Call::Ask { session, .. }, Some(client)) = (&mut self, client) {
+            if let Some(name) = session.as_mut() {
+                *name = format!("{client}/{name}");
+            }
+        }
+        self
+    }
+}
+
 /// One call of the extension.
 #[derive(Debug, Clone)]
 pub enum Call {

@@ -8,6 +8,7 @@
 //!   sqe-gateway serve --listen ADDR --database-url URL [--read-database-url URL ...] --tokens FILE
 //!   sqe-gateway mcp-stdio --database-url URL [--role ROLE]
 
+mod admission;
 mod app;
 mod conversation;
 mod db;
@@ -34,7 +35,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::ServiceExt;
 
-use crate::app::{App, Role};
+use crate::app::App;
 use crate::db::Db;
 use crate::errors::ApiError;
 use crate::tokens::Tokens;
@@ -53,7 +54,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve /v1/models, /v1/chat/completions and /mcp.
-    Serve(Serve),
+    Serve(Box<Serve>),
     /// MCP over stdio, for local clients.
     McpStdio {
         #[arg(long)]
@@ -101,6 +102,19 @@ struct Serve {
     /// Largest request body, in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     max_body: usize,
+    /// Seconds a request's body may take to arrive whole once its headers have; a slower one
+    /// is answered 408.
+    #[arg(long, default_value_t = 30)]
+    body_timeout: u64,
+    /// Connections served at once; more wait to be accepted. With --max-body, this bounds the
+    /// memory request bodies may hold.
+    #[arg(long, default_value_t = 256)]
+    max_connections: usize,
+    /// MCP sessions open at once, in all and per token; a session idle for 5 minutes ends.
+    #[arg(long, default_value_t = 1024)]
+    max_mcp_sessions: usize,
+    #[arg(long, default_value_t = 64)]
+    max_mcp_sessions_per_token: usize,
     /// Seconds a connection may take to send a request's headers, and stay idle between
     /// requests, before it is closed.
     #[arg(long, default_value_t = 30)]
@@ -134,7 +148,7 @@ async fn authenticate(State(app): State<App>, mut request: Request, next: Next) 
         .map(str::trim);
     match token.and_then(|t| app.tokens.role(t)) {
         Some(role) => {
-            request.extensions_mut().insert(Role(role));
+            request.extensions_mut().insert(role);
             next.run(request).await
         }
         None => {
@@ -168,6 +182,10 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
         role_calls,
         request_timeout,
         max_body,
+        body_timeout,
+        max_connections,
+        max_mcp_sessions,
+        max_mcp_sessions_per_token,
         header_timeout,
         write_timeout,
         max_table_rows,
@@ -236,17 +254,34 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
     let config = StreamableHttpServerConfig::default().with_allowed_hosts(hosts);
     let cancel = config.cancellation_token.clone();
     let mcp_db = Arc::clone(&db);
+    let sessions = Arc::new(LocalSessionManager::default());
     let mcp = StreamableHttpService::new(
         move || Ok(mcp::Mcp::new(Arc::clone(&mcp_db), None)),
-        Arc::new(LocalSessionManager::default()),
+        Arc::clone(&sessions),
         config,
     );
+    let admission = Arc::new(admission::Admission::new(
+        Duration::from_secs(body_timeout.max(1)),
+        max_body,
+        sessions,
+        max_mcp_sessions,
+        max_mcp_sessions_per_token,
+    ));
     let router = Router::new()
         .route("/v1/models", get(openai::models))
         .route("/v1/chat/completions", post(openai::chat))
         .route("/v1/feedback", post(openai::feedback))
         .nest_service("/mcp", mcp)
         .fallback(not_found)
+        // In the order a request meets them: its token, its body, its MCP session.
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&admission),
+            admission::mcp_sessions,
+        ))
+        .layer(middleware::from_fn_with_state(
+            admission,
+            admission::read_body,
+        ))
         .layer(middleware::from_fn_with_state(app.clone(), authenticate))
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(app);
@@ -255,8 +290,11 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
     watch::serve(
         listener,
         router,
-        Duration::from_secs(header_timeout.max(1)),
-        Duration::from_secs(write_timeout.max(1)),
+        watch::Limits {
+            header_timeout: Duration::from_secs(header_timeout.max(1)),
+            write_timeout: Duration::from_secs(write_timeout.max(1)),
+            max_connections,
+        },
         async move {
             let _ = tokio::signal::ctrl_c().await;
             cancel.cancel();
@@ -309,7 +347,7 @@ async fn mcp_stdio(database_url: String, role: Option<String>) -> anyhow::Result
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::Serve(options) => serve(options).await,
+        Command::Serve(options) => serve(*options).await,
         Command::McpStdio { database_url, role } => mcp_stdio(database_url, role).await,
     }
 }

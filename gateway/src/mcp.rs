@@ -82,15 +82,18 @@ pub struct Mcp {
 const TABLES_URI: &str = "sqe://tables";
 const SCHEMA_URI: &str = "sqe://schema";
 
-/// The role of a request: the one the HTTP layer put there for its token, or the fixed one.
-fn role_of(server: &Mcp, context: &RequestContext<RoleServer>) -> Result<Option<String>, String> {
+/// The role of a request, and its client: the ones the HTTP layer put there for its token, or
+/// the fixed role of the one client on standard input and output.
+type Client = (Option<String>, Option<String>);
+
+fn role_of(server: &Mcp, context: &RequestContext<RoleServer>) -> Result<Client, String> {
     match context.extensions.get::<http::request::Parts>() {
         Some(parts) => parts
             .extensions
             .get::<Role>()
-            .map(|r| Some(r.0.clone()))
+            .map(|r| (Some(r.name.clone()), Some(r.client.clone())))
             .ok_or_else(|| "no role for this request".to_string()),
-        None => Ok(server.fixed_role.clone()),
+        None => Ok((server.fixed_role.clone(), None)),
     }
 }
 
@@ -130,10 +133,11 @@ impl Mcp {
         call: Call,
         shape: impl FnOnce(Value) -> Value,
     ) -> Result<CallToolResult, McpError> {
-        let role = match role_of(self, context) {
-            Ok(role) => role,
+        let (role, client) = match role_of(self, context) {
+            Ok(found) => found,
             Err(e) => return Ok(CallToolResult::error(vec![ContentBlock::text(e)])),
         };
+        let call = call.of_client(client.as_deref());
         match self.db.call(role.as_deref(), &call, None).await {
             Ok(value) => Ok(CallToolResult::success(vec![ContentBlock::json(shape(
                 value,
@@ -338,7 +342,7 @@ impl ServerHandler for Mcp {
                 ))
             }
         };
-        let role = role_of(self, &context).map_err(|e| McpError::invalid_request(e, None))?;
+        let (role, _) = role_of(self, &context).map_err(|e| McpError::invalid_request(e, None))?;
         let value = self
             .db
             .call(role.as_deref(), &call, None)

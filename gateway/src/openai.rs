@@ -281,7 +281,7 @@ fn chunk(id: &str, model: &str, delta: Value, finish: Option<&str>) -> Event {
 pub async fn chat(
     State(app): State<App>,
     ConnectInfo(ClientGone(gone)): ConnectInfo<ClientGone>,
-    Extension(Role(role)): Extension<Role>,
+    Extension(Role { name: role, client }): Extension<Role>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -290,7 +290,7 @@ pub async fn chat(
         Err(e) => return e.into_response(),
     };
     let call = match asked.what {
-        Wanted::Question(call) => call,
+        Wanted::Question(call) => call.of_client(Some(&client)),
         // The client's housekeeping is answered here: no model call, no query, no history.
         Wanted::Housekeeping(task) => {
             return said(&app, task.answer(), asked.stream, asked.include_usage)
@@ -316,7 +316,7 @@ pub async fn chat(
 /// that can call a URL from their rating buttons. The answer is what `nl_feedback` returned.
 pub async fn feedback(
     State(app): State<App>,
-    Extension(Role(role)): Extension<Role>,
+    Extension(Role { name: role, .. }): Extension<Role>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let bad = |message: String| {

@@ -4,6 +4,17 @@
 
 use std::sync::{Arc, RwLock};
 
+use sha2::{Digest, Sha256};
+
+/// Who a request is (set by `authenticate`): the role its token runs as, and the token's
+/// fingerprint, which keeps the client's conversations apart from those of other tokens of
+/// the same role (`Call::of_client`).
+#[derive(Clone, Debug)]
+pub struct Role {
+    pub name: String,
+    pub client: String,
+}
+
 /// Shortest token accepted: a guessable one would make the role it maps to public.
 const MIN_TOKEN_CHARS: usize = 16;
 
@@ -61,8 +72,8 @@ impl Tokens {
         n
     }
 
-    /// The role of `token`, comparing it with every entry.
-    pub fn role(&self, token: &str) -> Option<String> {
+    /// The role of `token`, comparing it with every entry, and the token's fingerprint.
+    pub fn role(&self, token: &str) -> Option<Role> {
         let entries = self.0.read().ok()?;
         let mut found = None;
         for (t, role) in entries.iter() {
@@ -70,8 +81,22 @@ impl Tokens {
                 found = Some(role.clone());
             }
         }
-        found
+        found.map(|name| Role {
+            name,
+            client: fingerprint(token),
+        })
     }
+}
+
+/// A name for a token that does not reveal it: the first 64 bits of its SHA-256, the same for
+/// the same token in every release. It prefixes the client's session names, which its role can
+/// read back (`nl_sessions`, `nl_history`).
+fn fingerprint(token: &str) -> String {
+    Sha256::digest(token.as_bytes())
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 #[cfg(test)]
@@ -95,11 +120,27 @@ mod tests {
     fn only_a_listed_token_has_a_role() {
         let tokens = Tokens::default();
         *tokens.0.write().unwrap() = parse("abcdefghijklmnop01 analyst").unwrap();
-        assert_eq!(
-            tokens.role("abcdefghijklmnop01").as_deref(),
-            Some("analyst")
+        let role = tokens.role("abcdefghijklmnop01").unwrap();
+        assert_eq!(role.name, "analyst");
+        assert!(!role.client.contains("abcdefghijklmnop01"));
+        assert!(tokens.role("abcdefghijklmnop02").is_none());
+        assert!(tokens.role("").is_none());
+    }
+
+    #[test]
+    fn two_tokens_of_one_role_are_two_clients() {
+        let tokens = Tokens::default();
+        *tokens.0.write().unwrap() = parse(
+            "abcdefghijklmnop01 analyst
+abcdefghijklmnop02 analyst",
+        )
+        .unwrap();
+        let (a, b) = (
+            tokens.role("abcdefghijklmnop01").unwrap(),
+            tokens.role("abcdefghijklmnop02").unwrap(),
         );
-        assert_eq!(tokens.role("abcdefghijklmnop02"), None);
-        assert_eq!(tokens.role(""), None);
+        assert_eq!(a.name, b.name);
+        assert_ne!(a.client, b.client);
+        assert_eq!(tokens.role("abcdefghijklmnop01").unwrap().client, a.client);
     }
 }

@@ -8,10 +8,13 @@
 //! asking anything. And a client must read what it asked for: a response write that makes no
 //! progress for the write timeout closes the connection, so that a client that never reads
 //! does not hold the answer in the gateway's memory (up to `max_result_bytes` of rows) for ever.
+//! Connections are served up to a number at once; more wait in the listen queue, so that what
+//! clients hold (a body up to `--max-body` each) has a bound the operator sets.
 
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -24,6 +27,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
@@ -102,18 +106,36 @@ impl Drop for WatchedStream {
     }
 }
 
+/// How connections are served: the timeouts, and how many at once.
+pub struct Limits {
+    pub header_timeout: Duration,
+    pub write_timeout: Duration,
+    pub max_connections: usize,
+}
+
 /// Serves `router` on `listener` (HTTP/1.1) until `shutdown` completes, then waits for the
 /// connections in progress to end.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
-    header_timeout: Duration,
-    write_timeout: Duration,
+    limits: Limits,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
+    let Limits {
+        header_timeout,
+        write_timeout,
+        max_connections,
+    } = limits;
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
+    let places = Arc::new(Semaphore::new(max_connections.max(1)));
     loop {
+        // A place first: at the limit, new connections wait in the listen queue.
+        let place = tokio::select! {
+            place = Arc::clone(&places).acquire_owned() => place,
+            () = &mut shutdown => break,
+        };
+        let Ok(place) = place else { break };
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             () = &mut shutdown => break,
@@ -149,6 +171,7 @@ pub async fn serve(
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             let _ = connection.await;
+            drop(place);
         });
     }
     drop(listener);

@@ -640,3 +640,134 @@ fn a_client_that_reads_nothing_of_its_answer_is_disconnected() {
     // The gateway goes on serving.
     assert!(gateway.models_status(&s.token).contains(" 200 "));
 }
+
+/// The status line of what `stream` is answered, waiting at most `wait`.
+fn status_line(stream: &mut std::net::TcpStream, wait: Duration) -> std::io::Result<String> {
+    stream.set_read_timeout(Some(wait))?;
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stream), &mut line)?;
+    Ok(line.trim_end().to_string())
+}
+
+/// A client that sends all of a body but its last byte is answered 408 once `--body-timeout`
+/// has passed: a body does not stay in the gateway's memory for as long as a client likes. And
+/// no more connections are served at once than `--max-connections`: the next waits its turn.
+#[test]
+fn a_body_sent_too_slowly_is_refused_and_connections_beyond_the_limit_wait() {
+    let s = setup();
+    let gateway = Gateway::start_with(
+        &s.database_url,
+        &s.tokens,
+        &["--body-timeout", "2", "--max-connections", "2"],
+    );
+    let address = format!("127.0.0.1:{}", gateway.port);
+    let held: Vec<std::net::TcpStream> = (0..2)
+        .map(|_| {
+            let mut c = std::net::TcpStream::connect(&address).unwrap();
+            write!(
+                c,
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n\
+                 Authorization: Bearer {}\r\nContent-Type: application/json\r\n\
+                 Content-Length: 1000\r\n\r\n",
+                s.token
+            )
+            .unwrap();
+            c.write_all(&[b' '; 999]).unwrap();
+            c
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut third = std::net::TcpStream::connect(&address).unwrap();
+    write!(
+        third,
+        "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {}\r\n\
+         Connection: close\r\n\r\n",
+        s.token
+    )
+    .unwrap();
+    let waiting = status_line(&mut third, Duration::from_millis(1000));
+    assert!(
+        waiting.is_err(),
+        "served beyond --max-connections: {waiting:?}"
+    );
+    for mut c in held {
+        let status = status_line(&mut c, Duration::from_secs(10)).unwrap();
+        assert!(status.starts_with("HTTP/1.1 408"), "{status}");
+    }
+    let status = status_line(&mut third, Duration::from_secs(10)).unwrap();
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+}
+
+/// Two tokens of one role are two clients: a session name one of them chose is not the
+/// other's, so neither sees (or adds to) the other's conversation.
+#[test]
+fn two_tokens_of_one_role_never_share_a_conversation() {
+    let s = setup();
+    let other = format!("second-reader-token-{}", s.database);
+    let tokens = std::env::temp_dir().join(format!("sqe-tokens-two-{}", s.database));
+    std::fs::write(
+        &tokens,
+        format!("{} {}\n{other} {}\n", s.token, s.reader, s.reader),
+    )
+    .unwrap();
+    let gateway = Gateway::start_with(&s.database_url, &tokens, &[]);
+    let ask = |token: &str, question: &str| {
+        let body = serde_json::json!({
+            "model": s.database,
+            "messages": [{"role": "user", "content": question}],
+        });
+        let answer = gateway.chat(token, &body, &[("X-Sqe-Session", "team")]);
+        assert_eq!(answer.status, 200, "{answer:?}");
+        s.llm.requests().last().unwrap().text()
+    };
+    ask(&s.token, "Which customers are from Germany?");
+    let asked = ask(&other, "And how many of them are there?");
+    assert!(
+        !asked.contains("Which customers are from Germany?"),
+        "{asked}"
+    );
+    // The same token's follow-up has its context (control).
+    let asked = ask(&s.token, "And how many of them are there?");
+    assert!(
+        asked.contains("Which customers are from Germany?"),
+        "{asked}"
+    );
+}
+
+/// A token opens MCP sessions up to `--max-mcp-sessions-per-token`; then it is answered 503
+/// until one ends, and other tokens still open theirs.
+#[test]
+fn mcp_sessions_are_limited_per_token() {
+    let s = setup();
+    let gateway = Gateway::start_with(
+        &s.database_url,
+        &s.tokens,
+        &["--max-mcp-sessions-per-token", "2"],
+    );
+    let initialize = |token: &str| -> (u16, Option<String>) {
+        let sent = ureq::post(&format!("{}/mcp", gateway.url()))
+            .set("Authorization", &format!("Bearer {token}"))
+            .set("Content-Type", "application/json")
+            .set("Accept", "application/json, text/event-stream")
+            .timeout(Duration::from_secs(20))
+            .send_string(
+                r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"test","version":"1"}}}"#,
+            );
+        match sent {
+            Ok(r) => (r.status(), r.header("mcp-session-id").map(str::to_string)),
+            Err(ureq::Error::Status(code, _)) => (code, None),
+            Err(e) => panic!("the gateway did not answer: {e}"),
+        }
+    };
+    for _ in 0..2 {
+        let (status, session) = initialize(&s.token);
+        assert_eq!(status, 200);
+        assert!(session.is_some());
+    }
+    assert_eq!(initialize(&s.token).0, 503);
+    assert_eq!(
+        initialize(&s.limited_token).0,
+        200,
+        "another token has its own"
+    );
+}

@@ -330,10 +330,17 @@ fn conversations_hop_between_gateways_and_servers_and_survive_losing_one_of_each
     .unwrap();
     let mut redis = redis;
     let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("sql_query_engine:*:session:topology-*")
+        .arg("sql_query_engine:*:session:*/topology-*")
         .query(&mut redis)
         .unwrap();
     assert_eq!(keys.len(), CONVERSATIONS / 2, "{keys:?}");
+    // Named for the token that asked (`<fingerprint>/NAME`), the same at every gateway: that is
+    // how a conversation hops between them.
+    let clients: std::collections::BTreeSet<&str> = keys
+        .iter()
+        .filter_map(|k| k.rsplit_once('/')?.0.rsplit_once(':').map(|(_, c)| c))
+        .collect();
+    assert_eq!(clients.len(), 1, "{keys:?}");
     // Each holds every turn of its conversation once: a turn retried after a failure (and maybe
     // recorded by the server that failed, or by a call the killed gateway left running, which
     // may finish after the retry) was not kept twice.
