@@ -261,38 +261,36 @@ fn current_key() -> Result<CacheKey> {
     })
 }
 
-/// The schemas a question reads by default, after the search path's: every other schema the
-/// role may use whose owner it trusts already (itself or a role it belongs to, the database's
-/// owner, a superuser), except system schemas and other extensions' own. A schema some other
-/// role made and opened to PUBLIC is left out, so that nobody can put relations in front of
-/// the model that the caller never chose to look at (`sql_query_engine.schemas` names it).
-const OTHER_SCHEMAS_SQL: &str = "
-SELECT coalesce(pg_catalog.array_agg(n.nspname::text ORDER BY n.nspname), '{}')
+/// The schemas a question reads by default: those of the search path `$1` in its order, then
+/// every other one, by name, except system schemas and other extensions' own; of either, only
+/// those the role may use and whose owner it trusts already (itself or a role it belongs to,
+/// the database's owner, `pg_database_owner` as `public`'s owner, a superuser). A schema some other role made is left out even on the
+/// path, where `"$user"` finds a schema named after the caller that anyone with CREATE on the
+/// database may make: nobody can put relations in front of the model that the caller never
+/// chose to look at (`sql_query_engine.schemas` names such a schema).
+const USABLE_SCHEMAS_SQL: &str = "
+SELECT coalesce(pg_catalog.array_agg(n.nspname::text ORDER BY p.ord, n.nspname), '{}')
 FROM pg_catalog.pg_namespace n
-WHERE n.oid <> ALL ($1::pg_catalog.oid[])
-  AND n.nspname <> ALL ('{pg_catalog,information_schema}') AND n.nspname !~ '^pg_'
-  AND pg_catalog.has_schema_privilege(n.oid, 'USAGE')
+LEFT JOIN pg_catalog.unnest($1::pg_catalog.oid[]) WITH ORDINALITY AS p(oid, ord) ON p.oid = n.oid
+WHERE pg_catalog.has_schema_privilege(n.oid, 'USAGE')
   AND (pg_catalog.pg_has_role(n.nspowner, 'USAGE')
        OR n.nspowner = (SELECT d.datdba FROM pg_catalog.pg_database d
                         WHERE d.datname = pg_catalog.current_database())
+       OR n.nspowner = 'pg_database_owner'::pg_catalog.regrole
        OR EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.oid = n.nspowner AND r.rolsuper))
-  AND NOT EXISTS (SELECT FROM pg_catalog.pg_depend e
-                  WHERE e.classid = 'pg_catalog.pg_namespace'::pg_catalog.regclass
-                    AND e.objid = n.oid AND e.deptype = 'e')";
+  AND (p.ord IS NOT NULL
+       OR (n.nspname <> ALL ('{pg_catalog,information_schema}') AND n.nspname !~ '^pg_'
+           AND NOT EXISTS (SELECT FROM pg_catalog.pg_depend e
+                           WHERE e.classid = 'pg_catalog.pg_namespace'::pg_catalog.regclass
+                             AND e.objid = n.oid AND e.deptype = 'e')))";
 
-/// The search path's schemas, then the other usable ones (`OTHER_SCHEMAS_SQL`), by name.
+/// The schemas a question reads by default (`USABLE_SCHEMAS_SQL`), by name.
 fn usable_schemas(search_path: &[pg_sys::Oid]) -> Result<Vec<String>> {
-    let mut schemas: Vec<String> = search_path
-        .iter()
-        .filter_map(|&oid| names::namespace_name(oid))
-        .collect();
-    let others = subxact::pinned(|| {
-        store::read_one::<Vec<String>>(OTHER_SCHEMAS_SQL, &[search_path.to_vec().into()])
+    subxact::pinned(|| {
+        store::read_one::<Vec<String>>(USABLE_SCHEMAS_SQL, &[search_path.to_vec().into()])
     })
-    .map_err(|e| Error::internal(format!("reading the usable schemas failed: {e}")))?
-    .unwrap_or_default();
-    schemas.extend(others);
-    Ok(schemas)
+    .map_err(|e| Error::internal(format!("reading the usable schemas failed: {e}")))
+    .map(Option::unwrap_or_default)
 }
 
 /// The caller's search path, without the implicit schemas (pg_catalog, pg_temp).

@@ -876,3 +876,57 @@ fn a_schema_the_caller_may_not_use_shows_nothing_of_its_tables() {
         "{schema}"
     );
 }
+
+/// A schema named after the caller is found first on the default search path (`"$user"`), and
+/// any role that may create schemas can make it. Made by another role, it is no schema of the
+/// caller's: nothing of it is shown, and a model's query that the path resolves into it is
+/// refused before its code runs. Naming it in `sql_query_engine.schemas` is the caller's
+/// choice (positive control: the view's code runs).
+#[test]
+fn a_schema_another_role_named_after_the_caller_is_not_the_callers() {
+    let mut w = World::new();
+    let (attacker, victim) = (w.attacker.clone(), w.victim.clone());
+    let key = 7_302;
+    let db = w.s.database.clone();
+    w.s.client
+        .batch_execute(&format!("GRANT CREATE ON DATABASE {db} TO {attacker}"))
+        .unwrap();
+    w.attacker_runs(&format!(
+        "{} CREATE SCHEMA {victim};
+         GRANT USAGE ON SCHEMA {victim} TO PUBLIC;
+         CREATE VIEW {victim}.orders AS SELECT 1 AS id, shared.peek() AS p;
+         GRANT SELECT ON {victim}.orders TO {victim};",
+        locker("shared.peek()", key, "text", "'x'")
+    ));
+    w.s.llm.on(
+        "how many orders",
+        vec![Reply::sql("SELECT count(*) AS n FROM orders"); 2],
+    );
+    let mut witness = Witness::hold(&w.s.database, &[key]);
+    let mut v = w.connect(&victim);
+    let schema = text(&mut v, "SELECT nl_schema()");
+    assert!(!schema.contains(&format!("{victim}.orders")), "{schema}");
+    assert!(schema.contains("public.orders"), "{schema}");
+    let (answer, waited) =
+        witness.waited(|| v.query_one("SELECT nl_query('how many orders')::text", &[]));
+    assert!(waited.is_empty(), "the view's code ran");
+    let error = answer.unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "42501", "{message}");
+    assert!(
+        message.contains(&format!(
+            "relation {victim}.orders is not one of the tables"
+        )),
+        "{message}"
+    );
+
+    // Named in sql_query_engine.schemas, the schema is the victim's choice.
+    v.batch_execute(&format!(
+        "SET sql_query_engine.schemas = '{victim}, public'"
+    ))
+    .unwrap();
+    let (answer, waited) =
+        witness.waited(|| v.query_one("SELECT nl_query('how many orders')::text", &[]));
+    assert!(answer.is_ok(), "{answer:?}");
+    assert_eq!(waited, vec![key]);
+}
