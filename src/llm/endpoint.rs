@@ -20,38 +20,57 @@ struct EndpointSetting {
     pub url: String,
     pub model: Option<String>,
     pub key_file: Option<String>,
+    /// Which setting names the key file, for errors (which never show the path: the settings
+    /// are for superusers to read, the errors for whoever asked).
+    pub key_setting: String,
 }
 
 impl EndpointSetting {
     /// The endpoint with its key read.
     fn endpoint(&self) -> Result<Endpoint> {
+        let api_key = match &self.key_file {
+            Some(path) => Some(read_key_file(path, &self.key_setting)?),
+            None => None,
+        };
         Ok(Endpoint {
             base_url: self.url.clone(),
             model: self.model.clone(),
-            api_key: self.key_file.as_deref().map(read_key_file).transpose()?,
+            api_key,
         })
     }
 }
 
-/// `URL [model=NAME] [key_file=PATH], ...`
+/// `URL [model=NAME] [key_file=PATH], ...`. Errors name the entry by its place, never by its
+/// text, which may hold credentials.
 fn parse_fallbacks(text: &str) -> std::result::Result<Vec<EndpointSetting>, String> {
     let mut endpoints = Vec::new();
-    for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+    for (n, entry) in text
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .enumerate()
+    {
+        let place = n + 1;
         let mut parts = entry.split_whitespace();
         let url = parts.next().unwrap_or_default().to_string();
         if !(url.starts_with("http://") || url.starts_with("https://")) {
-            return Err(format!("\"{entry}\" does not start with an http(s) URL"));
+            return Err(format!("entry {place} does not start with an http(s) URL"));
         }
         let mut endpoint = EndpointSetting {
             url,
             model: None,
             key_file: None,
+            key_setting: format!("the key_file of sql_query_engine.llm_fallbacks' entry {place}"),
         };
         for part in parts {
             match part.split_once('=') {
                 Some(("model", v)) if !v.is_empty() => endpoint.model = Some(v.to_string()),
                 Some(("key_file", v)) if !v.is_empty() => endpoint.key_file = Some(v.to_string()),
-                _ => return Err(format!("\"{part}\" is not model=NAME or key_file=PATH")),
+                _ => {
+                    return Err(format!(
+                        "in entry {place}, a word after the URL is not model=NAME or key_file=PATH"
+                    ))
+                }
             }
         }
         endpoints.push(endpoint);
@@ -72,6 +91,7 @@ pub fn configured() -> Result<Vec<Endpoint>> {
         url,
         model: settings::llm_model(),
         key_file: settings::llm_api_key_file(),
+        key_setting: "sql_query_engine.llm_api_key_file".into(),
     }];
     if let Some(text) = settings::llm_fallbacks() {
         endpoints.extend(parse_fallbacks(&text).map_err(|e| Error::Setting {
@@ -86,13 +106,13 @@ pub fn configured() -> Result<Vec<Endpoint>> {
 const MAX_KEY_BYTES: u64 = 4096;
 
 /// A key from `path`: the file's content without surrounding blank space. Errors name the
-/// file, never its content.
-fn read_key_file(path: &str) -> Result<String> {
+/// setting that names the file (`setting`), never the file or its content.
+fn read_key_file(path: &str, setting: &str) -> Result<String> {
     use std::io::Read;
     let unreadable = |cause: String| Error::Setting {
-        message: format!("the API key file {path} cannot be used: {cause}"),
+        message: format!("the API key file of {setting} cannot be used: {cause}"),
         hint: "It must be a file the server's operating-system user can read, holding only the \
-               key (sql_query_engine.llm_api_key_file)."
+               key."
             .into(),
     };
     let file = std::fs::File::open(path).map_err(|e| unreadable(e.to_string()))?;
@@ -114,22 +134,47 @@ fn read_key_file(path: &str) -> Result<String> {
 
 /// A URL as it may be shown: without the credentials it may carry.
 pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            format!("{}{}", &url[..scheme_end + 3], &url[at + 1..])
-        }
-        _ => url.to_string(),
-    }
+    let (shown, _) = secrets_of(url);
+    shown
 }
 
-/// `text` with the secrets of `url` (the whole URL, its credentials) replaced.
+/// A URL's parts that may be shown (scheme, host, port, path) and those that may not (the
+/// user information before the host, the query and fragment: a key may ride in either).
+fn secrets_of(url: &str) -> (String, Vec<&str>) {
+    let mut secrets = Vec::new();
+    let (before_query, query) = match url.find(['?', '#']) {
+        Some(at) => (&url[..at], Some(&url[at + 1..])),
+        None => (url, None),
+    };
+    secrets.extend(query.filter(|q| !q.is_empty()));
+    let Some(scheme_end) = before_query.find("://").map(|at| at + 3) else {
+        return (before_query.to_string(), secrets);
+    };
+    let authority_end = before_query[scheme_end..]
+        .find('/')
+        .map_or(before_query.len(), |at| scheme_end + at);
+    let authority = &before_query[scheme_end..authority_end];
+    let Some(at) = authority.rfind('@') else {
+        return (before_query.to_string(), secrets);
+    };
+    if at > 0 {
+        secrets.push(&authority[..at]);
+    }
+    let shown = format!(
+        "{}{}",
+        &before_query[..scheme_end],
+        &before_query[scheme_end + at + 1..]
+    );
+    (shown, secrets)
+}
+
+/// `text` with the secrets of `url` (the whole URL, its credentials, query and fragment)
+/// replaced.
 pub fn redact(text: &str, url: &str) -> String {
-    let mut text = text.replace(url, &redact_url(url));
-    if let (Some(scheme_end), Some(at)) = (url.find("://"), url.rfind('@')) {
-        if at > scheme_end + 3 {
-            let credentials = &url[scheme_end + 3..at];
-            text = text.replace(credentials, "[credentials]");
-        }
+    let (shown, secrets) = secrets_of(url);
+    let mut text = text.replace(url, &shown);
+    for secret in secrets {
+        text = text.replace(secret, "[credentials]");
     }
     text
 }
@@ -154,5 +199,40 @@ mod tests {
         assert!(parse_fallbacks("ftp://x").is_err());
         assert!(parse_fallbacks("http://x key=abc").is_err());
         assert_eq!(parse_fallbacks(" ").unwrap(), vec![]);
+        // What is wrong is said by place, never by the text, which may hold credentials.
+        for text in [
+            "http://a/v1, ftp://u:PW1@b/v1",
+            "http://a/v1, http://b/v1 sk-PW1",
+        ] {
+            let error = parse_fallbacks(text).unwrap_err();
+            assert!(
+                error.contains("entry 2") && !error.contains("PW1"),
+                "{error}"
+            );
+        }
+    }
+
+    #[test]
+    fn shown_urls_keep_no_credentials_query_or_fragment() {
+        let cases = [
+            (
+                "https://user:pw@api.example.com/v1",
+                "https://api.example.com/v1",
+            ),
+            (
+                "http://127.0.0.1:8080/v1?api-key=SECRET",
+                "http://127.0.0.1:8080/v1",
+            ),
+            ("http://u:p@h/v1?key=SECRET#frag", "http://h/v1"),
+            ("http://h/v1/@not-userinfo", "http://h/v1/@not-userinfo"),
+            ("http://h/v1", "http://h/v1"),
+        ];
+        for (url, shown) in cases {
+            assert_eq!(redact_url(url), shown, "{url}");
+            let text = redact(&format!("error sending request for url ({url})"), url);
+            assert_eq!(text, format!("error sending request for url ({shown})"));
+        }
+        let text = redact("failed: key=SECRET refused", "http://h/v1?key=SECRET");
+        assert!(!text.contains("SECRET"), "{text}");
     }
 }

@@ -100,10 +100,10 @@ impl OpenAiClient {
 
     /// The endpoint as it may be shown: without credentials in the URL, never with the key.
     pub fn endpoint(&self) -> String {
-        redact_url(&format!(
+        format!(
             "{}/chat/completions",
-            self.base_url.trim_end_matches('/')
-        ))
+            redact_url(&self.base_url).trim_end_matches('/')
+        )
     }
 
     /// A failure this request may have caused (or the backend's own).
@@ -885,6 +885,24 @@ mod tests {
         );
         let e = client.error("echo sk-live-123 back").to_string();
         assert!(!e.contains("sk-live-123") && !e.contains("secret"), "{e}");
+        let client = OpenAiClient::new(
+            Endpoint {
+                base_url: "http://127.0.0.1:8080/v1?api-key=SECRET".into(),
+                model: None,
+                api_key: None,
+            },
+            Options {
+                temperature: 0.0,
+                timeout: Duration::from_secs(1),
+                json_mode: false,
+                max_tokens: 100,
+                max_response_bytes: 1 << 20,
+            },
+        );
+        assert_eq!(
+            client.endpoint(),
+            "http://127.0.0.1:8080/v1/chat/completions"
+        );
     }
 
     #[test]

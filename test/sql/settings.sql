@@ -11,7 +11,11 @@ SET sql_query_engine.llm_api_key = 'sk-not-echoed';
 CREATE ROLE sqe_regress_role;
 SET ROLE sqe_regress_role;
 SET sql_query_engine.llm_url = 'http://elsewhere.invalid/v1';
-SHOW sql_query_engine.llm_url;
+DO $$ BEGIN
+    RAISE NOTICE 'llm_url shown: %', current_setting('sql_query_engine.llm_url');
+EXCEPTION WHEN insufficient_privilege THEN
+    RAISE NOTICE 'llm_url hidden (SQLSTATE %)', SQLSTATE;
+END $$;
 SET sql_query_engine.trusted_owners = 'sqe_regress_role';
 SET sql_query_engine.max_rows = 100000;
 SET sql_query_engine.max_rows = 10;
