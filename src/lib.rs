@@ -55,6 +55,12 @@ pgrx::extension_sql_file!(
     name = "feedback",
     requires = ["examples"]
 );
+// Triggers on the tables the three files above make.
+pgrx::extension_sql_file!(
+    "../sql/ids.sql",
+    name = "ids",
+    requires = ["examples", "history", "feedback"]
+);
 pgrx::extension_sql_file!(
     "../sql/query_as.sql",
     name = "query_as",

@@ -235,6 +235,26 @@ fn a_role_writes_history_and_feedback_only_as_itself_and_as_of_now() {
         .query_one(&history("current_user", "now()"), &[])
         .unwrap()
         .get(0);
+    // Its rows take the ids the identity draws: an id taken ahead of the sequence, on which
+    // another role's history would then fail, is refused, and goes to that role in turn.
+    let ahead = id + 2;
+    let forged = format!(
+        "INSERT INTO nl_history (id, role, at, function, question, sql, status, attempts, ms, \
+         llm_calls, prompt_tokens, completion_tokens) OVERRIDING SYSTEM VALUE VALUES \
+         ({ahead}, current_user, now(), 'nl_ask', 'forged', NULL, 'ok', '[]', 1, 1, 1, 1)"
+    );
+    let error = db_error(&analyst_client.batch_execute(&forged).unwrap_err());
+    assert_eq!(error.0, "42501", "{}", error.1);
+    let mut writer_client = roles.connect(&writer);
+    let written: Vec<i64> = (0..3)
+        .map(|_| {
+            writer_client
+                .query_one(&history("current_user", "now()"), &[])
+                .unwrap()
+                .get(0)
+        })
+        .collect();
+    assert!(written.contains(&ahead), "{written:?}");
     let error = db_error(
         &analyst_client
             .query_one("SELECT nl_feedback($1, true)", &[&id])
