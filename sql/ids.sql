@@ -27,3 +27,9 @@ CREATE TRIGGER nl_drawn_id BEFORE INSERT ON @extschema@.nl_examples
     FOR EACH ROW EXECUTE FUNCTION @extschema@.nl_drawn_id();
 GRANT SELECT ON SEQUENCE @extschema@.nl_history_id_seq, @extschema@.nl_feedback_id_seq,
     @extschema@.nl_examples_id_seq TO PUBLIC;
+-- A dump carries where each identity stands, not only the tables' rows: restored without it,
+-- every insert would draw an id a restored row holds (history lost, examples and feedback
+-- refused).
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_history_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_feedback_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_examples_id_seq', '');

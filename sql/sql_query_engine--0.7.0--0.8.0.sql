@@ -1,5 +1,6 @@
 -- 0.8.0: an example's provenance is whoever inserts it, now, from an answer of its own; a
--- row's id in the extension's tables is the one its identity draws.
+-- row's id in the extension's tables is the one its identity draws, and a dump keeps where
+-- the identities stand.
 -- Who added an example, and when, is whoever inserts or changes it, now: a role that may write
 -- examples names no other role as the author, no other time, and no answer it cannot read
 -- (another role's history row) as the source. The table's owner (and a superuser) writes rows
@@ -52,3 +53,9 @@ CREATE TRIGGER nl_drawn_id BEFORE INSERT ON @extschema@.nl_examples
     FOR EACH ROW EXECUTE FUNCTION @extschema@.nl_drawn_id();
 GRANT SELECT ON SEQUENCE @extschema@.nl_history_id_seq, @extschema@.nl_feedback_id_seq,
     @extschema@.nl_examples_id_seq TO PUBLIC;
+-- A dump carries where each identity stands, not only the tables' rows: restored without it,
+-- every insert would draw an id a restored row holds (history lost, examples and feedback
+-- refused).
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_history_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_feedback_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_examples_id_seq', '');

@@ -223,3 +223,95 @@ fn updating_from_0_1_0_through_every_release_equals_a_fresh_install_and_keeps_th
             .unwrap();
     }
 }
+
+/// What `pg_dump` and `pg_restore` carry of the extension: its tables' rows with their ids and
+/// provenance, and where each identity stands, so that the restored database's next row takes
+/// a new id instead of failing on a restored one (its history silently lost, its examples and
+/// feedback refused).
+#[test]
+fn a_restored_dump_keeps_the_rows_and_draws_new_ids() {
+    let (original, restored) = (new_database("dumped"), new_database("restored"));
+    let role = format!("curator_{}", std::process::id());
+    let mut client = cluster().connect(&original);
+    client
+        .batch_execute(&format!(
+            "CREATE EXTENSION sql_query_engine;
+             CREATE TABLE t (x int);
+             DROP ROLE IF EXISTS {role}; CREATE ROLE {role};
+             GRANT SELECT ON t TO {role}; GRANT INSERT ON nl_examples TO {role};
+             SET ROLE {role};
+             INSERT INTO nl_history (function, question, status, attempts, ms, llm_calls,
+                                     prompt_tokens, completion_tokens)
+                 VALUES ('nl_ask', 'before the dump', 'ok', '[]', 1, 1, 1, 1);
+             SELECT nl_example_add('how many x', 'SELECT count(*) FROM t');
+             RESET ROLE;"
+        ))
+        .unwrap();
+    drop(client);
+    let bindir = std::process::Command::new(
+        std::env::var("PG_CONFIG")
+            .unwrap_or_else(|_| "/usr/lib/postgresql/15/bin/pg_config".into()),
+    )
+    .arg("--bindir")
+    .output()
+    .unwrap();
+    let bindir = String::from_utf8_lossy(&bindir.stdout).trim().to_string();
+    let c = cluster();
+    let dump = std::env::temp_dir().join(format!("sqe-dump-{}.custom", std::process::id()));
+    let port = c.port.to_string();
+    let connection = ["-h", &c.host, "-p", &port, "-U", &c.user];
+    let dumped = std::process::Command::new(format!("{bindir}/pg_dump"))
+        .args(connection)
+        .args(["-Fc", "-f"])
+        .arg(&dump)
+        .arg(&original)
+        .status()
+        .unwrap();
+    assert!(dumped.success());
+    let restored_ok = std::process::Command::new(format!("{bindir}/pg_restore"))
+        .args(connection)
+        .args(["--exit-on-error", "-d", &restored])
+        .arg(&dump)
+        .status()
+        .unwrap();
+    let _ = std::fs::remove_file(&dump);
+    assert!(restored_ok.success());
+
+    let mut client = cluster().connect(&restored);
+    let kept: (i64, String) = {
+        let row = client
+            .query_one("SELECT id, added_by::text FROM nl_examples", &[])
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!(kept, (1, role.clone()), "the example and its author");
+    let ids: (i64, i64) = client
+        .query_one(
+            "SELECT (SELECT max(id) FROM nl_history WHERE question = 'before the dump'),
+                    nl_example_add('how many rows of x', 'SELECT count(x) FROM t')",
+            &[],
+        )
+        .map(|row| (row.get(0), row.get(1)))
+        .unwrap();
+    assert_eq!(ids, (1, 2), "the next example takes a new id");
+    client.batch_execute(&format!("SET ROLE {role}")).unwrap();
+    let next: i64 = client
+        .query_one(
+            "INSERT INTO nl_history (function, question, status, attempts, ms, llm_calls,
+                                     prompt_tokens, completion_tokens)
+                 VALUES ('nl_ask', 'after the restore', 'ok', '[]', 1, 1, 1, 1) RETURNING id",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(next, 2, "the next history row takes a new id");
+    drop(client);
+    let mut admin = cluster().connect("postgres");
+    for drop in [
+        format!("DROP DATABASE {original}"),
+        format!("DROP DATABASE {restored}"),
+        format!("DROP ROLE {role}"),
+    ] {
+        admin.batch_execute(&drop).unwrap();
+    }
+}
