@@ -28,8 +28,36 @@ pub struct Admission {
     pub sessions: Arc<LocalSessionManager>,
     pub max_sessions: usize,
     pub max_client_sessions: usize,
-    /// The sessions each client (token fingerprint) opened, as they were when last counted.
-    opened: Mutex<HashMap<String, Vec<String>>>,
+    /// The sessions each client (token fingerprint) opened, as they were when last counted,
+    /// and the places taken by requests that may open one and have not been answered yet.
+    counted: Mutex<Counted>,
+}
+
+#[derive(Default)]
+struct Counted {
+    opened: HashMap<String, Vec<String>>,
+    pending: HashMap<String, usize>,
+}
+
+/// A place among the sessions, taken before the request that may open one is handled: without
+/// it, requests sent at once would all find the same free places. Given back when dropped
+/// (answered, failed or cancelled); a session the answer opened is counted by then.
+struct Place<'a> {
+    admission: &'a Admission,
+    client: String,
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut counted) = self.admission.counted.lock() {
+            if let Some(n) = counted.pending.get_mut(&self.client) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    counted.pending.remove(&self.client);
+                }
+            }
+        }
+    }
 }
 
 impl Admission {
@@ -46,26 +74,35 @@ impl Admission {
             sessions,
             max_sessions,
             max_client_sessions,
-            opened: Mutex::new(HashMap::new()),
+            counted: Mutex::new(Counted::default()),
         }
     }
 
-    /// Whether `client` may open one more session, given the sessions that still live.
-    fn has_place(&self, live: &HashSet<String>, client: &str) -> bool {
-        let Ok(mut opened) = self.opened.lock() else {
-            return false;
-        };
-        opened.retain(|_, ids| {
+    /// A place for one more session of `client`, given the sessions that still live, if there
+    /// is one: sessions and places taken count, overall and the client's own.
+    fn place(&self, live: &HashSet<String>, client: &str) -> Option<Place<'_>> {
+        let mut counted = self.counted.lock().ok()?;
+        counted.opened.retain(|_, ids| {
             ids.retain(|id| live.contains(id));
             !ids.is_empty()
         });
-        let own = opened.get(client).map_or(0, Vec::len);
-        live.len() < self.max_sessions && own < self.max_client_sessions
+        let own = counted.opened.get(client).map_or(0, Vec::len)
+            + counted.pending.get(client).copied().unwrap_or(0);
+        let all = live.len() + counted.pending.values().sum::<usize>();
+        if all >= self.max_sessions || own >= self.max_client_sessions {
+            return None;
+        }
+        *counted.pending.entry(client.to_string()).or_default() += 1;
+        Some(Place {
+            admission: self,
+            client: client.to_string(),
+        })
     }
 
     fn opened(&self, client: &str, id: &str) {
-        if let Ok(mut opened) = self.opened.lock() {
-            opened
+        if let Ok(mut counted) = self.counted.lock() {
+            counted
+                .opened
                 .entry(client.to_string())
                 .or_default()
                 .push(id.to_string());
@@ -123,18 +160,17 @@ pub async fn read_body(
     }
 }
 
-/// Refuses a request that would open an MCP session (a POST to `/mcp` that names none) when
-/// the sessions are at their limit, overall or for the request's token.
+/// Refuses a request that may open an MCP session (a POST to `/mcp` that names no live session:
+/// none, or one the session manager cannot read or does not have) when the sessions are at
+/// their limit, overall or for the request's token.
 pub async fn mcp_sessions(
     State(admission): State<Arc<Admission>>,
     request: Request,
     next: Next,
 ) -> Response {
     let client = request.extensions().get::<Role>().map(|r| r.client.clone());
-    let opens = request.uri().path().starts_with("/mcp")
-        && request.method() == Method::POST
-        && !request.headers().contains_key(MCP_SESSION);
-    let (Some(client), true) = (client, opens) else {
+    let posted = request.uri().path().starts_with("/mcp") && request.method() == Method::POST;
+    let (Some(client), true) = (client, posted) else {
         return next.run(request).await;
     };
     let live: HashSet<String> = admission
@@ -145,7 +181,15 @@ pub async fn mcp_sessions(
         .keys()
         .map(|id| id.to_string())
         .collect();
-    if !admission.has_place(&live, &client) {
+    let named = request
+        .headers()
+        .get(MCP_SESSION)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|id| live.contains(id));
+    if named {
+        return next.run(request).await;
+    }
+    let Some(place) = admission.place(&live, &client) else {
         return ApiError {
             retry_after: Some(SESSIONS_RETRY_AFTER_S),
             ..ApiError::new(
@@ -159,7 +203,7 @@ pub async fn mcp_sessions(
             )
         }
         .into_response();
-    }
+    };
     let response = next.run(request).await;
     if let Some(id) = response
         .headers()
@@ -168,6 +212,7 @@ pub async fn mcp_sessions(
     {
         admission.opened(&client, id);
     }
+    drop(place);
     response
 }
 
@@ -190,14 +235,38 @@ mod tests {
         let live = |ids: &[&str]| ids.iter().map(|s| s.to_string()).collect::<HashSet<_>>();
         admission.opened("a", "1");
         admission.opened("a", "2");
-        assert!(!admission.has_place(&live(&["1", "2"]), "a"), "a has its 2");
-        assert!(admission.has_place(&live(&["1", "2"]), "b"));
+        assert!(
+            admission.place(&live(&["1", "2"]), "a").is_none(),
+            "a has its 2"
+        );
+        assert!(admission.place(&live(&["1", "2"]), "b").is_some());
         admission.opened("b", "3");
         assert!(
-            !admission.has_place(&live(&["1", "2", "3"]), "c"),
+            admission.place(&live(&["1", "2", "3"]), "c").is_none(),
             "3 in all"
         );
         // Session 1 expired: a may open another.
-        assert!(admission.has_place(&live(&["2", "3"]), "a"));
+        assert!(admission.place(&live(&["2", "3"]), "a").is_some());
+    }
+
+    #[test]
+    fn places_taken_by_requests_not_yet_answered_count_until_given_back() {
+        let admission = Admission::new(
+            Duration::from_secs(1),
+            1024,
+            Arc::new(LocalSessionManager::default()),
+            3,
+            2,
+        );
+        let none = HashSet::new();
+        let first = admission.place(&none, "a");
+        let second = admission.place(&none, "a");
+        assert!(first.is_some() && second.is_some());
+        assert!(admission.place(&none, "a").is_none(), "a's 2 are taken");
+        let third = admission.place(&none, "b");
+        assert!(third.is_some());
+        assert!(admission.place(&none, "c").is_none(), "3 in all");
+        drop(second);
+        assert!(admission.place(&none, "a").is_some(), "given back");
     }
 }

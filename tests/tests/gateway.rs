@@ -765,6 +765,23 @@ fn mcp_sessions_are_limited_per_token() {
         assert!(session.is_some());
     }
     assert_eq!(initialize(&s.token).0, 503);
+    // Nor does a session header that names no live session open one past the limit: one the
+    // session manager cannot read (not text) is as good as none to it.
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"test","version":"1"}}}"#;
+    let mut raw = std::net::TcpStream::connect(format!("127.0.0.1:{}", gateway.port)).unwrap();
+    let mut request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {}\r\n\
+         Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+         Content-Length: {}\r\nConnection: close\r\nMcp-Session-Id: ",
+        s.token,
+        body.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(b"\x80\xff\r\n\r\n");
+    request.extend_from_slice(body.as_bytes());
+    raw.write_all(&request).unwrap();
+    let line = status_line(&mut raw, Duration::from_secs(20)).unwrap();
+    assert!(line.contains(" 503 "), "{line}");
     assert_eq!(
         initialize(&s.limited_token).0,
         200,
