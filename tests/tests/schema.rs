@@ -152,6 +152,19 @@ fn partitions_are_folded_into_their_parent_and_keys_shown() {
     assert!(told.contains("value numeric, -- degrees Celsius"));
     assert!(told.contains("note text DEFAULT 'none'::text,"));
     assert!(told.contains("UNIQUE (station, taken)"));
+    // Shown whole, the table may still be read by a partition's name: a partition of a
+    // relation of the context is in the model's scope.
+    s.client
+        .batch_execute("INSERT INTO measurements VALUES ('2024-05-01', 21.5, 'north')")
+        .unwrap();
+    s.llm.on(
+        "measurements of 2024",
+        vec![Reply::sql("SELECT count(*) AS n FROM measurements_2024")],
+    );
+    assert_eq!(
+        s.query("measurements of 2024").unwrap(),
+        vec![serde_json::json!({"n": 1})]
+    );
 }
 
 #[test]
