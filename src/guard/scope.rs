@@ -40,13 +40,14 @@ impl Scope {
         if !unsafe { pg_sys::get_rel_relispartition(relation) } {
             return false;
         }
-        // SAFETY: declared with PostgreSQL's own signature; an ERROR comes back through pgrx.
-        let ancestors =
-            unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| get_partition_ancestors(relation)) };
+        let ancestors = {
+            // SAFETY: declared with PostgreSQL's own signature; an ERROR comes back through pgrx.
+            unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| get_partition_ancestors(relation)) }
+        };
         // SAFETY: an OID list PostgreSQL just made.
-        unsafe { PgList::<std::ffi::c_void>::from_pg(ancestors) }
-            .iter_oid()
-            .any(|a| self.holds(a))
+        let ancestors = unsafe { PgList::<std::ffi::c_void>::from_pg(ancestors) };
+        let found = ancestors.iter_oid().any(|a| self.holds(a));
+        found
     }
 
     /// Why the statement that names `relations` may not run, if it may not.

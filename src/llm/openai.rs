@@ -863,13 +863,13 @@ mod tests {
         assert!(!auth.contains("sk-"), "{auth}");
     }
 
-    #[test]
-    fn endpoint_hides_url_credentials_and_errors_hide_the_key() {
-        let client = OpenAiClient::new(
+    /// A client of `base_url` with `api_key`, for what it shows of them.
+    fn client_of(base_url: &str, api_key: Option<&str>) -> OpenAiClient {
+        OpenAiClient::new(
             Endpoint {
-                base_url: "https://user:secret@api.example.com/v1/".into(),
+                base_url: base_url.into(),
                 model: None,
-                api_key: Some("sk-live-123".into()),
+                api_key: api_key.map(Into::into),
             },
             Options {
                 temperature: 0.0,
@@ -878,6 +878,14 @@ mod tests {
                 max_tokens: 100,
                 max_response_bytes: 1 << 20,
             },
+        )
+    }
+
+    #[test]
+    fn endpoint_hides_url_credentials_and_errors_hide_the_key() {
+        let client = client_of(
+            "https://user:secret@api.example.com/v1/",
+            Some("sk-live-123"),
         );
         assert_eq!(
             client.endpoint(),
@@ -885,20 +893,7 @@ mod tests {
         );
         let e = client.error("echo sk-live-123 back").to_string();
         assert!(!e.contains("sk-live-123") && !e.contains("secret"), "{e}");
-        let client = OpenAiClient::new(
-            Endpoint {
-                base_url: "http://127.0.0.1:8080/v1?api-key=SECRET".into(),
-                model: None,
-                api_key: None,
-            },
-            Options {
-                temperature: 0.0,
-                timeout: Duration::from_secs(1),
-                json_mode: false,
-                max_tokens: 100,
-                max_response_bytes: 1 << 20,
-            },
-        );
+        let client = client_of("http://127.0.0.1:8080/v1?api-key=SECRET", None);
         assert_eq!(
             client.endpoint(),
             "http://127.0.0.1:8080/v1/chat/completions"
