@@ -207,7 +207,7 @@ def ask(conn, question, config, args, everything, llm_url):
         answered_by=trace.get("answered_by"), out_of_time=trace.get("out_of_time", False),
         confidence=(trace.get("confidence") or {}).get("level"),
         doubts=(trace.get("confidence") or {}).get("doubts"),
-        misread=[[m for m in a.get("misread_values") or []] for a in trace["attempts"]],
+        questioned=[[m for m in a.get("questioned") or []] for a in trace["attempts"]],
         requalified=[list(a.get("requalified") or []) for a in trace["attempts"]],
     )
     record["correct"] = record["correct_at_precision"] = record["correct_official"] = False

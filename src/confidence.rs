@@ -78,11 +78,12 @@ pub fn assess(run: &Run, pruned: bool) -> Confidence {
                 .to_string(),
         );
     }
-    // A string the column does not store as written: a count over it is most often zero.
-    if let Some(answer) = run.best_attempt().filter(|a| !a.misread.is_empty()) {
+    // A string the column does not store as written, identifiers added up: what it counts or
+    // sums is most often nothing.
+    if let Some(answer) = run.best_attempt().filter(|a| !a.questioned.is_empty()) {
         doubts.push(format!(
-            "the answer compares columns with values they do not store as written: {}",
-            answer.misread.join("; ")
+            "the answer's rows are doubted: {}",
+            answer.questioned.join("; ")
         ));
     }
     let alternatives_failed = run.alternatives().next().is_some()

@@ -74,6 +74,9 @@ pub struct ResultSet {
     /// For an empty result: the tables it read on which row-level security filters this role's
     /// rows, so that "empty because of row security" is told apart from "really empty".
     pub row_security: Vec<String>,
+    /// For a query of the repair loop: what makes its rows doubtful though it ran, read from
+    /// its analyzed tree (`guard::identifiers_added`), one line each.
+    pub doubts: Vec<String>,
     /// Parallel workers the executor launched (0 for a serial plan).
     pub parallel_workers: i32,
     /// The rows as tuples, for a cursor (`Mode::Cursor`).
@@ -152,7 +155,8 @@ pub fn attempt(sql: &str, mode: Mode, timeout_ms: i32) -> Outcome {
 /// `attempt` for a query of the repair loop: also not run when its plan is absurd for a
 /// question (`absurd_plan`), so that the model gets the reason as a repair instead of the query
 /// running into the timeout, or when an IN subquery of it selects a column of the outer query
-/// (`guard::outer_column_subquery`), which no result would show. `scope`: for a query the caller
+/// (`guard::outer_column_subquery`), which no result would show; its rows carry what makes them
+/// doubtful (`ResultSet::doubts`). `scope`: for a query the caller
 /// did not write, the relations it may name (`guard::Scope`).
 pub fn attempt_in_loop(sql: &str, mode: Mode, timeout_ms: i32, scope: Option<&Scope>) -> Outcome {
     let cost_limit = f64::from(timeout_ms.max(1)) * COST_PER_MS;
@@ -387,7 +391,8 @@ fn failure(
 
 /// Everything that happens inside the subtransaction. With `cost_limit` (a query of the repair
 /// loop), a plan that `absurd_plan` calls absurd is not run, nor a query whose IN subquery
-/// selects a column of the outer query (`guard::outer_column_subquery`).
+/// selects a column of the outer query (`guard::outer_column_subquery`), and the identifiers it
+/// adds up are read (`guard::identifiers_added`).
 fn run_guarded(
     sql: &str,
     mode: Mode,
@@ -421,6 +426,7 @@ fn run_guarded(
     if mode == Mode::Check {
         return Outcome::Checked;
     }
+    let mut doubts = Vec::new();
     if cost_limit.is_some() {
         // SAFETY: the analyzed tree the guard just checked, in this transaction.
         if let Some(why) = unsafe { guard::outer_column_subquery(checked.query) } {
@@ -435,6 +441,8 @@ fn run_guarded(
                 ..Default::default()
             });
         }
+        // SAFETY: as above; read before the rewriter gets the tree.
+        doubts = unsafe { guard::identifiers_added(checked.query) };
     }
     // SAFETY: the analyzed tree the guard checked, rewritten, planned and run under an active
     // snapshot, all inside this subtransaction.
@@ -478,6 +486,7 @@ fn run_guarded(
             Mode::Plan | Mode::Check => Outcome::Planned,
             Mode::Run(_) | Mode::Cursor { .. } => {
                 let mut result = execute(planned, &checked.text, mode, origin);
+                result.doubts = doubts;
                 if result.rows.is_empty() {
                     result.row_security = row_security_tables(&checked.relations);
                     Outcome::Empty(result)

@@ -37,9 +37,10 @@ pub struct Attempt {
     /// The endpoint that wrote it, and what the endpoints tried before said.
     pub endpoint: String,
     pub endpoint_failures: Vec<String>,
-    /// The strings it compares columns with that those columns do not store as written
-    /// (`Database::misread`), one line each.
-    pub misread: Vec<String>,
+    /// Why its rows are doubted though it ran, one line each: the strings it compares columns
+    /// with that those columns do not store as written (`Database::misread`), the identifiers
+    /// it adds up (`ResultSet::doubts`).
+    pub questioned: Vec<String>,
     /// The columns the model qualified by a relation that lacks them, each moved to the
     /// relation of the query that has them (`ae.drug_id → t.drug_id`, or a join condition
     /// swapped): `sql` is the query as it ran after that (`hints::requalify`).
@@ -159,11 +160,11 @@ pub struct Limits {
 }
 
 /// How good an outcome is: a repair replaces the best attempt only when it ranks higher.
-/// Rows got by comparing a column with a string it does not store (`misread`) rank below
-/// other rows: such a query most often counts or sums nothing.
-fn rank(outcome: &Outcome, misread: &[String]) -> u8 {
+/// Questioned rows (got by comparing a column with a string it does not store, or adding up
+/// identifiers) rank below other rows: such a query most often counts or sums nothing.
+fn rank(outcome: &Outcome, questioned: &[String]) -> u8 {
     match outcome {
-        Outcome::Rows(_) | Outcome::Planned | Outcome::Checked if misread.is_empty() => 3,
+        Outcome::Rows(_) | Outcome::Planned | Outcome::Checked if questioned.is_empty() => 3,
         Outcome::Rows(_) | Outcome::Planned | Outcome::Checked => 2,
         Outcome::Empty(_) => 1,
         Outcome::Failed(_) | Outcome::Refused(_) => 0,
@@ -172,7 +173,7 @@ fn rank(outcome: &Outcome, misread: &[String]) -> u8 {
 
 /// How good an attempt is (`rank`).
 fn rank_of(attempt: &Attempt) -> u8 {
-    rank(&attempt.outcome, &attempt.misread)
+    rank(&attempt.outcome, &attempt.questioned)
 }
 
 /// SQL compared for "the same query": blank space and trailing semicolons do not count.
@@ -263,7 +264,7 @@ struct Step {
     sql: String,
     outcome: Outcome,
     ms: f64,
-    misread: Vec<String>,
+    questioned: Vec<String>,
     feedback: Option<String>,
     requalified: Vec<String>,
 }
@@ -299,7 +300,7 @@ impl Solver<'_> {
                     "the model's answer contained no SQL statement",
                 )),
                 ms: 0.0,
-                misread: Vec::new(),
+                questioned: Vec::new(),
                 feedback: Some(prompt::repair_no_sql(self.question, content)),
                 requalified: Vec::new(),
             };
@@ -308,16 +309,20 @@ impl Solver<'_> {
         let outcome = self.run_reported(&sql, attempt, kind);
         let (sql, outcome, requalified) = self.requalify(sql, outcome, attempt, kind);
         let ms = millis(ran);
-        let misread = match outcome {
-            Outcome::Rows(_) | Outcome::Empty(_) => self.db.misread(&sql),
+        let questioned = match &outcome {
+            Outcome::Rows(result) | Outcome::Empty(result) => {
+                let mut questioned = self.db.misread(&sql);
+                questioned.extend(result.doubts.iter().cloned());
+                questioned
+            }
             _ => Vec::new(),
         };
-        let feedback = self.feedback(&sql, &outcome, &misread);
+        let feedback = self.feedback(&sql, &outcome, &questioned);
         Step {
             sql,
             outcome,
             ms,
-            misread,
+            questioned,
             feedback,
             requalified,
         }
@@ -387,7 +392,7 @@ impl Solver<'_> {
     }
 
     /// What the model is told about `outcome` of `sql`; `None` when there is nothing to repair.
-    fn feedback(&mut self, sql: &str, outcome: &Outcome, misread: &[String]) -> Option<String> {
+    fn feedback(&mut self, sql: &str, outcome: &Outcome, questioned: &[String]) -> Option<String> {
         // A model that returns a query that already failed is told so: small models at
         // temperature 0 otherwise repeat it until the repairs run out.
         let repeated = self
@@ -396,8 +401,8 @@ impl Solver<'_> {
             .iter()
             .any(|a| a.outcome.error().is_some() && same_query(&a.sql, sql));
         match outcome {
-            Outcome::Rows(_) if !misread.is_empty() => {
-                Some(prompt::repair_misread(self.question, sql, misread))
+            Outcome::Rows(_) if !questioned.is_empty() => {
+                Some(prompt::repair_questioned(self.question, sql, questioned))
             }
             Outcome::Rows(_) | Outcome::Planned => None,
             Outcome::Empty(result) => {
@@ -407,7 +412,7 @@ impl Solver<'_> {
                     sql,
                     &result.row_security,
                     values.as_deref(),
-                    misread,
+                    questioned,
                 ))
             }
             Outcome::Refused(refusal) if refusal.ends_run => None,
@@ -432,7 +437,7 @@ impl Solver<'_> {
     }
 
     fn record(&mut self, step: &Step, llm_ms: f64, kind: Kind, by: &Completion) {
-        let ranked = rank(&step.outcome, &step.misread);
+        let ranked = rank(&step.outcome, &step.questioned);
         if ranked > 0
             && self
                 .run
@@ -450,7 +455,7 @@ impl Solver<'_> {
             group: None,
             endpoint: by.endpoint.clone(),
             endpoint_failures: by.failures.clone(),
-            misread: step.misread.clone(),
+            questioned: step.questioned.clone(),
             requalified: step.requalified.clone(),
         });
     }
@@ -467,7 +472,7 @@ impl Solver<'_> {
     /// far (the first one included) by that result. The largest group wins (ties: the better
     /// outcome, then the earliest); it becomes the answer when it is better than the best so
     /// far, or, with `Vote::Always`, whenever it has rows and ranks as well. Returns whether the run
-    /// has rows got without a misread value.
+    /// has rows that nothing questions.
     fn vote(&mut self, request: &[Message]) -> Result<bool> {
         (self.progress)(Event::ModelAsked(Asking::Alternatives(
             self.limits.candidates,
@@ -562,7 +567,7 @@ impl Solver<'_> {
                 .max(1),
         });
         Ok(self.run.best_attempt().is_some_and(|a| {
-            matches!(a.outcome, Outcome::Rows(_) | Outcome::Planned) && a.misread.is_empty()
+            matches!(a.outcome, Outcome::Rows(_) | Outcome::Planned) && a.questioned.is_empty()
         }))
     }
 
@@ -633,9 +638,9 @@ impl Solver<'_> {
                     self.run.confirmed_empty = true;
                     break;
                 }
-                // The model stands by a query whose values were questioned: asking again
-                // would get the same answer.
-                if !last.misread.is_empty() && same_query(&last.sql, &sql) {
+                // The model stands by a query whose rows were questioned: asking again would
+                // get the same answer.
+                if !last.questioned.is_empty() && same_query(&last.sql, &sql) {
                     break;
                 }
             }
@@ -666,7 +671,7 @@ impl Solver<'_> {
                 match &step.outcome {
                     _ if no_query => "had no query in it",
                     Outcome::Empty(_) => "returned no rows",
-                    Outcome::Rows(_) => "compared a column with a value it does not store",
+                    Outcome::Rows(_) => "returned rows that are doubted",
                     _ => "gave an error",
                 }
             );
@@ -682,7 +687,7 @@ impl Solver<'_> {
             // and a vote. Not over an answer with no query in it: that is repaired, not
             // outvoted.
             let in_doubt = !matches!(step.outcome, Outcome::Rows(_) | Outcome::Planned)
-                || !step.misread.is_empty();
+                || !step.questioned.is_empty();
             let votes = self.limits.candidates >= 2
                 && round == 0
                 && !ends_run
@@ -1293,7 +1298,7 @@ mod tests {
             |_| rows(1),
         );
         assert_eq!((run.status, run.best), (Status::Ok, Some(1)));
-        assert_eq!(run.attempts[0].misread, vec![MISREAD]);
+        assert_eq!(run.attempts[0].questioned, vec![MISREAD]);
         let asked = &llm.requests[1].last().unwrap().content;
         assert!(
             asked.contains(MISREAD) && asked.contains(COUNT_MISREAD),
@@ -1316,7 +1321,7 @@ mod tests {
             verdict
                 .doubts
                 .iter()
-                .any(|d| d.contains("do not store as written") && d.contains(MISREAD)),
+                .any(|d| d.contains("rows are doubted") && d.contains(MISREAD)),
             "{verdict:?}"
         );
         // A repair that comes back empty does not replace them; rows without a misread

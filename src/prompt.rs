@@ -230,11 +230,11 @@ pub fn repair_empty(
     sql: &str,
     row_security: &[String],
     values: Option<&str>,
-    misread: &[String],
+    questioned: &[String],
 ) -> String {
     let mut text = format!("This query ran without error but returned 0 rows.\n\nSQL:\n{sql}\n\n");
-    if !misread.is_empty() {
-        text.push_str(&misread_lines(misread));
+    if !questioned.is_empty() {
+        text.push_str(&questioned_lines(questioned));
     }
     if let Some(values) = values {
         text.push_str(&format!(
@@ -258,27 +258,25 @@ pub fn repair_empty(
     text
 }
 
-/// Feedback on a query that returned rows but compares a column with a string the column does
-/// not store as written: what it counts or sums is most often nothing. As with an empty
-/// result, the model may stand by the query by returning it unchanged.
-pub fn repair_misread(question: &str, sql: &str, misread: &[String]) -> String {
+/// Feedback on a query that returned rows that are doubted (`heal::Attempt::questioned`): it
+/// compares a column with a string the column does not store as written, or adds up
+/// identifiers, so what it counts or sums is most often nothing. As with an empty result, the
+/// model may stand by the query by returning it unchanged.
+pub fn repair_questioned(question: &str, sql: &str, questioned: &[String]) -> String {
     format!(
-        "This query ran and returned rows, but it compares columns with values they do not \
-         store, so its result most likely counts or sums nothing.\n\nSQL:\n{sql}\n\n{}\
+        "This query ran and returned rows, but its result most likely means nothing.\n\n\
+         SQL:\n{sql}\n\n{}\
          If the query is right as it is, return exactly the same query unchanged. Otherwise \
-         return a corrected query that uses the values as they are stored.\n\
+         return a corrected query.\n\
          Question: {question}\n{ANSWER_FORMAT}",
-        misread_lines(misread)
+        questioned_lines(questioned)
     )
 }
 
-/// The value index's account of the strings a query compares columns with.
-fn misread_lines(misread: &[String]) -> String {
-    let lines: Vec<String> = misread.iter().map(|m| format!("- {m}")).collect();
-    format!(
-        "The values the query compares with are not stored as written:\n{}\n\n",
-        lines.join("\n")
-    )
+/// Why a query's rows are doubted, one line each.
+fn questioned_lines(questioned: &[String]) -> String {
+    let lines: Vec<String> = questioned.iter().map(|m| format!("- {m}")).collect();
+    format!("Why its result is doubtful:\n{}\n\n", lines.join("\n"))
 }
 
 const ANSWER_INSTRUCTIONS: &str = "\
@@ -392,7 +390,7 @@ mod tests {
     fn empty_feedback_invites_the_same_query() {
         let m = repair_empty("who?", "SELECT a FROM t WHERE b = 'x'", &[], None, &[]);
         assert!(m.contains("returned 0 rows"));
-        assert!(!m.contains("not stored as written"));
+        assert!(!m.contains("doubtful"));
         assert!(m.contains("SELECT a FROM t WHERE b = 'x'"));
         assert!(m.contains("return exactly the same query"));
         assert!(m.contains("who?"));
@@ -407,22 +405,25 @@ mod tests {
         assert!(m.contains("-- 'X' found in t.b"));
         assert!(m.contains("row-level security filters the rows of t"));
         assert!(
-            m.contains("not stored as written:\n- 'x' is stored as 'X' in t.b"),
+            m.contains("Why its result is doubtful:\n- 'x' is stored as 'X' in t.b"),
             "{m}"
         );
     }
 
     #[test]
-    fn rows_over_a_misread_value_are_questioned_and_may_be_confirmed() {
-        let m = repair_misread(
+    fn questioned_rows_may_be_confirmed() {
+        let m = repair_questioned(
             "how many shipped?",
             "SELECT count(*) FROM o WHERE s = 'shipped'",
-            &["'shipped' is stored as 'Shipped' in o.s".to_string()],
+            &[
+                "'shipped' is stored as 'Shipped' in o.s".to_string(),
+                "SUM(o.id) adds up identifiers".to_string(),
+            ],
         );
         for part in [
             "returned rows",
             "SELECT count(*) FROM o WHERE s = 'shipped'",
-            "- 'shipped' is stored as 'Shipped' in o.s",
+            "- 'shipped' is stored as 'Shipped' in o.s\n- SUM(o.id) adds up identifiers",
             "return exactly the same query unchanged",
             "how many shipped?",
         ] {

@@ -33,6 +33,7 @@
 
 mod facts;
 pub mod gate;
+mod identifiers;
 mod outer;
 mod policy;
 mod refs;
@@ -52,6 +53,7 @@ use crate::settings;
 use walk::too_deep;
 
 pub use facts::builtin;
+pub use identifiers::identifiers_added;
 pub use outer::outer_column_subquery;
 pub use policy::Allowed;
 pub use refs::{references, ColumnRef, GroupBy, Named, References, RelationRef, Select};

@@ -1362,7 +1362,7 @@ fn a_count_over_a_value_the_data_stores_otherwise_is_repaired_or_else_doubted() 
     let trace = s.trace("how many shipments were shipped").unwrap();
     let said = "'shipped' is stored as 'Shipped' in shipments.status";
     assert_eq!(trace["sql"], stored, "{trace}");
-    assert_eq!(trace["attempts"][0]["misread_values"], json!([said]));
+    assert_eq!(trace["attempts"][0]["questioned"], json!([said]));
     assert_eq!(trace["confidence"]["level"], "high", "{trace}");
     let feedback = s.llm.requests()[1].last_message();
     assert!(feedback.contains(said), "{feedback}");
@@ -1380,7 +1380,7 @@ fn a_count_over_a_value_the_data_stores_otherwise_is_repaired_or_else_doubted() 
     assert!(
         trace["confidence"]["doubts"]
             .to_string()
-            .contains("do not store as written"),
+            .contains("stored as 'Shipped'"),
         "{trace}"
     );
 
@@ -1398,6 +1398,79 @@ fn a_count_over_a_value_the_data_stores_otherwise_is_repaired_or_else_doubted() 
         "{trace}"
     );
     assert_eq!(trace["confidence"]["level"], "high", "{trace}");
+}
+
+#[test]
+fn a_sum_of_identifiers_is_repaired_or_else_doubted() {
+    let mut s = Session::new();
+    let reader = format!("sum_reader_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE TABLE singers (singer_id int PRIMARY KEY, name text);
+             CREATE TABLE songs (song_id int PRIMARY KEY, singer_id int REFERENCES singers,
+                                 album_id int, sales int);
+             INSERT INTO singers VALUES (1, 'Ann'), (2, 'Bo');
+             INSERT INTO songs VALUES (10, 1, 7, 100), (11, 1, 7, 50), (12, 2, 8, 5);
+             CREATE ROLE {reader}; GRANT SELECT ON singers, songs TO {reader}; SET ROLE {reader};"
+        ))
+        .unwrap();
+    // The model adds up the songs' primary key: it is told so, and the repair's sums answer.
+    let ids = "SELECT s.name, SUM(t.song_id) AS total FROM singers s JOIN songs t \
+               ON t.singer_id = s.singer_id GROUP BY s.name";
+    let sales = "SELECT s.name, SUM(t.sales) AS total FROM singers s JOIN songs t \
+                 ON t.singer_id = s.singer_id GROUP BY s.name";
+    s.llm.on(
+        "total sales of each singer",
+        vec![Reply::sql(ids), Reply::sql(sales)],
+    );
+    let trace = s.trace("total sales of each singer").unwrap();
+    assert_eq!(trace["sql"], sales, "{trace}");
+    assert_eq!(trace["row_count"], 2, "{trace}");
+    assert_eq!(trace["confidence"]["level"], "high", "{trace}");
+    let said = trace["attempts"][0]["questioned"].to_string();
+    assert!(
+        said.contains("SUM(songs.song_id) adds up identifiers (the primary key of songs)"),
+        "{trace}"
+    );
+    let feedback = s.llm.requests()[1].last_message();
+    assert!(feedback.contains("adds up identifiers"), "{feedback}");
+    assert!(feedback.contains("returned rows"), "{feedback}");
+
+    // A foreign key's column, and a column named as an identifier, in a subquery and a window:
+    // the model stands by its query, which is the answer, and it is doubtful.
+    let keys = "SELECT (SELECT AVG(singer_id) FROM songs) AS a, \
+                SUM(album_id) OVER () AS b FROM songs";
+    s.llm.on(
+        "averages of the songs",
+        vec![Reply::sql(keys), Reply::sql(keys)],
+    );
+    let trace = s.trace("averages of the songs").unwrap();
+    assert_eq!(trace["sql"], keys, "{trace}");
+    assert_eq!(trace["row_count"], 3, "{trace}");
+    assert_eq!(trace["confidence"]["level"], "low", "{trace}");
+    let said = trace["attempts"][0]["questioned"].to_string();
+    assert!(
+        said.contains("AVG(songs.singer_id) adds up identifiers (a foreign key to singers)"),
+        "{trace}"
+    );
+    assert!(
+        said.contains("SUM(songs.album_id) adds up identifiers (an identifier by its name)"),
+        "{trace}"
+    );
+    assert!(
+        trace["confidence"]["doubts"]
+            .to_string()
+            .contains("adds up identifiers"),
+        "{trace}"
+    );
+
+    // Counting identifiers, or adding up a quantity, is not questioned.
+    let fine = "SELECT COUNT(song_id) AS n, SUM(sales) AS total FROM songs";
+    s.llm.on("how many songs and sales", vec![Reply::sql(fine)]);
+    let trace = s.trace("how many songs and sales").unwrap();
+    assert_eq!(trace["sql"], fine, "{trace}");
+    assert_eq!(trace["attempts"][0]["questioned"], json!([]), "{trace}");
+    assert_eq!(trace["llm_calls"], 1, "{trace}");
 }
 
 /// An IN subquery that selects a column of the outer query (its own table lacks the name, so

@@ -1,0 +1,232 @@
+//! Aggregates that add up identifiers: `SUM(s.song_id)` where the question asked for the sum of
+//! `s.sales`. A sum or an average of a key (a one-column primary key, a foreign key column, a
+//! column named `id` or `..._id`) means nothing, yet the query runs and returns numbers, so no
+//! result shows the mistake. Small models write it when they pick the wrong column of the
+//! right table.
+//!
+//! Read from the analyzed tree the guard passed: nothing runs.
+
+use std::ffi::c_void;
+
+use pgrx::pg_sys;
+use pgrx::PgList;
+
+use super::facts::builtin;
+use super::walk::too_deep;
+use crate::names::{c_string, relation_name};
+
+/// A relation's name as the model's query would write it: bare when the search path finds it.
+fn shown_name(relation: pg_sys::Oid) -> String {
+    // SAFETY: catalog look-ups; NULL for a relation that does not exist.
+    let (visible, name) = unsafe {
+        (
+            pg_sys::RelationIsVisible(relation),
+            c_string(pg_sys::get_rel_name(relation)),
+        )
+    };
+    if visible {
+        name
+    } else {
+        relation_name(relation)
+    }
+}
+
+/// Doubts kept per query, at most (each is a line of a repair request).
+const MAX_FOUND: usize = 3;
+
+/// The walk's state: the queries it is inside (outermost first), and what it found.
+struct Walk {
+    queries: Vec<*mut pg_sys::Query>,
+    found: Vec<String>,
+}
+
+/// Each `SUM` or `AVG` of `query` (at any depth) over a column that identifies rows, in words
+/// for the model: `SUM(song.song_id) adds up identifiers (the primary key of song)`.
+///
+/// # Safety
+/// `query` must be an analyzed Query of the current transaction, whose relations parse
+/// analysis locked.
+pub unsafe fn identifiers_added(query: *mut pg_sys::Query) -> Vec<String> {
+    let mut walk = Walk {
+        queries: vec![query],
+        found: Vec::new(),
+    };
+    // Through PostgreSQL's walker, not by calling `walker` (see `walk::check_tree`).
+    // SAFETY: the caller's contract; `walk` outlives the walk.
+    unsafe {
+        pg_sys::query_tree_walker(query, Some(walker), (&mut walk as *mut Walk).cast(), 0);
+    }
+    walk.found
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn walker(node: *mut pg_sys::Node, context: *mut c_void) -> bool {
+    if node.is_null() {
+        return false;
+    }
+    if too_deep().is_some() {
+        return true;
+    }
+    // SAFETY: PostgreSQL's walkers pass analyzed nodes and our `Walk`; each node is cast to the
+    // struct its tag names.
+    unsafe {
+        let walk = &mut *context.cast::<Walk>();
+        let added = match (*node).type_ {
+            pg_sys::NodeTag::T_Query => {
+                let query = node.cast::<pg_sys::Query>();
+                walk.queries.push(query);
+                let stop = pg_sys::query_tree_walker(query, Some(walker), context, 0);
+                walk.queries.pop();
+                return stop;
+            }
+            pg_sys::NodeTag::T_Aggref => {
+                let aggref = node.cast::<pg_sys::Aggref>();
+                let args: Vec<*mut pg_sys::Node> =
+                    PgList::<pg_sys::TargetEntry>::from_pg((*aggref).args)
+                        .iter_ptr()
+                        .filter(|&entry| !(*entry).resjunk)
+                        .map(|entry| (*entry).expr.cast::<pg_sys::Node>())
+                        .collect();
+                added_up((*aggref).aggfnoid, &args, &walk.queries)
+            }
+            pg_sys::NodeTag::T_WindowFunc => {
+                let window = node.cast::<pg_sys::WindowFunc>();
+                let args: Vec<*mut pg_sys::Node> = PgList::<pg_sys::Node>::from_pg((*window).args)
+                    .iter_ptr()
+                    .collect();
+                added_up((*window).winfnoid, &args, &walk.queries)
+            }
+            // An aggregate's DISTINCT or ORDER BY: operators, no expression.
+            pg_sys::NodeTag::T_SortGroupClause => return false,
+            _ => None,
+        };
+        if let Some(line) = added {
+            if !walk.found.contains(&line) {
+                walk.found.push(line);
+            }
+            if walk.found.len() >= MAX_FOUND {
+                return true;
+            }
+        }
+        pg_sys::expression_tree_walker(node, Some(walker), context)
+    }
+}
+
+/// The account of a call of `function` on `args` when it is the built-in `sum` or `avg` of one
+/// column that identifies rows of a table; `queries`: the queries the call is inside,
+/// outermost first.
+///
+/// # Safety
+/// `args` are nodes of the analyzed tree whose enclosing queries are `queries`.
+unsafe fn added_up(
+    function: pg_sys::Oid,
+    args: &[*mut pg_sys::Node],
+    queries: &[*mut pg_sys::Query],
+) -> Option<String> {
+    let [arg] = args else {
+        return None;
+    };
+    // SAFETY: the caller's contract; every node is read as the struct its tag names, and the
+    // function's name is a palloc'd copy (or null).
+    unsafe {
+        if !builtin(function) {
+            return None;
+        }
+        let name = pg_sys::get_func_name(function);
+        if name.is_null() {
+            return None;
+        }
+        let name = c_string(name);
+        if name != "sum" && name != "avg" {
+            return None;
+        }
+        let mut expr = *arg;
+        // `SUM(smallint_column)` reads it through a binary-compatible relabelling.
+        while !expr.is_null() && (*expr).type_ == pg_sys::NodeTag::T_RelabelType {
+            expr = (*expr.cast::<pg_sys::RelabelType>()).arg.cast();
+        }
+        if expr.is_null() || (*expr).type_ != pg_sys::NodeTag::T_Var {
+            return None;
+        }
+        let var = expr.cast::<pg_sys::Var>();
+        let attnum = (*var).varattno;
+        if attnum <= 0 {
+            return None;
+        }
+        let level = queries
+            .len()
+            .checked_sub(1)?
+            .checked_sub(usize::try_from((*var).varlevelsup).ok()?)?;
+        let index = usize::try_from((*var).varno).ok()?.checked_sub(1)?;
+        let rte =
+            PgList::<pg_sys::RangeTblEntry>::from_pg((*queries.get(level)?.cast_const()).rtable)
+                .get_ptr(index)?;
+        if (*rte).rtekind != pg_sys::RTEKind::RTE_RELATION {
+            return None;
+        }
+        let relation = (*rte).relid;
+        let why = identifies(relation, attnum)?;
+        let column = pg_sys::get_attname(relation, attnum, true);
+        if column.is_null() {
+            return None;
+        }
+        Some(format!(
+            "{}({}.{}) adds up identifiers ({why}): a sum or an average of identifiers means \
+             nothing; count the rows, or use the column that holds the quantity asked for",
+            name.to_uppercase(),
+            shown_name(relation),
+            c_string(column),
+        ))
+    }
+}
+
+/// Why column `attnum` of `relation` identifies rows: it is the relation's one-column primary
+/// key, a column of a foreign key, or named `id` or `..._id`.
+///
+/// # Safety
+/// `relation` is a relation the current transaction has locked (parse analysis did).
+unsafe fn identifies(relation: pg_sys::Oid, attnum: pg_sys::AttrNumber) -> Option<String> {
+    // SAFETY: the caller's contract; the relcache entry is closed by `Opened` on every path,
+    // also when an ERROR unwinds, and the key lists it gives are only read.
+    unsafe {
+        let column = pg_sys::get_attname(relation, attnum, true);
+        if column.is_null() {
+            return None;
+        }
+        let column = c_string(column).to_lowercase();
+        let rel = Opened(pg_sys::RelationIdGetRelation(relation));
+        if rel.0.is_null() {
+            return None;
+        }
+        let primary = pg_sys::RelationGetIndexAttrBitmap(
+            rel.0,
+            pg_sys::IndexAttrBitmapKind::INDEX_ATTR_BITMAP_PRIMARY_KEY,
+        );
+        let member = i32::from(attnum) - pg_sys::FirstLowInvalidHeapAttributeNumber;
+        if pg_sys::bms_is_member(member, primary) && pg_sys::bms_num_members(primary) == 1 {
+            return Some(format!("the primary key of {}", shown_name(relation)));
+        }
+        for key in
+            PgList::<pg_sys::ForeignKeyCacheInfo>::from_pg(pg_sys::RelationGetFKeyList(rel.0))
+                .iter_ptr()
+        {
+            let n = usize::try_from((*key).nkeys).unwrap_or(0);
+            if (*key).conkey.iter().take(n).any(|&k| k == attnum) {
+                return Some(format!("a foreign key to {}", shown_name((*key).confrelid)));
+            }
+        }
+        (column == "id" || column.ends_with("_id")).then(|| "an identifier by its name".to_string())
+    }
+}
+
+/// A relcache entry held open, closed when dropped (also when an ERROR unwinds past it).
+struct Opened(pg_sys::Relation);
+
+impl Drop for Opened {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: opened by `RelationIdGetRelation` and closed exactly once, here.
+            unsafe { pg_sys::RelationClose(self.0) }
+        }
+    }
+}
