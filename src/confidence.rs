@@ -82,7 +82,7 @@ pub fn assess(run: &Run, pruned: bool) -> Confidence {
     // sums is most often nothing.
     if let Some(answer) = run.best_attempt().filter(|a| !a.questioned.is_empty()) {
         doubts.push(format!(
-            "the answer's rows are doubted: {}",
+            "the answer is questioned: {}",
             answer.questioned.join("; ")
         ));
     }

@@ -74,8 +74,8 @@ pub struct ResultSet {
     /// For an empty result: the tables it read on which row-level security filters this role's
     /// rows, so that "empty because of row security" is told apart from "really empty".
     pub row_security: Vec<String>,
-    /// For a query of the repair loop: what makes its rows doubtful though it ran, read from
-    /// its analyzed tree (`guard::identifiers_added`), one line each.
+    /// For rows of a query of the repair loop: what makes them doubtful though it ran, read
+    /// from its analyzed tree (`guard::identifiers_added`), one line each.
     pub doubts: Vec<String>,
     /// Parallel workers the executor launched (0 for a serial plan).
     pub parallel_workers: i32,
@@ -441,8 +441,10 @@ fn run_guarded(
                 ..Default::default()
             });
         }
-        // SAFETY: as above; read before the rewriter gets the tree.
-        doubts = unsafe { guard::identifiers_added(checked.query) };
+        if matches!(mode, Mode::Run(_) | Mode::Cursor { .. }) {
+            // SAFETY: as above; read before the rewriter gets the tree.
+            doubts = unsafe { guard::identifiers_added(checked.query) };
+        }
     }
     // SAFETY: the analyzed tree the guard checked, rewritten, planned and run under an active
     // snapshot, all inside this subtransaction.
@@ -486,11 +488,11 @@ fn run_guarded(
             Mode::Plan | Mode::Check => Outcome::Planned,
             Mode::Run(_) | Mode::Cursor { .. } => {
                 let mut result = execute(planned, &checked.text, mode, origin);
-                result.doubts = doubts;
                 if result.rows.is_empty() {
                     result.row_security = row_security_tables(&checked.relations);
                     Outcome::Empty(result)
                 } else {
+                    result.doubts = doubts;
                     Outcome::Rows(result)
                 }
             }

@@ -310,11 +310,12 @@ impl Solver<'_> {
         let (sql, outcome, requalified) = self.requalify(sql, outcome, attempt, kind);
         let ms = millis(ran);
         let questioned = match &outcome {
-            Outcome::Rows(result) | Outcome::Empty(result) => {
+            Outcome::Rows(result) => {
                 let mut questioned = self.db.misread(&sql);
                 questioned.extend(result.doubts.iter().cloned());
                 questioned
             }
+            Outcome::Empty(_) => self.db.misread(&sql),
             _ => Vec::new(),
         };
         let feedback = self.feedback(&sql, &outcome, &questioned);
@@ -1321,7 +1322,7 @@ mod tests {
             verdict
                 .doubts
                 .iter()
-                .any(|d| d.contains("rows are doubted") && d.contains(MISREAD)),
+                .any(|d| d.contains("answer is questioned") && d.contains(MISREAD)),
             "{verdict:?}"
         );
         // A repair that comes back empty does not replace them; rows without a misread

@@ -1,8 +1,9 @@
 //! Aggregates that add up identifiers: `SUM(s.song_id)` where the question asked for the sum of
-//! `s.sales`. A sum or an average of a key (a one-column primary key, a foreign key column, a
-//! column named `id` or `..._id`) means nothing, yet the query runs and returns numbers, so no
-//! result shows the mistake. Small models write it when they pick the wrong column of the
-//! right table.
+//! `s.sales`. A sum or an average of an identifier (a column named `id` or `..._id`, or a
+//! foreign key column named `...id`) means nothing, yet the query runs and returns numbers, so
+//! no result shows the mistake. Small models write it when they pick the wrong column of the
+//! right table. A key that holds a value (`year`, a `rating` referencing a table of ratings) is
+//! not one: only the name tells identifiers apart.
 //!
 //! Read from the analyzed tree the guard passed: nothing runs.
 
@@ -13,23 +14,7 @@ use pgrx::PgList;
 
 use super::facts::builtin;
 use super::walk::too_deep;
-use crate::names::{c_string, relation_name};
-
-/// A relation's name as the model's query would write it: bare when the search path finds it.
-fn shown_name(relation: pg_sys::Oid) -> String {
-    // SAFETY: catalog look-ups; NULL for a relation that does not exist.
-    let (visible, name) = unsafe {
-        (
-            pg_sys::RelationIsVisible(relation),
-            c_string(pg_sys::get_rel_name(relation)),
-        )
-    };
-    if visible {
-        name
-    } else {
-        relation_name(relation)
-    }
-}
+use crate::names::c_string;
 
 /// Doubts kept per query, at most (each is a line of a repair request).
 const MAX_FOUND: usize = 3;
@@ -41,7 +26,7 @@ struct Walk {
 }
 
 /// Each `SUM` or `AVG` of `query` (at any depth) over a column that identifies rows, in words
-/// for the model: `SUM(song.song_id) adds up identifiers (the primary key of song)`.
+/// for the model: `SUM(t.song_id) adds up identifiers (...)`, named as the query names it.
 ///
 /// # Safety
 /// `query` must be an analyzed Query of the current transaction, whose relations parse
@@ -70,13 +55,12 @@ unsafe extern "C-unwind" fn walker(node: *mut pg_sys::Node, context: *mut c_void
     // SAFETY: PostgreSQL's walkers pass analyzed nodes and our `Walk`; each node is cast to the
     // struct its tag names.
     unsafe {
-        let walk = &mut *context.cast::<Walk>();
         let added = match (*node).type_ {
             pg_sys::NodeTag::T_Query => {
                 let query = node.cast::<pg_sys::Query>();
-                walk.queries.push(query);
+                (*context.cast::<Walk>()).queries.push(query);
                 let stop = pg_sys::query_tree_walker(query, Some(walker), context, 0);
-                walk.queries.pop();
+                (*context.cast::<Walk>()).queries.pop();
                 return stop;
             }
             pg_sys::NodeTag::T_Aggref => {
@@ -87,20 +71,30 @@ unsafe extern "C-unwind" fn walker(node: *mut pg_sys::Node, context: *mut c_void
                         .filter(|&entry| !(*entry).resjunk)
                         .map(|entry| (*entry).expr.cast::<pg_sys::Node>())
                         .collect();
-                added_up((*aggref).aggfnoid, &args, &walk.queries)
+                added_up(
+                    (*aggref).aggfnoid,
+                    &args,
+                    &(*context.cast::<Walk>()).queries,
+                )
             }
             pg_sys::NodeTag::T_WindowFunc => {
                 let window = node.cast::<pg_sys::WindowFunc>();
                 let args: Vec<*mut pg_sys::Node> = PgList::<pg_sys::Node>::from_pg((*window).args)
                     .iter_ptr()
                     .collect();
-                added_up((*window).winfnoid, &args, &walk.queries)
+                added_up(
+                    (*window).winfnoid,
+                    &args,
+                    &(*context.cast::<Walk>()).queries,
+                )
             }
             // An aggregate's DISTINCT or ORDER BY: operators, no expression.
             pg_sys::NodeTag::T_SortGroupClause => return false,
             _ => None,
         };
         if let Some(line) = added {
+            // Not held across the walk below, which reaches this context again.
+            let walk = &mut *context.cast::<Walk>();
             if !walk.found.contains(&line) {
                 walk.found.push(line);
             }
@@ -141,7 +135,7 @@ unsafe fn added_up(
             return None;
         }
         let mut expr = *arg;
-        // `SUM(smallint_column)` reads it through a binary-compatible relabelling.
+        // A column of a domain over a number is read through a relabelling.
         while !expr.is_null() && (*expr).type_ == pg_sys::NodeTag::T_RelabelType {
             expr = (*expr.cast::<pg_sys::RelabelType>()).arg.cast();
         }
@@ -165,57 +159,61 @@ unsafe fn added_up(
             return None;
         }
         let relation = (*rte).relid;
-        let why = identifies(relation, attnum)?;
-        let column = pg_sys::get_attname(relation, attnum, true);
-        if column.is_null() {
-            return None;
-        }
+        let (column, why) = identifies(relation, attnum)?;
+        // As the query names it: its alias, else the relation's name.
+        let eref = (*rte).eref;
+        let qualifier = if eref.is_null() || (*eref).aliasname.is_null() {
+            c_string(pg_sys::get_rel_name(relation))
+        } else {
+            c_string((*eref).aliasname)
+        };
+        let verb = if name == "sum" { "adds up" } else { "averages" };
         Some(format!(
-            "{}({}.{}) adds up identifiers ({why}): a sum or an average of identifiers means \
-             nothing; count the rows, or use the column that holds the quantity asked for",
+            "{}({qualifier}.{column}) {verb} identifiers ({why}): a sum or an average of \
+             identifiers means nothing; count the rows, or use the column that holds the \
+             quantity asked for",
             name.to_uppercase(),
-            shown_name(relation),
-            c_string(column),
         ))
     }
 }
 
-/// Why column `attnum` of `relation` identifies rows: it is the relation's one-column primary
-/// key, a column of a foreign key, or named `id` or `..._id`.
+/// The name of column `attnum` of `relation`, and why it identifies rows: it is named `id` or
+/// `..._id`, or it is a column of a foreign key and named `...id`.
 ///
 /// # Safety
 /// `relation` is a relation the current transaction has locked (parse analysis did).
-unsafe fn identifies(relation: pg_sys::Oid, attnum: pg_sys::AttrNumber) -> Option<String> {
+unsafe fn identifies(
+    relation: pg_sys::Oid,
+    attnum: pg_sys::AttrNumber,
+) -> Option<(String, &'static str)> {
     // SAFETY: the caller's contract; the relcache entry is closed by `Opened` on every path,
-    // also when an ERROR unwinds, and the key lists it gives are only read.
+    // also when an ERROR unwinds, and its foreign key list is only read, with no catalog
+    // access while it is held.
     unsafe {
         let column = pg_sys::get_attname(relation, attnum, true);
         if column.is_null() {
             return None;
         }
-        let column = c_string(column).to_lowercase();
+        let column = c_string(column);
+        let folded = column.to_lowercase();
+        if folded == "id" || folded.ends_with("_id") {
+            return Some((column, "its name says it identifies rows"));
+        }
+        if !folded.ends_with("id") {
+            return None;
+        }
         let rel = Opened(pg_sys::RelationIdGetRelation(relation));
         if rel.0.is_null() {
             return None;
         }
-        let primary = pg_sys::RelationGetIndexAttrBitmap(
-            rel.0,
-            pg_sys::IndexAttrBitmapKind::INDEX_ATTR_BITMAP_PRIMARY_KEY,
-        );
-        let member = i32::from(attnum) - pg_sys::FirstLowInvalidHeapAttributeNumber;
-        if pg_sys::bms_is_member(member, primary) && pg_sys::bms_num_members(primary) == 1 {
-            return Some(format!("the primary key of {}", shown_name(relation)));
-        }
-        for key in
+        let foreign =
             PgList::<pg_sys::ForeignKeyCacheInfo>::from_pg(pg_sys::RelationGetFKeyList(rel.0))
                 .iter_ptr()
-        {
-            let n = usize::try_from((*key).nkeys).unwrap_or(0);
-            if (*key).conkey.iter().take(n).any(|&k| k == attnum) {
-                return Some(format!("a foreign key to {}", shown_name((*key).confrelid)));
-            }
-        }
-        (column == "id" || column.ends_with("_id")).then(|| "an identifier by its name".to_string())
+                .any(|key| {
+                    let n = usize::try_from((*key).nkeys).unwrap_or(0);
+                    (*key).conkey.iter().take(n).any(|&k| k == attnum)
+                });
+        foreign.then_some((column, "a foreign key column"))
     }
 }
 

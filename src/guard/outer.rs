@@ -50,18 +50,20 @@ unsafe extern "C-unwind" fn walker(node: *mut pg_sys::Node, context: *mut c_void
     // SAFETY: PostgreSQL's walkers pass analyzed nodes and our `Scopes`; each node is cast to
     // the struct its tag names.
     unsafe {
-        let scopes = &mut *context.cast::<Scopes>();
+        // `context` is reached again by the walks below: no reference to it is held across
+        // them.
+        let scopes = context.cast::<Scopes>();
         match (*node).type_ {
             pg_sys::NodeTag::T_Query => {
                 let query = node.cast::<pg_sys::Query>();
-                scopes.queries.push(query);
+                (*scopes).queries.push(query);
                 let stop = pg_sys::query_tree_walker(query, Some(walker), context, 0);
-                scopes.queries.pop();
+                (*scopes).queries.pop();
                 stop
             }
             pg_sys::NodeTag::T_SubLink => {
-                if let Some(why) = outer_select_list(node.cast(), &scopes.queries) {
-                    scopes.found = Some(why);
+                if let Some(why) = outer_select_list(node.cast(), &(*scopes).queries) {
+                    (*scopes).found = Some(why);
                     return true;
                 }
                 pg_sys::expression_tree_walker(node, Some(walker), context)

@@ -1407,18 +1407,22 @@ fn a_sum_of_identifiers_is_repaired_or_else_doubted() {
     s.client
         .batch_execute(&format!(
             "CREATE TABLE singers (singer_id int PRIMARY KEY, name text);
-             CREATE TABLE songs (song_id int PRIMARY KEY, singer_id int REFERENCES singers,
-                                 album_id int, sales int);
+             CREATE TABLE seasons (year int PRIMARY KEY);
+             CREATE TABLE songs (song_id int PRIMARY KEY, singerid int REFERENCES singers,
+                                 album_id int, year int REFERENCES seasons, sales int);
              INSERT INTO singers VALUES (1, 'Ann'), (2, 'Bo');
-             INSERT INTO songs VALUES (10, 1, 7, 100), (11, 1, 7, 50), (12, 2, 8, 5);
-             CREATE ROLE {reader}; GRANT SELECT ON singers, songs TO {reader}; SET ROLE {reader};"
+             INSERT INTO seasons VALUES (2020), (2021);
+             INSERT INTO songs VALUES (10, 1, 7, 2020, 100), (11, 1, 7, 2021, 50),
+                                      (12, 2, 8, 2021, 5);
+             CREATE ROLE {reader}; GRANT SELECT ON singers, seasons, songs TO {reader};
+             SET ROLE {reader};"
         ))
         .unwrap();
     // The model adds up the songs' primary key: it is told so, and the repair's sums answer.
     let ids = "SELECT s.name, SUM(t.song_id) AS total FROM singers s JOIN songs t \
-               ON t.singer_id = s.singer_id GROUP BY s.name";
+               ON t.singerid = s.singer_id GROUP BY s.name";
     let sales = "SELECT s.name, SUM(t.sales) AS total FROM singers s JOIN songs t \
-                 ON t.singer_id = s.singer_id GROUP BY s.name";
+                 ON t.singerid = s.singer_id GROUP BY s.name";
     s.llm.on(
         "total sales of each singer",
         vec![Reply::sql(ids), Reply::sql(sales)],
@@ -1429,16 +1433,16 @@ fn a_sum_of_identifiers_is_repaired_or_else_doubted() {
     assert_eq!(trace["confidence"]["level"], "high", "{trace}");
     let said = trace["attempts"][0]["questioned"].to_string();
     assert!(
-        said.contains("SUM(songs.song_id) adds up identifiers (the primary key of songs)"),
+        said.contains("SUM(t.song_id) adds up identifiers (its name says it identifies rows)"),
         "{trace}"
     );
     let feedback = s.llm.requests()[1].last_message();
     assert!(feedback.contains("adds up identifiers"), "{feedback}");
     assert!(feedback.contains("returned rows"), "{feedback}");
 
-    // A foreign key's column, and a column named as an identifier, in a subquery and a window:
-    // the model stands by its query, which is the answer, and it is doubtful.
-    let keys = "SELECT (SELECT AVG(singer_id) FROM songs) AS a, \
+    // A foreign key's column named ...id, and a column named ..._id, in a subquery and a
+    // window: the model stands by its query, which is the answer, and it is doubtful.
+    let keys = "SELECT (SELECT AVG(singerid) FROM songs) AS a, \
                 SUM(album_id) OVER () AS b FROM songs";
     s.llm.on(
         "averages of the songs",
@@ -1450,22 +1454,23 @@ fn a_sum_of_identifiers_is_repaired_or_else_doubted() {
     assert_eq!(trace["confidence"]["level"], "low", "{trace}");
     let said = trace["attempts"][0]["questioned"].to_string();
     assert!(
-        said.contains("AVG(songs.singer_id) adds up identifiers (a foreign key to singers)"),
+        said.contains("AVG(songs.singerid) averages identifiers (a foreign key column)"),
         "{trace}"
     );
     assert!(
-        said.contains("SUM(songs.album_id) adds up identifiers (an identifier by its name)"),
+        said.contains("SUM(songs.album_id) adds up identifiers (its name says it identifies rows)"),
         "{trace}"
     );
     assert!(
         trace["confidence"]["doubts"]
             .to_string()
-            .contains("adds up identifiers"),
+            .contains("averages identifiers"),
         "{trace}"
     );
 
-    // Counting identifiers, or adding up a quantity, is not questioned.
-    let fine = "SELECT COUNT(song_id) AS n, SUM(sales) AS total FROM songs";
+    // Counting identifiers, adding up a quantity, or averaging a key that holds a value (a year
+    // referencing a table of years) is not questioned.
+    let fine = "SELECT COUNT(song_id) AS n, SUM(sales) AS total, AVG(year) AS y FROM songs";
     s.llm.on("how many songs and sales", vec![Reply::sql(fine)]);
     let trace = s.trace("how many songs and sales").unwrap();
     assert_eq!(trace["sql"], fine, "{trace}");
