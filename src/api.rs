@@ -205,14 +205,15 @@ fn call_settings(
 fn nl_view(view_name: &str, question: &str, replace: default!(bool, false)) -> String {
     exec::refuse_inside_a_query("nl_view");
     let target = saved::target(view_name, replace).unwrap_or_else(|e| e.raise());
-    let (run, _) =
+    let (run, shown) =
         answered(Ask::new("nl_view", Some(question), None)).unwrap_or_else(|e| e.raise());
     let sql = run.final_sql().unwrap_or_default();
     let columns = run
         .best_result()
         .map(|r| r.columns.clone())
         .unwrap_or_default();
-    saved::create(&target, sql, &columns, question).unwrap_or_else(|e| e.raise());
+    saved::create(&target, sql, &columns, question, Some(&shown.scope))
+        .unwrap_or_else(|e| e.raise());
     sql.to_string()
 }
 
@@ -222,14 +223,15 @@ fn nl_view(view_name: &str, question: &str, replace: default!(bool, false)) -> S
 fn nl_view_refresh(view_name: &str) -> String {
     exec::refuse_inside_a_query("nl_view_refresh");
     let before = saved::saved(view_name).unwrap_or_else(|e| e.raise());
-    let (run, _) = answered(Ask::new("nl_view_refresh", Some(&before.question), None))
+    let (run, shown) = answered(Ask::new("nl_view_refresh", Some(&before.question), None))
         .unwrap_or_else(|e| e.raise());
     let sql = run.final_sql().unwrap_or_default();
     let columns = run
         .best_result()
         .map(|r| r.columns.clone())
         .unwrap_or_default();
-    saved::redefine(&before, view_name, sql, &columns).unwrap_or_else(|e| e.raise());
+    saved::redefine(&before, view_name, sql, &columns, Some(&shown.scope))
+        .unwrap_or_else(|e| e.raise());
     let after = saved::saved(view_name).unwrap_or_else(|e| e.raise());
     if after.definition == before.definition {
         format!(

@@ -4,7 +4,8 @@
 //! A view is created by an explicit call, as the caller, in the caller's transaction: its body
 //! is the SQL that passed the guard and ran in the sandbox, and its columns are the ones the
 //! caller saw. Its comment says which question it answers, so it can be asked again. Creating
-//! it analyses that SQL once more, behind the same runtime gate as the sandbox's analysis.
+//! it analyses that SQL once more, behind the same runtime gate as the sandbox's analysis, and
+//! what the view then stores is checked again as the answer was.
 
 use pgrx::prelude::*;
 
@@ -230,8 +231,16 @@ pub fn saved(view_name: &str) -> Result<Saved> {
 
 /// `CREATE [OR REPLACE] VIEW target (columns) AS sql`, then its comment, as the caller. The
 /// SQL is analysed again here (as when it was checked, on the caller's search path), behind
-/// the runtime gate.
-pub fn create(target: &Target, sql: &str, columns: &[String], question: &str) -> Result<()> {
+/// the runtime gate, and what the view stores is checked again as the answer was (`scope`:
+/// the relations it may read), since objects may have come between: a view that does not
+/// pass is an error, which takes it back.
+pub fn create(
+    target: &Target,
+    sql: &str,
+    columns: &[String],
+    question: &str,
+    scope: Option<&guard::Scope>,
+) -> Result<()> {
     let quoted: Vec<String> = columns
         .iter()
         .map(|c| format!("\"{}\"", c.replace('"', "\"\"")))
@@ -248,13 +257,30 @@ pub fn create(target: &Target, sql: &str, columns: &[String], question: &str) ->
             gate::Rule::Allowed(std::rc::Rc::new(guard::allowed_functions())),
             "a saved question's view is created",
         );
-        let _superuser_gate = trusted.map(|t| {
+        let _superuser_gate = trusted.clone().map(|t| {
             gate::open(
                 gate::Rule::TrustedOwners(t),
                 "a superuser's saved question's view is created",
             )
         });
         Spi::run(&statement).map_err(|e| Error::internal(format!("creating the view: {e}")))?;
+    }
+    let view = subxact::pinned(|| {
+        store::read_one::<pg_sys::Oid>(
+            "SELECT pg_catalog.to_regclass($1)::pg_catalog.oid",
+            &[target.qualified.as_str().into()],
+        )
+    })
+    .map_err(|e| Error::internal(format!("finding the view: {e}")))?
+    .ok_or_else(|| Error::internal(format!("view {} was not created", target.qualified)))?;
+    if let Err(refusal) = guard::check_view(view, trusted.as_ref(), scope) {
+        let mut error = refusal.error;
+        error.message = format!(
+            "view {} is not saved: what it stores differs from the answer that was checked \
+             (an object came between): {}",
+            target.qualified, error.message
+        );
+        return Err(Error::Refused(Box::new(error)));
     }
     let model = settings::llm_model().unwrap_or_default();
     let comment = format!(
@@ -284,9 +310,15 @@ pub fn create(target: &Target, sql: &str, columns: &[String], question: &str) ->
 /// Redefines the saved question `before` with a new answer. When PostgreSQL refuses because
 /// the columns changed (CREATE OR REPLACE VIEW keeps names and types), the error says which
 /// and how to take the new ones; any other error is raised as it is.
-pub fn redefine(before: &Saved, view_name: &str, sql: &str, columns: &[String]) -> Result<()> {
+pub fn redefine(
+    before: &Saved,
+    view_name: &str,
+    sql: &str,
+    columns: &[String],
+    scope: Option<&guard::Scope>,
+) -> Result<()> {
     let created = subxact::in_subtransaction(true, || {
-        create(&before.target, sql, columns, &before.question)
+        create(&before.target, sql, columns, &before.question, scope)
     });
     let caught = match created {
         Ok(created) => return created,

@@ -174,6 +174,49 @@ pub fn check(
     })
 }
 
+/// Checks the query view `view` stores, just created from text that passed `check`, as
+/// `check` checks a generated query: CREATE VIEW analyses the text again, and an object that
+/// came between (a closer overload of a function on the search path, a relation that hides
+/// another, made while the model was asked) would be in the view, run by whoever reads it.
+pub fn check_view(
+    view: pg_sys::Oid,
+    trusted: Option<&Trusted>,
+    scope: Option<&Scope>,
+) -> Result<(), Refusal> {
+    /// The view, open until dropped (also when an ERROR unwinds past it).
+    struct Opened(pg_sys::Relation);
+    impl Drop for Opened {
+        fn drop(&mut self) {
+            // SAFETY: opened by `relation_open` below and closed once, here; the lock stays
+            // until the transaction ends.
+            unsafe { pg_sys::relation_close(self.0, pg_sys::NoLock as pg_sys::LOCKMODE) }
+        }
+    }
+    // SAFETY: the view is opened with the lock a reader takes, its stored query copied into
+    // the current memory context before it is closed, and the copy only read.
+    let query = unsafe {
+        let opened = Opened(pg_sys::relation_open(
+            view,
+            pg_sys::AccessShareLock as pg_sys::LOCKMODE,
+        ));
+        if (*(*opened.0).rd_rel).relkind as u8 != pg_sys::RELKIND_VIEW {
+            return Err(Refusal::forbidden(
+                "the saved question's relation is not a view".into(),
+            ));
+        }
+        pg_sys::copyObjectImpl(pg_sys::get_view_query(opened.0).cast_const().cast())
+            .cast::<pg_sys::Query>()
+    };
+    // SAFETY: the copy made above, in this transaction.
+    let relations = unsafe { check_tree(query, Origin::Generated, allowed_functions(), trusted) }?;
+    // Before PostgreSQL 16 the stored query names the view itself (as OLD and NEW).
+    let read: Vec<pg_sys::Oid> = relations.into_iter().filter(|&r| r != view).collect();
+    match scope.and_then(|scope| scope.refusal(&read)) {
+        Some(refusal) => Err(refusal),
+        None => Ok(()),
+    }
+}
+
 /// Statement kind, `INTO`, data-modifying CTEs and locking clauses, from the raw tree.
 fn check_raw(statement: *mut pg_sys::Node) -> Result<(), Refusal> {
     // SAFETY: a raw statement from raw_parser; PostgreSQL's raw walker.

@@ -312,6 +312,78 @@ fn a_refresh_says_what_changed_and_keeps_the_columns() {
 }
 
 #[test]
+fn a_function_another_role_adds_while_the_model_thinks_never_enters_the_view() {
+    let shop = Shop::new();
+    let db = shop.s.database.clone();
+    let mallory = format!("mallory_{db}");
+    // Mallory may create functions in public, which is on the analyst's path: an overload of
+    // date_trunc for a date, closer than pg_catalog's, would run as whoever reads the view.
+    cluster()
+        .connect(&db)
+        .batch_execute(&format!(
+            "CREATE ROLE {mallory} LOGIN; GRANT CREATE ON SCHEMA public TO {mallory};
+             CREATE TABLE public.loot (who name); ALTER TABLE public.loot OWNER TO {mallory};
+             GRANT INSERT, SELECT ON public.loot TO PUBLIC;"
+        ))
+        .unwrap();
+    let query = "SELECT o.order_id FROM orders o \
+                 WHERE date_trunc('month', o.ordered_on) = DATE '1999-01-01'";
+    // The first answer is empty (checked, run, before the overload exists); while the model is
+    // asked to repair it, Mallory adds the overload; the model confirms the empty answer.
+    let asked = std::sync::atomic::AtomicUsize::new(0);
+    let overload = "CREATE FUNCTION public.date_trunc(text, date) RETURNS timestamp LANGUAGE sql AS
+         $$ INSERT INTO public.loot VALUES (current_user);
+            SELECT pg_catalog.date_trunc($1, $2::timestamp) $$";
+    let (attacker_db, attacker) = (db.clone(), mallory.clone());
+    shop.s.llm.respond_with(move |_| {
+        if asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+            cluster()
+                .connect_as(&attacker_db, &attacker)
+                .batch_execute(overload)
+                .unwrap();
+        }
+        Some(Reply::sql(query))
+    });
+    let mut analyst_client = shop.analyst();
+    analyst_client
+        .batch_execute("SET search_path = reports, public")
+        .unwrap();
+    let error = analyst_client
+        .query_one(
+            "SELECT nl_view('zed', 'orders of the first month of 1999')",
+            &[],
+        )
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "42501", "{message}");
+    assert!(message.contains("is not saved"), "{message}");
+    assert!(message.contains("date_trunc"), "{message}");
+    assert_eq!(
+        shop.model_calls(),
+        2,
+        "the answer was confirmed after the overload"
+    );
+    let saved: Option<String> = analyst_client
+        .query_one("SELECT to_regclass('reports.zed')::text", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(saved, None);
+    let taken: i64 = analyst_client
+        .query_one("SELECT count(*) FROM public.loot", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(taken, 0, "nothing ran Mallory's code");
+    // Control: the same text, parsed now, binds Mallory's overload (what the view would have
+    // held, run by every reader).
+    analyst_client.batch_execute(query).unwrap();
+    let taken: i64 = analyst_client
+        .query_one("SELECT count(*) FROM public.loot", &[])
+        .unwrap()
+        .get(0);
+    assert!(taken > 0, "the overload is the closer match");
+}
+
+#[test]
 fn nl_query_as_returns_the_callers_row_type_and_repairs_a_misfit() {
     let shop = Shop::new();
     let mut analyst = shop.analyst();
