@@ -17,12 +17,14 @@ CREATE TABLE @extschema@.nl_feedback (
     example_id bigint
 );
 ALTER TABLE @extschema@.nl_feedback ENABLE ROW LEVEL SECURITY;
--- A row a role writes is its own, under its own name, and of now; only a role that may write
--- nl_examples records feedback as promoted (the owner reviews the pending rows).
+-- A row a role writes is its own, under its own name, and of now, on an answer of its own
+-- history (which row security shows it alone); only a role that may write nl_examples records
+-- feedback as promoted (the owner reviews the pending rows).
 CREATE POLICY own_rows ON @extschema@.nl_feedback
     USING (role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid)
     WITH CHECK (role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid
                 AND role = current_user AND at = pg_catalog.now()
+                AND EXISTS (SELECT FROM @extschema@.nl_history h WHERE h.id = history_id)
                 AND (status <> 'promoted' OR pg_catalog.has_table_privilege(
                          '@extschema@.nl_examples'::pg_catalog.regclass, 'INSERT')));
 GRANT SELECT, INSERT ON @extschema@.nl_feedback TO PUBLIC;

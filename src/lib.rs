@@ -49,11 +49,12 @@ pgrx::extension_sql_file!(
 );
 pgrx::extension_sql_file!("../sql/history.sql", name = "history");
 pgrx::extension_sql_file!("../sql/sessions.sql", name = "sessions");
-// Its policy names nl_examples (who may record feedback as promoted).
+// Its policy names nl_examples (who may record feedback as promoted) and nl_history (whose
+// answers feedback is on).
 pgrx::extension_sql_file!(
     "../sql/feedback.sql",
     name = "feedback",
-    requires = ["examples"]
+    requires = ["examples", "history"]
 );
 // Triggers on the tables the three files above make.
 pgrx::extension_sql_file!(

@@ -255,6 +255,13 @@ fn a_role_writes_history_and_feedback_only_as_itself_and_as_of_now() {
         })
         .collect();
     assert!(written.contains(&ahead), "{written:?}");
+    // Feedback is on an answer of its own history: a pending correction of the writer's answer,
+    // which the owner would review as such, is refused; on its own answer it is recorded.
+    let pending = "INSERT INTO nl_feedback (history_id, question, correct, sql, status) \
+                   VALUES ($1, 'q', false, 'SELECT 2', 'pending')";
+    let error = db_error(&analyst_client.execute(pending, &[&written[0]]).unwrap_err());
+    assert_eq!(error.0, "42501", "{}", error.1);
+    assert_eq!(analyst_client.execute(pending, &[&id]).unwrap(), 1);
     let error = db_error(
         &analyst_client
             .query_one("SELECT nl_feedback($1, true)", &[&id])

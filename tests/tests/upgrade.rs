@@ -167,6 +167,47 @@ fn updating_from_0_1_0_through_every_release_equals_a_fresh_install_and_keeps_th
         .unwrap();
     client.batch_execute(&forged).unwrap();
     assert_eq!(author(&mut client), upper, "0.8.0 names who inserted it");
+    // 0.8.0 let a role file feedback on another role's answer; 0.9.0 does not. The history
+    // row is the upper-case role's, which the plain role cannot see: it names it by its id.
+    let id: i64 = client
+        .query_one(
+            "SELECT id FROM nl_history WHERE question = 'written by the upper-case role'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let foreign = format!(
+        "SET ROLE {plain};
+         INSERT INTO nl_feedback (history_id, question, correct, sql, status)
+         VALUES ({id}, 'a correction of another role''s answer', false, 'SELECT 2', 'pending');
+         RESET ROLE;"
+    );
+    let filed = |client: &mut postgres::Client| -> i64 {
+        client
+            .query_one(
+                "SELECT count(*) FROM nl_feedback \
+                 WHERE question = 'a correction of another role''s answer'",
+                &[],
+            )
+            .unwrap()
+            .get(0)
+    };
+    client.batch_execute(&foreign).unwrap();
+    assert_eq!(filed(&mut client), 1, "0.8.0 as it was");
+    client
+        .batch_execute(
+            "DELETE FROM nl_feedback WHERE question = 'a correction of another role''s answer';
+             ALTER EXTENSION sql_query_engine UPDATE TO '0.9.0'",
+        )
+        .unwrap();
+    let refused = client.batch_execute(&foreign).unwrap_err();
+    assert_eq!(
+        refused.code(),
+        Some(&postgres::error::SqlState::INSUFFICIENT_PRIVILEGE),
+        "0.9.0 refuses it: {refused}"
+    );
+    client.batch_execute("RESET ROLE").unwrap();
+    assert_eq!(filed(&mut client), 0);
     client
         .batch_execute(&format!(
             "DELETE FROM nl_examples WHERE question = 'forged';
@@ -182,7 +223,7 @@ fn updating_from_0_1_0_through_every_release_equals_a_fresh_install_and_keeps_th
         )
         .unwrap()
         .get(0);
-    assert_eq!(version, "0.8.0");
+    assert_eq!(version, "0.9.0");
     let (updated_members, fresh_members) = (members(&updated), members(&fresh));
     let only = |a: &[String], b: &[String]| -> Vec<String> {
         a.iter().filter(|m| !b.contains(m)).cloned().collect()
