@@ -388,7 +388,7 @@ mod tests {
         };
         // SAFETY: the analysed query of this transaction.
         let refusal =
-            unsafe { guard::check_tree(query, Origin::Generated, Allowed::default(), None) }
+            unsafe { guard::check_tree(query, Origin::Generated, Allowed::default(), None, None) }
                 .unwrap_err();
         assert_eq!(refusal.error.sqlstate, "42501");
         assert!(

@@ -207,14 +207,21 @@ fn nl_view(view_name: &str, question: &str, replace: default!(bool, false)) -> S
     let target = saved::target(view_name, replace).unwrap_or_else(|e| e.raise());
     let (run, shown) =
         answered(Ask::new("nl_view", Some(question), None)).unwrap_or_else(|e| e.raise());
-    let sql = run.final_sql().unwrap_or_default();
-    let columns = run
-        .best_result()
-        .map(|r| r.columns.clone())
-        .unwrap_or_default();
-    saved::create(&target, sql, &columns, question, Some(&shown.scope))
+    let (sql, columns) = saved_answer(&run);
+    saved::create(&target, &sql, &columns, question, Some(&shown.scope))
         .unwrap_or_else(|e| e.raise());
-    sql.to_string()
+    sql
+}
+
+/// What a view saves of `run`'s answer: its checked tree written out with every name qualified
+/// (`ResultSet::qualified_sql`), and its columns.
+fn saved_answer(run: &Run) -> (String, Vec<String>) {
+    let result = run.best_result();
+    let sql = result
+        .and_then(|r| r.qualified_sql.clone())
+        .unwrap_or_else(|| Error::internal("the answer has no checked query to save").raise());
+    let columns = result.map(|r| r.columns.clone()).unwrap_or_default();
+    (sql, columns)
 }
 
 /// Asks a saved question's view again and redefines it with the new answer (its columns may
@@ -225,12 +232,8 @@ fn nl_view_refresh(view_name: &str) -> String {
     let before = saved::saved(view_name).unwrap_or_else(|e| e.raise());
     let (run, shown) = answered(Ask::new("nl_view_refresh", Some(&before.question), None))
         .unwrap_or_else(|e| e.raise());
-    let sql = run.final_sql().unwrap_or_default();
-    let columns = run
-        .best_result()
-        .map(|r| r.columns.clone())
-        .unwrap_or_default();
-    saved::redefine(&before, view_name, sql, &columns, Some(&shown.scope))
+    let (sql, columns) = saved_answer(&run);
+    saved::redefine(&before, view_name, &sql, &columns, Some(&shown.scope))
         .unwrap_or_else(|e| e.raise());
     let after = saved::saved(view_name).unwrap_or_else(|e| e.raise());
     if after.definition == before.definition {

@@ -77,6 +77,10 @@ pub struct ResultSet {
     /// For rows of a query of the repair loop: what makes them doubtful though it ran, read
     /// from its analyzed tree (`guard::identifiers_added`), one line each.
     pub doubts: Vec<String>,
+    /// For a query of the repair loop that ran: its checked tree written out with every name
+    /// qualified (`guard::qualified_text`), which binds what was checked wherever it is
+    /// parsed again.
+    pub qualified_sql: Option<String>,
     /// Parallel workers the executor launched (0 for a serial plan).
     pub parallel_workers: i32,
     /// The rows as tuples, for a cursor (`Mode::Cursor`).
@@ -427,6 +431,7 @@ fn run_guarded(
         return Outcome::Checked;
     }
     let mut doubts = Vec::new();
+    let mut qualified_sql = None;
     if cost_limit.is_some() {
         // SAFETY: the analyzed tree the guard just checked, in this transaction.
         if let Some(why) = unsafe { guard::outer_column_subquery(checked.query) } {
@@ -444,6 +449,10 @@ fn run_guarded(
         if matches!(mode, Mode::Run(_) | Mode::Cursor { .. }) {
             // SAFETY: as above; read before the rewriter gets the tree.
             doubts = unsafe { guard::identifiers_added(checked.query) };
+        }
+        if matches!(mode, Mode::Run(_)) {
+            // SAFETY: as above.
+            qualified_sql = Some(unsafe { guard::qualified_text(checked.query) });
         }
     }
     // SAFETY: the analyzed tree the guard checked, rewritten, planned and run under an active
@@ -488,6 +497,7 @@ fn run_guarded(
             Mode::Plan | Mode::Check => Outcome::Planned,
             Mode::Run(_) | Mode::Cursor { .. } => {
                 let mut result = execute(planned, &checked.text, mode, origin);
+                result.qualified_sql = qualified_sql;
                 if result.rows.is_empty() {
                     result.row_security = row_security_tables(&checked.relations);
                     Outcome::Empty(result)

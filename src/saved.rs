@@ -3,9 +3,10 @@
 //!
 //! A view is created by an explicit call, as the caller, in the caller's transaction: its body
 //! is the SQL that passed the guard and ran in the sandbox, and its columns are the ones the
-//! caller saw. Its comment says which question it answers, so it can be asked again. Creating
-//! it analyses that SQL once more, behind the same runtime gate as the sandbox's analysis, and
-//! what the view then stores is checked again as the answer was.
+//! caller saw. Its comment says which question it answers, so it can be asked again. The view
+//! is made from the checked tree written out with every name qualified, analysed behind the
+//! same runtime gate as the sandbox's analysis, and what it then stores is checked again as the
+//! answer was.
 
 use pgrx::prelude::*;
 
@@ -229,11 +230,13 @@ pub fn saved(view_name: &str) -> Result<Saved> {
     })
 }
 
-/// `CREATE [OR REPLACE] VIEW target (columns) AS sql`, then its comment, as the caller. The
-/// SQL is analysed again here (as when it was checked, on the caller's search path), behind
-/// the runtime gate, and what the view stores is checked again as the answer was (`scope`:
-/// the relations it may read), since objects may have come between: a view that does not
-/// pass is an error, which takes it back.
+/// `CREATE [OR REPLACE] VIEW target (columns) AS sql`, then its comment, as the caller. `sql`
+/// is the answer's checked tree written out with every name qualified
+/// (`ResultSet::qualified_sql`), analysed here on the pinned search path, behind the runtime
+/// gate, so that it binds what was checked; what the view then stores is checked again as the
+/// answer was (`scope`: the relations it may read), since a relation may have been made again
+/// under a name meanwhile: a view that does not pass is an error, which takes it back. A view
+/// replaced keeps its options (`security_invoker`, `security_barrier`, `check_option`).
 pub fn create(
     target: &Target,
     sql: &str,
@@ -245,11 +248,27 @@ pub fn create(
         .iter()
         .map(|c| format!("\"{}\"", c.replace('"', "\"\"")))
         .collect();
+    let options = if target.exists {
+        subxact::pinned(|| {
+            store::read_one::<String>(
+                "SELECT pg_catalog.string_agg(pg_catalog.format('%I = %L', \
+                   pg_catalog.split_part(o, '=', 1), \
+                   pg_catalog.substr(o, pg_catalog.strpos(o, '=') + 1)), ', ') \
+                 FROM pg_catalog.pg_class c, pg_catalog.unnest(c.reloptions) AS o \
+                 WHERE c.oid = pg_catalog.to_regclass($1)",
+                &[target.qualified.as_str().into()],
+            )
+        })
+        .map_err(|e| Error::internal(format!("reading the view's options: {e}")))?
+    } else {
+        None
+    };
     let statement = format!(
-        "CREATE {}VIEW {} ({}) AS\n{sql}\n",
+        "CREATE {}VIEW {} ({}){} AS\n{sql}\n",
         if target.exists { "OR REPLACE " } else { "" },
         target.qualified,
-        quoted.join(", ")
+        quoted.join(", "),
+        options.map(|o| format!(" WITH ({o})")).unwrap_or_default()
     );
     let trusted = guard::superuser_call();
     {
@@ -263,7 +282,8 @@ pub fn create(
                 "a superuser's saved question's view is created",
             )
         });
-        Spi::run(&statement).map_err(|e| Error::internal(format!("creating the view: {e}")))?;
+        subxact::pinned(|| Spi::run(&statement))
+            .map_err(|e| Error::internal(format!("creating the view: {e}")))?;
     }
     let view = subxact::pinned(|| {
         store::read_one::<pg_sys::Oid>(
@@ -317,11 +337,12 @@ pub fn redefine(
     columns: &[String],
     scope: Option<&guard::Scope>,
 ) -> Result<()> {
+    // An error of `create` is raised inside: the subtransaction, and the view, roll back.
     let created = subxact::in_subtransaction(true, || {
-        create(&before.target, sql, columns, &before.question, scope)
+        create(&before.target, sql, columns, &before.question, scope).unwrap_or_else(|e| e.raise())
     });
     let caught = match created {
-        Ok(created) => return created,
+        Ok(()) => return Ok(()),
         Err(caught) => caught,
     };
     let sqlstate = match caught.as_ref() {

@@ -163,7 +163,7 @@ pub fn check(
         }
     };
     // SAFETY: the tree parse analysis just made.
-    let relations = unsafe { check_tree(query, origin, allowed, trusted) }?;
+    let relations = unsafe { check_tree(query, origin, allowed, trusted, None) }?;
     if let Some(refusal) = scope.and_then(|scope| scope.refusal(&relations)) {
         return Err(refusal);
     }
@@ -174,10 +174,33 @@ pub fn check(
     })
 }
 
-/// Checks the query view `view` stores, just created from text that passed `check`, as
-/// `check` checks a generated query: CREATE VIEW analyses the text again, and an object that
-/// came between (a closer overload of a function on the search path, a relation that hides
-/// another, made while the model was asked) would be in the view, run by whoever reads it.
+/// The checked query `query` as PostgreSQL writes it out on the pinned search path, every name
+/// it would not find there qualified (relations, functions, operators, types): text that binds
+/// the same objects wherever and whenever it is parsed again, whatever closer ones another role
+/// made since (`nl_view` saves it). Written out behind the gate: a constant's type output
+/// function runs.
+///
+/// # Safety
+/// `query` must be the analyzed tree `check` passed, in the current transaction.
+pub unsafe fn qualified_text(query: *mut pg_sys::Query) -> String {
+    let _gate = gate::open(
+        gate::Rule::Allowed(std::rc::Rc::new(allowed_functions())),
+        "the answer is written out",
+    );
+    crate::subxact::pinned(|| {
+        // SAFETY: the caller's contract; ruleutils may change the tree it writes out, so it
+        // gets a copy, in the current memory context.
+        unsafe {
+            let copy = pg_sys::copyObjectImpl(query.cast_const().cast()).cast::<pg_sys::Query>();
+            crate::names::c_string(pg_sys::pg_get_querydef(copy, false))
+        }
+    })
+}
+
+/// Checks the query view `view` stores, just created from a checked query's qualified text
+/// (`ResultSet::qualified_sql`), as `check` checks a generated query: CREATE VIEW analyses the
+/// text again, and an object that came between (a relation dropped and made again under its
+/// name, made while the model was asked) would be in the view, run by whoever reads it.
 pub fn check_view(
     view: pg_sys::Oid,
     trusted: Option<&Trusted>,
@@ -208,10 +231,16 @@ pub fn check_view(
             .cast::<pg_sys::Query>()
     };
     // SAFETY: the copy made above, in this transaction.
-    let relations = unsafe { check_tree(query, Origin::Generated, allowed_functions(), trusted) }?;
-    // Before PostgreSQL 16 the stored query names the view itself (as OLD and NEW).
-    let read: Vec<pg_sys::Oid> = relations.into_iter().filter(|&r| r != view).collect();
-    match scope.and_then(|scope| scope.refusal(&read)) {
+    let relations = unsafe {
+        check_tree(
+            query,
+            Origin::Generated,
+            allowed_functions(),
+            trusted,
+            Some(view),
+        )
+    }?;
+    match scope.and_then(|scope| scope.refusal(&relations)) {
         Some(refusal) => Err(refusal),
         None => Ok(()),
     }

@@ -55,6 +55,9 @@ struct Walk {
     allowed: Rc<Allowed>,
     /// Set for a superuser's call: the owners it may read from.
     trusted: Option<Trusted>,
+    /// The view whose stored query this is, which names the view itself (as OLD and NEW
+    /// before PostgreSQL 16): not a relation it reads.
+    view: Option<pg_sys::Oid>,
     relations: Vec<pg_sys::Oid>,
     /// Types already decided in this statement, and why they were refused.
     types: HashMap<pg_sys::Oid, Option<String>>,
@@ -62,7 +65,7 @@ struct Walk {
 }
 
 /// Walks an analyzed tree with the policy of `origin`: the relations it names, or why it may
-/// not run.
+/// not run. `view`: the view whose stored query it is, if it is one.
 ///
 /// # Safety
 /// `query` must be an analyzed Query of the current transaction.
@@ -71,12 +74,14 @@ pub unsafe fn check_tree(
     origin: Origin,
     allowed: Allowed,
     trusted: Option<&Trusted>,
+    view: Option<pg_sys::Oid>,
 ) -> Result<Vec<pg_sys::Oid>, Refusal> {
     let mut walk = Walk {
         origin,
         allow_catalogs: origin == Origin::Generated && settings::allow_system_catalogs(),
         allowed: Rc::new(allowed),
         trusted: trusted.cloned(),
+        view,
         relations: Vec::new(),
         types: HashMap::new(),
         refusal: None,
@@ -307,6 +312,9 @@ impl Walk {
             match (*rte).rtekind {
                 pg_sys::RTEKind::RTE_RELATION => {
                     let relid = (*rte).relid;
+                    if Some(relid) == self.view {
+                        return false;
+                    }
                     let schema =
                         namespace_name(pg_sys::get_rel_namespace(relid)).unwrap_or_default();
                     if !self.allow_catalogs && policy::CATALOG_SCHEMAS.contains(&schema.as_str()) {
@@ -440,8 +448,14 @@ impl Walk {
         let why = match self.origin {
             Origin::Own => (!facts.builtin)
                 .then(|| "the extension's own reads call only built-in functions".to_string()),
+            // A superuser's call runs no other role's function: the runtime gate stops one
+            // that starts, and this one that might start later (in a saved view, say).
             Origin::Generated => {
-                policy::refuse(&facts.policy(), &self.allowed, self.allow_catalogs)
+                policy::refuse(&facts.policy(), &self.allowed, self.allow_catalogs).or_else(|| {
+                    self.trusted
+                        .as_ref()
+                        .and_then(|t| t.refuse_owner(facts.owner, "function"))
+                })
             }
         };
         if let Some(reason) = why {

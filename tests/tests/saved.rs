@@ -311,76 +311,188 @@ fn a_refresh_says_what_changed_and_keeps_the_columns() {
     assert!(definition.contains("2024-01-01"), "{definition}");
 }
 
-#[test]
-fn a_function_another_role_adds_while_the_model_thinks_never_enters_the_view() {
-    let shop = Shop::new();
-    let db = shop.s.database.clone();
+/// Makes role `mallory_<db>` in the shop's database, which may create in public (on the
+/// analyst's path) and owns `public.loot`, where code of hers that ran writes who ran it.
+fn mallory(shop: &Shop) -> String {
+    let db = &shop.s.database;
     let mallory = format!("mallory_{db}");
-    // Mallory may create functions in public, which is on the analyst's path: an overload of
-    // date_trunc for a date, closer than pg_catalog's, would run as whoever reads the view.
     cluster()
-        .connect(&db)
+        .connect(db)
         .batch_execute(&format!(
             "CREATE ROLE {mallory} LOGIN; GRANT CREATE ON SCHEMA public TO {mallory};
              CREATE TABLE public.loot (who name); ALTER TABLE public.loot OWNER TO {mallory};
              GRANT INSERT, SELECT ON public.loot TO PUBLIC;"
         ))
         .unwrap();
-    let query = "SELECT o.order_id FROM orders o \
-                 WHERE date_trunc('month', o.ordered_on) = DATE '1999-01-01'";
-    // The first answer is empty (checked, run, before the overload exists); while the model is
-    // asked to repair it, Mallory adds the overload; the model confirms the empty answer.
+    mallory
+}
+
+/// Scripts the model to answer `query` to the first request and again to the repair request
+/// (the answer is empty, and confirmed), running `act` as `role` before that second answer:
+/// what another role does while the model thinks.
+fn meanwhile(shop: &Shop, query: &'static str, role: &str, act: &'static str) {
     let asked = std::sync::atomic::AtomicUsize::new(0);
-    let overload = "CREATE FUNCTION public.date_trunc(text, date) RETURNS timestamp LANGUAGE sql AS
-         $$ INSERT INTO public.loot VALUES (current_user);
-            SELECT pg_catalog.date_trunc($1, $2::timestamp) $$";
-    let (attacker_db, attacker) = (db.clone(), mallory.clone());
+    let (db, role) = (shop.s.database.clone(), role.to_string());
     shop.s.llm.respond_with(move |_| {
         if asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
-            cluster()
-                .connect_as(&attacker_db, &attacker)
-                .batch_execute(overload)
-                .unwrap();
+            cluster().connect_as(&db, &role).batch_execute(act).unwrap();
         }
         Some(Reply::sql(query))
     });
-    let mut analyst_client = shop.analyst();
-    analyst_client
+}
+
+fn loot(client: &mut Client) -> i64 {
+    client
+        .query_one("SELECT count(*) FROM public.loot", &[])
+        .unwrap()
+        .get(0)
+}
+
+/// A view is made from the checked answer written out with every name qualified: a closer
+/// overload of a function on the caller's path, made by another role while the model was
+/// asked, is not what the view calls.
+#[test]
+fn a_function_another_role_adds_while_the_model_thinks_never_enters_the_view() {
+    let shop = Shop::new();
+    let mallory = mallory(&shop);
+    const QUERY: &str = "SELECT o.order_id FROM orders o \
+                         WHERE date_trunc('month', o.ordered_on) = DATE '1999-01-01'";
+    meanwhile(
+        &shop,
+        QUERY,
+        &mallory,
+        "CREATE FUNCTION public.date_trunc(text, date) RETURNS timestamp LANGUAGE sql AS
+         $$ INSERT INTO public.loot VALUES (current_user);
+            SELECT pg_catalog.date_trunc($1, $2::timestamp) $$",
+    );
+    let mut analyst = shop.analyst();
+    analyst
         .batch_execute("SET search_path = reports, public")
         .unwrap();
-    let error = analyst_client
+    let saved: String = analyst
         .query_one(
             "SELECT nl_view('zed', 'orders of the first month of 1999')",
             &[],
         )
-        .unwrap_err();
-    let (code, message, _) = db_error(&error);
-    assert_eq!(code, "42501", "{message}");
-    assert!(message.contains("is not saved"), "{message}");
-    assert!(message.contains("date_trunc"), "{message}");
+        .unwrap()
+        .get(0);
     assert_eq!(
         shop.model_calls(),
         2,
         "the answer was confirmed after the overload"
     );
-    let saved: Option<String> = analyst_client
-        .query_one("SELECT to_regclass('reports.zed')::text", &[])
+    let calls: i64 = analyst
+        .query_one(
+            "SELECT count(*) FROM pg_depend d JOIN pg_proc p ON p.oid = d.refobjid
+             WHERE d.classid = 'pg_rewrite'::regclass
+               AND d.objid = (SELECT oid FROM pg_rewrite
+                              WHERE ev_class = 'reports.zed'::regclass)
+               AND p.pronamespace = 'public'::regnamespace",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(calls, 0, "the view calls no function of public: {saved}");
+    analyst.batch_execute("SELECT * FROM reports.zed").unwrap();
+    assert_eq!(
+        loot(&mut analyst),
+        0,
+        "reading the view ran nothing of Mallory's"
+    );
+    // Control: the same text, parsed now on the analyst's path, binds Mallory's overload.
+    analyst.batch_execute(QUERY).unwrap();
+    assert!(loot(&mut analyst) > 0, "the overload is the closer match");
+}
+
+/// What the view stores is checked again as the answer was: a relation made again under the
+/// name the answer read (here a view of Mallory's, whose function runs as its reader), while
+/// the model was asked, is not one the caller was shown, and the view is not saved.
+#[test]
+fn a_relation_made_again_under_its_name_while_the_model_thinks_is_not_saved() {
+    let shop = Shop::new();
+    let mallory = mallory(&shop);
+    let db = shop.s.database.clone();
+    cluster()
+        .connect(&db)
+        .batch_execute(&format!(
+            "CREATE SCHEMA figures AUTHORIZATION {mallory};
+             SET ROLE {mallory};
+             CREATE TABLE figures.sales (n int); INSERT INTO figures.sales VALUES (1), (2);
+             CREATE FUNCTION figures.note() RETURNS int LANGUAGE sql AS
+               $$ INSERT INTO public.loot VALUES (current_user); SELECT 1 $$;
+             GRANT USAGE ON SCHEMA figures TO PUBLIC; GRANT SELECT ON figures.sales TO PUBLIC;
+             RESET ROLE;"
+        ))
+        .unwrap();
+    meanwhile(
+        &shop,
+        "SELECT s.n FROM figures.sales s WHERE s.n > 100",
+        &mallory,
+        "ALTER TABLE figures.sales RENAME TO sales_before;
+         CREATE VIEW figures.sales AS SELECT n FROM figures.sales_before WHERE figures.note() = 1;
+         GRANT SELECT ON figures.sales TO PUBLIC;",
+    );
+    let mut analyst = shop.analyst();
+    analyst
+        .batch_execute(
+            "SET search_path = reports, public;
+             SET sql_query_engine.schemas = 'public, figures';",
+        )
+        .unwrap();
+    let error = analyst
+        .query_one("SELECT nl_view('big_sales', 'sales above 100')", &[])
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "42501", "{message}");
+    assert!(message.contains("is not saved"), "{message}");
+    assert!(message.contains("figures.sales"), "{message}");
+    let saved: Option<String> = analyst
+        .query_one("SELECT to_regclass('reports.big_sales')::text", &[])
         .unwrap()
         .get(0);
     assert_eq!(saved, None);
-    let taken: i64 = analyst_client
-        .query_one("SELECT count(*) FROM public.loot", &[])
+    assert_eq!(loot(&mut analyst), 0, "nothing ran Mallory's code");
+    // Control: the name now reads Mallory's view, whose function runs as its reader.
+    analyst
+        .batch_execute("SELECT * FROM figures.sales")
+        .unwrap();
+    assert!(loot(&mut analyst) > 0);
+}
+
+/// A view replaced by `nl_view_refresh` keeps its options: a `security_invoker` view does not
+/// become one that reads with its owner's rights.
+#[test]
+fn a_refreshed_view_keeps_its_options() {
+    let shop = Shop::new();
+    shop.s.llm.on(
+        "revenue per country",
+        vec![Reply::sql(REVENUE), Reply::sql(REVENUE)],
+    );
+    let mut analyst = shop.analyst();
+    analyst
+        .batch_execute("SET search_path = reports, public")
+        .unwrap();
+    analyst
+        .query_one("SELECT nl_view('revenue', 'revenue per country')", &[])
+        .unwrap();
+    analyst
+        .batch_execute(
+            "ALTER VIEW reports.revenue SET (security_invoker = true, security_barrier = true)",
+        )
+        .unwrap();
+    let said: String = analyst
+        .query_one("SELECT nl_view_refresh('revenue')", &[])
         .unwrap()
         .get(0);
-    assert_eq!(taken, 0, "nothing ran Mallory's code");
-    // Control: the same text, parsed now, binds Mallory's overload (what the view would have
-    // held, run by every reader).
-    analyst_client.batch_execute(query).unwrap();
-    let taken: i64 = analyst_client
-        .query_one("SELECT count(*) FROM public.loot", &[])
+    assert!(said.starts_with("unchanged:"), "{said}");
+    let options: Vec<String> = analyst
+        .query_one(
+            "SELECT reloptions::text[] FROM pg_class WHERE oid = 'reports.revenue'::regclass",
+            &[],
+        )
         .unwrap()
         .get(0);
-    assert!(taken > 0, "the overload is the closer match");
+    assert_eq!(options, ["security_invoker=true", "security_barrier=true"]);
 }
 
 #[test]
