@@ -4,6 +4,8 @@
 ALTER POLICY own_rows ON @extschema@.nl_feedback
     WITH CHECK (role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid
                 AND role = current_user AND at = pg_catalog.now()
-                AND EXISTS (SELECT FROM @extschema@.nl_history h WHERE h.id = history_id)
+                AND EXISTS (SELECT FROM @extschema@.nl_history h
+                            WHERE h.id = nl_feedback.history_id
+                              AND h.role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid)
                 AND (status <> 'promoted' OR pg_catalog.has_table_privilege(
                          '@extschema@.nl_examples'::pg_catalog.regclass, 'INSERT')));
