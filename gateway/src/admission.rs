@@ -1,18 +1,25 @@
-//! What a request must do before it is handled. Its body must arrive whole within the body
-//! timeout: a client that sends all of a large body but its last byte would otherwise hold
-//! the body in the gateway's memory for as long as it liked. And a request that opens an MCP
-//! session must find a place among the sessions there are, overall and its token's own: each
-//! session holds a worker and its buffers until it has been idle for the session keep-alive.
+//! What a request must do before it is handled. Its token may have only so many requests
+//! served at once, each counted until its response has been sent whole (an event stream, MCP's
+//! or a chat's, for as long as it is open): the connections the gateway serves at once are
+//! shared by every token, and one token's long streams would otherwise take them all. Its body
+//! must arrive whole within the body timeout: a client that sends all of a large body but its
+//! last byte would otherwise hold the body in the gateway's memory for as long as it liked.
+//! And a request that opens an MCP session must find a place among the sessions there are,
+//! overall and its token's own: each session holds a worker and its buffers until it has been
+//! idle for the session keep-alive.
 
 use std::collections::{HashMap, HashSet};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{header, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use hyper::body::{Body as HttpBody, Frame, SizeHint};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 
 use crate::app::Role;
@@ -28,9 +35,13 @@ pub struct Admission {
     pub sessions: Arc<LocalSessionManager>,
     pub max_sessions: usize,
     pub max_client_sessions: usize,
+    /// Requests one client (token fingerprint) may have served at once.
+    pub max_client_requests: usize,
     /// The sessions each client (token fingerprint) opened, as they were when last counted,
     /// and the places taken by requests that may open one and have not been answered yet.
     counted: Mutex<Counted>,
+    /// The requests each client has being served.
+    serving: Mutex<HashMap<String, usize>>,
 }
 
 #[derive(Default)]
@@ -60,6 +71,52 @@ impl Drop for Place<'_> {
     }
 }
 
+/// One request of a client being served, counted until dropped: with its response's body,
+/// once sent whole, or when the connection goes.
+struct Serving {
+    admission: Arc<Admission>,
+    client: String,
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        if let Ok(mut serving) = self.admission.serving.lock() {
+            if let Some(n) = serving.get_mut(&self.client) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    serving.remove(&self.client);
+                }
+            }
+        }
+    }
+}
+
+/// A response body that keeps its request counted until it ends.
+struct ServedBody {
+    body: Body,
+    _serving: Serving,
+}
+
+impl HttpBody for ServedBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
 impl Admission {
     pub fn new(
         body_timeout: Duration,
@@ -67,6 +124,7 @@ impl Admission {
         sessions: Arc<LocalSessionManager>,
         max_sessions: usize,
         max_client_sessions: usize,
+        max_client_requests: usize,
     ) -> Admission {
         Admission {
             body_timeout,
@@ -74,8 +132,24 @@ impl Admission {
             sessions,
             max_sessions,
             max_client_sessions,
+            max_client_requests,
             counted: Mutex::new(Counted::default()),
+            serving: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// One more request of `client` served, if it has fewer than its share.
+    fn serve(admission: &Arc<Admission>, client: &str) -> Option<Serving> {
+        let mut serving = admission.serving.lock().ok()?;
+        let n = serving.entry(client.to_string()).or_default();
+        if *n >= admission.max_client_requests.max(1) {
+            return None;
+        }
+        *n += 1;
+        Some(Serving {
+            admission: Arc::clone(admission),
+            client: client.to_string(),
+        })
     }
 
     /// A place for one more session of `client`, given the sessions that still live, if there
@@ -109,6 +183,42 @@ impl Admission {
         }
     }
 }
+
+/// Serves a request of a token that has fewer than `max_client_requests` being served, and
+/// counts it until its response has been sent; refuses it (429) otherwise.
+pub async fn requests(
+    State(admission): State<Arc<Admission>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(client) = request.extensions().get::<Role>().map(|r| r.client.clone()) else {
+        return next.run(request).await;
+    };
+    let Some(serving) = Admission::serve(&admission, &client) else {
+        return ApiError {
+            retry_after: Some(REQUESTS_RETRY_AFTER_S),
+            ..ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                format!(
+                    "this token has {} requests being served (--max-requests-per-token), event \
+                     streams included: wait for one to end",
+                    admission.max_client_requests
+                ),
+            )
+        }
+        .into_response();
+    };
+    next.run(request).await.map(|body| {
+        Body::new(ServedBody {
+            body,
+            _serving: serving,
+        })
+    })
+}
+
+/// What a client refused for its token's share of requests is told to wait.
+const REQUESTS_RETRY_AFTER_S: u64 = 2;
 
 /// Reads the request's body whole, within the body timeout and `max_body`, before the
 /// handler runs.
@@ -231,6 +341,7 @@ mod tests {
             Arc::new(LocalSessionManager::default()),
             3,
             2,
+            8,
         );
         let live = |ids: &[&str]| ids.iter().map(|s| s.to_string()).collect::<HashSet<_>>();
         admission.opened("a", "1");
@@ -250,6 +361,28 @@ mod tests {
     }
 
     #[test]
+    fn a_client_is_served_up_to_its_share_until_a_request_is_given_back() {
+        let admission = Arc::new(Admission::new(
+            Duration::from_secs(1),
+            1024,
+            Arc::new(LocalSessionManager::default()),
+            3,
+            2,
+            2,
+        ));
+        let first = Admission::serve(&admission, "a");
+        let second = Admission::serve(&admission, "a");
+        assert!(first.is_some() && second.is_some());
+        assert!(
+            Admission::serve(&admission, "a").is_none(),
+            "a's 2 are served"
+        );
+        assert!(Admission::serve(&admission, "b").is_some(), "b has its own");
+        drop(first);
+        assert!(Admission::serve(&admission, "a").is_some(), "given back");
+    }
+
+    #[test]
     fn places_taken_by_requests_not_yet_answered_count_until_given_back() {
         let admission = Admission::new(
             Duration::from_secs(1),
@@ -257,6 +390,7 @@ mod tests {
             Arc::new(LocalSessionManager::default()),
             3,
             2,
+            8,
         );
         let none = HashSet::new();
         let first = admission.place(&none, "a");

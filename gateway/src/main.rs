@@ -115,6 +115,11 @@ struct Serve {
     max_mcp_sessions: usize,
     #[arg(long, default_value_t = 64)]
     max_mcp_sessions_per_token: usize,
+    /// Requests one token may have served at once, each until its response has been sent whole
+    /// (an MCP or chat event stream for as long as it is open); more are answered 429 with
+    /// Retry-After. Keep it below --max-connections, which all tokens share.
+    #[arg(long, default_value_t = 64)]
+    max_requests_per_token: usize,
     /// Seconds a connection may take to send a request's headers, and stay idle between
     /// requests, before it is closed.
     #[arg(long, default_value_t = 30)]
@@ -186,6 +191,7 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
         max_connections,
         max_mcp_sessions,
         max_mcp_sessions_per_token,
+        max_requests_per_token,
         header_timeout,
         write_timeout,
         max_table_rows,
@@ -266,6 +272,7 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
         sessions,
         max_mcp_sessions,
         max_mcp_sessions_per_token,
+        max_requests_per_token,
     ));
     let router = Router::new()
         .route("/v1/models", get(openai::models))
@@ -273,14 +280,19 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
         .route("/v1/feedback", post(openai::feedback))
         .nest_service("/mcp", mcp)
         .fallback(not_found)
-        // In the order a request meets them: its token, its body, its MCP session.
+        // In the order a request meets them: its token, its token's share of requests, its
+        // body, its MCP session.
         .layer(middleware::from_fn_with_state(
             Arc::clone(&admission),
             admission::mcp_sessions,
         ))
         .layer(middleware::from_fn_with_state(
-            admission,
+            Arc::clone(&admission),
             admission::read_body,
+        ))
+        .layer(middleware::from_fn_with_state(
+            admission,
+            admission::requests,
         ))
         .layer(middleware::from_fn_with_state(app.clone(), authenticate))
         .layer(DefaultBodyLimit::max(max_body))

@@ -736,6 +736,67 @@ fn two_tokens_of_one_role_never_share_a_conversation() {
 
 /// A token opens MCP sessions up to `--max-mcp-sessions-per-token`; then it is answered 503
 /// until one ends, and other tokens still open theirs.
+/// Opens an MCP session with `token`: the status, and the session's id.
+fn mcp_initialize(gateway: &Gateway, token: &str) -> (u16, Option<String>) {
+    let sent = ureq::post(&format!("{}/mcp", gateway.url()))
+        .set("Authorization", &format!("Bearer {token}"))
+        .set("Content-Type", "application/json")
+        .set("Accept", "application/json, text/event-stream")
+        .timeout(Duration::from_secs(20))
+        .send_string(
+            r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"test","version":"1"}}}"#,
+        );
+    match sent {
+        Ok(r) => (r.status(), r.header("mcp-session-id").map(str::to_string)),
+        Err(ureq::Error::Status(code, _)) => (code, None),
+        Err(e) => panic!("the gateway did not answer: {e}"),
+    }
+}
+
+/// A token has at most `--max-requests-per-token` requests served at once, an MCP event stream
+/// counted for as long as it is open: one token's streams cannot take the connections every
+/// token shares. The place is given back when the stream's client goes.
+#[test]
+fn a_token_is_served_its_share_of_requests_event_streams_included() {
+    let s = setup();
+    let gateway = Gateway::start_with(
+        &s.database_url,
+        &s.tokens,
+        &["--max-requests-per-token", "1"],
+    );
+    let (status, session) = mcp_initialize(&gateway, &s.token);
+    assert_eq!(status, 200);
+    let session = session.expect("a session id");
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", gateway.port)).unwrap();
+    write!(
+        stream,
+        "GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {}\r\n\
+         Accept: text/event-stream\r\nMcp-Session-Id: {session}\r\n\r\n",
+        s.token
+    )
+    .unwrap();
+    let line = status_line(&mut stream, Duration::from_secs(20)).unwrap();
+    assert!(line.contains(" 200 "), "{line}");
+    // The stream is open: the token's next request is refused, another token's served.
+    let refused = gateway.models_status(&s.token);
+    assert!(refused.contains(" 429 "), "{refused}");
+    let other = gateway.models_status(&s.limited_token);
+    assert!(other.contains(" 200 "), "{other}");
+    drop(stream);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let status = gateway.models_status(&s.token);
+        if status.contains(" 200 ") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still refused after the stream closed: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 #[test]
 fn mcp_sessions_are_limited_per_token() {
     let s = setup();
@@ -744,21 +805,7 @@ fn mcp_sessions_are_limited_per_token() {
         &s.tokens,
         &["--max-mcp-sessions-per-token", "2"],
     );
-    let initialize = |token: &str| -> (u16, Option<String>) {
-        let sent = ureq::post(&format!("{}/mcp", gateway.url()))
-            .set("Authorization", &format!("Bearer {token}"))
-            .set("Content-Type", "application/json")
-            .set("Accept", "application/json, text/event-stream")
-            .timeout(Duration::from_secs(20))
-            .send_string(
-                r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"test","version":"1"}}}"#,
-            );
-        match sent {
-            Ok(r) => (r.status(), r.header("mcp-session-id").map(str::to_string)),
-            Err(ureq::Error::Status(code, _)) => (code, None),
-            Err(e) => panic!("the gateway did not answer: {e}"),
-        }
-    };
+    let initialize = |token: &str| mcp_initialize(&gateway, token);
     for _ in 0..2 {
         let (status, session) = initialize(&s.token);
         assert_eq!(status, 200);
