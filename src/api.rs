@@ -621,6 +621,8 @@ struct LiveDatabase<'a> {
     index: Option<Rc<values::ValueIndex>>,
     /// The columns an answer must have, when the caller named a row type.
     shape: Option<&'a [Field]>,
+    /// The answer is saved as a view (`nl_view`, `nl_view_refresh`).
+    saves_view: bool,
 }
 
 impl heal::Database for LiveDatabase<'_> {
@@ -628,7 +630,8 @@ impl heal::Database for LiveDatabase<'_> {
         // The caller's own SQL (`nl_fix`) names what the caller chose; everything else stays
         // within what the caller was shown.
         let scope = (kind != Kind::Given).then_some(self.scope);
-        let outcome = exec::attempt_in_loop(sql, self.mode, self.timeout_ms, scope);
+        let outcome =
+            exec::attempt_in_loop(sql, self.mode, self.timeout_ms, scope, self.saves_view);
         match self.shape {
             Some(fields) => saved::fit(outcome, fields),
             None => outcome,
@@ -823,6 +826,7 @@ fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
         values: shown.values.clone(),
         index: shown.index.clone(),
         shape: ask.shape,
+        saves_view: matches!(ask.function, "nl_view" | "nl_view_refresh"),
     };
     // A doubtful answer that will be withheld must first be known to be doubtful: every
     // first query is then put to a vote (the candidates' agreement is the signal).

@@ -77,9 +77,9 @@ pub struct ResultSet {
     /// For rows of a query of the repair loop: what makes them doubtful though it ran, read
     /// from its analyzed tree (`guard::identifiers_added`), one line each.
     pub doubts: Vec<String>,
-    /// For a query of the repair loop that ran: its checked tree written out with every name
-    /// qualified (`guard::qualified_text`), which binds what was checked wherever it is
-    /// parsed again.
+    /// For a query of the repair loop that ran and may be saved as a view (`nl_view`): its
+    /// checked tree written out with every name qualified (`guard::qualified_text`), which
+    /// binds what was checked wherever it is parsed again.
     pub qualified_sql: Option<String>,
     /// Parallel workers the executor launched (0 for a serial plan).
     pub parallel_workers: i32,
@@ -160,18 +160,36 @@ pub fn attempt(sql: &str, mode: Mode, timeout_ms: i32) -> Outcome {
 /// question (`absurd_plan`), so that the model gets the reason as a repair instead of the query
 /// running into the timeout, or when an IN subquery of it selects a column of the outer query
 /// (`guard::outer_column_subquery`), which no result would show; its rows carry what makes them
-/// doubtful (`ResultSet::doubts`). `scope`: for a query the caller
-/// did not write, the relations it may name (`guard::Scope`).
-pub fn attempt_in_loop(sql: &str, mode: Mode, timeout_ms: i32, scope: Option<&Scope>) -> Outcome {
-    let cost_limit = f64::from(timeout_ms.max(1)) * COST_PER_MS;
+/// doubtful (`ResultSet::doubts`). `scope`: for a query the caller did not write, the relations
+/// it may name (`guard::Scope`). `saves`: the answer may be saved as a view (`nl_view`), whose
+/// rows then carry the qualified text it is saved as (`ResultSet::qualified_sql`).
+pub fn attempt_in_loop(
+    sql: &str,
+    mode: Mode,
+    timeout_ms: i32,
+    scope: Option<&Scope>,
+    saves: bool,
+) -> Outcome {
+    let in_loop = InLoop {
+        cost_limit: f64::from(timeout_ms.max(1)) * COST_PER_MS,
+        saves,
+    };
     sandboxed(
         sql,
         mode,
         timeout_ms,
         Origin::Generated,
-        Some(cost_limit),
+        Some(in_loop),
         scope,
     )
+}
+
+/// How a query of the repair loop runs besides its mode: the plan cost above which it is
+/// absurd (`absurd_plan`), and whether its answer may be saved as a view.
+#[derive(Debug, Clone, Copy)]
+struct InLoop {
+    cost_limit: f64,
+    saves: bool,
 }
 
 thread_local! {
@@ -236,7 +254,7 @@ fn sandboxed(
     mode: Mode,
     timeout_ms: i32,
     origin: Origin,
-    cost_limit: Option<f64>,
+    in_loop: Option<InLoop>,
     scope: Option<&Scope>,
 ) -> Outcome {
     let (result, position, raw_sqlstate, ours) = {
@@ -249,7 +267,7 @@ fn sandboxed(
         let timer = StatementTimer::arm(timeout_ms);
         // Always rolled back: the query only read, and nothing it did may outlive it.
         let result =
-            subxact::in_subtransaction(false, || run_guarded(sql, mode, origin, cost_limit, scope));
+            subxact::in_subtransaction(false, || run_guarded(sql, mode, origin, in_loop, scope));
         let fired = timer.fired();
         (result, reported.position(), reported.sqlstate(), fired)
     };
@@ -393,15 +411,16 @@ fn failure(
     Outcome::Failed(error)
 }
 
-/// Everything that happens inside the subtransaction. With `cost_limit` (a query of the repair
+/// Everything that happens inside the subtransaction. With `in_loop` (a query of the repair
 /// loop), a plan that `absurd_plan` calls absurd is not run, nor a query whose IN subquery
-/// selects a column of the outer query (`guard::outer_column_subquery`), and the identifiers it
-/// adds up are read (`guard::identifiers_added`).
+/// selects a column of the outer query (`guard::outer_column_subquery`), the identifiers it
+/// adds up are read (`guard::identifiers_added`), and an answer that may be saved is written
+/// out qualified (`guard::qualified_text`).
 fn run_guarded(
     sql: &str,
     mode: Mode,
     origin: Origin,
-    cost_limit: Option<f64>,
+    in_loop: Option<InLoop>,
     scope: Option<&Scope>,
 ) -> Outcome {
     subxact::set_local(c"transaction_read_only", c"on");
@@ -432,7 +451,7 @@ fn run_guarded(
     }
     let mut doubts = Vec::new();
     let mut qualified_sql = None;
-    if cost_limit.is_some() {
+    if let Some(in_loop) = in_loop {
         // SAFETY: the analyzed tree the guard just checked, in this transaction.
         if let Some(why) = unsafe { guard::outer_column_subquery(checked.query) } {
             return Outcome::Failed(SqlError {
@@ -450,7 +469,7 @@ fn run_guarded(
             // SAFETY: as above; read before the rewriter gets the tree.
             doubts = unsafe { guard::identifiers_added(checked.query) };
         }
-        if matches!(mode, Mode::Run(_)) {
+        if in_loop.saves && matches!(mode, Mode::Run(_)) {
             // SAFETY: as above.
             qualified_sql = Some(unsafe { guard::qualified_text(checked.query) });
         }
@@ -480,7 +499,7 @@ fn run_guarded(
             cursor_options,
             std::ptr::null_mut(),
         );
-        if let Some(why) = cost_limit.and_then(|limit| absurd_plan(planned, limit)) {
+        if let Some(why) = in_loop.and_then(|l| absurd_plan(planned, l.cost_limit)) {
             pg_sys::PopActiveSnapshot();
             return Outcome::Failed(SqlError {
                 sqlstate: SqlState::PROGRAM_LIMIT_EXCEEDED,

@@ -2,7 +2,7 @@
 //! `nl_view_refresh`), and answers typed as a row type the caller names (`nl_query_as`).
 //!
 //! A view is created by an explicit call, as the caller, in the caller's transaction: its body
-//! is the SQL that passed the guard and ran in the sandbox, and its columns are the ones the
+//! is the query that passed the guard and ran in the sandbox, and its columns are the ones the
 //! caller saw. Its comment says which question it answers, so it can be asked again. The view
 //! is made from the checked tree written out with every name qualified, analysed behind the
 //! same runtime gate as the sandbox's analysis, and what it then stores is checked again as the
@@ -282,7 +282,7 @@ pub fn create(
                 "a superuser's saved question's view is created",
             )
         });
-        subxact::pinned(|| Spi::run(&statement))
+        subxact::pinned_exact(|| Spi::run(&statement))
             .map_err(|e| Error::internal(format!("creating the view: {e}")))?;
     }
     let view = subxact::pinned(|| {

@@ -134,6 +134,22 @@ pub fn pinned<R>(work: impl FnOnce() -> R) -> R {
     with_settings(&[(c"search_path", PINNED_SEARCH_PATH)], work)
 }
 
+/// Runs `work` with the pinned search path, and with values written out and read back exactly,
+/// as pg_dump sets them (floats in full, ISO dates, PostgreSQL's interval style): for a query
+/// the extension writes out of a checked tree and parses again (`guard::qualified_text`, the
+/// view `nl_view` makes from it).
+pub fn pinned_exact<R>(work: impl FnOnce() -> R) -> R {
+    with_settings(
+        &[
+            (c"search_path", PINNED_SEARCH_PATH),
+            (c"extra_float_digits", c"3"),
+            (c"DateStyle", c"ISO, YMD"),
+            (c"IntervalStyle", c"postgres"),
+        ],
+        work,
+    )
+}
+
 /// Sets `name` to `value` until the end of the current (sub)transaction, checked as `SET LOCAL`
 /// checks it (for `role`: the session user must be allowed to become the role).
 pub fn set_local(name: &CStr, value: &CStr) {

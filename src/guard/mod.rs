@@ -175,7 +175,8 @@ pub fn check(
 }
 
 /// The checked query `query` as PostgreSQL writes it out on the pinned search path, every name
-/// it would not find there qualified (relations, functions, operators, types): text that binds
+/// it would not find there qualified (relations, functions, operators, types), and constants
+/// written in full (`subxact::pinned_exact`): text that binds
 /// the same objects wherever and whenever it is parsed again, whatever closer ones another role
 /// made since (`nl_view` saves it). Written out behind the gate: a constant's type output
 /// function runs.
@@ -187,7 +188,7 @@ pub unsafe fn qualified_text(query: *mut pg_sys::Query) -> String {
         gate::Rule::Allowed(std::rc::Rc::new(allowed_functions())),
         "the answer is written out",
     );
-    crate::subxact::pinned(|| {
+    crate::subxact::pinned_exact(|| {
         // SAFETY: the caller's contract; ruleutils may change the tree it writes out, so it
         // gets a copy, in the current memory context.
         unsafe {

@@ -13,6 +13,7 @@ use std::rc::Rc;
 
 use super::facts::{builtin, FunctionFacts};
 use super::policy::{self, Allowed};
+use super::trust::Trusted;
 use super::verdict::Origin;
 
 /// Types followed at most into the types they are made of.
@@ -86,6 +87,8 @@ pub struct TypePolicy {
     pub origin: Origin,
     pub allowed: Rc<Allowed>,
     pub allow_catalogs: bool,
+    /// Set for a superuser's call: whose functions may run for it.
+    pub trusted: Option<Trusted>,
 }
 
 /// Why values of `typ` may not be converted, remembered per type in `memo` (for one
@@ -181,6 +184,14 @@ impl Types<'_> {
         }
     }
 
+    /// Why a superuser's call may not run `facts`' function: another role owns it.
+    fn owner_refusal(&self, facts: &FunctionFacts) -> Option<String> {
+        self.policy
+            .trusted
+            .as_ref()
+            .and_then(|t| t.refuse_owner(facts.owner, "function"))
+    }
+
     /// The first of `functions` that may not run implicitly for a type.
     fn support_refusal(&self, functions: &[pg_sys::Oid], what: &str) -> Option<String> {
         functions.iter().find_map(|&function| {
@@ -188,12 +199,14 @@ impl Types<'_> {
                 return None;
             }
             let facts = FunctionFacts::of(function)?;
-            policy::refuse_support(&facts.policy(), &self.policy.allowed).map(|why| {
-                format!(
-                    "its {what} function {} is not allowed: {why}",
-                    FunctionFacts::signature(function)
-                )
-            })
+            policy::refuse_support(&facts.policy(), &self.policy.allowed)
+                .or_else(|| self.owner_refusal(&facts))
+                .map(|why| {
+                    format!(
+                        "its {what} function {} is not allowed: {why}",
+                        FunctionFacts::signature(function)
+                    )
+                })
         })
     }
 
@@ -241,6 +254,7 @@ impl Types<'_> {
                 &self.policy.allowed,
                 self.policy.allow_catalogs,
             )
+            .or_else(|| self.owner_refusal(&facts))
             .map(|why| {
                 format!(
                     "its cast function {} is not allowed: {why}",

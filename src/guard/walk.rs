@@ -273,6 +273,7 @@ impl Walk {
             origin: self.origin,
             allowed: Rc::clone(&self.allowed),
             allow_catalogs: self.allow_catalogs,
+            trusted: self.trusted.clone(),
         };
         let mut memo = std::mem::take(&mut self.types);
         let why = types::refusal(&policy, typ, &mut memo, &mut |expression| {

@@ -511,6 +511,75 @@ fn a_superusers_generated_queries_run_no_code_of_other_roles() {
     let _ = std::fs::remove_file(&marker);
 }
 
+/// A superuser's generated query may not name another role's function, also where it does not
+/// start (a branch the sandbox's rows never take): a view saved from it would call it later, as
+/// whoever reads it. Allowing the function (`allowed_functions`) does not trust its owner.
+#[test]
+fn a_superusers_saved_view_never_names_another_roles_function() {
+    let w = World::new();
+    let attacker = w.attacker.clone();
+    w.attacker_runs(
+        "CREATE TABLE public.loot (who name); GRANT INSERT, SELECT ON public.loot TO PUBLIC;
+         CREATE FUNCTION public.side_note() RETURNS text LANGUAGE plpgsql AS $$
+         BEGIN INSERT INTO public.loot VALUES (current_user); RETURN 'x'; END $$;",
+    );
+    w.s.llm.on(
+        "customers and their notes",
+        vec![Reply::sql(
+            "SELECT name, CASE WHEN customer_id < 0 THEN public.side_note() END AS note \
+             FROM customers",
+        )],
+    );
+    let mut admin = cluster().connect(&w.s.database);
+    admin
+        .batch_execute("SET sql_query_engine.allowed_functions = 'public.side_note'")
+        .unwrap();
+    let error = admin
+        .query_one(
+            "SELECT nl_view('public.customer_notes', 'customers and their notes')",
+            &[],
+        )
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "42501", "{message}");
+    assert!(
+        message.contains("public.side_note()")
+            && message.contains(&format!("\"{attacker}\""))
+            && message.contains("sql_query_engine.trusted_owners"),
+        "{message}"
+    );
+    let saved: Option<String> = admin
+        .query_one("SELECT to_regclass('public.customer_notes')::text", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(saved, None);
+    let ran: i64 = admin
+        .query_one("SELECT count(*) FROM public.loot", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(ran, 0);
+
+    // Positive control: a superuser who trusts the attacker saves it.
+    w.s.llm.on(
+        "notes of every customer (trusted)",
+        vec![Reply::sql(
+            "SELECT name, CASE WHEN customer_id < 0 THEN public.side_note() END AS note \
+             FROM customers",
+        )],
+    );
+    admin
+        .batch_execute(&format!(
+            "SET sql_query_engine.trusted_owners = '{attacker}'"
+        ))
+        .unwrap();
+    admin
+        .query_one(
+            "SELECT nl_view('public.customer_notes', 'notes of every customer (trusted)')",
+            &[],
+        )
+        .unwrap();
+}
+
 #[test]
 fn a_superusers_generated_query_gets_no_parallel_worker_to_run_other_roles_code_in() {
     let mut w = World::new();
