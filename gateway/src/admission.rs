@@ -10,7 +10,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -80,12 +80,16 @@ struct Serving {
 
 impl Drop for Serving {
     fn drop(&mut self) {
-        if let Ok(mut serving) = self.admission.serving.lock() {
-            if let Some(n) = serving.get_mut(&self.client) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    serving.remove(&self.client);
-                }
+        // The counts stay right even after a panic elsewhere held the lock.
+        let mut serving = self
+            .admission
+            .serving
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = serving.get_mut(&self.client) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                serving.remove(&self.client);
             }
         }
     }
@@ -140,7 +144,10 @@ impl Admission {
 
     /// One more request of `client` served, if it has fewer than its share.
     fn serve(admission: &Arc<Admission>, client: &str) -> Option<Serving> {
-        let mut serving = admission.serving.lock().ok()?;
+        let mut serving = admission
+            .serving
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let n = serving.entry(client.to_string()).or_default();
         if *n >= admission.max_client_requests.max(1) {
             return None;
@@ -185,18 +192,24 @@ impl Admission {
 }
 
 /// Serves a request of a token that has fewer than `max_client_requests` being served, and
-/// counts it until its response has been sent; refuses it (429) otherwise.
+/// counts it until its response has been sent; refuses it (429) otherwise. Closing an MCP
+/// session (DELETE /mcp) is never held back: it is what frees a token's places.
 pub async fn requests(
     State(admission): State<Arc<Admission>>,
     request: Request,
     next: Next,
 ) -> Response {
     let Some(client) = request.extensions().get::<Role>().map(|r| r.client.clone()) else {
-        return next.run(request).await;
+        // Every request has a token's role by now (`authenticate`); one without is refused.
+        return ApiError::unauthorized().into_response();
     };
+    if request.method() == Method::DELETE && request.uri().path().starts_with("/mcp") {
+        return next.run(request).await;
+    }
     let Some(serving) = Admission::serve(&admission, &client) else {
         return ApiError {
             retry_after: Some(REQUESTS_RETRY_AFTER_S),
+            code: Some("rate_limit_exceeded".into()),
             ..ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "rate_limit_error",
@@ -217,8 +230,9 @@ pub async fn requests(
     })
 }
 
-/// What a client refused for its token's share of requests is told to wait.
-const REQUESTS_RETRY_AFTER_S: u64 = 2;
+/// What a client refused for its token's share of requests is told to wait: a place comes
+/// free when a request ends, an event stream's only when it closes.
+const REQUESTS_RETRY_AFTER_S: u64 = 5;
 
 /// Reads the request's body whole, within the body timeout and `max_body`, before the
 /// handler runs.

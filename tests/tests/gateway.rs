@@ -734,9 +734,8 @@ fn two_tokens_of_one_role_never_share_a_conversation() {
     );
 }
 
-/// A token opens MCP sessions up to `--max-mcp-sessions-per-token`; then it is answered 503
-/// until one ends, and other tokens still open theirs.
-/// Opens an MCP session with `token`: the status, and the session's id.
+/// Opens an MCP session with `token`: the status, and the session's id (the answer read
+/// whole, so that the request is no longer being served).
 fn mcp_initialize(gateway: &Gateway, token: &str) -> (u16, Option<String>) {
     let sent = ureq::post(&format!("{}/mcp", gateway.url()))
         .set("Authorization", &format!("Bearer {token}"))
@@ -747,7 +746,11 @@ fn mcp_initialize(gateway: &Gateway, token: &str) -> (u16, Option<String>) {
             r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"test","version":"1"}}}"#,
         );
     match sent {
-        Ok(r) => (r.status(), r.header("mcp-session-id").map(str::to_string)),
+        Ok(r) => {
+            let (status, session) = (r.status(), r.header("mcp-session-id").map(str::to_string));
+            r.into_string().expect("the answer, read whole");
+            (status, session)
+        }
         Err(ureq::Error::Status(code, _)) => (code, None),
         Err(e) => panic!("the gateway did not answer: {e}"),
     }
@@ -780,6 +783,18 @@ fn a_token_is_served_its_share_of_requests_event_streams_included() {
     // The stream is open: the token's next request is refused, another token's served.
     let refused = gateway.models_status(&s.token);
     assert!(refused.contains(" 429 "), "{refused}");
+    // But it may still close a session (what the session limit's refusal advises).
+    let closed = ureq::delete(&format!("{}/mcp", gateway.url()))
+        .set("Authorization", &format!("Bearer {}", s.token))
+        .set("Mcp-Session-Id", &session)
+        .timeout(Duration::from_secs(20))
+        .call()
+        .map(|r| r.status())
+        .unwrap_or_else(|e| match e {
+            ureq::Error::Status(code, _) => code,
+            e => panic!("the gateway did not answer: {e}"),
+        });
+    assert_ne!(closed, 429, "DELETE /mcp is not held back");
     let other = gateway.models_status(&s.limited_token);
     assert!(other.contains(" 200 "), "{other}");
     drop(stream);
@@ -797,6 +812,8 @@ fn a_token_is_served_its_share_of_requests_event_streams_included() {
     }
 }
 
+/// A token opens MCP sessions up to `--max-mcp-sessions-per-token`; then it is answered 503
+/// until one ends, and other tokens still open theirs.
 #[test]
 fn mcp_sessions_are_limited_per_token() {
     let s = setup();
