@@ -5,6 +5,29 @@ use pgrx::pg_sys;
 use super::policy;
 use crate::names::{c_string, namespace_name};
 
+/// A relation held open, closed when dropped (also when an ERROR unwinds past it); the lock it
+/// was opened with stays until the transaction ends.
+pub struct OpenRelation(pub pg_sys::Relation);
+
+impl OpenRelation {
+    /// Opens `relation` with `lock` (`NoLock` for one this transaction has locked already).
+    ///
+    /// # Safety
+    /// `relation` must exist; with `NoLock`, this transaction must hold a lock on it.
+    pub unsafe fn open(relation: pg_sys::Oid, lock: u32) -> OpenRelation {
+        // SAFETY: the caller's contract; `relation_open` raises an ERROR for a relation that
+        // is gone, and never returns null.
+        OpenRelation(unsafe { pg_sys::relation_open(relation, lock as pg_sys::LOCKMODE) })
+    }
+}
+
+impl Drop for OpenRelation {
+    fn drop(&mut self) {
+        // SAFETY: opened by `OpenRelation::open` and closed exactly once, here.
+        unsafe { pg_sys::relation_close(self.0, pg_sys::NoLock as pg_sys::LOCKMODE) }
+    }
+}
+
 /// Objects with OIDs below this were created by initdb.
 pub fn builtin(oid: pg_sys::Oid) -> bool {
     oid.to_u32() < pg_sys::FirstNormalObjectId

@@ -12,7 +12,7 @@ use std::ffi::c_void;
 use pgrx::pg_sys;
 use pgrx::PgList;
 
-use super::facts::builtin;
+use super::facts::{builtin, OpenRelation};
 use super::walk::too_deep;
 use crate::names::c_string;
 
@@ -186,7 +186,7 @@ unsafe fn identifies(
     relation: pg_sys::Oid,
     attnum: pg_sys::AttrNumber,
 ) -> Option<(String, &'static str)> {
-    // SAFETY: the caller's contract; the relcache entry is closed by `Opened` on every path,
+    // SAFETY: the caller's contract; the relation is closed by `OpenRelation` on every path,
     // also when an ERROR unwinds, and its foreign key list is only read, with no catalog
     // access while it is held.
     unsafe {
@@ -202,10 +202,7 @@ unsafe fn identifies(
         if !folded.ends_with("id") {
             return None;
         }
-        let rel = Opened(pg_sys::RelationIdGetRelation(relation));
-        if rel.0.is_null() {
-            return None;
-        }
+        let rel = OpenRelation::open(relation, pg_sys::NoLock);
         let foreign =
             PgList::<pg_sys::ForeignKeyCacheInfo>::from_pg(pg_sys::RelationGetFKeyList(rel.0))
                 .iter_ptr()
@@ -214,17 +211,5 @@ unsafe fn identifies(
                     (*key).conkey.iter().take(n).any(|&k| k == attnum)
                 });
         foreign.then_some((column, "a foreign key column"))
-    }
-}
-
-/// A relcache entry held open, closed when dropped (also when an ERROR unwinds past it).
-struct Opened(pg_sys::Relation);
-
-impl Drop for Opened {
-    fn drop(&mut self) {
-        if !self.0.is_null() {
-            // SAFETY: opened by `RelationIdGetRelation` and closed exactly once, here.
-            unsafe { pg_sys::RelationClose(self.0) }
-        }
     }
 }

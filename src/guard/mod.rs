@@ -207,22 +207,10 @@ pub fn check_view(
     trusted: Option<&Trusted>,
     scope: Option<&Scope>,
 ) -> Result<(), Refusal> {
-    /// The view, open until dropped (also when an ERROR unwinds past it).
-    struct Opened(pg_sys::Relation);
-    impl Drop for Opened {
-        fn drop(&mut self) {
-            // SAFETY: opened by `relation_open` below and closed once, here; the lock stays
-            // until the transaction ends.
-            unsafe { pg_sys::relation_close(self.0, pg_sys::NoLock as pg_sys::LOCKMODE) }
-        }
-    }
     // SAFETY: the view is opened with the lock a reader takes, its stored query copied into
     // the current memory context before it is closed, and the copy only read.
     let query = unsafe {
-        let opened = Opened(pg_sys::relation_open(
-            view,
-            pg_sys::AccessShareLock as pg_sys::LOCKMODE,
-        ));
+        let opened = facts::OpenRelation::open(view, pg_sys::AccessShareLock);
         if (*(*opened.0).rd_rel).relkind as u8 != pg_sys::RELKIND_VIEW {
             return Err(Refusal::forbidden(
                 "the saved question's relation is not a view".into(),

@@ -10,7 +10,7 @@ use std::ffi::CString;
 
 use pgrx::{pg_sys, PgList};
 
-use super::facts::builtin;
+use super::facts::{builtin, OpenRelation};
 use crate::names::{relation_name, role_name};
 use crate::settings;
 
@@ -81,24 +81,27 @@ impl Trusted {
             return Some("its views nest too deeply to be checked".into());
         }
         // SAFETY: the relation is opened with a lock (the parser or the rewriter would take the
-        // same), read and closed; its view query is only read.
+        // same) and read; its view query is only read, while the relation is open.
         unsafe {
-            let rel = pg_sys::relation_open(relation, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-            let owner = (*(*rel).rd_rel).relowner;
-            let kind = (*(*rel).rd_rel).relkind as u8;
+            let opened = OpenRelation::open(relation, pg_sys::AccessShareLock);
+            let owner = (*(*opened.0).rd_rel).relowner;
+            let kind = (*(*opened.0).rd_rel).relkind as u8;
             let view = (kind == pg_sys::RELKIND_VIEW)
-                .then(|| pg_sys::get_view_query(rel))
-                .filter(|query| !query.is_null());
-            pg_sys::relation_close(rel, pg_sys::NoLock as pg_sys::LOCKMODE);
+                .then(|| pg_sys::get_view_query(opened.0))
+                .filter(|query| !query.is_null())
+                .map(|query| {
+                    let mut found = Vec::new();
+                    collect_relations(query, &mut found);
+                    found
+                });
+            drop(opened);
             if let Some(why) = self.refuse_owner(owner, "relation") {
                 return Some(format!(
                     "relation {} is refused: {why}",
                     relation_name(relation)
                 ));
             }
-            if let Some(query) = view {
-                let mut found = Vec::new();
-                collect_relations(query, &mut found);
+            if let Some(found) = view {
                 return found
                     .into_iter()
                     .find_map(|inner| self.relation_refusal(inner, depth + 1, seen));
