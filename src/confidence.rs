@@ -78,8 +78,8 @@ pub fn assess(run: &Run, pruned: bool) -> Confidence {
                 .to_string(),
         );
     }
-    // A string the column does not store as written, identifiers added up: what it counts or
-    // sums is most often nothing.
+    // A string the column does not store as written, identifiers added up, keys of different
+    // things compared: what it counts, sums or joins is most often nothing.
     if let Some(answer) = run.best_attempt().filter(|a| !a.questioned.is_empty()) {
         doubts.push(format!(
             "the answer is questioned: {}",

@@ -75,7 +75,7 @@ pub struct ResultSet {
     /// rows, so that "empty because of row security" is told apart from "really empty".
     pub row_security: Vec<String>,
     /// For rows of a query of the repair loop: what makes them doubtful though it ran, read
-    /// from its analyzed tree (`guard::identifiers_added`), one line each.
+    /// from its analyzed tree (`guard::doubts`), one line each.
     pub doubts: Vec<String>,
     /// For a query of the repair loop that ran and may be saved as a view (`nl_view`): its
     /// checked tree written out with every name qualified (`guard::qualified_text`), which
@@ -413,8 +413,8 @@ fn failure(
 
 /// Everything that happens inside the subtransaction. With `in_loop` (a query of the repair
 /// loop), a plan that `absurd_plan` calls absurd is not run, nor a query whose IN subquery
-/// selects a column of the outer query (`guard::outer_column_subquery`), the identifiers it
-/// adds up are read (`guard::identifiers_added`), and an answer that may be saved is written
+/// selects a column of the outer query (`guard::outer_column_subquery`), what makes its rows
+/// doubtful is read (`guard::doubts`), and an answer that may be saved is written
 /// out qualified (`guard::qualified_text`).
 fn run_guarded(
     sql: &str,
@@ -467,7 +467,7 @@ fn run_guarded(
         }
         if matches!(mode, Mode::Run(_) | Mode::Cursor { .. }) {
             // SAFETY: as above; read before the rewriter gets the tree.
-            doubts = unsafe { guard::identifiers_added(checked.query) };
+            doubts = unsafe { guard::doubts(checked.query) };
         }
         if in_loop.saves && matches!(mode, Mode::Run(_)) {
             // SAFETY: as above.

@@ -31,9 +31,10 @@
 //! Errors: a write or utility statement → 25006 (ends the run); a forbidden function, type,
 //! clause or relation → 42501; a parse or analysis error → the server's own ERROR.
 
+mod doubts;
 mod facts;
 pub mod gate;
-mod identifiers;
+mod keys;
 mod outer;
 mod policy;
 mod refs;
@@ -52,8 +53,8 @@ use crate::error::SqlState;
 use crate::settings;
 use walk::too_deep;
 
+pub use doubts::doubts;
 pub use facts::builtin;
-pub use identifiers::identifiers_added;
 pub use outer::outer_column_subquery;
 pub use policy::Allowed;
 pub use refs::{references, ColumnRef, GroupBy, Named, References, RelationRef, Select};

@@ -1478,6 +1478,129 @@ fn a_sum_of_identifiers_is_repaired_or_else_doubted() {
     assert_eq!(trace["llm_calls"], 1, "{trace}");
 }
 
+/// Keys of different things compared (`d.dept_id = s.faculty_id`, where `faculty_id`
+/// references faculty) join rows that have nothing to do with each other: the rows are
+/// questioned, the model is told which key each column is, and its repair answers; a model that
+/// stands by such a join gives a doubtful answer. Joins the schema's keys allow are not
+/// questioned: a foreign key to the key it references (also through a table keyed by another,
+/// which this role may not read, and while another session holds that table locked), and
+/// like-named columns without a foreign key.
+#[test]
+fn keys_of_different_things_compared_are_repaired_or_else_doubted() {
+    let mut s = Session::new();
+    let reader = format!("keys_reader_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE TABLE departments (dept_id int PRIMARY KEY, name text);
+             CREATE TABLE faculty (faculty_id int PRIMARY KEY,
+                                   dept_id int REFERENCES departments, name text);
+             CREATE TABLE sections (section_id int PRIMARY KEY,
+                                    faculty_id int REFERENCES faculty, room text);
+             CREATE TABLE offices (dept_id int PRIMARY KEY, floor int);
+             CREATE TABLE people (person_id int PRIMARY KEY, name text);
+             CREATE TABLE students (student_id int PRIMARY KEY REFERENCES people, year int);
+             CREATE TABLE grades (grade_id int PRIMARY KEY, learner int REFERENCES students,
+                                  score int);
+             INSERT INTO departments VALUES (1, 'Math'), (2, 'Art');
+             INSERT INTO faculty VALUES (1, 1, 'Ann'), (2, 2, 'Bo'), (3, 2, 'Cy');
+             INSERT INTO sections VALUES (1, 1, 'A1'), (2, 2, 'B1'), (3, 3, 'B2');
+             INSERT INTO offices VALUES (1, 3), (2, 4);
+             INSERT INTO people VALUES (1, 'Di'), (2, 'Ed');
+             INSERT INTO students VALUES (1, 2024), (2, 2025);
+             INSERT INTO grades VALUES (100, 1, 90), (101, 2, 70);
+             CREATE ROLE {reader};
+             GRANT SELECT ON departments, faculty, sections, offices, people, grades TO {reader};
+             SET ROLE {reader};"
+        ))
+        .unwrap();
+    // A department's key compared with a section's teacher: told so, the repair answers.
+    let unlike = "SELECT d.name, COUNT(*) AS n FROM departments d \
+                  JOIN sections s ON d.dept_id = s.faculty_id GROUP BY d.name";
+    let through = "SELECT d.name, COUNT(*) AS n FROM departments d \
+                   JOIN faculty f ON f.dept_id = d.dept_id \
+                   JOIN sections s ON s.faculty_id = f.faculty_id GROUP BY d.name";
+    s.llm.on(
+        "sections of each department",
+        vec![Reply::sql(unlike), Reply::sql(through)],
+    );
+    let trace = s.trace("sections of each department").unwrap();
+    assert_eq!(trace["sql"], through, "{trace}");
+    assert_eq!(trace["row_count"], 2, "{trace}");
+    assert_eq!(trace["confidence"]["level"], "high", "{trace}");
+    let said = trace["attempts"][0]["questioned"].to_string();
+    assert!(
+        said.contains(
+            "d.dept_id = s.faculty_id compares keys of different things \
+             (departments.dept_id is the key of its table; \
+             sections.faculty_id references faculty.faculty_id)"
+        ),
+        "{trace}"
+    );
+    let feedback = s.llm.requests()[1].last_message();
+    assert!(
+        feedback.contains("compares keys of different things"),
+        "{feedback}"
+    );
+
+    // Two tables' own keys compared, in a WHERE clause: the model stands by it, the answer
+    // is doubtful.
+    let keys = "SELECT s.room FROM sections s, departments d WHERE s.section_id = d.dept_id";
+    s.llm.on(
+        "rooms of the departments",
+        vec![Reply::sql(keys), Reply::sql(keys)],
+    );
+    let trace = s.trace("rooms of the departments").unwrap();
+    assert_eq!(trace["sql"], keys, "{trace}");
+    assert_eq!(trace["confidence"]["level"], "low", "{trace}");
+    assert!(
+        trace["confidence"]["doubts"].to_string().contains(
+            "s.section_id = d.dept_id compares keys of different things \
+                 (sections.section_id is the key of its table; \
+                 departments.dept_id is the key of its table)"
+        ),
+        "{trace}"
+    );
+
+    // Allowed: a grade's learner is a student, whose key is a person's (students, which this
+    // role may not read, is only looked at); like-named keys without a foreign key; a foreign
+    // key to the key it references. Not questioned, one request each.
+    let mut holder = s.second_connection();
+    let fine = [
+        (
+            "scores of each person",
+            "SELECT p.name, g.score FROM grades g JOIN people p ON g.learner = p.person_id",
+        ),
+        (
+            "floors of the teachers",
+            "SELECT f.name, o.floor FROM faculty f JOIN offices o ON o.dept_id = f.dept_id",
+        ),
+        (
+            "teachers of each department",
+            "SELECT d.name, f.name FROM departments d JOIN faculty f ON f.dept_id = d.dept_id",
+        ),
+    ];
+    for (question, sql) in fine {
+        s.llm.on(question, vec![Reply::sql(sql)]);
+        let trace = s.trace(question).unwrap();
+        assert_eq!(trace["sql"], sql, "{trace}");
+        assert_eq!(trace["attempts"][0]["questioned"], json!([]), "{trace}");
+        assert_eq!(trace["llm_calls"], 1, "{trace}");
+    }
+    // While another session holds students locked, the look-up does not wait for it.
+    holder
+        .batch_execute("BEGIN; LOCK TABLE students IN ACCESS EXCLUSIVE MODE")
+        .unwrap();
+    let sql = fine[0].1;
+    s.llm.on("scores of every person", vec![Reply::sql(sql)]);
+    let trace = s.trace("scores of every person").unwrap();
+    assert_eq!(
+        (&trace["sql"], &trace["row_count"]),
+        (&json!(sql), &json!(2)),
+        "{trace}"
+    );
+    holder.batch_execute("ROLLBACK").unwrap();
+}
+
 /// An IN subquery that selects a column of the outer query (its own table lacks the name, so
 /// PostgreSQL looks outside) compares each row with itself: it is not run, the model is told
 /// why, and its repair answers. A subquery correlated the usual way runs as written.

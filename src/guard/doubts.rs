@@ -1,9 +1,15 @@
-//! Aggregates that add up identifiers: `SUM(s.song_id)` where the question asked for the sum of
-//! `s.sales`. A sum or an average of an identifier (a column named `id` or `..._id`, or a
-//! foreign key column named `...id`) means nothing, yet the query runs and returns numbers, so
-//! no result shows the mistake. Small models write it when they pick the wrong column of the
-//! right table. A key that holds a value (`year`, a `rating` referencing a table of ratings) is
-//! not one: only the name tells identifiers apart.
+//! What makes a query's rows doubtful though it ran: things a query can do that mean nothing,
+//! yet return numbers or rows, so no result shows the mistake. Small models write them when
+//! they pick the wrong column of the right table.
+//!
+//! - An aggregate that adds up identifiers: `SUM(s.song_id)` where the question asked for the
+//!   sum of `s.sales`. A sum or an average of an identifier (a column named `id` or `..._id`,
+//!   or a foreign key column named `...id`) means nothing. A key that holds a value (`year`, a
+//!   `rating` referencing a table of ratings) is not one: only the name tells identifiers apart.
+//! - An equality of two keys that identify different things: `d.dept_id = s.faculty_id`, where
+//!   `faculty_id` references faculty, not departments. Only keys the schema declares count
+//!   (a foreign key, a primary key), and only between columns of different names: a join of
+//!   like-named columns is how a missing foreign key is written.
 //!
 //! Read from the analyzed tree the guard passed: nothing runs.
 
@@ -12,7 +18,8 @@ use std::ffi::c_void;
 use pgrx::pg_sys;
 use pgrx::PgList;
 
-use super::facts::{builtin, OpenRelation};
+use super::facts::builtin;
+use super::keys::{self, Column};
 use super::walk::too_deep;
 use crate::names::c_string;
 
@@ -25,13 +32,13 @@ struct Walk {
     found: Vec<String>,
 }
 
-/// Each `SUM` or `AVG` of `query` (at any depth) over a column that identifies rows, in words
-/// for the model: `SUM(t.song_id) adds up identifiers (...)`, named as the query names it.
+/// Why the rows of `query` are doubtful (see the module), one line each for the model, named
+/// as the query names things: `SUM(t.song_id) adds up identifiers (...)`.
 ///
 /// # Safety
 /// `query` must be an analyzed Query of the current transaction, whose relations parse
 /// analysis locked.
-pub unsafe fn identifiers_added(query: *mut pg_sys::Query) -> Vec<String> {
+pub unsafe fn doubts(query: *mut pg_sys::Query) -> Vec<String> {
     let mut walk = Walk {
         queries: vec![query],
         found: Vec::new(),
@@ -88,6 +95,13 @@ unsafe extern "C-unwind" fn walker(node: *mut pg_sys::Node, context: *mut c_void
                     &(*context.cast::<Walk>()).queries,
                 )
             }
+            pg_sys::NodeTag::T_OpExpr => {
+                let op = node.cast::<pg_sys::OpExpr>();
+                let args: Vec<*mut pg_sys::Node> = PgList::<pg_sys::Node>::from_pg((*op).args)
+                    .iter_ptr()
+                    .collect();
+                keys_unlike((*op).opno, &args, &(*context.cast::<Walk>()).queries)
+            }
             // An aggregate's DISTINCT or ORDER BY: operators, no expression.
             pg_sys::NodeTag::T_SortGroupClause => return false,
             _ => None,
@@ -134,8 +148,80 @@ unsafe fn added_up(
         if name != "sum" && name != "avg" {
             return None;
         }
-        let mut expr = *arg;
-        // A column of a domain over a number is read through a relabelling.
+        let (column, qualifier) = column_of(*arg, queries)?;
+        let (column, why) = keys::identifies(column.relation, column.attnum)?;
+        let verb = if name == "sum" { "adds up" } else { "averages" };
+        Some(format!(
+            "{}({qualifier}.{column}) {verb} identifiers ({why}): a sum or an average of \
+             identifiers means nothing; count the rows, or use the column that holds the \
+             quantity asked for",
+            name.to_uppercase(),
+        ))
+    }
+}
+
+/// The account of `left = right` (`args`) when both are columns of keys that identify
+/// different things; `queries`: the queries the comparison is inside, outermost first.
+///
+/// # Safety
+/// `args` are nodes of the analyzed tree whose enclosing queries are `queries`.
+unsafe fn keys_unlike(
+    operator: pg_sys::Oid,
+    args: &[*mut pg_sys::Node],
+    queries: &[*mut pg_sys::Query],
+) -> Option<String> {
+    let [left, right] = args else {
+        return None;
+    };
+    // SAFETY: the caller's contract; the operator's name is a palloc'd copy (or null).
+    unsafe {
+        if !builtin(operator) || c_string(pg_sys::get_opname(operator)) != "=" {
+            return None;
+        }
+        let (left, left_named) = column_of(*left, queries)?;
+        let (right, right_named) = column_of(*right, queries)?;
+        let left_name = keys::column_name(left)?;
+        let right_name = keys::column_name(right)?;
+        if left_name.eq_ignore_ascii_case(&right_name) {
+            return None;
+        }
+        let left_key = keys::referent(left)?;
+        let right_key = keys::referent(right)?;
+        if left_key.key == right_key.key {
+            return None;
+        }
+        let what = |column: Column, referent: keys::Referent| {
+            if referent.referenced {
+                format!(
+                    "{} references {}",
+                    keys::qualified(column),
+                    keys::qualified(referent.key)
+                )
+            } else {
+                format!("{} is the key of its table", keys::qualified(column))
+            }
+        };
+        Some(format!(
+            "{left_named}.{left_name} = {right_named}.{right_name} compares keys of different \
+             things ({}; {}): their values never identify the same rows; join a foreign key \
+             to the key it references",
+            what(left, left_key),
+            what(right, right_key),
+        ))
+    }
+}
+
+/// The column of a table that `expr` reads (through relabelling, as a column of a domain is
+/// read), and the name the query gives its table (its alias, else the relation's name).
+///
+/// # Safety
+/// `expr` is a node of the analyzed tree whose enclosing queries are `queries`.
+unsafe fn column_of(
+    mut expr: *mut pg_sys::Node,
+    queries: &[*mut pg_sys::Query],
+) -> Option<(Column, String)> {
+    // SAFETY: the caller's contract; every node is read as the struct its tag names.
+    unsafe {
         while !expr.is_null() && (*expr).type_ == pg_sys::NodeTag::T_RelabelType {
             expr = (*expr.cast::<pg_sys::RelabelType>()).arg.cast();
         }
@@ -159,57 +245,12 @@ unsafe fn added_up(
             return None;
         }
         let relation = (*rte).relid;
-        let (column, why) = identifies(relation, attnum)?;
-        // As the query names it: its alias, else the relation's name.
         let eref = (*rte).eref;
         let qualifier = if eref.is_null() || (*eref).aliasname.is_null() {
             c_string(pg_sys::get_rel_name(relation))
         } else {
             c_string((*eref).aliasname)
         };
-        let verb = if name == "sum" { "adds up" } else { "averages" };
-        Some(format!(
-            "{}({qualifier}.{column}) {verb} identifiers ({why}): a sum or an average of \
-             identifiers means nothing; count the rows, or use the column that holds the \
-             quantity asked for",
-            name.to_uppercase(),
-        ))
-    }
-}
-
-/// The name of column `attnum` of `relation`, and why it identifies rows: it is named `id` or
-/// `..._id`, or it is a column of a foreign key and named `...id`.
-///
-/// # Safety
-/// `relation` is a relation the current transaction has locked (parse analysis did).
-unsafe fn identifies(
-    relation: pg_sys::Oid,
-    attnum: pg_sys::AttrNumber,
-) -> Option<(String, &'static str)> {
-    // SAFETY: the caller's contract; the relation is closed by `OpenRelation` on every path,
-    // also when an ERROR unwinds, and its foreign key list is only read, with no catalog
-    // access while it is held.
-    unsafe {
-        let column = pg_sys::get_attname(relation, attnum, true);
-        if column.is_null() {
-            return None;
-        }
-        let column = c_string(column);
-        let folded = column.to_lowercase();
-        if folded == "id" || folded.ends_with("_id") {
-            return Some((column, "its name says it identifies rows"));
-        }
-        if !folded.ends_with("id") {
-            return None;
-        }
-        let rel = OpenRelation::open(relation, pg_sys::NoLock);
-        let foreign =
-            PgList::<pg_sys::ForeignKeyCacheInfo>::from_pg(pg_sys::RelationGetFKeyList(rel.0))
-                .iter_ptr()
-                .any(|key| {
-                    let n = usize::try_from((*key).nkeys).unwrap_or(0);
-                    (*key).conkey.iter().take(n).any(|&k| k == attnum)
-                });
-        foreign.then_some((column, "a foreign key column"))
+        Some((Column { relation, attnum }, qualifier))
     }
 }

@@ -1,0 +1,189 @@
+//! What a column's keys say it identifies, from the relation cache: a column named like an
+//! identifier, a foreign key and what it references, a primary key. Read to doubt a query's
+//! rows (`doubts`), never to refuse one.
+
+use pgrx::pg_sys;
+use pgrx::PgList;
+
+use super::facts::OpenRelation;
+use crate::names::c_string;
+
+/// Foreign keys followed from one column to the key it ends at, at most (a chain of tables
+/// each keyed by the one before: an order line → an order → ...).
+const MAX_HOPS: usize = 8;
+
+/// A column, by its relation and number.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Column {
+    pub relation: pg_sys::Oid,
+    pub attnum: pg_sys::AttrNumber,
+}
+
+/// What a key column identifies: the key its foreign keys end at, or itself when it is the
+/// primary key of its relation.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Referent {
+    /// The key the column's values are values of.
+    pub key: Column,
+    /// Reached through a foreign key (the column references `key`), not the column's own key.
+    pub referenced: bool,
+}
+
+/// The name of column `attnum` of `relation`, and why it identifies rows: it is named `id` or
+/// `..._id`, or it is a column of a foreign key and named `...id`.
+///
+/// # Safety
+/// `relation` is a relation the current transaction has locked (parse analysis did).
+pub unsafe fn identifies(
+    relation: pg_sys::Oid,
+    attnum: pg_sys::AttrNumber,
+) -> Option<(String, &'static str)> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let column = column_name(Column { relation, attnum })?;
+        let folded = column.to_lowercase();
+        if folded == "id" || folded.ends_with("_id") {
+            return Some((column, "its name says it identifies rows"));
+        }
+        if !folded.ends_with("id") {
+            return None;
+        }
+        let foreign = !references(relation, attnum).is_empty();
+        foreign.then_some((column, "a foreign key column"))
+    }
+}
+
+/// What `column` identifies, when it is a key: the key its foreign keys lead to (followed
+/// while that key is itself a foreign key), else the column itself when it alone is its
+/// relation's primary key. `None` for a column that is no key, one whose foreign keys lead to
+/// different keys, or one whose chain leaves the relations this transaction may lock without
+/// waiting.
+///
+/// # Safety
+/// `column.relation` is a relation the current transaction has locked (parse analysis did).
+pub unsafe fn referent(column: Column) -> Option<Referent> {
+    let mut at = column;
+    let mut referenced = false;
+    // SAFETY: the caller's contract for the first relation; every relation reached through a
+    // foreign key is locked here (without waiting) before it is opened.
+    unsafe {
+        for _ in 0..MAX_HOPS {
+            let targets = references(at.relation, at.attnum);
+            match targets.as_slice() {
+                [] => {
+                    return (referenced || primary_key(at)).then_some(Referent {
+                        key: at,
+                        referenced,
+                    })
+                }
+                [next] if *next != at => {
+                    if !pg_sys::ConditionalLockRelationOid(
+                        next.relation,
+                        pg_sys::AccessShareLock as pg_sys::LOCKMODE,
+                    ) {
+                        return None;
+                    }
+                    // Dropped meanwhile: the lock holds a relation that no longer exists.
+                    if !pg_sys::SearchSysCacheExists(
+                        pg_sys::SysCacheIdentifier::RELOID as i32,
+                        pg_sys::Datum::from(next.relation),
+                        pg_sys::Datum::from(0),
+                        pg_sys::Datum::from(0),
+                        pg_sys::Datum::from(0),
+                    ) {
+                        return None;
+                    }
+                    at = *next;
+                    referenced = true;
+                }
+                // A column referencing itself ends the chain; several keys: no one referent.
+                [_] => {
+                    return Some(Referent {
+                        key: at,
+                        referenced,
+                    })
+                }
+                _ => return None,
+            }
+        }
+    }
+    None
+}
+
+/// `relation.column` as the catalog names them.
+///
+/// # Safety
+/// `column.relation` exists.
+pub unsafe fn qualified(column: Column) -> String {
+    // SAFETY: the caller's contract; both names are palloc'd copies (or null).
+    unsafe {
+        format!(
+            "{}.{}",
+            c_string(pg_sys::get_rel_name(column.relation)),
+            column_name(column).unwrap_or_default()
+        )
+    }
+}
+
+/// The name of `column`, `None` when it has none (dropped).
+///
+/// # Safety
+/// `column.relation` exists.
+pub unsafe fn column_name(column: Column) -> Option<String> {
+    // SAFETY: the caller's contract; the name is a palloc'd copy (or null).
+    unsafe {
+        let name = pg_sys::get_attname(column.relation, column.attnum, true);
+        (!name.is_null()).then(|| c_string(name))
+    }
+}
+
+/// The distinct columns that `attnum` of `relation` references through its foreign keys.
+///
+/// # Safety
+/// `relation` is locked by this transaction.
+unsafe fn references(relation: pg_sys::Oid, attnum: pg_sys::AttrNumber) -> Vec<Column> {
+    let mut found: Vec<Column> = Vec::new();
+    // SAFETY: the caller's contract; the relation is closed by `OpenRelation` on every path,
+    // also when an ERROR unwinds, and its foreign key list is only read, with no catalog
+    // access while it is held.
+    unsafe {
+        let rel = OpenRelation::open(relation, pg_sys::NoLock);
+        for key in
+            PgList::<pg_sys::ForeignKeyCacheInfo>::from_pg(pg_sys::RelationGetFKeyList(rel.0))
+                .iter_ptr()
+        {
+            let n = usize::try_from((*key).nkeys).unwrap_or(0);
+            for (&from, &to) in (*key).conkey.iter().zip((*key).confkey.iter()).take(n) {
+                let target = Column {
+                    relation: (*key).confrelid,
+                    attnum: to,
+                };
+                if from == attnum && !found.contains(&target) {
+                    found.push(target);
+                }
+            }
+        }
+    }
+    found
+}
+
+/// `column` alone is the primary key of its relation.
+///
+/// # Safety
+/// `column.relation` is locked by this transaction.
+unsafe fn primary_key(column: Column) -> bool {
+    // SAFETY: the caller's contract; the bitmap is a palloc'd copy, freed with the memory
+    // context; the relation is closed by `OpenRelation` on every path.
+    unsafe {
+        let rel = OpenRelation::open(column.relation, pg_sys::NoLock);
+        let members = pg_sys::RelationGetIndexAttrBitmap(
+            rel.0,
+            pg_sys::IndexAttrBitmapKind::INDEX_ATTR_BITMAP_PRIMARY_KEY,
+        );
+        pg_sys::bms_num_members(members) == 1
+            && pg_sys::bms_is_member(
+                i32::from(column.attnum) - pg_sys::FirstLowInvalidHeapAttributeNumber,
+                members,
+            )
+    }
+}
