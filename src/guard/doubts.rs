@@ -191,11 +191,16 @@ unsafe fn keys_unlike(
             return None;
         }
         let what = |column: Column, referent: keys::Referent| {
-            if referent.referenced {
+            if referent.referenced && keys::readable(referent.key) {
                 format!(
                     "{} references {}",
                     keys::qualified(column),
                     keys::qualified(referent.key)
+                )
+            } else if referent.referenced {
+                format!(
+                    "{} references a key of a table the caller may not read",
+                    keys::qualified(column)
                 )
             } else {
                 format!("{} is the key of its table", keys::qualified(column))

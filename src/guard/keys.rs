@@ -64,8 +64,10 @@ pub unsafe fn identifies(
 pub unsafe fn referent(column: Column) -> Option<Referent> {
     let mut at = column;
     let mut referenced = false;
+    // The relation `at` is in, while it is not one of the query's.
+    let mut _held: Option<Glance> = None;
     // SAFETY: the caller's contract for the first relation; every relation reached through a
-    // foreign key is locked here (without waiting) before it is opened.
+    // foreign key is locked here (without waiting) while it is read.
     unsafe {
         for _ in 0..MAX_HOPS {
             let targets = references(at.relation, at.attnum);
@@ -77,22 +79,7 @@ pub unsafe fn referent(column: Column) -> Option<Referent> {
                     })
                 }
                 [next] if *next != at => {
-                    if !pg_sys::ConditionalLockRelationOid(
-                        next.relation,
-                        pg_sys::AccessShareLock as pg_sys::LOCKMODE,
-                    ) {
-                        return None;
-                    }
-                    // Dropped meanwhile: the lock holds a relation that no longer exists.
-                    if !pg_sys::SearchSysCacheExists(
-                        pg_sys::SysCacheIdentifier::RELOID as i32,
-                        pg_sys::Datum::from(next.relation),
-                        pg_sys::Datum::from(0),
-                        pg_sys::Datum::from(0),
-                        pg_sys::Datum::from(0),
-                    ) {
-                        return None;
-                    }
+                    _held = Some(Glance::take(next.relation)?);
                     at = *next;
                     referenced = true;
                 }
@@ -108,6 +95,56 @@ pub unsafe fn referent(column: Column) -> Option<Referent> {
         }
     }
     None
+}
+
+/// A relation reached through a foreign key, locked while its keys are read and no longer:
+/// the query does not read it, so it should not hold back another session's DDL on it.
+struct Glance(pg_sys::Oid);
+
+impl Glance {
+    /// Locks `relation` if that needs no wait, and when it still exists.
+    fn take(relation: pg_sys::Oid) -> Option<Glance> {
+        // SAFETY: a lock by OID, released by `drop` (or by the subtransaction's end when an
+        // ERROR unwinds first); a syscache probe.
+        unsafe {
+            if !pg_sys::ConditionalLockRelationOid(relation, ACCESS_SHARE) {
+                return None;
+            }
+            let glance = Glance(relation);
+            // Dropped before the lock was granted: the OID names nothing now.
+            pg_sys::SearchSysCacheExists(
+                pg_sys::SysCacheIdentifier::RELOID as i32,
+                pg_sys::Datum::from(relation),
+                pg_sys::Datum::from(0),
+                pg_sys::Datum::from(0),
+                pg_sys::Datum::from(0),
+            )
+            .then_some(glance)
+        }
+    }
+}
+
+impl Drop for Glance {
+    fn drop(&mut self) {
+        // SAFETY: taken once by `Glance::take`; locks are counted, so a lock the query holds on
+        // the same relation stays.
+        unsafe { pg_sys::UnlockRelationOid(self.0, ACCESS_SHARE) }
+    }
+}
+
+const ACCESS_SHARE: pg_sys::LOCKMODE = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+
+/// The caller may read `column` (its table, or that column): only then is it named to the
+/// model, which is shown no table the caller may not read.
+pub fn readable(column: Column) -> bool {
+    // SAFETY: privilege checks by OID, which say "no" for an object that is gone.
+    unsafe {
+        let role = pg_sys::GetUserId();
+        let select = pg_sys::ACL_SELECT as pg_sys::AclMode;
+        pg_sys::pg_class_aclcheck(column.relation, role, select) == pg_sys::AclResult::ACLCHECK_OK
+            || pg_sys::pg_attribute_aclcheck(column.relation, column.attnum, role, select)
+                == pg_sys::AclResult::ACLCHECK_OK
+    }
 }
 
 /// `relation.column` as the catalog names them.

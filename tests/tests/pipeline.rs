@@ -1492,8 +1492,10 @@ fn keys_of_different_things_compared_are_repaired_or_else_doubted() {
     s.client
         .batch_execute(&format!(
             "CREATE TABLE departments (dept_id int PRIMARY KEY, name text);
+             CREATE TABLE mentors (mentor_id int PRIMARY KEY, name text);
              CREATE TABLE faculty (faculty_id int PRIMARY KEY,
-                                   dept_id int REFERENCES departments, name text);
+                                   dept_id int REFERENCES departments, name text,
+                                   mentor int REFERENCES mentors);
              CREATE TABLE sections (section_id int PRIMARY KEY,
                                     faculty_id int REFERENCES faculty, room text);
              CREATE TABLE offices (dept_id int PRIMARY KEY, floor int);
@@ -1502,7 +1504,8 @@ fn keys_of_different_things_compared_are_repaired_or_else_doubted() {
              CREATE TABLE grades (grade_id int PRIMARY KEY, learner int REFERENCES students,
                                   score int);
              INSERT INTO departments VALUES (1, 'Math'), (2, 'Art');
-             INSERT INTO faculty VALUES (1, 1, 'Ann'), (2, 2, 'Bo'), (3, 2, 'Cy');
+             INSERT INTO mentors VALUES (1, 'Flo'), (2, 'Gus');
+             INSERT INTO faculty VALUES (1, 1, 'Ann', 1), (2, 2, 'Bo', 2), (3, 2, 'Cy', 2);
              INSERT INTO sections VALUES (1, 1, 'A1'), (2, 2, 'B1'), (3, 3, 'B2');
              INSERT INTO offices VALUES (1, 3), (2, 4);
              INSERT INTO people VALUES (1, 'Di'), (2, 'Ed');
@@ -1560,6 +1563,26 @@ fn keys_of_different_things_compared_are_repaired_or_else_doubted() {
         ),
         "{trace}"
     );
+
+    // A key of a table this role may not read is not named to the model (nor in the trace).
+    let hidden = "SELECT f.name FROM faculty f JOIN departments d ON f.mentor = d.dept_id";
+    s.llm.on(
+        "teachers mentored by a department",
+        vec![Reply::sql(hidden), Reply::sql(hidden)],
+    );
+    let trace = s.trace("teachers mentored by a department").unwrap();
+    let said = trace["attempts"][0]["questioned"].to_string();
+    assert!(
+        said.contains(
+            "f.mentor = d.dept_id compares keys of different things (faculty.mentor references \
+             a key of a table the caller may not read; departments.dept_id is the key of its \
+             table)"
+        ),
+        "{trace}"
+    );
+    let asked: String = s.llm.requests().iter().map(|r| r.last_message()).collect();
+    assert!(!trace.to_string().contains("mentors"), "{trace}");
+    assert!(!asked.contains("mentors"), "{asked}");
 
     // Allowed: a grade's learner is a student, whose key is a person's (students, which this
     // role may not read, is only looked at); like-named keys without a foreign key; a foreign
