@@ -17,7 +17,7 @@ use std::cell::Cell;
 use std::ffi::{CStr, CString};
 
 use pgrx::pg_sys;
-use pgrx::pg_sys::panic::CaughtError;
+use pgrx::pg_sys::panic::{CaughtError, ErrorReportWithLevel};
 use pgrx::PgList;
 
 use crate::error::{SqlError, SqlState};
@@ -369,6 +369,37 @@ pub enum ValueLength {
 
 /// Turns a caught error into the attempt's outcome, or re-raises it when it is not the query's
 /// fault.
+/// What makes the rows of `query` doubtful (`guard::doubts`), read in a subtransaction of its
+/// own: the check is optional, so its error (a catalog entry gone meanwhile) costs the doubts,
+/// not the answer; a cancel, or a resource or system error, still ends the call.
+///
+/// # Safety
+/// As `guard::doubts`.
+unsafe fn doubts_of(query: *mut pg_sys::Query) -> Vec<String> {
+    // SAFETY: the caller's contract; the subtransaction only reads the tree.
+    match subxact::in_subtransaction(false, || unsafe { guard::doubts(query) }) {
+        Ok(doubts) => doubts,
+        Err(caught) => {
+            let sqlstate = SqlState::from_code(report_of(&caught).sql_error_code());
+            if matches!(*caught, CaughtError::RustPanic { .. })
+                || ["53", "57", "58"].contains(&sqlstate.class())
+            {
+                caught.rethrow();
+            }
+            Vec::new()
+        }
+    }
+}
+
+/// The error report of a caught error, whichever way it was raised.
+fn report_of(caught: &CaughtError) -> &ErrorReportWithLevel {
+    match caught {
+        CaughtError::PostgresError(r)
+        | CaughtError::ErrorReport(r)
+        | CaughtError::RustPanic { ereport: r, .. } => r,
+    }
+}
+
 fn failure(
     caught: CaughtError,
     position: Option<i32>,
@@ -376,11 +407,7 @@ fn failure(
     ours: bool,
     timeout_ms: i32,
 ) -> Outcome {
-    let report = match &caught {
-        CaughtError::PostgresError(r)
-        | CaughtError::ErrorReport(r)
-        | CaughtError::RustPanic { ereport: r, .. } => r,
-    };
+    let report = report_of(&caught);
     // pgrx reports XX000 for a SQLSTATE it does not know; the error's own is the one last
     // reported, if pgrx does not know it either (else that report was another one: a notice,
     // or an error caught inside the query before this one was re-thrown without a report).
@@ -467,7 +494,7 @@ fn run_guarded(
         }
         if matches!(mode, Mode::Run(_) | Mode::Cursor { .. }) {
             // SAFETY: as above; read before the rewriter gets the tree.
-            doubts = unsafe { guard::doubts(checked.query) };
+            doubts = unsafe { doubts_of(checked.query) };
         }
         if in_loop.saves && matches!(mode, Mode::Run(_)) {
             // SAFETY: as above.
