@@ -367,8 +367,6 @@ pub enum ValueLength {
     AtMost(usize),
 }
 
-/// Turns a caught error into the attempt's outcome, or re-raises it when it is not the query's
-/// fault.
 /// What makes the rows of `query` doubtful (`guard::doubts`), read in a subtransaction of its
 /// own: the check is optional, so its error (a catalog entry gone meanwhile) costs the doubts,
 /// not the answer; a cancel, or a resource or system error, still ends the call.
@@ -400,6 +398,8 @@ fn report_of(caught: &CaughtError) -> &ErrorReportWithLevel {
     }
 }
 
+/// Turns a caught error into the attempt's outcome, or re-raises it when it is not the query's
+/// fault.
 fn failure(
     caught: CaughtError,
     position: Option<i32>,

@@ -45,3 +45,10 @@ pub fn relation_name(relation: pg_sys::Oid) -> String {
     };
     format!("{}.{name}", namespace_name(namespace).unwrap_or_default())
 }
+
+/// Whether a name can be shown as part of one line: a quoted identifier may hold a newline,
+/// and one in a name another role chose would end the text around it where that role wants
+/// (a fake end of a table, a fake instruction after it).
+pub fn printable(name: &str) -> bool {
+    !name.chars().any(char::is_control)
+}

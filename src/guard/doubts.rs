@@ -8,8 +8,9 @@
 //!   `rating` referencing a table of ratings) is not one: only the name tells identifiers apart.
 //! - An equality of two keys that identify different things: `d.dept_id = s.faculty_id`, where
 //!   `faculty_id` references faculty, not departments. Only keys the schema declares count
-//!   (a foreign key, a primary key), and only between columns of different names: a join of
-//!   like-named columns is how a missing foreign key is written.
+//!   (a foreign key, followed to the key it ends at; a primary key), and only between columns
+//!   of different names, as a join where a foreign key is missing is written, or two tables'
+//!   own keys both named `id`.
 //!
 //! Read from the analyzed tree the guard passed: nothing runs.
 
@@ -182,36 +183,33 @@ unsafe fn keys_unlike(
         let (right, right_named) = column_of(*right, queries)?;
         let left_name = keys::column_name(left)?;
         let right_name = keys::column_name(right)?;
-        if left_name.eq_ignore_ascii_case(&right_name) {
-            return None;
-        }
         let left_key = keys::referent(left)?;
         let right_key = keys::referent(right)?;
         if left_key.key == right_key.key {
             return None;
         }
-        let what = |column: Column, referent: keys::Referent| {
-            if referent.referenced && keys::readable(referent.key) {
-                format!(
-                    "{} references {}",
-                    keys::qualified(column),
-                    keys::qualified(referent.key)
-                )
-            } else if referent.referenced {
-                format!(
-                    "{} references a key of a table the caller may not read",
-                    keys::qualified(column)
-                )
-            } else {
-                format!("{} is the key of its table", keys::qualified(column))
-            }
+        // Like-named columns are how a join is written where a foreign key is missing, except
+        // two tables' own keys both named `id`, which name nothing in common.
+        let own_ids =
+            !left_key.referenced && !right_key.referenced && left_name.eq_ignore_ascii_case("id");
+        if left_name.eq_ignore_ascii_case(&right_name) && !own_ids {
+            return None;
+        }
+        let what = |column: Column, referent: &keys::Referent| -> Option<String> {
+            let column = keys::shown(column)?;
+            Some(match (referent.referenced, &referent.shown) {
+                (true, Some(key)) => format!("{column} references {key}"),
+                (true, None) => {
+                    format!("{column} references a key of a table the caller may not read")
+                }
+                (false, _) => format!("{column} is the key of its table"),
+            })
         };
+        let (left_what, right_what) = (what(left, &left_key)?, what(right, &right_key)?);
         Some(format!(
             "{left_named}.{left_name} = {right_named}.{right_name} compares keys of different \
-             things ({}; {}): their values never identify the same rows; join a foreign key \
-             to the key it references",
-            what(left, left_key),
-            what(right, right_key),
+             things ({left_what}; {right_what}): their values never identify the same rows; \
+             join a foreign key to the key it references",
         ))
     }
 }

@@ -6,7 +6,7 @@ use pgrx::pg_sys;
 use pgrx::PgList;
 
 use super::facts::OpenRelation;
-use crate::names::c_string;
+use crate::names::{c_string, printable};
 
 /// Foreign keys followed from one column to the key it ends at, at most (a chain of tables
 /// each keyed by the one before: an order line → an order → ...).
@@ -21,12 +21,15 @@ pub struct Column {
 
 /// What a key column identifies: the key its foreign keys end at, or itself when it is the
 /// primary key of its relation.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Referent {
     /// The key the column's values are values of.
     pub key: Column,
     /// Reached through a foreign key (the column references `key`), not the column's own key.
     pub referenced: bool,
+    /// `relation.column` of `key` when the caller may read it (`shown`), read while the key's
+    /// relation is locked.
+    pub shown: Option<String>,
 }
 
 /// The name of column `attnum` of `relation`, and why it identifies rows: it is named `id` or
@@ -64,32 +67,26 @@ pub unsafe fn identifies(
 pub unsafe fn referent(column: Column) -> Option<Referent> {
     let mut at = column;
     let mut referenced = false;
-    // The relation `at` is in, while it is not one of the query's.
+    // The lock on the relation `at` is in, once a foreign key led there.
     let mut _held: Option<Glance> = None;
     // SAFETY: the caller's contract for the first relation; every relation reached through a
     // foreign key is locked here (without waiting) while it is read.
     unsafe {
         for _ in 0..MAX_HOPS {
-            let targets = references(at.relation, at.attnum);
-            match targets.as_slice() {
+            match references(at.relation, at.attnum).as_slice() {
                 [] => {
-                    return (referenced || primary_key(at)).then_some(Referent {
+                    return (referenced || primary_key(at)).then(|| Referent {
                         key: at,
                         referenced,
+                        shown: shown(at),
                     })
                 }
-                [next] if *next != at => {
+                [next] => {
                     _held = Some(Glance::take(next.relation)?);
                     at = *next;
                     referenced = true;
                 }
-                // A column referencing itself ends the chain; several keys: no one referent.
-                [_] => {
-                    return Some(Referent {
-                        key: at,
-                        referenced,
-                    })
-                }
+                // Keys of several relations: no one referent.
                 _ => return None,
             }
         }
@@ -134,35 +131,47 @@ impl Drop for Glance {
 
 const ACCESS_SHARE: pg_sys::LOCKMODE = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
 
-/// The caller may read `column` (its table, or that column): only then is it named to the
-/// model, which is shown no table the caller may not read.
-pub fn readable(column: Column) -> bool {
-    // SAFETY: privilege checks by OID, which say "no" for an object that is gone.
+/// `relation.column` as the caller's query would write it, when the caller may read the column
+/// (USAGE on its schema, SELECT on its table or on that column) and both names print on one
+/// line (`names::printable`): the model is shown no table the caller may not read, and no name
+/// another role chose to break its text.
+///
+/// # Safety
+/// `column.relation` is locked by this transaction.
+pub unsafe fn shown(column: Column) -> Option<String> {
+    // SAFETY: the caller's contract (so the look-ups find the relation); the names are palloc'd
+    // copies.
     unsafe {
         let role = pg_sys::GetUserId();
         let select = pg_sys::ACL_SELECT as pg_sys::AclMode;
-        pg_sys::pg_class_aclcheck(column.relation, role, select) == pg_sys::AclResult::ACLCHECK_OK
+        let usage = pg_sys::pg_namespace_aclcheck(
+            pg_sys::get_rel_namespace(column.relation),
+            role,
+            pg_sys::ACL_USAGE as pg_sys::AclMode,
+        ) == pg_sys::AclResult::ACLCHECK_OK;
+        let readable = pg_sys::pg_class_aclcheck(column.relation, role, select)
+            == pg_sys::AclResult::ACLCHECK_OK
             || pg_sys::pg_attribute_aclcheck(column.relation, column.attnum, role, select)
-                == pg_sys::AclResult::ACLCHECK_OK
+                == pg_sys::AclResult::ACLCHECK_OK;
+        if !usage || !readable {
+            return None;
+        }
+        let relation = pg_sys::get_rel_name(column.relation);
+        let name = pg_sys::get_attname(column.relation, column.attnum, true);
+        if relation.is_null() || name.is_null() {
+            return None;
+        }
+        (printable(&c_string(relation)) && printable(&c_string(name))).then(|| {
+            format!(
+                "{}.{}",
+                c_string(pg_sys::quote_identifier(relation)),
+                c_string(pg_sys::quote_identifier(name))
+            )
+        })
     }
 }
 
-/// `relation.column` as the catalog names them.
-///
-/// # Safety
-/// `column.relation` exists.
-pub unsafe fn qualified(column: Column) -> String {
-    // SAFETY: the caller's contract; both names are palloc'd copies (or null).
-    unsafe {
-        format!(
-            "{}.{}",
-            c_string(pg_sys::get_rel_name(column.relation)),
-            column_name(column).unwrap_or_default()
-        )
-    }
-}
-
-/// The name of `column`, `None` when it has none (dropped).
+/// The name of `column` (`None` for a relation that is gone).
 ///
 /// # Safety
 /// `column.relation` exists.
@@ -174,7 +183,10 @@ pub unsafe fn column_name(column: Column) -> Option<String> {
     }
 }
 
-/// The distinct columns that `attnum` of `relation` references through its foreign keys.
+/// The distinct columns that `attnum` of `relation` references through its foreign keys. A key
+/// of several columns that maps a column onto itself (a tenant's id in `(tenant_id, parent_id)
+/// REFERENCES t (tenant_id, id)`) says nothing of what it identifies; a partition's key is its
+/// partitioned table's, which is referenced too.
 ///
 /// # Safety
 /// `relation` is locked by this transaction.
@@ -182,7 +194,7 @@ unsafe fn references(relation: pg_sys::Oid, attnum: pg_sys::AttrNumber) -> Vec<C
     let mut found: Vec<Column> = Vec::new();
     // SAFETY: the caller's contract; the relation is closed by `OpenRelation` on every path,
     // also when an ERROR unwinds, and its foreign key list is only read, with no catalog
-    // access while it is held.
+    // access while it is held (the partitions are looked up after).
     unsafe {
         let rel = OpenRelation::open(relation, pg_sys::NoLock);
         for key in
@@ -195,10 +207,15 @@ unsafe fn references(relation: pg_sys::Oid, attnum: pg_sys::AttrNumber) -> Vec<C
                     relation: (*key).confrelid,
                     attnum: to,
                 };
-                if from == attnum && !found.contains(&target) {
+                let itself = target.relation == relation && to == attnum;
+                if from == attnum && !itself && !found.contains(&target) {
                     found.push(target);
                 }
             }
+        }
+        drop(rel);
+        if found.len() > 1 {
+            found.retain(|target| !pg_sys::get_rel_relispartition(target.relation));
         }
     }
     found

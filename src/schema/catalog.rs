@@ -15,6 +15,7 @@ use pgrx::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::names::printable;
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 pub struct Relation {
@@ -413,13 +414,6 @@ impl std::fmt::Display for LoadError {
 
 fn parse<T: serde::de::DeserializeOwned>(json: &str) -> std::result::Result<T, LoadError> {
     serde_json::from_str(if json.is_empty() { "[]" } else { json }).map_err(LoadError::Shape)
-}
-
-/// Whether a name can be shown as part of one line: a quoted identifier may hold a newline,
-/// and one in a name another role chose would end the schema's text where that role wants
-/// (a fake end of the table, a fake instruction after it).
-fn printable(name: &str) -> bool {
-    !name.chars().any(char::is_control)
 }
 
 /// The relations with their columns, statistics and keys put in place; relations, columns

@@ -1493,9 +1493,11 @@ fn keys_of_different_things_compared_are_repaired_or_else_doubted() {
         .batch_execute(&format!(
             "CREATE TABLE departments (dept_id int PRIMARY KEY, name text);
              CREATE TABLE mentors (mentor_id int PRIMARY KEY, name text);
+             CREATE SCHEMA vault; CREATE TABLE vault.keepers (keeper_id int PRIMARY KEY);
              CREATE TABLE faculty (faculty_id int PRIMARY KEY,
                                    dept_id int REFERENCES departments, name text,
-                                   mentor int REFERENCES mentors);
+                                   mentor int REFERENCES mentors,
+                                   keeper int REFERENCES vault.keepers);
              CREATE TABLE sections (section_id int PRIMARY KEY,
                                     faculty_id int REFERENCES faculty, room text);
              CREATE TABLE offices (dept_id int PRIMARY KEY, floor int);
@@ -1505,14 +1507,27 @@ fn keys_of_different_things_compared_are_repaired_or_else_doubted() {
                                   score int);
              INSERT INTO departments VALUES (1, 'Math'), (2, 'Art');
              INSERT INTO mentors VALUES (1, 'Flo'), (2, 'Gus');
-             INSERT INTO faculty VALUES (1, 1, 'Ann', 1), (2, 2, 'Bo', 2), (3, 2, 'Cy', 2);
+             INSERT INTO vault.keepers VALUES (1), (2);
+             INSERT INTO faculty VALUES (1, 1, 'Ann', 1, 1), (2, 2, 'Bo', 2, 2),
+                                        (3, 2, 'Cy', 2, 2);
              INSERT INTO sections VALUES (1, 1, 'A1'), (2, 2, 'B1'), (3, 3, 'B2');
              INSERT INTO offices VALUES (1, 3), (2, 4);
              INSERT INTO people VALUES (1, 'Di'), (2, 'Ed');
              INSERT INTO students VALUES (1, 2024), (2, 2025);
              INSERT INTO grades VALUES (100, 1, 90), (101, 2, 70);
+             CREATE TABLE rooms (id int PRIMARY KEY, name text);
+             CREATE TABLE courses (id int PRIMARY KEY, title text);
+             INSERT INTO rooms VALUES (1, 'A1'), (2, 'B1');
+             INSERT INTO courses VALUES (1, 'Algebra'), (2, 'Drawing');
+             CREATE TABLE tenants (id int PRIMARY KEY);
+             CREATE TABLE items (tenant_id int, item_id int, parent_id int,
+                                 PRIMARY KEY (tenant_id, item_id),
+                                 FOREIGN KEY (tenant_id, parent_id)
+                                     REFERENCES items (tenant_id, item_id));
+             INSERT INTO tenants VALUES (1); INSERT INTO items VALUES (1, 1, NULL), (1, 2, 1);
              CREATE ROLE {reader};
-             GRANT SELECT ON departments, faculty, sections, offices, people, grades TO {reader};
+             GRANT SELECT ON departments, faculty, sections, offices, people, grades, rooms,
+                             courses, tenants, items, vault.keepers TO {reader};
              SET ROLE {reader};"
         ))
         .unwrap();
@@ -1564,29 +1579,57 @@ fn keys_of_different_things_compared_are_repaired_or_else_doubted() {
         "{trace}"
     );
 
-    // A key of a table this role may not read is not named to the model (nor in the trace).
-    let hidden = "SELECT f.name FROM faculty f JOIN departments d ON f.mentor = d.dept_id";
-    s.llm.on(
-        "teachers mentored by a department",
-        vec![Reply::sql(hidden), Reply::sql(hidden)],
-    );
-    let trace = s.trace("teachers mentored by a department").unwrap();
-    let said = trace["attempts"][0]["questioned"].to_string();
-    assert!(
-        said.contains(
+    // Stood by, each doubtful, each key named only where this role may read it: mentors is
+    // not granted, vault.keepers is but its schema is not (no USAGE); a chain of two foreign
+    // keys names the key it ends at; two tables' own keys both named id.
+    let stood_by = [
+        (
+            "teachers mentored by a department",
+            "SELECT f.name FROM faculty f JOIN departments d ON f.mentor = d.dept_id",
             "f.mentor = d.dept_id compares keys of different things (faculty.mentor references \
              a key of a table the caller may not read; departments.dept_id is the key of its \
-             table)"
+             table)",
         ),
-        "{trace}"
-    );
+        (
+            "teachers kept by a department",
+            "SELECT f.name FROM faculty f JOIN departments d ON f.keeper = d.dept_id",
+            "f.keeper = d.dept_id compares keys of different things (faculty.keeper references \
+             a key of a table the caller may not read; departments.dept_id is the key of its \
+             table)",
+        ),
+        (
+            "scores by department",
+            "SELECT d.name, g.score FROM grades g JOIN departments d ON g.learner = d.dept_id",
+            "g.learner = d.dept_id compares keys of different things (grades.learner \
+             references people.person_id; departments.dept_id is the key of its table)",
+        ),
+        (
+            "courses in each room",
+            "SELECT r.name, c.title FROM rooms r JOIN courses c ON r.id = c.id",
+            "r.id = c.id compares keys of different things (rooms.id is the key of its table; \
+             courses.id is the key of its table)",
+        ),
+    ];
+    for (question, sql, doubt) in stood_by {
+        s.llm.on(question, vec![Reply::sql(sql), Reply::sql(sql)]);
+        let trace = s.trace(question).unwrap();
+        assert_eq!(
+            (&trace["sql"], &trace["confidence"]["level"]),
+            (&json!(sql), &json!("low")),
+            "{trace}"
+        );
+        let said = trace["attempts"][0]["questioned"].to_string();
+        assert!(said.contains(doubt), "{trace}");
+    }
     let asked: String = s.llm.requests().iter().map(|r| r.last_message()).collect();
-    assert!(!trace.to_string().contains("mentors"), "{trace}");
-    assert!(!asked.contains("mentors"), "{asked}");
+    for hidden in ["mentors", "keepers", "vault"] {
+        assert!(!asked.contains(hidden), "{hidden}: {asked}");
+    }
 
     // Allowed: a grade's learner is a student, whose key is a person's (students, which this
     // role may not read, is only looked at); like-named keys without a foreign key; a foreign
-    // key to the key it references. Not questioned, one request each.
+    // key to the key it references; a column a key of several columns maps onto itself. Not
+    // questioned, one request each.
     let mut holder = s.second_connection();
     let fine = [
         (
@@ -1600,6 +1643,10 @@ fn keys_of_different_things_compared_are_repaired_or_else_doubted() {
         (
             "teachers of each department",
             "SELECT d.name, f.name FROM departments d JOIN faculty f ON f.dept_id = d.dept_id",
+        ),
+        (
+            "items of each tenant",
+            "SELECT t.id, i.item_id FROM items i JOIN tenants t ON i.tenant_id = t.id",
         ),
     ];
     for (question, sql) in fine {
