@@ -79,7 +79,8 @@ pub fn assess(run: &Run, pruned: bool) -> Confidence {
         );
     }
     // A string the column does not store as written, identifiers added up, keys of different
-    // things compared: what it counts, sums or joins is most often nothing.
+    // things compared, integer aggregates divided: what it counts, sums, joins or divides is
+    // most often wrong.
     if let Some(answer) = run.best_attempt().filter(|a| !a.questioned.is_empty()) {
         doubts.push(format!(
             "the answer is questioned: {}",

@@ -39,7 +39,8 @@ pub struct Attempt {
     pub endpoint_failures: Vec<String>,
     /// Why its rows are doubted though it ran, one line each: the strings it compares columns
     /// with that those columns do not store as written (`Database::misread`), the identifiers
-    /// it adds up and the keys of different things it compares (`ResultSet::doubts`).
+    /// it adds up, the keys of different things it compares, the integer aggregates it divides
+    /// (`ResultSet::doubts`).
     pub questioned: Vec<String>,
     /// The columns the model qualified by a relation that lacks them, each moved to the
     /// relation of the query that has them (`ae.drug_id → t.drug_id`, or a join condition

@@ -260,8 +260,8 @@ pub fn repair_empty(
 
 /// Feedback on a query that returned rows that are doubted (`heal::Attempt::questioned`): it
 /// compares a column with a string the column does not store as written, adds up identifiers,
-/// or compares keys of different things, so what it counts, sums or joins is most often
-/// nothing. As with an empty result, the
+/// compares keys of different things or divides integer aggregates, so what it counts, sums,
+/// joins or divides is most often wrong. As with an empty result, the
 /// model may stand by the query by returning it unchanged.
 pub fn repair_questioned(question: &str, sql: &str, questioned: &[String]) -> String {
     format!(

@@ -1,6 +1,7 @@
-//! What makes a query's rows doubtful though it ran: things a query can do that mean nothing,
-//! yet return numbers or rows, so no result shows the mistake. Small models write them when
-//! they pick the wrong column of the right table.
+//! What makes a query's rows doubtful though it ran: things a query can do that are most
+//! likely mistakes, yet return numbers or rows, so no result shows them. Small models write
+//! them when they pick the wrong column of the right table, or forget that integers divide
+//! without a fraction.
 //!
 //! - An aggregate that adds up identifiers: `SUM(s.song_id)` where the question asked for the
 //!   sum of `s.sales`. A sum or an average of an identifier (a column named `id` or `..._id`,
@@ -11,6 +12,8 @@
 //!   (a foreign key, followed to the key it ends at; a primary key), and only between columns
 //!   of different names, as a join where a foreign key is missing is written, or two tables'
 //!   own keys both named `id`.
+//! - A division of integers where one side is an aggregate (`COUNT(...) / COUNT(...)`): the
+//!   fraction is dropped, so a ratio, a share or an average comes out truncated.
 //!
 //! Read from the analyzed tree the guard passed: nothing runs.
 
@@ -101,7 +104,9 @@ unsafe extern "C-unwind" fn walker(node: *mut pg_sys::Node, context: *mut c_void
                 let args: Vec<*mut pg_sys::Node> = PgList::<pg_sys::Node>::from_pg((*op).args)
                     .iter_ptr()
                     .collect();
-                keys_unlike((*op).opno, &args, &(*context.cast::<Walk>()).queries)
+                let queries = &(*context.cast::<Walk>()).queries;
+                keys_unlike((*op).opno, &args, queries)
+                    .or_else(|| integers_divided(op, &args, queries))
             }
             // An aggregate's DISTINCT or ORDER BY: operators, no expression.
             pg_sys::NodeTag::T_SortGroupClause => return false,
@@ -212,6 +217,108 @@ unsafe fn keys_unlike(
              join a foreign key to the key it references",
         ))
     }
+}
+
+/// The account of `left / right` (`args` of `op`) when it divides integers and one side is an
+/// aggregate or a window function (`COUNT(...) / COUNT(...)`, `SUM(...) / COUNT(*)`): the
+/// fraction is dropped, so a ratio, a share or an average comes out truncated, most often 0.
+///
+/// # Safety
+/// `op` and `args` are nodes of the analyzed tree whose enclosing queries are `queries`.
+unsafe fn integers_divided(
+    op: *mut pg_sys::OpExpr,
+    args: &[*mut pg_sys::Node],
+    queries: &[*mut pg_sys::Query],
+) -> Option<String> {
+    let [left, right] = args else {
+        return None;
+    };
+    // SAFETY: the caller's contract; the operator's name is a palloc'd copy (or null).
+    unsafe {
+        let integer = [pg_sys::INT2OID, pg_sys::INT4OID, pg_sys::INT8OID];
+        if !builtin((*op).opno)
+            || !integer.contains(&(*op).opresulttype)
+            || c_string(pg_sys::get_opname((*op).opno)) != "/"
+        {
+            return None;
+        }
+        let (left_call, right_call) = (aggregate(*left), aggregate(*right));
+        if left_call.is_none() && right_call.is_none() {
+            return None;
+        }
+        let side = |call: Option<String>, node: *mut pg_sys::Node| {
+            call.or_else(|| {
+                column_of(node, queries).and_then(|(column, named)| {
+                    Some(format!("{named}.{}", keys::column_name(column)?))
+                })
+            })
+            .unwrap_or_else(|| "an integer".into())
+        };
+        Some(format!(
+            "{} / {} divides integers, which drops the fraction (7 / 2 is 3): for a ratio, a \
+             share or an average, divide numbers (CAST(... AS numeric), or multiply by 100.0 \
+             first)",
+            side(left_call, *left),
+            side(right_call, *right),
+        ))
+    }
+}
+
+/// `COUNT(*)`, `SUM(...)`: the call of a built-in aggregate or window function that `expr` is,
+/// through relabelling and casts.
+///
+/// # Safety
+/// `expr` is a node of an analyzed tree.
+unsafe fn aggregate(mut expr: *mut pg_sys::Node) -> Option<String> {
+    // SAFETY: the caller's contract; every node is read as the struct its tag names, and the
+    // function's name is a palloc'd copy (or null).
+    unsafe {
+        loop {
+            if expr.is_null() {
+                return None;
+            }
+            match (*expr).type_ {
+                pg_sys::NodeTag::T_RelabelType => {
+                    expr = (*expr.cast::<pg_sys::RelabelType>()).arg.cast();
+                }
+                pg_sys::NodeTag::T_FuncExpr => {
+                    let call = expr.cast::<pg_sys::FuncExpr>();
+                    let args = PgList::<pg_sys::Node>::from_pg((*call).args);
+                    if (*call).funcformat == pg_sys::CoercionForm::COERCE_EXPLICIT_CALL
+                        || args.len() != 1
+                    {
+                        return None;
+                    }
+                    expr = args.get_ptr(0)?;
+                }
+                pg_sys::NodeTag::T_Aggref => {
+                    let aggref = expr.cast::<pg_sys::Aggref>();
+                    let star = (*aggref).aggstar;
+                    return called((*aggref).aggfnoid, star);
+                }
+                pg_sys::NodeTag::T_WindowFunc => {
+                    let window = expr.cast::<pg_sys::WindowFunc>();
+                    return called((*window).winfnoid, (*window).winstar);
+                }
+                _ => return None,
+            }
+        }
+    }
+}
+
+/// `NAME(*)` or `NAME(...)` for a built-in function.
+fn called(function: pg_sys::Oid, star: bool) -> Option<String> {
+    if !builtin(function) {
+        return None;
+    }
+    // SAFETY: a catalog look-up by OID; NULL or a palloc'd copy.
+    let name = unsafe { pg_sys::get_func_name(function) };
+    if name.is_null() {
+        return None;
+    }
+    // SAFETY: as above.
+    let name = unsafe { c_string(name) }.to_uppercase();
+    Some(format!("{name}({})", if star { "*" } else { "..." }))
 }
 
 /// The column of a table that `expr` reads (through relabelling, as a column of a domain is

@@ -1671,6 +1671,58 @@ fn keys_of_different_things_compared_are_repaired_or_else_doubted() {
     holder.batch_execute("ROLLBACK").unwrap();
 }
 
+/// A share or a ratio of counts computed in integers comes out truncated (most often 0): the
+/// rows are questioned, and the repair that divides numbers answers; a model that stands by it
+/// gives a doubtful answer. Dividing numbers, or integers without an aggregate, is not
+/// questioned.
+#[test]
+fn a_division_of_integer_aggregates_is_repaired_or_else_doubted() {
+    let mut s = Session::new();
+    let truncated = "SELECT COUNT(*) FILTER (WHERE amount > 100) * 100 / COUNT(*) AS pct \
+                     FROM orders";
+    let share = "SELECT COUNT(*) FILTER (WHERE amount > 100) * 100.0 / COUNT(*) AS pct \
+                 FROM orders";
+    s.llm.on(
+        "share of big orders",
+        vec![Reply::sql(truncated), Reply::sql(share)],
+    );
+    let trace = s.trace("share of big orders").unwrap();
+    assert_eq!(trace["sql"], share, "{trace}");
+    assert_eq!(trace["confidence"]["level"], "high", "{trace}");
+    let said = trace["attempts"][0]["questioned"].to_string();
+    assert!(
+        said.contains("an integer / COUNT(*) divides integers, which drops the fraction"),
+        "{trace}"
+    );
+    let feedback = s.llm.requests()[1].last_message();
+    assert!(feedback.contains("divides integers"), "{feedback}");
+
+    let ratio = "SELECT c.country, COUNT(o.order_id) / COUNT(DISTINCT c.customer_id) AS per \
+                 FROM customers c JOIN orders o ON o.customer_id = c.customer_id \
+                 GROUP BY c.country";
+    s.llm.on(
+        "orders per customer by country",
+        vec![Reply::sql(ratio), Reply::sql(ratio)],
+    );
+    let trace = s.trace("orders per customer by country").unwrap();
+    assert_eq!(trace["sql"], ratio, "{trace}");
+    assert_eq!(trace["confidence"]["level"], "low", "{trace}");
+    let said = trace["attempts"][0]["questioned"].to_string();
+    assert!(
+        said.contains("COUNT(...) / COUNT(...) divides integers"),
+        "{trace}"
+    );
+
+    let fine = "SELECT COUNT(*)::numeric / COUNT(DISTINCT customer_id) AS per, \
+                order_id / 10 AS bucket FROM orders GROUP BY order_id / 10";
+    s.llm
+        .on("orders per customer by bucket", vec![Reply::sql(fine)]);
+    let trace = s.trace("orders per customer by bucket").unwrap();
+    assert_eq!(trace["sql"], fine, "{trace}");
+    assert_eq!(trace["attempts"][0]["questioned"], json!([]), "{trace}");
+    assert_eq!(trace["llm_calls"], 1, "{trace}");
+}
+
 /// An IN subquery that selects a column of the outer query (its own table lacks the name, so
 /// PostgreSQL looks outside) compares each row with itself: it is not run, the model is told
 /// why, and its repair answers. A subquery correlated the usual way runs as written.
