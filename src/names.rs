@@ -34,6 +34,14 @@ pub fn role_name(role: pg_sys::Oid) -> Option<String> {
     (!name.is_null()).then(|| unsafe { c_string(name) })
 }
 
+/// The function's name; `None` when it is gone.
+pub fn function_name(function: pg_sys::Oid) -> Option<String> {
+    // SAFETY: a catalog look-up; NULL for a function that does not exist.
+    let name = unsafe { pg_sys::get_func_name(function) };
+    // SAFETY: NULL or a string palloc'd in the current context.
+    (!name.is_null()).then(|| unsafe { c_string(name) })
+}
+
 /// `schema.relation`, as messages name a relation (empty parts for one that is gone).
 pub fn relation_name(relation: pg_sys::Oid) -> String {
     // SAFETY: catalog look-ups; NULL for a relation that does not exist.

@@ -265,7 +265,7 @@ pub fn repair_empty(
 /// model may stand by the query by returning it unchanged.
 pub fn repair_questioned(question: &str, sql: &str, questioned: &[String]) -> String {
     format!(
-        "This query ran and returned rows, but its result most likely means nothing.\n\n\
+        "This query ran and returned rows, but its result is most likely wrong.\n\n\
          SQL:\n{sql}\n\n{}\
          If the query is right as it is, return exactly the same query unchanged. Otherwise \
          return a corrected query.\n\

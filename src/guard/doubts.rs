@@ -25,7 +25,7 @@ use pgrx::PgList;
 use super::facts::builtin;
 use super::keys::{self, Column};
 use super::walk::too_deep;
-use crate::names::c_string;
+use crate::names::{c_string, function_name, printable};
 
 /// Doubts kept per query, at most (each is a line of a repair request).
 const MAX_FOUND: usize = 3;
@@ -34,6 +34,8 @@ const MAX_FOUND: usize = 3;
 struct Walk {
     queries: Vec<*mut pg_sys::Query>,
     found: Vec<String>,
+    /// A division of integers was found (one is told, not each).
+    divided: bool,
 }
 
 /// Why the rows of `query` are doubtful (see the module), one line each for the model, named
@@ -46,6 +48,7 @@ pub unsafe fn doubts(query: *mut pg_sys::Query) -> Vec<String> {
     let mut walk = Walk {
         queries: vec![query],
         found: Vec::new(),
+        divided: false,
     };
     // Through PostgreSQL's walker, not by calling `walker` (see `walk::check_tree`).
     // SAFETY: the caller's contract; `walk` outlives the walk.
@@ -104,9 +107,20 @@ unsafe extern "C-unwind" fn walker(node: *mut pg_sys::Node, context: *mut c_void
                 let args: Vec<*mut pg_sys::Node> = PgList::<pg_sys::Node>::from_pg((*op).args)
                     .iter_ptr()
                     .collect();
+                // Built-in operators only: another's could mean anything.
+                let name = builtin((*op).opno).then(|| c_string(pg_sys::get_opname((*op).opno)));
+                let divided = (*context.cast::<Walk>()).divided;
                 let queries = &(*context.cast::<Walk>()).queries;
-                keys_unlike((*op).opno, &args, queries)
-                    .or_else(|| integers_divided(op, &args, queries))
+                let (found, division) = match name.as_deref() {
+                    Some("=") => (keys_unlike(&args, queries), false),
+                    // One such line is enough: more would crowd out the other doubts.
+                    Some("/") if !divided => (integers_divided(op, &args, queries), true),
+                    _ => (None, false),
+                };
+                if division && found.is_some() {
+                    (*context.cast::<Walk>()).divided = true;
+                }
+                found
             }
             // An aggregate's DISTINCT or ORDER BY: operators, no expression.
             pg_sys::NodeTag::T_SortGroupClause => return false,
@@ -146,11 +160,7 @@ unsafe fn added_up(
         if !builtin(function) {
             return None;
         }
-        let name = pg_sys::get_func_name(function);
-        if name.is_null() {
-            return None;
-        }
-        let name = c_string(name);
+        let name = function_name(function)?;
         if name != "sum" && name != "avg" {
             return None;
         }
@@ -166,24 +176,20 @@ unsafe fn added_up(
     }
 }
 
-/// The account of `left = right` (`args`) when both are columns of keys that identify
-/// different things; `queries`: the queries the comparison is inside, outermost first.
+/// The account of `left = right` (`args` of a built-in `=`) when both are columns of keys that
+/// identify different things; `queries`: the queries the comparison is inside, outermost first.
 ///
 /// # Safety
 /// `args` are nodes of the analyzed tree whose enclosing queries are `queries`.
 unsafe fn keys_unlike(
-    operator: pg_sys::Oid,
     args: &[*mut pg_sys::Node],
     queries: &[*mut pg_sys::Query],
 ) -> Option<String> {
     let [left, right] = args else {
         return None;
     };
-    // SAFETY: the caller's contract; the operator's name is a palloc'd copy (or null).
+    // SAFETY: the caller's contract.
     unsafe {
-        if !builtin(operator) || c_string(pg_sys::get_opname(operator)) != "=" {
-            return None;
-        }
         let (left, left_named) = column_of(*left, queries)?;
         let (right, right_named) = column_of(*right, queries)?;
         let left_name = keys::column_name(left)?;
@@ -219,9 +225,11 @@ unsafe fn keys_unlike(
     }
 }
 
-/// The account of `left / right` (`args` of `op`) when it divides integers and one side is an
-/// aggregate or a window function (`COUNT(...) / COUNT(...)`, `SUM(...) / COUNT(*)`): the
-/// fraction is dropped, so a ratio, a share or an average comes out truncated, most often 0.
+/// The account of `left / right` (`args` of `op`, a built-in `/`) when it divides integers, the
+/// divisor is no constant, and a side holds an aggregate or a window function (`COUNT(...) /
+/// COUNT(*)`, `x * 100 / NULLIF(COUNT(*), 0)`): the fraction is dropped, so a ratio, a share
+/// or an average comes out truncated, most often 0. A constant divisor (`COUNT(*) / 10`,
+/// `SUM(cents) / 100`) is how buckets and units are written.
 ///
 /// # Safety
 /// `op` and `args` are nodes of the analyzed tree whose enclosing queries are `queries`.
@@ -233,26 +241,23 @@ unsafe fn integers_divided(
     let [left, right] = args else {
         return None;
     };
-    // SAFETY: the caller's contract; the operator's name is a palloc'd copy (or null).
+    // SAFETY: the caller's contract.
     unsafe {
-        let integer = [pg_sys::INT2OID, pg_sys::INT4OID, pg_sys::INT8OID];
-        if !builtin((*op).opno)
-            || !integer.contains(&(*op).opresulttype)
-            || c_string(pg_sys::get_opname((*op).opno)) != "/"
+        let divisor = uncast(*right);
+        if !integer((*op).opresulttype)
+            || divisor.is_null()
+            || (*divisor).type_ == pg_sys::NodeTag::T_Const
         {
             return None;
         }
-        let (left_call, right_call) = (aggregate(*left), aggregate(*right));
+        let (left_call, right_call) = (aggregate_in(*left, 0), aggregate_in(*right, 0));
         if left_call.is_none() && right_call.is_none() {
             return None;
         }
-        let side = |call: Option<String>, node: *mut pg_sys::Node| {
-            call.or_else(|| {
-                column_of(node, queries).and_then(|(column, named)| {
-                    Some(format!("{named}.{}", keys::column_name(column)?))
-                })
-            })
-            .unwrap_or_else(|| "an integer".into())
+        let side = |call: Option<(String, bool)>, node: *mut pg_sys::Node| match call {
+            Some((call, true)) => call,
+            Some((call, false)) => format!("an expression of {call}"),
+            None => named_column(node, queries).unwrap_or_else(|| "an integer".into()),
         };
         Some(format!(
             "{} / {} divides integers, which drops the fraction (7 / 2 is 3): for a ratio, a \
@@ -264,61 +269,117 @@ unsafe fn integers_divided(
     }
 }
 
-/// `COUNT(*)`, `SUM(...)`: the call of a built-in aggregate or window function that `expr` is,
-/// through relabelling and casts.
+/// Levels of an integer expression searched for an aggregate, at most.
+const MAX_DEPTH: usize = 8;
+
+/// The first aggregate or window function call `expr` holds (`COUNT(*)`), and whether `expr` is
+/// that call (through casts): searched through casts, `NULLIF`, `COALESCE` and the built-in
+/// integer `+`, `-` and `*`, the ways a count is scaled or guarded before it is divided.
 ///
 /// # Safety
 /// `expr` is a node of an analyzed tree.
-unsafe fn aggregate(mut expr: *mut pg_sys::Node) -> Option<String> {
-    // SAFETY: the caller's contract; every node is read as the struct its tag names, and the
-    // function's name is a palloc'd copy (or null).
+unsafe fn aggregate_in(expr: *mut pg_sys::Node, depth: usize) -> Option<(String, bool)> {
+    // SAFETY: the caller's contract; every node is read as the struct its tag names.
     unsafe {
-        loop {
-            if expr.is_null() {
-                return None;
+        let expr = uncast(expr);
+        if depth >= MAX_DEPTH || expr.is_null() {
+            return None;
+        }
+        let within = |args: *mut pg_sys::List| {
+            PgList::<pg_sys::Node>::from_pg(args)
+                .iter_ptr()
+                .find_map(|arg| aggregate_in(arg, depth + 1))
+                .map(|(call, _)| (call, false))
+        };
+        match (*expr).type_ {
+            pg_sys::NodeTag::T_Aggref => {
+                let aggref = expr.cast::<pg_sys::Aggref>();
+                Some((called((*aggref).aggfnoid, (*aggref).aggstar), true))
             }
-            match (*expr).type_ {
-                pg_sys::NodeTag::T_RelabelType => {
-                    expr = (*expr.cast::<pg_sys::RelabelType>()).arg.cast();
-                }
-                pg_sys::NodeTag::T_FuncExpr => {
-                    let call = expr.cast::<pg_sys::FuncExpr>();
-                    let args = PgList::<pg_sys::Node>::from_pg((*call).args);
-                    if (*call).funcformat == pg_sys::CoercionForm::COERCE_EXPLICIT_CALL
-                        || args.len() != 1
-                    {
-                        return None;
-                    }
-                    expr = args.get_ptr(0)?;
-                }
-                pg_sys::NodeTag::T_Aggref => {
-                    let aggref = expr.cast::<pg_sys::Aggref>();
-                    let star = (*aggref).aggstar;
-                    return called((*aggref).aggfnoid, star);
-                }
-                pg_sys::NodeTag::T_WindowFunc => {
-                    let window = expr.cast::<pg_sys::WindowFunc>();
-                    return called((*window).winfnoid, (*window).winstar);
-                }
-                _ => return None,
+            pg_sys::NodeTag::T_WindowFunc => {
+                let window = expr.cast::<pg_sys::WindowFunc>();
+                Some((called((*window).winfnoid, (*window).winstar), true))
             }
+            pg_sys::NodeTag::T_NullIfExpr => within((*expr.cast::<pg_sys::NullIfExpr>()).args),
+            pg_sys::NodeTag::T_CoalesceExpr => within((*expr.cast::<pg_sys::CoalesceExpr>()).args),
+            pg_sys::NodeTag::T_OpExpr => {
+                let op = expr.cast::<pg_sys::OpExpr>();
+                let arithmetic = builtin((*op).opno)
+                    && integer((*op).opresulttype)
+                    && ["+", "-", "*"].contains(&c_string(pg_sys::get_opname((*op).opno)).as_str());
+                arithmetic.then(|| within((*op).args)).flatten()
+            }
+            _ => None,
         }
     }
 }
 
-/// `NAME(*)` or `NAME(...)` for a built-in function.
-fn called(function: pg_sys::Oid, star: bool) -> Option<String> {
-    if !builtin(function) {
-        return None;
+/// `expr` without the casts and relabellings around it (null for null).
+///
+/// # Safety
+/// `expr` is a node of an analyzed tree, or null.
+unsafe fn uncast(mut expr: *mut pg_sys::Node) -> *mut pg_sys::Node {
+    // SAFETY: the caller's contract; every node is read as the struct its tag names.
+    unsafe {
+        loop {
+            if expr.is_null() {
+                return expr;
+            }
+            let next = match (*expr).type_ {
+                pg_sys::NodeTag::T_RelabelType => (*expr.cast::<pg_sys::RelabelType>())
+                    .arg
+                    .cast::<pg_sys::Node>(),
+                pg_sys::NodeTag::T_FuncExpr => {
+                    let call = expr.cast::<pg_sys::FuncExpr>();
+                    let args = PgList::<pg_sys::Node>::from_pg((*call).args);
+                    let cast = matches!(
+                        (*call).funcformat,
+                        pg_sys::CoercionForm::COERCE_EXPLICIT_CAST
+                            | pg_sys::CoercionForm::COERCE_IMPLICIT_CAST
+                    );
+                    match args.get_ptr(0) {
+                        Some(arg) if cast && args.len() == 1 => arg,
+                        _ => return expr,
+                    }
+                }
+                _ => return expr,
+            };
+            if next.is_null() {
+                return expr;
+            }
+            expr = next;
+        }
     }
-    // SAFETY: a catalog look-up by OID; NULL or a palloc'd copy.
-    let name = unsafe { pg_sys::get_func_name(function) };
-    if name.is_null() {
-        return None;
+}
+
+/// `int2`, `int4` or `int8`: a type whose division drops the fraction.
+fn integer(type_oid: pg_sys::Oid) -> bool {
+    [pg_sys::INT2OID, pg_sys::INT4OID, pg_sys::INT8OID].contains(&type_oid)
+}
+
+/// `NAME(*)` or `NAME(...)` for a built-in function, `an aggregate` for another's (whose name
+/// another role chose).
+fn called(function: pg_sys::Oid, star: bool) -> String {
+    match builtin(function).then(|| function_name(function)).flatten() {
+        Some(name) => format!(
+            "{}({})",
+            name.to_uppercase(),
+            if star { "*" } else { "..." }
+        ),
+        None => "an aggregate".into(),
     }
-    // SAFETY: as above.
-    let name = unsafe { c_string(name) }.to_uppercase();
-    Some(format!("{name}({})", if star { "*" } else { "..." }))
+}
+
+/// `alias.column` for a column of a table that `expr` reads, as the query names it.
+///
+/// # Safety
+/// `expr` is a node of the analyzed tree whose enclosing queries are `queries`.
+unsafe fn named_column(expr: *mut pg_sys::Node, queries: &[*mut pg_sys::Query]) -> Option<String> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let (column, named) = column_of(expr, queries)?;
+        Some(format!("{named}.{}", keys::column_name(column)?))
+    }
 }
 
 /// The column of a table that `expr` reads (through relabelling, as a column of a domain is
@@ -361,6 +422,6 @@ unsafe fn column_of(
         } else {
             c_string((*eref).aliasname)
         };
-        Some((Column { relation, attnum }, qualifier))
+        printable(&qualifier).then_some((Column { relation, attnum }, qualifier))
     }
 }

@@ -171,7 +171,8 @@ pub unsafe fn shown(column: Column) -> Option<String> {
     }
 }
 
-/// The name of `column` (`None` for a relation that is gone).
+/// The name of `column`, when it prints on one line (`names::printable`; `None` for a relation
+/// that is gone).
 ///
 /// # Safety
 /// `column.relation` exists.
@@ -179,7 +180,7 @@ pub unsafe fn column_name(column: Column) -> Option<String> {
     // SAFETY: the caller's contract; the name is a palloc'd copy (or null).
     unsafe {
         let name = pg_sys::get_attname(column.relation, column.attnum, true);
-        (!name.is_null()).then(|| c_string(name))
+        Some(c_string(name)).filter(|name| !name.is_empty() && printable(name))
     }
 }
 

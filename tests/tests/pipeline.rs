@@ -1691,7 +1691,9 @@ fn a_division_of_integer_aggregates_is_repaired_or_else_doubted() {
     assert_eq!(trace["confidence"]["level"], "high", "{trace}");
     let said = trace["attempts"][0]["questioned"].to_string();
     assert!(
-        said.contains("an integer / COUNT(*) divides integers, which drops the fraction"),
+        said.contains(
+            "an expression of COUNT(*) / COUNT(*) divides integers, which drops the fraction"
+        ),
         "{trace}"
     );
     let feedback = s.llm.requests()[1].last_message();
@@ -1713,14 +1715,45 @@ fn a_division_of_integer_aggregates_is_repaired_or_else_doubted() {
         "{trace}"
     );
 
+    // Guarded and cast the ways models write it: questioned all the same, once per query.
+    let guarded = "SELECT COUNT(*) FILTER (WHERE amount > 100) * 100 / NULLIF(COUNT(*), 0) AS a, \
+                   COUNT(DISTINCT customer_id)::int / COUNT(*)::int AS b FROM orders";
+    s.llm.on(
+        "guarded shares of orders",
+        vec![Reply::sql(guarded), Reply::sql(guarded)],
+    );
+    let trace = s.trace("guarded shares of orders").unwrap();
+    assert_eq!(trace["confidence"]["level"], "low", "{trace}");
+    let said = trace["attempts"][0]["questioned"].as_array().cloned();
+    assert_eq!(
+        said.as_ref().map(Vec::len),
+        Some(1),
+        "one line for both divisions: {trace}"
+    );
+    assert!(
+        trace["attempts"][0]["questioned"]
+            .to_string()
+            .contains("an expression of COUNT(*) / an expression of COUNT(*) divides integers"),
+        "{trace}"
+    );
+
+    // Numbers divided, integers without an aggregate, a constant divisor (buckets, pages):
+    // not questioned.
     let fine = "SELECT COUNT(*)::numeric / COUNT(DISTINCT customer_id) AS per, \
-                order_id / 10 AS bucket FROM orders GROUP BY order_id / 10";
-    s.llm
-        .on("orders per customer by bucket", vec![Reply::sql(fine)]);
-    let trace = s.trace("orders per customer by bucket").unwrap();
-    assert_eq!(trace["sql"], fine, "{trace}");
-    assert_eq!(trace["attempts"][0]["questioned"], json!([]), "{trace}");
-    assert_eq!(trace["llm_calls"], 1, "{trace}");
+                order_id / 10 AS bucket, COUNT(*) / 10 AS tens, \
+                MIN(order_id) / 2 AS half FROM orders GROUP BY order_id / 10";
+    let pages = "SELECT order_id, row_number() OVER (ORDER BY order_id) / 10 AS page \
+                 FROM orders";
+    for (question, sql) in [
+        ("orders per customer by bucket", fine),
+        ("pages of orders", pages),
+    ] {
+        s.llm.on(question, vec![Reply::sql(sql)]);
+        let trace = s.trace(question).unwrap();
+        assert_eq!(trace["sql"], sql, "{trace}");
+        assert_eq!(trace["attempts"][0]["questioned"], json!([]), "{trace}");
+        assert_eq!(trace["llm_calls"], 1, "{trace}");
+    }
 }
 
 /// An IN subquery that selects a column of the outer query (its own table lacks the name, so
