@@ -85,6 +85,23 @@ pub unsafe fn executor_run(query: *mut pg_sys::QueryDesc) {
     }
 }
 
+/// Whether `role` has `mode` on the schema `namespace` (PostgreSQL 16 folded
+/// `pg_namespace_aclcheck` into `object_aclcheck`).
+pub fn namespace_allows(namespace: pg_sys::Oid, role: pg_sys::Oid, mode: pg_sys::AclMode) -> bool {
+    // SAFETY: a privilege check by OID; an ERROR for a schema that is gone.
+    let result = unsafe {
+        #[cfg(feature = "pg15")]
+        {
+            pg_sys::pg_namespace_aclcheck(namespace, role, mode)
+        }
+        #[cfg(not(feature = "pg15"))]
+        {
+            pg_sys::object_aclcheck(pg_sys::NamespaceRelationId, namespace, role, mode)
+        }
+    };
+    result == pg_sys::AclResult::ACLCHECK_OK
+}
+
 /// Numbers read from the server's headers at build time (build.rs): enum positions and catalog
 /// attribute numbers that pgrx does not bind.
 pub mod numbers {

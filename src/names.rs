@@ -57,6 +57,41 @@ pub fn relation_name(relation: pg_sys::Oid) -> String {
 /// Whether a name can be shown as part of one line: a quoted identifier may hold a newline,
 /// and one in a name another role chose would end the text around it where that role wants
 /// (a fake end of a table, a fake instruction after it).
+/// Invisible characters count too: line and paragraph separators, and the format characters
+/// that reorder or hide text (bidirectional overrides, zero-width spaces).
 pub fn printable(name: &str) -> bool {
-    !name.chars().any(char::is_control)
+    !name.chars().any(|c| {
+        c.is_control()
+            || matches!(c, '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}'
+                | '\u{2060}'..='\u{206F}' | '\u{FEFF}')
+    })
+}
+
+/// `name` as SQL writes it: quoted when it needs quotes (`"Order Items"`), as is otherwise.
+pub fn quoted(name: &str) -> String {
+    let Ok(text) = std::ffi::CString::new(name) else {
+        return String::new();
+    };
+    // SAFETY: `text` lives while this runs; the result is `text` itself or a palloc'd copy.
+    unsafe { c_string(pg_sys::quote_identifier(text.as_ptr())) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::printable;
+
+    #[test]
+    fn names_that_would_break_or_hide_a_line_do_not_print() {
+        assert!(printable("order_items") && printable("Straße") && printable("注文"));
+        for hostile in [
+            "a\nb",
+            "a\rb",
+            "a\u{2028}b",
+            "a\u{202E}b",
+            "a\u{200B}b",
+            "a\u{FEFF}b",
+        ] {
+            assert!(!printable(hostile), "{hostile:?}");
+        }
+    }
 }

@@ -12,8 +12,10 @@
 //!   (a foreign key, followed to the key it ends at; a primary key), and only between columns
 //!   of different names, as a join where a foreign key is missing is written, or two tables'
 //!   own keys both named `id`.
-//! - A division of integers where one side is an aggregate (`COUNT(...) / COUNT(...)`): the
-//!   fraction is dropped, so a ratio, a share or an average comes out truncated.
+//! - A division of integers by something other than a constant, where a side holds an
+//!   aggregate or a window function, also guarded or scaled (`COUNT(...) / COUNT(...)`,
+//!   `x * 100 / NULLIF(COUNT(*), 0)`): the fraction is dropped, so a ratio, a share or an
+//!   average comes out truncated. A constant divisor is how buckets and units are written.
 //!
 //! Read from the analyzed tree the guard passed: nothing runs.
 
@@ -25,7 +27,7 @@ use pgrx::PgList;
 use super::facts::builtin;
 use super::keys::{self, Column};
 use super::walk::too_deep;
-use crate::names::{c_string, function_name, printable};
+use crate::names::{c_string, function_name, printable, quoted};
 
 /// Doubts kept per query, at most (each is a line of a repair request).
 const MAX_FOUND: usize = 3;
@@ -168,10 +170,12 @@ unsafe fn added_up(
         let (column, why) = keys::identifies(column.relation, column.attnum)?;
         let verb = if name == "sum" { "adds up" } else { "averages" };
         Some(format!(
-            "{}({qualifier}.{column}) {verb} identifiers ({why}): a sum or an average of \
+            "{}({}.{}) {verb} identifiers ({why}): a sum or an average of \
              identifiers means nothing; count the rows, or use the column that holds the \
              quantity asked for",
             name.to_uppercase(),
+            quoted(&qualifier),
+            quoted(&column),
         ))
     }
 }
@@ -218,9 +222,13 @@ unsafe fn keys_unlike(
         };
         let (left_what, right_what) = (what(left, &left_key)?, what(right, &right_key)?);
         Some(format!(
-            "{left_named}.{left_name} = {right_named}.{right_name} compares keys of different \
-             things ({left_what}; {right_what}): their values never identify the same rows; \
-             join a foreign key to the key it references",
+            "{}.{} = {}.{} compares keys of different things ({left_what}; {right_what}): \
+             their values never identify the same rows; join a foreign key to the key it \
+             references",
+            quoted(&left_named),
+            quoted(&left_name),
+            quoted(&right_named),
+            quoted(&right_name),
         ))
     }
 }
@@ -243,11 +251,7 @@ unsafe fn integers_divided(
     };
     // SAFETY: the caller's contract.
     unsafe {
-        let divisor = uncast(*right);
-        if !integer((*op).opresulttype)
-            || divisor.is_null()
-            || (*divisor).type_ == pg_sys::NodeTag::T_Const
-        {
+        if !integer((*op).opresulttype) || constant(*right, 0) {
             return None;
         }
         let (left_call, right_call) = (aggregate_in(*left, 0), aggregate_in(*right, 0));
@@ -260,9 +264,9 @@ unsafe fn integers_divided(
             None => named_column(node, queries).unwrap_or_else(|| "an integer".into()),
         };
         Some(format!(
-            "{} / {} divides integers, which drops the fraction (7 / 2 is 3): for a ratio, a \
-             share or an average, divide numbers (CAST(... AS numeric), or multiply by 100.0 \
-             first)",
+            "{} / {} divides integers (as may other divisions of the query), which drops the \
+             fraction (7 / 2 is 3): for a ratio, a share or an average, divide numbers \
+             (CAST(... AS numeric), or multiply by 100.0 first)",
             side(left_call, *left),
             side(right_call, *right),
         ))
@@ -294,11 +298,21 @@ unsafe fn aggregate_in(expr: *mut pg_sys::Node, depth: usize) -> Option<(String,
         match (*expr).type_ {
             pg_sys::NodeTag::T_Aggref => {
                 let aggref = expr.cast::<pg_sys::Aggref>();
-                Some((called((*aggref).aggfnoid, (*aggref).aggstar), true))
+                let arguments = match (*aggref).aggstar {
+                    true => "*",
+                    false if (*aggref).args.is_null() => "",
+                    false => "...",
+                };
+                Some((called((*aggref).aggfnoid, arguments), true))
             }
             pg_sys::NodeTag::T_WindowFunc => {
                 let window = expr.cast::<pg_sys::WindowFunc>();
-                Some((called((*window).winfnoid, (*window).winstar), true))
+                let arguments = match (*window).winstar {
+                    true => "*",
+                    false if (*window).args.is_null() => "",
+                    false => "...",
+                };
+                Some((called((*window).winfnoid, arguments), true))
             }
             pg_sys::NodeTag::T_NullIfExpr => within((*expr.cast::<pg_sys::NullIfExpr>()).args),
             pg_sys::NodeTag::T_CoalesceExpr => within((*expr.cast::<pg_sys::CoalesceExpr>()).args),
@@ -357,16 +371,50 @@ fn integer(type_oid: pg_sys::Oid) -> bool {
     [pg_sys::INT2OID, pg_sys::INT4OID, pg_sys::INT8OID].contains(&type_oid)
 }
 
-/// `NAME(*)` or `NAME(...)` for a built-in function, `an aggregate` for another's (whose name
+/// `NAME(arguments)` for a built-in function, `a function call` for another's (whose name
 /// another role chose).
-fn called(function: pg_sys::Oid, star: bool) -> String {
+fn called(function: pg_sys::Oid, arguments: &str) -> String {
     match builtin(function).then(|| function_name(function)).flatten() {
-        Some(name) => format!(
-            "{}({})",
-            name.to_uppercase(),
-            if star { "*" } else { "..." }
-        ),
-        None => "an aggregate".into(),
+        Some(name) => format!("{}({arguments})", name.to_uppercase()),
+        None => "a function call".into(),
+    }
+}
+
+/// `expr` is a constant, or built of constants by built-in operators and casts (`-2`, `2 * 5`,
+/// `'10'::text::int`), as a divisor that makes buckets or units is written.
+///
+/// # Safety
+/// `expr` is a node of an analyzed tree, or null.
+unsafe fn constant(expr: *mut pg_sys::Node, depth: usize) -> bool {
+    // SAFETY: the caller's contract; every node is read as the struct its tag names.
+    unsafe {
+        let expr = uncast(expr);
+        if expr.is_null() || depth >= MAX_DEPTH {
+            return false;
+        }
+        let all = |args: *mut pg_sys::List| {
+            let args = PgList::<pg_sys::Node>::from_pg(args);
+            !args.is_empty() && args.iter_ptr().all(|arg| constant(arg, depth + 1))
+        };
+        match (*expr).type_ {
+            pg_sys::NodeTag::T_Const => true,
+            pg_sys::NodeTag::T_CoerceToDomain => constant(
+                (*expr.cast::<pg_sys::CoerceToDomain>()).arg.cast(),
+                depth + 1,
+            ),
+            pg_sys::NodeTag::T_CoerceViaIO => {
+                constant((*expr.cast::<pg_sys::CoerceViaIO>()).arg.cast(), depth + 1)
+            }
+            pg_sys::NodeTag::T_OpExpr => {
+                let op = expr.cast::<pg_sys::OpExpr>();
+                builtin((*op).opno) && all((*op).args)
+            }
+            pg_sys::NodeTag::T_FuncExpr => {
+                let call = expr.cast::<pg_sys::FuncExpr>();
+                builtin((*call).funcid) && all((*call).args)
+            }
+            _ => false,
+        }
     }
 }
 
@@ -377,8 +425,12 @@ fn called(function: pg_sys::Oid, star: bool) -> String {
 unsafe fn named_column(expr: *mut pg_sys::Node, queries: &[*mut pg_sys::Query]) -> Option<String> {
     // SAFETY: the caller's contract.
     unsafe {
-        let (column, named) = column_of(expr, queries)?;
-        Some(format!("{named}.{}", keys::column_name(column)?))
+        let (column, named) = column_of(uncast(expr), queries)?;
+        Some(format!(
+            "{}.{}",
+            quoted(&named),
+            quoted(&keys::column_name(column)?)
+        ))
     }
 }
 

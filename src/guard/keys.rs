@@ -6,6 +6,7 @@ use pgrx::pg_sys;
 use pgrx::PgList;
 
 use super::facts::OpenRelation;
+use crate::compat;
 use crate::names::{c_string, printable};
 
 /// Foreign keys followed from one column to the key it ends at, at most (a chain of tables
@@ -144,11 +145,11 @@ pub unsafe fn shown(column: Column) -> Option<String> {
     unsafe {
         let role = pg_sys::GetUserId();
         let select = pg_sys::ACL_SELECT as pg_sys::AclMode;
-        let usage = pg_sys::pg_namespace_aclcheck(
+        let usage = compat::namespace_allows(
             pg_sys::get_rel_namespace(column.relation),
             role,
             pg_sys::ACL_USAGE as pg_sys::AclMode,
-        ) == pg_sys::AclResult::ACLCHECK_OK;
+        );
         let readable = pg_sys::pg_class_aclcheck(column.relation, role, select)
             == pg_sys::AclResult::ACLCHECK_OK
             || pg_sys::pg_attribute_aclcheck(column.relation, column.attnum, role, select)

@@ -1692,7 +1692,8 @@ fn a_division_of_integer_aggregates_is_repaired_or_else_doubted() {
     let said = trace["attempts"][0]["questioned"].to_string();
     assert!(
         said.contains(
-            "an expression of COUNT(*) / COUNT(*) divides integers, which drops the fraction"
+            "an expression of COUNT(*) / COUNT(*) divides integers (as may other divisions of \
+             the query), which drops the fraction"
         ),
         "{trace}"
     );
@@ -1740,7 +1741,7 @@ fn a_division_of_integer_aggregates_is_repaired_or_else_doubted() {
     // Numbers divided, integers without an aggregate, a constant divisor (buckets, pages):
     // not questioned.
     let fine = "SELECT COUNT(*)::numeric / COUNT(DISTINCT customer_id) AS per, \
-                order_id / 10 AS bucket, COUNT(*) / 10 AS tens, \
+                order_id / 10 AS bucket, COUNT(*) / 10 AS tens, COUNT(*) / (2 * 5) AS t, \
                 MIN(order_id) / 2 AS half FROM orders GROUP BY order_id / 10";
     let pages = "SELECT order_id, row_number() OVER (ORDER BY order_id) / 10 AS page \
                  FROM orders";
