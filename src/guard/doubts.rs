@@ -277,8 +277,9 @@ unsafe fn integers_divided(
 const MAX_DEPTH: usize = 8;
 
 /// The first aggregate or window function call `expr` holds (`COUNT(*)`), and whether `expr` is
-/// that call (through casts): searched through casts, `NULLIF`, `COALESCE` and the built-in
-/// integer `+`, `-` and `*`, the ways a count is scaled or guarded before it is divided.
+/// that call (through casts): searched through casts, `NULLIF`, `COALESCE`, `GREATEST`,
+/// `LEAST`, scalar subqueries and the built-in integer `+`, `-` and `*`, the ways a count is
+/// scaled, guarded or computed apart before it is divided.
 ///
 /// # Safety
 /// `expr` is a node of an analyzed tree.
@@ -314,6 +315,23 @@ unsafe fn aggregate_in(expr: *mut pg_sys::Node, depth: usize) -> Option<(String,
                 };
                 Some((called((*window).winfnoid, arguments), true))
             }
+            // `(SELECT COUNT(*) FROM ...)`: a scalar subquery's one column.
+            pg_sys::NodeTag::T_SubLink => {
+                let sublink = expr.cast::<pg_sys::SubLink>();
+                let query = (*sublink).subselect.cast::<pg_sys::Query>();
+                if (*sublink).subLinkType != pg_sys::SubLinkType::EXPR_SUBLINK
+                    || query.is_null()
+                    || (*query).type_ != pg_sys::NodeTag::T_Query
+                {
+                    return None;
+                }
+                let column = PgList::<pg_sys::TargetEntry>::from_pg((*query).targetList)
+                    .iter_ptr()
+                    .find(|&entry| !(*entry).resjunk)?;
+                let (call, _) = aggregate_in((*column).expr.cast(), depth + 1)?;
+                Some((format!("a subquery's {call}"), true))
+            }
+            pg_sys::NodeTag::T_MinMaxExpr => within((*expr.cast::<pg_sys::MinMaxExpr>()).args),
             pg_sys::NodeTag::T_NullIfExpr => within((*expr.cast::<pg_sys::NullIfExpr>()).args),
             pg_sys::NodeTag::T_CoalesceExpr => within((*expr.cast::<pg_sys::CoalesceExpr>()).args),
             pg_sys::NodeTag::T_OpExpr => {

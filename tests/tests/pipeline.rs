@@ -1738,6 +1738,22 @@ fn a_division_of_integer_aggregates_is_repaired_or_else_doubted() {
         "{trace}"
     );
 
+    // Counts computed apart, in scalar subqueries.
+    let apart = "SELECT (SELECT COUNT(*) FROM orders WHERE amount > 100) * 100 \
+                 / (SELECT COUNT(*) FROM orders) AS pct";
+    s.llm.on(
+        "share of big orders apart",
+        vec![Reply::sql(apart), Reply::sql(apart)],
+    );
+    let trace = s.trace("share of big orders apart").unwrap();
+    assert_eq!(trace["confidence"]["level"], "low", "{trace}");
+    assert!(
+        trace["attempts"][0]["questioned"]
+            .to_string()
+            .contains("an expression of a subquery's COUNT(*) / a subquery's COUNT(*) divides"),
+        "{trace}"
+    );
+
     // Numbers divided, integers without an aggregate, a constant divisor (buckets, pages):
     // not questioned.
     let fine = "SELECT COUNT(*)::numeric / COUNT(DISTINCT customer_id) AS per, \
