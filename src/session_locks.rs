@@ -132,9 +132,9 @@ fn counted(locks: Vec<Held>) -> Vec<(Held, u64)> {
 /// "you don't own a lock": `counted` turns messages off meanwhile.
 fn session_holds(lock: &Held) -> u64 {
     let mut holds = 0u64;
-    // SAFETY: a tag and mode the lock manager reported for this backend; the anchor is held
-    // under the current resource owner (inside the caller's transaction) and given back below;
-    // every session-level hold given back is taken again.
+    // The anchor is held under the current resource owner (inside the caller's transaction)
+    // and given back below; every session-level hold given back is taken again.
+    // SAFETY: a tag and mode the lock manager reported for this backend.
     unsafe {
         pg_sys::LockAcquire(&lock.tag, lock.mode, false, true);
         while pg_sys::LockRelease(&lock.tag, lock.mode, true) {

@@ -79,30 +79,10 @@ unsafe extern "C-unwind" fn walker(node: *mut pg_sys::Node, context: *mut c_void
                 (*context.cast::<Walk>()).queries.pop();
                 return stop;
             }
-            pg_sys::NodeTag::T_Aggref => {
-                let aggref = node.cast::<pg_sys::Aggref>();
-                let args: Vec<*mut pg_sys::Node> =
-                    PgList::<pg_sys::TargetEntry>::from_pg((*aggref).args)
-                        .iter_ptr()
-                        .filter(|&entry| !(*entry).resjunk)
-                        .map(|entry| (*entry).expr.cast::<pg_sys::Node>())
-                        .collect();
-                added_up(
-                    (*aggref).aggfnoid,
-                    &args,
-                    &(*context.cast::<Walk>()).queries,
-                )
-            }
-            pg_sys::NodeTag::T_WindowFunc => {
-                let window = node.cast::<pg_sys::WindowFunc>();
-                let args: Vec<*mut pg_sys::Node> = PgList::<pg_sys::Node>::from_pg((*window).args)
-                    .iter_ptr()
-                    .collect();
-                added_up(
-                    (*window).winfnoid,
-                    &args,
-                    &(*context.cast::<Walk>()).queries,
-                )
+            pg_sys::NodeTag::T_Aggref | pg_sys::NodeTag::T_WindowFunc => {
+                let queries = &(*context.cast::<Walk>()).queries;
+                aggregate_call(node)
+                    .and_then(|(function, _, args)| added_up(function, &args, queries))
             }
             pg_sys::NodeTag::T_OpExpr => {
                 let op = node.cast::<pg_sys::OpExpr>();
@@ -297,23 +277,14 @@ unsafe fn aggregate_in(expr: *mut pg_sys::Node, depth: usize) -> Option<(String,
                 .map(|(call, _)| (call, false))
         };
         match (*expr).type_ {
-            pg_sys::NodeTag::T_Aggref => {
-                let aggref = expr.cast::<pg_sys::Aggref>();
-                let arguments = match (*aggref).aggstar {
-                    true => "*",
-                    false if (*aggref).args.is_null() => "",
-                    false => "...",
+            pg_sys::NodeTag::T_Aggref | pg_sys::NodeTag::T_WindowFunc => {
+                let (function, star, args) = aggregate_call(expr)?;
+                let arguments = match (star, args.is_empty()) {
+                    (true, _) => "*",
+                    (false, true) => "",
+                    (false, false) => "...",
                 };
-                Some((called((*aggref).aggfnoid, arguments), true))
-            }
-            pg_sys::NodeTag::T_WindowFunc => {
-                let window = expr.cast::<pg_sys::WindowFunc>();
-                let arguments = match (*window).winstar {
-                    true => "*",
-                    false if (*window).args.is_null() => "",
-                    false => "...",
-                };
-                Some((called((*window).winfnoid, arguments), true))
+                Some((called(function, arguments), true))
             }
             // `(SELECT COUNT(*) FROM ...)`: a scalar subquery's one column.
             pg_sys::NodeTag::T_SubLink => {
@@ -340,6 +311,38 @@ unsafe fn aggregate_in(expr: *mut pg_sys::Node, depth: usize) -> Option<(String,
                     && integer((*op).opresulttype)
                     && ["+", "-", "*"].contains(&c_string(pg_sys::get_opname((*op).opno)).as_str());
                 arithmetic.then(|| within((*op).args)).flatten()
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The function of an aggregate or window function call, whether it is called with `*`, and
+/// its arguments (an aggregate's ORDER BY keys left out); `None` for another node.
+///
+/// # Safety
+/// `node` is a node of an analyzed tree.
+unsafe fn aggregate_call(
+    node: *mut pg_sys::Node,
+) -> Option<(pg_sys::Oid, bool, Vec<*mut pg_sys::Node>)> {
+    // SAFETY: the caller's contract; the node is read as the struct its tag names.
+    unsafe {
+        match (*node).type_ {
+            pg_sys::NodeTag::T_Aggref => {
+                let aggref = node.cast::<pg_sys::Aggref>();
+                let args = PgList::<pg_sys::TargetEntry>::from_pg((*aggref).args)
+                    .iter_ptr()
+                    .filter(|&entry| !(*entry).resjunk)
+                    .map(|entry| (*entry).expr.cast::<pg_sys::Node>())
+                    .collect();
+                Some(((*aggref).aggfnoid, (*aggref).aggstar, args))
+            }
+            pg_sys::NodeTag::T_WindowFunc => {
+                let window = node.cast::<pg_sys::WindowFunc>();
+                let args = PgList::<pg_sys::Node>::from_pg((*window).args)
+                    .iter_ptr()
+                    .collect();
+                Some(((*window).winfnoid, (*window).winstar, args))
             }
             _ => None,
         }

@@ -7,7 +7,7 @@ use pgrx::PgList;
 
 use super::facts::OpenRelation;
 use crate::compat;
-use crate::names::{c_string, printable};
+use crate::names::{c_string, printable, quoted};
 
 /// Foreign keys followed from one column to the key it ends at, at most (a chain of tables
 /// each keyed by the one before: an order line → an order → ...).
@@ -140,8 +140,8 @@ const ACCESS_SHARE: pg_sys::LOCKMODE = pg_sys::AccessShareLock as pg_sys::LOCKMO
 /// # Safety
 /// `column.relation` is locked by this transaction.
 pub unsafe fn shown(column: Column) -> Option<String> {
-    // SAFETY: the caller's contract (so the look-ups find the relation); the names are palloc'd
-    // copies.
+    // SAFETY: the caller's contract (so the look-ups find the relation); the name is a palloc'd
+    // copy.
     unsafe {
         let role = pg_sys::GetUserId();
         let select = pg_sys::ACL_SELECT as pg_sys::AclMode;
@@ -157,18 +157,10 @@ pub unsafe fn shown(column: Column) -> Option<String> {
         if !usage || !readable {
             return None;
         }
-        let relation = pg_sys::get_rel_name(column.relation);
-        let name = pg_sys::get_attname(column.relation, column.attnum, true);
-        if relation.is_null() || name.is_null() {
-            return None;
-        }
-        (printable(&c_string(relation)) && printable(&c_string(name))).then(|| {
-            format!(
-                "{}.{}",
-                c_string(pg_sys::quote_identifier(relation)),
-                c_string(pg_sys::quote_identifier(name))
-            )
-        })
+        let relation = c_string(pg_sys::get_rel_name(column.relation));
+        let name = column_name(column)?;
+        (!relation.is_empty() && printable(&relation))
+            .then(|| format!("{}.{}", quoted(&relation), quoted(&name)))
     }
 }
 
@@ -194,8 +186,8 @@ pub unsafe fn column_name(column: Column) -> Option<String> {
 /// `relation` is locked by this transaction.
 unsafe fn references(relation: pg_sys::Oid, attnum: pg_sys::AttrNumber) -> Vec<Column> {
     let mut found: Vec<Column> = Vec::new();
-    // SAFETY: the caller's contract; the relation is closed by `OpenRelation` on every path,
-    // also when an ERROR unwinds, and its foreign key list is only read, with no catalog
+    // The relation is closed by `OpenRelation` on every path, also when an ERROR unwinds.
+    // SAFETY: the caller's contract; the foreign key list is only read, with no catalog
     // access while it is held (the partitions are looked up after).
     unsafe {
         let rel = OpenRelation::open(relation, pg_sys::NoLock);
