@@ -1,6 +1,7 @@
 //! What differs between the PostgreSQL versions the extension supports (15, 17 and 18), in one
 //! place: node kinds the guard walks, the tuple descriptor's layout, `ExecutorRun`'s arguments,
-//! and the numbers build.rs reads from each server's headers.
+//! PostgreSQL 18's GROUP BY range-table entry, and the numbers build.rs reads from each server's
+//! headers.
 
 use pgrx::pg_sys;
 
@@ -100,6 +101,46 @@ pub fn namespace_allows(namespace: pg_sys::Oid, role: pg_sys::Oid, mode: pg_sys:
         }
     };
     result == pg_sys::AclResult::ACLCHECK_OK
+}
+
+/// Whether `rte` is PostgreSQL 18's GROUP BY range-table entry, whose columns are the grouped
+/// expressions that the SELECT list and HAVING read (earlier versions have none).
+///
+/// # Safety
+/// `rte` is a range-table entry of an analyzed tree.
+pub unsafe fn is_group(rte: *const pg_sys::RangeTblEntry) -> bool {
+    #[cfg(feature = "pg18")]
+    // SAFETY: the caller's contract.
+    return unsafe { (*rte).rtekind == pg_sys::RTEKind::RTE_GROUP };
+    #[cfg(not(feature = "pg18"))]
+    {
+        let _ = rte;
+        false
+    }
+}
+
+/// The grouped expression that column `index` (from 0) of a GROUP BY range-table entry stands
+/// for (`is_group`); `None` for another entry.
+///
+/// # Safety
+/// `rte` is a range-table entry of an analyzed tree.
+pub unsafe fn grouped(
+    rte: *const pg_sys::RangeTblEntry,
+    index: usize,
+) -> Option<*mut pg_sys::Node> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if !is_group(rte) {
+            return None;
+        }
+        #[cfg(feature = "pg18")]
+        return pgrx::PgList::<pg_sys::Node>::from_pg((*rte).groupexprs).get_ptr(index);
+        #[cfg(not(feature = "pg18"))]
+        {
+            let _ = index;
+            None
+        }
+    }
 }
 
 /// Numbers read from the server's headers at build time (build.rs): enum positions and catalog

@@ -27,6 +27,7 @@ use pgrx::PgList;
 use super::facts::builtin;
 use super::keys::{self, Column};
 use super::walk::too_deep;
+use crate::compat;
 use crate::names::{c_string, function_name, printable, quoted};
 
 /// Doubts kept per query, at most (each is a line of a repair request).
@@ -146,16 +147,14 @@ unsafe fn added_up(
         if name != "sum" && name != "avg" {
             return None;
         }
-        let (column, qualifier) = column_of(*arg, queries)?;
-        let (column, why) = keys::identifies(column.relation, column.attnum)?;
+        let (column, written) = column_of(*arg, queries)?;
+        let (_, why) = keys::identifies(column.relation, column.attnum)?;
         let verb = if name == "sum" { "adds up" } else { "averages" };
         Some(format!(
-            "{}({}.{}) {verb} identifiers ({why}): a sum or an average of \
+            "{}({written}) {verb} identifiers ({why}): a sum or an average of \
              identifiers means nothing; count the rows, or use the column that holds the \
              quantity asked for",
             name.to_uppercase(),
-            quoted(&qualifier),
-            quoted(&column),
         ))
     }
 }
@@ -174,8 +173,8 @@ unsafe fn keys_unlike(
     };
     // SAFETY: the caller's contract.
     unsafe {
-        let (left, left_named) = column_of(*left, queries)?;
-        let (right, right_named) = column_of(*right, queries)?;
+        let (left, left_written) = column_of(*left, queries)?;
+        let (right, right_written) = column_of(*right, queries)?;
         let left_name = keys::column_name(left)?;
         let right_name = keys::column_name(right)?;
         let left_key = keys::referent(left)?;
@@ -202,13 +201,9 @@ unsafe fn keys_unlike(
         };
         let (left_what, right_what) = (what(left, &left_key)?, what(right, &right_key)?);
         Some(format!(
-            "{}.{} = {}.{} compares keys of different things ({left_what}; {right_what}): \
-             their values never identify the same rows; join a foreign key to the key it \
-             references",
-            quoted(&left_named),
-            quoted(&left_name),
-            quoted(&right_named),
-            quoted(&right_name),
+            "{left_written} = {right_written} compares keys of different things ({left_what}; \
+             {right_what}): their values never identify the same rows; join a foreign key to \
+             the key it references",
         ))
     }
 }
@@ -234,7 +229,13 @@ unsafe fn integers_divided(
         if !integer((*op).opresulttype) || constant(*right, 0) {
             return None;
         }
-        let (left_call, right_call) = (aggregate_in(*left, 0), aggregate_in(*right, 0));
+        let left_read = std::cell::Cell::new(MAX_READ);
+        let search = Search {
+            queries,
+            depth: 0,
+            left: &left_read,
+        };
+        let (left_call, right_call) = (aggregate_in(*left, &search), aggregate_in(*right, &search));
         if left_call.is_none() && right_call.is_none() {
             return None;
         }
@@ -256,24 +257,49 @@ unsafe fn integers_divided(
 /// Levels of an integer expression searched for an aggregate, at most.
 const MAX_DEPTH: usize = 8;
 
+/// Nodes one search for an aggregate reads, at most: a column of a WITH query read many times
+/// by another, and so on, would otherwise be read once per way to it.
+const MAX_READ: usize = 256;
+
+/// Where `aggregate_in` is: the queries the expression is inside (outermost first), how deep
+/// it has gone and how many nodes it may still read.
+struct Search<'a> {
+    queries: &'a [*mut pg_sys::Query],
+    depth: usize,
+    left: &'a std::cell::Cell<usize>,
+}
+
+impl Search<'_> {
+    fn deeper<'b>(&'b self, queries: &'b [*mut pg_sys::Query]) -> Search<'b> {
+        Search {
+            queries,
+            depth: self.depth + 1,
+            left: self.left,
+        }
+    }
+}
+
 /// The first aggregate or window function call `expr` holds (`COUNT(*)`), and whether `expr` is
-/// that call (through casts): searched through casts, `NULLIF`, `COALESCE`, `GREATEST`,
-/// `LEAST`, scalar subqueries and the built-in integer `+`, `-` and `*`, the ways a count is
-/// scaled, guarded or computed apart before it is divided.
+/// that call (through casts, or as a column computed so): searched through casts, `NULLIF`,
+/// `COALESCE`, `GREATEST`, `LEAST`, `CASE` results, scalar subqueries, columns of subqueries
+/// and WITH queries, and the built-in integer `+`, `-` and `*`, the ways a count is scaled,
+/// guarded or computed apart before it is divided.
 ///
 /// # Safety
-/// `expr` is a node of an analyzed tree.
-unsafe fn aggregate_in(expr: *mut pg_sys::Node, depth: usize) -> Option<(String, bool)> {
+/// `expr` is a node of the analyzed tree whose enclosing queries are `search.queries`.
+unsafe fn aggregate_in(expr: *mut pg_sys::Node, search: &Search) -> Option<(String, bool)> {
     // SAFETY: the caller's contract; every node is read as the struct its tag names.
     unsafe {
+        pgrx::check_for_interrupts!();
         let expr = uncast(expr);
-        if depth >= MAX_DEPTH || expr.is_null() {
+        if search.depth >= MAX_DEPTH || search.left.get() == 0 || expr.is_null() {
             return None;
         }
+        search.left.set(search.left.get() - 1);
         let within = |args: *mut pg_sys::List| {
             PgList::<pg_sys::Node>::from_pg(args)
                 .iter_ptr()
-                .find_map(|arg| aggregate_in(arg, depth + 1))
+                .find_map(|arg| aggregate_in(arg, &search.deeper(search.queries)))
                 .map(|(call, _)| (call, false))
         };
         match (*expr).type_ {
@@ -299,8 +325,32 @@ unsafe fn aggregate_in(expr: *mut pg_sys::Node, depth: usize) -> Option<(String,
                 let column = PgList::<pg_sys::TargetEntry>::from_pg((*query).targetList)
                     .iter_ptr()
                     .find(|&entry| !(*entry).resjunk)?;
-                let (call, _) = aggregate_in((*column).expr.cast(), depth + 1)?;
+                let mut inner = search.queries.to_vec();
+                inner.push(query);
+                let (call, _) = aggregate_in((*column).expr.cast(), &search.deeper(&inner))?;
                 Some((format!("a subquery's {call}"), true))
+            }
+            // `t.total` of `(SELECT COUNT(*) AS total ...) t` or of a WITH query.
+            pg_sys::NodeTag::T_Var => {
+                let var = expr.cast::<pg_sys::Var>();
+                let (rte, _) = entry_of(var, search.queries)?;
+                let (inner, stack) = behind(var, search.queries)?;
+                let (call, is_call) = aggregate_in(inner, &search.deeper(&stack))?;
+                if transparent(rte) {
+                    return Some((call, is_call));
+                }
+                let written = written_name(rte, (*var).varattno)?;
+                let how = if is_call { "" } else { "an expression of " };
+                Some((format!("{written} (computed as {how}{call})"), true))
+            }
+            pg_sys::NodeTag::T_CaseExpr => {
+                let case = expr.cast::<pg_sys::CaseExpr>();
+                PgList::<pg_sys::CaseWhen>::from_pg((*case).args)
+                    .iter_ptr()
+                    .map(|when| (*when).result.cast::<pg_sys::Node>())
+                    .chain(std::iter::once((*case).defresult.cast()))
+                    .find_map(|result| aggregate_in(result, &search.deeper(search.queries)))
+                    .map(|(call, _)| (call, false))
             }
             pg_sys::NodeTag::T_MinMaxExpr => within((*expr.cast::<pg_sys::MinMaxExpr>()).args),
             pg_sys::NodeTag::T_NullIfExpr => within((*expr.cast::<pg_sys::NullIfExpr>()).args),
@@ -445,36 +495,73 @@ unsafe fn constant(expr: *mut pg_sys::Node, depth: usize) -> bool {
 /// `expr` is a node of the analyzed tree whose enclosing queries are `queries`.
 unsafe fn named_column(expr: *mut pg_sys::Node, queries: &[*mut pg_sys::Query]) -> Option<String> {
     // SAFETY: the caller's contract.
-    unsafe {
-        let (column, named) = column_of(uncast(expr), queries)?;
-        Some(format!(
-            "{}.{}",
-            quoted(&named),
-            quoted(&keys::column_name(column)?)
-        ))
-    }
+    unsafe { column_of(uncast(expr), queries).map(|(_, written)| written) }
 }
 
 /// The column of a table that `expr` reads (through relabelling, as a column of a domain is
-/// read), and the name the query gives its table (its alias, else the relation's name).
+/// read; through subqueries, WITH queries, joins and groups whose column is that column), and
+/// `alias.column` as the query writes it where `expr` is.
 ///
 /// # Safety
 /// `expr` is a node of the analyzed tree whose enclosing queries are `queries`.
 unsafe fn column_of(
+    expr: *mut pg_sys::Node,
+    queries: &[*mut pg_sys::Query],
+) -> Option<(Column, String)> {
+    // SAFETY: the caller's contract.
+    unsafe { resolved(expr, queries, None, 0) }
+}
+
+/// `column_of`, `depth` subqueries or joins in, with the name written where the search began
+/// (`None` until a range-table entry the query names is reached).
+///
+/// # Safety
+/// As `column_of`.
+unsafe fn resolved(
     mut expr: *mut pg_sys::Node,
     queries: &[*mut pg_sys::Query],
+    written: Option<String>,
+    depth: usize,
 ) -> Option<(Column, String)> {
     // SAFETY: the caller's contract; every node is read as the struct its tag names.
     unsafe {
         while !expr.is_null() && (*expr).type_ == pg_sys::NodeTag::T_RelabelType {
             expr = (*expr.cast::<pg_sys::RelabelType>()).arg.cast();
         }
-        if expr.is_null() || (*expr).type_ != pg_sys::NodeTag::T_Var {
+        if depth >= MAX_DEPTH || expr.is_null() || (*expr).type_ != pg_sys::NodeTag::T_Var {
             return None;
         }
         let var = expr.cast::<pg_sys::Var>();
-        let attnum = (*var).varattno;
-        if attnum <= 0 {
+        let (rte, _) = entry_of(var, queries)?;
+        let written = match written {
+            Some(written) => Some(written),
+            None if transparent(rte) => None,
+            None => Some(written_name(rte, (*var).varattno)?),
+        };
+        if (*rte).rtekind == pg_sys::RTEKind::RTE_RELATION {
+            let column = Column {
+                relation: (*rte).relid,
+                attnum: (*var).varattno,
+            };
+            return Some((column, written?));
+        }
+        let (inner, stack) = behind(var, queries)?;
+        resolved(inner, &stack, written, depth + 1)
+    }
+}
+
+/// The range-table entry a column reference `var` reads, and the level of the query that holds
+/// it in `queries` (outermost first); `None` for a whole-row or system column.
+///
+/// # Safety
+/// `var` is a node of the analyzed tree whose enclosing queries are `queries`.
+unsafe fn entry_of(
+    var: *mut pg_sys::Var,
+    queries: &[*mut pg_sys::Query],
+) -> Option<(*mut pg_sys::RangeTblEntry, usize)> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if (*var).varattno <= 0 {
             return None;
         }
         let level = queries
@@ -485,16 +572,110 @@ unsafe fn column_of(
         let rte =
             PgList::<pg_sys::RangeTblEntry>::from_pg((*queries.get(level)?.cast_const()).rtable)
                 .get_ptr(index)?;
-        if (*rte).rtekind != pg_sys::RTEKind::RTE_RELATION {
+        Some((rte, level))
+    }
+}
+
+/// What a column of a subquery, a WITH query, a join or (PostgreSQL 18) a GROUP BY stands for:
+/// the expression behind `var`, and the queries that expression is inside (outermost first).
+///
+/// # Safety
+/// `var` is a node of the analyzed tree whose enclosing queries are `queries`.
+unsafe fn behind(
+    var: *mut pg_sys::Var,
+    queries: &[*mut pg_sys::Query],
+) -> Option<(*mut pg_sys::Node, Vec<*mut pg_sys::Query>)> {
+    // SAFETY: the caller's contract; every node is read as the struct its tag names.
+    unsafe {
+        let (rte, level) = entry_of(var, queries)?;
+        let column = usize::try_from((*var).varattno).ok()?.checked_sub(1)?;
+        let around = queries.get(..=level)?;
+        let within = |query: *mut pg_sys::Query, owners: &[*mut pg_sys::Query]| {
+            let expr = output(query, (*var).varattno)?;
+            let mut stack = owners.to_vec();
+            stack.push(query);
+            Some((expr, stack))
+        };
+        match (*rte).rtekind {
+            pg_sys::RTEKind::RTE_SUBQUERY => within((*rte).subquery, around),
+            pg_sys::RTEKind::RTE_CTE => {
+                let owner = level.checked_sub(usize::try_from((*rte).ctelevelsup).ok()?)?;
+                let owners = queries.get(..=owner)?;
+                let name = c_string((*rte).ctename);
+                let cte = PgList::<pg_sys::CommonTableExpr>::from_pg((*owners[owner]).cteList)
+                    .iter_ptr()
+                    .find(|&cte| c_string((*cte).ctename) == name)?;
+                within((*cte).ctequery.cast(), owners)
+            }
+            pg_sys::RTEKind::RTE_JOIN => {
+                let expr = PgList::<pg_sys::Node>::from_pg((*rte).joinaliasvars).get_ptr(column)?;
+                Some((expr, around.to_vec()))
+            }
+            _ => compat::grouped(rte, column).map(|expr| (expr, around.to_vec())),
+        }
+    }
+}
+
+/// The expression of output column `resno` of `query` (a SELECT's; a set operation's first
+/// branch, through the column of its own range table).
+///
+/// # Safety
+/// `query` is null or a node of an analyzed tree.
+unsafe fn output(
+    query: *mut pg_sys::Query,
+    resno: pg_sys::AttrNumber,
+) -> Option<*mut pg_sys::Node> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if query.is_null() || (*query).type_ != pg_sys::NodeTag::T_Query {
             return None;
         }
-        let relation = (*rte).relid;
+        PgList::<pg_sys::TargetEntry>::from_pg((*query).targetList)
+            .iter_ptr()
+            .find(|&entry| (*entry).resno == resno && !(*entry).resjunk)
+            .map(|entry| (*entry).expr.cast())
+    }
+}
+
+/// A range-table entry whose columns the query writes as another's: an unnamed join's (`USING`
+/// columns) and PostgreSQL 18's GROUP BY entry.
+///
+/// # Safety
+/// `rte` is a range-table entry of an analyzed tree.
+unsafe fn transparent(rte: *mut pg_sys::RangeTblEntry) -> bool {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match (*rte).rtekind {
+            pg_sys::RTEKind::RTE_JOIN => (*rte).alias.is_null(),
+            _ => compat::is_group(rte),
+        }
+    }
+}
+
+/// `alias.column` of column `attnum` of `rte` as the query names it, quoted as SQL writes it.
+///
+/// # Safety
+/// `rte` is a range-table entry of an analyzed tree.
+unsafe fn written_name(
+    rte: *mut pg_sys::RangeTblEntry,
+    attnum: pg_sys::AttrNumber,
+) -> Option<String> {
+    // SAFETY: the caller's contract; the alias's names are String nodes.
+    unsafe {
         let eref = (*rte).eref;
-        let qualifier = if eref.is_null() || (*eref).aliasname.is_null() {
-            c_string(pg_sys::get_rel_name(relation))
-        } else {
-            c_string((*eref).aliasname)
-        };
-        printable(&qualifier).then_some((Column { relation, attnum }, qualifier))
+        if eref.is_null() {
+            return None;
+        }
+        let index = usize::try_from(attnum).ok()?.checked_sub(1)?;
+        let name = PgList::<pg_sys::Node>::from_pg((*eref).colnames).get_ptr(index)?;
+        if (*name).type_ != pg_sys::NodeTag::T_String {
+            return None;
+        }
+        let (alias, column) = (
+            c_string((*eref).aliasname),
+            c_string((*name.cast::<pg_sys::String>()).sval),
+        );
+        (!alias.is_empty() && !column.is_empty() && printable(&alias) && printable(&column))
+            .then(|| format!("{}.{}", quoted(&alias), quoted(&column)))
     }
 }

@@ -1560,6 +1560,25 @@ fn keys_of_different_things_compared_are_repaired_or_else_doubted() {
         "{feedback}"
     );
 
+    // Through a WITH query and a derived table, named as the query writes them.
+    let hidden = "WITH t AS (SELECT dept_id AS dept FROM departments) \
+                  SELECT x.room FROM (SELECT faculty_id AS f, room FROM sections) x \
+                  JOIN t ON t.dept = x.f";
+    s.llm.on(
+        "rooms of departments through queries",
+        vec![Reply::sql(hidden), Reply::sql(hidden)],
+    );
+    let trace = s.trace("rooms of departments through queries").unwrap();
+    assert_eq!(trace["confidence"]["level"], "low", "{trace}");
+    assert!(
+        trace["attempts"][0]["questioned"].to_string().contains(
+            "t.dept = x.f compares keys of different things \
+             (departments.dept_id is the key of its table; \
+             sections.faculty_id references faculty.faculty_id)"
+        ),
+        "{trace}"
+    );
+
     // Two tables' own keys compared, in a WHERE clause: the model stands by it, the answer
     // is doubtful.
     let keys = "SELECT s.room FROM sections s, departments d WHERE s.section_id = d.dept_id";
@@ -1754,6 +1773,36 @@ fn a_division_of_integer_aggregates_is_repaired_or_else_doubted() {
         "{trace}"
     );
 
+    // Counts computed apart in WITH queries or derived tables, or chosen by CASE.
+    let queries = "WITH big AS (SELECT COUNT(*) AS n FROM orders WHERE amount > 100) \
+                   SELECT big.n * 100 / t.total AS pct \
+                   FROM big, (SELECT COUNT(*) AS total FROM orders) t";
+    let case = "SELECT CASE WHEN COUNT(*) > 0 THEN SUM(amount)::int ELSE 0 END \
+                / COUNT(DISTINCT customer_id) AS per FROM orders";
+    for (question, sql, line) in [
+        (
+            "share of big orders in queries",
+            queries,
+            "an expression of big.n (computed as COUNT(*)) / t.total (computed as COUNT(*)) \
+             divides integers",
+        ),
+        (
+            "amount per customer by case",
+            case,
+            "an expression of SUM(...) / COUNT(...) divides integers",
+        ),
+    ] {
+        s.llm.on(question, vec![Reply::sql(sql), Reply::sql(sql)]);
+        let trace = s.trace(question).unwrap();
+        assert_eq!(trace["confidence"]["level"], "low", "{trace}");
+        assert!(
+            trace["attempts"][0]["questioned"]
+                .to_string()
+                .contains(line),
+            "{trace}"
+        );
+    }
+
     // Numbers divided, integers without an aggregate, a constant divisor (buckets, pages):
     // not questioned.
     let fine = "SELECT COUNT(*)::numeric / COUNT(DISTINCT customer_id) AS per, \
@@ -1761,9 +1810,13 @@ fn a_division_of_integer_aggregates_is_repaired_or_else_doubted() {
                 MIN(order_id) / 2 AS half FROM orders GROUP BY order_id / 10";
     let pages = "SELECT order_id, row_number() OVER (ORDER BY order_id) / 10 AS page \
                  FROM orders";
+    let numbers = "WITH t AS (SELECT COUNT(*)::numeric AS n, COUNT(*) AS m FROM orders) \
+                   SELECT t.n / t.m AS one, t.m / 2 AS half, b.k / b.j AS k \
+                   FROM t, (SELECT order_id / 10 AS k, order_id % 7 + 1 AS j FROM orders) b";
     for (question, sql) in [
         ("orders per customer by bucket", fine),
         ("pages of orders", pages),
+        ("numbers of orders in queries", numbers),
     ] {
         s.llm.on(question, vec![Reply::sql(sql)]);
         let trace = s.trace(question).unwrap();
