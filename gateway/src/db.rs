@@ -137,6 +137,9 @@ impl From<tokio_postgres::Error> for DbError {
 pub struct Conn {
     client: Client,
     notices: Arc<Mutex<Option<Sender<String>>>>,
+    /// A call on it was abandoned while its query ran: it is never handed out again (its
+    /// NOTICEs, or the cancel sent for it, would reach the next request, maybe another role's).
+    abandoned: Arc<AtomicBool>,
 }
 
 pub struct Manager {
@@ -169,29 +172,55 @@ impl managed::Manager for Manager {
                 }
             }
         });
-        Ok(Conn { client, notices })
+        Ok(Conn {
+            client,
+            notices,
+            abandoned: Arc::new(AtomicBool::new(false)),
+        })
     }
 
     async fn recycle(&self, conn: &mut Conn, _: &Metrics) -> RecycleResult<tokio_postgres::Error> {
         if conn.client.is_closed() {
             return Err(managed::RecycleError::message("the connection is closed"));
         }
+        if conn.abandoned.load(Ordering::SeqCst) {
+            return Err(managed::RecycleError::message(
+                "a call on the connection was abandoned",
+            ));
+        }
         Ok(())
     }
 }
 
-/// Cancels the running query when dropped before `disarm`: the request was abandoned.
-struct CancelOnDrop(Option<CancelToken>);
+/// Cancels the running query when dropped before `disarm` (the request was abandoned), stops
+/// its NOTICEs and marks its connection so the pool closes it instead of reusing it.
+struct CancelOnDrop {
+    token: Option<CancelToken>,
+    notices: Arc<Mutex<Option<Sender<String>>>>,
+    abandoned: Arc<AtomicBool>,
+}
 
 impl CancelOnDrop {
+    fn new(conn: &Conn) -> CancelOnDrop {
+        CancelOnDrop {
+            token: Some(conn.client.cancel_token()),
+            notices: Arc::clone(&conn.notices),
+            abandoned: Arc::clone(&conn.abandoned),
+        }
+    }
+
     fn disarm(mut self) {
-        self.0 = None;
+        self.token = None;
     }
 }
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
-        if let Some(token) = self.0.take() {
+        if let Some(token) = self.token.take() {
+            self.abandoned.store(true, Ordering::SeqCst);
+            if let Ok(mut sender) = self.notices.lock() {
+                *sender = None;
+            }
             eprintln!("sqe-gateway: request abandoned, cancelling its query");
             tokio::spawn(async move {
                 if let Err(e) = token.cancel_query(NoTls).await {
@@ -588,7 +617,7 @@ impl Db {
         if let Ok(mut sender) = conn.notices.lock() {
             *sender = progress;
         }
-        let guard = CancelOnDrop(Some(conn.client.cancel_token()));
+        let guard = CancelOnDrop::new(conn);
         let result = run(&mut conn.client, &self.schema, role, call, streaming).await;
         guard.disarm();
         if let Ok(mut sender) = conn.notices.lock() {

