@@ -771,6 +771,13 @@ fn audited_run(
 const FIX_QUESTION: &str =
     "Fix this SQL query so that it runs and returns what it was written to return.";
 
+/// Longest question, in characters: it goes into every request to the model, the session's
+/// turns and the value look-up.
+const MAX_QUESTION_CHARS: usize = 10_000;
+
+/// Longest SQL given to be fixed, in characters.
+const MAX_SQL_CHARS: usize = 100_000;
+
 /// The whole pipeline for one question.
 fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
     let question = match (ask.question.filter(|q| !q.trim().is_empty()), ask.first) {
@@ -782,6 +789,19 @@ fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
             ))
         }
     };
+    if question.chars().count() > MAX_QUESTION_CHARS {
+        return Err(Error::InvalidParameter(format!(
+            "the question is longer than {MAX_QUESTION_CHARS} characters: ask it shorter"
+        )));
+    }
+    if ask
+        .first
+        .is_some_and(|sql| sql.chars().count() > MAX_SQL_CHARS)
+    {
+        return Err(Error::InvalidParameter(format!(
+            "the SQL to fix is longer than {MAX_SQL_CHARS} characters"
+        )));
+    }
     let started = std::time::Instant::now();
     let session = ask.session.filter(|s| !s.is_empty());
     let mut llm = Asked {

@@ -378,10 +378,7 @@ unsafe fn doubts_of(query: *mut pg_sys::Query) -> Vec<String> {
     match subxact::in_subtransaction(false, || unsafe { guard::doubts(query) }) {
         Ok(doubts) => doubts,
         Err(caught) => {
-            let sqlstate = SqlState::from_code(report_of(&caught).sql_error_code());
-            if matches!(*caught, CaughtError::RustPanic { .. })
-                || ["53", "57", "58"].contains(&sqlstate.class())
-            {
+            if subxact::ends_the_call(&caught) {
                 caught.rethrow();
             }
             Vec::new()
@@ -896,10 +893,13 @@ unsafe extern "C-unwind" fn startup(
         let c = collector(receiver);
         if let Some(portal) = c.portal {
             // The row type and a store for the rows, in the portal's memory, which outlives this
-            // execution and its subtransaction; scrollable, like the cursor.
+            // execution and its subtransaction; scrollable, like the cursor. Its temporary
+            // files belong to the portal's resource owner (see `receive_slot`), so a store
+            // that no cursor took (an attempt that failed after some rows) is closed with the
+            // portal, at the latest when the transaction ends.
             let caller = pg_sys::MemoryContextSwitchTo((*portal).holdContext);
             c.result.held = Some(Held {
-                store: pg_sys::tuplestore_begin_heap(true, true, pg_sys::work_mem),
+                store: pg_sys::tuplestore_begin_heap(true, false, pg_sys::work_mem),
                 desc: pg_sys::CreateTupleDescCopy(source),
             });
             pg_sys::MemoryContextSwitchTo(caller);
@@ -1059,8 +1059,15 @@ pub fn finish_cursor(portal: pg_sys::Portal, sql: &str, answer: Option<Held>, ot
     // SAFETY: a portal `new_cursor` made, not yet defined; the stores are the attempts', in its
     // hold context.
     unsafe {
-        for held in others.iter().filter(|h| Some(**h) != answer) {
+        // An attempt's outcome reused for the same query again (a candidate that repeats it)
+        // holds the same store: each store is ended once.
+        let mut ended: Vec<*mut pg_sys::Tuplestorestate> = Vec::new();
+        for held in others {
+            if Some(held.store) == answer.map(|a| a.store) || ended.contains(&held.store) {
+                continue;
+            }
             pg_sys::tuplestore_end(held.store);
+            ended.push(held.store);
         }
         let (Some(answer), Ok(sql)) = (answer, CString::new(sql)) else {
             pg_sys::PortalDrop(portal, false);
@@ -1098,7 +1105,8 @@ fn row_security_tables(relations: &[pg_sys::Oid]) -> Vec<String> {
                 crate::names::c_string(pg_sys::get_rel_name(relid)),
             )
         };
-        if applies && !name.is_empty() && !tables.contains(&name) {
+        if applies && !name.is_empty() && crate::names::printable(&name) && !tables.contains(&name)
+        {
             tables.push(name);
         }
     }
@@ -1107,14 +1115,22 @@ fn row_security_tables(relations: &[pg_sys::Oid]) -> Vec<String> {
 
 /// `a, b, a` becomes `a, b, a_2`: jsonb objects cannot hold a key twice.
 fn unique_names(names: &[String]) -> Vec<String> {
+    use std::collections::{HashMap, HashSet};
+    // Sets, and the next suffix per name: a query may repeat one name a thousand times.
+    let given: HashSet<&str> = names.iter().map(String::as_str).collect();
+    let mut taken: HashSet<String> = HashSet::with_capacity(names.len());
+    let mut next: HashMap<&str, usize> = HashMap::new();
     let mut out: Vec<String> = Vec::with_capacity(names.len());
     for name in names {
         let mut candidate = name.clone();
-        let mut n = 2;
-        while out.contains(&candidate) || (candidate != *name && names.contains(&candidate)) {
+        let n = next.entry(name.as_str()).or_insert(2);
+        while taken.contains(&candidate)
+            || (candidate != *name && given.contains(candidate.as_str()))
+        {
             candidate = format!("{name}_{n}");
-            n += 1;
+            *n += 1;
         }
+        taken.insert(candidate.clone());
         out.push(candidate);
     }
     out

@@ -463,10 +463,14 @@ impl Solver<'_> {
     }
 
     fn count(&mut self, requests: u32, completions: &[Completion]) {
-        self.run.llm_calls += requests;
+        self.run.llm_calls = self.run.llm_calls.saturating_add(requests);
         for c in completions {
-            self.run.prompt_tokens += c.prompt_tokens;
-            self.run.completion_tokens += c.completion_tokens;
+            // Counts the endpoint reports: saturating, whatever it says.
+            self.run.prompt_tokens = self.run.prompt_tokens.saturating_add(c.prompt_tokens);
+            self.run.completion_tokens = self
+                .run
+                .completion_tokens
+                .saturating_add(c.completion_tokens);
         }
     }
 

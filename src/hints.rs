@@ -799,9 +799,11 @@ fn item_end(sql: &str, at: usize, alias: Option<&str>) -> Option<usize> {
     };
     let mut at_alias = end + gap(end)?;
     let rest = sql.get(at_alias..)?;
-    if rest.len() > 2
-        && rest[..2].eq_ignore_ascii_case("as")
-        && rest[2..].starts_with(char::is_whitespace)
+    // By `get`: the model's alias may start with a character of several bytes.
+    if rest.get(..2).is_some_and(|a| a.eq_ignore_ascii_case("as"))
+        && rest
+            .get(2..)
+            .is_some_and(|r| r.starts_with(char::is_whitespace))
     {
         at_alias += 2 + gap(at_alias + 2)?;
     }

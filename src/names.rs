@@ -51,7 +51,16 @@ pub fn relation_name(relation: pg_sys::Oid) -> String {
             c_string(pg_sys::get_rel_name(relation)),
         )
     };
-    format!("{}.{name}", namespace_name(namespace).unwrap_or_default())
+    // Another role chose the names: one that would break the message's line is not shown.
+    let shown = |part: String| match printable(&part) {
+        true => part,
+        false => "(a name that does not print)".to_string(),
+    };
+    format!(
+        "{}.{}",
+        shown(namespace_name(namespace).unwrap_or_default()),
+        shown(name)
+    )
 }
 
 /// Whether a name can be shown as part of one line: a quoted identifier may hold a newline,

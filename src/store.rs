@@ -72,7 +72,8 @@ pub fn writable() -> bool {
 /// Runs the extension's own write `work` (its bookkeeping: history, sessions) so that it never
 /// makes the call fail: in a subtransaction that is committed when it succeeds, with a short
 /// lock timeout and the pinned search path (like a function's SET clause); a failure is
-/// swallowed and said at DEBUG1, naming `what`. Returns what `work` returned, when it was
+/// swallowed and said at DEBUG1, naming `what` (a cancel, a resource or system error ends the
+/// call, see `subxact::ends_the_call`). Returns what `work` returned, when it was
 /// written.
 pub fn write_best_effort<T, F>(what: &str, work: F) -> Option<T>
 where
@@ -91,6 +92,8 @@ where
             debug1!("sql_query_engine: {what} not written: {e}");
             None
         }
+        // A cancel or a resource error is the call's, not the bookkeeping's.
+        Err(caught) if subxact::ends_the_call(&caught) => caught.rethrow(),
         Err(caught) => {
             debug1!("sql_query_engine: {what} not written: {caught:?}");
             None

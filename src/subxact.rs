@@ -10,6 +10,8 @@ use std::panic::AssertUnwindSafe;
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::pg_sys::{self, PgTryBuilder};
 
+use crate::error::SqlState;
+
 /// Runs `work` in an internal subtransaction, committed when `commit` and the work succeeded,
 /// rolled back otherwise; any error is caught and returned, and the caller's transaction, memory
 /// context and resource owner are as they were.
@@ -71,8 +73,19 @@ impl Drop for Restricted {
     }
 }
 
-/// The search path of the extension's own SQL: built-in names only, temporary objects last,
-/// so that no function, operator or type a role created can stand in for a built-in one.
+/// Whether a caught error must end the whole call though the work was optional (the doubts,
+/// the bookkeeping): a cancel or a timeout of the call (class 57), a resource (53) or system
+/// (58) error, or a panic (a bug). Anything else costs only that work.
+pub fn ends_the_call(caught: &CaughtError) -> bool {
+    match caught {
+        CaughtError::RustPanic { .. } => true,
+        CaughtError::PostgresError(r) | CaughtError::ErrorReport(r) => {
+            let sqlstate = SqlState::from_code(r.sql_error_code());
+            ["53", "57", "58"].contains(&sqlstate.class())
+        }
+    }
+}
+
 pub const PINNED_SEARCH_PATH: &CStr = c"pg_catalog, pg_temp";
 
 /// Runs `work` with `settings` in force, restored afterwards, like a function's `SET` clause

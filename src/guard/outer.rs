@@ -13,7 +13,7 @@ use pgrx::pg_sys;
 use pgrx::PgList;
 
 use super::walk::too_deep;
-use crate::names::c_string;
+use crate::names::{c_string, printable};
 
 /// The walk's state: the queries it is inside (outermost first), and what it found.
 struct Scopes {
@@ -164,6 +164,6 @@ unsafe fn alias_of(rte: *mut pg_sys::RangeTblEntry) -> Option<String> {
         let eref = (*rte).eref;
         (!eref.is_null() && !(*eref).aliasname.is_null())
             .then(|| c_string((*eref).aliasname))
-            .filter(|name| !name.is_empty())
+            .filter(|name| !name.is_empty() && printable(name))
     }
 }

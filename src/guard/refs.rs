@@ -165,10 +165,14 @@ pub fn references(sql: &str) -> References {
                 pg_sys::RawParseMode::RAW_PARSE_DEFAULT,
             ));
             for raw in statements.iter_ptr() {
-                // The statement itself first: PostgreSQL's walker visits only a node's
-                // children, and the statement is a SELECT too.
-                collector(
-                    (*raw).stmt,
+                // The statement itself first (PostgreSQL's walker visits only a node's children,
+                // and the statement is a SELECT too): as a one-element list, through
+                // PostgreSQL's walker, never by calling the walker directly, so that an ERROR
+                // deep in the walk comes back through pgrx's FFI boundary (see `walk::check`).
+                let list = pg_sys::lappend(std::ptr::null_mut(), (*raw).stmt.cast());
+                pg_sys::raw_expression_tree_walker(
+                    list.cast(),
+                    Some(collector),
                     (&mut collecting as *mut Collecting).cast::<c_void>(),
                 );
             }

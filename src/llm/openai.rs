@@ -305,6 +305,8 @@ impl OpenAiClient {
     ) -> Result<Choices> {
         let mut body = self.request_body(messages, n).to_string();
         let mut backoff = Duration::from_millis(250);
+        // One choice was asked for after a 400 to several: a 400 again is the request's own.
+        let mut single = n <= 1;
         loop {
             if Instant::now() >= deadline {
                 return Err(self.timeout_error());
@@ -344,9 +346,14 @@ impl OpenAiClient {
                 body = self.request_body(messages, n).to_string();
                 continue;
             }
-            if code == 400 && n > 1 {
+            if code == 400 && !single {
                 // No several choices here: one is asked for, the rest one by one.
-                NO_CHOICES.with_borrow_mut(|e| e.push(self.base_url.clone()));
+                single = true;
+                NO_CHOICES.with_borrow_mut(|e| {
+                    if !e.contains(&self.base_url) {
+                        e.push(self.base_url.clone())
+                    }
+                });
                 body = self.request_body(messages, 1).to_string();
                 continue;
             }

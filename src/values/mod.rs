@@ -257,6 +257,8 @@ impl ValueIndex {
         let mut matched_phrases: Vec<String> = Vec::new();
         let candidates = phrases(question);
         for phrase in candidates.iter().take(300) {
+            // A fuzzy look-up can read many postings: the caller's cancel and timeout count.
+            interruptible();
             if matches.len() >= MAX_MATCHES {
                 break;
             }
@@ -273,7 +275,12 @@ impl ValueIndex {
                 .get(&key)
                 .map(|ids| ids.iter().map(|&id| (id, true)).collect())
                 .unwrap_or_default();
-            if found.is_empty() && phrase.marked && key.chars().count() >= 3 {
+            // A long phrase has many trigrams, each a long list to read: only exact there.
+            if found.is_empty()
+                && phrase.marked
+                && key.chars().count() >= 3
+                && key.len() <= MAX_FUZZY_BYTES
+            {
                 found = self
                     .fuzzy(&phrase.text)
                     .into_iter()
@@ -368,6 +375,7 @@ impl ValueIndex {
         let wanted = trigrams(text);
         let mut shared: FxHashMap<u32, usize> = FxHashMap::default();
         for trigram in &wanted {
+            interruptible();
             if let Some(ids) = self.by_trigram.get(trigram) {
                 // Very common trigrams say little and cost much.
                 if ids.len() > 20_000 {
@@ -391,6 +399,16 @@ impl ValueIndex {
         best.into_iter().take(2).map(|(_, id)| id).collect()
     }
 }
+
+/// The caller's cancel and timeout, checked in look-ups over the index (unit tests run them
+/// outside a backend, where there is nothing to check).
+fn interruptible() {
+    #[cfg(not(test))]
+    pgrx::check_for_interrupts!();
+}
+
+/// Longest phrase (in bytes) looked up by similarity rather than only exactly.
+const MAX_FUZZY_BYTES: usize = 200;
 
 /// A column's name as `literals::compared` reads it from a query: unquoted.
 fn column_name(quoted: &str) -> String {
