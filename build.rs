@@ -1,7 +1,8 @@
 //! Reads, from the headers of the PostgreSQL the extension is built for, the numbers it would
 //! otherwise have to hard-code because pgrx does not bind them: the position of
-//! `STATEMENT_TIMEOUT` in `enum TimeoutId` (utils/timeout.h) and the attribute numbers of the
-//! catalog columns the guard reads by number (pg_aggregate, pg_cast, pg_range). They are written
+//! `STATEMENT_TIMEOUT` in `enum TimeoutId` (utils/timeout.h), the attribute numbers of the
+//! catalog columns the guard reads by number (pg_aggregate, pg_cast, pg_range, pg_constraint)
+//! and the OIDs of pg_constraint and its index by domain. They are written
 //! to `$OUT_DIR/server_numbers.rs`, which `compat` includes.
 //!
 //! The server is found as pgrx finds it: `PGRX_PG_CONFIG_PATH`, else the `pgNN` feature's entry
@@ -19,6 +20,24 @@ const ATTRIBUTES: &[(&str, &str)] = &[
     ("pg_cast", "castfunc"),
     ("pg_range", "rngcanonical"),
     ("pg_range", "rngsubdiff"),
+    ("pg_constraint", "contype"),
+    ("pg_constraint", "contypid"),
+    ("pg_constraint", "conbin"),
+];
+
+/// Catalog and index OIDs, as `#define <Name> N` in `catalog/<catalog>_d.h`, and the constant
+/// each becomes.
+const OIDS: &[(&str, &str, &str)] = &[
+    (
+        "pg_constraint",
+        "ConstraintRelationId",
+        "CONSTRAINT_RELATION_ID",
+    ),
+    (
+        "pg_constraint",
+        "ConstraintTypidIndexId",
+        "CONSTRAINT_TYPID_INDEX_ID",
+    ),
 ];
 
 fn main() {
@@ -40,6 +59,14 @@ fn main() {
              pub const {}: i16 = {};\n",
             name.to_uppercase(),
             define(&header, &name)
+        ));
+    }
+    for (catalog, name, constant) in OIDS {
+        let header = read(&include.join(format!("catalog/{catalog}_d.h")));
+        out.push_str(&format!(
+            "/// `{name}` (catalog/{catalog}_d.h).\n\
+             pub const {constant}: u32 = {};\n",
+            define(&header, name)
         ));
     }
     let path =

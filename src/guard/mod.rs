@@ -7,8 +7,9 @@
 //! 2. Parse analysis (names resolved exactly as the server resolves them), behind the runtime
 //!    gate (`gate`): analysis converts literals to their types, and a literal of an array of a
 //!    domain, a composite or a range runs that type's input code; no function may start there
-//!    that the policy does not allow. Call `check` inside the sandbox (`exec`): analysis can
-//!    raise any error.
+//!    that the policy does not allow. The gate sees no built-in function, so the domain CHECKs
+//!    such input code runs are checked before analysis, for every type a literal could meet
+//!    (`ahead`). Call `check` inside the sandbox (`exec`): analysis can raise any error.
 //! 3. The analyzed tree: every function called anywhere (select list, WHERE, ORDER BY, LATERAL,
 //!    FROM, CTEs, sublinks, default arguments) must pass the allow-list in `policy.rs`, and so
 //!    must what runs implicitly: the support functions of user aggregates, the functions and
@@ -31,6 +32,7 @@
 //! Errors: a write or utility statement → 25006 (ends the run); a forbidden function, type,
 //! clause or relation → 42501; a parse or analysis error → the server's own ERROR.
 
+mod ahead;
 mod doubts;
 mod facts;
 pub mod gate;
@@ -149,6 +151,16 @@ pub fn check(
         Origin::Generated => gate::Rule::Allowed(std::rc::Rc::new(allowed.clone())),
         Origin::Own => gate::Rule::BuiltinOnly,
     };
+    if origin == Origin::Generated {
+        // SAFETY: a RawStmt from raw_parser.
+        let reach = unsafe { ahead::types_in_reach((*raw).stmt) }.ok_or_else(|| {
+            Refusal::read(
+                SqlState::STATEMENT_TOO_COMPLEX,
+                "the query names too many types to be checked".into(),
+            )
+        })?;
+        walk::literals_refusal(&reach, allowed.clone(), trusted)?;
+    }
     let query = {
         let _gate = gate::open(rule, "the query is analysed");
         // SAFETY: a RawStmt from raw_parser and its source text; errors come back through

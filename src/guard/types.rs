@@ -19,16 +19,22 @@ use super::verdict::Origin;
 /// Types followed at most into the types they are made of.
 const MAX_TYPE_DEPTH: usize = 16;
 
-// pg_cast's castfunc and pg_range's rngcanonical and rngsubdiff, by attribute number (their
-// headers are not in pgrx's bindings; build.rs reads the numbers from the server's).
+// pg_cast's castfunc, pg_range's rngcanonical and rngsubdiff and pg_constraint's columns, by
+// attribute number, and pg_constraint's OIDs (their headers are not in pgrx's bindings;
+// build.rs reads the numbers from the server's).
 use crate::compat::numbers::{
-    ANUM_PG_CAST_CASTFUNC as ANUM_CAST_FUNC, ANUM_PG_RANGE_RNGCANONICAL as ANUM_RANGE_CANONICAL,
-    ANUM_PG_RANGE_RNGSUBDIFF as ANUM_RANGE_SUBDIFF,
+    ANUM_PG_CAST_CASTFUNC as ANUM_CAST_FUNC, ANUM_PG_CONSTRAINT_CONBIN as ANUM_CONSTRAINT_BIN,
+    ANUM_PG_CONSTRAINT_CONTYPE as ANUM_CONSTRAINT_KIND,
+    ANUM_PG_CONSTRAINT_CONTYPID as ANUM_CONSTRAINT_TYPE_ID,
+    ANUM_PG_RANGE_RNGCANONICAL as ANUM_RANGE_CANONICAL,
+    ANUM_PG_RANGE_RNGSUBDIFF as ANUM_RANGE_SUBDIFF, CONSTRAINT_RELATION_ID,
+    CONSTRAINT_TYPID_INDEX_ID,
 };
 
 /// What a type is made of, from pg_type.
 struct TypeFacts {
     kind: u8,
+    owner: pg_sys::Oid,
     base: pg_sys::Oid,
     relation: pg_sys::Oid,
     support: Vec<pg_sys::Oid>,
@@ -48,6 +54,7 @@ impl TypeFacts {
             let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_type>(tuple);
             let facts = TypeFacts {
                 kind: (*form).typtype as u8,
+                owner: (*form).typowner,
                 base: (*form).typbasetype,
                 relation: (*form).typrelid,
                 support: [
@@ -109,6 +116,24 @@ pub fn refusal(
     .refusal(typ, 0)
 }
 
+/// Why converting a literal to `typ` may not run (see `ahead`): the CHECK of a domain inside it
+/// (an array's element, a composite's field, a range's bound, at any depth), which its input
+/// code runs, is refused by `check_expression`. A domain met directly is not checked here: its
+/// CHECK runs only with the query, where the walk of the analyzed tree decides.
+pub fn literal_refusal(
+    policy: &TypePolicy,
+    typ: pg_sys::Oid,
+    check_expression: &mut dyn FnMut(*mut pg_sys::Node) -> Option<String>,
+) -> Option<String> {
+    let mut memo = HashMap::new();
+    Types {
+        policy,
+        memo: &mut memo,
+        check_expression,
+    }
+    .inside(typ, false, 0)
+}
+
 struct Types<'a> {
     policy: &'a TypePolicy,
     memo: &'a mut HashMap<pg_sys::Oid, Option<String>>,
@@ -139,6 +164,48 @@ impl Types<'_> {
         why
     }
 
+    /// `literal_refusal` of `typ`, `contained` in an array, a composite or a range.
+    fn inside(&mut self, typ: pg_sys::Oid, contained: bool, depth: usize) -> Option<String> {
+        if typ == pg_sys::InvalidOid || builtin(typ) {
+            return None;
+        }
+        if depth > MAX_TYPE_DEPTH {
+            return Some(format!(
+                "the input code of {}, made of types nested too deeply to be checked",
+                type_name(typ)
+            ));
+        }
+        let facts = TypeFacts::of(typ)?;
+        match facts.kind {
+            pg_sys::TYPTYPE_DOMAIN => {
+                if contained {
+                    if let Some(why) = self.domain_check_refusal(typ) {
+                        return Some(format!("the CHECK of domain {}: {why}", type_name(typ)));
+                    }
+                }
+                self.inside(facts.base, contained, depth + 1)
+            }
+            pg_sys::TYPTYPE_COMPOSITE => composite_fields(facts.relation)
+                .into_iter()
+                .find_map(|field| self.inside(field, true, depth + 1)),
+            pg_sys::TYPTYPE_RANGE => {
+                // SAFETY: a catalog look-up.
+                let subtype = unsafe { pg_sys::get_range_subtype(typ) };
+                self.inside(subtype, true, depth + 1)
+            }
+            pg_sys::TYPTYPE_MULTIRANGE => {
+                // SAFETY: a catalog look-up.
+                let range = unsafe { pg_sys::get_multirange_range(typ) };
+                self.inside(range, true, depth + 1)
+            }
+            _ => {
+                // SAFETY: a catalog look-up.
+                let element = unsafe { pg_sys::get_element_type(typ) };
+                self.inside(element, true, depth + 1)
+            }
+        }
+    }
+
     fn generated_type_refusal(&mut self, typ: pg_sys::Oid, depth: usize) -> Option<String> {
         let Some(facts) = TypeFacts::of(typ) else {
             return Some("it is not in the catalog".into());
@@ -147,6 +214,16 @@ impl Types<'_> {
             walk.refusal(part, depth + 1)
                 .map(|why| format!("its {what} {} is refused: {why}", type_name(part)))
         };
+        // A superuser's call uses no type of a role it does not trust: its owner may change it
+        // (a domain's CHECK added, say) once a saved view or a query uses it.
+        if let Some(why) = self
+            .policy
+            .trusted
+            .as_ref()
+            .and_then(|t| t.refuse_owner(facts.owner, "type"))
+        {
+            return Some(why);
+        }
         if let Some(why) = self.support_refusal(&facts.support, "input, output or support") {
             return Some(why);
         }
@@ -266,33 +343,70 @@ impl Types<'_> {
 
     /// The domain's CHECK expressions, walked like the query itself.
     fn domain_check_refusal(&mut self, domain: pg_sys::Oid) -> Option<String> {
-        // The reference registers a callback on the memory context that releases it, so it
-        // lives in that context, not on the stack. No expression state is built: nothing runs.
-        // SAFETY: palloc'd in the current context; PostgreSQL fills it.
-        let constraints = unsafe {
-            let constraints = pg_sys::palloc0(std::mem::size_of::<pg_sys::DomainConstraintRef>())
-                .cast::<pg_sys::DomainConstraintRef>();
-            pg_sys::InitDomainConstraintRef(
-                domain,
-                constraints,
-                pg_sys::CurrentMemoryContext,
-                false,
-            );
-            constraints
-        };
-        // SAFETY: the list PostgreSQL just filled; each expression is a plain node tree.
-        let expressions: Vec<*mut pg_sys::Node> = unsafe {
-            pgrx::PgList::<pg_sys::DomainConstraintState>::from_pg((*constraints).constraints)
-                .iter_ptr()
-                .map(|c| (*c).check_expr.cast::<pg_sys::Node>())
-                .filter(|e| !e.is_null())
-                .collect()
-        };
+        // SAFETY: a catalog scan of the current transaction.
+        let expressions = unsafe { stored_checks(domain) };
         expressions.into_iter().find_map(|expression| {
             (self.check_expression)(expression)
                 .map(|why| format!("its CHECK constraint is refused: {why}"))
         })
     }
+}
+
+/// The CHECK expressions of `domain` as the catalog stores them (`pg_constraint.conbin`): read,
+/// never planned. The type cache's copy is planned when it is loaded, and planning evaluates
+/// immutable functions of constants, another role's included, before any walk could refuse
+/// them.
+///
+/// # Safety
+/// In a transaction.
+unsafe fn stored_checks(domain: pg_sys::Oid) -> Vec<*mut pg_sys::Node> {
+    let mut found = Vec::new();
+    // SAFETY: an index scan of pg_constraint by domain, ended and closed before returning (an
+    // ERROR between releases both with the (sub)transaction); each expression is a node tree
+    // read from its text form into the current memory context.
+    unsafe {
+        let catalog = pg_sys::table_open(
+            pg_sys::Oid::from(CONSTRAINT_RELATION_ID),
+            pg_sys::AccessShareLock as pg_sys::LOCKMODE,
+        );
+        let mut key: pg_sys::ScanKeyData = std::mem::zeroed();
+        pg_sys::ScanKeyInit(
+            &mut key,
+            ANUM_CONSTRAINT_TYPE_ID,
+            pg_sys::BTEqualStrategyNumber as u16,
+            pg_sys::regproc::from(pg_sys::F_OIDEQ),
+            pg_sys::Datum::from(domain),
+        );
+        let scan = pg_sys::systable_beginscan(
+            catalog,
+            pg_sys::Oid::from(CONSTRAINT_TYPID_INDEX_ID),
+            true,
+            std::ptr::null_mut(),
+            1,
+            &mut key,
+        );
+        let desc = (*catalog).rd_att;
+        loop {
+            let tuple = pg_sys::systable_getnext(scan);
+            if tuple.is_null() {
+                break;
+            }
+            let mut is_null = true;
+            let kind = pg_sys::heap_getattr(tuple, ANUM_CONSTRAINT_KIND.into(), desc, &mut is_null);
+            if is_null || kind.value() as u8 != b'c' {
+                continue;
+            }
+            let text = pg_sys::heap_getattr(tuple, ANUM_CONSTRAINT_BIN.into(), desc, &mut is_null);
+            if is_null {
+                continue;
+            }
+            let text = pg_sys::text_to_cstring(text.cast_mut_ptr());
+            found.push(pg_sys::stringToNode(text).cast::<pg_sys::Node>());
+        }
+        pg_sys::systable_endscan(scan);
+        pg_sys::table_close(catalog, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+    }
+    found
 }
 
 /// The field types of a composite type's relation (dropped columns aside).

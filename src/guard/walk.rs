@@ -48,6 +48,40 @@ pub fn too_deep() -> Option<Refusal> {
     })
 }
 
+/// `schema.name(left,right)` of `operator`, as messages name it (its OID when the name another
+/// role chose would not print on one line).
+fn operator_name(operator: pg_sys::Oid) -> String {
+    // SAFETY: a catalog look-up; the text is a palloc'd copy.
+    let name = unsafe { c_string(pg_sys::format_operator(operator)) };
+    if crate::names::printable(&name) {
+        name
+    } else {
+        format!("{operator}")
+    }
+}
+
+/// The owner of `operator` (InvalidOid for one that is gone, which no role is trusted as).
+fn operator_owner(operator: pg_sys::Oid) -> pg_sys::Oid {
+    // SAFETY: a syscache look-up, released before returning.
+    unsafe {
+        let tuple = pg_sys::SearchSysCache1(
+            pg_sys::SysCacheIdentifier::OPEROID as i32,
+            pg_sys::Datum::from(operator),
+        );
+        if tuple.is_null() {
+            return pg_sys::InvalidOid;
+        }
+        let owner =
+            (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_operator>(tuple)).oprowner;
+        pg_sys::ReleaseSysCache(tuple);
+        owner
+    }
+}
+
+/// Operators followed from one through commutators and negators, at most (a pair each, most
+/// often: `=` and `<>`, `<` and `>`).
+const MAX_LINKED_OPERATORS: usize = 16;
+
 /// State of the walk over the analyzed tree.
 struct Walk {
     origin: Origin,
@@ -104,6 +138,48 @@ pub unsafe fn check_tree(
         Some(refusal) => Err(refusal),
         None => Ok(walk.relations),
     }
+}
+
+/// Why a literal of one of `types` may not be converted while a generated query is analysed
+/// (see `ahead`): the CHECK of a domain its input code would run is refused, walked like the
+/// query.
+pub fn literals_refusal(
+    types: &[pg_sys::Oid],
+    allowed: Allowed,
+    trusted: Option<&Trusted>,
+) -> Result<(), Refusal> {
+    let origin = Origin::Generated;
+    let mut walk = Walk {
+        origin,
+        allow_catalogs: settings::allow_system_catalogs(),
+        allowed: Rc::new(allowed),
+        trusted: trusted.cloned(),
+        view: None,
+        relations: Vec::new(),
+        types: HashMap::new(),
+        refusal: None,
+    };
+    let policy = TypePolicy {
+        origin,
+        allowed: Rc::clone(&walk.allowed),
+        allow_catalogs: walk.allow_catalogs,
+        trusted: walk.trusted.clone(),
+    };
+    for &typ in types {
+        pgrx::check_for_interrupts!();
+        let why = types::literal_refusal(&policy, typ, &mut |expression| {
+            // SAFETY: a CHECK expression read from the catalog, a plain node tree.
+            unsafe { walk.expression_refusal(expression) }
+        });
+        if let Some(why) = why {
+            return Err(Refusal::forbidden(format!(
+                "type {} is not allowed in {}: a literal of it would run {why}",
+                types::type_name(typ),
+                origin.what()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Node kinds of an analyzed SELECT that carry a value (`exprType` knows them).
@@ -420,23 +496,66 @@ impl Walk {
             .any(|operator| self.check_operator(operator))
     }
 
-    /// A user-defined operator: its function and the planner's estimators for it.
+    /// A user-defined operator: its function and the planner's estimators for it, and the same
+    /// of every operator linked to it as its commutator or negator, however far: the planner
+    /// turns `NOT (a op b)` into `a negator b`, and its estimators call the commutator's and
+    /// the negator's functions on column statistics while planning.
     fn check_operator(&mut self, operator: pg_sys::Oid) -> bool {
-        if builtin(operator) {
-            return false;
+        let mut seen: Vec<pg_sys::Oid> = Vec::new();
+        let mut next = vec![operator];
+        while let Some(operator) = next.pop() {
+            if operator == pg_sys::InvalidOid || seen.contains(&operator) {
+                continue;
+            }
+            seen.push(operator);
+            if seen.len() > MAX_LINKED_OPERATORS {
+                self.refuse(format!(
+                    "operator {} is linked to more than {MAX_LINKED_OPERATORS} others",
+                    operator_name(operator)
+                ));
+                return true;
+            }
+            // SAFETY: catalog look-ups of an operator the parser resolved, or one linked to it
+            // (InvalidOid for one that is gone).
+            let (functions, linked) = unsafe {
+                (
+                    [
+                        pg_sys::get_opcode(operator),
+                        pg_sys::get_oprrest(operator),
+                        pg_sys::get_oprjoin(operator),
+                    ],
+                    [
+                        pg_sys::get_commutator(operator),
+                        pg_sys::get_negator(operator),
+                    ],
+                )
+            };
+            next.extend(linked);
+            if builtin(operator) {
+                continue;
+            }
+            // A superuser's call uses no operator of a role it does not trust: its owner may
+            // link it to another (ALTER OPERATOR ... SET NEGATOR) once a saved view uses it.
+            if let Some(why) = self
+                .trusted
+                .as_ref()
+                .and_then(|t| t.refuse_owner(operator_owner(operator), "operator"))
+            {
+                self.refuse(format!(
+                    "operator {} is not allowed: {why}",
+                    operator_name(operator)
+                ));
+                return true;
+            }
+            if functions
+                .into_iter()
+                .filter(|f| *f != pg_sys::InvalidOid)
+                .any(|f| self.check_function(f))
+            {
+                return true;
+            }
         }
-        // SAFETY: catalog look-ups of an operator the parser resolved.
-        let functions = unsafe {
-            [
-                pg_sys::get_opcode(operator),
-                pg_sys::get_oprrest(operator),
-                pg_sys::get_oprjoin(operator),
-            ]
-        };
-        functions
-            .into_iter()
-            .filter(|f| *f != pg_sys::InvalidOid)
-            .any(|f| self.check_function(f))
+        false
     }
 
     /// Whether `function` is refused (the refusal is recorded); for a user aggregate that may

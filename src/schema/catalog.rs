@@ -145,7 +145,9 @@ impl Relation {
 /// Relations in the schemas `$1` (in search order) that the caller can SELECT from (some
 /// column of) and reach (`USAGE` on the schema: `sql_query_engine.schemas` is the caller's to
 /// set, and a table granted in a schema the caller may not use is no table of its):
-/// partitions are folded into their parent, the extension's own objects left out.
+/// partitions are folded into their parent, the extension's own objects left out. A partitioned
+/// table's partitions are read from pg_inherits, which takes no lock (`pg_partition_tree` would
+/// lock every partition until the call ends, behind another session's ACCESS EXCLUSIVE lock).
 const RELATIONS_SQL: &str = r#"
 SELECT coalesce(json_agg(json_build_object(
     'raw_schema', n.nspname,
@@ -162,10 +164,14 @@ SELECT coalesce(json_agg(json_build_object(
         'shareable', c.relkind IN ('r', 'm', 'p') AND NOT c.relrowsecurity
                      AND c.relpersistence = 'p',
         'filenode', CASE WHEN c.relkind = 'p' THEN coalesce(
-                        (SELECT hashtext(string_agg(pc.relfilenode::text, ',' ORDER BY pc.oid))
+                        (WITH RECURSIVE tree(relid) AS (
+                             SELECT i.inhrelid FROM pg_inherits i WHERE i.inhparent = c.oid
+                             UNION ALL
+                             SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.relid)
+                         SELECT hashtext(string_agg(pc.relfilenode::text, ',' ORDER BY pc.oid))
                                 & 2147483647
-                         FROM pg_partition_tree(c.oid) t JOIN pg_class pc ON pc.oid = t.relid
-                         WHERE t.isleaf), 0)
+                         FROM tree JOIN pg_class pc ON pc.oid = tree.relid
+                         WHERE pc.relkind <> 'p'), 0)
                     ELSE c.relfilenode END::bigint,
         'inherited', c.relkind = 'r' AND c.relhassubclass)
 ) ORDER BY s.ord, c.relname), '[]')::text

@@ -580,6 +580,67 @@ fn a_superusers_saved_view_never_names_another_roles_function() {
         .unwrap();
 }
 
+/// A saved view keeps the types and operators it uses, and their owners may change them later
+/// (a domain given a CHECK, an operator a negator): a superuser's call uses none of a role it
+/// does not trust.
+#[test]
+fn a_superusers_saved_view_never_uses_another_roles_type_or_operator() {
+    let w = World::new();
+    let attacker = w.attacker.clone();
+    w.attacker_runs(
+        "CREATE DOMAIN shared.qty AS int;
+         CREATE OPERATOR shared.=== (LEFTARG = int, RIGHTARG = int, FUNCTION = int4eq);",
+    );
+    let cast = "SELECT CAST(o.order_id AS shared.qty) AS id FROM orders o";
+    let operator =
+        "SELECT o.order_id FROM orders o WHERE o.order_id OPERATOR(shared.===) o.order_id";
+    w.s.llm
+        .on("order ids as quantities", vec![Reply::sql(cast)])
+        .on("the first order", vec![Reply::sql(operator)])
+        .on(
+            "quantities of every order (trusted)",
+            vec![Reply::sql(cast)],
+        )
+        .on("order number one (trusted)", vec![Reply::sql(operator)]);
+    let mut admin = cluster().connect(&w.s.database);
+    for (view, question, what) in [
+        ("public.q1", "order ids as quantities", "shared.qty"),
+        ("public.q2", "the first order", "shared.==="),
+    ] {
+        let error = admin
+            .query_one("SELECT nl_view($1, $2)", &[&view, &question])
+            .unwrap_err();
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "42501", "{question}: {message}");
+        assert!(
+            message.contains(what) && message.contains(&format!("\"{attacker}\"")),
+            "{question}: {message}"
+        );
+        let saved: Option<String> = admin
+            .query_one("SELECT to_regclass($1)::text", &[&view])
+            .unwrap()
+            .get(0);
+        assert_eq!(saved, None, "{question}");
+    }
+
+    // Positive control: a superuser who trusts the attacker saves both.
+    admin
+        .batch_execute(&format!(
+            "SET sql_query_engine.trusted_owners = '{attacker}'"
+        ))
+        .unwrap();
+    for (view, question) in [
+        ("public.q1", "quantities of every order (trusted)"),
+        ("public.q2", "order number one (trusted)"),
+    ] {
+        admin
+            .query_one("SELECT nl_view($1, $2)", &[&view, &question])
+            .unwrap_or_else(|e| panic!("{question}: {:?}", db_error(&e)));
+        // Its comment names the question, which the next question's schema would show.
+        admin.batch_execute(&format!("DROP VIEW {view}")).unwrap();
+    }
+}
+
 #[test]
 fn a_superusers_generated_query_gets_no_parallel_worker_to_run_other_roles_code_in() {
     let mut w = World::new();
@@ -723,6 +784,111 @@ fn parse_analysis_runs_no_code_in_nl_check_nl_example_add_or_nl_query() {
     // Positive control: the literal, run directly, writes.
     v.batch_execute(write).unwrap();
     assert_eq!(log_rows(&w), 1);
+}
+
+/// A literal of an array, a composite or a range runs, while the query is analysed, the CHECKs
+/// of the domains inside it, and every built-in function they call: no hook of PostgreSQL sees
+/// a built-in, so such a type is refused before analysis, whether the literal meets it in a
+/// cast, a column or a function's parameter.
+#[test]
+fn literals_never_run_the_built_in_code_of_a_domains_check_during_analysis() {
+    let w = World::new();
+    let victim = w.victim.clone();
+    w.attacker_runs(
+        "CREATE DOMAIN shared.locked AS int CHECK (pg_advisory_lock(78)::text IS NOT NULL);
+         CREATE TYPE shared.pair AS (a shared.locked);
+         CREATE TABLE shared.t (c shared.locked[]);
+         GRANT SELECT ON shared.t TO PUBLIC;
+         CREATE FUNCTION shared.f(shared.locked[]) RETURNS int LANGUAGE sql AS 'SELECT 1';
+         CREATE TABLE shared.u (n int);
+         GRANT SELECT ON shared.u TO PUBLIC;",
+    );
+    let mut v = w.connect(&victim);
+    let queries = [
+        "SELECT '{1}'::shared.locked[] AS x",
+        "SELECT '(1)'::shared.pair AS x",
+        "SELECT count(*) FROM shared.t WHERE c = '{1}'",
+        "SELECT shared.f('{1}') AS x",
+    ];
+    let mut witness = Witness::hold(&w.s.database, &[78]);
+    let (_, waited) = witness.waited(|| {
+        for sql in queries {
+            let error = v.query_one("SELECT nl_check($1)", &[&sql]).unwrap_err();
+            let (code, message, _) = db_error(&error);
+            assert_eq!(code, "42501", "{sql}: {message}");
+            assert!(message.contains("shared.locked"), "{sql}: {message}");
+        }
+    });
+    assert!(
+        waited.is_empty(),
+        "a domain's CHECK ran during analysis: {waited:?}"
+    );
+    // A model's answer through nl_query, and a table of the same schema without such a type.
+    w.s.llm.on("locked values", vec![Reply::sql(queries[0])]);
+    let error = v
+        .query_one("SELECT nl_query('locked values')::text", &[])
+        .unwrap_err();
+    assert_eq!(db_error(&error).0, "42501");
+    v.batch_execute("SELECT nl_check('SELECT count(*) FROM shared.u WHERE n = 1')")
+        .unwrap();
+
+    // Positive control: the literal, converted directly, waits for the lock.
+    let mut direct = w.connect(&victim);
+    let (_, waited) = witness.waited(|| {
+        direct
+            .batch_execute("SELECT '{1}'::shared.locked[]")
+            .unwrap();
+    });
+    assert_eq!(waited, [78]);
+}
+
+/// An operator runs, besides its own function, those of the operators linked to it: the
+/// planner writes `NOT (a === b)` as `a !== b` with the negator, and estimates with the
+/// commutator's and the negator's functions. Every operator so linked is checked.
+#[test]
+fn an_operators_negator_and_commutator_are_checked_like_the_operator() {
+    let w = World::new();
+    let victim = w.victim.clone();
+    w.attacker_runs(&format!(
+        "{}
+         CREATE OPERATOR shared.!== (LEFTARG = int, RIGHTARG = int, FUNCTION = shared.evil);
+         CREATE OPERATOR shared.=== (LEFTARG = int, RIGHTARG = int, FUNCTION = int4eq,
+                                     NEGATOR = OPERATOR(shared.!==));
+         CREATE OPERATOR shared.<== (LEFTARG = int, RIGHTARG = int, FUNCTION = int4le,
+                                     COMMUTATOR = OPERATOR(shared.>==));
+         CREATE OR REPLACE FUNCTION shared.evil2(int, int) RETURNS boolean LANGUAGE plpgsql AS
+             $$ BEGIN PERFORM pg_advisory_lock(79); RETURN true; END $$;
+         CREATE OPERATOR shared.>== (LEFTARG = int, RIGHTARG = int, FUNCTION = shared.evil2);",
+        locker("shared.evil(int, int)", 79, "boolean", "true")
+    ));
+    let negated =
+        "SELECT count(*) AS n FROM orders o WHERE NOT (o.order_id OPERATOR(shared.===) 0)";
+    let commuted = "SELECT count(*) AS n FROM orders o WHERE o.order_id OPERATOR(shared.<==) 2";
+    w.s.llm.on("orders not zero", vec![Reply::sql(negated)]);
+    w.s.llm.on("orders up to two", vec![Reply::sql(commuted)]);
+    let mut v = w.connect(&victim);
+    let mut witness = Witness::hold(&w.s.database, &[79]);
+    let (_, waited) = witness.waited(|| {
+        for question in ["orders not zero", "orders up to two"] {
+            let error = v
+                .query_one("SELECT nl_query($1)::text", &[&question])
+                .unwrap_err();
+            let (code, message, _) = db_error(&error);
+            assert_eq!(code, "42501", "{question}: {message}");
+            assert!(message.contains("shared.evil"), "{question}: {message}");
+        }
+    });
+    assert!(
+        waited.is_empty(),
+        "a linked operator's function ran: {waited:?}"
+    );
+
+    // Positive control: the negated query, run directly, runs the negator's function.
+    let mut direct = w.connect(&victim);
+    let (_, waited) = witness.waited(|| {
+        direct.batch_execute(negated).unwrap();
+    });
+    assert_eq!(waited, [79]);
 }
 
 #[test]

@@ -167,6 +167,32 @@ fn partitions_are_folded_into_their_parent_and_keys_shown() {
     );
 }
 
+/// Reading the schema takes no lock on a partition: while another session holds one in ACCESS
+/// EXCLUSIVE mode (a long DDL, say), the schema is read at once.
+#[test]
+fn a_locked_partition_does_not_hold_up_the_schema() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute(
+            "CREATE TABLE readings (taken date NOT NULL, value numeric) PARTITION BY RANGE (taken);
+             CREATE TABLE readings_2024 PARTITION OF readings
+                 FOR VALUES FROM ('2024-01-01') TO ('2025-01-01');",
+        )
+        .unwrap();
+    let mut other = cluster().connect(&s.database);
+    other
+        .batch_execute("BEGIN; LOCK TABLE readings_2024 IN ACCESS EXCLUSIVE MODE;")
+        .unwrap();
+    s.client.batch_execute("SET lock_timeout = '3s'").unwrap();
+    let schema: String = s
+        .client
+        .query_one("SELECT nl_schema()", &[])
+        .unwrap_or_else(|e| panic!("{:?}", db_error(&e)))
+        .get(0);
+    assert!(schema.contains("CREATE TABLE readings ("), "{schema}");
+    other.batch_execute("ROLLBACK").unwrap();
+}
+
 #[test]
 fn large_schemas_are_pruned_to_what_the_question_needs() {
     let mut s = Session::new();
