@@ -180,6 +180,16 @@ impl Admission {
         })
     }
 
+    /// Whether `client` opened the session `id`.
+    fn owns(&self, client: &str, id: &str) -> bool {
+        self.counted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .opened
+            .get(client)
+            .is_some_and(|ids| ids.iter().any(|own| own == id))
+    }
+
     fn opened(&self, client: &str, id: &str) {
         if let Ok(mut counted) = self.counted.lock() {
             counted
@@ -203,7 +213,7 @@ pub async fn requests(
         // Every request has a token's role by now (`authenticate`); one without is refused.
         return ApiError::unauthorized().into_response();
     };
-    if request.method() == Method::DELETE && request.uri().path().starts_with("/mcp") {
+    if request.method() == Method::DELETE && request.uri().path() == "/mcp" {
         return next.run(request).await;
     }
     let Some(serving) = Admission::serve(&admission, &client) else {
@@ -293,10 +303,28 @@ pub async fn mcp_sessions(
     next: Next,
 ) -> Response {
     let client = request.extensions().get::<Role>().map(|r| r.client.clone());
-    let posted = request.uri().path().starts_with("/mcp") && request.method() == Method::POST;
-    let (Some(client), true) = (client, posted) else {
+    let (Some(client), true) = (client, request.uri().path().starts_with("/mcp")) else {
         return next.run(request).await;
     };
+    // A session is its token's: another token that learnt its id (from a log, say) may not
+    // read its events again, send into it or close it.
+    let session = request
+        .headers()
+        .get(MCP_SESSION)
+        .map(|v| v.to_str().unwrap_or_default().to_string());
+    if let Some(id) = &session {
+        if !admission.owns(&client, id) {
+            return ApiError::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "this token has no MCP session of that id",
+            )
+            .into_response();
+        }
+    }
+    if request.method() != Method::POST {
+        return next.run(request).await;
+    }
     let live: HashSet<String> = admission
         .sessions
         .sessions
@@ -372,6 +400,8 @@ mod tests {
         );
         // Session 1 expired: a may open another.
         assert!(admission.place(&live(&["2", "3"]), "a").is_some());
+        assert!(admission.owns("a", "2") && admission.owns("b", "3"));
+        assert!(!admission.owns("b", "2"), "a's session is not b's");
     }
 
     #[test]

@@ -365,6 +365,10 @@ SELECT w.rolname::text, coalesce(
      FROM reach x JOIN pg_catalog.pg_type t ON t.typowner = x.role
      WHERE x.token_role = w.oid AND t.typnamespace NOT IN (SELECT oid FROM temp) LIMIT 1))
 FROM wanted w
+UNION ALL
+SELECT t.name, 'no role of that name exists'
+FROM pg_catalog.unnest($1::text[]) AS t(name)
+WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.rolname = t.name)
 ORDER BY 1";
 
 /// `name` as an SQL identifier.

@@ -114,7 +114,13 @@ impl From<DbError> for ApiError {
                     _ => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request_error"),
                 };
                 // PostgreSQL's hint says what to do about it: chat UIs show only the message.
+                // A login failure's text names the gateway's own role, host and database: the
+                // client is told only that the database refused the gateway.
                 let message = match hint {
+                    _ if sqlstate.starts_with("28") => {
+                        eprintln!("sqe-gateway: the database refused the gateway: {message}");
+                        "the database refused the gateway's connection; its log says why".into()
+                    }
                     Some(hint) => format!("{message} ({hint})"),
                     None => message,
                 };

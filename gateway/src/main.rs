@@ -328,6 +328,9 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
 
 /// Refuses tokens whose roles may run their own code in the gateway's session (see
 /// `Db::risky_roles`), unless `allow` (then it warns).
+/// What `Db::risky_roles` says of a token's role that does not exist.
+const MISSING_ROLE: &str = "no role of that name exists";
+
 async fn vet(db: &Db, entries: &[(String, String)], allow: bool) -> Result<(), String> {
     let roles: Vec<String> = entries.iter().map(|(_, role)| role.clone()).collect();
     let risky = db
@@ -336,6 +339,19 @@ async fn vet(db: &Db, entries: &[(String, String)], allow: bool) -> Result<(), S
         .map_err(|e| format!("checking the tokens' roles failed: {e:?}"))?;
     if risky.is_empty() {
         return Ok(());
+    }
+    // A role made later would never be vetted, and a name PostgreSQL reads as no role (`none`)
+    // would leave the login role in charge: neither is allowed, whatever the flag.
+    let missing: Vec<&str> = risky
+        .iter()
+        .filter(|(_, why)| why == MISSING_ROLE)
+        .map(|(role, _)| role.as_str())
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "a token names a role that does not exist: {} (create it, then reload the tokens)",
+            missing.join(", ")
+        ));
     }
     let list: Vec<String> = risky
         .iter()

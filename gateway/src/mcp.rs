@@ -373,7 +373,16 @@ impl ServerHandler for Mcp {
             .db
             .call(role.as_deref(), &call, None)
             .await
-            .map_err(|e| McpError::internal_error(format!("{e:?}"), None))?;
+            .map_err(|e| {
+                // The tool-call form of the error: its message and hint, never its detail.
+                let said = failure(e)
+                    .content
+                    .iter()
+                    .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                McpError::internal_error(said, None)
+            })?;
         let text = match value {
             Value::String(s) => s,
             other => other.to_string(),

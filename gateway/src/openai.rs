@@ -472,7 +472,7 @@ async fn stream(app: App, role: String, call: Call, include_usage: bool) -> Resp
         finished = &mut task.0 => {
             match finished {
                 Ok(Err(_)) => return ApiError::timeout().into_response(),
-                Err(e) => return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", e.to_string()).into_response(),
+                Err(e) => return internal(&e).into_response(),
                 Ok(Ok(result)) => match content(result, app.max_table_rows) {
                     Err(e) => return e.into_response(),
                     Ok(answer) => {
@@ -523,15 +523,22 @@ async fn stream(app: App, role: String, call: Call, include_usage: bool) -> Resp
         let result = match outcome {
             Ok(Ok(result)) => content(result, max_rows),
             Ok(Err(_)) => Err(ApiError::timeout()),
-            Err(e) => Err(ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "server_error",
-                e.to_string(),
-            )),
+            Err(e) => Err(internal(&e)),
         };
         finish(events, model, id, result, include_usage, false).await;
     });
     sse(receiver)
+}
+
+/// A call's task that ended without an answer (aborted, or a panic): said in the gateway's
+/// log, and to the client without the panic's text.
+fn internal(error: &tokio::task::JoinError) -> ApiError {
+    eprintln!("sqe-gateway: a call ended without an answer: {error}");
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "server_error",
+        "the call ended without an answer; the gateway's log says why",
+    )
 }
 
 /// A spawned call, aborted (its query cancelled, see `db::CancelOnDrop`) when whoever waits

@@ -813,7 +813,7 @@ fn a_token_is_served_its_share_of_requests_event_streams_included() {
 }
 
 /// A token opens MCP sessions up to `--max-mcp-sessions-per-token`; then it is answered 503
-/// until one ends, and other tokens still open theirs.
+/// until one ends, and other tokens still open theirs. A session is its token's alone.
 #[test]
 fn mcp_sessions_are_limited_per_token() {
     let s = setup();
@@ -823,14 +823,29 @@ fn mcp_sessions_are_limited_per_token() {
         &["--max-mcp-sessions-per-token", "2"],
     );
     let initialize = |token: &str| mcp_initialize(&gateway, token);
+    let mut sessions = Vec::new();
     for _ in 0..2 {
         let (status, session) = initialize(&s.token);
         assert_eq!(status, 200);
-        assert!(session.is_some());
+        sessions.push(session.expect("a session id"));
     }
     assert_eq!(initialize(&s.token).0, 503);
-    // Nor does a session header that names no live session open one past the limit: one the
-    // session manager cannot read (not text) is as good as none to it.
+    // A session is its token's: another token naming it is told there is no such session, and
+    // cannot close it.
+    let close = |token: &str, session: &str| match ureq::delete(&format!("{}/mcp", gateway.url()))
+        .set("Authorization", &format!("Bearer {token}"))
+        .set("Mcp-Session-Id", session)
+        .timeout(Duration::from_secs(20))
+        .call()
+    {
+        Ok(r) => r.status(),
+        Err(ureq::Error::Status(code, _)) => code,
+        Err(e) => panic!("the gateway did not answer: {e}"),
+    };
+    assert_eq!(close(&s.limited_token, &sessions[0]), 404);
+    assert_eq!(initialize(&s.token).0, 503, "the session still counts");
+    // Nor does a session header that names no session of the token open one past the limit:
+    // one the session manager cannot read (not text) is no session of it.
     let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"test","version":"1"}}}"#;
     let mut raw = std::net::TcpStream::connect(format!("127.0.0.1:{}", gateway.port)).unwrap();
     let mut request = format!(
@@ -845,10 +860,13 @@ fn mcp_sessions_are_limited_per_token() {
     request.extend_from_slice(body.as_bytes());
     raw.write_all(&request).unwrap();
     let line = status_line(&mut raw, Duration::from_secs(20)).unwrap();
-    assert!(line.contains(" 503 "), "{line}");
+    assert!(line.contains(" 404 "), "{line}");
     assert_eq!(
         initialize(&s.limited_token).0,
         200,
         "another token has its own"
     );
+    // The owner closes its session, and may open another.
+    assert_ne!(close(&s.token, &sessions[0]), 404);
+    assert_eq!(initialize(&s.token).0, 200);
 }
