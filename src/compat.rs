@@ -166,6 +166,7 @@ pub mod timeout {
         pub fn enable_timeout_at(id: u32, fin_time: TimestampTz);
         pub fn disable_timeout(id: u32, keep_indicator: bool);
         pub fn get_timeout_active(id: u32) -> bool;
+        pub fn get_timeout_indicator(id: u32, reset_indicator: bool) -> bool;
         pub fn get_timeout_finish_time(id: u32) -> TimestampTz;
     }
 }

@@ -1256,9 +1256,20 @@ impl Drop for StatementTimer {
         if self.ours.is_none() {
             return;
         }
-        // SAFETY: as in `arm`.
+        // SAFETY: as in `arm`; the cancel flag is the backend's own, read and written on its
+        // thread.
         unsafe {
+            // Our deadline passed after the statement's last interrupt check (it ended just in
+            // time): the cancel it left pending would, once the timer is off, end the whole
+            // call at the next check as if the user had cancelled. It is ours: cleared.
+            let fired = pg_sys::ffi::pg_guard_ffi_boundary(|| {
+                get_timeout_indicator(STATEMENT_TIMEOUT, false)
+            });
             pg_sys::ffi::pg_guard_ffi_boundary(|| disable_timeout(STATEMENT_TIMEOUT, false));
+            let pending = &raw mut pg_sys::QueryCancelPending;
+            if fired && std::ptr::read_volatile(pending) != 0 {
+                std::ptr::write_volatile(pending, 0);
+            }
             if let Some(caller) = self.caller {
                 pg_sys::ffi::pg_guard_ffi_boundary(|| enable_timeout_at(STATEMENT_TIMEOUT, caller));
             }

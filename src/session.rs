@@ -47,6 +47,9 @@ impl Store {
     }
 }
 
+/// Sessions kept in backend memory, at most.
+const MAX_MEMORY_SESSIONS: usize = 256;
+
 thread_local! {
     /// Backend memory: (role, session) -> turns, oldest first.
     static MEMORY: RefCell<HashMap<(u32, String), VecDeque<Turn>>> = RefCell::new(HashMap::new());
@@ -224,7 +227,15 @@ pub fn record(session: &str, turn: Turn) -> Store {
     };
     if store != Store::Table || !stored {
         MEMORY.with_borrow_mut(|m| {
-            let turns = m.entry(memory_key(session)).or_default();
+            let key = memory_key(session);
+            if !m.contains_key(&key) && m.len() >= MAX_MEMORY_SESSIONS {
+                // Bounded: a client that names a new session per request (a pooled connection
+                // serving many) does not grow the backend; one session is forgotten.
+                if let Some(other) = m.keys().next().cloned() {
+                    m.remove(&other);
+                }
+            }
+            let turns = m.entry(key).or_default();
             turns.retain(|t| t.question != turn.question);
             turns.push_back(turn);
             while turns.len() > keep {

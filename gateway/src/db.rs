@@ -249,7 +249,14 @@ struct Node {
 impl Node {
     /// A server and its pool; every wait for a connection is bounded by `get`.
     fn new(url: &str, pool_size: usize) -> anyhow::Result<Node> {
-        let config: Config = url.parse()?;
+        let mut config: Config = url.parse()?;
+        // As libpq does: a password from the environment (readable by the gateway's user
+        // only), not in the URL, which every local user sees in the process list.
+        if config.get_password().is_none() {
+            if let Ok(password) = std::env::var("PGPASSWORD") {
+                config.password(password);
+            }
+        }
         let pool = managed::Pool::builder(Manager {
             config: config.clone(),
         })

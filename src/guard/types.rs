@@ -179,8 +179,12 @@ impl Types<'_> {
         match facts.kind {
             pg_sys::TYPTYPE_DOMAIN => {
                 if contained {
-                    if let Some(why) = self.domain_check_refusal(typ) {
-                        return Some(format!("the CHECK of domain {}: {why}", type_name(typ)));
+                    if let Some(why) = self.check_refusal(typ) {
+                        return Some(format!(
+                            "the CHECK of domain {}, which a literal of it runs while the query \
+                             is analysed, is refused: {why}",
+                            type_name(typ)
+                        ));
                     }
                 }
                 self.inside(facts.base, contained, depth + 1)
@@ -343,12 +347,17 @@ impl Types<'_> {
 
     /// The domain's CHECK expressions, walked like the query itself.
     fn domain_check_refusal(&mut self, domain: pg_sys::Oid) -> Option<String> {
+        self.check_refusal(domain)
+            .map(|why| format!("its CHECK constraint is refused: {why}"))
+    }
+
+    /// Why one of the domain's CHECK expressions is refused, walked like the query itself.
+    fn check_refusal(&mut self, domain: pg_sys::Oid) -> Option<String> {
         // SAFETY: a catalog scan of the current transaction.
         let expressions = unsafe { stored_checks(domain) };
-        expressions.into_iter().find_map(|expression| {
-            (self.check_expression)(expression)
-                .map(|why| format!("its CHECK constraint is refused: {why}"))
-        })
+        expressions
+            .into_iter()
+            .find_map(|expression| (self.check_expression)(expression))
     }
 }
 

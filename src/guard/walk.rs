@@ -173,7 +173,7 @@ pub fn literals_refusal(
         });
         if let Some(why) = why {
             return Err(Refusal::forbidden(format!(
-                "type {} is not allowed in {}: a literal of it would run {why}",
+                "type {} is not allowed in {}: {why}",
                 types::type_name(typ),
                 origin.what()
             )));
