@@ -894,12 +894,11 @@ unsafe extern "C-unwind" fn startup(
         if let Some(portal) = c.portal {
             // The row type and a store for the rows, in the portal's memory, which outlives this
             // execution and its subtransaction; scrollable, like the cursor. Its temporary
-            // files belong to the portal's resource owner (see `receive_slot`), so a store
-            // that no cursor took (an attempt that failed after some rows) is closed with the
-            // portal, at the latest when the transaction ends.
+            // files belong to no resource owner, as a held cursor's (the portal ends its store
+            // itself; a resource owner would close them first).
             let caller = pg_sys::MemoryContextSwitchTo((*portal).holdContext);
             c.result.held = Some(Held {
-                store: pg_sys::tuplestore_begin_heap(true, false, pg_sys::work_mem),
+                store: pg_sys::tuplestore_begin_heap(true, true, pg_sys::work_mem),
                 desc: pg_sys::CreateTupleDescCopy(source),
             });
             pg_sys::MemoryContextSwitchTo(caller);

@@ -282,6 +282,9 @@ pub fn create(
                 "a superuser's saved question's view is created",
             )
         });
+        // CREATE VIEW analyses the text again: its literals are checked again first.
+        subxact::pinned_exact(|| guard::check_literals(sql, trusted.as_ref()))
+            .map_err(|refusal| Error::Refused(Box::new(refusal.error)))?;
         subxact::pinned_exact(|| Spi::run(&statement))
             .map_err(|e| Error::internal(format!("creating the view: {e}")))?;
     }

@@ -12,7 +12,7 @@ use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
@@ -48,7 +48,13 @@ pub struct Admission {
 struct Counted {
     opened: HashMap<String, Vec<String>>,
     pending: HashMap<String, usize>,
+    /// The client that opened each session, and when. Kept a while after the session is no
+    /// longer live: a session opened while another request read the live list is not in it.
+    owners: HashMap<String, (String, Instant)>,
 }
+
+/// How long a session's owner is remembered once it is not live.
+const OWNER_KEPT: Duration = Duration::from_secs(60);
 
 /// A place among the sessions, taken before the request that may open one is handled: without
 /// it, requests sent at once would all find the same free places. Given back when dropped
@@ -167,6 +173,9 @@ impl Admission {
             ids.retain(|id| live.contains(id));
             !ids.is_empty()
         });
+        counted
+            .owners
+            .retain(|id, (_, at)| live.contains(id) || at.elapsed() < OWNER_KEPT);
         let own = counted.opened.get(client).map_or(0, Vec::len)
             + counted.pending.get(client).copied().unwrap_or(0);
         let all = live.len() + counted.pending.values().sum::<usize>();
@@ -185,9 +194,9 @@ impl Admission {
         self.counted
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .opened
-            .get(client)
-            .is_some_and(|ids| ids.iter().any(|own| own == id))
+            .owners
+            .get(id)
+            .is_some_and(|(owner, _)| owner == client)
     }
 
     fn opened(&self, client: &str, id: &str) {
@@ -197,6 +206,9 @@ impl Admission {
                 .entry(client.to_string())
                 .or_default()
                 .push(id.to_string());
+            counted
+                .owners
+                .insert(id.to_string(), (client.to_string(), Instant::now()));
         }
     }
 }

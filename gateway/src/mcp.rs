@@ -369,10 +369,17 @@ impl ServerHandler for Mcp {
             }
         };
         let (role, _) = role_of(self, &context).map_err(|e| McpError::invalid_request(e, None))?;
-        let value = self
-            .db
-            .call(role.as_deref(), &call, None)
-            .await
+        // As a tool call: ended at the timeout and when the client cancels it.
+        let answered = tokio::select! {
+            answered = tokio::time::timeout(self.timeout, self.db.call(role.as_deref(), &call, None)) => answered,
+            _ = context.ct.cancelled() => {
+                return Err(McpError::internal_error("the request was cancelled", None));
+            }
+        };
+        let value = answered
+            .map_err(|_| {
+                McpError::internal_error("the request took longer than the gateway's limit", None)
+            })?
             .map_err(|e| {
                 // The tool-call form of the error: its message and hint, never its detail.
                 let said = failure(e)

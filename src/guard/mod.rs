@@ -153,13 +153,7 @@ pub fn check(
     };
     if origin == Origin::Generated {
         // SAFETY: a RawStmt from raw_parser.
-        let reach = unsafe { ahead::types_in_reach((*raw).stmt) }.ok_or_else(|| {
-            Refusal::read(
-                SqlState::STATEMENT_TOO_COMPLEX,
-                "the query names too many types to be checked".into(),
-            )
-        })?;
-        walk::literals_refusal(&reach, allowed.clone(), trusted)?;
+        literals_refusal(unsafe { (*raw).stmt }, allowed.clone(), trusted)?;
     }
     let query = {
         let _gate = gate::open(rule, "the query is analysed");
@@ -185,6 +179,46 @@ pub fn check(
         text,
         relations,
     })
+}
+
+/// Why converting the string literals of `statement` (from `raw_parser`) while it is analysed
+/// could run a domain's CHECK that the policy refuses (see `ahead`).
+fn literals_refusal(
+    statement: *mut pg_sys::Node,
+    allowed: Allowed,
+    trusted: Option<&Trusted>,
+) -> Result<(), Refusal> {
+    // SAFETY: the caller gives a raw statement.
+    let reach = unsafe { ahead::types_in_reach(statement) }.ok_or_else(|| {
+        Refusal::read(
+            SqlState::STATEMENT_TOO_COMPLEX,
+            "the query names too many types to be checked".into(),
+        )
+    })?;
+    walk::literals_refusal(&reach, allowed, trusted)
+}
+
+/// `literals_refusal` for SQL about to be analysed again (the text a view is created from):
+/// between its check and now, a domain's owner may have given a domain a CHECK.
+pub fn check_literals(sql: &str, trusted: Option<&Trusted>) -> Result<(), Refusal> {
+    let Ok(text) = CString::new(sql) else {
+        return Err(Refusal::read(
+            SqlState::CHARACTER_NOT_IN_REPERTOIRE,
+            "the query contains a NUL character".into(),
+        ));
+    };
+    // SAFETY: the grammar on a NUL-terminated string; the list lives in the current context.
+    let statements = unsafe {
+        PgList::<pg_sys::RawStmt>::from_pg(pg_sys::raw_parser(
+            text.as_ptr(),
+            pg_sys::RawParseMode::RAW_PARSE_DEFAULT,
+        ))
+    };
+    let refused = statements.iter_ptr().try_for_each(|raw| {
+        // SAFETY: raw_parser returns RawStmt nodes.
+        literals_refusal(unsafe { (*raw).stmt }, allowed_functions(), trusted)
+    });
+    refused
 }
 
 /// The checked query `query` as PostgreSQL writes it out on the pinned search path, every name

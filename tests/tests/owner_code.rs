@@ -800,6 +800,10 @@ fn literals_never_run_the_built_in_code_of_a_domains_check_during_analysis() {
          CREATE TABLE shared.t (c shared.locked[]);
          GRANT SELECT ON shared.t TO PUBLIC;
          CREATE FUNCTION shared.f(shared.locked[]) RETURNS int LANGUAGE sql AS 'SELECT 1';
+         CREATE FUNCTION shared.g() RETURNS TABLE (x shared.locked[]) LANGUAGE sql
+             AS 'SELECT NULL::shared.locked[]';
+         CREATE TABLE shared.v (c shared.locked);
+         GRANT SELECT ON shared.v TO PUBLIC;
          CREATE TABLE shared.u (n int);
          GRANT SELECT ON shared.u TO PUBLIC;",
     );
@@ -809,6 +813,13 @@ fn literals_never_run_the_built_in_code_of_a_domains_check_during_analysis() {
         "SELECT '(1)'::shared.pair AS x",
         "SELECT count(*) FROM shared.t WHERE c = '{1}'",
         "SELECT shared.f('{1}') AS x",
+        // An array of a column's domain that no name in the statement spells.
+        "SELECT COALESCE(ARRAY[c], '{1}') AS x FROM shared.v",
+        // A table's row type, a TABLE parameter, an XMLTABLE column's default.
+        "SELECT '(1)'::shared.v AS x",
+        "SELECT count(*) FROM shared.g() WHERE x = '{1}'",
+        "SELECT * FROM XMLTABLE('/r' PASSING '<r/>' COLUMNS a shared.locked[] PATH 'a' \
+         DEFAULT '{1}')",
     ];
     let mut witness = Witness::hold(&w.s.database, &[78]);
     let (_, waited) = witness.waited(|| {
