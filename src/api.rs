@@ -310,7 +310,7 @@ fn nl_fix(sql: Option<&str>, question: default!(Option<&str>, "NULL")) -> String
 fn nl_cursor(question: Option<&str>, cursor_name: default!(Option<&str>, "'nl_answer'")) -> String {
     exec::refuse_inside_a_query("nl_cursor");
     let name = cursor_name.filter(|n| !n.is_empty()).unwrap_or("nl_answer");
-    let Some(portal) = exec::new_cursor(name) else {
+    let Some(cursor) = exec::new_cursor(name) else {
         Error::Query(Box::new(SqlError::new(
             SqlState::DUPLICATE_CURSOR,
             format!("cursor \"{name}\" already exists"),
@@ -321,23 +321,17 @@ fn nl_cursor(question: Option<&str>, cursor_name: default!(Option<&str>, "'nl_an
     // (the query is not run a second time, and the cursor has exactly the rows of the answer).
     let ask = Ask {
         mode: Mode::Cursor {
-            portal,
+            portal: cursor.portal,
             limits: exec::Limits::from_settings(),
         },
         ..Ask::new("nl_cursor", question, None)
     };
+    // Every store an attempt began is ended with `cursor`, on every path, but the answer's.
     let (run, _) = answered(ask).unwrap_or_else(|e| e.raise());
-    let held: Vec<exec::Held> = run
-        .attempts
-        .iter()
-        .filter_map(|a| a.outcome.result().and_then(|r| r.held))
-        .collect();
     let answer = run.best_result();
-    exec::finish_cursor(
-        portal,
+    cursor.finish(
         run.final_sql().unwrap_or_default(),
         answer.and_then(|r| r.held),
-        &held,
     );
     if let Some((setting, rows)) = answer.and_then(|r| r.cut_by.map(|by| (by, r.rows.len()))) {
         pgrx::notice!(

@@ -897,8 +897,10 @@ unsafe extern "C-unwind" fn startup(
             // files belong to no resource owner, as a held cursor's (the portal ends its store
             // itself; a resource owner would close them first).
             let caller = pg_sys::MemoryContextSwitchTo((*portal).holdContext);
+            let store = pg_sys::tuplestore_begin_heap(true, true, pg_sys::work_mem);
+            CURSOR_STORES.with_borrow_mut(|stores| stores.push(store));
             c.result.held = Some(Held {
-                store: pg_sys::tuplestore_begin_heap(true, true, pg_sys::work_mem),
+                store,
                 desc: pg_sys::CreateTupleDescCopy(source),
             });
             pg_sys::MemoryContextSwitchTo(caller);
@@ -1034,12 +1036,39 @@ unsafe extern "C-unwind" fn receive_slot(
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn shutdown(_receiver: *mut pg_sys::DestReceiver) {}
 
+thread_local! {
+    /// The stores `startup` began for the cursor of the running `nl_cursor` call, each once:
+    /// ended by its `Cursor`, but the one handed to the cursor.
+    static CURSOR_STORES: std::cell::RefCell<Vec<*mut pg_sys::Tuplestorestate>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A cursor being answered (`new_cursor`). When dropped, on every path (an error too), it ends
+/// every store an attempt began for it but the one `finish` handed to the cursor: those of
+/// attempts that failed after their first rows, of candidates that lost the vote, of a run that
+/// ended in an error. Their temporary files belong to no resource owner, so nothing else would
+/// close them before the backend exits.
+pub struct Cursor {
+    pub portal: pg_sys::Portal,
+}
+
+impl Drop for Cursor {
+    fn drop(&mut self) {
+        for store in CURSOR_STORES.take() {
+            // SAFETY: a store `startup` began in the hold context of this cursor's portal,
+            // which still exists (`finish` ends them all before it drops the portal), and
+            // which nothing else ends.
+            unsafe { pg_sys::tuplestore_end(store) }
+        }
+    }
+}
+
 /// A new cursor `name` of the caller's transaction, whose memory the attempts of `Mode::Cursor`
 /// keep their rows in; `None` when a cursor of that name exists.
-pub fn new_cursor(name: &str) -> Option<pg_sys::Portal> {
+pub fn new_cursor(name: &str) -> Option<Cursor> {
     let name = CString::new(name).ok()?;
     // SAFETY: a portal of the current transaction, with its hold context (and an empty hold
-    // store, replaced by `finish_cursor`).
+    // store, replaced by `finish`).
     unsafe {
         if !pg_sys::GetPortalByName(name.as_ptr()).is_null() {
             return None;
@@ -1047,48 +1076,47 @@ pub fn new_cursor(name: &str) -> Option<pg_sys::Portal> {
         let portal = pg_sys::CreatePortal(name.as_ptr(), false, false);
         (*portal).cursorOptions = pg_sys::CURSOR_OPT_SCROLL as i32;
         pg_sys::PortalCreateHoldStore(portal);
-        Some(portal)
+        CURSOR_STORES.take();
+        Some(Cursor { portal })
     }
 }
 
-/// Makes the cursor of `new_cursor` ready to FETCH from the rows of the attempt that answered
-/// (`answer`, its SQL `sql`), like a held cursor; the other attempts' stores are ended. Drops
-/// the cursor when there is no answer.
-pub fn finish_cursor(portal: pg_sys::Portal, sql: &str, answer: Option<Held>, others: &[Held]) {
-    // SAFETY: a portal `new_cursor` made, not yet defined; the stores are the attempts', in its
-    // hold context.
-    unsafe {
-        // An attempt's outcome reused for the same query again (a candidate that repeats it)
-        // holds the same store: each store is ended once.
-        let mut ended: Vec<*mut pg_sys::Tuplestorestate> = Vec::new();
-        for held in others {
-            if Some(held.store) == answer.map(|a| a.store) || ended.contains(&held.store) {
-                continue;
-            }
-            pg_sys::tuplestore_end(held.store);
-            ended.push(held.store);
+impl Cursor {
+    /// Makes the cursor ready to FETCH from the rows of the attempt that answered (`answer`, its
+    /// SQL `sql`), like a held cursor; the other attempts' stores are ended when this is
+    /// dropped. Drops the cursor when there is no answer.
+    pub fn finish(&self, sql: &str, answer: Option<Held>) {
+        let portal = self.portal;
+        // SAFETY: a portal `new_cursor` made, not yet defined; the answer's store is one
+        // `startup` began in its hold context.
+        unsafe {
+            let (Some(answer), Ok(sql)) = (answer, CString::new(sql)) else {
+                // The stores live in the portal's memory: ended before it goes.
+                for store in CURSOR_STORES.take() {
+                    pg_sys::tuplestore_end(store);
+                }
+                pg_sys::PortalDrop(portal, false);
+                return;
+            };
+            CURSOR_STORES.with_borrow_mut(|stores| stores.retain(|s| *s != answer.store));
+            let text = pg_sys::MemoryContextStrdup((*portal).portalContext, sql.as_ptr());
+            pg_sys::PortalDefineQuery(
+                portal,
+                std::ptr::null(),
+                text,
+                pg_sys::CommandTag::CMDTAG_SELECT,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            );
+            pg_sys::tuplestore_end((*portal).holdStore);
+            (*portal).holdStore = answer.store;
+            (*portal).tupDesc = answer.desc;
+            (*portal).strategy = pg_sys::PortalStrategy::PORTAL_ONE_SELECT;
+            (*portal).atStart = true;
+            (*portal).atEnd = false;
+            (*portal).portalPos = 0;
+            (*portal).status = pg_sys::PortalStatus::PORTAL_READY;
         }
-        let (Some(answer), Ok(sql)) = (answer, CString::new(sql)) else {
-            pg_sys::PortalDrop(portal, false);
-            return;
-        };
-        let text = pg_sys::MemoryContextStrdup((*portal).portalContext, sql.as_ptr());
-        pg_sys::PortalDefineQuery(
-            portal,
-            std::ptr::null(),
-            text,
-            pg_sys::CommandTag::CMDTAG_SELECT,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-        );
-        pg_sys::tuplestore_end((*portal).holdStore);
-        (*portal).holdStore = answer.store;
-        (*portal).tupDesc = answer.desc;
-        (*portal).strategy = pg_sys::PortalStrategy::PORTAL_ONE_SELECT;
-        (*portal).atStart = true;
-        (*portal).atEnd = false;
-        (*portal).portalPos = 0;
-        (*portal).status = pg_sys::PortalStatus::PORTAL_READY;
     }
 }
 

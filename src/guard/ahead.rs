@@ -13,9 +13,11 @@
 //! is converted by a type's input code (a number or NULL is not): a statement without one
 //! needs no look-up.
 
+use std::collections::HashSet;
 use std::ffi::c_void;
 
 use pgrx::pg_sys;
+use pgrx::PgList;
 
 /// Types collected per statement, at most: past that, the statement is refused as too complex.
 pub const MAX_TYPES: usize = 4096;
@@ -24,11 +26,22 @@ pub const MAX_TYPES: usize = 4096;
 /// `IN`, `DISTINCT`): their candidates are in reach too.
 const IMPLIED_OPERATORS: [&std::ffi::CStr; 6] = [c"=", c"<>", c"<", c">", c"<=", c">="];
 
-/// What the walk collects: the types in reach, and whether the statement has a string literal.
+/// What the walk collects: the types in reach, whether the statement has a string literal,
+/// whether there were more types than `MAX_TYPES`, and the function and operator names looked
+/// up already.
 #[derive(Default)]
 struct Reach {
-    types: Vec<pg_sys::Oid>,
+    types: Types,
     literal: bool,
+    overflow: bool,
+    looked_up: HashSet<String>,
+}
+
+/// Types in the order found, each once.
+#[derive(Default)]
+struct Types {
+    list: Vec<pg_sys::Oid>,
+    seen: HashSet<pg_sys::Oid>,
 }
 
 /// The types in reach of the string literals of `statement` (a raw statement from
@@ -57,10 +70,10 @@ pub unsafe fn types_in_reach(statement: *mut pg_sys::Node) -> Option<Vec<pg_sys:
                 std::ptr::null_mut(),
                 pg_sys::makeString(pg_sys::pstrdup(name.as_ptr())).cast(),
             );
-            operators(names, &mut reach.types);
+            operators(names, &mut reach);
         }
     }
-    (reach.types.len() <= MAX_TYPES).then_some(reach.types)
+    (!reach.overflow && reach.types.list.len() <= MAX_TYPES).then_some(reach.types.list)
 }
 
 #[pgrx::pg_guard]
@@ -68,25 +81,43 @@ unsafe extern "C-unwind" fn collector(node: *mut pg_sys::Node, context: *mut c_v
     if node.is_null() {
         return false;
     }
+    pgrx::check_for_interrupts!();
     // SAFETY: PostgreSQL's raw walker passes raw nodes and our `Reach`; each node is read as
     // the struct its tag names.
     unsafe {
         let reach = &mut *context.cast::<Reach>();
-        let found = &mut reach.types;
-        if found.len() > MAX_TYPES {
-            return true;
-        }
-        match (*node).type_ {
-            pg_sys::NodeTag::T_A_Const => {
-                let constant = node.cast::<pg_sys::A_Const>();
-                if !(*constant).isnull && (*constant).val.node.type_ == pg_sys::NodeTag::T_String {
-                    reach.literal = true;
-                }
+        if (*node).type_ == pg_sys::NodeTag::T_A_Const {
+            let constant = node.cast::<pg_sys::A_Const>();
+            if !(*constant).isnull && (*constant).val.node.type_ == pg_sys::NodeTag::T_String {
+                reach.literal = true;
             }
-            pg_sys::NodeTag::T_TypeName => type_named(node.cast(), found),
+        }
+        // Past the bound nothing more is collected, but the walk goes on to find a literal:
+        // a statement with one is then refused as too complex.
+        if reach.types.list.len() > MAX_TYPES {
+            reach.overflow = true;
+        } else {
+            collect(node, reach);
+        }
+        pg_sys::raw_expression_tree_walker(node, Some(collector), context)
+    }
+}
+
+/// What `node` brings into reach.
+///
+/// # Safety
+/// `node` is a raw parse node.
+unsafe fn collect(node: *mut pg_sys::Node, reach: &mut Reach) {
+    // SAFETY: the caller's contract; each node is read as the struct its tag names.
+    unsafe {
+        match (*node).type_ {
+            pg_sys::NodeTag::T_TypeName => type_named(node.cast(), &mut reach.types),
             // XMLTABLE's columns: PostgreSQL's walker does not visit their type names.
             pg_sys::NodeTag::T_RangeTableFuncCol => {
-                type_named((*node.cast::<pg_sys::RangeTableFuncCol>()).typeName, found);
+                type_named(
+                    (*node.cast::<pg_sys::RangeTableFuncCol>()).typeName,
+                    &mut reach.types,
+                );
             }
             pg_sys::NodeTag::T_RangeVar => {
                 let relation = pg_sys::RangeVarGetRelidExtended(
@@ -97,20 +128,70 @@ unsafe extern "C-unwind" fn collector(node: *mut pg_sys::Node, context: *mut c_v
                     std::ptr::null_mut(),
                 );
                 if relation != pg_sys::InvalidOid {
-                    columns(relation, found);
+                    columns(relation, &mut reach.types);
                 }
             }
             pg_sys::NodeTag::T_FuncCall => {
-                functions((*node.cast::<pg_sys::FuncCall>()).funcname, found);
+                functions((*node.cast::<pg_sys::FuncCall>()).funcname, reach);
             }
-            pg_sys::NodeTag::T_A_Expr => operators((*node.cast::<pg_sys::A_Expr>()).name, found),
+            // `o.f` and `(o).f` call a function `f` of the row when no column is so named.
+            pg_sys::NodeTag::T_ColumnRef => {
+                let fields =
+                    PgList::<pg_sys::Node>::from_pg((*node.cast::<pg_sys::ColumnRef>()).fields);
+                if fields.len() >= 2 {
+                    if let Some(last) = fields.get_ptr(fields.len() - 1) {
+                        attribute_function(last, reach);
+                    }
+                }
+            }
+            pg_sys::NodeTag::T_A_Indirection => {
+                let members = PgList::<pg_sys::Node>::from_pg(
+                    (*node.cast::<pg_sys::A_Indirection>()).indirection,
+                );
+                for member in members.iter_ptr() {
+                    attribute_function(member, reach);
+                }
+            }
+            pg_sys::NodeTag::T_A_Expr => operators((*node.cast::<pg_sys::A_Expr>()).name, reach),
             pg_sys::NodeTag::T_SubLink => {
-                operators((*node.cast::<pg_sys::SubLink>()).operName, found);
+                operators((*node.cast::<pg_sys::SubLink>()).operName, reach);
             }
-            pg_sys::NodeTag::T_SortBy => operators((*node.cast::<pg_sys::SortBy>()).useOp, found),
+            pg_sys::NodeTag::T_SortBy => operators((*node.cast::<pg_sys::SortBy>()).useOp, reach),
             _ => {}
         }
-        pg_sys::raw_expression_tree_walker(node, Some(collector), context)
+    }
+}
+
+/// The functions a name in attribute notation (`o.f`) may call, when it is a name.
+///
+/// # Safety
+/// `member` is a raw parse node, or null.
+unsafe fn attribute_function(member: *mut pg_sys::Node, reach: &mut Reach) {
+    // SAFETY: the caller's contract; a String node is copied into a one-name list.
+    unsafe {
+        if !member.is_null() && (*member).type_ == pg_sys::NodeTag::T_String {
+            functions(pg_sys::lappend(std::ptr::null_mut(), member.cast()), reach);
+        }
+    }
+}
+
+/// `names` as one key, to look each name up once.
+///
+/// # Safety
+/// `names` is a list of String nodes.
+unsafe fn key(names: *mut pg_sys::List) -> String {
+    // SAFETY: the caller's contract.
+    unsafe {
+        PgList::<pg_sys::Node>::from_pg(names)
+            .iter_ptr()
+            .map(|name| match (*name).type_ {
+                pg_sys::NodeTag::T_String => {
+                    crate::names::c_string((*name.cast::<pg_sys::String>()).sval)
+                }
+                _ => String::from("*"),
+            })
+            .collect::<Vec<_>>()
+            .join("\u{0}")
     }
 }
 
@@ -119,7 +200,7 @@ unsafe extern "C-unwind" fn collector(node: *mut pg_sys::Node, context: *mut c_v
 ///
 /// # Safety
 /// `name` is a raw tree's TypeName, or null.
-unsafe fn type_named(name: *mut pg_sys::TypeName, found: &mut Vec<pg_sys::Oid>) {
+unsafe fn type_named(name: *mut pg_sys::TypeName, found: &mut Types) {
     if !name.is_null() {
         // SAFETY: the caller's contract; a catalog look-up that runs nothing.
         add(found, unsafe {
@@ -129,29 +210,30 @@ unsafe fn type_named(name: *mut pg_sys::TypeName, found: &mut Vec<pg_sys::Oid>) 
 }
 
 /// `typ`, and the array of it that analysis may make of a value of it.
-fn add(found: &mut Vec<pg_sys::Oid>, typ: pg_sys::Oid) {
+fn add(found: &mut Types, typ: pg_sys::Oid) {
+    if typ == pg_sys::InvalidOid || !found.seen.insert(typ) {
+        return;
+    }
+    found.list.push(typ);
     // SAFETY: a catalog look-up.
     let array = unsafe { pg_sys::get_array_type(typ) };
-    for typ in [typ, array] {
-        if typ != pg_sys::InvalidOid && !found.contains(&typ) {
-            found.push(typ);
-        }
+    if array != pg_sys::InvalidOid && found.seen.insert(array) {
+        found.list.push(array);
     }
 }
 
-/// The row type of `relation` (`t = '(...)'` converts a literal to it) and its column types
-/// (dropped columns aside).
+/// The column types of `relation` (dropped columns aside). Its row type is not: a literal
+/// compared with a whole row is an anonymous record, which has no input.
 ///
 /// # Safety
 /// In a transaction.
-unsafe fn columns(relation: pg_sys::Oid, found: &mut Vec<pg_sys::Oid>) {
+unsafe fn columns(relation: pg_sys::Oid, found: &mut Types) {
     // SAFETY: the relcache entry, closed before returning (NULL for a relation gone since).
     unsafe {
         let rel = pg_sys::RelationIdGetRelation(relation);
         if rel.is_null() {
             return;
         }
-        add(found, (*(*rel).rd_rel).reltype);
         for attribute in crate::compat::attributes((*rel).rd_att) {
             if !attribute.attisdropped {
                 add(found, attribute.atttypid);
@@ -161,16 +243,16 @@ unsafe fn columns(relation: pg_sys::Oid, found: &mut Vec<pg_sys::Oid>) {
     }
 }
 
-/// The parameter and result types of every function named `names`.
+/// The parameter and result types of every function named `names` (each name looked up once).
 ///
 /// # Safety
 /// `names` is a raw tree's name list (String nodes), or null.
-unsafe fn functions(names: *mut pg_sys::List, found: &mut Vec<pg_sys::Oid>) {
-    if names.is_null() {
-        return;
-    }
+unsafe fn functions(names: *mut pg_sys::List, reach: &mut Reach) {
     // SAFETY: the caller's contract; the candidate list is palloc'd, each with `nargs` types.
     unsafe {
+        if names.is_null() || !reach.looked_up.insert(format!("f{}", key(names))) {
+            return;
+        }
         let mut candidate = pg_sys::FuncnameGetCandidates(
             names,
             -1,
@@ -180,23 +262,23 @@ unsafe fn functions(names: *mut pg_sys::List, found: &mut Vec<pg_sys::Oid>) {
             false,
             true,
         );
-        while !candidate.is_null() && found.len() <= MAX_TYPES {
+        while !candidate.is_null() && reach.types.list.len() <= MAX_TYPES {
             let nargs = usize::try_from((*candidate).nargs).unwrap_or(0);
             for &typ in (*candidate).args.as_slice(nargs) {
-                add(found, typ);
+                add(&mut reach.types, typ);
             }
-            add(found, pg_sys::get_func_rettype((*candidate).oid));
-            result_columns((*candidate).oid, found);
+            results((*candidate).oid, &mut reach.types);
             candidate = (*candidate).next;
         }
     }
 }
 
-/// The types of a function's OUT and TABLE parameters: the columns of its result.
+/// A function's result type and the types of its OUT and TABLE parameters (the columns of
+/// its result), read from its catalog row (none for a function dropped meanwhile).
 ///
 /// # Safety
 /// In a transaction.
-unsafe fn result_columns(function: pg_sys::Oid, found: &mut Vec<pg_sys::Oid>) {
+unsafe fn results(function: pg_sys::Oid, found: &mut Types) {
     // SAFETY: a syscache look-up, released before returning; the descriptor is a palloc'd
     // copy (NULL for a function without OUT parameters).
     unsafe {
@@ -207,6 +289,10 @@ unsafe fn result_columns(function: pg_sys::Oid, found: &mut Vec<pg_sys::Oid>) {
         if tuple.is_null() {
             return;
         }
+        add(
+            found,
+            (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tuple)).prorettype,
+        );
         let desc = pg_sys::build_function_result_tupdesc_t(tuple);
         pg_sys::ReleaseSysCache(tuple);
         if !desc.is_null() {
@@ -217,23 +303,23 @@ unsafe fn result_columns(function: pg_sys::Oid, found: &mut Vec<pg_sys::Oid>) {
     }
 }
 
-/// The operand and result types of every operator named `names`.
+/// The operand and result types of every operator named `names` (each name looked up once).
 ///
 /// # Safety
 /// `names` is a raw tree's name list (String nodes), or null.
-unsafe fn operators(names: *mut pg_sys::List, found: &mut Vec<pg_sys::Oid>) {
-    if names.is_null() {
-        return;
-    }
+unsafe fn operators(names: *mut pg_sys::List, reach: &mut Reach) {
     // SAFETY: the caller's contract; the candidate list is palloc'd, each with `nargs` types.
     unsafe {
+        if names.is_null() || !reach.looked_up.insert(format!("o{}", key(names))) {
+            return;
+        }
         let mut candidate = pg_sys::OpernameGetCandidates(names, 0, true);
-        while !candidate.is_null() && found.len() <= MAX_TYPES {
+        while !candidate.is_null() && reach.types.list.len() <= MAX_TYPES {
             let nargs = usize::try_from((*candidate).nargs).unwrap_or(0);
             for &typ in (*candidate).args.as_slice(nargs) {
-                add(found, typ);
+                add(&mut reach.types, typ);
             }
-            add(found, pg_sys::get_op_rettype((*candidate).oid));
+            add(&mut reach.types, pg_sys::get_op_rettype((*candidate).oid));
             candidate = (*candidate).next;
         }
     }

@@ -322,9 +322,24 @@ unsafe fn raw_node_refusal(node: *mut pg_sys::Node) -> Option<Refusal> {
                 ))
             }
             pg_sys::NodeTag::T_CommonTableExpr => {
-                let query = (*node.cast::<pg_sys::CommonTableExpr>()).ctequery;
-                (!query.is_null() && (*query).type_ != pg_sys::NodeTag::T_SelectStmt)
-                    .then(|| Refusal::write(&format!("{} (in a WITH clause)", command_name(query))))
+                let cte = node.cast::<pg_sys::CommonTableExpr>();
+                let query = (*cte).ctequery;
+                if !query.is_null() && (*query).type_ != pg_sys::NodeTag::T_SelectStmt {
+                    return Some(Refusal::write(&format!(
+                        "{} (in a WITH clause)",
+                        command_name(query)
+                    )));
+                }
+                // Analysed before any check could see them (PostgreSQL's walker skips them),
+                // and their marks are literals converted there: refused, as the analysed walk
+                // would refuse them anyway.
+                (!(*cte).search_clause.is_null() || !(*cte).cycle_clause.is_null()).then(|| {
+                    Refusal::forbidden(
+                        "SEARCH and CYCLE clauses of a recursive WITH query are not allowed in \
+                         a generated query"
+                            .into(),
+                    )
+                })
             }
             _ => None,
         }

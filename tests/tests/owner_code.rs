@@ -805,7 +805,10 @@ fn literals_never_run_the_built_in_code_of_a_domains_check_during_analysis() {
          CREATE TABLE shared.v (c shared.locked);
          GRANT SELECT ON shared.v TO PUBLIC;
          CREATE TABLE shared.u (n int);
-         GRANT SELECT ON shared.u TO PUBLIC;",
+         GRANT SELECT ON shared.u TO PUBLIC;
+         CREATE FUNCTION public.tags(shared.u) RETURNS shared.locked[] LANGUAGE sql
+             AS 'SELECT NULL::shared.locked[]';
+         CREATE DOMAIN shared.locked_list AS shared.locked[];",
     );
     let mut v = w.connect(&victim);
     let queries = [
@@ -820,7 +823,13 @@ fn literals_never_run_the_built_in_code_of_a_domains_check_during_analysis() {
         "SELECT count(*) FROM shared.g() WHERE x = '{1}'",
         "SELECT * FROM XMLTABLE('/r' PASSING '<r/>' COLUMNS a shared.locked[] PATH 'a' \
          DEFAULT '{1}')",
+        // A function of the row called in attribute notation.
+        "SELECT count(*) FROM shared.u o WHERE o.tags = '{1}'",
     ];
+    // A recursive query's CYCLE marks: analysed before any check sees them.
+    let cycle = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 3) \
+                 CYCLE n SET looped TO shared.locked_list '{1}' \
+                 DEFAULT shared.locked_list '{2}' USING path SELECT n FROM r";
     let mut witness = Witness::hold(&w.s.database, &[78]);
     let (_, waited) = witness.waited(|| {
         for sql in queries {
@@ -829,6 +838,10 @@ fn literals_never_run_the_built_in_code_of_a_domains_check_during_analysis() {
             assert_eq!(code, "42501", "{sql}: {message}");
             assert!(message.contains("shared.locked"), "{sql}: {message}");
         }
+        let error = v.query_one("SELECT nl_check($1)", &[&cycle]).unwrap_err();
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "42501", "{message}");
+        assert!(message.contains("CYCLE"), "{message}");
     });
     assert!(
         waited.is_empty(),

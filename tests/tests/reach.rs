@@ -327,6 +327,76 @@ fn nl_cursor_gives_the_querys_own_columns_and_types() {
     );
 }
 
+/// Every attempt of a cursor's question keeps its rows in the cursor's memory, spilled to
+/// temporary files when large: each such store is ended once, whether its attempt lost the vote
+/// (also to a candidate that repeated it), failed after its first rows, or answered; after the
+/// transaction the backend keeps no temporary file, and lives on.
+#[test]
+fn nl_cursor_ends_every_attempts_rows_once_and_leaves_no_file() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute(
+            "SET work_mem = '64kB'; SET sql_query_engine.max_rows = 100000;
+             SET sql_query_engine.vote = always; SET sql_query_engine.candidates = 4",
+        )
+        .unwrap();
+    let files = |s: &mut Session| -> i64 {
+        s.client
+            .query_one(
+                "SELECT count(*) FROM pg_ls_tmpdir() \
+                 WHERE name LIKE 'pgsql_tmp' || pg_backend_pid() || '.%'",
+                &[],
+            )
+            .unwrap()
+            .get(0)
+    };
+    let all = "SELECT g FROM generate_series(1, 20000) AS g";
+    let even = "SELECT g FROM generate_series(1, 20000) AS g WHERE g % 2 = 0";
+    let choice = |sql: &str| json!({ "sql": sql }).to_string();
+    // The first query is repeated by a candidate, and both lose to three others.
+    s.llm.on(
+        "numbers",
+        vec![
+            Reply::sql(all),
+            Reply::Choices(vec![choice(all), choice(even), choice(even), choice(even)]),
+        ],
+    );
+    let mut tx = s.client.transaction().unwrap();
+    tx.query_one("SELECT nl_cursor('numbers', 'numbers_c')", &[])
+        .unwrap();
+    assert_eq!(
+        tx.query("FETCH ALL FROM numbers_c", &[]).unwrap().len(),
+        10000
+    );
+    tx.commit().unwrap();
+    assert_eq!(files(&mut s), 0);
+
+    // An attempt that fails after its first 14,999 rows, then its repair.
+    s.client
+        .batch_execute("SET sql_query_engine.vote = off")
+        .unwrap();
+    s.llm.on(
+        "inverses",
+        vec![
+            Reply::sql("SELECT 1 / (g - 15000) AS x FROM generate_series(1, 20000) AS g"),
+            Reply::sql(even),
+        ],
+    );
+    let mut tx = s.client.transaction().unwrap();
+    tx.query_one("SELECT nl_cursor('inverses', 'inverses_c')", &[])
+        .unwrap();
+    assert_eq!(
+        tx.query("FETCH ALL FROM inverses_c", &[]).unwrap().len(),
+        10000
+    );
+    tx.commit().unwrap();
+    assert_eq!(
+        files(&mut s),
+        0,
+        "the failed attempt's rows were left on disk"
+    );
+}
+
 /// The `answer` of a `CALL nl_call(...)` statement (simple protocol: jsonb comes back as text).
 fn call(
     client: &mut postgres::Client,
