@@ -86,6 +86,8 @@ pub fn ends_the_call(caught: &CaughtError) -> bool {
     }
 }
 
+/// The search path of the extension's own SQL: built-in names only, temporary objects last,
+/// so that no function, operator or type a role created can stand in for a built-in one.
 pub const PINNED_SEARCH_PATH: &CStr = c"pg_catalog, pg_temp";
 
 /// Runs `work` with `settings` in force, restored afterwards, like a function's `SET` clause

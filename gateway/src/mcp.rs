@@ -110,8 +110,9 @@ fn role_of(server: &Mcp, context: &RequestContext<RoleServer>) -> Result<Client,
     }
 }
 
-fn failure(error: DbError) -> CallToolResult {
-    let text = match error {
+/// What a client is told of a failed call: the error's message and hint, never its detail.
+fn said(error: DbError) -> String {
+    match error {
         DbError::Sql {
             sqlstate,
             message,
@@ -127,8 +128,7 @@ fn failure(error: DbError) -> CallToolResult {
              when one has ended"
         ),
         DbError::Unavailable(cause) => format!("the database is unavailable: {cause}"),
-    };
-    CallToolResult::error(vec![ContentBlock::text(text)])
+    }
 }
 
 impl Mcp {
@@ -152,23 +152,35 @@ impl Mcp {
             Err(e) => return Ok(CallToolResult::error(vec![ContentBlock::text(e)])),
         };
         let call = call.of_client(client.as_deref());
-        // Dropping the call cancels its query: at the timeout, and when the client cancels the
-        // request (`notifications/cancelled`) or its session ends.
-        let answered = tokio::select! {
-            answered = tokio::time::timeout(self.timeout, self.db.call(role.as_deref(), &call, None)) => answered,
-            _ = context.ct.cancelled() => {
-                return Ok(CallToolResult::error(vec![ContentBlock::text("the request was cancelled")]));
-            }
-        };
-        match answered {
-            Err(_) => Ok(CallToolResult::error(vec![ContentBlock::text(format!(
-                "the request took longer than {} s, the gateway's limit; its query was cancelled",
-                self.timeout.as_secs()
-            ))])),
-            Ok(Ok(value)) => Ok(CallToolResult::success(vec![ContentBlock::json(shape(
+        match self.bounded(context, role.as_deref(), &call).await {
+            Ok(value) => Ok(CallToolResult::success(vec![ContentBlock::json(shape(
                 value,
             ))?])),
-            Ok(Err(e)) => Ok(failure(e)),
+            Err(said) => Ok(CallToolResult::error(vec![ContentBlock::text(said)])),
+        }
+    }
+
+    /// Runs `call` as `role`; dropping the call cancels its query, at the gateway's timeout and
+    /// when the client cancels the request (`notifications/cancelled`) or its session ends.
+    /// The answer, or what the client is told instead.
+    async fn bounded(
+        &self,
+        context: &RequestContext<RoleServer>,
+        role: Option<&str>,
+        call: &Call,
+    ) -> Result<Value, String> {
+        tokio::select! {
+            answered = tokio::time::timeout(self.timeout, self.db.call(role, call, None)) => {
+                match answered {
+                    Err(_) => Err(format!(
+                        "the request took longer than {} s, the gateway's limit; its query was \
+                         cancelled",
+                        self.timeout.as_secs()
+                    )),
+                    Ok(result) => result.map_err(said),
+                }
+            }
+            _ = context.ct.cancelled() => Err("the request was cancelled".into()),
         }
     }
 }
@@ -369,27 +381,11 @@ impl ServerHandler for Mcp {
             }
         };
         let (role, _) = role_of(self, &context).map_err(|e| McpError::invalid_request(e, None))?;
-        // As a tool call: ended at the timeout and when the client cancels it.
-        let answered = tokio::select! {
-            answered = tokio::time::timeout(self.timeout, self.db.call(role.as_deref(), &call, None)) => answered,
-            _ = context.ct.cancelled() => {
-                return Err(McpError::internal_error("the request was cancelled", None));
-            }
-        };
-        let value = answered
-            .map_err(|_| {
-                McpError::internal_error("the request took longer than the gateway's limit", None)
-            })?
-            .map_err(|e| {
-                // The tool-call form of the error: its message and hint, never its detail.
-                let said = failure(e)
-                    .content
-                    .iter()
-                    .filter_map(|c| c.as_text().map(|t| t.text.clone()))
-                    .collect::<Vec<_>>()
-                    .join("\n");
-                McpError::internal_error(said, None)
-            })?;
+        // As a tool call is.
+        let value = self
+            .bounded(&context, role.as_deref(), &call)
+            .await
+            .map_err(|said| McpError::internal_error(said, None))?;
         let text = match value {
             Value::String(s) => s,
             other => other.to_string(),

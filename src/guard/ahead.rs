@@ -19,6 +19,8 @@ use std::ffi::c_void;
 use pgrx::pg_sys;
 use pgrx::PgList;
 
+use super::facts::builtin;
+
 /// Types collected per statement, at most: past that, the statement is refused as too complex.
 pub const MAX_TYPES: usize = 4096;
 
@@ -209,9 +211,10 @@ unsafe fn type_named(name: *mut pg_sys::TypeName, found: &mut Types) {
     }
 }
 
-/// `typ`, and the array of it that analysis may make of a value of it.
+/// `typ`, and the array of it that analysis may make of a value of it. A built-in type is
+/// made of built-in types only: it holds no domain, so it is left out.
 fn add(found: &mut Types, typ: pg_sys::Oid) {
-    if typ == pg_sys::InvalidOid || !found.seen.insert(typ) {
+    if typ == pg_sys::InvalidOid || builtin(typ) || !found.seen.insert(typ) {
         return;
     }
     found.list.push(typ);

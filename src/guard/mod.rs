@@ -111,19 +111,7 @@ pub fn check(
     trusted: Option<&Trusted>,
     scope: Option<&Scope>,
 ) -> Result<Checked, Refusal> {
-    let Ok(text) = CString::new(sql) else {
-        return Err(Refusal::read(
-            SqlState::CHARACTER_NOT_IN_REPERTOIRE,
-            "the query contains a NUL character".into(),
-        ));
-    };
-    // SAFETY: the grammar on a NUL-terminated string; the list lives in the current context.
-    let statements = unsafe {
-        PgList::<pg_sys::RawStmt>::from_pg(pg_sys::raw_parser(
-            text.as_ptr(),
-            pg_sys::RawParseMode::RAW_PARSE_DEFAULT,
-        ))
-    };
+    let (text, statements) = parsed(sql)?;
     if statements.is_empty() {
         return Err(Refusal::read(
             SqlState::SYNTAX_ERROR,
@@ -181,6 +169,24 @@ pub fn check(
     })
 }
 
+/// `sql` as text for PostgreSQL and its raw statements (the server's grammar; nothing runs).
+fn parsed(sql: &str) -> Result<(CString, PgList<pg_sys::RawStmt>), Refusal> {
+    let Ok(text) = CString::new(sql) else {
+        return Err(Refusal::read(
+            SqlState::CHARACTER_NOT_IN_REPERTOIRE,
+            "the query contains a NUL character".into(),
+        ));
+    };
+    // SAFETY: the grammar on a NUL-terminated string; the list lives in the current context.
+    let statements = unsafe {
+        PgList::<pg_sys::RawStmt>::from_pg(pg_sys::raw_parser(
+            text.as_ptr(),
+            pg_sys::RawParseMode::RAW_PARSE_DEFAULT,
+        ))
+    };
+    Ok((text, statements))
+}
+
 /// Why converting the string literals of `statement` (from `raw_parser`) while it is analysed
 /// could run a domain's CHECK that the policy refuses (see `ahead`).
 fn literals_refusal(
@@ -201,19 +207,7 @@ fn literals_refusal(
 /// `literals_refusal` for SQL about to be analysed again (the text a view is created from):
 /// between its check and now, a domain's owner may have given a domain a CHECK.
 pub fn check_literals(sql: &str, trusted: Option<&Trusted>) -> Result<(), Refusal> {
-    let Ok(text) = CString::new(sql) else {
-        return Err(Refusal::read(
-            SqlState::CHARACTER_NOT_IN_REPERTOIRE,
-            "the query contains a NUL character".into(),
-        ));
-    };
-    // SAFETY: the grammar on a NUL-terminated string; the list lives in the current context.
-    let statements = unsafe {
-        PgList::<pg_sys::RawStmt>::from_pg(pg_sys::raw_parser(
-            text.as_ptr(),
-            pg_sys::RawParseMode::RAW_PARSE_DEFAULT,
-        ))
-    };
+    let (_text, statements) = parsed(sql)?;
     let refused = statements.iter_ptr().try_for_each(|raw| {
         // SAFETY: raw_parser returns RawStmt nodes.
         literals_refusal(unsafe { (*raw).stmt }, allowed_functions(), trusted)

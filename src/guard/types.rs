@@ -33,6 +33,7 @@ use crate::compat::numbers::{
 
 /// What a type is made of, from pg_type.
 struct TypeFacts {
+    oid: pg_sys::Oid,
     kind: u8,
     owner: pg_sys::Oid,
     base: pg_sys::Oid,
@@ -53,6 +54,7 @@ impl TypeFacts {
             }
             let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_type>(tuple);
             let facts = TypeFacts {
+                oid: typ,
                 kind: (*form).typtype as u8,
                 owner: (*form).typowner,
                 base: (*form).typbasetype,
@@ -176,38 +178,20 @@ impl Types<'_> {
             ));
         }
         let facts = TypeFacts::of(typ)?;
-        match facts.kind {
-            pg_sys::TYPTYPE_DOMAIN => {
-                if contained {
-                    if let Some(why) = self.check_refusal(typ) {
-                        return Some(format!(
-                            "the CHECK of domain {}, which a literal of it runs while the query \
-                             is analysed, is refused: {why}",
-                            type_name(typ)
-                        ));
-                    }
-                }
-                self.inside(facts.base, contained, depth + 1)
-            }
-            pg_sys::TYPTYPE_COMPOSITE => composite_fields(facts.relation)
-                .into_iter()
-                .find_map(|field| self.inside(field, true, depth + 1)),
-            pg_sys::TYPTYPE_RANGE => {
-                // SAFETY: a catalog look-up.
-                let subtype = unsafe { pg_sys::get_range_subtype(typ) };
-                self.inside(subtype, true, depth + 1)
-            }
-            pg_sys::TYPTYPE_MULTIRANGE => {
-                // SAFETY: a catalog look-up.
-                let range = unsafe { pg_sys::get_multirange_range(typ) };
-                self.inside(range, true, depth + 1)
-            }
-            _ => {
-                // SAFETY: a catalog look-up.
-                let element = unsafe { pg_sys::get_element_type(typ) };
-                self.inside(element, true, depth + 1)
+        let domain = facts.kind == pg_sys::TYPTYPE_DOMAIN;
+        if domain && contained {
+            if let Some(why) = self.check_refusal(typ) {
+                return Some(format!(
+                    "the CHECK of domain {}, which a literal of it runs while the query is \
+                     analysed, is refused: {why}",
+                    type_name(typ)
+                ));
             }
         }
+        // A domain's base is met as the domain is; any other part is inside its type.
+        parts(&facts)
+            .into_iter()
+            .find_map(|(part, _)| self.inside(part, contained || !domain, depth + 1))
     }
 
     fn generated_type_refusal(&mut self, typ: pg_sys::Oid, depth: usize) -> Option<String> {
@@ -234,34 +218,16 @@ impl Types<'_> {
         if let Some(why) = self.cast_refusal(typ) {
             return Some(why);
         }
+        if let Some(why) = parts(&facts)
+            .into_iter()
+            .find_map(|(part, what)| made_of(self, part, what))
+        {
+            return Some(why);
+        }
         match facts.kind {
-            pg_sys::TYPTYPE_DOMAIN => {
-                if let Some(why) = made_of(self, facts.base, "base type") {
-                    return Some(why);
-                }
-                self.domain_check_refusal(typ)
-            }
-            pg_sys::TYPTYPE_COMPOSITE => composite_fields(facts.relation)
-                .into_iter()
-                .find_map(|field| made_of(self, field, "field type")),
-            pg_sys::TYPTYPE_RANGE => {
-                // SAFETY: a catalog look-up.
-                let subtype = unsafe { pg_sys::get_range_subtype(typ) };
-                made_of(self, subtype, "subtype")
-                    .or_else(|| self.support_refusal(&range_functions(typ), "range"))
-            }
-            pg_sys::TYPTYPE_MULTIRANGE => {
-                // SAFETY: a catalog look-up.
-                let range = unsafe { pg_sys::get_multirange_range(typ) };
-                made_of(self, range, "range type")
-            }
-            _ => {
-                // SAFETY: a catalog look-up.
-                let element = unsafe { pg_sys::get_element_type(typ) };
-                (element != pg_sys::InvalidOid)
-                    .then(|| made_of(self, element, "element type"))
-                    .flatten()
-            }
+            pg_sys::TYPTYPE_DOMAIN => self.domain_check_refusal(typ),
+            pg_sys::TYPTYPE_RANGE => self.support_refusal(&range_functions(typ), "range"),
+            _ => None,
         }
     }
 
@@ -416,6 +382,30 @@ unsafe fn stored_checks(domain: pg_sys::Oid) -> Vec<*mut pg_sys::Node> {
         pg_sys::table_close(catalog, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
     }
     found
+}
+
+/// The types a value of a type is made of, and what each is to it: a domain's base type, a
+/// composite's field types, a range's subtype, a multirange's range type, an array's element
+/// type.
+fn parts(facts: &TypeFacts) -> Vec<(pg_sys::Oid, &'static str)> {
+    // SAFETY: catalog look-ups.
+    unsafe {
+        match facts.kind {
+            pg_sys::TYPTYPE_DOMAIN => vec![(facts.base, "base type")],
+            pg_sys::TYPTYPE_COMPOSITE => composite_fields(facts.relation)
+                .into_iter()
+                .map(|field| (field, "field type"))
+                .collect(),
+            pg_sys::TYPTYPE_RANGE => vec![(pg_sys::get_range_subtype(facts.oid), "subtype")],
+            pg_sys::TYPTYPE_MULTIRANGE => {
+                vec![(pg_sys::get_multirange_range(facts.oid), "range type")]
+            }
+            _ => match pg_sys::get_element_type(facts.oid) {
+                element if element == pg_sys::InvalidOid => Vec::new(),
+                element => vec![(element, "element type")],
+            },
+        }
+    }
 }
 
 /// The field types of a composite type's relation (dropped columns aside).

@@ -110,16 +110,7 @@ pub unsafe fn check_tree(
     trusted: Option<&Trusted>,
     view: Option<pg_sys::Oid>,
 ) -> Result<Vec<pg_sys::Oid>, Refusal> {
-    let mut walk = Walk {
-        origin,
-        allow_catalogs: origin == Origin::Generated && settings::allow_system_catalogs(),
-        allowed: Rc::new(allowed),
-        trusted: trusted.cloned(),
-        view,
-        relations: Vec::new(),
-        types: HashMap::new(),
-        refusal: None,
-    };
+    let mut walk = Walk::new(origin, allowed, trusted, view);
     // Through PostgreSQL's walker, never by calling a walker directly: an ERROR raised deep in
     // the walk (stack depth, say) must come back through pgrx's FFI boundary as a catchable
     // error, not jump past the caller's PgTry.
@@ -149,22 +140,8 @@ pub fn literals_refusal(
     trusted: Option<&Trusted>,
 ) -> Result<(), Refusal> {
     let origin = Origin::Generated;
-    let mut walk = Walk {
-        origin,
-        allow_catalogs: settings::allow_system_catalogs(),
-        allowed: Rc::new(allowed),
-        trusted: trusted.cloned(),
-        view: None,
-        relations: Vec::new(),
-        types: HashMap::new(),
-        refusal: None,
-    };
-    let policy = TypePolicy {
-        origin,
-        allowed: Rc::clone(&walk.allowed),
-        allow_catalogs: walk.allow_catalogs,
-        trusted: walk.trusted.clone(),
-    };
+    let mut walk = Walk::new(origin, allowed, trusted, None);
+    let policy = walk.type_policy();
     for &typ in types {
         pgrx::check_for_interrupts!();
         let why = types::literal_refusal(&policy, typ, &mut |expression| {
@@ -317,6 +294,34 @@ unsafe extern "C-unwind" fn analyzed_walker(node: *mut pg_sys::Node, context: *m
 }
 
 impl Walk {
+    fn new(
+        origin: Origin,
+        allowed: Allowed,
+        trusted: Option<&Trusted>,
+        view: Option<pg_sys::Oid>,
+    ) -> Walk {
+        Walk {
+            origin,
+            allow_catalogs: origin == Origin::Generated && settings::allow_system_catalogs(),
+            allowed: Rc::new(allowed),
+            trusted: trusted.cloned(),
+            view,
+            relations: Vec::new(),
+            types: HashMap::new(),
+            refusal: None,
+        }
+    }
+
+    /// The policy the types of this walk are checked with.
+    fn type_policy(&self) -> TypePolicy {
+        TypePolicy {
+            origin: self.origin,
+            allowed: Rc::clone(&self.allowed),
+            allow_catalogs: self.allow_catalogs,
+            trusted: self.trusted.clone(),
+        }
+    }
+
     fn refuse(&mut self, message: String) {
         if self.refusal.is_none() {
             self.refusal = Some(Refusal::forbidden(message));
@@ -345,12 +350,7 @@ impl Walk {
         if typ == pg_sys::InvalidOid || builtin(typ) {
             return false;
         }
-        let policy = TypePolicy {
-            origin: self.origin,
-            allowed: Rc::clone(&self.allowed),
-            allow_catalogs: self.allow_catalogs,
-            trusted: self.trusted.clone(),
-        };
+        let policy = self.type_policy();
         let mut memo = std::mem::take(&mut self.types);
         let why = types::refusal(&policy, typ, &mut memo, &mut |expression| {
             // SAFETY: a CHECK expression PostgreSQL gave, a plain node tree.
