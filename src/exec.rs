@@ -305,7 +305,9 @@ const OWN_READ_BYTES: usize = 64 << 20;
 /// built-in functions, and the runtime gate refuses everything else (`Origin::Own`). One result
 /// row: the server aggregates the values into arrays, so a wide scan costs one row, not one per
 /// table row. Values are cut to `cut_chars` characters, or left out when longer than
-/// `max_chars`. `None` when the read failed or was refused.
+/// `max_chars`, without decompressing more of a long value than that (`substr` reads a slice,
+/// `octet_length` the stored size). Operators are written qualified: the caller's search path
+/// may put another `<=` before pg_catalog's. `None` when the read failed or was refused.
 pub fn scan_text_columns(
     table: &str,
     columns: &[&str],
@@ -317,14 +319,16 @@ pub fn scan_text_columns(
         .iter()
         .enumerate()
         .map(|(i, column)| match length {
-            ValueLength::Cut(chars) => format!("pg_catalog.left({column}, {chars}) AS v{i}"),
+            ValueLength::Cut(chars) => format!("pg_catalog.substr({column}, 1, {chars}) AS v{i}"),
             ValueLength::AtMost(_) => format!("{column} AS v{i}"),
         })
         .collect();
     let outer: Vec<String> = (0..columns.len())
         .map(|i| match length {
             ValueLength::AtMost(max) => format!(
-                "pg_catalog.array_agg(v{i}) FILTER (WHERE pg_catalog.length(v{i}) <= {max}) AS v{i}"
+                "pg_catalog.array_agg(v{i}) FILTER (WHERE pg_catalog.octet_length(v{i}) \
+                 OPERATOR(pg_catalog.<=) {} AND pg_catalog.length(v{i}) OPERATOR(pg_catalog.<=) {max}) AS v{i}",
+                4 * max
             ),
             ValueLength::Cut(_) => format!("pg_catalog.array_agg(v{i}) AS v{i}"),
         })

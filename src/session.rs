@@ -21,7 +21,7 @@ use pgrx::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::{redis_client, settings, store, subxact};
+use crate::{redis_client, settings, store};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Turn {
@@ -132,19 +132,16 @@ fn table_turns(session: &str) -> Option<Vec<Turn>> {
            AND updated_at > pg_catalog.now() - pg_catalog.make_interval(secs => $2)"
     );
     let ttl = settings::session_ttl_s() as f64;
-    let text = subxact::pinned(|| {
-        Spi::connect(|client| {
-            client
-                .select(
-                    &sql,
-                    Some(1),
-                    &[session.into(), ttl.into(), role_id().into()],
-                )?
-                .first()
-                .get_one::<String>()
-        })
+    let text = store::read_best_effort("the conversation", |client| {
+        client
+            .select(
+                &sql,
+                Some(1),
+                &[session.into(), ttl.into(), role_id().into()],
+            )?
+            .first()
+            .get_one::<String>()
     })
-    .ok()
     .flatten()?;
     serde_json::from_str(&text).ok()
 }

@@ -46,11 +46,28 @@ pub struct Watch {
     before: Vec<(Held, u64)>,
 }
 
+/// Session-level holds of one advisory lock that a call may start with: each is counted by
+/// giving it back and taking it again, before and after every query, without a pause for an
+/// interrupt (stopping halfway would change the session's locks).
+const MAX_HOLDS: u64 = 10_000;
+
 impl Watch {
+    /// Counts the holds the session has; raises 54000 when it holds a lock more than
+    /// `MAX_HOLDS` times (the count is stopped there and the holds given back are taken again).
     pub fn start() -> Watch {
-        Watch {
-            before: counted(held()),
+        let before = counted(held(), Some(MAX_HOLDS + 1));
+        if let Some((lock, _)) = before.iter().find(|(_, holds)| *holds > MAX_HOLDS) {
+            crate::error::Error::sql(
+                "54000",
+                format!(
+                    "the session holds advisory lock ({}, {}) more than {MAX_HOLDS} times at session level",
+                    lock.tag.locktag_field2, lock.tag.locktag_field3
+                ),
+                Some("Give them back (pg_advisory_unlock_all()) before asking."),
+            )
+            .raise();
         }
+        Watch { before }
     }
 }
 
@@ -61,7 +78,8 @@ impl Drop for Watch {
         if std::thread::panicking() {
             return;
         }
-        let now = counted(held());
+        // Uncapped: what the query took since, in its bounded run time, is all given back.
+        let now = counted(held(), None);
         let before = |lock: &Held| {
             self.before
                 .iter()
@@ -110,15 +128,16 @@ impl Drop for Watch {
     }
 }
 
-/// Each lock with its session-level holds, counted with messages off (see `session_holds`).
-fn counted(locks: Vec<Held>) -> Vec<(Held, u64)> {
+/// Each lock with its session-level holds, counted with messages off (see `session_holds`),
+/// up to `cap` each.
+fn counted(locks: Vec<Held>, cap: Option<u64>) -> Vec<(Held, u64)> {
     if locks.is_empty() {
         return Vec::new();
     }
     subxact::without_messages(|| {
         locks
             .into_iter()
-            .map(|lock| (lock, session_holds(&lock)))
+            .map(|lock| (lock, session_holds(&lock, cap.unwrap_or(u64::MAX))))
             .collect()
     })
 }
@@ -129,15 +148,15 @@ fn counted(locks: Vec<Held>) -> Vec<(Held, u64)> {
 /// back one by one and counted until there is none (the lock stays held by the anchor, so no
 /// other backend can take it meanwhile), taken again as many times, and the anchor is given
 /// back: the lock ends as it was. The last release finds no session-level hold and warns
-/// "you don't own a lock": `counted` turns messages off meanwhile.
-fn session_holds(lock: &Held) -> u64 {
+/// "you don't own a lock": `counted` turns messages off meanwhile. Stops at `cap` holds.
+fn session_holds(lock: &Held, cap: u64) -> u64 {
     let mut holds = 0u64;
     // The anchor is held under the current resource owner (inside the caller's transaction)
     // and given back below; every session-level hold given back is taken again.
     // SAFETY: a tag and mode the lock manager reported for this backend.
     unsafe {
         pg_sys::LockAcquire(&lock.tag, lock.mode, false, true);
-        while pg_sys::LockRelease(&lock.tag, lock.mode, true) {
+        while holds < cap && pg_sys::LockRelease(&lock.tag, lock.mode, true) {
             holds += 1;
         }
         for _ in 0..holds {

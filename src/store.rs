@@ -70,32 +70,56 @@ pub fn writable() -> bool {
 }
 
 /// Runs the extension's own write `work` (its bookkeeping: history, sessions) so that it never
-/// makes the call fail: in a subtransaction that is committed when it succeeds, with a short
-/// lock timeout and the pinned search path (like a function's SET clause); a failure is
-/// swallowed and said at DEBUG1, naming `what` (a cancel, a resource or system error ends the
-/// call, see `subxact::ends_the_call`). Returns what `work` returned, when it was
-/// written.
+/// makes the call fail: in a subtransaction that is committed when it succeeds (see
+/// `best_effort`). Returns what `work` returned, when it was written.
 pub fn write_best_effort<T, F>(what: &str, work: F) -> Option<T>
+where
+    F: FnOnce(&mut pgrx::spi::SpiClient<'_>) -> std::result::Result<T, pgrx::spi::Error>,
+{
+    best_effort(true, what, work)
+}
+
+/// Runs the extension's own read `work` of its tables (a conversation's turns) so that it
+/// never makes the call fail or wait: any role may lock a table it may update (see
+/// `best_effort`). `None` when it could not be read.
+pub fn read_best_effort<T, F>(what: &str, work: F) -> Option<T>
+where
+    F: FnOnce(&mut pgrx::spi::SpiClient<'_>) -> std::result::Result<T, pgrx::spi::Error>,
+{
+    best_effort(false, what, work)
+}
+
+/// `work` in a subtransaction, committed when `commit` and it succeeded, with a short lock
+/// timeout, the pinned search path and row security on (like a function's SET clause: a
+/// caller's `row_security = off` would make the policies refuse its own history row); a
+/// failure is swallowed and logged, naming `what` (a cancel, a resource or system error ends
+/// the call, see `subxact::ends_the_call`).
+fn best_effort<T, F>(commit: bool, what: &str, work: F) -> Option<T>
 where
     F: FnOnce(&mut pgrx::spi::SpiClient<'_>) -> std::result::Result<T, pgrx::spi::Error>,
 {
     let settings = [
         (c"lock_timeout", LOCK_TIMEOUT),
         (c"search_path", subxact::PINNED_SEARCH_PATH),
+        (c"row_security", c"on"),
     ];
-    let written = subxact::in_subtransaction(true, || {
+    let done = subxact::in_subtransaction(commit, || {
         subxact::with_settings(&settings, || Spi::connect_mut(work))
     });
-    match written {
+    let failed = |why: &dyn std::fmt::Debug| {
+        let verb = if commit { "written" } else { "read" };
+        log!("sql_query_engine: {what} not {verb}: {why:?}");
+    };
+    match done {
         Ok(Ok(done)) => Some(done),
         Ok(Err(e)) => {
-            debug1!("sql_query_engine: {what} not written: {e}");
+            failed(&e);
             None
         }
         // A cancel or a resource error is the call's, not the bookkeeping's.
         Err(caught) if subxact::ends_the_call(&caught) => caught.rethrow(),
         Err(caught) => {
-            debug1!("sql_query_engine: {what} not written: {caught:?}");
+            failed(&caught);
             None
         }
     }

@@ -142,14 +142,35 @@ impl Relation {
     }
 }
 
+/// Relations read at most, in search order.
+const MAX_RELATIONS: i64 = 10_000;
+/// Columns of the relations read at most (a relation that would pass it is left out).
+const MAX_COLUMNS: i64 = 100_000;
+/// Longest value read from the planner's statistics, in characters: the value index matches
+/// none longer (`values::MAX_VALUE_CHARS`), and samples show less.
+const MAX_STATISTIC_CHARS: i32 = 80;
+/// Most common values, and histogram bounds, read per column (the default statistics target
+/// keeps 100).
+const MAX_STATISTICS_PER_COLUMN: i32 = 200;
+/// Statistics values read in all.
+const MAX_STATISTICS: i64 = 200_000;
+
 /// Relations in the schemas `$1` (in search order) that the caller can SELECT from (some
 /// column of) and reach (`USAGE` on the schema: `sql_query_engine.schemas` is the caller's to
 /// set, and a table granted in a schema the caller may not use is no table of its):
 /// partitions are folded into their parent, the extension's own objects left out. A partitioned
 /// table's partitions are read from pg_inherits, which takes no lock (`pg_partition_tree` would
 /// lock every partition until the call ends, behind another session's ACCESS EXCLUSIVE lock).
+/// At most `$2` relations, in search order, and no more of them than hold `$3` columns
+/// together: what another role may create in a schema the caller reads is not all loaded into
+/// the caller's backend. `readable` counts them all, to say when some were left out.
 const RELATIONS_SQL: &str = r#"
-SELECT coalesce(json_agg(json_build_object(
+SELECT json_build_object(
+    'relations', coalesce(json_agg(r.relation ORDER BY r.ord, r.relname)
+                          FILTER (WHERE r.columns <= $3), '[]'),
+    'readable', coalesce(max(r.readable), 0))::text
+FROM (
+SELECT json_build_object(
     'raw_schema', n.nspname,
     'raw_name', c.relname,
     'relation', json_build_object(
@@ -159,7 +180,7 @@ SELECT coalesce(json_agg(json_build_object(
         'kind', CASE c.relkind WHEN 'r' THEN 'table' WHEN 'v' THEN 'view'
                      WHEN 'm' THEN 'materialized view' WHEN 'f' THEN 'foreign table'
                      ELSE 'partitioned table' END,
-        'comment', d.description,
+        'comment', left(d.description, 1000),
         'rows', c.reltuples,
         'shareable', c.relkind IN ('r', 'm', 'p') AND NOT c.relrowsecurity
                      AND c.relpersistence = 'p',
@@ -174,7 +195,10 @@ SELECT coalesce(json_agg(json_build_object(
                          WHERE pc.relkind <> 'p'), 0)
                     ELSE c.relfilenode END::bigint,
         'inherited', c.relkind = 'r' AND c.relhassubclass)
-) ORDER BY s.ord, c.relname), '[]')::text
+    ) AS relation,
+    s.ord, c.relname,
+    sum(c.relnatts) OVER (ORDER BY s.ord, c.relname ROWS UNBOUNDED PRECEDING) AS columns,
+    count(*) OVER () AS readable
 FROM unnest($1::text[]) WITH ORDINALITY AS s(name, ord)
 JOIN pg_namespace n ON n.nspname = s.name
 JOIN pg_class c ON c.relnamespace = n.oid
@@ -189,10 +213,15 @@ WHERE c.relkind IN ('r', 'v', 'm', 'f', 'p')
         AND e.extname = 'sql_query_engine')
   AND has_schema_privilege(n.oid, 'USAGE')
   AND has_any_column_privilege(c.oid, 'SELECT')
+ORDER BY s.ord, c.relname
+LIMIT $2
+) r
 "#;
 
 /// The columns of the relations `$1` that the caller can SELECT, in order, with their types,
-/// informative defaults (not a sequence's nextval), comments and enum labels.
+/// informative defaults (not a sequence's nextval, none longer than a line), comments cut to a
+/// bounded length and at most 100 labels of an enum. A default is deparsed without its relation (`pg_get_expr(adbin, 0)`: a default
+/// names no column), which would lock the relation and wait behind another session's lock.
 const COLUMNS_SQL: &str = r#"
 SELECT coalesce(json_agg(json_build_object(
     'relation', a.attrelid::bigint,
@@ -206,13 +235,15 @@ SELECT coalesce(json_agg(json_build_object(
             SELECT FROM pg_constraint nn
             WHERE nn.conrelid = a.attrelid AND nn.contype = 'n' AND NOT nn.convalidated
               AND a.attnum = ANY (nn.conkey)),
-        'default', CASE WHEN a.attgenerated = ''
-                             AND pg_get_expr(ad.adbin, ad.adrelid) NOT LIKE 'nextval(%'
-                        THEN pg_get_expr(ad.adbin, ad.adrelid) END,
-        'comment', cd.description,
+        'default', CASE WHEN a.attgenerated = '' THEN
+                        (SELECT CASE WHEN x NOT LIKE 'nextval(%' AND length(x) <= 200 THEN x END
+                         FROM pg_get_expr(ad.adbin, 0) x) END,
+        'comment', left(cd.description, 500),
         'labels', CASE WHEN t.typtype = 'e' THEN coalesce(
                       (SELECT json_agg(e.enumlabel ORDER BY e.enumsortorder)
-                       FROM pg_enum e WHERE e.enumtypid = t.oid), '[]') ELSE '[]' END,
+                       FROM (SELECT e.enumlabel, e.enumsortorder FROM pg_enum e
+                             WHERE e.enumtypid = t.oid
+                             ORDER BY e.enumsortorder LIMIT 100) e), '[]') ELSE '[]' END,
         'textual', t.typcategory = 'S')
 ) ORDER BY a.attrelid, a.attnum), '[]')::text
 FROM pg_attribute a
@@ -228,21 +259,36 @@ WHERE a.attrelid = ANY($1::oid[]) AND a.attnum > 0 AND NOT a.attisdropped
 /// The planner's most common values and histogram bounds of the text columns `$3` of the
 /// tables `$2` in the schemas `$1` (parallel arrays). pg_stats hides what the caller may not
 /// see (column privileges, row security). Only columns of built-in text types are asked for, so
-/// that turning the statistics into text runs only built-in output functions.
+/// that turning the statistics into text runs only built-in output functions. At most `$5`
+/// values of each kind per column, each at most `$4` characters (longer ones are neither
+/// shown nor looked up), and at most `$6` values in all, in the order of the columns asked.
 const STATISTICS_SQL: &str = r#"
 SELECT coalesce(json_agg(json_build_object(
-    'schema', s.schemaname,
-    'table', s.tablename,
-    'column', s.attname,
-    'common_values', coalesce(to_json(s.most_common_vals::text::text[]), '[]'),
-    'histogram', coalesce(to_json(s.histogram_bounds::text::text[]), '[]'),
-    'all_values', coalesce(
-        (SELECT sum(f) FROM unnest(s.most_common_freqs) f) >= 0.999 - s.null_frac, false)
+    'schema', k.schemaname,
+    'table', k.tablename,
+    'column', k.attname,
+    'common_values', to_json(k.common_values),
+    'histogram', to_json(k.histogram),
+    'all_values', k.all_values
 )), '[]')::text
-FROM pg_stats s
-WHERE s.schemaname = ANY($1::text[]) AND s.tablename = ANY($2::text[])
-  AND (s.schemaname, s.tablename, s.attname) IN (SELECT * FROM unnest($1, $2, $3))
-  AND (s.most_common_vals IS NOT NULL OR s.histogram_bounds IS NOT NULL)
+FROM (
+    SELECT s.schemaname, s.tablename, s.attname, v.common_values, v.histogram,
+           coalesce((SELECT sum(f) FROM unnest(s.most_common_freqs) f) >= 0.999 - s.null_frac, false)
+               AND cardinality(v.common_values) = cardinality(s.most_common_vals::text::text[])
+               AS all_values,
+           sum(cardinality(v.common_values) + cardinality(v.histogram))
+               OVER (ORDER BY t.ord ROWS UNBOUNDED PRECEDING) AS running
+    FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS t(schemaname, tablename, attname, ord)
+    JOIN pg_stats s
+        ON s.schemaname = t.schemaname AND s.tablename = t.tablename AND s.attname = t.attname
+    CROSS JOIN LATERAL (SELECT
+        ARRAY(SELECT m.v FROM unnest(s.most_common_vals::text::text[]) WITH ORDINALITY AS m(v, i)
+              WHERE length(m.v) <= $4 ORDER BY m.i LIMIT $5) AS common_values,
+        ARRAY(SELECT h.v FROM unnest(s.histogram_bounds::text::text[]) WITH ORDINALITY AS h(v, i)
+              WHERE length(h.v) <= $4 ORDER BY h.i LIMIT $5) AS histogram) v
+    WHERE s.most_common_vals IS NOT NULL OR s.histogram_bounds IS NOT NULL
+) k
+WHERE k.running <= $6
 "#;
 
 /// Primary keys, unique keys and foreign keys of the relations `$1`, and whether the caller
@@ -269,6 +315,13 @@ LEFT JOIN pg_class fc ON fc.oid = co.confrelid
 LEFT JOIN pg_namespace fn ON fn.oid = fc.relnamespace
 WHERE co.conrelid = ANY($1::oid[]) AND co.contype IN ('p', 'u', 'f')
 "#;
+
+/// What `RELATIONS_SQL` returns: the relations read, and how many the caller may read.
+#[derive(Deserialize)]
+struct Readable {
+    relations: Vec<RelationRow>,
+    readable: usize,
+}
 
 /// A relation as `RELATIONS_SQL` returns it, with the unquoted names pg_stats uses.
 #[derive(Deserialize)]
@@ -323,8 +376,21 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
                     .get_one::<String>()
                     .map(Option::unwrap_or_default)
             };
-            let relations = json(RELATIONS_SQL, &[schemas.to_vec().into()])?;
-            let found: Vec<RelationRow> = parse(&relations)?;
+            let relations = json(
+                RELATIONS_SQL,
+                &[
+                    schemas.to_vec().into(),
+                    MAX_RELATIONS.into(),
+                    MAX_COLUMNS.into(),
+                ],
+            )?;
+            let Readable { relations: found, readable } = parse(&relations)?;
+            if found.len() < readable {
+                notice!(
+                    "sql_query_engine: the schema context holds {} of the {readable} relations you may read (at most {MAX_RELATIONS} relations and {MAX_COLUMNS} columns, in search order)",
+                    found.len()
+                );
+            }
             if found.is_empty() {
                 return Ok((found, Vec::new(), Vec::new(), Vec::new()));
             }
@@ -357,7 +423,14 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
                 } else {
                     parse(&json(
                         STATISTICS_SQL,
-                        &[in_schemas.into(), in_tables.into(), names.into()],
+                        &[
+                            in_schemas.into(),
+                            in_tables.into(),
+                            names.into(),
+                            MAX_STATISTIC_CHARS.into(),
+                            MAX_STATISTICS_PER_COLUMN.into(),
+                            MAX_STATISTICS.into(),
+                        ],
                     )?)?
                 }
             } else {

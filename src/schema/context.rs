@@ -229,9 +229,10 @@ impl SchemaContext {
         };
         let mut text = String::new();
         let mschema = settings::schema_format() == settings::SchemaFormat::MSchema;
+        let deadline = std::time::Instant::now() + samples::READ_BUDGET;
         for &i in &chosen {
             pgrx::check_for_interrupts!();
-            let samples = self.samples_of(i);
+            let samples = self.samples_of(i, deadline);
             text.push_str(&if mschema {
                 render::render_mschema(&self.relations[i], &samples)
             } else {
@@ -578,18 +579,20 @@ impl SchemaContext {
         Vec::new()
     }
 
-    fn samples_of(&self, i: usize) -> Rc<Vec<Option<Samples>>> {
+    /// Reads of relations begin only before `deadline`; what could not be read then is
+    /// statistics only, and not kept, so that a later call reads it.
+    fn samples_of(&self, i: usize, deadline: std::time::Instant) -> Rc<Vec<Option<Samples>>> {
         if self.sample_values == 0 {
             return Rc::new(Vec::new());
         }
         if let Some(s) = self.samples.borrow().get(&i) {
             return Rc::clone(s);
         }
-        let s = Rc::new(samples::for_relation(
-            &self.relations[i],
-            self.sample_values,
-        ));
-        self.samples.borrow_mut().insert(i, Rc::clone(&s));
+        let (s, read) = samples::for_relation(&self.relations[i], self.sample_values, deadline);
+        let s = Rc::new(s);
+        if read {
+            self.samples.borrow_mut().insert(i, Rc::clone(&s));
+        }
         s
     }
 }

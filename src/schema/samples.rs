@@ -4,13 +4,18 @@
 //! them, only where that read runs no code (`Relation::own_read_from`). Values are truncated
 //! and, in the prompt, quoted as data.
 
+use std::time::{Duration, Instant};
+
 use super::catalog::{Column, Relation};
 use crate::exec;
 
 /// Rows read at most from a relation without statistics.
 const SCAN_ROWS: usize = 1000;
 /// Time allowed for that read.
-const SCAN_TIMEOUT_MS: i32 = 2000;
+const SCAN_TIMEOUT_MS: u128 = 2000;
+/// Time the reads for one schema text may take together: relations that another session
+/// holds locked cost each read its timeout, and a schema may have many.
+pub const READ_BUDGET: Duration = Duration::from_millis(3000);
 /// Longest sample value shown, in characters.
 const MAX_VALUE_CHARS: usize = 40;
 /// A column with at most this many distinct values lists them all ("one of").
@@ -55,8 +60,14 @@ pub fn from_statistics(column: &Column, per_column: usize) -> Option<Samples> {
 }
 
 /// Samples of `relation`'s text columns (index-aligned with its columns; `None` where there
-/// are none), reading the relation only for text columns without statistics.
-pub fn for_relation(relation: &Relation, per_column: usize) -> Vec<Option<Samples>> {
+/// are none), reading the relation only for text columns without statistics, and only before
+/// `deadline` (the read ends by it too); and whether they are final (nothing was left unread
+/// for the deadline).
+pub fn for_relation(
+    relation: &Relation,
+    per_column: usize,
+    deadline: Instant,
+) -> (Vec<Option<Samples>>, bool) {
     let mut samples: Vec<Option<Samples>> = relation
         .columns
         .iter()
@@ -70,10 +81,17 @@ pub fn for_relation(relation: &Relation, per_column: usize) -> Vec<Option<Sample
         .map(|(i, _)| i)
         .collect();
     let Some(from) = relation.own_read_from() else {
-        return samples;
+        return (samples, true);
     };
     if per_column == 0 || unknown.is_empty() {
-        return samples;
+        return (samples, true);
+    }
+    let remaining = deadline
+        .saturating_duration_since(Instant::now())
+        .as_millis()
+        .min(SCAN_TIMEOUT_MS);
+    if remaining == 0 {
+        return (samples, false);
     }
     let columns: Vec<&str> = unknown
         .iter()
@@ -84,9 +102,9 @@ pub fn for_relation(relation: &Relation, per_column: usize) -> Vec<Option<Sample
         &columns,
         SCAN_ROWS,
         exec::ValueLength::Cut(MAX_VALUE_CHARS + 1),
-        SCAN_TIMEOUT_MS,
+        remaining as i32,
     ) else {
-        return samples;
+        return (samples, true);
     };
     let scanned_all = scanned.rows < SCAN_ROWS;
     for (i, values) in unknown.into_iter().zip(scanned.columns) {
@@ -112,7 +130,7 @@ pub fn for_relation(relation: &Relation, per_column: usize) -> Vec<Option<Sample
             });
         }
     }
-    samples
+    (samples, true)
 }
 
 /// Values as they may be shown: one line, truncated.

@@ -34,6 +34,12 @@ const SCAN_ROWS: usize = 20_000;
 /// Distinct values kept at most per column, and in all.
 const MAX_PER_COLUMN: usize = 5_000;
 const MAX_VALUES: usize = 200_000;
+/// What the index holds at most beside the count of values, so that values another role
+/// stores (each of up to 80 trigrams, few of them shared when the text is random) cannot grow
+/// a backend past tens of megabytes: distinct trigrams, trigram postings, bytes of text.
+const MAX_TRIGRAMS: usize = 500_000;
+const MAX_POSTINGS: usize = 4_000_000;
+const MAX_TEXT_BYTES: usize = 8 << 20;
 /// Longest value indexed, in characters: longer texts are descriptions, not values.
 const MAX_VALUE_CHARS: usize = 80;
 /// Time the whole build may take; relations not read by then are indexed from statistics only.
@@ -71,6 +77,9 @@ pub struct ValueIndex {
     values: Vec<Stored>,
     exact: FxHashMap<String, Vec<usize>>,
     by_trigram: FxHashMap<u64, Vec<u32>>,
+    /// Postings in `by_trigram` and bytes in `values`, for the bounds.
+    postings: usize,
+    text_bytes: usize,
     /// Columns whose every value (as the caller sees them) is indexed: read in full here, and
     /// all kept. Only of these can the index say that a value is not stored.
     complete: FxHashSet<usize>,
@@ -130,6 +139,8 @@ impl ValueIndex {
             values: Vec::new(),
             exact: FxHashMap::default(),
             by_trigram: FxHashMap::default(),
+            postings: 0,
+            text_bytes: 0,
             complete: FxHashSet::default(),
             columns,
         };
@@ -186,7 +197,7 @@ impl ValueIndex {
                     index.complete.insert(id);
                 }
             }
-            if index.values.len() >= MAX_VALUES {
+            if index.full() {
                 break;
             }
         }
@@ -201,7 +212,7 @@ impl ValueIndex {
         // so that `misread` does not question either.
         let mut seen = FxHashSet::default();
         for (i, value) in values.into_iter().enumerate() {
-            if seen.len() >= MAX_PER_COLUMN || self.values.len() >= MAX_VALUES {
+            if seen.len() >= MAX_PER_COLUMN || self.full() {
                 return false;
             }
             if i % 1024 == 1023 {
@@ -215,6 +226,14 @@ impl ValueIndex {
         true
     }
 
+    /// Whether the index holds as much as it may.
+    fn full(&self) -> bool {
+        self.values.len() >= MAX_VALUES
+            || self.by_trigram.len() >= MAX_TRIGRAMS
+            || self.postings >= MAX_POSTINGS
+            || self.text_bytes >= MAX_TEXT_BYTES
+    }
+
     /// Indexes one value of `column` (a blank one is no value).
     fn add_value(&mut self, column: usize, value: String) {
         let key = normalize(&value);
@@ -224,7 +243,9 @@ impl ValueIndex {
         let id = self.values.len();
         for trigram in trigrams(&value) {
             self.by_trigram.entry(trigram).or_default().push(id as u32);
+            self.postings += 1;
         }
+        self.text_bytes += value.len() + key.len();
         self.exact.entry(key).or_default().push(id);
         self.values.push(Stored {
             text: value,
@@ -495,6 +516,8 @@ mod tests {
             values: Vec::new(),
             exact: FxHashMap::default(),
             by_trigram: FxHashMap::default(),
+            postings: 0,
+            text_bytes: 0,
             complete: FxHashSet::default(),
         };
         for (column, value) in [
@@ -510,6 +533,28 @@ mod tests {
         }
         index.complete.extend(complete);
         index
+    }
+
+    #[test]
+    fn values_of_random_text_fill_the_index_only_up_to_its_bounds() {
+        let mut index = orders(&[]);
+        // Random letters share few trigrams: each value adds about 80 new ones.
+        let mut seed = 7u64;
+        let mut letter = || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            char::from_u32(0x4E00 + ((seed >> 33) % 20_000) as u32).unwrap()
+        };
+        let mut added = 0;
+        while !index.full() {
+            let value: String = (0..MAX_VALUE_CHARS).map(|_| letter()).collect();
+            index.add_value(0, value);
+            added += 1;
+            assert!(added < MAX_VALUES, "no bound stopped the index");
+        }
+        assert!(index.values.len() < MAX_VALUES / 10, "{added} values");
+        assert!(index.by_trigram.len() < MAX_TRIGRAMS + MAX_VALUE_CHARS + 2);
+        assert!(index.postings < MAX_POSTINGS + MAX_VALUE_CHARS + 2);
+        assert!(index.text_bytes < MAX_TEXT_BYTES + 1024);
     }
 
     fn said(index: &ValueIndex, filter: &str) -> Vec<String> {

@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use sql_query_engine_e2e::{cluster, db_error, Session};
+use sql_query_engine_e2e::{cluster, db_error, Reply, Session};
 
 /// A login role that may read the fixture, and a connection of it whose notices are kept.
 fn role_connection(
@@ -161,4 +161,91 @@ fn a_stored_setting_above_the_bound_applies_up_to_it_without_a_warning_at_every_
     let mut admin = cluster().connect(&db);
     admin.batch_execute("SELECT nl_schema()").unwrap();
     assert_eq!(show(&mut admin, "max_repairs"), "10");
+}
+
+#[test]
+fn what_another_role_writes_into_the_catalog_reaches_a_callers_backend_bounded() {
+    let mut s = Session::new();
+    let (victim, mut client, _) = role_connection(&mut s, "reader");
+    let attacker = format!("writer_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {attacker} LOGIN; GRANT CREATE ON SCHEMA public TO {attacker};"
+        ))
+        .unwrap();
+    cluster()
+        .connect_as(&s.database, &attacker)
+        .batch_execute(&format!(
+            "DO $$ BEGIN EXECUTE 'CREATE TYPE public.mood AS ENUM (' || (SELECT
+                 string_agg(quote_literal('mood_' || g), ', ' ORDER BY g)
+                 FROM generate_series(1, 500) g) || ')'; END $$;
+             CREATE TABLE public.notes (id int, feeling public.mood,
+                 body text DEFAULT '{long}');
+             DO $$ BEGIN
+                 EXECUTE format('COMMENT ON TABLE public.notes IS %L', repeat('tablenote ', 30000));
+                 EXECUTE format('COMMENT ON COLUMN public.notes.body IS %L', repeat('colnote ', 30000));
+             END $$;
+             GRANT SELECT ON public.notes TO {victim};",
+            long = "x".repeat(3000)
+        ))
+        .unwrap();
+    let schema: String = client
+        .query_one("SELECT nl_schema()", &[])
+        .unwrap_or_else(|e| panic!("{:?}", db_error(&e)))
+        .get(0);
+    assert!(schema.contains("CREATE TABLE notes ("), "{schema}");
+    let (table_notes, column_notes) = (
+        schema.matches("tablenote").count(),
+        schema.matches("colnote").count(),
+    );
+    assert!(
+        (1..=100).contains(&table_notes) && (1..=63).contains(&column_notes),
+        "comments are cut: {table_notes} and {column_notes} words of them shown"
+    );
+    assert!(
+        schema.contains("'mood_100'") && !schema.contains("'mood_101'"),
+        "at most 100 labels of an enum"
+    );
+    assert!(
+        !schema.contains("xxxxxxxxxx"),
+        "a default longer than a line is not shown"
+    );
+}
+
+#[test]
+fn a_session_holding_an_advisory_lock_very_many_times_is_told_so() {
+    let mut s = Session::new();
+    let (_, mut client, _) = role_connection(&mut s, "holder");
+    s.llm.on(
+        "How many customers are there?",
+        vec![
+            Reply::sql("SELECT count(*) AS n FROM customers"),
+            Reply::sql("SELECT count(*) AS n FROM customers"),
+        ],
+    );
+    // Every hold is counted, before and after each query, with no pause for a cancel.
+    client
+        .batch_execute("SELECT count(pg_advisory_lock(5)) FROM generate_series(1, 10001)")
+        .unwrap();
+    let error = client
+        .query("SELECT nl_query('How many customers are there?')", &[])
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "54000", "{message}");
+    assert!(message.contains("advisory lock"), "{message}");
+    let held: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(held, 1, "the session keeps its lock");
+    client
+        .batch_execute("SELECT pg_advisory_unlock_all()")
+        .unwrap();
+    let rows = client
+        .query("SELECT nl_query('How many customers are there?')", &[])
+        .unwrap_or_else(|e| panic!("{:?}", db_error(&e)));
+    assert_eq!(rows.len(), 1);
 }

@@ -544,3 +544,48 @@ fn a_role_that_stops_being_a_superuser_is_shown_no_more_of_what_it_may_not_read(
         "{told}"
     );
 }
+
+#[test]
+fn tables_another_session_holds_locked_hold_up_neither_the_schema_nor_its_samples() {
+    let mut s = Session::new();
+    let mut ddl = String::from("CREATE TABLE stamped (id int, at timestamptz DEFAULT now());\n");
+    let mut locked = vec!["stamped".to_string()];
+    for i in 0..6 {
+        // Never analysed: their samples come from a read of the table.
+        ddl.push_str(&format!(
+            "CREATE TABLE notes_{i} (note text); INSERT INTO notes_{i} VALUES ('note {i}');\n"
+        ));
+        locked.push(format!("notes_{i}"));
+    }
+    s.client.batch_execute(&ddl).unwrap();
+    let mut other = cluster().connect(&s.database);
+    other
+        .batch_execute(&format!(
+            "BEGIN; LOCK TABLE {} IN ACCESS EXCLUSIVE MODE;",
+            locked.join(", ")
+        ))
+        .unwrap();
+    // A default deparsed with its table waited for the lock until the statement's end, and
+    // each sample read waited its own two seconds (twelve in all).
+    s.client
+        .batch_execute("SET statement_timeout = '9s'")
+        .unwrap();
+    let schema: String = s
+        .client
+        .query_one("SELECT nl_schema()", &[])
+        .unwrap_or_else(|e| panic!("{:?}", db_error(&e)))
+        .get(0);
+    assert!(
+        schema.contains("CREATE TABLE stamped (") && schema.contains("DEFAULT now()"),
+        "{schema}"
+    );
+    assert!(schema.contains("CREATE TABLE notes_5 ("), "{schema}");
+    other.batch_execute("ROLLBACK").unwrap();
+    // Samples not read for the budget are read by a later call.
+    let schema: String = s
+        .client
+        .query_one("SELECT nl_schema()", &[])
+        .unwrap()
+        .get(0);
+    assert!(schema.contains("'note 5'"), "{schema}");
+}

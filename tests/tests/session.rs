@@ -914,3 +914,38 @@ fn a_role_whose_name_reads_as_another_roles_keeps_to_its_own_history_and_session
     assert_eq!(count(&mut s, "SELECT count(*) FROM nl_sessions"), 1);
     s.client.batch_execute("RESET ROLE").unwrap();
 }
+
+#[test]
+fn a_role_locking_the_sessions_table_holds_up_no_other_roles_conversation() {
+    let mut s = Session::new();
+    let (locker, db) = (format!("locker_{}", s.database), s.database.clone());
+    s.client
+        .batch_execute(&format!("CREATE ROLE {locker} LOGIN"))
+        .unwrap();
+    s.llm.on(
+        "How many customers are there?",
+        vec![
+            Reply::sql("SELECT count(*) AS n FROM customers"),
+            Reply::sql("SELECT count(*) AS n FROM customers"),
+        ],
+    );
+    s.trace_in("How many customers are there?", "talk");
+    // Any role may update its own conversations, and so lock the table in any mode.
+    let mut other = sql_query_engine_e2e::cluster().connect_as(&db, &locker);
+    other
+        .batch_execute("BEGIN; LOCK TABLE nl_sessions IN ACCESS EXCLUSIVE MODE;")
+        .unwrap();
+    s.client
+        .batch_execute("SET statement_timeout = '20s'")
+        .unwrap();
+    let row = s
+        .client
+        .query_one(
+            "SELECT nl_trace('How many customers are there?', 'talk')::text",
+            &[],
+        )
+        .unwrap_or_else(|e| panic!("the call waited for the lock: {e}"));
+    let trace: Value = serde_json::from_str(row.get::<_, &str>(0)).unwrap();
+    assert_eq!(trace["row_count"], 1, "{trace}");
+    other.batch_execute("ROLLBACK").unwrap();
+}
