@@ -42,7 +42,13 @@ pub struct Admission {
     counted: Mutex<Counted>,
     /// The requests each client has being served.
     serving: Mutex<HashMap<String, usize>>,
+    /// The JSON-RPC ids of the requests sent into each live session (hashed).
+    ids: Mutex<HashMap<String, HashSet<u64>>>,
+    id_hasher: std::collections::hash_map::RandomState,
 }
+
+/// Requests one MCP session may carry: each id is remembered for the session's life.
+const MAX_SESSION_REQUESTS: usize = 10_000;
 
 #[derive(Default)]
 struct Counted {
@@ -145,6 +151,8 @@ impl Admission {
             max_client_requests,
             counted: Mutex::new(Counted::default()),
             serving: Mutex::new(HashMap::new()),
+            ids: Mutex::new(HashMap::new()),
+            id_hasher: std::collections::hash_map::RandomState::new(),
         }
     }
 
@@ -197,6 +205,55 @@ impl Admission {
             .owners
             .get(id)
             .is_some_and(|(owner, _)| owner == client)
+    }
+
+    /// Takes note of the request ids of `body`, a POST into the live session `session`: `Err`
+    /// with what to tell the client when one was used before in the session (MCP: an id is
+    /// used once per session; the rmcp server gives a repeated id's answer to the newer request
+    /// and keeps the older one's channel for the session's life) or the session carried
+    /// `MAX_SESSION_REQUESTS`. Sessions no longer `live` are forgotten.
+    fn new_ids(&self, live: &HashSet<String>, session: &str, body: &[u8]) -> Result<(), String> {
+        let Ok(message) = serde_json::from_slice::<serde_json::Value>(body) else {
+            return Ok(());
+        };
+        let messages = match &message {
+            serde_json::Value::Array(batch) => batch.iter().collect(),
+            single => vec![single],
+        };
+        let ids: Vec<(String, u64)> = messages
+            .into_iter()
+            .filter(|m| m.get("method").is_some())
+            .filter_map(|m| m.get("id"))
+            .map(|id| {
+                let text = id.to_string();
+                let hash = {
+                    use std::hash::{BuildHasher, Hasher};
+                    let mut h = self.id_hasher.build_hasher();
+                    h.write(text.as_bytes());
+                    h.finish()
+                };
+                (text, hash)
+            })
+            .collect();
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let mut all = self.ids.lock().unwrap_or_else(PoisonError::into_inner);
+        all.retain(|id, _| live.contains(id));
+        let seen = all.entry(session.to_string()).or_default();
+        if let Some((text, _)) = ids.iter().find(|(_, hash)| seen.contains(hash)) {
+            return Err(format!(
+                "this MCP session already had a request with id {text}: an id is used once per \
+                 session"
+            ));
+        }
+        if seen.len() + ids.len() > MAX_SESSION_REQUESTS {
+            return Err(format!(
+                "this MCP session carried {MAX_SESSION_REQUESTS} requests: open a new one"
+            ));
+        }
+        seen.extend(ids.iter().map(|(_, hash)| *hash));
+        Ok(())
     }
 
     fn opened(&self, client: &str, id: &str) {
@@ -350,8 +407,19 @@ pub async fn mcp_sessions(
         .get(MCP_SESSION)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|id| live.contains(id));
-    if named {
-        return next.run(request).await;
+    if let (true, Some(id)) = (named, &session) {
+        let (parts, body) = request.into_parts();
+        // Buffered whole by `read_body`.
+        let Ok(bytes) = axum::body::to_bytes(body, admission.max_body).await else {
+            return ApiError::bad_request("the request body could not be read").into_response();
+        };
+        if let Err(why) = admission.new_ids(&live, id, &bytes) {
+            return ApiError::new(StatusCode::CONFLICT, "invalid_request_error", why)
+                .into_response();
+        }
+        return next
+            .run(Request::from_parts(parts, Body::from(bytes)))
+            .await;
     }
     let Some(place) = admission.place(&live, &client) else {
         return ApiError {
@@ -414,6 +482,46 @@ mod tests {
         assert!(admission.place(&live(&["2", "3"]), "a").is_some());
         assert!(admission.owns("a", "2") && admission.owns("b", "3"));
         assert!(!admission.owns("b", "2"), "a's session is not b's");
+    }
+
+    #[test]
+    fn a_request_id_is_used_once_per_session() {
+        let admission = Admission::new(
+            Duration::from_secs(1),
+            1024,
+            Arc::new(LocalSessionManager::default()),
+            3,
+            2,
+            8,
+        );
+        let live = |ids: &[&str]| ids.iter().map(|s| s.to_string()).collect::<HashSet<_>>();
+        let call = |id: &str| format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#);
+        let s1 = live(&["s1", "s2"]);
+        assert!(admission.new_ids(&s1, "s1", call("7").as_bytes()).is_ok());
+        let again = admission.new_ids(&s1, "s1", call("7").as_bytes());
+        assert!(again.is_err_and(|why| why.contains("id 7")));
+        assert!(
+            admission
+                .new_ids(&s1, "s1", call("\"7\"").as_bytes())
+                .is_ok(),
+            "a string id is another"
+        );
+        assert!(
+            admission.new_ids(&s1, "s2", call("7").as_bytes()).is_ok(),
+            "another session"
+        );
+        // Notifications and the client's answers to the server carry no new request.
+        let note =
+            br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7}}"#;
+        assert!(admission.new_ids(&s1, "s1", note).is_ok());
+        assert!(admission
+            .new_ids(&s1, "s1", br#"{"jsonrpc":"2.0","id":7,"result":{}}"#)
+            .is_ok());
+        // A session that ended is forgotten.
+        assert!(admission
+            .new_ids(&live(&["s2"]), "s2", call("8").as_bytes())
+            .is_ok());
+        assert!(!admission.ids.lock().unwrap().contains_key("s1"));
     }
 
     #[test]

@@ -667,6 +667,17 @@ impl Db {
     }
 }
 
+/// What a client is told of a value the extension returned that the gateway cannot read: JSON
+/// nested deeper than serde_json reads (128 levels), say. Never an empty answer instead.
+fn unreadable(e: impl std::fmt::Display) -> DbError {
+    DbError::Sql {
+        sqlstate: "54001".to_string(),
+        message: format!("the answer could not be passed on: {e}"),
+        detail: None,
+        hint: Some("A value in it may be nested too deeply; ask for it another way.".to_string()),
+    }
+}
+
 async fn run(
     client: &mut Client,
     schema: &str,
@@ -699,10 +710,13 @@ async fn run(
                 ],
             )
             .await?;
-        return Ok(row
-            .first()
-            .and_then(|row| row.try_get::<_, Value>(0).ok())
-            .unwrap_or(Value::Null));
+        return match row.first() {
+            Some(row) => Ok(row
+                .try_get::<_, Option<Value>>(0)
+                .map_err(unreadable)?
+                .unwrap_or(Value::Null)),
+            None => Ok(Value::Null),
+        };
     }
     let tx = client.transaction().await?;
     if let Some(role) = role {
@@ -713,7 +727,7 @@ async fn run(
         tx.batch_execute("SET LOCAL sql_query_engine.progress = on")
             .await?;
     }
-    let json = |text: String| serde_json::from_str::<Value>(&text).unwrap_or(Value::Null);
+    let json = |text: String| serde_json::from_str::<Value>(&text).map_err(unreadable);
     let value = match call {
         Call::Ask { .. } => Value::Null,
         Call::History { answer, session } => {
@@ -756,7 +770,7 @@ async fn run(
             )
             .await?
             .get(0),
-        ),
+        )?,
         Call::Schema { question } => Value::String(
             tx.query_one(
                 &format!("SELECT {schema}.nl_schema($1::pg_catalog.text)"),
@@ -787,7 +801,7 @@ async fn run(
             )
             .await?
             .get(0),
-        ),
+        )?,
         Call::Tables => json({
             tx.batch_execute("SET LOCAL search_path = pg_catalog, pg_temp")
                 .await?;
@@ -807,7 +821,7 @@ async fn run(
             )
             .await?
             .get(0)
-        }),
+        })?,
     };
     tx.commit().await?;
     Ok(value)

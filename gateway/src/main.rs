@@ -215,9 +215,12 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
     db.watch_readers(Duration::from_secs(health_interval.max(1)));
     let entries =
         Tokens::read(&tokens_file).map_err(|e| anyhow::anyhow!("reading the tokens: {e}"))?;
-    vet(&db, &entries, allow_object_owners)
+    let refused = refused_roles(&db, &entries, allow_object_owners)
         .await
         .map_err(|e| anyhow::anyhow!("refusing to start: {e}"))?;
+    if !refused.is_empty() {
+        anyhow::bail!("refusing to start: {}", refusal(&refused));
+    }
     let tokens = Tokens::default();
     tokens.set(entries);
     let app = App {
@@ -229,9 +232,8 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
         max_table_rows,
     };
 
-    // The tokens file is read again on SIGHUP; a broken file, or one with a role that may run
-    // its own code, keeps the tokens in force.
-    let reload = tokens.clone();
+    // The tokens file is read again on SIGHUP (see `reload`).
+    let reloading = tokens.clone();
     let vetting = Arc::clone(&db);
     tokio::spawn(async move {
         let Ok(mut hangups) =
@@ -240,17 +242,7 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
             return;
         };
         while hangups.recv().await.is_some() {
-            let read = Tokens::read(&tokens_file);
-            let checked = match read {
-                Ok(entries) => vet(&vetting, &entries, allow_object_owners)
-                    .await
-                    .map(|()| entries),
-                Err(e) => Err(e),
-            };
-            match checked {
-                Ok(entries) => eprintln!("sqe-gateway: tokens reloaded ({})", reload.set(entries)),
-                Err(e) => eprintln!("sqe-gateway: tokens not reloaded: {e}"),
-            }
+            reload(&vetting, &reloading, &tokens_file, allow_object_owners).await;
         }
     });
 
@@ -318,7 +310,19 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
             max_connections,
         },
         async move {
-            let _ = tokio::signal::ctrl_c().await;
+            // Ctrl-C, or SIGTERM as systemd, Docker and Kubernetes stop a service.
+            let terminate = async {
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(mut signal) => {
+                        signal.recv().await;
+                    }
+                    Err(_) => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                () = terminate => {}
+            }
             cancel.cancel();
         },
     )
@@ -326,50 +330,94 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Refuses tokens whose roles may run their own code in the gateway's session (see
-/// `Db::risky_roles`), unless `allow` (then it warns).
 /// What `Db::risky_roles` says of a token's role that does not exist.
 const MISSING_ROLE: &str = "no role of that name exists";
+/// Longest wait for the check of the tokens' roles on a reload.
+const VET_TIMEOUT: Duration = Duration::from_secs(10);
 
-async fn vet(db: &Db, entries: &[(String, String)], allow: bool) -> Result<(), String> {
+/// The roles of `entries` that may not have a token, each with why: a role that may run code of
+/// its own in the gateway's session (see `Db::risky_roles`), unless `allow` (then it warns), and
+/// a role that does not exist (a role made later would never be vetted, and a name PostgreSQL
+/// reads as no role, `none`, would leave the login role in charge), whatever `allow` says.
+/// `Err` when they could not be checked.
+async fn refused_roles(
+    db: &Db,
+    entries: &[(String, String)],
+    allow: bool,
+) -> Result<Vec<(String, String)>, String> {
     let roles: Vec<String> = entries.iter().map(|(_, role)| role.clone()).collect();
     let risky = db
         .risky_roles(&roles)
         .await
         .map_err(|e| format!("checking the tokens' roles failed: {e:?}"))?;
-    if risky.is_empty() {
-        return Ok(());
+    let mut refused = Vec::new();
+    for (role, why) in risky {
+        if why == MISSING_ROLE {
+            refused.push((role, format!("{why} (create it, then reload the tokens)")));
+        } else if allow {
+            eprintln!(
+                "sqe-gateway: WARNING: role {role}: {why}; its tokens can run code of their own in \
+                 the gateway's session (allowed by --allow-object-owners)"
+            );
+        } else {
+            refused.push((role, why));
+        }
     }
-    // A role made later would never be vetted, and a name PostgreSQL reads as no role (`none`)
-    // would leave the login role in charge: neither is allowed, whatever the flag.
-    let missing: Vec<&str> = risky
-        .iter()
-        .filter(|(_, why)| why == MISSING_ROLE)
-        .map(|(role, _)| role.as_str())
-        .collect();
-    if !missing.is_empty() {
-        return Err(format!(
-            "a token names a role that does not exist: {} (create it, then reload the tokens)",
-            missing.join(", ")
-        ));
-    }
-    let list: Vec<String> = risky
+    Ok(refused)
+}
+
+/// What the log says of `refused` roles.
+fn refusal(refused: &[(String, String)]) -> String {
+    let list: Vec<String> = refused
         .iter()
         .map(|(role, why)| format!("role {role}: {why}"))
         .collect();
-    let message = format!(
-        "a token's role can run code of its own in the gateway's session, where SET ROLE reaches \
-         every role the login role may become: {}",
+    format!(
+        "a token's role can run code of its own in the gateway's session, where SET ROLE \
+         reaches every role the login role may become, or does not exist: {}; give tokens roles \
+         that own nothing and may create nothing (or pass --allow-object-owners)",
         list.join("; ")
-    );
-    if allow {
-        eprintln!("sqe-gateway: WARNING: {message} (allowed by --allow-object-owners)");
-        return Ok(());
-    }
-    Err(format!(
-        "{message}; give tokens roles that own nothing and may create nothing (or pass \
-         --allow-object-owners)"
-    ))
+    )
+}
+
+/// Reads the tokens file again and puts in force what may be: its tokens, less those of roles
+/// `refused_roles` refuses. When the roles cannot be checked in `VET_TIMEOUT` (the database
+/// down or busy), only the tokens already in force for the same role stay: a token removed from
+/// the file is revoked at once, one added waits for a reload that can check it. A file that
+/// cannot be read or parsed changes nothing.
+async fn reload(db: &Db, tokens: &Tokens, path: &str, allow: bool) {
+    let entries = match Tokens::read(path) {
+        Ok(entries) => entries,
+        Err(e) => {
+            eprintln!("sqe-gateway: tokens not reloaded: {e}");
+            return;
+        }
+    };
+    let checked = tokio::time::timeout(VET_TIMEOUT, refused_roles(db, &entries, allow))
+        .await
+        .unwrap_or_else(|_| Err("checking the tokens' roles took too long".to_string()));
+    let in_force = match checked {
+        Ok(refused) => {
+            if !refused.is_empty() {
+                eprintln!(
+                    "sqe-gateway: tokens left out of the reload: {}",
+                    refusal(&refused)
+                );
+            }
+            entries
+                .into_iter()
+                .filter(|(_, role)| !refused.iter().any(|(r, _)| r == role))
+                .collect()
+        }
+        Err(e) => {
+            eprintln!(
+                "sqe-gateway: {e}; tokens removed from the file are revoked, tokens added wait \
+                 for the next reload"
+            );
+            tokens.kept(&entries)
+        }
+    };
+    eprintln!("sqe-gateway: tokens reloaded ({})", tokens.set(in_force));
 }
 
 async fn mcp_stdio(

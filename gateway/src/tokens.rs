@@ -72,6 +72,18 @@ impl Tokens {
         n
     }
 
+    /// Those of `entries` in force now with the same role.
+    pub fn kept(&self, entries: &[(String, String)]) -> Vec<(String, String)> {
+        let Ok(current) = self.0.read() else {
+            return Vec::new();
+        };
+        entries
+            .iter()
+            .filter(|entry| current.contains(entry))
+            .cloned()
+            .collect()
+    }
+
     /// The role of `token`, comparing it with every entry, and the token's fingerprint.
     pub fn role(&self, token: &str) -> Option<Role> {
         let entries = self.0.read().ok()?;

@@ -114,7 +114,7 @@ pub struct Limits {
 }
 
 /// Serves `router` on `listener` (HTTP/1.1) until `shutdown` completes, then waits for the
-/// connections in progress to end.
+/// connections in progress to end, at most `SHUTDOWN_WAIT`.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
@@ -175,8 +175,12 @@ pub async fn serve(
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    // An event stream a client keeps open would hold the exit forever.
+    let _ = tokio::time::timeout(SHUTDOWN_WAIT, graceful.shutdown()).await;
 }
+
+/// How long connections in progress are waited for at shutdown.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(30);
 
 impl AsyncRead for WatchedStream {
     fn poll_read(

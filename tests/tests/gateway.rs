@@ -359,17 +359,20 @@ fn the_gateway_refuses_a_superuser_login_and_token_roles_that_can_run_their_own_
         );
     }
 
-    // A reload that would add such a role keeps the tokens in force.
+    // A reload leaves out the tokens of such a role, and puts the others in force.
     let gateway = Gateway::start(&s.database_url, &s.tokens);
     let status = |token: &str| gateway.models_status(token);
     let sneaky = format!("sneaky-token-{id}-0001");
     let fresh = format!("fresh-token-{id}-00001");
+    let hangup = || {
+        unsafe { libc::kill(gateway.child.id() as i32, libc::SIGHUP) };
+    };
     std::fs::write(
         &s.tokens,
         format!("{good}{sneaky} {creator}\n{fresh} {}\n", s.reader),
     )
     .unwrap();
-    unsafe { libc::kill(gateway.child.id() as i32, libc::SIGHUP) };
+    hangup();
     std::thread::sleep(Duration::from_millis(1500));
     assert!(
         status(&s.token).contains("200"),
@@ -380,12 +383,48 @@ fn the_gateway_refuses_a_superuser_login_and_token_roles_that_can_run_their_own_
         "a risky role was let in on SIGHUP"
     );
     assert!(
-        status(&fresh).contains("401"),
-        "a file with a risky role is refused whole"
+        status(&fresh).contains("200"),
+        "the file's other tokens are put in force"
     );
+    // While the roles cannot be checked (the database refuses the gateway), a token removed
+    // from the file is revoked all the same, and one added waits.
+    admin
+        .batch_execute(&format!(
+            "ALTER ROLE authenticator_{id} NOLOGIN;
+             SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE usename = 'authenticator_{id}';"
+        ))
+        .unwrap();
+    let later = format!("later-token-{id}-00001");
+    std::fs::write(&s.tokens, format!("{good}{later} {}\n", s.reader)).unwrap();
+    hangup();
+    let asked = std::time::Instant::now();
+    while status(&fresh).contains("200") && asked.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        status(&fresh).contains("401"),
+        "a removed token still works"
+    );
+    assert!(
+        status(&later).contains("401"),
+        "an unchecked token was let in"
+    );
+    assert!(
+        status(&s.token).contains("200"),
+        "a kept token stopped working"
+    );
+    admin
+        .batch_execute(&format!("ALTER ROLE authenticator_{id} LOGIN"))
+        .unwrap();
+    // Once they can be checked again, the added token is put in force.
+    hangup();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(status(&later).contains("200"));
     drop(gateway);
 
     // The opt-in starts with a warning.
+    std::fs::write(&s.tokens, format!("{good}{sneaky} {creator}\n")).unwrap();
     let mut child = Command::new(gateway_binary())
         .args(["serve", "--listen", &format!("127.0.0.1:{}", free_port())])
         .arg("--database-url")
@@ -869,4 +908,40 @@ fn mcp_sessions_are_limited_per_token() {
     // The owner closes its session, and may open another.
     assert_ne!(close(&s.token, &sessions[0]), 404);
     assert_eq!(initialize(&s.token).0, 200);
+}
+
+/// MCP: a request id is used once per session. The rmcp server answered a repeated id's newer
+/// request and kept the older one's channel for the session's life: a client repeating ids
+/// grew the gateway's memory without bound.
+#[test]
+fn an_mcp_request_id_is_used_once_per_session() {
+    let s = setup();
+    let gateway = Gateway::start(&s.database_url, &s.tokens);
+    let (status, session) = mcp_initialize(&gateway, &s.token);
+    assert_eq!(status, 200);
+    let session = session.expect("a session id");
+    let post = |body: &str| match ureq::post(&format!("{}/mcp", gateway.url()))
+        .set("Authorization", &format!("Bearer {}", s.token))
+        .set("Content-Type", "application/json")
+        .set("Accept", "application/json, text/event-stream")
+        .set("Mcp-Session-Id", &session)
+        .timeout(Duration::from_secs(20))
+        .send_string(body)
+    {
+        Ok(r) => {
+            let status = r.status();
+            r.into_string().expect("the answer, read whole");
+            (status, String::new())
+        }
+        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+        Err(e) => panic!("the gateway did not answer: {e}"),
+    };
+    let initialized = post(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    assert!(initialized.0 < 300, "{initialized:?}");
+    let ping = |id: u32| post(&format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#));
+    assert_eq!(ping(7).0, 200);
+    let (status, said) = ping(7);
+    assert_eq!(status, 409, "{said}");
+    assert!(said.contains("id 7"), "{said}");
+    assert_eq!(ping(8).0, 200);
 }
