@@ -5,6 +5,7 @@
 //! subtransaction whose failure is swallowed, and with a short lock timeout so that it never
 //! blocks the answer.
 
+use std::cell::{Cell, RefCell};
 use std::panic::AssertUnwindSafe;
 
 use pgrx::pg_sys::panic::{CaughtError, ErrorReport};
@@ -170,6 +171,8 @@ pub enum Audited<'a> {
     Failed(&'a Error),
     /// An ERROR PostgreSQL raised inside the call (a cancel, a timeout) that ended it.
     Raised(&'a CaughtError),
+    /// The backend exited before the call ended.
+    Ended,
 }
 
 /// The role of a call, read when the call starts: once an ERROR is caught, the audit line is
@@ -190,6 +193,69 @@ impl Caller {
     }
 }
 
+/// A call being audited: what its audit line says if the backend exits before the call ends
+/// (a FATAL error, `pg_terminate_backend`, a client gone with `client_connection_check_interval`
+/// set), where nothing catches and the history row goes with the transaction.
+struct InFlight {
+    caller: Caller,
+    function: String,
+    session: Option<String>,
+    input: String,
+}
+
+thread_local! {
+    /// The calls being audited, innermost last.
+    static IN_FLIGHT: RefCell<Vec<InFlight>> = const { RefCell::new(Vec::new()) };
+    /// Whether `audit_at_exit` is registered in this backend.
+    static AT_EXIT: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Takes the call off `IN_FLIGHT` when dropped.
+struct Entered;
+
+impl InFlight {
+    fn enter(caller: &Caller, function: &str, session: Option<&str>, input: &str) -> Entered {
+        if !AT_EXIT.replace(true) {
+            // SAFETY: registers a callback for this backend's exit (registered here, in the
+            // backend, not in _PG_init: a postmaster's callbacks are reset in its children).
+            unsafe { pg_sys::before_shmem_exit(Some(audit_at_exit), pg_sys::Datum::from(0)) };
+        }
+        IN_FLIGHT.with_borrow_mut(|calls| {
+            calls.push(InFlight {
+                caller: Caller {
+                    id: caller.id,
+                    name: caller.name.clone(),
+                },
+                function: function.to_string(),
+                session: session.map(str::to_string),
+                input: input.to_string(),
+            })
+        });
+        Entered
+    }
+}
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        IN_FLIGHT.with_borrow_mut(|calls| calls.pop());
+    }
+}
+
+/// Audits the calls the backend exits in the middle of.
+#[pg_guard]
+unsafe extern "C-unwind" fn audit_at_exit(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
+    let calls = IN_FLIGHT.with_borrow_mut(std::mem::take);
+    for call in calls.iter().rev() {
+        audit(
+            &call.caller,
+            &call.function,
+            call.session.as_deref(),
+            &call.input,
+            Audited::Ended,
+        );
+    }
+}
+
 /// `work`, whose own outcome the caller audits; an ERROR raised inside it (a cancel, a
 /// statement timeout, an error PostgreSQL does not let the call catch) unwinds past that audit,
 /// so it is audited here on its way out, then raised on.
@@ -200,6 +266,7 @@ pub fn audit_raised<T>(
     work: impl FnOnce(&Caller) -> T,
 ) -> T {
     let caller = Caller::now();
+    let _in_flight = InFlight::enter(&caller, function, session, input);
     PgTryBuilder::new(AssertUnwindSafe(|| work(&caller)))
         .catch_others(|caught| {
             audit(&caller, function, session, input, Audited::Raised(&caught));
@@ -222,7 +289,10 @@ pub fn audit(
 ) {
     let wanted = match settings::audit_log() {
         AuditLog::Off => false,
-        AuditLog::Errors => matches!(outcome, Audited::Failed(_) | Audited::Raised(_)),
+        AuditLog::Errors => matches!(
+            outcome,
+            Audited::Failed(_) | Audited::Raised(_) | Audited::Ended
+        ),
         AuditLog::All => true,
     };
     if !wanted {
@@ -244,6 +314,7 @@ pub fn audit(
         Audited::Done => ("ok".to_string(), None),
         Audited::Failed(error) => (format!("ERROR {}: {error}", error.sqlstate()), None),
         Audited::Raised(caught) => (raised(caught), None),
+        Audited::Ended => ("the session ended during the call".to_string(), None),
     };
     let session = session
         .map(|s| format!(" session {s:?}"))

@@ -139,33 +139,34 @@ pub fn redact_url(url: &str) -> String {
 }
 
 /// A URL's parts that may be shown (scheme, host, port, path) and those that may not (the
-/// user information before the host, the query and fragment: a key may ride in either).
+/// user information before the host, the query and fragment: a key may ride in either). The
+/// user information ends at the last `@` before the first `/`, so that a password with an
+/// unescaped `?` or `#` in it is hidden whole.
 fn secrets_of(url: &str) -> (String, Vec<&str>) {
     let mut secrets = Vec::new();
-    let (before_query, query) = match url.find(['?', '#']) {
-        Some(at) => (&url[..at], Some(&url[at + 1..])),
-        None => (url, None),
+    let (prefix, rest) = match url.find("://").map(|at| at + 3) {
+        Some(scheme_end) => {
+            let authority_end = url[scheme_end..]
+                .find('/')
+                .map_or(url.len(), |at| scheme_end + at);
+            match url[scheme_end..authority_end].rfind('@') {
+                Some(at) => {
+                    if at > 0 {
+                        secrets.push(&url[scheme_end..scheme_end + at]);
+                    }
+                    (&url[..scheme_end], &url[scheme_end + at + 1..])
+                }
+                None => (&url[..scheme_end], &url[scheme_end..]),
+            }
+        }
+        None => ("", url),
+    };
+    let (before_query, query) = match rest.find(['?', '#']) {
+        Some(at) => (&rest[..at], Some(&rest[at + 1..])),
+        None => (rest, None),
     };
     secrets.extend(query.filter(|q| !q.is_empty()));
-    let Some(scheme_end) = before_query.find("://").map(|at| at + 3) else {
-        return (before_query.to_string(), secrets);
-    };
-    let authority_end = before_query[scheme_end..]
-        .find('/')
-        .map_or(before_query.len(), |at| scheme_end + at);
-    let authority = &before_query[scheme_end..authority_end];
-    let Some(at) = authority.rfind('@') else {
-        return (before_query.to_string(), secrets);
-    };
-    if at > 0 {
-        secrets.push(&authority[..at]);
-    }
-    let shown = format!(
-        "{}{}",
-        &before_query[..scheme_end],
-        &before_query[scheme_end + at + 1..]
-    );
-    (shown, secrets)
+    (format!("{prefix}{before_query}"), secrets)
 }
 
 /// `text` with the secrets of `url` (the whole URL, its credentials, query and fragment)
@@ -225,6 +226,8 @@ mod tests {
             ),
             ("http://u:p@h/v1?key=SECRET#frag", "http://h/v1"),
             ("http://h/v1/@not-userinfo", "http://h/v1/@not-userinfo"),
+            ("redis://:pa#ss@h:6379/0", "redis://h:6379/0"),
+            ("redis://u:p?w@h", "redis://h"),
             ("http://h/v1", "http://h/v1"),
         ];
         for (url, shown) in cases {

@@ -541,7 +541,9 @@ mod tests {
         // Random letters share few trigrams: each value adds about 80 new ones.
         let mut seed = 7u64;
         let mut letter = || {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             char::from_u32(0x4E00 + ((seed >> 33) % 20_000) as u32).unwrap()
         };
         let mut added = 0;

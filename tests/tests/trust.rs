@@ -507,9 +507,48 @@ fn every_call_is_in_the_server_log_whatever_the_callers_transaction() {
              RESET statement_timeout;",
         )
         .unwrap();
-    let Some(log) = cluster().server_log() else {
+    // A call whose backend is ended (pg_terminate_backend, by another session of the same
+    // role: a FATAL error, which no catch sees) is in the log too.
+    s.llm.on(
+        "wait and be ended",
+        vec![Reply::Slow(
+            std::time::Duration::from_secs(20),
+            Box::new(Reply::sql("SELECT 1 AS one")),
+        )],
+    );
+    let mut ended = cluster().connect_as(&s.database, &role);
+    let pid: i32 = ended
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    let asking =
+        std::thread::spawn(move || ended.query("SELECT nl_query('wait and be ended')", &[]));
+    let waiting = std::time::Instant::now();
+    while s
+        .llm
+        .requests()
+        .iter()
+        .all(|r| !r.text().contains("wait and be ended"))
+    {
+        assert!(
+            waiting.elapsed() < std::time::Duration::from_secs(20),
+            "the model was not asked"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    caller
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .unwrap();
+    assert!(asking.join().unwrap().is_err());
+    let Some(mut log) = cluster().server_log() else {
         return; // a cluster this process did not start: its log is not ours to read
     };
+    while !log.contains("input: wait and be ended")
+        && waiting.elapsed() < std::time::Duration::from_secs(30)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        log = cluster().server_log().unwrap_or_default();
+    }
     let oid: u32 = s
         .client
         .query_one("SELECT oid FROM pg_roles WHERE rolname = $1", &[&role])
@@ -524,6 +563,7 @@ fn every_call_is_in_the_server_log_whatever_the_callers_transaction() {
             "ERROR 57014: canceling statement due to statement timeout",
             "wait and be cancelled",
         ),
+        ("the session ended during the call", "wait and be ended"),
     ] {
         let line = format!("{by}: {outcome}");
         let asked = format!("input: {question}");
