@@ -7,6 +7,9 @@
 //! backend, and Redis is tried again a few seconds later.
 
 use std::cell::RefCell;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,7 +19,7 @@ use crate::wait::run_interruptible;
 /// How long an unavailable Redis is left alone before it is tried again.
 const RETRY_AFTER: Duration = Duration::from_secs(5);
 
-type Shared = Arc<Mutex<Option<::redis::Connection>>>;
+type Shared = Arc<Mutex<Option<Connection>>>;
 
 #[derive(Default)]
 struct State {
@@ -40,7 +43,7 @@ pub fn configured() -> bool {
 pub fn call<T, F>(command: F) -> Option<T>
 where
     T: Send + 'static,
-    F: FnOnce(&mut ::redis::Connection) -> ::redis::RedisResult<T> + Send + 'static,
+    F: FnOnce(&mut Connection) -> ::redis::RedisResult<T> + Send + 'static,
 {
     let url = settings::redis_url()?;
     let timeout = Duration::from_millis(settings::redis_timeout_ms());
@@ -63,19 +66,10 @@ where
             .try_lock()
             .map_err(|_| "busy with an earlier call".to_string())?;
         if slot.is_none() {
-            let client = ::redis::Client::open(target.as_str()).map_err(|e| e.to_string())?;
-            let connection = client
-                .get_connection_with_timeout(timeout)
-                .map_err(|e| e.to_string())?;
-            connection
-                .set_read_timeout(Some(timeout))
-                .map_err(|e| e.to_string())?;
-            connection
-                .set_write_timeout(Some(timeout))
-                .map_err(|e| e.to_string())?;
-            *slot = Some(connection);
+            *slot = Some(Connection::open(&target, timeout).map_err(|e| e.to_string())?);
         }
         let connection = slot.as_mut().ok_or("no connection")?;
+        connection.deadline = Instant::now() + timeout;
         command(connection).map_err(|e| {
             *slot = None;
             e.to_string()
@@ -140,4 +134,338 @@ fn database_prefix() -> String {
         )
     };
     format!("sql_query_engine:{system}:{}", database.to_u32())
+}
+
+/// Bytes of replies one call may read: what a Redis (or whoever answers at its address) sends
+/// beyond it is not read into the backend's memory.
+const MAX_REPLY_BYTES: usize = 64 << 20;
+/// Longest line of a reply (a type and length, a status, an error).
+const MAX_LINE_BYTES: usize = 64 << 10;
+/// Deepest nesting of arrays in a reply (the extension's own replies nest two deep).
+const MAX_DEPTH: usize = 8;
+
+/// A connection to Redis (RESP2, over TCP or a Unix socket) whose replies are bounded: in
+/// bytes (`MAX_REPLY_BYTES` per call), in nesting, and in time (no read starts after the
+/// call's deadline). The `redis` crate's own connection reads a reply of whatever length it
+/// announces, also in a helper thread the call has given up on; this one uses that crate only
+/// to write commands and to read the bytes of a reply it has bounded.
+pub struct Connection {
+    reader: BufReader<Stream>,
+    db: i64,
+    open: bool,
+    deadline: Instant,
+}
+
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.flush(),
+            Stream::Unix(s) => s.flush(),
+        }
+    }
+}
+
+fn invalid(what: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what.into())
+}
+
+impl Connection {
+    /// Connects to `url` (`redis://[user:password@]host[:port][/db]` or
+    /// `redis+unix:///path[?db=N]`) within `timeout`, authenticates and selects the database.
+    fn open(url: &str, timeout: Duration) -> ::redis::RedisResult<Connection> {
+        use ::redis::{ConnectionAddr, IntoConnectionInfo};
+        let info = url.into_connection_info()?;
+        let stream = match info.addr() {
+            ConnectionAddr::Tcp(host, port) => {
+                let mut last = invalid(format!("{host} has no address"));
+                let mut connected = None;
+                for address in (host.as_str(), *port).to_socket_addrs()? {
+                    match TcpStream::connect_timeout(&address, timeout) {
+                        Ok(stream) => {
+                            connected = Some(stream);
+                            break;
+                        }
+                        Err(e) => last = e,
+                    }
+                }
+                let stream = connected.ok_or(last)?;
+                stream.set_nodelay(true)?;
+                stream.set_read_timeout(Some(timeout))?;
+                stream.set_write_timeout(Some(timeout))?;
+                Stream::Tcp(stream)
+            }
+            ConnectionAddr::Unix(path) => {
+                let stream = UnixStream::connect(path)?;
+                stream.set_read_timeout(Some(timeout))?;
+                stream.set_write_timeout(Some(timeout))?;
+                Stream::Unix(stream)
+            }
+            _ => return Err(invalid("TLS connections to Redis are not supported").into()),
+        };
+        let settings = info.redis_settings();
+        let mut connection = Connection {
+            reader: BufReader::new(stream),
+            db: settings.db(),
+            open: true,
+            deadline: Instant::now() + timeout,
+        };
+        if let Some(password) = settings.password() {
+            let mut auth = ::redis::cmd("AUTH");
+            if let Some(user) = settings.username() {
+                auth.arg(user);
+            }
+            auth.arg(password).exec(&mut connection)?;
+        }
+        if settings.db() != 0 {
+            ::redis::cmd("SELECT")
+                .arg(settings.db())
+                .exec(&mut connection)?;
+        }
+        Ok(connection)
+    }
+
+    /// Reads one reply whole, as its bytes, taking them from `budget`.
+    fn reply(&mut self, budget: &mut usize) -> io::Result<Vec<u8>> {
+        let mut raw = Vec::new();
+        self.value(&mut raw, budget, 0)?;
+        Ok(raw)
+    }
+
+    /// Reads one value of a reply onto `raw`.
+    fn value(&mut self, raw: &mut Vec<u8>, budget: &mut usize, depth: usize) -> io::Result<()> {
+        let start = raw.len();
+        self.line(raw, budget)?;
+        let line = &raw[start..raw.len() - 2];
+        let Some((&kind, rest)) = line.split_first() else {
+            return Err(invalid("an empty line"));
+        };
+        let number = || -> io::Result<i64> {
+            std::str::from_utf8(rest)
+                .ok()
+                .and_then(|n| n.parse().ok())
+                .ok_or_else(|| invalid("a length that is no number"))
+        };
+        match kind {
+            b'+' | b'-' | b':' => Ok(()),
+            b'$' => {
+                let Ok(length) = usize::try_from(number()?) else {
+                    return Ok(()); // $-1: nil
+                };
+                let wanted = length.checked_add(2).filter(|n| *n <= *budget);
+                let wanted = wanted.ok_or_else(|| invalid("a reply larger than allowed"))?;
+                *budget -= wanted;
+                self.check_deadline()?;
+                let at = raw.len();
+                raw.resize(at + wanted, 0);
+                self.reader.read_exact(&mut raw[at..])
+            }
+            b'*' => {
+                let Ok(count) = usize::try_from(number()?) else {
+                    return Ok(()); // *-1: nil
+                };
+                if depth >= MAX_DEPTH {
+                    return Err(invalid("a reply nested too deeply"));
+                }
+                // Each element takes at least three bytes ("+\r\n").
+                if count.saturating_mul(3) > *budget {
+                    return Err(invalid("a reply larger than allowed"));
+                }
+                for _ in 0..count {
+                    self.value(raw, budget, depth + 1)?;
+                }
+                Ok(())
+            }
+            _ => Err(invalid("a reply of a type RESP2 does not have")),
+        }
+    }
+
+    /// Reads one line, with its CRLF, onto `raw`.
+    fn line(&mut self, raw: &mut Vec<u8>, budget: &mut usize) -> io::Result<()> {
+        let limit = MAX_LINE_BYTES.min(*budget);
+        let start = raw.len();
+        loop {
+            self.check_deadline()?;
+            let available = self.reader.fill_buf()?;
+            if available.is_empty() {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            let (taken, done) = match available.iter().position(|&b| b == b'\n') {
+                Some(at) => (at + 1, true),
+                None => (available.len(), false),
+            };
+            raw.extend_from_slice(&available[..taken]);
+            self.reader.consume(taken);
+            if raw.len() - start > limit {
+                return Err(invalid("a reply line longer than allowed"));
+            }
+            if done {
+                break;
+            }
+        }
+        *budget -= raw.len() - start;
+        if !raw.ends_with(b"\r\n") {
+            return Err(invalid("a line not ended by CRLF"));
+        }
+        Ok(())
+    }
+
+    fn check_deadline(&self) -> io::Result<()> {
+        if Instant::now() > self.deadline {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        Ok(())
+    }
+
+    /// Sends `command` and reads `count` replies, bounded together.
+    fn exchange(
+        &mut self,
+        command: &[u8],
+        count: usize,
+    ) -> ::redis::RedisResult<Vec<::redis::Value>> {
+        let result = (|| {
+            self.reader.get_mut().write_all(command)?;
+            let mut budget = MAX_REPLY_BYTES;
+            let mut values = Vec::with_capacity(count.min(1024));
+            for _ in 0..count {
+                let raw = self.reply(&mut budget)?;
+                values.push(::redis::parse_redis_value(&raw)?);
+            }
+            Ok(values)
+        })();
+        if result.is_err() {
+            // Whatever is left of a reply would be read as the next one's.
+            self.open = false;
+        }
+        result
+    }
+}
+
+impl ::redis::ConnectionLike for Connection {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> ::redis::RedisResult<::redis::Value> {
+        self.exchange(cmd, 1)?
+            .pop()
+            .ok_or_else(|| invalid("no reply").into())
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> ::redis::RedisResult<Vec<::redis::Value>> {
+        let mut values = self.exchange(cmd, offset.saturating_add(count))?;
+        Ok(values.split_off(offset.min(values.len())))
+    }
+
+    fn get_db(&self) -> i64 {
+        self.db
+    }
+
+    fn check_connection(&mut self) -> bool {
+        ::redis::cmd("PING").query::<String>(self).is_ok()
+    }
+
+    fn is_open(&self) -> bool {
+        self.open
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    /// A server at a local port that answers each command it reads with the next of `replies`
+    /// (after the AUTH its URL asks for), and the URL that reaches it.
+    fn server(replies: Vec<Vec<u8>>) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            let (mut socket, _) = listener.accept().unwrap();
+            let mut buf = [0u8; 4096];
+            for reply in replies {
+                if socket.read(&mut buf).unwrap_or(0) == 0 {
+                    return;
+                }
+                let _ = socket.write_all(&reply);
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        });
+        format!("redis://:secret@127.0.0.1:{port}/0")
+    }
+
+    fn connect(replies: Vec<&[u8]>) -> Connection {
+        let mut all = vec![b"+OK\r\n".to_vec()];
+        all.extend(replies.into_iter().map(<[u8]>::to_vec));
+        Connection::open(&server(all), Duration::from_secs(2)).unwrap()
+    }
+
+    #[test]
+    fn replies_are_read_as_redis_sends_them() {
+        let mut c = connect(vec![
+            b"*3\r\n$1\r\na\r\n$-1\r\n$3\r\nb\r\n\r\n",
+            b"+PONG\r\n:7\r\n",
+        ]);
+        let list: Vec<Option<String>> = ::redis::cmd("LRANGE").arg("k").query(&mut c).unwrap();
+        assert_eq!(list, [Some("a".into()), None, Some("b\r\n".into())]);
+        let (pong, n): (String, i64) = ::redis::pipe()
+            .cmd("PING")
+            .cmd("LLEN")
+            .arg("k")
+            .query(&mut c)
+            .unwrap();
+        assert_eq!((pong.as_str(), n), ("PONG", 7));
+    }
+
+    #[test]
+    fn a_reply_larger_or_deeper_than_allowed_is_refused_unread() {
+        let huge: &[u8] = b"$2000000000\r\nabc";
+        let mut c = connect(vec![huge]);
+        let error = ::redis::cmd("GET")
+            .arg("k")
+            .query::<String>(&mut c)
+            .unwrap_err();
+        assert!(error.to_string().contains("larger than allowed"), "{error}");
+        assert!(!::redis::ConnectionLike::is_open(&c));
+        let many: &[u8] = b"*2000000000\r\n";
+        let mut c = connect(vec![many]);
+        assert!(::redis::cmd("LRANGE").query::<Vec<String>>(&mut c).is_err());
+        let deep = "*1\r\n".repeat(20) + ":1\r\n";
+        let mut c = connect(vec![deep.as_bytes()]);
+        let error = ::redis::cmd("EVAL").query::<i64>(&mut c).unwrap_err();
+        assert!(error.to_string().contains("nested too deeply"), "{error}");
+        let endless = vec![b'x'; MAX_LINE_BYTES + 10];
+        let mut c = connect(vec![&endless]);
+        assert!(::redis::cmd("PING").query::<String>(&mut c).is_err());
+    }
+
+    #[test]
+    fn an_error_reply_is_the_servers_error() {
+        let mut c = connect(vec![b"-WRONGTYPE not a list\r\n"]);
+        let error = ::redis::cmd("LRANGE")
+            .query::<Vec<String>>(&mut c)
+            .unwrap_err();
+        assert!(error.to_string().contains("not a list"), "{error}");
+    }
 }

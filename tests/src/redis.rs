@@ -89,3 +89,34 @@ pub fn silent_server() -> u16 {
     });
     port
 }
+
+/// A TCP server that answers every command with the start of a reply of `announced` bytes and
+/// then sends bytes for as long as the connection takes them: a hostile Redis, or whoever
+/// answers at its address.
+pub fn flooding_server(announced: u64) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("binding");
+    let port = listener.local_addr().expect("address").port();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                use std::io::{Read, Write};
+                let mut buf = [0u8; 4096];
+                if stream.read(&mut buf).unwrap_or(0) == 0 {
+                    return;
+                }
+                let chunk = vec![b'x'; 1 << 20];
+                if stream
+                    .write_all(format!("${announced}\r\n").as_bytes())
+                    .is_err()
+                {
+                    return;
+                }
+                let mut sent = 0u64;
+                while sent < announced && stream.write_all(&chunk).is_ok() {
+                    sent += chunk.len() as u64;
+                }
+            });
+        }
+    });
+    port
+}

@@ -249,3 +249,39 @@ fn a_session_holding_an_advisory_lock_very_many_times_is_told_so() {
         .unwrap_or_else(|e| panic!("{:?}", db_error(&e)));
     assert_eq!(rows.len(), 1);
 }
+
+#[test]
+fn a_redis_that_floods_its_replies_costs_a_backend_nothing() {
+    let mut s = Session::new();
+    let (name, first, _) = role_connection(&mut s, "flooded");
+    drop(first);
+    let port = sql_query_engine_e2e::redis::flooding_server(1_500_000_000);
+    s.client
+        .batch_execute(&format!(
+            "ALTER DATABASE {} SET sql_query_engine.redis_url = 'redis://127.0.0.1:{port}/0'",
+            s.database
+        ))
+        .unwrap();
+    let mut role = cluster().connect_as(&s.database, &name);
+    let pid: i32 = role
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    s.llm.on(
+        "How many customers are there?",
+        vec![Reply::sql("SELECT count(*) AS n FROM customers")],
+    );
+    let trace: String = role
+        .query_one(
+            "SELECT nl_trace('How many customers are there?', 'talk')::text",
+            &[],
+        )
+        .unwrap_or_else(|e| panic!("{:?}", db_error(&e)))
+        .get(0);
+    let trace: serde_json::Value = serde_json::from_str(&trace).unwrap();
+    assert_eq!(trace["row_count"], 1, "{trace}");
+    // What the server goes on sending is read by no one.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let peak = peak_kb(pid);
+    assert!(peak < 400 * 1024, "the backend grew to {peak} kB");
+}
