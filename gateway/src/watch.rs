@@ -51,10 +51,11 @@ struct Stall {
 
 impl WatchedStream {
     /// A write could not go on: pending until the client reads, an error once it has read
-    /// nothing for the write timeout. The socket accepts more only once the client has read a
-    /// good part of what it holds, which a client reading slowly but steadily may take longer
-    /// than the timeout to do: what it reads meanwhile (the socket's send queue shrinking)
-    /// counts as progress.
+    /// too little for the write timeout. The socket accepts more only once the client has read
+    /// a good part of what it holds, which a client reading slowly but steadily may take longer
+    /// than the timeout to do: what it reads meanwhile (the socket's send queue shrinking by
+    /// `MIN_PROGRESS`, or to nothing) counts as progress; a byte now and then does not, or a
+    /// client could keep its answer in the gateway's memory for as long as it liked.
     fn stalled<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
         // Each turn sets a new deadline after progress; the queue only shrinks while the
         // write waits, so the turns are bounded by the bytes it holds.
@@ -69,7 +70,11 @@ impl WatchedStream {
                 return Poll::Pending;
             }
             match (queued, stall.queued) {
-                (Some(now), Some(then)) if now < then => self.stalled = None,
+                (Some(now), Some(then))
+                    if then.saturating_sub(now) >= then.min(MIN_PROGRESS) && now < then =>
+                {
+                    self.stalled = None
+                }
                 _ => {
                     return Poll::Ready(Err(io::Error::new(
                         io::ErrorKind::TimedOut,
@@ -80,6 +85,9 @@ impl WatchedStream {
         }
     }
 }
+
+/// What a client must read of a stalled write's queue within the write timeout to go on.
+const MIN_PROGRESS: usize = 16 * 1024;
 
 /// The bytes a socket has not yet delivered to its peer (sent and not acknowledged, or not
 /// sent): Linux's SIOCOUTQ; `None` elsewhere.
@@ -245,7 +253,8 @@ mod tests {
             socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
             let listener = socket.listen(1).unwrap();
             let address = listener.local_addr().unwrap();
-            let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+            // Sent when the write is over: whether it failed.
+            let (done_tx, done_rx) = std::sync::mpsc::channel::<bool>();
             let client = std::thread::spawn(move || {
                 let connected = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
@@ -266,6 +275,10 @@ mod tests {
                 let mut received = 0;
                 while let Ok(n @ 1..) = stream.read(&mut buffer) {
                     received += n;
+                    // What a cut connection's socket still holds says nothing more.
+                    if done_rx.try_recv() == Ok(true) {
+                        break;
+                    }
                     std::thread::sleep(pause);
                 }
                 received
@@ -293,7 +306,7 @@ mod tests {
                 }
             };
             drop(stream);
-            let _ = done_tx.send(());
+            let _ = done_tx.send(failed);
             (client.join().unwrap(), failed)
         })
     }
@@ -310,6 +323,19 @@ mod tests {
         );
         assert!(!failed, "cut after {received} bytes");
         assert_eq!(received, total);
+    }
+
+    #[test]
+    fn a_client_that_reads_a_trickle_is_disconnected() {
+        // 5 kB/s: under 16 kB in each half second's timeout.
+        let total = 8 << 20;
+        let (received, failed) = serve_to(
+            Some((1024, Duration::from_millis(200))),
+            total,
+            Duration::from_millis(500),
+        );
+        assert!(failed, "not cut after {received} bytes");
+        assert!(received < total, "{received}");
     }
 
     #[test]
