@@ -146,9 +146,10 @@ impl Relation {
 const MAX_RELATIONS: i64 = 10_000;
 /// Columns of the relations read at most (a relation that would pass it is left out).
 const MAX_COLUMNS: i64 = 100_000;
-/// Longest value read from the planner's statistics, in characters: the value index matches
-/// none longer (`values::MAX_VALUE_CHARS`), and samples show less.
-const MAX_STATISTIC_CHARS: i32 = 80;
+/// Characters of a value read from the planner's statistics: one more than the value index
+/// matches (`values::MAX_VALUE_CHARS`), so that a value cut here is too long for it, as the
+/// whole value is; samples show fewer.
+const MAX_STATISTIC_CHARS: i32 = 81;
 /// Most common values, and histogram bounds, read per column (the default statistics target
 /// keeps 100).
 const MAX_STATISTICS_PER_COLUMN: i32 = 200;
@@ -260,8 +261,8 @@ WHERE a.attrelid = ANY($1::oid[]) AND a.attnum > 0 AND NOT a.attisdropped
 /// tables `$2` in the schemas `$1` (parallel arrays). pg_stats hides what the caller may not
 /// see (column privileges, row security). Only columns of built-in text types are asked for, so
 /// that turning the statistics into text runs only built-in output functions. At most `$5`
-/// values of each kind per column, each at most `$4` characters (longer ones are neither
-/// shown nor looked up), and at most `$6` values in all, in the order of the columns asked.
+/// values of each kind per column, each cut to `$4` characters, and at most `$6` values in
+/// all, in the order of the columns asked.
 const STATISTICS_SQL: &str = r#"
 SELECT coalesce(json_agg(json_build_object(
     'schema', k.schemaname,
@@ -282,10 +283,10 @@ FROM (
     JOIN pg_stats s
         ON s.schemaname = t.schemaname AND s.tablename = t.tablename AND s.attname = t.attname
     CROSS JOIN LATERAL (SELECT
-        ARRAY(SELECT m.v FROM unnest(s.most_common_vals::text::text[]) WITH ORDINALITY AS m(v, i)
-              WHERE length(m.v) <= $4 ORDER BY m.i LIMIT $5) AS common_values,
-        ARRAY(SELECT h.v FROM unnest(s.histogram_bounds::text::text[]) WITH ORDINALITY AS h(v, i)
-              WHERE length(h.v) <= $4 ORDER BY h.i LIMIT $5) AS histogram) v
+        ARRAY(SELECT substr(m.v, 1, $4) FROM unnest(s.most_common_vals::text::text[])
+                  WITH ORDINALITY AS m(v, i) ORDER BY m.i LIMIT $5) AS common_values,
+        ARRAY(SELECT substr(h.v, 1, $4) FROM unnest(s.histogram_bounds::text::text[])
+                  WITH ORDINALITY AS h(v, i) ORDER BY h.i LIMIT $5) AS histogram) v
     WHERE s.most_common_vals IS NOT NULL OR s.histogram_bounds IS NOT NULL
 ) k
 WHERE k.running <= $6
