@@ -50,9 +50,17 @@ impl Store {
 /// Sessions kept in backend memory, at most.
 const MAX_MEMORY_SESSIONS: usize = 256;
 
+/// A session's turns in backend memory, oldest first, and when the last was added (they expire
+/// after `session_ttl`, as the other stores' do).
+#[derive(Default)]
+struct Remembered {
+    turns: VecDeque<Turn>,
+    updated: Option<std::time::Instant>,
+}
+
 thread_local! {
-    /// Backend memory: (role, session) -> turns, oldest first.
-    static MEMORY: RefCell<HashMap<(u32, String), VecDeque<Turn>>> = RefCell::new(HashMap::new());
+    /// Backend memory: (role, session) -> turns.
+    static MEMORY: RefCell<HashMap<(u32, String), Remembered>> = RefCell::new(HashMap::new());
 }
 
 /// The store this transaction uses: Redis when configured, else the table where it can be
@@ -104,9 +112,10 @@ pub fn turns(session: &str) -> (Vec<Turn>, Store) {
     let (found, served) = match store {
         Store::Table => (table_turns(session), Store::Table),
         Store::Redis => match redis_turns(session, keep) {
-            // An empty list after a Redis restart: this backend's memory may still know them.
-            Some(turns) if turns.is_empty() => (None, Store::Redis),
-            Some(turns) => (Some(turns), Store::Redis),
+            // No list after a Redis restart: this backend's memory may still know them (a
+            // session reset leaves a list with its mark, see `reset`).
+            Some((_, false)) => (None, Store::Redis),
+            Some((turns, true)) => (Some(turns), Store::Redis),
             None => (None, Store::Memory),
         },
         Store::Memory => (None, Store::Memory),
@@ -117,9 +126,11 @@ pub fn turns(session: &str) -> (Vec<Turn>, Store) {
 }
 
 fn memory_turns(session: &str) -> Vec<Turn> {
+    let ttl = std::time::Duration::from_secs(settings::session_ttl_s());
     MEMORY.with_borrow(|m| {
         m.get(&memory_key(session))
-            .map(|turns| turns.iter().cloned().collect())
+            .filter(|r| r.updated.is_some_and(|at| at.elapsed() < ttl))
+            .map(|r| r.turns.iter().cloned().collect())
             .unwrap_or_default()
     })
 }
@@ -146,7 +157,9 @@ fn table_turns(session: &str) -> Option<Vec<Turn>> {
     serde_json::from_str(&text).ok()
 }
 
-fn redis_turns(session: &str, keep: usize) -> Option<Vec<Turn>> {
+/// The session's last `keep` turns in Redis, and whether Redis has a list for it (a reset
+/// session has one, holding only its mark).
+fn redis_turns(session: &str, keep: usize) -> Option<(Vec<Turn>, bool)> {
     let key = redis_client::key("session", session);
     let stored: Option<Vec<String>> = redis_client::call(move |c| {
         ::redis::cmd("LRANGE")
@@ -156,10 +169,11 @@ fn redis_turns(session: &str, keep: usize) -> Option<Vec<Turn>> {
             .query(c)
     });
     stored.map(|stored| {
-        stored
+        let turns = stored
             .iter()
             .filter_map(|t| serde_json::from_str(t).ok())
-            .collect()
+            .collect();
+        (turns, !stored.is_empty())
     })
 }
 
@@ -232,7 +246,13 @@ pub fn record(session: &str, turn: Turn) -> Store {
                     m.remove(&other);
                 }
             }
-            let turns = m.entry(key).or_default();
+            let remembered = m.entry(key).or_default();
+            let ttl = std::time::Duration::from_secs(settings::session_ttl_s());
+            if remembered.updated.is_none_or(|at| at.elapsed() >= ttl) {
+                remembered.turns.clear();
+            }
+            remembered.updated = Some(std::time::Instant::now());
+            let turns = &mut remembered.turns;
             turns.retain(|t| t.question != turn.question);
             turns.push_back(turn);
             while turns.len() > keep {
@@ -311,6 +331,14 @@ redis.call('EXPIRE', KEYS[1], ARGV[4])
 return redis.call('LLEN', KEYS[1])
 ";
 
+/// Empties the list but for a mark that is no turn, and renews its expiry.
+const RESET_SCRIPT: &str = r#"
+redis.call('DEL', KEYS[1])
+redis.call('RPUSH', KEYS[1], '{"reset":true}')
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return 1
+"#;
+
 fn record_in_redis(session: &str, turn: &Turn, keep: usize) -> bool {
     let key = redis_client::key("session", session);
     let ttl = settings::session_ttl_s();
@@ -346,8 +374,18 @@ pub fn reset(session: &str) {
         }
     }
     if redis_client::configured() {
+        // The list is left with a mark (no turn) until it expires: an empty list would read as
+        // a Redis restart, and other backends' memory would bring the turns back.
         let key = redis_client::key("session", session);
-        let _: Option<()> = redis_client::call(move |c| ::redis::cmd("DEL").arg(&key).query(c));
+        let ttl = settings::session_ttl_s();
+        let _: Option<i64> = redis_client::call(move |c| {
+            ::redis::cmd("EVAL")
+                .arg(RESET_SCRIPT)
+                .arg(1)
+                .arg(&key)
+                .arg(ttl)
+                .query(c)
+        });
     }
     MEMORY.with_borrow_mut(|m| m.remove(&memory_key(session)));
 }

@@ -949,3 +949,31 @@ fn a_role_locking_the_sessions_table_holds_up_no_other_roles_conversation() {
     assert_eq!(trace["row_count"], 1, "{trace}");
     other.batch_execute("ROLLBACK").unwrap();
 }
+
+#[test]
+fn a_session_reset_on_one_connection_is_not_undone_by_anothers_memory() {
+    let redis = RedisServer::start();
+    let mut s = Session::new();
+    use_redis(&mut s.client, &redis.url());
+    // Another backend keeps, beside Redis, a copy of the turns in its memory (for an outage).
+    let mut other = s.second_connection();
+    use_redis(&mut other, &redis.url());
+    s.llm
+        .on("the first question", vec![Reply::sql("SELECT 1 AS one")]);
+    s.llm
+        .on("the second question", vec![Reply::sql("SELECT 2 AS two")]);
+    other
+        .query("SELECT nl_query('the first question', 'kept')", &[])
+        .unwrap();
+    s.client
+        .batch_execute("SELECT nl_session_reset('kept')")
+        .unwrap();
+    other
+        .query("SELECT nl_query('the second question', 'kept')", &[])
+        .unwrap();
+    let asked = s.llm.last_text();
+    assert!(
+        !asked.contains("the first question"),
+        "a reset turn came back: {asked}"
+    );
+}
