@@ -36,6 +36,7 @@ mod subxact;
 mod templates;
 mod text;
 mod trace;
+mod urls;
 mod values;
 mod wait;
 

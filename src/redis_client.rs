@@ -97,8 +97,8 @@ where
                 pgrx::warning!(
                     "sql_query_engine: Redis at {} is unavailable ({}); conversation context, \
                      progress events and the schema cache use backend memory",
-                    crate::llm::redact_url(&url),
-                    crate::llm::redact(&cause, &url)
+                    crate::urls::redact_url(&url),
+                    crate::urls::redact(&cause, &url)
                 );
             }
             None

@@ -134,16 +134,22 @@ static TRUSTED_OWNERS: GucSetting<Option<std::ffi::CString>> =
     GucSetting::<Option<std::ffi::CString>>::new(None);
 
 pub fn init() {
-    GucRegistry::define_string_guc(
-        c"sql_query_engine.llm_url",
-        c"Base URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8080/v1 (superuser only, shown to superusers only).",
-        c"Requests go to {llm_url}/chat/completions, with the key of llm_api_key_file.",
-        &LLM_URL,
-        GucContext::Suset,
-        // Where requests and keys go, with any credentials written into a URL: for
-        // superusers and pg_read_all_settings to read, like redis_url.
-        GucFlags::SUPERUSER_ONLY | GucFlags::NO_SHOW_ALL,
-    );
+    // SAFETY: the check hook only reads the proposed value and sets GUC's error fields.
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"sql_query_engine.llm_url",
+            c"Base URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8080/v1 (superuser only, shown to superusers only).",
+            c"Requests go to {llm_url}/chat/completions, with the key of llm_api_key_file.",
+            &LLM_URL,
+            GucContext::Suset,
+            // Where requests and keys go, with any credentials written into a URL: for
+            // superusers and pg_read_all_settings to read, like redis_url.
+            GucFlags::SUPERUSER_ONLY | GucFlags::NO_SHOW_ALL,
+            Some(refuse_stored_credentials),
+            None,
+            None,
+        );
+    }
     GucRegistry::define_string_guc(
         c"sql_query_engine.llm_model",
         c"Model name sent with every chat-completion request (superuser only).",
@@ -332,14 +338,20 @@ pub fn init() {
         GucContext::Userset,
         GucFlags::default(),
     );
-    GucRegistry::define_string_guc(
-        c"sql_query_engine.redis_url",
-        c"Redis for shared conversations and progress events, e.g. redis://127.0.0.1:6379/0 (superuser only, never shown).",
-        c"Unset: everything stays in backend memory.",
-        &REDIS_URL,
-        GucContext::Suset,
-        GucFlags::SUPERUSER_ONLY | GucFlags::NO_SHOW_ALL,
-    );
+    // SAFETY: the check hook only reads the proposed value and sets GUC's error fields.
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"sql_query_engine.redis_url",
+            c"Redis for shared conversations and progress events, e.g. redis://127.0.0.1:6379/0 (superuser only, never shown).",
+            c"Unset: everything stays in backend memory.",
+            &REDIS_URL,
+            GucContext::Suset,
+            GucFlags::SUPERUSER_ONLY | GucFlags::NO_SHOW_ALL,
+            Some(refuse_stored_credentials),
+            None,
+            None,
+        );
+    }
     GucRegistry::define_int_guc(
         c"sql_query_engine.redis_timeout",
         c"How long one Redis call may take before backend memory is used instead.",
@@ -432,16 +444,22 @@ pub fn init() {
         GucContext::Suset,
         GucFlags::UNIT_BYTE,
     );
-    GucRegistry::define_string_guc(
-        c"sql_query_engine.llm_fallbacks",
-        c"Endpoints tried in order when llm_url fails (superuser only).",
-        c"Comma-separated; each: URL [model=NAME] [key_file=PATH], its key only ever sent to it.",
-        &LLM_FALLBACKS,
-        GucContext::Suset,
-        // Where requests and keys go, with any credentials written into a URL: for
-        // superusers and pg_read_all_settings to read, like redis_url.
-        GucFlags::SUPERUSER_ONLY | GucFlags::NO_SHOW_ALL,
-    );
+    // SAFETY: the check hook only reads the proposed value and sets GUC's error fields.
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"sql_query_engine.llm_fallbacks",
+            c"Endpoints tried in order when llm_url fails (superuser only).",
+            c"Comma-separated; each: URL [model=NAME] [key_file=PATH], its key only ever sent to it.",
+            &LLM_FALLBACKS,
+            GucContext::Suset,
+            // Where requests and keys go, with any credentials written into a URL: for
+            // superusers and pg_read_all_settings to read, like redis_url.
+            GucFlags::SUPERUSER_ONLY | GucFlags::NO_SHOW_ALL,
+            Some(refuse_stored_credentials),
+            None,
+            None,
+        );
+    }
     GucRegistry::define_int_guc(
         c"sql_query_engine.llm_circuit_breaker",
         c"How long an endpoint that failed is skipped (in this backend) before it is tried again.",
@@ -567,6 +585,49 @@ pub fn llm_api_key_file() -> Option<String> {
 /// The fallback endpoints as written (`URL [model=NAME] [key_file=PATH], ...`), when set.
 pub fn llm_fallbacks() -> Option<String> {
     string(&LLM_FALLBACKS)
+}
+
+/// Refuses to store a URL with credentials (user information, a query or a fragment) with
+/// `ALTER DATABASE` or `ALTER ROLE ... SET` (validated with the source `PGC_S_TEST`): stored
+/// there it is in `pg_db_role_setting`, which every role may read, although `SHOW` is the
+/// superuser's. A value already stored, `SET`, the configuration file and `ALTER SYSTEM` are
+/// not refused. The value is never echoed.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn refuse_stored_credentials(
+    newval: *mut *mut std::ffi::c_char,
+    _extra: *mut *mut std::ffi::c_void,
+    source: pg_sys::GucSource::Type,
+) -> bool {
+    if source != pg_sys::GucSource::PGC_S_TEST {
+        return true;
+    }
+    // SAFETY: GUC passes a pointer to the proposed value (a string or NULL).
+    let value = unsafe {
+        if newval.is_null() || (*newval).is_null() {
+            return true;
+        }
+        CStr::from_ptr(*newval).to_string_lossy()
+    };
+    let with_credentials = value
+        .split([',', ' ', '\t', '\n'])
+        .any(|word| word.contains("://") && crate::urls::has_credentials(word));
+    if !with_credentials {
+        return true;
+    }
+    // SAFETY: GUC's check-hook error fields, given static messages.
+    unsafe {
+        pg_sys::GUC_check_errcode(pgrx::PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE as i32);
+        pg_sys::GUC_check_errmsg_string = c"a URL with credentials (a password, a query or a \
+            fragment) is not stored with ALTER DATABASE or ALTER ROLE: every role may read \
+            pg_db_role_setting"
+            .as_ptr()
+            .cast_mut();
+        pg_sys::GUC_check_errhint_string = c"Set it in postgresql.conf or with ALTER SYSTEM, and \
+            keep keys in the file sql_query_engine.llm_api_key_file names."
+            .as_ptr()
+            .cast_mut();
+    }
+    false
 }
 
 /// Refuses any value for the retired `llm_api_key` setting, without echoing it.

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 pub use chain::Chain;
 pub use completion::{Batch, Completion, Llm, Message};
-pub use endpoint::{redact, redact_url};
 pub use openai::Options;
 
 use crate::error::Result;

@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::completion::{Batch, Completion, Message};
-use super::endpoint::{redact, redact_url, Endpoint};
+use super::endpoint::Endpoint;
 use crate::error::{Error, Result};
+use crate::urls::{redact, redact_url};
 use crate::wait::{run_interruptible, sleep_interruptible, WaitError};
 
 /// How requests are made, read once per call from the settings.

@@ -145,6 +145,24 @@ fn the_key_cannot_be_read_by_any_path() {
         );
     }
 
+    // Nor is a URL with credentials stored where every role reads it (pg_db_role_setting).
+    let secret = "pw-in-a-url-0001";
+    for statement in [
+        format!("ALTER DATABASE {db} SET sql_query_engine.redis_url = 'redis://:{secret}@127.0.0.1:1/0'"),
+        format!("ALTER ROLE {role} SET sql_query_engine.llm_url = 'http://127.0.0.1:1/v1?key={secret}'"),
+        format!("ALTER DATABASE {db} SET sql_query_engine.llm_fallbacks = 'http://a/v1, http://u:{secret}@b/v1'"),
+    ] {
+        let error = s.client.batch_execute(&statement).unwrap_err();
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "42501", "{statement}");
+        assert!(!message.contains(secret) && message.contains("pg_db_role_setting"), "{message}");
+    }
+    s.client
+        .batch_execute(&format!(
+            "SET sql_query_engine.redis_url = 'redis://:{secret}@127.0.0.1:1/0'; RESET sql_query_engine.redis_url;"
+        ))
+        .unwrap();
+
     let mut other = cluster().connect_as(&s.database, &role);
     let first_look: Vec<String> = [
         "sql_query_engine.llm_api_key",
