@@ -310,16 +310,22 @@ pub fn init() {
             None,
         );
     }
-    GucRegistry::define_int_guc(
-        c"sql_query_engine.prompt_budget",
-        c"Estimated tokens the schema may take in the prompt; larger schemas are pruned to the relations relevant to the question.",
-        c"",
-        &PROMPT_BUDGET,
-        100,
-        i32::MAX,
-        GucContext::Userset,
-        GucFlags::default(),
-    );
+    // SAFETY: the check hook only reads the proposed value and sets GUC's error fields.
+    unsafe {
+        GucRegistry::define_int_guc_with_hooks(
+            c"sql_query_engine.prompt_budget",
+            c"Estimated tokens the schema may take in the prompt; larger schemas are pruned to the relations relevant to the question.",
+            c"",
+            &PROMPT_BUDGET,
+            100,
+            i32::MAX,
+            GucContext::Userset,
+            GucFlags::default(),
+            Some(check_prompt_budget),
+            None,
+            None,
+        );
+    }
     GucRegistry::define_int_guc(
         c"sql_query_engine.examples",
         c"How many verified examples (nl_example_add) most similar to the question go into the prompt.",
@@ -352,16 +358,22 @@ pub fn init() {
             None,
         );
     }
-    GucRegistry::define_int_guc(
-        c"sql_query_engine.redis_timeout",
-        c"How long one Redis call may take before backend memory is used instead.",
-        c"",
-        &REDIS_TIMEOUT_MS,
-        1,
-        i32::MAX,
-        GucContext::Userset,
-        GucFlags::UNIT_MS,
-    );
+    // SAFETY: the check hook only reads the proposed value and sets GUC's error fields.
+    unsafe {
+        GucRegistry::define_int_guc_with_hooks(
+            c"sql_query_engine.redis_timeout",
+            c"How long one Redis call may take before backend memory is used instead.",
+            c"",
+            &REDIS_TIMEOUT_MS,
+            1,
+            i32::MAX,
+            GucContext::Userset,
+            GucFlags::UNIT_MS,
+            Some(check_redis_timeout),
+            None,
+            None,
+        );
+    }
     GucRegistry::define_int_guc(
         c"sql_query_engine.session_turns",
         c"How many earlier turns of a session the model sees.",
@@ -372,16 +384,22 @@ pub fn init() {
         GucContext::Userset,
         GucFlags::default(),
     );
-    GucRegistry::define_int_guc(
-        c"sql_query_engine.session_ttl",
-        c"How long a session's turns are kept in Redis after its last turn.",
-        c"",
-        &SESSION_TTL_S,
-        1,
-        i32::MAX,
-        GucContext::Userset,
-        GucFlags::UNIT_S,
-    );
+    // SAFETY: the check hook only reads the proposed value and sets GUC's error fields.
+    unsafe {
+        GucRegistry::define_int_guc_with_hooks(
+            c"sql_query_engine.session_ttl",
+            c"How long a session's turns are kept in Redis after its last turn.",
+            c"",
+            &SESSION_TTL_S,
+            1,
+            i32::MAX,
+            GucContext::Userset,
+            GucFlags::UNIT_S,
+            Some(check_session_ttl),
+            None,
+            None,
+        );
+    }
     GucRegistry::define_bool_guc(
         c"sql_query_engine.progress",
         c"Report each step of a question as a NOTICE while it happens.",
@@ -750,6 +768,11 @@ ceiling_hook!(check_max_repairs, MAX_REPAIRS_CEILING, "max_repairs");
 ceiling_hook!(check_answer_budget, ANSWER_BUDGET_CEILING, "answer_budget");
 ceiling_hook!(check_candidates, CANDIDATES_CEILING, "candidates");
 ceiling_hook!(check_max_tokens, MAX_TOKENS_CEILING, "max_tokens");
+// What a role's call costs others: the model's tokens, the time a Redis call may hold, and how
+// long its keys stay in the Redis every role shares.
+ceiling_hook!(check_prompt_budget, PROMPT_BUDGET_CEILING, "prompt_budget");
+ceiling_hook!(check_redis_timeout, REDIS_TIMEOUT_CEILING, "redis_timeout");
+ceiling_hook!(check_session_ttl, SESSION_TTL_CEILING, "session_ttl");
 
 /// Functions beyond the built-ins that generated queries may call, as written (the guard
 /// parses it).

@@ -108,6 +108,9 @@ fn roles_may_lower_the_bounds_but_not_raise_them() {
         ("candidates", "16", "2"),
         ("max_tokens", "65536", "64"),
         ("sample_values", "10", "1"),
+        ("prompt_budget", "1000000", "2000"),
+        ("redis_timeout", "'1h'", "'100ms'"),
+        ("session_ttl", "'3650d'", "'1h'"),
     ] {
         for statement in [
             format!("SET sql_query_engine.{setting} = {higher}"),
