@@ -42,13 +42,17 @@ pub struct Admission {
     counted: Mutex<Counted>,
     /// The requests each client has being served.
     serving: Mutex<HashMap<String, usize>>,
-    /// The JSON-RPC ids of the requests sent into each live session (hashed).
-    ids: Mutex<HashMap<String, HashSet<u64>>>,
+    /// The JSON-RPC ids of each session's requests that may still be being answered (hashed,
+    /// as the MCP server reads them), each until when it may be: the end of its answer, or, for
+    /// one whose client went before the answer, the longest a call may run.
+    ids: Mutex<HashMap<String, HashMap<u64, Instant>>>,
     id_hasher: std::collections::hash_map::RandomState,
+    /// How long a call may run (the request timeout, and a margin).
+    id_hold: Duration,
 }
 
-/// Requests one MCP session may carry: each id is remembered for the session's life.
-const MAX_SESSION_REQUESTS: usize = 10_000;
+/// Requests of one MCP session that may be being answered at once.
+const MAX_SESSION_IN_FLIGHT: usize = 1_000;
 
 #[derive(Default)]
 struct Counted {
@@ -107,13 +111,20 @@ impl Drop for Serving {
     }
 }
 
-/// A response body that keeps its request counted until it ends.
-struct ServedBody {
-    body: Body,
-    _serving: Serving,
+/// What a response body holds until it is dropped, told when it was sent whole.
+trait Held {
+    fn sent_whole(&mut self) {}
 }
 
-impl HttpBody for ServedBody {
+impl Held for Serving {}
+
+/// A response body that holds `held` (its request's count, its ids) until it ends.
+struct HeldBody<H: Held> {
+    body: Body,
+    held: H,
+}
+
+impl<H: Held + Send + Unpin + 'static> HttpBody for HeldBody<H> {
     type Data = Bytes;
     type Error = axum::Error;
 
@@ -121,7 +132,12 @@ impl HttpBody for ServedBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+        let this = self.get_mut();
+        let frame = Pin::new(&mut this.body).poll_frame(cx);
+        if let Poll::Ready(None) = frame {
+            this.held.sent_whole();
+        }
+        frame
     }
 
     fn is_end_stream(&self) -> bool {
@@ -133,6 +149,42 @@ impl HttpBody for ServedBody {
     }
 }
 
+/// The id of a request into a session, reserved until its answer has been sent whole; an
+/// answer whose client went keeps it until it expires (the MCP server may still be running
+/// the call, and a repeated id would take over its answer's route, leaving its channel behind
+/// for the session's life).
+struct Reserved {
+    admission: Arc<Admission>,
+    session: String,
+    id: u64,
+    answered: bool,
+}
+
+impl Held for Reserved {
+    fn sent_whole(&mut self) {
+        self.answered = true;
+    }
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        if !self.answered {
+            return;
+        }
+        let mut all = self
+            .admission
+            .ids
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(reserved) = all.get_mut(&self.session) {
+            reserved.remove(&self.id);
+            if reserved.is_empty() {
+                all.remove(&self.session);
+            }
+        }
+    }
+}
+
 impl Admission {
     pub fn new(
         body_timeout: Duration,
@@ -141,6 +193,7 @@ impl Admission {
         max_sessions: usize,
         max_client_sessions: usize,
         max_client_requests: usize,
+        call_timeout: Duration,
     ) -> Admission {
         Admission {
             body_timeout,
@@ -153,6 +206,7 @@ impl Admission {
             serving: Mutex::new(HashMap::new()),
             ids: Mutex::new(HashMap::new()),
             id_hasher: std::collections::hash_map::RandomState::new(),
+            id_hold: call_timeout + Duration::from_secs(5),
         }
     }
 
@@ -207,53 +261,68 @@ impl Admission {
             .is_some_and(|(owner, _)| owner == client)
     }
 
-    /// Takes note of the request ids of `body`, a POST into the live session `session`: `Err`
-    /// with what to tell the client when one was used before in the session (MCP: an id is
-    /// used once per session; the rmcp server gives a repeated id's answer to the newer request
-    /// and keeps the older one's channel for the session's life) or the session carried
-    /// `MAX_SESSION_REQUESTS`. Sessions no longer `live` are forgotten.
-    fn new_ids(&self, live: &HashSet<String>, session: &str, body: &[u8]) -> Result<(), String> {
+    /// Reserves the request id of `body`, a POST into the live session `session`: `Err` with
+    /// what to tell the client when it is still reserved in the session (its request may still
+    /// be being answered) or the session has `MAX_SESSION_IN_FLIGHT` reserved. Ids are read as
+    /// the MCP server reads them (`7`, `7.0` and `7e0` are one id). Reservations that expired
+    /// are dropped, and with them sessions no longer `live`.
+    fn reserve_ids(
+        self: &Arc<Self>,
+        live: &HashSet<String>,
+        session: &str,
+        body: &[u8],
+    ) -> Result<Option<Reserved>, String> {
+        use rmcp::model::{NumberOrString, RequestId};
         let Ok(message) = serde_json::from_slice::<serde_json::Value>(body) else {
-            return Ok(());
+            return Ok(None);
         };
-        let messages = match &message {
-            serde_json::Value::Array(batch) => batch.iter().collect(),
-            single => vec![single],
+        let Some(id) = message.get("method").and(message.get("id")) else {
+            return Ok(None);
         };
-        let ids: Vec<(String, u64)> = messages
-            .into_iter()
-            .filter(|m| m.get("method").is_some())
-            .filter_map(|m| m.get("id"))
-            .map(|id| {
-                let text = id.to_string();
-                let hash = {
-                    use std::hash::{BuildHasher, Hasher};
-                    let mut h = self.id_hasher.build_hasher();
-                    h.write(text.as_bytes());
-                    h.finish()
-                };
-                (text, hash)
-            })
-            .collect();
-        if ids.is_empty() {
-            return Ok(());
-        }
+        let Ok(id) = serde_json::from_value::<RequestId>(id.clone()) else {
+            return Ok(None);
+        };
+        let (text, key) = match &id {
+            NumberOrString::Number(n) => (n.to_string(), format!("n{n}")),
+            NumberOrString::String(s) => (format!("{s:?}"), format!("s{s}")),
+        };
+        let hash = {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = self.id_hasher.build_hasher();
+            h.write(key.as_bytes());
+            h.finish()
+        };
+        let now = Instant::now();
         let mut all = self.ids.lock().unwrap_or_else(PoisonError::into_inner);
-        all.retain(|id, _| live.contains(id));
-        let seen = all.entry(session.to_string()).or_default();
-        if let Some((text, _)) = ids.iter().find(|(_, hash)| seen.contains(hash)) {
+        if all.keys().any(|id| !live.contains(id)) {
+            // Sessions that ended are dropped once their reservations expired.
+            all.retain(|id, reserved| {
+                live.contains(id) || {
+                    reserved.retain(|_, until| *until > now);
+                    !reserved.is_empty()
+                }
+            });
+        }
+        let reserved = all.entry(session.to_string()).or_default();
+        reserved.retain(|_, until| *until > now);
+        if reserved.contains_key(&hash) {
             return Err(format!(
-                "this MCP session already had a request with id {text}: an id is used once per \
-                 session"
+                "a request with id {text} may still be being answered in this MCP session: an id \
+                 is used once at a time"
             ));
         }
-        if seen.len() + ids.len() > MAX_SESSION_REQUESTS {
+        if reserved.len() >= MAX_SESSION_IN_FLIGHT {
             return Err(format!(
-                "this MCP session carried {MAX_SESSION_REQUESTS} requests: open a new one"
+                "this MCP session has {MAX_SESSION_IN_FLIGHT} requests being answered"
             ));
         }
-        seen.extend(ids.iter().map(|(_, hash)| *hash));
-        Ok(())
+        reserved.insert(hash, now + self.id_hold);
+        Ok(Some(Reserved {
+            admission: Arc::clone(self),
+            session: session.to_string(),
+            id: hash,
+            answered: false,
+        }))
     }
 
     fn opened(&self, client: &str, id: &str) {
@@ -302,9 +371,9 @@ pub async fn requests(
         .into_response();
     };
     next.run(request).await.map(|body| {
-        Body::new(ServedBody {
+        Body::new(HeldBody {
             body,
-            _serving: serving,
+            held: serving,
         })
     })
 }
@@ -413,13 +482,20 @@ pub async fn mcp_sessions(
         let Ok(bytes) = axum::body::to_bytes(body, admission.max_body).await else {
             return ApiError::bad_request("the request body could not be read").into_response();
         };
-        if let Err(why) = admission.new_ids(&live, id, &bytes) {
-            return ApiError::new(StatusCode::CONFLICT, "invalid_request_error", why)
-                .into_response();
-        }
-        return next
+        let reserved = match admission.reserve_ids(&live, id, &bytes) {
+            Ok(reserved) => reserved,
+            Err(why) => {
+                return ApiError::new(StatusCode::CONFLICT, "invalid_request_error", why)
+                    .into_response()
+            }
+        };
+        let response = next
             .run(Request::from_parts(parts, Body::from(bytes)))
             .await;
+        return match reserved {
+            Some(held) => response.map(|body| Body::new(HeldBody { body, held })),
+            None => response,
+        };
     }
     let Some(place) = admission.place(&live, &client) else {
         return ApiError {
@@ -464,6 +540,7 @@ mod tests {
             3,
             2,
             8,
+            Duration::from_secs(300),
         );
         let live = |ids: &[&str]| ids.iter().map(|s| s.to_string()).collect::<HashSet<_>>();
         admission.opened("a", "1");
@@ -485,43 +562,73 @@ mod tests {
     }
 
     #[test]
-    fn a_request_id_is_used_once_per_session() {
-        let admission = Admission::new(
+    fn a_request_id_is_reserved_until_its_answer_was_sent_whole() {
+        let admission = Arc::new(Admission::new(
             Duration::from_secs(1),
             1024,
             Arc::new(LocalSessionManager::default()),
             3,
             2,
             8,
-        );
+            Duration::from_secs(300),
+        ));
         let live = |ids: &[&str]| ids.iter().map(|s| s.to_string()).collect::<HashSet<_>>();
-        let call = |id: &str| format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#);
         let s1 = live(&["s1", "s2"]);
-        assert!(admission.new_ids(&s1, "s1", call("7").as_bytes()).is_ok());
-        let again = admission.new_ids(&s1, "s1", call("7").as_bytes());
-        assert!(again.is_err_and(|why| why.contains("id 7")));
-        assert!(
-            admission
-                .new_ids(&s1, "s1", call("\"7\"").as_bytes())
-                .is_ok(),
-            "a string id is another"
-        );
-        assert!(
-            admission.new_ids(&s1, "s2", call("7").as_bytes()).is_ok(),
-            "another session"
-        );
-        // Notifications and the client's answers to the server carry no new request.
+        let call = |id: &str| format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#);
+        let reserve =
+            |session: &str, id: &str| admission.reserve_ids(&s1, session, call(id).as_bytes());
+        let first = reserve("s1", "7").unwrap().expect("a request");
+        // As the MCP server reads ids: 7.0 and 7e0 are 7; "7" is another id.
+        for same in ["7", "7.0", "7e0", "70e-1"] {
+            let again = reserve("s1", same);
+            assert!(again.is_err_and(|why| why.contains("id 7")), "{same}");
+        }
+        assert!(reserve("s1", "\"7\"").unwrap().is_some());
+        assert!(reserve("s2", "7").unwrap().is_some(), "another session");
+        // A client gone before its answer: the call may still run, the id stays reserved.
+        drop(first);
+        assert!(reserve("s1", "7").is_err());
+        // An answer sent whole frees its id.
+        let mut second = reserve("s1", "8").unwrap().expect("a request");
+        second.sent_whole();
+        drop(second);
+        assert!(reserve("s1", "8").unwrap().is_some());
+        // Notifications and the client's answers to the server reserve nothing.
         let note =
             br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7}}"#;
-        assert!(admission.new_ids(&s1, "s1", note).is_ok());
-        assert!(admission
-            .new_ids(&s1, "s1", br#"{"jsonrpc":"2.0","id":7,"result":{}}"#)
-            .is_ok());
-        // A session that ended is forgotten.
-        assert!(admission
-            .new_ids(&live(&["s2"]), "s2", call("8").as_bytes())
-            .is_ok());
-        assert!(!admission.ids.lock().unwrap().contains_key("s1"));
+        assert!(admission.reserve_ids(&s1, "s1", note).unwrap().is_none());
+        let answer = br#"{"jsonrpc":"2.0","id":9,"result":{}}"#;
+        assert!(admission.reserve_ids(&s1, "s1", answer).unwrap().is_none());
+    }
+
+    #[test]
+    fn reservations_expire_and_ended_sessions_are_forgotten() {
+        let mut admission = Admission::new(
+            Duration::from_secs(1),
+            1024,
+            Arc::new(LocalSessionManager::default()),
+            3,
+            2,
+            8,
+            Duration::ZERO,
+        );
+        admission.id_hold = Duration::from_millis(50);
+        let admission = Arc::new(admission);
+        let live = |ids: &[&str]| ids.iter().map(|s| s.to_string()).collect::<HashSet<_>>();
+        let ping = br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+        let _gone = admission.reserve_ids(&live(&["s1"]), "s1", ping).unwrap();
+        assert!(admission.reserve_ids(&live(&["s1"]), "s1", ping).is_err());
+        std::thread::sleep(Duration::from_millis(80));
+        assert!(
+            admission.reserve_ids(&live(&["s1"]), "s1", ping).is_ok(),
+            "expired"
+        );
+        std::thread::sleep(Duration::from_millis(80));
+        let _other = admission.reserve_ids(&live(&["s2"]), "s2", ping).unwrap();
+        assert!(
+            !admission.ids.lock().unwrap().contains_key("s1"),
+            "s1 ended"
+        );
     }
 
     #[test]
@@ -533,6 +640,7 @@ mod tests {
             3,
             2,
             2,
+            Duration::from_secs(300),
         ));
         let first = Admission::serve(&admission, "a");
         let second = Admission::serve(&admission, "a");
@@ -555,6 +663,7 @@ mod tests {
             3,
             2,
             8,
+            Duration::from_secs(300),
         );
         let none = HashSet::new();
         let first = admission.place(&none, "a");

@@ -548,7 +548,10 @@ impl Db {
     /// out (their requests fail).
     pub async fn risky_roles(&self, roles: &[String]) -> Result<Vec<(String, String)>, DbError> {
         let conn = self.primary.get(self.wait).await?;
+        // A check the reload stops waiting for is cancelled, and its connection not reused.
+        let guard = CancelOnDrop::new(&conn);
         let rows = conn.client.query(RISKY_ROLES_SQL, &[&roles]).await?;
+        guard.disarm();
         Ok(rows
             .iter()
             .filter_map(|row| {

@@ -127,7 +127,7 @@ struct Serve {
     /// requests, before it is closed.
     #[arg(long, default_value_t = 30)]
     header_timeout: u64,
-    /// Seconds a response may wait for the client to read any of it before the connection is
+    /// Seconds a response may wait for the client to read 16 kB of it before the connection is
     /// closed: a client that never reads does not hold its answer in memory.
     #[arg(long, default_value_t = 30)]
     write_timeout: u64,
@@ -275,6 +275,7 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
         max_mcp_sessions,
         max_mcp_sessions_per_token,
         max_requests_per_token,
+        Duration::from_secs(request_timeout),
     ));
     let router = Router::new()
         .route("/v1/models", get(openai::models))
@@ -380,11 +381,12 @@ fn refusal(refused: &[(String, String)]) -> String {
     )
 }
 
-/// Reads the tokens file again and puts in force what may be: its tokens, less those of roles
-/// `refused_roles` refuses. When the roles cannot be checked in `VET_TIMEOUT` (the database
-/// down or busy), only the tokens already in force for the same role stay: a token removed from
-/// the file is revoked at once, one added waits for a reload that can check it. A file that
-/// cannot be read or parsed changes nothing.
+/// Reads the tokens file again and puts in force what may be: at once, the tokens already in
+/// force for the same role (a token removed from the file is revoked before anything is
+/// checked); then, once `refused_roles` has checked them, the file's tokens less those of the
+/// roles it refuses. When the roles cannot be checked in `VET_TIMEOUT` (the database down or
+/// busy), a token added waits for a reload that can check it. A file that cannot be read or
+/// parsed changes nothing.
 async fn reload(db: &Db, tokens: &Tokens, path: &str, allow: bool) {
     let entries = match Tokens::read(path) {
         Ok(entries) => entries,
@@ -393,6 +395,8 @@ async fn reload(db: &Db, tokens: &Tokens, path: &str, allow: bool) {
             return;
         }
     };
+    // A token removed from the file is revoked before anything is checked.
+    tokens.set(tokens.kept(&entries));
     let checked = tokio::time::timeout(VET_TIMEOUT, refused_roles(db, &entries, allow))
         .await
         .unwrap_or_else(|_| Err("checking the tokens' roles took too long".to_string()));
