@@ -69,7 +69,7 @@ where
             *slot = Some(Connection::open(&target, timeout).map_err(|e| e.to_string())?);
         }
         let connection = slot.as_mut().ok_or("no connection")?;
-        connection.deadline = Instant::now() + timeout;
+        connection.reader.get_mut().deadline = Instant::now() + timeout;
         command(connection).map_err(|e| {
             *slot = None;
             e.to_string()
@@ -143,17 +143,20 @@ const MAX_REPLY_BYTES: usize = 64 << 20;
 const MAX_LINE_BYTES: usize = 64 << 10;
 /// Deepest nesting of arrays in a reply (the extension's own replies nest two deep).
 const MAX_DEPTH: usize = 8;
+/// Bytes each element of an array is charged beyond its own: what it costs decoded (a
+/// `redis::Value`, then the Rust value it is read as).
+const ELEMENT_COST: usize = 64;
 
 /// A connection to Redis (RESP2, over TCP or a Unix socket) whose replies are bounded: in
-/// bytes (`MAX_REPLY_BYTES` per call), in nesting, and in time (no read starts after the
-/// call's deadline). The `redis` crate's own connection reads a reply of whatever length it
-/// announces, also in a helper thread the call has given up on; this one uses that crate only
-/// to write commands and to read the bytes of a reply it has bounded.
+/// bytes (`MAX_REPLY_BYTES` per call, an array's elements charged what they cost decoded), in
+/// nesting, and in time (every read and write ends by the call's deadline). The `redis`
+/// crate's own connection reads a reply of whatever length it announces, also in a helper
+/// thread the call has given up on; this one uses that crate only to write commands and to
+/// decode the bytes of a reply it has bounded.
 pub struct Connection {
-    reader: BufReader<Stream>,
+    reader: BufReader<Timed>,
     db: i64,
     open: bool,
-    deadline: Instant,
 }
 
 enum Stream {
@@ -161,28 +164,54 @@ enum Stream {
     Unix(UnixStream),
 }
 
-impl Read for Stream {
+/// The socket, each read and write of which ends by `deadline` (a socket's own timeout counts
+/// per call: a server sending a byte now and then would hold a read of many for ever).
+struct Timed {
+    stream: Stream,
+    deadline: Instant,
+}
+
+impl Timed {
+    /// Sets the socket's timeouts to what is left until the deadline; `TimedOut` once past it.
+    fn arm(&self) -> io::Result<()> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        match &self.stream {
+            Stream::Tcp(s) => {
+                s.set_read_timeout(Some(left))?;
+                s.set_write_timeout(Some(left))
+            }
+            Stream::Unix(s) => {
+                s.set_read_timeout(Some(left))?;
+                s.set_write_timeout(Some(left))
+            }
+        }
+    }
+}
+
+impl Read for Timed {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
+        self.arm()?;
+        match &mut self.stream {
             Stream::Tcp(s) => s.read(buf),
             Stream::Unix(s) => s.read(buf),
         }
     }
 }
 
-impl Write for Stream {
+impl Write for Timed {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
+        self.arm()?;
+        match &mut self.stream {
             Stream::Tcp(s) => s.write(buf),
             Stream::Unix(s) => s.write(buf),
         }
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.flush(),
-            Stream::Unix(s) => s.flush(),
-        }
+        Ok(())
     }
 }
 
@@ -211,24 +240,19 @@ impl Connection {
                 }
                 let stream = connected.ok_or(last)?;
                 stream.set_nodelay(true)?;
-                stream.set_read_timeout(Some(timeout))?;
-                stream.set_write_timeout(Some(timeout))?;
                 Stream::Tcp(stream)
             }
-            ConnectionAddr::Unix(path) => {
-                let stream = UnixStream::connect(path)?;
-                stream.set_read_timeout(Some(timeout))?;
-                stream.set_write_timeout(Some(timeout))?;
-                Stream::Unix(stream)
-            }
+            ConnectionAddr::Unix(path) => Stream::Unix(UnixStream::connect(path)?),
             _ => return Err(invalid("TLS connections to Redis are not supported").into()),
         };
         let settings = info.redis_settings();
         let mut connection = Connection {
-            reader: BufReader::new(stream),
+            reader: BufReader::new(Timed {
+                stream,
+                deadline: Instant::now() + timeout,
+            }),
             db: settings.db(),
             open: true,
-            deadline: Instant::now() + timeout,
         };
         if let Some(password) = settings.password() {
             let mut auth = ::redis::cmd("AUTH");
@@ -273,12 +297,20 @@ impl Connection {
                     return Ok(()); // $-1: nil
                 };
                 let wanted = length.checked_add(2).filter(|n| *n <= *budget);
-                let wanted = wanted.ok_or_else(|| invalid("a reply larger than allowed"))?;
-                *budget -= wanted;
-                self.check_deadline()?;
-                let at = raw.len();
-                raw.resize(at + wanted, 0);
-                self.reader.read_exact(&mut raw[at..])
+                let mut left = wanted.ok_or_else(|| invalid("a reply larger than allowed"))?;
+                *budget -= left;
+                // Grown as the bytes arrive, not by what the server announced.
+                while left > 0 {
+                    let available = self.reader.fill_buf()?;
+                    if available.is_empty() {
+                        return Err(io::ErrorKind::UnexpectedEof.into());
+                    }
+                    let taken = available.len().min(left);
+                    raw.extend_from_slice(&available[..taken]);
+                    self.reader.consume(taken);
+                    left -= taken;
+                }
+                Ok(())
             }
             b'*' => {
                 let Ok(count) = usize::try_from(number()?) else {
@@ -287,11 +319,15 @@ impl Connection {
                 if depth >= MAX_DEPTH {
                     return Err(invalid("a reply nested too deeply"));
                 }
-                // Each element takes at least three bytes ("+\r\n").
-                if count.saturating_mul(3) > *budget {
+                // Each element takes three bytes at least ("+\r\n") and becomes a value of its
+                // own once decoded: it is charged what that value costs too.
+                if count.saturating_mul(3 + ELEMENT_COST) > *budget {
                     return Err(invalid("a reply larger than allowed"));
                 }
                 for _ in 0..count {
+                    *budget = budget
+                        .checked_sub(ELEMENT_COST)
+                        .ok_or_else(|| invalid("a reply larger than allowed"))?;
                     self.value(raw, budget, depth + 1)?;
                 }
                 Ok(())
@@ -305,7 +341,6 @@ impl Connection {
         let limit = MAX_LINE_BYTES.min(*budget);
         let start = raw.len();
         loop {
-            self.check_deadline()?;
             let available = self.reader.fill_buf()?;
             if available.is_empty() {
                 return Err(io::ErrorKind::UnexpectedEof.into());
@@ -326,13 +361,6 @@ impl Connection {
         *budget -= raw.len() - start;
         if !raw.ends_with(b"\r\n") {
             return Err(invalid("a line not ended by CRLF"));
-        }
-        Ok(())
-    }
-
-    fn check_deadline(&self) -> io::Result<()> {
-        if Instant::now() > self.deadline {
-            return Err(io::ErrorKind::TimedOut.into());
         }
         Ok(())
     }
@@ -458,6 +486,48 @@ mod tests {
         let endless = vec![b'x'; MAX_LINE_BYTES + 10];
         let mut c = connect(vec![&endless]);
         assert!(::redis::cmd("PING").query::<String>(&mut c).is_err());
+    }
+
+    #[test]
+    fn many_small_elements_are_charged_what_they_cost_decoded() {
+        // 6 MB on the wire, over a gigabyte as decoded values.
+        let mut many = b"*2000000\r\n".to_vec();
+        many.extend(b"+\r\n".repeat(2_000_000));
+        let mut c = connect(vec![&many]);
+        let error = ::redis::cmd("LRANGE")
+            .query::<Vec<String>>(&mut c)
+            .unwrap_err();
+        assert!(error.to_string().contains("larger than allowed"), "{error}");
+    }
+
+    #[test]
+    fn a_server_that_sends_a_byte_now_and_then_is_left_at_the_deadline() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            let (mut socket, _) = listener.accept().unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = socket.read(&mut buf);
+            let _ = socket.write_all(b"$1000\r\n");
+            for _ in 0..1000 {
+                std::thread::sleep(Duration::from_millis(100));
+                if socket.write_all(b"x").is_err() {
+                    return;
+                }
+            }
+        });
+        let url = format!("redis://127.0.0.1:{port}/0");
+        let mut c = Connection::open(&url, Duration::from_millis(500)).unwrap();
+        let started = Instant::now();
+        let error = ::redis::cmd("GET")
+            .arg("k")
+            .query::<String>(&mut c)
+            .unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "read for {:?}: {error}",
+            started.elapsed()
+        );
     }
 
     #[test]

@@ -55,7 +55,7 @@ impl Watch {
     /// Counts the holds the session has; raises 54000 when it holds a lock more than
     /// `MAX_HOLDS` times (the count is stopped there and the holds given back are taken again).
     pub fn start() -> Watch {
-        let before = counted(held(), Some(MAX_HOLDS + 1));
+        let before = counted(held(), MAX_HOLDS + 1);
         if let Some((lock, _)) = before.iter().find(|(_, holds)| *holds > MAX_HOLDS) {
             crate::error::Error::sql(
                 "54000",
@@ -78,38 +78,38 @@ impl Drop for Watch {
         if std::thread::panicking() {
             return;
         }
-        // Uncapped: what the query took since, in its bounded run time, is all given back.
-        let now = counted(held(), None);
         let before = |lock: &Held| {
             self.before
                 .iter()
                 .find(|(b, _)| b.key() == lock.key())
                 .map_or(0, |(_, holds)| *holds)
         };
+        // Each lock's session holds are given back and as many as the session had before taken
+        // again: what the query's code took (in its bounded run time) is given back once, and
+        // not counted first.
+        let kept: Vec<(Held, u64, u64)> = subxact::without_messages(|| {
+            held()
+                .into_iter()
+                .map(|lock| {
+                    let (holds, kept) = keep_at_most(&lock, before(&lock));
+                    (lock, holds, kept)
+                })
+                .collect()
+        });
         let (mut locks, mut released) = (0, 0u64);
-        for (lock, holds) in &now {
-            let taken = holds.saturating_sub(before(lock));
-            // As many turns as the code took the lock in its bounded run time; not stopped by
-            // an interrupt: stopping halfway would leave the lock held.
-            for _ in 0..taken {
-                // SAFETY: a session-level release of a lock this backend holds at session
-                // level (counted just now), with a tag and mode the lock manager reported.
-                if !unsafe { pg_sys::LockRelease(&lock.tag, lock.mode, true) } {
-                    break;
-                }
-                released += 1;
-            }
-            locks += usize::from(taken > 0);
+        for (_, holds, kept) in &kept {
+            released += holds - kept;
+            locks += usize::from(holds > kept);
         }
         let lost: u64 = self
             .before
             .iter()
             .map(|(lock, holds)| {
-                let kept = now
+                let now = kept
                     .iter()
-                    .find(|(n, _)| n.key() == lock.key())
-                    .map_or(0, |(_, h)| *h);
-                holds.saturating_sub(kept)
+                    .find(|(n, _, _)| n.key() == lock.key())
+                    .map_or(0, |(_, _, k)| *k);
+                holds.saturating_sub(now)
             })
             .sum();
         if released > 0 {
@@ -130,14 +130,14 @@ impl Drop for Watch {
 
 /// Each lock with its session-level holds, counted with messages off (see `session_holds`),
 /// up to `cap` each.
-fn counted(locks: Vec<Held>, cap: Option<u64>) -> Vec<(Held, u64)> {
+fn counted(locks: Vec<Held>, cap: u64) -> Vec<(Held, u64)> {
     if locks.is_empty() {
         return Vec::new();
     }
     subxact::without_messages(|| {
         locks
             .into_iter()
-            .map(|lock| (lock, session_holds(&lock, cap.unwrap_or(u64::MAX))))
+            .map(|lock| (lock, session_holds(&lock, cap)))
             .collect()
     })
 }
@@ -165,6 +165,28 @@ fn session_holds(lock: &Held, cap: u64) -> u64 {
         pg_sys::LockRelease(&lock.tag, lock.mode, false);
     }
     holds
+}
+
+/// Gives back every session-level hold of `lock` (which this backend holds at some level) and
+/// takes `keep` of them again (fewer when it had fewer); returns how many it had and kept. The
+/// anchor of `session_holds` keeps the lock held meanwhile. Not stopped by an interrupt:
+/// stopping halfway would leave the lock held or lost.
+fn keep_at_most(lock: &Held, keep: u64) -> (u64, u64) {
+    let mut holds = 0u64;
+    // SAFETY: a tag and mode the lock manager reported for this backend; the anchor is held
+    // under the current resource owner and given back below.
+    unsafe {
+        pg_sys::LockAcquire(&lock.tag, lock.mode, false, true);
+        while pg_sys::LockRelease(&lock.tag, lock.mode, true) {
+            holds += 1;
+        }
+        let kept = holds.min(keep);
+        for _ in 0..kept {
+            pg_sys::LockAcquire(&lock.tag, lock.mode, true, true);
+        }
+        pg_sys::LockRelease(&lock.tag, lock.mode, false);
+        (holds, kept)
+    }
 }
 
 /// The advisory locks this backend holds, each in each mode it holds it.

@@ -7,35 +7,45 @@ pub fn redact_url(url: &str) -> String {
     shown
 }
 
-/// A URL's parts that may be shown (scheme, host, port, path) and those that may not (the
-/// user information before the host, the query and fragment: a key may ride in either). The
-/// user information ends at the last `@` before the first `/`, so that a password with an
-/// unescaped `?` or `#` in it is hidden whole.
-fn secrets_of(url: &str) -> (String, Vec<&str>) {
-    let mut secrets = Vec::new();
-    let (prefix, rest) = match url.find("://").map(|at| at + 3) {
-        Some(scheme_end) => {
-            let authority_end = url[scheme_end..]
-                .find('/')
-                .map_or(url.len(), |at| scheme_end + at);
-            match url[scheme_end..authority_end].rfind('@') {
-                Some(at) => {
-                    if at > 0 {
-                        secrets.push(&url[scheme_end..scheme_end + at]);
-                    }
-                    (&url[..scheme_end], &url[scheme_end + at + 1..])
+/// A URL's parts that may be shown (scheme, host, port, path, as the URL parser reads them)
+/// and those that may not (the user information, the query and the fragment: a key may ride
+/// in any). A URL the parser cannot read (a password with an unescaped `/`, `?` or `#` in it)
+/// shows its scheme alone, and all of it is a secret.
+fn secrets_of(url: &str) -> (String, Vec<String>) {
+    let parsed = match url::Url::parse(url) {
+        Ok(parsed) => parsed,
+        Err(_) => {
+            let shown = match url.split_once("://") {
+                Some((scheme, _))
+                    if scheme
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) =>
+                {
+                    format!("{scheme}://…")
                 }
-                None => (&url[..scheme_end], &url[scheme_end..]),
-            }
+                _ => "…".to_string(),
+            };
+            return (shown, vec![url.to_string()]);
         }
-        None => ("", url),
     };
-    let (before_query, query) = match rest.find(['?', '#']) {
-        Some(at) => (&rest[..at], Some(&rest[at + 1..])),
-        None => (rest, None),
-    };
-    secrets.extend(query.filter(|q| !q.is_empty()));
-    (format!("{prefix}{before_query}"), secrets)
+    let mut secrets = Vec::new();
+    let user = parsed.username();
+    match parsed.password() {
+        Some(password) => secrets.push(format!("{user}:{password}")),
+        None if !user.is_empty() => secrets.push(user.to_string()),
+        None => {}
+    }
+    secrets.extend(
+        [parsed.query(), parsed.fragment()]
+            .into_iter()
+            .flatten()
+            .filter(|s| !s.is_empty())
+            .map(str::to_string),
+    );
+    let host = parsed.host_str().unwrap_or_default();
+    let port = parsed.port().map(|p| format!(":{p}")).unwrap_or_default();
+    let shown = format!("{}://{host}{port}{}", parsed.scheme(), parsed.path());
+    (shown, secrets)
 }
 
 /// `text` with the secrets of `url` (the whole URL, its credentials, query and fragment)
@@ -44,7 +54,7 @@ pub fn redact(text: &str, url: &str) -> String {
     let (shown, secrets) = secrets_of(url);
     let mut text = text.replace(url, &shown);
     for secret in secrets {
-        text = text.replace(secret, "[credentials]");
+        text = text.replace(&secret, "[credentials]");
     }
     text
 }
@@ -71,8 +81,14 @@ mod tests {
             ),
             ("http://u:p@h/v1?key=SECRET#frag", "http://h/v1"),
             ("http://h/v1/@not-userinfo", "http://h/v1/@not-userinfo"),
-            ("redis://:pa#ss@h:6379/0", "redis://h:6379/0"),
-            ("redis://u:p?w@h", "redis://h"),
+            ("redis://:pa#ss@h:6379/0", "redis://…"),
+            ("redis://u:p?w@h", "redis://…"),
+            ("redis://:ab/cd@h:6379/0", "redis://…"),
+            ("http://h?key=SE@CRET", "http://h/"),
+            (
+                "redis+unix:///run/redis.sock",
+                "redis+unix:///run/redis.sock",
+            ),
             ("http://h/v1", "http://h/v1"),
         ];
         for (url, shown) in cases {
