@@ -83,6 +83,9 @@ pub struct Column {
     /// Labels of an enum type: part of the schema, shown even when sample values are off.
     #[serde(default)]
     pub labels: Vec<String>,
+    /// Whether the type has labels beyond `labels` (only some were read).
+    #[serde(default)]
+    pub labels_cut: bool,
     /// Whether the column holds text (where sample values help the model most).
     #[serde(default)]
     pub textual: bool,
@@ -142,6 +145,11 @@ impl Relation {
     }
 }
 
+/// Bytes of defaults, comments and enum labels read with the columns at most.
+const MAX_ANNOTATION_BYTES: i64 = 16 << 20;
+/// Keys read at most per relation, and in all.
+const MAX_KEYS_PER_RELATION: i64 = 64;
+const MAX_KEYS: i64 = 10_000;
 /// Relations read at most, in search order.
 const MAX_RELATIONS: i64 = 10_000;
 /// Columns of the relations read at most (a relation that would pass it is left out).
@@ -181,7 +189,7 @@ SELECT json_build_object(
         'kind', CASE c.relkind WHEN 'r' THEN 'table' WHEN 'v' THEN 'view'
                      WHEN 'm' THEN 'materialized view' WHEN 'f' THEN 'foreign table'
                      ELSE 'partitioned table' END,
-        'comment', left(d.description, 1000),
+        'comment', substr(d.description, 1, 1000),
         'rows', c.reltuples,
         'shareable', c.relkind IN ('r', 'm', 'p') AND NOT c.relrowsecurity
                      AND c.relpersistence = 'p',
@@ -219,50 +227,69 @@ LIMIT $2
 ) r
 "#;
 
-/// The columns of the relations `$1` that the caller can SELECT, in order, with their types,
-/// informative defaults (not a sequence's nextval, none longer than a line), comments cut to a
-/// bounded length and at most 100 labels of an enum. A default is deparsed without its relation (`pg_get_expr(adbin, 0)`: a default
-/// names no column), which would lock the relation and wait behind another session's lock.
+/// The columns of the relations `$1` that the caller can SELECT, in order, with their types
+/// and what is said of them: informative defaults (not a sequence's nextval, none longer than a
+/// line), comments cut to 500 characters and at most 100 labels of an enum (`labels_cut` when
+/// it has more), these three only while their bytes, counted in the order of the columns, stay
+/// within `$2` (what another role writes into the catalog is not all loaded into the caller's
+/// backend). A default is deparsed without its relation (`pg_get_expr(adbin, 0)`: a default
+/// names no column; with it, the deparse would lock the relation and wait behind another
+/// session's lock), and only a stored tree of bounded size.
 const COLUMNS_SQL: &str = r#"
 SELECT coalesce(json_agg(json_build_object(
-    'relation', a.attrelid::bigint,
-    'raw_name', a.attname,
+    'relation', c.attrelid::bigint,
+    'raw_name', c.attname,
     'column', json_build_object(
-        'name', quote_ident(a.attname),
-        'attnum', a.attnum,
-        'type_oid', a.atttypid::bigint,
-        'typmod', a.atttypmod,
-        'not_null', a.attnotnull AND NOT EXISTS (
-            SELECT FROM pg_constraint nn
-            WHERE nn.conrelid = a.attrelid AND nn.contype = 'n' AND NOT nn.convalidated
-              AND a.attnum = ANY (nn.conkey)),
-        'default', CASE WHEN a.attgenerated = '' THEN
-                        (SELECT CASE WHEN x NOT LIKE 'nextval(%' AND length(x) <= 200 THEN x END
-                         FROM pg_get_expr(ad.adbin, 0) x) END,
-        'comment', left(cd.description, 500),
-        'labels', CASE WHEN t.typtype = 'e' THEN coalesce(
-                      (SELECT json_agg(e.enumlabel ORDER BY e.enumsortorder)
-                       FROM (SELECT e.enumlabel, e.enumsortorder FROM pg_enum e
-                             WHERE e.enumtypid = t.oid
-                             ORDER BY e.enumsortorder LIMIT 100) e), '[]') ELSE '[]' END,
-        'textual', t.typcategory = 'S')
-) ORDER BY a.attrelid, a.attnum), '[]')::text
-FROM pg_attribute a
-JOIN pg_type t ON t.oid = a.atttypid
-LEFT JOIN pg_attrdef ad ON ad.adrelid = a.attrelid AND ad.adnum = a.attnum
-LEFT JOIN pg_description cd
-    ON cd.objoid = a.attrelid AND cd.classoid = 'pg_class'::regclass AND cd.objsubid = a.attnum
-WHERE a.attrelid = ANY($1::oid[]) AND a.attnum > 0 AND NOT a.attisdropped
-  AND (has_table_privilege(a.attrelid, 'SELECT')
-       OR has_column_privilege(a.attrelid, a.attnum, 'SELECT'))
+        'name', quote_ident(c.attname),
+        'attnum', c.attnum,
+        'type_oid', c.atttypid::bigint,
+        'typmod', c.atttypmod,
+        'not_null', c.not_null,
+        'default', CASE WHEN c.said <= $2 THEN c.dflt END,
+        'comment', CASE WHEN c.said <= $2 THEN c.comment END,
+        'labels', CASE WHEN c.said <= $2 THEN coalesce(to_json(c.labels[1:100]), '[]') ELSE '[]' END,
+        'labels_cut', c.labels IS NOT NULL AND (c.said > $2 OR cardinality(c.labels) > 100),
+        'textual', c.textual)
+) ORDER BY c.attrelid, c.attnum), '[]')::text
+FROM (
+    SELECT s.*, sum(coalesce(octet_length(to_json(s.dflt)::text), 0)
+                    + coalesce(octet_length(to_json(s.comment)::text), 0)
+                    + coalesce(octet_length(to_json(s.labels[1:100])::text), 0))
+                OVER (ORDER BY s.attrelid, s.attnum ROWS UNBOUNDED PRECEDING) AS said
+    FROM (
+        SELECT a.attrelid, a.attname, a.attnum, a.atttypid, a.atttypmod,
+               a.attnotnull AND NOT EXISTS (
+                   SELECT FROM pg_constraint nn
+                   WHERE nn.conrelid = a.attrelid AND nn.contype = 'n' AND NOT nn.convalidated
+                     AND a.attnum = ANY (nn.conkey)) AS not_null,
+               CASE WHEN a.attgenerated = '' AND octet_length(ad.adbin::text) <= 10000 THEN
+                   (SELECT CASE WHEN x NOT LIKE 'nextval(%' AND length(x) <= 200 THEN x END
+                    FROM pg_get_expr(ad.adbin, 0) x) END AS dflt,
+               substr(cd.description, 1, 500) AS comment,
+               CASE WHEN t.typtype = 'e' THEN ARRAY(
+                   SELECT e.enumlabel::text FROM pg_enum e WHERE e.enumtypid = t.oid
+                   ORDER BY e.enumsortorder LIMIT 101) END AS labels,
+               t.typcategory = 'S' AS textual
+        FROM pg_attribute a
+        JOIN pg_type t ON t.oid = a.atttypid
+        LEFT JOIN pg_attrdef ad ON ad.adrelid = a.attrelid AND ad.adnum = a.attnum
+        LEFT JOIN pg_description cd
+            ON cd.objoid = a.attrelid AND cd.classoid = 'pg_class'::regclass
+           AND cd.objsubid = a.attnum
+        WHERE a.attrelid = ANY($1::oid[]) AND a.attnum > 0 AND NOT a.attisdropped
+          AND (has_table_privilege(a.attrelid, 'SELECT')
+               OR has_column_privilege(a.attrelid, a.attnum, 'SELECT'))
+    ) s
+) c
 "#;
 
 /// The planner's most common values and histogram bounds of the text columns `$3` of the
 /// tables `$2` in the schemas `$1` (parallel arrays). pg_stats hides what the caller may not
 /// see (column privileges, row security). Only columns of built-in text types are asked for, so
 /// that turning the statistics into text runs only built-in output functions. At most `$5`
-/// values of each kind per column, each cut to `$4` characters, and at most `$6` values in
-/// all, in the order of the columns asked.
+/// values of each kind per column (the most common first; histogram bounds spread over the
+/// whole histogram), each cut to `$4` characters, and at most `$6` values in all, in the order
+/// of the columns asked.
 const STATISTICS_SQL: &str = r#"
 SELECT coalesce(json_agg(json_build_object(
     'schema', k.schemaname,
@@ -275,25 +302,30 @@ SELECT coalesce(json_agg(json_build_object(
 FROM (
     SELECT s.schemaname, s.tablename, s.attname, v.common_values, v.histogram,
            coalesce((SELECT sum(f) FROM unnest(s.most_common_freqs) f) >= 0.999 - s.null_frac, false)
-               AND cardinality(v.common_values) = cardinality(s.most_common_vals::text::text[])
+               AND cardinality(v.common_values) = cardinality(raw.mcv)
                AS all_values,
            sum(cardinality(v.common_values) + cardinality(v.histogram))
                OVER (ORDER BY t.ord ROWS UNBOUNDED PRECEDING) AS running
     FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS t(schemaname, tablename, attname, ord)
     JOIN pg_stats s
         ON s.schemaname = t.schemaname AND s.tablename = t.tablename AND s.attname = t.attname
+    CROSS JOIN LATERAL (SELECT s.most_common_vals::text::text[] AS mcv,
+                               s.histogram_bounds::text::text[] AS hist) raw
     CROSS JOIN LATERAL (SELECT
-        ARRAY(SELECT substr(m.v, 1, $4) FROM unnest(s.most_common_vals::text::text[])
-                  WITH ORDINALITY AS m(v, i) ORDER BY m.i LIMIT $5) AS common_values,
-        ARRAY(SELECT substr(h.v, 1, $4) FROM unnest(s.histogram_bounds::text::text[])
-                  WITH ORDINALITY AS h(v, i) ORDER BY h.i LIMIT $5) AS histogram) v
+        ARRAY(SELECT substr(m.v, 1, $4) FROM unnest(raw.mcv) WITH ORDINALITY AS m(v, i)
+              ORDER BY m.i LIMIT $5) AS common_values,
+        ARRAY(SELECT substr(h.v, 1, $4) FROM unnest(raw.hist) WITH ORDINALITY AS h(v, i)
+              WHERE (h.i - 1) % greatest(1, ceil(cardinality(raw.hist) / $5::numeric))::int = 0
+              ORDER BY h.i LIMIT $5) AS histogram) v
     WHERE s.most_common_vals IS NOT NULL OR s.histogram_bounds IS NOT NULL
 ) k
 WHERE k.running <= $6
 "#;
 
 /// Primary keys, unique keys and foreign keys of the relations `$1`, and whether the caller
-/// may read a foreign key's referenced table (only then is the key shown).
+/// may read a foreign key's referenced table (only then is the key shown): at most `$2` of a
+/// relation (its primary key first, then its unique keys), however many its owner made, and
+/// `$3` in all (each relation's first ones first).
 const KEYS_SQL: &str = r#"
 SELECT coalesce(json_agg(json_build_object(
     'relation', co.conrelid::bigint,
@@ -311,10 +343,20 @@ SELECT coalesce(json_agg(json_build_object(
                     AND has_any_column_privilege(co.confrelid, 'SELECT'),
     'deferrable', co.condeferrable
 ) ORDER BY co.conrelid, co.conname), '[]')::text
-FROM pg_constraint co
+FROM (
+    SELECT * FROM (
+        SELECT co.*, row_number() OVER (
+                   PARTITION BY co.conrelid
+                   ORDER BY co.contype = 'p' DESC, co.contype = 'u' DESC, co.conname) AS nth
+        FROM pg_constraint co
+        WHERE co.conrelid = ANY($1::oid[]) AND co.contype IN ('p', 'u', 'f')
+    ) numbered
+    WHERE nth <= $2
+    ORDER BY nth, conrelid
+    LIMIT $3
+) co
 LEFT JOIN pg_class fc ON fc.oid = co.confrelid
 LEFT JOIN pg_namespace fn ON fn.oid = fc.relnamespace
-WHERE co.conrelid = ANY($1::oid[]) AND co.contype IN ('p', 'u', 'f')
 "#;
 
 /// What `RELATIONS_SQL` returns: the relations read, and how many the caller may read.
@@ -399,7 +441,10 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
                 .iter()
                 .map(|r| pg_sys::Oid::from(r.relation.oid))
                 .collect();
-            let mut columns: Vec<ColumnRow> = parse(&json(COLUMNS_SQL, &[oids.clone().into()])?)?;
+            let mut columns: Vec<ColumnRow> = parse(&json(
+                COLUMNS_SQL,
+                &[oids.clone().into(), MAX_ANNOTATION_BYTES.into()],
+            )?)?;
             for row in &mut columns {
                 // Text the extension may read on its own: built-in types, and domains over
                 // them (a domain's CHECK does not run on a read).
@@ -437,7 +482,15 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
             } else {
                 Vec::new()
             };
-            let keys: Vec<KeyRow> = parse(&json(KEYS_SQL, &[oids.into()])?)?;
+            let keys: Vec<KeyRow> =
+                parse(&json(
+                    KEYS_SQL,
+                    &[
+                        oids.into(),
+                        MAX_KEYS_PER_RELATION.into(),
+                        MAX_KEYS.into(),
+                    ],
+                )?)?;
             Ok::<_, LoadError>((found, columns, statistics, keys))
         })
     })

@@ -78,7 +78,8 @@ pub fn render_relation(relation: &Relation, samples: &[Option<Samples>]) -> Stri
                 notes.push(comment);
             }
             if !column.labels.is_empty() {
-                notes.push(format!("one of {}", quoted_list(&column.labels)));
+                let lead = if column.labels_cut { "e.g." } else { "one of" };
+                notes.push(format!("{lead} {}", quoted_list(&column.labels)));
             } else if let Some(Some(s)) = samples.get(i) {
                 let lead = if s.complete { "one of" } else { "e.g." };
                 notes.push(format!("{lead} {}", quoted_list(&s.values)));
@@ -171,7 +172,12 @@ pub fn render_mschema(relation: &Relation, samples: &[Option<Samples>]) -> Strin
             parts.push(comment);
         }
         if !column.labels.is_empty() {
-            parts.push(format!("Values: [{}]", quoted_list(&column.labels)));
+            let lead = if column.labels_cut {
+                "Examples"
+            } else {
+                "Values"
+            };
+            parts.push(format!("{lead}: [{}]", quoted_list(&column.labels)));
         } else if let Some(Some(s)) = samples.get(i) {
             let lead = if s.complete { "Values" } else { "Examples" };
             parts.push(format!("{lead}: [{}]", quoted_list(&s.values)));

@@ -61,8 +61,8 @@ pub fn from_statistics(column: &Column, per_column: usize) -> Option<Samples> {
 
 /// Samples of `relation`'s text columns (index-aligned with its columns; `None` where there
 /// are none), reading the relation only for text columns without statistics, and only before
-/// `deadline` (the read ends by it too); and whether they are final (nothing was left unread
-/// for the deadline).
+/// `deadline` (the read ends by it too); and whether they are final (the read, if one was
+/// needed, was made and succeeded).
 pub fn for_relation(
     relation: &Relation,
     per_column: usize,
@@ -104,7 +104,9 @@ pub fn for_relation(
         exec::ValueLength::Cut(MAX_VALUE_CHARS + 1),
         remaining as i32,
     ) else {
-        return (samples, true);
+        // Not kept: a read fails for a lock another session holds, or for the deadline, and
+        // may succeed later (each call's reads are bounded by `READ_BUDGET`).
+        return (samples, false);
     };
     let scanned_all = scanned.rows < SCAN_ROWS;
     for (i, values) in unknown.into_iter().zip(scanned.columns) {

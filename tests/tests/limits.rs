@@ -182,13 +182,18 @@ fn what_another_role_writes_into_the_catalog_reaches_a_callers_backend_bounded()
             "DO $$ BEGIN EXECUTE 'CREATE TYPE public.mood AS ENUM (' || (SELECT
                  string_agg(quote_literal('mood_' || g), ', ' ORDER BY g)
                  FROM generate_series(1, 500) g) || ')'; END $$;
+             CREATE TABLE public.pairs (a int, b int, UNIQUE (a, b));
              CREATE TABLE public.notes (id int, feeling public.mood,
-                 body text DEFAULT '{long}');
+                 body text DEFAULT '{long}', a int, b int);
+             DO $$ BEGIN FOR i IN 1..100 LOOP
+                 EXECUTE format('ALTER TABLE public.notes ADD CONSTRAINT fk_%s
+                                 FOREIGN KEY (a, b) REFERENCES public.pairs (a, b)', i);
+             END LOOP; END $$;
              DO $$ BEGIN
                  EXECUTE format('COMMENT ON TABLE public.notes IS %L', repeat('tablenote ', 30000));
                  EXECUTE format('COMMENT ON COLUMN public.notes.body IS %L', repeat('colnote ', 30000));
              END $$;
-             GRANT SELECT ON public.notes TO {victim};",
+             GRANT SELECT ON public.notes, public.pairs TO {victim};",
             long = "x".repeat(3000)
         ))
         .unwrap();
@@ -209,6 +214,12 @@ fn what_another_role_writes_into_the_catalog_reaches_a_callers_backend_bounded()
         schema.contains("'mood_100'") && !schema.contains("'mood_101'"),
         "at most 100 labels of an enum"
     );
+    assert!(
+        schema.contains("e.g. 'mood_1'") && !schema.contains("one of 'mood_1'"),
+        "a cut enum is not shown as all its labels"
+    );
+    let keys = schema.matches("FOREIGN KEY (a, b)").count();
+    assert!((1..=64).contains(&keys), "{keys} foreign keys shown");
     assert!(
         !schema.contains("xxxxxxxxxx"),
         "a default longer than a line is not shown"

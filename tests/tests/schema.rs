@@ -587,5 +587,7 @@ fn tables_another_session_holds_locked_hold_up_neither_the_schema_nor_its_sample
         .query_one("SELECT nl_schema()", &[])
         .unwrap()
         .get(0);
-    assert!(schema.contains("'note 5'"), "{schema}");
+    for i in 0..6 {
+        assert!(schema.contains(&format!("'note {i}'")), "{schema}");
+    }
 }
