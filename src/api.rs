@@ -420,6 +420,9 @@ fn nl_feedback(
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_session_reset(session: &str) {
     exec::refuse_inside_a_query("nl_session_reset");
+    if let Err(e) = session::check_name(session) {
+        e.raise();
+    }
     session::reset(session);
 }
 
@@ -798,6 +801,9 @@ fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
     }
     let started = std::time::Instant::now();
     let session = ask.session.filter(|s| !s.is_empty());
+    if let Some(name) = session {
+        session::check_name(name)?;
+    }
     let mut llm = Asked {
         chain: llm::configured(true)?,
         release: ask.release,

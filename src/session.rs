@@ -331,8 +331,10 @@ redis.call('EXPIRE', KEYS[1], ARGV[4])
 return redis.call('LLEN', KEYS[1])
 ";
 
-/// Empties the list but for a mark that is no turn, and renews its expiry.
+/// Empties the list of a session that has one but for a mark that is no turn, and renews its
+/// expiry (a session without a list gets none: a reset costs Redis nothing).
 const RESET_SCRIPT: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('RPUSH', KEYS[1], '{"reset":true}')
 redis.call('EXPIRE', KEYS[1], ARGV[1])
@@ -358,6 +360,19 @@ fn record_in_redis(session: &str, turn: &Turn, keep: usize) -> bool {
             .query(c)
     });
     done.is_some()
+}
+
+/// Longest session name, in bytes: a name is part of a Redis key, a table row and a memory key.
+const MAX_NAME_BYTES: usize = 256;
+
+/// Refuses a session name longer than `MAX_NAME_BYTES` (22023).
+pub fn check_name(session: &str) -> crate::error::Result<()> {
+    if session.len() > MAX_NAME_BYTES {
+        return Err(crate::error::Error::InvalidParameter(format!(
+            "a session name is at most {MAX_NAME_BYTES} bytes"
+        )));
+    }
+    Ok(())
 }
 
 /// Forgets `session`, in every store this backend can reach.

@@ -9,12 +9,21 @@ pub fn redact_url(url: &str) -> String {
 
 /// A URL's parts that may be shown (scheme, host, port, path, as the URL parser reads them)
 /// and those that may not (the user information, the query and the fragment: a key may ride
-/// in any). A URL the parser cannot read (a password with an unescaped `/`, `?` or `#` in it)
-/// shows its scheme alone, and all of it is a secret.
+/// in any). A URL the parser cannot read (a password with an unescaped `/`, `?` or `#` in it),
+/// or that has an `@` the parser did not read as the end of user information, shows its scheme
+/// alone, and all of it is a secret.
 fn secrets_of(url: &str) -> (String, Vec<String>) {
+    // An `@` the parser did not read as the end of user information (`u:2024/pw@h` reads as
+    // host `u`, port 2024) may end a password: such a URL is read as unparseable.
+    let unread_at = |parsed: &url::Url| {
+        url.split_once("://")
+            .is_some_and(|(_, rest)| rest.contains('@'))
+            && parsed.username().is_empty()
+            && parsed.password().is_none()
+    };
     let parsed = match url::Url::parse(url) {
-        Ok(parsed) => parsed,
-        Err(_) => {
+        Ok(parsed) if !unread_at(&parsed) => parsed,
+        _ => {
             let shown = match url.split_once("://") {
                 Some((scheme, _))
                     if scheme
@@ -80,11 +89,13 @@ mod tests {
                 "http://127.0.0.1:8080/v1",
             ),
             ("http://u:p@h/v1?key=SECRET#frag", "http://h/v1"),
-            ("http://h/v1/@not-userinfo", "http://h/v1/@not-userinfo"),
+            ("http://h/v1/@not-userinfo", "http://…"),
+            ("redis://default:2024/pw@h:6379/0", "redis://…"),
+            ("redis://u:1234#ab@h", "redis://…"),
             ("redis://:pa#ss@h:6379/0", "redis://…"),
             ("redis://u:p?w@h", "redis://…"),
             ("redis://:ab/cd@h:6379/0", "redis://…"),
-            ("http://h?key=SE@CRET", "http://h/"),
+            ("http://h?key=SE@CRET", "http://…"),
             (
                 "redis+unix:///run/redis.sock",
                 "redis+unix:///run/redis.sock",

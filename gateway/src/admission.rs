@@ -52,7 +52,7 @@ pub struct Admission {
 }
 
 /// Requests of one MCP session that may be being answered at once.
-const MAX_SESSION_IN_FLIGHT: usize = 1_000;
+const MAX_SESSION_IN_FLIGHT: usize = 256;
 
 #[derive(Default)]
 struct Counted {
@@ -134,7 +134,8 @@ impl<H: Held + Send + Unpin + 'static> HttpBody for HeldBody<H> {
     ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         let this = self.get_mut();
         let frame = Pin::new(&mut this.body).poll_frame(cx);
-        if let Poll::Ready(None) = frame {
+        // hyper stops polling a body that says it has ended after its last frame.
+        if matches!(frame, Poll::Ready(None)) || this.body.is_end_stream() {
             this.held.sent_whole();
         }
         frame
@@ -157,6 +158,8 @@ struct Reserved {
     admission: Arc<Admission>,
     session: String,
     id: u64,
+    /// The reservation's expiry, which tells it from a later one of the same id.
+    until: Instant,
     answered: bool,
 }
 
@@ -177,7 +180,10 @@ impl Drop for Reserved {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         if let Some(reserved) = all.get_mut(&self.session) {
-            reserved.remove(&self.id);
+            // Only its own: once it expired, another request may have reserved the id.
+            if reserved.get(&self.id) == Some(&self.until) {
+                reserved.remove(&self.id);
+            }
             if reserved.is_empty() {
                 all.remove(&self.session);
             }
@@ -316,11 +322,13 @@ impl Admission {
                 "this MCP session has {MAX_SESSION_IN_FLIGHT} requests being answered"
             ));
         }
-        reserved.insert(hash, now + self.id_hold);
+        let until = now + self.id_hold;
+        reserved.insert(hash, until);
         Ok(Some(Reserved {
             admission: Arc::clone(self),
             session: session.to_string(),
             id: hash,
+            until,
             answered: false,
         }))
     }
@@ -492,8 +500,19 @@ pub async fn mcp_sessions(
         let response = next
             .run(Request::from_parts(parts, Body::from(bytes)))
             .await;
+        // Only an event stream carries an answer the MCP server may still be writing; any other
+        // response (an answer in JSON, a refusal) is all there will be.
+        let streamed = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
         return match reserved {
-            Some(held) => response.map(|body| Body::new(HeldBody { body, held })),
+            Some(held) if streamed => response.map(|body| Body::new(HeldBody { body, held })),
+            Some(mut held) => {
+                held.sent_whole();
+                response
+            }
             None => response,
         };
     }
@@ -628,6 +647,17 @@ mod tests {
         assert!(
             !admission.ids.lock().unwrap().contains_key("s1"),
             "s1 ended"
+        );
+        // An answer sent after its reservation expired frees nobody else's.
+        let s3 = live(&["s3"]);
+        let mut late = admission.reserve_ids(&s3, "s3", ping).unwrap().unwrap();
+        std::thread::sleep(Duration::from_millis(80));
+        let _newer = admission.reserve_ids(&s3, "s3", ping).unwrap().unwrap();
+        late.sent_whole();
+        drop(late);
+        assert!(
+            admission.reserve_ids(&s3, "s3", ping).is_err(),
+            "the newer one holds"
         );
     }
 

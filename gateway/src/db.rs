@@ -550,8 +550,9 @@ impl Db {
         let conn = self.primary.get(self.wait).await?;
         // A check the reload stops waiting for is cancelled, and its connection not reused.
         let guard = CancelOnDrop::new(&conn);
-        let rows = conn.client.query(RISKY_ROLES_SQL, &[&roles]).await?;
+        let rows = conn.client.query(RISKY_ROLES_SQL, &[&roles]).await;
         guard.disarm();
+        let rows = rows?;
         Ok(rows
             .iter()
             .filter_map(|row| {

@@ -80,6 +80,9 @@ pub struct SchemaContext {
     tokens: Vec<usize>,
     /// Samples of each relation's columns, once read.
     samples: RefCell<HashMap<usize, Rc<Vec<Option<Samples>>>>>,
+    /// When the read of a relation's samples last failed: it is not tried again for a while
+    /// (a lock another session holds would cost every call its read's timeout).
+    failed: RefCell<HashMap<usize, std::time::Instant>>,
     sample_values: usize,
 }
 
@@ -153,6 +156,7 @@ impl SchemaContext {
             neighbours,
             tokens,
             samples: RefCell::new(HashMap::new()),
+            failed: RefCell::new(HashMap::new()),
             sample_values,
         }
     }
@@ -580,7 +584,8 @@ impl SchemaContext {
     }
 
     /// Reads of relations begin only before `deadline`; what could not be read then is
-    /// statistics only, and not kept, so that a later call reads it.
+    /// statistics only, and not kept, so that a later call reads it (a read that failed, not
+    /// before `samples::RETRY_AFTER`).
     fn samples_of(&self, i: usize, deadline: std::time::Instant) -> Rc<Vec<Option<Samples>>> {
         if self.sample_values == 0 {
             return Rc::new(Vec::new());
@@ -588,10 +593,26 @@ impl SchemaContext {
         if let Some(s) = self.samples.borrow().get(&i) {
             return Rc::clone(s);
         }
+        let recently_failed = self
+            .failed
+            .borrow()
+            .get(&i)
+            .is_some_and(|at| at.elapsed() < samples::RETRY_AFTER);
+        let deadline = if recently_failed {
+            std::time::Instant::now()
+        } else {
+            deadline
+        };
         let (s, read) = samples::for_relation(&self.relations[i], self.sample_values, deadline);
         let s = Rc::new(s);
-        if read {
-            self.samples.borrow_mut().insert(i, Rc::clone(&s));
+        match read {
+            samples::Read::Done => {
+                self.samples.borrow_mut().insert(i, Rc::clone(&s));
+            }
+            samples::Read::Failed => {
+                self.failed.borrow_mut().insert(i, std::time::Instant::now());
+            }
+            samples::Read::NotYet => {}
         }
         s
     }

@@ -16,6 +16,18 @@ const SCAN_TIMEOUT_MS: u128 = 2000;
 /// Time the reads for one schema text may take together: relations that another session
 /// holds locked cost each read its timeout, and a schema may have many.
 pub const READ_BUDGET: Duration = Duration::from_millis(3000);
+/// How long a relation whose read failed is left unread.
+pub const RETRY_AFTER: Duration = Duration::from_secs(30);
+
+/// What became of the read of a relation's samples.
+pub enum Read {
+    /// Read, or not needed: the samples are final.
+    Done,
+    /// Not begun: the deadline had passed.
+    NotYet,
+    /// Begun and failed (a lock another session holds, the deadline).
+    Failed,
+}
 /// Longest sample value shown, in characters.
 const MAX_VALUE_CHARS: usize = 40;
 /// A column with at most this many distinct values lists them all ("one of").
@@ -61,13 +73,12 @@ pub fn from_statistics(column: &Column, per_column: usize) -> Option<Samples> {
 
 /// Samples of `relation`'s text columns (index-aligned with its columns; `None` where there
 /// are none), reading the relation only for text columns without statistics, and only before
-/// `deadline` (the read ends by it too); and whether they are final (the read, if one was
-/// needed, was made and succeeded).
+/// `deadline` (the read ends by it too); and what became of the read.
 pub fn for_relation(
     relation: &Relation,
     per_column: usize,
     deadline: Instant,
-) -> (Vec<Option<Samples>>, bool) {
+) -> (Vec<Option<Samples>>, Read) {
     let mut samples: Vec<Option<Samples>> = relation
         .columns
         .iter()
@@ -81,17 +92,17 @@ pub fn for_relation(
         .map(|(i, _)| i)
         .collect();
     let Some(from) = relation.own_read_from() else {
-        return (samples, true);
+        return (samples, Read::Done);
     };
     if per_column == 0 || unknown.is_empty() {
-        return (samples, true);
+        return (samples, Read::Done);
     }
     let remaining = deadline
         .saturating_duration_since(Instant::now())
         .as_millis()
         .min(SCAN_TIMEOUT_MS);
     if remaining == 0 {
-        return (samples, false);
+        return (samples, Read::NotYet);
     }
     let columns: Vec<&str> = unknown
         .iter()
@@ -105,8 +116,8 @@ pub fn for_relation(
         remaining as i32,
     ) else {
         // Not kept: a read fails for a lock another session holds, or for the deadline, and
-        // may succeed later (each call's reads are bounded by `READ_BUDGET`).
-        return (samples, false);
+        // may succeed later.
+        return (samples, Read::Failed);
     };
     let scanned_all = scanned.rows < SCAN_ROWS;
     for (i, values) in unknown.into_iter().zip(scanned.columns) {
@@ -132,7 +143,7 @@ pub fn for_relation(
             });
         }
     }
-    (samples, true)
+    (samples, Read::Done)
 }
 
 /// Values as they may be shown: one line, truncated.
