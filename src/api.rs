@@ -827,6 +827,8 @@ fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
         }
         (None, None) => (Vec::new(), None),
     };
+    // Each token of the schema is about four characters: the turns get as many again.
+    let turns = session::within(turns, settings::prompt_budget().saturating_mul(4));
     shown.session = store;
     shown.turns = (turns.len(), ask.turns.is_some());
     // The caller's own SQL first; else a verified example that answers a question asked on its

@@ -60,33 +60,41 @@ where
         }
     })?;
     let target = url.clone();
-    let work = move || -> Result<T, String> {
+    // An error is Redis's (unreachable, slow, gone: `true`) or the call's own (a reply larger
+    // than a call may read: `false`, which says nothing of Redis for the next call).
+    let work = move || -> Result<T, (String, bool)> {
         // A call abandoned by an earlier cancel may still hold the connection: then give up.
         let mut slot = shared
             .try_lock()
-            .map_err(|_| "busy with an earlier call".to_string())?;
+            .map_err(|_| ("busy with an earlier call".to_string(), true))?;
         if slot.is_none() {
-            *slot = Some(Connection::open(&target, timeout).map_err(|e| e.to_string())?);
+            *slot = Some(Connection::open(&target, timeout).map_err(|e| (e.to_string(), true))?);
         }
-        let connection = slot.as_mut().ok_or("no connection")?;
+        let connection = slot.as_mut().ok_or(("no connection".to_string(), true))?;
         connection.reader.get_mut().deadline = Instant::now() + timeout;
-        command(connection).map_err(|e| {
+        let result = command(connection);
+        let down = !connection.oversized;
+        result.map_err(|e| {
             *slot = None;
-            e.to_string()
+            (e.to_string(), down)
         })
     };
     let outcome =
         match run_interruptible(Instant::now() + timeout + Duration::from_millis(200), work) {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(cause)) => Err(cause),
-            Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
+            Ok(Err(failed)) => Err(failed),
+            Err(_) => Err((format!("no answer within {} ms", timeout.as_millis()), true)),
         };
     match outcome {
         Ok(value) => {
             STATE.with_borrow_mut(|state| state.down_until = None);
             Some(value)
         }
-        Err(cause) => {
+        Err((cause, false)) => {
+            pgrx::debug1!("sql_query_engine: a Redis reply was not read: {cause}");
+            None
+        }
+        Err((cause, true)) => {
             let first = STATE.with_borrow_mut(|state| {
                 state.down_until = Some(Instant::now() + RETRY_AFTER);
                 // The connection may be half-used by the abandoned call: start afresh.
@@ -139,6 +147,8 @@ fn database_prefix() -> String {
 /// Bytes of replies one call may read: what a Redis (or whoever answers at its address) sends
 /// beyond it is not read into the backend's memory.
 const MAX_REPLY_BYTES: usize = 64 << 20;
+/// What a reply refused for its size is called.
+const TOO_LARGE: &str = "a reply larger than allowed";
 /// Longest line of a reply (a type and length, a status, an error).
 const MAX_LINE_BYTES: usize = 64 << 10;
 /// Deepest nesting of arrays in a reply (the extension's own replies nest two deep).
@@ -157,6 +167,8 @@ pub struct Connection {
     reader: BufReader<Timed>,
     db: i64,
     open: bool,
+    /// Whether the last reply was refused for its size (the call's fault, not Redis's).
+    oversized: bool,
 }
 
 enum Stream {
@@ -253,6 +265,7 @@ impl Connection {
             }),
             db: settings.db(),
             open: true,
+            oversized: false,
         };
         if let Some(password) = settings.password() {
             let mut auth = ::redis::cmd("AUTH");
@@ -297,7 +310,7 @@ impl Connection {
                     return Ok(()); // $-1: nil
                 };
                 let wanted = length.checked_add(2).filter(|n| *n <= *budget);
-                let mut left = wanted.ok_or_else(|| invalid("a reply larger than allowed"))?;
+                let mut left = wanted.ok_or_else(|| invalid(TOO_LARGE))?;
                 *budget -= left;
                 // Grown as the bytes arrive, not by what the server announced.
                 while left > 0 {
@@ -322,12 +335,12 @@ impl Connection {
                 // Each element takes three bytes at least ("+\r\n") and becomes a value of its
                 // own once decoded: it is charged what that value costs too.
                 if count.saturating_mul(3 + ELEMENT_COST) > *budget {
-                    return Err(invalid("a reply larger than allowed"));
+                    return Err(invalid(TOO_LARGE));
                 }
                 for _ in 0..count {
                     *budget = budget
                         .checked_sub(ELEMENT_COST)
-                        .ok_or_else(|| invalid("a reply larger than allowed"))?;
+                        .ok_or_else(|| invalid(TOO_LARGE))?;
                     self.value(raw, budget, depth + 1)?;
                 }
                 Ok(())
@@ -371,7 +384,8 @@ impl Connection {
         command: &[u8],
         count: usize,
     ) -> ::redis::RedisResult<Vec<::redis::Value>> {
-        let result = (|| {
+        self.oversized = false;
+        let result = (|| -> ::redis::RedisResult<Vec<::redis::Value>> {
             self.reader.get_mut().write_all(command)?;
             let mut budget = MAX_REPLY_BYTES;
             let mut values = Vec::with_capacity(count.min(1024));
@@ -381,9 +395,10 @@ impl Connection {
             }
             Ok(values)
         })();
-        if result.is_err() {
+        if let Err(e) = &result {
             // Whatever is left of a reply would be read as the next one's.
             self.open = false;
+            self.oversized = e.to_string().contains(TOO_LARGE);
         }
         result
     }

@@ -362,6 +362,32 @@ fn record_in_redis(session: &str, turn: &Turn, keep: usize) -> bool {
     done.is_some()
 }
 
+/// The newest of `turns` (oldest first) whose questions and SQL take at most `max_chars`
+/// together: what a conversation adds to each of a call's model requests is bounded like its
+/// schema (`prompt_budget`), however many turns the caller sends or keeps. A newest turn
+/// longer than that alone is cut.
+pub fn within(turns: Vec<Turn>, max_chars: usize) -> Vec<Turn> {
+    let mut kept = Vec::new();
+    let mut left = max_chars;
+    for mut turn in turns.into_iter().rev() {
+        let size = turn.question.chars().count() + turn.sql.chars().count();
+        if size <= left {
+            left -= size;
+            kept.push(turn);
+            continue;
+        }
+        if kept.is_empty() && left > 0 {
+            turn.question = turn.question.chars().take(left / 2).collect();
+            let rest = left - turn.question.chars().count();
+            turn.sql = turn.sql.chars().take(rest).collect();
+            kept.push(turn);
+        }
+        break;
+    }
+    kept.reverse();
+    kept
+}
+
 /// Longest session name, in bytes: a name is part of a Redis key, a table row and a memory key.
 const MAX_NAME_BYTES: usize = 256;
 
@@ -499,5 +525,33 @@ pub fn init() {
     unsafe {
         PREVIOUS_UTILITY_HOOK = pg_sys::ProcessUtility_hook;
         pg_sys::ProcessUtility_hook = Some(on_utility);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn turn(question: &str, sql: &str) -> Turn {
+        Turn {
+            question: question.to_string(),
+            sql: sql.to_string(),
+        }
+    }
+
+    #[test]
+    fn the_newest_turns_that_fit_are_kept_and_a_huge_last_one_is_cut() {
+        let turns = vec![
+            turn("aaaa", "1111"),
+            turn("bbbb", "2222"),
+            turn("cccc", "3333"),
+        ];
+        let kept = within(turns.clone(), 16);
+        assert_eq!(kept, turns[1..].to_vec(), "the oldest goes first");
+        assert_eq!(within(turns.clone(), 100), turns);
+        let huge = vec![turn("q".repeat(50).as_str(), &"s".repeat(50))];
+        let cut = within(huge, 20);
+        assert_eq!(cut[0].question.len() + cut[0].sql.len(), 20);
+        assert!(within(turns, 0).is_empty());
     }
 }

@@ -401,13 +401,14 @@ impl Db {
             .map_err(|e| anyhow::anyhow!("connecting to the database: {e:?}"))?;
         let superuser: Option<String> = conn
             .client
-            .query_opt(
+            .query_typed(
                 "SELECT r.rolname::text FROM pg_catalog.pg_roles r \
                  WHERE r.rolsuper AND pg_catalog.pg_has_role(session_user, r.oid, 'MEMBER') \
                  ORDER BY r.rolname <> session_user LIMIT 1",
                 &[],
             )
             .await?
+            .first()
             .map(|row| row.get(0));
         if let Some(superuser) = superuser {
             anyhow::bail!(
@@ -420,13 +421,14 @@ impl Db {
         }
         let schema: Option<String> = conn
             .client
-            .query_opt(
+            .query_typed(
                 "SELECT pg_catalog.quote_ident(n.nspname) FROM pg_catalog.pg_extension e \
                  JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace \
                  WHERE e.extname = 'sql_query_engine'",
                 &[],
             )
             .await?
+            .first()
             .map(|row| row.get(0));
         drop(conn);
         let schema = schema.ok_or_else(|| {
@@ -484,8 +486,8 @@ impl Db {
                     kept.insert(client)
                 }
             };
-            let row = client
-                .query_one(
+            let rows = client
+                .query_typed(
                     &format!(
                         "SELECT r.rolsuper, {}.nl_session_store() FROM pg_catalog.pg_roles r \
                          WHERE r.rolname = session_user",
@@ -494,7 +496,11 @@ impl Db {
                     &[],
                 )
                 .await?;
-            Ok::<(bool, String), tokio_postgres::Error>((row.get(0), row.get(1)))
+            let row = rows.first();
+            Ok::<(bool, String), tokio_postgres::Error>((
+                row.and_then(|r| r.try_get(0).ok()).unwrap_or(true),
+                row.and_then(|r| r.try_get(1).ok()).unwrap_or_default(),
+            ))
         };
         let (healthy, shared, why) = match tokio::time::timeout(CONNECT_TIMEOUT, probe).await {
             Ok(Ok((false, store))) => (true, store == "redis", String::new()),
@@ -514,9 +520,11 @@ impl Db {
         node.set_healthy(healthy, &why);
     }
 
-    /// The servers that may answer `call`, in the order to try them: a write (or a question
-    /// whose session lives on the server, when no read server shares sessions) only the
-    /// primary; a question the healthy read servers, round-robin, then the primary.
+    /// The servers that may answer `call`, in the order to try them: a write, a call that
+    /// holds its transaction while the model thinks (`nl_generate`, `nl_fix`: on a standby it
+    /// would hold back replay, and it records history), or a question whose session lives on
+    /// the server when no read server shares sessions, only the primary; a question the
+    /// healthy read servers, round-robin, then the primary.
     fn route(&self, call: &Call) -> Vec<&Node> {
         let server_session = matches!(
             call,
@@ -526,7 +534,11 @@ impl Db {
                 ..
             }
         );
-        if matches!(call, Call::Feedback { .. }) || self.readers.is_empty() {
+        if matches!(
+            call,
+            Call::Feedback { .. } | Call::Generate { .. } | Call::Fix { .. }
+        ) || self.readers.is_empty()
+        {
             return vec![&self.primary];
         }
         let start = self.next.fetch_add(1, Ordering::Relaxed);
@@ -550,7 +562,10 @@ impl Db {
         let conn = self.primary.get(self.wait).await?;
         // A check the reload stops waiting for is cancelled, and its connection not reused.
         let guard = CancelOnDrop::new(&conn);
-        let rows = conn.client.query(RISKY_ROLES_SQL, &[&roles]).await;
+        let rows = conn
+            .client
+            .query_typed(RISKY_ROLES_SQL, &[(&roles, Type::TEXT_ARRAY)])
+            .await;
         guard.disarm();
         let rows = rows?;
         Ok(rows

@@ -5,7 +5,7 @@
 //! (`Error::Llm::down`: unreachable, no answer within the server's `llm_timeout`, 429 or 5xx, not
 //! a completion) are kept in shared memory, so that every backend of the server, a new one too,
 //! skips a dead endpoint. What a role could cause with its own request (another 4xx, a timeout
-//! under an `llm_timeout` it lowered) stays in its own backend. Only the time of a failure is
+//! under an `llm_timeout` it lowered) stays in its own backend, for that role. Only the time of a failure is
 //! shared: each backend skips for its own `llm_circuit_breaker`, so a role's longer setting keeps
 //! no one else away.
 
@@ -20,6 +20,8 @@ use pgrx::{pg_shmem_init, PGRXSharedMemory, PgLwLock};
 
 /// Endpoints the shared memory remembers at most (the oldest failure makes way).
 const SLOTS: usize = 32;
+/// Failures a backend remembers of its own at most, over its roles and endpoints.
+const MAX_LOCAL: usize = 1024;
 
 /// Recent failures: (the endpoint's hash, when it failed in ms of the monotonic clock); a
 /// zero time is an empty slot.
@@ -38,8 +40,17 @@ static SHARED: PgLwLock<Failures> = unsafe { PgLwLock::new(c"sql_query_engine ci
 static PRELOADED: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
-    /// This backend's own failures, by endpoint.
-    static LOCAL: RefCell<HashMap<String, u64>> = RefCell::new(HashMap::new());
+    /// This backend's own failures, by role and endpoint: what a role caused (a 4xx to its
+    /// request, a timeout under its own setting) keeps only that role away, also where one
+    /// backend serves many roles (the gateway's).
+    static LOCAL: RefCell<HashMap<(u32, String), u64>> = RefCell::new(HashMap::new());
+}
+
+/// The key of `endpoint`'s failures for the current role.
+fn local_key(endpoint: &str) -> (u32, String) {
+    // SAFETY: reads the backend's current role.
+    let role = unsafe { pg_sys::GetUserId() };
+    (role.to_u32(), endpoint.to_string())
 }
 
 /// Called from `_PG_init`: shared memory only while the postmaster preloads the library.
@@ -76,7 +87,7 @@ fn key(endpoint: &str) -> u64 {
 /// When `endpoint` last failed, as far as this backend knows (its own failures and the shared
 /// ones).
 fn failed_at(endpoint: &str) -> Option<u64> {
-    let local = LOCAL.with_borrow(|l| l.get(endpoint).copied());
+    let local = LOCAL.with_borrow(|l| l.get(&local_key(endpoint)).copied());
     let shared = PRELOADED.load(Ordering::Relaxed).then(|| {
         let wanted = key(endpoint);
         SHARED
@@ -97,7 +108,13 @@ pub fn skipped(endpoint: &str, breaker: Duration) -> bool {
 /// Notes that `endpoint` failed; `down` (the endpoint's own failure) tells every backend.
 pub fn failed(endpoint: &str, down: bool) {
     let now = now_ms();
-    LOCAL.with_borrow_mut(|l| l.insert(endpoint.to_string(), now));
+    LOCAL.with_borrow_mut(|l| {
+        // Bounded: the roles a backend serves come and go.
+        if l.len() >= MAX_LOCAL {
+            l.clear();
+        }
+        l.insert(local_key(endpoint), now)
+    });
     if down && PRELOADED.load(Ordering::Relaxed) {
         let wanted = key(endpoint);
         let mut failures = SHARED.exclusive();
@@ -114,7 +131,7 @@ pub fn failed(endpoint: &str, down: bool) {
 
 /// Notes that `endpoint` answered: it is up again, for every backend.
 pub fn answered(endpoint: &str) {
-    LOCAL.with_borrow_mut(|l| l.remove(endpoint));
+    LOCAL.with_borrow_mut(|l| l.remove(&local_key(endpoint)));
     if PRELOADED.load(Ordering::Relaxed) {
         let wanted = key(endpoint);
         let known = SHARED

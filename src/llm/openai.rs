@@ -296,6 +296,17 @@ impl OpenAiClient {
             .map(|c| c.completions)
     }
 
+    /// Notes, when `so`, that this endpoint takes no `n`: one choice per request from now on.
+    fn takes_no_choices(&self, so: bool) {
+        if so {
+            NO_CHOICES.with_borrow_mut(|e| {
+                if !e.contains(&self.base_url) {
+                    e.push(self.base_url.clone())
+                }
+            });
+        }
+    }
+
     /// `exchange`, saying whether a stream of several choices was cut short.
     fn ask(
         &mut self,
@@ -308,6 +319,9 @@ impl OpenAiClient {
         let mut backoff = Duration::from_millis(250);
         // One choice was asked for after a 400 to several: a 400 again is the request's own.
         let mut single = n <= 1;
+        // Whether a 400 to several choices was followed by one choice: if that is answered, the
+        // endpoint takes no `n` (noted only then: the 400 may have been the request's own).
+        let mut rejected_n = false;
         loop {
             if Instant::now() >= deadline {
                 return Err(self.timeout_error());
@@ -317,10 +331,13 @@ impl OpenAiClient {
                 Reply::TimedOut => return Err(self.timeout_error()),
                 Reply::Streamed { choices, stopped } => {
                     return match stopped {
-                        _ if !choices.is_empty() => Ok(Choices {
-                            whole: stopped.is_none(),
-                            completions: choices,
-                        }),
+                        _ if !choices.is_empty() => {
+                            self.takes_no_choices(rejected_n);
+                            Ok(Choices {
+                                whole: stopped.is_none(),
+                                completions: choices,
+                            })
+                        }
                         Some(Stop::TimedOut) => Err(self.timeout_error()),
                         Some(Stop::Failed(cause)) => Err(self.down(cause)),
                         None => Err(self.down("the answer has no choices")),
@@ -333,7 +350,11 @@ impl OpenAiClient {
                 } => (code, retry_after, body),
             };
             if (200..300).contains(&code) {
-                return parse_completions(&text, n)
+                let parsed = parse_completions(&text, n);
+                if parsed.is_ok() {
+                    self.takes_no_choices(rejected_n);
+                }
+                return parsed
                     .map(|completions| Choices {
                         completions,
                         whole: true,
@@ -350,11 +371,7 @@ impl OpenAiClient {
             if code == 400 && !single {
                 // No several choices here: one is asked for, the rest one by one.
                 single = true;
-                NO_CHOICES.with_borrow_mut(|e| {
-                    if !e.contains(&self.base_url) {
-                        e.push(self.base_url.clone())
-                    }
-                });
+                rejected_n = true;
                 body = self.request_body(messages, 1).to_string();
                 continue;
             }
@@ -399,14 +416,8 @@ impl OpenAiClient {
         if !choices.whole {
             return Ok(batch);
         }
-        if n > 1 && batch.completions.len() == 1 {
-            // It ignored `n` (llama-cpp-python does): one choice per request from now on.
-            NO_CHOICES.with_borrow_mut(|e| {
-                if !e.contains(&self.base_url) {
-                    e.push(self.base_url.clone())
-                }
-            });
-        }
+        // It ignored `n` (llama-cpp-python does): one choice per request from now on.
+        self.takes_no_choices(n > 1 && batch.completions.len() == 1);
         let missing = n.saturating_sub(batch.completions.len());
         if missing > 0 {
             batch

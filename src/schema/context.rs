@@ -610,7 +610,9 @@ impl SchemaContext {
                 self.samples.borrow_mut().insert(i, Rc::clone(&s));
             }
             samples::Read::Failed => {
-                self.failed.borrow_mut().insert(i, std::time::Instant::now());
+                self.failed
+                    .borrow_mut()
+                    .insert(i, std::time::Instant::now());
             }
             samples::Read::NotYet => {}
         }

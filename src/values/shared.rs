@@ -21,7 +21,11 @@ use crate::schema::TextColumns;
 /// How long a shared read is used.
 const TTL_S: u64 = 600;
 
-/// The shared reads of `columns` (by column id) that Redis has: one round trip for all of them.
+/// Columns asked for in one Redis call.
+const FIELDS_PER_CALL: usize = 16;
+
+/// The shared reads of `columns` (by column id) that Redis has: a round trip per
+/// `FIELDS_PER_CALL` of them.
 pub fn fetch(columns: &TextColumns) -> HashMap<usize, Vec<String>> {
     if !redis_client::configured() {
         return HashMap::new();
@@ -41,25 +45,40 @@ pub fn fetch(columns: &TextColumns) -> HashMap<usize, Vec<String>> {
             wanted.push((redis_client::database_key("values", &key), fields));
         }
     }
-    if wanted.is_empty() {
-        return HashMap::new();
-    }
-    let request: Vec<(String, Vec<String>)> = wanted
+    // In calls of a few columns each: a stored read is up to a few megabytes, and a call may
+    // read 64 MB at most (a larger reply is not read, and would lose every column of it).
+    let flat: Vec<(&String, usize, &String)> = wanted
         .iter()
-        .map(|(key, fields)| (key.clone(), fields.iter().map(|(_, f)| f.clone()).collect()))
+        .flat_map(|(key, fields)| fields.iter().map(move |(id, field)| (key, *id, field)))
         .collect();
-    let answers: Option<Vec<Vec<Option<String>>>> = redis_client::call(move |c| {
-        let mut pipe = ::redis::pipe();
-        for (key, fields) in &request {
-            pipe.cmd("HMGET").arg(key).arg(fields);
-        }
-        pipe.query(c)
-    });
     let mut found = HashMap::new();
-    for ((_, fields), answer) in wanted.iter().zip(answers.unwrap_or_default()) {
-        for ((id, _), value) in fields.iter().zip(answer) {
-            if let Some(values) = value.and_then(|v| serde_json::from_str::<Vec<String>>(&v).ok()) {
-                found.insert(*id, values);
+    for chunk in flat.chunks(FIELDS_PER_CALL) {
+        let mut request: Vec<(String, Vec<String>)> = Vec::new();
+        let mut ids: Vec<Vec<usize>> = Vec::new();
+        for (key, id, field) in chunk {
+            if request.last().is_none_or(|(k, _)| k != *key) {
+                request.push(((*key).clone(), Vec::new()));
+                ids.push(Vec::new());
+            }
+            if let (Some((_, fields)), Some(of_key)) = (request.last_mut(), ids.last_mut()) {
+                fields.push((*field).clone());
+                of_key.push(*id);
+            }
+        }
+        let answers: Option<Vec<Vec<Option<String>>>> = redis_client::call(move |c| {
+            let mut pipe = ::redis::pipe();
+            for (key, fields) in &request {
+                pipe.cmd("HMGET").arg(key).arg(fields);
+            }
+            pipe.query(c)
+        });
+        for (of_key, answer) in ids.iter().zip(answers.unwrap_or_default()) {
+            for (id, value) in of_key.iter().zip(answer) {
+                if let Some(values) =
+                    value.and_then(|v| serde_json::from_str::<Vec<String>>(&v).ok())
+                {
+                    found.insert(*id, values);
+                }
             }
         }
     }

@@ -716,3 +716,53 @@ fn code_a_generated_query_runs_cannot_become_another_role_the_login_role_may_bec
     assert!(!text.contains("only-for-other"), "{text}");
     assert!(text.contains("security-restricted operation"), "{text}");
 }
+
+#[test]
+fn what_one_role_made_an_endpoint_refuse_keeps_only_that_role_away_from_it() {
+    let mut s = Session::new();
+    let fallback = ScriptedLlm::start();
+    let db = s.database.clone();
+    let (a, b) = (format!("first_{db}"), format!("second_{db}"));
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {a}; CREATE ROLE {b}; GRANT SELECT ON customers TO {a}, {b};
+             SET sql_query_engine.llm_fallbacks = '{}';",
+            fallback.url()
+        ))
+        .unwrap();
+    // The primary refuses the first role's request as malformed (a 4xx is the request's own).
+    s.llm.on(
+        "a question the primary refuses",
+        vec![Reply::Status(400, "no".into())],
+    );
+    fallback.on(
+        "a question the primary refuses",
+        vec![Reply::sql("SELECT count(*) AS n FROM customers")],
+    );
+    s.llm.on(
+        "a question of the second role",
+        vec![Reply::sql("SELECT count(*) AS n FROM customers")],
+    );
+    fallback.on(
+        "a question of the second role",
+        vec![Reply::sql("SELECT count(*) AS n FROM customers")],
+    );
+    let endpoint_of = |s: &mut Session, role: &str, question: &str| -> String {
+        s.client.batch_execute(&format!("SET ROLE {role}")).unwrap();
+        let row = s
+            .client
+            .query_one("SELECT nl_trace($1)::text", &[&question])
+            .unwrap();
+        s.client.batch_execute("RESET ROLE").unwrap();
+        let trace: serde_json::Value = serde_json::from_str(row.get::<_, &str>(0)).unwrap();
+        trace["attempts"][0]["endpoint"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let first = endpoint_of(&mut s, &a, "a question the primary refuses");
+    assert!(first.starts_with(&fallback.url()), "{first}");
+    // Another role on the same backend still asks the primary.
+    let second = endpoint_of(&mut s, &b, "a question of the second role");
+    assert!(second.starts_with(&s.llm.url()), "{second}");
+}
