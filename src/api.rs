@@ -404,11 +404,19 @@ fn nl_example_add(question: &str, sql: &str) -> i64 {
 /// for review in `nl_feedback`. Returns `{feedback_id, status, example_id}`.
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_feedback(
-    history_id: i64,
-    correct: bool,
+    history_id: Option<i64>,
+    correct: Option<bool>,
     corrected_sql: default!(Option<&str>, "NULL"),
 ) -> JsonB {
     exec::refuse_inside_a_query("nl_feedback");
+    let (Some(history_id), Some(correct)) = (history_id, correct) else {
+        Error::sql(
+            "22004",
+            "nl_feedback needs the answer's history_id and whether it was correct",
+            None,
+        )
+        .raise()
+    };
     let input = corrected_sql.unwrap_or("");
     let given = history::audited("nl_feedback", input, || {
         feedback::give(history_id, correct, corrected_sql)
@@ -442,10 +450,18 @@ fn nl_session_store() -> &'static str {
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_history_add(
     answer: Option<JsonB>,
-    function: default!(&str, "'nl_ask'"),
+    function: default!(Option<&str>, "'nl_ask'"),
     session: default!(Option<&str>, "NULL"),
 ) -> Option<i64> {
     exec::refuse_inside_a_query("nl_history_add");
+    let Some(function) = function else {
+        Error::sql(
+            "22004",
+            "nl_history_add needs the function that answered",
+            None,
+        )
+        .raise()
+    };
     let answer = answer.map_or(serde_json::Value::Null, |a| a.0);
     let question = answer["question"].as_str().unwrap_or_default();
     history::audited("nl_history_add", question, || {
@@ -471,6 +487,12 @@ fn nl_check(sql: &str) {
 fn nl_schema(question: default!(Option<&str>, "NULL")) -> String {
     exec::refuse_inside_a_query("nl_schema");
     let question = question.filter(|q| !q.trim().is_empty());
+    if question.is_some_and(|q| q.chars().count() > MAX_QUESTION_CHARS) {
+        Error::InvalidParameter(format!(
+            "the question is longer than {MAX_QUESTION_CHARS} characters: ask it shorter"
+        ))
+        .raise();
+    }
     history::audited("nl_schema", question.unwrap_or(""), || {
         database_context(question).map(|context| context.text)
     })

@@ -11,10 +11,17 @@ use crate::store::extension_schema;
 use crate::subxact;
 use crate::text::words;
 
-/// Stores a verified example after the guard accepted its SQL, as the caller (who needs INSERT
-/// on `nl_examples`); returns its id. The SQL is checked in the sandbox on the caller's search
-/// path (it is the caller's SQL); the insert runs on the pinned one.
+/// Stores a verified example after the guard accepted its SQL and it ran, as the caller (who
+/// needs INSERT on `nl_examples`); returns its id. The SQL is checked and run in the sandbox on
+/// the caller's search path (it is the caller's SQL); the insert runs on the pinned one. It
+/// must run for its author: an example may name only what its author may read (it is shown
+/// to other roles' models and may run as their answer).
 pub fn add(question: &str, sql: &str) -> Result<i64> {
+    let probe = crate::exec::Mode::Run(crate::exec::Limits {
+        max_rows: 1,
+        max_bytes: 1 << 20,
+    });
+    crate::exec::attempt(sql, probe, crate::settings::statement_timeout_ms()).into_result()?;
     insert(question, sql, None)
 }
 
@@ -87,6 +94,9 @@ pub struct Focus {
 const RELATION_WEIGHT: f64 = 0.25;
 const VALUE_WEIGHT: f64 = 0.1;
 
+/// Largest example read, question and SQL (another role may have stored any size).
+const MAX_QUESTION_BYTES: usize = 40_000;
+const MAX_SQL_BYTES: usize = 400_000;
 /// Examples fetched at most per look-up, before they are ranked.
 const CANDIDATES: i64 = 100;
 /// Words of the question used to find candidates: its rarest ones.
@@ -105,12 +115,7 @@ pub fn similar(question: &str, n: usize, focus: &Focus) -> Result<Vec<Example>> 
     if n == 0 {
         return Ok(Vec::new());
     }
-    let mut asked: Vec<String> = Vec::new();
-    for word in words(question) {
-        if !asked.contains(&word) {
-            asked.push(word);
-        }
-    }
+    let asked = distinct_words(question);
     if asked.is_empty() {
         return Ok(Vec::new());
     }
@@ -159,8 +164,9 @@ pub fn similar(question: &str, n: usize, focus: &Focus) -> Result<Vec<Example>> 
             let read = |condition: &str, found: &mut Vec<Example>| {
                 let rows = client.select(
                     &format!(
-                        "SELECT id, question, sql FROM {table} WHERE {condition} \
-                         LIMIT {CANDIDATES}"
+                        "SELECT id, question, sql FROM {table} WHERE ({condition}) \
+                         AND octet_length(question) <= {MAX_QUESTION_BYTES} \
+                         AND octet_length(sql) <= {MAX_SQL_BYTES} LIMIT {CANDIDATES}"
                     ),
                     None,
                     &[],
@@ -231,13 +237,24 @@ fn focus_bonus(sql: &str, focus: &Focus) -> f64 {
 /// question's words as retrieval sees them.
 #[pg_extern(immutable, parallel_safe, strict)]
 fn nl_example_words(question: &str) -> Vec<String> {
-    let mut found: Vec<String> = Vec::new();
-    for word in words(question) {
-        if !found.contains(&word) {
-            found.push(word);
-        }
+    distinct_words(question)
+}
+
+/// Bytes of a question whose words are read: a question is at most 10,000 characters.
+const MAX_WORDS_BYTES: usize = 100_000;
+
+/// The distinct words of the first `MAX_WORDS_BYTES` of `text`, in order (linear: a text of
+/// any length costs no more than its first part).
+fn distinct_words(text: &str) -> Vec<String> {
+    let mut end = text.len().min(MAX_WORDS_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
     }
-    found
+    let mut seen = std::collections::HashSet::new();
+    words(&text[..end])
+        .into_iter()
+        .filter(|w| seen.insert(w.clone()))
+        .collect()
 }
 
 /// Ranks by Jaccard similarity of the questions' words, plus what the example's SQL shares with

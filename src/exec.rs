@@ -197,6 +197,46 @@ thread_local! {
     static RUNNING: Cell<u32> = const { Cell::new(0) };
 }
 
+/// The memory of one attempt (its parse, rewrite and plan trees, its executor state), current
+/// until dropped, then deleted: the rollback of the sandbox's subtransaction frees none of it
+/// (it is allocated in the caller's context), so a call's failed attempts, each with its sorts
+/// and hash tables, would stay until the call ended. What an attempt hands back is Rust's own,
+/// or in a cursor's memory (`Held`).
+struct AttemptMemory {
+    context: pg_sys::MemoryContext,
+    caller: pg_sys::MemoryContext,
+}
+
+impl AttemptMemory {
+    fn enter() -> AttemptMemory {
+        // SAFETY: a new child of the current context, made current; `drop` puts the caller's
+        // back and deletes it.
+        unsafe {
+            let caller = pg_sys::CurrentMemoryContext;
+            let context = pg_sys::AllocSetContextCreateInternal(
+                caller,
+                c"sql_query_engine attempt".as_ptr(),
+                pg_sys::ALLOCSET_DEFAULT_MINSIZE as usize,
+                pg_sys::ALLOCSET_DEFAULT_INITSIZE as usize,
+                pg_sys::ALLOCSET_DEFAULT_MAXSIZE as usize,
+            );
+            pg_sys::MemoryContextSwitchTo(context);
+            AttemptMemory { context, caller }
+        }
+    }
+}
+
+impl Drop for AttemptMemory {
+    fn drop(&mut self) {
+        // SAFETY: the context `enter` made, after the subtransaction that used it ended; the
+        // caller's context is current again before it is deleted.
+        unsafe {
+            pg_sys::MemoryContextSwitchTo(self.caller);
+            pg_sys::MemoryContextDelete(self.context);
+        }
+    }
+}
+
 /// Counts a running query of the extension until dropped (also when an ERROR unwinds past it).
 struct Running;
 
@@ -265,9 +305,12 @@ fn sandboxed(
         let _running = Running::enter();
         let reported = ErrorReported::push();
         let timer = StatementTimer::arm(timeout_ms);
-        // Always rolled back: the query only read, and nothing it did may outlive it.
+        // Always rolled back: the query only read, and nothing it did may outlive it; nor its
+        // memory.
+        let memory = AttemptMemory::enter();
         let result =
             subxact::in_subtransaction(false, || run_guarded(sql, mode, origin, in_loop, scope));
+        drop(memory);
         let fired = timer.fired();
         (result, reported.position(), reported.sqlstate(), fired)
     };

@@ -406,12 +406,20 @@ fn statement_end(sql: &str) -> usize {
 
 /// Final tidying: a fence left inside a JSON value, surrounding blank space, trailing `;`.
 fn clean(sql: &str) -> String {
-    let mut s = sql.trim();
+    let s = sql.trim();
     if s.starts_with("```") {
         if let Some((_, body)) = fenced_blocks(s).into_iter().next() {
             return clean(&body);
         }
     }
+    as_written(s)
+}
+
+/// SQL a caller gave or a verified example stores, as it was checked: surrounding blank space
+/// and trailing `;` removed, nothing taken out of it (a `{"sql": ...}` in a comment of a stored
+/// example is not what runs).
+pub fn as_written(sql: &str) -> String {
+    let mut s = sql.trim();
     loop {
         let trimmed = s.trim_end().trim_end_matches(';').trim_end();
         if trimmed.len() == s.len() {

@@ -293,7 +293,14 @@ impl Solver<'_> {
 
     /// Takes the SQL out of `content`, runs it and says how to repair it.
     fn step(&mut self, content: &str, attempt: usize, kind: Kind) -> Step {
-        let Some(sql) = extract_sql(content) else {
+        let sql = match kind {
+            // What the caller gave or an example stores runs as it was checked.
+            Kind::Given | Kind::Template => {
+                Some(crate::extract::as_written(content)).filter(|s| !s.is_empty())
+            }
+            _ => extract_sql(content),
+        };
+        let Some(sql) = sql else {
             return Step {
                 sql: String::new(),
                 outcome: Outcome::Failed(SqlError::new(

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::settings;
-use crate::wait::run_interruptible;
+use crate::wait::{run_interruptible, WaitError};
 
 /// How long an unavailable Redis is left alone before it is tried again.
 const RETRY_AFTER: Duration = Duration::from_secs(5);
@@ -83,6 +83,8 @@ where
         match run_interruptible(Instant::now() + timeout + Duration::from_millis(200), work) {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(failed)) => Err(failed),
+            // No helper was free: the call's, not Redis's.
+            Err(WaitError::Busy) => Err(("no helper thread was free".to_string(), false)),
             Err(_) => Err((format!("no answer within {} ms", timeout.as_millis()), true)),
         };
     match outcome {

@@ -52,6 +52,8 @@ const HELPER_POLL: Duration = Duration::from_millis(50);
 pub enum WaitError {
     /// The deadline passed first.
     TimedOut,
+    /// The deadline passed while every helper was busy: the work never started.
+    Busy,
     /// The helper thread could not start, or died without answering (it panicked).
     Lost,
 }
@@ -92,7 +94,7 @@ where
     while LIVE_HELPERS.load(Ordering::SeqCst) >= MAX_LIVE_HELPERS {
         let now = Instant::now();
         if now >= deadline {
-            return Err(WaitError::TimedOut);
+            return Err(WaitError::Busy);
         }
         wait_for(None, (deadline - now).min(HELPER_POLL));
     }

@@ -46,11 +46,9 @@ thread_local! {
     static LOCAL: RefCell<HashMap<(u32, String), u64>> = RefCell::new(HashMap::new());
 }
 
-/// The key of `endpoint`'s failures for the current role.
-fn local_key(endpoint: &str) -> (u32, String) {
-    // SAFETY: reads the backend's current role.
-    let role = unsafe { pg_sys::GetUserId() };
-    (role.to_u32(), endpoint.to_string())
+/// The key of `endpoint`'s failures for `role`.
+fn local_key(endpoint: &str, role: u32) -> (u32, String) {
+    (role, endpoint.to_string())
 }
 
 /// Called from `_PG_init`: shared memory only while the postmaster preloads the library.
@@ -86,8 +84,8 @@ fn key(endpoint: &str) -> u64 {
 
 /// When `endpoint` last failed, as far as this backend knows (its own failures and the shared
 /// ones).
-fn failed_at(endpoint: &str) -> Option<u64> {
-    let local = LOCAL.with_borrow(|l| l.get(&local_key(endpoint)).copied());
+fn failed_at(endpoint: &str, role: u32) -> Option<u64> {
+    let local = LOCAL.with_borrow(|l| l.get(&local_key(endpoint, role)).copied());
     let shared = PRELOADED.load(Ordering::Relaxed).then(|| {
         let wanted = key(endpoint);
         SHARED
@@ -100,20 +98,22 @@ fn failed_at(endpoint: &str) -> Option<u64> {
     local.max(shared.flatten())
 }
 
-/// Whether `endpoint` failed less than `breaker` ago.
-pub fn skipped(endpoint: &str, breaker: Duration) -> bool {
-    failed_at(endpoint).is_some_and(|at| now_ms() < at.saturating_add(breaker.as_millis() as u64))
+/// Whether `endpoint` failed less than `breaker` ago (for everyone, or for `role`).
+pub fn skipped(endpoint: &str, role: u32, breaker: Duration) -> bool {
+    failed_at(endpoint, role)
+        .is_some_and(|at| now_ms() < at.saturating_add(breaker.as_millis() as u64))
 }
 
-/// Notes that `endpoint` failed; `down` (the endpoint's own failure) tells every backend.
-pub fn failed(endpoint: &str, down: bool) {
+/// Notes that `endpoint` failed for `role`; `down` (the endpoint's own failure) tells every
+/// backend and role.
+pub fn failed(endpoint: &str, role: u32, down: bool) {
     let now = now_ms();
     LOCAL.with_borrow_mut(|l| {
         // Bounded: the roles a backend serves come and go.
         if l.len() >= MAX_LOCAL {
             l.clear();
         }
-        l.insert(local_key(endpoint), now)
+        l.insert(local_key(endpoint, role), now)
     });
     if down && PRELOADED.load(Ordering::Relaxed) {
         let wanted = key(endpoint);
@@ -129,9 +129,9 @@ pub fn failed(endpoint: &str, down: bool) {
     }
 }
 
-/// Notes that `endpoint` answered: it is up again, for every backend.
-pub fn answered(endpoint: &str) {
-    LOCAL.with_borrow_mut(|l| l.remove(&local_key(endpoint)));
+/// Notes that `endpoint` answered `role`: it is up again, for every backend.
+pub fn answered(endpoint: &str, role: u32) {
+    LOCAL.with_borrow_mut(|l| l.remove(&local_key(endpoint, role)));
     if PRELOADED.load(Ordering::Relaxed) {
         let wanted = key(endpoint);
         let known = SHARED

@@ -20,6 +20,10 @@ pub struct Chain {
     clients: Vec<OpenAiClient>,
     timeout: Duration,
     breaker: Duration,
+    /// The role the chain asks for, as it was when the chain was made: `nl_call` runs the model
+    /// requests between transactions, as its session user, and what a role's request caused
+    /// is that role's (`breaker`).
+    role: u32,
     /// When the call's answer budget ends every request.
     cut: Option<Instant>,
 }
@@ -33,6 +37,8 @@ impl Chain {
                 .collect(),
             timeout: options.timeout,
             breaker,
+            // SAFETY: reads the backend's current role.
+            role: unsafe { pgrx::pg_sys::GetUserId() }.to_u32(),
             cut: None,
         }
     }
@@ -47,7 +53,8 @@ impl Chain {
         let natural = now.checked_add(self.timeout).unwrap_or(now);
         let overall = self.cut.map_or(natural, |cut| cut.min(natural));
         let cut_short = overall < natural;
-        let skipped = |c: &OpenAiClient| breaker::skipped(&c.endpoint(), self.breaker);
+        let role = self.role;
+        let skipped = |c: &OpenAiClient| breaker::skipped(&c.endpoint(), role, self.breaker);
         let mut order: Vec<usize> = (0..self.clients.len())
             .filter(|&i| !skipped(&self.clients[i]))
             .collect();
@@ -72,7 +79,7 @@ impl Chain {
             let endpoint = client.endpoint();
             match ask(client, deadline, last) {
                 Ok(answer) => {
-                    breaker::answered(&endpoint);
+                    breaker::answered(&endpoint, role);
                     return Ok((answer, endpoint, failures));
                 }
                 Err(Error::Llm {
@@ -83,7 +90,7 @@ impl Chain {
                     // No answer within a share the call's budget shortened says nothing
                     // about the endpoint.
                     if !(cut_short && Instant::now() >= deadline) {
-                        breaker::failed(&endpoint, down);
+                        breaker::failed(&endpoint, role, down);
                     }
                     failures.push(format!("{endpoint}: {cause}"));
                     last_error = Some(Error::Llm {

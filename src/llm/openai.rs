@@ -48,6 +48,10 @@ thread_local! {
     static NO_CHOICES: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// Why a request never started (see `WaitError::Busy`).
+const BUSY: &str = "no request thread was free in time (earlier requests of this connection, \
+     abandoned to a cancel, are still running)";
+
 /// What one HTTP exchange produced, as plain data that can cross back from the helper thread.
 enum Reply {
     Status {
@@ -156,6 +160,7 @@ impl OpenAiClient {
         match run_interruptible(wait_deadline(deadline), exchange) {
             Ok(reply) => Ok(reply),
             Err(WaitError::TimedOut) => Err(self.timeout_error()),
+            Err(WaitError::Busy) => Err(self.error(BUSY)),
             Err(WaitError::Lost) => Err(self.error("the request thread ended without an answer")),
         }
     }
@@ -187,6 +192,7 @@ impl OpenAiClient {
         match run_interruptible(wait_deadline(deadline), together) {
             Ok(replies) => Ok(replies),
             Err(WaitError::TimedOut) => Err(self.timeout_error()),
+            Err(WaitError::Busy) => Err(self.error(BUSY)),
             Err(WaitError::Lost) => Err(self.error("the request threads ended without an answer")),
         }
     }
@@ -205,8 +211,9 @@ impl OpenAiClient {
         let key = self.api_key.clone();
         let body = body.to_string();
         let limit = self.max_response_bytes;
-        let remaining = deadline.saturating_duration_since(Instant::now());
         move || {
+            // Counted when the helper starts (it may have waited for a free helper first).
+            let remaining = deadline.saturating_duration_since(Instant::now());
             let mut request = agent
                 .post(&url)
                 .config()
@@ -340,7 +347,8 @@ impl OpenAiClient {
                         }
                         Some(Stop::TimedOut) => Err(self.timeout_error()),
                         Some(Stop::Failed(cause)) => Err(self.down(cause)),
-                        None => Err(self.down("the answer has no choices")),
+                        // A stream that ended with no content: what this request asked for.
+                        None => Err(self.error("the answer has no choices")),
                     };
                 }
                 Reply::Status {
@@ -359,7 +367,15 @@ impl OpenAiClient {
                         completions,
                         whole: true,
                     })
-                    .map_err(|cause| self.down(cause));
+                    .map_err(|cause| {
+                        // A completion without usable content (empty, refused) is what this
+                        // request asked for; anything else is not a completion at all.
+                        if is_completion(&text) {
+                            self.error(cause)
+                        } else {
+                            self.down(cause)
+                        }
+                    });
             }
             if code == 400 && self.json_mode && text.contains("response_format") {
                 // This endpoint has no JSON mode: ask again without it (extraction copes).
@@ -529,6 +545,10 @@ fn describe(error: &ureq::Error) -> String {
 
 /// A readable cause for an HTTP error status, with the provider's own message when it has one.
 /// Authentication failures never echo the body: providers quote parts of the key there.
+/// Characters of a provider's own words kept in an error (it goes into messages, the log and
+/// every attempt of the trace).
+const MAX_CAUSE_CHARS: usize = 500;
+
 fn status_cause(code: u16, body: &str) -> String {
     if code == 401 || code == 403 {
         return format!(
@@ -542,7 +562,7 @@ fn status_cause(code: u16, body: &str) -> String {
                 .or_else(|| v.get("error"))
                 .or_else(|| v.get("message"))
                 .and_then(Value::as_str)
-                .map(str::to_string)
+                .map(|m| m.chars().take(MAX_CAUSE_CHARS).collect::<String>())
         })
         .unwrap_or_else(|| body.chars().take(200).collect());
     let message = message.trim();
@@ -652,6 +672,16 @@ fn read_stream(mut reader: impl std::io::BufRead, limit: u64) -> (Vec<Completion
 
 /// The assistants' texts (at most `n`, at least one) and token counts from a chat-completion
 /// body; the counts go with the first.
+/// Whether `body` is a chat completion with choices (whatever their content).
+fn is_completion(body: &str) -> bool {
+    serde_json::from_str::<Value>(body).is_ok_and(|value| {
+        value
+            .get("choices")
+            .and_then(Value::as_array)
+            .is_some_and(|choices| choices.iter().any(|c| c.get("message").is_some()))
+    })
+}
+
 fn parse_completions(body: &str, n: usize) -> std::result::Result<Vec<Completion>, String> {
     let value: Value = serde_json::from_str(body).map_err(|_| {
         let start: String = body.chars().take(120).collect();
@@ -701,7 +731,10 @@ fn content_of(choice: &Value) -> std::result::Result<String, String> {
         .filter(|c| !c.trim().is_empty())
         .map(str::to_string)
         .ok_or_else(|| match message.get("refusal").and_then(Value::as_str) {
-            Some(refusal) => format!("the model refused: {refusal}"),
+            Some(refusal) => format!(
+                "the model refused: {}",
+                refusal.chars().take(MAX_CAUSE_CHARS).collect::<String>()
+            ),
             None => "the message has no content".to_string(),
         })
 }

@@ -450,3 +450,52 @@ fn an_example_that_marks_its_parameters_keeps_its_other_values_fixed() {
         "{prompt}"
     );
 }
+
+#[test]
+fn an_example_runs_as_it_was_stored_and_names_only_what_its_author_may_read() {
+    let mut r = Roles::new();
+    let (mut writer, mut analyst) = (r.connect(&r.writer), r.connect(&r.analyst));
+    r.s.client
+        .batch_execute(&format!(
+            "CREATE TABLE salaries (name text, salary int);
+             INSERT INTO salaries VALUES ('Ada', 100);
+             GRANT SELECT ON salaries TO {};",
+            r.analyst
+        ))
+        .unwrap();
+    // The writer may not read salaries: an example of it is refused.
+    let error = writer
+        .query(
+            "SELECT nl_example_add('Who earns what?', 'SELECT name, salary FROM salaries')",
+            &[],
+        )
+        .unwrap_err();
+    assert_eq!(db_error(&error).0, "42501", "{error}");
+    // What an example stores is what runs: a {"sql": ...} in its comment is a comment.
+    writer
+        .batch_execute(
+            r#"SELECT nl_example_add('How many orders are there?',
+                 'SELECT count(*) AS n FROM orders -- {"sql": "SELECT name, salary FROM salaries"}')"#,
+        )
+        .unwrap();
+    let answer = ask_in(&mut analyst, "How many orders are there?", None);
+    assert_eq!(answer["answered_by"], "a verified example", "{answer}");
+    assert!(
+        answer["sql"]
+            .as_str()
+            .unwrap()
+            .starts_with("SELECT count(*)"),
+        "{answer}"
+    );
+    assert!(!answer.to_string().contains("Ada"), "{answer}");
+    // The words an example is found by are read from a bounded part of its question.
+    let words: i64 = analyst
+        .query_one(
+            "SELECT cardinality(nl_example_words(string_agg('w' || i, ' ')))::bigint
+             FROM generate_series(1, 400000) i",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(words < 20_000, "{words} words");
+}

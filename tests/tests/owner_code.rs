@@ -1018,6 +1018,7 @@ fn queries_the_caller_did_not_write_read_only_what_the_caller_was_shown() {
     w.s.client
         .batch_execute(&format!(
             "GRANT INSERT ON nl_examples TO {attacker};
+             GRANT SELECT ON customers TO {attacker};
              GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {attacker};"
         ))
         .unwrap();
@@ -1033,6 +1034,24 @@ fn queries_the_caller_did_not_write_read_only_what_the_caller_was_shown() {
         "my earlier questions",
         vec![Reply::sql("SELECT question FROM nl_history")],
     );
+    // The attacker's verified example over the view, with a value to fill in: neither a
+    // template for the victim's question nor shown to the model. An example over what the
+    // victim was shown is both (control). (Added before the witness holds its lock: an example
+    // runs as its author when it is added, and so does the author's own view.)
+    let mut a = w.connect(&attacker);
+    let outside: i64 = a
+        .query_one(
+            "SELECT nl_example_add('How many widgets are there for customers in DE?',
+                 'SELECT count(*) AS n FROM shared.widgets w, customers c WHERE c.country = ''DE''')",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    a.batch_execute(
+        "SELECT nl_example_add('How many customers are there in DE?',
+             'SELECT count(*) AS n FROM customers c WHERE c.country = ''DE''')",
+    )
+    .unwrap();
     let mut witness = Witness::hold(&w.s.database, &[key]);
     let mut v = w.connect(&victim);
     let traced = |v: &mut Client, question: &str| -> serde_json::Value {
@@ -1053,23 +1072,6 @@ fn queries_the_caller_did_not_write_read_only_what_the_caller_was_shown() {
         );
     }
 
-    // The attacker's verified example over the view, with a value to fill in: neither a
-    // template for the victim's question nor shown to the model. An example over what the
-    // victim was shown is both (control).
-    let mut a = w.connect(&attacker);
-    let outside: i64 = a
-        .query_one(
-            "SELECT nl_example_add('How many widgets are there for customers in DE?',
-                 'SELECT count(*) AS n FROM shared.widgets w, customers c WHERE c.country = ''DE''')",
-            &[],
-        )
-        .unwrap()
-        .get(0);
-    a.batch_execute(
-        "SELECT nl_example_add('How many customers are there in DE?',
-             'SELECT count(*) AS n FROM customers c WHERE c.country = ''DE''')",
-    )
-    .unwrap();
     let asked_before = w.s.llm.requests().len();
     let (trace, waited) =
         witness.waited(|| traced(&mut v, "How many widgets are there for customers in IT?"));

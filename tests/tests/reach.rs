@@ -765,4 +765,36 @@ fn what_one_role_made_an_endpoint_refuse_keeps_only_that_role_away_from_it() {
     // Another role on the same backend still asks the primary.
     let second = endpoint_of(&mut s, &b, "a question of the second role");
     assert!(second.starts_with(&s.llm.url()), "{second}");
+    // Also as the gateway asks, through nl_call's run_as (the model is asked between
+    // transactions, as the session user).
+    s.llm.on(
+        "another question the primary refuses",
+        vec![Reply::Status(400, "no".into())],
+    );
+    fallback.on(
+        "another question the primary refuses",
+        vec![Reply::sql("SELECT count(*) AS n FROM customers")],
+    );
+    s.llm.on(
+        "another question of the second role",
+        vec![Reply::sql("SELECT count(*) AS n FROM customers")],
+    );
+    let mut called = |role: &str, question: &str| -> String {
+        let row = s
+            .client
+            .query_one(
+                "CALL nl_call($1, NULL, NULL, NULL, $2, false)",
+                &[&question, &role],
+            )
+            .unwrap();
+        let answer: serde_json::Value = row.get(0);
+        answer["attempts"][0]["endpoint"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let first = called(&a, "another question the primary refuses");
+    assert!(first.starts_with(&fallback.url()), "{first}");
+    let second = called(&b, "another question of the second role");
+    assert!(second.starts_with(&s.llm.url()), "{second}");
 }
