@@ -405,7 +405,8 @@ fn statement_end(sql: &str) -> usize {
 }
 
 /// Final tidying: a fence left inside a JSON value, surrounding blank space, trailing `;`.
-fn clean(sql: &str) -> String {
+/// Also what SQL a caller gives becomes (`nl_fix`'s, perhaps pasted in a fence).
+pub fn clean(sql: &str) -> String {
     let s = sql.trim();
     if s.starts_with("```") {
         if let Some((_, body)) = fenced_blocks(s).into_iter().next() {

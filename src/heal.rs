@@ -294,12 +294,13 @@ impl Solver<'_> {
     /// Takes the SQL out of `content`, runs it and says how to repair it.
     fn step(&mut self, content: &str, attempt: usize, kind: Kind) -> Step {
         let sql = match kind {
-            // What the caller gave or an example stores runs as it was checked.
-            Kind::Given | Kind::Template => {
-                Some(crate::extract::as_written(content)).filter(|s| !s.is_empty())
-            }
+            // What an example stores runs as it was checked; what the caller gave, out of a
+            // fence it may have been pasted in.
+            Kind::Template => Some(crate::extract::as_written(content)),
+            Kind::Given => Some(crate::extract::clean(content)),
             _ => extract_sql(content),
-        };
+        }
+        .filter(|s| !s.is_empty());
         let Some(sql) = sql else {
             return Step {
                 sql: String::new(),

@@ -63,10 +63,11 @@ where
     // An error is Redis's (unreachable, slow, gone: `true`) or the call's own (a reply larger
     // than a call may read: `false`, which says nothing of Redis for the next call).
     let work = move || -> Result<T, (String, bool)> {
-        // A call abandoned by an earlier cancel may still hold the connection: then give up.
+        // A call abandoned by an earlier cancel may still hold the connection: then give up
+        // (this call's misfortune, not Redis's).
         let mut slot = shared
             .try_lock()
-            .map_err(|_| ("busy with an earlier call".to_string(), true))?;
+            .map_err(|_| ("busy with an earlier call".to_string(), false))?;
         if slot.is_none() {
             *slot = Some(Connection::open(&target, timeout).map_err(|e| (e.to_string(), true))?);
         }

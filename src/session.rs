@@ -50,11 +50,12 @@ impl Store {
 /// Sessions kept in backend memory, at most.
 const MAX_MEMORY_SESSIONS: usize = 256;
 
-/// A session's turns in backend memory, oldest first, and when the last was added (they expire
-/// after `session_ttl`, as the other stores' do).
+/// A session's turns in backend memory, oldest first, each with whether it is kept only here
+/// (no shared store took it), and when the last was added (they expire after `session_ttl`, as
+/// the other stores' do).
 #[derive(Default)]
 struct Remembered {
-    turns: VecDeque<Turn>,
+    turns: VecDeque<(Turn, bool)>,
     updated: Option<std::time::Instant>,
 }
 
@@ -112,25 +113,34 @@ pub fn turns(session: &str) -> (Vec<Turn>, Store) {
     let (found, served) = match store {
         Store::Table => (table_turns(session), Store::Table),
         Store::Redis => match redis_turns(session, keep) {
-            // No list after a Redis restart: this backend's memory may still know them (a
-            // session reset leaves a list with its mark, see `reset`).
-            Some((_, false)) => (None, Store::Redis),
+            // No list: a reset, an expiry or a Redis restart. Of this backend's memory only
+            // the turns Redis never took (recorded while it was away) are the session's: the
+            // copies of turns it had were reset, or expired, with the list.
+            Some((_, false)) => (Some(memory_turns(session, true)), Store::Redis),
             Some((turns, true)) => (Some(turns), Store::Redis),
             None => (None, Store::Memory),
         },
         Store::Memory => (None, Store::Memory),
     };
-    let turns = found.unwrap_or_else(|| memory_turns(session));
+    let turns = found.unwrap_or_else(|| memory_turns(session, false));
     let skip = turns.len().saturating_sub(keep);
     (turns.into_iter().skip(skip).collect(), served)
 }
 
-fn memory_turns(session: &str) -> Vec<Turn> {
+/// The session's live turns in this backend's memory; with `only_here`, only those no shared
+/// store took.
+fn memory_turns(session: &str, only_here: bool) -> Vec<Turn> {
     let ttl = std::time::Duration::from_secs(settings::session_ttl_s());
     MEMORY.with_borrow(|m| {
         m.get(&memory_key(session))
             .filter(|r| r.updated.is_some_and(|at| at.elapsed() < ttl))
-            .map(|r| r.turns.iter().cloned().collect())
+            .map(|r| {
+                r.turns
+                    .iter()
+                    .filter(|(_, here)| *here || !only_here)
+                    .map(|(turn, _)| turn.clone())
+                    .collect()
+            })
             .unwrap_or_default()
     })
 }
@@ -157,8 +167,7 @@ fn table_turns(session: &str) -> Option<Vec<Turn>> {
     serde_json::from_str(&text).ok()
 }
 
-/// The session's last `keep` turns in Redis, and whether Redis has a list for it (a reset
-/// session has one, holding only its mark).
+/// The session's last `keep` turns in Redis, and whether Redis has a list for it.
 fn redis_turns(session: &str, keep: usize) -> Option<(Vec<Turn>, bool)> {
     let key = redis_client::key("session", session);
     let stored: Option<Vec<String>> = redis_client::call(move |c| {
@@ -253,8 +262,8 @@ pub fn record(session: &str, turn: Turn) -> Store {
             }
             remembered.updated = Some(std::time::Instant::now());
             let turns = &mut remembered.turns;
-            turns.retain(|t| t.question != turn.question);
-            turns.push_back(turn);
+            turns.retain(|(t, _)| t.question != turn.question);
+            turns.push_back((turn, !stored));
             while turns.len() > keep {
                 turns.pop_front();
             }
@@ -331,16 +340,6 @@ redis.call('EXPIRE', KEYS[1], ARGV[4])
 return redis.call('LLEN', KEYS[1])
 ";
 
-/// Empties the list of a session that has one but for a mark that is no turn, and renews its
-/// expiry (a session without a list gets none: a reset costs Redis nothing).
-const RESET_SCRIPT: &str = r#"
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('DEL', KEYS[1])
-redis.call('RPUSH', KEYS[1], '{"reset":true}')
-redis.call('EXPIRE', KEYS[1], ARGV[1])
-return 1
-"#;
-
 fn record_in_redis(session: &str, turn: &Turn, keep: usize) -> bool {
     let key = redis_client::key("session", session);
     let ttl = settings::session_ttl_s();
@@ -415,18 +414,10 @@ pub fn reset(session: &str) {
         }
     }
     if redis_client::configured() {
-        // The list is left with a mark (no turn) until it expires: an empty list would read as
-        // a Redis restart, and other backends' memory would bring the turns back.
+        // Other backends keep copies of the turns Redis had, which they use only while Redis
+        // is away, never once it has no list (see `turns`).
         let key = redis_client::key("session", session);
-        let ttl = settings::session_ttl_s();
-        let _: Option<i64> = redis_client::call(move |c| {
-            ::redis::cmd("EVAL")
-                .arg(RESET_SCRIPT)
-                .arg(1)
-                .arg(&key)
-                .arg(ttl)
-                .query(c)
-        });
+        let _: Option<()> = redis_client::call(move |c| ::redis::cmd("DEL").arg(&key).query(c));
     }
     MEMORY.with_borrow_mut(|m| m.remove(&memory_key(session)));
 }

@@ -16,10 +16,16 @@ fn secrets_of(url: &str) -> (String, Vec<String>) {
     // An `@` the parser did not read as the end of user information (`u:2024/pw@h` reads as
     // host `u`, port 2024) may end a password: such a URL is read as unparseable.
     let unread_at = |parsed: &url::Url| {
-        url.split_once("://")
-            .is_some_and(|(_, rest)| rest.contains('@'))
-            && parsed.username().is_empty()
-            && parsed.password().is_none()
+        let at_left = [Some(parsed.path()), parsed.query(), parsed.fragment()]
+            .into_iter()
+            .flatten()
+            .any(|part| part.contains('@'));
+        let no_user = parsed.username().is_empty() && parsed.password().is_none();
+        at_left
+            || (no_user
+                && url
+                    .split_once("://")
+                    .is_some_and(|(_, rest)| rest.contains('@')))
     };
     let parsed = match url::Url::parse(url) {
         Ok(parsed) if !unread_at(&parsed) => parsed,
@@ -92,6 +98,7 @@ mod tests {
             ("http://h/v1/@not-userinfo", "http://…"),
             ("redis://default:2024/pw@h:6379/0", "redis://…"),
             ("redis://u:1234#ab@h", "redis://…"),
+            ("redis://me@corp.com:2024/pw@h:6379/0", "redis://…"),
             ("redis://:pa#ss@h:6379/0", "redis://…"),
             ("redis://u:p?w@h", "redis://…"),
             ("redis://:ab/cd@h:6379/0", "redis://…"),

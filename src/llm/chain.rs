@@ -82,6 +82,15 @@ impl Chain {
                     breaker::answered(&endpoint, role);
                     return Ok((answer, endpoint, failures));
                 }
+                // No helper thread was free: nothing was asked, and no other endpoint would be
+                // asked either; the breaker hears nothing of it.
+                Err(Error::Llm { cause, .. }) if cause == super::openai::BUSY => {
+                    return Err(Error::Llm {
+                        endpoint,
+                        cause,
+                        down: false,
+                    });
+                }
                 Err(Error::Llm {
                     endpoint,
                     cause,

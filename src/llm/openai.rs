@@ -48,8 +48,9 @@ thread_local! {
     static NO_CHOICES: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Why a request never started (see `WaitError::Busy`).
-const BUSY: &str = "no request thread was free in time (earlier requests of this connection, \
+/// Why a request never started (see `WaitError::Busy`): the backend's, not the endpoint's or
+/// the role's (`chain` tells the breaker nothing of it, see `is_busy`).
+pub const BUSY: &str = "no request thread was free in time (earlier requests of this connection, \
      abandoned to a cancel, are still running)";
 
 /// What one HTTP exchange produced, as plain data that can cross back from the helper thread.
@@ -75,6 +76,9 @@ enum Reply {
 enum Stop {
     TimedOut,
     Failed(String),
+    /// An error event that is the request's (a 4xx code, a named refusal such as a content
+    /// filter), not the endpoint's.
+    Refused(String),
 }
 
 /// The most choices a stream may carry (an index beyond it is ignored): a bound on what a
@@ -347,6 +351,7 @@ impl OpenAiClient {
                         }
                         Some(Stop::TimedOut) => Err(self.timeout_error()),
                         Some(Stop::Failed(cause)) => Err(self.down(cause)),
+                        Some(Stop::Refused(cause)) => Err(self.error(cause)),
                         // A stream that ended with no content: what this request asked for.
                         None => Err(self.error("the answer has no choices")),
                     };
@@ -543,12 +548,12 @@ fn describe(error: &ureq::Error) -> String {
     }
 }
 
-/// A readable cause for an HTTP error status, with the provider's own message when it has one.
-/// Authentication failures never echo the body: providers quote parts of the key there.
 /// Characters of a provider's own words kept in an error (it goes into messages, the log and
 /// every attempt of the trace).
 const MAX_CAUSE_CHARS: usize = 500;
 
+/// A readable cause for an HTTP error status, with the provider's own message when it has one.
+/// Authentication failures never echo the body: providers quote parts of the key there.
 fn status_cause(code: u16, body: &str) -> String {
     if code == 401 || code == 403 {
         return format!(
@@ -621,10 +626,19 @@ fn read_stream(mut reader: impl std::io::BufRead, limit: u64) -> (Vec<Completion
                 .get("message")
                 .and_then(Value::as_str)
                 .map_or_else(|| error.to_string(), str::to_string);
-            break Some(Stop::Failed(format!(
+            let cause = format!(
                 "the stream ended on an error: {}",
                 message.chars().take(200).collect::<String>()
-            )));
+            );
+            let server_side = error
+                .get("code")
+                .and_then(Value::as_u64)
+                .is_some_and(|code| code >= 500);
+            break Some(if server_side {
+                Stop::Failed(cause)
+            } else {
+                Stop::Refused(cause)
+            });
         }
         if let Some(usage) = chunk.get("usage") {
             let count = |name: &str| usage.get(name).and_then(Value::as_u64).unwrap_or(0);
@@ -670,8 +684,6 @@ fn read_stream(mut reader: impl std::io::BufRead, limit: u64) -> (Vec<Completion
     (finished, stopped)
 }
 
-/// The assistants' texts (at most `n`, at least one) and token counts from a chat-completion
-/// body; the counts go with the first.
 /// Whether `body` is a chat completion with choices (whatever their content).
 fn is_completion(body: &str) -> bool {
     serde_json::from_str::<Value>(body).is_ok_and(|value| {
@@ -682,6 +694,8 @@ fn is_completion(body: &str) -> bool {
     })
 }
 
+/// The assistants' texts (at most `n`, at least one) and token counts from a chat-completion
+/// body; the counts go with the first.
 fn parse_completions(body: &str, n: usize) -> std::result::Result<Vec<Completion>, String> {
     let value: Value = serde_json::from_str(body).map_err(|_| {
         let start: String = body.chars().take(120).collect();
@@ -855,6 +869,14 @@ mod tests {
         let (choices, stopped) = stream(&events, None);
         assert!(choices.is_empty());
         assert!(matches!(stopped, Some(Stop::Failed(cause)) if cause.contains("context is full")));
+        // A 4xx, or a named refusal, is the request's: it trips no breaker for other roles.
+        for event in [
+            r#"{"error":{"message":"flagged","code":400}}"#,
+            r#"{"error":{"message":"flagged","code":"content_filter"}}"#,
+        ] {
+            let (_, stopped) = stream(&[event], None);
+            assert!(matches!(stopped, Some(Stop::Refused(cause)) if cause.contains("flagged")));
+        }
     }
 
     #[test]

@@ -145,7 +145,7 @@ impl ValueIndex {
             columns,
         };
         let deadline = Instant::now() + BUILD_BUDGET;
-        let mut shared = shared::fetch(&index.columns);
+        let mut shared = shared::fetch(&index.columns, deadline, MAX_PER_COLUMN + 1, MAX_VALUES);
         let share = shared::may_share();
         let mut read: Vec<(usize, Vec<String>)> = Vec::new();
         for relation in index.columns.relations() {

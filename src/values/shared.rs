@@ -24,9 +24,18 @@ const TTL_S: u64 = 600;
 /// Columns asked for in one Redis call.
 const FIELDS_PER_CALL: usize = 16;
 
+/// Bytes of shared reads fetched at most for one index (it keeps less).
+const MAX_FETCHED_BYTES: usize = 32 << 20;
+
 /// The shared reads of `columns` (by column id) that Redis has: a round trip per
-/// `FIELDS_PER_CALL` of them.
-pub fn fetch(columns: &TextColumns) -> HashMap<usize, Vec<String>> {
+/// `FIELDS_PER_CALL` of them, until `deadline`, `MAX_FETCHED_BYTES` or `max_values` values were
+/// fetched; each cut to `per_column` values (what an index keeps of a column).
+pub fn fetch(
+    columns: &TextColumns,
+    deadline: std::time::Instant,
+    per_column: usize,
+    max_values: usize,
+) -> HashMap<usize, Vec<String>> {
     if !redis_client::configured() {
         return HashMap::new();
     }
@@ -52,7 +61,14 @@ pub fn fetch(columns: &TextColumns) -> HashMap<usize, Vec<String>> {
         .flat_map(|(key, fields)| fields.iter().map(move |(id, field)| (key, *id, field)))
         .collect();
     let mut found = HashMap::new();
+    let (mut bytes, mut values) = (0usize, 0usize);
     for chunk in flat.chunks(FIELDS_PER_CALL) {
+        if std::time::Instant::now() >= deadline
+            || bytes >= MAX_FETCHED_BYTES
+            || values >= max_values
+        {
+            break;
+        }
         let mut request: Vec<(String, Vec<String>)> = Vec::new();
         let mut ids: Vec<Vec<usize>> = Vec::new();
         for (key, id, field) in chunk {
@@ -74,10 +90,12 @@ pub fn fetch(columns: &TextColumns) -> HashMap<usize, Vec<String>> {
         });
         for (of_key, answer) in ids.iter().zip(answers.unwrap_or_default()) {
             for (id, value) in of_key.iter().zip(answer) {
-                if let Some(values) =
-                    value.and_then(|v| serde_json::from_str::<Vec<String>>(&v).ok())
-                {
-                    found.insert(*id, values);
+                let Some(stored) = value else { continue };
+                bytes += stored.len();
+                if let Ok(mut read) = serde_json::from_str::<Vec<String>>(&stored) {
+                    read.truncate(per_column);
+                    values += read.len();
+                    found.insert(*id, read);
                 }
             }
         }

@@ -723,9 +723,11 @@ fn what_one_role_made_an_endpoint_refuse_keeps_only_that_role_away_from_it() {
     let fallback = ScriptedLlm::start();
     let db = s.database.clone();
     let (a, b) = (format!("first_{db}"), format!("second_{db}"));
+    let (c, d) = (format!("third_{db}"), format!("fourth_{db}"));
     s.client
         .batch_execute(&format!(
-            "CREATE ROLE {a}; CREATE ROLE {b}; GRANT SELECT ON customers TO {a}, {b};
+            "CREATE ROLE {a}; CREATE ROLE {b}; CREATE ROLE {c}; CREATE ROLE {d};
+             GRANT SELECT ON customers TO {a}, {b}, {c}, {d};
              SET sql_query_engine.llm_fallbacks = '{}';",
             fallback.url()
         ))
@@ -766,7 +768,7 @@ fn what_one_role_made_an_endpoint_refuse_keeps_only_that_role_away_from_it() {
     let second = endpoint_of(&mut s, &b, "a question of the second role");
     assert!(second.starts_with(&s.llm.url()), "{second}");
     // Also as the gateway asks, through nl_call's run_as (the model is asked between
-    // transactions, as the session user).
+    // transactions, as the session user), with two roles that asked nothing yet.
     s.llm.on(
         "another question the primary refuses",
         vec![Reply::Status(400, "no".into())],
@@ -793,8 +795,8 @@ fn what_one_role_made_an_endpoint_refuse_keeps_only_that_role_away_from_it() {
             .unwrap_or_default()
             .to_string()
     };
-    let first = called(&a, "another question the primary refuses");
+    let first = called(&c, "another question the primary refuses");
     assert!(first.starts_with(&fallback.url()), "{first}");
-    let second = called(&b, "another question of the second role");
+    let second = called(&d, "another question of the second role");
     assert!(second.starts_with(&s.llm.url()), "{second}");
 }
