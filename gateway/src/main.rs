@@ -397,7 +397,19 @@ async fn reload(db: &Db, tokens: &Tokens, path: &str, allow: bool) {
     };
     // A token removed from the file is revoked before anything is checked.
     tokens.set(tokens.kept(&entries));
-    let checked = tokio::time::timeout(VET_TIMEOUT, refused_roles(db, &entries, allow))
+    // Up to three times: each pooled connection the server closed since (a restart,
+    // terminated backends) fails a check, and the pool then opens a new one.
+    let check = async {
+        let mut checked = refused_roles(db, &entries, allow).await;
+        for _ in 0..2 {
+            if checked.is_ok() {
+                break;
+            }
+            checked = refused_roles(db, &entries, allow).await;
+        }
+        checked
+    };
+    let checked = tokio::time::timeout(VET_TIMEOUT, check)
         .await
         .unwrap_or_else(|_| Err("checking the tokens' roles took too long".to_string()));
     let in_force = match checked {
