@@ -30,8 +30,9 @@ pub fn add_from_history(question: &str, sql: &str, history_id: i64) -> Result<i6
     insert(question, sql, Some(history_id))
 }
 
+/// Stores an example whose SQL its caller ran through the sandbox already (`add`, or
+/// `nl_feedback`'s run of it): the guard checked it there.
 fn insert(question: &str, sql: &str, history_id: Option<i64>) -> Result<i64> {
-    crate::exec::check(sql, None)?;
     let insert = format!(
         "INSERT INTO {}.nl_examples (question, sql, history_id) VALUES ($1, $2, $3) RETURNING id",
         extension_schema()?
@@ -250,11 +251,7 @@ fn distinct_words(text: &str) -> Vec<String> {
     while !text.is_char_boundary(end) {
         end -= 1;
     }
-    let mut seen = std::collections::HashSet::new();
-    words(&text[..end])
-        .into_iter()
-        .filter(|w| seen.insert(w.clone()))
-        .collect()
+    crate::text::first_distinct(words(&text[..end]), usize::MAX)
 }
 
 /// Ranks by Jaccard similarity of the questions' words, plus what the example's SQL shares with

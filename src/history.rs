@@ -177,6 +177,7 @@ pub enum Audited<'a> {
 
 /// The role of a call, read when the call starts: once an ERROR is caught, the audit line is
 /// written without reading the catalogs again.
+#[derive(Clone)]
 pub struct Caller {
     id: pg_sys::Oid,
     name: String,
@@ -222,10 +223,7 @@ impl InFlight {
         }
         IN_FLIGHT.with_borrow_mut(|calls| {
             calls.push(InFlight {
-                caller: Caller {
-                    id: caller.id,
-                    name: caller.name.clone(),
-                },
+                caller: caller.clone(),
                 function: function.to_string(),
                 session: session.map(str::to_string),
                 input: input.to_string(),

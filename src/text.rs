@@ -94,6 +94,26 @@ pub fn name_tokens(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// The first `at_most` distinct items, in order, in one pass (a look-up per item, not a scan of
+/// those kept: a text or a read of any length costs linear time).
+pub fn first_distinct<S: AsRef<str>>(
+    items: impl IntoIterator<Item = S>,
+    at_most: usize,
+) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    let mut kept = Vec::new();
+    for item in items {
+        if kept.len() >= at_most {
+            break;
+        }
+        let item = item.as_ref();
+        if seen.insert(item.to_string()) {
+            kept.push(item.to_string());
+        }
+    }
+    kept
+}
+
 /// Normalized form for exact matching: lower case, blank space collapsed, surrounding
 /// punctuation dropped.
 pub fn normalize(text: &str) -> String {

@@ -186,7 +186,10 @@ impl ValueIndex {
                     }
                     for (&position, more) in unread.iter().zip(scanned.columns) {
                         if share && index.columns.get(ids[position]).shared_as.is_some() {
-                            read.push((ids[position], distinct(&more, MAX_PER_COLUMN + 1)));
+                            // What an index keeps of it (one more, so that a reader knows
+                            // it was cut), not every row read.
+                            let kept = crate::text::first_distinct(&more, MAX_PER_COLUMN + 1);
+                            read.push((ids[position], kept));
                         }
                         per_column[position].extend(more);
                     }
@@ -426,22 +429,6 @@ impl ValueIndex {
 fn interruptible() {
     #[cfg(not(test))]
     pgrx::check_for_interrupts!();
-}
-
-/// The first `at_most` distinct values of `values`, in order: what is shared of a column is
-/// what an index keeps of it (one more, so that a reader knows it was cut), not every row read.
-fn distinct(values: &[String], at_most: usize) -> Vec<String> {
-    let mut seen = FxHashSet::default();
-    let mut kept = Vec::new();
-    for value in values {
-        if kept.len() >= at_most {
-            break;
-        }
-        if seen.insert(value.as_str()) {
-            kept.push(value.clone());
-        }
-    }
-    kept
 }
 
 /// Longest phrase (in bytes) looked up by similarity rather than only exactly.
