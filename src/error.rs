@@ -136,15 +136,13 @@ pub enum Error {
     #[error("{message}")]
     Setting { message: String, hint: String },
 
-    /// The LLM endpoint could not be reached, answered with an error, or answered garbage.
-    /// `down`: the failure is the endpoint's own (unreachable, no answer within the server's
-    /// `llm_timeout`, 429 or 5xx, not a completion), not one the request could have caused;
-    /// only such failures are shared with other backends (`llm::breaker`).
+    /// The LLM endpoint could not be reached, answered with an error, or answered garbage;
+    /// `fault` says whose failure it was (what `llm::breaker` is told).
     #[error("LLM request to {endpoint} failed: {cause}")]
     Llm {
         endpoint: String,
         cause: String,
-        down: bool,
+        fault: Fault,
     },
 
     /// The guard refused a statement (a write proposed by the model, or what `nl_check` was
@@ -177,6 +175,20 @@ pub enum Error {
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// Whose failure a failed model request was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The endpoint's own, whatever was asked (unreachable, no answer within the server's
+    /// `llm_timeout`, 429 or 5xx, not a completion): the only kind shared with other backends.
+    Endpoint,
+    /// One the request may have caused (a 4xx, an empty or refused answer): it keeps only the
+    /// asking role away from the endpoint.
+    Request,
+    /// The backend's: no helper thread was free, so nothing was asked; no endpoint or role is
+    /// blamed, and no other endpoint would fare better.
+    Busy,
+}
 
 impl Error {
     pub fn internal(what: impl std::fmt::Display) -> Self {

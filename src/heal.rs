@@ -14,7 +14,7 @@
 
 use std::time::Instant;
 
-use crate::error::{Error, Result, SqlError, SqlState};
+use crate::error::{Error, Fault, Result, SqlError, SqlState};
 use crate::exec::{Outcome, ResultSet};
 use crate::extract::{extract_sql, strip_think};
 use crate::hints::Requalified;
@@ -916,7 +916,7 @@ impl Run {
                             f.cause,
                             self.attempts.len()
                         ),
-                        down: false,
+                        fault: Fault::Request,
                     });
                 }
                 let last = self.attempts.iter().rev().find_map(|a| match &a.outcome {
@@ -1027,7 +1027,7 @@ mod tests {
                 return Err(Error::Llm {
                     endpoint: "http://model".into(),
                     cause: "HTTP 503".into(),
-                    down: true,
+                    fault: Fault::Endpoint,
                 });
             }
             // A request that ends at the deadline the loop set, unanswered.
@@ -1038,7 +1038,7 @@ mod tests {
                 return Err(Error::Llm {
                     endpoint: "http://model".into(),
                     cause: "no answer in time".into(),
-                    down: false,
+                    fault: Fault::Request,
                 });
             }
             Ok(Completion {
@@ -1059,7 +1059,10 @@ mod tests {
             for _ in 0..n {
                 match self.complete_exploring(messages) {
                     Ok(completion) => batch.completions.push(completion),
-                    Err(Error::Llm { down: false, .. }) if !batch.completions.is_empty() => break,
+                    Err(Error::Llm {
+                        fault: Fault::Request,
+                        ..
+                    }) if !batch.completions.is_empty() => break,
                     Err(e) => return Err(e),
                 }
             }

@@ -14,7 +14,7 @@ use super::breaker;
 use super::completion::{Batch, Completion, Llm, Message};
 use super::endpoint::Endpoint;
 use super::openai::{OpenAiClient, Options};
-use crate::error::{Error, Result};
+use crate::error::{Error, Fault, Result};
 
 pub struct Chain {
     clients: Vec<OpenAiClient>,
@@ -84,28 +84,26 @@ impl Chain {
                 }
                 // No helper thread was free: nothing was asked, and no other endpoint would be
                 // asked either; the breaker hears nothing of it.
-                Err(Error::Llm { cause, .. }) if cause == super::openai::BUSY => {
-                    return Err(Error::Llm {
-                        endpoint,
-                        cause,
-                        down: false,
-                    });
-                }
+                Err(
+                    busy @ Error::Llm {
+                        fault: Fault::Busy, ..
+                    },
+                ) => return Err(busy),
                 Err(Error::Llm {
                     endpoint,
                     cause,
-                    down,
+                    fault,
                 }) => {
                     // No answer within a share the call's budget shortened says nothing
                     // about the endpoint.
                     if !(cut_short && Instant::now() >= deadline) {
-                        breaker::failed(&endpoint, role, down);
+                        breaker::failed(&endpoint, role, fault == Fault::Endpoint);
                     }
                     failures.push(format!("{endpoint}: {cause}"));
                     last_error = Some(Error::Llm {
                         endpoint,
                         cause,
-                        down,
+                        fault,
                     });
                 }
                 Err(other) => return Err(other),
@@ -124,7 +122,7 @@ impl Chain {
                 } else {
                     format!("every endpoint failed: {}", failures.join("; "))
                 },
-                down: false,
+                fault: Fault::Request,
             },
         })
     }

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use super::completion::{Batch, Completion, Message};
 use super::endpoint::Endpoint;
-use crate::error::{Error, Result};
+use crate::error::{Error, Fault, Result};
 use crate::urls::{redact, redact_url};
 use crate::wait::{run_interruptible, sleep_interruptible, WaitError};
 
@@ -48,9 +48,8 @@ thread_local! {
     static NO_CHOICES: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Why a request never started (see `WaitError::Busy`): the backend's, not the endpoint's or
-/// the role's (`chain` tells the breaker nothing of it, see `is_busy`).
-pub const BUSY: &str = "no request thread was free in time (earlier requests of this connection, \
+/// Why a request never started (see `WaitError::Busy`): the backend's (`Fault::Busy`).
+const BUSY: &str = "no request thread was free in time (earlier requests of this connection, \
      abandoned to a cancel, are still running)";
 
 /// What one HTTP exchange produced, as plain data that can cross back from the helper thread.
@@ -115,17 +114,22 @@ impl OpenAiClient {
         )
     }
 
-    /// A failure this request may have caused (or the backend's own).
+    /// A failure this request may have caused.
     fn error(&self, cause: impl Into<String>) -> Error {
-        self.failure(cause.into(), false)
+        self.failure(cause.into(), Fault::Request)
     }
 
-    /// A failure that is the endpoint's own, whatever was asked (see `Error::Llm`).
+    /// A failure that is the endpoint's own, whatever was asked.
     fn down(&self, cause: impl Into<String>) -> Error {
-        self.failure(cause.into(), true)
+        self.failure(cause.into(), Fault::Endpoint)
     }
 
-    fn failure(&self, cause: String, down: bool) -> Error {
+    /// No helper thread was free: nothing was asked.
+    fn busy(&self) -> Error {
+        self.failure(BUSY.into(), Fault::Busy)
+    }
+
+    fn failure(&self, cause: String, fault: Fault) -> Error {
         let mut cause = redact(&cause, &self.base_url);
         if let Some(key) = self.api_key.as_deref() {
             cause = cause.replace(key, "[api key]");
@@ -133,7 +137,7 @@ impl OpenAiClient {
         Error::Llm {
             endpoint: self.endpoint(),
             cause,
-            down,
+            fault,
         }
     }
 
@@ -164,7 +168,7 @@ impl OpenAiClient {
         match run_interruptible(wait_deadline(deadline), exchange) {
             Ok(reply) => Ok(reply),
             Err(WaitError::TimedOut) => Err(self.timeout_error()),
-            Err(WaitError::Busy) => Err(self.error(BUSY)),
+            Err(WaitError::Busy) => Err(self.busy()),
             Err(WaitError::Lost) => Err(self.error("the request thread ended without an answer")),
         }
     }
@@ -196,7 +200,7 @@ impl OpenAiClient {
         match run_interruptible(wait_deadline(deadline), together) {
             Ok(replies) => Ok(replies),
             Err(WaitError::TimedOut) => Err(self.timeout_error()),
-            Err(WaitError::Busy) => Err(self.error(BUSY)),
+            Err(WaitError::Busy) => Err(self.busy()),
             Err(WaitError::Lost) => Err(self.error("the request threads ended without an answer")),
         }
     }
@@ -275,9 +279,14 @@ impl OpenAiClient {
     /// No answer in time: the endpoint's failure only when the caller did not shorten the
     /// server's `llm_timeout` (a role's own short timeout says nothing about the endpoint).
     fn timeout_error(&self) -> Error {
+        let fault = if crate::settings::llm_timeout_lowered() {
+            Fault::Request
+        } else {
+            Fault::Endpoint
+        };
         self.failure(
             "no answer in time (sql_query_engine.llm_timeout)".into(),
-            !crate::settings::llm_timeout_lowered(),
+            fault,
         )
     }
 }
