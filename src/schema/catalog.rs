@@ -230,15 +230,16 @@ LIMIT $2
 /// The columns of the relations `$1` that the caller can SELECT, in order, with their types
 /// and what is said of them: informative defaults (not a sequence's nextval, none longer than a
 /// line), comments cut to 500 characters and at most 100 labels of an enum (`labels_cut` when
-/// it has more), these three only while their bytes, counted in the order of the columns, stay
-/// within `$2` (what another role writes into the catalog is not all loaded into the caller's
-/// backend). A default is deparsed without its relation (`pg_get_expr(adbin, 0)`: a default
+/// it has more), these three only while their bytes, counted in the order of the relations in
+/// `$1` (search order) and of their columns, stay within `$2` (what another role writes into
+/// the catalog is not all loaded into the caller's backend; `cut` marks a column past it). A default is deparsed without its relation (`pg_get_expr(adbin, 0)`: a default
 /// names no column; with it, the deparse would lock the relation and wait behind another
 /// session's lock), and only a stored tree of bounded size.
 const COLUMNS_SQL: &str = r#"
 SELECT coalesce(json_agg(json_build_object(
     'relation', c.attrelid::bigint,
     'raw_name', c.attname,
+    'cut', c.said > $2,
     'column', json_build_object(
         'name', quote_ident(c.attname),
         'attnum', c.attnum,
@@ -250,14 +251,14 @@ SELECT coalesce(json_agg(json_build_object(
         'labels', CASE WHEN c.said <= $2 THEN coalesce(to_json(c.labels[1:100]), '[]') ELSE '[]' END,
         'labels_cut', c.labels IS NOT NULL AND (c.said > $2 OR cardinality(c.labels) > 100),
         'textual', c.textual)
-) ORDER BY c.attrelid, c.attnum), '[]')::text
+) ORDER BY c.ord, c.attnum), '[]')::text
 FROM (
     SELECT s.*, sum(coalesce(octet_length(to_json(s.dflt)::text), 0)
                     + coalesce(octet_length(to_json(s.comment)::text), 0)
                     + coalesce(octet_length(to_json(s.labels[1:100])::text), 0))
-                OVER (ORDER BY s.attrelid, s.attnum ROWS UNBOUNDED PRECEDING) AS said
+                OVER (ORDER BY s.ord, s.attnum ROWS UNBOUNDED PRECEDING) AS said
     FROM (
-        SELECT a.attrelid, a.attname, a.attnum, a.atttypid, a.atttypmod,
+        SELECT r.ord, a.attrelid, a.attname, a.attnum, a.atttypid, a.atttypmod,
                a.attnotnull AND NOT EXISTS (
                    SELECT FROM pg_constraint nn
                    WHERE nn.conrelid = a.attrelid AND nn.contype = 'n' AND NOT nn.convalidated
@@ -270,13 +271,14 @@ FROM (
                    SELECT e.enumlabel::text FROM pg_enum e WHERE e.enumtypid = t.oid
                    ORDER BY e.enumsortorder LIMIT 101) END AS labels,
                t.typcategory = 'S' AS textual
-        FROM pg_attribute a
+        FROM unnest($1::oid[]) WITH ORDINALITY AS r(oid, ord)
+        JOIN pg_attribute a ON a.attrelid = r.oid
         JOIN pg_type t ON t.oid = a.atttypid
         LEFT JOIN pg_attrdef ad ON ad.adrelid = a.attrelid AND ad.adnum = a.attnum
         LEFT JOIN pg_description cd
             ON cd.objoid = a.attrelid AND cd.classoid = 'pg_class'::regclass
            AND cd.objsubid = a.attnum
-        WHERE a.attrelid = ANY($1::oid[]) AND a.attnum > 0 AND NOT a.attisdropped
+        WHERE a.attnum > 0 AND NOT a.attisdropped
           AND (has_table_privilege(a.attrelid, 'SELECT')
                OR has_column_privilege(a.attrelid, a.attnum, 'SELECT'))
     ) s
@@ -325,9 +327,13 @@ WHERE k.running <= $6
 /// Primary keys, unique keys and foreign keys of the relations `$1`, and whether the caller
 /// may read a foreign key's referenced table (only then is the key shown): at most `$2` of a
 /// relation (its primary key first, then its unique keys), however many its owner made, and
-/// `$3` in all (each relation's first ones first).
+/// `$3` in all (each relation's first ones first, in the order of `$1`); `all` counts them
+/// all, to say when some were left out.
 const KEYS_SQL: &str = r#"
-SELECT coalesce(json_agg(json_build_object(
+SELECT json_build_object('all', (
+    SELECT count(*) FROM pg_constraint
+    WHERE conrelid = ANY($1::oid[]) AND contype IN ('p', 'u', 'f')
+), 'keys', coalesce(json_agg(json_build_object(
     'relation', co.conrelid::bigint,
     'kind', co.contype,
     'columns', (SELECT json_agg(quote_ident(a.attname) ORDER BY k.ord)
@@ -342,17 +348,18 @@ SELECT coalesce(json_agg(json_build_object(
     'ref_readable', co.contype = 'f' AND has_schema_privilege(fn.oid, 'USAGE')
                     AND has_any_column_privilege(co.confrelid, 'SELECT'),
     'deferrable', co.condeferrable
-) ORDER BY co.conrelid, co.conname), '[]')::text
+) ORDER BY co.conrelid, co.conname), '[]'))::text
 FROM (
     SELECT * FROM (
-        SELECT co.*, row_number() OVER (
+        SELECT co.*, r.ord, row_number() OVER (
                    PARTITION BY co.conrelid
                    ORDER BY co.contype = 'p' DESC, co.contype = 'u' DESC, co.conname) AS nth
-        FROM pg_constraint co
-        WHERE co.conrelid = ANY($1::oid[]) AND co.contype IN ('p', 'u', 'f')
+        FROM unnest($1::oid[]) WITH ORDINALITY AS r(oid, ord)
+        JOIN pg_constraint co ON co.conrelid = r.oid
+        WHERE co.contype IN ('p', 'u', 'f')
     ) numbered
     WHERE nth <= $2
-    ORDER BY nth, conrelid
+    ORDER BY nth, ord
     LIMIT $3
 ) co
 LEFT JOIN pg_class fc ON fc.oid = co.confrelid
@@ -378,7 +385,17 @@ struct RelationRow {
 struct ColumnRow {
     relation: u32,
     raw_name: String,
+    /// Past the bytes of annotations read: its default, comment and labels are not shown.
+    #[serde(default)]
+    cut: bool,
     column: Column,
+}
+
+/// What `KEYS_SQL` returns: the keys read, and how many the relations have.
+#[derive(Deserialize)]
+struct Keys {
+    keys: Vec<KeyRow>,
+    all: usize,
 }
 
 #[derive(Deserialize)]
@@ -445,6 +462,13 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
                 COLUMNS_SQL,
                 &[oids.clone().into(), MAX_ANNOTATION_BYTES.into()],
             )?)?;
+            let cut = columns.iter().filter(|c| c.cut).count();
+            if cut > 0 {
+                notice!(
+                    "sql_query_engine: the schema context leaves out the defaults, comments and labels of {cut} columns (at most {} MB of them are read, in search order)",
+                    MAX_ANNOTATION_BYTES >> 20
+                );
+            }
             for row in &mut columns {
                 // Text the extension may read on its own: built-in types, and domains over
                 // them (a domain's CHECK does not run on a read).
@@ -482,15 +506,20 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
             } else {
                 Vec::new()
             };
-            let keys: Vec<KeyRow> =
-                parse(&json(
-                    KEYS_SQL,
-                    &[
-                        oids.into(),
-                        MAX_KEYS_PER_RELATION.into(),
-                        MAX_KEYS.into(),
-                    ],
-                )?)?;
+            let Keys { keys, all } = parse(&json(
+                KEYS_SQL,
+                &[
+                    oids.into(),
+                    MAX_KEYS_PER_RELATION.into(),
+                    MAX_KEYS.into(),
+                ],
+            )?)?;
+            if keys.len() < all {
+                notice!(
+                    "sql_query_engine: the schema context holds {} of the {all} keys of its relations (at most {MAX_KEYS_PER_RELATION} per relation and {MAX_KEYS} in all)",
+                    keys.len()
+                );
+            }
             Ok::<_, LoadError>((found, columns, statistics, keys))
         })
     })

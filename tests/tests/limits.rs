@@ -169,7 +169,7 @@ fn a_stored_setting_above_the_bound_applies_up_to_it_without_a_warning_at_every_
 #[test]
 fn what_another_role_writes_into_the_catalog_reaches_a_callers_backend_bounded() {
     let mut s = Session::new();
-    let (victim, mut client, _) = role_connection(&mut s, "reader");
+    let (victim, mut client, notices) = role_connection(&mut s, "reader");
     let attacker = format!("writer_{}", s.database);
     s.client
         .batch_execute(&format!(
@@ -220,6 +220,11 @@ fn what_another_role_writes_into_the_catalog_reaches_a_callers_backend_bounded()
     );
     let keys = schema.matches("FOREIGN KEY (a, b)").count();
     assert!((1..=64).contains(&keys), "{keys} foreign keys shown");
+    let said = notices.lock().unwrap().join("\n");
+    assert!(
+        said.contains("keys of its relations (at most 64 per relation"),
+        "the caller is told that keys were left out: {said}"
+    );
     assert!(
         !schema.contains("xxxxxxxxxx"),
         "a default longer than a line is not shown"
