@@ -1,11 +1,19 @@
 # The two commands a user needs (demo, test), the production install, and the test tiers. All
 # set up what is missing first (scripts/setup.sh). PG=NN picks the PostgreSQL major version
 # (default 15, Debian's); `make pg PG=17` makes that server ready first (scripts/pg.sh).
-.PHONY: demo test test-unit test-pg test-regress test-e2e test-gateway install setup lint pg
+.PHONY: demo test test-unit test-pg test-regress test-e2e test-gateway install setup lint lint-pg pg
 
 PG ?= 15
 PG_CONFIG ?= $(shell bash scripts/pg.sh config $(PG) 2>/dev/null)
 export PG_CONFIG
+# Another version than Debian's must be made ready first: its tiers would run on 15 otherwise.
+ifeq ($(PG_CONFIG),)
+ifneq ($(PG),15)
+ifeq ($(filter pg,$(MAKECMDGOALS)),)
+$(error PostgreSQL $(PG) is not ready: run make pg PG=$(PG) first)
+endif
+endif
+endif
 SUDO_FLAG := $(if $(filter 0,$(shell id -u)),,--sudo)
 
 demo:
@@ -33,7 +41,8 @@ test-gateway: setup
 
 # A release build into the server's directories (lib and extension); then, in each database,
 # CREATE EXTENSION sql_query_engine (or ALTER EXTENSION sql_query_engine UPDATE).
-install: setup
+install:
+	bash scripts/setup.sh build
 	PATH="$$HOME/.cargo/bin:$$PATH" cargo pgrx install --release --pg-config $(PG_CONFIG) \
 	    --no-default-features --features pg$$($(PG_CONFIG) --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/') \
 	    $(SUDO_FLAG)
@@ -50,3 +59,7 @@ lint:
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	python3 scripts/check-modules.py src gateway/src
+
+# The lints of the code only PostgreSQL $(PG) builds (compat.rs), once it is ready (make pg).
+lint-pg:
+	cargo clippy --all-targets --no-default-features --features pg$(PG) -- -D warnings

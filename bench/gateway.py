@@ -23,6 +23,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -53,7 +54,8 @@ def start_gateway(llm_url):
         c.execute("GRANT bench_reader TO bench_authenticator")
         c.execute(f"ALTER DATABASE {DATABASE} SET sql_query_engine.llm_url = '{llm_url}'")
     subprocess.run(["cargo", "build", "-q", "--release", "-p", "sqe-gateway"], cwd=REPO, check=True)
-    tokens = pathlib.Path("/tmp") / f"sqe-bench-tokens-{os.getpid()}"
+    # A file only this user may read (mkdtemp makes the directory 0700).
+    tokens = pathlib.Path(tempfile.mkdtemp(prefix="sqe-bench-")) / "tokens"
     tokens.write_text(f"{TOKEN} bench_reader\n")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

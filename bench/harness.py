@@ -14,6 +14,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import re
@@ -118,7 +119,7 @@ class Cluster:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        directory = f"/tmp/sqe-bench-{os.getpid()}"
+        directory = tempfile.mkdtemp(prefix="sqe-bench-", dir="/tmp")
         subprocess.run(["bash", str(REPO / "scripts/pg-cluster.sh"), "start", directory, str(port)], check=True)
         self.own = directory
         os.environ.update(PGHOST=directory, PGPORT=str(port), PGUSER="postgres")

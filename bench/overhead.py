@@ -26,6 +26,7 @@ import pathlib
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -88,7 +89,7 @@ def create_database(tables):
 
 def start_model(questions):
     answers = {f"question number {n} about the tables": "SELECT count(*) AS n FROM t1" for n in questions}
-    path = pathlib.Path("/tmp") / f"sqe-overhead-answers-{os.getpid()}.json"
+    path = pathlib.Path(tempfile.mkdtemp(prefix="sqe-overhead-")) / "answers.json"
     path.write_text(json.dumps(answers))
     subprocess.run(
         ["cargo", "build", "-q", "--release", "-p", "sql_query_engine_e2e", "--bin", "scripted_llm"],

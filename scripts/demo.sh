@@ -18,10 +18,8 @@ SUDO_FLAG=""
 echo "demo: building and installing the extension"
 cargo pgrx install --pg-config "$PG_CONFIG" $SUDO_FLAG >/dev/null
 
-dir=/tmp/sqe-demo
+dir="$(mktemp -d /tmp/sqe-demo-XXXXXX)"
 port="${DEMO_PORT:-55432}"
-bash scripts/pg-cluster.sh stop "$dir" 2>/dev/null || true
-rm -rf "$dir"
 # The recommended configuration: the library preloaded, so that its settings are defined in
 # every backend from the start.
 bash scripts/pg-cluster.sh start "$dir" "$port" -c shared_preload_libraries=sql_query_engine
@@ -29,6 +27,7 @@ scripted_pid=""
 cleanup() {
     [ -n "$scripted_pid" ] && kill "$scripted_pid" 2>/dev/null
     bash scripts/pg-cluster.sh stop "$dir"
+    rm -rf "$dir"
 }
 trap cleanup EXIT
 

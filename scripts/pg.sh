@@ -45,7 +45,8 @@ config() {
 # Fetches the upstream tarball of postgresql-NN from Debian's source package into $2. apt
 # verifies it (the signed Release file lists the Sources index, which lists its checksum). A
 # mirror that lacks the files of the version its index lists gets the newest older release of
-# the same major from the same pool, checked against the SHA-256 its .dsc gives.
+# the same major from the same pool, over HTTPS, taken only when it matches the SHA-256 that
+# its .dsc (also over HTTPS) gives: a tarball nothing vouches for is never built.
 fetch_sources() {
     local major="$1" into="$2" suite
     suite="$(suite_of "$major")" || {
@@ -62,33 +63,30 @@ fetch_sources() {
             >/dev/null 2>&1); then
         local listed pool minor
         listed="$(apt-cache "${options[@]}" showsrc "postgresql-$major" | awk '/^Version:/ {print $2; exit}')"
-        pool="http://deb.debian.org/debian/$(apt-cache "${options[@]}" showsrc "postgresql-$major" \
+        pool="https://deb.debian.org/debian/$(apt-cache "${options[@]}" showsrc "postgresql-$major" \
             | awk '/^Directory:/ {print $2; exit}')"
         minor="$(echo "$listed" | sed -E 's/^[0-9]+\.([0-9]+).*/\1/')"
         echo "pg.sh: the mirror lacks postgresql-$major $listed; looking for an older release in $pool" >&2
         local found=""
         while [ "$minor" -ge 0 ] && [ -z "$found" ]; do
-            local tarball="postgresql-${major}_${major}.${minor}.orig.tar.bz2"
-            if curl -fsS --max-time 600 -o "$into/$tarball" "$pool/$tarball" 2>/dev/null; then
+            local tarball="postgresql-${major}_${major}.${minor}.orig.tar.bz2" want="" dsc
+            for dsc in "${major}.${minor}-0+deb13u1" "${major}.${minor}-1" "${major}.${minor}-2" "${major}.${minor}-3"; do
+                if curl --proto '=https' -fsS --max-time 60 -o "$into/source.dsc" \
+                        "$pool/postgresql-${major}_${dsc/+/%2b}.dsc" 2>/dev/null; then
+                    want="$(awk -v f="$tarball" '/^Checksums-Sha256:/ {s=1; next} s && $3 == f {print $1; exit}' "$into/source.dsc")"
+                    [ -n "$want" ] && break
+                fi
+            done
+            if [ -n "$want" ] && curl --proto '=https' -fsS --max-time 600 -o "$into/$tarball" \
+                    "$pool/$tarball" 2>/dev/null; then
+                echo "$want  $into/$tarball" | sha256sum -c --quiet - \
+                    || { echo "pg.sh: $tarball does not match its .dsc" >&2; exit 1; }
+                echo "pg.sh: using $tarball (SHA-256 as postgresql-${major}_$dsc.dsc gives)" >&2
                 found="$tarball"
-                local dsc
-                for dsc in "${major}.${minor}-0+deb13u1" "${major}.${minor}-1" "${major}.${minor}-2" "${major}.${minor}-3"; do
-                    if curl -fsS --max-time 60 -o "$into/source.dsc" \
-                            "$pool/postgresql-${major}_${dsc/+/%2b}.dsc" 2>/dev/null; then
-                        local want
-                        want="$(awk -v f="$tarball" '/^Checksums-Sha256:/ {s=1; next} s && $3 == f {print $1; exit}' "$into/source.dsc")"
-                        if [ -n "$want" ]; then
-                            echo "$want  $into/$tarball" | sha256sum -c --quiet - \
-                                || { echo "pg.sh: $tarball does not match its .dsc" >&2; exit 1; }
-                            echo "pg.sh: using $tarball (SHA-256 as postgresql-${major}_$dsc.dsc gives)" >&2
-                        fi
-                        break
-                    fi
-                done
             fi
             minor=$((minor - 1))
         done
-        [ -n "$found" ] || { echo "pg.sh: no postgresql-$major sources on this mirror" >&2; exit 1; }
+        [ -n "$found" ] || { echo "pg.sh: no postgresql-$major sources with a checksum on this mirror" >&2; exit 1; }
     fi
     local tarball
     tarball="$(ls "$into"/postgresql-"$major"_*.orig.tar.* | head -1)"

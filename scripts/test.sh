@@ -31,14 +31,13 @@ if [ "$(id -u)" = 0 ]; then
 else
     SUDO=sudo SUDO_FLAG=--sudo runas="$(id -un)"
 fi
-work="/tmp/sqe-test-$$"
+work="$(mktemp -d /tmp/sqe-test-XXXXXX)"
 cluster_dir="$work/cluster"
 cleanup() {
     [ -d "$cluster_dir" ] && bash scripts/pg-cluster.sh stop "$cluster_dir"
     rm -rf "$work"
 }
 trap cleanup EXIT
-mkdir -p "$work"
 [ "$(id -u)" = 0 ] && chown postgres:postgres "$work"
 
 step() { echo "test: $*"; }

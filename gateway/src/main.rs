@@ -53,7 +53,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve /v1/models, /v1/chat/completions and /mcp.
+    /// Serve /v1/models, /v1/chat/completions, /v1/feedback and /mcp.
     Serve(Box<Serve>),
     /// MCP over stdio, for local clients.
     McpStdio {

@@ -91,8 +91,7 @@ extern "C" fn stop_cluster() {
 fn start_cluster() -> Cluster {
     let port = free_port();
     // Short: the socket lives here too.
-    let dir = format!("/tmp/sqe-e2e-{}", std::process::id());
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = crate::fresh_dir("sqe-e2e").display().to_string();
     let _ = CLUSTER_DIR.set(PathBuf::from(&dir));
     unsafe { libc::atexit(stop_cluster) };
     run_script(&["start", &dir, &port.to_string()]);

@@ -138,12 +138,19 @@ impl Default for Session {
 /// A file holding `key`, readable by the server only: how an API key is configured
 /// (`sql_query_engine.llm_api_key_file`). Returns its path.
 pub fn key_file(key: &str) -> String {
-    use std::os::unix::fs::PermissionsExt;
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     static FILES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = FILES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    let path = format!("/tmp/sqe-key-{}-{n}", std::process::id());
-    std::fs::write(&path, format!("{key}\n")).expect("writing the key file");
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let path = scratch(&format!("key-{n}")).display().to_string();
+    // Created here, private from the start: never a file or link someone made in advance.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .and_then(|mut file| file.write_all(format!("{key}\n").as_bytes()))
+        .expect("writing the key file");
     if unsafe { libc::geteuid() } == 0 {
         // The test cluster runs as postgres when the tests run as root.
         let user = std::ffi::CString::new("postgres").expect("a name");
@@ -154,6 +161,31 @@ pub fn key_file(key: &str) -> String {
         }
     }
     path
+}
+
+/// A path for a file or directory a test writes, in the test cluster's own directory (private
+/// to the server's user, and removed with the cluster at exit): never a name in /tmp that
+/// someone could have taken first. Named after the process too: the test binaries of one run
+/// share the cluster.
+pub fn scratch(name: &str) -> std::path::PathBuf {
+    std::path::PathBuf::from(&cluster().host).join(format!("{}-{name}", std::process::id()))
+}
+
+/// A new directory under /tmp named `prefix` and six random characters (`mkdtemp`: made here,
+/// so never a directory or link someone made in advance), for the servers a test starts.
+pub fn fresh_dir(prefix: &str) -> std::path::PathBuf {
+    use std::os::unix::ffi::OsStringExt;
+    let template = std::ffi::CString::new(format!("/tmp/{prefix}-XXXXXX")).expect("a path");
+    let mut bytes = template.into_bytes_with_nul();
+    // SAFETY: `bytes` is a NUL-terminated template that mkdtemp fills in place.
+    let made = unsafe { libc::mkdtemp(bytes.as_mut_ptr().cast()) };
+    assert!(
+        !made.is_null(),
+        "mkdtemp: {}",
+        std::io::Error::last_os_error()
+    );
+    bytes.pop();
+    std::ffi::OsString::from_vec(bytes).into()
 }
 
 /// Whether backend `pid` is still listed in pg_stat_activity, as seen from `watcher`, after

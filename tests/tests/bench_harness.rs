@@ -48,7 +48,7 @@ fn run_bench(
             first(gold)
         }))
     });
-    let out = std::env::temp_dir().join(format!("sqe-bench-test-{}-{name}", std::process::id()));
+    let out = sql_query_engine_e2e::scratch(&format!("bench-test-{name}"));
     let _ = std::fs::remove_dir_all(&out);
     let c = cluster();
     let mut command = Command::new("bash");

@@ -72,7 +72,7 @@ impl Chat {
             Some(Reply::sql(sql))
         });
         let token = format!("chat-token-{database}");
-        let tokens = std::env::temp_dir().join(format!("sqe-chat-tokens-{database}"));
+        let tokens = sql_query_engine_e2e::scratch(&format!("chat-tokens-{database}"));
         std::fs::write(&tokens, format!("{token} {reader}\n")).unwrap();
         let database_url = format!(
             "host={} port={} user={authenticator} dbname={database}",

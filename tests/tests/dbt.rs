@@ -24,7 +24,7 @@ struct Project {
 
 impl Project {
     fn new(database: &str, user: &str) -> Project {
-        let dir = std::env::temp_dir().join(format!("sqe-dbt-{database}"));
+        let dir = sql_query_engine_e2e::scratch(&format!("dbt-{database}"));
         let _ = std::fs::remove_dir_all(&dir);
         copy_tree(&repo().join("dbt/integration_tests"), &dir);
         let package = repo().join("dbt").canonicalize().expect("the package");

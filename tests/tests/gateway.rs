@@ -86,7 +86,7 @@ fn setup() -> Setup {
         Some(Reply::sql(sql))
     });
     let (token, limited_token) = (format!("reader-token-{id}"), format!("limited-token-{id}"));
-    let tokens = std::env::temp_dir().join(format!("sqe-tokens-{id}"));
+    let tokens = sql_query_engine_e2e::scratch(&format!("tokens-{id}"));
     std::fs::write(
         &tokens,
         format!("# test tokens\n{token} {reader}\n{limited_token} {limited}\n"),
@@ -350,7 +350,7 @@ fn the_gateway_refuses_a_superuser_login_and_token_roles_that_can_run_their_own_
         (&creator, "may create objects in schema public"),
         (&owner, "owns function public.owned_code()"),
     ] {
-        let risky = std::env::temp_dir().join(format!("sqe-risky-tokens-{id}-{role}"));
+        let risky = sql_query_engine_e2e::scratch(&format!("risky-tokens-{id}-{role}"));
         std::fs::write(&risky, format!("{good}risky-token-{id}-1 {role}\n")).unwrap();
         let (started, said) = gateway_exits(&s.database_url, &risky, &[]);
         assert!(
@@ -747,7 +747,7 @@ fn a_body_sent_too_slowly_is_refused_and_connections_beyond_the_limit_wait() {
 fn two_tokens_of_one_role_never_share_a_conversation() {
     let s = setup();
     let other = format!("second-reader-token-{}", s.database);
-    let tokens = std::env::temp_dir().join(format!("sqe-tokens-two-{}", s.database));
+    let tokens = sql_query_engine_e2e::scratch(&format!("tokens-two-{}", s.database));
     std::fs::write(
         &tokens,
         format!("{} {}\n{other} {}\n", s.token, s.reader, s.reader),

@@ -410,7 +410,9 @@ fn foreign_tables_are_never_read_on_the_extensions_own() {
 fn a_superusers_generated_queries_run_no_code_of_other_roles() {
     let mut w = World::new();
     let (attacker, victim) = (w.attacker.clone(), w.victim.clone());
-    let marker = format!("/tmp/sqe-owner-code-{}", w.s.database);
+    let marker = sql_query_engine_e2e::scratch(&format!("owner-code-{}", w.s.database))
+        .display()
+        .to_string();
     let _ = std::fs::remove_file(&marker);
     // Owner code that escalates: with a superuser as current or session user it resets the
     // role and runs a shell command as the server's operating-system user. The command reads

@@ -36,11 +36,7 @@ impl Pgbouncer {
     fn with_pool(size: usize, users: &[&str]) -> Pgbouncer {
         let c = cluster();
         let port = free_port();
-        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let dir = PathBuf::from(format!("/tmp/sqe-pgbouncer-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = sql_query_engine_e2e::fresh_dir("sqe-pgbouncer");
         let known: String = std::iter::once(c.user.as_str())
             .chain(users.iter().copied())
             .map(|user| format!("\"{user}\" \"\"\n"))

@@ -1,6 +1,7 @@
 //! README's settings table says what the extension registers: every setting and only those,
 //! with its default and who may set it (a superuser, any role, or any role only lower, which is
-//! checked by trying to raise it as a role).
+//! checked by trying to raise it as a role); the hidden ones, which pg_settings does not list,
+//! are tried as a role too.
 
 use sql_query_engine_e2e::{cluster, db_error, Session};
 
@@ -128,6 +129,25 @@ fn the_settings_table_is_what_the_extension_registers() {
             .unwrap_or(false);
         if !known && !hidden {
             wrong.push(format!("{} is in README but not registered", doc.name));
+        }
+        // Hidden ones (where requests and keys go) are a superuser's: a role may neither set
+        // nor read them.
+        if !known && hidden {
+            if doc.who != "superuser" {
+                wrong.push(format!("{}: hidden, but README says {}", doc.name, doc.who));
+            }
+            for statement in [
+                format!("SET {} = 'http://127.0.0.1:9/v1'", doc.name),
+                format!("SHOW {}", doc.name),
+            ] {
+                match as_role.batch_execute(&statement) {
+                    Err(e) if db_error(&e).0 == "42501" => {}
+                    other => wrong.push(format!(
+                        "{statement} as a role: {:?}",
+                        other.map_err(|e| db_error(&e))
+                    )),
+                }
+            }
         }
     }
     assert!(

@@ -18,8 +18,7 @@ struct Preloaded {
 
 impl Preloaded {
     fn start() -> Preloaded {
-        let dir = PathBuf::from(format!("/tmp/sqe-preloaded-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = sql_query_engine_e2e::fresh_dir("sqe-preloaded");
         let port = free_port();
         run_script(&[
             "start",

@@ -20,11 +20,7 @@ struct Standby {
 impl Standby {
     fn start() -> Standby {
         let primary = cluster();
-        static STANDBYS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = STANDBYS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let dir = PathBuf::from(format!("/tmp/sqe-standby-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = sql_query_engine_e2e::fresh_dir("sqe-standby");
         let root = unsafe { libc::geteuid() } == 0;
         if root {
             Command::new("chown")

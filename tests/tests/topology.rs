@@ -28,8 +28,7 @@ struct Topology {
 
 impl Topology {
     fn start(llm_url: &str) -> Topology {
-        let dir = PathBuf::from(format!("/tmp/sqe-topology-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = sql_query_engine_e2e::fresh_dir("sqe-topology");
         let out = Command::new("bash")
             .arg(repo().join("scripts/topology.sh"))
             .arg("start")

@@ -298,7 +298,7 @@ fn a_restored_dump_keeps_the_rows_and_draws_new_ids() {
     .unwrap();
     let bindir = String::from_utf8_lossy(&bindir.stdout).trim().to_string();
     let c = cluster();
-    let dump = std::env::temp_dir().join(format!("sqe-dump-{}.custom", std::process::id()));
+    let dump = sql_query_engine_e2e::scratch("dump.custom");
     let port = c.port.to_string();
     let connection = ["-h", &c.host, "-p", &port, "-U", &c.user];
     let dumped = std::process::Command::new(format!("{bindir}/pg_dump"))
