@@ -1042,15 +1042,8 @@ unsafe extern "C-unwind" fn receive_slot(
             c.cut("max_result_bytes");
             return false;
         }
-        if let (Some(portal), Some(held)) = (c.portal, c.result.held) {
-            // As PostgreSQL fills a held cursor: under the portal's resource owner, so that a
-            // spilled store outlives this subtransaction.
-            let owner = pg_sys::CurrentResourceOwner;
-            pg_sys::CurrentResourceOwner = (*portal).resowner;
-            pg_sys::tuplestore_puttupleslot(held.store, slot);
-            pg_sys::CurrentResourceOwner = owner;
-            c.bytes += raw;
-        }
+        // A cursor's rows are counted twice: as stored, and as JSON.
+        let stored = if c.portal.is_some() { raw } else { 0 };
         let _gate = gate::open(c.rule.clone(), "results are collected");
         let caller = pg_sys::MemoryContextSwitchTo(c.per_row);
         let natts = c.as_text.len();
@@ -1066,11 +1059,25 @@ unsafe extern "C-unwind" fn receive_slot(
         let composite = pg_sys::heap_copy_tuple_as_datum(tuple, c.record);
         let jsonb = pg_sys::FunctionCall1Coll(&mut c.to_jsonb, pg_sys::InvalidOid, composite);
         let text = CStr::from_ptr(pg_sys::OidOutputFunctionCall(c.jsonb_out, jsonb));
-        let kept = if c.bytes.saturating_add(text.to_bytes().len()) > c.limits.max_bytes {
+        let kept = if c
+            .bytes
+            .saturating_add(stored)
+            .saturating_add(text.to_bytes().len())
+            > c.limits.max_bytes
+        {
             c.cut("max_result_bytes");
             false
         } else {
-            c.bytes += text.to_bytes().len();
+            if let (Some(portal), Some(held)) = (c.portal, c.result.held) {
+                // As PostgreSQL fills a held cursor: under the portal's resource owner, so that
+                // a spilled store outlives this subtransaction. Only a row that is kept: the
+                // cursor holds exactly the rows of the answer.
+                let owner = pg_sys::CurrentResourceOwner;
+                pg_sys::CurrentResourceOwner = (*portal).resowner;
+                pg_sys::tuplestore_puttupleslot(held.store, slot);
+                pg_sys::CurrentResourceOwner = owner;
+            }
+            c.bytes += stored + text.to_bytes().len();
             c.result.rows.push(text.to_string_lossy().into_owned());
             true
         };
@@ -1095,17 +1102,28 @@ thread_local! {
 /// attempts that failed after their first rows, of candidates that lost the vote, of a run that
 /// ended in an error. Their temporary files belong to no resource owner, so nothing else would
 /// close them before the backend exits.
+///
+/// Until `finish`, the portal is pinned and invisible: the attempts write into its memory, and
+/// code they run (a view's function, as the caller) finds it by name (`CLOSE c` in PL/pgSQL)
+/// or lists it (`pg_cursors`, which reads its query text, not defined yet): dropped, its
+/// memory would be written after it was freed; listed, its missing text read.
 pub struct Cursor {
     pub portal: pg_sys::Portal,
+    finished: std::cell::Cell<bool>,
 }
 
 impl Drop for Cursor {
     fn drop(&mut self) {
         for store in CURSOR_STORES.take() {
             // SAFETY: a store `startup` began in the hold context of this cursor's portal,
-            // which still exists (`finish` ends them all before it drops the portal), and
-            // which nothing else ends.
+            // which still exists (pinned until `finish`, which ends them all before it drops
+            // the portal), and which nothing else ends.
             unsafe { pg_sys::tuplestore_end(store) }
+        }
+        if !self.finished.get() {
+            // SAFETY: the portal `new_cursor` pinned, which nothing could drop since; the
+            // transaction's end drops it (an error is on its way).
+            unsafe { pg_sys::UnpinPortal(self.portal) }
         }
     }
 }
@@ -1115,16 +1133,21 @@ impl Drop for Cursor {
 pub fn new_cursor(name: &str) -> Option<Cursor> {
     let name = CString::new(name).ok()?;
     // SAFETY: a portal of the current transaction, with its hold context (and an empty hold
-    // store, replaced by `finish`).
+    // store, replaced by `finish`), pinned and invisible until then (`Cursor`).
     unsafe {
         if !pg_sys::GetPortalByName(name.as_ptr()).is_null() {
             return None;
         }
         let portal = pg_sys::CreatePortal(name.as_ptr(), false, false);
         (*portal).cursorOptions = pg_sys::CURSOR_OPT_SCROLL as i32;
+        (*portal).visible = false;
+        pg_sys::PinPortal(portal);
         pg_sys::PortalCreateHoldStore(portal);
         CURSOR_STORES.take();
-        Some(Cursor { portal })
+        Some(Cursor {
+            portal,
+            finished: std::cell::Cell::new(false),
+        })
     }
 }
 
@@ -1134,9 +1157,11 @@ impl Cursor {
     /// dropped. Drops the cursor when there is no answer.
     pub fn finish(&self, sql: &str, answer: Option<Held>) {
         let portal = self.portal;
-        // SAFETY: a portal `new_cursor` made, not yet defined; the answer's store is one
-        // `startup` began in its hold context.
+        // SAFETY: a portal `new_cursor` made and pinned, not yet defined; the answer's store is
+        // one `startup` began in its hold context.
         unsafe {
+            self.finished.set(true);
+            pg_sys::UnpinPortal(portal);
             let (Some(answer), Ok(sql)) = (answer, CString::new(sql)) else {
                 // The stores live in the portal's memory: ended before it goes.
                 for store in CURSOR_STORES.take() {
@@ -1163,6 +1188,7 @@ impl Cursor {
             (*portal).atEnd = false;
             (*portal).portalPos = 0;
             (*portal).status = pg_sys::PortalStatus::PORTAL_READY;
+            (*portal).visible = true;
         }
     }
 }

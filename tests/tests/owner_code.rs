@@ -1193,3 +1193,53 @@ fn a_schema_another_role_named_after_the_caller_is_not_the_callers() {
     assert!(answer.is_ok(), "{answer:?}");
     assert_eq!(waited, vec![key]);
 }
+
+#[test]
+fn code_a_query_runs_cannot_close_or_list_the_cursor_nl_cursor_is_filling() {
+    let w = World::new();
+    let victim = w.victim.clone();
+    // The attacker's view closes the cursor its reader's nl_cursor call is filling (PL/pgSQL's
+    // CLOSE drops a portal by name), while the call writes its rows into that cursor's memory.
+    w.attacker_runs(&format!(
+        "CREATE FUNCTION public.closer() RETURNS text LANGUAGE plpgsql AS
+             $$ DECLARE c refcursor := 'nl_answer'; BEGIN CLOSE c; RETURN 'x'; END $$;
+         CREATE VIEW public.release_notes AS
+             SELECT public.closer() AS note FROM generate_series(1, 1000);
+         CREATE FUNCTION public.cursors() RETURNS text LANGUAGE plpgsql AS
+             $$ BEGIN RETURN (SELECT 'open:' || coalesce(string_agg(name, ','), '')
+                              FROM pg_catalog.pg_cursors); END $$;
+         CREATE VIEW public.cursor_count AS SELECT public.cursors() AS n;
+         GRANT SELECT ON public.release_notes, public.cursor_count TO {victim};"
+    ));
+    w.s.llm.on(
+        "the cursors open now",
+        vec![Reply::sql("SELECT n FROM cursor_count")],
+    );
+    w.s.llm.on(
+        "the release notes",
+        vec![Reply::sql("SELECT note FROM release_notes")],
+    );
+    let mut v = w.connect(&victim);
+    let mut tx = v.transaction().unwrap();
+    // Listed before it is defined, the cursor is not there yet.
+    tx.query_one("SELECT nl_cursor('the cursors open now')", &[])
+        .unwrap_or_else(|e| panic!("{:?}", db_error(&e)));
+    let open: String = tx
+        .query_one("FETCH ALL FROM nl_answer", &[])
+        .unwrap()
+        .get(0);
+    assert!(
+        open.starts_with("open:") && !open.contains("nl_answer"),
+        "a cursor being filled is not listed: {open}"
+    );
+    tx.batch_execute("CLOSE nl_answer").unwrap();
+    let error = tx
+        .query_one("SELECT nl_cursor('the release notes')", &[])
+        .expect_err("the view's code may not drop the cursor");
+    let (_, message, _) = db_error(&error);
+    assert!(message.contains("portal \"nl_answer\""), "{message}");
+    drop(tx);
+    // The victim's backend, and every other, lived on.
+    assert_eq!(text(&mut v, "SELECT 'alive'"), "alive");
+    assert_eq!(text(&mut w.connect(&victim), "SELECT 'alive'"), "alive");
+}
