@@ -7,7 +7,8 @@
 //!
 //! A literal's type comes from what it meets: a cast or a column definition (a type name), a
 //! column or the row of a relation the statement names, or a parameter or result of a function
-//! or operator it calls (every candidate of the name, as analysis may choose any), or an array
+//! or operator it calls (every candidate of the name, as analysis may choose any; and the type
+//! of that name, as a call of a type's name with one literal is a cast), or an array
 //! of one of those (`ARRAY[c] || '{1}'`, `COALESCE(ARRAY[c], '{1}')`). Found by name exactly as
 //! analysis will find them, without locks and without running anything. Only a string literal
 //! is converted by a type's input code (a number or NULL is not): a statement without one
@@ -246,7 +247,9 @@ unsafe fn columns(relation: pg_sys::Oid, found: &mut Types) {
     }
 }
 
-/// The parameter and result types of every function named `names` (each name looked up once).
+/// The parameter and result types of every function named `names` (each name looked up once),
+/// and the type so named: analysis takes `name('literal')` for a cast to type `name` when no
+/// function matches (PostgreSQL's `FuncNameAsType`), which converts the literal as it goes.
 ///
 /// # Safety
 /// `names` is a raw tree's name list (String nodes), or null.
@@ -256,6 +259,7 @@ unsafe fn functions(names: *mut pg_sys::List, reach: &mut Reach) {
         if names.is_null() || !reach.looked_up.insert(format!("f{}", key(names))) {
             return;
         }
+        type_named(pg_sys::makeTypeNameFromNameList(names), &mut reach.types);
         let mut candidate = pg_sys::FuncnameGetCandidates(
             names,
             -1,

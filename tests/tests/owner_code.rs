@@ -818,6 +818,9 @@ fn literals_never_run_the_built_in_code_of_a_domains_check_during_analysis() {
         "SELECT '(1)'::shared.pair AS x",
         "SELECT count(*) FROM shared.t WHERE c = '{1}'",
         "SELECT shared.f('{1}') AS x",
+        // A type's name called like a function, with one literal: a cast.
+        "SELECT shared._locked('{1}') AS x",
+        "SELECT shared.locked_list('{1}') AS x",
         // An array of a column's domain that no name in the statement spells.
         "SELECT COALESCE(ARRAY[c], '{1}') AS x FROM shared.v",
         // A table's row type, a TABLE parameter, an XMLTABLE column's default.
