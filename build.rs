@@ -51,6 +51,12 @@ fn main() {
          pub const STATEMENT_TIMEOUT: u32 = {};\n",
         enum_position(&timeout, "TimeoutId", "STATEMENT_TIMEOUT")
     ));
+    out.push_str(&format!(
+        "/// `USER_TIMEOUT` in `enum TimeoutId` (utils/timeout.h): what `RegisterTimeout` is asked\n\
+         /// for to get a timer of one's own.\n\
+         pub const USER_TIMEOUT: u32 = {};\n",
+        enum_position(&timeout, "TimeoutId", "USER_TIMEOUT")
+    ));
     for (catalog, column) in ATTRIBUTES {
         let header = read(&include.join(format!("catalog/{catalog}_d.h")));
         let name = format!("Anum_{catalog}_{column}");

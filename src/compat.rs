@@ -156,7 +156,7 @@ pub mod timeout {
 
     /// The statement timer, as `enum TimeoutId` numbers it in the server built for (a backend
     /// test checks that it is the timer `statement_timeout` arms).
-    pub use crate::compat::numbers::STATEMENT_TIMEOUT;
+    pub use crate::compat::numbers::{STATEMENT_TIMEOUT, USER_TIMEOUT};
 
     // SAFETY: these declarations match utils/timeout.h of every supported server (TimeoutId
     // is a C enum, passed as an int; TimestampTz is int64), and the functions may raise
@@ -168,5 +168,8 @@ pub mod timeout {
         pub fn get_timeout_active(id: u32) -> bool;
         pub fn get_timeout_indicator(id: u32, reset_indicator: bool) -> bool;
         pub fn get_timeout_finish_time(id: u32) -> TimestampTz;
+        pub fn enable_timeout_every(id: u32, fin_time: TimestampTz, delay_ms: std::ffi::c_int);
+        /// A timer of one's own; `handler` runs in the SIGALRM handler.
+        pub fn RegisterTimeout(id: u32, handler: extern "C" fn()) -> u32;
     }
 }

@@ -26,6 +26,7 @@ impl SqlState {
     pub const CANNOT_COERCE: SqlState = SqlState(*b"42846");
     pub const DUPLICATE_CURSOR: SqlState = SqlState(*b"42P03");
     pub const QUERY_CANCELED: SqlState = SqlState(*b"57014");
+    pub const OUT_OF_MEMORY: SqlState = SqlState(*b"53200");
     pub const STATEMENT_TOO_COMPLEX: SqlState = SqlState(*b"54001");
     pub const PROGRAM_LIMIT_EXCEEDED: SqlState = SqlState(*b"54000");
     pub const OBJECT_NOT_IN_PREREQUISITE_STATE: SqlState = SqlState(*b"55000");

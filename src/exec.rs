@@ -305,14 +305,19 @@ fn sandboxed(
         let _running = Running::enter();
         let reported = ErrorReported::push();
         let timer = StatementTimer::arm(timeout_ms);
+        let watch = MemoryWatch::arm(settings::max_query_memory_bytes());
         // Always rolled back: the query only read, and nothing it did may outlive it; nor its
         // memory.
         let memory = AttemptMemory::enter();
         let result =
             subxact::in_subtransaction(false, || run_guarded(sql, mode, origin, in_loop, scope));
         drop(memory);
-        let fired = timer.fired();
-        (result, reported.position(), reported.sqlstate(), fired)
+        let ours = if watch.exceeded() {
+            Some(Cancelled::Memory)
+        } else {
+            timer.fired().then_some(Cancelled::Timeout)
+        };
+        (result, reported.position(), reported.sqlstate(), ours)
     };
     match result {
         Ok(outcome) => outcome,
@@ -444,11 +449,20 @@ fn report_of(caught: &CaughtError) -> &ErrorReportWithLevel {
 
 /// Turns a caught error into the attempt's outcome, or re-raises it when it is not the query's
 /// fault.
+/// Why the extension cancelled an attempt itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cancelled {
+    /// `statement_timeout` (the extension's) passed.
+    Timeout,
+    /// The backend grew past `max_query_memory` (`MemoryWatch`).
+    Memory,
+}
+
 fn failure(
     caught: CaughtError,
     position: Option<i32>,
     raw_sqlstate: Option<SqlState>,
-    ours: bool,
+    ours: Option<Cancelled>,
     timeout_ms: i32,
 ) -> Outcome {
     let report = report_of(&caught);
@@ -461,9 +475,9 @@ fn failure(
             .unwrap_or(SqlState::INTERNAL_ERROR),
         known => known,
     };
-    let ours = sqlstate == SqlState::QUERY_CANCELED && ours;
+    let ours = ours.filter(|_| sqlstate == SqlState::QUERY_CANCELED);
     let not_the_query = matches!(caught, CaughtError::RustPanic { .. })
-        || (!ours && ["53", "57", "58", "XX"].contains(&sqlstate.class()));
+        || (ours.is_none() && ["53", "57", "58", "XX"].contains(&sqlstate.class()));
     if not_the_query {
         caught.rethrow();
     }
@@ -474,10 +488,29 @@ fn failure(
         hint: report.hint().map(str::to_string),
         position,
     };
-    if ours {
-        error.hint = Some(format!(
-            "The query ran longer than sql_query_engine.statement_timeout ({timeout_ms} ms)."
-        ));
+    match ours {
+        Some(Cancelled::Timeout) => {
+            error.hint = Some(format!(
+                "The query ran longer than sql_query_engine.statement_timeout ({timeout_ms} ms)."
+            ));
+        }
+        Some(Cancelled::Memory) => {
+            error = SqlError {
+                sqlstate: SqlState::OUT_OF_MEMORY,
+                message: format!(
+                    "the query needed more memory than sql_query_engine.max_query_memory ({} MB)",
+                    settings::max_query_memory_bytes() >> 20
+                ),
+                detail: None,
+                hint: Some(
+                    "Aggregate fewer or smaller values at once (array_agg, string_agg), or \
+                     filter before aggregating."
+                        .into(),
+                ),
+                position: None,
+            };
+        }
+        None => {}
     }
     Outcome::Failed(error)
 }
@@ -495,6 +528,7 @@ fn run_guarded(
     scope: Option<&Scope>,
 ) -> Outcome {
     subxact::set_local(c"transaction_read_only", c"on");
+    limit_temp_files();
     let _restricted = subxact::Restricted::enter();
     let trusted = match origin {
         Origin::Generated => guard::superuser_call(),
@@ -1305,6 +1339,150 @@ unsafe extern "C-unwind" fn record_error(arg: *mut std::ffi::c_void) {
         };
         if position > 0 {
             seen.position.set(position);
+        }
+    }
+}
+
+/// Bounds the temporary files of the attempt (sorts, hashes, a recursive query's work tables):
+/// `max_query_temp_files`, or the server's `temp_file_limit` when it is lower.
+fn limit_temp_files() {
+    // SAFETY: reads the backend's own setting.
+    let server = i64::from(unsafe { pg_sys::temp_file_limit });
+    let ours = settings::max_query_temp_files_kb();
+    let limit = if server >= 0 { server.min(ours) } else { ours };
+    let limit = CString::new(limit.min(i64::from(i32::MAX)).to_string()).unwrap_or_default();
+    subxact::bound_local(c"temp_file_limit", &limit);
+}
+
+/// Pages of the backend's data (as the kernel counts a process's private writable memory:
+/// `/proc/self/statm`'s sixth field), read with async-signal-safe calls only and no allocation:
+/// `memory_watch` runs in a signal handler. `None` where it cannot be read.
+fn data_pages() -> Option<u64> {
+    let mut buffer = [0u8; 160];
+    // SAFETY: open, read and close are async-signal-safe; the buffer is ours and its length
+    // bounds the read.
+    let read = unsafe {
+        let fd = libc::open(
+            c"/proc/self/statm".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        );
+        if fd < 0 {
+            return None;
+        }
+        let read = libc::read(fd, buffer.as_mut_ptr().cast(), buffer.len());
+        libc::close(fd);
+        read
+    };
+    let text = buffer.get(..usize::try_from(read).ok()?)?;
+    let field = text.split(|b| *b == b' ').nth(5)?;
+    let mut pages: u64 = 0;
+    for digit in field.iter().take_while(|b| b.is_ascii_digit()) {
+        pages = pages
+            .checked_mul(10)?
+            .checked_add(u64::from(digit - b'0'))?;
+    }
+    Some(pages)
+}
+
+/// Pages past which the running attempt is cancelled (`u64::MAX`: no attempt is watched), and
+/// whether it was: shared with the signal handler.
+static WATCH_CEILING: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(u64::MAX);
+static WATCH_EXCEEDED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// How often the memory of an attempt is looked at.
+const WATCH_INTERVAL_MS: i32 = 100;
+
+thread_local! {
+    /// The backend's own timer for `memory_watch`, registered once.
+    static WATCH_TIMER: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+}
+
+/// The memory watch's timer handler, run in the SIGALRM handler: past the ceiling, it asks for
+/// a cancel, as PostgreSQL's own statement timeout does (the query ends at its next interrupt
+/// check; `MemoryWatch` tells the cancel apart).
+extern "C" fn memory_watch() {
+    use std::sync::atomic::Ordering;
+    let ceiling = WATCH_CEILING.load(Ordering::Relaxed);
+    if ceiling == u64::MAX || data_pages().is_none_or(|pages| pages <= ceiling) {
+        return;
+    }
+    if !WATCH_EXCEEDED.swap(true, Ordering::Relaxed) {
+        // SAFETY: the flags a signal handler sets to ask for a cancel (sig_atomic_t);
+        // PostgreSQL's SIGALRM handler sets the latch after its handlers ran.
+        unsafe {
+            std::ptr::write_volatile(&raw mut pg_sys::QueryCancelPending, 1);
+            std::ptr::write_volatile(&raw mut pg_sys::InterruptPending, 1);
+        }
+    }
+}
+
+/// Watches the memory an attempt adds to the backend, up to `max_query_memory`, until
+/// dropped. PostgreSQL bounds a sort or a hash by `work_mem`, but not what an aggregate
+/// (`array_agg`, `string_agg`) or a value built row by row takes, nor what turning a row into
+/// JSON takes: without this, one query could take the machine's memory, and the kernel's
+/// out-of-memory killer would take the server down. Not armed within another watch.
+struct MemoryWatch {
+    timer: Option<u32>,
+}
+
+impl MemoryWatch {
+    fn arm(bytes: u64) -> MemoryWatch {
+        use crate::compat::timeout::*;
+        use std::sync::atomic::Ordering;
+        let unarmed = MemoryWatch { timer: None };
+        if WATCH_CEILING.load(Ordering::Relaxed) != u64::MAX {
+            return unarmed;
+        }
+        // SAFETY: reads the page size.
+        let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        let Some(now) = data_pages() else {
+            return unarmed;
+        };
+        let timer = WATCH_TIMER.get().unwrap_or_else(|| {
+            // SAFETY: a timer of the backend's own, with a handler that is async-signal-safe.
+            let id = unsafe {
+                pg_sys::ffi::pg_guard_ffi_boundary(|| RegisterTimeout(USER_TIMEOUT, memory_watch))
+            };
+            WATCH_TIMER.set(Some(id));
+            id
+        });
+        WATCH_EXCEEDED.store(false, Ordering::Relaxed);
+        WATCH_CEILING.store(now.saturating_add(bytes / page.max(1)), Ordering::Relaxed);
+        // SAFETY: utils/timeout.h on the backend's own timer.
+        unsafe {
+            let first = pg_sys::GetCurrentTimestamp() + i64::from(WATCH_INTERVAL_MS) * 1000;
+            pg_sys::ffi::pg_guard_ffi_boundary(|| {
+                enable_timeout_every(timer, first, WATCH_INTERVAL_MS)
+            });
+        }
+        MemoryWatch { timer: Some(timer) }
+    }
+
+    /// Whether the attempt went past the ceiling (its cancel is then the watch's).
+    fn exceeded(&self) -> bool {
+        self.timer.is_some() && WATCH_EXCEEDED.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for MemoryWatch {
+    fn drop(&mut self) {
+        use crate::compat::timeout::*;
+        use std::sync::atomic::Ordering;
+        let Some(timer) = self.timer else {
+            return;
+        };
+        // SAFETY: as in `arm`; the cancel flag is the backend's own, read and written on its
+        // thread once the timer is off.
+        unsafe {
+            pg_sys::ffi::pg_guard_ffi_boundary(|| disable_timeout(timer, false));
+            WATCH_CEILING.store(u64::MAX, Ordering::Relaxed);
+            // The attempt ended before its next interrupt check: the cancel the watch asked
+            // for would end the whole call at the next one.
+            let pending = &raw mut pg_sys::QueryCancelPending;
+            if WATCH_EXCEEDED.swap(false, Ordering::Relaxed)
+                && std::ptr::read_volatile(pending) != 0
+            {
+                std::ptr::write_volatile(pending, 0);
+            }
         }
     }
 }

@@ -129,6 +129,10 @@ static PROGRESS: GucSetting<bool> = GucSetting::<bool>::new(false);
 static HISTORY: GucSetting<bool> = GucSetting::<bool>::new(true);
 /// Bounds the bytes of rows a query keeps (a ceiling): rows alone do not bound memory.
 static MAX_RESULT_BYTES: GucSetting<i32> = GucSetting::<i32>::new(16 << 20);
+/// Memory (MB) one attempt may add to the backend (a ceiling).
+static MAX_QUERY_MEMORY_MB: GucSetting<i32> = GucSetting::<i32>::new(1024);
+/// Temporary files (MB) an attempt may write (a ceiling, under the server's temp_file_limit).
+static MAX_QUERY_TEMP_FILES_MB: GucSetting<i32> = GucSetting::<i32>::new(1024);
 /// Roles whose code a superuser's call may run besides superusers' own.
 static TRUSTED_OWNERS: GucSetting<Option<std::ffi::CString>> =
     GucSetting::<Option<std::ffi::CString>>::new(None);
@@ -564,6 +568,38 @@ pub fn init() {
             None,
         );
     }
+    // SAFETY: the check hook only reads the proposed value and sets GUC\'s error fields.
+    unsafe {
+        GucRegistry::define_int_guc_with_hooks(
+            c"sql_query_engine.max_query_memory",
+            c"Memory one query of the extension may add to the backend; past it the query is cancelled.",
+            c"Checked ten times a second while the query runs (what the backend holds, as the \
+              kernel counts it). Roles may lower it for themselves; only a superuser may raise it \
+              above the server's setting.",
+            &MAX_QUERY_MEMORY_MB,
+            16,
+            1 << 20,
+            GucContext::Userset,
+            GucFlags::UNIT_MB,
+            Some(check_max_query_memory),
+            None,
+            None,
+        );
+        GucRegistry::define_int_guc_with_hooks(
+            c"sql_query_engine.max_query_temp_files",
+            c"Temporary files one query of the extension may write (its temp_file_limit).",
+            c"Never above the server's temp_file_limit. Roles may lower it for themselves; only \
+              a superuser may raise it above the server's setting.",
+            &MAX_QUERY_TEMP_FILES_MB,
+            0,
+            1 << 20,
+            GucContext::Userset,
+            GucFlags::UNIT_MB,
+            Some(check_max_query_temp_files),
+            None,
+            None,
+        );
+    }
     GucRegistry::define_string_guc(
         c"sql_query_engine.trusted_owners",
         c"Roles whose relations and functions a superuser's generated queries may use (superuser only).",
@@ -764,6 +800,16 @@ ceiling_hook!(
     "statement_timeout"
 );
 ceiling_hook!(check_llm_timeout, LLM_TIMEOUT_CEILING, "llm_timeout");
+ceiling_hook!(
+    check_max_query_memory,
+    MAX_QUERY_MEMORY_CEILING,
+    "max_query_memory"
+);
+ceiling_hook!(
+    check_max_query_temp_files,
+    MAX_QUERY_TEMP_FILES_CEILING,
+    "max_query_temp_files"
+);
 ceiling_hook!(check_max_repairs, MAX_REPAIRS_CEILING, "max_repairs");
 ceiling_hook!(check_answer_budget, ANSWER_BUDGET_CEILING, "answer_budget");
 ceiling_hook!(check_candidates, CANDIDATES_CEILING, "candidates");
@@ -842,6 +888,17 @@ pub fn max_repairs() -> usize {
 /// How long a call may spend on its answer before it stops asking the model for better.
 pub fn answer_budget() -> std::time::Duration {
     std::time::Duration::from_millis(ANSWER_BUDGET_MS.get().max(0) as u64)
+}
+
+/// Bytes one query may add to the backend's memory (`max_query_memory`).
+pub fn max_query_memory_bytes() -> u64 {
+    (MAX_QUERY_MEMORY_MB.get().max(16) as u64) << 20
+}
+
+/// Kilobytes of temporary files one query may write (`max_query_temp_files`), as
+/// `temp_file_limit` takes them.
+pub fn max_query_temp_files_kb() -> i64 {
+    i64::from(MAX_QUERY_TEMP_FILES_MB.get().max(0)) << 10
 }
 
 pub fn statement_timeout_ms() -> i32 {

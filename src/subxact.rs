@@ -189,6 +189,26 @@ pub fn set_local(name: &CStr, value: &CStr) {
     }
 }
 
+/// Sets `name` to `value` until the end of the current (sub)transaction, as the extension's own
+/// bound (`temp_file_limit` of an attempt): at a superuser's level, whoever the caller is, so
+/// that nothing the attempt runs may change it back.
+pub fn bound_local(name: &CStr, value: &CStr) {
+    // SAFETY: NUL-terminated name and value; GUC_ACTION_LOCAL lasts until the (sub)transaction
+    // ends.
+    unsafe {
+        pg_sys::set_config_option(
+            name.as_ptr(),
+            value.as_ptr(),
+            pg_sys::GucContext::PGC_SUSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_LOCAL,
+            true,
+            0,
+            false,
+        );
+    }
+}
+
 /// Runs `work`, the body of a procedure, so that `release` may end its transaction: in a
 /// non-atomic SPI connection when `fcinfo` is a `CALL` outside a transaction block, as is
 /// otherwise (then `release` does nothing). `settings` are in force for the whole call and no

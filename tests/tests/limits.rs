@@ -302,3 +302,56 @@ fn a_redis_that_floods_its_replies_costs_a_backend_nothing() {
     let peak = peak_kb(pid);
     assert!(peak < 400 * 1024, "the backend grew to {peak} kB");
 }
+
+#[test]
+fn a_query_that_aggregates_without_bound_or_spills_without_end_is_stopped() {
+    let mut s = Session::new();
+    let (_, mut role, _) = role_connection(&mut s, "hoarder");
+    let pid: i32 = role
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    let run = |client: &mut postgres::Client, sql: &str| {
+        client.query("SELECT * FROM nl_run($1)", &[&sql])
+    };
+    // An aggregate PostgreSQL does not bound by work_mem: 3 GB of strings, cancelled once the
+    // backend has grown by the ceiling (lowered here for the test).
+    role.batch_execute("SET sql_query_engine.max_query_memory = '200MB'")
+        .unwrap();
+    let hoard = "SELECT cardinality(array_agg(repeat('x', 1000000))) AS n \
+                 FROM generate_series(1, 3000)";
+    let error = run(&mut role, hoard).expect_err("the aggregate outgrows the ceiling");
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "53200", "{message}");
+    assert!(message.contains("max_query_memory (200 MB)"), "{message}");
+    let peak = peak_kb(pid);
+    assert!(peak < 800 * 1024, "the backend grew to {peak} kB");
+    // The same connection goes on, and a query within the ceiling runs.
+    let rows = run(
+        &mut role,
+        "SELECT cardinality(array_agg(repeat('x', 1000))) AS n FROM generate_series(1, 3000)",
+    )
+    .unwrap();
+    assert_eq!(rows.len(), 1);
+    // A role cannot raise the ceiling above the server's.
+    let error = role
+        .batch_execute("SET sql_query_engine.max_query_memory = '4GB'")
+        .unwrap_err();
+    assert_eq!(db_error(&error).0, "42501");
+
+    // A sort that spills: its temporary files stop at the ceiling.
+    role.batch_execute("SET sql_query_engine.max_query_temp_files = '1MB'")
+        .unwrap();
+    let spill = "SELECT count(*) AS n FROM (SELECT md5(g::text) AS m \
+                 FROM generate_series(1, 300000) g ORDER BY 1) s";
+    let error = run(&mut role, spill).expect_err("the sort outgrows its temporary files");
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "53400", "{message}");
+    assert!(
+        message.contains("temp_file_limit") && message.contains("(1024kB)"),
+        "{message}"
+    );
+    role.batch_execute("RESET sql_query_engine.max_query_temp_files")
+        .unwrap();
+    assert_eq!(run(&mut role, spill).unwrap().len(), 1);
+}
