@@ -23,13 +23,35 @@ pub struct Trusted {
 /// Views followed at most into the views they read.
 const MAX_VIEW_DEPTH: usize = 32;
 
-/// `Some` when this call is a superuser's: the current user or the session user is one.
+/// Predefined roles whose members may act as the server's operating-system user: running
+/// programs, reading and writing its files.
+const SERVER_ROLES: [u32; 3] = [
+    pg_sys::ROLE_PG_EXECUTE_SERVER_PROGRAM,
+    pg_sys::ROLE_PG_READ_SERVER_FILES,
+    pg_sys::ROLE_PG_WRITE_SERVER_FILES,
+];
+
+/// Whether `role` reaches as far as a superuser: it is one, it has the privileges of a role
+/// that acts as the server's operating-system user, or it may create roles (on PostgreSQL 15
+/// CREATEROLE may grant itself those).
+fn reaches_the_server(role: pg_sys::Oid) -> bool {
+    // SAFETY: role catalog look-ups.
+    unsafe {
+        pg_sys::superuser_arg(role)
+            || pg_sys::has_createrole_privilege(role)
+            || SERVER_ROLES
+                .iter()
+                .any(|&server| pg_sys::has_privs_of_role(role, pg_sys::Oid::from(server)))
+    }
+}
+
+/// `Some` when this call is a superuser's: the current user or the session user is one, or
+/// reaches as far (`reaches_the_server`): code of another role that such a call ran could
+/// escalate to the server itself.
 pub fn superuser_call() -> Option<Trusted> {
-    // SAFETY: plain reads of backend state and the role catalog.
-    let superuser = unsafe {
-        pg_sys::superuser_arg(pg_sys::GetUserId())
-            || pg_sys::superuser_arg(pg_sys::GetSessionUserId())
-    };
+    // SAFETY: reads the backend's current and session user.
+    let (current, session) = unsafe { (pg_sys::GetUserId(), pg_sys::GetSessionUserId()) };
+    let superuser = reaches_the_server(current) || reaches_the_server(session);
     superuser.then(|| Trusted {
         roles: settings::trusted_owners()
             .iter()
@@ -54,9 +76,9 @@ impl Trusted {
         }
         let role = role_name(owner).unwrap_or_default();
         Some(format!(
-            "its owner, role \"{role}\", is not a superuser, and a superuser's call runs no {what} \
-             of another role (a superuser may trust the role with \
-             sql_query_engine.trusted_owners = '{role}')"
+            "its owner, role \"{role}\", is not a superuser, and a superuser's call (or one of a \
+             role that may act as the server) runs no {what} of another role (a superuser may \
+             trust the role with sql_query_engine.trusted_owners = '{role}')"
         ))
     }
 

@@ -1246,3 +1246,42 @@ fn code_a_query_runs_cannot_close_or_list_the_cursor_nl_cursor_is_filling() {
     assert_eq!(text(&mut v, "SELECT 'alive'"), "alive");
     assert_eq!(text(&mut w.connect(&victim), "SELECT 'alive'"), "alive");
 }
+
+/// A role that may run programs on the server (or read and write its files, or create roles)
+/// reaches as far as a superuser: code of another role would run with that reach.
+#[test]
+fn a_role_that_may_act_as_the_server_runs_no_code_of_other_roles_either() {
+    let mut w = World::new();
+    let operator = format!("operator_{}", w.s.database);
+    w.s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {operator} LOGIN; GRANT pg_execute_server_program TO {operator};"
+        ))
+        .unwrap();
+    w.attacker_runs(&format!(
+        "{}
+         CREATE VIEW public.release_notes AS SELECT public.note() AS note;
+         GRANT SELECT ON public.release_notes TO {operator};",
+        locker("public.note()", 4244, "text", "'x'"),
+    ));
+    w.s.llm.on(
+        "the release notes",
+        vec![Reply::sql("SELECT note FROM release_notes")],
+    );
+    let mut op = w.connect(&operator);
+    let mut witness = Witness::hold(&w.s.database, &[4244]);
+    let (error, waited) =
+        witness.waited(|| op.query("SELECT * FROM nl_query('the release notes')", &[]));
+    assert!(waited.is_empty(), "the attacker's code ran: {waited:?}");
+    let (code, message, _) = db_error(&error.expect_err("refused"));
+    assert_eq!(code, "42501", "{message}");
+    assert!(message.contains("act as the server"), "{message}");
+    // Positive control: read directly, the view runs its owner's code.
+    let mut direct = w.connect(&operator);
+    let (_, waited) = witness.waited(|| {
+        direct
+            .batch_execute("SELECT note FROM release_notes")
+            .unwrap()
+    });
+    assert_eq!(waited, [4244]);
+}
