@@ -449,6 +449,9 @@ fn report_of(caught: &CaughtError) -> &ErrorReportWithLevel {
 
 /// Turns a caught error into the attempt's outcome, or re-raises it when it is not the query's
 /// fault.
+/// Characters of a query error's message, detail and hint kept, each.
+const MAX_ERROR_CHARS: usize = 2000;
+
 /// Why the extension cancelled an attempt itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Cancelled {
@@ -481,11 +484,14 @@ fn failure(
     if not_the_query {
         caught.rethrow();
     }
+    // What a query's error says may hold any value (a view's RAISE, a failed conversion of a
+    // long text): it goes to the model, the trace and the history, so only so much of it.
+    let said = |text: &str| crate::text::at_most(text, MAX_ERROR_CHARS);
     let mut error = SqlError {
         sqlstate,
-        message: report.message().to_string(),
-        detail: report.detail().map(str::to_string),
-        hint: report.hint().map(str::to_string),
+        message: said(report.message()),
+        detail: report.detail().map(said),
+        hint: report.hint().map(said),
         position,
     };
     match ours {
@@ -1247,6 +1253,18 @@ fn row_security_tables(relations: &[pg_sys::Oid]) -> Vec<String> {
     tables
 }
 
+/// `name` with `_n`, within a column name's 63 bytes (the name is cut, at a character, to
+/// make room): a longer one would be cut back to `name` when it names a column.
+fn with_suffix(name: &str, n: usize) -> String {
+    const MAX_NAME_BYTES: usize = pg_sys::NAMEDATALEN as usize - 1;
+    let suffix = format!("_{n}");
+    let mut end = name.len().min(MAX_NAME_BYTES.saturating_sub(suffix.len()));
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{suffix}", &name[..end])
+}
+
 /// `a, b, a` becomes `a, b, a_2`: jsonb objects cannot hold a key twice.
 fn unique_names(names: &[String]) -> Vec<String> {
     use std::collections::{HashMap, HashSet};
@@ -1261,7 +1279,7 @@ fn unique_names(names: &[String]) -> Vec<String> {
         while taken.contains(&candidate)
             || (candidate != *name && given.contains(candidate.as_str()))
         {
-            candidate = format!("{name}_{n}");
+            candidate = with_suffix(name, *n);
             *n += 1;
         }
         taken.insert(candidate.clone());
@@ -1566,5 +1584,20 @@ mod tests {
             .map(|s| s.to_string())
             .collect();
         assert_eq!(unique_names(&names), ["a", "b", "a_3", "a_2", "a_4"]);
+    }
+
+    #[test]
+    fn names_made_unique_stay_within_a_column_names_bytes() {
+        // Two aliases PostgreSQL cut to the same 63 bytes; one of multibyte characters.
+        let long = "x".repeat(63);
+        let wide = format!("{}a", "é".repeat(31));
+        let names = vec![long.clone(), long.clone(), wide.clone(), wide.clone()];
+        let unique = unique_names(&names);
+        assert_eq!(unique[0], long);
+        assert_eq!(unique[1], format!("{}_2", "x".repeat(61)));
+        assert_eq!(unique[3], format!("{}_2", "é".repeat(30)));
+        let distinct: std::collections::HashSet<&String> = unique.iter().collect();
+        assert_eq!(distinct.len(), 4);
+        assert!(unique.iter().all(|n| n.len() <= 63), "{unique:?}");
     }
 }

@@ -114,6 +114,14 @@ pub fn first_distinct<S: AsRef<str>>(
     kept
 }
 
+/// `text`, or its first `chars` characters and " ..." when it is longer.
+pub fn at_most(text: &str, chars: usize) -> String {
+    match text.char_indices().nth(chars) {
+        Some((end, _)) => format!("{} ...", &text[..end]),
+        None => text.to_string(),
+    }
+}
+
 /// Normalized form for exact matching: lower case, blank space collapsed, surrounding
 /// punctuation dropped.
 pub fn normalize(text: &str) -> String {
@@ -127,6 +135,12 @@ pub fn normalize(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn at_most_cuts_at_a_character() {
+        assert_eq!(at_most("abc", 3), "abc");
+        assert_eq!(at_most("ééé", 2), "éé ...");
+    }
 
     #[test]
     fn stemming_and_splitting() {

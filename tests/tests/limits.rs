@@ -355,3 +355,24 @@ fn a_query_that_aggregates_without_bound_or_spills_without_end_is_stopped() {
         .unwrap();
     assert_eq!(run(&mut role, spill).unwrap().len(), 1);
 }
+
+#[test]
+fn what_a_failed_query_says_is_kept_short() {
+    let mut s = Session::new();
+    let (_, mut role, _) = role_connection(&mut s, "talker");
+    // The value is in the message ("invalid input syntax for type integer: ..."): 1 MB of it
+    // would go to the model, the trace and the history.
+    let error = role
+        .query(
+            "SELECT * FROM nl_run($1)",
+            &[&"SELECT repeat('x', 1000000)::int AS n"],
+        )
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "22P02", "{}", &message[..100.min(message.len())]);
+    assert!(
+        message.len() < 2100 && message.ends_with(" ..."),
+        "{} characters",
+        message.len()
+    );
+}

@@ -210,6 +210,23 @@ fn nl_ask_returns_rows_in_the_querys_column_order() {
         json!([["Ada", 1, "GB"], ["Bruno", 2, "DE"]])
     );
     assert_eq!(answer["status"], "ok");
+
+    // Two aliases PostgreSQL cuts to the same 63 bytes stay two columns, each with its value.
+    let long = "total_revenue_from_customers_located_in_the_european_union_in_year";
+    s.llm.on(
+        "two long totals",
+        vec![Reply::sql(&format!(
+            "SELECT 1 AS {long}_2023, 2 AS {long}_2024"
+        ))],
+    );
+    let row = s
+        .client
+        .query_one("SELECT nl_ask('two long totals')::text", &[])
+        .unwrap();
+    let answer: serde_json::Value = serde_json::from_str(row.get::<_, &str>(0)).unwrap();
+    let cut = &long[..63];
+    assert_eq!(answer["columns"], json!([cut, format!("{}_2", &cut[..61])]));
+    assert_eq!(answer["rows"], json!([[1, 2]]));
 }
 
 #[test]
