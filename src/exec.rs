@@ -449,6 +449,9 @@ fn report_of(caught: &CaughtError) -> &ErrorReportWithLevel {
 
 /// Turns a caught error into the attempt's outcome, or re-raises it when it is not the query's
 /// fault.
+/// Levels of arrays and objects a result row may nest (the row itself is one).
+const MAX_JSON_DEPTH: usize = 120;
+
 /// Characters of a query error's message, detail and hint kept, each.
 const MAX_ERROR_CHARS: usize = 2000;
 
@@ -1099,6 +1102,17 @@ unsafe extern "C-unwind" fn receive_slot(
         let composite = pg_sys::heap_copy_tuple_as_datum(tuple, c.record);
         let jsonb = pg_sys::FunctionCall1Coll(&mut c.to_jsonb, pg_sys::InvalidOid, composite);
         let text = CStr::from_ptr(pg_sys::OidOutputFunctionCall(c.jsonb_out, jsonb));
+        if crate::text::json_depth(text.to_bytes()) > MAX_JSON_DEPTH {
+            // What reads the rows (serde_json) stops at 128 levels: such a row would become
+            // an internal error, or a row of NULLs.
+            pg_sys::MemoryContextSwitchTo(caller);
+            crate::error::Error::sql(
+                "54001",
+                format!("a value of the result is nested deeper than {MAX_JSON_DEPTH} levels"),
+                Some("Select the parts of the value that are needed (->, #>, jsonb_path_query)."),
+            )
+            .raise();
+        }
         let kept = if c
             .bytes
             .saturating_add(stored)

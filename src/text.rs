@@ -114,6 +114,33 @@ pub fn first_distinct<S: AsRef<str>>(
     kept
 }
 
+/// How deeply arrays and objects nest in the JSON `text` (0 for a scalar), in one pass that
+/// allocates nothing.
+pub fn json_depth(text: &[u8]) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for &byte in text {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
 /// `text`, or its first `chars` characters and " ..." when it is longer.
 pub fn at_most(text: &str, chars: usize) -> String {
     match text.char_indices().nth(chars) {
@@ -135,6 +162,13 @@ pub fn normalize(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_depth_counts_nesting_outside_strings() {
+        assert_eq!(json_depth(b"1"), 0);
+        assert_eq!(json_depth(br#"{"a": [1, {"b": "[[[{"}]]}"#), 3);
+        assert_eq!(json_depth(br#"["\"[", []]"#), 2);
+    }
 
     #[test]
     fn at_most_cuts_at_a_character() {

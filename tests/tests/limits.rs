@@ -376,3 +376,20 @@ fn what_a_failed_query_says_is_kept_short() {
         message.len()
     );
 }
+
+#[test]
+fn a_value_nested_too_deeply_for_the_rows_reader_is_an_error_of_the_query() {
+    let mut s = Session::new();
+    let (_, mut role, _) = role_connection(&mut s, "nester");
+    let deep = "SELECT (repeat('[', 150) || repeat(']', 150))::jsonb AS j";
+    let error = role
+        .query("SELECT * FROM nl_run($1)", &[&deep])
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "54001", "{message}");
+    assert!(message.contains("nested deeper than"), "{message}");
+    // Within the bound, the value comes back whole.
+    let shallow = "SELECT (repeat('[', 100) || repeat(']', 100))::jsonb AS j";
+    let rows = role.query("SELECT * FROM nl_run($1)", &[&shallow]).unwrap();
+    assert_eq!(rows.len(), 1);
+}
