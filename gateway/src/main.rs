@@ -131,6 +131,11 @@ struct Serve {
     /// closed: a client that never reads does not hold its answer in memory.
     #[arg(long, default_value_t = 30)]
     write_timeout: u64,
+    /// Seconds a new connection has to send a request with a known token before it is closed.
+    /// Connections that have not yet done so hold at most half of --max-connections (the
+    /// oldest is closed when a new one comes).
+    #[arg(long, default_value_t = 10)]
+    login_timeout: u64,
     /// Rows shown at most in a chat answer's table.
     #[arg(long, default_value_t = 50)]
     max_table_rows: usize,
@@ -156,6 +161,9 @@ async fn authenticate(State(app): State<App>, mut request: Request, next: Next) 
         .map(str::trim);
     match token.and_then(|t| app.tokens.role(t)) {
         Some(role) => {
+            if let Some(watch::Proven(proven)) = request.extensions().get::<watch::Proven>() {
+                proven.cancel();
+            }
             request.extensions_mut().insert(role);
             next.run(request).await
         }
@@ -197,6 +205,7 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
         max_requests_per_token,
         header_timeout,
         write_timeout,
+        login_timeout,
         max_table_rows,
         model,
         allowed_host,
@@ -308,6 +317,7 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
         watch::Limits {
             header_timeout: Duration::from_secs(header_timeout.max(1)),
             write_timeout: Duration::from_secs(write_timeout.max(1)),
+            login_timeout: Duration::from_secs(login_timeout.max(1)),
             max_connections,
         },
         async move {

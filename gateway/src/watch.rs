@@ -9,7 +9,11 @@
 //! progress for the write timeout closes the connection, so that a client that never reads
 //! does not hold the answer in the gateway's memory (up to `max_result_bytes` of rows) for ever.
 //! Connections are served up to a number at once; more wait in the listen queue, so that what
-//! clients hold (a body up to `--max-body` each) has a bound the operator sets.
+//! clients hold (a body up to `--max-body` each) has a bound the operator sets. A connection is
+//! unproven until one of its requests carries a known token (`Proven`): unproven ones hold at
+//! most half the places, the oldest closed when a new one comes, and each has the login
+//! timeout to prove itself; so that clients without a token, idle or trickling their headers,
+//! cannot keep the gateway from those with one.
 
 use std::future::Future;
 use std::io;
@@ -34,6 +38,31 @@ use tower::ServiceExt;
 /// Fires when the request's connection is gone.
 #[derive(Clone)]
 pub struct ClientGone(pub CancellationToken);
+
+/// Fired by the login check when a request of the connection carries a known token.
+#[derive(Clone)]
+pub struct Proven(pub CancellationToken);
+
+/// The unproven connections, oldest first: each one's proof, and what closes it.
+#[derive(Default)]
+struct Unproven {
+    waiting: std::collections::VecDeque<(CancellationToken, CancellationToken)>,
+}
+
+impl Unproven {
+    /// Takes a new connection in, closing the oldest unproven ones past `at_most`.
+    fn admit(&mut self, proven: CancellationToken, close: CancellationToken, at_most: usize) {
+        self.waiting
+            .retain(|(proven, close)| !proven.is_cancelled() && !close.is_cancelled());
+        while self.waiting.len() >= at_most.max(1) {
+            match self.waiting.pop_front() {
+                Some((_, oldest)) => oldest.cancel(),
+                None => break,
+            }
+        }
+        self.waiting.push_back((proven, close));
+    }
+}
 
 pub struct WatchedStream {
     inner: TcpStream,
@@ -121,6 +150,8 @@ impl Drop for WatchedStream {
 pub struct Limits {
     pub header_timeout: Duration,
     pub write_timeout: Duration,
+    /// How long a connection may go without a request that carries a known token.
+    pub login_timeout: Duration,
     pub max_connections: usize,
 }
 
@@ -135,8 +166,11 @@ pub async fn serve(
     let Limits {
         header_timeout,
         write_timeout,
+        login_timeout,
         max_connections,
     } = limits;
+    let unproven = Arc::new(std::sync::Mutex::new(Unproven::default()));
+    let max_unproven = max_connections.div_ceil(2);
     let graceful = GracefulShutdown::new();
     // Every connection's token is a child: at the end of the wait, what still runs is told its
     // client is gone, and so cancels its query.
@@ -164,12 +198,18 @@ pub async fn serve(
         };
         let _ = inner.set_nodelay(true);
         let gone = every.child_token();
-        // Each request of the connection carries its token (what axum's ConnectInfo reads).
-        let (router, token) = (router.clone(), gone.clone());
+        let (proven, close) = (CancellationToken::new(), CancellationToken::new());
+        if let Ok(mut unproven) = unproven.lock() {
+            unproven.admit(proven.clone(), close.clone(), max_unproven);
+        }
+        // Each request of the connection carries its tokens (what axum's ConnectInfo reads,
+        // and the proof the login check gives).
+        let (router, token, proof) = (router.clone(), gone.clone(), proven.clone());
         let service = service_fn(move |mut request: Request<Incoming>| {
             request
                 .extensions_mut()
                 .insert(ConnectInfo(ClientGone(token.clone())));
+            request.extensions_mut().insert(Proven(proof.clone()));
             router.clone().oneshot(request)
         });
         let io = TokioIo::new(WatchedStream {
@@ -184,7 +224,19 @@ pub async fn serve(
             .serve_connection(io, service);
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
-            let _ = connection.await;
+            let mut connection = std::pin::pin!(connection);
+            // Until it is proven, dropping the connection (closed as the oldest unproven one,
+            // or past the login timeout) closes it.
+            let proving = tokio::select! {
+                _ = connection.as_mut() => false,
+                () = proven.cancelled() => true,
+                () = close.cancelled() => false,
+                () = tokio::time::sleep(login_timeout) => false,
+            };
+            if proving {
+                let _ = connection.await;
+            }
+            close.cancel();
             drop(place);
         });
     }
@@ -250,6 +302,24 @@ impl AsyncWrite for WatchedStream {
 mod tests {
     use super::*;
     use std::io::Read;
+
+    #[test]
+    fn unproven_connections_past_the_bound_close_the_oldest() {
+        let mut unproven = Unproven::default();
+        let connection = || (CancellationToken::new(), CancellationToken::new());
+        let (first, second, third) = (connection(), connection(), connection());
+        unproven.admit(first.0.clone(), first.1.clone(), 2);
+        unproven.admit(second.0.clone(), second.1.clone(), 2);
+        // The second proves itself: it no longer counts, and is never closed as unproven.
+        second.0.cancel();
+        unproven.admit(third.0.clone(), third.1.clone(), 2);
+        assert!(!first.1.is_cancelled() && !third.1.is_cancelled());
+        let fourth = connection();
+        unproven.admit(fourth.0.clone(), fourth.1.clone(), 2);
+        assert!(first.1.is_cancelled(), "the oldest unproven one is closed");
+        assert!(!second.1.is_cancelled() && !third.1.is_cancelled());
+        assert_eq!(unproven.waiting.len(), 2);
+    }
 
     /// Writes `total` bytes to a watched connection whose client, with small socket buffers,
     /// reads `chunk` bytes every `pause` (`None`: reads nothing until the write is over).

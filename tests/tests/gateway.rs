@@ -645,6 +645,52 @@ fn a_connection_that_asks_nothing_in_time_is_closed() {
     assert!(gateway.models_status(&s.token).contains(" 200 "));
 }
 
+/// Connections without a known token cannot keep the gateway from clients with one: they hold
+/// at most half the places (the oldest is closed when a new one comes), each for the login
+/// timeout at most, whatever the header timeout.
+#[test]
+fn connections_that_never_log_in_leave_room_for_those_that_do() {
+    let s = setup();
+    let gateway = Gateway::start_with(
+        &s.database_url,
+        &s.tokens,
+        &[
+            "--pool-size",
+            "2",
+            "--max-connections",
+            "8",
+            "--header-timeout",
+            "60",
+        ],
+    );
+    let address = format!("127.0.0.1:{}", gateway.port);
+    // More silent connections than there are places, and some that trickle their headers.
+    let mut silent: Vec<std::net::TcpStream> = (0..20)
+        .map(|_| std::net::TcpStream::connect(&address).unwrap())
+        .collect();
+    for stream in silent.iter_mut().take(5) {
+        stream
+            .write_all(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\n")
+            .unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    for _ in 0..3 {
+        let mut client = std::net::TcpStream::connect(&address).unwrap();
+        write!(
+            client,
+            "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {}\r\n\
+             Connection: close\r\n\r\n",
+            s.token
+        )
+        .unwrap();
+        let started = Instant::now();
+        let status = status_line(&mut client, Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("no answer after {:?}: {e}", started.elapsed()));
+        assert!(status.contains(" 200 "), "{status}");
+    }
+    drop(silent);
+}
+
 /// A client that asks for a large answer and never reads it is disconnected once the gateway
 /// has waited `--write-timeout` for it to read: the answer does not stay in the gateway's memory.
 #[test]
