@@ -6,11 +6,12 @@
 PG ?= 15
 PG_CONFIG ?= $(shell bash scripts/pg.sh config $(PG) 2>/dev/null)
 export PG_CONFIG
-# Another version than Debian's must be made ready first: its tiers would run on 15 otherwise.
+# Another version than Debian's must be made ready first: the tiers, the install and its lints
+# would run on 15 otherwise.
 ifeq ($(PG_CONFIG),)
 ifneq ($(PG),15)
-ifeq ($(filter pg,$(MAKECMDGOALS)),)
-$(error PostgreSQL $(PG) is not ready: run make pg PG=$(PG) first)
+ifneq ($(filter test test-unit test-pg test-regress test-e2e test-gateway install lint-pg,$(MAKECMDGOALS)),)
+$(error PostgreSQL $(PG) is not ready: run make setup pg PG=$(PG) first)
 endif
 endif
 endif

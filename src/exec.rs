@@ -447,8 +447,6 @@ fn report_of(caught: &CaughtError) -> &ErrorReportWithLevel {
     }
 }
 
-/// Turns a caught error into the attempt's outcome, or re-raises it when it is not the query's
-/// fault.
 /// Levels of arrays and objects a result row may nest (the row itself is one).
 const MAX_JSON_DEPTH: usize = 120;
 
@@ -464,6 +462,8 @@ enum Cancelled {
     Memory,
 }
 
+/// Turns a caught error into the attempt's outcome, or re-raises it when it is not the query's
+/// fault.
 fn failure(
     caught: CaughtError,
     position: Option<i32>,
@@ -545,7 +545,7 @@ fn run_guarded(
     };
     // All of a superuser's query, and all of an own read, behind the gate: analysis, rewrite,
     // planning, execution and the collection of its rows.
-    let behind_gate = match (origin, &trusted) {
+    let _behind_gate = match (origin, &trusted) {
         (Origin::Own, _) => Some(gate::open(
             gate::Rule::BuiltinOnly,
             "the extension reads on its own",
@@ -600,19 +600,10 @@ fn run_guarded(
             ));
         };
         pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
-        // The gate is this backend's own: a parallel worker would run its part of the plan
-        // without it, so a query behind the gate gets no workers.
-        let cursor_options = if behind_gate.is_some() {
-            0
-        } else {
-            pg_sys::CURSOR_OPT_PARALLEL_OK as i32
-        };
-        let planned = pg_sys::pg_plan_query(
-            query,
-            checked.text.as_ptr(),
-            cursor_options,
-            std::ptr::null_mut(),
-        );
+        // No parallel workers: the gate (a superuser's call) and the memory watch are this
+        // backend's own, and a worker would run its part of the plan outside both (its
+        // partial aggregates growing without bound).
+        let planned = pg_sys::pg_plan_query(query, checked.text.as_ptr(), 0, std::ptr::null_mut());
         if let Some(why) = in_loop.and_then(|l| absurd_plan(planned, l.cost_limit)) {
             pg_sys::PopActiveSnapshot();
             return Outcome::Failed(SqlError {
@@ -1419,6 +1410,7 @@ fn data_pages() -> Option<u64> {
 /// Pages past which the running attempt is cancelled (`u64::MAX`: no attempt is watched), and
 /// whether it was: shared with the signal handler.
 static WATCH_CEILING: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(u64::MAX);
+/// Whether the watch asked for a cancel itself (none was pending when it did).
 static WATCH_EXCEEDED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 /// How often the memory of an attempt is looked at.
 const WATCH_INTERVAL_MS: i32 = 100;
@@ -1430,19 +1422,21 @@ thread_local! {
 
 /// The memory watch's timer handler, run in the SIGALRM handler: past the ceiling, it asks for
 /// a cancel, as PostgreSQL's own statement timeout does (the query ends at its next interrupt
-/// check; `MemoryWatch` tells the cancel apart).
+/// check; `MemoryWatch` tells the cancel apart), at every tick while the query stays past it
+/// (code of the query may catch one cancel). A cancel already pending is the caller's.
 extern "C" fn memory_watch() {
     use std::sync::atomic::Ordering;
     let ceiling = WATCH_CEILING.load(Ordering::Relaxed);
     if ceiling == u64::MAX || data_pages().is_none_or(|pages| pages <= ceiling) {
         return;
     }
-    if !WATCH_EXCEEDED.swap(true, Ordering::Relaxed) {
-        // SAFETY: the flags a signal handler sets to ask for a cancel (sig_atomic_t);
-        // PostgreSQL's SIGALRM handler sets the latch after its handlers ran.
-        unsafe {
+    // SAFETY: the flags a signal handler sets to ask for a cancel (sig_atomic_t); PostgreSQL's
+    // SIGALRM handler sets the latch after its handlers ran.
+    unsafe {
+        if std::ptr::read_volatile(&raw const pg_sys::QueryCancelPending) == 0 {
             std::ptr::write_volatile(&raw mut pg_sys::QueryCancelPending, 1);
             std::ptr::write_volatile(&raw mut pg_sys::InterruptPending, 1);
+            WATCH_EXCEEDED.store(true, Ordering::Relaxed);
         }
     }
 }

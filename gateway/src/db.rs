@@ -403,7 +403,10 @@ impl Db {
             .client
             .query_typed(
                 "SELECT r.rolname::text FROM pg_catalog.pg_roles r \
-                 WHERE r.rolsuper AND pg_catalog.pg_has_role(session_user, r.oid, 'MEMBER') \
+                 WHERE (r.rolsuper OR r.rolcreaterole OR r.rolreplication \
+                        OR r.rolname IN ('pg_execute_server_program', 'pg_read_server_files', \
+                                         'pg_write_server_files')) \
+                   AND pg_catalog.pg_has_role(session_user, r.oid, 'MEMBER') \
                  ORDER BY r.rolname <> session_user LIMIT 1",
                 &[],
             )
@@ -412,9 +415,11 @@ impl Db {
             .map(|row| row.get(0));
         if let Some(superuser) = superuser {
             anyhow::bail!(
-                "the login role of --database-url is a superuser or may become one ({superuser}): \
-                 the code of views, policies and functions that other roles own would run with a \
-                 superuser's rights (it can RESET ROLE or SET ROLE); log in as a role with no \
+                "the login role of --database-url is a superuser or may act as one, or may become \
+                 such a role ({superuser}: superuser, CREATEROLE, REPLICATION, or a member of \
+                 pg_execute_server_program, pg_read_server_files or pg_write_server_files): the \
+                 code of views, policies and functions that other roles own would run with that \
+                 reach (it can RESET ROLE or SET ROLE); log in as a role with no \
                  privileges of its own that may become the tokens' roles (see README, \"the \
                  gateway\")"
             );

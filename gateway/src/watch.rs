@@ -10,10 +10,11 @@
 //! does not hold the answer in the gateway's memory (up to `max_result_bytes` of rows) for ever.
 //! Connections are served up to a number at once; more wait in the listen queue, so that what
 //! clients hold (a body up to `--max-body` each) has a bound the operator sets. A connection is
-//! unproven until one of its requests carries a known token (`Proven`): unproven ones hold at
-//! most half the places, the oldest closed when a new one comes, and each has the login
-//! timeout to prove itself; so that clients without a token, idle or trickling their headers,
-//! cannot keep the gateway from those with one.
+//! unproven until one of its requests carries a known token (`Proven`): past a short grace,
+//! unproven ones hold at most half the places (the oldest closed when a new one comes) and are
+//! closed when no place is free, and each has the login timeout to prove itself; so that
+//! clients without a token, idle or trickling their headers, cannot keep the gateway from those
+//! with one.
 
 use std::future::Future;
 use std::io;
@@ -43,24 +44,65 @@ pub struct ClientGone(pub CancellationToken);
 #[derive(Clone)]
 pub struct Proven(pub CancellationToken);
 
-/// The unproven connections, oldest first: each one's proof, and what closes it.
+/// The unproven connections, oldest first: when each came, its proof, and what closes it.
 #[derive(Default)]
 struct Unproven {
-    waiting: std::collections::VecDeque<(CancellationToken, CancellationToken)>,
+    waiting: std::collections::VecDeque<(std::time::Instant, CancellationToken, CancellationToken)>,
 }
 
+/// How long a new connection has to send its first request's headers before a newer one may
+/// close it: a client sends them at once, and a flood must open that many connections per
+/// `GRACE` to keep one out.
+const GRACE: Duration = Duration::from_millis(250);
+
 impl Unproven {
-    /// Takes a new connection in, closing the oldest unproven ones past `at_most`.
+    /// Takes a new connection in, closing the oldest unproven ones past `at_most` that had
+    /// their `GRACE`.
     fn admit(&mut self, proven: CancellationToken, close: CancellationToken, at_most: usize) {
+        let now = std::time::Instant::now();
         self.waiting
-            .retain(|(proven, close)| !proven.is_cancelled() && !close.is_cancelled());
+            .retain(|(_, proven, close)| !proven.is_cancelled() && !close.is_cancelled());
         while self.waiting.len() >= at_most.max(1) {
-            match self.waiting.pop_front() {
-                Some((_, oldest)) => oldest.cancel(),
-                None => break,
+            match self.waiting.front() {
+                Some((came, _, oldest)) if now.duration_since(*came) >= GRACE => {
+                    oldest.cancel();
+                    self.waiting.pop_front();
+                }
+                _ => break,
             }
         }
-        self.waiting.push_back((proven, close));
+        self.waiting.push_back((now, proven, close));
+    }
+
+    /// Closes every unproven connection that had its `GRACE`: when no place is free, those are
+    /// what holds them (a client with a token sends it at once).
+    fn close_aged(&mut self) {
+        let now = std::time::Instant::now();
+        self.waiting.retain(|(came, proven, close)| {
+            let aged = now.duration_since(*came) >= GRACE;
+            if aged && !proven.is_cancelled() {
+                close.cancel();
+            }
+            !aged && !proven.is_cancelled() && !close.is_cancelled()
+        });
+    }
+}
+
+/// A place for the next connection; while none is free, the unproven connections that had
+/// their grace are closed to make one.
+async fn place(
+    places: &Arc<Semaphore>,
+    unproven: &std::sync::Mutex<Unproven>,
+) -> Result<tokio::sync::OwnedSemaphorePermit, tokio::sync::AcquireError> {
+    loop {
+        match tokio::time::timeout(GRACE, Arc::clone(places).acquire_owned()).await {
+            Ok(place) => return place,
+            Err(_) => {
+                if let Ok(mut unproven) = unproven.lock() {
+                    unproven.close_aged();
+                }
+            }
+        }
     }
 }
 
@@ -180,7 +222,7 @@ pub async fn serve(
     loop {
         // A place first: at the limit, new connections wait in the listen queue.
         let place = tokio::select! {
-            place = Arc::clone(&places).acquire_owned() => place,
+            place = place(&places, &unproven) => place,
             () = &mut shutdown => break,
         };
         let Ok(place) = place else { break };
@@ -228,8 +270,11 @@ pub async fn serve(
             // Until it is proven, dropping the connection (closed as the oldest unproven one,
             // or past the login timeout) closes it.
             let proving = tokio::select! {
-                _ = connection.as_mut() => false,
+                // A proof that came with a close (the queue closing it as the request's token
+                // is checked) wins: its request runs.
+                biased;
                 () = proven.cancelled() => true,
+                _ = connection.as_mut() => false,
                 () = close.cancelled() => false,
                 () = tokio::time::sleep(login_timeout) => false,
             };
@@ -304,7 +349,7 @@ mod tests {
     use std::io::Read;
 
     #[test]
-    fn unproven_connections_past_the_bound_close_the_oldest() {
+    fn unproven_connections_past_the_bound_close_the_oldest_after_its_grace() {
         let mut unproven = Unproven::default();
         let connection = || (CancellationToken::new(), CancellationToken::new());
         let (first, second, third) = (connection(), connection(), connection());
@@ -314,10 +359,18 @@ mod tests {
         second.0.cancel();
         unproven.admit(third.0.clone(), third.1.clone(), 2);
         assert!(!first.1.is_cancelled() && !third.1.is_cancelled());
+        // Within its grace, the oldest stays (the bound is passed for a moment).
         let fourth = connection();
         unproven.admit(fourth.0.clone(), fourth.1.clone(), 2);
-        assert!(first.1.is_cancelled(), "the oldest unproven one is closed");
-        assert!(!second.1.is_cancelled() && !third.1.is_cancelled());
+        assert!(!first.1.is_cancelled());
+        std::thread::sleep(GRACE);
+        let fifth = connection();
+        unproven.admit(fifth.0.clone(), fifth.1.clone(), 2);
+        assert!(
+            first.1.is_cancelled() && third.1.is_cancelled(),
+            "the oldest are closed"
+        );
+        assert!(!second.1.is_cancelled() && !fourth.1.is_cancelled());
         assert_eq!(unproven.waiting.len(), 2);
     }
 

@@ -14,7 +14,9 @@ use super::facts::{builtin, OpenRelation};
 use crate::names::{relation_name, role_name};
 use crate::settings;
 
-/// The owners a superuser's call trusts: superusers, and these roles.
+/// The owners a superuser's call trusts: superusers, and these roles (`trusted_owners`, and for
+/// a call of a role that is no superuser but reaches as far, the calling roles themselves: its
+/// own objects are its own code).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Trusted {
     roles: Vec<pg_sys::Oid>,
@@ -32,13 +34,15 @@ const SERVER_ROLES: [u32; 3] = [
 ];
 
 /// Whether `role` reaches as far as a superuser: it is one, it has the privileges of a role
-/// that acts as the server's operating-system user, or it may create roles (on PostgreSQL 15
-/// CREATEROLE may grant itself those).
+/// that acts as the server's operating-system user, it may replicate (replication slots, which
+/// hold the server's WAL, outlive the sandbox's rollback), or, on PostgreSQL 15, it may create
+/// roles (CREATEROLE may grant itself those there; since 16 only roles it administers).
 fn reaches_the_server(role: pg_sys::Oid) -> bool {
     // SAFETY: role catalog look-ups.
     unsafe {
         pg_sys::superuser_arg(role)
-            || pg_sys::has_createrole_privilege(role)
+            || pg_sys::has_rolreplication(role)
+            || (cfg!(feature = "pg15") && pg_sys::has_createrole_privilege(role))
             || SERVER_ROLES
                 .iter()
                 .any(|&server| pg_sys::has_privs_of_role(role, pg_sys::Oid::from(server)))
@@ -51,16 +55,21 @@ fn reaches_the_server(role: pg_sys::Oid) -> bool {
 pub fn superuser_call() -> Option<Trusted> {
     // SAFETY: reads the backend's current and session user.
     let (current, session) = unsafe { (pg_sys::GetUserId(), pg_sys::GetSessionUserId()) };
-    let superuser = reaches_the_server(current) || reaches_the_server(session);
-    superuser.then(|| Trusted {
-        roles: settings::trusted_owners()
-            .iter()
-            .filter_map(|name| CString::new(name.as_str()).ok())
-            // SAFETY: a NUL-terminated name; a role that does not exist is skipped.
-            .map(|name| unsafe { pg_sys::get_role_oid(name.as_ptr(), true) })
-            .filter(|oid| *oid != pg_sys::InvalidOid)
-            .collect(),
-    })
+    if !reaches_the_server(current) && !reaches_the_server(session) {
+        return None;
+    }
+    let mut roles: Vec<pg_sys::Oid> = settings::trusted_owners()
+        .iter()
+        .filter_map(|name| CString::new(name.as_str()).ok())
+        // SAFETY: a NUL-terminated name; a role that does not exist is skipped.
+        .map(|name| unsafe { pg_sys::get_role_oid(name.as_ptr(), true) })
+        .filter(|oid| *oid != pg_sys::InvalidOid)
+        .collect();
+    // SAFETY: role catalog look-ups.
+    if unsafe { !pg_sys::superuser_arg(current) && !pg_sys::superuser_arg(session) } {
+        roles.extend([current, session]);
+    }
+    Some(Trusted { roles })
 }
 
 impl Trusted {

@@ -151,14 +151,8 @@ pub fn key_file(key: &str) -> String {
         .open(&path)
         .and_then(|mut file| file.write_all(format!("{key}\n").as_bytes()))
         .expect("writing the key file");
-    if unsafe { libc::geteuid() } == 0 {
-        // The test cluster runs as postgres when the tests run as root.
-        let user = std::ffi::CString::new("postgres").expect("a name");
-        let entry = unsafe { libc::getpwnam(user.as_ptr()) };
-        if !entry.is_null() {
-            let (uid, gid) = unsafe { ((*entry).pw_uid, (*entry).pw_gid) };
-            std::os::unix::fs::chown(&path, Some(uid), Some(gid)).expect("chown");
-        }
+    if let Some((uid, gid)) = server_user() {
+        std::os::unix::fs::chown(&path, Some(uid), Some(gid)).expect("chown");
     }
     path
 }
@@ -168,7 +162,35 @@ pub fn key_file(key: &str) -> String {
 /// someone could have taken first. Named after the process too: the test binaries of one run
 /// share the cluster.
 pub fn scratch(name: &str) -> std::path::PathBuf {
-    std::path::PathBuf::from(&cluster().host).join(format!("{}-{name}", std::process::id()))
+    static FILES: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    // A cluster started elsewhere (SQE_TEST_PGHOST without SQE_TEST_PGDIR) has no directory of
+    // the tests': one of their own, the server's user's when the tests run as root.
+    let dir = match cluster().own_dir() {
+        Some(dir) => dir.to_path_buf(),
+        None => FILES
+            .get_or_init(|| {
+                let dir = fresh_dir("sqe-files");
+                if let Some((uid, gid)) = server_user() {
+                    std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).expect("chown");
+                }
+                dir
+            })
+            .clone(),
+    };
+    dir.join(format!("{}-{name}", std::process::id()))
+}
+
+/// The user and group the test cluster runs as when the tests run as root (`postgres`).
+fn server_user() -> Option<(u32, u32)> {
+    // SAFETY: reads the effective user id, and the password entry of a constant name.
+    unsafe {
+        if libc::geteuid() != 0 {
+            return None;
+        }
+        let user = std::ffi::CString::new("postgres").ok()?;
+        let entry = libc::getpwnam(user.as_ptr());
+        (!entry.is_null()).then(|| ((*entry).pw_uid, (*entry).pw_gid))
+    }
 }
 
 /// A new directory under /tmp named `prefix` and six random characters (`mkdtemp`: made here,

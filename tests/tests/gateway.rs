@@ -325,12 +325,28 @@ fn the_gateway_refuses_a_superuser_login_and_token_roles_that_can_run_their_own_
         .unwrap();
     let (started, said) = gateway_exits(&s.database_url, &s.tokens, &[]);
     assert!(
-        !started && said.contains(&format!("may become one ({dba})")),
+        !started && said.contains(&format!("may become such a role ({dba}")),
         "{said}"
     );
     admin
         .batch_execute(&format!(
             "REVOKE {dba} FROM authenticator_{id}; DROP ROLE {dba};"
+        ))
+        .unwrap();
+    // So is one that may read the server's files: it acts as the server.
+    admin
+        .batch_execute(&format!(
+            "GRANT pg_read_server_files TO authenticator_{id};"
+        ))
+        .unwrap();
+    let (started, said) = gateway_exits(&s.database_url, &s.tokens, &[]);
+    assert!(
+        !started && said.contains("may become such a role (pg_read_server_files"),
+        "{said}"
+    );
+    admin
+        .batch_execute(&format!(
+            "REVOKE pg_read_server_files FROM authenticator_{id};"
         ))
         .unwrap();
 
