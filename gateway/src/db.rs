@@ -40,6 +40,11 @@ impl Call {
     }
 }
 
+/// Characters of a question, and of SQL, that a call may carry: the extension's own bounds
+/// (22023 beyond them), checked before the call takes a connection or its role's place.
+const MAX_QUESTION_CHARS: usize = 10_000;
+const MAX_SQL_CHARS: usize = 100_000;
+
 /// One call of the extension.
 #[derive(Debug, Clone)]
 pub enum Call {
@@ -95,6 +100,38 @@ pub enum DbError {
     RoleBusy(usize),
     /// The database could not be reached.
     Unavailable(String),
+}
+
+impl Call {
+    /// Why the call is refused before it is made: a question or SQL longer than the extension
+    /// takes (it would hold a connection and its role's place, and reach the server's log
+    /// whole, only to be refused there).
+    fn too_long(&self) -> Option<DbError> {
+        let (question, sql) = match self {
+            Call::Ask { question, .. } | Call::Generate { question } => (Some(question), None),
+            Call::Schema { question } => (question.as_ref(), None),
+            Call::Check { sql } | Call::Run { sql } => (None, Some(sql)),
+            Call::Fix { sql, question } => (question.as_ref(), Some(sql)),
+            Call::Feedback { corrected_sql, .. } => (None, corrected_sql.as_ref()),
+            Call::Tables | Call::History { .. } => (None, None),
+        };
+        let over = |text: Option<&String>, at_most: usize| {
+            text.is_some_and(|t| t.chars().nth(at_most).is_some())
+        };
+        let what = if over(question, MAX_QUESTION_CHARS) {
+            format!("the question is longer than {MAX_QUESTION_CHARS} characters")
+        } else if over(sql, MAX_SQL_CHARS) {
+            format!("the SQL is longer than {MAX_SQL_CHARS} characters")
+        } else {
+            return None;
+        };
+        Some(DbError::Sql {
+            sqlstate: "22023".to_string(),
+            message: what,
+            detail: None,
+            hint: None,
+        })
+    }
 }
 
 impl DbError {
@@ -592,6 +629,9 @@ impl Db {
         call: &Call,
         progress: Option<Sender<String>>,
     ) -> Result<Value, DbError> {
+        if let Some(refusal) = call.too_long() {
+            return Err(refusal);
+        }
         let _share = match role {
             Some(role) => Some(
                 self.shares
@@ -849,4 +889,28 @@ async fn run(
     };
     tx.commit().await?;
     Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn questions_and_sql_longer_than_the_extension_takes_are_refused_first() {
+        let ask = |n: usize| Call::Ask {
+            question: "x".repeat(n),
+            session: None,
+            turns: None,
+        };
+        assert!(ask(10_000).too_long().is_none());
+        assert!(matches!(
+            ask(10_001).too_long(),
+            Some(DbError::Sql { sqlstate, .. }) if sqlstate == "22023"
+        ));
+        let run = |n: usize| Call::Run {
+            sql: "é".repeat(n)
+        };
+        assert!(run(100_000).too_long().is_none());
+        assert!(run(100_001).too_long().is_some());
+    }
 }

@@ -349,7 +349,7 @@ pub async fn chat(
             Ok(Ok(answer)) => completion(&app, answer),
         };
     }
-    stream(app, role, call, asked.include_usage).await
+    stream(app, role, call, asked.include_usage, gone).await
 }
 
 /// `POST /v1/feedback` `{"history_id": N, "correct": true|false, "corrected_sql": "..."}`: a
@@ -459,8 +459,15 @@ const MAX_PENDING_PROGRESS: usize = 256;
 
 /// A streamed answer. The HTTP status is decided by what happens first: a call that fails
 /// before it reports any progress gets its own error status; once progress flows, the stream
-/// is 200 and a later failure ends it with an error object, as OpenAI's streams do.
-async fn stream(app: App, role: String, call: Call, include_usage: bool) -> Response {
+/// is 200 and a later failure ends it with an error object, as OpenAI's streams do. When the
+/// client's connection is gone (or the gateway stops), the call is dropped, and so cancelled.
+async fn stream(
+    app: App,
+    role: String,
+    call: Call,
+    include_usage: bool,
+    gone: tokio_util::sync::CancellationToken,
+) -> Response {
     let (progress_tx, mut progress) = mpsc::channel::<String>(MAX_PENDING_PROGRESS);
     let db = app.db.clone();
     let timeout = app.timeout;
@@ -469,6 +476,9 @@ async fn stream(app: App, role: String, call: Call, include_usage: bool) -> Resp
     }));
     let first = tokio::select! {
         notice = progress.recv() => notice,
+        () = gone.cancelled() => {
+            return ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", "the client went away").into_response();
+        }
         finished = &mut task.0 => {
             match finished {
                 Ok(Err(_)) => return ApiError::timeout().into_response(),
@@ -513,6 +523,7 @@ async fn stream(app: App, role: String, call: Call, include_usage: bool) -> Resp
                 finished = &mut task.0 => break finished,
                 // The client went away: the query is cancelled with the task.
                 _ = events.closed() => return,
+                () = gone.cancelled() => return,
             }
         };
         while let Ok(notice) = progress.try_recv() {

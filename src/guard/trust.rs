@@ -122,8 +122,8 @@ impl Trusted {
                 .filter(|query| !query.is_null())
                 .map(|query| {
                     let mut found = Vec::new();
-                    collect_relations(query, &mut found);
-                    found
+                    let whole = collect_relations(query, &mut found);
+                    (found, whole)
                 });
             drop(opened);
             if let Some(why) = self.refuse_owner(owner, "relation") {
@@ -132,7 +132,10 @@ impl Trusted {
                     relation_name(relation)
                 ));
             }
-            if let Some(found) = view {
+            if let Some((found, whole)) = view {
+                if !whole {
+                    return Some("its views nest too deeply to be checked".into());
+                }
                 return found
                     .into_iter()
                     .find_map(|inner| self.relation_refusal(inner, depth + 1, seen));
@@ -147,26 +150,55 @@ impl Trusted {
     }
 }
 
-/// The relations a (view's) query reads, at any depth of its subqueries.
-unsafe fn collect_relations(query: *mut pg_sys::Query, found: &mut Vec<pg_sys::Oid>) {
-    // SAFETY: a Query from the relcache; only read.
+/// The relations a (view's) query reads, at any depth: its subqueries in FROM, its WITH
+/// queries, and the subqueries of its expressions (`IN (SELECT ...)`, `EXISTS`, a scalar
+/// subquery, a function's argument). `false` when the query nests too deeply to be read
+/// whole.
+unsafe fn collect_relations(query: *mut pg_sys::Query, found: &mut Vec<pg_sys::Oid>) -> bool {
+    // Through PostgreSQL's walker, which visits every range table entry before its subquery.
+    // SAFETY: a Query from the relcache, only read; `found` outlives the walk.
     unsafe {
-        for rte in PgList::<pg_sys::RangeTblEntry>::from_pg((*query).rtable).iter_ptr() {
-            match (*rte).rtekind {
-                pg_sys::RTEKind::RTE_RELATION if !found.contains(&(*rte).relid) => {
-                    found.push((*rte).relid)
+        !pg_sys::query_tree_walker(
+            query,
+            Some(relations_walker),
+            (found as *mut Vec<pg_sys::Oid>).cast(),
+            pg_sys::QTW_EXAMINE_RTES_BEFORE as i32,
+        )
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn relations_walker(
+    node: *mut pg_sys::Node,
+    context: *mut std::ffi::c_void,
+) -> bool {
+    if node.is_null() {
+        return false;
+    }
+    // A view nested past the stack's depth: stop, and the view is refused as too deep below.
+    if super::walk::too_deep().is_some() {
+        return true;
+    }
+    // SAFETY: PostgreSQL's walkers pass analyzed nodes and our list; each node is cast to the
+    // struct its tag names; no reference to the list is held across the walks below.
+    unsafe {
+        match (*node).type_ {
+            pg_sys::NodeTag::T_RangeTblEntry => {
+                let rte = node.cast::<pg_sys::RangeTblEntry>();
+                let found = &mut *context.cast::<Vec<pg_sys::Oid>>();
+                if (*rte).rtekind == pg_sys::RTEKind::RTE_RELATION && !found.contains(&(*rte).relid)
+                {
+                    found.push((*rte).relid);
                 }
-                pg_sys::RTEKind::RTE_SUBQUERY if !(*rte).subquery.is_null() => {
-                    collect_relations((*rte).subquery, found)
-                }
-                _ => {}
+                false
             }
-        }
-        for cte in PgList::<pg_sys::CommonTableExpr>::from_pg((*query).cteList).iter_ptr() {
-            let inner = (*cte).ctequery;
-            if !inner.is_null() && (*inner).type_ == pg_sys::NodeTag::T_Query {
-                collect_relations(inner.cast(), found);
-            }
+            pg_sys::NodeTag::T_Query => pg_sys::query_tree_walker(
+                node.cast(),
+                Some(relations_walker),
+                context,
+                pg_sys::QTW_EXAMINE_RTES_BEFORE as i32,
+            ),
+            _ => pg_sys::expression_tree_walker(node, Some(relations_walker), context),
         }
     }
 }

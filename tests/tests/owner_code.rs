@@ -1299,3 +1299,33 @@ fn a_role_that_may_act_as_the_server_runs_no_code_of_other_roles_either() {
     });
     assert_eq!(waited, [4244]);
 }
+
+/// A superuser's view that reads another role's view in a subquery of an expression (`IN
+/// (SELECT ...)`) reads it as much as one in its FROM list: the other role's view is refused,
+/// and the built-in it calls never runs with a superuser's rights.
+#[test]
+fn a_superusers_view_reading_another_roles_view_in_a_subquery_is_refused() {
+    let mut w = World::new();
+    w.attacker_runs(
+        "CREATE VIEW shared.ids AS
+             SELECT 1 AS id WHERE pg_advisory_lock(4245) IS NOT NULL;
+         GRANT SELECT ON shared.ids TO PUBLIC;",
+    );
+    w.s.client
+        .batch_execute(
+            "CREATE VIEW public.report AS
+                 SELECT * FROM customers WHERE customer_id IN (SELECT id FROM shared.ids);",
+        )
+        .unwrap();
+    // Every request (the refusal goes back to the model) answers the same.
+    w.s.llm
+        .respond_with(|_| Some(Reply::sql("SELECT count(*) AS n FROM report")));
+    let mut witness = Witness::hold(&w.s.database, &[4245]);
+    let (trace, waited) = witness.waited(|| w.s.trace("the report").unwrap());
+    assert!(waited.is_empty(), "the other role's view ran: {waited:?}");
+    let message = trace["attempts"][0]["message"].as_str().unwrap_or_default();
+    assert!(
+        trace["status"] == "error" && message.contains("shared.ids"),
+        "{trace}"
+    );
+}
