@@ -151,21 +151,33 @@ struct Serve {
     allow_object_owners: bool,
 }
 
-/// Every route needs a known bearer token; it decides the role.
+/// Every route needs a known bearer token; it decides the role. Every request is written to
+/// the access log (stderr): when it ended, where it came from, the role and the token's
+/// fingerprint (never the token), the method and path (never the query string or the body),
+/// the status and how long it took; refused ones too, so that guessing and flooding leave a
+/// trace.
 async fn authenticate(State(app): State<App>, mut request: Request, next: Next) -> Response {
+    let started = std::time::Instant::now();
+    let peer = request
+        .extensions()
+        .get::<watch::Peer>()
+        .map(|watch::Peer(peer)| peer.to_string())
+        .unwrap_or_else(|| "-".into());
+    let (method, path) = (request.method().clone(), request.uri().path().to_string());
     let token = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    match token.and_then(|t| app.tokens.role(t)) {
+    let (who, response) = match token.and_then(|t| app.tokens.role(t)) {
         Some(role) => {
             if let Some(watch::Proven(proven)) = request.extensions().get::<watch::Proven>() {
                 proven.cancel();
             }
+            let who = format!("{} {}", role.name.escape_debug(), role.client);
             request.extensions_mut().insert(role);
-            next.run(request).await
+            (who, next.run(request).await)
         }
         None => {
             let mut response = ApiError::unauthorized().into_response();
@@ -173,9 +185,17 @@ async fn authenticate(State(app): State<App>, mut request: Request, next: Next) 
                 header::WWW_AUTHENTICATE,
                 header::HeaderValue::from_static("Bearer"),
             );
-            response
+            ("- -".to_string(), response)
         }
-    }
+    };
+    // Control characters of a path are escaped: a line of the log is one request.
+    eprintln!(
+        "sqe-gateway: access {peer} {who} {method} {} {} {} ms",
+        path.escape_debug(),
+        response.status().as_u16(),
+        started.elapsed().as_millis()
+    );
+    response
 }
 
 async fn not_found() -> ApiError {

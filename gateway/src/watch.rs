@@ -44,6 +44,10 @@ pub struct ClientGone(pub CancellationToken);
 #[derive(Clone)]
 pub struct Proven(pub CancellationToken);
 
+/// The address the request's connection came from (for the access log).
+#[derive(Clone, Copy)]
+pub struct Peer(pub std::net::SocketAddr);
+
 /// The unproven connections, oldest first: when each came, its proof, and what closes it.
 #[derive(Default)]
 struct Unproven {
@@ -230,8 +234,8 @@ pub async fn serve(
             accepted = listener.accept() => accepted,
             () = &mut shutdown => break,
         };
-        let inner = match accepted {
-            Ok((inner, _)) => inner,
+        let (inner, peer) = match accepted {
+            Ok(accepted) => accepted,
             // Out of file descriptors and the like: wait, as axum's own listener does.
             Err(_) => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -252,6 +256,7 @@ pub async fn serve(
                 .extensions_mut()
                 .insert(ConnectInfo(ClientGone(token.clone())));
             request.extensions_mut().insert(Proven(proof.clone()));
+            request.extensions_mut().insert(Peer(peer));
             router.clone().oneshot(request)
         });
         let io = TokioIo::new(WatchedStream {

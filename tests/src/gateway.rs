@@ -55,6 +55,20 @@ impl Gateway {
 
     /// The gateway with options of its own (`--pool-size`, `--pool-wait`, ...).
     pub fn start_with(database_url: &str, tokens: &Path, options: &[&str]) -> Gateway {
+        Gateway::start_logged(database_url, tokens, options, None)
+    }
+
+    /// `start_with`, its standard error written to `log` when given.
+    pub fn start_logged(
+        database_url: &str,
+        tokens: &Path,
+        options: &[&str],
+        log: Option<&Path>,
+    ) -> Gateway {
+        let stderr = match log {
+            Some(path) => Stdio::from(std::fs::File::create(path).expect("the gateway's log")),
+            None => Stdio::inherit(),
+        };
         let port = free_port();
         let child = Command::new(gateway_binary())
             .args([
@@ -69,7 +83,7 @@ impl Gateway {
             .args(["--request-timeout", "60"])
             .args(options)
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("starting sqe-gateway");
         let started = Instant::now();

@@ -1035,3 +1035,39 @@ fn an_mcp_request_id_is_one_requests_while_it_may_be_answered() {
     assert_eq!(ping("8").0, 200);
     assert_eq!(ping("8").0, 200);
 }
+
+/// Every request, refused ones too, leaves a line in the gateway's access log: where it came
+/// from, the role and the token's fingerprint, never the token itself.
+#[test]
+fn every_request_leaves_a_line_in_the_access_log_without_the_token() {
+    let s = setup();
+    let log = sql_query_engine_e2e::scratch(&format!("gateway-access-{}", s.database));
+    let gateway = Gateway::start_logged(
+        &s.database_url,
+        &s.tokens,
+        &["--pool-size", "2"],
+        Some(&log),
+    );
+    assert!(gateway.models_status(&s.token).contains(" 200 "));
+    assert!(gateway
+        .models_status("not-anyones-token-0123456789")
+        .contains(" 401 "));
+    let text = std::fs::read_to_string(&log).unwrap();
+    let access: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("sqe-gateway: access 127.0.0.1:"))
+        .collect();
+    assert!(
+        access
+            .iter()
+            .any(|l| l.contains(&format!(" {} ", s.reader)) && l.contains(" GET /v1/models 200 ")),
+        "{text}"
+    );
+    assert!(
+        access
+            .iter()
+            .any(|l| l.contains(" - - GET /v1/models 401 ")),
+        "{text}"
+    );
+    assert!(!text.contains(&s.token), "the token is in the log: {text}");
+}
