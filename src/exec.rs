@@ -1441,6 +1441,43 @@ extern "C" fn memory_watch() {
     }
 }
 
+static mut NEXT_PLANNER: pg_sys::planner_hook_type = None;
+
+/// Installs the planner hook that keeps parallel workers out of a watched attempt (`_PG_init`).
+pub fn init() {
+    // SAFETY: _PG_init runs once per backend, before any query; the previous hook is kept and
+    // called.
+    unsafe {
+        NEXT_PLANNER = pg_sys::planner_hook;
+        pg_sys::planner_hook = Some(planner);
+    }
+}
+
+/// Plans without parallel workers while an attempt is watched (`MemoryWatch`): not only the
+/// attempt's own statement, which `run_guarded` plans so, but every statement code of the
+/// query plans (a SQL or PL/pgSQL function of a view): a worker's memory is outside the watch.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn planner(
+    parse: *mut pg_sys::Query,
+    query_string: *const std::ffi::c_char,
+    cursor_options: std::ffi::c_int,
+    bound_params: pg_sys::ParamListInfo,
+) -> *mut pg_sys::PlannedStmt {
+    let watched = WATCH_CEILING.load(std::sync::atomic::Ordering::Relaxed) != u64::MAX;
+    let cursor_options = if watched {
+        cursor_options & !(pg_sys::CURSOR_OPT_PARALLEL_OK as std::ffi::c_int)
+    } else {
+        cursor_options
+    };
+    // SAFETY: the planner's own arguments, passed on to the next hook or the standard planner.
+    unsafe {
+        match NEXT_PLANNER {
+            Some(next) => next(parse, query_string, cursor_options, bound_params),
+            None => pg_sys::standard_planner(parse, query_string, cursor_options, bound_params),
+        }
+    }
+}
+
 /// Watches the memory an attempt adds to the backend, up to `max_query_memory`, until
 /// dropped. PostgreSQL bounds a sort or a hash by `work_mem`, but not what an aggregate
 /// (`array_agg`, `string_agg`) or a value built row by row takes, nor what turning a row into

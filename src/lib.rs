@@ -74,6 +74,7 @@ pub extern "C-unwind" fn _PG_init() {
     settings::init();
     llm::breaker::init();
     guard::gate::init();
+    exec::init();
     schema::init();
     session::init();
 }

@@ -40,10 +40,21 @@ impl Call {
     }
 }
 
-/// Characters of a question, and of SQL, that a call may carry: the extension's own bounds
-/// (22023 beyond them), checked before the call takes a connection or its role's place.
+/// Characters of a question, and of the SQL `nl_fix` is given, that a call may carry: the
+/// extension's own bounds (22023 beyond them), checked before the call takes a connection or
+/// its role's place.
 const MAX_QUESTION_CHARS: usize = 10_000;
 const MAX_SQL_CHARS: usize = 100_000;
+
+/// The roles, among those the login role is or may become, that reach as far as a superuser
+/// (a superuser, CREATEROLE, REPLICATION, the server's files and programs), the login role
+/// first: no such role may be the gateway's login role, on any server.
+const REACHING_ROLES: &str = "FROM pg_catalog.pg_roles r \
+     WHERE (r.rolsuper OR r.rolcreaterole OR r.rolreplication \
+            OR r.rolname IN ('pg_execute_server_program', 'pg_read_server_files', \
+                             'pg_write_server_files')) \
+       AND pg_catalog.pg_has_role(session_user, r.oid, 'MEMBER') \
+     ORDER BY r.rolname <> session_user LIMIT 1";
 
 /// One call of the extension.
 #[derive(Debug, Clone)]
@@ -110,10 +121,12 @@ impl Call {
         let (question, sql) = match self {
             Call::Ask { question, .. } | Call::Generate { question } => (Some(question), None),
             Call::Schema { question } => (question.as_ref(), None),
-            Call::Check { sql } | Call::Run { sql } => (None, Some(sql)),
             Call::Fix { sql, question } => (question.as_ref(), Some(sql)),
-            Call::Feedback { corrected_sql, .. } => (None, corrected_sql.as_ref()),
-            Call::Tables | Call::History { .. } => (None, None),
+            Call::Check { .. }
+            | Call::Run { .. }
+            | Call::Feedback { .. }
+            | Call::Tables
+            | Call::History { .. } => (None, None),
         };
         let over = |text: Option<&String>, at_most: usize| {
             text.is_some_and(|t| t.chars().nth(at_most).is_some())
@@ -438,15 +451,7 @@ impl Db {
             .map_err(|e| anyhow::anyhow!("connecting to the database: {e:?}"))?;
         let superuser: Option<String> = conn
             .client
-            .query_typed(
-                "SELECT r.rolname::text FROM pg_catalog.pg_roles r \
-                 WHERE (r.rolsuper OR r.rolcreaterole OR r.rolreplication \
-                        OR r.rolname IN ('pg_execute_server_program', 'pg_read_server_files', \
-                                         'pg_write_server_files')) \
-                   AND pg_catalog.pg_has_role(session_user, r.oid, 'MEMBER') \
-                 ORDER BY r.rolname <> session_user LIMIT 1",
-                &[],
-            )
+            .query_typed(&format!("SELECT r.rolname::text {REACHING_ROLES}"), &[])
             .await?
             .first()
             .map(|row| row.get(0));
@@ -516,7 +521,8 @@ impl Db {
     }
 
     /// One health check of a read server, on a connection of its own: it answers, its login
-    /// role is no superuser, and where it keeps sessions. A change is said on stderr.
+    /// role reaches no further than a role should (`REACHING_ROLES`), and where it keeps
+    /// sessions. A change is said on stderr.
     async fn check(&self, node: &Node) {
         let mut kept = node.probe.lock().await;
         let probe = async {
@@ -531,8 +537,7 @@ impl Db {
             let rows = client
                 .query_typed(
                     &format!(
-                        "SELECT r.rolsuper, {}.nl_session_store() FROM pg_catalog.pg_roles r \
-                         WHERE r.rolname = session_user",
+                        "SELECT EXISTS (SELECT {REACHING_ROLES}), {}.nl_session_store()",
                         self.schema
                     ),
                     &[],
@@ -549,7 +554,9 @@ impl Db {
             Ok(Ok((true, _))) => (
                 false,
                 false,
-                "its login role is a superuser (refused, as for --database-url)".to_string(),
+                "its login role is or may become a role that reaches as far as a superuser \
+                 (refused, as for --database-url)"
+                    .to_string(),
             ),
             Ok(Err(e)) => (false, false, e.to_string()),
             Err(_) => (false, false, "no answer in time".to_string()),
@@ -907,10 +914,11 @@ mod tests {
             ask(10_001).too_long(),
             Some(DbError::Sql { sqlstate, .. }) if sqlstate == "22023"
         ));
-        let run = |n: usize| Call::Run {
-            sql: "é".repeat(n)
+        let fix = |n: usize| Call::Fix {
+            sql: "é".repeat(n),
+            question: None,
         };
-        assert!(run(100_000).too_long().is_none());
-        assert!(run(100_001).too_long().is_some());
+        assert!(fix(100_000).too_long().is_none());
+        assert!(fix(100_001).too_long().is_some());
     }
 }

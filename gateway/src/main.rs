@@ -20,6 +20,7 @@ mod shares;
 mod tokens;
 mod watch;
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -188,8 +189,10 @@ async fn authenticate(State(app): State<App>, mut request: Request, next: Next) 
             ("- -".to_string(), response)
         }
     };
-    // Control characters of a path are escaped: a line of the log is one request.
-    eprintln!(
+    // Control characters of a path are escaped: a line of the log is one request. A log that
+    // cannot be written (its reader gone) fails no request.
+    let _ = writeln!(
+        std::io::stderr().lock(),
         "sqe-gateway: access {peer} {who} {method} {} {} {} ms",
         path.escape_debug(),
         response.status().as_u16(),

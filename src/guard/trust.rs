@@ -125,6 +125,27 @@ impl Trusted {
                     let whole = collect_relations(query, &mut found);
                     (found, whole)
                 });
+            // What its row-security policies read, when they apply to this call (a
+            // superuser bypasses them; a role that only reaches as far does not).
+            let mut policed = Vec::new();
+            let applies = pg_sys::check_enable_rls(relation, pg_sys::InvalidOid, true)
+                == pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32;
+            let policies = (*opened.0).rd_rsdesc;
+            let mut policies_whole = true;
+            if applies && !policies.is_null() {
+                for policy in
+                    PgList::<pg_sys::RowSecurityPolicy>::from_pg((*policies).policies).iter_ptr()
+                {
+                    for qual in [(*policy).qual, (*policy).with_check_qual] {
+                        if !qual.is_null() {
+                            policies_whole &= !relations_walker(
+                                qual.cast(),
+                                (&mut policed as *mut Vec<pg_sys::Oid>).cast(),
+                            );
+                        }
+                    }
+                }
+            }
             drop(opened);
             if let Some(why) = self.refuse_owner(owner, "relation") {
                 return Some(format!(
@@ -139,6 +160,15 @@ impl Trusted {
                 return found
                     .into_iter()
                     .find_map(|inner| self.relation_refusal(inner, depth + 1, seen));
+            }
+            if !policies_whole {
+                return Some("its policies nest too deeply to be checked".into());
+            }
+            if let Some(why) = policed
+                .into_iter()
+                .find_map(|inner| self.relation_refusal(inner, depth + 1, seen))
+            {
+                return Some(why);
             }
             if kind == pg_sys::RELKIND_PARTITIONED_TABLE || kind == pg_sys::RELKIND_RELATION {
                 return inheritors(relation)
@@ -176,7 +206,8 @@ unsafe extern "C-unwind" fn relations_walker(
         return false;
     }
     // A view nested past the stack's depth: stop, and the view is refused as too deep below.
-    if super::walk::too_deep().is_some() {
+    // SAFETY: reads the backend's stack depth.
+    if unsafe { pg_sys::stack_is_too_deep() } {
         return true;
     }
     // SAFETY: PostgreSQL's walkers pass analyzed nodes and our list; each node is cast to the

@@ -1298,6 +1298,36 @@ fn a_role_that_may_act_as_the_server_runs_no_code_of_other_roles_either() {
             .unwrap()
     });
     assert_eq!(waited, [4244]);
+    drop(witness);
+    // A superuser's table whose row-security policy reads another role's view: the policy
+    // applies to this role (it is no superuser), and the view is refused.
+    w.attacker_runs(
+        "CREATE VIEW shared.allowed AS
+             SELECT 1 AS id WHERE pg_advisory_lock(4246) IS NOT NULL;
+         GRANT SELECT ON shared.allowed TO PUBLIC;",
+    );
+    w.s.client
+        .batch_execute(&format!(
+            "CREATE TABLE public.tickets (id int);
+             INSERT INTO public.tickets VALUES (1), (2);
+             ALTER TABLE public.tickets ENABLE ROW LEVEL SECURITY;
+             CREATE POLICY mine ON public.tickets USING (id IN (SELECT id FROM shared.allowed));
+             GRANT SELECT ON public.tickets TO {operator};"
+        ))
+        .unwrap();
+    w.s.llm.respond_with(|request| {
+        request
+            .text()
+            .contains("the tickets")
+            .then(|| Reply::sql("SELECT count(*) AS n FROM tickets"))
+    });
+    let mut policy_witness = Witness::hold(&w.s.database, &[4246]);
+    let (error, waited) =
+        policy_witness.waited(|| op.query("SELECT * FROM nl_query('the tickets')", &[]));
+    assert!(waited.is_empty(), "the policy's view ran: {waited:?}");
+    let (code, message, _) = db_error(&error.expect_err("refused"));
+    assert_eq!(code, "42501", "{message}");
+    assert!(message.contains("shared.allowed"), "{message}");
 }
 
 /// A superuser's view that reads another role's view in a subquery of an expression (`IN

@@ -1090,7 +1090,7 @@ fn generated_queries_get_no_parallel_workers() {
     let (role, db) = (format!("parallel_{}", s.database), s.database.clone());
     s.client
         .batch_execute(&format!(
-            "CREATE ROLE {role} LOGIN; GRANT SELECT ON big TO {role};
+            "CREATE ROLE {role} LOGIN; GRANT SELECT ON big TO {role}; GRANT CREATE ON DATABASE {db} TO {role};
              ALTER DATABASE {db} SET sql_query_engine.llm_url = '{}';",
             s.llm.url()
         ))
@@ -1126,6 +1126,38 @@ fn generated_queries_get_no_parallel_workers() {
         .map(|r| r.get(0))
         .collect();
     assert!(plan.join("\n").contains("Workers Planned"), "{plan:?}");
+    // Nor do the statements code of the query plans (the role's own view over its own
+    // function, which asks the planner for workers).
+    client
+        .batch_execute(&format!(
+            "CREATE SCHEMA IF NOT EXISTS {role}_own;
+             CREATE FUNCTION {role}_own.plan() RETURNS text LANGUAGE plpgsql
+                 SET parallel_setup_cost = 0 SET parallel_tuple_cost = 0
+                 SET min_parallel_table_scan_size = 0 SET max_parallel_workers_per_gather = 2 AS $$
+             DECLARE line text; planned text := 'no workers';
+             BEGIN
+                 FOR line IN EXECUTE 'EXPLAIN SELECT bucket, count(*) FROM public.big GROUP BY 1' LOOP
+                     IF line LIKE '%Workers Planned%' THEN planned := 'workers'; END IF;
+                 END LOOP;
+                 RETURN planned;
+             END $$;
+             CREATE VIEW {role}_own.plans AS SELECT {role}_own.plan() AS planned;"
+        ))
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let direct: String = client
+        .query_one(&format!("SELECT planned FROM {role}_own.plans"), &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(direct, "workers");
+    s.llm.on(
+        "how is it planned",
+        vec![Reply::sql(&format!("SELECT planned FROM {role}_own.plans"))],
+    );
+    let rows = client
+        .query("SELECT * FROM nl_query('how is it planned')", &[])
+        .unwrap();
+    let answer: serde_json::Value = rows[0].get(0);
+    assert_eq!(answer["planned"], "no workers", "{answer}");
     // and a cut result still stops early and says so
     s.client
         .batch_execute("SET sql_query_engine.max_rows = 3")
