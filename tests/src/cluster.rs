@@ -93,6 +93,7 @@ fn start_cluster() -> Cluster {
     // Short: the socket lives here too.
     let dir = crate::fresh_dir("sqe-e2e").display().to_string();
     let _ = CLUSTER_DIR.set(PathBuf::from(&dir));
+    // SAFETY: registers a plain function to run at exit; it only runs a script.
     unsafe { libc::atexit(stop_cluster) };
     run_script(&["start", &dir, &port.to_string()]);
     Cluster {

@@ -260,6 +260,7 @@ fn a_client_that_goes_away_cancels_its_question_and_tokens_reload_on_sighup() {
     let mut tokens = std::fs::read_to_string(&s.tokens).unwrap();
     tokens.push_str(&format!("{new_token} {}\n", s.reader));
     std::fs::write(&s.tokens, tokens).unwrap();
+    // SAFETY: signals the gateway process this test started.
     unsafe { libc::kill(gateway.child.id() as i32, libc::SIGHUP) };
     let started = Instant::now();
     while !status(&new_token).contains("200") {
@@ -381,6 +382,7 @@ fn the_gateway_refuses_a_superuser_login_and_token_roles_that_can_run_their_own_
     let sneaky = format!("sneaky-token-{id}-0001");
     let fresh = format!("fresh-token-{id}-00001");
     let hangup = || {
+        // SAFETY: signals the gateway process this test started.
         unsafe { libc::kill(gateway.child.id() as i32, libc::SIGHUP) };
     };
     std::fs::write(

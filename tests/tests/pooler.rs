@@ -56,6 +56,7 @@ impl Pgbouncer {
             ),
         )
         .unwrap();
+        // SAFETY: reads the effective user id.
         let root = unsafe { libc::geteuid() } == 0;
         let mut command = Command::new("pgbouncer");
         if root {

@@ -21,6 +21,7 @@ impl Standby {
     fn start() -> Standby {
         let primary = cluster();
         let dir = sql_query_engine_e2e::fresh_dir("sqe-standby");
+        // SAFETY: reads the effective user id.
         let root = unsafe { libc::geteuid() } == 0;
         if root {
             Command::new("chown")
