@@ -168,38 +168,30 @@ pub fn pinned_exact<R>(work: impl FnOnce() -> R) -> R {
 /// Sets `name` to `value` until the end of the current (sub)transaction, checked as `SET LOCAL`
 /// checks it (for `role`: the session user must be allowed to become the role).
 pub fn set_local(name: &CStr, value: &CStr) {
-    // SAFETY: NUL-terminated name and value; GUC_ACTION_LOCAL lasts until the (sub)transaction
-    // ends; the context is the one `SET` uses for the current user.
-    unsafe {
-        let context = if pg_sys::superuser() {
-            pg_sys::GucContext::PGC_SUSET
-        } else {
-            pg_sys::GucContext::PGC_USERSET
-        };
-        pg_sys::set_config_option(
-            name.as_ptr(),
-            value.as_ptr(),
-            context,
-            pg_sys::GucSource::PGC_S_SESSION,
-            pg_sys::GucAction::GUC_ACTION_LOCAL,
-            true,
-            0,
-            false,
-        );
-    }
+    // SAFETY: reads whether the current user is a superuser.
+    let context = if unsafe { pg_sys::superuser() } {
+        pg_sys::GucContext::PGC_SUSET
+    } else {
+        pg_sys::GucContext::PGC_USERSET
+    };
+    set_local_in(context, name, value);
 }
 
 /// Sets `name` to `value` until the end of the current (sub)transaction, as the extension's own
 /// bound (`temp_file_limit` of an attempt): at a superuser's level, whoever the caller is, so
 /// that nothing the attempt runs may change it back.
 pub fn bound_local(name: &CStr, value: &CStr) {
+    set_local_in(pg_sys::GucContext::PGC_SUSET, name, value);
+}
+
+fn set_local_in(context: pg_sys::GucContext::Type, name: &CStr, value: &CStr) {
     // SAFETY: NUL-terminated name and value; GUC_ACTION_LOCAL lasts until the (sub)transaction
     // ends.
     unsafe {
         pg_sys::set_config_option(
             name.as_ptr(),
             value.as_ptr(),
-            pg_sys::GucContext::PGC_SUSET,
+            context,
             pg_sys::GucSource::PGC_S_SESSION,
             pg_sys::GucAction::GUC_ACTION_LOCAL,
             true,
