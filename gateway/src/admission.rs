@@ -631,18 +631,19 @@ mod tests {
             8,
             Duration::ZERO,
         );
-        admission.id_hold = Duration::from_millis(50);
+        // Long enough that no pause of a loaded machine between two steps expires one.
+        admission.id_hold = Duration::from_millis(1000);
         let admission = Arc::new(admission);
         let live = |ids: &[&str]| ids.iter().map(|s| s.to_string()).collect::<HashSet<_>>();
         let ping = br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
         let _gone = admission.reserve_ids(&live(&["s1"]), "s1", ping).unwrap();
         assert!(admission.reserve_ids(&live(&["s1"]), "s1", ping).is_err());
-        std::thread::sleep(Duration::from_millis(80));
+        std::thread::sleep(Duration::from_millis(1200));
         assert!(
             admission.reserve_ids(&live(&["s1"]), "s1", ping).is_ok(),
             "expired"
         );
-        std::thread::sleep(Duration::from_millis(80));
+        std::thread::sleep(Duration::from_millis(1200));
         let _other = admission.reserve_ids(&live(&["s2"]), "s2", ping).unwrap();
         assert!(
             !admission.ids.lock().unwrap().contains_key("s1"),
@@ -651,7 +652,7 @@ mod tests {
         // An answer sent after its reservation expired frees nobody else's.
         let s3 = live(&["s3"]);
         let mut late = admission.reserve_ids(&s3, "s3", ping).unwrap().unwrap();
-        std::thread::sleep(Duration::from_millis(80));
+        std::thread::sleep(Duration::from_millis(1200));
         let _newer = admission.reserve_ids(&s3, "s3", ping).unwrap().unwrap();
         late.sent_whole();
         drop(late);

@@ -230,7 +230,7 @@ fn a_vote_cut_by_the_answer_budget_keeps_the_alternatives_that_finished() {
     let mut s = withholding();
     s.client
         .batch_execute(
-            "SET sql_query_engine.candidates = 4; SET sql_query_engine.answer_budget = '2s';",
+            "SET sql_query_engine.candidates = 4; SET sql_query_engine.answer_budget = '5s';",
         )
         .unwrap();
     let de = "SELECT name FROM customers WHERE country = 'DE' ORDER BY name";

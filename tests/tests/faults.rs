@@ -86,7 +86,8 @@ fn persistent_server_errors_end_within_the_timeout() {
     let (code, message, took) = error_of(&mut s, "always 500");
     assert_eq!(code, "58000");
     assert!(message.contains("HTTP 500"), "{message}");
-    assert!(took < Duration::from_millis(2500), "took {took:?}");
+    // The timeout and a loaded machine's preparation of the first call, not 50 retries.
+    assert!(took < Duration::from_millis(4000), "took {took:?}");
 }
 
 #[test]
@@ -127,7 +128,8 @@ fn a_slow_model_times_out_within_llm_timeout() {
     let (code, message, took) = error_of(&mut s, "slow");
     assert_eq!(code, "58000");
     assert!(message.contains("llm_timeout"), "{message}");
-    assert!(took < Duration::from_millis(1800), "took {took:?}");
+    // Not the 20 s of the reply (with room for preparing the call on a loaded machine).
+    assert!(took < Duration::from_millis(5000), "took {took:?}");
 }
 
 #[test]
@@ -175,7 +177,8 @@ fn the_callers_statement_timeout_interrupts_the_model_wait() {
         .unwrap();
     let (code, _, took) = error_of(&mut s, "wait forever");
     assert_eq!(code, "57014");
-    assert!(took < Duration::from_millis(1500), "took {took:?}");
+    // Not the 30 s of the reply (with room for a loaded machine).
+    assert!(took < Duration::from_millis(5000), "took {took:?}");
     // the session is fine afterwards
     s.client.batch_execute("RESET statement_timeout").unwrap();
     assert_eq!(s.scalar_i64("SELECT count(*) FROM orders"), 6);

@@ -1254,7 +1254,7 @@ fn an_endpoint_that_ignores_n_gets_the_candidates_all_at_once() {
 
     // The answer budget ends the one still running: the two that came back are voted on.
     s.client
-        .batch_execute("SET sql_query_engine.answer_budget = '2s'")
+        .batch_execute("SET sql_query_engine.answer_budget = '5s'")
         .unwrap();
     s.llm.on(
         "customers in Italia",
