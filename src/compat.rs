@@ -103,6 +103,33 @@ pub fn namespace_allows(namespace: pg_sys::Oid, role: pg_sys::Oid, mode: pg_sys:
     result == pg_sys::AclResult::ACLCHECK_OK
 }
 
+/// Whether `role` may execute `function`; false for a function that does not exist
+/// (PostgreSQL 16 folded `pg_proc_aclcheck` into `object_aclcheck`).
+pub fn function_allows(function: pg_sys::Oid, role: pg_sys::Oid) -> bool {
+    let mode = pg_sys::ACL_EXECUTE as pg_sys::AclMode;
+    // SAFETY: a catalog look-up by OID, then a privilege check of a function that exists.
+    let result = unsafe {
+        if !pg_sys::SearchSysCacheExists(
+            pg_sys::SysCacheIdentifier::PROCOID as _,
+            function.into(),
+            pg_sys::Datum::null(),
+            pg_sys::Datum::null(),
+            pg_sys::Datum::null(),
+        ) {
+            return false;
+        }
+        #[cfg(feature = "pg15")]
+        {
+            pg_sys::pg_proc_aclcheck(function, role, mode)
+        }
+        #[cfg(not(feature = "pg15"))]
+        {
+            pg_sys::object_aclcheck(pg_sys::ProcedureRelationId, function, role, mode)
+        }
+    };
+    result == pg_sys::AclResult::ACLCHECK_OK
+}
+
 /// Whether `rte` is PostgreSQL 18's GROUP BY range-table entry, whose columns are the grouped
 /// expressions that the SELECT list and HAVING read (earlier versions have none).
 ///

@@ -52,7 +52,12 @@ const MAX_SQL_CHARS: usize = 100_000;
 const REACHING_ROLES: &str = "FROM pg_catalog.pg_roles r \
      WHERE (r.rolsuper OR r.rolcreaterole OR r.rolreplication \
             OR r.rolname IN ('pg_execute_server_program', 'pg_read_server_files', \
-                             'pg_write_server_files')) \
+                             'pg_write_server_files') \
+            OR EXISTS (SELECT FROM pg_catalog.pg_proc p \
+                        WHERE p.pronamespace = 'pg_catalog'::pg_catalog.regnamespace \
+                          AND p.proname IN ('lo_import', 'lo_export', 'pg_read_file', \
+                                            'pg_read_binary_file', 'pg_ls_dir', 'pg_stat_file') \
+                          AND pg_catalog.has_function_privilege(r.oid, p.oid, 'EXECUTE'))) \
        AND pg_catalog.pg_has_role(session_user, r.oid, 'MEMBER') \
      ORDER BY r.rolname <> session_user LIMIT 1";
 
@@ -458,8 +463,9 @@ impl Db {
         if let Some(superuser) = superuser {
             anyhow::bail!(
                 "the login role of --database-url is a superuser or may act as one, or may become \
-                 such a role ({superuser}: superuser, CREATEROLE, REPLICATION, or a member of \
-                 pg_execute_server_program, pg_read_server_files or pg_write_server_files): the \
+                 such a role ({superuser}: superuser, CREATEROLE, REPLICATION, a member of \
+                 pg_execute_server_program, pg_read_server_files or pg_write_server_files, or \
+                 granted EXECUTE on a built-in that reads or writes the server's files): the \
                  code of views, policies and functions that other roles own would run with that \
                  reach (it can RESET ROLE or SET ROLE); log in as a role with no \
                  privileges of its own that may become the tokens' roles (see README, \"the \

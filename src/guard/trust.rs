@@ -33,20 +33,57 @@ const SERVER_ROLES: [u32; 3] = [
     pg_sys::ROLE_PG_WRITE_SERVER_FILES,
 ];
 
+/// Built-ins that read, list or write the server's files as its operating-system user, which
+/// only superusers may run unless EXECUTE is granted.
+fn server_file_functions() -> Vec<pg_sys::Oid> {
+    use pg_sys::Oid;
+    let functions = vec![
+        Oid::from(pg_sys::F_LO_IMPORT_TEXT),
+        pg_sys::F_LO_IMPORT_TEXT_OID,
+        Oid::from(pg_sys::F_LO_EXPORT),
+        Oid::from(pg_sys::F_PG_READ_FILE_TEXT),
+        Oid::from(pg_sys::F_PG_READ_FILE_TEXT_INT8_INT8),
+        Oid::from(pg_sys::F_PG_READ_FILE_TEXT_INT8_INT8_BOOL),
+        Oid::from(pg_sys::F_PG_READ_BINARY_FILE_TEXT),
+        Oid::from(pg_sys::F_PG_READ_BINARY_FILE_TEXT_INT8_INT8),
+        Oid::from(pg_sys::F_PG_READ_BINARY_FILE_TEXT_INT8_INT8_BOOL),
+        Oid::from(pg_sys::F_PG_LS_DIR_TEXT),
+        Oid::from(pg_sys::F_PG_LS_DIR_TEXT_BOOL_BOOL),
+        Oid::from(pg_sys::F_PG_STAT_FILE_TEXT),
+        Oid::from(pg_sys::F_PG_STAT_FILE_TEXT_BOOL),
+    ];
+    // (PostgreSQL 15's pg_read_file_old checks for a superuser itself.)
+    #[cfg(not(feature = "pg15"))]
+    let functions = {
+        let mut functions = functions;
+        functions.extend([
+            Oid::from(pg_sys::F_PG_READ_FILE_TEXT_BOOL),
+            Oid::from(pg_sys::F_PG_READ_BINARY_FILE_TEXT_BOOL),
+        ]);
+        functions
+    };
+    functions
+}
+
 /// Whether `role` reaches as far as a superuser: it is one, it has the privileges of a role
-/// that acts as the server's operating-system user, it may replicate (replication slots, which
-/// hold the server's WAL, outlive the sandbox's rollback), or, on PostgreSQL 15, it may create
-/// roles (CREATEROLE may grant itself those there; since 16 only roles it administers).
+/// that acts as the server's operating-system user or may run a built-in that reads or writes
+/// the server's files, it may replicate (replication slots, which hold the server's WAL,
+/// outlive the sandbox's rollback), or, on PostgreSQL 15, it may create roles (CREATEROLE may
+/// grant itself those there; since 16 only roles it administers).
 fn reaches_the_server(role: pg_sys::Oid) -> bool {
     // SAFETY: role catalog look-ups.
-    unsafe {
+    let by_role = unsafe {
         pg_sys::superuser_arg(role)
             || pg_sys::has_rolreplication(role)
             || (cfg!(feature = "pg15") && pg_sys::has_createrole_privilege(role))
             || SERVER_ROLES
                 .iter()
                 .any(|&server| pg_sys::has_privs_of_role(role, pg_sys::Oid::from(server)))
-    }
+    };
+    by_role
+        || server_file_functions()
+            .into_iter()
+            .any(|function| crate::compat::function_allows(function, role))
 }
 
 /// `Some` when this call is a superuser's: the current user or the session user is one, or

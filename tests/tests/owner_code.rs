@@ -1328,6 +1328,32 @@ fn a_role_that_may_act_as_the_server_runs_no_code_of_other_roles_either() {
     let (code, message, _) = db_error(&error.expect_err("refused"));
     assert_eq!(code, "42501", "{message}");
     assert!(message.contains("shared.allowed"), "{message}");
+    drop(policy_witness);
+    // The direct read took the view's lock for its session: given back.
+    drop(direct);
+
+    // EXECUTE granted on a built-in that writes the server's files, with no predefined role:
+    // as far.
+    let filer = format!("filer_{}", w.s.database);
+    w.s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {filer} LOGIN;
+             GRANT EXECUTE ON FUNCTION pg_catalog.lo_export(oid, text) TO {filer};
+             GRANT SELECT ON public.release_notes TO {filer};"
+        ))
+        .unwrap();
+    w.s.llm.on(
+        "notes to file",
+        vec![Reply::sql("SELECT note FROM release_notes")],
+    );
+    let mut filing = w.connect(&filer);
+    let mut witness = Witness::hold(&w.s.database, &[4244]);
+    let (error, waited) =
+        witness.waited(|| filing.query("SELECT * FROM nl_query('notes to file')", &[]));
+    assert!(waited.is_empty(), "the attacker's code ran: {waited:?}");
+    let (code, message, _) = db_error(&error.expect_err("refused"));
+    assert_eq!(code, "42501", "{message}");
+    assert!(message.contains("act as the server"), "{message}");
 }
 
 /// A superuser's view that reads another role's view in a subquery of an expression (`IN
