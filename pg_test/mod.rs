@@ -414,6 +414,31 @@ mod tests {
     }
 
     #[pg_test]
+    fn a_query_that_names_more_than_hints_are_built_from_gets_none() {
+        use crate::guard::references;
+        let from = |n: usize| {
+            (0..n)
+                .map(|i| format!("t t{i}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let refs = references(&format!("SELECT t0.a FROM {}", from(64)));
+        assert_eq!(refs.selects[0].relations.len(), 64);
+        let refs = references(&format!("SELECT t0.a FROM {}", from(65)));
+        assert!(refs.selects.is_empty() && refs.relations.is_empty() && refs.columns.is_empty());
+        let chain = |n: usize| {
+            (0..n)
+                .map(|i| format!("t0.a = t1.a{i}"))
+                .collect::<Vec<_>>()
+                .join(" AND ")
+        };
+        let refs = references(&format!("SELECT 1 FROM t t0, t t1 WHERE {}", chain(256)));
+        assert_eq!(refs.selects[0].equated.len(), 256);
+        let refs = references(&format!("SELECT 1 FROM t t0, t t1 WHERE {}", chain(257)));
+        assert!(refs.selects.is_empty());
+    }
+
+    #[pg_test]
     fn each_select_has_its_own_from_clause_and_unqualified_columns() {
         use crate::guard::references;
         // The SELECT of the unqualified column written at `column`'s first offset, as

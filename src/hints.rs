@@ -131,7 +131,11 @@ pub fn requalify(sql: &str, error: &SqlError) -> Option<Requalified> {
     };
     let context = schema::context().ok()?;
     let schema = Schema {
-        has_column: |relation: &str, column: &str| context.has_column(relation, column),
+        // A look-up reads the relations of the context by name: checked for a cancel too.
+        has_column: |relation: &str, column: &str| {
+            pgrx::check_for_interrupts!();
+            context.has_column(relation, column)
+        },
         // A look-up reads every relation of the context: a wide schema is a long loop.
         hops: |relation: &str, column: Option<&str>| {
             pgrx::check_for_interrupts!();

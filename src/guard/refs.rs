@@ -137,6 +137,29 @@ impl References {
     }
 }
 
+/// Names a query may use for its references to be read: the repair hints built from them
+/// compare names pairwise and chain them, so a query of more (a model may write thousands)
+/// gets none, rather than a backend busy for minutes.
+const MAX_RELATIONS: usize = 64;
+const MAX_SELECTS: usize = 64;
+const MAX_COLUMN_REFS: usize = 1024;
+const MAX_EQUALITIES: usize = 256;
+
+impl References {
+    /// Whether more was found than hints are built from.
+    fn too_many(&self) -> bool {
+        self.relations.len() > MAX_RELATIONS
+            || self.selects.len() > MAX_SELECTS
+            || self.columns.len() > MAX_COLUMN_REFS
+            || self.equalities.len() > MAX_EQUALITIES
+            || self.selects.iter().any(|s| {
+                s.relations.len() > MAX_RELATIONS
+                    || s.bare.len() > MAX_COLUMN_REFS
+                    || s.equated.len() > MAX_EQUALITIES
+            })
+    }
+}
+
 /// The walk's state: what was found, and where the walk is.
 struct Collecting {
     found: References,
@@ -146,7 +169,8 @@ struct Collecting {
     ctes: Vec<String>,
 }
 
-/// The names `sql` uses; empty when it does not parse.
+/// The names `sql` uses; empty when it does not parse, or uses more than hints are built from
+/// (`MAX_RELATIONS`, ...).
 pub fn references(sql: &str) -> References {
     let Ok(text) = CString::new(sql) else {
         return References::default();
@@ -176,6 +200,9 @@ pub fn references(sql: &str) -> References {
                     (&mut collecting as *mut Collecting).cast::<c_void>(),
                 );
             }
+        }
+        if collecting.found.too_many() {
+            return References::default();
         }
         collecting.found
     })
@@ -305,9 +332,15 @@ unsafe extern "C-unwind" fn collector(node: *mut pg_sys::Node, context: *mut c_v
     if too_deep().is_some() {
         return true;
     }
+    pgrx::check_for_interrupts!();
     // SAFETY: PostgreSQL's raw walker (or `references`) passes raw parse nodes and our context.
     unsafe {
         let collecting = &mut *context.cast::<Collecting>();
+        // Each node adds a bounded share (one FROM list, one WHERE clause): once past the
+        // bounds, the walk stops and nothing is read.
+        if collecting.found.too_many() {
+            return true;
+        }
         match (*node).type_ {
             pg_sys::NodeTag::T_SelectStmt => {
                 let select = node.cast::<pg_sys::SelectStmt>();
