@@ -339,14 +339,16 @@ impl Solver<'_> {
     }
 
     /// The outcome of `sql`, which progress hears of; the same query asked for again (a
-    /// candidate, or a confirmation) is not run twice.
+    /// candidate, or a confirmation) is not run twice. Only the very same text is the same
+    /// here: blank space ends a `--` comment and is part of a string literal, so SQL that is
+    /// `same_query` may still do something else, and an attempt's outcome must be its own.
     fn run_reported(&mut self, sql: &str, attempt: usize, kind: Kind) -> Outcome {
         let ran = Instant::now();
         let earlier = self
             .run
             .attempts
             .iter()
-            .find(|a| same_query(&a.sql, sql))
+            .find(|a| a.sql == sql)
             .map(|a| a.outcome.clone());
         let outcome = earlier.unwrap_or_else(|| self.db.run(sql, kind));
         (self.progress)(Event::Executed {
@@ -1172,9 +1174,8 @@ mod tests {
             steps >= 3,
             "progress heard of the model, the attempt and the end"
         );
-        let normal = |sql: &str| sql.split_whitespace().collect::<Vec<_>>().join(" ");
-        let executed: std::collections::HashSet<String> =
-            database.executed.iter().map(|sql| normal(sql)).collect();
+        // Only the very same text is not run again (blank space can change what SQL does).
+        let executed: std::collections::HashSet<&String> = database.executed.iter().collect();
         assert_eq!(
             database.executed.len(),
             executed.len(),
@@ -1184,7 +1185,7 @@ mod tests {
             run.attempts
                 .iter()
                 .filter(|a| !a.sql.is_empty())
-                .all(|a| executed.contains(&normal(&a.sql))),
+                .all(|a| executed.contains(&a.sql)),
             "every attempt's query was executed"
         );
         (run, llm)
@@ -1833,7 +1834,7 @@ mod tests {
     #[test]
     fn a_vote_the_budget_cut_counts_what_came_back_against_all_it_asked_for() {
         let cut_soon = || Limits {
-            deadline: Some(Instant::now() + std::time::Duration::from_millis(100)),
+            deadline: Some(Instant::now() + std::time::Duration::from_millis(1000)),
             ..withholding()
         };
         // 2 of 4 came back, both with the first query's result: half of those asked for.
@@ -1861,6 +1862,42 @@ mod tests {
         let (run, _) = solve_limited(&["SELECT a", "CUT"], cut_soon(), |_| rows(1));
         assert!(run.vote.is_none() && run.out_of_time);
         assert!(!crate::confidence::assess(&run, false).sure());
+    }
+
+    #[test]
+    fn a_candidate_is_run_unless_it_is_the_very_same_text() {
+        // Blank space ends a comment and is part of a literal: alike is not the same.
+        let answers = [
+            "SELECT a",
+            "SELECT a",
+            "SELECT  a",
+            "SELECT a -- x\nFROM t",
+            "SELECT a -- x FROM t",
+        ];
+        let mut llm = Scripted::new(&answers);
+        let mut database = FakeDb {
+            answer: |_: &str| rows(1),
+            executed: Vec::new(),
+        };
+        solve(
+            "q?",
+            prompt::initial("schema", &[], "q?"),
+            None,
+            withholding(),
+            &mut llm,
+            &mut database,
+            &mut |_| {},
+        )
+        .unwrap();
+        assert_eq!(
+            database.executed,
+            [
+                "SELECT a",
+                "SELECT  a",
+                "SELECT a -- x\nFROM t",
+                "SELECT a -- x FROM t"
+            ]
+        );
     }
 
     #[test]
@@ -1895,7 +1932,7 @@ mod tests {
     #[test]
     fn a_repair_cut_by_the_answer_budget_keeps_the_best_attempt() {
         let limits = Limits {
-            deadline: Some(Instant::now() + std::time::Duration::from_millis(50)),
+            deadline: Some(Instant::now() + std::time::Duration::from_millis(1000)),
             ..voting(Vote::Off)
         };
         let db = |sql: &str| match sql {
