@@ -58,16 +58,18 @@ impl TextColumns {
         relations
     }
 
-    /// The ids of `relation`'s text columns.
+    /// The ids of `relation`'s text columns (they are kept in relation order: a range).
     pub fn of_relation(&self, relation: usize) -> Vec<usize> {
-        (0..self.0.len())
-            .filter(|&i| self.0[i].relation == relation)
-            .collect()
+        let start = self.0.partition_point(|c| c.relation < relation);
+        let end = self.0.partition_point(|c| c.relation <= relation);
+        (start..end).collect()
     }
 }
 
 /// Foreign-key steps a repair hint follows to say how to reach a column's table.
 const JOIN_HOPS: usize = 3;
+/// Relations a repair hint says a missing column is in, and how to join them.
+const MAX_OWNERS: usize = 16;
 
 /// The schema as loaded for one role and set of schemas, with what retrieval needs.
 pub struct SchemaContext {
@@ -221,12 +223,8 @@ impl SchemaContext {
                     })
                     .collect();
                 let mut must = self.names.named_in(q);
-                must.extend(
-                    evidence
-                        .iter()
-                        .filter(|i| !must.contains(i))
-                        .collect::<Vec<_>>(),
-                );
+                let named: rustc_hash::FxHashSet<usize> = must.iter().copied().collect();
+                must.extend(evidence.iter().filter(|i| !named.contains(i)));
                 retrieve::select(&candidates, q, budget, &must)
             }
             None => (0..self.relations.len()).collect(),
@@ -304,7 +302,15 @@ impl SchemaContext {
             if owners.is_empty() {
                 lines.extend(self.similar_columns(&named, column));
             }
-            for owner in owners {
+            // Each is a search through the foreign keys (or the key-like columns): a column
+            // that thousands of relations have is said of the first few.
+            if owners.len() > MAX_OWNERS {
+                lines.push(format!(
+                    "{} relations have a column {column}; the first {MAX_OWNERS}:",
+                    owners.len()
+                ));
+            }
+            for owner in owners.into_iter().take(MAX_OWNERS) {
                 let direct: Vec<String> = named
                     .iter()
                     .filter(|&&n| n != owner)

@@ -64,51 +64,81 @@ pub fn question_terms(question: &str) -> FxHashSet<String> {
 
 /// How relevant a relation is to the question's terms.
 pub fn score(terms: &Terms, question: &FxHashSet<String>) -> f64 {
-    let hits =
-        |set: &FxHashSet<String>| question.iter().filter(|t| set.contains(*t)).count() as f64;
+    // The size of the intersection, looked up from the smaller side: a relation's terms are
+    // few, a long question's many.
+    let hits = |set: &FxHashSet<String>| {
+        let (small, large) = if set.len() <= question.len() {
+            (set, question)
+        } else {
+            (question, set)
+        };
+        small.iter().filter(|t| large.contains(*t)).count() as f64
+    };
     3.0 * hits(&terms.name)
         + 1.5 * hits(&terms.columns)
         + hits(&terms.comments)
         + 2.0 * hits(&terms.values)
 }
 
-/// The relations' names, and their multi-word column names, keyed by their first word: finding
-/// the ones a question names costs the question's length, not the schema's size.
+/// The relations' names, and their multi-word column names, keyed by their words (the last one
+/// stemmed): finding the ones a question names costs the question's length times the longest
+/// name's, not the schema's size, however many names are alike.
 #[derive(Debug, Default)]
 pub struct NameIndex {
-    /// One-word names by their stem.
-    single: FxHashMap<String, Vec<usize>>,
-    /// Longer names by their first word: the words in between, the last word's stem, and the
-    /// relation.
-    multi: FxHashMap<String, Vec<(Vec<String>, String, usize)>>,
+    /// The relations each name finds, by its words joined with a space (the last one stemmed).
+    names: FxHashMap<String, Vec<usize>>,
+    /// How many words the names have, ascending.
+    lengths: Vec<usize>,
+}
+
+/// A name's key: its words with a space between them (`name_tokens` has none in a word), the
+/// last one stemmed.
+fn name_key(words: &[String], last_stem: &str) -> String {
+    let mut key = String::new();
+    for word in words {
+        key.push_str(word);
+        key.push(' ');
+    }
+    key.push_str(last_stem);
+    key
 }
 
 impl NameIndex {
     /// Adds a name (its `name_tokens`) that finds `relation`.
     pub fn add(&mut self, name: Vec<String>, relation: usize) {
-        match name.as_slice() {
-            [] => {}
-            [only] => self.single.entry(stem(only)).or_default().push(relation),
-            [first, between @ .., last] => self.multi.entry(first.clone()).or_default().push((
-                between.to_vec(),
-                stem(last),
-                relation,
-            )),
+        let Some((last, before)) = name.split_last() else {
+            return;
+        };
+        let found = self.names.entry(name_key(before, &stem(last))).or_default();
+        // A relation's names are added together: one alike to the last adds nothing.
+        if found.last() != Some(&relation) {
+            found.push(relation);
+        }
+        if let Err(at) = self.lengths.binary_search(&name.len()) {
+            self.lengths.insert(at, name.len());
         }
     }
 
     /// The relations `question` names, ascending: a name's words in a row, the last one possibly
     /// inflected (`widget_0731`, "order items" for `order_item`, "customers" for `customer`).
+    /// Each name is taken once, however often the question says it.
     pub fn named_in(&self, question: &str) -> Vec<usize> {
         let tokens = name_tokens(question);
         let stems: Vec<String> = tokens.iter().map(|t| stem(t)).collect();
+        let mut taken: FxHashSet<String> = FxHashSet::default();
         let mut found = Vec::new();
-        for (at, token) in tokens.iter().enumerate() {
-            found.extend(self.single.get(&stems[at]).into_iter().flatten());
-            for (between, last, relation) in self.multi.get(token).into_iter().flatten() {
-                let end = at + between.len() + 1;
-                if end < tokens.len() && tokens[at + 1..end] == between[..] && stems[end] == *last {
-                    found.push(*relation);
+        for at in 0..tokens.len() {
+            for &length in &self.lengths {
+                let end = at + length;
+                let (Some(before), Some(last)) = (tokens.get(at..end - 1), stems.get(end - 1))
+                else {
+                    break;
+                };
+                let key = name_key(before, last);
+                if let Some(relations) = self.names.get(&key) {
+                    if taken.insert(key) {
+                        found.extend_from_slice(relations);
+                    }
                 }
             }
         }
@@ -284,5 +314,18 @@ mod tests {
             index.named_in("the widget 0730 of an order item"),
             vec![1, 2, 5]
         );
+    }
+
+    #[test]
+    fn names_alike_and_a_question_that_repeats_them_find_each_relation_once() {
+        let mut index = NameIndex::default();
+        for relation in 0..50 {
+            for name in ["a_a", "A_a", "a__a", "aA", "a"] {
+                index.add(name_tokens(name), relation);
+            }
+        }
+        let question = "a a ".repeat(2000);
+        assert_eq!(index.named_in(&question), (0..50).collect::<Vec<_>>());
+        assert_eq!(index.names.values().map(Vec::len).sum::<usize>(), 100);
     }
 }

@@ -393,3 +393,29 @@ fn a_value_nested_too_deeply_for_the_rows_reader_is_an_error_of_the_query() {
     let rows = role.query("SELECT * FROM nl_run($1)", &[&shallow]).unwrap();
     assert_eq!(rows.len(), 1);
 }
+
+/// A column that many relations have is said of the first few in a repair's hint, each with
+/// how it joins (a search through the keys for each), and the hint says how many have it.
+#[test]
+fn a_missing_column_that_many_relations_have_is_said_of_the_first_few() {
+    let mut s = Session::new();
+    let tables: String = (0..20)
+        .map(|i| format!("CREATE TABLE wide_{i:02} (id int, foo int);"))
+        .collect();
+    s.client.batch_execute(&tables).unwrap();
+    s.llm.on(
+        "the foos of the orders",
+        vec![
+            Reply::sql("SELECT o.foo FROM orders o"),
+            Reply::sql("SELECT count(*) AS n FROM orders"),
+        ],
+    );
+    let trace = s.trace("the foos of the orders").unwrap();
+    assert_eq!(trace["status"], "ok", "{trace}");
+    let repair = s.llm.requests().last().unwrap().last_message();
+    assert!(
+        repair.contains("20 relations have a column foo; the first 16:"),
+        "{repair}"
+    );
+    assert_eq!(repair.matches("foo is a column of").count(), 16, "{repair}");
+}
