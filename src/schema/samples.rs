@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::catalog::{Column, Relation};
 use crate::exec;
+use crate::names::printable_char;
 
 /// Rows read at most from a relation without statistics.
 const SCAN_ROWS: usize = 1000;
@@ -161,16 +162,33 @@ fn tidy<'a>(values: impl Iterator<Item = &'a String>) -> Vec<String> {
         .collect()
 }
 
-/// A value as an SQL string literal: quoted data, never mistaken for instructions or syntax.
-/// A value with a backslash is written as an escape string (`E'a\\b'`), as PostgreSQL's own
-/// `quote_literal` writes it, so that it reads the same whatever `standard_conforming_strings`
-/// the caller set (off, `'a\'` would not end where it seems to).
+/// A value as an SQL string literal, on one line: quoted data, never mistaken for instructions
+/// or syntax. A value with a backslash, or with a character that cannot be shown on one line
+/// (a line break, a bidirectional override: see `names::printable`), is written as an escape
+/// string (`E'a\\b'`, `E'a\nb'`, `E'\u202E'`), the same value exactly: it reads the same
+/// whatever `standard_conforming_strings` the caller set (off, `'a\'` would not end where it
+/// seems to), and a value another role stored cannot start a line of the prompt of its own.
 pub fn quote(value: &str) -> String {
-    if value.contains('\\') {
-        format!("E'{}'", value.replace('\\', "\\\\").replace('\'', "''"))
-    } else {
-        format!("'{}'", value.replace('\'', "''"))
+    if value.chars().all(|c| c != '\\' && printable_char(c)) {
+        return format!("'{}'", value.replace('\'', "''"));
     }
+    let mut quoted = String::from("E'");
+    for c in value.chars() {
+        match c {
+            '\\' => quoted.push_str("\\\\"),
+            '\'' => quoted.push_str("''"),
+            '\n' => quoted.push_str("\\n"),
+            '\r' => quoted.push_str("\\r"),
+            '\t' => quoted.push_str("\\t"),
+            c if !printable_char(c) && u32::from(c) <= 0xFFFF => {
+                quoted.push_str(&format!("\\u{:04X}", u32::from(c)));
+            }
+            c if !printable_char(c) => quoted.push_str(&format!("\\U{:08X}", u32::from(c))),
+            c => quoted.push(c),
+        }
+    }
+    quoted.push('\'');
+    quoted
 }
 
 #[cfg(test)]
@@ -186,5 +204,9 @@ mod tests {
         assert_eq!(quote("it's"), "'it''s'");
         assert_eq!(quote("a\\"), "E'a\\\\'");
         assert_eq!(quote("a\\' OR true --"), "E'a\\\\'' OR true --'");
+        // One line, the same value: a line break or an override is an escape.
+        assert_eq!(quote("a\nb"), "E'a\\nb'");
+        assert_eq!(quote("x\u{202E}y\t"), "E'x\\u202Ey\\t'");
+        assert_eq!(quote("it's\r"), "E'it''s\\r'");
     }
 }
