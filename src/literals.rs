@@ -34,11 +34,22 @@ pub fn literals(sql: &str) -> Vec<Literal> {
                 }
             }
             b'/' if bytes.get(i + 1) == Some(&b'*') => {
+                // Block comments nest, as PostgreSQL's lexer reads them.
+                let mut depth = 1;
                 i += 2;
-                while i + 1 < bytes.len() && !(bytes[i] == b'*' && bytes[i + 1] == b'/') {
-                    i += 1;
+                while i < bytes.len() && depth > 0 {
+                    match (bytes[i], bytes.get(i + 1)) {
+                        (b'/', Some(b'*')) => {
+                            depth += 1;
+                            i += 2;
+                        }
+                        (b'*', Some(b'/')) => {
+                            depth -= 1;
+                            i += 2;
+                        }
+                        _ => i += 1,
+                    }
                 }
-                i += 2;
             }
             b'"' => {
                 i += 1;
@@ -48,10 +59,14 @@ pub fn literals(sql: &str) -> Vec<Literal> {
                 i += 1;
             }
             b'$' => {
-                // A dollar quote ($tag$ ... $tag$) is skipped whole; $1 is a parameter sign.
+                // A dollar quote ($tag$ ... $tag$, the tag not starting with a digit) is
+                // skipped whole; $1 is a parameter sign. (A `$` inside a word is the word's.)
                 let tag_end = sql[i + 1..].find('$').map(|p| i + 1 + p);
                 match tag_end {
-                    Some(end) if sql[i + 1..end].bytes().all(word_char) => {
+                    Some(end)
+                        if sql[i + 1..end].bytes().all(word_char)
+                            && !bytes.get(i + 1).is_some_and(u8::is_ascii_digit) =>
+                    {
                         let tag = &sql[i..=end];
                         i = sql[end + 1..]
                             .find(tag)
@@ -61,12 +76,28 @@ pub fn literals(sql: &str) -> Vec<Literal> {
                 }
             }
             b'\'' => {
-                let prefixed = i > 0 && word_char(bytes[i - 1]);
+                // A prefix makes it another kind of string: E'...', B'...', X'...', N'...',
+                // U&'...'.
+                let unicode = i >= 2 && bytes[i - 1] == b'&' && matches!(bytes[i - 2], b'u' | b'U');
+                let prefixed = i > 0 && word_char(bytes[i - 1]) || unicode;
+                // In an escape string a backslash escapes the next character, a quote too.
+                let escapes = i > 0
+                    && matches!(bytes[i - 1], b'e' | b'E')
+                    && (i == 1 || !word_char(bytes[i - 2]));
                 let start = i;
                 let mut value = String::new();
                 i += 1;
                 let mut closed = false;
                 while i < bytes.len() {
+                    if escapes && bytes[i] == b'\\' {
+                        i += 1;
+                        let next = sql
+                            .get(i..)
+                            .and_then(|r| r.chars().next())
+                            .map_or(1, char::len_utf8);
+                        i += next;
+                        continue;
+                    }
                     if bytes[i] == b'\'' {
                         if bytes.get(i + 1) == Some(&b'\'') {
                             value.push('\'');
@@ -105,7 +136,8 @@ pub fn literals(sql: &str) -> Vec<Literal> {
                 }
             }
             b if word_char(b) => {
-                while i < bytes.len() && word_char(bytes[i]) {
+                // An identifier or keyword: `$` may follow its first character.
+                while i < bytes.len() && (word_char(bytes[i]) || bytes[i] == b'$') {
                     i += 1;
                 }
             }
@@ -274,6 +306,22 @@ mod tests {
                 ("5", LiteralKind::Number),
             ]
         );
+    }
+
+    #[test]
+    fn strings_are_read_where_postgresqls_lexer_reads_them() {
+        // Comments nest; `$` continues a word (`x$a$` is no dollar quote); an escape string's
+        // backslash escapes a quote; a U& string is prefixed.
+        let found = literals(
+            r"SELECT 'a' /* x /* y */ 'no' */, x$a$, 'b', E'it\'s ''no', U&'\0041', 'c' FROM t
+              WHERE id = $1 AND $q$'no'$q$ = 'd'",
+        );
+        let values: Vec<&str> = found
+            .iter()
+            .filter(|l| l.kind == LiteralKind::Text)
+            .map(|l| l.value.as_str())
+            .collect();
+        assert_eq!(values, ["a", "b", "c", "d"]);
     }
 
     fn read(sql: &str) -> Vec<(String, String, bool)> {
