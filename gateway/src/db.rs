@@ -47,16 +47,27 @@ const MAX_QUESTION_CHARS: usize = 10_000;
 const MAX_SQL_CHARS: usize = 100_000;
 
 /// The roles, among those the login role is or may become, that reach as far as a superuser
-/// (a superuser, CREATEROLE, REPLICATION, the server's files and programs), the login role
+/// (a superuser, CREATEROLE, REPLICATION, the server's files and programs, a connection
+/// without a password check), the login role
 /// first: no such role may be the gateway's login role, on any server.
 const REACHING_ROLES: &str = "FROM pg_catalog.pg_roles r \
      WHERE (r.rolsuper OR r.rolcreaterole OR r.rolreplication \
             OR r.rolname IN ('pg_execute_server_program', 'pg_read_server_files', \
                              'pg_write_server_files') \
             OR EXISTS (SELECT FROM pg_catalog.pg_proc p \
-                        WHERE p.pronamespace = 'pg_catalog'::pg_catalog.regnamespace \
-                          AND p.proname IN ('lo_import', 'lo_export', 'pg_read_file', \
-                                            'pg_read_binary_file', 'pg_ls_dir', 'pg_stat_file') \
+                        LEFT JOIN pg_catalog.pg_depend d \
+                          ON d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass \
+                         AND d.objid = p.oid AND d.deptype = 'e' \
+                        LEFT JOIN pg_catalog.pg_extension e ON e.oid = d.refobjid \
+                        WHERE CASE WHEN e.extname IS NULL \
+                                   THEN p.oid < 16384 \
+                                    AND p.proname IN ('lo_import', 'lo_export', \
+                                                      'pg_read_file', 'pg_read_binary_file') \
+                                   ELSE (e.extname = 'adminpack' \
+                                         AND p.proname IN ('pg_file_write', 'pg_file_rename', \
+                                                           'pg_file_unlink')) \
+                                     OR (e.extname = 'dblink' \
+                                         AND p.proname = 'dblink_connect_u') END \
                           AND pg_catalog.has_function_privilege(r.oid, p.oid, 'EXECUTE'))) \
        AND pg_catalog.pg_has_role(session_user, r.oid, 'MEMBER') \
      ORDER BY r.rolname <> session_user LIMIT 1";
@@ -465,7 +476,8 @@ impl Db {
                 "the login role of --database-url is a superuser or may act as one, or may become \
                  such a role ({superuser}: superuser, CREATEROLE, REPLICATION, a member of \
                  pg_execute_server_program, pg_read_server_files or pg_write_server_files, or \
-                 granted EXECUTE on a built-in that reads or writes the server's files): the \
+                 granted EXECUTE on a function that reads or writes the server's files, or on \
+                 dblink_connect_u): the \
                  code of views, policies and functions that other roles own would run with that \
                  reach (it can RESET ROLE or SET ROLE); log in as a role with no \
                  privileges of its own that may become the tokens' roles (see README, \"the \

@@ -6,7 +6,7 @@
 //! `sql_query_engine.trusted_owners` names), directly, through views, partitions or
 //! inheritance children; the runtime gate refuses every function of another owner.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 
 use pgrx::{pg_sys, PgList};
 
@@ -33,8 +33,12 @@ const SERVER_ROLES: [u32; 3] = [
     pg_sys::ROLE_PG_WRITE_SERVER_FILES,
 ];
 
-/// Built-ins that read, list or write the server's files as its operating-system user, which
-/// only superusers may run unless EXECUTE is granted.
+/// Functions that read or write the server's files as its operating-system user, which only
+/// superusers may run unless EXECUTE is granted: the built-ins `lo_import`, `lo_export`,
+/// `pg_read_file` and `pg_read_binary_file`, and adminpack's `pg_file_write`,
+/// `pg_file_rename` and `pg_file_unlink` where it is installed (in `pg_catalog`, up to
+/// PostgreSQL 16). Listing or describing files (`pg_ls_dir`, `pg_stat_file`) reaches no
+/// further than that.
 fn server_file_functions() -> Vec<pg_sys::Oid> {
     use pg_sys::Oid;
     let functions = vec![
@@ -47,12 +51,9 @@ fn server_file_functions() -> Vec<pg_sys::Oid> {
         Oid::from(pg_sys::F_PG_READ_BINARY_FILE_TEXT),
         Oid::from(pg_sys::F_PG_READ_BINARY_FILE_TEXT_INT8_INT8),
         Oid::from(pg_sys::F_PG_READ_BINARY_FILE_TEXT_INT8_INT8_BOOL),
-        Oid::from(pg_sys::F_PG_LS_DIR_TEXT),
-        Oid::from(pg_sys::F_PG_LS_DIR_TEXT_BOOL_BOOL),
-        Oid::from(pg_sys::F_PG_STAT_FILE_TEXT),
-        Oid::from(pg_sys::F_PG_STAT_FILE_TEXT_BOOL),
     ];
-    // (PostgreSQL 15's pg_read_file_old checks for a superuser itself.)
+    // The (text, boolean) forms came with PostgreSQL 16 (15's pg_read_file_old checks for a
+    // superuser itself).
     #[cfg(not(feature = "pg15"))]
     let functions = {
         let mut functions = functions;
@@ -62,7 +63,39 @@ fn server_file_functions() -> Vec<pg_sys::Oid> {
         ]);
         functions
     };
+    let (text, boolean) = (pg_sys::TEXTOID, pg_sys::BOOLOID);
+    let adminpack: [(&CStr, &[Oid]); 4] = [
+        (c"pg_file_write", &[text, text, boolean]),
+        (c"pg_file_rename", &[text, text]),
+        (c"pg_file_rename", &[text, text, text]),
+        (c"pg_file_unlink", &[text]),
+    ];
+    let mut functions = functions;
+    functions.extend(
+        adminpack
+            .into_iter()
+            .filter_map(|(name, args)| catalog_function(name, args)),
+    );
     functions
+}
+
+/// The function `pg_catalog.name(args)`, when there is one.
+fn catalog_function(name: &CStr, args: &[pg_sys::Oid]) -> Option<pg_sys::Oid> {
+    let nargs = std::ffi::c_int::try_from(args.len()).ok()?;
+    // SAFETY: a qualified name list of two String nodes in the current memory context, and a
+    // look-up that returns InvalidOid when no such function exists.
+    let oid = unsafe {
+        let mut names = pg_sys::lappend(
+            std::ptr::null_mut(),
+            pg_sys::makeString(pg_sys::pstrdup(c"pg_catalog".as_ptr())).cast(),
+        );
+        names = pg_sys::lappend(
+            names,
+            pg_sys::makeString(pg_sys::pstrdup(name.as_ptr())).cast(),
+        );
+        pg_sys::LookupFuncName(names, nargs, args.as_ptr(), true)
+    };
+    (oid != pg_sys::InvalidOid).then_some(oid)
 }
 
 /// Whether `role` reaches as far as a superuser: it is one, it has the privileges of a role

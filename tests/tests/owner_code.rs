@@ -1354,6 +1354,34 @@ fn a_role_that_may_act_as_the_server_runs_no_code_of_other_roles_either() {
     let (code, message, _) = db_error(&error.expect_err("refused"));
     assert_eq!(code, "42501", "{message}");
     assert!(message.contains("act as the server"), "{message}");
+
+    // So does EXECUTE on adminpack's pg_file_write, where adminpack is (PostgreSQL 16 and
+    // earlier).
+    if w.s
+        .client
+        .batch_execute("CREATE EXTENSION IF NOT EXISTS adminpack")
+        .is_ok()
+    {
+        let writer = format!("writer_{}", w.s.database);
+        w.s.client
+            .batch_execute(&format!(
+                "CREATE ROLE {writer} LOGIN;
+                 GRANT EXECUTE ON FUNCTION pg_catalog.pg_file_write(text, text, boolean)
+                     TO {writer};
+                 GRANT SELECT ON public.release_notes TO {writer};"
+            ))
+            .unwrap();
+        w.s.llm.on(
+            "notes to write",
+            vec![Reply::sql("SELECT note FROM release_notes")],
+        );
+        let mut writing = w.connect(&writer);
+        let (error, waited) =
+            witness.waited(|| writing.query("SELECT * FROM nl_query('notes to write')", &[]));
+        assert!(waited.is_empty(), "the attacker's code ran: {waited:?}");
+        let (code, message, _) = db_error(&error.expect_err("refused"));
+        assert_eq!(code, "42501", "{message}");
+    }
 }
 
 /// A superuser's view that reads another role's view in a subquery of an expression (`IN
