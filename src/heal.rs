@@ -177,7 +177,10 @@ fn rank_of(attempt: &Attempt) -> u8 {
     rank(&attempt.outcome, &attempt.questioned)
 }
 
-/// SQL compared for "the same query": blank space and trailing semicolons do not count.
+/// SQL compared for "the same query" (the model repeats itself, or stands by an answer):
+/// blank space and trailing semicolons do not count, except inside string literals (`'New
+/// York'` is not `'New  York'`). Never enough to take one query's outcome for the other's
+/// (`run_reported`): blank space also ends a `--` comment.
 fn same_query(a: &str, b: &str) -> bool {
     let norm = |s: &str| {
         s.trim()
@@ -186,7 +189,13 @@ fn same_query(a: &str, b: &str) -> bool {
             .collect::<Vec<_>>()
             .join(" ")
     };
-    norm(a) == norm(b)
+    let values = |s: &str| {
+        crate::literals::literals(s)
+            .into_iter()
+            .map(|l| l.value)
+            .collect::<Vec<_>>()
+    };
+    norm(a) == norm(b) && values(a) == values(b)
 }
 
 /// What became of an attempt, in one line, as the model may see it.
@@ -195,7 +204,11 @@ fn result_line(outcome: &Outcome, share_values: bool) -> String {
         (Some(r), _) => format!("{} rows", r.rows.len()),
         (_, Some(e)) => {
             let e = prompt::shown_error(e, share_values);
-            format!("ERROR {}: {}", e.sqlstate, e.message)
+            format!(
+                "ERROR {}: {}",
+                e.sqlstate,
+                crate::text::one_line(&e.message)
+            )
         }
         _ => outcome.label().to_string(),
     }
@@ -348,7 +361,8 @@ impl Solver<'_> {
             .run
             .attempts
             .iter()
-            .find(|a| a.sql == sql)
+            // The caller's own SQL ran without the scope a model's query has: not the same.
+            .find(|a| a.sql == sql && (a.kind == Kind::Given) == (kind == Kind::Given))
             .map(|a| a.outcome.clone());
         let outcome = earlier.unwrap_or_else(|| self.db.run(sql, kind));
         (self.progress)(Event::Executed {
@@ -1862,6 +1876,37 @@ mod tests {
         let (run, _) = solve_limited(&["SELECT a", "CUT"], cut_soon(), |_| rows(1));
         assert!(run.vote.is_none() && run.out_of_time);
         assert!(!crate::confidence::assess(&run, false).sure());
+    }
+
+    #[test]
+    fn a_repair_that_changes_only_blank_space_in_a_string_is_run() {
+        let db = |sql: &str| {
+            if sql.contains("'New York'") {
+                rows(1)
+            } else {
+                empty()
+            }
+        };
+        let (run, _) = solve_with(
+            &[
+                "SELECT * FROM t WHERE city = 'New  York'",
+                "SELECT * FROM t WHERE city = 'New York'",
+            ],
+            2,
+            db,
+        );
+        assert_eq!(run.status, Status::Ok);
+        assert!(!run.confirmed_empty);
+        // Blank space elsewhere is the same query: the empty result is confirmed.
+        let (run, _) = solve_with(
+            &[
+                "SELECT * FROM t WHERE city = 'Nowhere'",
+                "SELECT *\n  FROM t WHERE city = 'Nowhere';",
+            ],
+            2,
+            db,
+        );
+        assert!(run.confirmed_empty);
     }
 
     #[test]

@@ -29,7 +29,8 @@ pub fn literals(sql: &str) -> Vec<Literal> {
     while i < bytes.len() {
         match bytes[i] {
             b'-' if bytes.get(i + 1) == Some(&b'-') => {
-                while i < bytes.len() && bytes[i] != b'\n' {
+                // To the end of the line, which a carriage return ends too.
+                while i < bytes.len() && bytes[i] != b'\n' && bytes[i] != b'\r' {
                     i += 1;
                 }
             }
