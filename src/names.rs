@@ -69,14 +69,7 @@ pub fn relation_name(relation: pg_sys::Oid) -> String {
 /// Invisible characters count too: line and paragraph separators, and the format characters
 /// that reorder or hide text (bidirectional overrides, zero-width spaces).
 pub fn printable(name: &str) -> bool {
-    name.chars().all(printable_char)
-}
-
-/// Whether a character can be shown as part of one line (see `printable`).
-pub fn printable_char(c: char) -> bool {
-    !(c.is_control()
-        || matches!(c, '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}'
-            | '\u{2060}'..='\u{206F}' | '\u{FEFF}'))
+    name.chars().all(crate::text::printable_char)
 }
 
 /// `name` as SQL writes it: quoted when it needs quotes (`"Order Items"`), as is otherwise.

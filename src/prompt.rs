@@ -9,6 +9,7 @@ use crate::examples::Example;
 use crate::llm::Message;
 use crate::session::Turn;
 use crate::templates;
+use crate::text::one_line;
 
 const INSTRUCTIONS: &str = "\
 You are an expert PostgreSQL analyst. You answer a question about a PostgreSQL database by \
@@ -45,7 +46,7 @@ pub fn database_context(schema: &str, values: Option<&str>, examples: &[Example]
         for e in examples {
             text.push_str(&format!(
                 "Question: {}\nSQL: {}\n\n",
-                templates::unmarked(&e.question),
+                one_line(&templates::unmarked(&e.question)),
                 e.sql.trim()
             ));
         }
@@ -125,15 +126,17 @@ pub fn repair_error(
     } else {
         "This query failed."
     };
+    // What an error says is on one line each: code of another role may raise any text.
     let mut text = format!(
         "{opening}\n\nSQL:\n{sql}\n\nERROR {}: {}",
-        error.sqlstate, error.message
+        error.sqlstate,
+        one_line(&error.message)
     );
     if let Some(detail) = &error.detail {
-        text.push_str(&format!("\nDETAIL: {detail}"));
+        text.push_str(&format!("\nDETAIL: {}", one_line(detail)));
     }
     if let Some(hint) = &error.hint {
-        text.push_str(&format!("\nHINT: {hint}"));
+        text.push_str(&format!("\nHINT: {}", one_line(hint)));
     }
     if let Some(near) = error.position.and_then(|p| near_position(sql, p)) {
         text.push_str(&format!("\nThe error is near: {near}"));

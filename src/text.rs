@@ -114,6 +114,37 @@ pub fn first_distinct<S: AsRef<str>>(
     kept
 }
 
+/// Whether a character can be shown as part of one line of text another role may have
+/// written: no control character, and none of the format characters that reorder, hide or
+/// smuggle text (bidirectional marks and overrides, zero-width spaces and joiners, the soft
+/// hyphen, interlinear annotations, tag characters: Unicode's Cf), nor the line and paragraph
+/// separators.
+pub fn printable_char(c: char) -> bool {
+    !(c.is_control()
+        || matches!(c,
+            '\u{00AD}' | '\u{0600}'..='\u{0605}' | '\u{061C}' | '\u{06DD}' | '\u{070F}'
+            | '\u{08E2}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}'
+            | '\u{2060}'..='\u{206F}' | '\u{FEFF}' | '\u{FFF9}'..='\u{FFFB}'
+            | '\u{110BD}' | '\u{110CD}' | '\u{13430}'..='\u{1343F}'
+            | '\u{1BCA0}'..='\u{1BCA3}' | '\u{1D173}'..='\u{1D17A}'
+            | '\u{E0000}'..='\u{E007F}'))
+}
+
+/// `text` on one line: blank space of any kind (line breaks too) as one space, and characters
+/// that are not `printable_char` left out. For text another role wrote (a comment, an error a
+/// function raised, an example's question) shown inside a prompt's own lines.
+pub fn one_line(text: &str) -> String {
+    text.split_whitespace()
+        .map(|word| {
+            word.chars()
+                .filter(|c| printable_char(*c))
+                .collect::<String>()
+        })
+        .filter(|word| !word.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// How deeply arrays and objects nest in the JSON `text` (0 for a scalar), in one pass that
 /// allocates nothing.
 pub fn json_depth(text: &[u8]) -> usize {

@@ -6,6 +6,9 @@ use std::fmt::Write;
 
 use super::catalog::Relation;
 use super::samples::{quote, Samples};
+// Comments and defaults go on one line, so that they cannot end the `--` comment they are
+// written in.
+use crate::text::one_line;
 
 /// The prompt text of one relation. `samples` is index-aligned with its columns (may be empty).
 pub fn render_relation(relation: &Relation, samples: &[Option<Samples>]) -> String {
@@ -223,11 +226,6 @@ fn quoted_list(values: &[String]) -> String {
         .map(|v| quote(v))
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// Comments go on one line so that they cannot end the `--` comment they are written in.
-fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 #[cfg(test)]

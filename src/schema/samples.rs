@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::catalog::{Column, Relation};
 use crate::exec;
-use crate::names::printable_char;
+use crate::text::printable_char;
 
 /// Rows read at most from a relation without statistics.
 const SCAN_ROWS: usize = 1000;
@@ -151,7 +151,7 @@ pub fn for_relation(
 fn tidy<'a>(values: impl Iterator<Item = &'a String>) -> Vec<String> {
     values
         .map(|v| {
-            let one_line: String = v.split_whitespace().collect::<Vec<_>>().join(" ");
+            let one_line = crate::text::one_line(v);
             if one_line.chars().count() > MAX_VALUE_CHARS {
                 let cut: String = one_line.chars().take(MAX_VALUE_CHARS).collect();
                 format!("{cut}…")
