@@ -108,7 +108,8 @@ const COMMON_SHARE: f64 = 0.02;
 
 /// Up to `n` examples most similar to `question` (word overlap, and, among those, the ones over
 /// the relations and values of `focus`), best first. None when the caller may not read the
-/// examples. Found through the GIN index on `nl_examples.terms`, by the
+/// examples, or they could not be read at once (a lock: see `store::read_best_effort`). Found
+/// through the GIN index on `nl_examples.terms`, by the
 /// question's rarest words (the planner's statistics of `terms` say which are common): first
 /// the examples that share two of them, then, when those are too few, those that share one; at
 /// most `CANDIDATES` are read, whatever the table's size.
@@ -122,8 +123,11 @@ pub fn similar(question: &str, n: usize, focus: &Focus) -> Result<Vec<Example>> 
     }
     let schema = extension_schema()?;
     let table = format!("{schema}.nl_examples");
-    let examples: Vec<Example> = crate::subxact::pinned(|| {
-        Spi::connect(|client| {
+    // Best effort, with the bookkeeping's lock timeout: a role that may delete examples may
+    // lock the table, and no call waits for it (it goes on without examples).
+    let examples: Vec<Example> =
+        crate::store::read_best_effort("the verified examples", |client| {
+            let client = &*client;
             let readable = client
                 .select(
                     "SELECT has_table_privilege($1, 'SELECT')",
@@ -203,8 +207,7 @@ pub fn similar(question: &str, n: usize, focus: &Focus) -> Result<Vec<Example>> 
             }
             Ok::<_, pgrx::spi::Error>(found)
         })
-    })
-    .map_err(|e| Error::internal(format!("reading the verified examples failed: {e}")))?;
+        .unwrap_or_default();
     Ok(most_similar(question, examples, n, focus))
 }
 
@@ -230,7 +233,7 @@ fn focus_bonus(sql: &str, focus: &Focus) -> f64 {
     let value = focus
         .values
         .iter()
-        .any(|v| lower.contains(&crate::schema::quote_literal(&v.to_lowercase())));
+        .any(|v| lower.contains(&crate::schema::quote_literal(v).to_lowercase()));
     RELATION_WEIGHT * relations + if value { VALUE_WEIGHT } else { 0.0 }
 }
 
