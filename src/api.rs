@@ -417,9 +417,17 @@ fn nl_feedback(
         )
         .raise()
     };
-    let input = corrected_sql.unwrap_or("");
-    let given = history::audited("nl_feedback", input, || {
-        feedback::give(history_id, correct, corrected_sql)
+    let answer = feedback::answer(history_id).unwrap_or_else(|e| e.raise());
+    // The audit names the SQL the feedback runs, the answer's own included: a role may write
+    // its own history rows, and roll them back after.
+    let input = format!(
+        "answer {history_id}, correct: {correct}, runs: {}",
+        answer
+            .vouched(correct, corrected_sql)
+            .unwrap_or("(nothing)")
+    );
+    let given = history::audited("nl_feedback", &input, || {
+        feedback::give(history_id, &answer, correct, corrected_sql)
     });
     JsonB(given.unwrap_or_else(|e| e.raise()))
 }
@@ -774,7 +782,12 @@ fn audited_run(
     ask: Ask,
     accept: impl FnOnce((Run, DatabaseContext)) -> Result<(Run, DatabaseContext)>,
 ) -> Result<(Run, DatabaseContext)> {
-    let input = ask.question.or(ask.first).unwrap_or("");
+    // The question, and the caller's own SQL when it gave some (nl_fix): both go in the audit.
+    let input = match (ask.question, ask.first) {
+        (Some(question), Some(sql)) => format!("{question}\ngiven: {sql}"),
+        (question, sql) => question.or(sql).unwrap_or("").to_string(),
+    };
+    let input = input.as_str();
     history::audit_raised(ask.function, ask.session, input, |caller| {
         let result = answer(&ask).and_then(accept);
         let outcome = match &result {

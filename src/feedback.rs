@@ -35,16 +35,24 @@ impl Status {
     }
 }
 
-/// Records feedback on the answer `history_id`: `correct`, or a `corrected` query (which must
-/// pass the guard and return rows). Returns `{feedback_id, status, example_id}`.
-pub fn give(history_id: i64, correct: bool, corrected: Option<&str>) -> Result<serde_json::Value> {
-    if !store::writable() {
-        return Err(Error::sql(
-            "25006",
-            "nl_feedback records feedback: it cannot run in a read-only transaction",
-            None,
-        ));
+/// The answer `history_id` of the caller's own history, as feedback needs it: its question,
+/// SQL and status (row security shows only the caller's own answers).
+pub struct Answer(serde_json::Value);
+
+impl Answer {
+    /// The SQL that feedback on this answer runs: `corrected`, or, when it is marked correct
+    /// without one, the answer's own if it returned rows.
+    pub fn vouched<'a>(&'a self, correct: bool, corrected: Option<&'a str>) -> Option<&'a str> {
+        match corrected.filter(|sql| !sql.trim().is_empty()) {
+            Some(sql) => Some(sql),
+            None if correct => self.0["sql"].as_str().filter(|_| self.0["status"] == "ok"),
+            None => None,
+        }
     }
+}
+
+/// Reads the answer `history_id` of the caller's own history.
+pub fn answer(history_id: i64) -> Result<Answer> {
     let schema = store::extension_schema()?;
     // As the caller, so that row security shows only the caller's own answers.
     let answer = subxact::pinned(|| {
@@ -65,28 +73,44 @@ pub fn give(history_id: i64, correct: bool, corrected: Option<&str>) -> Result<s
         )
     })?
     .0;
-    let question = answer["question"].as_str().unwrap_or_default().to_string();
-    let corrected = corrected.filter(|sql| !sql.trim().is_empty());
-    let vouched: Option<String> = match corrected {
+    Ok(Answer(answer))
+}
+
+/// Records feedback on `answer` (of `history_id`): `correct`, or a `corrected` query (which
+/// must pass the guard and return rows). Returns `{feedback_id, status, example_id}`.
+pub fn give(
+    history_id: i64,
+    answer: &Answer,
+    correct: bool,
+    corrected: Option<&str>,
+) -> Result<serde_json::Value> {
+    if !store::writable() {
+        return Err(Error::sql(
+            "25006",
+            "nl_feedback records feedback: it cannot run in a read-only transaction",
+            None,
+        ));
+    }
+    let schema = store::extension_schema()?;
+    let question = answer.0["question"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    // The recorded SQL is only the caller's word (it may write its own history rows): it runs
+    // as a correction does.
+    let vouched = match answer.vouched(correct, corrected) {
         Some(sql) => {
             returns_rows(sql)?;
             Some(sql.to_string())
         }
         None if correct => {
-            let sql = answer["sql"].as_str().filter(|_| answer["status"] == "ok");
-            let Some(sql) = sql else {
-                return Err(Error::sql(
-                    "22023",
-                    format!(
-                        "answer {history_id} returned no rows, so there is nothing to mark correct"
-                    ),
-                    Some("Pass the query that answers it: nl_feedback(id, true, 'SELECT ...')."),
-                ));
-            };
-            // The recorded SQL is only the caller's word (it may write its own history rows):
-            // it runs as a correction does.
-            returns_rows(sql)?;
-            Some(sql.to_string())
+            return Err(Error::sql(
+                "22023",
+                format!(
+                    "answer {history_id} returned no rows, so there is nothing to mark correct"
+                ),
+                Some("Pass the query that answers it: nl_feedback(id, true, 'SELECT ...')."),
+            ))
         }
         None => None,
     };

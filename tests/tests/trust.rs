@@ -594,3 +594,53 @@ fn every_call_is_in_the_server_log_whatever_the_callers_transaction() {
         );
     }
 }
+
+/// What nl_feedback and nl_fix run is in the audit line, also when the caller wrote the
+/// history row it vouches for and rolls everything back, and when nl_fix is given a question.
+#[test]
+fn the_audit_names_the_sql_that_feedback_and_fix_run() {
+    let mut s = Session::new();
+    configure_database(&mut s, "sk-audit-0002");
+    let role = reader(&mut s, "vouching");
+    let mut caller = cluster().connect_as(&s.database, &role);
+    caller
+        .batch_execute(
+            "BEGIN;
+             INSERT INTO nl_history (function, question, sql, status, attempts, ms, llm_calls,
+                                     prompt_tokens, completion_tokens)
+             VALUES ('nl_ask', 'a forged answer', 'SELECT count(*) AS hidden_probe FROM orders',
+                     'ok', '[]', 1, 0, 0, 0);
+             SELECT nl_feedback(currval(pg_get_serial_sequence('nl_history', 'id')), true);
+             ROLLBACK;",
+        )
+        .unwrap();
+    s.llm.on(
+        "count the orders for the fix",
+        vec![Reply::sql("SELECT count(*) AS n FROM orders")],
+    );
+    caller
+        .query_one(
+            "SELECT nl_fix('SELECT count(*) AS fixed_probe FROM orderz', \
+             'count the orders for the fix')",
+            &[],
+        )
+        .unwrap_or_else(|e| panic!("{:?}", db_error(&e)));
+    let Some(mut log) = cluster().server_log() else {
+        return; // a cluster this process did not start: its log is not ours to read
+    };
+    let waiting = std::time::Instant::now();
+    while !(log.contains("hidden_probe") && log.contains("fixed_probe"))
+        && waiting.elapsed() < std::time::Duration::from_secs(30)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        log = cluster().server_log().unwrap_or_default();
+    }
+    assert!(
+        log.contains("runs: SELECT count(*) AS hidden_probe FROM orders"),
+        "the SQL feedback ran is not in the log"
+    );
+    assert!(
+        log.contains("given: SELECT count(*) AS fixed_probe FROM orderz"),
+        "the SQL nl_fix was given is not in the log"
+    );
+}
