@@ -45,6 +45,9 @@ pub struct FunctionFacts {
     pub owner: pg_sys::Oid,
     /// An aggregate, whose support functions run for it.
     pub aggregate: bool,
+    /// An event trigger's function: it runs only for the DDL of an event trigger, which only
+    /// a superuser creates.
+    pub event_trigger: bool,
 }
 
 impl FunctionFacts {
@@ -78,6 +81,7 @@ impl FunctionFacts {
                 type_support,
                 owner: (*form).proowner,
                 aggregate: (*form).prokind as u8 == b'a',
+                event_trigger: (*form).prorettype == pg_sys::EVENT_TRIGGEROID,
             };
             pg_sys::ReleaseSysCache(tuple);
             let extension_oid = pg_sys::getExtensionOfObject(pg_sys::ProcedureRelationId, function);

@@ -674,3 +674,42 @@ fn nl_query_as_never_converts_to_a_type_that_runs_its_owners_code() {
     assert_eq!(code, "42501", "{message}");
     assert!(message.contains("shared.plain"), "{message}");
 }
+
+/// A superuser's DDL event trigger (an audit of every DDL) fires for the view `nl_view` makes,
+/// as for any other DDL: the runtime gate around the view's making lets it run.
+#[test]
+fn a_superusers_ddl_event_trigger_fires_for_a_saved_view() {
+    let mut shop = Shop::new();
+    shop.s
+        .client
+        .batch_execute(&format!(
+            "CREATE TABLE public.ddl_audit (tag text);
+             GRANT INSERT ON public.ddl_audit TO {analyst};
+             CREATE FUNCTION public.audit_ddl() RETURNS event_trigger LANGUAGE plpgsql AS
+                 $$BEGIN INSERT INTO public.ddl_audit VALUES (tg_tag); END$$;
+             CREATE EVENT TRIGGER audit_ddl ON ddl_command_end
+                 EXECUTE FUNCTION public.audit_ddl();",
+            analyst = shop.analyst
+        ))
+        .unwrap();
+    shop.s
+        .llm
+        .on("revenue per country", vec![Reply::sql(REVENUE)]);
+    let mut analyst = shop.analyst();
+    analyst
+        .query_one(
+            "SELECT nl_view('reports.revenue_audited', 'revenue per country')",
+            &[],
+        )
+        .unwrap_or_else(|e| panic!("{:?}", db_error(&e)));
+    let audited: i64 = shop
+        .s
+        .client
+        .query_one(
+            "SELECT count(*) FROM public.ddl_audit WHERE tag = 'CREATE VIEW'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(audited, 1);
+}
