@@ -120,8 +120,13 @@ pub fn requalify(sql: &str, error: &SqlError) -> Option<Requalified> {
             sql,
             &error.message,
             byte_offset(sql, error.position?)?,
-            |schema: Option<&str>, name: &str| context.keys(schema, name),
+            // Each look-up reads the relations of the context: checked for a cancel.
+            |schema: Option<&str>, name: &str| {
+                pgrx::check_for_interrupts!();
+                context.keys(schema, name)
+            },
             |schema: Option<&str>, name: &str, column: &str| {
+                pgrx::check_for_interrupts!();
                 context.column_type(schema, name, column)
             },
         );

@@ -291,7 +291,7 @@ impl SchemaContext {
             })
             .collect();
         if let Some(column) = missing_column {
-            let owners: Vec<usize> = (0..self.relations.len())
+            let mut owners: Vec<usize> = (0..self.relations.len())
                 .filter(|&i| {
                     self.relations[i]
                         .columns
@@ -299,6 +299,15 @@ impl SchemaContext {
                         .any(|c| unquoted(&c.name) == column)
                 })
                 .collect();
+            // When not all are said, those a foreign key joins to a named relation first: the
+            // few said are the ones the query can use.
+            if owners.len() > MAX_OWNERS {
+                owners.sort_by_key(|&owner| {
+                    !named
+                        .iter()
+                        .any(|&n| n == owner || self.neighbours[n].contains(&owner))
+                });
+            }
             if owners.is_empty() {
                 lines.extend(self.similar_columns(&named, column));
             }
