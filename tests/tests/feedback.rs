@@ -499,3 +499,35 @@ fn an_example_runs_as_it_was_stored_and_names_only_what_its_author_may_read() {
         .get(0);
     assert!(words < 20_000, "{words} words");
 }
+
+/// A curator that may delete examples and leaves a lock on `nl_examples` in an open
+/// transaction keeps no other role's question waiting: the examples are read best-effort, with
+/// the bookkeeping's short lock timeout, and the question is answered without them.
+#[test]
+fn a_lock_on_the_examples_keeps_no_question_waiting() {
+    let mut r = Roles::new();
+    r.s.client
+        .batch_execute(&format!("GRANT DELETE ON nl_examples TO {}", r.writer))
+        .unwrap();
+    let mut curator = r.connect(&r.writer);
+    curator
+        .batch_execute("BEGIN; LOCK nl_examples IN ACCESS EXCLUSIVE MODE;")
+        .unwrap();
+    r.s.llm.on(
+        "how many customers are there",
+        vec![Reply::sql("SELECT count(*) AS n FROM customers")],
+    );
+    let mut analyst = r.connect(&r.analyst);
+    // Bounded only so that a hang fails this test instead of stalling it.
+    analyst
+        .batch_execute("SET statement_timeout = '20s'")
+        .unwrap();
+    let rows = analyst
+        .query(
+            "SELECT * FROM nl_query('how many customers are there')",
+            &[],
+        )
+        .unwrap_or_else(|e| panic!("{:?}", db_error(&e)));
+    assert_eq!(rows.len(), 1);
+    curator.batch_execute("ROLLBACK").unwrap();
+}
