@@ -68,7 +68,14 @@ const REACHING_ROLES: &str = "FROM pg_catalog.pg_roles r \
                                                            'pg_file_unlink')) \
                                      OR (e.extname = 'dblink' \
                                          AND p.proname = 'dblink_connect_u') END \
-                          AND pg_catalog.has_function_privilege(r.oid, p.oid, 'EXECUTE'))) \
+                          AND pg_catalog.has_function_privilege(r.oid, p.oid, 'EXECUTE')) \
+            OR EXISTS (SELECT FROM pg_catalog.unnest(ARRAY['archive_command', \
+                         'archive_library', 'restore_command', 'archive_cleanup_command', \
+                         'recovery_end_command', 'ssl_passphrase_command', \
+                         'shared_preload_libraries', 'session_preload_libraries', \
+                         'dynamic_library_path']) AS s(setting) \
+                        WHERE pg_catalog.has_parameter_privilege(r.oid, s.setting, \
+                                                                 'SET, ALTER SYSTEM'))) \
        AND pg_catalog.pg_has_role(session_user, r.oid, 'MEMBER') \
      ORDER BY r.rolname <> session_user LIMIT 1";
 
@@ -476,8 +483,9 @@ impl Db {
                 "the login role of --database-url is a superuser or may act as one, or may become \
                  such a role ({superuser}: superuser, CREATEROLE, REPLICATION, a member of \
                  pg_execute_server_program, pg_read_server_files or pg_write_server_files, or \
-                 granted EXECUTE on a function that reads or writes the server's files, or on \
-                 dblink_connect_u): the \
+                 granted EXECUTE on a function that reads or writes the server's files or on \
+                 dblink_connect_u, or SET or ALTER SYSTEM on a setting the server runs as a \
+                 program or loads as code): the \
                  code of views, policies and functions that other roles own would run with that \
                  reach (it can RESET ROLE or SET ROLE); log in as a role with no \
                  privileges of its own that may become the tokens' roles (see README, \"the \

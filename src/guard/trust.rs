@@ -98,9 +98,34 @@ fn catalog_function(name: &CStr, args: &[pg_sys::Oid]) -> Option<pg_sys::Oid> {
     (oid != pg_sys::InvalidOid).then_some(oid)
 }
 
+/// Settings whose value the server runs as a program or loads as code: a role granted SET or
+/// ALTER SYSTEM on one of them acts as the server's operating-system user.
+const SERVER_CODE_SETTINGS: [&CStr; 9] = [
+    c"archive_command",
+    c"archive_library",
+    c"restore_command",
+    c"archive_cleanup_command",
+    c"recovery_end_command",
+    c"ssl_passphrase_command",
+    c"shared_preload_libraries",
+    c"session_preload_libraries",
+    c"dynamic_library_path",
+];
+
+/// Whether `role` was granted SET or ALTER SYSTEM on one of `SERVER_CODE_SETTINGS`.
+fn may_set_server_code(role: pg_sys::Oid) -> bool {
+    let mode = (pg_sys::ACL_SET | pg_sys::ACL_ALTER_SYSTEM) as pg_sys::AclMode;
+    SERVER_CODE_SETTINGS.iter().any(|setting| {
+        // SAFETY: a privilege check by a NUL-terminated setting name; a setting without
+        // grants has none.
+        let result = unsafe { pg_sys::pg_parameter_aclcheck(setting.as_ptr(), role, mode) };
+        result == pg_sys::AclResult::ACLCHECK_OK
+    })
+}
+
 /// Whether `role` reaches as far as a superuser: it is one, it has the privileges of a role
-/// that acts as the server's operating-system user or may run a built-in that reads or writes
-/// the server's files, it may replicate (replication slots, which hold the server's WAL,
+/// that acts as the server's operating-system user, may run a function that reads or writes
+/// the server's files or set what the server runs as a program or loads as code, it may replicate (replication slots, which hold the server's WAL,
 /// outlive the sandbox's rollback), or, on PostgreSQL 15, it may create roles (CREATEROLE may
 /// grant itself those there; since 16 only roles it administers).
 fn reaches_the_server(role: pg_sys::Oid) -> bool {
@@ -114,6 +139,7 @@ fn reaches_the_server(role: pg_sys::Oid) -> bool {
                 .any(|&server| pg_sys::has_privs_of_role(role, pg_sys::Oid::from(server)))
     };
     by_role
+        || may_set_server_code(role)
         || server_file_functions()
             .into_iter()
             .any(|function| crate::compat::function_allows(function, role))

@@ -1355,6 +1355,31 @@ fn a_role_that_may_act_as_the_server_runs_no_code_of_other_roles_either() {
     assert_eq!(code, "42501", "{message}");
     assert!(message.contains("act as the server"), "{message}");
 
+    // So does ALTER SYSTEM on a setting the server runs as a program.
+    let settler = format!("settler_{}", w.s.database);
+    w.s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {settler} LOGIN;
+             GRANT ALTER SYSTEM ON PARAMETER archive_command TO {settler};
+             GRANT SELECT ON public.release_notes TO {settler};"
+        ))
+        .unwrap();
+    w.s.llm.on(
+        "notes to settle",
+        vec![Reply::sql("SELECT note FROM release_notes")],
+    );
+    let mut settling = w.connect(&settler);
+    let (error, waited) =
+        witness.waited(|| settling.query("SELECT * FROM nl_query('notes to settle')", &[]));
+    assert!(waited.is_empty(), "the attacker's code ran: {waited:?}");
+    let (code, message, _) = db_error(&error.expect_err("refused"));
+    assert_eq!(code, "42501", "{message}");
+    w.s.client
+        .batch_execute(&format!(
+            "REVOKE ALTER SYSTEM ON PARAMETER archive_command FROM {settler}"
+        ))
+        .unwrap();
+
     // So does EXECUTE on adminpack's pg_file_write, where adminpack is (PostgreSQL 16 and
     // earlier).
     if w.s
