@@ -178,9 +178,9 @@ fn rank_of(attempt: &Attempt) -> u8 {
 }
 
 /// SQL compared for "the same query" (the model repeats itself, or stands by an answer):
-/// blank space and trailing semicolons do not count, except inside string literals (`'New
-/// York'` is not `'New  York'`). Never enough to take one query's outcome for the other's
-/// (`run_reported`): blank space also ends a `--` comment.
+/// blank space and trailing semicolons do not count, except inside quotes (`'New York'` is not
+/// `'New  York'`, nor `"Order Items"` `"Order  Items"`). Never enough to take one query's
+/// outcome for the other's (`run_reported`): blank space also ends a `--` comment.
 fn same_query(a: &str, b: &str) -> bool {
     let norm = |s: &str| {
         s.trim()
@@ -189,13 +189,7 @@ fn same_query(a: &str, b: &str) -> bool {
             .collect::<Vec<_>>()
             .join(" ")
     };
-    let values = |s: &str| {
-        crate::literals::literals(s)
-            .into_iter()
-            .map(|l| l.value)
-            .collect::<Vec<_>>()
-    };
-    norm(a) == norm(b) && values(a) == values(b)
+    norm(a) == norm(b) && crate::literals::quoted(a) == crate::literals::quoted(b)
 }
 
 /// What became of an attempt, in one line, as the model may see it.

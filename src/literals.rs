@@ -22,8 +22,25 @@ pub struct Literal {
 /// The string and number literals of `sql`, outside comments and quoted identifiers. A
 /// string with an escape prefix (`E'...'`) or a dollar-quoted string is not a parameter.
 pub fn literals(sql: &str) -> Vec<Literal> {
+    scan(sql).0
+}
+
+/// The text of every quoted part of `sql` as written: strings of any kind (prefixed,
+/// dollar-quoted) and quoted identifiers, in order. Blank space inside them is part of what
+/// the query means.
+pub fn quoted(sql: &str) -> Vec<&str> {
+    scan(sql)
+        .1
+        .into_iter()
+        .filter_map(|(start, end)| sql.get(start..end))
+        .collect()
+}
+
+/// `literals` and `quoted`, from one pass.
+fn scan(sql: &str) -> (Vec<Literal>, Vec<(usize, usize)>) {
     let bytes = sql.as_bytes();
     let mut found = Vec::new();
+    let mut spans = Vec::new();
     let mut i = 0;
     let word_char = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b >= 0x80;
     while i < bytes.len() {
@@ -53,11 +70,13 @@ pub fn literals(sql: &str) -> Vec<Literal> {
                 }
             }
             b'"' => {
+                let start = i;
                 i += 1;
                 while i < bytes.len() && bytes[i] != b'"' {
                     i += 1;
                 }
                 i += 1;
+                spans.push((start, i.min(bytes.len())));
             }
             b'$' => {
                 // A dollar quote ($tag$ ... $tag$, the tag not starting with a digit) is
@@ -69,9 +88,11 @@ pub fn literals(sql: &str) -> Vec<Literal> {
                             && !bytes.get(i + 1).is_some_and(u8::is_ascii_digit) =>
                     {
                         let tag = &sql[i..=end];
+                        let start = i;
                         i = sql[end + 1..]
                             .find(tag)
                             .map_or(bytes.len(), |p| end + 1 + p + tag.len());
+                        spans.push((start, i));
                     }
                     _ => i += 1,
                 }
@@ -113,6 +134,7 @@ pub fn literals(sql: &str) -> Vec<Literal> {
                     value.push_str(&sql[i..i + next]);
                     i += next;
                 }
+                spans.push((start, i.min(bytes.len())));
                 if closed && !prefixed {
                     found.push(Literal {
                         start,
@@ -145,7 +167,7 @@ pub fn literals(sql: &str) -> Vec<Literal> {
             _ => i += 1,
         }
     }
-    found
+    (found, spans)
 }
 
 /// A string a query compares a column with: `column = 'x'`, `column <> 'x'`, `column [NOT]
@@ -323,6 +345,14 @@ mod tests {
             .map(|l| l.value.as_str())
             .collect();
         assert_eq!(values, ["a", "b", "c", "d"]);
+    }
+
+    #[test]
+    fn every_quoted_part_is_kept_as_written() {
+        assert_eq!(
+            quoted("SELECT E'a  b', \"X  y\", $q$ z $q$, 'c' -- 'no'\nFROM t"),
+            ["'a  b'", "\"X  y\"", "$q$ z $q$", "'c'"]
+        );
     }
 
     fn read(sql: &str) -> Vec<(String, String, bool)> {
