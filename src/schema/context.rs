@@ -302,11 +302,17 @@ impl SchemaContext {
             // When not all are said, those a foreign key joins to a named relation first: the
             // few said are the ones the query can use.
             if owners.len() > MAX_OWNERS {
-                owners.sort_by_key(|&owner| {
-                    !named
-                        .iter()
-                        .any(|&n| n == owner || self.neighbours[n].contains(&owner))
-                });
+                let mut near = vec![false; self.relations.len()];
+                for &n in &named {
+                    pgrx::check_for_interrupts!();
+                    near[n] = true;
+                    for &m in &self.neighbours[n] {
+                        if let Some(near) = near.get_mut(m) {
+                            *near = true;
+                        }
+                    }
+                }
+                owners.sort_by_key(|&owner| !near[owner]);
             }
             if owners.is_empty() {
                 lines.extend(self.similar_columns(&named, column));

@@ -151,7 +151,9 @@ pub fn for_relation(
 fn tidy<'a>(values: impl Iterator<Item = &'a String>) -> Vec<String> {
     values
         .map(|v| {
-            let one_line = crate::text::one_line(v);
+            // Blank space only: `quote` shows every other character exactly, escaped, so
+            // that the model copies the value as it is stored.
+            let one_line: String = v.split_whitespace().collect::<Vec<_>>().join(" ");
             if one_line.chars().count() > MAX_VALUE_CHARS {
                 let cut: String = one_line.chars().take(MAX_VALUE_CHARS).collect();
                 format!("{cut}…")
