@@ -417,7 +417,13 @@ fn nl_feedback(
         )
         .raise()
     };
-    let answer = feedback::answer(history_id).unwrap_or_else(|e| e.raise());
+    // A failed read (no such answer of the caller's) is audited too.
+    let answer = feedback::answer(history_id)
+        .or_else(|e| {
+            let input = format!("answer {history_id}, correct: {correct}");
+            history::audited("nl_feedback", &input, || Err(e))
+        })
+        .unwrap_or_else(|e| e.raise());
     // The audit names the SQL the feedback runs, the answer's own included: a role may write
     // its own history rows, and roll them back after.
     let input = format!(
