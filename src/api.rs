@@ -417,17 +417,25 @@ fn nl_feedback(
         )
         .raise()
     };
-    // A failed read (no such answer of the caller's) is audited too.
-    let answer = feedback::answer(history_id)
-        .or_else(|e| {
-            let input = format!("answer {history_id}, correct: {correct}");
-            history::audited("nl_feedback", &input, || Err(e))
+    // The read of the answer is audited when it fails (an ERROR raised in it too); the
+    // feedback itself below.
+    let read = format!("answer {history_id}, correct: {correct}");
+    let answer = history::audit_raised("nl_feedback", None, &read, |caller| {
+        feedback::answer(history_id).inspect_err(|error| {
+            history::audit(
+                caller,
+                "nl_feedback",
+                None,
+                &read,
+                history::Audited::Failed(error),
+            )
         })
-        .unwrap_or_else(|e| e.raise());
+    })
+    .unwrap_or_else(|e| e.raise());
     // The audit names the SQL the feedback runs, the answer's own included: a role may write
     // its own history rows, and roll them back after.
     let input = format!(
-        "answer {history_id}, correct: {correct}, runs: {}",
+        "{read}, runs: {}",
         answer
             .vouched(correct, corrected_sql)
             .unwrap_or("(nothing)")

@@ -73,7 +73,9 @@ const REACHING_ROLES: &str = "FROM pg_catalog.pg_roles r \
                          'archive_library', 'restore_command', 'archive_cleanup_command', \
                          'recovery_end_command', 'ssl_passphrase_command', \
                          'shared_preload_libraries', 'session_preload_libraries', \
-                         'dynamic_library_path']) AS s(setting) \
+                         'dynamic_library_path', 'jit_provider', 'extension_control_path', \
+                         'log_directory', 'log_filename', 'hba_file', 'ident_file', \
+                         'plperl.on_init', 'plperl.on_plperlu_init']) AS s(setting) \
                         WHERE pg_catalog.has_parameter_privilege(r.oid, s.setting, \
                                                                  'SET, ALTER SYSTEM'))) \
        AND pg_catalog.pg_has_role(session_user, r.oid, 'MEMBER') \

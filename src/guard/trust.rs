@@ -98,9 +98,10 @@ fn catalog_function(name: &CStr, args: &[pg_sys::Oid]) -> Option<pg_sys::Oid> {
     (oid != pg_sys::InvalidOid).then_some(oid)
 }
 
-/// Settings whose value the server runs as a program or loads as code: a role granted SET or
-/// ALTER SYSTEM on one of them acts as the server's operating-system user.
-const SERVER_CODE_SETTINGS: [&CStr; 9] = [
+/// Settings whose value the server runs as a program, loads as code, or names a file it
+/// writes or trusts for logins: a role granted SET or ALTER SYSTEM on one of them acts as the
+/// server's operating-system user. Names a version does not know have no grants.
+const SERVER_CODE_SETTINGS: [&CStr; 17] = [
     c"archive_command",
     c"archive_library",
     c"restore_command",
@@ -110,6 +111,14 @@ const SERVER_CODE_SETTINGS: [&CStr; 9] = [
     c"shared_preload_libraries",
     c"session_preload_libraries",
     c"dynamic_library_path",
+    c"jit_provider",
+    c"extension_control_path",
+    c"log_directory",
+    c"log_filename",
+    c"hba_file",
+    c"ident_file",
+    c"plperl.on_init",
+    c"plperl.on_plperlu_init",
 ];
 
 /// Whether `role` was granted SET or ALTER SYSTEM on one of `SERVER_CODE_SETTINGS`.
