@@ -387,9 +387,9 @@ mod tests {
             query
         };
         // SAFETY: the analysed query of this transaction.
-        let refusal =
-            unsafe { guard::check_tree(query, Origin::Generated, Allowed::default(), None, None) }
-                .unwrap_err();
+        let checked =
+            unsafe { guard::check_tree(query, Origin::Generated, Allowed::default(), None, None) };
+        let refusal = checked.unwrap_err();
         assert_eq!(refusal.error.sqlstate, "42501");
         assert!(
             refusal.error.message.contains("T_NextValueExpr"),

@@ -148,7 +148,7 @@ fn interpretations(run: &Run) -> Vec<String> {
             continue;
         }
         seen_groups.push(group);
-        let sql = attempt.sql.split_whitespace().collect::<Vec<_>>().join(" ");
+        let sql = crate::text::single_spaced(&attempt.sql);
         let plural = if rows == 1 { "" } else { "s" };
         lines.push(format!("{sql} ({rows} row{plural})"));
     }

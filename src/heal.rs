@@ -182,13 +182,7 @@ fn rank_of(attempt: &Attempt) -> u8 {
 /// `'New  York'`, nor `"Order Items"` `"Order  Items"`). Never enough to take one query's
 /// outcome for the other's (`run_reported`): blank space also ends a `--` comment.
 fn same_query(a: &str, b: &str) -> bool {
-    let norm = |s: &str| {
-        s.trim()
-            .trim_end_matches(';')
-            .split_whitespace()
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
+    let norm = |s: &str| crate::text::single_spaced(s.trim().trim_end_matches(';'));
     norm(a) == norm(b) && crate::literals::quoted(a) == crate::literals::quoted(b)
 }
 

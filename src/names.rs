@@ -67,7 +67,7 @@ pub fn relation_name(relation: pg_sys::Oid) -> String {
 /// and one in a name another role chose would end the text around it where that role wants
 /// (a fake end of a table, a fake instruction after it).
 /// Invisible characters count too: line and paragraph separators, and the format characters
-/// that reorder or hide text (bidirectional overrides, zero-width spaces).
+/// that reorder or hide text (`text::printable_char`).
 pub fn printable(name: &str) -> bool {
     name.chars().all(crate::text::printable_char)
 }

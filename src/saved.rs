@@ -309,7 +309,7 @@ pub fn create(
     let comment = format!(
         "{COMMENT_PREFIX}{}\nWritten by sql_query_engine{} and checked by its guard; asked again \
          with nl_view_refresh('{}').",
-        question.split_whitespace().collect::<Vec<_>>().join(" "),
+        crate::text::single_spaced(question),
         if model.is_empty() {
             String::new()
         } else {

@@ -130,6 +130,11 @@ pub fn printable_char(c: char) -> bool {
             | '\u{E0000}'..='\u{E007F}'))
 }
 
+/// `text` with every run of blank space (line breaks too) as one space, none at either end.
+pub fn single_spaced(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 /// `text` on one line: blank space of any kind (line breaks too) as one space, and characters
 /// that are not `printable_char` left out. For text another role wrote (a comment, an error a
 /// function raised, an example's question) shown inside a prompt's own lines.
@@ -183,9 +188,7 @@ pub fn at_most(text: &str, chars: usize) -> String {
 /// Normalized form for exact matching: lower case, blank space collapsed, surrounding
 /// punctuation dropped.
 pub fn normalize(text: &str) -> String {
-    text.split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
+    single_spaced(text)
         .trim_matches(|c: char| !c.is_alphanumeric())
         .to_lowercase()
 }

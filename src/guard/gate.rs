@@ -88,10 +88,7 @@ fn refusal(function: pg_sys::Oid) -> Option<SqlError> {
                 (_, None) => Some("it is not in the catalog".to_string()),
                 // A superuser's event trigger, fired by the DDL of a saved view (nl_view): its
                 // function, when a superuser owns it too (no other role can change it).
-                // SAFETY: a role catalog look-up.
-                (_, Some(f)) if f.event_trigger && unsafe { pg_sys::superuser_arg(f.owner) } => {
-                    None
-                }
+                (_, Some(f)) if f.event_trigger && superuser(f.owner) => None,
                 (Rule::BuiltinOnly, Some(_)) => Some(
                     "only built-in functions run here, whatever sql_query_engine.allowed_functions says"
                         .to_string(),
@@ -109,6 +106,12 @@ fn refusal(function: pg_sys::Oid) -> Option<SqlError> {
             ))
         })
     })
+}
+
+/// Whether `role` is a superuser.
+fn superuser(role: pg_sys::Oid) -> bool {
+    // SAFETY: a role catalog look-up.
+    unsafe { pg_sys::superuser_arg(role) }
 }
 
 static mut NEXT_NEEDS_HOOK: pg_sys::needs_fmgr_hook_type = None;

@@ -41,7 +41,7 @@ const SERVER_ROLES: [u32; 3] = [
 /// further than that.
 fn server_file_functions() -> Vec<pg_sys::Oid> {
     use pg_sys::Oid;
-    let functions = vec![
+    let mut functions = vec![
         Oid::from(pg_sys::F_LO_IMPORT_TEXT),
         pg_sys::F_LO_IMPORT_TEXT_OID,
         Oid::from(pg_sys::F_LO_EXPORT),
@@ -55,14 +55,10 @@ fn server_file_functions() -> Vec<pg_sys::Oid> {
     // The (text, boolean) forms came with PostgreSQL 16 (15's pg_read_file_old checks for a
     // superuser itself).
     #[cfg(not(feature = "pg15"))]
-    let functions = {
-        let mut functions = functions;
-        functions.extend([
-            Oid::from(pg_sys::F_PG_READ_FILE_TEXT_BOOL),
-            Oid::from(pg_sys::F_PG_READ_BINARY_FILE_TEXT_BOOL),
-        ]);
-        functions
-    };
+    functions.extend([
+        Oid::from(pg_sys::F_PG_READ_FILE_TEXT_BOOL),
+        Oid::from(pg_sys::F_PG_READ_BINARY_FILE_TEXT_BOOL),
+    ]);
     let (text, boolean) = (pg_sys::TEXTOID, pg_sys::BOOLOID);
     let adminpack: [(&CStr, &[Oid]); 4] = [
         (c"pg_file_write", &[text, text, boolean]),
@@ -70,7 +66,6 @@ fn server_file_functions() -> Vec<pg_sys::Oid> {
         (c"pg_file_rename", &[text, text, text]),
         (c"pg_file_unlink", &[text]),
     ];
-    let mut functions = functions;
     functions.extend(
         adminpack
             .into_iter()
@@ -132,14 +127,15 @@ fn may_set_server_code(role: pg_sys::Oid) -> bool {
     })
 }
 
-/// Whether `role` reaches as far as a superuser: it is one, it has the privileges of a role
-/// that acts as the server's operating-system user, may run a function that reads or writes
-/// the server's files or set what the server runs as a program or loads as code, it may replicate (replication slots, which hold the server's WAL,
-/// outlive the sandbox's rollback), or, on PostgreSQL 15, it may create roles (CREATEROLE may
-/// grant itself those there; since 16 only roles it administers).
-fn reaches_the_server(role: pg_sys::Oid) -> bool {
+/// Whether one of `roles` reaches as far as a superuser: it is one, it has the privileges of a
+/// role that acts as the server's operating-system user, may run a function that reads or
+/// writes the server's files or set what the server runs as a program or loads as code, it may
+/// replicate (replication slots, which hold the server's WAL, outlive the sandbox's rollback),
+/// or, on PostgreSQL 15, it may create roles (CREATEROLE may grant itself those there; since 16
+/// only roles it administers).
+fn reaches_the_server(roles: &[pg_sys::Oid]) -> bool {
     // SAFETY: role catalog look-ups.
-    let by_role = unsafe {
+    let by_role = |role: pg_sys::Oid| unsafe {
         pg_sys::superuser_arg(role)
             || pg_sys::has_rolreplication(role)
             || (cfg!(feature = "pg15") && pg_sys::has_createrole_privilege(role))
@@ -147,11 +143,19 @@ fn reaches_the_server(role: pg_sys::Oid) -> bool {
                 .iter()
                 .any(|&server| pg_sys::has_privs_of_role(role, pg_sys::Oid::from(server)))
     };
-    by_role
-        || may_set_server_code(role)
-        || server_file_functions()
-            .into_iter()
-            .any(|function| crate::compat::function_allows(function, role))
+    if roles
+        .iter()
+        .any(|&role| by_role(role) || may_set_server_code(role))
+    {
+        return true;
+    }
+    // Looked up once for all of them.
+    let functions = server_file_functions();
+    roles.iter().any(|&role| {
+        functions
+            .iter()
+            .any(|&function| crate::compat::function_allows(function, role))
+    })
 }
 
 /// `Some` when this call is a superuser's: the current user or the session user is one, or
@@ -160,7 +164,12 @@ fn reaches_the_server(role: pg_sys::Oid) -> bool {
 pub fn superuser_call() -> Option<Trusted> {
     // SAFETY: reads the backend's current and session user.
     let (current, session) = unsafe { (pg_sys::GetUserId(), pg_sys::GetSessionUserId()) };
-    if !reaches_the_server(current) && !reaches_the_server(session) {
+    let callers: &[pg_sys::Oid] = if current == session {
+        &[current]
+    } else {
+        &[current, session]
+    };
+    if !reaches_the_server(callers) {
         return None;
     }
     let mut roles: Vec<pg_sys::Oid> = settings::trusted_owners()

@@ -299,9 +299,14 @@ impl SchemaContext {
                         .any(|c| unquoted(&c.name) == column)
                 })
                 .collect();
-            // When not all are said, those a foreign key joins to a named relation first: the
-            // few said are the ones the query can use.
+            // Each is a search through the foreign keys (or the key-like columns): a column
+            // that thousands of relations have is said of the first few, those a foreign key
+            // joins to a named relation first (the ones the query can use).
             if owners.len() > MAX_OWNERS {
+                lines.push(format!(
+                    "{} relations have a column {column}; the first {MAX_OWNERS}:",
+                    owners.len()
+                ));
                 let mut near = vec![false; self.relations.len()];
                 for &n in &named {
                     pgrx::check_for_interrupts!();
@@ -316,14 +321,6 @@ impl SchemaContext {
             }
             if owners.is_empty() {
                 lines.extend(self.similar_columns(&named, column));
-            }
-            // Each is a search through the foreign keys (or the key-like columns): a column
-            // that thousands of relations have is said of the first few.
-            if owners.len() > MAX_OWNERS {
-                lines.push(format!(
-                    "{} relations have a column {column}; the first {MAX_OWNERS}:",
-                    owners.len()
-                ));
             }
             for owner in owners.into_iter().take(MAX_OWNERS) {
                 let direct: Vec<String> = named

@@ -4,6 +4,7 @@
 //! them, only where that read runs no code (`Relation::own_read_from`). Values are truncated
 //! and, in the prompt, quoted as data.
 
+use std::fmt::Write;
 use std::time::{Duration, Instant};
 
 use super::catalog::{Column, Relation};
@@ -153,7 +154,7 @@ fn tidy<'a>(values: impl Iterator<Item = &'a String>) -> Vec<String> {
         .map(|v| {
             // Blank space only: `quote` shows every other character exactly, escaped, so
             // that the model copies the value as it is stored.
-            let one_line: String = v.split_whitespace().collect::<Vec<_>>().join(" ");
+            let one_line = crate::text::single_spaced(v);
             if one_line.chars().count() > MAX_VALUE_CHARS {
                 let cut: String = one_line.chars().take(MAX_VALUE_CHARS).collect();
                 format!("{cut}…")
@@ -166,7 +167,7 @@ fn tidy<'a>(values: impl Iterator<Item = &'a String>) -> Vec<String> {
 
 /// A value as an SQL string literal, on one line: quoted data, never mistaken for instructions
 /// or syntax. A value with a backslash, or with a character that cannot be shown on one line
-/// (a line break, a bidirectional override: see `names::printable`), is written as an escape
+/// (a line break, a bidirectional override: see `text::printable_char`), is written as an escape
 /// string (`E'a\\b'`, `E'a\nb'`, `E'\u202E'`), the same value exactly: it reads the same
 /// whatever `standard_conforming_strings` the caller set (off, `'a\'` would not end where it
 /// seems to), and a value another role stored cannot start a line of the prompt of its own.
@@ -183,9 +184,11 @@ pub fn quote(value: &str) -> String {
             '\r' => quoted.push_str("\\r"),
             '\t' => quoted.push_str("\\t"),
             c if !printable_char(c) && u32::from(c) <= 0xFFFF => {
-                quoted.push_str(&format!("\\u{:04X}", u32::from(c)));
+                let _ = write!(quoted, "\\u{:04X}", u32::from(c));
             }
-            c if !printable_char(c) => quoted.push_str(&format!("\\U{:08X}", u32::from(c))),
+            c if !printable_char(c) => {
+                let _ = write!(quoted, "\\U{:08X}", u32::from(c));
+            }
             c => quoted.push(c),
         }
     }
