@@ -31,3 +31,6 @@ CREATE POLICY own_rows ON @extschema@.nl_feedback
                          '@extschema@.nl_examples'::pg_catalog.regclass, 'INSERT')));
 GRANT SELECT, INSERT ON @extschema@.nl_feedback TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_feedback', '');
+-- Restored rows go to the role of their name (see nl_row_role in history.sql).
+CREATE TRIGGER nl_row_role BEFORE INSERT ON @extschema@.nl_feedback
+    FOR EACH ROW EXECUTE FUNCTION @extschema@.nl_row_role();

@@ -32,3 +32,23 @@ CREATE POLICY own_rows ON @extschema@.nl_history
                 AND role = current_user AND at = pg_catalog.now());
 GRANT SELECT, INSERT ON @extschema@.nl_history TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_history', '');
+
+-- A row names its role twice: by OID, which means something only in the cluster that wrote it,
+-- and by name, which is how a dump carries roles (pg_dumpall --roles-only creates them again,
+-- under other OIDs). A row restored under an OID that is not the role of its name here (another
+-- role's, or none) goes to the role of its name, or to none (0: only the table's owner reads
+-- it), as a restore's GRANTs go to roles by name. A row a role writes itself is under its own
+-- OID and name (the policy's check), which this leaves as they are.
+CREATE FUNCTION @extschema@.nl_row_role() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF NEW.role_id <> 0 AND NOT EXISTS (
+           SELECT FROM pg_catalog.pg_roles r WHERE r.oid = NEW.role_id AND r.rolname = NEW.role) THEN
+        NEW.role_id := coalesce(
+            (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = NEW.role), 0);
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER nl_row_role BEFORE INSERT ON @extschema@.nl_history
+    FOR EACH ROW EXECUTE FUNCTION @extschema@.nl_row_role();

@@ -208,6 +208,36 @@ fn updating_from_0_1_0_through_every_release_equals_a_fresh_install_and_keeps_th
     );
     client.batch_execute("RESET ROLE").unwrap();
     assert_eq!(filed(&mut client), 0);
+    // 0.9.0 kept a restored row's OID, whichever role holds it here; 0.10.0 gives the row to
+    // the role of its name. The owner writes rows as given, as a restore does.
+    let restore = format!(
+        "INSERT INTO nl_history (role, role_id, function, question, status, attempts, ms,
+                                 llm_calls, prompt_tokens, completion_tokens)
+         VALUES ('{plain}', '\"{upper}\"'::regrole, 'nl_ask', 'restored', 'ok', '[]', 1, 1, 1, 1)"
+    );
+    let restored_to = |client: &mut postgres::Client| -> String {
+        client
+            .query_one(
+                "SELECT coalesce(r.rolname::text, '-') FROM nl_history h \
+                 LEFT JOIN pg_roles r ON r.oid = h.role_id WHERE h.question = 'restored'",
+                &[],
+            )
+            .unwrap()
+            .get(0)
+    };
+    client.batch_execute(&restore).unwrap();
+    assert_eq!(restored_to(&mut client), upper, "0.9.0 as it was");
+    client
+        .batch_execute(
+            "DELETE FROM nl_history WHERE question = 'restored';
+             ALTER EXTENSION sql_query_engine UPDATE TO '0.10.0'",
+        )
+        .unwrap();
+    client.batch_execute(&restore).unwrap();
+    assert_eq!(restored_to(&mut client), plain, "0.10.0 goes by the name");
+    client
+        .batch_execute("DELETE FROM nl_history WHERE question = 'restored'")
+        .unwrap();
     client
         .batch_execute(&format!(
             "DELETE FROM nl_examples WHERE question = 'forged';
@@ -223,7 +253,7 @@ fn updating_from_0_1_0_through_every_release_equals_a_fresh_install_and_keeps_th
         )
         .unwrap()
         .get(0);
-    assert_eq!(version, "0.9.0");
+    assert_eq!(version, "0.10.0");
     let (updated_members, fresh_members) = (members(&updated), members(&fresh));
     let only = |a: &[String], b: &[String]| -> Vec<String> {
         a.iter().filter(|m| !b.contains(m)).cloned().collect()
@@ -289,14 +319,7 @@ fn a_restored_dump_keeps_the_rows_and_draws_new_ids() {
         ))
         .unwrap();
     drop(client);
-    let bindir = std::process::Command::new(
-        std::env::var("PG_CONFIG")
-            .unwrap_or_else(|_| "/usr/lib/postgresql/15/bin/pg_config".into()),
-    )
-    .arg("--bindir")
-    .output()
-    .unwrap();
-    let bindir = String::from_utf8_lossy(&bindir.stdout).trim().to_string();
+    let bindir = bindir();
     let c = cluster();
     let dump = sql_query_engine_e2e::scratch("dump.custom");
     let port = c.port.to_string();
@@ -352,6 +375,199 @@ fn a_restored_dump_keeps_the_rows_and_draws_new_ids() {
         format!("DROP DATABASE {original}"),
         format!("DROP DATABASE {restored}"),
         format!("DROP ROLE {role}"),
+    ] {
+        admin.batch_execute(&drop).unwrap();
+    }
+}
+
+/// The directory of the server's programs (pg_dump, pg_ctl, ...).
+fn bindir() -> String {
+    let out = std::process::Command::new(
+        std::env::var("PG_CONFIG")
+            .unwrap_or_else(|_| "/usr/lib/postgresql/15/bin/pg_config".into()),
+    )
+    .arg("--bindir")
+    .output()
+    .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A second cluster of the same server, whose next OID is chosen (`pg_resetwal -o`), so that
+/// the roles created in it first take OIDs the test cluster gave to others; stopped and
+/// removed on drop.
+struct OtherCluster {
+    dir: std::path::PathBuf,
+    port: u16,
+}
+
+impl OtherCluster {
+    fn start(next_oid: u32) -> OtherCluster {
+        use sql_query_engine_e2e::cluster::{free_port, run_script};
+        let dir = sql_query_engine_e2e::fresh_dir("sqe-other");
+        let port = free_port();
+        let other = OtherCluster { dir, port };
+        let data = other.dir.join("data");
+        run_script(&["start", other.dir.to_str().unwrap(), &port.to_string()]);
+        // SAFETY: reads the effective user id.
+        let root = unsafe { libc::geteuid() } == 0;
+        let as_server_user = |program: &str| {
+            let program = format!("{}/{program}", bindir());
+            let mut command = std::process::Command::new(if root { "runuser" } else { &program });
+            if root {
+                command.args(["-u", "postgres", "--", &program]);
+            }
+            command
+        };
+        let stopped = as_server_user("pg_ctl")
+            .args(["stop", "-m", "fast", "-w", "-D"])
+            .arg(&data)
+            .status()
+            .unwrap();
+        assert!(stopped.success());
+        let reset = as_server_user("pg_resetwal")
+            .args(["-o", &next_oid.to_string(), "-D"])
+            .arg(&data)
+            .output()
+            .unwrap();
+        assert!(reset.status.success(), "{reset:?}");
+        run_script(&["start", other.dir.to_str().unwrap(), &port.to_string()]);
+        other
+    }
+
+    fn connect(&self, database: &str) -> postgres::Client {
+        let config = format!(
+            "host={} port={} user=postgres dbname={database}",
+            self.dir.display(),
+            self.port
+        );
+        postgres::Client::connect(&config, postgres::NoTls).unwrap()
+    }
+}
+
+impl Drop for OtherCluster {
+    fn drop(&mut self) {
+        sql_query_engine_e2e::cluster::run_script(&["stop", self.dir.to_str().unwrap_or("")]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Restored into another cluster, where roles have other OIDs, a row of `nl_history` or
+/// `nl_feedback` goes to the role of its name: the role that now holds the OID its writer had
+/// reads none of it, and its writer reads all of it.
+#[test]
+fn a_dump_restored_into_another_cluster_gives_each_row_to_the_role_of_its_name() {
+    let original = new_database("moved");
+    let (alice, bob) = (
+        format!("alice_{}", std::process::id()),
+        format!("bob_{}", std::process::id()),
+    );
+    let mut client = cluster().connect(&original);
+    let write = |role: &str, question: &str| {
+        format!(
+            "SET ROLE {role};
+             INSERT INTO nl_history (function, question, status, attempts, ms, llm_calls,
+                                     prompt_tokens, completion_tokens)
+                 VALUES ('nl_ask', '{question}', 'ok', '[]', 1, 1, 1, 1);
+             RESET ROLE;"
+        )
+    };
+    client
+        .batch_execute(&format!(
+            "CREATE EXTENSION sql_query_engine;
+             DROP ROLE IF EXISTS {alice}; CREATE ROLE {alice};
+             DROP ROLE IF EXISTS {bob}; CREATE ROLE {bob};
+             {}{}
+             SET ROLE {alice};
+             INSERT INTO nl_feedback (history_id, question, correct, status)
+                 SELECT id, question, false, 'noted' FROM nl_history;
+             RESET ROLE;",
+            write(&alice, "asked by alice"),
+            write(&bob, "asked by bob")
+        ))
+        .unwrap();
+    let alice_oid: u32 = client
+        .query_one(&format!("SELECT '{alice}'::regrole::oid"), &[])
+        .unwrap()
+        .get(0);
+    drop(client);
+    let c = cluster();
+    let dump = sql_query_engine_e2e::scratch("moved.custom");
+    let port = c.port.to_string();
+    let dumped = std::process::Command::new(format!("{}/pg_dump", bindir()))
+        .args(["-h", &c.host, "-p", &port, "-U", &c.user, "-Fc", "-f"])
+        .arg(&dump)
+        .arg(&original)
+        .status()
+        .unwrap();
+    assert!(dumped.success());
+
+    // The other cluster's roles, created as `pg_dumpall --roles-only` would, in another order:
+    // bob takes the OID alice had.
+    let other = OtherCluster::start(alice_oid);
+    let mut admin = other.connect("postgres");
+    admin
+        .batch_execute(&format!("CREATE ROLE {bob}; CREATE ROLE {alice}"))
+        .unwrap();
+    admin.batch_execute("CREATE DATABASE restored").unwrap();
+    let bob_oid: u32 = admin
+        .query_one(&format!("SELECT '{bob}'::regrole::oid"), &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(bob_oid, alice_oid, "bob holds alice's old OID");
+    let other_port = other.port.to_string();
+    let restored = std::process::Command::new(format!("{}/pg_restore", bindir()))
+        .args([
+            "-h",
+            other.dir.to_str().unwrap(),
+            "-p",
+            &other_port,
+            "-U",
+            "postgres",
+        ])
+        .args(["--exit-on-error", "-d", "restored"])
+        .arg(&dump)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&dump);
+    assert!(restored.status.success(), "{restored:?}");
+
+    let mut client = other.connect("restored");
+    let mut seen = |role: &str| -> (Vec<String>, Vec<String>) {
+        client.batch_execute(&format!("SET ROLE {role}")).unwrap();
+        let read = |client: &mut postgres::Client, sql: &str| -> Vec<String> {
+            client
+                .query(sql, &[])
+                .unwrap()
+                .iter()
+                .map(|row| row.get(0))
+                .collect()
+        };
+        let history = read(&mut client, "SELECT question FROM nl_history ORDER BY id");
+        let feedback = read(&mut client, "SELECT question FROM nl_feedback ORDER BY id");
+        client.batch_execute("RESET ROLE").unwrap();
+        (history, feedback)
+    };
+    assert_eq!(
+        seen(&bob),
+        (vec!["asked by bob".to_string()], vec![]),
+        "bob, under alice's old OID, reads his own question only"
+    );
+    assert_eq!(
+        seen(&alice),
+        (
+            vec!["asked by alice".to_string()],
+            vec!["asked by alice".to_string()]
+        ),
+        "alice reads her question and her feedback"
+    );
+    drop(client);
+    drop(admin);
+    drop(other);
+    let mut admin = cluster().connect("postgres");
+    for drop in [
+        format!("DROP DATABASE {original}"),
+        format!("DROP ROLE {alice}"),
+        format!("DROP ROLE {bob}"),
     ] {
         admin.batch_execute(&drop).unwrap();
     }
