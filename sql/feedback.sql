@@ -18,17 +18,28 @@ CREATE TABLE @extschema@.nl_feedback (
 );
 ALTER TABLE @extschema@.nl_feedback ENABLE ROW LEVEL SECURITY;
 -- A row a role writes is its own, under its own name, and of now, on an answer of its own
--- history (which row security shows it alone); only a role that may write nl_examples records
--- feedback as promoted (the owner reviews the pending rows).
+-- history (which row security shows it alone) and with that answer's question; only a role that
+-- may write nl_examples records feedback as promoted (the owner reviews the pending rows), naming
+-- the example it made of that answer with that SQL. A noted row vouches for no SQL, a pending or
+-- promoted one for some.
 CREATE POLICY own_rows ON @extschema@.nl_feedback
     USING (role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid)
     WITH CHECK (role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid
                 AND role = current_user AND at = pg_catalog.now()
                 AND EXISTS (SELECT FROM @extschema@.nl_history h
                             WHERE h.id = nl_feedback.history_id
-                              AND h.role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid)
-                AND (status <> 'promoted' OR pg_catalog.has_table_privilege(
-                         '@extschema@.nl_examples'::pg_catalog.regclass, 'INSERT')));
+                              AND h.role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid
+                              AND h.question = nl_feedback.question)
+                AND (sql IS NULL) = (status = 'noted')
+                AND (status <> 'noted' OR NOT correct)
+                AND CASE WHEN status = 'promoted' THEN
+                        pg_catalog.has_table_privilege('@extschema@.nl_examples'::pg_catalog.regclass, 'INSERT')
+                        AND EXISTS (SELECT FROM @extschema@.nl_examples e
+                                    WHERE e.id = nl_feedback.example_id
+                                      AND e.history_id = nl_feedback.history_id
+                                      AND e.sql = nl_feedback.sql
+                                      AND e.added_by = current_user)
+                    ELSE example_id IS NULL END);
 GRANT SELECT, INSERT ON @extschema@.nl_feedback TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_feedback', '');
 -- Restored rows go to the role of their name (see nl_row_role in history.sql).

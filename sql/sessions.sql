@@ -1,7 +1,8 @@
 -- Conversations that survive a connection pooler: the turns of each role's named sessions, so
 -- that whichever backend serves the next turn finds them. Written in the caller's transaction;
 -- each role (by OID, see nl_history) sees and writes only its own rows; rows expire after
--- sql_query_engine.session_ttl.
+-- sql_query_engine.session_ttl. A row names its own role and is of now: a role names no other
+-- as its writer, and keeps no row past the TTL by dating it ahead.
 CREATE TABLE @extschema@.nl_sessions (
     role name NOT NULL DEFAULT current_user,
     session text NOT NULL,
@@ -13,5 +14,6 @@ CREATE TABLE @extschema@.nl_sessions (
 ALTER TABLE @extschema@.nl_sessions ENABLE ROW LEVEL SECURITY;
 CREATE POLICY own_sessions ON @extschema@.nl_sessions
     USING (role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid)
-    WITH CHECK (role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid);
+    WITH CHECK (role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid
+                AND role = current_user AND updated_at = pg_catalog.now());
 GRANT SELECT, INSERT, UPDATE, DELETE ON @extschema@.nl_sessions TO PUBLIC;

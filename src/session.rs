@@ -291,7 +291,8 @@ fn record_in_table(session: &str, turn: &Turn, keep: usize) -> bool {
     let upsert = format!(
         "INSERT INTO {schema}.nl_sessions AS s (session, turns, role_id) \
          VALUES ($1, $2::jsonb, $3) \
-         ON CONFLICT (role_id, session) DO UPDATE SET updated_at = pg_catalog.now(), turns = ( \
+         ON CONFLICT (role_id, session) DO UPDATE \
+         SET updated_at = pg_catalog.now(), role = EXCLUDED.role, turns = ( \
              SELECT pg_catalog.jsonb_agg(k.turn ORDER BY k.n) FROM ( \
                  SELECT t.turn, t.n FROM pg_catalog.jsonb_array_elements( \
                      CASE WHEN s.updated_at > pg_catalog.now() - pg_catalog.make_interval(secs => $5) \

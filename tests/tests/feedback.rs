@@ -191,7 +191,7 @@ fn feedback_never_vouches_for_what_the_guard_refuses_or_for_no_rows() {
 }
 
 #[test]
-fn a_role_writes_history_and_feedback_only_as_itself_and_as_of_now() {
+fn a_role_writes_history_feedback_and_sessions_only_as_itself_and_as_of_now() {
     let roles = Roles::new();
     let (writer, analyst) = (roles.writer.clone(), roles.analyst.clone());
     let mut analyst_client = roles.connect(&analyst);
@@ -258,10 +258,51 @@ fn a_role_writes_history_and_feedback_only_as_itself_and_as_of_now() {
     // Feedback is on an answer of its own history: a pending correction of the writer's answer,
     // which the owner would review as such, is refused; on its own answer it is recorded.
     let pending = "INSERT INTO nl_feedback (history_id, question, correct, sql, status) \
-                   VALUES ($1, 'q', false, 'SELECT 2', 'pending')";
+                   VALUES ($1, 'forged', false, 'SELECT 2', 'pending')";
     let error = db_error(&analyst_client.execute(pending, &[&written[0]]).unwrap_err());
     assert_eq!(error.0, "42501", "{}", error.1);
+    // On its own answer, the row tells what happened as it did: the answer's own question, an
+    // example only when promoted, SQL unless noted, and a note only of a wrong answer.
+    for forged in [
+        "VALUES ($1, 'another question', false, 'SELECT 2', 'pending', NULL)",
+        "VALUES ($1, 'forged', false, 'SELECT 2', 'pending', 1)",
+        "VALUES ($1, 'forged', false, NULL, 'pending', NULL)",
+        "VALUES ($1, 'forged', false, 'SELECT 2', 'noted', NULL)",
+        "VALUES ($1, 'forged', true, NULL, 'noted', NULL)",
+    ] {
+        let insert = format!(
+            "INSERT INTO nl_feedback (history_id, question, correct, sql, status, example_id) \
+             {forged}"
+        );
+        let error = db_error(&analyst_client.execute(&insert, &[&id]).unwrap_err());
+        assert_eq!(error.0, "42501", "{forged}: {}", error.1);
+    }
     assert_eq!(analyst_client.execute(pending, &[&id]).unwrap(), 1);
+    // A session row, too, names its own role and is of now: dated ahead, it would outlive the
+    // TTL.
+    for forged in [
+        "INSERT INTO nl_sessions (session, turns, role) VALUES ('s', '[]', 'postgres')",
+        "INSERT INTO nl_sessions (session, turns, updated_at) \
+         VALUES ('s', '[]', now() + interval '10 years')",
+    ] {
+        let error = db_error(&analyst_client.execute(forged, &[]).unwrap_err());
+        assert_eq!(error.0, "42501", "{forged}: {}", error.1);
+    }
+    analyst_client
+        .execute(
+            "INSERT INTO nl_sessions (session, turns) VALUES ('s', '[]')",
+            &[],
+        )
+        .unwrap();
+    let error = db_error(
+        &analyst_client
+            .execute(
+                "UPDATE nl_sessions SET updated_at = now() + interval '10 years'",
+                &[],
+            )
+            .unwrap_err(),
+    );
+    assert_eq!(error.0, "42501", "{}", error.1);
     let error = db_error(
         &analyst_client
             .query_one("SELECT nl_feedback($1, true)", &[&id])
