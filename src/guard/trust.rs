@@ -33,13 +33,14 @@ const SERVER_ROLES: [u32; 3] = [
     pg_sys::ROLE_PG_WRITE_SERVER_FILES,
 ];
 
-/// Functions that read or write the server's files as its operating-system user, which only
-/// superusers may run unless EXECUTE is granted: the built-ins `lo_import`, `lo_export`,
-/// `pg_read_file` and `pg_read_binary_file`, and adminpack's `pg_file_write`,
-/// `pg_file_rename` and `pg_file_unlink` where it is installed (in `pg_catalog`, up to
-/// PostgreSQL 16). Listing or describing files (`pg_ls_dir`, `pg_stat_file`) reaches no
-/// further than that.
-fn server_file_functions() -> Vec<pg_sys::Oid> {
+/// Functions that act as the server's operating-system user, which only superusers may run
+/// unless EXECUTE is granted: the built-ins `lo_import`, `lo_export`, `pg_read_file` and
+/// `pg_read_binary_file` and adminpack's `pg_file_write`, `pg_file_rename` and
+/// `pg_file_unlink` where it is installed (in `pg_catalog`, up to PostgreSQL 16), which read or
+/// write the server's files, and dblink's `dblink_connect_u`, in whichever schema dblink is,
+/// which connects to the server as that user without a password. Listing or describing files
+/// (`pg_ls_dir`, `pg_stat_file`) reaches no further than that.
+fn server_user_functions() -> Vec<pg_sys::Oid> {
     use pg_sys::Oid;
     let mut functions = vec![
         Oid::from(pg_sys::F_LO_IMPORT_TEXT),
@@ -71,7 +72,47 @@ fn server_file_functions() -> Vec<pg_sys::Oid> {
             .into_iter()
             .filter_map(|(name, args)| catalog_function(name, args)),
     );
+    functions.extend(extension_functions(c"dblink", c"dblink_connect_u"));
     functions
+}
+
+/// The functions called `name` that belong to the extension `extension`, in any schema.
+fn extension_functions(extension: &CStr, name: &CStr) -> Vec<pg_sys::Oid> {
+    // SAFETY: an extension look-up by a NUL-terminated name (InvalidOid when it is not
+    // installed).
+    let extension = unsafe { pg_sys::get_extension_oid(extension.as_ptr(), true) };
+    if extension == pg_sys::InvalidOid {
+        return Vec::new();
+    }
+    let cache = pg_sys::SysCacheIdentifier::PROCNAMEARGSNSP as i32;
+    // SAFETY: a syscache list search on the first key (the name, as a NUL-terminated string,
+    // as the catalog's own look-ups by name pass it), whose members are pg_proc tuples; the
+    // list is released before returning.
+    unsafe {
+        let list = pg_sys::SearchSysCacheList(
+            cache,
+            1,
+            pg_sys::Datum::from(name.as_ptr()),
+            pg_sys::Datum::from(0usize),
+            pg_sys::Datum::from(0usize),
+        );
+        if list.is_null() {
+            return Vec::new();
+        }
+        let members = (*list).members.as_slice((*list).n_members as usize);
+        let functions = members
+            .iter()
+            .map(|&member| {
+                let tuple: pg_sys::HeapTuple = &mut (*member).tuple;
+                (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tuple)).oid
+            })
+            .filter(|&function| {
+                pg_sys::getExtensionOfObject(pg_sys::ProcedureRelationId, function) == extension
+            })
+            .collect();
+        pg_sys::ReleaseCatCacheList(list);
+        functions
+    }
 }
 
 /// The function `pg_catalog.name(args)`, when there is one.
@@ -128,11 +169,11 @@ fn may_set_server_code(role: pg_sys::Oid) -> bool {
 }
 
 /// Whether one of `roles` reaches as far as a superuser: it is one, it has the privileges of a
-/// role that acts as the server's operating-system user, may run a function that reads or
-/// writes the server's files or set what the server runs as a program or loads as code, it may
-/// replicate (replication slots, which hold the server's WAL, outlive the sandbox's rollback),
-/// or, on PostgreSQL 15, it may create roles (CREATEROLE may grant itself those there; since 16
-/// only roles it administers).
+/// role that acts as the server's operating-system user, may run a function that acts as that
+/// user (reads or writes the server's files, connects without a password) or set what the
+/// server runs as a program or loads as code, it may replicate (replication slots, which hold
+/// the server's WAL, outlive the sandbox's rollback), or, on PostgreSQL 15, it may create roles
+/// (CREATEROLE may grant itself those there; since 16 only roles it administers).
 fn reaches_the_server(roles: &[pg_sys::Oid]) -> bool {
     // SAFETY: role catalog look-ups.
     let by_role = |role: pg_sys::Oid| unsafe {
@@ -150,7 +191,7 @@ fn reaches_the_server(roles: &[pg_sys::Oid]) -> bool {
         return true;
     }
     // Looked up once for all of them.
-    let functions = server_file_functions();
+    let functions = server_user_functions();
     roles.iter().any(|&role| {
         functions
             .iter()

@@ -1380,6 +1380,29 @@ fn a_role_that_may_act_as_the_server_runs_no_code_of_other_roles_either() {
         ))
         .unwrap();
 
+    // So does EXECUTE on dblink's dblink_connect_u, which connects as the server's user
+    // without a password, in whichever schema dblink is.
+    let linker = format!("linker_{}", w.s.database);
+    w.s.client
+        .batch_execute(&format!(
+            "CREATE SCHEMA links; CREATE EXTENSION dblink SCHEMA links;
+             CREATE ROLE {linker} LOGIN;
+             GRANT USAGE ON SCHEMA links TO {linker};
+             GRANT EXECUTE ON FUNCTION links.dblink_connect_u(text, text) TO {linker};
+             GRANT SELECT ON public.release_notes TO {linker};"
+        ))
+        .unwrap();
+    w.s.llm.on(
+        "notes to link",
+        vec![Reply::sql("SELECT note FROM release_notes")],
+    );
+    let mut linking = w.connect(&linker);
+    let (error, waited) =
+        witness.waited(|| linking.query("SELECT * FROM nl_query('notes to link')", &[]));
+    assert!(waited.is_empty(), "the attacker's code ran: {waited:?}");
+    let (code, message, _) = db_error(&error.expect_err("refused"));
+    assert_eq!(code, "42501", "{message}");
+
     // So does EXECUTE on adminpack's pg_file_write, where adminpack is (PostgreSQL 16 and
     // earlier).
     if w.s
