@@ -14,14 +14,16 @@ CREATE TABLE @extschema@.nl_feedback (
     -- the SQL the feedback vouches for: the answer's, or the correction (NULL when noted)
     sql text,
     status text NOT NULL CHECK (status IN ('promoted', 'pending', 'noted')),
-    example_id bigint
+    example_id bigint,
+    -- the cluster that wrote the row (nl_row_role in history.sql)
+    system_identifier bigint
 );
 ALTER TABLE @extschema@.nl_feedback ENABLE ROW LEVEL SECURITY;
 -- A row a role writes is its own, under its own name, and of now, on an answer of its own
 -- history (which row security shows it alone) and with that answer's question; only a role that
--- may write nl_examples records feedback as promoted (the owner reviews the pending rows), naming
--- the example it made of that answer with that SQL. A noted row vouches for no SQL, a pending or
--- promoted one for some.
+-- may write nl_examples records feedback as promoted (the owner reviews the pending rows), and
+-- only a promoted row names an example (nl_feedback_example checks which). A noted row (a wrong
+-- answer, no correction) vouches for no SQL, a pending or promoted one for some.
 CREATE POLICY own_rows ON @extschema@.nl_feedback
     USING (role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid)
     WITH CHECK (role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid
@@ -32,16 +34,36 @@ CREATE POLICY own_rows ON @extschema@.nl_feedback
                               AND h.question = nl_feedback.question)
                 AND (sql IS NULL) = (status = 'noted')
                 AND (status <> 'noted' OR NOT correct)
-                AND CASE WHEN status = 'promoted' THEN
-                        pg_catalog.has_table_privilege('@extschema@.nl_examples'::pg_catalog.regclass, 'INSERT')
-                        AND EXISTS (SELECT FROM @extschema@.nl_examples e
-                                    WHERE e.id = nl_feedback.example_id
-                                      AND e.history_id = nl_feedback.history_id
-                                      AND e.sql = nl_feedback.sql
-                                      AND e.added_by = current_user)
-                    ELSE example_id IS NULL END);
+                AND (status = 'promoted' OR example_id IS NULL)
+                AND (status <> 'promoted' OR pg_catalog.has_table_privilege(
+                         '@extschema@.nl_examples'::pg_catalog.regclass, 'INSERT')));
 GRANT SELECT, INSERT ON @extschema@.nl_feedback TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_feedback', '');
 -- Restored rows go to the role of their name (see nl_row_role in history.sql).
 CREATE TRIGGER nl_row_role BEFORE INSERT ON @extschema@.nl_feedback
     FOR EACH ROW EXECUTE FUNCTION @extschema@.nl_row_role();
+ALTER TABLE @extschema@.nl_feedback ENABLE ALWAYS TRIGGER nl_row_role;
+
+-- A promoted row names the example its role made of that answer with that SQL. Checked here,
+-- where nl_examples is read only for a promoted row, not in the policy: a policy's subquery
+-- locks nl_examples, and needs SELECT on it, for every row, so that a role that may lock it
+-- would hold up every role's feedback. The table's owner (and a superuser) writes rows as
+-- given, as row security lets it: a restore keeps them.
+CREATE FUNCTION @extschema@.nl_feedback_example() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF NEW.status <> 'promoted'
+       OR (SELECT pg_has_role(c.relowner, 'USAGE') FROM pg_class c WHERE c.oid = TG_RELID) THEN
+        RETURN NEW;
+    END IF;
+    IF NOT EXISTS (SELECT FROM @extschema@.nl_examples e
+                   WHERE e.id = NEW.example_id AND e.history_id = NEW.history_id
+                     AND e.sql = NEW.sql AND e.added_by = current_user) THEN
+        RAISE EXCEPTION 'example % is not one you made of answer % with its SQL',
+            NEW.example_id, NEW.history_id USING ERRCODE = '42501';
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER nl_feedback_example BEFORE INSERT ON @extschema@.nl_feedback
+    FOR EACH ROW EXECUTE FUNCTION @extschema@.nl_feedback_example();

@@ -1,33 +1,43 @@
 -- sql_query_engine 0.9.0 -> 0.10.0 (ALTER EXTENSION sql_query_engine UPDATE TO '0.10.0').
 \echo Use "ALTER EXTENSION sql_query_engine UPDATE TO '0.10.0'" to load this file. \quit
 
--- A row of nl_history or nl_feedback restored from a dump goes to the role of its name. Before,
--- it kept the OID of the cluster that wrote it: restored into another cluster, where roles have
--- other OIDs, a role read (and vouched for) another role's questions and SQL, and its own rows
--- were no one's. Rows already here are left as they are: a row whose OID is not the role of its
--- name is a renamed role's, or one restored before this release (README.md, "Tables of the
--- extension", gives the owner's statement that hands those to the role of their name).
+-- A row of nl_history or nl_feedback records the cluster that wrote it, and one another cluster
+-- wrote (restored from a dump, copied by logical replication) goes to the role of its name.
+-- Before, it kept the OID it had there: restored into another cluster, where roles have other
+-- OIDs, a role read (and vouched for) another role's questions and SQL, and its own rows were
+-- no one's. The rows already here are of unknown origin (NULL): README.md, "Tables of the
+-- extension", gives the owner's statement for a database restored from another cluster before
+-- this release.
+ALTER TABLE @extschema@.nl_history ADD COLUMN system_identifier bigint;
+ALTER TABLE @extschema@.nl_feedback ADD COLUMN system_identifier bigint;
 CREATE FUNCTION @extschema@.nl_row_role() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    here bigint := (pg_catalog.pg_control_system()).system_identifier;
 BEGIN
-    IF NEW.role_id <> 0 AND NOT EXISTS (
-           SELECT FROM pg_catalog.pg_roles r WHERE r.oid = NEW.role_id AND r.rolname = NEW.role) THEN
+    IF NEW.role_id <> 0
+       AND (NEW.system_identifier <> here
+            OR (NEW.system_identifier IS NULL
+                AND pg_catalog.pg_get_userbyid(NEW.role_id) <> NEW.role)) THEN
         NEW.role_id := coalesce(
-            (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = NEW.role), 0);
+            pg_catalog.to_regrole(pg_catalog.quote_ident(NEW.role))::pg_catalog.oid, 0);
     END IF;
+    NEW.system_identifier := here;
     RETURN NEW;
 END
 $$;
 CREATE TRIGGER nl_row_role BEFORE INSERT ON @extschema@.nl_history
     FOR EACH ROW EXECUTE FUNCTION @extschema@.nl_row_role();
+ALTER TABLE @extschema@.nl_history ENABLE ALWAYS TRIGGER nl_row_role;
 CREATE TRIGGER nl_row_role BEFORE INSERT ON @extschema@.nl_feedback
     FOR EACH ROW EXECUTE FUNCTION @extschema@.nl_row_role();
+ALTER TABLE @extschema@.nl_feedback ENABLE ALWAYS TRIGGER nl_row_role;
 
 -- A row of nl_feedback tells what happened as it did: the question is that of the answer it is
--- on, a promoted row names the example the role made of that answer with that SQL, and only a
--- promoted row names an example; a noted row (a wrong answer, no correction) vouches for no SQL,
--- the others for some. Before, a role could file its own feedback under any question, naming
--- any example, for the owner's review queue to show as such.
+-- on, only a promoted row names an example, and then the one the role made of that answer with
+-- that SQL (nl_feedback_example); a noted row (a wrong answer, no correction) vouches for no
+-- SQL, the others for some. Before, a role could file its own feedback under any question,
+-- naming any example, for the owner's review queue to show as such.
 ALTER POLICY own_rows ON @extschema@.nl_feedback
     WITH CHECK (role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid
                 AND role = current_user AND at = pg_catalog.now()
@@ -37,14 +47,28 @@ ALTER POLICY own_rows ON @extschema@.nl_feedback
                               AND h.question = nl_feedback.question)
                 AND (sql IS NULL) = (status = 'noted')
                 AND (status <> 'noted' OR NOT correct)
-                AND CASE WHEN status = 'promoted' THEN
-                        pg_catalog.has_table_privilege('@extschema@.nl_examples'::pg_catalog.regclass, 'INSERT')
-                        AND EXISTS (SELECT FROM @extschema@.nl_examples e
-                                    WHERE e.id = nl_feedback.example_id
-                                      AND e.history_id = nl_feedback.history_id
-                                      AND e.sql = nl_feedback.sql
-                                      AND e.added_by = current_user)
-                    ELSE example_id IS NULL END);
+                AND (status = 'promoted' OR example_id IS NULL)
+                AND (status <> 'promoted' OR pg_catalog.has_table_privilege(
+                         '@extschema@.nl_examples'::pg_catalog.regclass, 'INSERT')));
+CREATE FUNCTION @extschema@.nl_feedback_example() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF NEW.status <> 'promoted'
+       OR (SELECT pg_has_role(c.relowner, 'USAGE') FROM pg_class c WHERE c.oid = TG_RELID) THEN
+        RETURN NEW;
+    END IF;
+    IF NOT EXISTS (SELECT FROM @extschema@.nl_examples e
+                   WHERE e.id = NEW.example_id AND e.history_id = NEW.history_id
+                     AND e.sql = NEW.sql AND e.added_by = current_user) THEN
+        RAISE EXCEPTION 'example % is not one you made of answer % with its SQL',
+            NEW.example_id, NEW.history_id USING ERRCODE = '42501';
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER nl_feedback_example BEFORE INSERT ON @extschema@.nl_feedback
+    FOR EACH ROW EXECUTE FUNCTION @extschema@.nl_feedback_example();
+
 -- A row of nl_sessions names its own role and is of now. Before, a role could name another as
 -- the writer of its sessions, or date them ahead to keep them past sql_query_engine.session_ttl.
 ALTER POLICY own_sessions ON @extschema@.nl_sessions

@@ -278,6 +278,22 @@ fn a_role_writes_history_feedback_and_sessions_only_as_itself_and_as_of_now() {
         assert_eq!(error.0, "42501", "{forged}: {}", error.1);
     }
     assert_eq!(analyst_client.execute(pending, &[&id]).unwrap(), 1);
+    // A role that may write examples promotes its feedback only to the example it made of
+    // that answer with that SQL.
+    let own: i64 = writer_client
+        .query_one(&history("current_user", "now()"), &[])
+        .unwrap()
+        .get(0);
+    let error = db_error(
+        &writer_client
+            .execute(
+                "INSERT INTO nl_feedback (history_id, question, correct, sql, status, example_id) \
+                 VALUES ($1, 'forged', true, 'SELECT 1', 'promoted', 1)",
+                &[&own],
+            )
+            .unwrap_err(),
+    );
+    assert_eq!(error.0, "42501", "{}", error.1);
     // A session row, too, names its own role and is of now: dated ahead, it would outlive the
     // TTL.
     for forged in [
@@ -545,7 +561,7 @@ fn an_example_runs_as_it_was_stored_and_names_only_what_its_author_may_read() {
 /// transaction keeps no other role's question waiting: the examples are read best-effort, with
 /// the bookkeeping's short lock timeout, and the question is answered without them.
 #[test]
-fn a_lock_on_the_examples_keeps_no_question_waiting() {
+fn a_lock_on_the_examples_keeps_no_question_or_feedback_waiting() {
     let mut r = Roles::new();
     r.s.client
         .batch_execute(&format!("GRANT DELETE ON nl_examples TO {}", r.writer))
@@ -570,5 +586,22 @@ fn a_lock_on_the_examples_keeps_no_question_waiting() {
         )
         .unwrap_or_else(|e| panic!("{:?}", db_error(&e)));
     assert_eq!(rows.len(), 1);
+    // Nor feedback that names no example: it reads nothing of nl_examples.
+    let id: i64 = analyst
+        .query_one("SELECT max(id) FROM nl_history", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(feedback(&mut analyst, id, false, None)["status"], "noted");
     curator.batch_execute("ROLLBACK").unwrap();
+    // And it needs no right to read nl_examples, which an owner may keep private.
+    r.s.client
+        .batch_execute("REVOKE SELECT ON nl_examples FROM PUBLIC")
+        .unwrap();
+    let given = feedback(
+        &mut analyst,
+        id,
+        false,
+        Some("SELECT count(*) FROM customers"),
+    );
+    assert_eq!(given["status"], "pending", "{given}");
 }

@@ -451,11 +451,31 @@ impl Drop for OtherCluster {
     }
 }
 
+/// The questions of `nl_history` and of `nl_feedback` that `role` reads.
+fn seen_by(client: &mut postgres::Client, role: &str) -> (Vec<String>, Vec<String>) {
+    client.batch_execute(&format!("SET ROLE {role}")).unwrap();
+    let mut read = |sql: &str| -> Vec<String> {
+        client
+            .query(sql, &[])
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect()
+    };
+    let seen = (
+        read("SELECT question FROM nl_history ORDER BY id"),
+        read("SELECT question FROM nl_feedback ORDER BY id"),
+    );
+    client.batch_execute("RESET ROLE").unwrap();
+    seen
+}
+
 /// Restored into another cluster, where roles have other OIDs, a row of `nl_history` or
 /// `nl_feedback` goes to the role of its name: the role that now holds the OID its writer had
-/// reads none of it, and its writer reads all of it.
+/// reads none of it, and its writer reads all of it. Restored into the cluster that wrote it, a
+/// row keeps its OID.
 #[test]
-fn a_dump_restored_into_another_cluster_gives_each_row_to_the_role_of_its_name() {
+fn a_restored_row_goes_to_the_role_of_its_name_in_another_cluster_and_keeps_its_oid_in_its_own() {
     let original = new_database("moved");
     let (alice, bob) = (
         format!("alice_{}", std::process::id()),
@@ -528,32 +548,15 @@ fn a_dump_restored_into_another_cluster_gives_each_row_to_the_role_of_its_name()
         .arg(&dump)
         .output()
         .unwrap();
-    let _ = std::fs::remove_file(&dump);
     assert!(restored.status.success(), "{restored:?}");
-
     let mut client = other.connect("restored");
-    let mut seen = |role: &str| -> (Vec<String>, Vec<String>) {
-        client.batch_execute(&format!("SET ROLE {role}")).unwrap();
-        let read = |client: &mut postgres::Client, sql: &str| -> Vec<String> {
-            client
-                .query(sql, &[])
-                .unwrap()
-                .iter()
-                .map(|row| row.get(0))
-                .collect()
-        };
-        let history = read(&mut client, "SELECT question FROM nl_history ORDER BY id");
-        let feedback = read(&mut client, "SELECT question FROM nl_feedback ORDER BY id");
-        client.batch_execute("RESET ROLE").unwrap();
-        (history, feedback)
-    };
     assert_eq!(
-        seen(&bob),
+        seen_by(&mut client, &bob),
         (vec!["asked by bob".to_string()], vec![]),
         "bob, under alice's old OID, reads his own question only"
     );
     assert_eq!(
-        seen(&alice),
+        seen_by(&mut client, &alice),
         (
             vec!["asked by alice".to_string()],
             vec!["asked by alice".to_string()]
@@ -563,11 +566,43 @@ fn a_dump_restored_into_another_cluster_gives_each_row_to_the_role_of_its_name()
     drop(client);
     drop(admin);
     drop(other);
+
+    // Restored into the cluster that wrote them, rows keep their OIDs: bob, renamed since,
+    // still reads his question, and alice, dropped and created again, is another role, who
+    // reads none of the old alice's.
+    let bobby = format!("bobby_{}", std::process::id());
+    let again = new_database("again");
     let mut admin = cluster().connect("postgres");
+    admin
+        .batch_execute(&format!(
+            "ALTER ROLE {bob} RENAME TO {bobby}; DROP ROLE {alice}; CREATE ROLE {alice};"
+        ))
+        .unwrap();
+    let restored = std::process::Command::new(format!("{}/pg_restore", bindir()))
+        .args(["-h", &c.host, "-p", &port, "-U", &c.user])
+        .args(["--exit-on-error", "-d", &again])
+        .arg(&dump)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&dump);
+    assert!(restored.status.success(), "{restored:?}");
+    let mut client = cluster().connect(&again);
+    assert_eq!(
+        seen_by(&mut client, &bobby),
+        (vec!["asked by bob".to_string()], vec![]),
+        "bob, renamed, reads his question"
+    );
+    assert_eq!(
+        seen_by(&mut client, &alice),
+        (vec![], vec![]),
+        "the new alice reads none of the old one's"
+    );
+    drop(client);
     for drop in [
         format!("DROP DATABASE {original}"),
+        format!("DROP DATABASE {again}"),
         format!("DROP ROLE {alice}"),
-        format!("DROP ROLE {bob}"),
+        format!("DROP ROLE {bobby}"),
     ] {
         admin.batch_execute(&drop).unwrap();
     }
