@@ -458,6 +458,40 @@ pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
+/// Runs the gateway's own catalog query `sql` in a transaction whose search path is
+/// pg_catalog's alone. It runs as the login role, on that role's search path, where another
+/// role may have put an operator (in `public`, or a schema named after the login role) that a
+/// comparison here would take over pg_catalog's for a closer match of its argument types
+/// (CVE-2018-1058), and so run that role's code in the gateway's session.
+async fn pinned_query(
+    client: &Client,
+    sql: &str,
+    params: &[(&(dyn tokio_postgres::types::ToSql + Sync), Type)],
+) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+    client
+        .batch_execute("BEGIN; SET LOCAL search_path = pg_catalog, pg_temp")
+        .await?;
+    let rows = client.query_typed(sql, params).await;
+    let end = client
+        .batch_execute(if rows.is_ok() { "COMMIT" } else { "ROLLBACK" })
+        .await;
+    let rows = rows?;
+    end?;
+    Ok(rows)
+}
+
+/// The role among those the login role is or may become that reaches as far as a superuser
+/// (`REACHING_ROLES`), if any.
+async fn reaching_role(client: &Client) -> Result<Option<String>, tokio_postgres::Error> {
+    let rows = pinned_query(
+        client,
+        &format!("SELECT r.rolname::text {REACHING_ROLES}"),
+        &[],
+    )
+    .await?;
+    Ok(rows.first().and_then(|row| row.try_get(0).ok()))
+}
+
 impl Db {
     /// Connects to the primary (`url`) and prepares pools for the read servers (`read_urls`).
     pub async fn connect(
@@ -474,13 +508,7 @@ impl Db {
             .get(CONNECT_TIMEOUT)
             .await
             .map_err(|e| anyhow::anyhow!("connecting to the database: {e:?}"))?;
-        let superuser: Option<String> = conn
-            .client
-            .query_typed(&format!("SELECT r.rolname::text {REACHING_ROLES}"), &[])
-            .await?
-            .first()
-            .map(|row| row.get(0));
-        if let Some(superuser) = superuser {
+        if let Some(superuser) = reaching_role(&conn.client).await? {
             anyhow::bail!(
                 "the login role of --database-url is a superuser or may act as one, or may become \
                  such a role ({superuser}: superuser, CREATEROLE, REPLICATION, a member of \
@@ -494,17 +522,16 @@ impl Db {
                  gateway\")"
             );
         }
-        let schema: Option<String> = conn
-            .client
-            .query_typed(
-                "SELECT pg_catalog.quote_ident(n.nspname) FROM pg_catalog.pg_extension e \
-                 JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace \
-                 WHERE e.extname = 'sql_query_engine'",
-                &[],
-            )
-            .await?
-            .first()
-            .map(|row| row.get(0));
+        let schema: Option<String> = pinned_query(
+            &conn.client,
+            "SELECT pg_catalog.quote_ident(n.nspname) FROM pg_catalog.pg_extension e \
+             JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace \
+             WHERE e.extname = 'sql_query_engine'",
+            &[],
+        )
+        .await?
+        .first()
+        .and_then(|row| row.try_get(0).ok());
         drop(conn);
         let schema = schema.ok_or_else(|| {
             anyhow::anyhow!("the extension sql_query_engine is not installed in this database")
@@ -562,15 +589,15 @@ impl Db {
                     kept.insert(client)
                 }
             };
-            let rows = client
-                .query_typed(
-                    &format!(
-                        "SELECT EXISTS (SELECT {REACHING_ROLES}), {}.nl_session_store()",
-                        self.schema
-                    ),
-                    &[],
-                )
-                .await?;
+            let rows = pinned_query(
+                client,
+                &format!(
+                    "SELECT EXISTS (SELECT {REACHING_ROLES}), {}.nl_session_store()",
+                    self.schema
+                ),
+                &[],
+            )
+            .await?;
             let row = rows.first();
             Ok::<(bool, String), tokio_postgres::Error>((
                 row.and_then(|r| r.try_get(0).ok()).unwrap_or(true),
@@ -635,23 +662,35 @@ impl Db {
     /// that runs in the gateway's session, where SET ROLE is checked against the login role:
     /// it would reach every role the login role may become. Roles that do not exist are left
     /// out (their requests fail).
-    pub async fn risky_roles(&self, roles: &[String]) -> Result<Vec<(String, String)>, DbError> {
+    /// `Err` names the role that the login role is or may become and that reaches as far as a
+    /// superuser, when there is one: then no token may be in force.
+    pub async fn risky_roles(
+        &self,
+        roles: &[String],
+    ) -> Result<Result<Vec<(String, String)>, String>, DbError> {
         let conn = self.primary.get(self.wait).await?;
         // A check the reload stops waiting for is cancelled, and its connection not reused.
         let guard = CancelOnDrop::new(&conn);
-        let rows = conn
-            .client
-            .query_typed(RISKY_ROLES_SQL, &[(&roles, Type::TEXT_ARRAY)])
-            .await;
+        let checked = async {
+            // The login role is checked again too: it may have been granted a role that
+            // reaches as far as a superuser since the gateway started.
+            if let Some(reaching) = reaching_role(&conn.client).await? {
+                return Ok(Err(reaching));
+            }
+            let rows =
+                pinned_query(&conn.client, RISKY_ROLES_SQL, &[(&roles, Type::TEXT_ARRAY)]).await?;
+            Ok::<_, tokio_postgres::Error>(Ok(rows
+                .iter()
+                .filter_map(|row| {
+                    let role: String = row.try_get(0).ok()?;
+                    let why: String = row.try_get::<_, Option<String>>(1).ok()??;
+                    Some((role, why))
+                })
+                .collect()))
+        }
+        .await;
         guard.disarm();
-        let rows = rows?;
-        Ok(rows
-            .iter()
-            .filter_map(|row| {
-                let why: Option<String> = row.get(1);
-                why.map(|why| (row.get(0), why))
-            })
-            .collect())
+        Ok(checked?)
     }
 
     /// Runs `call` as `role` (the login role when `None`) on the first server of its route

@@ -380,10 +380,20 @@ async fn refused_roles(
     allow: bool,
 ) -> Result<Vec<(String, String)>, String> {
     let roles: Vec<String> = entries.iter().map(|(_, role)| role.clone()).collect();
-    let risky = db
+    let risky = match db
         .risky_roles(&roles)
         .await
-        .map_err(|e| format!("checking the tokens' roles failed: {e:?}"))?;
+        .map_err(|e| format!("checking the tokens' roles failed: {e:?}"))?
+    {
+        Ok(risky) => risky,
+        Err(reaching) => {
+            let why = format!(
+                "the login role of --database-url is or may become {reaching}, which reaches \
+                 as far as a superuser (refused, as at start-up)"
+            );
+            return Ok(roles.into_iter().map(|role| (role, why.clone())).collect());
+        }
+    };
     let mut refused = Vec::new();
     for (role, why) in risky {
         if why == MISSING_ROLE {

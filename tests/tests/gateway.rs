@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use postgres::{Client, NoTls};
 use serde_json::Value;
 use sql_query_engine_e2e::clients::clients_python;
 use sql_query_engine_e2e::cluster::free_port;
@@ -653,6 +654,91 @@ fn an_overload_planted_next_to_the_extensions_procedure_is_never_called() {
         .unwrap()
         .get(0);
     assert_eq!(looted, 0, "the planted procedure ran");
+}
+
+/// The gateway's own checks (its login role's reach at start and on every reload, the tokens'
+/// roles) run as the login role but on pg_catalog's search path alone: an operator another role
+/// put on the login role's path, a closer match for a comparison of the checks, never runs.
+/// And a reload checks the login role's reach again: granted a role that acts as the server
+/// since the start, it keeps no token in force.
+#[test]
+fn the_gateways_checks_run_no_planted_operator_and_a_reload_checks_the_login_role_again() {
+    let s = setup();
+    let id = s.database.clone();
+    let planter = format!("planter_{id}");
+    let mut admin = cluster().connect(&s.database);
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {planter}; GRANT CREATE ON SCHEMA public TO {planter};
+             CREATE TABLE public.loot (what text); GRANT INSERT ON public.loot TO PUBLIC;
+             SET ROLE {planter};
+             CREATE FUNCTION public.lt(oid, integer) RETURNS boolean LANGUAGE plpgsql AS $$
+                 BEGIN INSERT INTO public.loot VALUES (session_user); RETURN $1::bigint < $2; END $$;
+             CREATE OPERATOR public.< (LEFTARG = oid, RIGHTARG = integer, FUNCTION = public.lt);
+             CREATE FUNCTION public.eq(oid, regclass) RETURNS boolean LANGUAGE plpgsql AS $$
+                 BEGIN INSERT INTO public.loot VALUES (session_user); RETURN $1 = $2::oid; END $$;
+             CREATE OPERATOR public.= (LEFTARG = oid, RIGHTARG = regclass, FUNCTION = public.eq);
+             RESET ROLE;"
+        ))
+        .unwrap();
+    // Positive control: the login role's own query on its path picks the planted operator.
+    let mut login = Client::connect(&s.database_url, NoTls).unwrap();
+    login
+        .batch_execute("SELECT 1 FROM pg_catalog.pg_proc p WHERE p.oid < 16384 LIMIT 1")
+        .unwrap();
+    let looted = |admin: &mut Client| -> i64 {
+        admin
+            .query_one("SELECT count(*) FROM public.loot", &[])
+            .unwrap()
+            .get(0)
+    };
+    assert_eq!(
+        looted(&mut admin),
+        1,
+        "the planted operator is a closer match"
+    );
+    admin.batch_execute("TRUNCATE public.loot").unwrap();
+    drop(login);
+
+    let gateway = Gateway::start(&s.database_url, &s.tokens);
+    assert!(gateway.models_status(&s.token).contains("200"));
+    let reload = || {
+        // SAFETY: signals the gateway process this test started.
+        unsafe { libc::kill(gateway.child.id() as i32, libc::SIGHUP) };
+    };
+    // A reload that adds a token: once it works, the reload's checks have run.
+    let new_token = format!("later-token-{id}");
+    let mut tokens = std::fs::read_to_string(&s.tokens).unwrap();
+    tokens.push_str(&format!("{new_token} {}\n", s.reader));
+    std::fs::write(&s.tokens, tokens).unwrap();
+    reload();
+    let started = Instant::now();
+    while !gateway.models_status(&new_token).contains("200") {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the tokens were not reloaded"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(looted(&mut admin), 0, "the planted operator ran in a check");
+
+    admin
+        .batch_execute(&format!("GRANT pg_read_server_files TO authenticator_{id}"))
+        .unwrap();
+    reload();
+    let started = Instant::now();
+    while !gateway.models_status(&s.token).contains("401") {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the token stayed in force"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    admin
+        .batch_execute(&format!(
+            "REVOKE pg_read_server_files FROM authenticator_{id}"
+        ))
+        .unwrap();
 }
 
 #[test]
