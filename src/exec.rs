@@ -962,6 +962,34 @@ unsafe fn row_bytes(slot: *mut pg_sys::TupleTableSlot) -> usize {
     }
 }
 
+/// The values of `slot`, with each stored out of line (TOAST) read into memory, in the current
+/// memory context, as PostgreSQL's own store of a held cursor keeps them.
+///
+/// # Safety
+/// `slot` is a slot whose attributes `slot_getallattrs` filled.
+unsafe fn detoasted(slot: *mut pg_sys::TupleTableSlot) -> Vec<pg_sys::Datum> {
+    // SAFETY: the slot's arrays hold `natts` filled entries; a varlena value that is not null
+    // points to a varlena, which detoast_external_attr copies when it is stored out of line.
+    unsafe {
+        let desc = (*slot).tts_tupleDescriptor;
+        let natts = (*desc).natts as usize;
+        let values = std::slice::from_raw_parts((*slot).tts_values, natts);
+        let nulls = std::slice::from_raw_parts((*slot).tts_isnull, natts);
+        compat::attributes(desc)
+            .iter()
+            .zip(values.iter().zip(nulls))
+            .map(|(attr, (&value, &null))| {
+                let pointer = value.cast_mut_ptr::<pg_sys::varlena>();
+                if attr.attlen == -1 && !null && pgrx::varlena::varatt_is_1b_e(pointer) {
+                    pg_sys::Datum::from(pg_sys::detoast_external_attr(pointer))
+                } else {
+                    value
+                }
+            })
+            .collect()
+    }
+}
+
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn startup(
     receiver: *mut pg_sys::DestReceiver,
@@ -1115,11 +1143,20 @@ unsafe extern "C-unwind" fn receive_slot(
         } else {
             if let (Some(portal), Some(held)) = (c.portal, c.result.held) {
                 // As PostgreSQL fills a held cursor: under the portal's resource owner, so that
-                // a spilled store outlives this subtransaction. Only a row that is kept: the
-                // cursor holds exactly the rows of the answer.
+                // a spilled store outlives this subtransaction, and with values stored out of
+                // line read now, while the attempt's snapshot and locks still hold (a FETCH
+                // has neither: it would follow a pointer into a table that another
+                // transaction may have vacuumed since). Only a row that is kept: the cursor
+                // holds exactly the rows of the answer.
+                let stored_values = detoasted(slot);
                 let owner = pg_sys::CurrentResourceOwner;
                 pg_sys::CurrentResourceOwner = (*portal).resowner;
-                pg_sys::tuplestore_puttupleslot(held.store, slot);
+                pg_sys::tuplestore_putvalues(
+                    held.store,
+                    (*slot).tts_tupleDescriptor,
+                    stored_values.as_ptr().cast_mut(),
+                    (*slot).tts_isnull,
+                );
                 pg_sys::CurrentResourceOwner = owner;
             }
             c.bytes += stored + text.to_bytes().len();

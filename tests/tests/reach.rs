@@ -344,6 +344,45 @@ fn nl_cursor_gives_the_querys_own_columns_and_types() {
     );
 }
 
+/// A value stored out of line (TOAST) is in the cursor as it was when the answer ran: a FETCH
+/// reads it after the row is deleted and its storage vacuumed by another connection (the
+/// transaction writes no history, so nothing it holds keeps the row from the vacuum).
+#[test]
+fn nl_cursor_keeps_a_long_value_its_table_no_longer_has() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute(
+            "CREATE TABLE notes (id int, body text);
+             ALTER TABLE notes ALTER body SET STORAGE EXTERNAL;
+             INSERT INTO notes VALUES (1, repeat('x', 20000));
+             SET sql_query_engine.history = off;",
+        )
+        .unwrap();
+    s.llm.on(
+        "the body of note 1",
+        vec![Reply::sql("SELECT body FROM notes WHERE id = 1")],
+    );
+    let mut other = s.second_connection();
+    // In simple queries, as psql sends them: an extended-protocol call would keep its portal,
+    // and that portal's snapshot would keep the row from the vacuum.
+    let mut tx = s.client.transaction().unwrap();
+    tx.batch_execute("SELECT nl_cursor('the body of note 1')")
+        .unwrap();
+    other.batch_execute("DELETE FROM notes").unwrap();
+    other.batch_execute("VACUUM notes").unwrap();
+    let bodies: Vec<usize> = tx
+        .simple_query("FETCH ALL FROM nl_answer")
+        .unwrap_or_else(|e| panic!("{:?}", db_error(&e)))
+        .iter()
+        .filter_map(|message| match message {
+            postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::len),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(bodies, [20000]);
+    tx.commit().unwrap();
+}
+
 /// Every attempt of a cursor's question keeps its rows in the cursor's memory, spilled to
 /// temporary files when large: each such store is ended once, whether its attempt lost the vote
 /// (also to a candidate that repeated it), failed after its first rows, or answered; after the
