@@ -61,6 +61,11 @@ pub fn target(view_name: &str, replace: bool) -> Result<Target> {
             'kind', (SELECT c.relkind FROM pg_catalog.pg_class c
                      JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
                      WHERE n.nspname = named.schema AND c.relname = named.name),
+            'own', (SELECT c.relowner OPERATOR(pg_catalog.=) pg_catalog.to_regrole(
+                               pg_catalog.quote_ident(current_user))::pg_catalog.oid
+                    FROM pg_catalog.pg_class c
+                    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                    WHERE n.nspname = named.schema AND c.relname = named.name),
             'qualified', pg_catalog.quote_ident(schema) || '.' || pg_catalog.quote_ident(name)
         )::text FROM named";
     let found = subxact::in_subtransaction(false, || {
@@ -109,7 +114,16 @@ pub fn target(view_name: &str, replace: bool) -> Result<Target> {
     let name = found["name"].as_str().unwrap_or_default();
     let exists = match found["kind"].as_str() {
         None => false,
-        Some("v") if replace => true,
+        // Replaced, a view keeps its owner: it is the caller's only when the caller owns it
+        // itself, not through a role it is a member of.
+        Some("v") if replace && found["own"] == true => true,
+        Some("v") if replace => {
+            return Err(Error::sql(
+                "42501",
+                format!("must be owner of view {name}"),
+                Some("nl_view replaces only a view you own yourself: it would stay its owner's."),
+            ))
+        }
         Some("v") => {
             return Err(Error::sql(
                 "42P07",
@@ -152,7 +166,8 @@ pub fn saved(view_name: &str) -> Result<Saved> {
     let sql = "
         SELECT pg_catalog.json_build_object(
             'kind', c.relkind,
-            'owner', pg_catalog.pg_has_role(c.relowner, 'USAGE'),
+            'owner', c.relowner OPERATOR(pg_catalog.=) pg_catalog.to_regrole(
+                         pg_catalog.quote_ident(current_user))::pg_catalog.oid,
             'comment', pg_catalog.obj_description(c.oid, 'pg_class'),
             'definition', CASE WHEN c.relkind = 'v' THEN pg_catalog.pg_get_viewdef(c.oid) END,
             'columns', (SELECT pg_catalog.json_agg(a.attname || ' ' ||
@@ -271,23 +286,17 @@ pub fn create(
         options.map(|o| format!(" WITH ({o})")).unwrap_or_default()
     );
     let trusted = guard::superuser_call();
-    {
-        let _gate = gate::open(
-            gate::Rule::Allowed(std::rc::Rc::new(guard::allowed_functions())),
-            "a saved question's view is created",
-        );
-        let _superuser_gate = trusted.clone().map(|t| {
-            gate::open(
-                gate::Rule::TrustedOwners(t),
-                "a superuser's saved question's view is created",
-            )
-        });
+    let during = [
+        "a saved question's view is created",
+        "a superuser's saved question's view is created",
+    ];
+    behind_the_gates(trusted.as_ref(), during, || {
         // CREATE VIEW analyses the text again: its literals are checked again first.
         subxact::pinned_exact(|| guard::check_literals(sql, trusted.as_ref()))
             .map_err(|refusal| Error::Refused(Box::new(refusal.error)))?;
         subxact::pinned_exact(|| Spi::run(&statement))
-            .map_err(|e| Error::internal(format!("creating the view: {e}")))?;
-    }
+            .map_err(|e| Error::internal(format!("creating the view: {e}")))
+    })?;
     let view = subxact::pinned(|| {
         store::read_one::<pg_sys::Oid>(
             "SELECT pg_catalog.to_regclass($1)::pg_catalog.oid",
@@ -317,17 +326,44 @@ pub fn create(
         },
         target.qualified.replace('\'', "''"),
     );
-    subxact::pinned(|| {
-        let sql = store::read_one::<String>(
+    let statement = subxact::pinned(|| {
+        store::read_one::<String>(
             "SELECT pg_catalog.format('COMMENT ON VIEW %s IS %L', $1::text, \
              $2::text || ' ' || pg_catalog.to_char(pg_catalog.now() AT TIME ZONE 'UTC', \
              '\"At\" YYYY-MM-DD HH24:MI \"UTC.\"'))",
             &[target.qualified.as_str().into(), comment.as_str().into()],
-        )?
-        .unwrap_or_default();
-        Spi::run(&sql)
+        )
     })
-    .map_err(|e| Error::internal(format!("commenting the view: {e}")))
+    .map_err(|e| Error::internal(format!("commenting the view: {e}")))?
+    .unwrap_or_default();
+    // A COMMENT fires event triggers too: as behind the gates as the CREATE.
+    let during = [
+        "a saved question's view is commented",
+        "a superuser's saved question's view is commented",
+    ];
+    behind_the_gates(trusted.as_ref(), during, || {
+        subxact::pinned(|| Spi::run(&statement))
+            .map_err(|e| Error::internal(format!("commenting the view: {e}")))
+    })
+}
+
+/// Runs `work`, DDL of a saved question's view, behind the runtime gate (`during`: what the
+/// gate says is happening, for any call and for a superuser's): every function it runs, an
+/// event trigger's too, must pass the function policy, and for a superuser's call be a trusted
+/// owner's.
+fn behind_the_gates<T>(
+    trusted: Option<&guard::Trusted>,
+    during: [&'static str; 2],
+    work: impl FnOnce() -> Result<T>,
+) -> Result<T> {
+    let _gate = gate::open(
+        gate::Rule::Allowed(std::rc::Rc::new(guard::allowed_functions())),
+        during[0],
+    );
+    let _superuser_gate = trusted
+        .cloned()
+        .map(|t| gate::open(gate::Rule::TrustedOwners(t), during[1]));
+    work()
 }
 
 /// Redefines the saved question `before` with a new answer. When PostgreSQL refuses because

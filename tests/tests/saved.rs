@@ -713,3 +713,83 @@ fn a_superusers_ddl_event_trigger_fires_for_a_saved_view() {
         .get(0);
     assert_eq!(audited, 1);
 }
+
+/// The COMMENT `nl_view` writes on its view fires event triggers too, behind the same gate as
+/// the CREATE: an event trigger on COMMENT whose function another role owns (and may replace)
+/// never runs in the caller's call, and nothing is saved.
+#[test]
+fn an_event_trigger_on_the_views_comment_runs_no_code_of_another_role() {
+    let mut shop = Shop::new();
+    let cataloguer = format!("cataloguer_{}", shop.s.database);
+    shop.s
+        .client
+        .batch_execute(&format!(
+            "CREATE ROLE {cataloguer};
+             CREATE FUNCTION public.sync_comment() RETURNS event_trigger LANGUAGE plpgsql AS
+                 $$BEGIN PERFORM pg_advisory_lock(4301); END$$;
+             ALTER FUNCTION public.sync_comment() OWNER TO {cataloguer};
+             CREATE EVENT TRIGGER sync_comment ON ddl_command_end WHEN TAG IN ('COMMENT')
+                 EXECUTE FUNCTION public.sync_comment();"
+        ))
+        .unwrap();
+    shop.s
+        .llm
+        .on("revenue per country, commented", vec![Reply::sql(REVENUE)]);
+    let mut analyst = shop.analyst();
+    let mut witness = Witness::hold(&shop.s.database, &[4301]);
+    let (error, waited) = witness.waited(|| {
+        analyst.query_one(
+            "SELECT nl_view('reports.revenue_commented', 'revenue per country, commented')",
+            &[],
+        )
+    });
+    assert!(
+        waited.is_empty(),
+        "the other role's trigger function ran: {waited:?}"
+    );
+    let (code, message, _) = db_error(&error.expect_err("refused"));
+    assert_eq!(code, "42501", "{message}");
+    let saved: Option<String> = analyst
+        .query_one("SELECT to_regclass('reports.revenue_commented')::text", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(saved, None, "the view is not saved");
+    drop(witness);
+    shop.s
+        .client
+        .batch_execute("DROP EVENT TRIGGER sync_comment")
+        .unwrap();
+}
+
+/// A view replaced stays its owner's: `nl_view` replaces only a view the caller owns itself,
+/// not one of a role it is a member of, which would go on reading with that role's rights.
+#[test]
+fn a_view_of_a_group_the_caller_is_in_is_not_replaced() {
+    let mut shop = Shop::new();
+    let group = format!("analysts_{}", shop.s.database);
+    shop.s
+        .client
+        .batch_execute(&format!(
+            "CREATE ROLE {group}; GRANT {group} TO {analyst};
+             GRANT SELECT ON customers, orders TO {group};
+             GRANT CREATE, USAGE ON SCHEMA reports TO {group};
+             SET ROLE {group};
+             CREATE VIEW reports.shared_revenue AS SELECT 1 AS n;
+             RESET ROLE;",
+            analyst = shop.analyst
+        ))
+        .unwrap();
+    shop.s
+        .llm
+        .on("revenue per country, shared", vec![Reply::sql(REVENUE)]);
+    let mut analyst = shop.analyst();
+    let error = analyst
+        .query_one(
+            "SELECT nl_view('reports.shared_revenue', 'revenue per country, shared', true)",
+            &[],
+        )
+        .expect_err("refused");
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "42501", "{message}");
+    assert_eq!(shop.model_calls(), 0, "refused before the model is asked");
+}
