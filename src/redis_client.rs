@@ -65,9 +65,18 @@ where
     let work = move || -> Result<T, (String, bool)> {
         // A call abandoned by an earlier cancel may still hold the connection: then give up
         // (this call's misfortune, not Redis's).
-        let mut slot = shared
-            .try_lock()
-            .map_err(|_| ("busy with an earlier call".to_string(), false))?;
+        let mut slot = match shared.try_lock() {
+            Ok(slot) => slot,
+            // An earlier call panicked holding it: its connection is in no known state.
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => {
+                let mut slot = poisoned.into_inner();
+                *slot = None;
+                slot
+            }
+            Err(std::sync::TryLockError::WouldBlock) => {
+                return Err(("busy with an earlier call".to_string(), false))
+            }
+        };
         if slot.is_none() {
             *slot = Some(Connection::open(&target, timeout).map_err(|e| (e.to_string(), true))?);
         }
@@ -105,11 +114,21 @@ where
                 !std::mem::replace(&mut state.warned, true)
             });
             if first {
+                // Where Redis is, and why it failed, is for the server log alone: the setting
+                // is hidden from other roles.
+                pgrx::ereport!(
+                    pgrx::PgLogLevel::LOG_SERVER_ONLY,
+                    pgrx::PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE,
+                    format!(
+                        "sql_query_engine: Redis at {} is unavailable ({})",
+                        crate::urls::redact_url(&url),
+                        crate::urls::redact(&cause, &url)
+                    )
+                );
                 pgrx::warning!(
-                    "sql_query_engine: Redis at {} is unavailable ({}); conversation context, \
-                     progress events and the schema cache use backend memory",
-                    crate::urls::redact_url(&url),
-                    crate::urls::redact(&cause, &url)
+                    "sql_query_engine: Redis is unavailable (the server log says why); \
+                     conversation context, progress events and the schema cache use backend \
+                     memory"
                 );
             }
             None
@@ -230,6 +249,51 @@ impl Write for Timed {
     }
 }
 
+/// Connects to the Unix socket `path` without waiting: a server that accepts no connection
+/// (stopped, its backlog full) would hold a blocking connect, and the helper thread it runs in,
+/// for ever.
+fn connect_unix(path: &std::path::Path) -> io::Result<UnixStream> {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = path.as_os_str().as_bytes();
+    // SAFETY: sockaddr_un is plain data, valid zeroed.
+    let mut address: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if bytes.len() >= address.sun_path.len() {
+        return Err(invalid("the Redis socket's path is too long"));
+    }
+    address.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (to, from) in address.sun_path.iter_mut().zip(bytes) {
+        *to = *from as libc::c_char;
+    }
+    // SAFETY: socket has no memory arguments; it returns a new descriptor or -1.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor socket just opened, owned by nothing else (closed on every path).
+    let stream = unsafe { UnixStream::from_raw_fd(fd) };
+    // SAFETY: connects the descriptor to an address of its own size, which it only reads.
+    let connected = unsafe {
+        libc::connect(
+            fd,
+            (&address as *const libc::sockaddr_un).cast(),
+            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+        )
+    };
+    // A Unix socket connects at once or not at all (EAGAIN: the backlog is full).
+    if connected != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    stream.set_nonblocking(false)?;
+    Ok(stream)
+}
+
 fn invalid(what: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what.into())
 }
@@ -257,7 +321,7 @@ impl Connection {
                 stream.set_nodelay(true)?;
                 Stream::Tcp(stream)
             }
-            ConnectionAddr::Unix(path) => Stream::Unix(UnixStream::connect(path)?),
+            ConnectionAddr::Unix(path) => Stream::Unix(connect_unix(path)?),
             _ => return Err(invalid("TLS connections to Redis are not supported").into()),
         };
         let settings = info.redis_settings();
@@ -283,6 +347,32 @@ impl Connection {
                 .exec(&mut connection)?;
         }
         Ok(connection)
+    }
+
+    /// Whether bytes nobody asked for wait on the connection: a reply left over (a proxy that
+    /// sent one twice) would be read as the next command's.
+    fn has_stray_bytes(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        if !self.reader.buffer().is_empty() {
+            return true;
+        }
+        let fd = match &self.reader.get_ref().stream {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_raw_fd(),
+        };
+        let mut byte = 0u8;
+        // SAFETY: peeks at most one byte into `byte` from a socket this connection owns,
+        // without waiting.
+        let peeked = unsafe {
+            libc::recv(
+                fd,
+                (&mut byte as *mut u8).cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        // A byte waiting, or the peer gone (0): either way not a connection to ask.
+        peeked >= 0
     }
 
     /// Reads one reply whole, as its bytes, taking them from `budget`.
@@ -325,6 +415,9 @@ impl Connection {
                     raw.extend_from_slice(&available[..taken]);
                     self.reader.consume(taken);
                     left -= taken;
+                }
+                if !raw.ends_with(b"\r\n") {
+                    return Err(invalid("a bulk string not ended by CRLF"));
                 }
                 Ok(())
             }
@@ -375,7 +468,9 @@ impl Connection {
             }
         }
         *budget -= raw.len() - start;
-        if !raw.ends_with(b"\r\n") {
+        // A type byte and CRLF at least, the CRLF this line's own.
+        let line = &raw[start..];
+        if line.len() < 3 || !line.ends_with(b"\r\n") {
             return Err(invalid("a line not ended by CRLF"));
         }
         Ok(())
@@ -389,6 +484,9 @@ impl Connection {
     ) -> ::redis::RedisResult<Vec<::redis::Value>> {
         self.oversized = false;
         let result = (|| -> ::redis::RedisResult<Vec<::redis::Value>> {
+            if self.has_stray_bytes() {
+                return Err(invalid("bytes no command asked for, or a closed connection").into());
+            }
             self.reader.get_mut().write_all(command)?;
             let mut budget = MAX_REPLY_BYTES;
             let mut values = Vec::with_capacity(count.min(1024));
@@ -546,6 +644,52 @@ mod tests {
             "read for {:?}: {error}",
             started.elapsed()
         );
+    }
+
+    #[test]
+    fn a_line_or_bulk_string_without_its_own_crlf_is_an_error_not_a_panic() {
+        // `$0` then "X\r" where its CRLF should be: the next line would be a lone "\n".
+        let mut c = connect(vec![b"*2\r\n$0\r\nX\r\n"]);
+        assert!(::redis::cmd("LRANGE").query::<Vec<String>>(&mut c).is_err());
+        let mut c = connect(vec![b"$1\r\nabc\r\n"]);
+        assert!(::redis::cmd("GET").query::<String>(&mut c).is_err());
+    }
+
+    #[test]
+    fn a_reply_nobody_asked_for_is_never_read_as_the_next_ones() {
+        // The server answers the first command twice.
+        let mut c = connect(vec![b":1\r\n:1\r\n", b":2\r\n"]);
+        let first: i64 = ::redis::cmd("INCR").arg("k").query(&mut c).unwrap();
+        assert_eq!(first, 1);
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(::redis::cmd("INCR").arg("k").query::<i64>(&mut c).is_err());
+        assert!(!::redis::ConnectionLike::is_open(&c));
+    }
+
+    #[test]
+    fn a_unix_socket_that_accepts_nothing_fails_at_once() {
+        let dir = std::env::temp_dir().join(format!("sqe-redis-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("redis.sock");
+        let _ = std::fs::remove_file(&path);
+        let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let (done, result) = std::sync::mpsc::channel();
+        let target = path.clone();
+        std::thread::spawn(move || {
+            // Connections nobody accepts fill the backlog; the one beyond it is refused.
+            let mut kept = Vec::new();
+            let failed = (0..10_000).find_map(|_| match connect_unix(&target) {
+                Ok(stream) => {
+                    kept.push(stream);
+                    None
+                }
+                Err(e) => Some(e),
+            });
+            let _ = done.send(failed.map(|e| e.kind()));
+        });
+        let failed = result.recv_timeout(Duration::from_secs(10));
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(failed, Ok(Some(io::ErrorKind::WouldBlock)));
     }
 
     #[test]

@@ -241,6 +241,10 @@ fn an_unreachable_redis_degrades_to_memory_with_one_warning() {
         &mut s.client,
         &format!("redis://:secret-pass@127.0.0.1:{closed}/0"),
     );
+    // Messages the server log is sent too would reach this client as well.
+    s.client
+        .batch_execute("SET client_min_messages = debug1")
+        .unwrap();
     let started = Instant::now();
     ask_in(&mut s, "offline", "first question", "SELECT 1 AS one");
     ask_in(&mut s, "offline", "second question", "SELECT 2 AS two");
@@ -260,6 +264,12 @@ fn an_unreachable_redis_degrades_to_memory_with_one_warning() {
     assert!(
         warnings[0].contains("Redis") && !warnings[0].contains("secret-pass"),
         "{warnings:?}"
+    );
+    // Where Redis is (a setting hidden from other roles) is for the server log alone.
+    let told = notices.lock().unwrap().clone();
+    assert!(
+        !told.iter().any(|n| n.contains(&format!(":{closed}"))),
+        "{told:?}"
     );
 }
 
