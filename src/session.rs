@@ -49,6 +49,9 @@ impl Store {
 
 /// Sessions kept in backend memory, at most.
 const MAX_MEMORY_SESSIONS: usize = 256;
+/// Bytes of questions and SQL kept in backend memory, at most (memory PostgreSQL does not
+/// account for, kept until the backend ends or `DISCARD ALL`).
+const MAX_MEMORY_BYTES: usize = 16 << 20;
 
 /// A session's turns in backend memory, oldest first, each with whether it is kept only here
 /// (no shared store took it), and when the last was added (they expire after `session_ttl`, as
@@ -255,7 +258,7 @@ pub fn record(session: &str, turn: Turn) -> Store {
                     m.remove(&other);
                 }
             }
-            let remembered = m.entry(key).or_default();
+            let remembered = m.entry(key.clone()).or_default();
             let ttl = std::time::Duration::from_secs(settings::session_ttl_s());
             if remembered.updated.is_none_or(|at| at.elapsed() >= ttl) {
                 remembered.turns.clear();
@@ -267,12 +270,53 @@ pub fn record(session: &str, turn: Turn) -> Store {
             while turns.len() > keep {
                 turns.pop_front();
             }
+            within_memory_bytes(m, &key, ttl);
         });
     }
     if stored {
         store
     } else {
         Store::Memory
+    }
+}
+
+/// Keeps backend memory within `MAX_MEMORY_BYTES`: expired sessions go first, then the least
+/// recently used others, then the oldest turns of `current` itself (its newest stays).
+fn within_memory_bytes(
+    memory: &mut HashMap<(u32, String), Remembered>,
+    current: &(u32, String),
+    ttl: std::time::Duration,
+) {
+    let bytes = |r: &Remembered| -> usize {
+        r.turns
+            .iter()
+            .map(|(t, _)| t.question.len() + t.sql.len())
+            .sum()
+    };
+    memory.retain(|key, r| key == current || r.updated.is_some_and(|at| at.elapsed() < ttl));
+    let mut total: usize = memory.values().map(bytes).sum();
+    while total > MAX_MEMORY_BYTES {
+        let oldest = memory
+            .iter()
+            .filter(|(key, _)| *key != current)
+            .min_by_key(|(_, r)| r.updated)
+            .map(|(key, _)| key.clone());
+        match oldest {
+            Some(key) => {
+                total -= memory.remove(&key).map(|r| bytes(&r)).unwrap_or(0);
+            }
+            None => {
+                let Some(r) = memory.get_mut(current) else {
+                    return;
+                };
+                if r.turns.len() <= 1 {
+                    return;
+                }
+                if let Some((t, _)) = r.turns.pop_front() {
+                    total -= t.question.len() + t.sql.len();
+                }
+            }
+        }
     }
 }
 
@@ -401,26 +445,41 @@ pub fn check_name(session: &str) -> crate::error::Result<()> {
     Ok(())
 }
 
-/// Forgets `session`, in every store this backend can reach.
+/// Forgets `session`, in every store this backend can reach; a store that could not be reached
+/// is named in a WARNING (its turns are still there: reset again once it answers).
 pub fn reset(session: &str) {
+    let mut kept = Vec::new();
     if store::writable() {
         if let Ok(schema) = store::extension_schema() {
             let sql =
                 format!("DELETE FROM {schema}.nl_sessions WHERE role_id = $2 AND session = $1");
-            store::write_best_effort("the session reset", |client| {
+            let done = store::write_best_effort("the session reset", |client| {
                 client
                     .update(&sql, None, &[session.into(), role_id().into()])
                     .map(|_| ())
             });
+            if done.is_none() {
+                kept.push("the nl_sessions table");
+            }
         }
     }
     if redis_client::configured() {
         // Other backends keep copies of the turns Redis had, which they use only while Redis
         // is away, never once it has no list (see `turns`).
         let key = redis_client::key("session", session);
-        let _: Option<()> = redis_client::call(move |c| ::redis::cmd("DEL").arg(&key).query(c));
+        let done: Option<()> = redis_client::call(move |c| ::redis::cmd("DEL").arg(&key).query(c));
+        if done.is_none() {
+            kept.push("Redis");
+        }
     }
     MEMORY.with_borrow_mut(|m| m.remove(&memory_key(session)));
+    if !kept.is_empty() {
+        pgrx::warning!(
+            "sql_query_engine: session {session:?} was not forgotten in {}, which did not answer: \
+             call nl_session_reset again once it does",
+            kept.join(" and ")
+        );
+    }
 }
 
 static mut PREVIOUS_UTILITY_HOOK: pg_sys::ProcessUtility_hook_type = None;
@@ -545,5 +604,39 @@ mod tests {
         let cut = within(huge, 20);
         assert_eq!(cut[0].question.len() + cut[0].sql.len(), 20);
         assert!(within(turns, 0).is_empty());
+    }
+
+    #[test]
+    fn backend_memory_drops_expired_then_least_recently_used_sessions_then_old_turns() {
+        let now = std::time::Instant::now();
+        let ttl = std::time::Duration::from_secs(3600);
+        let big = |q: &str| turn(q, &"s".repeat(MAX_MEMORY_BYTES / 4));
+        let session = |turns: Vec<Turn>, ago: u64| Remembered {
+            turns: turns.into_iter().map(|t| (t, false)).collect(),
+            updated: now.checked_sub(std::time::Duration::from_secs(ago)),
+        };
+        let key = |name: &str| (10u32, name.to_string());
+        let mut memory: HashMap<(u32, String), Remembered> = HashMap::new();
+        memory.insert(key("expired"), session(vec![turn("q", "s")], 7200));
+        memory.insert(key("old"), session(vec![big("a"), big("b")], 60));
+        memory.insert(key("recent"), session(vec![big("c")], 10));
+        memory.insert(key("now"), session(vec![big("d"), big("e")], 0));
+        within_memory_bytes(&mut memory, &key("now"), ttl);
+        let mut left: Vec<&str> = memory.keys().map(|(_, name)| name.as_str()).collect();
+        left.sort();
+        assert_eq!(left, ["now", "recent"]);
+        // One session alone over the bound keeps its newest turn.
+        let mut memory: HashMap<(u32, String), Remembered> = HashMap::new();
+        memory.insert(
+            key("now"),
+            session(vec![big("a"), big("b"), big("c"), big("d"), big("e")], 0),
+        );
+        within_memory_bytes(&mut memory, &key("now"), ttl);
+        let questions: Vec<&str> = memory[&key("now")]
+            .turns
+            .iter()
+            .map(|(t, _)| t.question.as_str())
+            .collect();
+        assert_eq!(questions, ["c", "d", "e"]);
     }
 }

@@ -271,6 +271,16 @@ fn an_unreachable_redis_degrades_to_memory_with_one_warning() {
         !told.iter().any(|n| n.contains(&format!(":{closed}"))),
         "{told:?}"
     );
+    // A reset Redis could not take says so: the turns it has are still there.
+    s.client
+        .batch_execute("SELECT nl_session_reset('offline')")
+        .unwrap();
+    let told = notices.lock().unwrap().clone();
+    assert!(
+        told.iter()
+            .any(|n| n.starts_with("WARNING") && n.contains("not forgotten in Redis")),
+        "{told:?}"
+    );
 }
 
 #[test]
