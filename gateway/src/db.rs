@@ -879,7 +879,8 @@ async fn run(
                     &[&answer, session],
                 )
                 .await?
-                .get(0);
+                .try_get(0)
+                .map_err(unreadable)?;
             Value::from(id)
         }
         Call::Generate { question } => Value::String(
@@ -888,7 +889,8 @@ async fn run(
                 &[question],
             )
             .await?
-            .get(0),
+            .try_get(0)
+            .map_err(unreadable)?,
         ),
         Call::Check { sql } => {
             tx.execute(
@@ -907,7 +909,8 @@ async fn run(
                 &[sql],
             )
             .await?
-            .get(0),
+            .try_get(0)
+            .map_err(unreadable)?,
         )?,
         Call::Schema { question } => Value::String(
             tx.query_one(
@@ -915,7 +918,8 @@ async fn run(
                 &[question],
             )
             .await?
-            .get(0),
+            .try_get(0)
+            .map_err(unreadable)?,
         ),
         Call::Fix { sql, question } => Value::String(
             tx.query_one(
@@ -923,7 +927,8 @@ async fn run(
                 &[sql, question],
             )
             .await?
-            .get(0),
+            .try_get(0)
+            .map_err(unreadable)?,
         ),
         Call::Feedback {
             history_id,
@@ -938,7 +943,8 @@ async fn run(
                 &[history_id, correct, corrected_sql],
             )
             .await?
-            .get(0),
+            .try_get(0)
+            .map_err(unreadable)?,
         )?,
         Call::Tables => json({
             tx.batch_execute("SET LOCAL search_path = pg_catalog, pg_temp")
@@ -958,7 +964,8 @@ async fn run(
                 &[],
             )
             .await?
-            .get(0)
+            .try_get(0)
+            .map_err(unreadable)?
         })?,
     };
     tx.commit().await?;

