@@ -259,6 +259,7 @@ pub async fn serve(
             request.extensions_mut().insert(Peer(peer));
             router.clone().oneshot(request)
         });
+        watch_for_close(&inner, gone.clone());
         let io = TokioIo::new(WatchedStream {
             inner,
             gone,
@@ -300,6 +301,42 @@ pub async fn serve(
         // Time for the cancel requests of the calls that end so to reach the database.
         tokio::time::sleep(CANCEL_WAIT).await;
     }
+}
+
+/// How often a connection is looked at for a client that has closed it.
+const CLOSE_CHECK: Duration = Duration::from_millis(500);
+
+/// Fires `gone` when the client closes its side of the connection. hyper notices a close while
+/// a response is pending only when it has nothing of the client's buffered: a byte sent after
+/// the body (a pipelined request, or just one) would keep a closed connection's question
+/// running until its answer. The check asks the socket itself, reading nothing; it ends when
+/// the connection is dropped (which fires `gone` first, and only then closes the socket: a
+/// check of a descriptor reused since can only fire a token already fired).
+fn watch_for_close(stream: &TcpStream, gone: CancellationToken) {
+    use std::os::fd::AsRawFd;
+    let fd = stream.as_raw_fd();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(CLOSE_CHECK);
+        loop {
+            tokio::select! {
+                () = gone.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let mut watched = libc::pollfd {
+                fd,
+                events: libc::POLLRDHUP,
+                revents: 0,
+            };
+            // SAFETY: polls one pollfd on the stack, without waiting, for a descriptor the
+            // connection owns until it fires `gone` (checked just above).
+            let ready = unsafe { libc::poll(&mut watched, 1, 0) };
+            let closed = libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR;
+            if ready > 0 && watched.revents & closed != 0 {
+                gone.cancel();
+                return;
+            }
+        }
+    });
 }
 
 /// How long the calls cancelled at shutdown are given to send their cancel requests.

@@ -253,6 +253,27 @@ fn a_client_that_goes_away_cancels_its_question_and_tokens_reload_on_sighup() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    // Also when a byte came after the body (a pipelined request, or a stray one), which hyper
+    // keeps unread while the answer is pending.
+    let mut stream = gateway.send_chat(&s.token, &body);
+    stream.write_all(b"X").unwrap();
+    let started = Instant::now();
+    while busy(&mut admin) == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the question never started"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(stream);
+    let gone = Instant::now();
+    while busy(&mut admin) > 0 {
+        assert!(
+            gone.elapsed() < Duration::from_secs(5),
+            "the question went on after the client left, a byte after its body"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 
     // A new token works after SIGHUP, without a restart.
     let new_token = format!("later-token-{}", s.database);
