@@ -164,21 +164,28 @@ async fn authenticate(State(app): State<App>, mut request: Request, next: Next) 
         .get::<watch::Peer>()
         .map(|watch::Peer(peer)| peer.to_string())
         .unwrap_or_else(|| "-".into());
-    let (method, path) = (request.method().clone(), request.uri().path().to_string());
+    let mut line = AccessLine {
+        peer,
+        who: "- -".to_string(),
+        method: request.method().to_string(),
+        path: request.uri().path().to_string(),
+        started,
+        status: None,
+    };
     let token = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    let (who, response) = match token.and_then(|t| app.tokens.role(t)) {
+    let response = match token.and_then(|t| app.tokens.role(t)) {
         Some(role) => {
             if let Some(watch::Proven(proven)) = request.extensions().get::<watch::Proven>() {
                 proven.cancel();
             }
-            let who = format!("{} {}", role.name.escape_debug(), role.client);
+            line.who = format!("{} {}", role.name.escape_debug(), role.client);
             request.extensions_mut().insert(role);
-            (who, next.run(request).await)
+            next.run(request).await
         }
         None => {
             let mut response = ApiError::unauthorized().into_response();
@@ -186,19 +193,41 @@ async fn authenticate(State(app): State<App>, mut request: Request, next: Next) 
                 header::WWW_AUTHENTICATE,
                 header::HeaderValue::from_static("Bearer"),
             );
-            ("- -".to_string(), response)
+            response
         }
     };
-    // Control characters of a path are escaped: a line of the log is one request. A log that
-    // cannot be written (its reader gone) fails no request.
-    let _ = writeln!(
-        std::io::stderr().lock(),
-        "sqe-gateway: access {peer} {who} {method} {} {} {} ms",
-        path.escape_debug(),
-        response.status().as_u16(),
-        started.elapsed().as_millis()
-    );
+    line.status = Some(response.status().as_u16());
     response
+}
+
+/// A request's line of the access log, written when it is dropped: also for a request whose
+/// handler never returned (its client gone, its task ended by a panic), with `-` for status.
+struct AccessLine {
+    peer: String,
+    who: String,
+    method: String,
+    path: String,
+    started: std::time::Instant,
+    status: Option<u16>,
+}
+
+impl Drop for AccessLine {
+    fn drop(&mut self) {
+        let status = self
+            .status
+            .map_or_else(|| "-".to_string(), |s| s.to_string());
+        // Control characters of a path are escaped: a line of the log is one request. A log
+        // that cannot be written (its reader gone) fails no request.
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "sqe-gateway: access {} {} {} {} {status} {} ms",
+            self.peer,
+            self.who,
+            self.method,
+            self.path.escape_debug(),
+            self.started.elapsed().as_millis()
+        );
+    }
 }
 
 async fn not_found() -> ApiError {

@@ -1203,4 +1203,26 @@ fn every_request_leaves_a_line_in_the_access_log_without_the_token() {
         "{text}"
     );
     assert!(!text.contains(&s.token), "the token is in the log: {text}");
+    // A request whose client went away before its answer leaves its line too.
+    let body = format!(
+        r#"{{"model":"{}","messages":[{{"role":"user","content":"Take your time"}}]}}"#,
+        s.database
+    );
+    let stream = gateway.send_chat(&s.token, &body);
+    std::thread::sleep(Duration::from_millis(1500));
+    drop(stream);
+    let started = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap();
+        if text.lines().any(|l| {
+            l.contains(&format!(" {} ", s.reader)) && l.contains(" POST /v1/chat/completions ")
+        }) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no line for the abandoned request: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
