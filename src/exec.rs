@@ -1006,7 +1006,11 @@ unsafe extern "C-unwind" fn startup(
             // files belong to no resource owner, as a held cursor's (the portal ends its store
             // itself; a resource owner would close them first).
             let caller = pg_sys::MemoryContextSwitchTo((*portal).holdContext);
-            let store = pg_sys::tuplestore_begin_heap(true, true, pg_sys::work_mem);
+            // In memory up to the caller's work_mem, but never more than CURSOR_STORE_KB: every
+            // attempt of the call keeps its store until the call ends, and a role may set
+            // work_mem as high as it likes.
+            let in_memory = pg_sys::work_mem.clamp(64, CURSOR_STORE_KB);
+            let store = pg_sys::tuplestore_begin_heap(true, true, in_memory);
             CURSOR_STORES.with_borrow_mut(|stores| stores.push(store));
             c.result.held = Some(Held {
                 store,
@@ -1171,6 +1175,10 @@ unsafe extern "C-unwind" fn receive_slot(
 
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn shutdown(_receiver: *mut pg_sys::DestReceiver) {}
+
+/// Kilobytes of rows an attempt's cursor store keeps in memory before it spills to a temporary
+/// file (bounded by `temp_file_limit` and `max_result_bytes`).
+const CURSOR_STORE_KB: i32 = 8 * 1024;
 
 thread_local! {
     /// The stores `startup` began for the cursor of the running `nl_cursor` call, each once:

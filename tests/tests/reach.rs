@@ -451,6 +451,32 @@ fn nl_cursor_ends_every_attempts_rows_once_and_leaves_no_file() {
         0,
         "the failed attempt's rows were left on disk"
     );
+
+    // However high the caller sets work_mem, a store keeps at most 8 MB in memory: the rest
+    // is in a temporary file while the cursor is open.
+    s.client
+        .batch_execute("SET work_mem = '1GB'; SET sql_query_engine.max_result_bytes = '64MB'")
+        .unwrap();
+    s.llm.on(
+        "ten megabytes",
+        vec![Reply::sql(
+            "SELECT repeat('x', 1000) AS x FROM generate_series(1, 10000)",
+        )],
+    );
+    let mut tx = s.client.transaction().unwrap();
+    tx.query_one("SELECT nl_cursor('ten megabytes', 'large_c')", &[])
+        .unwrap_or_else(|e| panic!("{:?}", db_error(&e)));
+    let spilled: i64 = tx
+        .query_one(
+            "SELECT count(*) FROM pg_ls_tmpdir() \
+             WHERE name LIKE 'pgsql_tmp' || pg_backend_pid() || '.%'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(spilled > 0, "the rows stayed in memory");
+    tx.commit().unwrap();
+    assert_eq!(files(&mut s), 0);
 }
 
 /// The `answer` of a `CALL nl_call(...)` statement (simple protocol: jsonb comes back as text).
