@@ -14,9 +14,7 @@ CREATE TABLE @extschema@.nl_feedback (
     -- the SQL the feedback vouches for: the answer's, or the correction (NULL when noted)
     sql text,
     status text NOT NULL CHECK (status IN ('promoted', 'pending', 'noted')),
-    example_id bigint,
-    -- the cluster that wrote the row (nl_row_role in history.sql)
-    system_identifier bigint
+    example_id bigint
 );
 ALTER TABLE @extschema@.nl_feedback ENABLE ROW LEVEL SECURITY;
 -- A row a role writes is its own, under its own name, and of now, on an answer of its own
@@ -40,7 +38,7 @@ CREATE POLICY own_rows ON @extschema@.nl_feedback
 GRANT SELECT, INSERT ON @extschema@.nl_feedback TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_feedback', '');
 -- Restored rows go to the role of their name (see nl_row_role in history.sql).
-CREATE TRIGGER nl_row_role BEFORE INSERT ON @extschema@.nl_feedback
+CREATE TRIGGER nl_row_role BEFORE INSERT OR UPDATE ON @extschema@.nl_feedback
     FOR EACH ROW EXECUTE FUNCTION @extschema@.nl_row_role();
 ALTER TABLE @extschema@.nl_feedback ENABLE ALWAYS TRIGGER nl_row_role;
 

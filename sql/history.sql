@@ -20,9 +20,7 @@ CREATE TABLE @extschema@.nl_history (
     llm_calls integer NOT NULL,
     prompt_tokens integer NOT NULL,
     completion_tokens integer NOT NULL,
-    role_id oid NOT NULL DEFAULT pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid,
-    -- the cluster that wrote the row (nl_row_role; NULL: written before 0.10.0)
-    system_identifier bigint
+    role_id oid NOT NULL DEFAULT pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid
 );
 CREATE INDEX nl_history_role_id_at_idx ON @extschema@.nl_history (role_id, at);
 ALTER TABLE @extschema@.nl_history ENABLE ROW LEVEL SECURITY;
@@ -37,31 +35,24 @@ SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_history', '');
 
 -- A row names its role twice: by OID, which means something only in the cluster that wrote it,
 -- and by name, which is how a dump carries roles (pg_dumpall --roles-only creates them again,
--- under other OIDs). Each row records the cluster that wrote it (its system identifier, which
--- a primary shares with its standbys and no other cluster has). A row another cluster wrote,
--- restored from a dump or copied by logical replication, goes to the role of its name here, or
--- to none (0: only the table's owner reads it), as a restore's GRANTs go to roles by name; a
--- row this cluster wrote keeps its OID, so that a role dropped and created again is still
--- another role, and a renamed one keeps its rows. A row of unknown origin (written before
--- 0.10.0) keeps its OID only when that is still the role of its name. A row a role writes
--- itself is under its own OID and name (the policy's check).
+-- under other OIDs). A row that comes in (restored from a dump, copied by logical replication)
+-- under an OID that is not the role of its name here goes to the role of that name, or to none
+-- (0: only the table's owner reads it), as a restore's GRANTs go to roles by name. Nothing in a
+-- row tells which cluster's OID it holds: a copy of a cluster's files (a base backup, a
+-- snapshot) shares its system identifier and hands out the same OIDs to other roles. A row a
+-- role writes itself is under its own OID and name (the policy's check), which this leaves as
+-- they are. pg_get_userbyid and to_regrole need no right on pg_roles.
 CREATE FUNCTION @extschema@.nl_row_role() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    here bigint := (pg_catalog.pg_control_system()).system_identifier;
 BEGIN
-    IF NEW.role_id <> 0
-       AND (NEW.system_identifier <> here
-            OR (NEW.system_identifier IS NULL
-                AND pg_catalog.pg_get_userbyid(NEW.role_id) <> NEW.role)) THEN
+    IF NEW.role_id <> 0 AND pg_catalog.pg_get_userbyid(NEW.role_id) <> NEW.role THEN
         NEW.role_id := coalesce(
             pg_catalog.to_regrole(pg_catalog.quote_ident(NEW.role))::pg_catalog.oid, 0);
     END IF;
-    NEW.system_identifier := here;
     RETURN NEW;
 END
 $$;
-CREATE TRIGGER nl_row_role BEFORE INSERT ON @extschema@.nl_history
+CREATE TRIGGER nl_row_role BEFORE INSERT OR UPDATE ON @extschema@.nl_history
     FOR EACH ROW EXECUTE FUNCTION @extschema@.nl_row_role();
 -- Also for the rows a logical replication subscription applies.
 ALTER TABLE @extschema@.nl_history ENABLE ALWAYS TRIGGER nl_row_role;

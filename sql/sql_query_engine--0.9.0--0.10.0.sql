@@ -1,35 +1,26 @@
 -- sql_query_engine 0.9.0 -> 0.10.0 (ALTER EXTENSION sql_query_engine UPDATE TO '0.10.0').
 \echo Use "ALTER EXTENSION sql_query_engine UPDATE TO '0.10.0'" to load this file. \quit
 
--- A row of nl_history or nl_feedback records the cluster that wrote it, and one another cluster
--- wrote (restored from a dump, copied by logical replication) goes to the role of its name.
--- Before, it kept the OID it had there: restored into another cluster, where roles have other
--- OIDs, a role read (and vouched for) another role's questions and SQL, and its own rows were
--- no one's. The rows already here are of unknown origin (NULL): README.md, "Tables of the
--- extension", gives the owner's statement for a database restored from another cluster before
--- this release.
-ALTER TABLE @extschema@.nl_history ADD COLUMN system_identifier bigint;
-ALTER TABLE @extschema@.nl_feedback ADD COLUMN system_identifier bigint;
+-- A row of nl_history or nl_feedback that comes in under an OID that is not the role of its
+-- name (restored from a dump, copied by logical replication) goes to the role of its name.
+-- Before, it kept the OID it had where it was written: restored into another cluster, where
+-- roles have other OIDs, a role read (and vouched for) another role's questions and SQL, and
+-- its own rows were no one's. The rows already here are left as they are (README.md, "Tables of
+-- the extension", gives the owner's statement for a database restored before this release).
 CREATE FUNCTION @extschema@.nl_row_role() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    here bigint := (pg_catalog.pg_control_system()).system_identifier;
 BEGIN
-    IF NEW.role_id <> 0
-       AND (NEW.system_identifier <> here
-            OR (NEW.system_identifier IS NULL
-                AND pg_catalog.pg_get_userbyid(NEW.role_id) <> NEW.role)) THEN
+    IF NEW.role_id <> 0 AND pg_catalog.pg_get_userbyid(NEW.role_id) <> NEW.role THEN
         NEW.role_id := coalesce(
             pg_catalog.to_regrole(pg_catalog.quote_ident(NEW.role))::pg_catalog.oid, 0);
     END IF;
-    NEW.system_identifier := here;
     RETURN NEW;
 END
 $$;
-CREATE TRIGGER nl_row_role BEFORE INSERT ON @extschema@.nl_history
+CREATE TRIGGER nl_row_role BEFORE INSERT OR UPDATE ON @extschema@.nl_history
     FOR EACH ROW EXECUTE FUNCTION @extschema@.nl_row_role();
 ALTER TABLE @extschema@.nl_history ENABLE ALWAYS TRIGGER nl_row_role;
-CREATE TRIGGER nl_row_role BEFORE INSERT ON @extschema@.nl_feedback
+CREATE TRIGGER nl_row_role BEFORE INSERT OR UPDATE ON @extschema@.nl_feedback
     FOR EACH ROW EXECUTE FUNCTION @extschema@.nl_row_role();
 ALTER TABLE @extschema@.nl_feedback ENABLE ALWAYS TRIGGER nl_row_role;
 
