@@ -138,6 +138,17 @@ static TRUSTED_OWNERS: GucSetting<Option<std::ffi::CString>> =
     GucSetting::<Option<std::ffi::CString>>::new(None);
 
 pub fn init() {
+    // Values set before the library loaded are checked while it defines its settings, as
+    // whoever loads it: a role's, under a superuser's SECURITY DEFINER function.
+    LOADING.store(true, Ordering::Relaxed);
+    define();
+    LOADING.store(false, Ordering::Relaxed);
+}
+
+/// Whether the library is defining its settings (`init`).
+static LOADING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn define() {
     // SAFETY: the check hook only reads the proposed value and sets GUC's error fields.
     unsafe {
         GucRegistry::define_string_guc_with_hooks(
@@ -717,7 +728,9 @@ unsafe extern "C-unwind" fn refuse_api_key(
 /// makes it. A value stored with `ALTER DATABASE` or `ALTER ROLE` that a role logs in with (or
 /// loads the library with) applies up to the ceiling for a role that is not a superuser: it may
 /// have been stored while the library was not loaded, unchecked, and refusing it would warn in
-/// every connection of the role, whether it uses the extension or not.
+/// every connection of the role, whether it uses the extension or not. A value set before the
+/// library loaded applies up to the ceiling too, in a session of a role that is not a
+/// superuser, whoever loads it: a superuser's SECURITY DEFINER function may be what loads it.
 struct Ceiling {
     value: AtomicI32,
     refusal: &'static CStr,
@@ -740,11 +753,22 @@ impl Ceiling {
             return true;
         }
         let ceiling = self.value.load(Ordering::Relaxed);
-        // SAFETY: a check hook runs in a backend, where the current user is known.
-        if *value <= ceiling || unsafe { pg_sys::superuser() } {
+        // While the library loads, the current user is whoever loads it (a superuser's
+        // SECURITY DEFINER function, in a role's session): the session's user decides.
+        let loading = LOADING.load(Ordering::Relaxed);
+        // SAFETY: a check hook runs in a backend, where the current and session users are
+        // known.
+        let superuser = unsafe {
+            if loading {
+                pg_sys::superuser_arg(pg_sys::GetSessionUserId())
+            } else {
+                pg_sys::superuser()
+            }
+        };
+        if *value <= ceiling || superuser {
             return true;
         }
-        if matches!(source, PGC_S_DATABASE | PGC_S_USER | PGC_S_DATABASE_USER) {
+        if loading || matches!(source, PGC_S_DATABASE | PGC_S_USER | PGC_S_DATABASE_USER) {
             *value = ceiling;
             return true;
         }

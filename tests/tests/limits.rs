@@ -166,6 +166,34 @@ fn a_stored_setting_above_the_bound_applies_up_to_it_without_a_warning_at_every_
     assert_eq!(show(&mut admin, "max_repairs"), "10");
 }
 
+/// A value a role sets before the library is loaded in its backend applies up to the bound
+/// too, also when what loads the library is a superuser's SECURITY DEFINER function (the check
+/// then runs as the superuser, and could not tell who set the value).
+#[test]
+fn a_value_set_before_the_library_loads_is_bounded_whoever_loads_it() {
+    let mut s = Session::new();
+    let (_, mut role, _) = role_connection(&mut s, "early");
+    s.client
+        .batch_execute(
+            "CREATE FUNCTION public.load_it() RETURNS text LANGUAGE sql SECURITY DEFINER
+                 SET search_path = pg_catalog AS $$ SELECT public.nl_schema() $$;",
+        )
+        .unwrap();
+    role.batch_execute(
+        "SET sql_query_engine.max_rows = 2000000000;
+         SET sql_query_engine.max_result_bytes = '2000MB';
+         SELECT public.load_it();",
+    )
+    .unwrap();
+    for (setting, bound) in [("max_rows", "1000"), ("max_result_bytes", "16MB")] {
+        let shown: String = role
+            .query_one(&format!("SHOW sql_query_engine.{setting}"), &[])
+            .unwrap()
+            .get(0);
+        assert_eq!(shown, bound, "{setting}");
+    }
+}
+
 #[test]
 fn what_another_role_writes_into_the_catalog_reaches_a_callers_backend_bounded() {
     let mut s = Session::new();
