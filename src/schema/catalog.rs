@@ -58,7 +58,17 @@ pub struct Relation {
     /// is attached or detached.
     #[serde(default)]
     pub filenode: u32,
+    /// A partitioned table's partitions that hold rows (0 for any other relation).
+    #[serde(default)]
+    pub leaves: u32,
+    /// Whether one of a partitioned table's partitions is a foreign table.
+    #[serde(default)]
+    pub foreign_leaves: bool,
 }
+
+/// Partitions a read of a partitioned table on the extension's own may lock: each is a lock of
+/// the caller's transaction, and the server's lock table is shared and bounded.
+const MAX_OWN_READ_PARTITIONS: u32 = 256;
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Default)]
 pub struct Column {
@@ -117,7 +127,8 @@ pub struct ForeignKey {
 impl Relation {
     /// Where the extension may read this relation on its own (schema samples, the value
     /// index), so that the read runs no code: plain tables without their inheritance children
-    /// (`ONLY`), materialized views, and partitioned tables whole; never views (their owner's
+    /// (`ONLY`), materialized views, and partitioned tables whole, of at most
+    /// `MAX_OWN_READ_PARTITIONS` partitions and none foreign; never views (their owner's
     /// functions), foreign tables (a read connects elsewhere) or relations where row-level
     /// security applies to the caller (its policies are their owner's code). The guard checks
     /// again when it reads (`guard::Origin::Own`).
@@ -125,7 +136,11 @@ impl Relation {
         let qualified = format!("{}.{}", self.schema, self.name);
         let from = match self.kind.as_str() {
             "table" | "materialized view" => format!("ONLY {qualified}"),
-            "partitioned table" => qualified,
+            "partitioned table"
+                if self.leaves <= MAX_OWN_READ_PARTITIONS && !self.foreign_leaves =>
+            {
+                qualified
+            }
             _ => return None,
         };
         // SAFETY: a catalog look-up of a relation the caller may read.
@@ -163,13 +178,17 @@ const MAX_STATISTIC_CHARS: i32 = 81;
 const MAX_STATISTICS_PER_COLUMN: i32 = 200;
 /// Statistics values read in all.
 const MAX_STATISTICS: i64 = 200_000;
+/// Bytes of a column's statistics array that are turned into text (the default statistics
+/// target's 100 values of up to a kilobyte each fit).
+const MAX_STATISTIC_ARRAY_BYTES: i32 = 256 << 10;
 
 /// Relations in the schemas `$1` (in search order) that the caller can SELECT from (some
 /// column of) and reach (`USAGE` on the schema: `sql_query_engine.schemas` is the caller's to
 /// set, and a table granted in a schema the caller may not use is no table of its):
 /// partitions are folded into their parent, the extension's own objects left out. A partitioned
 /// table's partitions are read from pg_inherits, which takes no lock (`pg_partition_tree` would
-/// lock every partition until the call ends, behind another session's ACCESS EXCLUSIVE lock).
+/// lock every partition until the call ends, behind another session's ACCESS EXCLUSIVE lock):
+/// how many leaves it has, whether one is a foreign table, and a fingerprint of their storage.
 /// At most `$2` relations, in search order, and no more of them than hold `$3` columns
 /// together: what another role may create in a schema the caller reads is not all loaded into
 /// the caller's backend. `readable` counts them all, to say when some were left out.
@@ -193,16 +212,10 @@ SELECT json_build_object(
         'rows', c.reltuples,
         'shareable', c.relkind IN ('r', 'm', 'p') AND NOT c.relrowsecurity
                      AND c.relpersistence = 'p',
-        'filenode', CASE WHEN c.relkind = 'p' THEN coalesce(
-                        (WITH RECURSIVE tree(relid) AS (
-                             SELECT i.inhrelid FROM pg_inherits i WHERE i.inhparent = c.oid
-                             UNION ALL
-                             SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.relid)
-                         SELECT hashtext(string_agg(pc.relfilenode::text, ',' ORDER BY pc.oid))
-                                & 2147483647
-                         FROM tree JOIN pg_class pc ON pc.oid = tree.relid
-                         WHERE pc.relkind <> 'p'), 0)
+        'filenode', CASE WHEN c.relkind = 'p' THEN coalesce(parts.hash, 0)
                     ELSE c.relfilenode END::bigint,
+        'leaves', coalesce(parts.leaves, 0),
+        'foreign_leaves', coalesce(parts.foreign_leaves, false),
         'inherited', c.relkind = 'r' AND c.relhassubclass)
     ) AS relation,
     s.ord, c.relname,
@@ -213,6 +226,16 @@ JOIN pg_namespace n ON n.nspname = s.name
 JOIN pg_class c ON c.relnamespace = n.oid
 LEFT JOIN pg_description d
     ON d.objoid = c.oid AND d.classoid = 'pg_class'::regclass AND d.objsubid = 0
+LEFT JOIN LATERAL (
+    WITH RECURSIVE tree(relid) AS (
+        SELECT i.inhrelid FROM pg_inherits i WHERE i.inhparent = c.oid
+        UNION ALL
+        SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.relid)
+    SELECT hashtext(string_agg(pc.relfilenode::text, ',' ORDER BY pc.oid)) & 2147483647 AS hash,
+           count(*) AS leaves,
+           bool_or(pc.relkind = 'f') AS foreign_leaves
+    FROM tree JOIN pg_class pc ON pc.oid = tree.relid
+    WHERE pc.relkind <> 'p') parts ON c.relkind = 'p'
 WHERE c.relkind IN ('r', 'v', 'm', 'f', 'p')
   AND NOT c.relispartition
   AND NOT EXISTS (
@@ -291,7 +314,7 @@ FROM (
 /// that turning the statistics into text runs only built-in output functions. At most `$5`
 /// values of each kind per column (the most common first; histogram bounds spread over the
 /// whole histogram), each cut to `$4` characters, and at most `$6` values in all, in the order
-/// of the columns asked.
+/// of the columns asked; an array of more than `$7` bytes is not read.
 const STATISTICS_SQL: &str = r#"
 SELECT coalesce(json_agg(json_build_object(
     'schema', k.schemaname,
@@ -311,8 +334,13 @@ FROM (
     FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS t(schemaname, tablename, attname, ord)
     JOIN pg_stats s
         ON s.schemaname = t.schemaname AND s.tablename = t.tablename AND s.attname = t.attname
-    CROSS JOIN LATERAL (SELECT s.most_common_vals::text::text[] AS mcv,
-                               s.histogram_bounds::text::text[] AS hist) raw
+    -- Arrays larger than $7 bytes (a statistics target far above the default, or long
+    -- values) are not turned into text at all.
+    CROSS JOIN LATERAL (SELECT
+        CASE WHEN pg_column_size(s.most_common_vals) <= $7
+             THEN s.most_common_vals::text::text[] END AS mcv,
+        CASE WHEN pg_column_size(s.histogram_bounds) <= $7
+             THEN s.histogram_bounds::text::text[] END AS hist) raw
     CROSS JOIN LATERAL (SELECT
         ARRAY(SELECT substr(m.v, 1, $4) FROM unnest(raw.mcv) WITH ORDINALITY AS m(v, i)
               ORDER BY m.i LIMIT $5) AS common_values,
@@ -481,8 +509,13 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
                     found.iter().map(|r| (r.relation.oid, r)).collect();
                 let (mut in_schemas, mut in_tables, mut names) =
                     (Vec::new(), Vec::new(), Vec::new());
+                // A foreign table's statistics are of rows another server gave whoever ran
+                // ANALYZE, with that role's user mapping: not the caller's to see.
+                let local = |r: &&&RelationRow| {
+                    r.relation.kind != "foreign table" && !r.relation.foreign_leaves
+                };
                 for row in columns.iter().filter(|c| c.column.textual) {
-                    if let Some(relation) = by_oid.get(&row.relation) {
+                    if let Some(relation) = by_oid.get(&row.relation).filter(local) {
                         in_schemas.push(relation.raw_schema.clone());
                         in_tables.push(relation.raw_name.clone());
                         names.push(row.raw_name.clone());
@@ -500,6 +533,7 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
                             MAX_STATISTIC_CHARS.into(),
                             MAX_STATISTICS_PER_COLUMN.into(),
                             MAX_STATISTICS.into(),
+                            MAX_STATISTIC_ARRAY_BYTES.into(),
                         ],
                     )?)?
                 }

@@ -277,6 +277,8 @@ mod tests {
             }],
             shareable: true,
             filenode: 1,
+            leaves: 0,
+            foreign_leaves: false,
         }
     }
 
@@ -372,6 +374,8 @@ mod tests {
             }],
             shareable: false,
             filenode: 0,
+            leaves: 0,
+            foreign_leaves: false,
         };
         assert_eq!(
             render_relation(&items, &[]),

@@ -183,6 +183,33 @@ fn partitions_are_folded_into_their_parent_and_keys_shown() {
     );
 }
 
+/// The extension reads a partitioned table on its own (samples, the value index) only when a
+/// read takes a bounded number of locks: one of 300 partitions is shown without samples (each
+/// partition read is a lock in the server's shared, bounded lock table).
+#[test]
+fn a_table_of_many_partitions_is_not_read_for_samples() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute(
+            "CREATE TABLE few (id int, station text) PARTITION BY RANGE (id);
+             CREATE TABLE many (id int, station text) PARTITION BY RANGE (id);
+             DO $$ BEGIN
+                 FOR i IN 0..2 LOOP
+                     EXECUTE format('CREATE TABLE few_%s PARTITION OF few FOR VALUES FROM (%s) TO (%s)', i, i * 10, i * 10 + 10);
+                 END LOOP;
+                 FOR i IN 0..299 LOOP
+                     EXECUTE format('CREATE TABLE many_%s PARTITION OF many FOR VALUES FROM (%s) TO (%s)', i, i * 10, i * 10 + 10);
+                 END LOOP;
+             END $$;
+             INSERT INTO few VALUES (1, 'Zanzibar'); INSERT INTO many VALUES (1, 'Timbuktu');",
+        )
+        .unwrap();
+    let told = ask(&mut s, "stations of the partitioned tables");
+    assert!(told.contains("CREATE TABLE many ("), "{told}");
+    assert!(told.contains("'Zanzibar'"), "{told}");
+    assert!(!told.contains("Timbuktu"), "{told}");
+}
+
 /// Reading the schema takes no lock on a partition: while another session holds one in ACCESS
 /// EXCLUSIVE mode (a long DDL, say), the schema is read at once.
 #[test]
