@@ -42,6 +42,7 @@ pub struct FunctionFacts {
     pub builtin: bool,
     extension: Option<String>,
     type_support: bool,
+    returns_nothing: bool,
     pub owner: pg_sys::Oid,
     /// An aggregate, whose support functions run for it.
     pub aggregate: bool,
@@ -79,6 +80,17 @@ impl FunctionFacts {
                 builtin: builtin(function) && namespace.to_u32() == pg_sys::PG_CATALOG_NAMESPACE,
                 extension: None,
                 type_support,
+                returns_nothing: [
+                    pg_sys::VOIDOID,
+                    pg_sys::TRIGGEROID,
+                    pg_sys::EVENT_TRIGGEROID,
+                    pg_sys::LANGUAGE_HANDLEROID,
+                    pg_sys::FDW_HANDLEROID,
+                    pg_sys::INDEX_AM_HANDLEROID,
+                    pg_sys::TABLE_AM_HANDLEROID,
+                    pg_sys::TSM_HANDLEROID,
+                ]
+                .contains(&(*form).prorettype),
                 owner: (*form).proowner,
                 aggregate: (*form).prokind as u8 == b'a',
                 event_trigger: (*form).prorettype == pg_sys::EVENT_TRIGGEROID,
@@ -101,6 +113,7 @@ impl FunctionFacts {
             builtin: self.builtin,
             extension: self.extension.as_deref(),
             type_support: self.type_support,
+            returns_nothing: self.returns_nothing,
         }
     }
 

@@ -24,6 +24,10 @@ pub struct Function<'a> {
     /// Takes or returns `cstring` or `internal`: a type's input, output or support function,
     /// which converts to or from any type it is told to (`domain_in('1', 'd'::regtype, -1)`).
     pub type_support: bool,
+    /// Returns no value (`void`, `trigger`, a handler): called for what it does, such as
+    /// `fmgr_sql_validator(oid)`, which analyses another role's function body (and so runs its
+    /// domains' CHECKs), or a language's validator.
+    pub returns_nothing: bool,
 }
 
 /// PostgreSQL's `provolatile` code for VOLATILE (the others are `i` and `s`).
@@ -239,6 +243,13 @@ pub fn refuse(f: &Function, allowed: &Allowed, allow_catalogs: bool) -> Option<S
     if named {
         return None;
     }
+    if f.returns_nothing {
+        return Some(
+            "it returns no value: it is called for what it does (a validator analyses or loads \
+             another function's code), and a query only reads"
+                .into(),
+        );
+    }
     if f.type_support {
         return Some(
             "it is a type's input, output or support function (it takes or returns cstring or \
@@ -330,6 +341,7 @@ mod tests {
             builtin: true,
             extension: None,
             type_support: false,
+            returns_nothing: false,
         }
     }
 
@@ -341,6 +353,7 @@ mod tests {
             builtin: false,
             extension,
             type_support: false,
+            returns_nothing: false,
         }
     }
 
@@ -488,6 +501,19 @@ mod tests {
             .contains("'extension:vector'"));
         assert!(refuse_support(&vector_in, &Allowed::parse("extension:vector").unwrap()).is_none());
         assert!(refuse_support(&builtin("pg_sleep", STABLE), &none()).is_some());
+    }
+
+    #[test]
+    fn a_function_that_returns_no_value_is_refused_unless_named() {
+        let validator = Function {
+            returns_nothing: true,
+            ..builtin("fmgr_sql_validator", STABLE)
+        };
+        assert!(refuse(&validator, &none(), true)
+            .unwrap()
+            .contains("returns no value"));
+        let allowed = Allowed::parse("pg_catalog.fmgr_sql_validator").unwrap();
+        assert!(refuse(&validator, &allowed, true).is_none());
     }
 
     #[test]

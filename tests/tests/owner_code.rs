@@ -780,6 +780,30 @@ fn parse_analysis_runs_no_code_in_nl_check_nl_example_add_or_nl_query() {
             .get(0);
     assert!(!superuser, "the attacker became a superuser");
 
+    // Nor through a built-in that analyses another role's function body: a SQL function
+    // whose body holds such a literal, created unchecked, and a model answer that validates it.
+    w.attacker_runs(
+        r#"SET check_function_bodies = off;
+         CREATE FUNCTION shared.f() RETURNS int LANGUAGE sql AS
+             $$ SELECT pg_catalog.cardinality('{"INSERT INTO shared.log VALUES (2)"}'::shared.sqltext[]) $$;
+         GRANT EXECUTE ON FUNCTION shared.f() TO PUBLIC;"#,
+    );
+    w.s.llm.on(
+        "validate it",
+        vec![Reply::sql("SELECT fmgr_sql_validator('shared.f'::regproc)")],
+    );
+    let error = v
+        .query_one("SELECT nl_query('validate it')::text", &[])
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "42501", "{message}");
+    assert!(message.contains("returns no value"), "{message}");
+    assert_eq!(
+        log_rows(&w),
+        0,
+        "the other role's function body was analysed"
+    );
+
     // Positive control: the literal, run directly, writes.
     v.batch_execute(write).unwrap();
     assert_eq!(log_rows(&w), 1);
