@@ -122,10 +122,13 @@ unsafe fn collect(node: *mut pg_sys::Node, reach: &mut Reach) {
                     &mut reach.types,
                 );
             }
+            // Locked as analysis will lock it, before its columns are read: a type changed
+            // while the query waited for the lock (an ALTER held uncommitted, then committed)
+            // is the type read here, not only the one analysis converts a literal to.
             pg_sys::NodeTag::T_RangeVar => {
                 let relation = pg_sys::RangeVarGetRelidExtended(
                     node.cast(),
-                    pg_sys::NoLock as pg_sys::LOCKMODE,
+                    pg_sys::AccessShareLock as pg_sys::LOCKMODE,
                     pg_sys::RVROption::RVR_MISSING_OK,
                     None,
                     std::ptr::null_mut(),

@@ -1485,3 +1485,65 @@ fn a_superusers_view_reading_another_roles_view_in_a_subquery_is_refused() {
         "{trace}"
     );
 }
+
+/// A column's type changed while the query waits for its table's lock: the guard reads the
+/// relations' column types (and their domains' CHECKs) only once it holds the lock analysis
+/// takes, so the types it checks are those analysis then converts the literal to. The
+/// attacker holds its table with the change uncommitted, and commits once the caller's query
+/// waits.
+#[test]
+fn a_column_type_committed_while_the_query_waits_for_the_table_is_seen() {
+    let w = World::new();
+    let victim = w.victim.clone();
+    // Built-ins only: no hook of PostgreSQL sees them run.
+    w.attacker_runs(&format!(
+        "CREATE DOMAIN shared.level AS int
+             CHECK (pg_catalog.pg_advisory_lock(4303)::text IS NOT NULL);
+         CREATE TABLE shared.readings (levels int[]);
+         GRANT SELECT ON shared.readings TO {victim};"
+    ));
+    w.s.llm.on(
+        "readings at level one",
+        vec![Reply::sql(
+            "SELECT levels FROM shared.readings WHERE levels = '{1}'",
+        )],
+    );
+    let mut v = w.connect(&victim);
+    v.batch_execute("SET sql_query_engine.sample_values = 0")
+        .unwrap();
+    let mut attacker = w.connect(&w.attacker);
+    attacker
+        .batch_execute("BEGIN; ALTER TABLE shared.readings ALTER levels TYPE shared.level[];")
+        .unwrap();
+    let database = w.s.database.clone();
+    let mut witness = Witness::hold(&w.s.database, &[4303]);
+    let (result, waited) = witness.waited(|| {
+        std::thread::scope(|scope| {
+            let committer = scope.spawn(move || {
+                let mut watcher = cluster().connect(&database);
+                let started = std::time::Instant::now();
+                loop {
+                    let waiting: i64 = watcher
+                        .query_one(
+                            "SELECT count(*) FROM pg_locks
+                             WHERE NOT granted AND relation = 'shared.readings'::regclass",
+                            &[],
+                        )
+                        .unwrap()
+                        .get(0);
+                    if waiting > 0 || started.elapsed() > std::time::Duration::from_secs(20) {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                attacker.batch_execute("COMMIT").unwrap();
+            });
+            let result = v.query_one("SELECT nl_query('readings at level one')::text", &[]);
+            committer.join().unwrap();
+            result
+        })
+    });
+    assert!(waited.is_empty(), "the domain's CHECK ran: {waited:?}");
+    let (code, message, _) = db_error(&result.expect_err("refused"));
+    assert_eq!(code, "42501", "{message}");
+}
