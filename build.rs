@@ -17,6 +17,8 @@ const ATTRIBUTES: &[(&str, &str)] = &[
     ("pg_aggregate", "aggtransfn"),
     ("pg_aggregate", "aggmfinalfn"),
     ("pg_aggregate", "aggsortop"),
+    ("pg_aggregate", "aggtranstype"),
+    ("pg_aggregate", "aggmtranstype"),
     ("pg_cast", "castfunc"),
     ("pg_range", "rngcanonical"),
     ("pg_range", "rngsubdiff"),

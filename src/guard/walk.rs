@@ -459,6 +459,18 @@ impl Walk {
                 clauses.push((*window).partitionClause);
                 clauses.push((*window).orderClause);
             }
+            // UNION, INTERSECT and EXCEPT compare their columns with these (PostgreSQL's own
+            // walker skips them).
+            let mut operations = vec![(*query).setOperations];
+            while let Some(node) = operations.pop() {
+                if node.is_null() || (*node).type_ != pg_sys::NodeTag::T_SetOperationStmt {
+                    continue;
+                }
+                let operation = node.cast::<pg_sys::SetOperationStmt>();
+                clauses.push((*operation).groupClauses);
+                operations.push((*operation).larg);
+                operations.push((*operation).rarg);
+            }
             for list in clauses {
                 for clause in PgList::<pg_sys::SortGroupClause>::from_pg(list).iter_ptr() {
                     for operator in [(*clause).sortop, (*clause).eqop] {
@@ -587,9 +599,12 @@ impl Walk {
             return true;
         }
         if facts.aggregate && !facts.builtin {
-            let (functions, sort_operator) = aggregate_support(function);
+            let (functions, sort_operator, states) = aggregate_support(function);
+            // The state types too: an initial state is converted with its type's input
+            // function (and a domain's CHECK) when the aggregate starts.
             return functions.into_iter().any(|f| self.check_function(f))
-                || sort_operator.is_some_and(|op| self.check_operator(op));
+                || sort_operator.is_some_and(|op| self.check_operator(op))
+                || states.into_iter().any(|t| self.check_type(t));
         }
         false
     }
@@ -646,8 +661,11 @@ unsafe extern "C-unwind" fn function_checker(function: pg_sys::Oid, context: *mu
 }
 
 /// The transition, final, combine, (de)serialisation and moving-aggregate functions of an
-/// aggregate, which run for it out of the tree's sight, and its sort operator.
-fn aggregate_support(aggregate: pg_sys::Oid) -> (Vec<pg_sys::Oid>, Option<pg_sys::Oid>) {
+/// aggregate, which run for it out of the tree's sight, its sort operator, and its state
+/// types (an initial state is converted with its type's input function when it starts).
+fn aggregate_support(
+    aggregate: pg_sys::Oid,
+) -> (Vec<pg_sys::Oid>, Option<pg_sys::Oid>, Vec<pg_sys::Oid>) {
     use crate::compat::numbers::*;
     // pg_aggregate's function columns, from aggtransfn to aggmfinalfn, and aggsortop.
     const SUPPORT_ATTRIBUTES: std::ops::RangeInclusive<i16> =
@@ -658,7 +676,7 @@ fn aggregate_support(aggregate: pg_sys::Oid) -> (Vec<pg_sys::Oid>, Option<pg_sys
     unsafe {
         let tuple = pg_sys::SearchSysCache1(cache, pg_sys::Datum::from(aggregate));
         if tuple.is_null() {
-            return (Vec::new(), None);
+            return (Vec::new(), None, Vec::new());
         }
         let oid_at = |attribute: i16| {
             let mut is_null = true;
@@ -666,10 +684,17 @@ fn aggregate_support(aggregate: pg_sys::Oid) -> (Vec<pg_sys::Oid>, Option<pg_sys
             let oid = pg_sys::Oid::from(datum.value() as u32);
             (!is_null && oid != pg_sys::InvalidOid).then_some(oid)
         };
+        let states = [
+            ANUM_PG_AGGREGATE_AGGTRANSTYPE,
+            ANUM_PG_AGGREGATE_AGGMTRANSTYPE,
+        ]
+        .into_iter()
+        .filter_map(oid_at)
+        .collect();
         let functions = SUPPORT_ATTRIBUTES.filter_map(oid_at).collect();
         let sort_operator = oid_at(SORT_OPERATOR);
         pg_sys::ReleaseSysCache(tuple);
-        (functions, sort_operator)
+        (functions, sort_operator, states)
     }
 }
 
