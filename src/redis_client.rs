@@ -77,6 +77,11 @@ where
                 return Err(("busy with an earlier call".to_string(), false))
             }
         };
+        // A kept connection the server has closed since (its idle timeout) or that holds
+        // bytes nobody asked for is left for a new one: nothing was sent on it.
+        if slot.as_ref().is_some_and(Connection::has_stray_bytes) {
+            *slot = None;
+        }
         if slot.is_none() {
             *slot = Some(Connection::open(&target, timeout).map_err(|e| (e.to_string(), true))?);
         }
@@ -266,18 +271,17 @@ fn connect_unix(path: &std::path::Path) -> io::Result<UnixStream> {
         *to = *from as libc::c_char;
     }
     // SAFETY: socket has no memory arguments; it returns a new descriptor or -1.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_UNIX,
-            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
-        )
-    };
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: a descriptor socket just opened, owned by nothing else (closed on every path).
     let stream = unsafe { UnixStream::from_raw_fd(fd) };
+    // SAFETY: sets the close-on-exec flag of the descriptor `stream` owns.
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    stream.set_nonblocking(true)?;
     // SAFETY: connects the descriptor to an address of its own size, which it only reads.
     let connected = unsafe {
         libc::connect(
@@ -672,13 +676,36 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("redis.sock");
         let _ = std::fs::remove_file(&path);
-        let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        // A listener with the smallest backlog (std's asks the system's largest).
+        let listener = {
+            use std::os::fd::{FromRawFd, OwnedFd};
+            use std::os::unix::ffi::OsStrExt;
+            // SAFETY: a new socket, bound to a path that fits sockaddr_un and set listening
+            // with a backlog of 0; the descriptor is owned by `listener` from here on.
+            unsafe {
+                let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+                assert!(fd >= 0);
+                let owned = OwnedFd::from_raw_fd(fd);
+                let mut address: libc::sockaddr_un = std::mem::zeroed();
+                address.sun_family = libc::AF_UNIX as libc::sa_family_t;
+                for (to, from) in address.sun_path.iter_mut().zip(path.as_os_str().as_bytes()) {
+                    *to = *from as libc::c_char;
+                }
+                let size = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+                assert_eq!(
+                    libc::bind(fd, (&address as *const libc::sockaddr_un).cast(), size),
+                    0
+                );
+                assert_eq!(libc::listen(fd, 0), 0);
+                owned
+            }
+        };
         let (done, result) = std::sync::mpsc::channel();
         let target = path.clone();
         std::thread::spawn(move || {
             // Connections nobody accepts fill the backlog; the one beyond it is refused.
             let mut kept = Vec::new();
-            let failed = (0..10_000).find_map(|_| match connect_unix(&target) {
+            let failed = (0..100).find_map(|_| match connect_unix(&target) {
                 Ok(stream) => {
                     kept.push(stream);
                     None
@@ -688,6 +715,7 @@ mod tests {
             let _ = done.send(failed.map(|e| e.kind()));
         });
         let failed = result.recv_timeout(Duration::from_secs(10));
+        drop(listener);
         let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(failed, Ok(Some(io::ErrorKind::WouldBlock)));
     }

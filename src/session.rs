@@ -253,9 +253,14 @@ pub fn record(session: &str, turn: Turn) -> Store {
             let key = memory_key(session);
             if !m.contains_key(&key) && m.len() >= MAX_MEMORY_SESSIONS {
                 // Bounded: a client that names a new session per request (a pooled connection
-                // serving many) does not grow the backend; one session is forgotten.
-                if let Some(other) = m.keys().next().cloned() {
-                    m.remove(&other);
+                // serving many) does not grow the backend; the least recently used session is
+                // forgotten.
+                let oldest = m
+                    .iter()
+                    .min_by_key(|(_, r)| r.updated)
+                    .map(|(key, _)| key.clone());
+                if let Some(oldest) = oldest {
+                    m.remove(&oldest);
                 }
             }
             let remembered = m.entry(key.clone()).or_default();
@@ -278,6 +283,24 @@ pub fn record(session: &str, turn: Turn) -> Store {
     } else {
         Store::Memory
     }
+}
+
+/// Whether the table has a row of `session` of the caller's (read in any transaction).
+fn in_table(session: &str) -> bool {
+    let Ok(schema) = store::extension_schema() else {
+        return false;
+    };
+    let sql = format!(
+        "SELECT EXISTS (SELECT FROM {schema}.nl_sessions WHERE role_id = $2 AND session = $1)"
+    );
+    store::read_best_effort("the session", |client| {
+        client
+            .select(&sql, Some(1), &[session.into(), role_id().into()])?
+            .first()
+            .get_one::<bool>()
+    })
+    .flatten()
+    .unwrap_or(false)
 }
 
 /// Keeps backend memory within `MAX_MEMORY_BYTES`: expired sessions go first, then the least
@@ -449,6 +472,10 @@ pub fn check_name(session: &str) -> crate::error::Result<()> {
 /// is named in a WARNING (its turns are still there: reset again once it answers).
 pub fn reset(session: &str) {
     let mut kept = Vec::new();
+    if !store::writable() && !redis_client::configured() && in_table(session) {
+        // The next call that can write reads them from the table again.
+        kept.push("the nl_sessions table (this transaction cannot write)");
+    }
     if store::writable() {
         if let Ok(schema) = store::extension_schema() {
             let sql =

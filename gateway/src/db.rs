@@ -489,7 +489,11 @@ async fn reaching_role(client: &Client) -> Result<Option<String>, tokio_postgres
         &[],
     )
     .await?;
-    Ok(rows.first().and_then(|row| row.try_get(0).ok()))
+    // A role whose name cannot be read (bytes that are no UTF-8) reaches as far all the same.
+    Ok(rows.first().map(|row| {
+        row.try_get(0)
+            .unwrap_or_else(|_| "a role whose name cannot be read".to_string())
+    }))
 }
 
 impl Db {
@@ -679,14 +683,21 @@ impl Db {
             }
             let rows =
                 pinned_query(&conn.client, RISKY_ROLES_SQL, &[(&roles, Type::TEXT_ARRAY)]).await?;
-            Ok::<_, tokio_postgres::Error>(Ok(rows
-                .iter()
-                .filter_map(|row| {
-                    let role: String = row.try_get(0).ok()?;
-                    let why: String = row.try_get::<_, Option<String>>(1).ok()??;
-                    Some((role, why))
-                })
-                .collect()))
+            // A row that cannot be read (a name in bytes that are no UTF-8) is a refusal, never
+            // a role let through.
+            let mut risky = Vec::new();
+            for row in &rows {
+                let role: String = row.try_get(0).map_err(unreadable)?;
+                match row.try_get::<_, Option<String>>(1) {
+                    Ok(Some(why)) => risky.push((role, why)),
+                    Ok(None) => {}
+                    Err(_) => risky.push((
+                        role,
+                        "what it may do names an object whose name cannot be read".to_string(),
+                    )),
+                }
+            }
+            Ok::<_, DbError>(Ok(risky))
         }
         .await;
         guard.disarm();
@@ -812,7 +823,11 @@ fn unreadable(e: impl std::fmt::Display) -> DbError {
         sqlstate: "54001".to_string(),
         message: format!("the answer could not be passed on: {e}"),
         detail: None,
-        hint: Some("A value in it may be nested too deeply; ask for it another way.".to_string()),
+        hint: Some(
+            "A value in it may be missing, of another type, or nested too deeply; ask for it \
+             another way."
+                .to_string(),
+        ),
     }
 }
 

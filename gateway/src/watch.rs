@@ -306,6 +306,13 @@ pub async fn serve(
 /// How often a connection is looked at for a client that has closed it.
 const CLOSE_CHECK: Duration = Duration::from_millis(500);
 
+/// The event of a peer that closed its side (Linux's POLLRDHUP; elsewhere only a full hang-up
+/// is seen).
+#[cfg(target_os = "linux")]
+const PEER_CLOSED: libc::c_short = libc::POLLRDHUP;
+#[cfg(not(target_os = "linux"))]
+const PEER_CLOSED: libc::c_short = libc::POLLHUP;
+
 /// Fires `gone` when the client closes its side of the connection. hyper notices a close while
 /// a response is pending only when it has nothing of the client's buffered: a byte sent after
 /// the body (a pipelined request, or just one) would keep a closed connection's question
@@ -324,13 +331,16 @@ fn watch_for_close(stream: &TcpStream, gone: CancellationToken) {
             }
             let mut watched = libc::pollfd {
                 fd,
-                events: libc::POLLRDHUP,
+                events: PEER_CLOSED,
                 revents: 0,
             };
-            // SAFETY: polls one pollfd on the stack, without waiting, for a descriptor the
-            // connection owns until it fires `gone` (checked just above).
+            // SAFETY: polls one pollfd on the stack, without waiting. The descriptor is the
+            // connection's until it is dropped, which fires `gone` before it closes the
+            // socket; a drop between the check above and this poll may leave a closed
+            // descriptor (POLLNVAL, not looked at) or one reused since, whose close can only
+            // fire this token again, which changes nothing.
             let ready = unsafe { libc::poll(&mut watched, 1, 0) };
-            let closed = libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR;
+            let closed = PEER_CLOSED | libc::POLLHUP | libc::POLLERR;
             if ready > 0 && watched.revents & closed != 0 {
                 gone.cancel();
                 return;

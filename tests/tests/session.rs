@@ -997,3 +997,29 @@ fn a_session_reset_on_one_connection_is_not_undone_by_anothers_memory() {
         "a reset turn came back: {asked}"
     );
 }
+
+/// A reset in a transaction that cannot write leaves the turns in `nl_sessions`, which the next
+/// call that can write reads again: it says so.
+#[test]
+fn a_reset_the_table_cannot_take_says_so() {
+    let notices = Arc::new(Mutex::new(Vec::new()));
+    let mut s = Session::with_notices(Arc::clone(&notices));
+    ask_in(&mut s, "kept", "a question to remember", "SELECT 1 AS one");
+    s.client
+        .batch_execute("BEGIN READ ONLY; SELECT nl_session_reset('kept'); COMMIT;")
+        .unwrap();
+    let told = notices.lock().unwrap().clone();
+    assert!(
+        told.iter()
+            .any(|n| n.starts_with("WARNING") && n.contains("nl_sessions table")),
+        "{told:?}"
+    );
+    // In a transaction that can write, it is forgotten, silently.
+    notices.lock().unwrap().clear();
+    s.client
+        .batch_execute("SELECT nl_session_reset('kept')")
+        .unwrap();
+    assert!(notices.lock().unwrap().is_empty());
+    let kept: i64 = s.scalar_i64("SELECT count(*) FROM nl_sessions WHERE session = 'kept'");
+    assert_eq!(kept, 0);
+}
