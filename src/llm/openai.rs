@@ -132,7 +132,7 @@ impl OpenAiClient {
     fn failure(&self, cause: String, fault: Fault) -> Error {
         let mut cause = redact(&cause, &self.base_url);
         if let Some(key) = self.api_key.as_deref() {
-            cause = cause.replace(key, "[api key]");
+            cause = without_key(&cause, key);
         }
         Error::Llm {
             endpoint: self.endpoint(),
@@ -406,7 +406,9 @@ impl OpenAiClient {
                 continue;
             }
             let retryable = retry && (code == 429 || (500..600).contains(&code));
-            let pause = retry_after.unwrap_or(backoff);
+            // An endpoint's Retry-After, but never less than the backoff: `Retry-After: 0`
+            // would have the same prompt sent again and again until the deadline.
+            let pause = retry_after.map_or(backoff, |after| after.max(backoff));
             let resume = Instant::now().checked_add(pause);
             if !retryable || pause > MAX_RETRY_AFTER || resume.is_none_or(|r| r >= deadline) {
                 let cause = status_cause(code, &text);
@@ -557,6 +559,46 @@ fn describe(error: &ureq::Error) -> String {
     }
 }
 
+/// `cause` without the key: whole, or cut short where the provider's words were cut (an
+/// endpoint or proxy that echoes the request's headers), and without any bearer token.
+fn without_key(cause: &str, key: &str) -> String {
+    const SHOWN: &str = "[api key]";
+    // Whatever follows "Bearer " is a token, the key's or another's.
+    let mut out = String::with_capacity(cause.len());
+    let mut rest = cause;
+    while let Some(at) = rest.find("Bearer ") {
+        let after = at + "Bearer ".len();
+        out.push_str(&rest[..after]);
+        out.push_str("[token]");
+        let token = rest[after..]
+            .find(|c: char| c.is_whitespace() || c == '"' || c == '\'' || c == ',')
+            .unwrap_or(rest.len() - after);
+        rest = &rest[after + token..];
+    }
+    out.push_str(rest);
+    let out = out.replace(key, SHOWN);
+    // A piece of the key of 8 characters or more, from its start (where a cut left it).
+    let head: String = key.chars().take(8).collect();
+    if head.chars().count() < 8 {
+        return out;
+    }
+    let mut masked = String::with_capacity(out.len());
+    let mut rest = out.as_str();
+    while let Some(at) = rest.find(&head) {
+        let length: usize = rest[at..]
+            .chars()
+            .zip(key.chars())
+            .take_while(|(a, b)| a == b)
+            .map(|(a, _)| a.len_utf8())
+            .sum();
+        masked.push_str(&rest[..at]);
+        masked.push_str(SHOWN);
+        rest = &rest[at + length..];
+    }
+    masked.push_str(rest);
+    masked
+}
+
 /// Characters of a provider's own words kept in an error (it goes into messages, the log and
 /// every attempt of the trace).
 const MAX_CAUSE_CHARS: usize = 500;
@@ -566,7 +608,8 @@ const MAX_CAUSE_CHARS: usize = 500;
 fn status_cause(code: u16, body: &str) -> String {
     if code == 401 || code == 403 {
         return format!(
-            "HTTP {code}: the endpoint refused the credentials (sql_query_engine.llm_api_key)"
+            "HTTP {code}: the endpoint refused the credentials (the key of \
+             sql_query_engine.llm_api_key_file)"
         );
     }
     let message = serde_json::from_str::<Value>(body)
@@ -770,6 +813,25 @@ fn parse_completion(body: &str) -> std::result::Result<Completion, String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_error_never_shows_the_key_whole_cut_or_as_a_token() {
+        let key = "sk-proj-0123456789abcdefghijklmnopqrstuvwxyz";
+        let cut = &key[..30];
+        let said = without_key(
+            &format!(
+                "HTTP 400: {{\"headers\":{{\"authorization\":\"Bearer {key}\"}}, \"echo\": \"{cut}"
+            ),
+            key,
+        );
+        assert!(!said.contains("0123456789"), "{said}");
+        assert!(said.contains("Bearer [token]"), "{said}");
+        assert_eq!(
+            without_key(&format!("bad key {cut}"), key),
+            "bad key [api key]"
+        );
+        assert_eq!(without_key("HTTP 500: busy", key), "HTTP 500: busy");
+    }
+
     use super::*;
 
     #[test]
