@@ -17,6 +17,14 @@ GRANT SELECT ON @extschema@.nl_schema_changes TO PUBLIC;
 CREATE FUNCTION @extschema@.nl_schema_changed() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+    -- A comment on a temporary object is in no one else's schema: any role may make temporary
+    -- tables, and would otherwise have every backend's schema cache built again at will (its
+    -- schema is named pg_temp here; no other schema's name may begin with pg_).
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_event_trigger_ddl_commands() c
+                   WHERE c.schema_name IS NULL
+                      OR c.schema_name NOT LIKE 'pg\_temp%') THEN
+        RETURN;
+    END IF;
     -- One row per transaction (its conflict check takes no predicate lock).
     INSERT INTO @extschema@.nl_schema_changes DEFAULT VALUES ON CONFLICT (xid) DO NOTHING;
     IF pg_catalog.current_setting('transaction_isolation') <> 'serializable' THEN

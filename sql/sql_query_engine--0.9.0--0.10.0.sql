@@ -65,3 +65,43 @@ CREATE TRIGGER nl_feedback_example BEFORE INSERT ON @extschema@.nl_feedback
 ALTER POLICY own_sessions ON @extschema@.nl_sessions
     WITH CHECK (role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid
                 AND role = current_user AND updated_at = pg_catalog.now());
+
+-- A comment on a temporary object no longer counts as a change of the schema: any role may
+-- make temporary tables, and commenting on one in a loop had every backend's schema cache built
+-- again at each question.
+CREATE OR REPLACE FUNCTION @extschema@.nl_schema_changed() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    -- A comment on a temporary object is in no one else's schema: any role may make temporary
+    -- tables, and would otherwise have every backend's schema cache built again at will (its
+    -- schema is named pg_temp here; no other schema's name may begin with pg_).
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_event_trigger_ddl_commands() c
+                   WHERE c.schema_name IS NULL
+                      OR c.schema_name NOT LIKE 'pg\_temp%') THEN
+        RETURN;
+    END IF;
+    -- One row per transaction (its conflict check takes no predicate lock).
+    INSERT INTO @extschema@.nl_schema_changes DEFAULT VALUES ON CONFLICT (xid) DO NOTHING;
+    IF pg_catalog.current_setting('transaction_isolation') <> 'serializable' THEN
+        IF (SELECT count(*) FROM @extschema@.nl_schema_changes) > 100 THEN
+            -- A fold that fails (rows a concurrent one folded, under REPEATABLE READ) leaves
+            -- the count as it is, this transaction's row included.
+            BEGIN
+                WITH folded AS (
+                    DELETE FROM @extschema@.nl_schema_changes
+                    WHERE xid IN (SELECT xid FROM @extschema@.nl_schema_changes
+                                  WHERE xid <> pg_current_xact_id()
+                                  ORDER BY xid LIMIT 100 FOR UPDATE SKIP LOCKED)
+                    RETURNING changes)
+                UPDATE @extschema@.nl_schema_changes
+                SET changes = changes + (SELECT coalesce(sum(changes), 0) FROM folded)
+                WHERE xid = pg_current_xact_id();
+            EXCEPTION WHEN OTHERS THEN
+                NULL;
+            END;
+        END IF;
+    END IF;
+EXCEPTION WHEN OTHERS THEN
+    NULL;
+END
+$$;
