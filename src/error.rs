@@ -30,6 +30,7 @@ impl SqlState {
     pub const STATEMENT_TOO_COMPLEX: SqlState = SqlState(*b"54001");
     pub const PROGRAM_LIMIT_EXCEEDED: SqlState = SqlState(*b"54000");
     pub const OBJECT_NOT_IN_PREREQUISITE_STATE: SqlState = SqlState(*b"55000");
+    pub const OBJECT_IN_USE: SqlState = SqlState(*b"55006");
     pub const SYSTEM_ERROR: SqlState = SqlState(*b"58000");
     pub const INTERNAL_ERROR: SqlState = SqlState(*b"XX000");
     /// ambiguous_parameter: the question (the call's parameter) is too doubtful to answer

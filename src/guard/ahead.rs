@@ -10,9 +10,14 @@
 //! or operator it calls (every candidate of the name, as analysis may choose any; and the type
 //! of that name, as a call of a type's name with one literal is a cast), or an array
 //! of one of those (`ARRAY[c] || '{1}'`, `COALESCE(ARRAY[c], '{1}')`). Found by name exactly as
-//! analysis will find them, without locks and without running anything. Only a string literal
-//! is converted by a type's input code (a number or NULL is not): a statement without one
-//! needs no look-up.
+//! analysis will find them, without running anything. Only a string literal is converted by a
+//! type's input code (a number or NULL is not): a statement without one needs no look-up.
+//!
+//! The relations the statement names are locked as analysis will lock them, and the walk is
+//! made again until one of them waited for no change: another role could otherwise hold a
+//! table locked while it committed a change (a column's new type, a type or table of the same
+//! name earlier on the search path) after the walk read the names it shadows, and before
+//! analysis looked them up again.
 
 use std::collections::HashSet;
 use std::ffi::c_void;
@@ -24,6 +29,10 @@ use super::facts::builtin;
 
 /// Types collected per statement, at most: past that, the statement is refused as too complex.
 pub const MAX_TYPES: usize = 4096;
+
+/// Walks of a statement whose locks brought changes: past that (the schema changing under the
+/// statement again and again), it is refused as too complex.
+const MAX_WALKS: usize = 4;
 
 /// The comparison operators analysis uses where the statement names none (`CASE x WHEN`,
 /// `IN`, `DISTINCT`): their candidates are in reach too.
@@ -47,26 +56,51 @@ struct Types {
     seen: HashSet<pg_sys::Oid>,
 }
 
+/// Why the types in reach of a statement's literals could not be known.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Unknown {
+    /// More than `MAX_TYPES`.
+    TooManyTypes,
+    /// The relations it names changed under every one of `MAX_WALKS` walks.
+    KeptChanging,
+}
+
 /// The types in reach of the string literals of `statement` (a raw statement from
-/// `raw_parser`), none when it has no string literal, `None` when there are more than
-/// `MAX_TYPES`.
+/// `raw_parser`), none when it has no string literal.
 ///
 /// # Safety
 /// `statement` is a raw parse tree of the current memory context.
-pub unsafe fn types_in_reach(statement: *mut pg_sys::Node) -> Option<Vec<pg_sys::Oid>> {
-    let mut reach = Reach::default();
+pub unsafe fn types_in_reach(statement: *mut pg_sys::Node) -> Result<Vec<pg_sys::Oid>, Unknown> {
+    let mut reach;
     // SAFETY: the caller's contract; through PostgreSQL's raw walker (the statement as a
-    // one-element list, so that the walker sees it too); catalog look-ups by name that take no
-    // lock and run nothing.
+    // one-element list, so that the walker sees it too); catalog look-ups by name that run
+    // nothing, and locks on the relations named, which analysis takes too (held until the
+    // sandbox's subtransaction ends).
     unsafe {
         let list = pg_sys::lappend(std::ptr::null_mut(), statement.cast());
-        pg_sys::raw_expression_tree_walker(
-            list.cast(),
-            Some(collector),
-            (&mut reach as *mut Reach).cast(),
-        );
+        let mut walks = 0;
+        loop {
+            // A lock a walk waited for brings the changes committed meanwhile (invalidation
+            // messages): then what it read may be stale, and it is read again, now that every
+            // relation it named is locked. A walk that waited for nothing read what analysis
+            // will read.
+            let before = pg_sys::SharedInvalidMessageCounter;
+            reach = Reach::default();
+            pg_sys::raw_expression_tree_walker(
+                list.cast(),
+                Some(collector),
+                (&mut reach as *mut Reach).cast(),
+            );
+            walks += 1;
+            if pg_sys::SharedInvalidMessageCounter == before {
+                break;
+            }
+            if walks >= MAX_WALKS {
+                return Err(Unknown::KeptChanging);
+            }
+        }
         if !reach.literal {
-            return Some(Vec::new());
+            return Ok(Vec::new());
         }
         for name in IMPLIED_OPERATORS {
             let names = pg_sys::lappend(
@@ -76,7 +110,10 @@ pub unsafe fn types_in_reach(statement: *mut pg_sys::Node) -> Option<Vec<pg_sys:
             operators(names, &mut reach);
         }
     }
-    (!reach.overflow && reach.types.list.len() <= MAX_TYPES).then_some(reach.types.list)
+    if reach.overflow || reach.types.list.len() > MAX_TYPES {
+        return Err(Unknown::TooManyTypes);
+    }
+    Ok(reach.types.list)
 }
 
 #[pgrx::pg_guard]

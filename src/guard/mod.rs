@@ -195,11 +195,15 @@ fn literals_refusal(
     trusted: Option<&Trusted>,
 ) -> Result<(), Refusal> {
     // SAFETY: the caller gives a raw statement.
-    let reach = unsafe { ahead::types_in_reach(statement) }.ok_or_else(|| {
-        Refusal::read(
+    let reach = unsafe { ahead::types_in_reach(statement) }.map_err(|unknown| match unknown {
+        ahead::Unknown::TooManyTypes => Refusal::read(
             SqlState::STATEMENT_TOO_COMPLEX,
             "the query names too many types to be checked".into(),
-        )
+        ),
+        ahead::Unknown::KeptChanging => Refusal::read(
+            SqlState::OBJECT_IN_USE,
+            "the tables the query names kept changing while it was checked; ask again".into(),
+        ),
     })?;
     walk::literals_refusal(&reach, allowed, trusted)
 }

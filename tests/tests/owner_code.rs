@@ -1610,3 +1610,75 @@ fn a_set_operations_comparison_is_checked_like_a_sorts() {
     let (code, message, _) = db_error(&result.expect_err("refused"));
     assert_eq!(code, "42501", "{message}");
 }
+
+/// A table of the same name made earlier on the caller's search path while the query waits
+/// for another table's lock: the guard reads the names again once the lock came with changes,
+/// so the table analysis will read is the one whose types are checked.
+#[test]
+fn a_table_that_shadows_a_name_while_the_query_waits_is_seen() {
+    let mut w = World::new();
+    let victim = w.victim.clone();
+    w.s.client
+        .batch_execute(&format!(
+            "CREATE TABLE public.levels (levels int[]);
+             GRANT SELECT ON public.levels TO {victim};"
+        ))
+        .unwrap();
+    w.attacker_runs(&format!(
+        "CREATE DOMAIN shared.level AS int
+             CHECK (pg_catalog.pg_advisory_lock(4305)::text IS NOT NULL);
+         CREATE TABLE shared.readings (n int);
+         GRANT SELECT ON shared.readings TO {victim};"
+    ));
+    w.s.llm.on(
+        "levels at one",
+        vec![Reply::sql(
+            "SELECT l.levels FROM levels l, shared.readings r WHERE l.levels = '{1}'",
+        )],
+    );
+    let mut v = w.connect(&victim);
+    v.batch_execute("SET sql_query_engine.sample_values = 0; SET search_path = shared, public")
+        .unwrap();
+    let mut attacker = w.connect(&w.attacker);
+    attacker
+        .batch_execute(&format!(
+            "BEGIN; LOCK TABLE shared.readings IN ACCESS EXCLUSIVE MODE;
+             CREATE TABLE shared.levels (levels shared.level[]);
+             GRANT SELECT ON shared.levels TO {victim};"
+        ))
+        .unwrap();
+    let database = w.s.database.clone();
+    let mut witness = Witness::hold(&w.s.database, &[4305]);
+    let (result, waited) = witness.waited(|| {
+        std::thread::scope(|scope| {
+            let committer = scope.spawn(move || {
+                let mut watcher = cluster().connect(&database);
+                let started = std::time::Instant::now();
+                loop {
+                    let waiting: i64 = watcher
+                        .query_one(
+                            "SELECT count(*) FROM pg_locks
+                             WHERE NOT granted AND relation = 'shared.readings'::regclass",
+                            &[],
+                        )
+                        .unwrap()
+                        .get(0);
+                    if waiting > 0 || started.elapsed() > std::time::Duration::from_secs(20) {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                attacker.batch_execute("COMMIT").unwrap();
+            });
+            let result = v.query_one("SELECT nl_query('levels at one')::text", &[]);
+            committer.join().unwrap();
+            result
+        })
+    });
+    assert!(
+        waited.is_empty(),
+        "the shadowing table's domain CHECK ran: {waited:?}"
+    );
+    let (code, message, _) = db_error(&result.expect_err("refused"));
+    assert_eq!(code, "42501", "{message}");
+}
