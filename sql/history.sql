@@ -41,11 +41,11 @@ SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_history', '');
 -- row tells which cluster's OID it holds: a copy of a cluster's files (a base backup, a
 -- snapshot) shares its system identifier and hands out the same OIDs to other roles. A row a
 -- role writes itself is under its own OID and name (the policy's check), which this leaves as
--- they are. pg_get_userbyid and to_regrole need no right on pg_roles.
+-- they are. to_regrole needs no right on pg_roles.
 CREATE FUNCTION @extschema@.nl_row_role() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    IF NEW.role_id <> 0 AND pg_catalog.pg_get_userbyid(NEW.role_id) <> NEW.role THEN
+    IF NEW.role_id <> 0 THEN
         NEW.role_id := coalesce(
             pg_catalog.to_regrole(pg_catalog.quote_ident(NEW.role))::pg_catalog.oid, 0);
     END IF;

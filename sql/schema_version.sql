@@ -18,11 +18,11 @@ CREATE FUNCTION @extschema@.nl_schema_changed() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     -- A comment on a temporary object is in no one else's schema: any role may make temporary
-    -- tables, and would otherwise have every backend's schema cache built again at will (its
-    -- schema is named pg_temp here; no other schema's name may begin with pg_).
+    -- tables, and would otherwise have every backend's schema cache built again at will (the
+    -- session's temporary schema is named pg_temp here).
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_event_trigger_ddl_commands() c
                    WHERE c.schema_name IS NULL
-                      OR c.schema_name NOT LIKE 'pg\_temp%') THEN
+                      OR c.schema_name <> 'pg_temp') THEN
         RETURN;
     END IF;
     -- One row per transaction (its conflict check takes no predicate lock).

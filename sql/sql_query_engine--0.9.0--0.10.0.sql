@@ -10,7 +10,7 @@
 CREATE FUNCTION @extschema@.nl_row_role() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    IF NEW.role_id <> 0 AND pg_catalog.pg_get_userbyid(NEW.role_id) <> NEW.role THEN
+    IF NEW.role_id <> 0 THEN
         NEW.role_id := coalesce(
             pg_catalog.to_regrole(pg_catalog.quote_ident(NEW.role))::pg_catalog.oid, 0);
     END IF;
@@ -73,11 +73,11 @@ CREATE OR REPLACE FUNCTION @extschema@.nl_schema_changed() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     -- A comment on a temporary object is in no one else's schema: any role may make temporary
-    -- tables, and would otherwise have every backend's schema cache built again at will (its
-    -- schema is named pg_temp here; no other schema's name may begin with pg_).
+    -- tables, and would otherwise have every backend's schema cache built again at will (the
+    -- session's temporary schema is named pg_temp here).
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_event_trigger_ddl_commands() c
                    WHERE c.schema_name IS NULL
-                      OR c.schema_name NOT LIKE 'pg\_temp%') THEN
+                      OR c.schema_name <> 'pg_temp') THEN
         RETURN;
     END IF;
     -- One row per transaction (its conflict check takes no predicate lock).

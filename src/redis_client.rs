@@ -270,8 +270,14 @@ fn connect_unix(path: &std::path::Path) -> io::Result<UnixStream> {
     for (to, from) in address.sun_path.iter_mut().zip(bytes) {
         *to = *from as libc::c_char;
     }
+    // Close-on-exec from the start where the system can (a fork between two calls would
+    // otherwise inherit it).
+    #[cfg(target_os = "linux")]
+    let flags = libc::SOCK_CLOEXEC;
+    #[cfg(not(target_os = "linux"))]
+    let flags = 0;
     // SAFETY: socket has no memory arguments; it returns a new descriptor or -1.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) };
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | flags, 0) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -375,8 +381,16 @@ impl Connection {
                 libc::MSG_PEEK | libc::MSG_DONTWAIT,
             )
         };
-        // A byte waiting, or the peer gone (0): either way not a connection to ask.
-        peeked >= 0
+        // A byte waiting, the peer gone (0) or the connection broken (an error other than
+        // "nothing to read now"): not a connection to ask.
+        if peeked >= 0 {
+            return true;
+        }
+        let error = io::Error::last_os_error().kind();
+        !matches!(
+            error,
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+        )
     }
 
     /// Reads one reply whole, as its bytes, taking them from `budget`.

@@ -140,9 +140,15 @@ static TRUSTED_OWNERS: GucSetting<Option<std::ffi::CString>> =
 pub fn init() {
     // Values set before the library loaded are checked while it defines its settings, as
     // whoever loads it: a role's, under a superuser's SECURITY DEFINER function.
+    struct Loading;
+    impl Drop for Loading {
+        fn drop(&mut self) {
+            LOADING.store(false, Ordering::Relaxed);
+        }
+    }
     LOADING.store(true, Ordering::Relaxed);
+    let _loading = Loading;
     define();
-    LOADING.store(false, Ordering::Relaxed);
 }
 
 /// Whether the library is defining its settings (`init`).
@@ -754,16 +760,13 @@ impl Ceiling {
         }
         let ceiling = self.value.load(Ordering::Relaxed);
         // While the library loads, the current user is whoever loads it (a superuser's
-        // SECURITY DEFINER function, in a role's session): the session's user decides.
+        // SECURITY DEFINER function, in a role's session): the session's user must be one
+        // too, and the current one (a superuser's session after SET ROLE).
         let loading = LOADING.load(Ordering::Relaxed);
         // SAFETY: a check hook runs in a backend, where the current and session users are
         // known.
         let superuser = unsafe {
-            if loading {
-                pg_sys::superuser_arg(pg_sys::GetSessionUserId())
-            } else {
-                pg_sys::superuser()
-            }
+            pg_sys::superuser() && (!loading || pg_sys::superuser_arg(pg_sys::GetSessionUserId()))
         };
         if *value <= ceiling || superuser {
             return true;

@@ -134,6 +134,10 @@ impl OpenAiClient {
         if let Some(key) = self.api_key.as_deref() {
             cause = without_key(&cause, key);
         }
+        // Cut only now that the key is out: a cut inside it would have left a piece.
+        if cause.chars().count() > MAX_CAUSE_CHARS {
+            cause = cause.chars().take(MAX_CAUSE_CHARS).collect::<String>() + "…";
+        }
         Error::Llm {
             endpoint: self.endpoint(),
             cause,
@@ -563,19 +567,27 @@ fn describe(error: &ureq::Error) -> String {
 /// endpoint or proxy that echoes the request's headers), and without any bearer token.
 fn without_key(cause: &str, key: &str) -> String {
     const SHOWN: &str = "[api key]";
-    // Whatever follows "Bearer " is a token, the key's or another's.
+    // Whatever follows "Bearer" (in any case) and blank space is a token, the key's or
+    // another's. ASCII lower case keeps every byte's position.
+    let lower = cause.to_ascii_lowercase();
     let mut out = String::with_capacity(cause.len());
-    let mut rest = cause;
-    while let Some(at) = rest.find("Bearer ") {
-        let after = at + "Bearer ".len();
-        out.push_str(&rest[..after]);
-        out.push_str("[token]");
-        let token = rest[after..]
-            .find(|c: char| c.is_whitespace() || c == '"' || c == '\'' || c == ',')
-            .unwrap_or(rest.len() - after);
-        rest = &rest[after + token..];
+    let mut from = 0;
+    while let Some(at) = lower[from..].find("bearer").map(|at| from + at) {
+        let word = at + "bearer".len();
+        let blank = cause[word..]
+            .find(|c: char| !c.is_whitespace())
+            .unwrap_or(cause.len() - word);
+        let after = word + blank;
+        out.push_str(&cause[from..after]);
+        from = after;
+        if blank > 0 {
+            out.push_str("[token]");
+            from += cause[after..]
+                .find(|c: char| c.is_whitespace() || c == '"' || c == '\'' || c == ',')
+                .unwrap_or(cause.len() - after);
+        }
     }
-    out.push_str(rest);
+    out.push_str(&cause[from..]);
     let out = out.replace(key, SHOWN);
     // A piece of the key of 8 characters or more, from its start (where a cut left it).
     let head: String = key.chars().take(8).collect();
@@ -619,9 +631,9 @@ fn status_cause(code: u16, body: &str) -> String {
                 .or_else(|| v.get("error"))
                 .or_else(|| v.get("message"))
                 .and_then(Value::as_str)
-                .map(|m| m.chars().take(MAX_CAUSE_CHARS).collect::<String>())
+                .map(str::to_string)
         })
-        .unwrap_or_else(|| body.chars().take(200).collect());
+        .unwrap_or_else(|| body.to_string());
     let message = message.trim();
     if message.is_empty() {
         format!("HTTP {code}")
@@ -678,10 +690,7 @@ fn read_stream(mut reader: impl std::io::BufRead, limit: u64) -> (Vec<Completion
                 .get("message")
                 .and_then(Value::as_str)
                 .map_or_else(|| error.to_string(), str::to_string);
-            let cause = format!(
-                "the stream ended on an error: {}",
-                message.chars().take(200).collect::<String>()
-            );
+            let cause = format!("the stream ended on an error: {message}");
             let server_side = error
                 .get("code")
                 .and_then(Value::as_u64)
@@ -749,10 +758,8 @@ fn is_completion(body: &str) -> bool {
 /// The assistants' texts (at most `n`, at least one) and token counts from a chat-completion
 /// body; the counts go with the first.
 fn parse_completions(body: &str, n: usize) -> std::result::Result<Vec<Completion>, String> {
-    let value: Value = serde_json::from_str(body).map_err(|_| {
-        let start: String = body.chars().take(120).collect();
-        format!("the answer is not JSON: {start:?}")
-    })?;
+    let value: Value =
+        serde_json::from_str(body).map_err(|_| format!("the answer is not JSON: {body:?}"))?;
     let choices = value
         .get("choices")
         .and_then(Value::as_array)
@@ -830,6 +837,11 @@ mod tests {
             "bad key [api key]"
         );
         assert_eq!(without_key("HTTP 500: busy", key), "HTTP 500: busy");
+        assert_eq!(
+            without_key("authorization: bearer\tabc123, other", key),
+            "authorization: bearer\t[token], other"
+        );
+        assert_eq!(without_key("bearers and Bearer", key), "bearers and Bearer");
     }
 
     use super::*;

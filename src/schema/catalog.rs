@@ -58,17 +58,18 @@ pub struct Relation {
     /// is attached or detached.
     #[serde(default)]
     pub filenode: u32,
-    /// A partitioned table's partitions that hold rows (0 for any other relation).
+    /// The locks a read of it on the extension's own takes: the relation, its indexes, and a
+    /// partitioned table's partitions (at every level) and theirs.
     #[serde(default)]
-    pub leaves: u32,
-    /// Whether one of a partitioned table's partitions is a foreign table.
+    pub locks: u32,
+    /// Whether one of its partitions or inheritance children (at any level) is a foreign table.
     #[serde(default)]
-    pub foreign_leaves: bool,
+    pub foreign_parts: bool,
 }
 
-/// Partitions a read of a partitioned table on the extension's own may lock: each is a lock of
-/// the caller's transaction, and the server's lock table is shared and bounded.
-const MAX_OWN_READ_PARTITIONS: u32 = 256;
+/// Locks a read on the extension's own may take: each is a lock of the caller's transaction,
+/// and the server's lock table is shared and bounded.
+const MAX_OWN_READ_LOCKS: u32 = 256;
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Default)]
 pub struct Column {
@@ -127,20 +128,19 @@ pub struct ForeignKey {
 impl Relation {
     /// Where the extension may read this relation on its own (schema samples, the value
     /// index), so that the read runs no code: plain tables without their inheritance children
-    /// (`ONLY`), materialized views, and partitioned tables whole, of at most
-    /// `MAX_OWN_READ_PARTITIONS` partitions and none foreign; never views (their owner's
+    /// (`ONLY`), materialized views, and partitioned tables whole, none foreign, each read
+    /// taking at most `MAX_OWN_READ_LOCKS` locks; never views (their owner's
     /// functions), foreign tables (a read connects elsewhere) or relations where row-level
     /// security applies to the caller (its policies are their owner's code). The guard checks
     /// again when it reads (`guard::Origin::Own`).
     pub fn own_read_from(&self) -> Option<String> {
         let qualified = format!("{}.{}", self.schema, self.name);
+        if self.locks > MAX_OWN_READ_LOCKS {
+            return None;
+        }
         let from = match self.kind.as_str() {
             "table" | "materialized view" => format!("ONLY {qualified}"),
-            "partitioned table"
-                if self.leaves <= MAX_OWN_READ_PARTITIONS && !self.foreign_leaves =>
-            {
-                qualified
-            }
+            "partitioned table" if !self.foreign_parts => qualified,
             _ => return None,
         };
         // SAFETY: a catalog look-up of a relation the caller may read.
@@ -178,9 +178,9 @@ const MAX_STATISTIC_CHARS: i32 = 81;
 const MAX_STATISTICS_PER_COLUMN: i32 = 200;
 /// Statistics values read in all.
 const MAX_STATISTICS: i64 = 200_000;
-/// Bytes of a column's statistics array that are turned into text (the default statistics
-/// target's 100 values of up to a kilobyte each fit).
-const MAX_STATISTIC_ARRAY_BYTES: i32 = 256 << 10;
+/// Values of a column's statistics array that are turned into text (the default statistics
+/// target keeps 100).
+const MAX_STATISTIC_ARRAY_VALUES: i32 = 1000;
 
 /// Relations in the schemas `$1` (in search order) that the caller can SELECT from (some
 /// column of) and reach (`USAGE` on the schema: `sql_query_engine.schemas` is the caller's to
@@ -188,7 +188,9 @@ const MAX_STATISTIC_ARRAY_BYTES: i32 = 256 << 10;
 /// partitions are folded into their parent, the extension's own objects left out. A partitioned
 /// table's partitions are read from pg_inherits, which takes no lock (`pg_partition_tree` would
 /// lock every partition until the call ends, behind another session's ACCESS EXCLUSIVE lock):
-/// how many leaves it has, whether one is a foreign table, and a fingerprint of their storage.
+/// how many locks a read of it on the extension's own takes (it, its partitions, their
+/// indexes), whether a partition or inheritance child is a foreign table, and a fingerprint of
+/// the partitions' storage.
 /// At most `$2` relations, in search order, and no more of them than hold `$3` columns
 /// together: what another role may create in a schema the caller reads is not all loaded into
 /// the caller's backend. `readable` counts them all, to say when some were left out.
@@ -214,8 +216,10 @@ SELECT json_build_object(
                      AND c.relpersistence = 'p',
         'filenode', CASE WHEN c.relkind = 'p' THEN coalesce(parts.hash, 0)
                     ELSE c.relfilenode END::bigint,
-        'leaves', coalesce(parts.leaves, 0),
-        'foreign_leaves', coalesce(parts.foreign_leaves, false),
+        'locks', 1 + (SELECT count(*) FROM pg_index i WHERE i.indrelid = c.oid)
+                 + CASE WHEN c.relkind = 'p'
+                        THEN coalesce(parts.descendants + parts.indexes, 0) ELSE 0 END,
+        'foreign_parts', coalesce(parts.foreign_parts, false),
         'inherited', c.relkind = 'r' AND c.relhassubclass)
     ) AS relation,
     s.ord, c.relname,
@@ -231,11 +235,14 @@ LEFT JOIN LATERAL (
         SELECT i.inhrelid FROM pg_inherits i WHERE i.inhparent = c.oid
         UNION ALL
         SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.relid)
-    SELECT hashtext(string_agg(pc.relfilenode::text, ',' ORDER BY pc.oid)) & 2147483647 AS hash,
-           count(*) AS leaves,
-           bool_or(pc.relkind = 'f') AS foreign_leaves
-    FROM tree JOIN pg_class pc ON pc.oid = tree.relid
-    WHERE pc.relkind <> 'p') parts ON c.relkind = 'p'
+    SELECT hashtext(string_agg(pc.relfilenode::text, ',' ORDER BY pc.oid)
+                    FILTER (WHERE pc.relkind <> 'p')) & 2147483647 AS hash,
+           count(*) AS descendants,
+           bool_or(pc.relkind = 'f') AS foreign_parts,
+           (SELECT count(*) FROM pg_index i WHERE i.indrelid IN (SELECT relid FROM tree))
+               AS indexes
+    FROM tree JOIN pg_class pc ON pc.oid = tree.relid) parts
+    ON c.relkind = 'p' OR c.relhassubclass
 WHERE c.relkind IN ('r', 'v', 'm', 'f', 'p')
   AND NOT c.relispartition
   AND NOT EXISTS (
@@ -314,7 +321,7 @@ FROM (
 /// that turning the statistics into text runs only built-in output functions. At most `$5`
 /// values of each kind per column (the most common first; histogram bounds spread over the
 /// whole histogram), each cut to `$4` characters, and at most `$6` values in all, in the order
-/// of the columns asked; an array of more than `$7` bytes is not read.
+/// of the columns asked; an array of more than `$7` values is not read.
 const STATISTICS_SQL: &str = r#"
 SELECT coalesce(json_agg(json_build_object(
     'schema', k.schemaname,
@@ -334,12 +341,12 @@ FROM (
     FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS t(schemaname, tablename, attname, ord)
     JOIN pg_stats s
         ON s.schemaname = t.schemaname AND s.tablename = t.tablename AND s.attname = t.attname
-    -- Arrays larger than $7 bytes (a statistics target far above the default, or long
-    -- values) are not turned into text at all.
+    -- Arrays of more than $7 values (a statistics target far above the default) are not
+    -- turned into text at all (ANALYZE keeps no value wider than a kilobyte).
     CROSS JOIN LATERAL (SELECT
-        CASE WHEN pg_column_size(s.most_common_vals) <= $7
+        CASE WHEN cardinality(s.most_common_vals) <= $7
              THEN s.most_common_vals::text::text[] END AS mcv,
-        CASE WHEN pg_column_size(s.histogram_bounds) <= $7
+        CASE WHEN cardinality(s.histogram_bounds) <= $7
              THEN s.histogram_bounds::text::text[] END AS hist) raw
     CROSS JOIN LATERAL (SELECT
         ARRAY(SELECT substr(m.v, 1, $4) FROM unnest(raw.mcv) WITH ORDINALITY AS m(v, i)
@@ -512,7 +519,7 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
                 // A foreign table's statistics are of rows another server gave whoever ran
                 // ANALYZE, with that role's user mapping: not the caller's to see.
                 let local = |r: &&&RelationRow| {
-                    r.relation.kind != "foreign table" && !r.relation.foreign_leaves
+                    r.relation.kind != "foreign table" && !r.relation.foreign_parts
                 };
                 for row in columns.iter().filter(|c| c.column.textual) {
                     if let Some(relation) = by_oid.get(&row.relation).filter(local) {
@@ -533,7 +540,7 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
                             MAX_STATISTIC_CHARS.into(),
                             MAX_STATISTICS_PER_COLUMN.into(),
                             MAX_STATISTICS.into(),
-                            MAX_STATISTIC_ARRAY_BYTES.into(),
+                            MAX_STATISTIC_ARRAY_VALUES.into(),
                         ],
                     )?)?
                 }

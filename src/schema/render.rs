@@ -277,8 +277,8 @@ mod tests {
             }],
             shareable: true,
             filenode: 1,
-            leaves: 0,
-            foreign_leaves: false,
+            locks: 1,
+            foreign_parts: false,
         }
     }
 
@@ -374,8 +374,8 @@ mod tests {
             }],
             shareable: false,
             filenode: 0,
-            leaves: 0,
-            foreign_leaves: false,
+            locks: 1,
+            foreign_parts: false,
         };
         assert_eq!(
             render_relation(&items, &[]),

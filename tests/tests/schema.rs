@@ -183,11 +183,11 @@ fn partitions_are_folded_into_their_parent_and_keys_shown() {
     );
 }
 
-/// The extension reads a partitioned table on its own (samples, the value index) only when a
-/// read takes a bounded number of locks: one of 300 partitions is shown without samples (each
-/// partition read is a lock in the server's shared, bounded lock table).
+/// The extension reads a table on its own (samples, the value index) only when a read takes a
+/// bounded number of locks: one of 300 partitions, or of 300 indexes, is shown without samples
+/// (each partition and index a read locks is a lock in the server's shared, bounded table).
 #[test]
-fn a_table_of_many_partitions_is_not_read_for_samples() {
+fn a_table_of_many_partitions_or_indexes_is_not_read_for_samples() {
     let mut s = Session::new();
     s.client
         .batch_execute(
@@ -201,13 +201,23 @@ fn a_table_of_many_partitions_is_not_read_for_samples() {
                      EXECUTE format('CREATE TABLE many_%s PARTITION OF many FOR VALUES FROM (%s) TO (%s)', i, i * 10, i * 10 + 10);
                  END LOOP;
              END $$;
-             INSERT INTO few VALUES (1, 'Zanzibar'); INSERT INTO many VALUES (1, 'Timbuktu');",
+             INSERT INTO few VALUES (1, 'Zanzibar'); INSERT INTO many VALUES (1, 'Timbuktu');
+             CREATE TABLE indexed (id int, station text);
+             INSERT INTO indexed VALUES (1, 'Kathmandu');
+             DO $$ BEGIN
+                 FOR i IN 0..299 LOOP
+                     EXECUTE format('CREATE INDEX indexed_%s ON indexed (id)', i);
+                 END LOOP;
+             END $$;",
         )
         .unwrap();
     let told = ask(&mut s, "stations of the partitioned tables");
     assert!(told.contains("CREATE TABLE many ("), "{told}");
     assert!(told.contains("'Zanzibar'"), "{told}");
     assert!(!told.contains("Timbuktu"), "{told}");
+    // So is a table of 300 indexes, which a read locks too.
+    assert!(told.contains("CREATE TABLE indexed ("), "{told}");
+    assert!(!told.contains("Kathmandu"), "{told}");
 }
 
 /// Reading the schema takes no lock on a partition: while another session holds one in ACCESS
