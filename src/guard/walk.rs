@@ -95,6 +95,8 @@ struct Walk {
     relations: Vec<pg_sys::Oid>,
     /// Types already decided in this statement, and why they were refused.
     types: HashMap<pg_sys::Oid, Option<String>>,
+    /// Operator families whose support functions passed in this statement.
+    families: Vec<pg_sys::Oid>,
     refusal: Option<Refusal>,
 }
 
@@ -308,6 +310,7 @@ impl Walk {
             view,
             relations: Vec::new(),
             types: HashMap::new(),
+            families: Vec::new(),
             refusal: None,
         }
     }
@@ -543,6 +546,12 @@ impl Walk {
                 )
             };
             next.extend(linked);
+            // Sorts, hashed set operations, merge and hash joins call the support functions
+            // of the operator's families in its place: a built-in operator too, put in a
+            // family a superuser made with another role's functions.
+            if self.check_families(operator) {
+                return true;
+            }
             if builtin(operator) {
                 continue;
             }
@@ -566,6 +575,51 @@ impl Walk {
             {
                 return true;
             }
+        }
+        false
+    }
+
+    /// The support functions of the operator families `operator` is in (comparison, sort
+    /// support, hashing): those not built in must pass as code that runs implicitly does.
+    fn check_families(&mut self, operator: pg_sys::Oid) -> bool {
+        for family in operator_families(operator) {
+            if self.families.contains(&family) {
+                continue;
+            }
+            let Some(functions) = family_support(family) else {
+                self.refuse(format!(
+                    "an operator family of operator {} has more than {MAX_FAMILY_SUPPORT} \
+                     support functions",
+                    operator_name(operator)
+                ));
+                return true;
+            };
+            for function in functions.into_iter().filter(|f| !builtin(*f)) {
+                let why = match FunctionFacts::of(function) {
+                    None => Some("it is not in the catalog".to_string()),
+                    Some(facts) => match self.origin {
+                        Origin::Own => {
+                            Some("the extension's own reads call only built-in functions".into())
+                        }
+                        Origin::Generated => policy::refuse_support(&facts.policy(), &self.allowed)
+                            .or_else(|| {
+                                self.trusted
+                                    .as_ref()
+                                    .and_then(|t| t.refuse_owner(facts.owner, "function"))
+                            }),
+                    },
+                };
+                if let Some(why) = why {
+                    self.refuse(format!(
+                        "operator {}'s support function {} is not allowed in {}: {why}",
+                        operator_name(operator),
+                        FunctionFacts::signature(function),
+                        self.origin.what()
+                    ));
+                    return true;
+                }
+            }
+            self.families.push(family);
         }
         false
     }
@@ -657,6 +711,71 @@ unsafe extern "C-unwind" fn function_checker(function: pg_sys::Oid, context: *mu
             }
             None => false,
         }
+    }
+}
+
+/// Support functions of one operator family read, at most.
+const MAX_FAMILY_SUPPORT: usize = 1024;
+
+/// The operator families `operator` belongs to (btree, hash and the other access methods').
+fn operator_families(operator: pg_sys::Oid) -> Vec<pg_sys::Oid> {
+    let cache = pg_sys::SysCacheIdentifier::AMOPOPID as i32;
+    // SAFETY: a syscache list search on the first key (the operator), whose members are
+    // pg_amop tuples; released before returning.
+    unsafe {
+        let list = pg_sys::SearchSysCacheList(
+            cache,
+            1,
+            pg_sys::Datum::from(operator),
+            pg_sys::Datum::from(0usize),
+            pg_sys::Datum::from(0usize),
+        );
+        if list.is_null() {
+            return Vec::new();
+        }
+        let members = (*list).members.as_slice((*list).n_members as usize);
+        let mut families: Vec<pg_sys::Oid> = Vec::new();
+        for &member in members {
+            let tuple: pg_sys::HeapTuple = &mut (*member).tuple;
+            let family =
+                (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_amop>(tuple)).amopfamily;
+            if !families.contains(&family) {
+                families.push(family);
+            }
+        }
+        pg_sys::ReleaseCatCacheList(list);
+        families
+    }
+}
+
+/// The support functions of the operator family `family`; `None` past `MAX_FAMILY_SUPPORT`.
+fn family_support(family: pg_sys::Oid) -> Option<Vec<pg_sys::Oid>> {
+    let cache = pg_sys::SysCacheIdentifier::AMPROCNUM as i32;
+    // SAFETY: a syscache list search on the first key (the family), whose members are
+    // pg_amproc tuples; released before returning.
+    unsafe {
+        let list = pg_sys::SearchSysCacheList(
+            cache,
+            1,
+            pg_sys::Datum::from(family),
+            pg_sys::Datum::from(0usize),
+            pg_sys::Datum::from(0usize),
+        );
+        if list.is_null() {
+            return Some(Vec::new());
+        }
+        let members = (*list).members.as_slice((*list).n_members as usize);
+        let functions = (members.len() <= MAX_FAMILY_SUPPORT).then(|| {
+            members
+                .iter()
+                .map(|&member| {
+                    let tuple: pg_sys::HeapTuple = &mut (*member).tuple;
+                    (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_amproc>(tuple)).amproc
+                })
+                .collect()
+        });
+        pg_sys::ReleaseCatCacheList(list);
+        functions
     }
 }
 

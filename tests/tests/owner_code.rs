@@ -1548,67 +1548,50 @@ fn a_column_type_committed_while_the_query_waits_for_the_table_is_seen() {
     assert_eq!(code, "42501", "{message}");
 }
 
-/// UNION, INTERSECT and EXCEPT compare their columns with the equality of each column type's
-/// default operator class: checked like ORDER BY's operators. Here a superuser gave an enum a
-/// default operator class whose functions another role wrote.
+/// Sorts, UNION, INTERSECT and EXCEPT compare with the support functions of the operator
+/// families their operator is in, not only with the operator's own function: a superuser made
+/// an operator class for int4 from the built-in operators and a comparison function another
+/// role wrote (and may replace).
 #[test]
-fn a_set_operations_comparison_is_checked_like_a_sorts() {
+fn the_support_functions_of_an_operators_families_are_checked() {
     let mut w = World::new();
     let victim = w.victim.clone();
-    w.attacker_runs(&format!(
-        "CREATE TYPE shared.mood AS ENUM ('sad', 'happy');
-         CREATE FUNCTION shared.mood_eq(shared.mood, shared.mood) RETURNS boolean
-             LANGUAGE plpgsql IMMUTABLE AS
-             $$ BEGIN PERFORM pg_advisory_lock(4304); RETURN $1::text = $2::text; END $$;
-         CREATE FUNCTION shared.mood_cmp(shared.mood, shared.mood) RETURNS int
-             LANGUAGE plpgsql IMMUTABLE AS
-             $$ BEGIN PERFORM pg_advisory_lock(4304);
-                RETURN CASE WHEN $1 < $2 THEN -1 WHEN $1 > $2 THEN 1 ELSE 0 END; END $$;
-         CREATE FUNCTION shared.mood_hash(shared.mood) RETURNS int
-             LANGUAGE plpgsql IMMUTABLE AS
-             $$ BEGIN PERFORM pg_advisory_lock(4304); RETURN hashtext($1::text); END $$;
-         CREATE OPERATOR shared.=== (LEFTARG = shared.mood, RIGHTARG = shared.mood,
-             FUNCTION = shared.mood_eq, HASHES, MERGES);
-         CREATE TABLE public.feelings (mood shared.mood);
-         INSERT INTO public.feelings VALUES ('sad'), ('happy');
-         GRANT SELECT ON public.feelings TO {victim};"
-    ));
+    w.attacker_runs(
+        "CREATE FUNCTION shared.int_cmp(int, int) RETURNS int LANGUAGE plpgsql IMMUTABLE AS
+             $$ BEGIN PERFORM pg_advisory_lock(4304); RETURN btint4cmp($1, $2); END $$;",
+    );
     w.s.client
         .batch_execute(
-            "CREATE OPERATOR CLASS shared.mood_ops DEFAULT FOR TYPE shared.mood USING btree AS
-                 OPERATOR 1 pg_catalog.< (anyenum, anyenum),
-                 OPERATOR 2 pg_catalog.<= (anyenum, anyenum),
-                 OPERATOR 3 shared.=== ,
-                 OPERATOR 4 pg_catalog.>= (anyenum, anyenum),
-                 OPERATOR 5 pg_catalog.> (anyenum, anyenum),
-                 FUNCTION 1 shared.mood_cmp(shared.mood, shared.mood);
-             CREATE OPERATOR CLASS shared.mood_hash_ops DEFAULT FOR TYPE shared.mood USING hash AS
-                 OPERATOR 1 shared.=== ,
-                 FUNCTION 1 shared.mood_hash(shared.mood);",
+            "CREATE OPERATOR CLASS shared.int_ops FOR TYPE int4 USING btree AS
+                 OPERATOR 1 <, OPERATOR 2 <=, OPERATOR 3 =, OPERATOR 4 >=, OPERATOR 5 >,
+                 FUNCTION 1 shared.int_cmp(int, int);",
         )
         .unwrap();
-    w.s.llm.on(
-        "every mood of the feelings once",
-        vec![Reply::sql(
-            "SELECT mood FROM public.feelings UNION SELECT mood FROM public.feelings",
-        )],
-    );
     let mut v = w.connect(&victim);
     v.batch_execute("SET sql_query_engine.sample_values = 0")
         .unwrap();
     let mut witness = Witness::hold(&w.s.database, &[4304]);
-    let (result, waited) = witness.waited(|| {
-        v.query_one(
-            "SELECT nl_query('every mood of the feelings once')::text",
-            &[],
-        )
-    });
-    assert!(
-        waited.is_empty(),
-        "the other role's comparison ran: {waited:?}"
-    );
-    let (code, message, _) = db_error(&result.expect_err("refused"));
-    assert_eq!(code, "42501", "{message}");
+    for (question, sql) in [
+        (
+            "every customer with orders once",
+            "SELECT customer_id FROM orders UNION SELECT customer_id FROM orders",
+        ),
+        (
+            "customers of the orders in order",
+            "SELECT customer_id FROM orders ORDER BY customer_id",
+        ),
+    ] {
+        w.s.llm.on(question, vec![Reply::sql(sql)]);
+        let (result, waited) =
+            witness.waited(|| v.query_one("SELECT nl_query($1)::text", &[&question]));
+        assert!(
+            waited.is_empty(),
+            "{sql}: the other role's code ran: {waited:?}"
+        );
+        let (code, message, _) = db_error(&result.expect_err("refused"));
+        assert_eq!(code, "42501", "{sql}: {message}");
+        assert!(message.contains("int_cmp"), "{sql}: {message}");
+    }
 }
 
 /// A table of the same name made earlier on the caller's search path while the query waits
