@@ -13,11 +13,11 @@
 //! analysis will find them, without running anything. Only a string literal is converted by a
 //! type's input code (a number or NULL is not): a statement without one needs no look-up.
 //!
-//! The relations the statement names are locked as analysis will lock them, and the walk is
-//! made again until one of them waited for no change: another role could otherwise hold a
-//! table locked while it committed a change (a column's new type, a type or table of the same
-//! name earlier on the search path) after the walk read the names it shadows, and before
-//! analysis looked them up again.
+//! The relations the statement names are locked as analysis will lock them, and a walk that
+//! had to wait for one is made again (reading the catalog as committed then): another role
+//! could otherwise hold a table locked while it committed a change (a column's new type, a
+//! type or table of the same name earlier on the search path) after the walk read the names
+//! it shadows, and before analysis looked them up again.
 
 use std::collections::HashSet;
 use std::ffi::c_void;
@@ -30,8 +30,8 @@ use super::facts::builtin;
 /// Types collected per statement, at most: past that, the statement is refused as too complex.
 pub const MAX_TYPES: usize = 4096;
 
-/// Walks of a statement whose locks brought changes: past that (the schema changing under the
-/// statement again and again), it is refused as too complex.
+/// Walks of a statement that each waited for a lock: past that (its relations held by other
+/// transactions again and again), it is refused (55006).
 const MAX_WALKS: usize = 4;
 
 /// The comparison operators analysis uses where the statement names none (`CASE x WHEN`,
@@ -47,6 +47,8 @@ struct Reach {
     literal: bool,
     overflow: bool,
     looked_up: HashSet<String>,
+    /// Whether a relation's lock had to be waited for.
+    waited: bool,
 }
 
 /// Types in the order found, each once.
@@ -61,7 +63,7 @@ struct Types {
 pub enum Unknown {
     /// More than `MAX_TYPES`.
     TooManyTypes,
-    /// The relations it names changed under every one of `MAX_WALKS` walks.
+    /// Each of `MAX_WALKS` walks had to wait for a relation's lock.
     KeptChanging,
 }
 
@@ -80,19 +82,28 @@ pub unsafe fn types_in_reach(statement: *mut pg_sys::Node) -> Result<Vec<pg_sys:
         let list = pg_sys::lappend(std::ptr::null_mut(), statement.cast());
         let mut walks = 0;
         loop {
-            // A lock a walk waited for brings the changes committed meanwhile (invalidation
-            // messages): then what it read may be stale, and it is read again, now that every
-            // relation it named is locked. A walk that waited for nothing read what analysis
-            // will read.
-            let before = pg_sys::SharedInvalidMessageCounter;
+            // Each walk reads the catalog as committed when it starts. A walk that had to wait
+            // for a relation's lock read some names before the wait, and changes may have been
+            // committed meanwhile: it is made again, now that every relation it named is
+            // locked. A walk that waited for nothing read what analysis will read.
+            pg_sys::AcceptInvalidationMessages();
             reach = Reach::default();
             pg_sys::raw_expression_tree_walker(
                 list.cast(),
                 Some(collector),
                 (&mut reach as *mut Reach).cast(),
             );
+            if reach.literal {
+                for name in IMPLIED_OPERATORS {
+                    let names = pg_sys::lappend(
+                        std::ptr::null_mut(),
+                        pg_sys::makeString(pg_sys::pstrdup(name.as_ptr())).cast(),
+                    );
+                    operators(names, &mut reach);
+                }
+            }
             walks += 1;
-            if pg_sys::SharedInvalidMessageCounter == before {
+            if !reach.waited {
                 break;
             }
             if walks >= MAX_WALKS {
@@ -101,13 +112,6 @@ pub unsafe fn types_in_reach(statement: *mut pg_sys::Node) -> Result<Vec<pg_sys:
         }
         if !reach.literal {
             return Ok(Vec::new());
-        }
-        for name in IMPLIED_OPERATORS {
-            let names = pg_sys::lappend(
-                std::ptr::null_mut(),
-                pg_sys::makeString(pg_sys::pstrdup(name.as_ptr())).cast(),
-            );
-            operators(names, &mut reach);
         }
     }
     if reach.overflow || reach.types.list.len() > MAX_TYPES {
@@ -163,13 +167,23 @@ unsafe fn collect(node: *mut pg_sys::Node, reach: &mut Reach) {
             // while the query waited for the lock (an ALTER held uncommitted, then committed)
             // is the type read here, not only the one analysis converts a literal to.
             pg_sys::NodeTag::T_RangeVar => {
-                let relation = pg_sys::RangeVarGetRelidExtended(
-                    node.cast(),
-                    pg_sys::AccessShareLock as pg_sys::LOCKMODE,
-                    pg_sys::RVROption::RVR_MISSING_OK,
-                    None,
-                    std::ptr::null_mut(),
-                );
+                let lock = |options: u32| {
+                    pg_sys::RangeVarGetRelidExtended(
+                        node.cast(),
+                        pg_sys::AccessShareLock as pg_sys::LOCKMODE,
+                        options,
+                        None,
+                        std::ptr::null_mut(),
+                    )
+                };
+                // Without waiting first: none (a name of no relation, or one another
+                // transaction holds) is then asked for again, waiting.
+                let mut relation =
+                    lock(pg_sys::RVROption::RVR_MISSING_OK | pg_sys::RVROption::RVR_SKIP_LOCKED);
+                if relation == pg_sys::InvalidOid {
+                    relation = lock(pg_sys::RVROption::RVR_MISSING_OK);
+                    reach.waited |= relation != pg_sys::InvalidOid;
+                }
                 if relation != pg_sys::InvalidOid {
                     columns(relation, &mut reach.types);
                 }

@@ -717,7 +717,9 @@ unsafe extern "C-unwind" fn function_checker(function: pg_sys::Oid, context: *mu
 /// Support functions of one operator family read, at most.
 const MAX_FAMILY_SUPPORT: usize = 1024;
 
-/// The operator families `operator` belongs to (btree, hash and the other access methods').
+/// The btree and hash operator families `operator` belongs to: what sorts, grouping, set
+/// operations, merge and hash joins use in its place. (Other access methods' families, gin's
+/// and gist's, serve only index scans, of indexes a table's owner made.)
 fn operator_families(operator: pg_sys::Oid) -> Vec<pg_sys::Oid> {
     let cache = pg_sys::SysCacheIdentifier::AMOPOPID as i32;
     // SAFETY: a syscache list search on the first key (the operator), whose members are
@@ -737,10 +739,11 @@ fn operator_families(operator: pg_sys::Oid) -> Vec<pg_sys::Oid> {
         let mut families: Vec<pg_sys::Oid> = Vec::new();
         for &member in members {
             let tuple: pg_sys::HeapTuple = &mut (*member).tuple;
-            let family =
-                (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_amop>(tuple)).amopfamily;
-            if !families.contains(&family) {
-                families.push(family);
+            let entry = &*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_amop>(tuple);
+            let method = entry.amopmethod;
+            let sorts_or_hashes = method == pg_sys::BTREE_AM_OID || method == pg_sys::HASH_AM_OID;
+            if sorts_or_hashes && !families.contains(&entry.amopfamily) {
+                families.push(entry.amopfamily);
             }
         }
         pg_sys::ReleaseCatCacheList(list);

@@ -231,9 +231,12 @@ JOIN pg_class c ON c.relnamespace = n.oid
 LEFT JOIN pg_description d
     ON d.objoid = c.oid AND d.classoid = 'pg_class'::regclass AND d.objsubid = 0
 LEFT JOIN LATERAL (
+    -- Each descendant once (UNION: a table may inherit from several), and none looked for
+    -- below a relation without children.
     WITH RECURSIVE tree(relid) AS (
-        SELECT i.inhrelid FROM pg_inherits i WHERE i.inhparent = c.oid
-        UNION ALL
+        SELECT i.inhrelid FROM pg_inherits i
+        WHERE i.inhparent = c.oid AND (c.relkind = 'p' OR c.relhassubclass)
+        UNION
         SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.relid)
     SELECT hashtext(string_agg(pc.relfilenode::text, ',' ORDER BY pc.oid)
                     FILTER (WHERE pc.relkind <> 'p')) & 2147483647 AS hash,
