@@ -14,10 +14,11 @@
 //! type's input code (a number or NULL is not): a statement without one needs no look-up.
 //!
 //! The relations the statement names are locked as analysis will lock them, and a walk that
-//! had to wait for one is made again (reading the catalog as committed then): another role
-//! could otherwise hold a table locked while it committed a change (a column's new type, a
-//! type or table of the same name earlier on the search path) after the walk read the names
-//! it shadows, and before analysis looked them up again.
+//! had to wait for one is made again: another role could otherwise hold a table locked for as
+//! long as it liked while it committed a change (a column's new type, a type, table or
+//! function of the same name earlier on the search path) after the walk read the names it
+//! shadows, and before analysis looked them up again. A change committed without such a wait
+//! races the walk's own time (milliseconds).
 
 use std::collections::HashSet;
 use std::ffi::c_void;
@@ -82,10 +83,11 @@ pub unsafe fn types_in_reach(statement: *mut pg_sys::Node) -> Result<Vec<pg_sys:
         let list = pg_sys::lappend(std::ptr::null_mut(), statement.cast());
         let mut walks = 0;
         loop {
-            // Each walk reads the catalog as committed when it starts. A walk that had to wait
-            // for a relation's lock read some names before the wait, and changes may have been
-            // committed meanwhile: it is made again, now that every relation it named is
-            // locked. A walk that waited for nothing read what analysis will read.
+            // A walk that had to wait for a relation's lock read some names before the wait,
+            // and changes may have been committed meanwhile, for as long as the other
+            // transaction chose: it is made again, now that every relation it named is
+            // locked. (A change committed while a walk that waited for nothing runs, or
+            // between the walk and analysis, races a window of the walk's own time.)
             pg_sys::AcceptInvalidationMessages();
             reach = Reach::default();
             pg_sys::raw_expression_tree_walker(
@@ -177,12 +179,20 @@ unsafe fn collect(node: *mut pg_sys::Node, reach: &mut Reach) {
                     )
                 };
                 // Without waiting first: none (a name of no relation, or one another
-                // transaction holds) is then asked for again, waiting.
+                // transaction holds) is then asked for again, waiting. A wait counts also
+                // when the relation is gone once it ends (dropped or renamed meanwhile).
                 let mut relation =
                     lock(pg_sys::RVROption::RVR_MISSING_OK | pg_sys::RVROption::RVR_SKIP_LOCKED);
                 if relation == pg_sys::InvalidOid {
+                    let named = pg_sys::RangeVarGetRelidExtended(
+                        node.cast(),
+                        pg_sys::NoLock as pg_sys::LOCKMODE,
+                        pg_sys::RVROption::RVR_MISSING_OK,
+                        None,
+                        std::ptr::null_mut(),
+                    );
                     relation = lock(pg_sys::RVROption::RVR_MISSING_OK);
-                    reach.waited |= relation != pg_sys::InvalidOid;
+                    reach.waited |= named != pg_sys::InvalidOid || relation != pg_sys::InvalidOid;
                 }
                 if relation != pg_sys::InvalidOid {
                     columns(relation, &mut reach.types);

@@ -1681,3 +1681,71 @@ fn a_table_that_shadows_a_name_while_the_query_waits_is_seen() {
     let (code, message, _) = db_error(&result.expect_err("refused"));
     assert_eq!(code, "42501", "{message}");
 }
+
+/// A wait for a table that is gone once the wait ends (dropped meanwhile, while a type of the
+/// same name as one the walk had read was made earlier on the search path) counts as a wait
+/// too: the names are read again. The table is named like the query's own CTE, which analysis
+/// reads instead of it.
+#[test]
+fn a_wait_for_a_table_dropped_meanwhile_counts_as_a_wait() {
+    let mut w = World::new();
+    let victim = w.victim.clone();
+    w.s.client
+        .batch_execute(&format!(
+            "CREATE DOMAIN public.lvl AS int;
+             GRANT USAGE ON DOMAIN public.lvl TO {victim};"
+        ))
+        .unwrap();
+    w.attacker_runs(&format!(
+        "CREATE TABLE shared.t (n int);
+         GRANT SELECT ON shared.t TO {victim};"
+    ));
+    w.s.llm.on(
+        "levels of t",
+        vec![Reply::sql(
+            "WITH t AS (SELECT 1 AS n) SELECT '{1}'::lvl[] AS x, n FROM t",
+        )],
+    );
+    let mut v = w.connect(&victim);
+    v.batch_execute("SET sql_query_engine.sample_values = 0; SET search_path = shared, public")
+        .unwrap();
+    let mut attacker = w.connect(&w.attacker);
+    attacker
+        .batch_execute(
+            "BEGIN; DROP TABLE shared.t;
+             CREATE DOMAIN shared.lvl AS int
+                 CHECK (pg_catalog.pg_advisory_lock(4306)::text IS NOT NULL);",
+        )
+        .unwrap();
+    let database = w.s.database.clone();
+    let mut witness = Witness::hold(&w.s.database, &[4306]);
+    let (result, waited) = witness.waited(|| {
+        std::thread::scope(|scope| {
+            let committer = scope.spawn(move || {
+                let mut watcher = cluster().connect(&database);
+                let started = std::time::Instant::now();
+                loop {
+                    let waiting: i64 = watcher
+                        .query_one(
+                            "SELECT count(*) FROM pg_locks WHERE NOT granted
+                               AND relation = 'shared.t'::regclass",
+                            &[],
+                        )
+                        .unwrap()
+                        .get(0);
+                    if waiting > 0 || started.elapsed() > std::time::Duration::from_secs(20) {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                attacker.batch_execute("COMMIT").unwrap();
+            });
+            let result = v.query("SELECT nl_query('levels of t')::text", &[]);
+            committer.join().unwrap();
+            result
+        })
+    });
+    assert!(waited.is_empty(), "the new domain's CHECK ran: {waited:?}");
+    let (code, message, _) = db_error(&result.expect_err("refused"));
+    assert_eq!(code, "42501", "{message}");
+}
