@@ -1486,6 +1486,41 @@ fn a_superusers_view_reading_another_roles_view_in_a_subquery_is_refused() {
     );
 }
 
+/// Runs `work` (a caller's question) while `attacker` holds a transaction open, and commits it
+/// the moment a backend waits for a lock on `relation` (the attacker's hold): what the
+/// attacker's transaction changed becomes visible while the question waits.
+fn committed_once_waited_for<R: Send>(
+    database: &str,
+    relation: &str,
+    mut attacker: Client,
+    work: impl FnOnce() -> R + Send,
+) -> R {
+    std::thread::scope(|scope| {
+        let committer = scope.spawn(move || {
+            let mut watcher = cluster().connect(database);
+            let started = std::time::Instant::now();
+            loop {
+                let waiting: i64 = watcher
+                    .query_one(
+                        "SELECT count(*) FROM pg_locks
+                         WHERE NOT granted AND relation = $1::text::regclass",
+                        &[&relation],
+                    )
+                    .unwrap()
+                    .get(0);
+                if waiting > 0 || started.elapsed() > std::time::Duration::from_secs(20) {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            attacker.batch_execute("COMMIT").unwrap();
+        });
+        let result = work();
+        committer.join().unwrap();
+        result
+    })
+}
+
 /// A column's type changed while the query waits for its table's lock: the guard reads the
 /// relations' column types (and their domains' CHECKs) only once it holds the lock analysis
 /// takes, so the types it checks are those analysis then converts the literal to. The
@@ -1515,32 +1550,10 @@ fn a_column_type_committed_while_the_query_waits_for_the_table_is_seen() {
     attacker
         .batch_execute("BEGIN; ALTER TABLE shared.readings ALTER levels TYPE shared.level[];")
         .unwrap();
-    let database = w.s.database.clone();
     let mut witness = Witness::hold(&w.s.database, &[4303]);
     let (result, waited) = witness.waited(|| {
-        std::thread::scope(|scope| {
-            let committer = scope.spawn(move || {
-                let mut watcher = cluster().connect(&database);
-                let started = std::time::Instant::now();
-                loop {
-                    let waiting: i64 = watcher
-                        .query_one(
-                            "SELECT count(*) FROM pg_locks
-                             WHERE NOT granted AND relation = 'shared.readings'::regclass",
-                            &[],
-                        )
-                        .unwrap()
-                        .get(0);
-                    if waiting > 0 || started.elapsed() > std::time::Duration::from_secs(20) {
-                        break;
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                }
-                attacker.batch_execute("COMMIT").unwrap();
-            });
-            let result = v.query_one("SELECT nl_query('readings at level one')::text", &[]);
-            committer.join().unwrap();
-            result
+        committed_once_waited_for(&w.s.database, "shared.readings", attacker, || {
+            v.query_one("SELECT nl_query('readings at level one')::text", &[])
         })
     });
     assert!(waited.is_empty(), "the domain's CHECK ran: {waited:?}");
@@ -1646,32 +1659,10 @@ fn a_table_that_shadows_a_name_while_the_query_waits_is_seen() {
              GRANT SELECT ON shared.levels TO {victim};"
         ))
         .unwrap();
-    let database = w.s.database.clone();
     let mut witness = Witness::hold(&w.s.database, &[4305]);
     let (result, waited) = witness.waited(|| {
-        std::thread::scope(|scope| {
-            let committer = scope.spawn(move || {
-                let mut watcher = cluster().connect(&database);
-                let started = std::time::Instant::now();
-                loop {
-                    let waiting: i64 = watcher
-                        .query_one(
-                            "SELECT count(*) FROM pg_locks
-                             WHERE NOT granted AND relation = 'shared.readings'::regclass",
-                            &[],
-                        )
-                        .unwrap()
-                        .get(0);
-                    if waiting > 0 || started.elapsed() > std::time::Duration::from_secs(20) {
-                        break;
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                }
-                attacker.batch_execute("COMMIT").unwrap();
-            });
-            let result = v.query_one("SELECT nl_query('levels at one')::text", &[]);
-            committer.join().unwrap();
-            result
+        committed_once_waited_for(&w.s.database, "shared.readings", attacker, || {
+            v.query_one("SELECT nl_query('levels at one')::text", &[])
         })
     });
     assert!(
@@ -1717,32 +1708,10 @@ fn a_wait_for_a_table_dropped_meanwhile_counts_as_a_wait() {
                  CHECK (pg_catalog.pg_advisory_lock(4306)::text IS NOT NULL);",
         )
         .unwrap();
-    let database = w.s.database.clone();
     let mut witness = Witness::hold(&w.s.database, &[4306]);
     let (result, waited) = witness.waited(|| {
-        std::thread::scope(|scope| {
-            let committer = scope.spawn(move || {
-                let mut watcher = cluster().connect(&database);
-                let started = std::time::Instant::now();
-                loop {
-                    let waiting: i64 = watcher
-                        .query_one(
-                            "SELECT count(*) FROM pg_locks WHERE NOT granted
-                               AND relation = 'shared.t'::regclass",
-                            &[],
-                        )
-                        .unwrap()
-                        .get(0);
-                    if waiting > 0 || started.elapsed() > std::time::Duration::from_secs(20) {
-                        break;
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                }
-                attacker.batch_execute("COMMIT").unwrap();
-            });
-            let result = v.query("SELECT nl_query('levels of t')::text", &[]);
-            committer.join().unwrap();
-            result
+        committed_once_waited_for(&w.s.database, "shared.t", attacker, || {
+            v.query("SELECT nl_query('levels of t')::text", &[])
         })
     });
     assert!(waited.is_empty(), "the new domain's CHECK ran: {waited:?}");
