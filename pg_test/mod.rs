@@ -386,9 +386,10 @@ mod tests {
             (*entry).expr = node.cast();
             query
         };
-        // SAFETY: the analysed query of this transaction.
-        let checked =
-            unsafe { guard::check_tree(query, Origin::Generated, Allowed::default(), None, None) };
+        let checked = {
+            // SAFETY: the analysed query of this transaction.
+            unsafe { guard::check_tree(query, Origin::Generated, Allowed::default(), None, None) }
+        };
         let refusal = checked.unwrap_err();
         assert_eq!(refusal.error.sqlstate, "42501");
         assert!(
