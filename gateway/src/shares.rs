@@ -33,8 +33,10 @@ impl Shares {
         let semaphore = {
             let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
             if !running.contains_key(role) {
-                // Roles with nothing running are forgotten: the map holds the busy ones.
-                running.retain(|_, s| s.available_permits() < self.per_role);
+                // Roles nobody holds or waits for are forgotten: the map holds the busy ones. A
+                // call holds its semaphore from here until its permit is dropped, so one that
+                // has not taken its permit yet keeps its role's entry (and its count) too.
+                running.retain(|_, s| Arc::strong_count(s) > 1);
             }
             let semaphore = running
                 .entry(role.to_string())
@@ -68,6 +70,22 @@ mod tests {
         assert!(
             shares.enter("a", wait).await.is_some(),
             "one of a's calls ended"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_call_about_to_take_its_place_keeps_its_roles_count() {
+        let shares = Shares::new(1);
+        let wait = Duration::from_millis(50);
+        drop(shares.enter("a", wait).await);
+        // A call of a that has its role's semaphore and not yet its permit, when a call of
+        // another role comes in and forgets idle roles.
+        let pending = Arc::clone(&shares.running.lock().unwrap()["a"]);
+        assert!(shares.enter("b", wait).await.is_some());
+        let _running = pending.acquire_owned().await.unwrap();
+        assert!(
+            shares.enter("a", wait).await.is_none(),
+            "a's one place is taken by the call that was about to run"
         );
     }
 }

@@ -1226,3 +1226,97 @@ fn every_request_leaves_a_line_in_the_access_log_without_the_token() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// An MCP session of `token`, initialized; posts to it answer with their status and body.
+struct McpSession<'a> {
+    gateway: &'a Gateway,
+    token: &'a str,
+    id: String,
+}
+
+impl McpSession<'_> {
+    fn open<'a>(gateway: &'a Gateway, token: &'a str) -> McpSession<'a> {
+        let (status, id) = mcp_initialize(gateway, token);
+        assert_eq!(status, 200);
+        let session = McpSession {
+            gateway,
+            token,
+            id: id.expect("a session id"),
+        };
+        let initialized = session.post(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+        assert!(initialized.0 < 300, "{initialized:?}");
+        session
+    }
+
+    fn request(&self, method: &str) -> ureq::Request {
+        ureq::request(method, &format!("{}/mcp", self.gateway.url()))
+            .set("Authorization", &format!("Bearer {}", self.token))
+            .set("Accept", "application/json, text/event-stream")
+            .set("Mcp-Session-Id", &self.id)
+            .set("MCP-Protocol-Version", "2025-06-18")
+            .timeout(Duration::from_secs(20))
+    }
+
+    fn post(&self, body: &str) -> (u16, String) {
+        let sent = self
+            .request("POST")
+            .set("Content-Type", "application/json")
+            .send_string(body);
+        match sent {
+            Ok(r) => (r.status(), r.into_string().expect("the answer, read whole")),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+            Err(e) => panic!("the gateway did not answer: {e}"),
+        }
+    }
+
+    /// `run_sql` of `sql`: the event stream of its answer.
+    fn run_sql(&self, id: u32, sql: &str) -> String {
+        let call = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "run_sql", "arguments": {"sql": sql}}});
+        let (status, body) = self.post(&call.to_string());
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+}
+
+/// An ERROR a query raises is the query's, whatever its SQLSTATE: a function in a view can
+/// raise 57P01 ("terminating connection due to administrator command") or 08006 as well as a
+/// server going down. Only a server that ends the session (FATAL) leaves the rotation; the
+/// answer is the query's error, and nothing is asked again on another server.
+#[test]
+fn an_error_a_query_raises_does_not_take_a_read_server_out_of_rotation() {
+    let s = setup();
+    let mut admin = cluster().connect(&s.database);
+    admin
+        .batch_execute(&format!(
+            "CREATE FUNCTION shared.shutdown_said() RETURNS int LANGUAGE plpgsql AS $$
+             BEGIN RAISE EXCEPTION 'terminating connection due to administrator command'
+                 USING ERRCODE = '57P01'; END $$;
+             CREATE VIEW shared.unwell AS SELECT shared.shutdown_said() AS n;
+             GRANT SELECT ON shared.unwell TO {};",
+            s.reader
+        ))
+        .unwrap();
+    let log = sql_query_engine_e2e::scratch(&format!("gateway-unwell-{}", s.database));
+    // The read server is the primary itself under another name: where a call went shows in
+    // the log only when it failed.
+    let gateway = Gateway::start_logged(
+        &s.database_url,
+        &s.tokens,
+        &["--pool-size", "4", "--read-database-url", &s.database_url],
+        Some(&log),
+    );
+    let session = McpSession::open(&gateway, &s.token);
+    for id in 2..5 {
+        let answer = session.run_sql(id, "SELECT n FROM shared.unwell");
+        assert!(
+            answer.contains("57P01") && answer.contains("administrator command"),
+            "{answer}"
+        );
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !text.contains("asking another") && !text.contains("left the rotation"),
+        "{text}"
+    );
+}
