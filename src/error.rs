@@ -116,6 +116,9 @@ pub struct SqlError {
     pub hint: Option<String>,
     /// 1-based character offset into the statement, when PostgreSQL reported one.
     pub position: Option<i32>,
+    /// Raised once the query was analysed (planning, execution, collection): its text may
+    /// hold stored values, whatever its SQLSTATE (`col::regclass` names one in a 42P01).
+    pub ran: bool,
 }
 
 impl SqlError {

@@ -297,7 +297,7 @@ fn sandboxed(
     in_loop: Option<InLoop>,
     scope: Option<&Scope>,
 ) -> Outcome {
-    let (result, position, raw_sqlstate, ours) = {
+    let (result, position, raw_sqlstate, ours, ran) = {
         // Dropped last, after the rollback: gives back the session locks the query's code took
         // (a generated query's: the extension's own reads run built-in code only, which takes
         // no lock it does not give back).
@@ -309,19 +309,55 @@ fn sandboxed(
         // Always rolled back: the query only read, and nothing it did may outlive it; nor its
         // memory.
         let memory = AttemptMemory::enter();
+        let analysed = Analysed::start();
         let result =
             subxact::in_subtransaction(false, || run_guarded(sql, mode, origin, in_loop, scope));
+        let ran = analysed.done();
         drop(memory);
         let ours = if watch.exceeded() {
             Some(Cancelled::Memory)
         } else {
             timer.fired().then_some(Cancelled::Timeout)
         };
-        (result, reported.position(), reported.sqlstate(), ours)
+        (result, reported.position(), reported.sqlstate(), ours, ran)
     };
     match result {
         Ok(outcome) => outcome,
-        Err(caught) => failure(*caught, position, raw_sqlstate, ours, timeout_ms),
+        Err(caught) => failure(*caught, position, raw_sqlstate, ours, ran, timeout_ms),
+    }
+}
+
+thread_local! {
+    /// Whether the attempt running in `sandboxed` got past analysis (`Analysed`).
+    static ANALYSED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Notes whether an attempt's query got past analysis, so that its error says whether it was
+/// raised while the query read data; the attempt around it (if any) gets its own note back.
+struct Analysed {
+    outer: bool,
+}
+
+impl Analysed {
+    fn start() -> Analysed {
+        Analysed {
+            outer: ANALYSED.replace(false),
+        }
+    }
+
+    /// Called once analysis passed.
+    fn passed() {
+        ANALYSED.set(true);
+    }
+
+    fn done(self) -> bool {
+        ANALYSED.get()
+    }
+}
+
+impl Drop for Analysed {
+    fn drop(&mut self) {
+        ANALYSED.set(self.outer);
     }
 }
 
@@ -469,6 +505,7 @@ fn failure(
     position: Option<i32>,
     raw_sqlstate: Option<SqlState>,
     ours: Option<Cancelled>,
+    ran: bool,
     timeout_ms: i32,
 ) -> Outcome {
     let report = report_of(&caught);
@@ -496,9 +533,12 @@ fn failure(
         detail: report.detail().map(said),
         hint: report.hint().map(said),
         position,
+        ran,
     };
     match ours {
         Some(Cancelled::Timeout) => {
+            // The extension's own words: no value in them.
+            error.ran = false;
             error.hint = Some(format!(
                 "The query ran longer than sql_query_engine.statement_timeout ({timeout_ms} ms)."
             ));
@@ -517,6 +557,7 @@ fn failure(
                         .into(),
                 ),
                 position: None,
+                ran: false,
             };
         }
         None => {}
@@ -560,6 +601,7 @@ fn run_guarded(
         Ok(checked) => checked,
         Err(refusal) => return Outcome::Refused(refusal),
     };
+    Analysed::passed();
     if mode == Mode::Check {
         return Outcome::Checked;
     }

@@ -154,8 +154,11 @@ pub fn repair_error(
 /// (`sample_values = 0`), the values PostgreSQL quotes in data errors (`invalid input syntax
 /// for type integer: "<a stored name>"`) are withheld, and messages raised by functions (which
 /// may say anything) are replaced; the SQLSTATE, the message's shape and the position stay, so
-/// that the repair still knows what went wrong where. Name errors keep their quoted names: those
-/// are the schema's, not data.
+/// that the repair still knows what went wrong where. An error raised while the query ran may
+/// quote a stored value whatever its class (`col::regclass` gives 42P01 `relation "<value>"
+/// does not exist`, `to_tsquery(col)` a 42601): its quoted parts are withheld and its detail
+/// and hint (an XML error's detail shows the input line unquoted) are not shown. Errors of
+/// analysis keep their quoted names: those are the schema's and the query's, not data.
 pub fn shown_error(error: &SqlError, share_values: bool) -> SqlError {
     const QUOTES_VALUES: &[&str] = &["22", "23", "2F", "38", "39"];
     if share_values {
@@ -167,6 +170,14 @@ pub fn shown_error(error: &SqlError, share_values: bool) -> SqlError {
             message: "(a function raised an error; its text is withheld because \
                       sql_query_engine.sample_values is 0)"
                 .into(),
+            detail: None,
+            hint: None,
+            ..error.clone()
+        };
+    }
+    if error.ran {
+        return SqlError {
+            message: withhold_quoted(&error.message),
             detail: None,
             hint: None,
             ..error.clone()
@@ -367,6 +378,7 @@ mod tests {
             detail: Some("some detail".into()),
             hint: Some("Perhaps you meant to reference the column \"t.name\".".into()),
             position: Some(8),
+            ran: false,
         };
         let m = repair_error(
             "names?",
@@ -395,6 +407,7 @@ mod tests {
             detail: Some("a\r\nb".into()),
             hint: None,
             position: None,
+            ran: true,
         };
         let m = repair_error("names?", "SELECT f()", &raised, false, None);
         assert!(
@@ -501,5 +514,17 @@ mod tests {
         assert_eq!(shown_error(&name, false), name);
         let raised = SqlError::new(SqlState::parse("P0001"), "secret Alice Smith");
         assert!(!shown_error(&raised, false).message.contains("Alice"));
+        // Raised while the query ran: a name error may quote a stored value.
+        let ran = SqlError {
+            ran: true,
+            detail: Some("line 1: Alice Smith".into()),
+            ..SqlError::new(
+                SqlState::UNDEFINED_TABLE,
+                "relation \"alice\" does not exist",
+            )
+        };
+        let shown = shown_error(&ran, false);
+        assert_eq!(shown.message, "relation \"…\" does not exist");
+        assert_eq!(shown.detail, None);
     }
 }

@@ -665,3 +665,63 @@ fn tables_another_session_holds_locked_hold_up_neither_the_schema_nor_its_sample
         assert!(schema.contains(&format!("'note {i}'")), "{schema}");
     }
 }
+
+/// With `sample_values = 0` no stored value reaches the model through an error either: a
+/// query that turns values into names or query text gets errors of any class quoting them
+/// (`name::regclass` a 42P01, `to_tsquery` a 42601, an XML error shows its input in DETAIL).
+/// The repair is told the SQLSTATE and the message's shape. Asked by a role that may read the
+/// table.
+#[test]
+fn without_sample_values_no_error_of_a_running_query_quotes_stored_values() {
+    let s = Session::new();
+    let analyst = format!("analyst_{}", s.database);
+    let mut admin = cluster().connect(&s.database);
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {analyst} LOGIN; GRANT SELECT ON customers TO {analyst};
+             ALTER DATABASE {db} SET sql_query_engine.llm_url = '{url}';
+             ALTER DATABASE {db} SET sql_query_engine.vote = off;
+             ALTER DATABASE {db} SET sql_query_engine.max_repairs = 1;",
+            db = s.database,
+            url = s.llm.url()
+        ))
+        .unwrap();
+    let mut analyst = cluster().connect_as(&s.database, &analyst);
+    analyst
+        .batch_execute("SET sql_query_engine.sample_values = 0")
+        .unwrap();
+    for (question, sql, sqlstate) in [
+        (
+            "customers as relations",
+            "SELECT name::regclass AS r FROM customers",
+            "42P01",
+        ),
+        (
+            "customers as a text search",
+            "SELECT pg_catalog.to_tsquery('simple', string_agg(name, ' ' ORDER BY name)) AS q FROM customers",
+            "42601",
+        ),
+        (
+            "customers as a document",
+            "SELECT xmlparse(document '<a>' || string_agg(name, '<' ORDER BY name)) AS d FROM customers",
+            "2200",
+        ),
+    ] {
+        s.llm.on(
+            question,
+            vec![Reply::sql(sql), Reply::sql("SELECT count(*) AS n FROM customers")],
+        );
+        analyst
+            .query_one("SELECT nl_query($1)::text", &[&question])
+            .unwrap();
+        let repair = s.llm.requests().last().unwrap().text();
+        assert!(repair.contains(sqlstate), "{question}: {repair}");
+        let lower = repair.to_lowercase();
+        for stored in ["ada", "bruno", "chiara", "dmitri"] {
+            assert!(
+                !lower.contains(stored),
+                "{question}: {stored} reached the model: {repair}"
+            );
+        }
+    }
+}
