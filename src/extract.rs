@@ -404,8 +404,10 @@ fn statement_end(sql: &str) -> usize {
     bytes.len()
 }
 
-/// Final tidying: a fence left inside a JSON value, surrounding blank space, trailing `;`.
-/// Also what SQL a caller gives becomes (`nl_fix`'s, perhaps pasted in a fence).
+/// Final tidying: a fence left inside a JSON value, surrounding blank space, trailing `;`, and
+/// a NUL (JSON's `\u0000`, which no PostgreSQL text holds: the SQL goes into the trace and
+/// the history) replaced. Also what SQL a caller gives becomes (`nl_fix`'s, perhaps pasted in
+/// a fence).
 pub fn clean(sql: &str) -> String {
     let s = sql.trim();
     if s.starts_with("```") {
@@ -413,7 +415,7 @@ pub fn clean(sql: &str) -> String {
             return clean(&body);
         }
     }
-    as_written(s)
+    crate::text::without_nul(as_written(s))
 }
 
 /// SQL a caller gave or a verified example stores, as it was checked: surrounding blank space

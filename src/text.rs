@@ -177,6 +177,16 @@ pub fn json_depth(text: &[u8]) -> usize {
     deepest
 }
 
+/// `text` with every NUL replaced (by U+FFFD): text from outside (a model's answer, an
+/// endpoint's error) that PostgreSQL can store, as text or jsonb, and raise.
+pub fn without_nul(text: String) -> String {
+    if text.contains('\0') {
+        text.replace('\0', "\u{FFFD}")
+    } else {
+        text
+    }
+}
+
 /// `text`, or its first `chars` characters and " ..." when it is longer.
 pub fn at_most(text: &str, chars: usize) -> String {
     match text.char_indices().nth(chars) {

@@ -130,7 +130,7 @@ impl OpenAiClient {
     }
 
     fn failure(&self, cause: String, fault: Fault) -> Error {
-        let mut cause = redact(&cause, &self.base_url);
+        let mut cause = redact(&crate::text::without_nul(cause), &self.base_url);
         if let Some(key) = self.api_key.as_deref() {
             cause = without_key(&cause, key);
         }
@@ -728,7 +728,7 @@ fn read_stream(mut reader: impl std::io::BufRead, limit: u64) -> (Vec<Completion
                 text.push_str(piece);
             }
             if choice.get("finish_reason").is_some_and(|r| !r.is_null()) {
-                let content = texts[index].take().unwrap_or_default();
+                let content = crate::text::without_nul(texts[index].take().unwrap_or_default());
                 if !content.trim().is_empty() {
                     finished.push(Completion {
                         content,
@@ -802,7 +802,7 @@ fn content_of(choice: &Value) -> std::result::Result<String, String> {
         .get("content")
         .and_then(Value::as_str)
         .filter(|c| !c.trim().is_empty())
-        .map(str::to_string)
+        .map(|c| crate::text::without_nul(c.to_string()))
         .ok_or_else(|| match message.get("refusal").and_then(Value::as_str) {
             Some(refusal) => format!(
                 "the model refused: {}",

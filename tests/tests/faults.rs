@@ -482,3 +482,32 @@ fn an_error_code_a_function_chose_reaches_the_caller_and_the_model() {
     let repair = s.llm.requests().last().unwrap().text();
     assert!(repair.contains("P0099"), "{repair}");
 }
+
+/// A NUL in a model's answer (JSON's `\u0000`) is no character PostgreSQL stores: the answer
+/// is taken with it replaced, so the call still answers and leaves its history row (before,
+/// writing the trace failed: `nl_ask` raised 22P05 and `nl_query` left no row).
+#[test]
+fn a_nul_in_a_models_answer_neither_fails_the_call_nor_loses_its_history() {
+    let mut s = Session::new();
+    let before = s.scalar_i64("SELECT count(*) FROM nl_history");
+    s.llm.on(
+        "a nul in the answer",
+        vec![
+            Reply::sql("SELECT 1 AS one -- \u{0}"),
+            Reply::sql("SELECT 2 AS two"),
+        ],
+    );
+    let answer: String = s
+        .client
+        .query_one("SELECT nl_ask('a nul in the answer')::text", &[])
+        .expect("nl_ask answers")
+        .get(0);
+    assert!(answer.contains("\"rows\": [[1]]"), "{answer}");
+    assert_eq!(s.scalar_i64("SELECT count(*) FROM nl_history"), before + 1);
+    s.llm.on(
+        "a nul in a query's answer",
+        vec![Reply::sql("SELECT 3 AS three -- \u{0}")],
+    );
+    s.query("a nul in a query's answer").unwrap();
+    assert_eq!(s.scalar_i64("SELECT count(*) FROM nl_history"), before + 2);
+}
