@@ -7,7 +7,10 @@
 //!   (CREATE TABLE, a GRANT): such invalidations are noted and checked at the next question, so
 //!   that temporary tables and unrelated relations never cost a rebuild;
 //! - a change of role memberships or attributes (BYPASSRLS, SUPERUSER), schemas or enum
-//!   labels (syscache invalidations);
+//!   labels (syscache invalidations); a change of another role or of the database (`ALTER ROLE
+//!   mid NOINHERIT` on PostgreSQL 15, a new database owner) is checked at the next question,
+//!   and drops the cache only if the roles whose privileges the role has are no longer the
+//!   same (any role may change its own password: that must not cost every backend a rebuild);
 //! - a COMMENT, which invalidates nothing: the extension's event trigger counts it in
 //!   `nl_schema_changes`, whose sum is part of the key.
 //!
@@ -61,6 +64,10 @@ thread_local! {
     static INVALIDATED: RefCell<Invalidations> = RefCell::new(Invalidations::default());
     /// Syscache hash value of the cached role (its attributes decide what it may read).
     static ROLE_HASH: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+    /// Another role, or the database, changed since the last question (`privileges_changed`).
+    static ROLES_CHANGED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The roles whose privileges the cached role had when the cache was built.
+    static PRIVILEGES: RefCell<Vec<i64>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Marks the cache stale (from a callback: never panics, never raises).
@@ -100,12 +107,16 @@ unsafe extern "C-unwind" fn on_syscache_invalidation(
 ) {
     let namespaces = pg_sys::SysCacheIdentifier::NAMESPACEOID as std::ffi::c_int;
     let roles = pg_sys::SysCacheIdentifier::AUTHOID as std::ffi::c_int;
-    // Roles are shared by every database: only the cached role's own entry matters.
+    let databases = pg_sys::SysCacheIdentifier::DATABASEOID as std::ffi::c_int;
+    // Roles are shared by every database: the cached role's own entry matters; another role's,
+    // or the database's (its owner), may change what the role inherits: checked later.
+    if cache == databases || (cache == roles && hash != 0 && ROLE_HASH.get() != Some(hash)) {
+        ROLES_CHANGED.set(true);
+        return;
+    }
     let ours = hash == 0
         || if cache == namespaces {
             SCHEMA_HASHES.with(|h| h.try_borrow().map_or(true, |h| h.contains(&hash)))
-        } else if cache == roles {
-            ROLE_HASH.get() == Some(hash)
         } else {
             true
         };
@@ -151,6 +162,7 @@ pub fn init() {
         for cache in [
             pg_sys::SysCacheIdentifier::AUTHMEMROLEMEM,
             pg_sys::SysCacheIdentifier::AUTHOID,
+            pg_sys::SysCacheIdentifier::DATABASEOID,
             pg_sys::SysCacheIdentifier::NAMESPACEOID,
             pg_sys::SysCacheIdentifier::ENUMOID,
         ] {
@@ -171,7 +183,7 @@ pub fn context() -> Result<Rc<SchemaContext>> {
 /// `context`, and whether it came from the cache.
 pub fn load() -> Result<(Rc<SchemaContext>, bool)> {
     let key = current_key()?;
-    let stale = take_invalidations(&key.schemas);
+    let stale = take_invalidations(&key.schemas) || privileges_changed()?;
     if !stale {
         if let Some(hit) = CACHE.with_borrow(|c| {
             c.as_ref()
@@ -181,10 +193,13 @@ pub fn load() -> Result<(Rc<SchemaContext>, bool)> {
             return Ok((hit, true));
         }
     }
+    ROLES_CHANGED.set(false);
+    let privileges = privileges()?;
     let relations = catalog::load(&key.schemas, key.sample_values > 0)?;
     let oids: HashSet<pg_sys::Oid> = relations.iter().map(|r| pg_sys::Oid::from(r.oid)).collect();
     let context = Rc::new(SchemaContext::new(relations, key.sample_values));
     CACHED.with_borrow_mut(|c| *c = oids);
+    PRIVILEGES.with_borrow_mut(|p| *p = privileges);
     SCHEMA_HASHES.with_borrow_mut(|h| *h = schema_hashes(&key.schemas));
     ROLE_HASH.set(Some(syscache_hash(
         pg_sys::SysCacheIdentifier::AUTHOID,
@@ -192,6 +207,30 @@ pub fn load() -> Result<(Rc<SchemaContext>, bool)> {
     )));
     CACHE.with_borrow_mut(|c| *c = Some((key, Rc::clone(&context))));
     Ok((context, false))
+}
+
+/// Whether another role or the database changed since the last question and the role now has
+/// the privileges of other roles than when the cache was built.
+fn privileges_changed() -> Result<bool> {
+    if !ROLES_CHANGED.replace(false) {
+        return Ok(false);
+    }
+    let now = privileges()?;
+    Ok(PRIVILEGES.with_borrow(|before| *before != now))
+}
+
+/// The roles whose privileges the current role has (itself, the roles it inherits from,
+/// `pg_database_owner` for the database's owner), by OID.
+fn privileges() -> Result<Vec<i64>> {
+    subxact::pinned(|| {
+        store::read_one::<Vec<i64>>(
+            "SELECT coalesce(pg_catalog.array_agg(r.oid::pg_catalog.int8 ORDER BY r.oid), '{}') \
+             FROM pg_catalog.pg_roles r WHERE pg_catalog.pg_has_role(r.oid, 'USAGE')",
+            &[],
+        )
+    })
+    .map_err(|e| Error::internal(format!("reading the role's privileges failed: {e}")))
+    .map(Option::unwrap_or_default)
 }
 
 /// Whether the invalidations since the last question make the cache stale; forgets them.

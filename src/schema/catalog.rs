@@ -181,6 +181,11 @@ const MAX_STATISTICS: i64 = 200_000;
 /// Values of a column's statistics array that are turned into text (the default statistics
 /// target keeps 100).
 const MAX_STATISTIC_ARRAY_VALUES: i32 = 1000;
+/// Stored bytes of a column's statistics array that is looked at (a compressed array holds at
+/// most a few hundred times as much): ANALYZE keeps no value wider than a kilobyte, but since
+/// PostgreSQL 18 a table's owner (and whoever has MAINTAIN on it) may store any statistics
+/// (`pg_restore_attribute_stats`), and counting or converting an array reads all of it.
+const MAX_STATISTIC_ARRAY_BYTES: i32 = 64 << 10;
 
 /// Relations in the schemas `$1` (in search order) that the caller can SELECT from (some
 /// column of) and reach (`USAGE` on the schema: `sql_query_engine.schemas` is the caller's to
@@ -336,20 +341,25 @@ SELECT coalesce(json_agg(json_build_object(
 )), '[]')::text
 FROM (
     SELECT s.schemaname, s.tablename, s.attname, v.common_values, v.histogram,
-           coalesce((SELECT sum(f) FROM unnest(s.most_common_freqs) f) >= 0.999 - s.null_frac, false)
-               AND cardinality(v.common_values) = cardinality(raw.mcv)
-               AS all_values,
+           CASE WHEN pg_column_size(s.most_common_freqs) <= $8 AND raw.mcv IS NOT NULL
+                THEN coalesce((SELECT sum(f) FROM unnest(s.most_common_freqs) f)
+                                  >= 0.999 - s.null_frac, false)
+                     AND cardinality(v.common_values) = cardinality(raw.mcv)
+                ELSE false END AS all_values,
            sum(cardinality(v.common_values) + cardinality(v.histogram))
                OVER (ORDER BY t.ord ROWS UNBOUNDED PRECEDING) AS running
     FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS t(schemaname, tablename, attname, ord)
     JOIN pg_stats s
         ON s.schemaname = t.schemaname AND s.tablename = t.tablename AND s.attname = t.attname
-    -- Arrays of more than $7 values (a statistics target far above the default) are not
-    -- turned into text at all (ANALYZE keeps no value wider than a kilobyte).
+    -- Arrays of more than $7 values (a statistics target far above the default), or stored
+    -- in more than $8 bytes, are not turned into text at all (the size is read first: it
+    -- costs nothing, while counting the values reads the whole array).
     CROSS JOIN LATERAL (SELECT
-        CASE WHEN cardinality(s.most_common_vals) <= $7
+        CASE WHEN pg_column_size(s.most_common_vals) > $8 THEN NULL
+             WHEN cardinality(s.most_common_vals) <= $7
              THEN s.most_common_vals::text::text[] END AS mcv,
-        CASE WHEN cardinality(s.histogram_bounds) <= $7
+        CASE WHEN pg_column_size(s.histogram_bounds) > $8 THEN NULL
+             WHEN cardinality(s.histogram_bounds) <= $7
              THEN s.histogram_bounds::text::text[] END AS hist) raw
     CROSS JOIN LATERAL (SELECT
         ARRAY(SELECT substr(m.v, 1, $4) FROM unnest(raw.mcv) WITH ORDINALITY AS m(v, i)
@@ -544,6 +554,7 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
                             MAX_STATISTICS_PER_COLUMN.into(),
                             MAX_STATISTICS.into(),
                             MAX_STATISTIC_ARRAY_VALUES.into(),
+                            MAX_STATISTIC_ARRAY_BYTES.into(),
                         ],
                     )?)?
                 }

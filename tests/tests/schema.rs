@@ -725,3 +725,49 @@ fn without_sample_values_no_error_of_a_running_query_quotes_stored_values() {
         }
     }
 }
+
+/// What a role inherits can change without a change to the role itself: the database gets
+/// another owner (`pg_database_owner`'s privileges go with it), or a role in the middle of a
+/// chain of memberships stops passing privileges on (`NOINHERIT`, on PostgreSQL 15). The
+/// backend's next question shows exactly what the role may then read.
+#[test]
+fn privileges_a_role_stops_inheriting_leave_its_schema_at_the_next_question() {
+    let s = Session::new();
+    let db = &s.database;
+    let (analyst, readers, middle) = (
+        format!("analyst_{db}"),
+        format!("readers_{db}"),
+        format!("middle_{db}"),
+    );
+    let mut admin = cluster().connect(db);
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {analyst} LOGIN; CREATE ROLE {readers}; CREATE ROLE {middle} INHERIT;
+             GRANT {readers} TO {middle}; GRANT {middle} TO {analyst};
+             GRANT SELECT ON customers TO {analyst};
+             GRANT SELECT ON orders TO {readers};
+             GRANT SELECT ON secrets TO pg_database_owner;
+             ALTER DATABASE {db} OWNER TO {analyst};"
+        ))
+        .unwrap();
+    let mut analyst = cluster().connect_as(db, &analyst);
+    let shown = |analyst: &mut postgres::Client, table: &str| -> (bool, bool) {
+        let context: String = analyst.query_one("SELECT nl_schema()", &[]).unwrap().get(0);
+        let may: bool = analyst
+            .query_one("SELECT has_table_privilege($1, 'SELECT')", &[&table])
+            .unwrap()
+            .get(0);
+        (context.contains(&format!("CREATE TABLE {table} (")), may)
+    };
+    assert_eq!(shown(&mut analyst, "secrets"), (true, true));
+    assert_eq!(shown(&mut analyst, "orders"), (true, true));
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE {db} OWNER TO CURRENT_USER; ALTER ROLE {middle} NOINHERIT;"
+        ))
+        .unwrap();
+    assert_eq!(shown(&mut analyst, "secrets"), (false, false));
+    // On PostgreSQL 16 and later a grant keeps the inheritance it was made with.
+    let (orders_shown, orders_readable) = shown(&mut analyst, "orders");
+    assert_eq!(orders_shown, orders_readable);
+}
