@@ -383,14 +383,18 @@ pub struct Scanned {
 /// Bytes one of the extension's own reads may bring back.
 const OWN_READ_BYTES: usize = 64 << 20;
 
+/// Stored bytes of a value whose start an own read takes (`ValueLength::Cut`).
+const CUT_READ_BYTES: usize = 1 << 20;
+
 /// The values of `columns` (quoted names of text columns) in the first `limit` rows of `table`
 /// (`ONLY schema.name`, or a partitioned `schema.name`), read as the caller but on the
 /// extension's own behalf: the guard lets through only relations whose read runs no code and
 /// built-in functions, and the runtime gate refuses everything else (`Origin::Own`). One result
 /// row: the server aggregates the values into arrays, so a wide scan costs one row, not one per
-/// table row. Values are cut to `cut_chars` characters, or left out when longer than
-/// `max_chars`, without decompressing more of a long value than that (`substr` reads a slice,
-/// `octet_length` the stored size). Operators are written qualified: the caller's search path
+/// table row. Values are cut to so many characters (`ValueLength::Cut`; left out when stored
+/// in more than a megabyte), or left out when longer (`ValueLength::AtMost`), without
+/// decompressing more of a long value than that (`substr` reads a slice, `octet_length` the
+/// stored size). Operators are written qualified: the caller's search path
 /// may put another `<=` before pg_catalog's. `None` when the read failed or was refused.
 pub fn scan_text_columns(
     table: &str,
@@ -403,7 +407,13 @@ pub fn scan_text_columns(
         .iter()
         .enumerate()
         .map(|(i, column)| match length {
-            ValueLength::Cut(chars) => format!("pg_catalog.substr({column}, 1, {chars}) AS v{i}"),
+            // A value stored in more than CUT_READ_BYTES is left out: `substr` reads only a
+            // slice of text, but a bpchar column comes to it through `text(bpchar)`, which
+            // reads the whole value (`octet_length` reads only its header).
+            ValueLength::Cut(chars) => format!(
+                "CASE WHEN pg_catalog.octet_length({column}) OPERATOR(pg_catalog.<=) \
+                 {CUT_READ_BYTES} THEN pg_catalog.substr({column}, 1, {chars}) END AS v{i}"
+            ),
             ValueLength::AtMost(_) => format!("{column} AS v{i}"),
         })
         .collect();

@@ -771,3 +771,52 @@ fn privileges_a_role_stops_inheriting_leave_its_schema_at_the_next_question() {
     let (orders_shown, orders_readable) = shown(&mut analyst, "orders");
     assert_eq!(orders_shown, orders_readable);
 }
+
+/// Since PostgreSQL 18 a table's owner may store any statistics (`pg_restore_attribute_stats`),
+/// not only what ANALYZE keeps (values of at most a kilobyte): an array stored in more than
+/// 64 kB is not read at all, as counting or converting it would read it whole in every
+/// caller's backend; statistics of a usual size still are.
+#[test]
+fn statistics_too_large_to_read_cheaply_are_left_out() {
+    let mut s = Session::new();
+    if s.scalar_i64("SELECT current_setting('server_version_num')::int8") < 180000 {
+        return;
+    }
+    let owner = format!("owner_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {owner}; GRANT CREATE ON SCHEMA public TO {owner}; SET ROLE {owner};
+             CREATE TABLE notes (body text); CREATE TABLE tags (tag text);
+             SELECT pg_restore_attribute_stats('schemaname', 'public', 'relname', 'notes',
+                 'attname', 'body', 'inherited', false, 'null_frac', 0::real,
+                 'most_common_vals', (SELECT '{{' || string_agg('wide' || g || (SELECT string_agg(md5(g || '.' || i), '') FROM generate_series(1, 30) i), ',') || '}}' FROM generate_series(1, 200) g),
+                 'most_common_freqs', (SELECT array_agg(0.005::real) FROM generate_series(1, 200)));
+             SELECT pg_restore_attribute_stats('schemaname', 'public', 'relname', 'tags',
+                 'attname', 'tag', 'inherited', false, 'null_frac', 0::real,
+                 'most_common_vals', '{{red,green,blue}}',
+                 'most_common_freqs', '{{0.4,0.3,0.3}}'::real[]);
+             RESET ROLE;"
+        ))
+        .unwrap();
+    let told = ask(&mut s, "notes and their tags");
+    assert!(told.contains("'red'") && told.contains("'blue'"), "{told}");
+    assert!(!told.contains("wide1"), "{told}");
+}
+
+/// Samples show the start of a value, read as a slice; a `bpchar` value is read whole on its
+/// way to `substr` (as text), so a value stored in more than a megabyte is left out of the
+/// samples rather than decompressed in every caller's backend.
+#[test]
+fn a_huge_fixed_width_text_is_left_out_of_the_samples() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute(
+            "CREATE TABLE labels (label bpchar);
+             INSERT INTO labels VALUES ('short label'), (repeat('y', 3000000)::bpchar);",
+        )
+        .unwrap();
+    let told = ask(&mut s, "which labels are there");
+    let context = told.split("Question:").next().unwrap();
+    assert!(context.contains("short label"), "{told}");
+    assert!(!context.contains("yyyyyyyy"), "{told}");
+}
