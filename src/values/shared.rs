@@ -9,7 +9,10 @@
 //! (`relfilenode`, a partitioned table's partitions'), so a TRUNCATE or a rewrite starts afresh, and expires after `TTL` (a
 //! backend's own index is as old as its schema cache, which ANALYZE and DDL renew). Reads made
 //! in a transaction that wrote something (whose rows nobody else may see yet), or with a
-//! transaction's snapshot (REPEATABLE READ, SERIALIZABLE), are not shared.
+//! transaction's snapshot (REPEATABLE READ, SERIALIZABLE), or on a standby (whose replay may
+//! be behind the primary's, by `recovery_min_apply_delay` even hours), are not shared. Each
+//! column's read carries the time it was made and is used for `TTL_S` from then: the key's own
+//! expiry, renewed whenever any column of the relation is stored, is only what clears Redis.
 
 use std::collections::HashMap;
 
@@ -92,7 +95,7 @@ pub fn fetch(
             for (id, value) in of_key.iter().zip(answer) {
                 let Some(stored) = value else { continue };
                 bytes += stored.len();
-                if let Ok(mut read) = serde_json::from_str::<Vec<String>>(&stored) {
+                if let Some(mut read) = fresh(&stored, now_s()) {
                     read.truncate(per_column);
                     values += read.len();
                     found.insert(*id, read);
@@ -103,8 +106,27 @@ pub fn fetch(
     found
 }
 
+/// A column's shared read as stored, `[at, values]`: when it was read (seconds since the
+/// epoch), and its values.
+#[derive(serde::Deserialize)]
+struct Stored(u64, Vec<String>);
+
+/// The values of a stored read made less than `TTL_S` before `now` (a read dated more than a
+/// minute ahead, by another node's clock, is not taken either).
+fn fresh(stored: &str, now: u64) -> Option<Vec<String>> {
+    let Stored(at, values) = serde_json::from_str(stored).ok()?;
+    (at <= now + 60 && now.saturating_sub(at) < TTL_S).then_some(values)
+}
+
+/// Seconds since the epoch.
+fn now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 /// Whether this transaction's reads may be shared: nothing it wrote can be in them, and
-/// they see what is committed now. A REPEATABLE READ or SERIALIZABLE transaction reads with
+/// they see what is committed now (on the primary: a standby's replay may be behind). A REPEATABLE READ or SERIALIZABLE transaction reads with
 /// the snapshot it started with: rows deleted since would be shared again, for another
 /// `TTL_S`, each time the shared read has expired.
 pub fn may_share() -> bool {
@@ -115,16 +137,20 @@ pub fn may_share() -> bool {
     let wrote = unsafe { pg_sys::GetTopTransactionIdIfAny() } != pg_sys::InvalidTransactionId;
     // SAFETY: as above: the backend's isolation level, a plain integer.
     let old_snapshot = unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32;
-    !wrote && !old_snapshot
+    // SAFETY: reads shared recovery state, as any backend may.
+    let standby = unsafe { pg_sys::RecoveryInProgress() };
+    !wrote && !old_snapshot && !standby
 }
 
 /// Shares the reads `read` (column id, the values read) with the other backends.
 pub fn store(columns: &TextColumns, read: &[(usize, Vec<String>)]) {
     let mut by_key: HashMap<String, Vec<(String, String)>> = HashMap::new();
+    let at = now_s();
     for (id, values) in read {
-        if let (Some((key, attnum)), Ok(json)) =
-            (&columns.get(*id).shared_as, serde_json::to_string(values))
-        {
+        if let (Some((key, attnum)), Ok(json)) = (
+            &columns.get(*id).shared_as,
+            serde_json::to_string(&(at, values)),
+        ) {
             by_key
                 .entry(redis_client::database_key("values", key))
                 .or_default()
@@ -142,4 +168,21 @@ pub fn store(columns: &TextColumns, read: &[(usize, Vec<String>)]) {
         }
         pipe.query(c)
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shared_read_is_used_for_its_own_ttl_only() {
+        let stored = serde_json::to_string(&(1_000_000, ["Jane Roe"])).unwrap();
+        assert_eq!(
+            fresh(&stored, 1_000_000 + TTL_S - 1),
+            Some(vec!["Jane Roe".into()])
+        );
+        assert_eq!(fresh(&stored, 1_000_000 + TTL_S), None);
+        assert_eq!(fresh(&stored, 1_000_000 - 61), None, "dated ahead");
+        assert_eq!(fresh(r#"["Jane Roe"]"#, 1_000_000), None, "an undated read");
+    }
 }

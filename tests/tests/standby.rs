@@ -223,6 +223,22 @@ fn sessions_on_a_hot_standby_live_in_redis_or_backend_memory() {
     trace_in(&mut other, "then their countries", "s2");
     let follow_up = llm.requests().last().unwrap().text();
     assert!(follow_up.contains("customers first"), "{follow_up}");
+    // The standby reads its tables for the value index as of its replay, which may be far
+    // behind the primary's: it takes shared reads but never shares its own.
+    let schema: String = other
+        .query_one("SELECT nl_schema('customers called Bruno')", &[])
+        .unwrap()
+        .get(0);
+    assert!(
+        schema.contains("'Bruno' found in customers.name"),
+        "{schema}"
+    );
+    let mut r = redis.client().unwrap();
+    let shared: Vec<String> = redis::cmd("KEYS")
+        .arg("sql_query_engine:*:shared:values:*")
+        .query(&mut r)
+        .unwrap();
+    assert!(shared.is_empty(), "{shared:?}");
 }
 
 /// One deployment, one session store: with Redis, a conversation begun on the primary goes on
