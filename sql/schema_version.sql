@@ -1,12 +1,15 @@
 -- Comments made on the schema. DDL reaches every backend's schema cache through relcache
 -- invalidations, but COMMENT invalidates nothing, so this event trigger counts COMMENTs: one
--- row per transaction that made one, and the sum of `changes` is part of every backend's cache
--- key. A table, not a sequence: the count moves only when the COMMENT commits, and on a hot
--- standby when that commit is replayed. Rows are only ever inserted (concurrent DDL never waits
--- on another's row); old rows are folded into the newest one, so the sum never goes back.
+-- row per transaction and schema that had one, and the sum of `changes` over the schemas a
+-- backend's cache reads is part of its key. A table, not a sequence: the count moves only when
+-- the COMMENT commits, and on a hot standby when that commit is replayed. Rows are only ever
+-- inserted (concurrent DDL never waits on another's row); old rows are folded into the newest
+-- ones, so no schema's sum ever goes back.
 CREATE TABLE @extschema@.nl_schema_changes (
-    xid xid8 PRIMARY KEY DEFAULT pg_catalog.pg_current_xact_id(),
-    changes bigint NOT NULL DEFAULT 1
+    xid xid8 NOT NULL DEFAULT pg_catalog.pg_current_xact_id(),
+    changes bigint NOT NULL DEFAULT 1,
+    schema_name text NOT NULL DEFAULT '',
+    PRIMARY KEY (xid, schema_name)
 );
 GRANT SELECT ON @extschema@.nl_schema_changes TO PUBLIC;
 
@@ -17,16 +20,19 @@ GRANT SELECT ON @extschema@.nl_schema_changes TO PUBLIC;
 CREATE FUNCTION @extschema@.nl_schema_changed() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    -- A comment on a temporary object is in no one else's schema: any role may make temporary
-    -- tables, and would otherwise have every backend's schema cache built again at will (the
-    -- session's temporary schema is named pg_temp here).
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_event_trigger_ddl_commands() c
-                   WHERE c.schema_name IS NULL
-                      OR c.schema_name <> 'pg_temp') THEN
+    -- Only comments the schema context shows count (on relations and their columns), each in
+    -- its schema: a backend's cache is built again only for a comment in a schema it reads.
+    -- Any role may make temporary tables, large objects and (with CREATE on the database) its
+    -- own schema, and comment on them in a loop (the session's temporary schema is named
+    -- pg_temp here). One row per transaction and schema (its conflict check takes no
+    -- predicate lock).
+    INSERT INTO @extschema@.nl_schema_changes (schema_name)
+    SELECT DISTINCT c.schema_name FROM pg_catalog.pg_event_trigger_ddl_commands() c
+    WHERE c.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND c.schema_name <> 'pg_temp'
+    ON CONFLICT (xid, schema_name) DO NOTHING;
+    IF NOT FOUND THEN
         RETURN;
     END IF;
-    -- One row per transaction (its conflict check takes no predicate lock).
-    INSERT INTO @extschema@.nl_schema_changes DEFAULT VALUES ON CONFLICT (xid) DO NOTHING;
     IF pg_catalog.current_setting('transaction_isolation') <> 'serializable' THEN
         IF (SELECT count(*) FROM @extschema@.nl_schema_changes) > 100 THEN
             -- A fold that fails (rows a concurrent one folded, under REPEATABLE READ) leaves
@@ -34,13 +40,14 @@ BEGIN
             BEGIN
                 WITH folded AS (
                     DELETE FROM @extschema@.nl_schema_changes
-                    WHERE xid IN (SELECT xid FROM @extschema@.nl_schema_changes
-                                  WHERE xid <> pg_current_xact_id()
-                                  ORDER BY xid LIMIT 100 FOR UPDATE SKIP LOCKED)
-                    RETURNING changes)
-                UPDATE @extschema@.nl_schema_changes
-                SET changes = changes + (SELECT coalesce(sum(changes), 0) FROM folded)
-                WHERE xid = pg_current_xact_id();
+                    WHERE (xid, schema_name) IN (
+                        SELECT xid, schema_name FROM @extschema@.nl_schema_changes
+                        WHERE xid <> pg_current_xact_id()
+                        ORDER BY xid LIMIT 100 FOR UPDATE SKIP LOCKED)
+                    RETURNING schema_name, changes)
+                INSERT INTO @extschema@.nl_schema_changes AS t (schema_name, changes)
+                SELECT f.schema_name, sum(f.changes) FROM folded f GROUP BY f.schema_name
+                ON CONFLICT (xid, schema_name) DO UPDATE SET changes = t.changes + EXCLUDED.changes;
             EXCEPTION WHEN OTHERS THEN
                 NULL;
             END;

@@ -6,13 +6,15 @@
 //! - a relation it does not hold that is now in one of its schemas and readable by the role
 //!   (CREATE TABLE, a GRANT): such invalidations are noted and checked at the next question, so
 //!   that temporary tables and unrelated relations never cost a rebuild;
-//! - a change of role memberships or attributes (BYPASSRLS, SUPERUSER), schemas or enum
-//!   labels (syscache invalidations); a change of another role or of the database (`ALTER ROLE
-//!   mid NOINHERIT` on PostgreSQL 15, a new database owner) is checked at the next question,
-//!   and drops the cache only if the roles whose privileges the role has are no longer the
-//!   same (any role may change its own password: that must not cost every backend a rebuild);
-//! - a COMMENT, which invalidates nothing: the extension's event trigger counts it in
-//!   `nl_schema_changes`, whose sum is part of the key.
+//! - a change of the role's attributes (BYPASSRLS, SUPERUSER), schemas or enum labels
+//!   (syscache invalidations); a change of memberships, of another role or of the database
+//!   (`ALTER ROLE mid NOINHERIT` on PostgreSQL 15, a new database owner) is checked at the next
+//!   question, and drops the cache only if the roles whose privileges the role has are no
+//!   longer the same (any role may change its own password, and on PostgreSQL 15 grant
+//!   membership in itself: that must not cost every backend a rebuild);
+//! - a COMMENT on a relation or column of a schema it reads, which invalidates nothing: the
+//!   extension's event trigger counts it in `nl_schema_changes`, per schema, and the sum over
+//!   the schemas read is part of the key.
 //!
 //! Invalidations arrive when DDL commits, also for the backend's own DDL in an open
 //! transaction, and on a hot standby when the commit is replayed (the comment count too, being a
@@ -42,7 +44,7 @@ struct CacheKey {
     /// The caller's search path: it decides which names need qualifying.
     search_path: Vec<pg_sys::Oid>,
     sample_values: usize,
-    /// COMMENTs committed so far (`nl_schema_changes`).
+    /// COMMENTs committed so far on relations of the schemas read (`nl_schema_changes`).
     comments: i64,
 }
 
@@ -97,8 +99,9 @@ unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid:
     });
 }
 
-/// Role memberships and enum labels: any change. Schemas: only those the cache reads (a
-/// session's first temporary table creates its temporary schema, which must not count).
+/// Enum labels: any change. Schemas: only those the cache reads (a session's first temporary
+/// table creates its temporary schema, which must not count). The cached role's attributes:
+/// any change; memberships, other roles and the database: a check at the next question.
 #[pg_guard]
 unsafe extern "C-unwind" fn on_syscache_invalidation(
     _arg: pg_sys::Datum,
@@ -108,9 +111,15 @@ unsafe extern "C-unwind" fn on_syscache_invalidation(
     let namespaces = pg_sys::SysCacheIdentifier::NAMESPACEOID as std::ffi::c_int;
     let roles = pg_sys::SysCacheIdentifier::AUTHOID as std::ffi::c_int;
     let databases = pg_sys::SysCacheIdentifier::DATABASEOID as std::ffi::c_int;
-    // Roles are shared by every database: the cached role's own entry matters; another role's,
-    // or the database's (its owner), may change what the role inherits: checked later.
-    if cache == databases || (cache == roles && hash != 0 && ROLE_HASH.get() != Some(hash)) {
+    let memberships = pg_sys::SysCacheIdentifier::AUTHMEMROLEMEM as std::ffi::c_int;
+    // Roles and memberships are shared by every database: the cached role's own entry
+    // matters; a membership, another role, or the database (its owner) may change what the
+    // role inherits: checked at the next question (on PostgreSQL 15 any role may grant
+    // membership in itself, in a loop).
+    if cache == databases
+        || cache == memberships
+        || (cache == roles && hash != 0 && ROLE_HASH.get() != Some(hash))
+    {
         ROLES_CHANGED.set(true);
         return;
     }
@@ -274,22 +283,25 @@ fn newly_readable(relid: pg_sys::Oid, schemas: &[String]) -> bool {
     }
 }
 
-/// Role, schemas, search path, settings and the comment count.
+/// Role, schemas, search path, settings and the comment count of the schemas read.
 fn current_key() -> Result<CacheKey> {
     let schema = store::extension_schema()?;
-    let comments = subxact::pinned(|| {
-        store::read_one::<i64>(
-            &format!("SELECT coalesce(sum(changes), 0)::int8 FROM {schema}.nl_schema_changes"),
-            &[],
-        )
-    })
-    .map_err(|e| Error::internal(format!("reading the schema version failed: {e}")))?
-    .unwrap_or(0);
     let search_path = search_path();
     let schemas = match settings::schemas() {
         Some(schemas) => schemas,
         None => usable_schemas(&search_path)?,
     };
+    let comments = subxact::pinned(|| {
+        store::read_one::<i64>(
+            &format!(
+                "SELECT coalesce(pg_catalog.sum(changes), 0)::pg_catalog.int8 \
+                 FROM {schema}.nl_schema_changes WHERE schema_name = ANY ($1)"
+            ),
+            &[schemas.clone().into()],
+        )
+    })
+    .map_err(|e| Error::internal(format!("reading the schema version failed: {e}")))?
+    .unwrap_or(0);
     Ok(CacheKey {
         // SAFETY: reads the backend's current role.
         role: unsafe { pg_sys::GetUserId() },

@@ -246,6 +246,33 @@ fn updating_from_0_1_0_through_every_release_equals_a_fresh_install_and_keeps_th
              DROP ROLE {plain}; DROP ROLE \"{upper}\";"
         ))
         .unwrap();
+    // 0.10.0 counted every COMMENT in one sum; 0.11.0 counts those on relations, per schema,
+    // and keeps the rows counted before (under no schema).
+    client
+        .batch_execute(
+            "COMMENT ON TABLE t IS 'before';
+             ALTER EXTENSION sql_query_engine UPDATE TO '0.11.0';
+             SELECT lo_create(4242);",
+        )
+        .unwrap();
+    client
+        .batch_execute("COMMENT ON TABLE t IS 'after'")
+        .unwrap();
+    client
+        .batch_execute("COMMENT ON LARGE OBJECT 4242 IS 'not shown'")
+        .unwrap();
+    let counted = |client: &mut postgres::Client, schema: &str| -> i64 {
+        client
+            .query_one(
+                "SELECT coalesce(sum(changes), 0)::int8 FROM nl_schema_changes \
+                 WHERE schema_name = $1",
+                &[&schema],
+            )
+            .unwrap()
+            .get(0)
+    };
+    assert!(counted(&mut client, "") >= 1);
+    assert_eq!(counted(&mut client, "public"), 1);
     let version: String = client
         .query_one(
             "SELECT extversion FROM pg_extension WHERE extname = 'sql_query_engine'",
@@ -253,7 +280,7 @@ fn updating_from_0_1_0_through_every_release_equals_a_fresh_install_and_keeps_th
         )
         .unwrap()
         .get(0);
-    assert_eq!(version, "0.10.0");
+    assert_eq!(version, "0.11.0");
     let (updated_members, fresh_members) = (members(&updated), members(&fresh));
     let only = |a: &[String], b: &[String]| -> Vec<String> {
         a.iter().filter(|m| !b.contains(m)).cloned().collect()
