@@ -28,6 +28,9 @@ const MAX_PARAMETERS: usize = 4;
 /// Words of an example's question, at most, for it to be a template (matching recurses once
 /// per word).
 const MAX_TEMPLATE_WORDS: usize = 100;
+/// Literals of an example's SQL, at most, for it to be a template: each is looked for in the
+/// question, and an example's SQL (another role's, up to 400 kB) may hold tens of thousands.
+const MAX_TEMPLATE_LITERALS: usize = 64;
 
 /// A verified example instantiated for a question.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,7 +119,7 @@ pub fn check_marks(question: &str, sql: &str) -> Result<(), String> {
     let Some(template) = Template::of(&example) else {
         return Err(format!(
             "a question that marks parameters may have at most {MAX_TEMPLATE_WORDS} words and \
-             {MAX_PARAMETERS} parameters"
+             {MAX_PARAMETERS} parameters, and its SQL at most {MAX_TEMPLATE_LITERALS} literals"
         ));
     };
     match spans.iter().find(|&&(start, end)| {
@@ -176,7 +179,11 @@ impl<'a> Template<'a> {
             .map(|w| spans.iter().position(|&(s, e)| w.start >= s && w.end <= e))
             .collect();
         let mut parameters: Vec<Parameter> = Vec::new();
-        for literal in literals(&example.sql) {
+        let literals = literals(&example.sql);
+        if literals.len() > MAX_TEMPLATE_LITERALS {
+            return None;
+        }
+        for literal in literals {
             if let Some(p) = parameters
                 .iter_mut()
                 .find(|p| p.kind == literal.kind && p.value == literal.value)
@@ -197,7 +204,7 @@ impl<'a> Template<'a> {
                     named
                         .iter()
                         .enumerate()
-                        .all(|(k, w)| pieces[at + k] == Piece::Word(w.clone()))
+                        .all(|(k, w)| matches!(&pieces[at + k], Piece::Word(p) if p == w))
                 })
                 .filter(|&at| spans.is_empty() || fills_mark(&marked, at, named.len()))
                 .collect();
@@ -469,6 +476,22 @@ mod tests {
         assert!(instantiate("the 12 largest orders", &numbers, &stored).is_some());
         assert_eq!(
             instantiate("the few largest orders", &numbers, &stored),
+            None
+        );
+        // SQL of more literals than a template looks at is no template.
+        let many = vec![example(
+            4,
+            "the 5 largest orders, many",
+            &format!(
+                "SELECT * FROM orders WHERE id NOT IN ({}) LIMIT 5",
+                (0..MAX_TEMPLATE_LITERALS)
+                    .map(|i| i.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )];
+        assert_eq!(
+            instantiate("the 12 largest orders, many", &many, &stored),
             None
         );
         // A value the question names twice is no parameter: only the same question matches.
