@@ -671,6 +671,7 @@ impl heal::Database for LiveDatabase<'_> {
         // The caller's own SQL (`nl_fix`) names what the caller chose; everything else stays
         // within what the caller was shown.
         let scope = (kind != Kind::Given).then_some(self.scope);
+        history::ran(sql);
         let outcome =
             exec::attempt_in_loop(sql, self.mode, self.timeout_ms, scope, self.saves_view);
         match self.shape {

@@ -197,11 +197,58 @@ impl Caller {
 /// A call being audited: what its audit line says if the backend exits before the call ends
 /// (a FATAL error, `pg_terminate_backend`, a client gone with `client_connection_check_interval`
 /// set), where nothing catches and the history row goes with the transaction.
+#[derive(Clone)]
 struct InFlight {
     caller: Caller,
     function: String,
     session: Option<String>,
     input: String,
+    /// The queries of the call that ran so far (`ran`): they went to the database as the
+    /// caller, and their errors or rows to the model, however the call ends.
+    ran: Vec<String>,
+    /// Queries that ran beyond `MAX_RAN`.
+    more: usize,
+}
+
+/// Queries of one call written into its audit line, at most, each cut to `MAX_RAN_CHARS`.
+const MAX_RAN: usize = 16;
+const MAX_RAN_CHARS: usize = 2000;
+
+/// Notes that `sql` is about to run for the call being audited.
+pub fn ran(sql: &str) {
+    IN_FLIGHT.with(|calls| {
+        if let Ok(mut calls) = calls.try_borrow_mut() {
+            if let Some(call) = calls.last_mut() {
+                if call.ran.len() < MAX_RAN {
+                    call.ran.push(crate::text::at_most(sql, MAX_RAN_CHARS));
+                } else {
+                    call.more += 1;
+                }
+            }
+        }
+    });
+}
+
+/// The queries the innermost call being audited ran so far, as its audit line lists them.
+fn ran_so_far() -> String {
+    IN_FLIGHT.with(|calls| {
+        let Ok(calls) = calls.try_borrow() else {
+            return String::new();
+        };
+        let Some(call) = calls.last() else {
+            return String::new();
+        };
+        let mut text: String = call
+            .ran
+            .iter()
+            .enumerate()
+            .map(|(i, sql)| format!("\nran {}: {sql}", i + 1))
+            .collect();
+        if call.more > 0 {
+            text.push_str(&format!("\nand {} more", call.more));
+        }
+        text
+    })
 }
 
 thread_local! {
@@ -227,6 +274,8 @@ impl InFlight {
                 function: function.to_string(),
                 session: session.map(str::to_string),
                 input: input.to_string(),
+                ran: Vec::new(),
+                more: 0,
             })
         });
         Entered
@@ -242,8 +291,8 @@ impl Drop for Entered {
 /// Audits the calls the backend exits in the middle of.
 #[pg_guard]
 unsafe extern "C-unwind" fn audit_at_exit(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
-    let calls = IN_FLIGHT.with_borrow_mut(std::mem::take);
-    for call in calls.iter().rev() {
+    // Innermost first, each while it is still the innermost (its audit line lists what it ran).
+    while let Some(call) = IN_FLIGHT.with_borrow(|calls| calls.last().cloned()) {
         audit(
             &call.caller,
             &call.function,
@@ -251,6 +300,7 @@ unsafe extern "C-unwind" fn audit_at_exit(_code: std::ffi::c_int, _arg: pg_sys::
             &call.input,
             Audited::Ended,
         );
+        IN_FLIGHT.with_borrow_mut(|calls| calls.pop());
     }
 }
 
@@ -318,8 +368,8 @@ pub fn audit(
         .map(|s| format!(" session {s:?}"))
         .unwrap_or_default();
     let detail = match sql {
-        Some(sql) => format!("input: {input}\nsql: {sql}"),
-        None => format!("input: {input}"),
+        Some(sql) => format!("input: {input}\nsql: {sql}{}", ran_so_far()),
+        None => format!("input: {input}{}", ran_so_far()),
     };
     ErrorReport::new(
         PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,

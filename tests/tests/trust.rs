@@ -509,17 +509,21 @@ fn every_call_is_in_the_server_log_whatever_the_callers_transaction() {
         .unwrap_err();
     assert_eq!(db_error(&refused).0, "42501");
     // A call that an ERROR ends (here the caller's statement timeout during the model's answer,
-    // caught by the caller) is in the log too.
+    // caught by the caller) is in the log too, with the query that ran before (its error went
+    // to the model).
     s.llm.on(
         "wait and be cancelled",
-        vec![Reply::Slow(
-            std::time::Duration::from_secs(20),
-            Box::new(Reply::sql("SELECT 1 AS one")),
-        )],
+        vec![
+            Reply::sql("SELECT count(*) AS n FROM orders WHERE nme = 1"),
+            Reply::Slow(
+                std::time::Duration::from_secs(20),
+                Box::new(Reply::sql("SELECT 1 AS one")),
+            ),
+        ],
     );
     caller
         .batch_execute(
-            "SET statement_timeout = 500;
+            "SET statement_timeout = 2000;
              DO $$ BEGIN PERFORM * FROM nl_query('wait and be cancelled');
                    EXCEPTION WHEN query_canceled THEN NULL; END $$;
              RESET statement_timeout;",
@@ -593,6 +597,10 @@ fn every_call_is_in_the_server_log_whatever_the_callers_transaction() {
             "not in the server log: {line} / {asked}"
         );
     }
+    assert!(
+        log.contains("ran 1: SELECT count(*) AS n FROM orders WHERE nme = 1"),
+        "the query that ran is not in the server log"
+    );
 }
 
 /// What nl_feedback and nl_fix run is in the audit line, also when the caller wrote the
