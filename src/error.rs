@@ -73,6 +73,17 @@ impl SqlState {
         std::str::from_utf8(&self.0).unwrap_or("XX000")
     }
 
+    /// PostgreSQL's name of the condition (`invalid_text_representation` for 22P02), when
+    /// pgrx knows the code.
+    pub fn condition(&self) -> Option<String> {
+        let code = self.code();
+        if code == PgSqlErrorCode::ERRCODE_INTERNAL_ERROR && *self != SqlState::INTERNAL_ERROR {
+            return None;
+        }
+        let name = format!("{code:?}");
+        name.strip_prefix("ERRCODE_").map(str::to_ascii_lowercase)
+    }
+
     /// The two-character class, e.g. `42` (syntax error or access rule violation).
     pub fn class(&self) -> &str {
         &self.as_str()[..2]

@@ -547,8 +547,10 @@ fn failure(
     };
     match ours {
         Some(Cancelled::Timeout) => {
-            // The extension's own words: no value in them.
+            // The extension's own words, whatever the query's code raised once cancelled.
             error.ran = false;
+            error.message = "canceling statement due to statement timeout".into();
+            error.detail = None;
             error.hint = Some(format!(
                 "The query ran longer than sql_query_engine.statement_timeout ({timeout_ms} ms)."
             ));

@@ -155,10 +155,11 @@ pub fn repair_error(
 /// for type integer: "<a stored name>"`) are withheld, and messages raised by functions (which
 /// may say anything) are replaced; the SQLSTATE, the message's shape and the position stay, so
 /// that the repair still knows what went wrong where. An error raised while the query ran may
-/// quote a stored value whatever its class (`col::regclass` gives 42P01 `relation "<value>"
-/// does not exist`, `to_tsquery(col)` a 42601): its quoted parts are withheld and its detail
-/// and hint (an XML error's detail shows the input line unquoted) are not shown. Errors of
-/// analysis keep their quoted names: those are the schema's and the query's, not data.
+/// hold a stored value whatever its class, quoted (`col::regclass` gives 42P01 `relation
+/// "<value>" does not exist`, and a quoted value may hold quotes itself) or not
+/// (`make_date(y, m, d)` prints the date): of such an error the model is told only its
+/// condition's name. Errors of analysis keep their quoted names: those are the schema's and
+/// the query's, not data.
 pub fn shown_error(error: &SqlError, share_values: bool) -> SqlError {
     const QUOTES_VALUES: &[&str] = &["22", "23", "2F", "38", "39"];
     if share_values {
@@ -176,8 +177,15 @@ pub fn shown_error(error: &SqlError, share_values: bool) -> SqlError {
         };
     }
     if error.ran {
+        let condition = error
+            .sqlstate
+            .condition()
+            .unwrap_or_else(|| format!("SQLSTATE {}", error.sqlstate.as_str()));
         return SqlError {
-            message: withhold_quoted(&error.message),
+            message: format!(
+                "{condition} (raised while the query ran; its text is withheld because \
+                 sql_query_engine.sample_values is 0)"
+            ),
             detail: None,
             hint: None,
             ..error.clone()
@@ -524,7 +532,14 @@ mod tests {
             )
         };
         let shown = shown_error(&ran, false);
-        assert_eq!(shown.message, "relation \"…\" does not exist");
+        assert!(
+            shown
+                .message
+                .starts_with("undefined_table (raised while the query ran"),
+            "{}",
+            shown.message
+        );
+        assert!(!shown.message.contains("alice"));
         assert_eq!(shown.detail, None);
     }
 }

@@ -702,6 +702,11 @@ fn without_sample_values_no_error_of_a_running_query_quotes_stored_values() {
             "42601",
         ),
         (
+            "customers as numbers",
+            "SELECT ('{\"n\":\"' || name || '\"}')::int AS n FROM customers",
+            "22P02",
+        ),
+        (
             "customers as a document",
             "SELECT xmlparse(document '<a>' || string_agg(name, '<' ORDER BY name)) AS d FROM customers",
             "2200",
