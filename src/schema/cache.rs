@@ -10,8 +10,8 @@
 //!   (syscache invalidations); a change of memberships, of another role or of the database
 //!   (`ALTER ROLE mid NOINHERIT` on PostgreSQL 15, a new database owner) is checked at the next
 //!   question, and drops the cache only if the roles whose privileges the role has are no
-//!   longer the same (any role may change its own password, and on PostgreSQL 15 grant
-//!   membership in itself: that must not cost every backend a rebuild);
+//!   longer the same (any role may change its own password, and grants in one database must
+//!   not cost every backend of the cluster a rebuild);
 //! - a COMMENT on a relation or column of a schema it reads, which invalidates nothing: the
 //!   extension's event trigger counts it in `nl_schema_changes`, per schema, and the sum over
 //!   the schemas read is part of the key.
@@ -114,8 +114,8 @@ unsafe extern "C-unwind" fn on_syscache_invalidation(
     let memberships = pg_sys::SysCacheIdentifier::AUTHMEMROLEMEM as std::ffi::c_int;
     // Roles and memberships are shared by every database: the cached role's own entry
     // matters; a membership, another role, or the database (its owner) may change what the
-    // role inherits: checked at the next question (on PostgreSQL 15 any role may grant
-    // membership in itself, in a loop).
+    // role inherits: checked at the next question (another database's roles and grants must
+    // not cost this one's backends a rebuild).
     if cache == databases
         || cache == memberships
         || (cache == roles && hash != 0 && ROLE_HASH.get() != Some(hash))
@@ -202,6 +202,10 @@ pub fn load() -> Result<(Rc<SchemaContext>, bool)> {
             return Ok((hit, true));
         }
     }
+    // Forgotten before the rebuild: one that fails (a cancel, a timeout) must leave no cache
+    // that serves what the invalidations said may have changed.
+    CACHE.with_borrow_mut(|c| *c = None);
+    CACHED.with_borrow_mut(HashSet::clear);
     ROLES_CHANGED.set(false);
     let privileges = privileges()?;
     let relations = catalog::load(&key.schemas, key.sample_values > 0)?;
@@ -315,10 +319,10 @@ fn current_key() -> Result<CacheKey> {
 /// The schemas a question reads by default: those of the search path `$1` in its order, then
 /// every other one, by name, except system schemas and other extensions' own; of either, only
 /// those the role may use and whose owner it trusts already (itself or a role it belongs to,
-/// the database's owner, `pg_database_owner` as `public`'s owner, a superuser). A schema some other role made is left out even on the
-/// path, where `"$user"` finds a schema named after the caller that anyone with CREATE on the
-/// database may make: nobody can put relations in front of the model that the caller never
-/// chose to look at (`sql_query_engine.schemas` names such a schema).
+/// the database's owner, `pg_database_owner` as `public`'s owner, a superuser). A schema some
+/// other role made is left out even on the path, where `"$user"` finds a schema named after the caller that
+/// anyone with CREATE on the database may make: nobody can put relations in front of the model
+/// that the caller never chose to look at (`sql_query_engine.schemas` names such a schema).
 const USABLE_SCHEMAS_SQL: &str = "
 SELECT coalesce(pg_catalog.array_agg(n.nspname::text ORDER BY p.ord, n.nspname), '{}')
 FROM pg_catalog.pg_namespace n
