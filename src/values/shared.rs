@@ -9,8 +9,9 @@
 //! (`relfilenode`, a partitioned table's partitions'), so a TRUNCATE or a rewrite starts afresh, and expires after `TTL` (a
 //! backend's own index is as old as its schema cache, which ANALYZE and DDL renew). Reads made
 //! in a transaction that wrote something (whose rows nobody else may see yet), or with a
-//! transaction's snapshot (REPEATABLE READ, SERIALIZABLE), or on a standby (whose replay may
-//! be behind the primary's, by `recovery_min_apply_delay` even hours), are not shared. Each
+//! transaction's snapshot (REPEATABLE READ, SERIALIZABLE), are not shared; a standby (whose
+//! replay, data and privileges alike, may be behind the primary's by hours with
+//! `recovery_min_apply_delay`) neither shares its reads nor takes others'. Each
 //! column's read carries the time it was made and is used for `TTL_S` from then: the key's own
 //! expiry, renewed whenever any column of the relation is stored, is only what clears Redis.
 
@@ -39,7 +40,7 @@ pub fn fetch(
     per_column: usize,
     max_values: usize,
 ) -> HashMap<usize, Vec<String>> {
-    if !redis_client::configured() {
+    if !redis_client::configured() || on_standby() {
         return HashMap::new();
     }
     // Per relation: its key, and (column id, field) of each column whose read may be shared.
@@ -137,9 +138,14 @@ pub fn may_share() -> bool {
     let wrote = unsafe { pg_sys::GetTopTransactionIdIfAny() } != pg_sys::InvalidTransactionId;
     // SAFETY: as above: the backend's isolation level, a plain integer.
     let old_snapshot = unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32;
+    !wrote && !old_snapshot && !on_standby()
+}
+
+/// Whether this server is a standby: its replay, and so its data and its catalog (what a role
+/// may read), may be far behind the primary's, whose backends share the same keys.
+fn on_standby() -> bool {
     // SAFETY: reads shared recovery state, as any backend may.
-    let standby = unsafe { pg_sys::RecoveryInProgress() };
-    !wrote && !old_snapshot && !standby
+    unsafe { pg_sys::RecoveryInProgress() }
 }
 
 /// Shares the reads `read` (column id, the values read) with the other backends.

@@ -224,7 +224,8 @@ fn sessions_on_a_hot_standby_live_in_redis_or_backend_memory() {
     let follow_up = llm.requests().last().unwrap().text();
     assert!(follow_up.contains("customers first"), "{follow_up}");
     // The standby reads its tables for the value index as of its replay, which may be far
-    // behind the primary's: it takes shared reads but never shares its own.
+    // behind the primary's (its data, and what a role may read there): it never shares its
+    // own reads, nor takes the primary's.
     let schema: String = other
         .query_one("SELECT nl_schema('customers called Bruno')", &[])
         .unwrap()
@@ -239,6 +240,39 @@ fn sessions_on_a_hot_standby_live_in_redis_or_backend_memory() {
         .query(&mut r)
         .unwrap();
     assert!(shared.is_empty(), "{shared:?}");
+    // A read the primary shared (here written into Redis as the primary would) is not taken.
+    let (system, database_oid, relation, filenode, attnum): (String, u32, u32, u32, i16) = {
+        let row = other
+            .query_one(
+                "SELECT (SELECT system_identifier::text FROM pg_control_system()), \
+                 (SELECT oid FROM pg_database WHERE datname = current_database()), \
+                 c.oid, c.relfilenode, a.attnum FROM pg_class c \
+                 JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'name' \
+                 WHERE c.oid = 'customers'::regclass",
+                &[],
+            )
+            .unwrap();
+        (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4))
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let _: () = redis::cmd("HSET")
+        .arg(format!(
+            "sql_query_engine:{system}:{database_oid}:shared:values:{relation}:{filenode}"
+        ))
+        .arg(attnum.to_string())
+        .arg(serde_json::json!([now, ["Zanzibar Imports"]]).to_string())
+        .query(&mut r)
+        .unwrap();
+    let mut fresh = standby.connect(&database);
+    fresh.batch_execute(&with_redis).unwrap();
+    let schema: String = fresh
+        .query_one("SELECT nl_schema('customers called Zanzibar Imports')", &[])
+        .unwrap()
+        .get(0);
+    assert!(!schema.contains("Zanzibar"), "{schema}");
 }
 
 /// One deployment, one session store: with Redis, a conversation begun on the primary goes on
