@@ -353,7 +353,13 @@ impl OpenAiClient {
             let (code, retry_after, text) = match self.send_once(&body, n, deadline)? {
                 Reply::Failed(cause) => return Err(self.down(cause)),
                 Reply::TimedOut => return Err(self.timeout_error()),
-                Reply::Streamed { choices, stopped } => {
+                Reply::Streamed {
+                    mut choices,
+                    stopped,
+                } => {
+                    // At most the choices asked for, however many the stream held: each is a
+                    // query run as the caller.
+                    choices.truncate(n.max(1));
                     return match stopped {
                         _ if !choices.is_empty() => {
                             self.takes_no_choices(rejected_n);

@@ -281,3 +281,33 @@ fn a_vote_cut_by_the_answer_budget_keeps_the_alternatives_that_finished() {
         "{message}"
     );
 }
+
+/// An endpoint that streams more choices than the vote asked for gets only as many run as
+/// were asked for, also when the stream is cut short (here by the answer budget): each is a
+/// query run as the caller.
+#[test]
+fn a_vote_runs_no_more_alternatives_than_it_asked_for() {
+    let mut s = withholding();
+    s.client
+        .batch_execute(
+            "SET sql_query_engine.candidates = 4; SET sql_query_engine.answer_budget = '5s';",
+        )
+        .unwrap();
+    let de = "SELECT name FROM customers WHERE country = 'DE' ORDER BY name";
+    s.llm.on(
+        "German customers, many times over",
+        vec![
+            Reply::sql(de),
+            Reply::Stream {
+                finished: (0..12)
+                    .map(|i| serde_json::json!({ "sql": format!("{de} /* {i} */") }).to_string())
+                    .collect(),
+                stalled: 1,
+                hold: Duration::from_secs(30),
+            },
+        ],
+    );
+    let trace = s.trace("German customers, many times over").unwrap();
+    let attempts = trace["attempts"].as_array().expect("attempts").len();
+    assert!(attempts <= 5, "{attempts} queries ran: {trace}");
+}
