@@ -1179,7 +1179,7 @@ unsafe extern "C-unwind" fn receive_slot(
         let composite = pg_sys::heap_copy_tuple_as_datum(tuple, c.record);
         let jsonb = pg_sys::FunctionCall1Coll(&mut c.to_jsonb, pg_sys::InvalidOid, composite);
         let text = CStr::from_ptr(pg_sys::OidOutputFunctionCall(c.jsonb_out, jsonb));
-        if crate::text::json_depth(text.to_bytes()) > MAX_JSON_DEPTH {
+        if crate::text::json_shape(text.to_bytes()).depth > MAX_JSON_DEPTH {
             // What reads the rows (serde_json) stops at 128 levels: such a row would become
             // an internal error, or a row of NULLs.
             pg_sys::MemoryContextSwitchTo(caller);

@@ -27,7 +27,14 @@ pub fn extract_sql(output: &str) -> Option<String> {
     if text.is_empty() {
         return None;
     }
-    if let Ok(value) = serde_json::from_str::<serde_json::Value>(text) {
+    // JSON is parsed into a tree only when the answer holds few values
+    // (`text::MAX_JSON_VALUES`): one of a million tiny values would cost a hundred times its
+    // size.
+    let small = crate::text::json_shape(text.as_bytes()).values <= crate::text::MAX_JSON_VALUES;
+    if let Some(value) = small
+        .then(|| serde_json::from_str::<serde_json::Value>(text).ok())
+        .flatten()
+    {
         // The whole answer is JSON: the statement is its `sql` member or there is none.
         return sql_member(&value)
             .map(|sql| clean(&sql))
@@ -35,7 +42,9 @@ pub fn extract_sql(output: &str) -> Option<String> {
     }
     // Prose with no statement in it is no SQL: the repair then says so, and twice in a row
     // it ends the run (the question is not one for the database).
-    let found = embedded_json(text)
+    let found = small
+        .then(|| embedded_json(text))
+        .flatten()
         .or_else(|| fenced_block(text))
         .or_else(|| starts_with_command(text).then(|| text.to_string()))
         .or_else(|| statement_in_prose(text))?;

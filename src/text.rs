@@ -150,10 +150,21 @@ pub fn one_line(text: &str) -> String {
         .join(" ")
 }
 
-/// How deeply arrays and objects nest in the JSON `text` (0 for a scalar), in one pass that
-/// allocates nothing.
-pub fn json_depth(text: &[u8]) -> usize {
+/// Values a JSON text may hold to be parsed into a tree (`small_json`): what the tree
+/// allocates scales with its values, not its bytes (`[{"":0},{"":0},...]` costs a hundred
+/// times its size), and a model's answer or an endpoint's body is any text it likes.
+pub const MAX_JSON_VALUES: usize = 10_000;
+
+/// How deeply a JSON text nests, and how many values it holds at most (the first, one per
+/// opening bracket and one per comma), read from its syntax outside strings without parsing.
+pub struct JsonShape {
+    pub depth: usize,
+    pub values: usize,
+}
+
+pub fn json_shape(text: &[u8]) -> JsonShape {
     let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    let mut values = 1usize;
     for &byte in text {
         if in_string {
             match byte {
@@ -169,12 +180,25 @@ pub fn json_depth(text: &[u8]) -> usize {
             b'[' | b'{' => {
                 depth += 1;
                 deepest = deepest.max(depth);
+                values += 1;
             }
             b']' | b'}' => depth = depth.saturating_sub(1),
+            b',' => values += 1,
             _ => {}
         }
     }
-    deepest
+    JsonShape {
+        depth: deepest,
+        values,
+    }
+}
+
+/// `text` parsed as JSON, when it is JSON of at most `MAX_JSON_VALUES` values.
+pub fn small_json(text: &str) -> Option<serde_json::Value> {
+    if json_shape(text.as_bytes()).values > MAX_JSON_VALUES {
+        return None;
+    }
+    serde_json::from_str(text).ok()
 }
 
 /// `text` with every NUL replaced (by U+FFFD): text from outside (a model's answer, an
@@ -208,10 +232,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn json_depth_counts_nesting_outside_strings() {
-        assert_eq!(json_depth(b"1"), 0);
-        assert_eq!(json_depth(br#"{"a": [1, {"b": "[[[{"}]]}"#), 3);
-        assert_eq!(json_depth(br#"["\"[", []]"#), 2);
+    fn json_shape_counts_nesting_and_values_outside_strings() {
+        let depth = |text: &[u8]| json_shape(text).depth;
+        assert_eq!(depth(b"1"), 0);
+        assert_eq!(depth(br#"{"a": [1, {"b": "[[[{"}]]}"#), 3);
+        assert_eq!(depth(br#"["\"[", []]"#), 2);
+        assert_eq!(json_shape(br#"{"a": [1, 2, ",,,"], "b": {}}"#).values, 7);
+        let wide = format!("[{}0]", "{\"\":0},".repeat(MAX_JSON_VALUES));
+        assert!(small_json(&wide).is_none());
+        assert!(small_json("[1, 2]").is_some());
     }
 
     #[test]

@@ -630,8 +630,7 @@ fn status_cause(code: u16, body: &str) -> String {
              sql_query_engine.llm_api_key_file)"
         );
     }
-    let message = serde_json::from_str::<Value>(body)
-        .ok()
+    let message = crate::text::small_json(body)
         .and_then(|v| {
             v.pointer("/error/message")
                 .or_else(|| v.get("error"))
@@ -688,7 +687,7 @@ fn read_stream(mut reader: impl std::io::BufRead, limit: u64) -> (Vec<Completion
         if data == "[DONE]" {
             break None;
         }
-        let Ok(chunk) = serde_json::from_str::<Value>(data) else {
+        let Some(chunk) = crate::text::small_json(data) else {
             continue;
         };
         if let Some(error) = chunk.get("error") {
@@ -753,7 +752,7 @@ fn read_stream(mut reader: impl std::io::BufRead, limit: u64) -> (Vec<Completion
 
 /// Whether `body` is a chat completion with choices (whatever their content).
 fn is_completion(body: &str) -> bool {
-    serde_json::from_str::<Value>(body).is_ok_and(|value| {
+    crate::text::small_json(body).is_some_and(|value| {
         value
             .get("choices")
             .and_then(Value::as_array)
@@ -764,6 +763,12 @@ fn is_completion(body: &str) -> bool {
 /// The assistants' texts (at most `n`, at least one) and token counts from a chat-completion
 /// body; the counts go with the first.
 fn parse_completions(body: &str, n: usize) -> std::result::Result<Vec<Completion>, String> {
+    if crate::text::json_shape(body.as_bytes()).values > crate::text::MAX_JSON_VALUES {
+        return Err(format!(
+            "the answer holds more than {} JSON values",
+            crate::text::MAX_JSON_VALUES
+        ));
+    }
     let value: Value =
         serde_json::from_str(body).map_err(|_| format!("the answer is not JSON: {body:?}"))?;
     let choices = value
@@ -1011,6 +1016,12 @@ mod tests {
                 .unwrap_err()
                 .contains("refused")
         );
+        // Tiny values cost a hundred times their bytes as a tree: refused before parsing.
+        let wide = format!(r#"{{"choices":[{}{{}}]}}"#, r#"{"":0},"#.repeat(20_000));
+        assert!(parse_completion(&wide)
+            .unwrap_err()
+            .contains("more than 10000 JSON values"));
+        assert!(!is_completion(&wide));
     }
 
     #[test]
