@@ -46,26 +46,38 @@ pub struct Watch {
     before: Vec<(Held, u64)>,
 }
 
-/// Session-level holds of one advisory lock that a call may start with: each is counted by
-/// giving it back and taking it again, before and after every query, without a pause for an
-/// interrupt (stopping halfway would change the session's locks).
+/// Session-level holds of advisory locks, and advisory locks, that a call may start with:
+/// each hold is counted by giving it back and taking it again, and each lock anchored, before
+/// and after every query, without a pause for an interrupt (stopping halfway would change the
+/// session's locks). Bounded in all, not per lock: a thousand locks of ten thousand holds each
+/// would keep the backend from a cancel for minutes at every query.
 const MAX_HOLDS: u64 = 10_000;
+const MAX_LOCKS: usize = 1_000;
 
 impl Watch {
-    /// Counts the holds the session has; raises 54000 when it holds a lock more than
-    /// `MAX_HOLDS` times (the count is stopped there and the holds given back are taken again).
+    /// Counts the holds the session has; raises 54000 when it holds more than `MAX_LOCKS`
+    /// advisory locks, or them more than `MAX_HOLDS` times in all at session level (the count
+    /// is stopped there and the holds given back are taken again).
     pub fn start() -> Watch {
-        let before = counted(held(), MAX_HOLDS + 1);
-        if let Some((lock, _)) = before.iter().find(|(_, holds)| *holds > MAX_HOLDS) {
+        let locks = held();
+        let too_many = |what: String| {
             crate::error::Error::sql(
                 "54000",
-                format!(
-                    "the session holds advisory lock ({}, {}) more than {MAX_HOLDS} times at session level",
-                    lock.tag.locktag_field2, lock.tag.locktag_field3
-                ),
+                what,
                 Some("Give them back (pg_advisory_unlock_all()) before asking."),
             )
-            .raise();
+            .raise()
+        };
+        if locks.len() > MAX_LOCKS {
+            too_many(format!(
+                "the session holds more than {MAX_LOCKS} advisory locks"
+            ));
+        }
+        let before = counted(locks, MAX_HOLDS + 1);
+        if before.iter().map(|(_, holds)| holds).sum::<u64>() > MAX_HOLDS {
+            too_many(format!(
+                "the session holds advisory locks more than {MAX_HOLDS} times at session level"
+            ));
         }
         Watch { before }
     }
@@ -129,15 +141,20 @@ impl Drop for Watch {
 }
 
 /// Each lock with its session-level holds, counted with messages off (see `session_holds`),
-/// up to `cap` each.
+/// up to `cap` in all (the locks after are counted as none).
 fn counted(locks: Vec<Held>, cap: u64) -> Vec<(Held, u64)> {
     if locks.is_empty() {
         return Vec::new();
     }
+    let mut left = cap;
     subxact::without_messages(|| {
         locks
             .into_iter()
-            .map(|lock| (lock, session_holds(&lock, cap)))
+            .map(|lock| {
+                let holds = session_holds(&lock, left);
+                left -= holds;
+                (lock, holds)
+            })
             .collect()
     })
 }

@@ -293,6 +293,29 @@ fn a_session_holding_an_advisory_lock_very_many_times_is_told_so() {
         .query("SELECT nl_query('How many customers are there?')", &[])
         .unwrap_or_else(|e| panic!("{:?}", db_error(&e)));
     assert_eq!(rows.len(), 1);
+    // The bound is on all of them: many locks held many times each, or very many locks.
+    for (holds, said) in [
+        (
+            "SELECT count(pg_advisory_lock(k)) FROM generate_series(1, 11) k, \
+             generate_series(1, 1000)",
+            "more than 10000 times",
+        ),
+        (
+            "SELECT count(pg_advisory_lock(k)) FROM generate_series(1, 1001) k",
+            "more than 1000 advisory locks",
+        ),
+    ] {
+        client.batch_execute(holds).unwrap();
+        let error = client
+            .query("SELECT nl_check('SELECT 1')", &[])
+            .unwrap_err();
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "54000", "{message}");
+        assert!(message.contains(said), "{message}");
+        client
+            .batch_execute("SELECT pg_advisory_unlock_all()")
+            .unwrap();
+    }
 }
 
 #[test]
