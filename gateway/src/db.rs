@@ -181,11 +181,30 @@ impl Call {
 }
 
 impl DbError {
-    /// The error as any client may be told it: a login failure's text names the gateway's own
-    /// role, host and database, so it goes to the gateway's log and the client is told only
-    /// that the database refused the gateway.
+    /// The error as any client may be told it: what the server or a pooler said when it
+    /// refused or ended the gateway's connection (a login failure, `database "shop" does not
+    /// exist`, `too many connections for role "authenticator"`) names the gateway's own role,
+    /// host or database, so it goes to the gateway's log and the client is told only that the
+    /// database refused or ended the connection. A query's own errors are passed on.
     pub fn for_clients(self) -> DbError {
         match self {
+            DbError::Sql {
+                sqlstate,
+                message,
+                server_side: true,
+                ..
+            } => {
+                eprintln!("sqe-gateway: the database refused or ended the gateway's connection: {message}");
+                DbError::Sql {
+                    sqlstate,
+                    message: "the database refused or ended the gateway's connection; the \
+                              gateway's log says why"
+                        .into(),
+                    detail: None,
+                    hint: None,
+                    server_side: true,
+                }
+            }
             DbError::Sql {
                 sqlstate,
                 message,

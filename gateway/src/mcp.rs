@@ -414,5 +414,15 @@ mod tests {
             !said.contains("10.0.3.7") && !said.contains("authenticator"),
             "{said}"
         );
+        // Nor any other refusal of the connection (here a FATAL at connect).
+        let said = super::said(DbError::Sql {
+            sqlstate: "3D000".into(),
+            message: "database \"shop\" does not exist".into(),
+            detail: None,
+            hint: None,
+            server_side: true,
+        });
+        assert!(said.starts_with("ERROR 3D000: "), "{said}");
+        assert!(!said.contains("shop"), "{said}");
     }
 }
