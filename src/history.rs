@@ -204,13 +204,16 @@ struct InFlight {
     session: Option<String>,
     input: String,
     /// The queries of the call that ran so far (`ran`): they went to the database as the
-    /// caller, and their errors or rows to the model, however the call ends.
-    ran: Vec<String>,
-    /// Queries that ran beyond `MAX_RAN`.
+    /// caller, and their errors or rows to the model, however the call ends. The first ones,
+    /// and the last ones (closest to the answer), when there are more than `MAX_RAN`.
+    first: Vec<String>,
+    last: std::collections::VecDeque<String>,
+    /// Queries that ran between `first` and `last` and are not written.
     more: usize,
 }
 
-/// Queries of one call written into its audit line, at most, each cut to `MAX_RAN_CHARS`.
+/// Queries of one call written into its audit line, at most (half of them the first, half
+/// the last), each cut to `MAX_RAN_CHARS`.
 const MAX_RAN: usize = 16;
 const MAX_RAN_CHARS: usize = 2000;
 
@@ -219,10 +222,15 @@ pub fn ran(sql: &str) {
     IN_FLIGHT.with(|calls| {
         if let Ok(mut calls) = calls.try_borrow_mut() {
             if let Some(call) = calls.last_mut() {
-                if call.ran.len() < MAX_RAN {
-                    call.ran.push(crate::text::at_most(sql, MAX_RAN_CHARS));
+                let sql = crate::text::at_most(sql, MAX_RAN_CHARS);
+                if call.first.len() < MAX_RAN / 2 {
+                    call.first.push(sql);
                 } else {
-                    call.more += 1;
+                    call.last.push_back(sql);
+                    if call.last.len() > MAX_RAN / 2 {
+                        call.last.pop_front();
+                        call.more += 1;
+                    }
                 }
             }
         }
@@ -239,13 +247,17 @@ fn ran_so_far() -> String {
             return String::new();
         };
         let mut text: String = call
-            .ran
+            .first
             .iter()
             .enumerate()
             .map(|(i, sql)| format!("\nran {}: {sql}", i + 1))
             .collect();
         if call.more > 0 {
             text.push_str(&format!("\nand {} more", call.more));
+        }
+        let skipped = call.first.len() + call.more;
+        for (i, sql) in call.last.iter().enumerate() {
+            text.push_str(&format!("\nran {}: {sql}", skipped + i + 1));
         }
         text
     })
@@ -274,7 +286,8 @@ impl InFlight {
                 function: function.to_string(),
                 session: session.map(str::to_string),
                 input: input.to_string(),
-                ran: Vec::new(),
+                first: Vec::new(),
+                last: std::collections::VecDeque::new(),
                 more: 0,
             })
         });
