@@ -461,7 +461,7 @@ fn with_sample_values_off_no_stored_value_reaches_the_model() {
     }
     let repair = s.llm.requests()[1].last_message();
     assert!(
-        repair.contains("22P02") && repair.contains("\"…\""),
+        repair.contains("22P02") && repair.contains("invalid_text_representation"),
         "{repair}"
     );
 }
