@@ -450,10 +450,12 @@ fn nl_feedback(
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_session_reset(session: &str) {
     exec::refuse_inside_a_query("nl_session_reset");
-    if let Err(e) = session::check_name(session) {
-        e.raise();
-    }
-    session::reset(session);
+    history::audited("nl_session_reset", session, || {
+        session::check_name(session)?;
+        session::reset(session);
+        Ok(())
+    })
+    .unwrap_or_else(|e| e.raise());
 }
 
 /// Where a session's turns are kept on this server now: `redis` (shared by every connection to

@@ -562,6 +562,10 @@ fn every_call_is_in_the_server_log_whatever_the_callers_transaction() {
         .execute("SELECT pg_terminate_backend($1)", &[&pid])
         .unwrap();
     assert!(asking.join().unwrap().is_err());
+    // A session reset (it deletes the caller's turns) is in the log too.
+    caller
+        .batch_execute("SELECT nl_session_reset('forget me')")
+        .unwrap();
     let Some(mut log) = cluster().server_log() else {
         return; // a cluster this process did not start: its log is not ours to read
     };
@@ -601,6 +605,18 @@ fn every_call_is_in_the_server_log_whatever_the_callers_transaction() {
         log.contains("ran 1: SELECT count(*) AS n FROM orders WHERE nme = 1"),
         "the query that ran is not in the server log"
     );
+    for (function, outcome, input) in [("nl_session_reset", "ok", "forget me")] {
+        let line =
+            format!("sql_query_engine: {function} by role \"{role}\" (oid {oid}): {outcome}");
+        let asked = format!("input: {input}");
+        assert!(
+            log.lines()
+                .collect::<Vec<_>>()
+                .windows(2)
+                .any(|w| w[0].contains(&line) && w[1].contains(&asked)),
+            "not in the server log: {line} / {asked}"
+        );
+    }
 }
 
 /// What nl_feedback and nl_fix run is in the audit line, also when the caller wrote the
