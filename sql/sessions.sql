@@ -6,7 +6,9 @@
 CREATE TABLE @extschema@.nl_sessions (
     role name NOT NULL DEFAULT current_user,
     session text NOT NULL,
-    turns jsonb NOT NULL,
+    -- Bounded where it is written: a role may write its own row, and a backend reads the whole
+    -- of it to take the last turns (compressed, its stored size says nothing).
+    turns jsonb NOT NULL CHECK (pg_catalog.octet_length(turns::text) <= 16777216),
     updated_at timestamptz NOT NULL DEFAULT now(),
     role_id oid NOT NULL DEFAULT pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid,
     PRIMARY KEY (role_id, session)

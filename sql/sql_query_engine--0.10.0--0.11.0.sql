@@ -52,3 +52,10 @@ EXCEPTION WHEN OTHERS THEN
     NULL;
 END
 $$;
+
+-- A session's turns are bounded where they are written (16 MB as text): a role may write its
+-- own row, and every backend that serves its session read all of it to take the last turns.
+-- Rows beyond the bound (none the extension wrote) are removed first.
+DELETE FROM @extschema@.nl_sessions WHERE pg_catalog.octet_length(turns::text) > 16777216;
+ALTER TABLE @extschema@.nl_sessions ADD CONSTRAINT nl_sessions_turns_check
+    CHECK (pg_catalog.octet_length(turns::text) <= 16777216);

@@ -450,8 +450,10 @@ fn nl_feedback(
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_session_reset(session: &str) {
     exec::refuse_inside_a_query("nl_session_reset");
+    if let Err(e) = session::check_name(session) {
+        e.raise();
+    }
     history::audited("nl_session_reset", session, || {
-        session::check_name(session)?;
         session::reset(session);
         Ok(())
     })

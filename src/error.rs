@@ -80,8 +80,15 @@ impl SqlState {
         if code == PgSqlErrorCode::ERRCODE_INTERNAL_ERROR && *self != SqlState::INTERNAL_ERROR {
             return None;
         }
-        let name = format!("{code:?}");
-        name.strip_prefix("ERRCODE_").map(str::to_ascii_lowercase)
+        let name = format!("{code:?}").to_ascii_lowercase();
+        let name = name.strip_prefix("errcode_")?;
+        // pgrx's names keep the class abbreviations of PostgreSQL's macros
+        // (ERRCODE_T_R_SERIALIZATION_FAILURE); the condition is named without them.
+        let name = ["t_r_", "s_r_e_", "e_r_e_", "e_r_i_e_"]
+            .iter()
+            .find_map(|prefix| name.strip_prefix(prefix))
+            .unwrap_or(name);
+        Some(name.to_string())
     }
 
     /// The two-character class, e.g. `42` (syntax error or access rule violation).
@@ -303,6 +310,18 @@ mod tests {
         );
         assert_eq!(SqlState::UNDEFINED_TABLE.class(), "42");
         assert_eq!(SqlState::parse("bad"), SqlState::INTERNAL_ERROR);
+    }
+
+    #[test]
+    fn conditions_are_named_as_postgresql_names_them() {
+        let name = |code: &str| SqlState::parse(code).condition();
+        assert_eq!(
+            name("22P02").as_deref(),
+            Some("invalid_text_representation")
+        );
+        assert_eq!(name("40001").as_deref(), Some("serialization_failure"));
+        assert_eq!(name("XX000").as_deref(), Some("internal_error"));
+        assert_eq!(name("ZZ999"), None);
     }
 
     #[test]

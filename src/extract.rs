@@ -42,9 +42,7 @@ pub fn extract_sql(output: &str) -> Option<String> {
     }
     // Prose with no statement in it is no SQL: the repair then says so, and twice in a row
     // it ends the run (the question is not one for the database).
-    let found = small
-        .then(|| embedded_json(text))
-        .flatten()
+    let found = embedded_json(text)
         .or_else(|| fenced_block(text))
         .or_else(|| starts_with_command(text).then(|| text.to_string()))
         .or_else(|| statement_in_prose(text))?;
@@ -120,6 +118,11 @@ fn embedded_json(text: &str) -> Option<String> {
         .map(|(i, _)| i)
         .take(MAX_JSON_CANDIDATES);
     for open in candidates {
+        // Counted from where the object starts (a quote before it would hide its values from
+        // a count of the whole answer).
+        if crate::text::json_shape(&bytes[open..]).values > crate::text::MAX_JSON_VALUES {
+            continue;
+        }
         let mut values =
             serde_json::Deserializer::from_str(&text[open..]).into_iter::<serde_json::Value>();
         if let Some(Ok(value)) = values.next() {
@@ -575,5 +578,15 @@ mod tests {
             extract_sql("I can only help with questions about your data."),
             None
         );
+    }
+
+    #[test]
+    fn json_of_very_many_values_is_not_parsed_into_a_tree() {
+        let padding = r#"{"":0},"#.repeat(crate::text::MAX_JSON_VALUES);
+        // A quote before the object does not hide its values from the count.
+        let answer = format!(r#"a" {{"x":[{padding}{{}}],"sql":"SELECT 1"}}"#);
+        assert_ne!(extract_sql(&answer).as_deref(), Some("SELECT 1"));
+        let small = r#"a" {"x":[{"":0}],"sql":"SELECT 1"}"#;
+        assert_eq!(extract_sql(small).as_deref(), Some("SELECT 1"));
     }
 }

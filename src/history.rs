@@ -212,6 +212,10 @@ struct InFlight {
     more: usize,
 }
 
+/// Characters of a call's question or SQL written into its audit line, at most (what the
+/// extension takes is shorter: longer input is refused, and its refusal audited).
+const MAX_INPUT_CHARS: usize = 100_000;
+
 /// Queries of one call written into its audit line, at most (half of them the first, half
 /// the last), each cut to `MAX_RAN_CHARS`.
 const MAX_RAN: usize = 16;
@@ -285,7 +289,7 @@ impl InFlight {
                 caller: caller.clone(),
                 function: function.to_string(),
                 session: session.map(str::to_string),
-                input: input.to_string(),
+                input: crate::text::at_most(input, MAX_INPUT_CHARS),
                 first: Vec::new(),
                 last: std::collections::VecDeque::new(),
                 more: 0,
@@ -380,6 +384,7 @@ pub fn audit(
     let session = session
         .map(|s| format!(" session {s:?}"))
         .unwrap_or_default();
+    let input = crate::text::at_most(input, MAX_INPUT_CHARS);
     let detail = match sql {
         Some(sql) => format!("input: {input}\nsql: {sql}{}", ran_so_far()),
         None => format!("input: {input}{}", ran_so_far()),

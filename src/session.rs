@@ -148,18 +148,12 @@ fn memory_turns(session: &str, only_here: bool) -> Vec<Turn> {
     })
 }
 
-/// Stored bytes of a session's turns in `nl_sessions` that are read: the extension writes only
-/// the last `session_turns`, but a role may write its own row directly, and reading a
-/// gigabyte of turns to keep the last few would cost the backend that much and more.
-const MAX_STORED_TURNS_BYTES: i32 = 1 << 20;
-
 fn table_turns(session: &str) -> Option<Vec<Turn>> {
     let schema = store::extension_schema().ok()?;
     let sql = format!(
         "SELECT turns::text FROM {schema}.nl_sessions \
          WHERE role_id = $3 AND session = $1 \
-           AND updated_at > pg_catalog.now() - pg_catalog.make_interval(secs => $2) \
-           AND pg_catalog.pg_column_size(turns) OPERATOR(pg_catalog.<=) $4"
+           AND updated_at > pg_catalog.now() - pg_catalog.make_interval(secs => $2)"
     );
     let ttl = settings::session_ttl_s() as f64;
     let text = store::read_best_effort("the conversation", |client| {
@@ -167,12 +161,7 @@ fn table_turns(session: &str) -> Option<Vec<Turn>> {
             .select(
                 &sql,
                 Some(1),
-                &[
-                    session.into(),
-                    ttl.into(),
-                    role_id().into(),
-                    MAX_STORED_TURNS_BYTES.into(),
-                ],
+                &[session.into(), ttl.into(), role_id().into()],
             )?
             .first()
             .get_one::<String>()

@@ -254,10 +254,12 @@ fn privileges() -> Result<Vec<i64>> {
 /// Whether the invalidations since the last question make the cache stale; forgets them.
 fn take_invalidations(schemas: &[String]) -> bool {
     let Invalidations { stale, unknown } = INVALIDATED.with_borrow_mut(std::mem::take);
+    // A relation noted as unknown may be one the cache holds after all: noted while the cache
+    // was being built (it holds none meanwhile), and revoked or dropped since.
     stale
-        || unknown
-            .into_iter()
-            .any(|relid| newly_readable(relid, schemas))
+        || unknown.into_iter().any(|relid| {
+            CACHED.with_borrow(|c| c.contains(&relid)) || newly_readable(relid, schemas)
+        })
 }
 
 /// A relation (not a partition, not temporary) in one of `schemas` that the role can read: it
