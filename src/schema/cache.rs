@@ -192,6 +192,10 @@ pub fn context() -> Result<Rc<SchemaContext>> {
 /// `context`, and whether it came from the cache.
 pub fn load() -> Result<(Rc<SchemaContext>, bool)> {
     let key = current_key()?;
+    // What the invalidations said is taken now: from here on, a failure (a cancel, a timeout,
+    // a catalog look-up's error) forgets the cache, so that no later question is served what
+    // they said may have changed.
+    let forget = ForgetUnlessKept { kept: false };
     let stale = take_invalidations(&key.schemas) || privileges_changed()?;
     if !stale {
         if let Some(hit) = CACHE.with_borrow(|c| {
@@ -199,11 +203,12 @@ pub fn load() -> Result<(Rc<SchemaContext>, bool)> {
                 .filter(|(k, _)| *k == key)
                 .map(|(_, ctx)| Rc::clone(ctx))
         }) {
+            forget.keep();
             return Ok((hit, true));
         }
     }
-    // Forgotten before the rebuild: one that fails (a cancel, a timeout) must leave no cache
-    // that serves what the invalidations said may have changed.
+    // Forgotten before the rebuild too: a relation noted meanwhile is checked against what the
+    // new cache holds (`take_invalidations`).
     CACHE.with_borrow_mut(|c| *c = None);
     CACHED.with_borrow_mut(HashSet::clear);
     ROLES_CHANGED.set(false);
@@ -219,7 +224,37 @@ pub fn load() -> Result<(Rc<SchemaContext>, bool)> {
         key.role,
     )));
     CACHE.with_borrow_mut(|c| *c = Some((key, Rc::clone(&context))));
+    forget.keep();
     Ok((context, false))
+}
+
+/// Forgets the cache when dropped, also when an ERROR unwinds past it, unless kept.
+struct ForgetUnlessKept {
+    kept: bool,
+}
+
+impl ForgetUnlessKept {
+    fn keep(mut self) {
+        self.kept = true;
+    }
+}
+
+impl Drop for ForgetUnlessKept {
+    fn drop(&mut self) {
+        if self.kept {
+            return;
+        }
+        CACHE.with(|c| {
+            if let Ok(mut c) = c.try_borrow_mut() {
+                *c = None;
+            }
+        });
+        CACHED.with(|c| {
+            if let Ok(mut c) = c.try_borrow_mut() {
+                c.clear();
+            }
+        });
+    }
 }
 
 /// Whether another role or the database changed since the last question and the role now has
