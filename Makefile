@@ -58,7 +58,7 @@ setup:
 
 lint:
 	cargo fmt --all --check
-	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy --workspace --all-targets -- -D warnings -D clippy::undocumented_unsafe_blocks
 	python3 scripts/check-modules.py src gateway/src
 
 # The lints of the code only PostgreSQL $(PG) builds (compat.rs), once it is ready (make pg).

@@ -28,6 +28,56 @@ impl Drop for OpenRelation {
     }
 }
 
+/// The tuples of a syscache list search on its first key, released when dropped (also when an
+/// ERROR unwinds past it).
+pub struct CacheList(*mut pg_sys::CatCList);
+
+impl CacheList {
+    /// The members of `cache` whose first key is `key`.
+    ///
+    /// # Safety
+    /// `key` must be a Datum of the type of the cache's first key (a NUL-terminated string
+    /// for a name).
+    pub unsafe fn search(cache: pg_sys::SysCacheIdentifier::Type, key: pg_sys::Datum) -> Self {
+        // SAFETY: the caller's contract; the list is released by `drop`.
+        CacheList(unsafe {
+            pg_sys::SearchSysCacheList(
+                cache as i32,
+                1,
+                key,
+                pg_sys::Datum::from(0usize),
+                pg_sys::Datum::from(0usize),
+            )
+        })
+    }
+
+    /// The list's tuples, of the catalog the cache covers (valid while the list is held).
+    pub fn tuples(&self) -> Vec<pg_sys::HeapTuple> {
+        if self.0.is_null() {
+            return Vec::new();
+        }
+        // SAFETY: a list the syscache returned, with `n_members` catcache entries, held until
+        // drop.
+        unsafe {
+            (*self.0)
+                .members
+                .as_slice((*self.0).n_members as usize)
+                .iter()
+                .map(|&member| &mut (*member).tuple as pg_sys::HeapTuple)
+                .collect()
+        }
+    }
+}
+
+impl Drop for CacheList {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: searched by `CacheList::search` and released exactly once, here.
+            unsafe { pg_sys::ReleaseCatCacheList(self.0) }
+        }
+    }
+}
+
 /// Objects with OIDs below this were created by initdb.
 pub fn builtin(oid: pg_sys::Oid) -> bool {
     oid.to_u32() < pg_sys::FirstNormalObjectId

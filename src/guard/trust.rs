@@ -10,7 +10,7 @@ use std::ffi::{CStr, CString};
 
 use pgrx::{pg_sys, PgList};
 
-use super::facts::{builtin, OpenRelation};
+use super::facts::{builtin, CacheList, OpenRelation};
 use crate::names::{relation_name, role_name};
 use crate::settings;
 
@@ -84,35 +84,25 @@ fn extension_functions(extension: &CStr, name: &CStr) -> Vec<pg_sys::Oid> {
     if extension == pg_sys::InvalidOid {
         return Vec::new();
     }
-    let cache = pg_sys::SysCacheIdentifier::PROCNAMEARGSNSP as i32;
-    // SAFETY: a syscache list search on the first key (the name, as a NUL-terminated string,
-    // as the catalog's own look-ups by name pass it), whose members are pg_proc tuples; the
-    // list is released before returning.
-    unsafe {
-        let list = pg_sys::SearchSysCacheList(
-            cache,
-            1,
+    // SAFETY: the first key of PROCNAMEARGSNSP is the name, as a NUL-terminated string (as
+    // the catalog's own look-ups by name pass it).
+    let list = unsafe {
+        CacheList::search(
+            pg_sys::SysCacheIdentifier::PROCNAMEARGSNSP,
             pg_sys::Datum::from(name.as_ptr()),
-            pg_sys::Datum::from(0usize),
-            pg_sys::Datum::from(0usize),
-        );
-        if list.is_null() {
-            return Vec::new();
-        }
-        let members = (*list).members.as_slice((*list).n_members as usize);
-        let functions = members
-            .iter()
-            .map(|&member| {
-                let tuple: pg_sys::HeapTuple = &mut (*member).tuple;
-                (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tuple)).oid
-            })
-            .filter(|&function| {
-                pg_sys::getExtensionOfObject(pg_sys::ProcedureRelationId, function) == extension
-            })
-            .collect();
-        pg_sys::ReleaseCatCacheList(list);
-        functions
-    }
+        )
+    };
+    list.tuples()
+        .into_iter()
+        // SAFETY: pg_proc tuples of the held list.
+        .map(|tuple| unsafe {
+            (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tuple)).oid
+        })
+        // SAFETY: a dependency look-up of a function that exists.
+        .filter(|&function| unsafe {
+            pg_sys::getExtensionOfObject(pg_sys::ProcedureRelationId, function) == extension
+        })
+        .collect()
 }
 
 /// The function `pg_catalog.name(args)`, when there is one.

@@ -11,7 +11,7 @@ use pgrx::pg_sys;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use super::facts::{builtin, FunctionFacts};
+use super::facts::{builtin, CacheList, FunctionFacts};
 use super::policy::{self, Allowed};
 use super::trust::Trusted;
 use super::verdict::Origin;
@@ -260,37 +260,22 @@ impl Types<'_> {
     /// Casts from `typ` that call a function: PostgreSQL may look one up while it runs (a cast
     /// to json inside `to_jsonb`), so each must pass the function policy.
     fn cast_refusal(&mut self, typ: pg_sys::Oid) -> Option<String> {
-        let cache = pg_sys::SysCacheIdentifier::CASTSOURCETARGET as i32;
-        // SAFETY: a syscache list search on the first key, released before returning.
-        let functions: Vec<pg_sys::Oid> = unsafe {
-            let list = pg_sys::SearchSysCacheList(
-                cache,
-                1,
-                pg_sys::Datum::from(typ),
-                pg_sys::Datum::from(0usize),
-                pg_sys::Datum::from(0usize),
-            );
-            if list.is_null() {
-                return None;
-            }
-            let members = (*list).members.as_slice((*list).n_members as usize);
-            let functions = members
-                .iter()
-                .filter_map(|&member| {
-                    let mut is_null = true;
-                    let datum = pg_sys::SysCacheGetAttr(
-                        cache,
-                        &mut (*member).tuple,
-                        ANUM_CAST_FUNC,
-                        &mut is_null,
-                    );
-                    let function = pg_sys::Oid::from(datum.value() as u32);
-                    (!is_null && function != pg_sys::InvalidOid).then_some(function)
-                })
-                .collect();
-            pg_sys::ReleaseCatCacheList(list);
-            functions
-        };
+        let cache = pg_sys::SysCacheIdentifier::CASTSOURCETARGET;
+        // SAFETY: the first key of CASTSOURCETARGET is the source type's OID.
+        let list = unsafe { CacheList::search(cache, pg_sys::Datum::from(typ)) };
+        let functions: Vec<pg_sys::Oid> = list
+            .tuples()
+            .into_iter()
+            .filter_map(|tuple| {
+                let mut is_null = true;
+                // SAFETY: a pg_cast tuple of the held list, read through its cache.
+                let datum = unsafe {
+                    pg_sys::SysCacheGetAttr(cache as i32, tuple, ANUM_CAST_FUNC, &mut is_null)
+                };
+                let function = pg_sys::Oid::from(datum.value() as u32);
+                (!is_null && function != pg_sys::InvalidOid).then_some(function)
+            })
+            .collect();
         functions.into_iter().find_map(|function| {
             if builtin(function) {
                 return None;

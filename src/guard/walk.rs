@@ -9,7 +9,7 @@ use std::rc::Rc;
 use pgrx::pg_sys;
 use pgrx::PgList;
 
-use super::facts::{builtin, FunctionFacts};
+use super::facts::{builtin, CacheList, FunctionFacts};
 use super::policy::{self, Allowed};
 use super::trust::{self, Trusted};
 use super::types::{self, TypePolicy};
@@ -721,65 +721,45 @@ const MAX_FAMILY_SUPPORT: usize = 1024;
 /// operations, merge and hash joins use in its place. (Other access methods' families, gin's
 /// and gist's, serve only index scans, of indexes a table's owner made.)
 fn operator_families(operator: pg_sys::Oid) -> Vec<pg_sys::Oid> {
-    let cache = pg_sys::SysCacheIdentifier::AMOPOPID as i32;
-    // SAFETY: a syscache list search on the first key (the operator), whose members are
-    // pg_amop tuples; released before returning.
-    unsafe {
-        let list = pg_sys::SearchSysCacheList(
-            cache,
-            1,
+    // SAFETY: the first key of AMOPOPID is the operator's OID.
+    let list = unsafe {
+        CacheList::search(
+            pg_sys::SysCacheIdentifier::AMOPOPID,
             pg_sys::Datum::from(operator),
-            pg_sys::Datum::from(0usize),
-            pg_sys::Datum::from(0usize),
-        );
-        if list.is_null() {
-            return Vec::new();
+        )
+    };
+    let mut families: Vec<pg_sys::Oid> = Vec::new();
+    for tuple in list.tuples() {
+        // SAFETY: a pg_amop tuple of the held list.
+        let entry = unsafe { &*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_amop>(tuple) };
+        let method = entry.amopmethod;
+        let sorts_or_hashes = method == pg_sys::BTREE_AM_OID || method == pg_sys::HASH_AM_OID;
+        if sorts_or_hashes && !families.contains(&entry.amopfamily) {
+            families.push(entry.amopfamily);
         }
-        let members = (*list).members.as_slice((*list).n_members as usize);
-        let mut families: Vec<pg_sys::Oid> = Vec::new();
-        for &member in members {
-            let tuple: pg_sys::HeapTuple = &mut (*member).tuple;
-            let entry = &*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_amop>(tuple);
-            let method = entry.amopmethod;
-            let sorts_or_hashes = method == pg_sys::BTREE_AM_OID || method == pg_sys::HASH_AM_OID;
-            if sorts_or_hashes && !families.contains(&entry.amopfamily) {
-                families.push(entry.amopfamily);
-            }
-        }
-        pg_sys::ReleaseCatCacheList(list);
-        families
     }
+    families
 }
 
 /// The support functions of the operator family `family`; `None` past `MAX_FAMILY_SUPPORT`.
 fn family_support(family: pg_sys::Oid) -> Option<Vec<pg_sys::Oid>> {
-    let cache = pg_sys::SysCacheIdentifier::AMPROCNUM as i32;
-    // SAFETY: a syscache list search on the first key (the family), whose members are
-    // pg_amproc tuples; released before returning.
-    unsafe {
-        let list = pg_sys::SearchSysCacheList(
-            cache,
-            1,
+    // SAFETY: the first key of AMPROCNUM is the family's OID.
+    let list = unsafe {
+        CacheList::search(
+            pg_sys::SysCacheIdentifier::AMPROCNUM,
             pg_sys::Datum::from(family),
-            pg_sys::Datum::from(0usize),
-            pg_sys::Datum::from(0usize),
-        );
-        if list.is_null() {
-            return Some(Vec::new());
-        }
-        let members = (*list).members.as_slice((*list).n_members as usize);
-        let functions = (members.len() <= MAX_FAMILY_SUPPORT).then(|| {
-            members
-                .iter()
-                .map(|&member| {
-                    let tuple: pg_sys::HeapTuple = &mut (*member).tuple;
-                    (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_amproc>(tuple)).amproc
-                })
-                .collect()
-        });
-        pg_sys::ReleaseCatCacheList(list);
-        functions
-    }
+        )
+    };
+    let tuples = list.tuples();
+    (tuples.len() <= MAX_FAMILY_SUPPORT).then(|| {
+        tuples
+            .into_iter()
+            // SAFETY: pg_amproc tuples of the held list.
+            .map(|tuple| unsafe {
+                (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_amproc>(tuple)).amproc
+            })
+            .collect()
+    })
 }
 
 /// The transition, final, combine, (de)serialisation and moving-aggregate functions of an
