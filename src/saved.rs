@@ -263,6 +263,33 @@ pub fn create(
         .iter()
         .map(|c| format!("\"{}\"", c.replace('"', "\"\"")))
         .collect();
+    if target.exists {
+        // CREATE OR REPLACE VIEW refuses a column renamed, retyped or dropped, but appends new
+        // ones: a view others may read with its owner's rights would show them whatever the
+        // model added. A saved question's view keeps exactly its columns.
+        let kept = subxact::pinned(|| {
+            store::read_one::<i64>(
+                "SELECT pg_catalog.count(*) FROM pg_catalog.pg_attribute \
+                 WHERE attrelid = pg_catalog.to_regclass($1) AND attnum > 0 AND NOT attisdropped",
+                &[target.qualified.as_str().into()],
+            )
+        })
+        .map_err(|e| Error::internal(format!("reading the view's columns: {e}")))?
+        .unwrap_or_default();
+        if usize::try_from(kept).ok() != Some(columns.len()) {
+            return Err(Error::sql(
+                "42P16",
+                format!(
+                    "the new answer has {} columns ({}) where view {} has {kept}: a view keeps \
+                     its columns",
+                    columns.len(),
+                    columns.join(", "),
+                    target.qualified
+                ),
+                Some("To take the new columns, drop the view and save the question again."),
+            ));
+        }
+    }
     let options = if target.exists {
         subxact::pinned(|| {
             store::read_one::<String>(

@@ -257,6 +257,11 @@ fn a_refresh_says_what_changed_and_keeps_the_columns() {
     let newer = "SELECT c.country, sum(o.amount) AS revenue, max(o.ordered_on) AS last_order
          FROM customers c JOIN orders o USING (customer_id)
          WHERE o.ordered_on >= DATE '2024-01-01' GROUP BY c.country ORDER BY c.country";
+    // The same columns and one more at the end, which CREATE OR REPLACE VIEW would append.
+    let wider = newer.replace(
+        "AS last_order",
+        "AS last_order, string_agg(c.name, ', ') AS names",
+    );
     shop.s.llm.on(
         "revenue per country",
         vec![
@@ -264,6 +269,7 @@ fn a_refresh_says_what_changed_and_keeps_the_columns() {
             Reply::sql(REVENUE),
             Reply::sql(newer),
             Reply::sql("SELECT country, count(*) AS customers FROM customers GROUP BY country"),
+            Reply::sql(&wider),
         ],
     );
     let mut analyst = shop.analyst();
@@ -309,6 +315,18 @@ fn a_refresh_says_what_changed_and_keeps_the_columns() {
         .unwrap()
         .get(0);
     assert!(definition.contains("2024-01-01"), "{definition}");
+
+    // Nor may an answer add a column: the view's readers would see what the model added.
+    let error = analyst
+        .query_one("SELECT nl_view_refresh('revenue')", &[])
+        .unwrap_err();
+    let db = error.as_db_error().expect("a database error");
+    assert_eq!(db.code().code(), "42P16", "{error}");
+    assert!(db.message().contains("do not fit"), "{}", db.message());
+    assert_eq!(
+        shop.columns(&mut analyst, "reports.revenue"),
+        ["country text", "revenue numeric", "last_order date"]
+    );
 }
 
 /// Makes role `mallory_<db>` in the shop's database, which may create in public (on the
