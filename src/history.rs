@@ -16,7 +16,7 @@ use pgrx::{PgLogLevel, PgSqlErrorCode};
 use crate::error::{Error, Result, SqlState};
 use crate::heal::Run;
 use crate::settings::AuditLog;
-use crate::{names, settings, store, subxact, trace};
+use crate::{names, settings, store, subxact, text, trace};
 
 /// One `nl_history` row.
 struct Row<'a> {
@@ -226,7 +226,7 @@ pub fn ran(sql: &str) {
     IN_FLIGHT.with(|calls| {
         if let Ok(mut calls) = calls.try_borrow_mut() {
             if let Some(call) = calls.last_mut() {
-                let sql = crate::text::at_most(sql, MAX_RAN_CHARS);
+                let sql = text::at_most(sql, MAX_RAN_CHARS);
                 if call.first.len() < MAX_RAN / 2 {
                     call.first.push(sql);
                 } else {
@@ -250,20 +250,24 @@ fn ran_so_far() -> String {
         let Some(call) = calls.last() else {
             return String::new();
         };
-        let mut text: String = call
+        let mut lines: String = call
             .first
             .iter()
             .enumerate()
-            .map(|(i, sql)| format!("\nran {}: {sql}", i + 1))
+            .map(|(i, sql)| format!("\nran {}: {}", i + 1, text::escaped_line(sql)))
             .collect();
         if call.more > 0 {
-            text.push_str(&format!("\nand {} more", call.more));
+            lines.push_str(&format!("\nand {} more", call.more));
         }
         let skipped = call.first.len() + call.more;
         for (i, sql) in call.last.iter().enumerate() {
-            text.push_str(&format!("\nran {}: {sql}", skipped + i + 1));
+            lines.push_str(&format!(
+                "\nran {}: {}",
+                skipped + i + 1,
+                text::escaped_line(sql)
+            ));
         }
-        text
+        lines
     })
 }
 
@@ -289,7 +293,7 @@ impl InFlight {
                 caller: caller.clone(),
                 function: function.to_string(),
                 session: session.map(str::to_string),
-                input: crate::text::at_most(input, MAX_INPUT_CHARS),
+                input: text::at_most(input, MAX_INPUT_CHARS),
                 first: Vec::new(),
                 last: std::collections::VecDeque::new(),
                 more: 0,
@@ -384,17 +388,24 @@ pub fn audit(
     let session = session
         .map(|s| format!(" session {s:?}"))
         .unwrap_or_default();
-    let input = crate::text::at_most(input, MAX_INPUT_CHARS);
+    // Each field on one line of its own, escaped: a question or a model's SQL holding a line
+    // break could otherwise write a `sql:` or `ran` line of its own into the record.
+    let input = text::escaped_line(&text::at_most(input, MAX_INPUT_CHARS));
     let detail = match sql {
-        Some(sql) => format!("input: {input}\nsql: {sql}{}", ran_so_far()),
+        Some(sql) => format!(
+            "input: {input}\nsql: {}{}",
+            text::escaped_line(&sql),
+            ran_so_far()
+        ),
         None => format!("input: {input}{}", ran_so_far()),
     };
     ErrorReport::new(
         PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
         format!(
-            "sql_query_engine: {function} by role {:?} (oid {}){session}: {result}",
+            "sql_query_engine: {function} by role {:?} (oid {}){session}: {}",
             caller.name,
-            caller.id.to_u32()
+            caller.id.to_u32(),
+            text::escaped_line(&result)
         ),
         "sql_query_engine",
     )

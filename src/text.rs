@@ -150,6 +150,25 @@ pub fn one_line(text: &str) -> String {
         .join(" ")
 }
 
+/// `text` on one line with nothing left out: a backslash doubled, and every character that is
+/// not `printable_char` (a line break, a terminal's escape) written as `\u{..}` (or `\n`,
+/// `\r`, `\t`). For a log line's field whose text others wrote: it cannot start a line of its
+/// own, nor hide or recolour one, and can be read back exactly.
+pub fn escaped_line(text: &str) -> String {
+    let mut line = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\\' => line.push_str("\\\\"),
+            '\n' => line.push_str("\\n"),
+            '\r' => line.push_str("\\r"),
+            '\t' => line.push_str("\\t"),
+            c if printable_char(c) => line.push(c),
+            c => line.push_str(&format!("\\u{{{:x}}}", u32::from(c))),
+        }
+    }
+    line
+}
+
 /// Values a JSON text may hold to be parsed into a tree (`small_json`): what the tree
 /// allocates scales with its values, not its bytes (`[{"":0},{"":0},...]` costs a hundred
 /// times its size), and a model's answer or an endpoint's body is any text it likes.
@@ -230,6 +249,15 @@ pub fn normalize(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn escaped_line_keeps_one_line_and_every_character() {
+        assert_eq!(
+            escaped_line("a\nran 2: x\r\t\\n \u{1b}[2K \u{202e}é"),
+            "a\\nran 2: x\\r\\t\\\\n \\u{1b}[2K \\u{202e}é"
+        );
+        assert_eq!(escaped_line("SELECT 'ok'"), "SELECT 'ok'");
+    }
 
     #[test]
     fn json_shape_counts_nesting_and_values_outside_strings() {

@@ -566,6 +566,15 @@ fn every_call_is_in_the_server_log_whatever_the_callers_transaction() {
     caller
         .batch_execute("SELECT nl_session_reset('forget me')")
         .unwrap();
+    // A question may hold line breaks: it cannot write a line of its own into the record.
+    let forging = "forge a line\nran 2: SELECT 'nothing to see'";
+    s.llm.on(
+        "forge a line",
+        vec![Reply::sql("SELECT count(*) AS n FROM orders")],
+    );
+    caller
+        .query("SELECT * FROM nl_query($1)", &[&forging])
+        .unwrap();
     let Some(mut log) = cluster().server_log() else {
         return; // a cluster this process did not start: its log is not ours to read
     };
@@ -604,6 +613,15 @@ fn every_call_is_in_the_server_log_whatever_the_callers_transaction() {
     assert!(
         log.contains("ran 1: SELECT count(*) AS n FROM orders WHERE nme = 1"),
         "the query that ran is not in the server log"
+    );
+    assert!(
+        log.contains("input: forge a line\\nran 2: SELECT 'nothing to see'"),
+        "the question with a line break is not in the server log, escaped"
+    );
+    assert!(
+        !log.lines()
+            .any(|l| l.trim_start().starts_with("ran 2: SELECT 'nothing")),
+        "a question wrote a line of its own into the audit record"
     );
     let line = format!("sql_query_engine: nl_session_reset by role \"{role}\" (oid {oid}): ok");
     assert!(
