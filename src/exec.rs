@@ -14,6 +14,7 @@
 //! text instead, so collecting results never runs a cast another role wrote.
 
 use std::cell::Cell;
+use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 
 use pgrx::pg_sys;
@@ -955,7 +956,32 @@ unsafe fn collector<'a>(receiver: *mut pg_sys::DestReceiver) -> &'a mut Collecto
 
 /// Whether `to_jsonb` turns values of `typ` into JSON without looking up a cast: built-in
 /// types (through domains), and arrays and named composites made only of them.
-fn json_without_casts(typ: pg_sys::Oid, depth: usize) -> bool {
+fn json_without_casts(typ: pg_sys::Oid) -> bool {
+    json_without_casts_in(typ, 0, &mut HashMap::new())
+}
+
+/// `json_without_casts`, each type answered once (`known`): another role's types may share
+/// their parts (60 fields of a type of 60 fields ...), which a walk without a memory would
+/// follow once per path.
+fn json_without_casts_in(
+    typ: pg_sys::Oid,
+    depth: usize,
+    known: &mut HashMap<pg_sys::Oid, bool>,
+) -> bool {
+    if let Some(answer) = known.get(&typ) {
+        return *answer;
+    }
+    pgrx::check_for_interrupts!();
+    let answer = json_without_casts_unremembered(typ, depth, known);
+    known.insert(typ, answer);
+    answer
+}
+
+fn json_without_casts_unremembered(
+    typ: pg_sys::Oid,
+    depth: usize,
+    known: &mut HashMap<pg_sys::Oid, bool>,
+) -> bool {
     // SAFETY: catalog look-ups; a row type's descriptor is released again.
     unsafe {
         let base = pg_sys::getBaseType(typ);
@@ -971,7 +997,7 @@ fn json_without_casts(typ: pg_sys::Oid, depth: usize) -> bool {
         }
         let element = pg_sys::get_element_type(base);
         if element != pg_sys::InvalidOid {
-            return json_without_casts(element, depth + 1);
+            return json_without_casts_in(element, depth + 1, known);
         }
         if !pg_sys::type_is_rowtype(base) {
             return false;
@@ -990,7 +1016,7 @@ fn json_without_casts(typ: pg_sys::Oid, depth: usize) -> bool {
         }
         fields
             .into_iter()
-            .all(|field| json_without_casts(field, depth + 1))
+            .all(|field| json_without_casts_in(field, depth + 1, known))
     }
 }
 
@@ -1088,7 +1114,7 @@ unsafe extern "C-unwind" fn startup(
             // A column name never holds a NUL; one that did would keep its own name.
             let name = CString::new(name.as_str()).unwrap_or_default();
             let typ = compat::attributes(source)[i].atttypid;
-            if json_without_casts(typ, 0) {
+            if json_without_casts(typ) {
                 pg_sys::namestrcpy(
                     &mut compat::attributes_mut(record)[i].attname,
                     name.as_ptr(),

@@ -114,6 +114,7 @@ pub fn refusal(
         policy,
         memo,
         check_expression,
+        inside: HashMap::new(),
     }
     .refusal(typ, 0)
 }
@@ -132,14 +133,22 @@ pub fn literal_refusal(
         policy,
         memo: &mut memo,
         check_expression,
+        inside: HashMap::new(),
     }
     .inside(typ, false, 0)
 }
+
+/// The most (type, contained) pairs one literal's type is followed into: another role's types
+/// may share their parts (60 columns of a type of 60 columns of a type ...), so each pair is
+/// followed once, and so many at most.
+const MAX_TYPE_PARTS: usize = 100_000;
 
 struct Types<'a> {
     policy: &'a TypePolicy,
     memo: &'a mut HashMap<pg_sys::Oid, Option<String>>,
     check_expression: &'a mut dyn FnMut(*mut pg_sys::Node) -> Option<String>,
+    /// `inside`'s answers, per type and whether it is contained.
+    inside: HashMap<(pg_sys::Oid, bool), Option<String>>,
 }
 
 impl Types<'_> {
@@ -166,11 +175,34 @@ impl Types<'_> {
         why
     }
 
-    /// `literal_refusal` of `typ`, `contained` in an array, a composite or a range.
+    /// `literal_refusal` of `typ`, `contained` in an array, a composite or a range, remembered
+    /// (a type's parts are the same however deep it is met: no type contains itself).
     fn inside(&mut self, typ: pg_sys::Oid, contained: bool, depth: usize) -> Option<String> {
         if typ == pg_sys::InvalidOid || builtin(typ) {
             return None;
         }
+        if let Some(known) = self.inside.get(&(typ, contained)) {
+            return known.clone();
+        }
+        pgrx::check_for_interrupts!();
+        let why = if self.inside.len() >= MAX_TYPE_PARTS {
+            Some(format!(
+                "the input code of {}, made of more types than can be checked",
+                type_name(typ)
+            ))
+        } else {
+            self.inside_unremembered(typ, contained, depth)
+        };
+        self.inside.insert((typ, contained), why.clone());
+        why
+    }
+
+    fn inside_unremembered(
+        &mut self,
+        typ: pg_sys::Oid,
+        contained: bool,
+        depth: usize,
+    ) -> Option<String> {
         if depth > MAX_TYPE_DEPTH {
             return Some(format!(
                 "the input code of {}, made of types nested too deeply to be checked",

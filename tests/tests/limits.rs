@@ -470,3 +470,30 @@ fn a_missing_column_that_many_relations_have_is_said_of_the_first_few() {
     );
     assert_eq!(repair.matches("foo is a column of").count(), 16, "{repair}");
 }
+
+/// Row types that share their parts (30 columns of a row type of 30 columns ..., 5 deep, any
+/// role's temporary tables): checking the types a literal may become and collecting a value of
+/// them follow each type once, so the calls end at once; a walk that followed every path (30^5
+/// of them, 60^8 as easily made) ran for minutes, deaf to a cancel or a statement timeout.
+#[test]
+fn types_that_share_their_parts_are_followed_once_each() {
+    let mut s = Session::new();
+    let (_, mut client, _) = role_connection(&mut s, "nester");
+    client
+        .batch_execute(
+            "CREATE TEMP TABLE l6 (a int);
+             DO $$ BEGIN FOR i IN REVERSE 5..1 LOOP
+                 EXECUTE format('CREATE TEMP TABLE l%s (%s)', i, (SELECT
+                     string_agg(format('c%s l%s', j, i + 1), ', ') FROM generate_series(1, 30) j));
+             END LOOP; END $$;
+             SET statement_timeout = '5s';",
+        )
+        .unwrap();
+    client
+        .batch_execute("SELECT nl_check('SELECT ''x'' AS x FROM l1')")
+        .unwrap_or_else(|e| panic!("{:?}", db_error(&e)));
+    let rows = client
+        .query("SELECT * FROM nl_run('SELECT NULL::l1 AS nested')", &[])
+        .unwrap_or_else(|e| panic!("{:?}", db_error(&e)));
+    assert_eq!(rows.len(), 1);
+}
