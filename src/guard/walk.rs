@@ -18,6 +18,59 @@ use crate::error::SqlState;
 use crate::names::{c_string, namespace_name, relation_name};
 use crate::settings;
 
+/// Whether the built-in type `typ` is polymorphic, or an array of or a row (a system
+/// catalog's or view's) with a polymorphic field.
+fn polymorphic_in(typ: pg_sys::Oid) -> bool {
+    if POLYMORPHIC.contains(&typ) {
+        return true;
+    }
+    // SAFETY: catalog look-ups of a built-in type; a row type's descriptor is released again.
+    unsafe {
+        let element = pg_sys::get_element_type(typ);
+        if element != pg_sys::InvalidOid {
+            return POLYMORPHIC.contains(&element)
+                || (element != typ && builtin(element) && polymorphic_row(element));
+        }
+        polymorphic_row(typ)
+    }
+}
+
+/// Whether `typ` is a row type with a field of a polymorphic type.
+unsafe fn polymorphic_row(typ: pg_sys::Oid) -> bool {
+    // SAFETY: the caller's: catalog look-ups; the descriptor is released again.
+    unsafe {
+        if !pg_sys::type_is_rowtype(typ) || typ == pg_sys::RECORDOID {
+            return false;
+        }
+        let desc = pg_sys::lookup_rowtype_tupdesc_noerror(typ, -1, true);
+        if desc.is_null() {
+            return false;
+        }
+        let found = crate::compat::attributes(desc)
+            .iter()
+            .any(|a| !a.attisdropped && POLYMORPHIC.contains(&a.atttypid));
+        if (*desc).tdrefcount >= 0 {
+            pg_sys::DecrTupleDescRefCount(desc);
+        }
+        found
+    }
+}
+
+/// The polymorphic pseudo-types, whose values' actual types are known only as a query runs.
+const POLYMORPHIC: [pg_sys::Oid; 11] = [
+    pg_sys::ANYARRAYOID,
+    pg_sys::ANYELEMENTOID,
+    pg_sys::ANYNONARRAYOID,
+    pg_sys::ANYENUMOID,
+    pg_sys::ANYRANGEOID,
+    pg_sys::ANYMULTIRANGEOID,
+    pg_sys::ANYCOMPATIBLEOID,
+    pg_sys::ANYCOMPATIBLEARRAYOID,
+    pg_sys::ANYCOMPATIBLENONARRAYOID,
+    pg_sys::ANYCOMPATIBLERANGEOID,
+    pg_sys::ANYCOMPATIBLEMULTIRANGEOID,
+];
+
 /// Stack kept free below PostgreSQL's `max_stack_depth` when the guard's walks recurse: the
 /// walks stop with a refusal before PostgreSQL's own check raises an ERROR inside them, which
 /// every nested frame of the walk would then have to pass on.
@@ -350,7 +403,28 @@ impl Walk {
 
     /// Whether `typ` is refused here (`types.rs`); records the refusal.
     fn check_type(&mut self, typ: pg_sys::Oid) -> bool {
-        if typ == pg_sys::InvalidOid || builtin(typ) {
+        if typ == pg_sys::InvalidOid {
+            return false;
+        }
+        if builtin(typ) {
+            // A value of anyarray (the statistics' arrays), or a catalog's row holding one, has
+            // its element type only as the query runs: what a function taking it runs for that
+            // type (a cast to json that another role made, say) is not in the tree to be
+            // checked. Other types cannot hold one (a column of a pseudo-type is refused).
+            let polymorphic = self
+                .types
+                .entry(typ)
+                .or_insert_with(|| polymorphic_in(typ).then(String::new))
+                .is_some();
+            if polymorphic {
+                self.refuse(format!(
+                    "values of type {} are not allowed in {}: what runs for them depends on a \
+                     type known only as the query runs (anyarray)",
+                    types::type_name(typ),
+                    self.origin.what()
+                ));
+                return true;
+            }
             return false;
         }
         let policy = self.type_policy();

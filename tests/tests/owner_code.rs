@@ -1718,3 +1718,50 @@ fn a_wait_for_a_table_dropped_meanwhile_counts_as_a_wait() {
     let (code, message, _) = db_error(&result.expect_err("refused"));
     assert_eq!(code, "42501", "{message}");
 }
+
+/// A statistics array (`anyarray`) has its element type only as the query runs: a function
+/// taking one (`array_to_json`, built in and allowed) looks up what the element type needs then,
+/// and would run the attacker's cast to json. Values of polymorphic types are refused, so the
+/// cast never runs, for a role that may read the catalogs too.
+#[test]
+fn statistics_arrays_whose_element_type_is_known_only_as_the_query_runs_are_refused() {
+    let w = World::new();
+    let victim = w.victim.clone();
+    w.attacker_runs(&format!(
+        "CREATE TYPE public.mood AS ENUM ('calm', 'glad');
+         {}
+         CREATE CAST (public.mood AS json) WITH FUNCTION public.mood_json(public.mood);
+         CREATE TABLE public.moods (m public.mood);
+         INSERT INTO public.moods SELECT 'calm' FROM generate_series(1, 50);
+         INSERT INTO public.moods SELECT 'glad' FROM generate_series(1, 30);
+         ANALYZE public.moods;
+         GRANT SELECT ON public.moods TO {victim};",
+        locker("public.mood_json(public.mood)", 79, "json", "'{}'::json")
+    ));
+    let mut v = w.connect(&victim);
+    v.batch_execute("SET sql_query_engine.allow_system_catalogs = on")
+        .unwrap();
+    // Positive control: the statistics are there for the victim to read.
+    let n: i64 = v
+        .query_one(
+            "SELECT count(*) FROM pg_stats WHERE tablename = 'moods' AND most_common_vals IS NOT NULL",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1);
+    let mut witness = Witness::hold(&w.s.database, &[79]);
+    let (_, waited) = witness.waited(|| {
+        for sql in [
+            "SELECT array_to_json(most_common_vals) AS j FROM pg_stats WHERE tablename = 'moods'",
+            "SELECT to_jsonb(most_common_vals) AS j FROM pg_stats WHERE tablename = 'moods'",
+            "SELECT row_to_json(s) AS j FROM pg_stats s WHERE tablename = 'moods'",
+        ] {
+            let error = v.query("SELECT * FROM nl_run($1)", &[&sql]).unwrap_err();
+            let (code, message, _) = db_error(&error);
+            assert_eq!(code, "42501", "{sql}: {message}");
+            assert!(message.contains("anyarray"), "{sql}: {message}");
+        }
+    });
+    assert!(waited.is_empty(), "the attacker's cast ran");
+}
