@@ -32,8 +32,9 @@ use crate::{names, settings, store, subxact};
 use super::catalog;
 use super::context::SchemaContext;
 
-/// Invalidations of unknown relations noted at most before the cache is simply dropped.
-const MAX_PENDING: usize = 1000;
+/// Unknown relations noted at most (each once: one role's ALTERs of its own table, committed
+/// one by one, are one relation) before the cache is simply dropped.
+const MAX_PENDING: usize = 10_000;
 
 #[derive(Clone, PartialEq, Eq)]
 struct CacheKey {
@@ -54,7 +55,7 @@ struct Invalidations {
     /// Something the cache shows may have changed.
     stale: bool,
     /// Relations the cache does not hold that were invalidated: new, or newly readable?
-    unknown: Vec<pg_sys::Oid>,
+    unknown: HashSet<pg_sys::Oid>,
 }
 
 thread_local! {
@@ -90,8 +91,8 @@ unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid:
     }
     INVALIDATED.with(|i| {
         if let Ok(mut i) = i.try_borrow_mut() {
-            if i.unknown.len() < MAX_PENDING {
-                i.unknown.push(relid);
+            if i.unknown.len() < MAX_PENDING || i.unknown.contains(&relid) {
+                i.unknown.insert(relid);
             } else {
                 i.stale = true;
             }

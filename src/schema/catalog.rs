@@ -70,6 +70,10 @@ pub struct Relation {
 /// Locks a read on the extension's own may take: each is a lock of the caller's transaction,
 /// and the server's lock table is shared and bounded.
 const MAX_OWN_READ_LOCKS: u32 = 256;
+/// Partitions and inheritance children of a relation looked at (a relation with this many is
+/// neither read on the extension's own nor are its statistics read): a chain of tables each
+/// inheriting from the next costs each of its links a walk down to here, not to its end.
+const MAX_DESCENDANTS: i64 = 1000;
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Default)]
 pub struct Column {
@@ -186,6 +190,10 @@ const MAX_STATISTIC_ARRAY_VALUES: i32 = 1000;
 /// PostgreSQL 18 a table's owner (and whoever has MAINTAIN on it) may store any statistics
 /// (`pg_restore_attribute_stats`), and counting or converting an array reads all of it.
 const MAX_STATISTIC_ARRAY_BYTES: i32 = 64 << 10;
+/// Stored bytes of the statistics arrays looked at in all, in the order of the columns: each
+/// array is read whole to be counted and turned into text, and one stored in 64 kB may hold
+/// megabytes once decompressed.
+const MAX_STATISTICS_STORED_BYTES: i64 = 4 << 20;
 
 /// Relations in the schemas `$1` (in search order) that the caller can SELECT from (some
 /// column of) and reach (`USAGE` on the schema: `sql_query_engine.schemas` is the caller's to
@@ -206,62 +214,74 @@ SELECT json_build_object(
     'readable', coalesce(max(r.readable), 0))::text
 FROM (
 SELECT json_build_object(
-    'raw_schema', n.nspname,
-    'raw_name', c.relname,
+    'raw_schema', b.nspname,
+    'raw_name', b.relname,
     'relation', json_build_object(
-        'oid', c.oid::bigint,
-        'schema', quote_ident(n.nspname),
-        'name', quote_ident(c.relname),
-        'kind', CASE c.relkind WHEN 'r' THEN 'table' WHEN 'v' THEN 'view'
+        'oid', b.oid::bigint,
+        'schema', quote_ident(b.nspname),
+        'name', quote_ident(b.relname),
+        'kind', CASE b.relkind WHEN 'r' THEN 'table' WHEN 'v' THEN 'view'
                      WHEN 'm' THEN 'materialized view' WHEN 'f' THEN 'foreign table'
                      ELSE 'partitioned table' END,
         'comment', substr(d.description, 1, 1000),
-        'rows', c.reltuples,
-        'shareable', c.relkind IN ('r', 'm', 'p') AND NOT c.relrowsecurity
-                     AND c.relpersistence = 'p',
-        'filenode', CASE WHEN c.relkind = 'p' THEN coalesce(parts.hash, 0)
-                    ELSE c.relfilenode END::bigint,
-        'locks', 1 + (SELECT count(*) FROM pg_index i WHERE i.indrelid = c.oid)
-                 + CASE WHEN c.relkind = 'p'
+        -- PostgreSQL 18's pg_restore_relation_stats takes NaN and infinities.
+        'rows', CASE WHEN b.reltuples BETWEEN -1 AND 1e30 THEN b.reltuples ELSE -1 END,
+        'shareable', b.relkind IN ('r', 'm', 'p') AND NOT b.relrowsecurity
+                     AND b.relpersistence = 'p',
+        'filenode', CASE WHEN b.relkind = 'p' THEN coalesce(parts.hash, 0)
+                    ELSE b.relfilenode END::bigint,
+        'locks', 1 + (SELECT count(*) FROM pg_index i WHERE i.indrelid = b.oid)
+                 + CASE WHEN b.relkind = 'p'
                         THEN coalesce(parts.descendants + parts.indexes, 0) ELSE 0 END,
-        'foreign_parts', coalesce(parts.foreign_parts, false),
-        'inherited', c.relkind = 'r' AND c.relhassubclass)
+        -- A tree of more than $4 - 1 descendants is not looked at whole: counted as if one
+        -- were foreign (neither read on the extension's own nor its statistics read).
+        'foreign_parts', coalesce(parts.foreign_parts OR parts.descendants >= $4, false),
+        'inherited', b.relkind = 'r' AND b.relhassubclass)
     ) AS relation,
-    s.ord, c.relname,
-    sum(c.relnatts) OVER (ORDER BY s.ord, c.relname ROWS UNBOUNDED PRECEDING) AS columns,
-    count(*) OVER () AS readable
-FROM unnest($1::text[]) WITH ORDINALITY AS s(name, ord)
-JOIN pg_namespace n ON n.nspname = s.name
-JOIN pg_class c ON c.relnamespace = n.oid
+    b.ord, b.relname, b.columns, b.readable
+FROM (
+    -- The relations first, with only what costs nothing to read: what follows (comments,
+    -- descendants) is read for the $2 kept, not for every one another role made.
+    SELECT c.oid, c.relname, c.relkind, c.reltuples, c.relrowsecurity, c.relpersistence,
+           c.relfilenode, c.relhassubclass, n.nspname, s.ord,
+           sum(c.relnatts) OVER (ORDER BY s.ord, c.relname ROWS UNBOUNDED PRECEDING) AS columns,
+           count(*) OVER () AS readable
+    FROM unnest($1::text[]) WITH ORDINALITY AS s(name, ord)
+    JOIN pg_namespace n ON n.nspname = s.name
+    JOIN pg_class c ON c.relnamespace = n.oid
+    WHERE c.relkind IN ('r', 'v', 'm', 'f', 'p')
+      AND NOT c.relispartition
+      AND NOT EXISTS (
+          SELECT FROM pg_depend dep JOIN pg_extension e ON e.oid = dep.refobjid
+          WHERE dep.classid = 'pg_class'::regclass AND dep.objid = c.oid
+            AND dep.refclassid = 'pg_extension'::regclass AND dep.deptype = 'e'
+            AND e.extname = 'sql_query_engine')
+      AND has_schema_privilege(n.oid, 'USAGE')
+      AND has_any_column_privilege(c.oid, 'SELECT')
+    ORDER BY s.ord, c.relname
+    LIMIT $2
+) b
 LEFT JOIN pg_description d
-    ON d.objoid = c.oid AND d.classoid = 'pg_class'::regclass AND d.objsubid = 0
+    ON d.objoid = b.oid AND d.classoid = 'pg_class'::regclass AND d.objsubid = 0
 LEFT JOIN LATERAL (
-    -- Each descendant once (UNION: a table may inherit from several), and none looked for
-    -- below a relation without children.
+    -- Each descendant once (UNION: a table may inherit from several), none looked for below
+    -- a relation without children, and at most $4 of them: a recursive query yields its
+    -- rows as they are asked for, so a chain of thousands of tables is not walked whole for
+    -- each of its links.
     WITH RECURSIVE tree(relid) AS (
         SELECT i.inhrelid FROM pg_inherits i
-        WHERE i.inhparent = c.oid AND (c.relkind = 'p' OR c.relhassubclass)
+        WHERE i.inhparent = b.oid AND (b.relkind = 'p' OR b.relhassubclass)
         UNION
-        SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.relid)
+        SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.relid),
+    capped AS MATERIALIZED (SELECT relid FROM tree LIMIT $4)
     SELECT hashtext(string_agg(pc.relfilenode::text, ',' ORDER BY pc.oid)
                     FILTER (WHERE pc.relkind <> 'p')) & 2147483647 AS hash,
            count(*) AS descendants,
            bool_or(pc.relkind = 'f') AS foreign_parts,
-           (SELECT count(*) FROM pg_index i WHERE i.indrelid IN (SELECT relid FROM tree))
+           (SELECT count(*) FROM pg_index i WHERE i.indrelid IN (SELECT relid FROM capped))
                AS indexes
-    FROM tree JOIN pg_class pc ON pc.oid = tree.relid) parts
-    ON c.relkind = 'p' OR c.relhassubclass
-WHERE c.relkind IN ('r', 'v', 'm', 'f', 'p')
-  AND NOT c.relispartition
-  AND NOT EXISTS (
-      SELECT FROM pg_depend dep JOIN pg_extension e ON e.oid = dep.refobjid
-      WHERE dep.classid = 'pg_class'::regclass AND dep.objid = c.oid
-        AND dep.refclassid = 'pg_extension'::regclass AND dep.deptype = 'e'
-        AND e.extname = 'sql_query_engine')
-  AND has_schema_privilege(n.oid, 'USAGE')
-  AND has_any_column_privilege(c.oid, 'SELECT')
-ORDER BY s.ord, c.relname
-LIMIT $2
+    FROM capped JOIN pg_class pc ON pc.oid = capped.relid) parts
+    ON b.relkind = 'p' OR b.relhassubclass
 ) r
 "#;
 
@@ -329,7 +349,8 @@ FROM (
 /// that turning the statistics into text runs only built-in output functions. At most `$5`
 /// values of each kind per column (the most common first; histogram bounds spread over the
 /// whole histogram), each cut to `$4` characters, and at most `$6` values in all, in the order
-/// of the columns asked; an array of more than `$7` values is not read.
+/// of the columns asked; an array of more than `$7` values, or stored in more than `$8` bytes,
+/// is not read, nor are those past `$9` stored bytes in all.
 const STATISTICS_SQL: &str = r#"
 SELECT coalesce(json_agg(json_build_object(
     'schema', k.schemaname,
@@ -347,10 +368,22 @@ FROM (
                      AND cardinality(v.common_values) = cardinality(raw.mcv)
                 ELSE false END AS all_values,
            sum(cardinality(v.common_values) + cardinality(v.histogram))
-               OVER (ORDER BY t.ord ROWS UNBOUNDED PRECEDING) AS running
-    FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS t(schemaname, tablename, attname, ord)
-    JOIN pg_stats s
-        ON s.schemaname = t.schemaname AND s.tablename = t.tablename AND s.attname = t.attname
+               OVER (ORDER BY s.ord ROWS UNBOUNDED PRECEDING) AS running
+    FROM (
+        -- What the arrays take as stored comes first (their sizes cost nothing to read):
+        -- those past $9 bytes in all are neither counted nor turned into text.
+        SELECT t.ord, st.schemaname, st.tablename, st.attname, st.null_frac,
+               st.most_common_vals, st.most_common_freqs, st.histogram_bounds,
+               sum(coalesce(pg_column_size(st.most_common_vals), 0)
+                   + coalesce(pg_column_size(st.histogram_bounds), 0))
+                   OVER (ORDER BY t.ord ROWS UNBOUNDED PRECEDING) AS stored
+        FROM unnest($1::text[], $2::text[], $3::text[])
+             WITH ORDINALITY AS t(schemaname, tablename, attname, ord)
+        JOIN pg_stats st
+            ON st.schemaname = t.schemaname AND st.tablename = t.tablename
+           AND st.attname = t.attname
+        WHERE st.most_common_vals IS NOT NULL OR st.histogram_bounds IS NOT NULL
+    ) s
     -- Arrays of more than $7 values (a statistics target far above the default), or stored
     -- in more than $8 bytes, are not turned into text at all (the size is read first: it
     -- costs nothing, while counting the values reads the whole array).
@@ -367,7 +400,7 @@ FROM (
         ARRAY(SELECT substr(h.v, 1, $4) FROM unnest(raw.hist) WITH ORDINALITY AS h(v, i)
               WHERE (h.i - 1) % greatest(1, ceil(cardinality(raw.hist) / $5::numeric))::int = 0
               ORDER BY h.i LIMIT $5) AS histogram) v
-    WHERE s.most_common_vals IS NOT NULL OR s.histogram_bounds IS NOT NULL
+    WHERE s.stored <= $9
 ) k
 WHERE k.running <= $6
 "#;
@@ -490,6 +523,7 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
                     schemas.to_vec().into(),
                     MAX_RELATIONS.into(),
                     MAX_COLUMNS.into(),
+                    MAX_DESCENDANTS.into(),
                 ],
             )?;
             let Readable { relations: found, readable } = parse(&relations)?;
@@ -555,6 +589,7 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
                             MAX_STATISTICS.into(),
                             MAX_STATISTIC_ARRAY_VALUES.into(),
                             MAX_STATISTIC_ARRAY_BYTES.into(),
+                            MAX_STATISTICS_STORED_BYTES.into(),
                         ],
                     )?)?
                 }
@@ -695,6 +730,19 @@ fn assemble(
             continue;
         }
         let columns = key.columns.unwrap_or_default();
+        // A key that names a column the caller may not read is not the caller's to see (the
+        // context holds only columns it may read), here or in the referenced relation.
+        let readable = |at: usize, names: &[String]| {
+            names
+                .iter()
+                .all(|n| relations[at].columns.iter().any(|c| &c.name == n))
+        };
+        let referenced = by_oid.get(&key.ref_oid).copied();
+        if !readable(i, &columns)
+            || referenced.is_some_and(|r| !readable(r, key.ref_columns.as_deref().unwrap_or(&[])))
+        {
+            continue;
+        }
         let relation = &mut relations[i];
         if key.deferrable && key.kind != "f" {
             relation.deferrable.push(columns.clone());

@@ -808,6 +808,70 @@ fn statistics_too_large_to_read_cheaply_are_left_out() {
     assert!(!told.contains("wide1"), "{told}");
 }
 
+/// A key that names a column the caller may not read is left out of its context, as the
+/// column is: its name is not the caller's to see there (nor a model's to join on).
+#[test]
+fn keys_over_columns_the_caller_may_not_read_are_not_shown() {
+    let mut s = Session::new();
+    let reader = format!("reader_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE TABLE accounts (id int, region text, vault_code text,
+                                    PRIMARY KEY (id, vault_code));
+             CREATE TABLE visits (id int, account_id int, account_code text,
+                                  FOREIGN KEY (account_id, account_code)
+                                      REFERENCES accounts (id, vault_code));
+             CREATE ROLE {reader} LOGIN;
+             GRANT SELECT (id, region) ON accounts TO {reader};
+             GRANT SELECT ON visits TO {reader};"
+        ))
+        .unwrap();
+    let mut client = cluster().connect_as(&s.database, &reader);
+    let schema: String = client.query_one("SELECT nl_schema()", &[]).unwrap().get(0);
+    assert!(schema.contains("CREATE TABLE accounts"), "{schema}");
+    assert!(!schema.contains("vault_code"), "{schema}");
+    // The superuser, who reads every column, sees both keys.
+    let whole: String = s
+        .client
+        .query_one("SELECT nl_schema()", &[])
+        .unwrap()
+        .get(0);
+    assert!(whole.contains("PRIMARY KEY (id, vault_code)"), "{whole}");
+    assert!(
+        whole
+            .contains("FOREIGN KEY (account_id, account_code) REFERENCES accounts(id, vault_code)"),
+        "{whole}"
+    );
+}
+
+/// PostgreSQL 18's `pg_restore_relation_stats` lets a table's owner store a row estimate of
+/// NaN or infinity: the schema is read all the same, that table with no estimate.
+#[test]
+fn a_row_estimate_that_is_not_a_number_does_not_break_the_schema() {
+    let mut s = Session::new();
+    if s.scalar_i64("SELECT current_setting('server_version_num')::int8") < 180000 {
+        return;
+    }
+    let owner = format!("owner_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {owner}; GRANT CREATE ON SCHEMA public TO {owner}; SET ROLE {owner};
+             CREATE TABLE notes (body text); CREATE TABLE tags (tag text);
+             SELECT pg_restore_relation_stats('schemaname', 'public', 'relname', 'notes',
+                 'reltuples', 'NaN'::real);
+             SELECT pg_restore_relation_stats('schemaname', 'public', 'relname', 'tags',
+                 'reltuples', 'Infinity'::real);
+             RESET ROLE;"
+        ))
+        .unwrap();
+    let told = ask(&mut s, "notes and their tags");
+    assert!(
+        told.contains("CREATE TABLE notes") && told.contains("CREATE TABLE tags"),
+        "{told}"
+    );
+    assert!(told.contains("CREATE TABLE customers"), "{told}");
+}
+
 /// Samples show the start of a value, read as a slice; a `bpchar` value is read whole on its
 /// way to `substr` (as text), so a value stored in more than a megabyte is left out of the
 /// samples rather than decompressed in every caller's backend.
