@@ -24,6 +24,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 
 use crate::app::Role;
 use crate::errors::ApiError;
+use crate::watch::Proven;
 
 /// The header that names an MCP session (MCP's streamable HTTP transport).
 const MCP_SESSION: &str = "mcp-session-id";
@@ -37,6 +38,10 @@ pub struct Admission {
     pub max_client_sessions: usize,
     /// Requests one client (token fingerprint) may have served at once.
     pub max_client_requests: usize,
+    /// Connections one client may hold: those its requests proved (`watch::Proven`).
+    pub max_client_connections: usize,
+    /// The connections each client proved that are still open.
+    connections: Mutex<HashMap<String, usize>>,
     /// The sessions each client (token fingerprint) opened, as they were when last counted,
     /// and the places taken by requests that may open one and have not been answered yet.
     counted: Mutex<Counted>,
@@ -117,6 +122,28 @@ trait Held {
 }
 
 impl Held for Serving {}
+
+/// A connection its client proved, counted until it closes (the connection keeps it).
+struct Connection {
+    admission: Arc<Admission>,
+    client: String,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        let mut connections = self
+            .admission
+            .connections
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = connections.get_mut(&self.client) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                connections.remove(&self.client);
+            }
+        }
+    }
+}
 
 /// A response body that holds `held` (its request's count, its ids) until it ends.
 struct HeldBody<H: Held> {
@@ -199,6 +226,7 @@ impl Admission {
         max_sessions: usize,
         max_client_sessions: usize,
         max_client_requests: usize,
+        max_client_connections: usize,
         call_timeout: Duration,
     ) -> Admission {
         Admission {
@@ -208,12 +236,31 @@ impl Admission {
             max_sessions,
             max_client_sessions,
             max_client_requests,
+            max_client_connections,
+            connections: Mutex::new(HashMap::new()),
             counted: Mutex::new(Counted::default()),
             serving: Mutex::new(HashMap::new()),
             ids: Mutex::new(HashMap::new()),
             id_hasher: std::collections::hash_map::RandomState::new(),
             id_hold: call_timeout + Duration::from_secs(5),
         }
+    }
+
+    /// One more connection of `client`, if it holds fewer than its share.
+    fn connect(admission: &Arc<Admission>, client: &str) -> Option<Connection> {
+        let mut connections = admission
+            .connections
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let n = connections.entry(client.to_string()).or_default();
+        if *n >= admission.max_client_connections.max(1) {
+            return None;
+        }
+        *n += 1;
+        Some(Connection {
+            admission: Arc::clone(admission),
+            client: client.to_string(),
+        })
     }
 
     /// One more request of `client` served, if it has fewer than its share.
@@ -359,7 +406,43 @@ pub async fn requests(
         // Every request has a token's role by now (`authenticate`); one without is refused.
         return ApiError::unauthorized().into_response();
     };
-    if request.method() == Method::DELETE && request.uri().path() == "/mcp" {
+    let closing_mcp_session = request.method() == Method::DELETE && request.uri().path() == "/mcp";
+    // The first request with a known token proves its connection, which then counts among its
+    // token's until it closes: proven connections are never closed to make room, and one token
+    // holding them all (each idle, asking something now and then) would keep every other out.
+    if let Some(proven) = request.extensions().get::<Proven>().cloned() {
+        if !proven.proof.is_cancelled() {
+            match Admission::connect(&admission, &client) {
+                Some(connection) => {
+                    let _ = proven.held.set(Box::new(connection));
+                    proven.proof.cancel();
+                }
+                // Closing a session is served (it frees the token's places), on a connection
+                // that then closes.
+                None if closing_mcp_session => return closing(next.run(request).await),
+                None => {
+                    return closing(
+                        ApiError {
+                            retry_after: Some(REQUESTS_RETRY_AFTER_S),
+                            code: Some("rate_limit_exceeded".into()),
+                            ..ApiError::new(
+                                StatusCode::TOO_MANY_REQUESTS,
+                                "rate_limit_error",
+                                format!(
+                                    "this token holds {} connections \
+                                     (--max-connections-per-token): send requests on those, \
+                                     or close one",
+                                    admission.max_client_connections
+                                ),
+                            )
+                        }
+                        .into_response(),
+                    )
+                }
+            }
+        }
+    }
+    if closing_mcp_session {
         return next.run(request).await;
     }
     let Some(serving) = Admission::serve(&admission, &client) else {
@@ -384,6 +467,15 @@ pub async fn requests(
             held: serving,
         })
     })
+}
+
+/// `response`, after which its connection closes.
+pub fn closing(mut response: Response) -> Response {
+    response.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
+    );
+    response
 }
 
 /// What a client refused for its token's share of requests is told to wait: a place comes
@@ -559,6 +651,7 @@ mod tests {
             3,
             2,
             8,
+            8,
             Duration::from_secs(300),
         );
         let live = |ids: &[&str]| ids.iter().map(|s| s.to_string()).collect::<HashSet<_>>();
@@ -588,6 +681,7 @@ mod tests {
             Arc::new(LocalSessionManager::default()),
             3,
             2,
+            8,
             8,
             Duration::from_secs(300),
         ));
@@ -628,6 +722,7 @@ mod tests {
             Arc::new(LocalSessionManager::default()),
             3,
             2,
+            8,
             8,
             Duration::ZERO,
         );
@@ -671,6 +766,7 @@ mod tests {
             3,
             2,
             2,
+            8,
             Duration::from_secs(300),
         ));
         let first = Admission::serve(&admission, "a");
@@ -693,6 +789,7 @@ mod tests {
             Arc::new(LocalSessionManager::default()),
             3,
             2,
+            8,
             8,
             Duration::from_secs(300),
         );

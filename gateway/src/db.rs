@@ -46,6 +46,8 @@ impl Call {
 /// its role's place.
 const MAX_QUESTION_CHARS: usize = 10_000;
 const MAX_SQL_CHARS: usize = 100_000;
+/// The most relations `sqe://tables` lists (the extension's schema read takes as many).
+const MAX_TABLES: i64 = 10_000;
 
 /// The roles, among those the login role is or may become, that reach as far as a superuser
 /// (a superuser, CREATEROLE, REPLICATION, the server's files and programs, a connection
@@ -530,10 +532,15 @@ async fn pinned_query(
     sql: &str,
     params: &[(&(dyn tokio_postgres::types::ToSql + Sync), Type)],
 ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
-    client
+    // BEGIN and SET LOCAL in one message: a failure of the SET leaves the transaction
+    // aborted, and the ROLLBACK below ends it before the connection goes back to its pool.
+    let begun = client
         .batch_execute("BEGIN; SET LOCAL search_path = pg_catalog, pg_temp")
-        .await?;
-    let rows = client.query_typed(sql, params).await;
+        .await;
+    let rows = match begun {
+        Ok(()) => client.query_typed(sql, params).await,
+        Err(error) => Err(error),
+    };
     let end = client
         .batch_execute(if rows.is_ok() { "COMMIT" } else { "ROLLBACK" })
         .await;
@@ -981,7 +988,7 @@ async fn run(
         Call::Run { sql } => json(
             tx.query_one(
                 &format!(
-                    "SELECT coalesce(pg_catalog.jsonb_agg(r), '[]')::text \
+                    "SELECT coalesce(pg_catalog.jsonb_agg(r), '[]')::pg_catalog.text \
                      FROM {schema}.nl_run($1::pg_catalog.text) r"
                 ),
                 &[sql],
@@ -1024,22 +1031,32 @@ async fn run(
             .try_get(0)
             .map_err(unreadable)?,
         )?,
+        // Relations another role made (any number, with comments of any size): at most
+        // MAX_TABLES of them, each comment read as its first 1,000 characters only, as the
+        // extension's own schema read bounds them.
         Call::Tables => json({
             tx.batch_execute("SET LOCAL search_path = pg_catalog, pg_temp")
                 .await?;
             tx.query_one(
                 "SELECT coalesce(json_agg(json_build_object(
-                     'schema', n.nspname, 'name', c.relname,
-                     'kind', CASE c.relkind WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view'
+                     'schema', t.nspname, 'name', t.relname,
+                     'kind', CASE t.relkind WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view'
                                   WHEN 'f' THEN 'foreign table' ELSE 'table' END,
-                     'comment', obj_description(c.oid, 'pg_class'))
-                   ORDER BY n.nspname, c.relname), '[]')::text
-                 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-                 WHERE c.relkind IN ('r', 'v', 'm', 'f', 'p') AND NOT c.relispartition
-                   AND n.nspname <> ALL (ARRAY['pg_catalog', 'information_schema'])
-                   AND n.nspname !~ '^pg_toast'
-                   AND pg_catalog.has_any_column_privilege(c.oid, 'SELECT')",
-                &[],
+                     'comment', (SELECT substr(d.description, 1, 1000)
+                                 FROM pg_description d
+                                 WHERE d.objoid = t.oid AND d.objsubid = 0
+                                   AND d.classoid = 'pg_catalog.pg_class'::regclass))
+                   ORDER BY t.nspname, t.relname), '[]')::pg_catalog.text
+                 FROM (SELECT c.oid, c.relname, c.relkind, n.nspname
+                       FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                       WHERE c.relkind IN ('r', 'v', 'm', 'f', 'p') AND NOT c.relispartition
+                         AND n.nspname <> ALL (ARRAY['pg_catalog', 'information_schema'])
+                         AND n.nspname !~ '^pg_toast'
+                         AND has_schema_privilege(n.oid, 'USAGE')
+                         AND has_any_column_privilege(c.oid, 'SELECT')
+                       ORDER BY n.nspname, c.relname
+                       LIMIT $1) t",
+                &[&MAX_TABLES],
             )
             .await?
             .try_get(0)

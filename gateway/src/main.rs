@@ -124,6 +124,11 @@ struct Serve {
     /// Retry-After. Keep it below --max-connections, which all tokens share.
     #[arg(long, default_value_t = 64)]
     max_requests_per_token: usize,
+    /// Connections one token may hold open, each from its first request with that token until
+    /// it closes; a request without a known token closes its connection. Keep it below
+    /// --max-connections, which all tokens share.
+    #[arg(long, default_value_t = 64)]
+    max_connections_per_token: usize,
     /// Seconds a connection may take to send a request's headers, and stay idle between
     /// requests, before it is closed.
     #[arg(long, default_value_t = 30)]
@@ -180,15 +185,14 @@ async fn authenticate(State(app): State<App>, mut request: Request, next: Next) 
         .map(str::trim);
     let response = match token.and_then(|t| app.tokens.role(t)) {
         Some(role) => {
-            if let Some(watch::Proven(proven)) = request.extensions().get::<watch::Proven>() {
-                proven.cancel();
-            }
             line.who = format!("{} {}", role.name.escape_debug(), role.client);
             request.extensions_mut().insert(role);
             next.run(request).await
         }
+        // A request without a known token ends its connection: a proven connection is never
+        // closed to make room, so a revoked token (or none) must not keep one alive.
         None => {
-            let mut response = ApiError::unauthorized().into_response();
+            let mut response = admission::closing(ApiError::unauthorized().into_response());
             response.headers_mut().insert(
                 header::WWW_AUTHENTICATE,
                 header::HeaderValue::from_static("Bearer"),
@@ -255,6 +259,7 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
         max_mcp_sessions,
         max_mcp_sessions_per_token,
         max_requests_per_token,
+        max_connections_per_token,
         header_timeout,
         write_timeout,
         login_timeout,
@@ -341,6 +346,7 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
         max_mcp_sessions,
         max_mcp_sessions_per_token,
         max_requests_per_token,
+        max_connections_per_token,
         Duration::from_secs(request_timeout),
     ));
     let router = Router::new()

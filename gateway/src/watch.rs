@@ -10,7 +10,8 @@
 //! does not hold the answer in the gateway's memory (up to `max_result_bytes` of rows) for ever.
 //! Connections are served up to a number at once; more wait in the listen queue, so that what
 //! clients hold (a body up to `--max-body` each) has a bound the operator sets. A connection is
-//! unproven until one of its requests carries a known token (`Proven`): past a short grace,
+//! unproven until one of its requests carries a known token (`Proven`), and then counts among
+//! that token's connections until it closes (`--max-requests-per-token` of them): past a short grace,
 //! unproven ones hold at most half the places (the oldest closed when a new one comes) and are
 //! closed when no place is free, and each has the login timeout to prove itself; so that
 //! clients without a token, idle or trickling their headers, cannot keep the gateway from those
@@ -40,9 +41,14 @@ use tower::ServiceExt;
 #[derive(Clone)]
 pub struct ClientGone(pub CancellationToken);
 
-/// Fired by the login check when a request of the connection carries a known token.
+/// Fired by the login check when a request of the connection carries a known token; `held`
+/// keeps what the proof took (its token's place among the connections, `admission::Places`)
+/// for as long as the connection lives.
 #[derive(Clone)]
-pub struct Proven(pub CancellationToken);
+pub struct Proven {
+    pub proof: CancellationToken,
+    pub held: Arc<std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>>,
+}
 
 /// The address the request's connection came from (for the access log).
 #[derive(Clone, Copy)]
@@ -250,12 +256,18 @@ pub async fn serve(
         }
         // Each request of the connection carries its tokens (what axum's ConnectInfo reads,
         // and the proof the login check gives).
-        let (router, token, proof) = (router.clone(), gone.clone(), proven.clone());
+        // What the proof takes is given back when the connection is dropped: the service
+        // below, which owns this, is dropped with it.
+        let proof = Proven {
+            proof: proven.clone(),
+            held: Arc::default(),
+        };
+        let (router, token) = (router.clone(), gone.clone());
         let service = service_fn(move |mut request: Request<Incoming>| {
             request
                 .extensions_mut()
                 .insert(ConnectInfo(ClientGone(token.clone())));
-            request.extensions_mut().insert(Proven(proof.clone()));
+            request.extensions_mut().insert(proof.clone());
             request.extensions_mut().insert(Peer(peer));
             router.clone().oneshot(request)
         });

@@ -146,6 +146,10 @@ async def mcp_session(session, expect_rows=True):
     tables = json.loads((await session.read_resource("sqe://tables")).contents[0].text)
     names = {t["name"] for t in tables}
     check({"customers", "orders"} <= names and "secrets" not in names, tables)
+    # Relations of schemas the role may not use are left out; comments are cut.
+    check("plans" not in names, names)
+    notes = [t for t in tables if t["name"] == "notes"]
+    check(len(notes) == 1 and 0 < len(notes[0]["comment"]) <= 1000, [len(t["comment"] or "") for t in notes])
 
 
 async def mcp_http(args):

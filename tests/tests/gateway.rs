@@ -35,6 +35,8 @@ fn setup() -> Setup {
         format!("limited_{id}"),
     );
     let mut admin = c.connect(&database);
+    // A comment of 100,000 characters, and a table in a schema the reader may not use.
+    let long_comment = "n".repeat(100_000);
     admin
         .batch_execute(&format!(
             "CREATE ROLE {authenticator} LOGIN NOINHERIT;
@@ -46,6 +48,10 @@ fn setup() -> Setup {
                  AS $$ BEGIN EXECUTE $1; RETURN true; END $$;
              CREATE DOMAIN shared.sqltext AS text CHECK (shared.run(VALUE));
              GRANT USAGE ON SCHEMA shared TO PUBLIC;
+             CREATE TABLE shared.notes (v int); GRANT SELECT ON shared.notes TO {reader};
+             COMMENT ON TABLE shared.notes IS '{long_comment}';
+             CREATE SCHEMA hidden; CREATE TABLE hidden.plans (v int);
+             GRANT SELECT ON hidden.plans TO {reader};
              ALTER DATABASE {database} SET sql_query_engine.llm_url = '{}';
              ALTER DATABASE {database} SET sql_query_engine.vote = off;
              ALTER DATABASE {database} SET sql_query_engine.max_repairs = 1;",
@@ -1047,6 +1053,95 @@ fn a_token_is_served_its_share_of_requests_event_streams_included() {
             "still refused after the stream closed: {status}"
         );
         std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A token holds at most `--max-connections-per-token` connections, each from its first
+/// request with the token until it closes: idle keep-alive connections that ask something now
+/// and then cannot take the places every token shares. A request without a known token ends
+/// its connection, so a revoked token keeps none.
+#[test]
+fn a_token_holds_its_share_of_connections_and_a_request_without_one_ends_its_connection() {
+    let s = setup();
+    let gateway = Gateway::start_with(
+        &s.database_url,
+        &s.tokens,
+        &["--max-connections-per-token", "2"],
+    );
+    // Sends a GET /v1/models on `stream` (kept alive) and reads its status and whole response.
+    let ask = |stream: &mut std::net::TcpStream, token: Option<&str>| -> String {
+        let authorization = token
+            .map(|t| format!("Authorization: Bearer {t}\r\n"))
+            .unwrap_or_default();
+        write!(
+            stream,
+            "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n{authorization}\r\n"
+        )
+        .unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+        let mut head = Vec::new();
+        loop {
+            let mut line = String::new();
+            std::io::BufRead::read_line(&mut reader, &mut line).unwrap();
+            if line.trim_end().is_empty() {
+                break;
+            }
+            head.push(line.trim_end().to_string());
+        }
+        let length: usize = head
+            .iter()
+            .find_map(|h| {
+                h.to_ascii_lowercase()
+                    .strip_prefix("content-length:")
+                    .map(|v| v.trim().parse().unwrap())
+            })
+            .unwrap_or(0);
+        let mut body = vec![0; length];
+        reader.read_exact(&mut body).unwrap();
+        head.join("\n")
+    };
+    let connect = || std::net::TcpStream::connect(("127.0.0.1", gateway.port)).unwrap();
+    let closed = |stream: &mut std::net::TcpStream| {
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut rest = Vec::new();
+        matches!(stream.read_to_end(&mut rest), Ok(0))
+    };
+    let mut held: Vec<_> = (0..2).map(|_| connect()).collect();
+    for stream in &mut held {
+        let head = ask(stream, Some(&s.token));
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    }
+    // Both still open and idle: a third connection of the token is refused, and closed.
+    let mut third = connect();
+    let head = ask(&mut third, Some(&s.token));
+    assert!(head.starts_with("HTTP/1.1 429"), "{head}");
+    assert!(closed(&mut third), "the refused connection stayed open");
+    // Another token is served; the held connections still are.
+    let other = gateway.models_status(&s.limited_token);
+    assert!(other.contains(" 200 "), "{other}");
+    let head = ask(&mut held[0], Some(&s.token));
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    // A request without the token on a held connection is refused and ends that connection,
+    // which frees its place.
+    let head = ask(&mut held[1], None);
+    assert!(head.starts_with("HTTP/1.1 401"), "{head}");
+    assert!(
+        closed(&mut held[1]),
+        "a connection stayed open after a request without a token"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = gateway.models_status(&s.token);
+        if status.contains(" 200 ") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no place came free: {status}");
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
