@@ -1,3 +1,4 @@
+\echo Use "ALTER EXTENSION sql_query_engine UPDATE TO '0.11.0'" to load this file. \quit
 -- 0.10.0 -> 0.11.0
 
 -- COMMENTs count per schema, and only those the schema context shows (on relations and their

@@ -1,3 +1,4 @@
+\echo Use "ALTER EXTENSION sql_query_engine UPDATE TO '0.7.0'" to load this file. \quit
 -- 0.7.0: the COMMENT event trigger reads its table only outside a serializable transaction:
 -- two serializable transactions that each commented on an object conflicted through it, and
 -- one of them failed at commit.

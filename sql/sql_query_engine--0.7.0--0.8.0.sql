@@ -1,3 +1,4 @@
+\echo Use "ALTER EXTENSION sql_query_engine UPDATE TO '0.8.0'" to load this file. \quit
 -- 0.8.0: an example's provenance is whoever inserts it, now, from an answer of its own; a
 -- row's id in the extension's tables is the one its identity draws, and a dump keeps where
 -- the identities stand.

@@ -1,3 +1,4 @@
+\echo Use "ALTER EXTENSION sql_query_engine UPDATE TO '0.9.0'" to load this file. \quit
 -- 0.9.0: feedback is on an answer of the role's own history. Before, a role could insert a
 -- row of nl_feedback (its own, pending) on another role's answer, which the owner's review
 -- queue then showed as a correction of that answer.

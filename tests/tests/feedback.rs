@@ -605,3 +605,70 @@ fn a_lock_on_the_examples_keeps_no_question_or_feedback_waiting() {
     );
     assert_eq!(given["status"], "pending", "{given}");
 }
+
+/// Every change to the examples is in the server log, whoever makes it and however: added
+/// with `nl_example_add`, changed by the table's own DML (a line break in the question
+/// written escaped), removed with `nl_example_remove`, and all at once with TRUNCATE. An
+/// example decides what matching questions of every role are asked with.
+#[test]
+fn every_change_to_the_examples_is_in_the_server_log() {
+    let mut r = Roles::new();
+    r.s.client
+        .batch_execute(&format!(
+            "GRANT UPDATE, DELETE, TRUNCATE ON nl_examples TO {}",
+            r.writer
+        ))
+        .unwrap();
+    let mut writer = r.connect(&r.writer);
+    let id: i64 = writer
+        .query_one(
+            "SELECT nl_example_add('How many orders were planted?', \
+             'SELECT count(*) AS n FROM orders')",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    writer
+        .execute(
+            "UPDATE nl_examples SET question = E'How many orders\\nare there now?' WHERE id = $1",
+            &[&id],
+        )
+        .unwrap();
+    let removed: bool = writer
+        .query_one("SELECT nl_example_remove($1)", &[&id])
+        .unwrap()
+        .get(0);
+    assert!(removed);
+    writer
+        .batch_execute(
+            "SELECT nl_example_add('And one more?', 'SELECT 1 AS one'); TRUNCATE nl_examples",
+        )
+        .unwrap();
+    let Some(mut log) = cluster().server_log() else {
+        return; // a cluster this process did not start: its log is not ours to read
+    };
+    let oid: u32 =
+        r.s.client
+            .query_one("SELECT oid FROM pg_roles WHERE rolname = $1", &[&r.writer])
+            .unwrap()
+            .get(0);
+    let by = format!("by role \"{}\" (oid {oid})", r.writer);
+    let expected = [
+        format!("sql_query_engine: example {id} added {by}"),
+        format!("sql_query_engine: example {id} changed {by}"),
+        format!("sql_query_engine: example {id} removed {by}"),
+        format!("sql_query_engine: every example removed (TRUNCATE) {by}"),
+        r#"question: "How many orders\nare there now?""#.to_string(),
+        r#"sql: "SELECT count(*) AS n FROM orders""#.to_string(),
+    ];
+    let waiting = std::time::Instant::now();
+    while expected.iter().any(|line| !log.contains(line.as_str()))
+        && waiting.elapsed() < std::time::Duration::from_secs(10)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        log = cluster().server_log().unwrap_or_default();
+    }
+    for line in &expected {
+        assert!(log.contains(line.as_str()), "not in the server log: {line}");
+    }
+}
