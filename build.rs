@@ -22,6 +22,7 @@ const ATTRIBUTES: &[(&str, &str)] = &[
     ("pg_cast", "castfunc"),
     ("pg_range", "rngcanonical"),
     ("pg_range", "rngsubdiff"),
+    ("pg_range", "rngsubopc"),
     ("pg_constraint", "contype"),
     ("pg_constraint", "contypid"),
     ("pg_constraint", "conbin"),

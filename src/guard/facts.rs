@@ -173,3 +173,27 @@ impl FunctionFacts {
         unsafe { c_string(pg_sys::format_procedure_qualified(function)) }
     }
 }
+
+/// Support functions of one operator family read, at most.
+pub const MAX_FAMILY_SUPPORT: usize = 1024;
+
+/// The support functions of the operator family `family`; `None` past `MAX_FAMILY_SUPPORT`.
+pub fn family_support(family: pg_sys::Oid) -> Option<Vec<pg_sys::Oid>> {
+    // SAFETY: the first key of AMPROCNUM is the family's OID.
+    let list = unsafe {
+        CacheList::search(
+            pg_sys::SysCacheIdentifier::AMPROCNUM,
+            pg_sys::Datum::from(family),
+        )
+    };
+    let tuples = list.tuples();
+    (tuples.len() <= MAX_FAMILY_SUPPORT).then(|| {
+        tuples
+            .into_iter()
+            // SAFETY: pg_amproc tuples of the held list.
+            .map(|tuple| unsafe {
+                (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_amproc>(tuple)).amproc
+            })
+            .collect()
+    })
+}

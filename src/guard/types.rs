@@ -11,7 +11,7 @@ use pgrx::pg_sys;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use super::facts::{builtin, CacheList, FunctionFacts};
+use super::facts::{builtin, family_support, CacheList, FunctionFacts, MAX_FAMILY_SUPPORT};
 use super::policy::{self, Allowed};
 use super::trust::Trusted;
 use super::verdict::Origin;
@@ -27,7 +27,8 @@ use crate::compat::numbers::{
     ANUM_PG_CONSTRAINT_CONTYPE as ANUM_CONSTRAINT_KIND,
     ANUM_PG_CONSTRAINT_CONTYPID as ANUM_CONSTRAINT_TYPE_ID,
     ANUM_PG_RANGE_RNGCANONICAL as ANUM_RANGE_CANONICAL,
-    ANUM_PG_RANGE_RNGSUBDIFF as ANUM_RANGE_SUBDIFF, CONSTRAINT_RELATION_ID,
+    ANUM_PG_RANGE_RNGSUBDIFF as ANUM_RANGE_SUBDIFF,
+    ANUM_PG_RANGE_RNGSUBOPC as ANUM_RANGE_SUBTYPE_OPCLASS, CONSTRAINT_RELATION_ID,
     CONSTRAINT_TYPID_INDEX_ID,
 };
 
@@ -258,7 +259,19 @@ impl Types<'_> {
         }
         match facts.kind {
             pg_sys::TYPTYPE_DOMAIN => self.domain_check_refusal(typ),
-            pg_sys::TYPTYPE_RANGE => self.support_refusal(&range_functions(typ), "range"),
+            // A range compares its bounds with its subtype's operator class (through the type
+            // cache, where no gate sees the call): that family's support functions too.
+            pg_sys::TYPTYPE_RANGE => self
+                .support_refusal(&range_functions(typ), "range")
+                .or_else(|| match range_subtype_support(typ) {
+                    Some(functions) => {
+                        self.support_refusal(&functions, "subtype operator class's support")
+                    }
+                    None => Some(format!(
+                        "its subtype's operator family has more than {MAX_FAMILY_SUPPORT} \
+                             support functions"
+                    )),
+                }),
             _ => None,
         }
     }
@@ -445,6 +458,34 @@ fn composite_fields(relation: pg_sys::Oid) -> Vec<pg_sys::Oid> {
 }
 
 /// A range type's canonical and subtype-difference functions.
+/// The support functions of the operator family of `range`'s subtype operator class (what
+/// compares its bounds); `None` past `MAX_FAMILY_SUPPORT`.
+fn range_subtype_support(range: pg_sys::Oid) -> Option<Vec<pg_sys::Oid>> {
+    let cache = pg_sys::SysCacheIdentifier::RANGETYPE as i32;
+    // SAFETY: a syscache look-up, released before returning.
+    let opclass = unsafe {
+        let tuple = pg_sys::SearchSysCache1(cache, pg_sys::Datum::from(range));
+        if tuple.is_null() {
+            return Some(Vec::new());
+        }
+        let mut is_null = true;
+        let datum = pg_sys::SysCacheGetAttr(cache, tuple, ANUM_RANGE_SUBTYPE_OPCLASS, &mut is_null);
+        let opclass = pg_sys::Oid::from(datum.value() as u32);
+        pg_sys::ReleaseSysCache(tuple);
+        if is_null {
+            return Some(Vec::new());
+        }
+        opclass
+    };
+    // SAFETY: a catalog look-up of the operator class the range names (which it depends on:
+    // the class cannot be dropped while the range exists).
+    let family = unsafe { pg_sys::get_opclass_family(opclass) };
+    if family == pg_sys::InvalidOid {
+        return Some(Vec::new());
+    }
+    family_support(family)
+}
+
 fn range_functions(range: pg_sys::Oid) -> Vec<pg_sys::Oid> {
     let cache = pg_sys::SysCacheIdentifier::RANGETYPE as i32;
     // SAFETY: a syscache look-up, released before returning.

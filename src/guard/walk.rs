@@ -9,7 +9,7 @@ use std::rc::Rc;
 use pgrx::pg_sys;
 use pgrx::PgList;
 
-use super::facts::{builtin, CacheList, FunctionFacts};
+use super::facts::{builtin, family_support, CacheList, FunctionFacts, MAX_FAMILY_SUPPORT};
 use super::policy::{self, Allowed};
 use super::trust::{self, Trusted};
 use super::types::{self, TypePolicy};
@@ -788,9 +788,6 @@ unsafe extern "C-unwind" fn function_checker(function: pg_sys::Oid, context: *mu
     }
 }
 
-/// Support functions of one operator family read, at most.
-const MAX_FAMILY_SUPPORT: usize = 1024;
-
 /// The btree and hash operator families `operator` belongs to: what sorts, grouping, set
 /// operations, merge and hash joins use in its place. (Other access methods' families, gin's
 /// and gist's, serve only index scans, of indexes a table's owner made.)
@@ -813,27 +810,6 @@ fn operator_families(operator: pg_sys::Oid) -> Vec<pg_sys::Oid> {
         }
     }
     families
-}
-
-/// The support functions of the operator family `family`; `None` past `MAX_FAMILY_SUPPORT`.
-fn family_support(family: pg_sys::Oid) -> Option<Vec<pg_sys::Oid>> {
-    // SAFETY: the first key of AMPROCNUM is the family's OID.
-    let list = unsafe {
-        CacheList::search(
-            pg_sys::SysCacheIdentifier::AMPROCNUM,
-            pg_sys::Datum::from(family),
-        )
-    };
-    let tuples = list.tuples();
-    (tuples.len() <= MAX_FAMILY_SUPPORT).then(|| {
-        tuples
-            .into_iter()
-            // SAFETY: pg_amproc tuples of the held list.
-            .map(|tuple| unsafe {
-                (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_amproc>(tuple)).amproc
-            })
-            .collect()
-    })
 }
 
 /// The transition, final, combine, (de)serialisation and moving-aggregate functions of an

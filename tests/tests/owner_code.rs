@@ -1765,3 +1765,57 @@ fn statistics_arrays_whose_element_type_is_known_only_as_the_query_runs_are_refu
     });
     assert!(waited.is_empty(), "the attacker's cast ran");
 }
+
+/// A range type compares its bounds with its subtype's operator class, through the type cache
+/// (no gate sees that call): a superuser's operator class for int4 whose comparison function
+/// is another role's, named by that role's range type, would run it as the caller sorts or
+/// tests the ranges. The range's subtype operator family's support functions pass the function
+/// policy, as an operator's families do.
+#[test]
+fn a_ranges_subtype_operator_class_runs_no_code_of_another_role() {
+    let mut w = World::new();
+    let victim = w.victim.clone();
+    w.attacker_runs(&locker(
+        "shared.cmp4(a int4, b int4)",
+        80,
+        "int4",
+        "btint4cmp(a, b)",
+    ));
+    // The range's own cast to its multirange is allowed (by name): only the comparison is
+    // left to refuse.
+    let db = w.s.database.clone();
+    w.s.client
+        .batch_execute(&format!(
+            "CREATE OPERATOR CLASS public.alt_int4_ops FOR TYPE int4 USING btree AS
+                 OPERATOR 1 <, OPERATOR 2 <=, OPERATOR 3 =, OPERATOR 4 >=, OPERATOR 5 >,
+                 FUNCTION 1 shared.cmp4(int4, int4);
+             ALTER ROLE {victim} IN DATABASE {db}
+                 SET sql_query_engine.allowed_functions = 'public.span_multirange';"
+        ))
+        .unwrap();
+    w.attacker_runs(&format!(
+        "CREATE TYPE public.span AS RANGE (subtype = int4, subtype_opclass = public.alt_int4_ops);
+         CREATE TABLE public.spans (v public.span);
+         INSERT INTO public.spans SELECT public.span(g, g + 3) FROM generate_series(1, 20) g;
+         GRANT SELECT ON public.spans TO {victim};"
+    ));
+    let mut v = w.connect(&victim);
+    let mut witness = Witness::hold(&w.s.database, &[80]);
+    let (_, waited) = witness.waited(|| {
+        for sql in [
+            "SELECT v FROM spans ORDER BY v",
+            "SELECT count(*) AS n FROM spans WHERE v @> 3",
+        ] {
+            let error = v.query("SELECT * FROM nl_run($1)", &[&sql]).unwrap_err();
+            let (code, message, _) = db_error(&error);
+            assert_eq!(code, "42501", "{sql}: {message}");
+            assert!(message.contains("cmp4"), "{sql}: {message}");
+        }
+    });
+    assert!(waited.is_empty(), "the attacker's comparison ran");
+    // Positive control: read directly, the comparison is the attacker's.
+    let (_, waited) = witness.waited(|| {
+        v.batch_execute("SELECT v FROM spans ORDER BY v").unwrap();
+    });
+    assert_eq!(waited, [80]);
+}
