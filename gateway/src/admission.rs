@@ -56,6 +56,15 @@ pub struct Admission {
     id_hold: Duration,
 }
 
+/// What the clients share, overall and each its own: MCP sessions (`--max-mcp-sessions`,
+/// `--max-mcp-sessions-per-token`), requests being served and connections held (per token).
+pub struct Shares {
+    pub sessions: usize,
+    pub client_sessions: usize,
+    pub client_requests: usize,
+    pub client_connections: usize,
+}
+
 /// Requests of one MCP session that may be being answered at once.
 const MAX_SESSION_IN_FLIGHT: usize = 256;
 
@@ -223,20 +232,17 @@ impl Admission {
         body_timeout: Duration,
         max_body: usize,
         sessions: Arc<LocalSessionManager>,
-        max_sessions: usize,
-        max_client_sessions: usize,
-        max_client_requests: usize,
-        max_client_connections: usize,
+        shares: Shares,
         call_timeout: Duration,
     ) -> Admission {
         Admission {
             body_timeout,
             max_body,
             sessions,
-            max_sessions,
-            max_client_sessions,
-            max_client_requests,
-            max_client_connections,
+            max_sessions: shares.sessions,
+            max_client_sessions: shares.client_sessions,
+            max_client_requests: shares.client_requests,
+            max_client_connections: shares.client_connections,
             connections: Mutex::new(HashMap::new()),
             counted: Mutex::new(Counted::default()),
             serving: Mutex::new(HashMap::new()),
@@ -410,36 +416,45 @@ pub async fn requests(
     // The first request with a known token proves its connection, which then counts among its
     // token's until it closes: proven connections are never closed to make room, and one token
     // holding them all (each idle, asking something now and then) would keep every other out.
+    // A request of another token moves the connection to that token's count: a token revoked,
+    // or another one's requests, do not keep it on the first one's.
     if let Some(proven) = request.extensions().get::<Proven>().cloned() {
-        if !proven.proof.is_cancelled() {
-            match Admission::connect(&admission, &client) {
-                Some(connection) => {
-                    let _ = proven.held.set(Box::new(connection));
-                    proven.proof.cancel();
-                }
-                // Closing a session is served (it frees the token's places), on a connection
-                // that then closes.
-                None if closing_mcp_session => return closing(next.run(request).await),
-                None => {
-                    return closing(
-                        ApiError {
-                            retry_after: Some(REQUESTS_RETRY_AFTER_S),
-                            code: Some("rate_limit_exceeded".into()),
-                            ..ApiError::new(
-                                StatusCode::TOO_MANY_REQUESTS,
-                                "rate_limit_error",
-                                format!(
-                                    "this token holds {} connections \
-                                     (--max-connections-per-token): send requests on those, \
-                                     or close one",
-                                    admission.max_client_connections
-                                ),
-                            )
-                        }
-                        .into_response(),
+        let taken = {
+            let mut held = proven.held.lock().unwrap_or_else(PoisonError::into_inner);
+            match held.as_ref() {
+                Some((holder, _)) if *holder == client => true,
+                _ => match Admission::connect(&admission, &client) {
+                    Some(connection) => {
+                        *held = Some((client.clone(), Box::new(connection)));
+                        true
+                    }
+                    None => false,
+                },
+            }
+        };
+        if taken {
+            proven.proof.cancel();
+        } else if closing_mcp_session {
+            // Closing a session is served (it frees the token's places), on a connection that
+            // then closes.
+            return closing(next.run(request).await);
+        } else {
+            return closing(
+                ApiError {
+                    retry_after: Some(REQUESTS_RETRY_AFTER_S),
+                    code: Some("rate_limit_exceeded".into()),
+                    ..ApiError::new(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        "rate_limit_error",
+                        format!(
+                            "this token holds {} connections (--max-connections-per-token): \
+                             send requests on those, or close one",
+                            admission.max_client_connections
+                        ),
                     )
                 }
-            }
+                .into_response(),
+            );
         }
     }
     if closing_mcp_session {
@@ -648,10 +663,12 @@ mod tests {
             Duration::from_secs(1),
             1024,
             Arc::new(LocalSessionManager::default()),
-            3,
-            2,
-            8,
-            8,
+            Shares {
+                sessions: 3,
+                client_sessions: 2,
+                client_requests: 8,
+                client_connections: 8,
+            },
             Duration::from_secs(300),
         );
         let live = |ids: &[&str]| ids.iter().map(|s| s.to_string()).collect::<HashSet<_>>();
@@ -679,10 +696,12 @@ mod tests {
             Duration::from_secs(1),
             1024,
             Arc::new(LocalSessionManager::default()),
-            3,
-            2,
-            8,
-            8,
+            Shares {
+                sessions: 3,
+                client_sessions: 2,
+                client_requests: 8,
+                client_connections: 8,
+            },
             Duration::from_secs(300),
         ));
         let live = |ids: &[&str]| ids.iter().map(|s| s.to_string()).collect::<HashSet<_>>();
@@ -720,10 +739,12 @@ mod tests {
             Duration::from_secs(1),
             1024,
             Arc::new(LocalSessionManager::default()),
-            3,
-            2,
-            8,
-            8,
+            Shares {
+                sessions: 3,
+                client_sessions: 2,
+                client_requests: 8,
+                client_connections: 8,
+            },
             Duration::ZERO,
         );
         // Long enough that no pause of a loaded machine between two steps expires one.
@@ -763,10 +784,12 @@ mod tests {
             Duration::from_secs(1),
             1024,
             Arc::new(LocalSessionManager::default()),
-            3,
-            2,
-            2,
-            8,
+            Shares {
+                sessions: 3,
+                client_sessions: 2,
+                client_requests: 2,
+                client_connections: 8,
+            },
             Duration::from_secs(300),
         ));
         let first = Admission::serve(&admission, "a");
@@ -787,10 +810,12 @@ mod tests {
             Duration::from_secs(1),
             1024,
             Arc::new(LocalSessionManager::default()),
-            3,
-            2,
-            8,
-            8,
+            Shares {
+                sessions: 3,
+                client_sessions: 2,
+                client_requests: 8,
+                client_connections: 8,
+            },
             Duration::from_secs(300),
         );
         let none = HashSet::new();

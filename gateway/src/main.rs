@@ -343,10 +343,12 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
         Duration::from_secs(body_timeout.max(1)),
         max_body,
         sessions,
-        max_mcp_sessions,
-        max_mcp_sessions_per_token,
-        max_requests_per_token,
-        max_connections_per_token,
+        admission::Shares {
+            sessions: max_mcp_sessions,
+            client_sessions: max_mcp_sessions_per_token,
+            client_requests: max_requests_per_token,
+            client_connections: max_connections_per_token,
+        },
         Duration::from_secs(request_timeout),
     ));
     let router = Router::new()

@@ -42,13 +42,16 @@ use tower::ServiceExt;
 pub struct ClientGone(pub CancellationToken);
 
 /// Fired by the login check when a request of the connection carries a known token; `held`
-/// keeps what the proof took (its token's place among the connections, `admission::Places`)
-/// for as long as the connection lives.
+/// keeps the client (token fingerprint) the connection counts for and its place among that
+/// client's connections (`admission::requests`), for as long as the connection lives.
 #[derive(Clone)]
 pub struct Proven {
     pub proof: CancellationToken,
-    pub held: Arc<std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>>,
+    pub held: Arc<std::sync::Mutex<Option<HeldPlace>>>,
 }
+
+/// A client's fingerprint, and what it holds while the connection lives.
+pub type HeldPlace = (String, Box<dyn std::any::Any + Send + Sync>);
 
 /// The address the request's connection came from (for the access log).
 #[derive(Clone, Copy)]

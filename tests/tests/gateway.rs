@@ -1143,6 +1143,24 @@ fn a_token_holds_its_share_of_connections_and_a_request_without_one_ends_its_con
         assert!(Instant::now() < deadline, "no place came free: {status}");
         std::thread::sleep(Duration::from_millis(100));
     }
+    // The token holds two again (one kept alive, one new) ...
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut second = loop {
+        let mut stream = connect();
+        if ask(&mut stream, Some(&s.token)).starts_with("HTTP/1.1 200") {
+            break stream;
+        }
+        assert!(Instant::now() < deadline, "no second place came free");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // ... and another token's request on one of them moves it to that token's count: a
+    // connection does not stay on the first token's (revoked, say) while others use it.
+    let head = ask(&mut held[0], Some(&s.limited_token));
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let mut third = connect();
+    let head = ask(&mut third, Some(&s.token));
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(ask(&mut second, Some(&s.token)).starts_with("HTTP/1.1 200"));
 }
 
 /// A token opens MCP sessions up to `--max-mcp-sessions-per-token`; then it is answered 503
