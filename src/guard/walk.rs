@@ -21,6 +21,10 @@ use crate::settings;
 /// Whether the built-in type `typ` is polymorphic, or an array of or a row (a system
 /// catalog's or view's) with a polymorphic field.
 fn polymorphic_in(typ: pg_sys::Oid) -> bool {
+    polymorphic_in_at(typ, 0)
+}
+
+fn polymorphic_in_at(typ: pg_sys::Oid, depth: usize) -> bool {
     if POLYMORPHIC.contains(&typ) {
         return true;
     }
@@ -29,14 +33,15 @@ fn polymorphic_in(typ: pg_sys::Oid) -> bool {
         let element = pg_sys::get_element_type(typ);
         if element != pg_sys::InvalidOid {
             return POLYMORPHIC.contains(&element)
-                || (element != typ && builtin(element) && polymorphic_row(element));
+                || (element != typ && builtin(element) && polymorphic_row(element, depth));
         }
-        polymorphic_row(typ)
+        polymorphic_row(typ, depth)
     }
 }
 
-/// Whether `typ` is a row type with a field of a polymorphic type.
-unsafe fn polymorphic_row(typ: pg_sys::Oid) -> bool {
+/// Whether `typ` is a row type with a field of a polymorphic type, or of a built-in type that
+/// holds one.
+unsafe fn polymorphic_row(typ: pg_sys::Oid, depth: usize) -> bool {
     // SAFETY: the caller's: catalog look-ups; the descriptor is released again.
     unsafe {
         if !pg_sys::type_is_rowtype(typ) || typ == pg_sys::RECORDOID {
@@ -46,13 +51,20 @@ unsafe fn polymorphic_row(typ: pg_sys::Oid) -> bool {
         if desc.is_null() {
             return false;
         }
-        let found = crate::compat::attributes(desc)
+        let fields: Vec<pg_sys::Oid> = crate::compat::attributes(desc)
             .iter()
-            .any(|a| !a.attisdropped && POLYMORPHIC.contains(&a.atttypid));
+            .filter(|a| !a.attisdropped)
+            .map(|a| a.atttypid)
+            .collect();
         if (*desc).tdrefcount >= 0 {
             pg_sys::DecrTupleDescRefCount(desc);
         }
-        found
+        // A field of a built-in row or array type is followed (pg_statistic_ext_data holds
+        // pg_statistic[]); built-in types nest only a few levels.
+        fields.into_iter().any(|field| {
+            POLYMORPHIC.contains(&field)
+                || (depth < 4 && builtin(field) && polymorphic_in_at(field, depth + 1))
+        })
     }
 }
 
@@ -729,10 +741,14 @@ impl Walk {
         if facts.aggregate && !facts.builtin {
             let (functions, sort_operator, states) = aggregate_support(function);
             // The state types too: an initial state is converted with its type's input
-            // function (and a domain's CHECK) when the aggregate starts.
+            // function (and a domain's CHECK) when the aggregate starts. A polymorphic state
+            // type is resolved from the arguments' types, which the walk checks where they are.
             return functions.into_iter().any(|f| self.check_function(f))
                 || sort_operator.is_some_and(|op| self.check_operator(op))
-                || states.into_iter().any(|t| self.check_type(t));
+                || states
+                    .into_iter()
+                    .filter(|t| !POLYMORPHIC.contains(t))
+                    .any(|t| self.check_type(t));
         }
         false
     }
