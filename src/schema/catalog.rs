@@ -70,10 +70,11 @@ pub struct Relation {
 /// Locks a read on the extension's own may take: each is a lock of the caller's transaction,
 /// and the server's lock table is shared and bounded.
 const MAX_OWN_READ_LOCKS: u32 = 256;
-/// Partitions and inheritance children of a relation looked at (a relation with this many is
-/// neither read on the extension's own nor are its statistics read): a chain of tables each
-/// inheriting from the next costs each of its links a walk down to here, not to its end.
-const MAX_DESCENDANTS: i64 = 1000;
+/// Steps of the walk down to partitions and inheritance children, for all the relations read
+/// together (when it is cut short, no relation with children is read on the extension's own
+/// nor are its statistics read): another role's chain or lattice of inheriting tables costs
+/// this much, not its square.
+const MAX_INHERITANCE_STEPS: i64 = 100_000;
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Default)]
 pub struct Column {
@@ -203,11 +204,57 @@ const MAX_STATISTICS_STORED_BYTES: i64 = 4 << 20;
 /// lock every partition until the call ends, behind another session's ACCESS EXCLUSIVE lock):
 /// how many locks a read of it on the extension's own takes (it, its partitions, their
 /// indexes), whether a partition or inheritance child is a foreign table, and a fingerprint of
-/// the partitions' storage.
+/// the partitions' storage, from a walk of `$4` steps at most.
 /// At most `$2` relations, in search order, and no more of them than hold `$3` columns
 /// together: what another role may create in a schema the caller reads is not all loaded into
 /// the caller's backend. `readable` counts them all, to say when some were left out.
 const RELATIONS_SQL: &str = r#"
+WITH RECURSIVE kept AS MATERIALIZED (
+    -- The relations first, with only what costs nothing to read: what follows (comments,
+    -- descendants) is read for the $2 kept, not for every one another role made.
+    SELECT c.oid, c.relname, c.relkind, c.reltuples, c.relrowsecurity, c.relpersistence,
+           c.relfilenode, c.relhassubclass, n.nspname, s.ord,
+           sum(c.relnatts) OVER (ORDER BY s.ord, c.relname ROWS UNBOUNDED PRECEDING) AS columns,
+           count(*) OVER () AS readable
+    FROM unnest($1::text[]) WITH ORDINALITY AS s(name, ord)
+    JOIN pg_namespace n ON n.nspname = s.name
+    JOIN pg_class c ON c.relnamespace = n.oid
+    WHERE c.relkind IN ('r', 'v', 'm', 'f', 'p')
+      AND NOT c.relispartition
+      AND NOT EXISTS (
+          SELECT FROM pg_depend dep JOIN pg_extension e ON e.oid = dep.refobjid
+          WHERE dep.classid = 'pg_class'::regclass AND dep.objid = c.oid
+            AND dep.refclassid = 'pg_extension'::regclass AND dep.deptype = 'e'
+            AND e.extname = 'sql_query_engine')
+      AND has_schema_privilege(n.oid, 'USAGE')
+      AND has_any_column_privilege(c.oid, 'SELECT')
+    ORDER BY s.ord, c.relname
+    LIMIT $2
+),
+-- Partitions and inheritance children at every level, by every path (a table may inherit
+-- from several), for the kept relations together, and $4 steps in all: a recursive query
+-- yields its rows as they are asked for, so neither a chain of thousands of inheriting tables
+-- nor a lattice of them is walked further.
+tree(root, relid) AS (
+    SELECT k.oid, i.inhrelid FROM kept k JOIN pg_inherits i ON i.inhparent = k.oid
+    WHERE k.relkind = 'p' OR k.relhassubclass
+    UNION ALL
+    SELECT t.root, i.inhrelid FROM tree t JOIN pg_inherits i ON i.inhparent = t.relid),
+walked AS MATERIALIZED (SELECT root, relid FROM tree LIMIT $4),
+-- A walk cut short leaves every relation with children unknown: counted as if one of them
+-- were foreign (neither read on the extension's own nor its statistics read).
+cut AS (SELECT count(*) >= $4 AS cut FROM walked),
+parts AS (
+    SELECT w.root,
+           hashtext(string_agg(DISTINCT pc.relfilenode::text, ',' ORDER BY pc.relfilenode::text)
+                    FILTER (WHERE pc.relkind <> 'p')) & 2147483647 AS hash,
+           count(DISTINCT w.relid) AS descendants,
+           bool_or(pc.relkind = 'f') AS foreign_parts,
+           (SELECT count(*) FROM pg_index i
+            WHERE i.indrelid IN (SELECT w2.relid FROM walked w2 WHERE w2.root = w.root))
+               AS indexes
+    FROM walked w JOIN pg_class pc ON pc.oid = w.relid
+    GROUP BY w.root)
 SELECT json_build_object(
     'relations', coalesce(json_agg(r.relation ORDER BY r.ord, r.relname)
                           FILTER (WHERE r.columns <= $3), '[]'),
@@ -233,55 +280,16 @@ SELECT json_build_object(
         'locks', 1 + (SELECT count(*) FROM pg_index i WHERE i.indrelid = b.oid)
                  + CASE WHEN b.relkind = 'p'
                         THEN coalesce(parts.descendants + parts.indexes, 0) ELSE 0 END,
-        -- A tree of more than $4 - 1 descendants is not looked at whole: counted as if one
-        -- were foreign (neither read on the extension's own nor its statistics read).
-        'foreign_parts', coalesce(parts.foreign_parts OR parts.descendants >= $4, false),
+        'foreign_parts', coalesce(parts.foreign_parts, false)
+                         OR (cut.cut AND (b.relkind = 'p' OR b.relhassubclass)),
         'inherited', b.relkind = 'r' AND b.relhassubclass)
     ) AS relation,
     b.ord, b.relname, b.columns, b.readable
-FROM (
-    -- The relations first, with only what costs nothing to read: what follows (comments,
-    -- descendants) is read for the $2 kept, not for every one another role made.
-    SELECT c.oid, c.relname, c.relkind, c.reltuples, c.relrowsecurity, c.relpersistence,
-           c.relfilenode, c.relhassubclass, n.nspname, s.ord,
-           sum(c.relnatts) OVER (ORDER BY s.ord, c.relname ROWS UNBOUNDED PRECEDING) AS columns,
-           count(*) OVER () AS readable
-    FROM unnest($1::text[]) WITH ORDINALITY AS s(name, ord)
-    JOIN pg_namespace n ON n.nspname = s.name
-    JOIN pg_class c ON c.relnamespace = n.oid
-    WHERE c.relkind IN ('r', 'v', 'm', 'f', 'p')
-      AND NOT c.relispartition
-      AND NOT EXISTS (
-          SELECT FROM pg_depend dep JOIN pg_extension e ON e.oid = dep.refobjid
-          WHERE dep.classid = 'pg_class'::regclass AND dep.objid = c.oid
-            AND dep.refclassid = 'pg_extension'::regclass AND dep.deptype = 'e'
-            AND e.extname = 'sql_query_engine')
-      AND has_schema_privilege(n.oid, 'USAGE')
-      AND has_any_column_privilege(c.oid, 'SELECT')
-    ORDER BY s.ord, c.relname
-    LIMIT $2
-) b
+FROM kept b
+CROSS JOIN cut
 LEFT JOIN pg_description d
     ON d.objoid = b.oid AND d.classoid = 'pg_class'::regclass AND d.objsubid = 0
-LEFT JOIN LATERAL (
-    -- Each descendant once (UNION: a table may inherit from several), none looked for below
-    -- a relation without children, and at most $4 of them: a recursive query yields its
-    -- rows as they are asked for, so a chain of thousands of tables is not walked whole for
-    -- each of its links.
-    WITH RECURSIVE tree(relid) AS (
-        SELECT i.inhrelid FROM pg_inherits i
-        WHERE i.inhparent = b.oid AND (b.relkind = 'p' OR b.relhassubclass)
-        UNION
-        SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.relid),
-    capped AS MATERIALIZED (SELECT relid FROM tree LIMIT $4)
-    SELECT hashtext(string_agg(pc.relfilenode::text, ',' ORDER BY pc.oid)
-                    FILTER (WHERE pc.relkind <> 'p')) & 2147483647 AS hash,
-           count(*) AS descendants,
-           bool_or(pc.relkind = 'f') AS foreign_parts,
-           (SELECT count(*) FROM pg_index i WHERE i.indrelid IN (SELECT relid FROM capped))
-               AS indexes
-    FROM capped JOIN pg_class pc ON pc.oid = capped.relid) parts
-    ON b.relkind = 'p' OR b.relhassubclass
+LEFT JOIN parts ON parts.root = b.oid
 ) r
 "#;
 
@@ -405,8 +413,9 @@ FROM (
 WHERE k.running <= $6
 "#;
 
-/// Primary keys, unique keys and foreign keys of the relations `$1`, and whether the caller
-/// may read a foreign key's referenced table (only then is the key shown): at most `$2` of a
+/// Primary keys, unique keys and foreign keys of the relations `$1` over columns the caller may
+/// read, and whether the caller may read a foreign key's referenced table (only then is the key
+/// shown): at most `$2` of a
 /// relation (its primary key first, then its unique keys), however many its owner made, and
 /// `$3` in all (each relation's first ones first, in the order of `$1`); `all` counts them
 /// all, to say when some were left out.
@@ -438,6 +447,12 @@ FROM (
         FROM unnest($1::oid[]) WITH ORDINALITY AS r(oid, ord)
         JOIN pg_constraint co ON co.conrelid = r.oid
         WHERE co.contype IN ('p', 'u', 'f')
+          -- A key naming a column the caller may not read (here or in the referenced table)
+          -- is not the caller's to see, as the column is not.
+          AND NOT EXISTS (SELECT FROM unnest(co.conkey) k
+                          WHERE NOT has_column_privilege(co.conrelid, k, 'SELECT'))
+          AND NOT EXISTS (SELECT FROM unnest(co.confkey) k
+                          WHERE NOT has_column_privilege(co.confrelid, k, 'SELECT'))
     ) numbered
     WHERE nth <= $2
     ORDER BY nth, ord
@@ -523,7 +538,7 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
                     schemas.to_vec().into(),
                     MAX_RELATIONS.into(),
                     MAX_COLUMNS.into(),
-                    MAX_DESCENDANTS.into(),
+                    MAX_INHERITANCE_STEPS.into(),
                 ],
             )?;
             let Readable { relations: found, readable } = parse(&relations)?;
@@ -730,19 +745,6 @@ fn assemble(
             continue;
         }
         let columns = key.columns.unwrap_or_default();
-        // A key that names a column the caller may not read is not the caller's to see (the
-        // context holds only columns it may read), here or in the referenced relation.
-        let readable = |at: usize, names: &[String]| {
-            names
-                .iter()
-                .all(|n| relations[at].columns.iter().any(|c| &c.name == n))
-        };
-        let referenced = by_oid.get(&key.ref_oid).copied();
-        if !readable(i, &columns)
-            || referenced.is_some_and(|r| !readable(r, key.ref_columns.as_deref().unwrap_or(&[])))
-        {
-            continue;
-        }
         let relation = &mut relations[i];
         if key.deferrable && key.kind != "f" {
             relation.deferrable.push(columns.clone());
