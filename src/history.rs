@@ -394,7 +394,7 @@ pub fn audit(
     let detail = match sql {
         Some(sql) => format!(
             "input: {input}\nsql: {}{}",
-            text::escaped_line(&sql),
+            text::escaped_line(sql),
             ran_so_far()
         ),
         None => format!("input: {input}{}", ran_so_far()),

@@ -630,7 +630,8 @@ fn every_change_to_the_examples_is_in_the_server_log() {
         .get(0);
     writer
         .execute(
-            "UPDATE nl_examples SET question = E'How many orders\\nare there now?' WHERE id = $1",
+            "UPDATE nl_examples SET question = E'How many orders\\nare there now?\\u202e' \
+             WHERE id = $1",
             &[&id],
         )
         .unwrap();
@@ -658,8 +659,8 @@ fn every_change_to_the_examples_is_in_the_server_log() {
         format!("sql_query_engine: example {id} changed {by}"),
         format!("sql_query_engine: example {id} removed {by}"),
         format!("sql_query_engine: every example removed (TRUNCATE) {by}"),
-        r#"question: "How many orders\nare there now?""#.to_string(),
-        r#"sql: "SELECT count(*) AS n FROM orders""#.to_string(),
+        r#"question: How many orders\nare there now?\u{202e}"#.to_string(),
+        "sql: SELECT count(*) AS n FROM orders".to_string(),
     ];
     let waiting = std::time::Instant::now();
     while expected.iter().any(|line| !log.contains(line.as_str()))
