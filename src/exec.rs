@@ -254,6 +254,34 @@ impl Drop for Running {
     }
 }
 
+/// Refuses `RESET ALL` run by code that a query of the extension runs (a function of a view or
+/// a policy another role owns): PostgreSQL resets every setting whoever asks, the ones that
+/// bound the query too (`temp_file_limit`, which `max_query_temp_files` sets for the attempt).
+/// Called by the utility hook for every utility statement.
+#[pgrx::pg_guard]
+pub unsafe extern "C-unwind" fn refuse_reset_all(statement: *mut pg_sys::PlannedStmt) {
+    if RUNNING.get() == 0 {
+        return;
+    }
+    // SAFETY: PostgreSQL passes a planned utility statement; a node is read as the struct its
+    // tag names.
+    let reset_all = unsafe {
+        let node = (*statement).utilityStmt;
+        !node.is_null()
+            && (*node).type_ == pg_sys::NodeTag::T_VariableSetStmt
+            && (*node.cast::<pg_sys::VariableSetStmt>()).kind
+                == pg_sys::VariableSetKind::VAR_RESET_ALL
+    };
+    if reset_all {
+        crate::error::Error::sql(
+            "42501",
+            "RESET ALL may not be run by code that a query of sql_query_engine runs",
+            Some("It would lift the bounds of the query (max_query_temp_files)."),
+        )
+        .raise();
+    }
+}
+
 /// Refuses a call of the extension's `function` made while one of its queries runs: by code
 /// that query runs as the caller (a function of a view or a policy another role owns), which
 /// would otherwise write turns into the caller's conversations or reset them, put questions to
@@ -1244,7 +1272,14 @@ unsafe extern "C-unwind" fn receive_slot(
                 pg_sys::CurrentResourceOwner = owner;
             }
             c.bytes += stored + text.to_bytes().len();
-            c.result.rows.push(text.to_string_lossy().into_owned());
+            // Within the watch's hard limit an allocation may fail: Rust's would abort.
+            let mut row = String::new();
+            if row.try_reserve_exact(text.to_bytes().len()).is_err() {
+                pg_sys::MemoryContextSwitchTo(caller);
+                crate::error::Error::sql("53200", "out of memory collecting a row", None).raise();
+            }
+            row.push_str(&String::from_utf8_lossy(text.to_bytes()));
+            c.result.rows.push(row);
             true
         };
         pg_sys::MemoryContextSwitchTo(caller);
@@ -1610,13 +1645,25 @@ unsafe extern "C-unwind" fn planner(
 /// out-of-memory killer would take the server down. Not armed within another watch.
 struct MemoryWatch {
     timer: Option<u32>,
+    /// The data size limit the backend had before the watch set its own (`RLIMIT_DATA`).
+    data_limit: Option<libc::rlimit>,
 }
+
+/// Memory an attempt may take past the watch's ceiling before an allocation fails: the watch
+/// asks for a cancel, which ends the query at its next interrupt check, but code that checks
+/// for none (an output function printing a huge array, `to_jsonb` of a row) would grow the
+/// backend until the kernel's out-of-memory killer took the server down. The hard limit makes
+/// such an allocation fail, as an ERROR (53200), and leaves room for what ending it takes.
+const HARD_HEADROOM_BYTES: u64 = 64 << 20;
 
 impl MemoryWatch {
     fn arm(bytes: u64) -> MemoryWatch {
         use crate::compat::timeout::*;
         use std::sync::atomic::Ordering;
-        let unarmed = MemoryWatch { timer: None };
+        let unarmed = MemoryWatch {
+            timer: None,
+            data_limit: None,
+        };
         if WATCH_CEILING.load(Ordering::Relaxed) != u64::MAX {
             return unarmed;
         }
@@ -1634,7 +1681,13 @@ impl MemoryWatch {
             id
         });
         WATCH_EXCEEDED.store(false, Ordering::Relaxed);
-        WATCH_CEILING.store(now.saturating_add(bytes / page.max(1)), Ordering::Relaxed);
+        let ceiling = now.saturating_add(bytes / page.max(1));
+        WATCH_CEILING.store(ceiling, Ordering::Relaxed);
+        let data_limit = hard_limit(
+            ceiling
+                .saturating_mul(page)
+                .saturating_add(HARD_HEADROOM_BYTES),
+        );
         // SAFETY: utils/timeout.h on the backend's own timer.
         unsafe {
             let first = pg_sys::GetCurrentTimestamp() + i64::from(WATCH_INTERVAL_MS) * 1000;
@@ -1642,7 +1695,10 @@ impl MemoryWatch {
                 enable_timeout_every(timer, first, WATCH_INTERVAL_MS)
             });
         }
-        MemoryWatch { timer: Some(timer) }
+        MemoryWatch {
+            timer: Some(timer),
+            data_limit,
+        }
     }
 
     /// Whether the attempt went past the ceiling (its cancel is then the watch's).
@@ -1655,6 +1711,11 @@ impl Drop for MemoryWatch {
     fn drop(&mut self) {
         use crate::compat::timeout::*;
         use std::sync::atomic::Ordering;
+        if let Some(before) = self.data_limit {
+            // SAFETY: puts back the limit `arm` read (a soft limit raised to at most the hard
+            // one, which a process may always do).
+            unsafe { libc::setrlimit(libc::RLIMIT_DATA, &before) };
+        }
         let Some(timer) = self.timer else {
             return;
         };
@@ -1673,6 +1734,29 @@ impl Drop for MemoryWatch {
             }
         }
     }
+}
+
+/// Lowers the backend's data size limit (`RLIMIT_DATA`: its heap and private mappings, not
+/// shared memory) to `bytes`, unless it is lower already; returns the limit to put back.
+fn hard_limit(bytes: u64) -> Option<libc::rlimit> {
+    let mut before = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: reads the process's limit into a local.
+    if unsafe { libc::getrlimit(libc::RLIMIT_DATA, &mut before) } != 0 {
+        return None;
+    }
+    let wanted = libc::rlim_t::try_from(bytes).unwrap_or(libc::RLIM_INFINITY);
+    if before.rlim_cur != libc::RLIM_INFINITY && before.rlim_cur <= wanted {
+        return None;
+    }
+    let lowered = libc::rlimit {
+        rlim_cur: wanted.min(before.rlim_max),
+        rlim_max: before.rlim_max,
+    };
+    // SAFETY: lowers the soft limit only; the hard one stays, so `Drop` can raise it back.
+    (unsafe { libc::setrlimit(libc::RLIMIT_DATA, &lowered) } == 0).then_some(before)
 }
 
 /// The per-attempt deadline. `SET LOCAL statement_timeout` would not apply to statements run

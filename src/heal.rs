@@ -383,8 +383,11 @@ impl Solver<'_> {
         let mut rewritten: Option<(String, Outcome)> = None;
         for _ in 0..REQUALIFY_ROUNDS {
             let (query, result) = rewritten.as_ref().map_or((&sql, &outcome), |(q, r)| (q, r));
+            // A name error raised once the query ran is not the model's (code of another
+            // role raised it, with any text): only analysis errors name the model's names.
             let Some(error) = result.error().filter(|e| {
-                [SqlState::UNDEFINED_COLUMN, SqlState::GROUPING_ERROR].contains(&e.sqlstate)
+                !e.ran
+                    && [SqlState::UNDEFINED_COLUMN, SqlState::GROUPING_ERROR].contains(&e.sqlstate)
             }) else {
                 break;
             };
@@ -431,7 +434,14 @@ impl Solver<'_> {
             }
             Outcome::Refused(refusal) if refusal.ends_run => None,
             _ => outcome.error().map(|error| {
-                let mut hint = self.db.hint(sql, error);
+                // Hints read names out of the error's text: only of an error of analysis, whose
+                // names are the model's; what code raised once the query ran is any text, and
+                // goes to the model as `shown_error` redacts it, or not at all.
+                let mut hint = if error.ran {
+                    None
+                } else {
+                    self.db.hint(sql, error)
+                };
                 if error.sqlstate.class() == "42" {
                     if let Some(values) = self.db.values() {
                         hint = Some(match hint {

@@ -530,7 +530,7 @@ unsafe extern "C-unwind" {
 }
 
 /// Every utility statement of the backend (DDL, `CALL`, `DO`, `COPY`, ...) passes here; only
-/// `DISCARD ALL` concerns the extension. Not `#[pg_guard]`, and calling the next hook without
+/// `DISCARD ALL` concerns the extension, and `RESET ALL` in a query it runs (refused). Not `#[pg_guard]`, and calling the next hook without
 /// pgrx's wrapper: an ERROR of the statement must reach the client as PostgreSQL raised it, and
 /// pgrx's guard would re-raise a copy without its position, CONTEXT, table and column names, and
 /// with XX000 for a SQLSTATE pgrx does not know (a procedure's own `ERRCODE`). The ERROR
@@ -546,9 +546,11 @@ unsafe extern "C-unwind" fn on_utility(
     dest: *mut pg_sys::DestReceiver,
     completion: *mut pg_sys::QueryCompletion,
 ) {
-    // SAFETY: the previous hook (stored once, in `init`) or PostgreSQL's own, with exactly
-    // what PostgreSQL gave this one; then the statement PostgreSQL passed, still its caller's.
+    // SAFETY: the statement PostgreSQL passed; then the previous hook (stored once, in
+    // `init`) or PostgreSQL's own, with exactly what PostgreSQL gave this one; then the
+    // statement, still its caller's.
     unsafe {
+        crate::exec::refuse_reset_all(statement);
         match PREVIOUS_UTILITY_HOOK {
             Some(previous) => previous(
                 statement,

@@ -497,3 +497,37 @@ fn types_that_share_their_parts_are_followed_once_each() {
         .unwrap_or_else(|e| panic!("{:?}", db_error(&e)));
     assert_eq!(rows.len(), 1);
 }
+
+/// Code that checks for no interrupt while it allocates (an output function printing a huge
+/// array: numbers of 131,072 digits stored in 8 bytes each) is stopped by the attempt's hard
+/// memory limit, as an ERROR the call reports (53200), instead of growing the backend by
+/// gigabytes past `max_query_memory` until the kernel killed the server; the backend goes on.
+#[test]
+fn an_allocation_past_the_memory_bound_fails_where_no_interrupt_is_checked() {
+    let mut s = Session::new();
+    let (_, mut role, _) = role_connection(&mut s, "printer");
+    let pid: i32 = role
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    role.batch_execute("SET sql_query_engine.max_query_memory = '64MB'")
+        .unwrap();
+    for sql in [
+        "SELECT array_fill(1e131071::numeric, ARRAY[8000])::text AS t",
+        "SELECT array_fill(1e131071::numeric, ARRAY[8000]) AS a",
+    ] {
+        let error = role.query("SELECT * FROM nl_run($1)", &[&sql]).unwrap_err();
+        let (code, message, _) = db_error(&error);
+        assert!(
+            code == "53200" || code == "54000",
+            "{sql}: {code} {message}"
+        );
+        let peak = peak_kb(pid);
+        assert!(peak < 700 * 1024, "{sql}: the backend grew to {peak} kB");
+    }
+    let n: i64 = role
+        .query_one("SELECT count(*) FROM nl_run('SELECT 1 AS one')", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1);
+}

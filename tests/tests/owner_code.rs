@@ -1819,3 +1819,107 @@ fn a_ranges_subtype_operator_class_runs_no_code_of_another_role() {
     });
     assert_eq!(waited, [80]);
 }
+
+/// With `sample_values = 0`, an error that another role's code raised while the query ran goes
+/// to the model only as its SQLSTATE and condition: the repair's hints, which read names out of
+/// an error's text, take nothing from it either (a function a superuser allowed raising
+/// "missing FROM-clause entry for table <the caller's rows>" put them in the hint).
+#[test]
+fn an_error_another_roles_code_raises_gives_the_repair_hint_nothing() {
+    let mut w = World::new();
+    let victim = w.victim.clone();
+    w.attacker_runs(
+        "CREATE FUNCTION shared.gossip() RETURNS int LANGUAGE plpgsql AS $$ BEGIN
+             RAISE EXCEPTION USING ERRCODE = 'undefined_table',
+                 MESSAGE = 'missing FROM-clause entry for table '
+                           || (SELECT string_agg(name, ' ') FROM public.customers);
+         END $$;
+         CREATE FUNCTION shared.rumour() RETURNS int LANGUAGE plpgsql AS $$ BEGIN
+             RAISE EXCEPTION USING ERRCODE = 'undefined_column',
+                 MESSAGE = 'column \"country_' || (SELECT min(name) FROM public.customers)
+                           || '\" does not exist';
+         END $$;",
+    );
+    let db = w.s.database.clone();
+    w.s.client
+        .batch_execute(&format!(
+            "ALTER ROLE {victim} IN DATABASE {db}
+                 SET sql_query_engine.allowed_functions = 'shared.gossip, shared.rumour'"
+        ))
+        .unwrap();
+    for (question, function) in [
+        ("the news", "shared.gossip()"),
+        ("the whispers", "shared.rumour()"),
+    ] {
+        w.s.llm.on(
+            question,
+            vec![
+                Reply::sql(&format!("SELECT {function} AS n FROM customers")),
+                Reply::sql("SELECT count(*) AS n FROM customers"),
+            ],
+        );
+    }
+    let mut v = w.connect(&victim);
+    v.batch_execute(
+        "SET sql_query_engine.sample_values = 0; SET sql_query_engine.max_repairs = 1;
+         SET search_path = shared, public",
+    )
+    .unwrap();
+    for question in ["the news", "the whispers"] {
+        v.query_one("SELECT nl_query($1)::text", &[&question])
+            .unwrap_or_else(|e| panic!("{question}: {:?}", db_error(&e)));
+    }
+    let repairs: Vec<String> =
+        w.s.llm
+            .requests()
+            .iter()
+            .map(|r| r.last_message())
+            .filter(|m| m.contains("42P01") || m.contains("42703"))
+            .collect();
+    let all: Vec<String> =
+        w.s.llm
+            .requests()
+            .iter()
+            .map(|r| r.last_message())
+            .collect();
+    assert_eq!(repairs.len(), 2, "{all:?}");
+    for request in w.s.llm.requests() {
+        let text = request.text();
+        for value in ["Ada", "Bruno", "Chiara", "Dmitri"] {
+            assert!(!text.contains(value), "{value} reached the model:\n{text}");
+        }
+    }
+}
+
+/// `RESET ALL` in code a query runs (a view's function) would put back the server's values of
+/// the settings that bound the query: PostgreSQL resets superusers' settings whoever asks
+/// (`temp_file_limit`, which `max_query_temp_files` sets for the attempt). It is refused.
+#[test]
+fn reset_all_in_a_views_code_cannot_lift_the_querys_bounds() {
+    let w = World::new();
+    let victim = w.victim.clone();
+    w.attacker_runs(&format!(
+        "CREATE FUNCTION shared.unbound() RETURNS text LANGUAGE plpgsql AS $$ BEGIN
+             RESET ALL;
+             RETURN current_setting('temp_file_limit');
+         END $$;
+         CREATE VIEW shared.limits AS SELECT shared.unbound() AS temp_file_limit;
+         GRANT SELECT ON shared.limits TO {victim};"
+    ));
+    let mut v = w.connect(&victim);
+    let error = v
+        .query(
+            "SELECT * FROM nl_run('SELECT temp_file_limit FROM shared.limits')",
+            &[],
+        )
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "42501", "{message}");
+    assert!(message.contains("RESET ALL"), "{message}");
+    // Read directly, the view's code is the caller's own business.
+    let direct: String = v
+        .query_one("SELECT temp_file_limit FROM shared.limits", &[])
+        .unwrap()
+        .get(0);
+    assert!(!direct.is_empty());
+}
