@@ -947,11 +947,15 @@ fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
             run.attempts.len()
         );
     }
-    // Turns the caller sent are its own to keep: the session store is left alone.
-    if let (Some(session), Some(sql), None) = (
+    // Turns the caller sent are its own to keep: the session store is left alone. A doubtful
+    // answer that is withheld (`abstain = when_in_doubt`) is not the conversation's answer:
+    // the next question must not build on it.
+    let withheld = may_abstain(ask) && not_sure(&run, &shown).is_some();
+    if let (Some(session), Some(sql), None, false) = (
         session,
         run.failure().is_none().then(|| run.final_sql()).flatten(),
         ask.turns,
+        withheld,
     ) {
         session::record(
             session,

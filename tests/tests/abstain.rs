@@ -311,3 +311,52 @@ fn a_vote_runs_no_more_alternatives_than_it_asked_for() {
     let attempts = trace["attempts"].as_array().expect("attempts").len();
     assert!(attempts <= 5, "{attempts} queries ran: {trace}");
 }
+
+/// A withheld answer is not the conversation's: the next question of the session is asked
+/// without it (only answers given are earlier turns). In a read-only transaction the turns are
+/// kept in the backend's memory (as in Redis), where the ERROR that withholds the answer does
+/// not take them back as it takes back a row of `nl_sessions`.
+#[test]
+fn a_withheld_answer_is_no_turn_of_the_conversation() {
+    let mut s = withholding();
+    s.client
+        .batch_execute("SET default_transaction_read_only = on")
+        .unwrap();
+    disagreeing(&s, "the German customers, in a talk");
+    let error = s
+        .client
+        .query(
+            "SELECT nl_query($1, 'talk')::text",
+            &[&"the German customers, in a talk"],
+        )
+        .unwrap_err();
+    assert_eq!(db_error(&error).0, "42P08");
+    s.llm.on(
+        "and how many orders are there",
+        vec![
+            Reply::sql("SELECT count(*) AS n FROM orders"),
+            Reply::Choices(vec![
+                serde_json::json!({ "sql": "SELECT count(*) AS n FROM orders" }).to_string(),
+                serde_json::json!({ "sql": "SELECT count(order_id) AS n FROM orders" }).to_string(),
+                serde_json::json!({ "sql": "SELECT count(*) AS n FROM orders" }).to_string(),
+            ]),
+        ],
+    );
+    s.client
+        .query(
+            "SELECT nl_query($1, 'talk')::text",
+            &[&"and how many orders are there"],
+        )
+        .unwrap();
+    let asked = s
+        .llm
+        .requests()
+        .into_iter()
+        .map(|r| r.text())
+        .find(|t| t.contains("and how many orders are there"))
+        .unwrap();
+    assert!(
+        !asked.contains("the German customers, in a talk"),
+        "a withheld answer was a turn:\n{asked}"
+    );
+}
