@@ -33,6 +33,20 @@ mod tests {
         }
     }
 
+    /// While an attempt holds the backend's data size limit lowered (the memory watch's hard
+    /// limit), a Rust allocation past it is made all the same, and asks for the attempt's
+    /// cancel: Rust would abort the backend (and PostgreSQL restart the server) where
+    /// PostgreSQL's own allocation raises an ERROR.
+    #[pg_test]
+    fn a_rust_allocation_past_the_hard_memory_limit_cancels_instead_of_aborting() {
+        let (allocated, asked) = crate::exec::allocate_while_watched(16 << 20, 512 << 20);
+        assert!(
+            allocated,
+            "the limit was not lowered, or the allocation failed"
+        );
+        assert!(asked, "the watch did not ask for a cancel");
+    }
+
     #[pg_test]
     fn errors_are_caught_whole_and_the_transaction_goes_on() {
         let e = failed(attempt("SELECT relnam FROM pg_class", RUN, 10_000));

@@ -378,6 +378,7 @@ fn traced_with_rows(run: &Run, shown: &DatabaseContext) -> serde_json::Value {
 fn nl_run(sql: &str) -> SetOfIterator<'static, JsonB> {
     exec::refuse_inside_a_query("nl_run");
     let result = history::audited("nl_run", sql, || {
+        short_enough(sql)?;
         exec::attempt(sql, run_mode(), settings::statement_timeout_ms()).into_result()
     })
     .unwrap_or_else(|e| e.raise());
@@ -391,6 +392,7 @@ fn nl_run(sql: &str) -> SetOfIterator<'static, JsonB> {
 fn nl_example_add(question: &str, sql: &str) -> i64 {
     exec::refuse_inside_a_query("nl_example_add");
     history::audited("nl_example_add", sql, || {
+        short_enough(sql)?;
         templates::check_marks(question, sql)
             .map_err(Error::InvalidParameter)
             .and_then(|()| examples::add(question, sql))
@@ -504,7 +506,11 @@ fn nl_history_add(
 #[pg_extern(stable, parallel_unsafe)]
 fn nl_check(sql: &str) {
     exec::refuse_inside_a_query("nl_check");
-    history::audited("nl_check", sql, || exec::check(sql, None)).unwrap_or_else(|e| e.raise());
+    history::audited("nl_check", sql, || {
+        short_enough(sql)?;
+        exec::check(sql, None)
+    })
+    .unwrap_or_else(|e| e.raise());
 }
 
 /// The schema context exactly as the model would see it for `question` (all of it without
@@ -826,8 +832,18 @@ const FIX_QUESTION: &str =
 /// turns and the value look-up.
 const MAX_QUESTION_CHARS: usize = 10_000;
 
-/// Longest SQL given to be fixed, in characters.
+/// Longest SQL given to be fixed, run, checked or stored as an example, in characters.
 const MAX_SQL_CHARS: usize = 100_000;
+
+/// Refuses SQL longer than `MAX_SQL_CHARS` before anything reads it.
+fn short_enough(sql: &str) -> Result<()> {
+    if sql.chars().count() > MAX_SQL_CHARS {
+        return Err(Error::InvalidParameter(format!(
+            "the SQL is longer than {MAX_SQL_CHARS} characters"
+        )));
+    }
+    Ok(())
+}
 
 /// The whole pipeline for one question.
 fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {

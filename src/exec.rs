@@ -1580,14 +1580,15 @@ thread_local! {
     static WATCH_TIMER: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
 }
 
-/// The memory watch's timer handler, run in the SIGALRM handler: past the ceiling, it asks for
-/// a cancel, as PostgreSQL's own statement timeout does (the query ends at its next interrupt
+/// The memory watch's timer handler, run in the SIGALRM handler: past the ceiling (or once the
+/// allocator put the hard limit back for an allocation past it), it asks for a cancel, as PostgreSQL's own statement timeout does (the query ends at its next interrupt
 /// check; `MemoryWatch` tells the cancel apart), at every tick while the query stays past it
 /// (code of the query may catch one cancel). A cancel already pending is the caller's.
 extern "C" fn memory_watch() {
     use std::sync::atomic::Ordering;
     let ceiling = WATCH_CEILING.load(Ordering::Relaxed);
-    if ceiling == u64::MAX || data_pages().is_none_or(|pages| pages <= ceiling) {
+    let lifted = LIMIT_LIFTED.swap(false, Ordering::SeqCst);
+    if !lifted && (ceiling == u64::MAX || data_pages().is_none_or(|pages| pages <= ceiling)) {
         return;
     }
     // SAFETY: the flags a signal handler sets to ask for a cancel (sig_atomic_t); PostgreSQL's
@@ -1645,8 +1646,6 @@ unsafe extern "C-unwind" fn planner(
 /// out-of-memory killer would take the server down. Not armed within another watch.
 struct MemoryWatch {
     timer: Option<u32>,
-    /// The data size limit the backend had before the watch set its own (`RLIMIT_DATA`).
-    data_limit: Option<libc::rlimit>,
 }
 
 /// Memory an attempt may take past the watch's ceiling before an allocation fails: the watch
@@ -1660,10 +1659,7 @@ impl MemoryWatch {
     fn arm(bytes: u64) -> MemoryWatch {
         use crate::compat::timeout::*;
         use std::sync::atomic::Ordering;
-        let unarmed = MemoryWatch {
-            timer: None,
-            data_limit: None,
-        };
+        let unarmed = MemoryWatch { timer: None };
         if WATCH_CEILING.load(Ordering::Relaxed) != u64::MAX {
             return unarmed;
         }
@@ -1683,7 +1679,9 @@ impl MemoryWatch {
         WATCH_EXCEEDED.store(false, Ordering::Relaxed);
         let ceiling = now.saturating_add(bytes / page.max(1));
         WATCH_CEILING.store(ceiling, Ordering::Relaxed);
-        let data_limit = hard_limit(
+        // The guard first: what follows may raise, and its drop puts the limit back.
+        let watch = MemoryWatch { timer: Some(timer) };
+        lower_hard_limit(
             ceiling
                 .saturating_mul(page)
                 .saturating_add(HARD_HEADROOM_BYTES),
@@ -1695,10 +1693,7 @@ impl MemoryWatch {
                 enable_timeout_every(timer, first, WATCH_INTERVAL_MS)
             });
         }
-        MemoryWatch {
-            timer: Some(timer),
-            data_limit,
-        }
+        watch
     }
 
     /// Whether the attempt went past the ceiling (its cancel is then the watch's).
@@ -1711,14 +1706,11 @@ impl Drop for MemoryWatch {
     fn drop(&mut self) {
         use crate::compat::timeout::*;
         use std::sync::atomic::Ordering;
-        if let Some(before) = self.data_limit {
-            // SAFETY: puts back the limit `arm` read (a soft limit raised to at most the hard
-            // one, which a process may always do).
-            unsafe { libc::setrlimit(libc::RLIMIT_DATA, &before) };
-        }
         let Some(timer) = self.timer else {
             return;
         };
+        restore_hard_limit();
+        LIMIT_LIFTED.store(false, Ordering::SeqCst);
         // SAFETY: as in `arm`; the cancel flag is the backend's own, read and written on its
         // thread once the timer is off.
         unsafe {
@@ -1736,27 +1728,129 @@ impl Drop for MemoryWatch {
     }
 }
 
+/// Whether `lower_hard_limit` lowered the data size limit, and what it was before (its soft
+/// and hard values): process-wide, as the limit is, for the allocator to put back from any
+/// thread.
+static LOWERED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Set by the allocator when it put the lowered limit back for an allocation: the attempt is
+/// past its memory, and the watch's next tick asks for its cancel.
+static LIMIT_LIFTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static LOWERED_FROM: [std::sync::atomic::AtomicU64; 2] = [
+    std::sync::atomic::AtomicU64::new(0),
+    std::sync::atomic::AtomicU64::new(0),
+];
+
 /// Lowers the backend's data size limit (`RLIMIT_DATA`: its heap and private mappings, not
-/// shared memory) to `bytes`, unless it is lower already; returns the limit to put back.
-fn hard_limit(bytes: u64) -> Option<libc::rlimit> {
+/// shared memory) to `bytes`, unless it is lower already.
+fn lower_hard_limit(bytes: u64) {
+    use std::sync::atomic::Ordering;
     let mut before = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: reads the process's limit into a local.
     if unsafe { libc::getrlimit(libc::RLIMIT_DATA, &mut before) } != 0 {
-        return None;
+        return;
     }
     let wanted = libc::rlim_t::try_from(bytes).unwrap_or(libc::RLIM_INFINITY);
     if before.rlim_cur != libc::RLIM_INFINITY && before.rlim_cur <= wanted {
-        return None;
+        return;
     }
+    LOWERED_FROM[0].store(before.rlim_cur, Ordering::SeqCst);
+    LOWERED_FROM[1].store(before.rlim_max, Ordering::SeqCst);
     let lowered = libc::rlimit {
         rlim_cur: wanted.min(before.rlim_max),
         rlim_max: before.rlim_max,
     };
-    // SAFETY: lowers the soft limit only; the hard one stays, so `Drop` can raise it back.
-    (unsafe { libc::setrlimit(libc::RLIMIT_DATA, &lowered) } == 0).then_some(before)
+    LOWERED.store(true, Ordering::SeqCst);
+    // SAFETY: lowers the soft limit only; the hard one stays, so it can be raised back.
+    if unsafe { libc::setrlimit(libc::RLIMIT_DATA, &lowered) } != 0 {
+        LOWERED.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Puts back the data size limit `lower_hard_limit` lowered; whether it had. Async-signal-
+/// and thread-safe (atomics and `setrlimit`): the allocator calls it from any thread.
+fn restore_hard_limit() -> bool {
+    use std::sync::atomic::Ordering;
+    if !LOWERED.swap(false, Ordering::SeqCst) {
+        return false;
+    }
+    let before = libc::rlimit {
+        rlim_cur: LOWERED_FROM[0].load(Ordering::SeqCst),
+        rlim_max: LOWERED_FROM[1].load(Ordering::SeqCst),
+    };
+    // SAFETY: puts back the limit read before it was lowered (a soft limit raised to at most
+    // the hard one, which a process may always do).
+    unsafe { libc::setrlimit(libc::RLIMIT_DATA, &before) };
+    true
+}
+
+/// The allocator of the extension's Rust code: the system's, except that an allocation that
+/// fails while the memory watch holds the data size limit lowered puts the limit back, asks
+/// for the attempt's cancel (as the watch does past its ceiling: it ends at its next interrupt
+/// check, with 53200), and is tried again. Rust aborts the process when an allocation fails
+/// (and PostgreSQL then restarts the server): a failed allocation of PostgreSQL's own is an
+/// ERROR, the one the limit is there for, but the guard's copy of a huge statement, pgrx's copy
+/// of an error, or a thread of the model client must not fail.
+struct Allocator;
+
+impl Allocator {
+    /// `allocate`, tried once more after the lowered limit is put back, if it was lowered.
+    fn retried(allocate: impl Fn() -> *mut u8) -> *mut u8 {
+        let first = allocate();
+        if !first.is_null() || !restore_hard_limit() {
+            return first;
+        }
+        // The watch's next tick asks for the cancel (this may be another thread, and the
+        // allocator references nothing of PostgreSQL's).
+        LIMIT_LIFTED.store(true, std::sync::atomic::Ordering::SeqCst);
+        allocate()
+    }
+}
+
+// SAFETY: every call is the system allocator's with the same arguments (a failed one repeated
+// once), so its contract holds.
+unsafe impl std::alloc::GlobalAlloc for Allocator {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on.
+        Allocator::retried(|| unsafe { std::alloc::System.alloc(layout) })
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on.
+        Allocator::retried(|| unsafe { std::alloc::System.alloc_zeroed(layout) })
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on; a failed realloc leaves `ptr` valid, so it
+        // may be tried again.
+        Allocator::retried(|| unsafe { std::alloc::System.realloc(ptr, layout, new_size) })
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Allocator = Allocator;
+
+/// For the backend tests: allocates `bytes` in Rust while a watch of `watched` bytes holds the
+/// data size limit lowered; whether the allocation succeeded, and whether the watch then asked
+/// for the attempt's cancel.
+#[cfg(any(test, feature = "pg_test"))]
+pub fn allocate_while_watched(watched: u64, bytes: usize) -> (bool, bool) {
+    let watch = MemoryWatch::arm(watched);
+    let lowered = LOWERED.load(std::sync::atomic::Ordering::SeqCst);
+    let block = vec![1u8; bytes];
+    // The watch looks ten times a second.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let asked = watch.exceeded();
+    let allocated = lowered && block.len() == bytes && block.last() == Some(&1);
+    drop(watch);
+    (allocated, asked)
 }
 
 /// The per-attempt deadline. `SET LOCAL statement_timeout` would not apply to statements run

@@ -525,6 +525,14 @@ fn an_allocation_past_the_memory_bound_fails_where_no_interrupt_is_checked() {
         let peak = peak_kb(pid);
         assert!(peak < 700 * 1024, "{sql}: the backend grew to {peak} kB");
     }
+    // SQL longer than 100,000 characters is refused before anything reads it.
+    for call in [
+        "SELECT nl_check(repeat(' ', 300000) || 'SELECT 1')",
+        "SELECT count(*) FROM nl_run(repeat(' ', 300000) || 'SELECT 1')",
+    ] {
+        let error = role.batch_execute(call).unwrap_err();
+        assert_eq!(db_error(&error).0, "22023", "{call}");
+    }
     let n: i64 = role
         .query_one("SELECT count(*) FROM nl_run('SELECT 1 AS one')", &[])
         .unwrap()
