@@ -343,7 +343,9 @@ fn sandboxed(
             subxact::in_subtransaction(false, || run_guarded(sql, mode, origin, in_loop, scope));
         let ran = analysed.done();
         drop(memory);
-        let ours = if watch.exceeded() {
+        // PostgreSQL's own "out of memory" under the watch is the watch's hard limit.
+        let out_of_memory = reported.sqlstate().is_some_and(|s| s.as_str() == "53200");
+        let ours = if watch.exceeded() || (watch.armed() && out_of_memory) {
             Some(Cancelled::Memory)
         } else {
             timer.fired().then_some(Cancelled::Timeout)
@@ -1010,7 +1012,7 @@ fn json_without_casts_unremembered(
     depth: usize,
     known: &mut HashMap<pg_sys::Oid, bool>,
 ) -> bool {
-    // SAFETY: catalog look-ups; a row type's descriptor is released again.
+    // SAFETY: catalog look-ups of a type the query's result has.
     unsafe {
         let base = pg_sys::getBaseType(typ);
         // An anonymous record's fields are known only per value.
@@ -1027,24 +1029,11 @@ fn json_without_casts_unremembered(
         if element != pg_sys::InvalidOid {
             return json_without_casts_in(element, depth + 1, known);
         }
-        if !pg_sys::type_is_rowtype(base) {
-            return false;
-        }
-        let desc = pg_sys::lookup_rowtype_tupdesc_noerror(base, -1, true);
-        if desc.is_null() {
-            return false;
-        }
-        let fields: Vec<pg_sys::Oid> = compat::attributes(desc)
-            .iter()
-            .filter(|a| !a.attisdropped)
-            .map(|a| a.atttypid)
-            .collect();
-        if (*desc).tdrefcount >= 0 {
-            pg_sys::DecrTupleDescRefCount(desc);
-        }
-        fields
-            .into_iter()
-            .all(|field| json_without_casts_in(field, depth + 1, known))
+        guard::row_fields(base).is_some_and(|fields| {
+            fields
+                .into_iter()
+                .all(|field| json_without_casts_in(field, depth + 1, known))
+        })
     }
 }
 
@@ -1694,6 +1683,11 @@ impl MemoryWatch {
             });
         }
         watch
+    }
+
+    /// Whether the watch is armed (and so holds the hard limit).
+    fn armed(&self) -> bool {
+        self.timer.is_some()
     }
 
     /// Whether the attempt went past the ceiling (its cancel is then the watch's).

@@ -110,18 +110,7 @@ struct Serving {
 
 impl Drop for Serving {
     fn drop(&mut self) {
-        // The counts stay right even after a panic elsewhere held the lock.
-        let mut serving = self
-            .admission
-            .serving
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(n) = serving.get_mut(&self.client) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                serving.remove(&self.client);
-            }
-        }
+        release(&self.admission.serving, &self.client);
     }
 }
 
@@ -140,16 +129,30 @@ struct Connection {
 
 impl Drop for Connection {
     fn drop(&mut self) {
-        let mut connections = self
-            .admission
-            .connections
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(n) = connections.get_mut(&self.client) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                connections.remove(&self.client);
-            }
+        release(&self.admission.connections, &self.client);
+    }
+}
+
+/// Takes one of `client`'s places counted in `counts`, if it holds fewer than `share` (at
+/// least one); `release` gives it back.
+fn take(counts: &Mutex<HashMap<String, usize>>, client: &str, share: usize) -> bool {
+    let mut counts = counts.lock().unwrap_or_else(PoisonError::into_inner);
+    let n = counts.entry(client.to_string()).or_default();
+    if *n >= share.max(1) {
+        return false;
+    }
+    *n += 1;
+    true
+}
+
+/// Gives back one of `client`'s places counted in `counts`. The counts stay right even after a
+/// panic elsewhere held the lock.
+fn release(counts: &Mutex<HashMap<String, usize>>, client: &str) {
+    let mut counts = counts.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(n) = counts.get_mut(client) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            counts.remove(client);
         }
     }
 }
@@ -254,16 +257,12 @@ impl Admission {
 
     /// One more connection of `client`, if it holds fewer than its share.
     fn connect(admission: &Arc<Admission>, client: &str) -> Option<Connection> {
-        let mut connections = admission
-            .connections
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let n = connections.entry(client.to_string()).or_default();
-        if *n >= admission.max_client_connections.max(1) {
-            return None;
-        }
-        *n += 1;
-        Some(Connection {
+        take(
+            &admission.connections,
+            client,
+            admission.max_client_connections,
+        )
+        .then(|| Connection {
             admission: Arc::clone(admission),
             client: client.to_string(),
         })
@@ -271,16 +270,7 @@ impl Admission {
 
     /// One more request of `client` served, if it has fewer than its share.
     fn serve(admission: &Arc<Admission>, client: &str) -> Option<Serving> {
-        let mut serving = admission
-            .serving
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let n = serving.entry(client.to_string()).or_default();
-        if *n >= admission.max_client_requests.max(1) {
-            return None;
-        }
-        *n += 1;
-        Some(Serving {
+        take(&admission.serving, client, admission.max_client_requests).then(|| Serving {
             admission: Arc::clone(admission),
             client: client.to_string(),
         })

@@ -197,3 +197,27 @@ pub fn family_support(family: pg_sys::Oid) -> Option<Vec<pg_sys::Oid>> {
             .collect()
     })
 }
+
+/// The types of the fields of the named row type `typ`, dropped columns left out; `None` for a
+/// type that is no row type (or an anonymous record's).
+pub fn row_fields(typ: pg_sys::Oid) -> Option<Vec<pg_sys::Oid>> {
+    // SAFETY: catalog look-ups; the row type's descriptor is released again.
+    unsafe {
+        if !pg_sys::type_is_rowtype(typ) || typ == pg_sys::RECORDOID {
+            return None;
+        }
+        let desc = pg_sys::lookup_rowtype_tupdesc_noerror(typ, -1, true);
+        if desc.is_null() {
+            return None;
+        }
+        let fields = crate::compat::attributes(desc)
+            .iter()
+            .filter(|a| !a.attisdropped)
+            .map(|a| a.atttypid)
+            .collect();
+        if (*desc).tdrefcount >= 0 {
+            pg_sys::DecrTupleDescRefCount(desc);
+        }
+        Some(fields)
+    }
+}

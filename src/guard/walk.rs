@@ -9,7 +9,9 @@ use std::rc::Rc;
 use pgrx::pg_sys;
 use pgrx::PgList;
 
-use super::facts::{builtin, family_support, CacheList, FunctionFacts, MAX_FAMILY_SUPPORT};
+use super::facts::{
+    builtin, family_support, row_fields, CacheList, FunctionFacts, MAX_FAMILY_SUPPORT,
+};
 use super::policy::{self, Allowed};
 use super::trust::{self, Trusted};
 use super::types::{self, TypePolicy};
@@ -28,44 +30,26 @@ fn polymorphic_in_at(typ: pg_sys::Oid, depth: usize) -> bool {
     if POLYMORPHIC.contains(&typ) {
         return true;
     }
-    // SAFETY: catalog look-ups of a built-in type; a row type's descriptor is released again.
-    unsafe {
-        let element = pg_sys::get_element_type(typ);
-        if element != pg_sys::InvalidOid {
-            return POLYMORPHIC.contains(&element)
-                || (element != typ && builtin(element) && polymorphic_row(element, depth));
-        }
-        polymorphic_row(typ, depth)
+    // SAFETY: a catalog look-up of a built-in type.
+    let element = unsafe { pg_sys::get_element_type(typ) };
+    if element != pg_sys::InvalidOid {
+        return POLYMORPHIC.contains(&element)
+            || (element != typ && builtin(element) && polymorphic_row(element, depth));
     }
+    polymorphic_row(typ, depth)
 }
 
 /// Whether `typ` is a row type with a field of a polymorphic type, or of a built-in type that
 /// holds one.
-unsafe fn polymorphic_row(typ: pg_sys::Oid, depth: usize) -> bool {
-    // SAFETY: the caller's: catalog look-ups; the descriptor is released again.
-    unsafe {
-        if !pg_sys::type_is_rowtype(typ) || typ == pg_sys::RECORDOID {
-            return false;
-        }
-        let desc = pg_sys::lookup_rowtype_tupdesc_noerror(typ, -1, true);
-        if desc.is_null() {
-            return false;
-        }
-        let fields: Vec<pg_sys::Oid> = crate::compat::attributes(desc)
-            .iter()
-            .filter(|a| !a.attisdropped)
-            .map(|a| a.atttypid)
-            .collect();
-        if (*desc).tdrefcount >= 0 {
-            pg_sys::DecrTupleDescRefCount(desc);
-        }
-        // A field of a built-in row or array type is followed (pg_statistic_ext_data holds
-        // pg_statistic[]); built-in types nest only a few levels.
+fn polymorphic_row(typ: pg_sys::Oid, depth: usize) -> bool {
+    // A field of a built-in row or array type is followed (pg_statistic_ext_data holds
+    // pg_statistic[]); built-in types nest only a few levels.
+    row_fields(typ).is_some_and(|fields| {
         fields.into_iter().any(|field| {
             POLYMORPHIC.contains(&field)
                 || (depth < 4 && builtin(field) && polymorphic_in_at(field, depth + 1))
         })
-    }
+    })
 }
 
 /// The polymorphic pseudo-types, whose values' actual types are known only as a query runs.
