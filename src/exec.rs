@@ -559,7 +559,11 @@ fn failure(
             .unwrap_or(SqlState::INTERNAL_ERROR),
         known => known,
     };
-    let ours = ours.filter(|_| sqlstate == SqlState::QUERY_CANCELED);
+    // The watch's cancel, or, under its hard limit, PostgreSQL's own out-of-memory error.
+    let ours = ours.filter(|cancel| {
+        sqlstate == SqlState::QUERY_CANCELED
+            || (matches!(cancel, Cancelled::Memory) && sqlstate == SqlState::OUT_OF_MEMORY)
+    });
     let not_the_query = matches!(caught, CaughtError::RustPanic { .. })
         || (ours.is_none() && ["53", "57", "58", "XX"].contains(&sqlstate.class()));
     if not_the_query {
