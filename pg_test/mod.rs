@@ -36,15 +36,21 @@ mod tests {
     /// While an attempt holds the backend's data size limit lowered (the memory watch's hard
     /// limit), a Rust allocation past it is made all the same, and asks for the attempt's
     /// cancel: Rust would abort the backend (and PostgreSQL restart the server) where
-    /// PostgreSQL's own allocation raises an ERROR.
+    /// PostgreSQL's own allocation raises an ERROR. The limit holds for what comes after.
     #[pg_test]
     fn a_rust_allocation_past_the_hard_memory_limit_cancels_instead_of_aborting() {
-        let (allocated, asked) = crate::exec::allocate_while_watched(16 << 20, 512 << 20);
+        let (allocated, asked, refused) = crate::exec::allocate_while_watched(16 << 20, 512 << 20);
         assert!(
             allocated,
             "the limit was not lowered, or the allocation failed"
         );
         assert!(asked, "the watch did not ask for a cancel");
+        // The limit is lowered again at once: what comes next (code that never checks for
+        // interrupts) cannot grow the backend past it.
+        assert!(
+            refused,
+            "PostgreSQL's allocation past the limit went through"
+        );
     }
 
     #[pg_test]

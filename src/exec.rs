@@ -626,6 +626,9 @@ fn run_guarded(
 ) -> Outcome {
     subxact::set_local(c"transaction_read_only", c"on");
     limit_temp_files();
+    // LLVM's out-of-memory handler ends the backend (FATAL), as JIT compilation under the
+    // attempt's hard memory limit may: no JIT inside an attempt.
+    subxact::bound_local(c"jit", c"off");
     let _restricted = subxact::Restricted::enter();
     let trusted = match origin {
         Origin::Generated => guard::superuser_call(),
@@ -1573,15 +1576,15 @@ thread_local! {
     static WATCH_TIMER: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
 }
 
-/// The memory watch's timer handler, run in the SIGALRM handler: past the ceiling (or once the
-/// allocator put the hard limit back for an allocation past it), it asks for a cancel, as PostgreSQL's own statement timeout does (the query ends at its next interrupt
+/// The memory watch's timer handler, run in the SIGALRM handler: past the ceiling (or once an
+/// allocation of the extension's met the hard limit), it asks for a cancel, as PostgreSQL's own statement timeout does (the query ends at its next interrupt
 /// check; `MemoryWatch` tells the cancel apart), at every tick while the query stays past it
 /// (code of the query may catch one cancel). A cancel already pending is the caller's.
 extern "C" fn memory_watch() {
     use std::sync::atomic::Ordering;
     let ceiling = WATCH_CEILING.load(Ordering::Relaxed);
-    let lifted = LIMIT_LIFTED.swap(false, Ordering::SeqCst);
-    if !lifted && (ceiling == u64::MAX || data_pages().is_none_or(|pages| pages <= ceiling)) {
+    let met = LIMIT_MET.swap(false, Ordering::SeqCst);
+    if !met && (ceiling == u64::MAX || data_pages().is_none_or(|pages| pages <= ceiling)) {
         return;
     }
     // SAFETY: the flags a signal handler sets to ask for a cancel (sig_atomic_t); PostgreSQL's
@@ -1708,7 +1711,7 @@ impl Drop for MemoryWatch {
             return;
         };
         restore_hard_limit();
-        LIMIT_LIFTED.store(false, Ordering::SeqCst);
+        LIMIT_MET.store(false, Ordering::SeqCst);
         // SAFETY: as in `arm`; the cancel flag is the backend's own, read and written on its
         // thread once the timer is off.
         unsafe {
@@ -1726,22 +1729,63 @@ impl Drop for MemoryWatch {
     }
 }
 
-/// Whether `lower_hard_limit` lowered the data size limit, and what it was before (its soft
-/// and hard values): process-wide, as the limit is, for the allocator to put back from any
-/// thread.
+/// The data size limit as `lower_hard_limit` found it (soft and hard), what it lowered the soft
+/// one to, and whether it is lowered now: process-wide, as the limit is, and changed only under
+/// `LimitLock`, from the backend's thread (the watch) or any thread (the allocator).
 static LOWERED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-/// Set by the allocator when it put the lowered limit back for an allocation: the attempt is
-/// past its memory, and the watch's next tick asks for its cancel.
-static LIMIT_LIFTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 static LOWERED_FROM: [std::sync::atomic::AtomicU64; 2] = [
     std::sync::atomic::AtomicU64::new(0),
     std::sync::atomic::AtomicU64::new(0),
 ];
+static LOWERED_TO: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Set by the allocator when an allocation met the lowered limit (and was let through): the
+/// attempt is past its memory, and the watch asks for its cancel.
+static LIMIT_MET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Whether `LimitLock` is held.
+static LIMIT_LOCKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Exclusive use of the data size limit: a spin lock, held for a `setrlimit` or two and at
+/// most one allocation, that allocates nothing (the allocator takes it).
+struct LimitLock;
+
+impl LimitLock {
+    fn take() -> LimitLock {
+        use std::sync::atomic::Ordering;
+        while LIMIT_LOCKED
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::hint::spin_loop();
+        }
+        LimitLock
+    }
+}
+
+impl Drop for LimitLock {
+    fn drop(&mut self) {
+        LIMIT_LOCKED.store(false, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// Sets the data size limit's soft value (the hard one stays, so it can be raised back).
+fn set_data_limit(soft: u64, hard: u64) -> bool {
+    let limit = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
+    // SAFETY: sets the process's own limit from a local; a soft limit at most the hard one
+    // may always be set (lowering it below what is in use only stops further growth).
+    unsafe { libc::setrlimit(libc::RLIMIT_DATA, &limit) == 0 }
+}
 
 /// Lowers the backend's data size limit (`RLIMIT_DATA`: its heap and private mappings, not
-/// shared memory) to `bytes`, unless it is lower already.
+/// shared memory) to `bytes`, unless it is lowered or lower already.
 fn lower_hard_limit(bytes: u64) {
     use std::sync::atomic::Ordering;
+    let _lock = LimitLock::take();
+    if LOWERED.load(Ordering::SeqCst) {
+        return;
+    }
     let mut before = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -1754,56 +1798,61 @@ fn lower_hard_limit(bytes: u64) {
     if before.rlim_cur != libc::RLIM_INFINITY && before.rlim_cur <= wanted {
         return;
     }
+    let lowered = wanted.min(before.rlim_max);
     LOWERED_FROM[0].store(before.rlim_cur, Ordering::SeqCst);
     LOWERED_FROM[1].store(before.rlim_max, Ordering::SeqCst);
-    let lowered = libc::rlimit {
-        rlim_cur: wanted.min(before.rlim_max),
-        rlim_max: before.rlim_max,
-    };
-    LOWERED.store(true, Ordering::SeqCst);
-    // SAFETY: lowers the soft limit only; the hard one stays, so it can be raised back.
-    if unsafe { libc::setrlimit(libc::RLIMIT_DATA, &lowered) } != 0 {
-        LOWERED.store(false, Ordering::SeqCst);
+    LOWERED_TO.store(lowered, Ordering::SeqCst);
+    if set_data_limit(lowered, before.rlim_max) {
+        LOWERED.store(true, Ordering::SeqCst);
     }
 }
 
-/// Puts back the data size limit `lower_hard_limit` lowered; whether it had. Async-signal-
-/// and thread-safe (atomics and `setrlimit`): the allocator calls it from any thread.
-fn restore_hard_limit() -> bool {
+/// Puts back the data size limit `lower_hard_limit` lowered.
+fn restore_hard_limit() {
     use std::sync::atomic::Ordering;
-    if !LOWERED.swap(false, Ordering::SeqCst) {
-        return false;
+    let _lock = LimitLock::take();
+    if LOWERED.swap(false, Ordering::SeqCst) {
+        set_data_limit(
+            LOWERED_FROM[0].load(Ordering::SeqCst),
+            LOWERED_FROM[1].load(Ordering::SeqCst),
+        );
     }
-    let before = libc::rlimit {
-        rlim_cur: LOWERED_FROM[0].load(Ordering::SeqCst),
-        rlim_max: LOWERED_FROM[1].load(Ordering::SeqCst),
-    };
-    // SAFETY: puts back the limit read before it was lowered (a soft limit raised to at most
-    // the hard one, which a process may always do).
-    unsafe { libc::setrlimit(libc::RLIMIT_DATA, &before) };
-    true
 }
 
 /// The allocator of the extension's Rust code: the system's, except that an allocation that
-/// fails while the memory watch holds the data size limit lowered puts the limit back, asks
-/// for the attempt's cancel (as the watch does past its ceiling: it ends at its next interrupt
-/// check, with 53200), and is tried again. Rust aborts the process when an allocation fails
+/// fails while the memory watch holds the data size limit lowered is let through: the limit is
+/// raised for that one allocation and lowered again at once (so the attempt's next growth
+/// fails again, as an ERROR of PostgreSQL's), and the attempt's cancel is asked for (it ends at
+/// its next interrupt check, with 53200). Rust aborts the process when an allocation fails
 /// (and PostgreSQL then restarts the server): a failed allocation of PostgreSQL's own is an
 /// ERROR, the one the limit is there for, but the guard's copy of a huge statement, pgrx's copy
 /// of an error, or a thread of the model client must not fail.
 struct Allocator;
 
 impl Allocator {
-    /// `allocate`, tried once more after the lowered limit is put back, if it was lowered.
+    /// `allocate`, tried once more under the limit it met raised, if it was lowered.
     fn retried(allocate: impl Fn() -> *mut u8) -> *mut u8 {
+        use std::sync::atomic::Ordering;
         let first = allocate();
-        if !first.is_null() || !restore_hard_limit() {
+        if !first.is_null() || !LOWERED.load(Ordering::SeqCst) {
             return first;
         }
-        // The watch's next tick asks for the cancel (this may be another thread, and the
+        let second = {
+            let _lock = LimitLock::take();
+            if !LOWERED.load(Ordering::SeqCst) {
+                // Put back meanwhile: the attempt ended.
+                return allocate();
+            }
+            let hard = LOWERED_FROM[1].load(Ordering::SeqCst);
+            set_data_limit(LOWERED_FROM[0].load(Ordering::SeqCst), hard);
+            let second = allocate();
+            set_data_limit(LOWERED_TO.load(Ordering::SeqCst), hard);
+            second
+        };
+        // The watch asks for the cancel at its next tick (this may be another thread, and the
         // allocator references nothing of PostgreSQL's).
-        LIMIT_LIFTED.store(true, std::sync::atomic::Ordering::SeqCst);
-        allocate()
+        LIMIT_MET.store(true, Ordering::SeqCst);
+        second
     }
 }
 
@@ -1836,19 +1885,27 @@ unsafe impl std::alloc::GlobalAlloc for Allocator {
 static ALLOCATOR: Allocator = Allocator;
 
 /// For the backend tests: allocates `bytes` in Rust while a watch of `watched` bytes holds the
-/// data size limit lowered; whether the allocation succeeded, and whether the watch then asked
-/// for the attempt's cancel.
+/// data size limit lowered, then as much in PostgreSQL; whether the Rust allocation succeeded,
+/// whether the watch then asked for the attempt's cancel, and whether PostgreSQL's allocation
+/// was still refused (the limit stays lowered after Rust's went through).
 #[cfg(any(test, feature = "pg_test"))]
-pub fn allocate_while_watched(watched: u64, bytes: usize) -> (bool, bool) {
+pub fn allocate_while_watched(watched: u64, bytes: usize) -> (bool, bool, bool) {
     let watch = MemoryWatch::arm(watched);
     let lowered = LOWERED.load(std::sync::atomic::Ordering::SeqCst);
     let block = vec![1u8; bytes];
+    let refused = pgrx::PgTryBuilder::new(|| {
+        // SAFETY: an allocation in the current memory context, freed with it.
+        let _ = unsafe { pg_sys::MemoryContextAllocHuge(pg_sys::CurrentMemoryContext, bytes) };
+        false
+    })
+    .catch_when(pgrx::PgSqlErrorCode::ERRCODE_OUT_OF_MEMORY, |_| true)
+    .execute();
     // The watch looks ten times a second.
     std::thread::sleep(std::time::Duration::from_millis(500));
     let asked = watch.exceeded();
     let allocated = lowered && block.len() == bytes && block.last() == Some(&1);
     drop(watch);
-    (allocated, asked)
+    (allocated, asked, refused)
 }
 
 /// The per-attempt deadline. `SET LOCAL statement_timeout` would not apply to statements run
