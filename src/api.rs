@@ -7,6 +7,7 @@ use std::rc::Rc;
 use pgrx::prelude::*;
 use pgrx::JsonB;
 
+use crate::arguments::{self, JsonArgument};
 use crate::error::{Error, Result, SqlError, SqlState};
 use crate::exec::{self, Mode, ResultSet};
 use crate::extract::strip_think;
@@ -20,7 +21,7 @@ use crate::session::Turn;
 use crate::settings::{AbstainSetting, VoteSetting};
 use crate::{
     confidence, examples, feedback, hints, history, prompt, schema, session, settings, subxact,
-    templates, trace, values,
+    templates, text, trace, values,
 };
 
 /// Rows of an answer sent to the model by `nl_answer`, at most.
@@ -103,11 +104,11 @@ fn clarifying_question(error: &Error) -> String {
 fn nl_ask(
     question: Option<&str>,
     session: default!(Option<&str>, "NULL"),
-    turns: default!(Option<JsonB>, "NULL"),
+    turns: default!(Option<JsonArgument>, "NULL"),
 ) -> JsonB {
     exec::refuse_inside_a_query("nl_ask");
     let ask = Ask {
-        turns: turns.as_ref().map(|t| &t.0),
+        turns: turns.as_ref(),
         ..Ask::new("nl_ask", question, session)
     };
     let (run, shown) = answered(ask).unwrap_or_else(|e| e.raise());
@@ -132,8 +133,8 @@ fn nl_ask(
 fn nl_call(
     question: Option<&str>,
     session: Option<&str>,
-    _answer: Option<JsonB>,
-    turns: Option<JsonB>,
+    _answer: Option<JsonArgument>,
+    turns: Option<JsonArgument>,
     run_as: Option<&str>,
     progress: Option<bool>,
     fcinfo: pg_sys::FunctionCallInfo,
@@ -143,7 +144,7 @@ fn nl_call(
     let answer = subxact::in_procedure(fcinfo, &settings, || {
         let ask = Ask {
             release: true,
-            turns: turns.as_ref().map(|t| &t.0),
+            turns: turns.as_ref(),
             ..Ask::new("nl_call", question, session)
         };
         let (run, shown) = answered(ask).unwrap_or_else(|e| e.raise());
@@ -186,6 +187,7 @@ fn call_settings(
                 "run_as is empty: name a role".into(),
             ));
         }
+        arguments::at_most(role, "run_as", arguments::MAX_NAME_CHARS)?;
         settings.push((c"role".to_owned(), text(role, "run_as")?));
     }
     if let Some(on) = progress {
@@ -204,6 +206,11 @@ fn call_settings(
 #[pg_extern(volatile, parallel_unsafe, strict)]
 fn nl_view(view_name: &str, question: &str, replace: default!(bool, false)) -> String {
     exec::refuse_inside_a_query("nl_view");
+    if let Err(e) = arguments::at_most(view_name, "the view's name", arguments::MAX_NAME_CHARS)
+        .and_then(|()| arguments::question(question))
+    {
+        e.raise();
+    }
     let target = saved::target(view_name, replace).unwrap_or_else(|e| e.raise());
     let (run, shown) =
         answered(Ask::new("nl_view", Some(question), None)).unwrap_or_else(|e| e.raise());
@@ -229,6 +236,9 @@ fn saved_answer(run: &Run) -> (String, Vec<String>) {
 #[pg_extern(volatile, parallel_unsafe, strict)]
 fn nl_view_refresh(view_name: &str) -> String {
     exec::refuse_inside_a_query("nl_view_refresh");
+    if let Err(e) = arguments::at_most(view_name, "the view's name", arguments::MAX_NAME_CHARS) {
+        e.raise();
+    }
     let before = saved::saved(view_name).unwrap_or_else(|e| e.raise());
     let (run, shown) = answered(Ask::new("nl_view_refresh", Some(&before.question), None))
         .unwrap_or_else(|e| e.raise());
@@ -256,6 +266,9 @@ fn nl_view_refresh(view_name: &str) -> String {
 #[pg_extern(volatile, parallel_unsafe, strict)]
 fn nl_query_shaped(question: &str, shape: pg_sys::Oid) -> SetOfIterator<'static, JsonB> {
     exec::refuse_inside_a_query("nl_query_shaped");
+    if let Err(e) = arguments::question(question) {
+        e.raise();
+    }
     let fields = saved::shape(shape).unwrap_or_else(|e| e.raise());
     let asked = saved::shaped_question(question, &fields);
     let ask = Ask {
@@ -310,6 +323,9 @@ fn nl_fix(sql: Option<&str>, question: default!(Option<&str>, "NULL")) -> String
 fn nl_cursor(question: Option<&str>, cursor_name: default!(Option<&str>, "'nl_answer'")) -> String {
     exec::refuse_inside_a_query("nl_cursor");
     let name = cursor_name.filter(|n| !n.is_empty()).unwrap_or("nl_answer");
+    if let Err(e) = arguments::at_most(name, "the cursor's name", arguments::MAX_NAME_CHARS) {
+        e.raise();
+    }
     let Some(cursor) = exec::new_cursor(name) else {
         Error::Query(Box::new(SqlError::new(
             SqlState::DUPLICATE_CURSOR,
@@ -378,7 +394,7 @@ fn traced_with_rows(run: &Run, shown: &DatabaseContext) -> serde_json::Value {
 fn nl_run(sql: &str) -> SetOfIterator<'static, JsonB> {
     exec::refuse_inside_a_query("nl_run");
     let result = history::audited("nl_run", sql, || {
-        short_enough(sql)?;
+        arguments::sql(sql)?;
         exec::attempt(sql, run_mode(), settings::statement_timeout_ms()).into_result()
     })
     .unwrap_or_else(|e| e.raise());
@@ -392,7 +408,8 @@ fn nl_run(sql: &str) -> SetOfIterator<'static, JsonB> {
 fn nl_example_add(question: &str, sql: &str) -> i64 {
     exec::refuse_inside_a_query("nl_example_add");
     history::audited("nl_example_add", sql, || {
-        short_enough(sql)?;
+        arguments::sql(sql)?;
+        arguments::question(question)?;
         templates::check_marks(question, sql)
             .map_err(Error::InvalidParameter)
             .and_then(|()| examples::add(question, sql))
@@ -440,7 +457,10 @@ fn nl_feedback(
         "{read}, runs: {}",
         answer
             .vouched(correct, corrected_sql)
-            .unwrap_or("(nothing)")
+            .map_or("(nothing)".into(), |sql| text::at_most(
+                sql,
+                arguments::MAX_SQL_CHARS
+            ))
     );
     let given = history::audited("nl_feedback", &input, || {
         feedback::give(history_id, &answer, correct, corrected_sql)
@@ -477,7 +497,7 @@ fn nl_session_store() -> &'static str {
 /// `sql_query_engine.history` is off. It writes only the row the caller could insert itself.
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_history_add(
-    answer: Option<JsonB>,
+    answer: Option<JsonArgument>,
     function: default!(Option<&str>, "'nl_ask'"),
     session: default!(Option<&str>, "NULL"),
 ) -> Option<i64> {
@@ -490,13 +510,23 @@ fn nl_history_add(
         )
         .raise()
     };
-    let answer = answer.map_or(serde_json::Value::Null, |a| a.0);
+    // The rows are not recorded: they are dropped unread.
+    let answer = answer
+        .map(|a| a.parse("answer", &["rows"], MAX_ANSWER_BYTES, MAX_ANSWER_VALUES))
+        .transpose()
+        .unwrap_or_else(|e| e.raise())
+        .unwrap_or_default();
     let question = answer["question"].as_str().unwrap_or_default();
     history::audited("nl_history_add", question, || {
         history::record_answer(function, session, &answer)
     })
     .unwrap_or_else(|e| e.raise())
 }
+
+/// Bytes of JSON text, and values, of an answer given to `nl_history_add` without its rows, at
+/// most: a trace's attempts, each with its SQL and error.
+const MAX_ANSWER_BYTES: usize = 16 << 20;
+const MAX_ANSWER_VALUES: usize = 100_000;
 
 /// Checks SQL with the guard, without running it: raises the refusal as an ERROR (25006 for a
 /// write, 42501 for a forbidden function, type, clause or relation, the parser's own SQLSTATE
@@ -507,7 +537,7 @@ fn nl_history_add(
 fn nl_check(sql: &str) {
     exec::refuse_inside_a_query("nl_check");
     history::audited("nl_check", sql, || {
-        short_enough(sql)?;
+        arguments::sql(sql)?;
         exec::check(sql, None)
     })
     .unwrap_or_else(|e| e.raise());
@@ -519,11 +549,8 @@ fn nl_check(sql: &str) {
 fn nl_schema(question: default!(Option<&str>, "NULL")) -> String {
     exec::refuse_inside_a_query("nl_schema");
     let question = question.filter(|q| !q.trim().is_empty());
-    if question.is_some_and(|q| q.chars().count() > MAX_QUESTION_CHARS) {
-        Error::InvalidParameter(format!(
-            "the question is longer than {MAX_QUESTION_CHARS} characters: ask it shorter"
-        ))
-        .raise();
+    if let Some(Err(e)) = question.map(arguments::question) {
+        e.raise();
     }
     history::audited("nl_schema", question.unwrap_or(""), || {
         database_context(question).map(|context| context.text)
@@ -577,6 +604,9 @@ struct DatabaseContext {
     template: Option<templates::Instantiated>,
     /// The example whose template the run started from, when one did.
     template_used: Option<i64>,
+    /// Why the answer is withheld, when `abstain = when_in_doubt` and the run is in doubt:
+    /// judged once, for the session's turn and for the functions that raise it.
+    withheld: Option<Error>,
 }
 
 /// The schema, the question's values and the examples, as the prompt shows them.
@@ -622,6 +652,7 @@ fn database_context(question: Option<&str>) -> Result<DatabaseContext> {
         examples_skipped,
         template,
         template_used: None,
+        withheld: None,
         scope,
     })
 }
@@ -726,7 +757,7 @@ struct Ask<'a> {
     release: bool,
     /// The conversation's earlier turns as the caller sent them (`session::from_request`),
     /// instead of the session's stored ones.
-    turns: Option<&'a serde_json::Value>,
+    turns: Option<&'a JsonArgument>,
     /// The row type the answer must fit (`nl_query_as`).
     shape: Option<&'a [Field]>,
 }
@@ -749,14 +780,11 @@ impl<'a> Ask<'a> {
 /// `answer` for the functions that return the answer itself: a run without one is an error,
 /// and every outcome is audited.
 fn answered(ask: Ask) -> Result<(Run, DatabaseContext)> {
-    let abstains = may_abstain(&ask);
-    audited_run(ask, |(run, shown)| match run.failure() {
-        Some(error) => Err(error),
-        None if abstains => match not_sure(&run, &shown) {
+    audited_run(ask, |(run, mut shown)| {
+        match run.failure().or_else(|| shown.withheld.take()) {
             Some(error) => Err(error),
             None => Ok((run, shown)),
-        },
-        None => Ok((run, shown)),
+        }
     })
 }
 
@@ -808,9 +836,11 @@ fn audited_run(
     accept: impl FnOnce((Run, DatabaseContext)) -> Result<(Run, DatabaseContext)>,
 ) -> Result<(Run, DatabaseContext)> {
     // The question, and the caller's own SQL when it gave some (nl_fix): both go in the audit.
+    // Cut before anything is copied: over-long input is refused (and that refusal audited).
+    let cut = |text: &str| text::at_most(text, arguments::MAX_SQL_CHARS);
     let input = match (ask.question, ask.first) {
-        (Some(question), Some(sql)) => format!("{question}\ngiven: {sql}"),
-        (question, sql) => question.or(sql).unwrap_or("").to_string(),
+        (Some(question), Some(sql)) => format!("{}\ngiven: {}", cut(question), cut(sql)),
+        (question, sql) => cut(question.or(sql).unwrap_or("")),
     };
     let input = input.as_str();
     history::audit_raised(ask.function, ask.session, input, |caller| {
@@ -828,23 +858,6 @@ fn audited_run(
 const FIX_QUESTION: &str =
     "Fix this SQL query so that it runs and returns what it was written to return.";
 
-/// Longest question, in characters: it goes into every request to the model, the session's
-/// turns and the value look-up.
-const MAX_QUESTION_CHARS: usize = 10_000;
-
-/// Longest SQL given to be fixed, run, checked or stored as an example, in characters.
-const MAX_SQL_CHARS: usize = 100_000;
-
-/// Refuses SQL longer than `MAX_SQL_CHARS` before anything reads it.
-fn short_enough(sql: &str) -> Result<()> {
-    if sql.chars().count() > MAX_SQL_CHARS {
-        return Err(Error::InvalidParameter(format!(
-            "the SQL is longer than {MAX_SQL_CHARS} characters"
-        )));
-    }
-    Ok(())
-}
-
 /// The whole pipeline for one question.
 fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
     let question = match (ask.question.filter(|q| !q.trim().is_empty()), ask.first) {
@@ -856,18 +869,9 @@ fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
             ))
         }
     };
-    if question.chars().count() > MAX_QUESTION_CHARS {
-        return Err(Error::InvalidParameter(format!(
-            "the question is longer than {MAX_QUESTION_CHARS} characters: ask it shorter"
-        )));
-    }
-    if ask
-        .first
-        .is_some_and(|sql| sql.chars().count() > MAX_SQL_CHARS)
-    {
-        return Err(Error::InvalidParameter(format!(
-            "the SQL to fix is longer than {MAX_SQL_CHARS} characters"
-        )));
+    arguments::question(question)?;
+    if let Some(sql) = ask.first {
+        arguments::sql(sql)?;
     }
     let started = std::time::Instant::now();
     let session = ask.session.filter(|s| !s.is_empty());
@@ -890,7 +894,15 @@ fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
         pruned: shown.schema.pruned,
     });
     let (turns, store) = match (ask.turns, session) {
-        (Some(sent), _) => (session::from_request(sent)?, None),
+        (Some(sent), _) => {
+            let sent = sent.parse(
+                "turns",
+                &[],
+                session::MAX_REQUEST_BYTES,
+                session::MAX_REQUEST_VALUES,
+            )?;
+            (session::from_request(&sent)?, None)
+        }
         (None, Some(s)) => {
             let (turns, store) = session::turns(s);
             (turns, Some(store))
@@ -966,12 +978,12 @@ fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
     // Turns the caller sent are its own to keep: the session store is left alone. A doubtful
     // answer that is withheld (`abstain = when_in_doubt`) is not the conversation's answer:
     // the next question must not build on it.
-    let withheld = may_abstain(ask) && not_sure(&run, &shown).is_some();
-    if let (Some(session), Some(sql), None, false) = (
+    shown.withheld = may_abstain(ask).then(|| not_sure(&run, &shown)).flatten();
+    if let (Some(session), Some(sql), None, None) = (
         session,
         run.failure().is_none().then(|| run.final_sql()).flatten(),
         ask.turns,
-        withheld,
+        &shown.withheld,
     ) {
         session::record(
             session,

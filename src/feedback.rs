@@ -12,7 +12,7 @@ use serde_json::json;
 
 use crate::error::{Error, Result};
 use crate::exec::{self, Mode};
-use crate::{examples, settings, store, subxact};
+use crate::{arguments, examples, settings, store, subxact};
 
 /// What feedback became.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +51,12 @@ impl Answer {
     }
 }
 
+/// Characters of a recorded question or SQL read, one past the longest that is accepted: the
+/// caller may write its own history rows any length, and longer ones are refused, not copied.
+fn cut_after(max: usize) -> i32 {
+    i32::try_from(max.saturating_add(1)).unwrap_or(i32::MAX)
+}
+
 /// Reads the answer `history_id` of the caller's own history.
 pub fn answer(history_id: i64) -> Result<Answer> {
     let schema = store::extension_schema()?;
@@ -58,10 +64,15 @@ pub fn answer(history_id: i64) -> Result<Answer> {
     let answer = subxact::pinned(|| {
         store::read_one::<pgrx::JsonB>(
             &format!(
-                "SELECT (SELECT pg_catalog.jsonb_build_object('question', question, 'sql', sql, \
+                "SELECT (SELECT pg_catalog.jsonb_build_object(\
+                 'question', pg_catalog.left(question, $2), 'sql', pg_catalog.left(sql, $3), \
                  'status', status) FROM {schema}.nl_history WHERE id = $1)"
             ),
-            &[history_id.into()],
+            &[
+                history_id.into(),
+                cut_after(arguments::MAX_QUESTION_CHARS).into(),
+                cut_after(arguments::MAX_SQL_CHARS).into(),
+            ],
         )
     })
     .map_err(|e| Error::internal(format!("reading the answer failed: {e}")))?
@@ -98,8 +109,10 @@ pub fn give(
         .to_string();
     // The recorded SQL is only the caller's word (it may write its own history rows): it runs
     // as a correction does.
+    arguments::question(&question)?;
     let vouched = match answer.vouched(correct, corrected) {
         Some(sql) => {
+            arguments::sql(sql)?;
             returns_rows(sql)?;
             Some(sql.to_string())
         }

@@ -216,6 +216,10 @@ struct InFlight {
 /// extension takes is shorter: longer input is refused, and its refusal audited).
 const MAX_INPUT_CHARS: usize = 100_000;
 
+/// Characters of a call's session name written into its audit line, at most (longer names are
+/// refused).
+const MAX_SESSION_CHARS: usize = 300;
+
 /// Queries of one call written into its audit line, at most (half of them the first, half
 /// the last), each cut to `MAX_RAN_CHARS`.
 const MAX_RAN: usize = 16;
@@ -292,7 +296,7 @@ impl InFlight {
             calls.push(InFlight {
                 caller: caller.clone(),
                 function: function.to_string(),
-                session: session.map(str::to_string),
+                session: session.map(|s| text::at_most(s, MAX_SESSION_CHARS)),
                 input: text::at_most(input, MAX_INPUT_CHARS),
                 first: Vec::new(),
                 last: std::collections::VecDeque::new(),
@@ -386,7 +390,7 @@ pub fn audit(
         Audited::Ended => ("the session ended during the call".to_string(), None),
     };
     let session = session
-        .map(|s| format!(" session {s:?}"))
+        .map(|s| format!(" session {:?}", text::at_most(s, MAX_SESSION_CHARS)))
         .unwrap_or_default();
     // Each field on one line of its own, escaped: a question or a model's SQL holding a line
     // break could otherwise write a `sql:` or `ran` line of its own into the record.

@@ -9,6 +9,7 @@
 )]
 
 mod api;
+mod arguments;
 mod compat;
 mod confidence;
 mod error;

@@ -163,13 +163,16 @@ pub fn saved(view_name: &str) -> Result<Saved> {
             None,
         ));
     }
+    // The comment and the definition are the view owner's to make any length: read cut (a
+    // saved question is at most 10,000 characters, its SQL 100,000).
     let sql = "
         SELECT pg_catalog.json_build_object(
             'kind', c.relkind,
             'owner', c.relowner OPERATOR(pg_catalog.=) pg_catalog.to_regrole(
                          pg_catalog.quote_ident(current_user))::pg_catalog.oid,
-            'comment', pg_catalog.obj_description(c.oid, 'pg_class'),
-            'definition', CASE WHEN c.relkind = 'v' THEN pg_catalog.pg_get_viewdef(c.oid) END,
+            'comment', pg_catalog.left(pg_catalog.obj_description(c.oid, 'pg_class'), 20000),
+            'definition', CASE WHEN c.relkind = 'v'
+                          THEN pg_catalog.left(pg_catalog.pg_get_viewdef(c.oid), 200000) END,
             'columns', (SELECT pg_catalog.json_agg(a.attname || ' ' ||
                                    pg_catalog.format_type(a.atttypid, a.atttypmod)
                                    ORDER BY a.attnum)

@@ -193,6 +193,10 @@ fn redis_turns(session: &str, keep: usize) -> Option<(Vec<Turn>, bool)> {
 const MAX_REQUEST_TURNS: usize = 1000;
 /// Characters of a carried turn's question or SQL, at most.
 const MAX_TURN_CHARS: usize = 20_000;
+/// Bytes of JSON text of the carried turns, and values in it, at most (read before it is
+/// parsed: a thousand turns with room for a few more fields each).
+pub const MAX_REQUEST_BYTES: usize = 16 << 20;
+pub const MAX_REQUEST_VALUES: usize = 10 * MAX_REQUEST_TURNS;
 
 /// The earlier turns a caller sends with the call (`turns jsonb`, how the gateway passes a chat
 /// conversation): an array of `{"question": text, "sql": text or null}`, oldest first, of which

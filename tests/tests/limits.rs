@@ -539,3 +539,63 @@ fn an_allocation_past_the_memory_bound_fails_where_no_interrupt_is_checked() {
         .get(0);
     assert_eq!(n, 1);
 }
+
+/// What a caller passes is measured before the extension copies or parses it: huge arguments
+/// built on the server (nothing large crosses the network) are refused, and the backend stays
+/// small. A question of parameter marks once cost sixteen times its size in Rust, and a failed
+/// Rust allocation aborts the backend (PostgreSQL then restarts the server).
+#[test]
+fn huge_arguments_are_refused_before_they_are_copied_or_parsed() {
+    let mut s = Session::new();
+    let (_, mut role, _) = role_connection(&mut s, "huge");
+    let pid: i32 = role
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    for call in [
+        // 100 MB of parameter marks.
+        "SELECT nl_example_add(repeat('{}', 50000000), 'SELECT 1')",
+        // A session name of 100 MB of control characters (the audit line escapes each).
+        "SELECT count(*) FROM nl_query('how many customers', repeat(chr(1), 100000000))",
+        // Turns with more values than a thousand turns have.
+        "SELECT nl_ask('how many customers', turns => (SELECT jsonb_agg(jsonb_build_object(
+             'question', 'q', 'n', i)) FROM generate_series(1, 20000) i))",
+    ] {
+        let error = role.batch_execute(call).unwrap_err();
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "22023", "{call}: {message}");
+    }
+    let peak = peak_kb(pid);
+    assert!(peak < 600 * 1024, "the backend grew to {peak} kB");
+
+    // The SQL of a history row the role wrote itself is held to the same bound when feedback
+    // would run it.
+    let id: i64 = role
+        .query_one(
+            "INSERT INTO nl_history (function, question, sql, status, attempts, ms, llm_calls,
+                 prompt_tokens, completion_tokens)
+             VALUES ('nl_ask', 'how many customers', repeat(' ', 300000) || 'SELECT 1', 'ok',
+                     '[]', 0, 0, 0, 0)
+             RETURNING id",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let error = role
+        .query_one("SELECT nl_feedback($1, true)", &[&id])
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "22023", "{message}");
+    assert!(message.contains("100000 characters"), "{message}");
+    // An answer recorded from another server keeps its rows out, unread: only the rest counts.
+    let recorded: Option<i64> = role
+        .query_one(
+            "SELECT nl_history_add(jsonb_build_object('question', 'how many customers',
+                 'status', 'ok', 'attempts', '[]'::jsonb,
+                 'rows', (SELECT jsonb_agg(i) FROM generate_series(1, 300000) i)))",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(recorded.is_some());
+}

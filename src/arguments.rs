@@ -1,0 +1,136 @@
+//! What callers pass, bounded before the extension copies or parses it. PostgreSQL hands a
+//! function arguments of up to 1 GB, and a Rust copy of that much, or a JSON tree that costs
+//! many times its text, may fail to allocate: a failed Rust allocation aborts the backend, and
+//! PostgreSQL then restarts the server. Each argument is measured where PostgreSQL keeps it,
+//! against what the function can use, and refused (22023) past it.
+
+use pgrx::callconv::{Arg, ArgAbi};
+use pgrx::prelude::*;
+
+use crate::error::Error;
+use crate::text;
+
+/// Longest question, in characters: it goes into every request to the model, the session's
+/// turns and the value look-up.
+pub const MAX_QUESTION_CHARS: usize = 10_000;
+
+/// Longest SQL given to be fixed, run, checked, vouched for or stored as an example.
+pub const MAX_SQL_CHARS: usize = 100_000;
+
+/// Longest name (a view, a cursor, a role to run as), in characters: PostgreSQL's names are at
+/// most 63 bytes, qualified and quoted a few times that.
+pub const MAX_NAME_CHARS: usize = 1_000;
+
+/// Deepest JSON an argument may nest (serde's own limit is 128).
+const MAX_JSON_DEPTH: usize = 64;
+
+/// `value` when it is at most `max` characters long, else why not (`what` names it).
+pub fn at_most(value: &str, what: &str, max: usize) -> crate::error::Result<()> {
+    // Bytes first: a text of more than 4 bytes per allowed character is too long unread.
+    if value.len() > max.saturating_mul(4) || value.chars().count() > max {
+        return Err(Error::InvalidParameter(format!(
+            "{what} is longer than {max} characters"
+        )));
+    }
+    Ok(())
+}
+
+/// A question of at most `MAX_QUESTION_CHARS`.
+pub fn question(value: &str) -> crate::error::Result<()> {
+    at_most(value, "the question", MAX_QUESTION_CHARS).map_err(|_| {
+        Error::InvalidParameter(format!(
+            "the question is longer than {MAX_QUESTION_CHARS} characters: ask it shorter"
+        ))
+    })
+}
+
+/// SQL of at most `MAX_SQL_CHARS`.
+pub fn sql(value: &str) -> crate::error::Result<()> {
+    at_most(value, "the SQL", MAX_SQL_CHARS)
+}
+
+/// A `jsonb` argument as PostgreSQL passed it, read only by `parse`: pgrx's own `JsonB` turns
+/// the whole value into a tree before the function can look at its size.
+pub struct JsonArgument(pg_sys::Datum);
+
+impl JsonArgument {
+    /// The argument as JSON, without its top-level keys `without` (dropped by PostgreSQL,
+    /// never read here), when its text is at most `max_bytes` and holds at most `max_values`
+    /// values; else why not (`what` names it).
+    pub fn parse(
+        &self,
+        what: &str,
+        without: &[&str],
+        max_bytes: usize,
+        max_values: usize,
+    ) -> crate::error::Result<serde_json::Value> {
+        let mut datum = self.0;
+        for key in without {
+            // SAFETY: `datum` is a jsonb datum of this call (the argument, or what jsonb_delete
+            // made of it), and the key a text datum; both live in the call's memory context.
+            datum = unsafe {
+                pgrx::direct_function_call::<pg_sys::Datum>(
+                    pg_sys::jsonb_delete,
+                    &[Some(datum), key.into_datum()],
+                )
+            }
+            .ok_or_else(|| Error::internal("jsonb_delete returned NULL"))?;
+        }
+        // SAFETY: as above; jsonb_out gives a palloc'd C string of the call's memory context.
+        let json = unsafe {
+            pgrx::direct_function_call::<&core::ffi::CStr>(pg_sys::jsonb_out, &[Some(datum)])
+        }
+        .ok_or_else(|| Error::internal("jsonb_out returned NULL"))?;
+        let bytes = json.to_bytes();
+        let too = |why: String| Error::InvalidParameter(format!("{what}: {why}"));
+        if bytes.len() > max_bytes {
+            return Err(too(format!("longer than {max_bytes} bytes of JSON")));
+        }
+        let shape = text::json_shape(bytes);
+        if shape.values > max_values || shape.depth > MAX_JSON_DEPTH {
+            return Err(too(format!(
+                "more than {max_values} JSON values or deeper than {MAX_JSON_DEPTH} levels"
+            )));
+        }
+        let json = std::str::from_utf8(bytes).map_err(|e| too(e.to_string()))?;
+        serde_json::from_str(json).map_err(|e| too(e.to_string()))
+    }
+}
+
+impl FromDatum for JsonArgument {
+    unsafe fn from_polymorphic_datum(
+        datum: pg_sys::Datum,
+        is_null: bool,
+        _: pg_sys::Oid,
+    ) -> Option<JsonArgument> {
+        (!is_null).then_some(JsonArgument(datum))
+    }
+}
+
+// SAFETY: the datum is kept as PostgreSQL passed it (a jsonb of the function's declared
+// argument type) and read only during the call.
+unsafe impl<'fcx> ArgAbi<'fcx> for JsonArgument {
+    unsafe fn unbox_arg_unchecked(arg: Arg<'_, 'fcx>) -> JsonArgument {
+        // SAFETY: the caller (pgrx's wrapper) passes this argument's own datum and type.
+        unsafe { arg.unbox_arg_using_from_datum() }
+            .unwrap_or_else(|| Error::internal("a strict jsonb argument was NULL").raise())
+    }
+}
+
+impl_sql_translatable!(JsonArgument, arg_only = "jsonb");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn texts_are_measured_in_characters_and_refused_past_the_bound() {
+        assert!(at_most("ééé", "x", 3).is_ok());
+        assert!(at_most("éééé", "x", 3).is_err());
+        assert!(at_most(&"a".repeat(13), "x", 3).is_err());
+        let long = "q".repeat(MAX_QUESTION_CHARS + 1);
+        let refused = question(&long).unwrap_err().to_string();
+        assert!(refused.contains("ask it shorter"), "{refused}");
+        assert!(sql(&"s".repeat(MAX_SQL_CHARS)).is_ok());
+    }
+}
