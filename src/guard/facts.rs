@@ -162,6 +162,8 @@ impl FunctionFacts {
             volatility: self.volatility,
             builtin: self.builtin,
             extension: self.extension.as_deref(),
+            // SAFETY: looks up the owner's role (a syscache read).
+            superuser_owned: unsafe { pg_sys::superuser_arg(self.owner) },
             type_support: self.type_support,
             returns_nothing: self.returns_nothing,
         }

@@ -21,6 +21,10 @@ pub struct Function<'a> {
     pub builtin: bool,
     /// The extension it belongs to, if any.
     pub extension: Option<&'a str>,
+    /// Owned by a superuser: an extension's or a schema's functions are allowed as a group only
+    /// when they are (the owner of an extension may add its own functions to it, and a role
+    /// with CREATE on a schema may add functions to that).
+    pub superuser_owned: bool,
     /// Takes or returns `cstring` or `internal`: a type's input, output or support function,
     /// which converts to or from any type it is told to (`domain_in('1', 'd'::regtype, -1)`).
     pub type_support: bool,
@@ -271,10 +275,7 @@ pub fn refuse(f: &Function, allowed: &Allowed, allow_catalogs: bool) -> Option<S
         }
         return None;
     }
-    let by_group = f
-        .extension
-        .is_some_and(|e| allowed.extensions.iter().any(|a| a == e))
-        || allowed.schemas.iter().any(|s| s == f.schema);
+    let by_group = allowed_as_group(f, allowed);
     if by_group {
         if f.volatility == VOLATILE {
             return Some(format!(
@@ -285,14 +286,17 @@ pub fn refuse(f: &Function, allowed: &Allowed, allow_catalogs: bool) -> Option<S
         }
         return None;
     }
-    let how = match f.extension {
-        Some(extension) => format!("'extension:{extension}' or '{}.{}'", f.schema, f.name),
-        None => format!("'schema:{}' or '{}.{}'", f.schema, f.schema, f.name),
-    };
-    Some(format!(
-        "only built-in functions run unless a superuser allows more; allow it with \
-         sql_query_engine.allowed_functions = {how}"
-    ))
+    Some(not_allowed(f))
+}
+
+/// Whether `f` is allowed with its extension or schema (`extension:NAME`, `schema:NAME`): only
+/// a superuser's function is.
+fn allowed_as_group(f: &Function, allowed: &Allowed) -> bool {
+    f.superuser_owned
+        && (f
+            .extension
+            .is_some_and(|e| allowed.extensions.iter().any(|a| a == e))
+            || allowed.schemas.iter().any(|s| s == f.schema))
 }
 
 /// Why `f` may not run implicitly, for a type (its input, output, receive, send, typmod,
@@ -306,21 +310,30 @@ pub fn refuse_support(f: &Function, allowed: &Allowed) -> Option<String> {
     {
         return Some("it has side effects or reads settings".into());
     }
-    let by_group = f
-        .extension
-        .is_some_and(|e| allowed.extensions.iter().any(|a| a == e))
-        || allowed.schemas.iter().any(|s| s == f.schema);
+    let by_group = allowed_as_group(f, allowed);
     if f.builtin || by_group || allowed.names(f) {
         return None;
+    }
+    Some(not_allowed(f))
+}
+
+/// Why `f`, no built-in, is not allowed: how a superuser may allow it.
+fn not_allowed(f: &Function) -> String {
+    if !f.superuser_owned {
+        return format!(
+            "only built-in functions run unless a superuser allows more, and a function no \
+             superuser owns is allowed only by name: sql_query_engine.allowed_functions = '{}.{}'",
+            f.schema, f.name
+        );
     }
     let how = match f.extension {
         Some(extension) => format!("'extension:{extension}' or '{}.{}'", f.schema, f.name),
         None => format!("'schema:{}' or '{}.{}'", f.schema, f.schema, f.name),
     };
-    Some(format!(
+    format!(
         "only built-in functions run unless a superuser allows more; allow it with \
          sql_query_engine.allowed_functions = {how}"
-    ))
+    )
 }
 
 /// Schemas whose relations are not queryable unless `sql_query_engine.allow_system_catalogs` is
@@ -340,6 +353,7 @@ mod tests {
             volatility,
             builtin: true,
             extension: None,
+            superuser_owned: true,
             type_support: false,
             returns_nothing: false,
         }
@@ -352,6 +366,7 @@ mod tests {
             volatility: STABLE,
             builtin: false,
             extension,
+            superuser_owned: true,
             type_support: false,
             returns_nothing: false,
         }
@@ -439,6 +454,34 @@ mod tests {
             false
         )
         .is_none());
+    }
+
+    #[test]
+    fn a_group_allows_only_a_superusers_functions() {
+        // A function the extension's owner added to it, or a role with CREATE put in the
+        // schema, is not what the superuser allowed.
+        for (f, group) in [
+            (
+                user("public", "trgm_rank", Some("pg_trgm")),
+                "extension:pg_trgm",
+            ),
+            (
+                user("analytics", "fiscal_quarter", None),
+                "schema:analytics",
+            ),
+        ] {
+            let theirs = Function {
+                superuser_owned: false,
+                ..f
+            };
+            let allowed = Allowed::parse(group).unwrap();
+            let why = refuse(&theirs, &allowed, false).unwrap();
+            assert!(why.contains("allowed only by name"), "{why}");
+            assert!(refuse_support(&theirs, &allowed).is_some());
+            let named = Allowed::parse(&format!("{}.{}", theirs.schema, theirs.name)).unwrap();
+            assert!(refuse(&theirs, &named, false).is_none());
+            assert!(refuse_support(&theirs, &named).is_none());
+        }
     }
 
     #[test]

@@ -1923,3 +1923,83 @@ fn reset_all_in_a_views_code_cannot_lift_the_querys_bounds() {
         .get(0);
     assert!(!direct.is_empty());
 }
+
+/// Allowing an extension or a schema allows what a superuser put there, not what another role
+/// adds later: the owner of a trusted extension may add functions of its own to it, and a role
+/// with CREATE on the schema may create functions in it. Such a function is allowed only by
+/// its name.
+#[test]
+fn an_allowed_extension_or_schema_covers_no_function_another_role_added() {
+    let mut w = World::new();
+    let (attacker, victim, db) = (w.attacker.clone(), w.victim.clone(), w.s.database.clone());
+    w.s.client
+        .batch_execute(&format!(
+            "GRANT CREATE ON DATABASE {db} TO {attacker};
+             ALTER DATABASE {db} SET sql_query_engine.allowed_functions =
+                 'extension:pg_trgm, schema:shared';"
+        ))
+        .unwrap();
+    let stable_locker = |name: &str, key: i64| {
+        format!(
+            "CREATE FUNCTION {name}(n int) RETURNS int STABLE LANGUAGE plpgsql AS
+             $$ BEGIN PERFORM pg_advisory_lock({key}); RETURN n; END $$;"
+        )
+    };
+    w.attacker_runs(&format!(
+        "CREATE EXTENSION pg_trgm SCHEMA public;
+         {}
+         ALTER EXTENSION pg_trgm ADD FUNCTION public.trgm_rank(int);
+         {}",
+        stable_locker("public.trgm_rank", 80),
+        stable_locker("shared.rank", 81)
+    ));
+    // A superuser's function in the allowed schema, and the extension's own, are allowed.
+    w.s.client
+        .batch_execute(
+            "CREATE FUNCTION shared.squared(n int) RETURNS int STABLE LANGUAGE sql
+                 AS 'SELECT n * n';",
+        )
+        .unwrap();
+    let added = "SELECT public.trgm_rank(o.order_id) AS r FROM orders o";
+    let created = "SELECT shared.rank(o.order_id) AS r FROM orders o";
+    w.s.llm.on("ranked by trigram", vec![Reply::sql(added)]);
+    w.s.llm.on("ranked in shared", vec![Reply::sql(created)]);
+    w.s.llm.on(
+        "squares and similarity",
+        vec![Reply::sql(
+            "SELECT shared.squared(o.order_id) AS sq, similarity('ab', 'abc') AS s FROM orders o",
+        )],
+    );
+    let mut v = w.connect(&victim);
+    let mut witness = Witness::hold(&db, &[80, 81]);
+    let (_, waited) = witness.waited(|| {
+        for (question, name) in [
+            ("ranked by trigram", "public.trgm_rank"),
+            ("ranked in shared", "shared.rank"),
+        ] {
+            let error = v
+                .query_one("SELECT nl_query($1)::text", &[&question])
+                .unwrap_err();
+            let (code, message, _) = db_error(&error);
+            assert_eq!(code, "42501", "{question}: {message}");
+            assert!(message.contains(name), "{question}: {message}");
+            assert!(message.contains("only by name"), "{question}: {message}");
+        }
+    });
+    assert!(waited.is_empty(), "another role's function ran: {waited:?}");
+    let n: i64 = v
+        .query_one(
+            "SELECT count(*) FROM nl_query('squares and similarity')",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(n > 0);
+
+    // Positive control: run directly, the added function runs.
+    let mut direct = w.connect(&victim);
+    let (_, waited) = witness.waited(|| {
+        direct.batch_execute(added).unwrap();
+    });
+    assert_eq!(waited, [80]);
+}
