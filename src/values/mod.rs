@@ -40,6 +40,11 @@ const MAX_VALUES: usize = 200_000;
 const MAX_TRIGRAMS: usize = 500_000;
 const MAX_POSTINGS: usize = 4_000_000;
 const MAX_TEXT_BYTES: usize = 8 << 20;
+/// Bytes of values one build reads at most (indexed or not: values without a letter or digit
+/// index nothing, and would let the reads go on until the time budget ran out), and keeps at
+/// most to share with other backends.
+const MAX_READ_BYTES: usize = 64 << 20;
+const MAX_SHARED_BYTES: usize = MAX_TEXT_BYTES;
 /// Longest value indexed, in characters: longer texts are descriptions, not values.
 const MAX_VALUE_CHARS: usize = 80;
 /// Time the whole build may take; relations not read by then are indexed from statistics only.
@@ -148,6 +153,7 @@ impl ValueIndex {
         let mut shared = shared::fetch(&index.columns, deadline, MAX_PER_COLUMN + 1, MAX_VALUES);
         let share = shared::may_share();
         let mut read: Vec<(usize, Vec<String>)> = Vec::new();
+        let (mut read_bytes, mut shared_bytes) = (0usize, 0usize);
         for relation in index.columns.relations() {
             pgrx::check_for_interrupts!();
             let ids = index.columns.of_relation(relation);
@@ -185,10 +191,15 @@ impl ValueIndex {
                         read_in_full = unread.iter().map(|&position| ids[position]).collect();
                     }
                     for (&position, more) in unread.iter().zip(scanned.columns) {
-                        if share && index.columns.get(ids[position]).shared_as.is_some() {
+                        read_bytes += more.iter().map(String::len).sum::<usize>();
+                        if share
+                            && shared_bytes < MAX_SHARED_BYTES
+                            && index.columns.get(ids[position]).shared_as.is_some()
+                        {
                             // What an index keeps of it (one more, so that a reader knows
                             // it was cut), not every row read.
                             let kept = crate::text::first_distinct(&more, MAX_PER_COLUMN + 1);
+                            shared_bytes += kept.iter().map(String::len).sum::<usize>();
                             read.push((ids[position], kept));
                         }
                         per_column[position].extend(more);
@@ -200,7 +211,7 @@ impl ValueIndex {
                     index.complete.insert(id);
                 }
             }
-            if index.full() {
+            if index.full() || read_bytes >= MAX_READ_BYTES {
                 break;
             }
         }

@@ -96,7 +96,7 @@ pub fn fetch(
             for (id, value) in of_key.iter().zip(answer) {
                 let Some(stored) = value else { continue };
                 bytes += stored.len();
-                if let Some(mut read) = fresh(&stored, now_s()) {
+                if let Some(mut read) = fresh(&stored, now_s(), per_column) {
                     read.truncate(per_column);
                     values += read.len();
                     found.insert(*id, read);
@@ -112,9 +112,21 @@ pub fn fetch(
 #[derive(serde::Deserialize)]
 struct Stored(u64, Vec<String>);
 
+/// Bytes of a stored read, at most: what `store` writes for a column (its values, of at most
+/// 80 characters each, escaped as JSON) is far less; a longer one is no stored read.
+const MAX_STORED_BYTES: usize = 4 << 20;
+
 /// The values of a stored read made less than `TTL_S` before `now` (a read dated more than a
-/// minute ahead, by another node's clock, is not taken either).
-fn fresh(stored: &str, now: u64) -> Option<Vec<String>> {
+/// minute ahead, by another node's clock, is not taken either), of at most `most` values. It
+/// is measured before it is parsed: whoever answers at the Redis address writes it, and a
+/// list of empty strings costs eight times its text.
+fn fresh(stored: &str, now: u64, most: usize) -> Option<Vec<String>> {
+    // `[at,[v1,...,vn]]` holds n + 3 values.
+    if stored.len() > MAX_STORED_BYTES
+        || crate::text::json_shape(stored.as_bytes()).values > most.saturating_add(3)
+    {
+        return None;
+    }
     let Stored(at, values) = serde_json::from_str(stored).ok()?;
     (at <= now + 60 && now.saturating_sub(at) < TTL_S).then_some(values)
 }
@@ -184,11 +196,21 @@ mod tests {
     fn a_shared_read_is_used_for_its_own_ttl_only() {
         let stored = serde_json::to_string(&(1_000_000, ["Jane Roe"])).unwrap();
         assert_eq!(
-            fresh(&stored, 1_000_000 + TTL_S - 1),
+            fresh(&stored, 1_000_000 + TTL_S - 1, 10),
             Some(vec!["Jane Roe".into()])
         );
-        assert_eq!(fresh(&stored, 1_000_000 + TTL_S), None);
-        assert_eq!(fresh(&stored, 1_000_000 - 61), None, "dated ahead");
-        assert_eq!(fresh(r#"["Jane Roe"]"#, 1_000_000), None, "an undated read");
+        assert_eq!(fresh(&stored, 1_000_000 + TTL_S, 10), None);
+        assert_eq!(fresh(&stored, 1_000_000 - 61, 10), None, "dated ahead");
+        assert_eq!(fresh(r#"["Jane Roe"]"#, 1_000_000, 10), None, "an undated read");
+    }
+
+    #[test]
+    fn a_stored_read_of_more_values_than_a_store_writes_is_not_parsed() {
+        let values = vec![String::new(); 11];
+        let stored = serde_json::to_string(&(1_000_000, &values)).unwrap();
+        assert_eq!(fresh(&stored, 1_000_000, 11).map(|v| v.len()), Some(11));
+        assert_eq!(fresh(&stored, 1_000_000, 10), None);
+        let long = serde_json::to_string(&(1_000_000, ["x".repeat(MAX_STORED_BYTES)])).unwrap();
+        assert_eq!(fresh(&long, 1_000_000, 10), None);
     }
 }
