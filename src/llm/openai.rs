@@ -621,6 +621,13 @@ fn without_key(cause: &str, key: &str) -> String {
 /// every attempt of the trace).
 const MAX_CAUSE_CHARS: usize = 500;
 
+/// The start of an endpoint's own text, as an error quotes it: cut before it is escaped,
+/// redacted and cut again (`failure`), each of which copies it, and a body may be as long as
+/// `max_response_bytes`.
+fn provider_words(text: &str) -> String {
+    crate::text::at_most(text, 4 * MAX_CAUSE_CHARS)
+}
+
 /// A readable cause for an HTTP error status, with the provider's own message when it has one.
 /// Authentication failures never echo the body: providers quote parts of the key there.
 fn status_cause(code: u16, body: &str) -> String {
@@ -636,10 +643,9 @@ fn status_cause(code: u16, body: &str) -> String {
                 .or_else(|| v.get("error"))
                 .or_else(|| v.get("message"))
                 .and_then(Value::as_str)
-                .map(str::to_string)
+                .map(|message| provider_words(message.trim()))
         })
-        .unwrap_or_else(|| body.to_string());
-    let message = message.trim();
+        .unwrap_or_else(|| provider_words(body.trim()));
     if message.is_empty() {
         format!("HTTP {code}")
     } else {
@@ -695,7 +701,10 @@ fn read_stream(mut reader: impl std::io::BufRead, limit: u64) -> (Vec<Completion
                 .get("message")
                 .and_then(Value::as_str)
                 .map_or_else(|| error.to_string(), str::to_string);
-            let cause = format!("the stream ended on an error: {message}");
+            let cause = format!(
+                "the stream ended on an error: {}",
+                provider_words(&message)
+            );
             let server_side = error
                 .get("code")
                 .and_then(Value::as_u64)
@@ -770,7 +779,9 @@ fn parse_completions(body: &str, n: usize) -> std::result::Result<Vec<Completion
         ));
     }
     let value: Value =
-        serde_json::from_str(body).map_err(|_| format!("the answer is not JSON: {body:?}"))?;
+        serde_json::from_str(body).map_err(|_| {
+            format!("the answer is not JSON: {:?}", provider_words(body))
+        })?;
     let choices = value
         .get("choices")
         .and_then(Value::as_array)
