@@ -156,11 +156,9 @@ impl Call {
             Call::Ask { question, .. } | Call::Generate { question } => (Some(question), None),
             Call::Schema { question } => (question.as_ref(), None),
             Call::Fix { sql, question } => (question.as_ref(), Some(sql)),
-            Call::Check { .. }
-            | Call::Run { .. }
-            | Call::Feedback { .. }
-            | Call::Tables
-            | Call::History { .. } => (None, None),
+            Call::Check { sql } | Call::Run { sql } => (None, Some(sql)),
+            Call::Feedback { corrected_sql, .. } => (None, corrected_sql.as_ref()),
+            Call::Tables | Call::History { .. } => (None, None),
         };
         let over = |text: Option<&String>, at_most: usize| {
             text.is_some_and(|t| t.chars().nth(at_most).is_some())
@@ -1089,5 +1087,23 @@ mod tests {
         };
         assert!(fix(100_000).too_long().is_none());
         assert!(fix(100_001).too_long().is_some());
+        // The caller's own SQL, run, checked or given as a correction, too.
+        let long = "s".repeat(100_001);
+        for call in [
+            Call::Run { sql: long.clone() },
+            Call::Check { sql: long.clone() },
+            Call::Feedback {
+                history_id: 1,
+                correct: false,
+                corrected_sql: Some(long.clone()),
+            },
+        ] {
+            assert!(call.too_long().is_some());
+        }
+        assert!(Call::Run {
+            sql: "s".repeat(100_000)
+        }
+        .too_long()
+        .is_none());
     }
 }

@@ -475,25 +475,38 @@ async fn stream(
     let mut task = AbortOnDrop(tokio::spawn(async move {
         tokio::time::timeout(timeout, db.call(Some(&role), &call, Some(progress_tx))).await
     }));
+    // A call that ends before its first progress line is answered with its own status (a
+    // 429 or 503 keeps its Retry-After): its progress sender goes with it, so the end is
+    // looked at first, and a closed channel waits for it.
+    let at_once = |finished: Result<Result<_, _>, tokio::task::JoinError>| match finished {
+        Ok(Err(_)) => ApiError::timeout().into_response(),
+        Err(e) => internal(&e).into_response(),
+        Ok(Ok(result)) => match content(result, app.max_table_rows) {
+            Err(e) => e.into_response(),
+            Ok(answer) => {
+                let (events, receiver) = mpsc::channel::<Event>(64);
+                tokio::spawn(finish(
+                    events,
+                    app.model.clone(),
+                    completion_id(),
+                    Ok(answer),
+                    include_usage,
+                    true,
+                ));
+                sse(receiver)
+            }
+        },
+    };
     let first = tokio::select! {
-        notice = progress.recv() => notice,
+        biased;
+        finished = &mut task.0 => return at_once(finished),
         () = gone.cancelled() => {
             return ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", "the client went away").into_response();
         }
-        finished = &mut task.0 => {
-            match finished {
-                Ok(Err(_)) => return ApiError::timeout().into_response(),
-                Err(e) => return internal(&e).into_response(),
-                Ok(Ok(result)) => match content(result, app.max_table_rows) {
-                    Err(e) => return e.into_response(),
-                    Ok(answer) => {
-                        let (events, receiver) = mpsc::channel::<Event>(64);
-                        tokio::spawn(finish(events, app.model.clone(), completion_id(), Ok(answer), include_usage, true));
-                        return sse(receiver);
-                    }
-                },
-            }
-        }
+        notice = progress.recv() => match notice {
+            Some(notice) => notice,
+            None => return at_once((&mut task.0).await),
+        },
     };
     let (events, receiver) = mpsc::channel::<Event>(64);
     let (model, id, max_rows) = (app.model.clone(), completion_id(), app.max_table_rows);
@@ -507,11 +520,9 @@ async fn stream(
                 None,
             ))
             .await;
-        if let Some(first) = first {
-            let _ = events
-                .send(chunk(&id, &model, reasoning(&first), None))
-                .await;
-        }
+        let _ = events
+            .send(chunk(&id, &model, reasoning(&first), None))
+            .await;
         let outcome = loop {
             tokio::select! {
                 notice = progress.recv() => {

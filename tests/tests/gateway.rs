@@ -625,6 +625,20 @@ fn one_roles_flood_leaves_connections_to_the_other_roles() {
         }
         other => panic!("expected 429, got {other:?}"),
     }
+    // Streamed, the refusal keeps its status too: the call ends before any progress line (its
+    // progress channel closes as it ends, which once made about half of them a 200 stream).
+    let streamed = format!(
+        r#"{{"model":"{}","stream":true,"messages":[{{"role":"user","content":"How many orders are there?"}}]}}"#,
+        s.database
+    );
+    for _ in 0..12 {
+        match post_chat(&gateway, &s.token).send_string(&streamed) {
+            Err(ureq::Error::Status(429, response)) => {
+                assert_eq!(response.header("Retry-After"), Some("2"));
+            }
+            other => panic!("expected 429 for a streamed request, got {other:?}"),
+        }
+    }
     // Two connections are free: the other role is answered.
     let answered = post_chat(&gateway, &s.limited_token)
         .send_string(&chat(&s, "Which customers are from Germany?"))
