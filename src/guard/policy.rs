@@ -120,9 +120,19 @@ const RUNS_SQL_TEXT: &[&str] = &[
 ];
 const RUNS_SQL_TEXT_PREFIXES: &[&str] = &["dblink"];
 
-/// Built-ins that run the input function of a type named as text (PostgreSQL 16 and later),
-/// and with it that type's domain CHECKs: refused unless named in `allowed_functions`.
-const RUNS_TYPE_INPUT: &[&str] = &["pg_input_is_valid", "pg_input_error_info"];
+/// Built-ins that run code of an object they are given by name or OID as the query runs, out of
+/// the guard's sight: the input function (and domain CHECKs) of a type named as text
+/// (`pg_input_is_valid`, PostgreSQL 16 and later), the type modifier function of a type named
+/// as text (`to_regtype('t(3)')`, `to_regtypemod`, PostgreSQL 17 and later), and the hash
+/// functions of any partitioned table's key, opened without a privilege check
+/// (`satisfies_hash_partition`): refused unless named in `allowed_functions`.
+const RUNS_NAMED_OBJECTS_CODE: &[&str] = &[
+    "pg_input_is_valid",
+    "pg_input_error_info",
+    "to_regtype",
+    "to_regtypemod",
+    "satisfies_hash_partition",
+];
 
 /// VOLATILE built-ins that only produce values.
 const VOLATILE_ALLOWED: &[&str] = &[
@@ -235,10 +245,12 @@ pub fn refuse(f: &Function, allowed: &Allowed, allow_catalogs: bool) -> Option<S
             )
         });
     }
-    if RUNS_TYPE_INPUT.contains(&lower.as_str()) {
+    if RUNS_NAMED_OBJECTS_CODE.contains(&lower.as_str()) {
         return (!named).then(|| {
             format!(
-                "it runs the input function of a type given by name, out of the guard's sight; \
+                "it runs code of an object it is given by name or OID (a type's input or \
+                 modifier function, a partitioned table's hash functions), out of the guard's \
+                 sight; \
                  a superuser may allow it by name with sql_query_engine.allowed_functions = '{}.{}'",
                 f.schema, f.name
             )
@@ -534,7 +546,13 @@ mod tests {
         assert!(refuse(&builtin("txid_current_snapshot", STABLE), &none(), true).is_some());
         assert!(refuse(&builtin("pg_input_is_valid", STABLE), &none(), true)
             .unwrap()
-            .contains("input function of a type"));
+            .contains("a type's input or modifier function"));
+        for name in ["to_regtype", "to_regtypemod", "satisfies_hash_partition"] {
+            assert!(
+                refuse(&builtin(name, STABLE), &none(), true).is_some(),
+                "{name}"
+            );
+        }
         let vector_in = Function {
             type_support: true,
             ..user("public", "vector_in", Some("vector"))

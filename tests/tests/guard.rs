@@ -225,6 +225,41 @@ fn nl_check_is_callable_by_anyone() {
     assert_eq!(s.scalar_i64("SELECT count(*) FROM orders"), 6);
 }
 
+/// Built-ins that run code of an object they are handed by name or OID as the query runs are
+/// refused unless allowed by name: `satisfies_hash_partition` opens any partitioned table
+/// (with no privilege check) and runs its key's hash functions, `to_regtype` a named type's
+/// modifier function.
+#[test]
+fn functions_that_run_code_of_an_object_named_at_run_time_are_refused() {
+    let mut s = Session::new();
+    let role = format!("namer_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN; GRANT SELECT ON orders TO {role};
+             CREATE TABLE private_parts (id int) PARTITION BY HASH (id);
+             CREATE TABLE private_parts_0 PARTITION OF private_parts
+                 FOR VALUES WITH (MODULUS 2, REMAINDER 0);"
+        ))
+        .unwrap();
+    let mut role_client = cluster().connect_as(&s.database, &role);
+    let hashed = "SELECT satisfies_hash_partition('private_parts'::regclass, 2, 0, o.order_id) \
+                  AS p FROM orders o";
+    for sql in [
+        hashed,
+        "SELECT to_regtype('numeric(' || o.order_id || ')') AS t FROM orders o",
+    ] {
+        let error = role_client
+            .query("SELECT nl_check($1)", &[&sql])
+            .unwrap_err();
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "42501", "{sql}: {message}");
+        assert!(message.contains("given by name or OID"), "{sql}: {message}");
+    }
+    // Why: run directly, the role reaches a table it has no privilege on.
+    let rows = role_client.query(hashed, &[]).unwrap();
+    assert_eq!(rows.len(), 6);
+}
+
 #[test]
 fn the_api_key_is_not_in_the_trace_or_the_prompt() {
     let mut s = Session::new();
