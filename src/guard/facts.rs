@@ -176,11 +176,47 @@ impl FunctionFacts {
     }
 }
 
-/// Support functions of one operator family read, at most.
+/// Support functions, and member operators, of one operator family read, at most.
 pub const MAX_FAMILY_SUPPORT: usize = 1024;
 
+/// What the operator family `family` runs out of any tree's sight: its support functions
+/// (comparison, sort support, hashing, `in_range`) and the functions and planner estimators of
+/// its member operators (the planner derives join clauses with them, costs merge joins by
+/// calling them on column statistics, and Memoize and GREATEST compare with them); `None` past
+/// `MAX_FAMILY_SUPPORT` of either.
+pub fn family_code(family: pg_sys::Oid) -> Option<Vec<pg_sys::Oid>> {
+    let mut functions = family_support(family)?;
+    // SAFETY: the first key of AMOPSTRATEGY is the family's OID.
+    let list = unsafe {
+        CacheList::search(
+            pg_sys::SysCacheIdentifier::AMOPSTRATEGY,
+            pg_sys::Datum::from(family),
+        )
+    };
+    let tuples = list.tuples();
+    if tuples.len() > MAX_FAMILY_SUPPORT {
+        return None;
+    }
+    for tuple in tuples {
+        // SAFETY: a pg_amop tuple of the held list; the look-ups are of the operator it names.
+        unsafe {
+            let operator =
+                (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_amop>(tuple)).amopopr;
+            functions.extend([
+                pg_sys::get_opcode(operator),
+                pg_sys::get_oprrest(operator),
+                pg_sys::get_oprjoin(operator),
+            ]);
+        }
+    }
+    functions.retain(|f| *f != pg_sys::InvalidOid);
+    functions.sort_unstable_by_key(|f| f.to_u32());
+    functions.dedup();
+    Some(functions)
+}
+
 /// The support functions of the operator family `family`; `None` past `MAX_FAMILY_SUPPORT`.
-pub fn family_support(family: pg_sys::Oid) -> Option<Vec<pg_sys::Oid>> {
+fn family_support(family: pg_sys::Oid) -> Option<Vec<pg_sys::Oid>> {
     // SAFETY: the first key of AMPROCNUM is the family's OID.
     let list = unsafe {
         CacheList::search(

@@ -123,7 +123,8 @@ const RUNS_SQL_TEXT_PREFIXES: &[&str] = &["dblink"];
 /// Built-ins that run code of an object they are given by name or OID as the query runs, out of
 /// the guard's sight: the input function (and domain CHECKs) of a type named as text
 /// (`pg_input_is_valid`, PostgreSQL 16 and later), the type modifier function of a type named
-/// as text (`to_regtype('t(3)')`, `to_regtypemod`, PostgreSQL 17 and later), and the hash
+/// as text (`to_regtype('t(3)')`, `to_regtypemod`, PostgreSQL 17 and later) or by OID
+/// (`format_type(oid, typmod)` runs its output modifier function), and the hash
 /// functions of any partitioned table's key, opened without a privilege check
 /// (`satisfies_hash_partition`): refused unless named in `allowed_functions`.
 const RUNS_NAMED_OBJECTS_CODE: &[&str] = &[
@@ -131,6 +132,7 @@ const RUNS_NAMED_OBJECTS_CODE: &[&str] = &[
     "pg_input_error_info",
     "to_regtype",
     "to_regtypemod",
+    "format_type",
     "satisfies_hash_partition",
 ];
 
@@ -547,7 +549,12 @@ mod tests {
         assert!(refuse(&builtin("pg_input_is_valid", STABLE), &none(), true)
             .unwrap()
             .contains("a type's input or modifier function"));
-        for name in ["to_regtype", "to_regtypemod", "satisfies_hash_partition"] {
+        for name in [
+            "to_regtype",
+            "to_regtypemod",
+            "format_type",
+            "satisfies_hash_partition",
+        ] {
             assert!(
                 refuse(&builtin(name, STABLE), &none(), true).is_some(),
                 "{name}"

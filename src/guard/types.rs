@@ -11,7 +11,7 @@ use pgrx::pg_sys;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use super::facts::{builtin, family_support, CacheList, FunctionFacts, MAX_FAMILY_SUPPORT};
+use super::facts::{builtin, family_code, CacheList, FunctionFacts, MAX_FAMILY_SUPPORT};
 use super::policy::{self, Allowed};
 use super::trust::Trusted;
 use super::verdict::Origin;
@@ -264,16 +264,23 @@ impl Types<'_> {
             pg_sys::TYPTYPE_RANGE => self
                 .support_refusal(&range_functions(typ), "range")
                 .or_else(|| match range_subtype_support(typ) {
-                    Some(functions) => {
-                        self.support_refusal(&functions, "subtype operator class's support")
-                    }
+                    Some(functions) => self.support_refusal(&functions, "subtype operator class's"),
                     None => Some(format!(
                         "its subtype's operator family has more than {MAX_FAMILY_SUPPORT} \
-                             support functions"
+                         support functions or member operators"
                     )),
                 }),
             _ => None,
         }
+        // Its default btree and hash classes, which compare its values wherever it is sorted,
+        // grouped, hashed or met in GREATEST, LEAST, a row or an array comparison.
+        .or_else(|| match default_class_code(typ) {
+            Some(functions) => self.support_refusal(&functions, "default operator class's"),
+            None => Some(format!(
+                "a default operator family of it has more than {MAX_FAMILY_SUPPORT} support \
+                 functions or member operators"
+            )),
+        })
     }
 
     /// Why a superuser's call may not run `facts`' function: another role owns it.
@@ -483,7 +490,29 @@ fn range_subtype_support(range: pg_sys::Oid) -> Option<Vec<pg_sys::Oid>> {
     if family == pg_sys::InvalidOid {
         return Some(Vec::new());
     }
-    family_support(family)
+    family_code(family)
+}
+
+/// What the default btree and hash operator classes of `typ` run (`family_code`): PostgreSQL
+/// finds them through the type cache to sort, group, hash, compare rows and arrays of it and
+/// evaluate GREATEST and LEAST, where no gate sees the call; `None` past the bounds.
+fn default_class_code(typ: pg_sys::Oid) -> Option<Vec<pg_sys::Oid>> {
+    let mut functions = Vec::new();
+    for method in [pg_sys::BTREE_AM_OID, pg_sys::HASH_AM_OID] {
+        // SAFETY: catalog look-ups of the type's default class for an access method and of
+        // that class's family (InvalidOid where there is none).
+        let family = unsafe {
+            let class = pg_sys::GetDefaultOpClass(typ, method);
+            if class == pg_sys::InvalidOid {
+                continue;
+            }
+            pg_sys::get_opclass_family(class)
+        };
+        if family != pg_sys::InvalidOid {
+            functions.extend(family_code(family)?);
+        }
+    }
+    Some(functions)
 }
 
 fn range_functions(range: pg_sys::Oid) -> Vec<pg_sys::Oid> {

@@ -10,7 +10,7 @@ use pgrx::pg_sys;
 use pgrx::PgList;
 
 use super::facts::{
-    builtin, family_support, row_fields, CacheList, FunctionFacts, MAX_FAMILY_SUPPORT,
+    builtin, family_code, row_fields, CacheList, FunctionFacts, MAX_FAMILY_SUPPORT,
 };
 use super::policy::{self, Allowed};
 use super::trust::{self, Trusted};
@@ -318,6 +318,26 @@ unsafe extern "C-unwind" fn analyzed_walker(node: *mut pg_sys::Node, context: *m
                 [(*clause).sortop, (*clause).eqop]
                     .into_iter()
                     .any(|op| op != pg_sys::InvalidOid && walk.check_operator(op))
+            }
+            // A type, text search configuration or dictionary named by text computed as the
+            // query runs: reading it runs the named type's modifier function, and a text
+            // search function given it runs the configuration's parser and dictionaries, all
+            // out of the guard's sight (a constant name is converted, and seen, as the query
+            // is analysed).
+            pg_sys::NodeTag::T_CoerceViaIO
+                if [
+                    pg_sys::REGTYPEOID,
+                    pg_sys::REGCONFIGOID,
+                    pg_sys::REGDICTIONARYOID,
+                ]
+                .contains(&(*node.cast::<pg_sys::CoerceViaIO>()).resulttype) =>
+            {
+                walk.refuse(format!(
+                    "a conversion to {} of a value computed as the query runs names code out of \
+                     the guard's sight; name it as a constant",
+                    types::type_name((*node.cast::<pg_sys::CoerceViaIO>()).resulttype)
+                ));
+                true
             }
             // The conversion's input and output functions are the types' (checked above).
             pg_sys::NodeTag::T_CoerceViaIO | pg_sys::NodeTag::T_CoerceToDomain => {
@@ -656,10 +676,10 @@ impl Walk {
             if self.families.contains(&family) {
                 continue;
             }
-            let Some(functions) = family_support(family) else {
+            let Some(functions) = family_code(family) else {
                 self.refuse(format!(
                     "an operator family of operator {} has more than {MAX_FAMILY_SUPPORT} \
-                     support functions",
+                     support functions or member operators",
                     operator_name(operator)
                 ));
                 return true;

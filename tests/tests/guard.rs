@@ -227,8 +227,10 @@ fn nl_check_is_callable_by_anyone() {
 
 /// Built-ins that run code of an object they are handed by name or OID as the query runs are
 /// refused unless allowed by name: `satisfies_hash_partition` opens any partitioned table
-/// (with no privilege check) and runs its key's hash functions, `to_regtype` a named type's
-/// modifier function.
+/// (with no privilege check) and runs its key's hash functions, `to_regtype` and
+/// `format_type` a named type's modifier functions; so is a conversion of a computed value to
+/// `regtype` (its modifier function) or `regconfig` (whose parser and dictionaries a text
+/// search function runs).
 #[test]
 fn functions_that_run_code_of_an_object_named_at_run_time_are_refused() {
     let mut s = Session::new();
@@ -244,17 +246,36 @@ fn functions_that_run_code_of_an_object_named_at_run_time_are_refused() {
     let mut role_client = cluster().connect_as(&s.database, &role);
     let hashed = "SELECT satisfies_hash_partition('private_parts'::regclass, 2, 0, o.order_id) \
                   AS p FROM orders o";
-    for sql in [
-        hashed,
-        "SELECT to_regtype('numeric(' || o.order_id || ')') AS t FROM orders o",
+    for (sql, why) in [
+        (hashed, "given by name or OID"),
+        (
+            "SELECT to_regtype('numeric(' || o.order_id || ')') AS t FROM orders o",
+            "given by name or OID",
+        ),
+        (
+            "SELECT format_type(o.order_id::oid, 3) AS t FROM orders o",
+            "given by name or OID",
+        ),
+        (
+            "SELECT ('numeric(' || o.order_id || ')')::regtype AS t FROM orders o",
+            "computed as the query runs",
+        ),
+        (
+            "SELECT to_tsvector(o.order_id::text::regconfig, 'x') AS t FROM orders o",
+            "computed as the query runs",
+        ),
     ] {
         let error = role_client
             .query("SELECT nl_check($1)", &[&sql])
             .unwrap_err();
         let (code, message, _) = db_error(&error);
         assert_eq!(code, "42501", "{sql}: {message}");
-        assert!(message.contains("given by name or OID"), "{sql}: {message}");
+        assert!(message.contains(why), "{sql}: {message}");
     }
+    // A constant name is converted, and seen, as the query is analysed.
+    role_client
+        .batch_execute("SELECT nl_check('SELECT to_tsvector(''english'', ''x'') AS t')")
+        .unwrap();
     // Why: run directly, the role reaches a table it has no privilege on.
     let rows = role_client.query(hashed, &[]).unwrap();
     assert_eq!(rows.len(), 6);

@@ -2003,3 +2003,63 @@ fn an_allowed_extension_or_schema_covers_no_function_another_role_added() {
     });
     assert_eq!(waited, [80]);
 }
+
+/// A type's default btree class compares its values where no operator of the query names it:
+/// GREATEST and LEAST, row and array comparisons, Memoize and the planner's derived clauses
+/// look its comparison up through the type cache. A superuser made the default class of
+/// another role's enum from that role's operators and comparison function.
+#[test]
+fn the_default_operator_class_of_a_type_is_checked_like_its_other_code() {
+    let mut w = World::new();
+    let victim = w.victim.clone();
+    let mut operators = String::new();
+    for (name, builtin, symbol) in [
+        ("lt", "enum_lt", "<"),
+        ("le", "enum_le", "<="),
+        ("eq", "enum_eq", "="),
+        ("ge", "enum_ge", ">="),
+        ("gt", "enum_gt", ">"),
+    ] {
+        operators.push_str(&format!(
+            "CREATE FUNCTION shared.mood_{name}(shared.mood, shared.mood) RETURNS boolean
+                 LANGUAGE sql IMMUTABLE AS 'SELECT pg_catalog.{builtin}($1, $2)';
+             CREATE OPERATOR shared.{symbol} (LEFTARG = shared.mood, RIGHTARG = shared.mood,
+                 FUNCTION = shared.mood_{name});"
+        ));
+    }
+    w.attacker_runs(&format!(
+        "CREATE TYPE shared.mood AS ENUM ('sad', 'ok', 'happy');
+         {operators}
+         CREATE FUNCTION shared.mood_cmp(shared.mood, shared.mood) RETURNS int
+             LANGUAGE plpgsql IMMUTABLE AS
+             $$ BEGIN PERFORM pg_advisory_lock(4310); RETURN pg_catalog.enum_cmp($1, $2); END $$;
+         CREATE TABLE shared.feelings (id int, m shared.mood);
+         INSERT INTO shared.feelings VALUES (1, 'sad'), (2, 'happy');
+         GRANT SELECT ON shared.feelings TO {victim};"
+    ));
+    w.s.client
+        .batch_execute(
+            "CREATE OPERATOR CLASS shared.mood_ops DEFAULT FOR TYPE shared.mood USING btree AS
+                 OPERATOR 1 shared.<, OPERATOR 2 shared.<=, OPERATOR 3 shared.=,
+                 OPERATOR 4 shared.>=, OPERATOR 5 shared.>,
+                 FUNCTION 1 shared.mood_cmp(shared.mood, shared.mood);",
+        )
+        .unwrap();
+    let greatest = "SELECT greatest(f.m, 'ok'::shared.mood) AS g FROM shared.feelings f";
+    w.s.llm.on("the better mood", vec![Reply::sql(greatest)]);
+    let mut v = w.connect(&victim);
+    let mut witness = Witness::hold(&w.s.database, &[4310]);
+    let (result, waited) =
+        witness.waited(|| v.query_one("SELECT nl_query('the better mood')::text", &[]));
+    assert!(waited.is_empty(), "the other role's code ran: {waited:?}");
+    let (code, message, _) = db_error(&result.expect_err("refused"));
+    assert_eq!(code, "42501", "{message}");
+    assert!(message.contains("default operator class"), "{message}");
+
+    // Positive control: run directly, GREATEST calls the class's comparison.
+    let mut direct = w.connect(&victim);
+    let (_, waited) = witness.waited(|| {
+        direct.batch_execute(greatest).unwrap();
+    });
+    assert_eq!(waited, [4310]);
+}
