@@ -898,12 +898,6 @@ pub fn llm_timeout_ms() -> u64 {
     LLM_TIMEOUT_MS.get().max(1) as u64
 }
 
-/// Whether the caller shortened `llm_timeout` below the server's setting (then a timeout is
-/// its own doing, not the endpoint's).
-pub fn llm_timeout_lowered() -> bool {
-    LLM_TIMEOUT_MS.get() < LLM_TIMEOUT_CEILING.value.load(Ordering::Relaxed)
-}
-
 pub fn temperature() -> f64 {
     TEMPERATURE.get()
 }

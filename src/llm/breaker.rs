@@ -2,10 +2,11 @@
 //! dead provider does not cost every question its timeout.
 //!
 //! With the library preloaded (`shared_preload_libraries`), failures that are the endpoint's own
-//! (`Error::Llm::down`: unreachable, no answer within the server's `llm_timeout`, 429 or 5xx, not
-//! a completion) are kept in shared memory, so that every backend of the server, a new one too,
-//! skips a dead endpoint. What a role could cause with its own request (another 4xx, a timeout
-//! under an `llm_timeout` it lowered) stays in its own backend, for that role. Only the time of a failure is
+//! (`Error::Llm::down`: unreachable, 429 or 5xx, not a completion) are kept in shared memory, so
+//! that every backend of the server, a new one too, skips a dead endpoint. What a role could
+//! cause with its own request (another 4xx, no answer in time: how long a model takes is the
+//! request's to shape) stays in its own backend, for that role. An endpoint is known by its
+//! URL, model and key (`OpenAiClient::identity`). Only the time of a failure is
 //! shared: each backend skips for its own `llm_circuit_breaker`, so a role's longer setting keeps
 //! no one else away.
 

@@ -54,7 +54,7 @@ impl Chain {
         let overall = self.cut.map_or(natural, |cut| cut.min(natural));
         let cut_short = overall < natural;
         let role = self.role;
-        let skipped = |c: &OpenAiClient| breaker::skipped(&c.endpoint(), role, self.breaker);
+        let skipped = |c: &OpenAiClient| breaker::skipped(&c.identity(), role, self.breaker);
         let mut order: Vec<usize> = (0..self.clients.len())
             .filter(|&i| !skipped(&self.clients[i]))
             .collect();
@@ -76,10 +76,10 @@ impl Chain {
                 now + (overall - now) / left as u32
             };
             let client = &mut self.clients[i];
-            let endpoint = client.endpoint();
+            let (endpoint, identity) = (client.endpoint(), client.identity());
             match ask(client, deadline, last) {
                 Ok(answer) => {
-                    breaker::answered(&endpoint, role);
+                    breaker::answered(&identity, role);
                     return Ok((answer, endpoint, failures));
                 }
                 // No helper thread was free: nothing was asked, and no other endpoint would be
@@ -97,7 +97,7 @@ impl Chain {
                     // No answer within a share the call's budget shortened says nothing
                     // about the endpoint.
                     if !(cut_short && Instant::now() >= deadline) {
-                        breaker::failed(&endpoint, role, fault == Fault::Endpoint);
+                        breaker::failed(&identity, role, fault == Fault::Endpoint);
                     }
                     failures.push(format!("{endpoint}: {cause}"));
                     last_error = Some(Error::Llm {

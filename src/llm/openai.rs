@@ -114,6 +114,16 @@ impl OpenAiClient {
         )
     }
 
+    /// Who the circuit breaker remembers failures of: the URL with its credentials, the model
+    /// and the key (roles may be given their own model or key on one URL: a key that hit its
+    /// rate limit says nothing of another's), as a hash (it is kept in shared memory).
+    pub fn identity(&self) -> String {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = rustc_hash::FxHasher::default();
+        (&self.base_url, &self.model, &self.api_key).hash(&mut hasher);
+        format!("{}#{:016x}", self.endpoint(), hasher.finish())
+    }
+
     /// A failure this request may have caused.
     fn error(&self, cause: impl Into<String>) -> Error {
         self.failure(cause.into(), Fault::Request)
@@ -280,17 +290,15 @@ impl OpenAiClient {
         }
     }
 
-    /// No answer in time: the endpoint's failure only when the caller did not shorten the
-    /// server's `llm_timeout` (a role's own short timeout says nothing about the endpoint).
+    /// No answer in time: this request's failure, never the endpoint's for everyone. How long a
+    /// model takes is the request's to shape (its question, the temperature, the candidates a
+    /// role asks for, an `llm_timeout` it lowered): a role must not be able to send every
+    /// other role to the fallback endpoints. An endpoint that hangs costs each role its
+    /// timeout once per `llm_circuit_breaker`.
     fn timeout_error(&self) -> Error {
-        let fault = if crate::settings::llm_timeout_lowered() {
-            Fault::Request
-        } else {
-            Fault::Endpoint
-        };
         self.failure(
             "no answer in time (sql_query_engine.llm_timeout)".into(),
-            fault,
+            Fault::Request,
         )
     }
 }
@@ -701,10 +709,7 @@ fn read_stream(mut reader: impl std::io::BufRead, limit: u64) -> (Vec<Completion
                 .get("message")
                 .and_then(Value::as_str)
                 .map_or_else(|| error.to_string(), str::to_string);
-            let cause = format!(
-                "the stream ended on an error: {}",
-                provider_words(&message)
-            );
+            let cause = format!("the stream ended on an error: {}", provider_words(&message));
             let server_side = error
                 .get("code")
                 .and_then(Value::as_u64)
@@ -778,10 +783,8 @@ fn parse_completions(body: &str, n: usize) -> std::result::Result<Vec<Completion
             crate::text::MAX_JSON_VALUES
         ));
     }
-    let value: Value =
-        serde_json::from_str(body).map_err(|_| {
-            format!("the answer is not JSON: {:?}", provider_words(body))
-        })?;
+    let value: Value = serde_json::from_str(body)
+        .map_err(|_| format!("the answer is not JSON: {:?}", provider_words(body)))?;
     let choices = value
         .get("choices")
         .and_then(Value::as_array)

@@ -83,8 +83,7 @@ fn ask_fresh(connect: impl Fn() -> Client, settings: &str, question: &str) -> se
 }
 
 #[test]
-fn a_dead_endpoint_is_skipped_by_every_backend_of_a_preloaded_server_but_a_roles_own_timeout_is_not_shared(
-) {
+fn a_dead_endpoint_is_skipped_by_every_backend_of_a_preloaded_server_but_a_timeout_is_not_shared() {
     let server = Preloaded::start();
     let (dead, slow, healthy) = (
         failing_endpoint(),
@@ -127,19 +126,45 @@ fn a_dead_endpoint_is_skipped_by_every_backend_of_a_preloaded_server_but_a_roles
         serde_json::json!([])
     );
 
+    // No answer in time says nothing about the endpoint, even under the server's own
+    // llm_timeout: how long a model takes is the request's to shape (its question, the
+    // temperature, the candidates asked for). The next backend asks the slow endpoint again.
+    let mut admin = connect();
+    admin
+        .batch_execute("ALTER SYSTEM SET sql_query_engine.llm_timeout = 2000")
+        .unwrap();
+    admin.batch_execute("SELECT pg_reload_conf()").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let before = slow.requests().len();
+    for question in ["count them in time", "count them in time again"] {
+        let traced = ask_fresh(connect, &chain(&slow), question);
+        assert_eq!(traced["status"], "ok", "{traced}");
+    }
+    assert_eq!(
+        slow.requests().len(),
+        before + 2,
+        "the slow endpoint was skipped after a timeout"
+    );
+    admin
+        .batch_execute("ALTER SYSTEM RESET sql_query_engine.llm_timeout")
+        .unwrap();
+    admin.batch_execute("SELECT pg_reload_conf()").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+
     // A timeout under a role's own shorter llm_timeout says nothing about the endpoint: the
     // next backend, with the server's timeout, asks it again and gets its answer. (The
     // timeout is shared between the two endpoints: the fallback's half must be a round trip
     // on a loaded machine.)
     let impatient = format!("{} SET sql_query_engine.llm_timeout = 2000;", chain(&slow));
+    let asked = slow.requests().len();
     let short = ask_fresh(connect, &impatient, "count them quickly");
     assert_eq!(short["status"], "ok");
-    assert_eq!(slow.requests().len(), 1);
+    assert_eq!(slow.requests().len(), asked + 1);
     let patient = ask_fresh(connect, &chain(&slow), "count them patiently");
     assert_eq!(patient["status"], "ok");
     assert_eq!(
         slow.requests().len(),
-        2,
+        asked + 2,
         "the slow endpoint was asked again"
     );
     assert_eq!(
