@@ -21,8 +21,11 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use axum::extract::ConnectInfo;
+
 use crate::app::Role;
 use crate::db::{Call, Db, DbError};
+use crate::watch::ClientGone;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct AskParams {
@@ -160,16 +163,25 @@ impl Mcp {
         }
     }
 
-    /// Runs `call` as `role`; dropping the call cancels its query, at the gateway's timeout and
-    /// when the client cancels the request (`notifications/cancelled`) or its session ends.
-    /// The answer, or what the client is told instead.
+    /// Runs `call` as `role`; dropping the call cancels its query, at the gateway's timeout,
+    /// when the client cancels the request (`notifications/cancelled`) or its session ends,
+    /// and when the connection that asked goes away (its answer could reach no one, and the
+    /// token's count of requests being served no longer holds the call). The answer, or what
+    /// the client is told instead.
     async fn bounded(
         &self,
         context: &RequestContext<RoleServer>,
         role: Option<&str>,
         call: &Call,
     ) -> Result<Value, String> {
+        let gone = context
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<ConnectInfo<ClientGone>>())
+            .map(|ConnectInfo(ClientGone(gone))| gone.clone())
+            .unwrap_or_default();
         tokio::select! {
+            () = gone.cancelled() => Err("the client went away; its query was cancelled".into()),
             answered = tokio::time::timeout(self.timeout, self.db.call(role, call, None)) => {
                 match answered {
                     Err(_) => Err(format!(

@@ -430,6 +430,11 @@ fn said(app: &App, content: String, stream: bool, include_usage: bool) -> Respon
     if !stream {
         return completion(app, answer);
     }
+    streamed(app, answer, include_usage)
+}
+
+/// A complete answer as one stream.
+fn streamed(app: &App, answer: (String, Value), include_usage: bool) -> Response {
     let (events, receiver) = mpsc::channel::<Event>(8);
     tokio::spawn(finish(
         events,
@@ -483,18 +488,7 @@ async fn stream(
         Err(e) => internal(&e).into_response(),
         Ok(Ok(result)) => match content(result, app.max_table_rows) {
             Err(e) => e.into_response(),
-            Ok(answer) => {
-                let (events, receiver) = mpsc::channel::<Event>(64);
-                tokio::spawn(finish(
-                    events,
-                    app.model.clone(),
-                    completion_id(),
-                    Ok(answer),
-                    include_usage,
-                    true,
-                ));
-                sse(receiver)
-            }
+            Ok(answer) => streamed(&app, answer, include_usage),
         },
     };
     let first = tokio::select! {

@@ -231,19 +231,8 @@ fn a_client_that_goes_away_cancels_its_question_and_tokens_reload_on_sighup() {
     );
     let stream = gateway.send_chat(&s.token, &body);
     let mut admin = cluster().connect(&s.database);
-    let busy = |admin: &mut postgres::Client| -> i64 {
-        admin
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity \
-                 WHERE state = 'active' AND query LIKE '%nl_call%' AND pid <> pg_backend_pid() \
-                   AND datname = current_database()",
-                &[],
-            )
-            .unwrap()
-            .get(0)
-    };
     let started = Instant::now();
-    while busy(&mut admin) == 0 {
+    while running_nl_calls(&mut admin) == 0 {
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "the question never started"
@@ -252,7 +241,7 @@ fn a_client_that_goes_away_cancels_its_question_and_tokens_reload_on_sighup() {
     }
     drop(stream);
     let gone = Instant::now();
-    while busy(&mut admin) > 0 {
+    while running_nl_calls(&mut admin) > 0 {
         assert!(
             gone.elapsed() < Duration::from_secs(5),
             "the question went on after the client left"
@@ -264,7 +253,7 @@ fn a_client_that_goes_away_cancels_its_question_and_tokens_reload_on_sighup() {
     let mut stream = gateway.send_chat(&s.token, &body);
     stream.write_all(b"X").unwrap();
     let started = Instant::now();
-    while busy(&mut admin) == 0 {
+    while running_nl_calls(&mut admin) == 0 {
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "the question never started"
@@ -273,7 +262,7 @@ fn a_client_that_goes_away_cancels_its_question_and_tokens_reload_on_sighup() {
     }
     drop(stream);
     let gone = Instant::now();
-    while busy(&mut admin) > 0 {
+    while running_nl_calls(&mut admin) > 0 {
         assert!(
             gone.elapsed() < Duration::from_secs(5),
             "the question went on after the client left, a byte after its body"
@@ -541,23 +530,26 @@ fn post_chat(gateway: &Gateway, token: &str) -> ureq::Request {
         .timeout(Duration::from_secs(20))
 }
 
+/// The calls of `nl_call` running in the test's database, as another connection sees them.
+fn running_nl_calls(admin: &mut postgres::Client) -> i64 {
+    admin
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE state = 'active' AND query LIKE '%nl_call%' AND pid <> pg_backend_pid() \
+               AND datname = current_database()",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+}
+
 /// Asks, as the reader, a question the model thinks about for 30 s, and returns once its call
 /// runs in the database (the connection it holds, to drop for the cancel).
 fn one_slow_call(s: &Setup, gateway: &Gateway) -> std::net::TcpStream {
     let slow = gateway.send_chat(&s.token, &chat(s, "Take your time"));
     let mut admin = cluster().connect(&s.database);
     let started = Instant::now();
-    while admin
-        .query_one(
-            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
-             AND query LIKE '%nl_call%' AND datname = current_database() \
-             AND pid <> pg_backend_pid()",
-            &[],
-        )
-        .unwrap()
-        .get::<_, i64>(0)
-        == 0
-    {
+    while running_nl_calls(&mut admin) == 0 {
         assert!(started.elapsed() < Duration::from_secs(10), "never started");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -1351,6 +1343,48 @@ fn every_request_leaves_a_line_in_the_access_log_without_the_token() {
             "no line for the abandoned request: {text}"
         );
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// An MCP tool call whose client goes away is cancelled, as a chat request is: its answer
+/// could reach no one, and it would go on holding a connection of its role.
+#[test]
+fn an_mcp_tool_call_whose_client_goes_away_is_cancelled() {
+    let s = setup();
+    let gateway = Gateway::start(&s.database_url, &s.tokens);
+    let session = McpSession::open(&gateway, &s.token);
+    let call = serde_json::json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+        "params": {"name": "ask", "arguments": {"question": "Take your time"}}})
+    .to_string();
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", gateway.port)).unwrap();
+    write!(
+        stream,
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {}\r\n\
+         Accept: application/json, text/event-stream\r\nMcp-Session-Id: {}\r\n\
+         MCP-Protocol-Version: 2025-06-18\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{call}",
+        s.token,
+        session.id,
+        call.len()
+    )
+    .unwrap();
+    let mut admin = cluster().connect(&s.database);
+    let started = Instant::now();
+    while running_nl_calls(&mut admin) == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the question never started"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(stream);
+    let gone = Instant::now();
+    while running_nl_calls(&mut admin) > 0 {
+        assert!(
+            gone.elapsed() < Duration::from_secs(5),
+            "the tool call went on after its client left"
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
