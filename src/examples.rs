@@ -63,15 +63,17 @@ pub const SPARE: usize = 2;
 /// relations the caller was not shown), and the ids of those skipped, for the trace.
 pub fn still_valid(found: Vec<Example>, n: usize, scope: &Scope) -> (Vec<Example>, Vec<i64>) {
     let (mut kept, mut skipped) = (Vec::new(), Vec::new());
-    for example in found {
-        if kept.len() == n {
-            break;
+    crate::subxact::with_settings(&[(c"lock_timeout", CHECK_LOCK_TIMEOUT)], || {
+        for example in found {
+            if kept.len() == n {
+                break;
+            }
+            match crate::exec::check(&example.sql, Some(scope)) {
+                Ok(()) => kept.push(example),
+                Err(_) => skipped.push(example.id),
+            }
         }
-        match crate::exec::check(&example.sql, Some(scope)) {
-            Ok(()) => kept.push(example),
-            Err(_) => skipped.push(example.id),
-        }
-    }
+    });
     (kept, skipped)
 }
 
@@ -95,9 +97,14 @@ pub struct Focus {
 const RELATION_WEIGHT: f64 = 0.25;
 const VALUE_WEIGHT: f64 = 0.1;
 
-/// Largest example read, question and SQL (another role may have stored any size).
+/// Largest example read, question and SQL (another role may have stored any size): what
+/// `nl_example_add` takes, 10,000 and 100,000 characters.
 const MAX_QUESTION_BYTES: usize = 40_000;
 const MAX_SQL_BYTES: usize = 400_000;
+/// How long checking an example waits for a lock on a relation it names: another role may
+/// hold one on a relation an example names for as long as it likes, and every matching
+/// question of every role would wait for it (at most `examples` + `SPARE` times).
+const CHECK_LOCK_TIMEOUT: &std::ffi::CStr = c"100ms";
 /// Examples fetched at most per look-up, before they are ranked.
 const CANDIDATES: i64 = 100;
 /// Words of the question used to find candidates: its rarest ones.

@@ -607,8 +607,8 @@ fn a_lock_on_the_examples_keeps_no_question_or_feedback_waiting() {
 }
 
 /// Every change to the examples is in the server log, whoever makes it and however: added
-/// with `nl_example_add`, changed by the table's own DML (a line break in the question
-/// written escaped), removed with `nl_example_remove`, and all at once with TRUNCATE. An
+/// with `nl_example_add`, changed by the table's own DML (a line break and a bidirectional
+/// control in the question written escaped, also with standard_conforming_strings off), removed with `nl_example_remove`, and all at once with TRUNCATE. An
 /// example decides what matching questions of every role are asked with.
 #[test]
 fn every_change_to_the_examples_is_in_the_server_log() {
@@ -628,6 +628,10 @@ fn every_change_to_the_examples_is_in_the_server_log() {
         )
         .unwrap()
         .get(0);
+    // Whatever the session reads its string literals as.
+    writer
+        .batch_execute("SET standard_conforming_strings = off")
+        .unwrap();
     writer
         .execute(
             "UPDATE nl_examples SET question = E'How many orders\\nare there now?\\u202e' \
@@ -672,4 +676,47 @@ fn every_change_to_the_examples_is_in_the_server_log() {
     for line in &expected {
         assert!(log.contains(line.as_str()), "not in the server log: {line}");
     }
+}
+
+/// Checking an example waits only briefly for a lock on a relation it names: another role
+/// holding one must not hold up every matching question of every role. The example is
+/// skipped while the lock is held.
+#[test]
+fn an_example_whose_relation_is_locked_is_skipped_without_waiting_for_it() {
+    let r = Roles::new();
+    let mut writer = r.connect(&r.writer);
+    let sql = "SELECT count(*) AS planted FROM orders";
+    writer
+        .query_one(
+            "SELECT nl_example_add('How many orders were planted?', $1)",
+            &[&sql],
+        )
+        .unwrap();
+    let mut analyst = r.connect(&r.analyst);
+    analyst
+        .batch_execute(
+            "SET sql_query_engine.sample_values = 0;
+             SET sql_query_engine.value_index = off;",
+        )
+        .unwrap();
+    let shown = |analyst: &mut Client| -> String {
+        analyst
+            .query_one("SELECT nl_schema('How many orders were planted?')", &[])
+            .unwrap()
+            .get(0)
+    };
+    assert!(shown(&mut analyst).contains(sql), "the example is shown");
+    // Held for 4 s, less than the statement timeout (10 s): a check that waited for it would
+    // see the example pass once it ends.
+    let mut locker = cluster().connect(&r.s.database);
+    locker
+        .batch_execute("BEGIN; LOCK TABLE orders IN ACCESS EXCLUSIVE MODE")
+        .unwrap();
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(4));
+        locker.batch_execute("COMMIT").unwrap();
+    });
+    let context = shown(&mut analyst);
+    assert!(!context.contains(sql), "the check waited for the lock");
+    release.join().unwrap();
 }
