@@ -197,7 +197,7 @@ pub fn load() -> Result<(Rc<SchemaContext>, bool)> {
     // a catalog look-up's error) forgets the cache, so that no later question is served what
     // they said may have changed.
     let forget = ForgetUnlessKept { kept: false };
-    let stale = take_invalidations(&key.schemas) || privileges_changed()?;
+    let stale = take_invalidations(&key.schemas) || privileges_changed()? || of_another_snapshot();
     if !stale {
         if let Some(hit) = CACHE.with_borrow(|c| {
             c.as_ref()
@@ -213,20 +213,45 @@ pub fn load() -> Result<(Rc<SchemaContext>, bool)> {
     CACHE.with_borrow_mut(|c| *c = None);
     CACHED.with_borrow_mut(HashSet::clear);
     ROLES_CHANGED.set(false);
-    let privileges = privileges()?;
-    let relations = catalog::load(&key.schemas, key.sample_values > 0)?;
-    let oids: HashSet<pg_sys::Oid> = relations.iter().map(|r| pg_sys::Oid::from(r.oid)).collect();
-    let context = Rc::new(SchemaContext::new(relations, key.sample_values));
-    CACHED.with_borrow_mut(|c| *c = oids);
-    PRIVILEGES.with_borrow_mut(|p| *p = privileges);
+    // What invalidations are judged against is the new cache's from the start: one that
+    // arrives while it is built must not be judged against the old one's.
     SCHEMA_HASHES.with_borrow_mut(|h| *h = schema_hashes(&key.schemas));
     ROLE_HASH.set(Some(syscache_hash(
         pg_sys::SysCacheIdentifier::AUTHOID,
         key.role,
     )));
+    let privileges = privileges()?;
+    let relations = catalog::load(&key.schemas, key.sample_values > 0)?;
+    let oids: HashSet<pg_sys::Oid> = relations.iter().map(|r| pg_sys::Oid::from(r.oid)).collect();
+    let context = Rc::new(SchemaContext::new(relations, key.sample_values));
+    // Read with a REPEATABLE READ or SERIALIZABLE transaction's snapshot, the context may be
+    // older than invalidations this backend already took (a policy enabled since): it serves
+    // that transaction only.
+    // SAFETY: reads the backend's isolation level and transaction start, plain values.
+    READ_ONLY_FOR.set(unsafe {
+        (pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32)
+            .then(|| pg_sys::GetCurrentTransactionStartTimestamp())
+    });
+    CACHED.with_borrow_mut(|c| *c = oids);
+    PRIVILEGES.with_borrow_mut(|p| *p = privileges);
     CACHE.with_borrow_mut(|c| *c = Some((key, Rc::clone(&context))));
     forget.keep();
     Ok((context, false))
+}
+
+thread_local! {
+    /// The transaction (by when it started) whose snapshot the cached context was read with,
+    /// when it was read with a transaction's snapshot rather than a statement's.
+    static READ_ONLY_FOR: std::cell::Cell<Option<pg_sys::TimestampTz>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// Whether the cached context was read with an earlier transaction's snapshot.
+fn of_another_snapshot() -> bool {
+    // SAFETY: reads when the current transaction started.
+    READ_ONLY_FOR
+        .get()
+        .is_some_and(|read| read != unsafe { pg_sys::GetCurrentTransactionStartTimestamp() })
 }
 
 /// Forgets the cache when dropped, also when an ERROR unwinds past it, unless kept.

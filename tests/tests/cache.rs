@@ -196,3 +196,40 @@ fn comments_nobody_else_is_shown_cost_no_other_backend_a_rebuild() {
         .unwrap();
     assert!(!cached("how many customers, fourth"));
 }
+
+/// A schema context read inside a REPEATABLE READ transaction reads the catalog as of that
+/// transaction's first snapshot, older than what the backend was already told (row security
+/// enabled since): it serves that call only, and the next transaction reads afresh.
+#[test]
+fn a_context_read_with_an_old_snapshot_is_not_kept_past_its_transaction() {
+    let mut s = Session::new();
+    let role = format!("snapshot_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN;
+             CREATE TABLE towns (id int, town text);
+             INSERT INTO towns SELECT i, CASE WHEN i % 2 = 0 THEN 'Zamora' ELSE 'Lugo' END
+                 FROM generate_series(1, 200) i;
+             ANALYZE towns;
+             GRANT SELECT ON towns TO {role};"
+        ))
+        .unwrap();
+    let mut client = cluster().connect_as(&s.database, &role);
+    client
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1")
+        .unwrap();
+    s.client
+        .batch_execute(
+            "ALTER TABLE towns ENABLE ROW LEVEL SECURITY;
+             CREATE POLICY nobody ON towns USING (false);",
+        )
+        .unwrap();
+    let during: String = client.query_one("SELECT nl_schema()", &[]).unwrap().get(0);
+    client.batch_execute("COMMIT").unwrap();
+    let after: String = client.query_one("SELECT nl_schema()", &[]).unwrap().get(0);
+    assert!(after.contains("towns"), "{after}");
+    assert!(
+        !after.contains("Zamora"),
+        "values of a table under row security, read before it was:\n{after}\n(during:\n{during})"
+    );
+}
