@@ -202,8 +202,8 @@ fn set_local_in(context: pg_sys::GucContext::Type, name: &CStr, value: &CStr) {
 }
 
 /// Runs `work`, the body of a procedure, so that `release` may end its transaction: in a
-/// non-atomic SPI connection when `fcinfo` is a `CALL` outside a transaction block, as is
-/// otherwise (then `release` does nothing). `settings` are in force for the whole call and no
+/// non-atomic SPI connection when `fcinfo` is a `CALL` outside a transaction block and not
+/// from the caller's own procedure or DO block, as is otherwise (then `release` does nothing). `settings` are in force for the whole call and no
 /// longer: in each transaction of a non-atomic call (`resume` sets them again in the next
 /// one: a procedure that commits cannot have a `SET` clause), else until `work` returns, like
 /// a function's `SET` clause. Nothing of them outlives the call, not even on a connection a
@@ -213,14 +213,21 @@ pub fn in_procedure<R>(
     settings: &[(CString, CString)],
     work: impl FnOnce() -> R,
 ) -> R {
-    // SAFETY: PostgreSQL passes a valid fcinfo; its context, when set, is a Node.
-    let nonatomic = unsafe {
+    // SAFETY: PostgreSQL passes a valid fcinfo; its context, when set, is a Node. Whether an
+    // SPI connection of the caller's code (a procedure's, a DO block's) is around this CALL
+    // is read before this one makes its own.
+    let (nonatomic, nested) = unsafe {
         let context = (*fcinfo).context;
-        !context.is_null()
-            && (*context).type_ == pg_sys::NodeTag::T_CallContext
-            && !(*context.cast::<pg_sys::CallContext>()).atomic
+        (
+            !context.is_null()
+                && (*context).type_ == pg_sys::NodeTag::T_CallContext
+                && !(*context.cast::<pg_sys::CallContext>()).atomic,
+            pg_sys::SPI_inside_nonatomic_context(),
+        )
     };
-    if !nonatomic {
+    // A CALL from the caller's code runs like a function: its commits would be the caller's
+    // transaction's, and its settings, set per transaction, would outlive it in the caller's.
+    if !nonatomic || nested {
         let scoped: Vec<(&CStr, &CStr)> = settings
             .iter()
             .map(|(name, value)| (name.as_c_str(), value.as_c_str()))
@@ -232,6 +239,7 @@ pub fn in_procedure<R>(
     struct Connected;
     impl Drop for Connected {
         fn drop(&mut self) {
+            RELEASABLE.set(false);
             PER_TRANSACTION.with_borrow_mut(Vec::clear);
             // SAFETY: finishes the connection made below, the innermost one: everything made
             // inside `work` finished its own before returning or unwinding past here.
@@ -241,6 +249,7 @@ pub fn in_procedure<R>(
     // SAFETY: a CALL outside a transaction block may connect non-atomically.
     unsafe { pg_sys::SPI_connect_ext(pg_sys::SPI_OPT_NONATOMIC as i32) };
     let _connected = Connected;
+    RELEASABLE.set(true);
     PER_TRANSACTION.with_borrow_mut(|s| *s = settings.to_vec());
     set_per_transaction();
     work()
@@ -249,6 +258,9 @@ pub fn in_procedure<R>(
 thread_local! {
     /// The settings of the running non-atomic procedure, for each of its transactions.
     static PER_TRANSACTION: RefCell<Vec<(CString, CString)>> = const { RefCell::new(Vec::new()) };
+    /// Whether the running call is a procedure `in_procedure` connected non-atomically, the
+    /// one whose transaction `release` may end.
+    static RELEASABLE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Sets the running procedure's settings until the end of the current transaction. A setting
@@ -269,7 +281,10 @@ pub fn release() -> bool {
     // SAFETY: commits only inside a non-atomic SPI connection outside any subtransaction, the
     // one state in which PostgreSQL allows a procedure to end its transaction.
     unsafe {
-        if !pg_sys::SPI_inside_nonatomic_context() || pg_sys::IsSubTransaction() {
+        if !RELEASABLE.get()
+            || !pg_sys::SPI_inside_nonatomic_context()
+            || pg_sys::IsSubTransaction()
+        {
             return false;
         }
         pg_sys::SPI_commit();

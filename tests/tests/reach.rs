@@ -745,6 +745,30 @@ fn nl_call_runs_as_the_role_it_is_given_for_the_call_only() {
     assert_eq!(rows.len(), 2, "{rows:?}");
     assert!(rows[0].contains("\"rows\": [[4]]"), "{rows:?}");
     assert_eq!(rows[1], authenticator, "the role ended with the call");
+    // And called from a procedure's or a DO block's code (a non-atomic context of the
+    // caller's): the call runs as the role, the code after it as the login role again, and
+    // nothing of the caller's transaction is committed by the call.
+    s.llm.on(
+        "in a DO block, as the analyst",
+        vec![Reply::sql("SELECT count(*) AS n FROM customers")],
+    );
+    client
+        .batch_execute("CREATE TEMP TABLE after_the_call (who text)")
+        .unwrap();
+    // Alone in its statement, so that the DO block runs non-atomically.
+    client
+        .batch_execute(&format!(
+            "DO $$ DECLARE a jsonb; BEGIN
+                 CALL nl_call('in a DO block, as the analyst', NULL, a, NULL, '{analyst}');
+                 INSERT INTO after_the_call SELECT current_user;
+             END $$"
+        ))
+        .unwrap();
+    let after: String = client
+        .query_one("SELECT who FROM after_the_call", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(after, authenticator, "the role outlived the call");
 
     // A role the login role may not become is refused as SET ROLE refuses it, before the model
     // is asked anything.
