@@ -206,9 +206,7 @@ fn call_settings(
 #[pg_extern(volatile, parallel_unsafe, strict)]
 fn nl_view(view_name: &str, question: &str, replace: default!(bool, false)) -> String {
     exec::refuse_inside_a_query("nl_view");
-    if let Err(e) = arguments::at_most(view_name, "the view's name", arguments::MAX_NAME_CHARS)
-        .and_then(|()| arguments::question(question))
-    {
+    if let Err(e) = arguments::at_most(view_name, "the view's name", arguments::MAX_NAME_CHARS) {
         e.raise();
     }
     let target = saved::target(view_name, replace).unwrap_or_else(|e| e.raise());
@@ -266,14 +264,19 @@ fn nl_view_refresh(view_name: &str) -> String {
 #[pg_extern(volatile, parallel_unsafe, strict)]
 fn nl_query_shaped(question: &str, shape: pg_sys::Oid) -> SetOfIterator<'static, JsonB> {
     exec::refuse_inside_a_query("nl_query_shaped");
-    if let Err(e) = arguments::question(question) {
-        e.raise();
-    }
     let fields = saved::shape(shape).unwrap_or_else(|e| e.raise());
-    let asked = saved::shaped_question(question, &fields);
+    // A question too long to be asked is passed on as it is, to be refused (and audited).
+    let shaped;
+    let asked = match arguments::question(question) {
+        Ok(()) => {
+            shaped = saved::shaped_question(question, &fields);
+            shaped.as_str()
+        }
+        Err(_) => question,
+    };
     let ask = Ask {
         shape: Some(&fields),
-        ..Ask::new("nl_query_as", Some(&asked), None)
+        ..Ask::new("nl_query_as", Some(asked), None)
     };
     let (run, _) = answered(ask).unwrap_or_else(|e| e.raise());
     // The type's owner may have changed it while the model thought (a CHECK added to a domain
@@ -514,11 +517,16 @@ fn nl_history_add(
     let answer = answer
         .map(|a| a.parse("answer", &["rows"], MAX_ANSWER_BYTES, MAX_ANSWER_VALUES))
         .transpose()
-        .unwrap_or_else(|e| e.raise())
-        .unwrap_or_default();
-    let question = answer["question"].as_str().unwrap_or_default();
-    history::audited("nl_history_add", question, || {
-        history::record_answer(function, session, &answer)
+        .map(Option::unwrap_or_default);
+    let question = answer
+        .as_ref()
+        .ok()
+        .and_then(|a| a["question"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    // A refused answer is audited too.
+    history::audited("nl_history_add", &question, move || {
+        history::record_answer(function, session, &answer?)
     })
     .unwrap_or_else(|e| e.raise())
 }

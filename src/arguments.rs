@@ -65,6 +65,14 @@ impl JsonArgument {
         max_values: usize,
     ) -> crate::error::Result<serde_json::Value> {
         let mut datum = self.0;
+        // SAFETY: the argument's jsonb datum, of this call.
+        let kind =
+            unsafe { pgrx::direct_function_call::<String>(pg_sys::jsonb_typeof, &[Some(datum)]) };
+        if !without.is_empty() && kind.as_deref() != Some("object") {
+            return Err(Error::InvalidParameter(format!(
+                "{what}: not a JSON object"
+            )));
+        }
         for key in without {
             // SAFETY: `datum` is a jsonb datum of this call (the argument, or what jsonb_delete
             // made of it), and the key a text datum; both live in the call's memory context.

@@ -1620,7 +1620,11 @@ unsafe extern "C-unwind" fn planner(
     cursor_options: std::ffi::c_int,
     bound_params: pg_sys::ParamListInfo,
 ) -> *mut pg_sys::PlannedStmt {
-    let watched = WATCH_CEILING.load(std::sync::atomic::Ordering::Relaxed) != u64::MAX;
+    // Any query of the extension's, watched or not (a watch that could not read the backend's
+    // memory is not armed): the gate is this backend's own, and a worker would run its part
+    // of the plan outside it.
+    let watched =
+        WATCH_CEILING.load(std::sync::atomic::Ordering::Relaxed) != u64::MAX || RUNNING.get() > 0;
     let cursor_options = if watched {
         cursor_options & !(pg_sys::CURSOR_OPT_PARALLEL_OK as std::ffi::c_int)
     } else {
@@ -1711,7 +1715,6 @@ impl Drop for MemoryWatch {
             return;
         };
         restore_hard_limit();
-        LIMIT_MET.store(false, Ordering::SeqCst);
         // SAFETY: as in `arm`; the cancel flag is the backend's own, read and written on its
         // thread once the timer is off.
         unsafe {
@@ -1802,9 +1805,7 @@ fn lower_hard_limit(bytes: u64) {
     LOWERED_FROM[0].store(before.rlim_cur, Ordering::SeqCst);
     LOWERED_FROM[1].store(before.rlim_max, Ordering::SeqCst);
     LOWERED_TO.store(lowered, Ordering::SeqCst);
-    if set_data_limit(lowered, before.rlim_max) {
-        LOWERED.store(true, Ordering::SeqCst);
-    }
+    LOWERED.store(set_data_limit(lowered, before.rlim_max), Ordering::SeqCst);
 }
 
 /// Puts back the data size limit `lower_hard_limit` lowered.
@@ -1817,6 +1818,7 @@ fn restore_hard_limit() {
             LOWERED_FROM[1].load(Ordering::SeqCst),
         );
     }
+    LIMIT_MET.store(false, Ordering::SeqCst);
 }
 
 /// The allocator of the extension's Rust code: the system's, except that an allocation that
@@ -1830,27 +1832,26 @@ fn restore_hard_limit() {
 struct Allocator;
 
 impl Allocator {
-    /// `allocate`, tried once more under the limit it met raised, if it was lowered.
+    /// `allocate`, tried once more under the limit it met raised, if it was lowered (judged
+    /// under the lock: the limit may be being lowered or put back just now, by another thread).
     fn retried(allocate: impl Fn() -> *mut u8) -> *mut u8 {
         use std::sync::atomic::Ordering;
         let first = allocate();
-        if !first.is_null() || !LOWERED.load(Ordering::SeqCst) {
+        if !first.is_null() {
             return first;
         }
-        let second = {
-            let _lock = LimitLock::take();
-            if !LOWERED.load(Ordering::SeqCst) {
-                // Put back meanwhile: the attempt ended.
-                return allocate();
-            }
-            let hard = LOWERED_FROM[1].load(Ordering::SeqCst);
-            set_data_limit(LOWERED_FROM[0].load(Ordering::SeqCst), hard);
-            let second = allocate();
-            set_data_limit(LOWERED_TO.load(Ordering::SeqCst), hard);
-            second
-        };
+        let _lock = LimitLock::take();
+        if !LOWERED.load(Ordering::SeqCst) {
+            // Not lowered, or put back meanwhile: as the system allows.
+            return allocate();
+        }
+        let hard = LOWERED_FROM[1].load(Ordering::SeqCst);
+        set_data_limit(LOWERED_FROM[0].load(Ordering::SeqCst), hard);
+        let second = allocate();
+        set_data_limit(LOWERED_TO.load(Ordering::SeqCst), hard);
         // The watch asks for the cancel at its next tick (this may be another thread, and the
-        // allocator references nothing of PostgreSQL's).
+        // allocator references nothing of PostgreSQL's); put back with the limit, under the
+        // same lock, so a late thread cannot cancel the next attempt.
         LIMIT_MET.store(true, Ordering::SeqCst);
         second
     }

@@ -201,7 +201,11 @@ mod tests {
         );
         assert_eq!(fresh(&stored, 1_000_000 + TTL_S, 10), None);
         assert_eq!(fresh(&stored, 1_000_000 - 61, 10), None, "dated ahead");
-        assert_eq!(fresh(r#"["Jane Roe"]"#, 1_000_000, 10), None, "an undated read");
+        assert_eq!(
+            fresh(r#"["Jane Roe"]"#, 1_000_000, 10),
+            None,
+            "an undated read"
+        );
     }
 
     #[test]
