@@ -1051,6 +1051,22 @@ mod tests {
         assert!(!auth.contains("sk-"), "{auth}");
     }
 
+    #[test]
+    fn an_endpoints_long_words_are_cut_before_they_are_quoted() {
+        // A body as long as max_response_bytes, of characters that escaping makes six times
+        // longer: each error quotes only its start.
+        let body = "\u{1}".repeat(1 << 20);
+        assert!(status_cause(500, &body).len() <= 4 * MAX_CAUSE_CHARS + 32);
+        let message = format!(r#"{{"error":{{"message":"{}"}}}}"#, "x".repeat(1 << 20));
+        assert!(status_cause(503, &message).len() <= 4 * MAX_CAUSE_CHARS + 32);
+        let not_json = parse_completions(&body, 1).unwrap_err();
+        assert!(
+            not_json.len() <= 6 * 4 * MAX_CAUSE_CHARS + 64,
+            "{}",
+            not_json.len()
+        );
+    }
+
     /// A client of `base_url` with `api_key`, for what it shows of them.
     fn client_of(base_url: &str, api_key: Option<&str>) -> OpenAiClient {
         OpenAiClient::new(

@@ -598,4 +598,11 @@ fn huge_arguments_are_refused_before_they_are_copied_or_parsed() {
         .unwrap()
         .get(0);
     assert!(recorded.is_some());
+    // An answer that is no object is said to be none.
+    let error = role
+        .query_one("SELECT nl_history_add('[1, 2]'::jsonb)", &[])
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "22023", "{message}");
+    assert!(message.contains("not a JSON object"), "{message}");
 }
