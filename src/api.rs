@@ -187,7 +187,7 @@ fn call_settings(
                 "run_as is empty: name a role".into(),
             ));
         }
-        arguments::at_most(role, "run_as", arguments::MAX_NAME_CHARS)?;
+        arguments::no_longer_than(role, "run_as", arguments::MAX_NAME_CHARS)?;
         settings.push((c"role".to_owned(), text(role, "run_as")?));
     }
     if let Some(on) = progress {
@@ -206,7 +206,9 @@ fn call_settings(
 #[pg_extern(volatile, parallel_unsafe, strict)]
 fn nl_view(view_name: &str, question: &str, replace: default!(bool, false)) -> String {
     exec::refuse_inside_a_query("nl_view");
-    if let Err(e) = arguments::at_most(view_name, "the view's name", arguments::MAX_NAME_CHARS) {
+    if let Err(e) =
+        arguments::no_longer_than(view_name, "the view's name", arguments::MAX_NAME_CHARS)
+    {
         e.raise();
     }
     let target = saved::target(view_name, replace).unwrap_or_else(|e| e.raise());
@@ -234,7 +236,9 @@ fn saved_answer(run: &Run) -> (String, Vec<String>) {
 #[pg_extern(volatile, parallel_unsafe, strict)]
 fn nl_view_refresh(view_name: &str) -> String {
     exec::refuse_inside_a_query("nl_view_refresh");
-    if let Err(e) = arguments::at_most(view_name, "the view's name", arguments::MAX_NAME_CHARS) {
+    if let Err(e) =
+        arguments::no_longer_than(view_name, "the view's name", arguments::MAX_NAME_CHARS)
+    {
         e.raise();
     }
     let before = saved::saved(view_name).unwrap_or_else(|e| e.raise());
@@ -326,7 +330,8 @@ fn nl_fix(sql: Option<&str>, question: default!(Option<&str>, "NULL")) -> String
 fn nl_cursor(question: Option<&str>, cursor_name: default!(Option<&str>, "'nl_answer'")) -> String {
     exec::refuse_inside_a_query("nl_cursor");
     let name = cursor_name.filter(|n| !n.is_empty()).unwrap_or("nl_answer");
-    if let Err(e) = arguments::at_most(name, "the cursor's name", arguments::MAX_NAME_CHARS) {
+    if let Err(e) = arguments::no_longer_than(name, "the cursor's name", arguments::MAX_NAME_CHARS)
+    {
         e.raise();
     }
     let Some(cursor) = exec::new_cursor(name) else {

@@ -25,7 +25,7 @@ pub const MAX_NAME_CHARS: usize = 1_000;
 const MAX_JSON_DEPTH: usize = 64;
 
 /// `value` when it is at most `max` characters long, else why not (`what` names it).
-pub fn at_most(value: &str, what: &str, max: usize) -> crate::error::Result<()> {
+pub fn no_longer_than(value: &str, what: &str, max: usize) -> crate::error::Result<()> {
     // Bytes first: a text of more than 4 bytes per allowed character is too long unread.
     if value.len() > max.saturating_mul(4) || value.chars().count() > max {
         return Err(Error::InvalidParameter(format!(
@@ -37,7 +37,7 @@ pub fn at_most(value: &str, what: &str, max: usize) -> crate::error::Result<()> 
 
 /// A question of at most `MAX_QUESTION_CHARS`.
 pub fn question(value: &str) -> crate::error::Result<()> {
-    at_most(value, "the question", MAX_QUESTION_CHARS).map_err(|_| {
+    no_longer_than(value, "the question", MAX_QUESTION_CHARS).map_err(|_| {
         Error::InvalidParameter(format!(
             "the question is longer than {MAX_QUESTION_CHARS} characters: ask it shorter"
         ))
@@ -46,7 +46,7 @@ pub fn question(value: &str) -> crate::error::Result<()> {
 
 /// SQL of at most `MAX_SQL_CHARS`.
 pub fn sql(value: &str) -> crate::error::Result<()> {
-    at_most(value, "the SQL", MAX_SQL_CHARS)
+    no_longer_than(value, "the SQL", MAX_SQL_CHARS)
 }
 
 /// A `jsonb` argument as PostgreSQL passed it, read only by `parse`: pgrx's own `JsonB` turns
@@ -133,9 +133,9 @@ mod tests {
 
     #[test]
     fn texts_are_measured_in_characters_and_refused_past_the_bound() {
-        assert!(at_most("ééé", "x", 3).is_ok());
-        assert!(at_most("éééé", "x", 3).is_err());
-        assert!(at_most(&"a".repeat(13), "x", 3).is_err());
+        assert!(no_longer_than("ééé", "x", 3).is_ok());
+        assert!(no_longer_than("éééé", "x", 3).is_err());
+        assert!(no_longer_than(&"a".repeat(13), "x", 3).is_err());
         let long = "q".repeat(MAX_QUESTION_CHARS + 1);
         let refused = question(&long).unwrap_err().to_string();
         assert!(refused.contains("ask it shorter"), "{refused}");

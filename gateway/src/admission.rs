@@ -430,19 +430,11 @@ pub async fn requests(
             return closing(next.run(request).await);
         } else {
             return closing(
-                ApiError {
-                    retry_after: Some(REQUESTS_RETRY_AFTER_S),
-                    code: Some("rate_limit_exceeded".into()),
-                    ..ApiError::new(
-                        StatusCode::TOO_MANY_REQUESTS,
-                        "rate_limit_error",
-                        format!(
-                            "this token holds {} connections (--max-connections-per-token): \
-                             send requests on those, or close one",
-                            admission.max_client_connections
-                        ),
-                    )
-                }
+                rate_limited(format!(
+                    "this token holds {} connections (--max-connections-per-token): send \
+                     requests on those, or close one",
+                    admission.max_client_connections
+                ))
                 .into_response(),
             );
         }
@@ -451,19 +443,11 @@ pub async fn requests(
         return next.run(request).await;
     }
     let Some(serving) = Admission::serve(&admission, &client) else {
-        return ApiError {
-            retry_after: Some(REQUESTS_RETRY_AFTER_S),
-            code: Some("rate_limit_exceeded".into()),
-            ..ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "rate_limit_error",
-                format!(
-                    "this token has {} requests being served (--max-requests-per-token), event \
-                     streams included: wait for one to end",
-                    admission.max_client_requests
-                ),
-            )
-        }
+        return rate_limited(format!(
+            "this token has {} requests being served (--max-requests-per-token), event streams \
+             included: wait for one to end",
+            admission.max_client_requests
+        ))
         .into_response();
     };
     next.run(request).await.map(|body| {
@@ -642,6 +626,15 @@ pub async fn mcp_sessions(
 
 /// What a client refused a session is told to wait before trying again.
 const SESSIONS_RETRY_AFTER_S: u64 = 30;
+
+/// A token's request refused for its share: 429 with Retry-After.
+fn rate_limited(message: String) -> ApiError {
+    ApiError {
+        retry_after: Some(REQUESTS_RETRY_AFTER_S),
+        code: Some("rate_limit_exceeded".into()),
+        ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", message)
+    }
+}
 
 #[cfg(test)]
 mod tests {

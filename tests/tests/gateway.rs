@@ -231,44 +231,36 @@ fn a_client_that_goes_away_cancels_its_question_and_tokens_reload_on_sighup() {
     );
     let stream = gateway.send_chat(&s.token, &body);
     let mut admin = cluster().connect(&s.database);
-    let started = Instant::now();
-    while running_nl_calls(&mut admin) == 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the question never started"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_nl_calls(
+        &mut admin,
+        true,
+        Duration::from_secs(10),
+        "the question never started",
+    );
     drop(stream);
-    let gone = Instant::now();
-    while running_nl_calls(&mut admin) > 0 {
-        assert!(
-            gone.elapsed() < Duration::from_secs(5),
-            "the question went on after the client left"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_nl_calls(
+        &mut admin,
+        false,
+        Duration::from_secs(5),
+        "the question went on after the client left",
+    );
     // Also when a byte came after the body (a pipelined request, or a stray one), which hyper
     // keeps unread while the answer is pending.
     let mut stream = gateway.send_chat(&s.token, &body);
     stream.write_all(b"X").unwrap();
-    let started = Instant::now();
-    while running_nl_calls(&mut admin) == 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the question never started"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_nl_calls(
+        &mut admin,
+        true,
+        Duration::from_secs(10),
+        "the question never started",
+    );
     drop(stream);
-    let gone = Instant::now();
-    while running_nl_calls(&mut admin) > 0 {
-        assert!(
-            gone.elapsed() < Duration::from_secs(5),
-            "the question went on after the client left, a byte after its body"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_nl_calls(
+        &mut admin,
+        false,
+        Duration::from_secs(5),
+        "the question went on after the client left, a byte after its body",
+    );
 
     // A new token works after SIGHUP, without a restart.
     let new_token = format!("later-token-{}", s.database);
@@ -543,16 +535,22 @@ fn running_nl_calls(admin: &mut postgres::Client) -> i64 {
         .get(0)
 }
 
+/// Waits until calls of `nl_call` run (`running`) or none does, failing with `said` after
+/// `within`.
+fn wait_for_nl_calls(admin: &mut postgres::Client, running: bool, within: Duration, said: &str) {
+    let started = Instant::now();
+    while (running_nl_calls(admin) > 0) != running {
+        assert!(started.elapsed() < within, "{said}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Asks, as the reader, a question the model thinks about for 30 s, and returns once its call
 /// runs in the database (the connection it holds, to drop for the cancel).
 fn one_slow_call(s: &Setup, gateway: &Gateway) -> std::net::TcpStream {
     let slow = gateway.send_chat(&s.token, &chat(s, "Take your time"));
     let mut admin = cluster().connect(&s.database);
-    let started = Instant::now();
-    while running_nl_calls(&mut admin) == 0 {
-        assert!(started.elapsed() < Duration::from_secs(10), "never started");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_nl_calls(&mut admin, true, Duration::from_secs(10), "never started");
     slow
 }
 
@@ -1369,23 +1367,19 @@ fn an_mcp_tool_call_whose_client_goes_away_is_cancelled() {
     )
     .unwrap();
     let mut admin = cluster().connect(&s.database);
-    let started = Instant::now();
-    while running_nl_calls(&mut admin) == 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the question never started"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_nl_calls(
+        &mut admin,
+        true,
+        Duration::from_secs(10),
+        "the question never started",
+    );
     drop(stream);
-    let gone = Instant::now();
-    while running_nl_calls(&mut admin) > 0 {
-        assert!(
-            gone.elapsed() < Duration::from_secs(5),
-            "the tool call went on after its client left"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_nl_calls(
+        &mut admin,
+        false,
+        Duration::from_secs(5),
+        "the tool call went on after its client left",
+    );
 }
 
 /// An MCP session of `token`, initialized; posts to it answer with their status and body.
