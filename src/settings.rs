@@ -737,16 +737,48 @@ unsafe extern "C-unwind" fn refuse_api_key(
 /// every connection of the role, whether it uses the extension or not. A value set before the
 /// library loaded applies up to the ceiling too, in a session of a role that is not a
 /// superuser, whoever loads it: a superuser's SECURITY DEFINER function may be what loads it.
+///
+/// The ceiling is also applied where the value is read (`bound`): a session's values are
+/// checked as they arrive, before the ceiling is complete (connection options and `ALTER ROLE`
+/// values come before `ALTER ROLE ALL`'s), and a reload may lower it after a role's `SET`.
 struct Ceiling {
-    value: AtomicI32,
+    /// The defaults', the file's or the command line's value (a reload checks the file again).
+    server: AtomicI32,
+    /// `ALTER ROLE ALL`'s value, which replaces the server's (`NONE` when there is none): a
+    /// reload re-reads the file, not it.
+    global: AtomicI32,
+    /// The last value a superuser's check let above the ceiling (`NONE` when none did).
+    approved: AtomicI32,
     refusal: &'static CStr,
 }
+
+/// No value (the settings with ceilings take no negative values).
+const NONE: i32 = i32::MIN;
 
 impl Ceiling {
     const fn new(refusal: &'static CStr) -> Ceiling {
         Ceiling {
-            value: AtomicI32::new(i32::MAX),
+            server: AtomicI32::new(i32::MAX),
+            global: AtomicI32::new(NONE),
+            approved: AtomicI32::new(NONE),
             refusal,
+        }
+    }
+
+    fn ceiling(&self) -> i32 {
+        match self.global.load(Ordering::Relaxed) {
+            NONE => self.server.load(Ordering::Relaxed),
+            global => global,
+        }
+    }
+
+    /// `value` as it applies: at most the ceiling, unless a superuser set it.
+    fn bound(&self, value: i32) -> i32 {
+        let ceiling = self.ceiling();
+        if value <= ceiling || value == self.approved.load(Ordering::Relaxed) {
+            value
+        } else {
+            ceiling
         }
     }
 
@@ -754,11 +786,15 @@ impl Ceiling {
     /// setting).
     fn check(&self, value: &mut i32, source: pg_sys::GucSource::Type) -> bool {
         use pg_sys::GucSource::{PGC_S_DATABASE, PGC_S_DATABASE_USER, PGC_S_GLOBAL, PGC_S_USER};
-        if source <= PGC_S_GLOBAL {
-            self.value.store(*value, Ordering::Relaxed);
+        if source < PGC_S_GLOBAL {
+            self.server.store(*value, Ordering::Relaxed);
             return true;
         }
-        let ceiling = self.value.load(Ordering::Relaxed);
+        if source == PGC_S_GLOBAL {
+            self.global.store(*value, Ordering::Relaxed);
+            return true;
+        }
+        let ceiling = self.ceiling();
         // While the library loads, the current user is whoever loads it (a superuser's
         // SECURITY DEFINER function, in a role's session): the session's user must be one
         // too, and the current one (a superuser's session after SET ROLE).
@@ -768,7 +804,11 @@ impl Ceiling {
         let superuser = unsafe {
             pg_sys::superuser() && (!loading || pg_sys::superuser_arg(pg_sys::GetSessionUserId()))
         };
-        if *value <= ceiling || superuser {
+        if *value <= ceiling {
+            return true;
+        }
+        if superuser {
+            self.approved.store(*value, Ordering::Relaxed);
             return true;
         }
         if loading || matches!(source, PGC_S_DATABASE | PGC_S_USER | PGC_S_DATABASE_USER) {
@@ -854,7 +894,7 @@ pub fn allowed_functions() -> String {
 }
 
 pub fn max_tokens() -> u32 {
-    MAX_TOKENS.get().max(16) as u32
+    MAX_TOKENS_CEILING.bound(MAX_TOKENS.get()).max(16) as u32
 }
 
 pub fn max_response_bytes() -> u64 {
@@ -887,7 +927,7 @@ pub fn abstain_agreement() -> u8 {
 }
 
 pub fn candidates() -> usize {
-    CANDIDATES.get().clamp(2, 16) as usize
+    CANDIDATES_CEILING.bound(CANDIDATES.get()).clamp(2, 16) as usize
 }
 
 pub fn schema_format() -> SchemaFormat {
@@ -895,7 +935,7 @@ pub fn schema_format() -> SchemaFormat {
 }
 
 pub fn llm_timeout_ms() -> u64 {
-    LLM_TIMEOUT_MS.get().max(1) as u64
+    LLM_TIMEOUT_CEILING.bound(LLM_TIMEOUT_MS.get()).max(1) as u64
 }
 
 pub fn temperature() -> f64 {
@@ -903,35 +943,48 @@ pub fn temperature() -> f64 {
 }
 
 pub fn max_repairs() -> usize {
-    MAX_REPAIRS.get().max(0) as usize
+    MAX_REPAIRS_CEILING.bound(MAX_REPAIRS.get()).max(0) as usize
 }
 
 /// How long a call may spend on its answer before it stops asking the model for better.
 pub fn answer_budget() -> std::time::Duration {
-    std::time::Duration::from_millis(ANSWER_BUDGET_MS.get().max(0) as u64)
+    std::time::Duration::from_millis(
+        ANSWER_BUDGET_CEILING.bound(ANSWER_BUDGET_MS.get()).max(0) as u64
+    )
 }
 
 /// Bytes one query may add to the backend's memory (`max_query_memory`).
 pub fn max_query_memory_bytes() -> u64 {
-    (MAX_QUERY_MEMORY_MB.get().max(16) as u64) << 20
+    (MAX_QUERY_MEMORY_CEILING
+        .bound(MAX_QUERY_MEMORY_MB.get())
+        .max(16) as u64)
+        << 20
 }
 
 /// Kilobytes of temporary files one query may write (`max_query_temp_files`), as
 /// `temp_file_limit` takes them.
 pub fn max_query_temp_files_kb() -> i64 {
-    i64::from(MAX_QUERY_TEMP_FILES_MB.get().max(0)) << 10
+    i64::from(
+        MAX_QUERY_TEMP_FILES_CEILING
+            .bound(MAX_QUERY_TEMP_FILES_MB.get())
+            .max(0),
+    ) << 10
 }
 
 pub fn statement_timeout_ms() -> i32 {
-    STATEMENT_TIMEOUT_MS.get().max(1)
+    STATEMENT_TIMEOUT_CEILING
+        .bound(STATEMENT_TIMEOUT_MS.get())
+        .max(1)
 }
 
 pub fn max_rows() -> usize {
-    MAX_ROWS.get().max(1) as usize
+    MAX_ROWS_CEILING.bound(MAX_ROWS.get()).max(1) as usize
 }
 
 pub fn max_result_bytes() -> usize {
-    MAX_RESULT_BYTES.get().max(1024) as usize
+    MAX_RESULT_BYTES_CEILING
+        .bound(MAX_RESULT_BYTES.get())
+        .max(1024) as usize
 }
 
 /// The roles a superuser's call trusts besides superusers (`trusted_owners`).
@@ -957,11 +1010,11 @@ pub fn schemas() -> Option<Vec<String>> {
 }
 
 pub fn sample_values() -> usize {
-    SAMPLE_VALUES.get().max(0) as usize
+    SAMPLE_VALUES_CEILING.bound(SAMPLE_VALUES.get()).max(0) as usize
 }
 
 pub fn prompt_budget() -> usize {
-    PROMPT_BUDGET.get().max(1) as usize
+    PROMPT_BUDGET_CEILING.bound(PROMPT_BUDGET.get()).max(1) as usize
 }
 
 pub fn examples() -> usize {
@@ -974,7 +1027,7 @@ pub fn redis_url() -> Option<String> {
 }
 
 pub fn redis_timeout_ms() -> u64 {
-    REDIS_TIMEOUT_MS.get().max(1) as u64
+    REDIS_TIMEOUT_CEILING.bound(REDIS_TIMEOUT_MS.get()).max(1) as u64
 }
 
 pub fn session_turns() -> usize {
@@ -982,7 +1035,7 @@ pub fn session_turns() -> usize {
 }
 
 pub fn session_ttl_s() -> u64 {
-    SESSION_TTL_S.get().max(1) as u64
+    SESSION_TTL_CEILING.bound(SESSION_TTL_S.get()).max(1) as u64
 }
 
 pub fn progress() -> bool {

@@ -22,8 +22,9 @@ const MAX_SLEEP: Duration = Duration::from_secs(1);
 /// Helper threads of this backend that may run at once, abandoned ones included: a role that
 /// cancels call after call (catching the cancel in a loop) would otherwise leave a request, a
 /// thread and its buffers behind each time, each living until its own I/O timeout. A new wait
-/// beyond the bound first waits (interruptibly, within its deadline) for one to end.
-const MAX_LIVE_HELPERS: usize = 4;
+/// beyond the bound first waits (interruptibly, within its deadline) for one to end. Work that
+/// runs several requests at once counts each (`run_interruptible_as`).
+pub const MAX_LIVE_HELPERS: usize = 4;
 
 /// Helper threads of this process (one backend) that have not ended yet.
 static LIVE_HELPERS: AtomicUsize = AtomicUsize::new(0);
@@ -91,7 +92,22 @@ where
     T: Send + 'static,
     F: FnOnce() -> T + Send + 'static,
 {
-    while LIVE_HELPERS.load(Ordering::SeqCst) >= MAX_LIVE_HELPERS {
+    run_interruptible_as(deadline, 1, work)
+}
+
+/// `run_interruptible` for work that runs `helpers` requests at once, each on a thread of its
+/// own (at most `MAX_LIVE_HELPERS`): it takes that many of the backend's places until it ends.
+pub fn run_interruptible_as<T, F>(
+    deadline: Instant,
+    helpers: usize,
+    work: F,
+) -> Result<T, WaitError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    let helpers = helpers.clamp(1, MAX_LIVE_HELPERS);
+    while LIVE_HELPERS.load(Ordering::SeqCst) + helpers > MAX_LIVE_HELPERS {
         let now = Instant::now();
         if now >= deadline {
             return Err(WaitError::Busy);
@@ -105,7 +121,7 @@ where
     unsafe { pg_sys::InvalidateCatalogSnapshot() };
     let (sender, receiver) = mpsc::sync_channel(1);
     let done = Arc::clone(&signal);
-    let live = Live::count();
+    let live: Vec<Live> = (0..helpers).map(|_| Live::count()).collect();
     let spawned = without_signals(|| {
         std::thread::Builder::new()
             .name("sql_query_engine-io".into())

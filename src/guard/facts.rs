@@ -162,8 +162,9 @@ impl FunctionFacts {
             volatility: self.volatility,
             builtin: self.builtin,
             extension: self.extension.as_deref(),
+            // A built-in is the bootstrap superuser's; any other owner is looked up.
             // SAFETY: looks up the owner's role (a syscache read).
-            superuser_owned: unsafe { pg_sys::superuser_arg(self.owner) },
+            superuser_owned: self.builtin || unsafe { pg_sys::superuser_arg(self.owner) },
             type_support: self.type_support,
             returns_nothing: self.returns_nothing,
         }
@@ -198,21 +199,28 @@ pub fn family_code(family: pg_sys::Oid) -> Option<Vec<pg_sys::Oid>> {
         return None;
     }
     for tuple in tuples {
-        // SAFETY: a pg_amop tuple of the held list; the look-ups are of the operator it names.
-        unsafe {
-            let operator =
-                (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_amop>(tuple)).amopopr;
-            functions.extend([
-                pg_sys::get_opcode(operator),
-                pg_sys::get_oprrest(operator),
-                pg_sys::get_oprjoin(operator),
-            ]);
-        }
+        // SAFETY: a pg_amop tuple of the held list.
+        let operator =
+            unsafe { (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_amop>(tuple)).amopopr };
+        functions.extend(operator_code(operator));
     }
     functions.retain(|f| *f != pg_sys::InvalidOid);
     functions.sort_unstable_by_key(|f| f.to_u32());
     functions.dedup();
     Some(functions)
+}
+
+/// What calling `operator` runs: its function and the planner's restriction and join
+/// estimators (`InvalidOid` where it has none, or is gone).
+pub fn operator_code(operator: pg_sys::Oid) -> [pg_sys::Oid; 3] {
+    // SAFETY: syscache look-ups by OID; each gives InvalidOid for an operator that is gone.
+    unsafe {
+        [
+            pg_sys::get_opcode(operator),
+            pg_sys::get_oprrest(operator),
+            pg_sys::get_oprjoin(operator),
+        ]
+    }
 }
 
 /// The support functions of the operator family `family`; `None` past `MAX_FAMILY_SUPPORT`.

@@ -10,7 +10,7 @@ use pgrx::pg_sys;
 use pgrx::PgList;
 
 use super::facts::{
-    builtin, family_code, row_fields, CacheList, FunctionFacts, MAX_FAMILY_SUPPORT,
+    builtin, family_code, operator_code, row_fields, CacheList, FunctionFacts, MAX_FAMILY_SUPPORT,
 };
 use super::policy::{self, Allowed};
 use super::trust::{self, Trusted};
@@ -620,22 +620,15 @@ impl Walk {
                 ));
                 return true;
             }
+            let functions = operator_code(operator);
             // SAFETY: catalog look-ups of an operator the parser resolved, or one linked to it
             // (InvalidOid for one that is gone).
-            let (functions, linked) = unsafe {
-                (
-                    [
-                        pg_sys::get_opcode(operator),
-                        pg_sys::get_oprrest(operator),
-                        pg_sys::get_oprjoin(operator),
-                    ],
-                    [
-                        pg_sys::get_commutator(operator),
-                        pg_sys::get_negator(operator),
-                    ],
-                )
-            };
-            next.extend(linked);
+            next.extend(unsafe {
+                [
+                    pg_sys::get_commutator(operator),
+                    pg_sys::get_negator(operator),
+                ]
+            });
             // Sorts, hashed set operations, merge and hash joins call the support functions
             // of the operator's families in its place: a built-in operator too, put in a
             // family a superuser made with another role's functions.

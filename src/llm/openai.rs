@@ -13,7 +13,9 @@ use super::completion::{Batch, Completion, Message};
 use super::endpoint::Endpoint;
 use crate::error::{Error, Fault, Result};
 use crate::urls::{redact, redact_url};
-use crate::wait::{run_interruptible, sleep_interruptible, WaitError};
+use crate::wait::{
+    run_interruptible, run_interruptible_as, sleep_interruptible, WaitError, MAX_LIVE_HELPERS,
+};
 
 /// How requests are made, read once per call from the settings.
 #[derive(Debug, Clone, Copy)]
@@ -61,6 +63,9 @@ enum Reply {
     },
     /// No answer within the request's time.
     TimedOut,
+    /// A response longer than `max_response_bytes`: the request's failure, not the endpoint's
+    /// (how long an answer is, the request shapes: its question, temperature, choices).
+    TooLarge(String),
     Failed(String),
     /// A streamed answer (`text/event-stream`): the choices that finished, and why the stream
     /// stopped before its end, if it did.
@@ -74,6 +79,8 @@ enum Reply {
 #[derive(Debug, PartialEq, Eq)]
 enum Stop {
     TimedOut,
+    /// The stream grew past its bound (see `Reply::TooLarge`).
+    TooLarge(String),
     Failed(String),
     /// An error event that is the request's (a 4xx code, a named refusal such as a content
     /// filter), not the endpoint's.
@@ -189,8 +196,21 @@ impl OpenAiClient {
 
     /// `count` copies of one request sent at once, each on its own thread, while the backend
     /// waits for all of them (interruptibly, as for one): for an endpoint that answers one
-    /// choice per request, so that candidates cost one request's time, not `count`.
+    /// choice per request, so that candidates cost one request's time, not `count`. At most
+    /// `MAX_LIVE_HELPERS` at once, each counted as a helper: a cancel leaves no more behind.
     fn send_together(&self, body: &str, count: usize, deadline: Instant) -> Result<Vec<Reply>> {
+        let mut replies = Vec::with_capacity(count);
+        let mut left = count;
+        while left > 0 {
+            let now = left.min(MAX_LIVE_HELPERS);
+            replies.extend(self.send_at_once(body, now, deadline)?);
+            left -= now;
+        }
+        Ok(replies)
+    }
+
+    /// `count` copies of one request, at most `MAX_LIVE_HELPERS`, each on its own thread.
+    fn send_at_once(&self, body: &str, count: usize, deadline: Instant) -> Result<Vec<Reply>> {
         let requests: Vec<_> = (0..count)
             .map(|_| self.request(body, 1, deadline))
             .collect();
@@ -211,7 +231,7 @@ impl OpenAiClient {
                     .collect::<Vec<Reply>>()
             })
         };
-        match run_interruptible(wait_deadline(deadline), together) {
+        match run_interruptible_as(wait_deadline(deadline), count, together) {
             Ok(replies) => Ok(replies),
             Err(WaitError::TimedOut) => Err(self.timeout_error()),
             Err(WaitError::Busy) => Err(self.busy()),
@@ -279,7 +299,7 @@ impl OpenAiClient {
                             retry_after,
                             body,
                         },
-                        Err(ureq::Error::BodyExceedsLimit(_)) => Reply::Failed(too_large(limit)),
+                        Err(ureq::Error::BodyExceedsLimit(_)) => Reply::TooLarge(too_large(limit)),
                         Err(ureq::Error::Timeout(_)) => Reply::TimedOut,
                         Err(e) => Reply::Failed(format!("reading the response failed: {e}")),
                     }
@@ -360,6 +380,7 @@ impl OpenAiClient {
             }
             let (code, retry_after, text) = match self.send_once(&body, n, deadline)? {
                 Reply::Failed(cause) => return Err(self.down(cause)),
+                Reply::TooLarge(cause) => return Err(self.error(cause)),
                 Reply::TimedOut => return Err(self.timeout_error()),
                 Reply::Streamed {
                     mut choices,
@@ -378,7 +399,9 @@ impl OpenAiClient {
                         }
                         Some(Stop::TimedOut) => Err(self.timeout_error()),
                         Some(Stop::Failed(cause)) => Err(self.down(cause)),
-                        Some(Stop::Refused(cause)) => Err(self.error(cause)),
+                        Some(Stop::TooLarge(cause) | Stop::Refused(cause)) => {
+                            Err(self.error(cause))
+                        }
                         // A stream that ended with no content: what this request asked for.
                         None => Err(self.error("the answer has no choices")),
                     };
@@ -686,7 +709,7 @@ fn read_stream(mut reader: impl std::io::BufRead, limit: u64) -> (Vec<Completion
             Err(e) => {
                 break Some(match ureq::Error::from(e) {
                     ureq::Error::Timeout(_) => Stop::TimedOut,
-                    ureq::Error::BodyExceedsLimit(_) => Stop::Failed(too_large(limit)),
+                    ureq::Error::BodyExceedsLimit(_) => Stop::TooLarge(too_large(limit)),
                     e => Stop::Failed(format!("reading the response failed: {e}")),
                 })
             }

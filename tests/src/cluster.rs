@@ -57,17 +57,44 @@ fn cluster_script() -> PathBuf {
 }
 
 pub fn run_script(args: &[&str]) {
+    if let Err(failure) = try_run_script(args) {
+        panic!("{failure}");
+    }
+}
+
+/// `run_script`, saying why it failed.
+pub fn try_run_script(args: &[&str]) -> Result<(), String> {
     let out = Command::new("bash")
         .arg(cluster_script())
         .args(args)
         .output()
-        .unwrap_or_else(|e| panic!("running pg-cluster.sh: {e}"));
-    assert!(
-        out.status.success(),
+        .map_err(|e| format!("running pg-cluster.sh: {e}"))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(format!(
         "pg-cluster.sh {args:?} failed:\n{}\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
-    );
+    ))
+}
+
+/// Starts a cluster in `dir` with `options` on a free port, and returns the port: another
+/// port when the one found free was taken before the server bound it (tests running at the
+/// same time bind ports of their own).
+pub fn start_on_a_free_port(dir: &str, options: &[&str]) -> u16 {
+    let mut failure = String::new();
+    for _ in 0..3 {
+        let port = free_port();
+        let port_text = port.to_string();
+        let mut args = vec!["start", dir, &port_text];
+        args.extend(options);
+        match try_run_script(&args) {
+            Ok(()) => return port,
+            Err(why) => failure = why,
+        }
+    }
+    panic!("{failure}");
 }
 
 pub fn free_port() -> u16 {

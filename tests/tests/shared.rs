@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use postgres::{Client, NoTls};
-use sql_query_engine_e2e::cluster::{free_port, run_script, FIXTURE};
+use sql_query_engine_e2e::cluster::{run_script, start_on_a_free_port, FIXTURE};
 use sql_query_engine_e2e::redis::RedisServer;
 use sql_query_engine_e2e::{cluster, Reply, ScriptedLlm, Session};
 
@@ -19,14 +19,10 @@ struct Preloaded {
 impl Preloaded {
     fn start() -> Preloaded {
         let dir = sql_query_engine_e2e::fresh_dir("sqe-preloaded");
-        let port = free_port();
-        run_script(&[
-            "start",
+        let port = start_on_a_free_port(
             dir.to_str().unwrap(),
-            &port.to_string(),
-            "-c",
-            "shared_preload_libraries=sql_query_engine",
-        ]);
+            &["-c", "shared_preload_libraries=sql_query_engine"],
+        );
         let preloaded = Preloaded { dir, port };
         preloaded
             .connect("postgres")
@@ -188,6 +184,109 @@ fn a_dead_endpoint_is_skipped_by_every_backend_of_a_preloaded_server_but_a_timeo
         "count them again",
     );
     assert_eq!(dead_elsewhere.requests().len(), asked + 1);
+}
+
+#[test]
+fn an_answer_longer_than_max_response_bytes_is_the_requests_failure_not_the_endpoints() {
+    // How long an answer is, the request shapes (its question, temperature, candidates): a
+    // role must not be able to send every other role to the fallback endpoints with it.
+    let server = Preloaded::start();
+    let (long, healthy) = (ScriptedLlm::start(), ScriptedLlm::start());
+    long.respond_with(|_| Some(Reply::Content("x".repeat(8192))));
+    healthy.respond_with(|_| Some(Reply::sql("SELECT count(*) AS n FROM customers")));
+    let settings = format!(
+        "SET sql_query_engine.llm_url = '{}'; SET sql_query_engine.llm_fallbacks = '{}';
+         SET sql_query_engine.vote = off; SET sql_query_engine.max_response_bytes = 1024;",
+        long.url(),
+        healthy.url()
+    );
+    let connect = || server.connect("shop");
+    for question in ["count the customers", "count the customers again"] {
+        let before = long.requests().len();
+        let traced = ask_fresh(connect, &settings, question);
+        assert_eq!(traced["status"], "ok", "{traced}");
+        assert_eq!(
+            long.requests().len(),
+            before + 1,
+            "the endpoint of the long answer was skipped: {traced}"
+        );
+        let failures = traced["attempts"][0]["endpoint_failures"].to_string();
+        assert!(failures.contains("max_response_bytes"), "{failures}");
+    }
+}
+
+#[test]
+fn bounds_set_for_all_roles_hold_whatever_a_role_connects_with() {
+    // ALTER ROLE ALL's values are applied after a connection's own options and a role's
+    // stored values: a role must not keep a higher value that arrived first.
+    let server = Preloaded::start();
+    let llm = ScriptedLlm::start();
+    llm.respond_with(|_| Some(Reply::sql("SELECT name FROM customers ORDER BY name")));
+    let mut admin = server.connect("shop");
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE analyst LOGIN; GRANT SELECT ON customers TO analyst;
+             ALTER ROLE analyst SET sql_query_engine.max_rows = 3;
+             ALTER ROLE ALL SET sql_query_engine.max_rows = 2;
+             ALTER ROLE ALL SET sql_query_engine.sample_values = 0;
+             ALTER ROLE ALL SET sql_query_engine.llm_url = '{}';",
+            llm.url()
+        ))
+        .unwrap();
+    admin
+        .batch_execute("ALTER SYSTEM SET sql_query_engine.max_rows = 50")
+        .unwrap();
+    admin.batch_execute("SELECT pg_reload_conf()").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let mut config = postgres::Config::new();
+    config
+        .host_path(&server.dir)
+        .port(server.port)
+        .user("analyst")
+        .dbname("shop")
+        .options("-c sql_query_engine.sample_values=3");
+    let mut analyst = config.connect(NoTls).unwrap();
+    let rows = |client: &mut Client| -> i64 {
+        client
+            .query_one(
+                "SELECT count(*) FROM nl_run('SELECT name FROM customers')",
+                &[],
+            )
+            .unwrap()
+            .get(0)
+    };
+    assert_eq!(rows(&mut analyst), 2, "ALTER ROLE ALL's max_rows");
+    let schema: String = analyst.query_one("SELECT nl_schema()", &[]).unwrap().get(0);
+    assert!(schema.contains("customers"), "{schema}");
+    for name in ["Ada", "Bruno", "GB"] {
+        assert!(!schema.contains(name), "a sample value was shown: {schema}");
+    }
+    // A reload reads the file again, not ALTER ROLE ALL's values: the ceiling stays.
+    analyst.batch_execute("SELECT pg_reload_conf()").ok();
+    admin.batch_execute("SELECT pg_reload_conf()").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let raised = analyst.batch_execute("SET sql_query_engine.max_rows = 40");
+    assert_eq!(
+        raised.unwrap_err().code(),
+        Some(&postgres::error::SqlState::INSUFFICIENT_PRIVILEGE)
+    );
+    assert_eq!(rows(&mut analyst), 2);
+    analyst
+        .batch_execute("SET sql_query_engine.max_rows = 1")
+        .unwrap();
+    assert_eq!(rows(&mut analyst), 1, "a role lowers a bound for itself");
+    // A superuser may still raise it for its own session.
+    admin
+        .batch_execute("SET sql_query_engine.max_rows = 4")
+        .unwrap();
+    let all: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM nl_run('SELECT name FROM customers')",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(all, 4);
 }
 
 /// The key a relation's shared reads are kept under, and how many there are.
