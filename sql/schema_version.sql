@@ -20,6 +20,21 @@ GRANT SELECT ON @extschema@.nl_schema_changes TO PUBLIC;
 CREATE FUNCTION @extschema@.nl_schema_changed() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+    -- Its table is found by its schema's name, with the extension owner's rights: only if a
+    -- superuser owns the extension's schema (its owner could rename it and put a table of its
+    -- own, with a trigger, where this one was) and the name still finds it.
+    IF NOT EXISTS (
+        SELECT FROM pg_catalog.pg_extension e
+        JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace
+        JOIN pg_catalog.pg_roles r ON r.oid = CASE
+            WHEN n.nspowner = 'pg_database_owner'::pg_catalog.regrole
+            THEN (SELECT d.datdba FROM pg_catalog.pg_database d
+                  WHERE d.datname = pg_catalog.current_database())
+            ELSE n.nspowner END
+        WHERE e.extname = 'sql_query_engine' AND r.rolsuper
+          AND n.oid = '@extschema@'::pg_catalog.regnamespace) THEN
+        RETURN;
+    END IF;
     -- Only comments the schema context shows count (on relations and their columns), each in
     -- its schema: a backend's cache is built again only for a comment in a schema it reads.
     -- Any role may make temporary tables, large objects and (with CREATE on the database) its

@@ -2,19 +2,15 @@
 //! `nl_history`, `nl_sessions`, `nl_schema_changes`, defined in `sql/`), and the reads and the
 //! one best-effort write that the extension's own SQL makes, all on the pinned search path.
 
-use std::cell::RefCell;
-
 use pgrx::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::subxact;
 
-thread_local! {
-    /// The extension's OID and its schema, quoted.
-    static EXTENSION: RefCell<Option<(pg_sys::Oid, String)>> = const { RefCell::new(None) };
-}
-
-/// The schema the extension lives in, quoted (for its own tables).
+/// The schema the extension lives in, quoted (for its own tables), read again for every use:
+/// its tables are found by this name, so its owner must be a superuser (the owner of a schema
+/// may rename it and put tables of its own, with triggers, where the extension's were), and a
+/// name read earlier could since find other tables.
 pub fn extension_schema() -> Result<String> {
     // SAFETY: a catalog look-up by a NUL-terminated name.
     let extension = unsafe { pg_sys::get_extension_oid(c"sql_query_engine".as_ptr(), true) };
@@ -24,23 +20,47 @@ pub fn extension_schema() -> Result<String> {
             hint: "CREATE EXTENSION sql_query_engine;".into(),
         });
     }
-    if let Some(schema) = EXTENSION.with_borrow(|e| {
-        e.as_ref()
-            .filter(|(oid, _)| *oid == extension)
-            .map(|(_, schema)| schema.clone())
-    }) {
-        return Ok(schema);
-    }
-    let schema = subxact::pinned(|| {
-        read_one::<String>(
-            "SELECT quote_ident(n.nspname) FROM pg_extension e \
-             JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.oid = $1",
-            &[extension.into()],
-        )
+    let (schema, owner, superuser) = subxact::pinned(|| {
+        Spi::connect(|client| {
+            let table = client.select(
+                "SELECT quote_ident(n.nspname), r.rolname::text, r.rolsuper \
+                 FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace \
+                 JOIN pg_roles r ON r.oid = CASE \
+                     WHEN n.nspowner = 'pg_database_owner'::regrole \
+                     THEN (SELECT d.datdba FROM pg_database d \
+                           WHERE d.datname = current_database()) \
+                     ELSE n.nspowner END \
+                 WHERE e.oid = $1",
+                Some(1),
+                &[extension.into()],
+            )?;
+            if table.is_empty() {
+                return Ok(None);
+            }
+            let row = table.first();
+            Ok(Some((
+                row.get::<String>(1)?.unwrap_or_default(),
+                row.get::<String>(2)?.unwrap_or_default(),
+                row.get::<bool>(3)?.unwrap_or(false),
+            )))
+        })
     })
-    .map_err(|e| Error::internal(format!("reading the extension's schema failed: {e}")))?
+    .map_err(|e: pgrx::spi::Error| {
+        Error::internal(format!("reading the extension's schema failed: {e}"))
+    })?
     .ok_or_else(|| Error::internal("the extension has no schema"))?;
-    EXTENSION.with_borrow_mut(|e| *e = Some((extension, schema.clone())));
+    if !superuser {
+        return Err(Error::Setting {
+            message: format!(
+                "sql_query_engine is installed in schema {schema}, whose owner {owner} is not a \
+                 superuser: it could put tables of its own in place of the extension's"
+            ),
+            hint: format!(
+                "A superuser: ALTER SCHEMA {schema} OWNER TO a superuser, or install the \
+                 extension again in a schema a superuser owns."
+            ),
+        });
+    }
     Ok(schema)
 }
 

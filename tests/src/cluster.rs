@@ -207,6 +207,31 @@ impl Cluster {
         Client::connect(&config, NoTls).unwrap_or_else(|e| panic!("connecting to {database}: {e}"))
     }
 
+    /// A fresh database with the fixture and the extension in `schema`, a schema a superuser
+    /// owns (on every role's search path, after `public`): where a role that is not a
+    /// superuser owns the database, and so `public`, the extension is not installed in
+    /// `public`.
+    pub fn fresh_database_with_extension_in(&self, schema: &str) -> String {
+        let n = DATABASES.fetch_add(1, Ordering::SeqCst);
+        let name = format!("sqe_own_{}_{n}", std::process::id());
+        let mut admin = self.connect("postgres");
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .expect("creating a database");
+        let mut database = self.connect(&name);
+        database
+            .batch_execute(&format!(
+                "CREATE SCHEMA {schema}; GRANT USAGE ON SCHEMA {schema} TO PUBLIC;
+                 CREATE EXTENSION sql_query_engine SCHEMA {schema};
+                 ALTER DATABASE {name} SET search_path = \"$user\", public, {schema};"
+            ))
+            .expect("installing the extension in its own schema");
+        database
+            .batch_execute(FIXTURE)
+            .expect("loading the fixture");
+        name
+    }
+
     /// A fresh database with the extension and the fixture, for one test.
     pub fn fresh_database(&self) -> String {
         let n = DATABASES.fetch_add(1, Ordering::SeqCst);

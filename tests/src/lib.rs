@@ -28,6 +28,15 @@ impl Session {
         Session::on(database, client)
     }
 
+    /// A session on a database whose extension is in `schema`, a schema a superuser owns (see
+    /// `fresh_database_with_extension_in`): for tests that give the database to another role.
+    pub fn with_extension_in(schema: &str) -> Session {
+        let cluster = cluster();
+        let database = cluster.fresh_database_with_extension_in(schema);
+        let client = cluster.connect(&database);
+        Session::on(database, client)
+    }
+
     /// A session whose NOTICEs and WARNINGs are collected into `notices`.
     pub fn with_notices(notices: std::sync::Arc<std::sync::Mutex<Vec<String>>>) -> Session {
         let cluster = cluster();

@@ -737,7 +737,7 @@ fn without_sample_values_no_error_of_a_running_query_quotes_stored_values() {
 /// backend's next question shows exactly what the role may then read.
 #[test]
 fn privileges_a_role_stops_inheriting_leave_its_schema_at_the_next_question() {
-    let s = Session::new();
+    let s = Session::with_extension_in("nl");
     let db = &s.database;
     let (analyst, readers, middle) = (
         format!("analyst_{db}"),

@@ -261,7 +261,7 @@ fn functions_that_run_sql_text_are_refused_and_leave_no_lock() {
 
 #[test]
 fn a_database_owners_trojans_never_run_in_the_extensions_own_sql() {
-    let mut s = Session::new();
+    let mut s = Session::with_extension_in("nl");
     let owner = format!("owner_{}", s.database);
     let db = s.database.clone();
     s.client
@@ -286,7 +286,7 @@ fn a_database_owners_trojans_never_run_in_the_extensions_own_sql() {
                  $$ BEGIN INSERT INTO public.trojan_log VALUES (current_user, 'xact'); RETURN '1'; END $$;
              CREATE FUNCTION public.lower(varchar) RETURNS text LANGUAGE plpgsql AS
                  $$ BEGIN INSERT INTO public.trojan_log VALUES (current_user, 'lower'); RETURN $1; END $$;
-             ALTER DATABASE {db} SET search_path = public, pg_catalog;"
+             ALTER DATABASE {db} SET search_path = public, nl, pg_catalog;"
         ))
         .unwrap();
     // A superuser, in a new connection with the owner's search path, does DDL and asks.
@@ -318,6 +318,90 @@ fn a_database_owners_trojans_never_run_in_the_extensions_own_sql() {
         .unwrap()
         .get(0);
     assert_eq!(ran, 0, "a trojan ran inside the extension's own SQL");
+}
+
+/// The extension finds its tables by its schema's name, and counts comments with the
+/// installing superuser's rights: the schema's owner could rename it and put tables of its own,
+/// with triggers, in their place. So it is never installed in a schema another role owns
+/// (`public` of a database a role that is not a superuser owns), and if a superuser gives its
+/// schema away later, nothing writes there with the superuser's rights and its functions refuse
+/// to work.
+#[test]
+fn only_a_schema_a_superuser_owns_holds_the_extension() {
+    let s = Session::with_extension_in("nl");
+    let db = s.database.clone();
+    let owner = format!("owner_{db}");
+    let mut admin = cluster().connect(&db);
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {owner} LOGIN; ALTER DATABASE {db} OWNER TO {owner};
+             CREATE TABLE public.witness (who name);
+             GRANT INSERT, SELECT ON public.witness TO PUBLIC;"
+        ))
+        .unwrap();
+    // public is now the owner's (pg_database_owner): the extension is not installed there.
+    let elsewhere = format!("{db}_public");
+    cluster()
+        .connect("postgres")
+        .batch_execute(&format!("CREATE DATABASE {elsewhere} OWNER {owner}"))
+        .unwrap();
+    let refused = cluster()
+        .connect(&elsewhere)
+        .batch_execute("CREATE EXTENSION sql_query_engine")
+        .unwrap_err();
+    let (code, message, _) = db_error(&refused);
+    assert_eq!(code, "42501", "{message}");
+    assert!(message.contains("not a superuser"), "{message}");
+    // In a schema a superuser owns it works for the database's owner too.
+    let mut planted = cluster().connect_as(&db, &owner);
+    let schema: String = planted.query_one("SELECT nl_schema()", &[]).unwrap().get(0);
+    assert!(schema.contains("CREATE TABLE witness"), "{schema}");
+    // A superuser gives the schema away; its new owner swaps in tables of its own.
+    admin
+        .batch_execute(&format!("ALTER SCHEMA nl OWNER TO {owner}"))
+        .unwrap();
+    planted
+        .batch_execute(
+            "ALTER SCHEMA nl RENAME TO nl_moved; CREATE SCHEMA nl;
+             CREATE TABLE nl.nl_schema_changes (xid xid8 DEFAULT pg_current_xact_id(),
+                 changes bigint DEFAULT 1, schema_name text, PRIMARY KEY (xid, schema_name));
+             CREATE TABLE nl.nl_history (LIKE nl_moved.nl_history);
+             CREATE FUNCTION nl.witness() RETURNS trigger LANGUAGE plpgsql AS
+                 $$ BEGIN INSERT INTO public.witness VALUES (current_user); RETURN NEW; END $$;
+             CREATE TRIGGER witness BEFORE INSERT ON nl.nl_schema_changes
+                 FOR EACH ROW EXECUTE FUNCTION nl.witness();
+             CREATE TRIGGER witness BEFORE INSERT ON nl.nl_history
+                 FOR EACH ROW EXECUTE FUNCTION nl.witness();
+             CREATE TABLE public.t (id int); COMMENT ON TABLE public.t IS 'noted';",
+        )
+        .unwrap();
+    let moved = planted
+        .query_one("SELECT nl_moved.nl_schema()", &[])
+        .unwrap_err();
+    let (code, message, _) = db_error(&moved);
+    assert_eq!(code, "55000", "{message}");
+    assert!(message.contains("not a superuser"), "{message}");
+    // A superuser's question, and comments in its own session, write nothing there either.
+    admin
+        .batch_execute("COMMENT ON TABLE public.t IS 'noted again'")
+        .unwrap();
+    let asked = admin.query_one("SELECT nl_moved.nl_schema()", &[]);
+    assert!(asked.is_err());
+    let ran: Vec<String> = admin
+        .query("SELECT who::text FROM public.witness", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(ran, Vec::<String>::new(), "the owner's trigger ran");
+    let superuser: bool = admin
+        .query_one(
+            "SELECT rolsuper FROM pg_roles WHERE rolname = $1",
+            &[&owner],
+        )
+        .unwrap()
+        .get(0);
+    assert!(!superuser);
 }
 
 /// Answers that no parser likes: unclosed braces, fences and think tags, megabytes of them.

@@ -274,11 +274,13 @@ fn updating_from_0_1_0_through_every_release_equals_a_fresh_install_and_keeps_th
     assert!(counted(&mut client, "") >= 1);
     assert_eq!(counted(&mut client, "public"), 1);
     // 0.12.0 writes every change to the examples to the server log; 0.13.0 writes it the same
-    // whatever the session's standard_conforming_strings.
+    // whatever the session's standard_conforming_strings; 0.14.0 counts comments only while a
+    // superuser owns the extension's schema.
     client
         .batch_execute(
             "ALTER EXTENSION sql_query_engine UPDATE TO '0.12.0';
-             ALTER EXTENSION sql_query_engine UPDATE TO '0.13.0';",
+             ALTER EXTENSION sql_query_engine UPDATE TO '0.13.0';
+             ALTER EXTENSION sql_query_engine UPDATE TO '0.14.0';",
         )
         .unwrap();
     let version: String = client
@@ -288,7 +290,11 @@ fn updating_from_0_1_0_through_every_release_equals_a_fresh_install_and_keeps_th
         )
         .unwrap()
         .get(0);
-    assert_eq!(version, "0.13.0");
+    assert_eq!(version, "0.14.0");
+    client
+        .batch_execute("COMMENT ON TABLE t IS 'after 0.14.0'")
+        .unwrap();
+    assert_eq!(counted(&mut client, "public"), 2, "a superuser owns public");
     let (updated_members, fresh_members) = (members(&updated), members(&fresh));
     let only = |a: &[String], b: &[String]| -> Vec<String> {
         a.iter().filter(|m| !b.contains(m)).cloned().collect()
