@@ -10,8 +10,7 @@
 //! its result is dropped.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pgrx::pg_sys;
@@ -19,29 +18,54 @@ use pgrx::pg_sys;
 /// Longest single sleep: a bound, not a polling period (every event wakes the backend sooner).
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 
-/// Helper threads of this backend that may run at once, abandoned ones included: a role that
-/// cancels call after call (catching the cancel in a loop) would otherwise leave a request, a
-/// thread and its buffers behind each time, each living until its own I/O timeout. A new wait
-/// beyond the bound first waits (interruptibly, within its deadline) for one to end. Work that
-/// runs several requests at once counts each (`run_interruptible_as`).
+/// Helper threads of one role in this backend that may run at once, abandoned ones included:
+/// a role that cancels call after call (catching the cancel in a loop) would otherwise leave a
+/// request, a thread and its buffers behind each time, each living until its own I/O timeout.
+/// A new wait beyond the bound first waits (interruptibly, within its deadline) for one to
+/// end. Work that runs several requests at once counts each (`run_interruptible_as`). Counted
+/// per role: behind a transaction pooler the backend serves the next client, of any role, as
+/// soon as a cancelled call has ended, and what one role left behind must not hold up another.
 pub const MAX_LIVE_HELPERS: usize = 4;
 
-/// Helper threads of this process (one backend) that have not ended yet.
-static LIVE_HELPERS: AtomicUsize = AtomicUsize::new(0);
+/// Helper threads of this backend that may run at once, whatever their roles.
+const MAX_LIVE_HELPERS_IN_ALL: usize = 16;
 
-/// Counts a helper thread as live until it is dropped, also when the work panics.
-struct Live;
+/// Helper threads of this process (one backend) that have not ended yet, by the role (the
+/// current user) that started them.
+static LIVE_HELPERS: Mutex<Vec<(u32, usize)>> = Mutex::new(Vec::new());
+
+/// Whether `helpers` more may start for `role`.
+fn room_for(role: u32, helpers: usize) -> bool {
+    let live = LIVE_HELPERS.lock().unwrap_or_else(|p| p.into_inner());
+    let all: usize = live.iter().map(|(_, n)| n).sum();
+    let own = live.iter().find(|(r, _)| *r == role).map_or(0, |(_, n)| *n);
+    own + helpers <= MAX_LIVE_HELPERS && all + helpers <= MAX_LIVE_HELPERS_IN_ALL
+}
+
+/// Counts helper threads of a role as live until it is dropped, also when the work panics.
+struct Live {
+    role: u32,
+    helpers: usize,
+}
 
 impl Live {
-    fn count() -> Live {
-        LIVE_HELPERS.fetch_add(1, Ordering::SeqCst);
-        Live
+    fn count(role: u32, helpers: usize) -> Live {
+        let mut live = LIVE_HELPERS.lock().unwrap_or_else(|p| p.into_inner());
+        match live.iter_mut().find(|(r, _)| *r == role) {
+            Some((_, n)) => *n += helpers,
+            None => live.push((role, helpers)),
+        }
+        Live { role, helpers }
     }
 }
 
 impl Drop for Live {
     fn drop(&mut self) {
-        LIVE_HELPERS.fetch_sub(1, Ordering::SeqCst);
+        let mut live = LIVE_HELPERS.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, n)) = live.iter_mut().find(|(r, _)| *r == self.role) {
+            *n = n.saturating_sub(self.helpers);
+        }
+        live.retain(|(_, n)| *n > 0);
     }
 }
 
@@ -107,7 +131,9 @@ where
     F: FnOnce() -> T + Send + 'static,
 {
     let helpers = helpers.clamp(1, MAX_LIVE_HELPERS);
-    while LIVE_HELPERS.load(Ordering::SeqCst) + helpers > MAX_LIVE_HELPERS {
+    // SAFETY: reads the backend's current user (this is the backend's thread).
+    let role = unsafe { pg_sys::GetUserId() }.to_u32();
+    while !room_for(role, helpers) {
         let now = Instant::now();
         if now >= deadline {
             return Err(WaitError::Busy);
@@ -121,7 +147,7 @@ where
     unsafe { pg_sys::InvalidateCatalogSnapshot() };
     let (sender, receiver) = mpsc::sync_channel(1);
     let done = Arc::clone(&signal);
-    let live: Vec<Live> = (0..helpers).map(|_| Live::count()).collect();
+    let live = Live::count(role, helpers);
     let spawned = without_signals(|| {
         std::thread::Builder::new()
             .name("sql_query_engine-io".into())

@@ -51,8 +51,8 @@ thread_local! {
 }
 
 /// Why a request never started (see `WaitError::Busy`): the backend's (`Fault::Busy`).
-const BUSY: &str = "no request thread was free in time (earlier requests of this connection, \
-     abandoned to a cancel, are still running)";
+const BUSY: &str = "no request thread was free in time (earlier requests of this role on \
+     this connection, abandoned to a cancel, are still running)";
 
 /// What one HTTP exchange produced, as plain data that can cross back from the helper thread.
 enum Reply {

@@ -221,6 +221,54 @@ fn cancelled_calls_leave_at_most_four_model_requests_running() {
     assert_eq!(s.llm.most_in_flight(), 4);
 }
 
+/// Behind a transaction pooler a backend serves the next client, of any role, once a cancelled
+/// call has ended: the requests one role left running hold up that role only.
+#[test]
+fn requests_one_role_left_running_hold_up_no_other_role() {
+    let mut s = Session::new();
+    let (left, other) = (
+        format!("left_{}", s.database),
+        format!("other_{}", s.database),
+    );
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {left}; CREATE ROLE {other};
+             GRANT SELECT ON customers TO {left}, {other};"
+        ))
+        .unwrap();
+    let slow = || Reply::Slow(Duration::from_secs(20), Box::new(Reply::sql("SELECT 1")));
+    s.llm.on("pile them up", (0..4).map(|_| slow()).collect());
+    s.llm.on(
+        "count the customers",
+        vec![Reply::sql("SELECT count(*) AS n FROM customers")],
+    );
+    s.client
+        .batch_execute(&format!("SET ROLE {left}; SET statement_timeout = 300"))
+        .unwrap();
+    for _ in 0..4 {
+        let (code, _, _) = error_of(&mut s, "pile them up");
+        assert_eq!(code, "57014");
+    }
+    assert_eq!(s.llm.most_in_flight(), 4);
+    // Another role on the same backend is answered at once.
+    s.client
+        .batch_execute(&format!("RESET statement_timeout; SET ROLE {other}"))
+        .unwrap();
+    let started = Instant::now();
+    let rows = s.query("count the customers").unwrap();
+    assert_eq!(rows, vec![serde_json::json!({"n": 4})]);
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // The role that left them waits for one of its own to end (here, until its timeout).
+    s.client
+        .batch_execute(&format!(
+            "SET ROLE {left}; SET sql_query_engine.llm_timeout = 1000"
+        ))
+        .unwrap();
+    let (code, message, _) = error_of(&mut s, "count the customers");
+    assert_eq!(code, "58000", "{message}");
+    assert!(message.contains("no request thread was free"), "{message}");
+}
+
 #[test]
 fn pg_terminate_backend_ends_the_backend_cleanly() {
     let mut s = Session::new();
