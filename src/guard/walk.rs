@@ -10,7 +10,8 @@ use pgrx::pg_sys;
 use pgrx::PgList;
 
 use super::facts::{
-    builtin, family_code, operator_code, row_fields, CacheList, FunctionFacts, MAX_FAMILY_SUPPORT,
+    builtin, family_code, operator_code, row_fields, CacheList, FunctionFacts, OpenRelation,
+    MAX_FAMILY_SUPPORT,
 };
 use super::policy::{self, Allowed};
 use super::trust::{self, Trusted};
@@ -776,9 +777,37 @@ fn own_read_refusal(relation: pg_sys::Oid, inheritance: bool) -> Option<String> 
                     .into(),
             );
         }
+        // A virtual generated column (PostgreSQL 18) is its owner's expression, computed as it
+        // is read: with an operator linked later (a negator), code the expression was never
+        // checked for.
+        let computed = match kind {
+            pg_sys::RELKIND_PARTITIONED_TABLE => trust::inheritors(relation)
+                .into_iter()
+                .any(has_virtual_columns),
+            _ => has_virtual_columns(relation),
+        };
+        if computed {
+            return Some(
+                "it has virtual generated columns, which run their owner's expression as they \
+                 are read"
+                    .into(),
+            );
+        }
         let row_security = pg_sys::check_enable_rls(relation, pg_sys::InvalidOid, true);
         (row_security != pg_sys::CheckEnableRlsResult::RLS_NONE as i32)
             .then(|| "row-level security applies to it: its policies run their owner's code".into())
+    }
+}
+
+/// Whether `relation`, which this transaction has locked, has a virtual generated column.
+fn has_virtual_columns(relation: pg_sys::Oid) -> bool {
+    // SAFETY: the relation is locked (by the parser, or by `inheritors`); its descriptor is
+    // read while it is open.
+    unsafe {
+        let opened = OpenRelation::open(relation, pg_sys::NoLock);
+        crate::compat::attributes((*opened.0).rd_att)
+            .iter()
+            .any(|a| !a.attisdropped && a.attgenerated as u8 == b'v')
     }
 }
 

@@ -336,7 +336,9 @@ FROM (
                CASE WHEN t.typtype = 'e' THEN ARRAY(
                    SELECT e.enumlabel::text FROM pg_enum e WHERE e.enumtypid = t.oid
                    ORDER BY e.enumsortorder LIMIT 101) END AS labels,
-               t.typcategory = 'S' AS textual
+               -- A virtual generated column (PostgreSQL 18) runs its owner's expression
+               -- as it is read: never read on the extension's own.
+               t.typcategory = 'S' AND a.attgenerated <> 'v' AS textual
         FROM unnest($1::oid[]) WITH ORDINALITY AS r(oid, ord)
         JOIN pg_attribute a ON a.attrelid = r.oid
         JOIN pg_type t ON t.oid = a.atttypid

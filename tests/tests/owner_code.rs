@@ -161,6 +161,86 @@ fn views_and_row_security_policies_run_no_code_in_the_extensions_own_reads() {
     assert_eq!(waited, [4242, 4243]);
 }
 
+/// A virtual generated column (PostgreSQL 18) is its owner's expression, computed as it is
+/// read. PostgreSQL checks it once, when it is made (built-in functions only); an operator in it
+/// can get a negator later, which the planner puts in its place: here `pg_terminate_backend`,
+/// a built-in. The extension's own reads (samples, the value index) never read such a table.
+#[test]
+fn virtual_generated_columns_run_no_code_in_the_extensions_own_reads() {
+    let w = World::new();
+    let mut admin = cluster().connect(&w.s.database);
+    let version: i32 = admin
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .unwrap()
+        .get(0);
+    if version < 180000 {
+        return;
+    }
+    let victim = w.victim.clone();
+    // The victim's other connection: what the column's code would end.
+    let spare = |w: &World| -> (Client, i32) {
+        let mut spare = w.connect(&w.victim);
+        let pid: i32 = spare
+            .query_one("SELECT pg_backend_pid()", &[])
+            .unwrap()
+            .get(0);
+        (spare, pid)
+    };
+    let alive = |pid: i32| -> bool {
+        cluster()
+            .connect(&w.s.database)
+            .query_one(
+                "SELECT count(*) > 0 FROM pg_stat_activity WHERE pid = $1",
+                &[&pid],
+            )
+            .unwrap()
+            .get(0)
+    };
+    let (_spare, pid) = spare(&w);
+    w.attacker_runs(&format!(
+        "CREATE OPERATOR shared.=== (LEFTARG = int4, RIGHTARG = int8, FUNCTION = int48eq);
+         CREATE TABLE shared.notes (pid int4, t int8, title text,
+             note text GENERATED ALWAYS AS
+                 (CASE WHEN NOT (pid OPERATOR(shared.===) t) THEN 'n' END) VIRTUAL);
+         CREATE OPERATOR shared.!== (LEFTARG = int4, RIGHTARG = int8,
+             FUNCTION = pg_terminate_backend);
+         ALTER OPERATOR shared.=== (int4, int8) SET (NEGATOR = OPERATOR(shared.!==));
+         INSERT INTO shared.notes (pid, t, title) VALUES ({pid}, 0, 'Gamma release');
+         GRANT SELECT ON shared.notes TO {victim};"
+    ));
+    admin
+        .batch_execute(&format!(
+            "ALTER ROLE {victim} SET sql_query_engine.schemas = 'public, shared'"
+        ))
+        .unwrap();
+    let mut v = w.connect(&victim);
+    let whole = text(&mut v, "SELECT nl_schema()");
+    assert!(whole.contains("notes"), "{whole}");
+    text(
+        &mut v,
+        "SELECT nl_schema('the notes about the Gamma release')",
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        alive(pid),
+        "the column's code ran in the extension's own read"
+    );
+    // Positive control: reading the column does run it.
+    let (_other, pid) = spare(&w);
+    w.attacker_runs(&format!("UPDATE shared.notes SET pid = {pid}"));
+    v.batch_execute("SELECT note FROM shared.notes").ok();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut ended = false;
+    for _ in 0..50 {
+        if !alive(pid) {
+            ended = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(ended, "the control read did not run the column's code");
+}
+
 #[test]
 fn session_locks_that_a_views_code_takes_are_given_back_when_the_call_ends() {
     let w = World::new();
