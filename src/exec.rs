@@ -883,6 +883,7 @@ unsafe fn execute(
         result: ResultSet::default(),
         record: std::ptr::null_mut(),
         as_text: Vec::new(),
+        measured: Vec::new(),
         // SAFETY: an all-zero FmgrInfo is what fmgr_info fills in `startup`.
         to_jsonb: unsafe { std::mem::zeroed() },
         jsonb_out: pg_sys::InvalidOid,
@@ -968,6 +969,9 @@ struct Collector {
     record: pg_sys::TupleDesc,
     /// For each column: the output function that turns it into text, when it is written as text.
     as_text: Vec<Option<pg_sys::FmgrInfo>>,
+    /// For each column whose values hold numerics in arrays: its output function, whose text
+    /// is measured before `to_jsonb` reads the value (`numerics_in_arrays`).
+    measured: Vec<Option<pg_sys::FmgrInfo>>,
     to_jsonb: pg_sys::FmgrInfo,
     jsonb_out: pg_sys::Oid,
     /// Reset after every row: a large result does not grow memory beyond its text. A child of
@@ -1042,6 +1046,49 @@ fn json_without_casts_unremembered(
                 .all(|field| json_without_casts_in(field, depth + 1, known))
         })
     }
+}
+
+/// Whether values of `typ` hold numerics inside arrays (through domains, arrays and named
+/// composites). `to_jsonb` turns each numeric into text and back, checking no interrupt and
+/// freeing the text: an array of a million numerics stored in 12 bytes each, whose text is
+/// 131,072 digits each, keeps the backend deaf to cancel for minutes, in flat memory. The
+/// array's own text is measured first (it grows with its digits, within the memory limit).
+fn numerics_in_arrays(typ: pg_sys::Oid) -> bool {
+    holds_numerics(typ, false, 0, &mut HashMap::new())
+}
+
+/// `numerics_in_arrays` below `depth`, `in_array` when inside one, each type answered once.
+fn holds_numerics(
+    typ: pg_sys::Oid,
+    in_array: bool,
+    depth: usize,
+    known: &mut HashMap<(pg_sys::Oid, bool), bool>,
+) -> bool {
+    if let Some(answer) = known.get(&(typ, in_array)) {
+        return *answer;
+    }
+    pgrx::check_for_interrupts!();
+    // SAFETY: catalog look-ups of a type the query's result has.
+    let answer = unsafe {
+        let base = pg_sys::getBaseType(typ);
+        let element = pg_sys::get_element_type(base);
+        if base == pg_sys::NUMERICOID {
+            in_array
+        } else if depth > 8 {
+            // Deeper than any type walk here goes: measured, to be safe.
+            true
+        } else if element != pg_sys::InvalidOid {
+            holds_numerics(element, true, depth + 1, known)
+        } else {
+            guard::row_fields(base).is_some_and(|fields| {
+                fields
+                    .into_iter()
+                    .any(|field| holds_numerics(field, in_array, depth + 1, known))
+            })
+        }
+    };
+    known.insert((typ, in_array), answer);
+    answer
 }
 
 /// The bytes of a row's values as they are stored (uncompressed), before anything is built
@@ -1138,7 +1185,15 @@ unsafe extern "C-unwind" fn startup(
             // A column name never holds a NUL; one that did would keep its own name.
             let name = CString::new(name.as_str()).unwrap_or_default();
             let typ = compat::attributes(source)[i].atttypid;
-            if json_without_casts(typ) {
+            let json = json_without_casts(typ);
+            c.measured.push((json && numerics_in_arrays(typ)).then(|| {
+                let (mut output, mut is_varlena) = (pg_sys::InvalidOid, false);
+                pg_sys::getTypeOutputInfo(typ, &mut output, &mut is_varlena);
+                let mut info: pg_sys::FmgrInfo = std::mem::zeroed();
+                pg_sys::fmgr_info(output, &mut info);
+                info
+            }));
+            if json {
                 pg_sys::namestrcpy(
                     &mut compat::attributes_mut(record)[i].attname,
                     name.as_ptr(),
@@ -1224,6 +1279,22 @@ unsafe extern "C-unwind" fn receive_slot(
                 let text = pg_sys::OutputFunctionCall(output, values[i]);
                 values[i] = pg_sys::Datum::from(pg_sys::cstring_to_text(text));
             }
+        }
+        // Numerics in arrays: their text must fit before `to_jsonb` converts each (see
+        // `numerics_in_arrays`).
+        let mut measured = 0usize;
+        for (i, output) in c.measured.iter_mut().enumerate() {
+            if let (Some(output), false) = (output, nulls[i]) {
+                let text = pg_sys::OutputFunctionCall(output, values[i]);
+                measured = measured.saturating_add(CStr::from_ptr(text).to_bytes().len());
+                pg_sys::pfree(text.cast());
+            }
+        }
+        if c.bytes.saturating_add(stored).saturating_add(measured) > c.limits.max_bytes {
+            pg_sys::MemoryContextSwitchTo(caller);
+            pg_sys::MemoryContextReset(c.per_row);
+            c.cut("max_result_bytes");
+            return false;
         }
         let tuple = pg_sys::heap_form_tuple(c.record, values.as_mut_ptr(), nulls.as_mut_ptr());
         let composite = pg_sys::heap_copy_tuple_as_datum(tuple, c.record);

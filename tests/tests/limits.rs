@@ -92,6 +92,38 @@ fn a_result_is_cut_by_its_bytes_and_the_backend_stays_small() {
     );
 }
 
+/// `to_jsonb` turns each numeric of an array into text and back, checking no interrupt and
+/// freeing the text as it goes: 12 stored bytes can be 131,072 digits. Such a value's text is
+/// measured first, so a row whose text would not fit is cut (or the memory bound stops it),
+/// in seconds, not minutes of a backend deaf to cancel.
+#[test]
+fn numerics_whose_text_is_huge_are_measured_before_they_are_converted() {
+    let mut s = Session::new();
+    let (_, mut role, _) = role_connection(&mut s, "digits");
+    role.batch_execute("SET sql_query_engine.max_result_bytes = '4MB'")
+        .unwrap();
+    let started = std::time::Instant::now();
+    let huge = role.query(
+        "SELECT * FROM nl_run('SELECT array_fill(1e131071::numeric, ARRAY[300000]) AS a')",
+        &[],
+    );
+    let took = started.elapsed();
+    match &huge {
+        Ok(rows) => assert!(rows.is_empty()),
+        Err(e) => assert_eq!(db_error(e).0, "53200", "{e}"),
+    }
+    assert!(took < std::time::Duration::from_secs(20), "took {took:?}");
+    // Arrays of ordinary numerics are still JSON numbers.
+    let row: String = role
+        .query_one(
+            "SELECT r::text FROM nl_run('SELECT ARRAY[1.50, 2]::numeric[] AS a') r",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(row, r#"{"a": [1.50, 2]}"#);
+}
+
 #[test]
 fn roles_may_lower_the_bounds_but_not_raise_them() {
     let mut s = Session::new();
