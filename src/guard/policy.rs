@@ -134,6 +134,10 @@ const RUNS_NAMED_OBJECTS_CODE: &[&str] = &[
     "to_regtypemod",
     "format_type",
     "satisfies_hash_partition",
+    "to_regprocedure",
+    "to_regoperator",
+    "ts_parse",
+    "ts_token_type",
 ];
 
 /// VOLATILE built-ins that only produce values.

@@ -11,7 +11,9 @@ use pgrx::pg_sys;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use super::facts::{builtin, family_code, CacheList, FunctionFacts, MAX_FAMILY_SUPPORT};
+use super::facts::{
+    builtin, family_code, row_fields, CacheList, FunctionFacts, MAX_FAMILY_SUPPORT,
+};
 use super::policy::{self, Allowed};
 use super::trust::Trusted;
 use super::verdict::Origin;
@@ -535,4 +537,66 @@ fn range_functions(range: pg_sys::Oid) -> Vec<pg_sys::Oid> {
         pg_sys::ReleaseSysCache(tuple);
         functions
     }
+}
+
+/// Types whose values name code: converting text to one runs the named type's modifier input
+/// function (`regtype`, and the argument types of `regprocedure` and `regoperator`), and a text
+/// search function given one runs the configuration's parser and dictionaries.
+const CODE_NAMING: [pg_sys::Oid; 5] = [
+    pg_sys::REGTYPEOID,
+    pg_sys::REGPROCEDUREOID,
+    pg_sys::REGOPERATOROID,
+    pg_sys::REGCONFIGOID,
+    pg_sys::REGDICTIONARYOID,
+];
+
+/// Whether values of `typ` are or hold (through domains, arrays and named composites) values
+/// that name code (`CODE_NAMING`).
+pub fn names_code(typ: pg_sys::Oid) -> bool {
+    if CODE_NAMING.contains(&typ) {
+        return true;
+    }
+    // Most types of a query: built-in scalars, answered without a look-up.
+    if builtin(typ) && typ.to_u32() < pg_sys::FirstGenbkiObjectId {
+        // SAFETY: a catalog look-up of a built-in type.
+        let element = unsafe { pg_sys::get_element_type(typ) };
+        return CODE_NAMING.contains(&element);
+    }
+    names_code_below(typ, 0, &mut HashMap::new())
+}
+
+/// `names_code`, each type answered once (`known`): another role's types may share their parts,
+/// which a walk without a memory would follow once per path.
+fn names_code_below(
+    typ: pg_sys::Oid,
+    depth: usize,
+    known: &mut HashMap<pg_sys::Oid, bool>,
+) -> bool {
+    if let Some(answer) = known.get(&typ) {
+        return *answer;
+    }
+    pgrx::check_for_interrupts!();
+    // SAFETY: catalog look-ups of a type the analyzed tree has.
+    let (base, element) = unsafe {
+        let base = pg_sys::getBaseType(typ);
+        (base, pg_sys::get_element_type(base))
+    };
+    let answer = if CODE_NAMING.contains(&base) {
+        true
+    } else if depth > 8 {
+        // Deeper than the guard follows a type: refused, to be safe.
+        true
+    } else if element != pg_sys::InvalidOid {
+        names_code_below(element, depth + 1, known)
+    } else if builtin(base) {
+        false
+    } else {
+        row_fields(base).is_some_and(|fields| {
+            fields
+                .into_iter()
+                .any(|field| names_code_below(field, depth + 1, known))
+        })
+    };
+    known.insert(typ, answer);
+    answer
 }

@@ -285,8 +285,18 @@ unsafe extern "C-unwind" fn analyzed_walker(node: *mut pg_sys::Node, context: *m
             return true;
         }
         let tag = (*node).type_;
-        if expression_kind(tag) && walk.check_type(pg_sys::exprType(node)) {
-            return true;
+        if expression_kind(tag) {
+            let typ = pg_sys::exprType(node);
+            // What a function returns is its own to answer for (`to_regtype` is refused by
+            // name, its policy says why; `pg_typeof` names no code); a constant is converted,
+            // and seen, as the query is analysed.
+            let produced = matches!(tag, pg_sys::NodeTag::T_Const | pg_sys::NodeTag::T_FuncExpr);
+            if !produced && walk.refuse_code_naming(typ) {
+                return true;
+            }
+            if walk.check_type(typ) {
+                return true;
+            }
         }
         match tag {
             pg_sys::NodeTag::T_Query => {
@@ -304,13 +314,18 @@ unsafe extern "C-unwind" fn analyzed_walker(node: *mut pg_sys::Node, context: *m
             // The walker goes on into the entry's subquery, functions, VALUES lists, table
             // function and TABLESAMPLE arguments.
             pg_sys::NodeTag::T_RangeTblEntry => walk.check_rte(node.cast()),
+            // Columns a table function converts from text (a column definition list, JSON_TABLE,
+            // XMLTABLE) are values computed as the query runs.
             pg_sys::NodeTag::T_RangeTblFunction => {
                 let function = node.cast::<pg_sys::RangeTblFunction>();
-                walk.check_types((*function).funccoltypes)
+                walk.refuse_code_naming_in((*function).funccoltypes)
+                    || walk.check_types((*function).funccoltypes)
                     || pg_sys::expression_tree_walker(node, Some(analyzed_walker), context)
             }
             pg_sys::NodeTag::T_TableFunc => {
-                walk.check_types((*node.cast::<pg_sys::TableFunc>()).coltypes)
+                let coltypes = (*node.cast::<pg_sys::TableFunc>()).coltypes;
+                walk.refuse_code_naming_in(coltypes)
+                    || walk.check_types(coltypes)
                     || pg_sys::expression_tree_walker(node, Some(analyzed_walker), context)
             }
             // An aggregate's DISTINCT or ORDER BY: its operators run, out of the tree's sight.
@@ -319,26 +334,6 @@ unsafe extern "C-unwind" fn analyzed_walker(node: *mut pg_sys::Node, context: *m
                 [(*clause).sortop, (*clause).eqop]
                     .into_iter()
                     .any(|op| op != pg_sys::InvalidOid && walk.check_operator(op))
-            }
-            // A type, text search configuration or dictionary named by text computed as the
-            // query runs: reading it runs the named type's modifier function, and a text
-            // search function given it runs the configuration's parser and dictionaries, all
-            // out of the guard's sight (a constant name is converted, and seen, as the query
-            // is analysed).
-            pg_sys::NodeTag::T_CoerceViaIO
-                if [
-                    pg_sys::REGTYPEOID,
-                    pg_sys::REGCONFIGOID,
-                    pg_sys::REGDICTIONARYOID,
-                ]
-                .contains(&(*node.cast::<pg_sys::CoerceViaIO>()).resulttype) =>
-            {
-                walk.refuse(format!(
-                    "a conversion to {} of a value computed as the query runs names code out of \
-                     the guard's sight; name it as a constant",
-                    types::type_name((*node.cast::<pg_sys::CoerceViaIO>()).resulttype)
-                ));
-                true
             }
             // The conversion's input and output functions are the types' (checked above).
             pg_sys::NodeTag::T_CoerceViaIO | pg_sys::NodeTag::T_CoerceToDomain => {
@@ -465,6 +460,30 @@ impl Walk {
     }
 
     /// Checks each type of an OID list (column definition lists, XMLTABLE columns).
+    /// A value that names code, computed as the query runs (`names_code`): refused. A constant
+    /// is converted, and seen, as the query is analysed.
+    fn refuse_code_naming(&mut self, typ: pg_sys::Oid) -> bool {
+        if typ == pg_sys::InvalidOid || !types::names_code(typ) {
+            return false;
+        }
+        self.refuse(format!(
+            "a value of type {} computed as the query runs names code out of the guard's sight \
+             (a type's modifier function, a text search configuration's parser and \
+             dictionaries); name it as a constant",
+            types::type_name(typ)
+        ));
+        true
+    }
+
+    /// `refuse_code_naming` of each type of an OID list of the analyzed tree.
+    unsafe fn refuse_code_naming_in(&mut self, types: *mut pg_sys::List) -> bool {
+        // SAFETY: an OID list of the analyzed tree.
+        let types: Vec<pg_sys::Oid> = unsafe { PgList::<c_void>::from_pg(types) }
+            .iter_oid()
+            .collect();
+        types.into_iter().any(|typ| self.refuse_code_naming(typ))
+    }
+
     unsafe fn check_types(&mut self, types: *mut pg_sys::List) -> bool {
         let types: Vec<pg_sys::Oid> = {
             // SAFETY: an OID list of the analyzed tree.

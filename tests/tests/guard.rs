@@ -228,9 +228,9 @@ fn nl_check_is_callable_by_anyone() {
 /// Built-ins that run code of an object they are handed by name or OID as the query runs are
 /// refused unless allowed by name: `satisfies_hash_partition` opens any partitioned table
 /// (with no privilege check) and runs its key's hash functions, `to_regtype` and
-/// `format_type` a named type's modifier functions; so is a conversion of a computed value to
-/// `regtype` (its modifier function) or `regconfig` (whose parser and dictionaries a text
-/// search function runs).
+/// `format_type` a named type's modifier functions; so is any value computed as the query runs
+/// of a type that names code: `regtype` (its modifier function), `regconfig` (whose parser and
+/// dictionaries a text search function runs), and arrays and records of them.
 #[test]
 fn functions_that_run_code_of_an_object_named_at_run_time_are_refused() {
     let mut s = Session::new();
@@ -263,6 +263,28 @@ fn functions_that_run_code_of_an_object_named_at_run_time_are_refused() {
         (
             "SELECT to_tsvector(o.order_id::text::regconfig, 'x') AS t FROM orders o",
             "computed as the query runs",
+        ),
+        // The same, by any other path: a binary conversion, an array, a column definition list.
+        (
+            "SELECT to_tsvector(o.order_id::oid::regconfig, 'x') AS t FROM orders o",
+            "computed as the query runs",
+        ),
+        (
+            "SELECT ('{\"numeric(' || o.order_id || ')\"}')::regtype[] AS t FROM orders o",
+            "computed as the query runs",
+        ),
+        (
+            "SELECT x.t FROM orders o, json_to_record(json_build_object('t', 'numeric(' || \
+             o.order_id || ')')) AS x(t regtype)",
+            "computed as the query runs",
+        ),
+        (
+            "SELECT to_regprocedure('abs(numeric(' || o.order_id || '))') AS t FROM orders o",
+            "given by name or OID",
+        ),
+        (
+            "SELECT count(*) AS n FROM orders o, ts_parse('default', o.order_id::text) p",
+            "given by name or OID",
         ),
     ] {
         let error = role_client
