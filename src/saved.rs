@@ -293,6 +293,9 @@ pub fn create(
             ));
         }
     }
+    // The view runs with its reader's rights (security_invoker), also one it replaces: what
+    // it reads, a model chose, and whoever may read the view (a grant it keeps, default
+    // privileges) must not read it with its owner's rights.
     let options = if target.exists {
         subxact::pinned(|| {
             store::read_one::<String>(
@@ -300,7 +303,8 @@ pub fn create(
                    pg_catalog.split_part(o, '=', 1), \
                    pg_catalog.substr(o, pg_catalog.strpos(o, '=') + 1)), ', ') \
                  FROM pg_catalog.pg_class c, pg_catalog.unnest(c.reloptions) AS o \
-                 WHERE c.oid = pg_catalog.to_regclass($1)",
+                 WHERE c.oid = pg_catalog.to_regclass($1) \
+                   AND pg_catalog.split_part(o, '=', 1) <> 'security_invoker'",
                 &[target.qualified.as_str().into()],
             )
         })
@@ -308,12 +312,15 @@ pub fn create(
     } else {
         None
     };
+    let options = match options {
+        Some(kept) => format!("{kept}, security_invoker = true"),
+        None => "security_invoker = true".to_string(),
+    };
     let statement = format!(
-        "CREATE {}VIEW {} ({}){} AS\n{sql}\n",
+        "CREATE {}VIEW {} ({}) WITH ({options}) AS\n{sql}\n",
         if target.exists { "OR REPLACE " } else { "" },
         target.qualified,
         quoted.join(", "),
-        options.map(|o| format!(" WITH ({o})")).unwrap_or_default()
     );
     let trusted = guard::superuser_call();
     let during = [

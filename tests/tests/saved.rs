@@ -477,25 +477,51 @@ fn a_relation_made_again_under_its_name_while_the_model_thinks_is_not_saved() {
     assert!(loot(&mut analyst) > 0);
 }
 
-/// A view replaced by `nl_view_refresh` keeps its options: a `security_invoker` view does not
-/// become one that reads with its owner's rights.
+/// A saved question's view reads with its reader's rights (`security_invoker`): what it reads,
+/// a model chose, and a role it is granted to (by a grant, by default privileges) must not read
+/// that with the view owner's rights. A replaced view keeps its other options and becomes one.
 #[test]
-fn a_refreshed_view_keeps_its_options() {
+fn a_saved_view_reads_with_its_readers_rights_and_keeps_its_options() {
     let shop = Shop::new();
     shop.s.llm.on(
         "revenue per country",
         vec![Reply::sql(REVENUE), Reply::sql(REVENUE)],
     );
+    let reader = format!("reader_{}", shop.s.database);
+    shop.s
+        .second_connection()
+        .batch_execute(&format!("CREATE ROLE {reader} LOGIN"))
+        .unwrap();
     let mut analyst = shop.analyst();
     analyst
-        .batch_execute("SET search_path = reports, public")
+        .batch_execute(&format!(
+            "SET search_path = reports, public; GRANT USAGE ON SCHEMA reports TO {reader};
+             ALTER DEFAULT PRIVILEGES IN SCHEMA reports GRANT SELECT ON TABLES TO {reader};"
+        ))
         .unwrap();
     analyst
         .query_one("SELECT nl_view('revenue', 'revenue per country')", &[])
         .unwrap();
+    let options = |analyst: &mut Client| -> Vec<String> {
+        analyst
+            .query_one(
+                "SELECT reloptions::text[] FROM pg_class WHERE oid = 'reports.revenue'::regclass",
+                &[],
+            )
+            .unwrap()
+            .get(0)
+    };
+    assert_eq!(options(&mut analyst), ["security_invoker=true"]);
+    // The reader may read the view (a default privilege granted it), not what it reads.
+    let mut reading = cluster().connect_as(&shop.s.database, &reader);
+    let denied = reading
+        .query("SELECT * FROM reports.revenue", &[])
+        .unwrap_err();
+    assert_eq!(db_error(&denied).0, "42501", "{denied}");
+    // Replaced, a view keeps its other options and reads with its reader's rights again.
     analyst
         .batch_execute(
-            "ALTER VIEW reports.revenue SET (security_invoker = true, security_barrier = true)",
+            "ALTER VIEW reports.revenue SET (security_invoker = false, security_barrier = true)",
         )
         .unwrap();
     let said: String = analyst
@@ -503,14 +529,11 @@ fn a_refreshed_view_keeps_its_options() {
         .unwrap()
         .get(0);
     assert!(said.starts_with("unchanged:"), "{said}");
-    let options: Vec<String> = analyst
-        .query_one(
-            "SELECT reloptions::text[] FROM pg_class WHERE oid = 'reports.revenue'::regclass",
-            &[],
-        )
-        .unwrap()
-        .get(0);
-    assert_eq!(options, ["security_invoker=true", "security_barrier=true"]);
+    assert_eq!(
+        options(&mut analyst),
+        ["security_barrier=true", "security_invoker=true"]
+    );
+    assert!(reading.query("SELECT * FROM reports.revenue", &[]).is_err());
 }
 
 #[test]
