@@ -113,7 +113,11 @@ pub fn give(
     let vouched = match answer.vouched(correct, corrected) {
         Some(sql) => {
             arguments::sql(sql)?;
-            returns_rows(sql)?;
+            // A correction is the caller's own SQL; the answer's is the model's, which may read
+            // only the caller's schema context, as when it answered (a relation made since
+            // under a name it reads, ahead on the search path, would run its owner's code).
+            let own = corrected.is_some_and(|c| !c.trim().is_empty());
+            returns_rows(sql, !own)?;
             Some(sql.to_string())
         }
         None if correct => {
@@ -180,10 +184,17 @@ fn may_write_examples(schema: &str) -> Result<bool> {
 }
 
 /// What feedback vouches for must pass the guard and answer with rows, run as any query of the
-/// caller's.
-fn returns_rows(sql: &str) -> Result<()> {
+/// caller's; `scoped`, as a query of the model's (within the caller's schema context).
+fn returns_rows(sql: &str, scoped: bool) -> Result<()> {
     let mode = Mode::Run(exec::Limits::from_settings());
-    let result = exec::attempt(sql, mode, settings::statement_timeout_ms()).into_result()?;
+    let timeout = settings::statement_timeout_ms();
+    let outcome = if scoped {
+        let (context, _) = crate::schema::load()?;
+        exec::attempt_in_loop(sql, mode, timeout, Some(&context.scope()), false)
+    } else {
+        exec::attempt(sql, mode, timeout)
+    };
+    let result = outcome.into_result()?;
     if result.is_some_and(|r| r.rows.is_empty()) {
         return Err(Error::sql(
             "22023",

@@ -4,7 +4,7 @@
 //! query the guard refuses.
 
 use postgres::Client;
-use sql_query_engine_e2e::{cluster, db_error, Reply, Session};
+use sql_query_engine_e2e::{cluster, db_error, Reply, Session, Witness};
 
 struct Roles {
     s: Session,
@@ -188,6 +188,50 @@ fn feedback_never_vouches_for_what_the_guard_refuses_or_for_no_rows() {
     // A wrong answer without a correction is noted, nothing more.
     let given = feedback(&mut writer, id, false, None);
     assert_eq!(given["status"], "noted", "{given}");
+}
+
+/// Marked correct, an answer's own SQL (the model's) runs again within the caller's schema
+/// context, as when it answered: a relation another role made since under a name it reads,
+/// in a schema ahead on the caller's search path (named after the caller, for `"$user"`), is
+/// refused, not read with its owner's code.
+#[test]
+fn an_answer_marked_correct_reads_only_what_it_read_when_it_answered() {
+    let r = Roles::new();
+    let (analyst, db) = (r.analyst.clone(), r.s.database.clone());
+    let attacker = format!("shadow_{db}");
+    r.s.llm.on(
+        "how many customers",
+        vec![Reply::sql("SELECT count(*) AS n FROM customers")],
+    );
+    let mut a = r.connect(&analyst);
+    let id = asked(&mut a, "how many customers");
+    let mut admin = cluster().connect(&db);
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {attacker} LOGIN; GRANT CREATE ON DATABASE {db} TO {attacker};"
+        ))
+        .unwrap();
+    cluster()
+        .connect_as(&db, &attacker)
+        .batch_execute(&format!(
+            "CREATE SCHEMA {analyst}; GRANT USAGE ON SCHEMA {analyst} TO {analyst};
+             CREATE FUNCTION {analyst}.note() RETURNS int LANGUAGE plpgsql AS
+                 $$ BEGIN PERFORM pg_advisory_lock(4250); RETURN 1; END $$;
+             CREATE VIEW {analyst}.customers AS
+                 SELECT {analyst}.note() AS customer_id, 'x'::text AS name;
+             GRANT SELECT ON {analyst}.customers TO {analyst};"
+        ))
+        .unwrap();
+    let mut witness = Witness::hold(&db, &[4250]);
+    let (given, waited) =
+        witness.waited(|| a.query_one("SELECT nl_feedback($1, true)::text", &[&id]));
+    let error = given.unwrap_err();
+    assert_eq!(db_error(&error).0, "42501", "{error}");
+    assert!(waited.is_empty(), "the shadowing view's code ran");
+    // Control: the same SQL run directly reads the view, and runs its code.
+    let (_, waited) =
+        witness.waited(|| a.query("SELECT count(*) AS n FROM customers", &[]).unwrap());
+    assert_eq!(waited, [4250]);
 }
 
 #[test]
