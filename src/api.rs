@@ -334,6 +334,19 @@ fn nl_cursor(question: Option<&str>, cursor_name: default!(Option<&str>, "'nl_an
     {
         e.raise();
     }
+    // PostgreSQL keeps a portal's name in NAMEDATALEN bytes, cut at a byte: a longer name
+    // would name a cursor no FETCH finds.
+    if name.len() >= pg_sys::NAMEDATALEN as usize {
+        Error::Query(Box::new(SqlError::new(
+            SqlState::NAME_TOO_LONG,
+            format!(
+                "the cursor's name is {} bytes long: at most {} are kept",
+                name.len(),
+                pg_sys::NAMEDATALEN - 1
+            ),
+        )))
+        .raise()
+    }
     let Some(cursor) = exec::new_cursor(name) else {
         Error::Query(Box::new(SqlError::new(
             SqlState::DUPLICATE_CURSOR,

@@ -25,6 +25,7 @@ impl SqlState {
     pub const DATATYPE_MISMATCH: SqlState = SqlState(*b"42804");
     pub const CANNOT_COERCE: SqlState = SqlState(*b"42846");
     pub const DUPLICATE_CURSOR: SqlState = SqlState(*b"42P03");
+    pub const NAME_TOO_LONG: SqlState = SqlState(*b"42622");
     pub const QUERY_CANCELED: SqlState = SqlState(*b"57014");
     pub const OUT_OF_MEMORY: SqlState = SqlState(*b"53200");
     pub const STATEMENT_TOO_COMPLEX: SqlState = SqlState(*b"54001");

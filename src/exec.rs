@@ -647,7 +647,12 @@ fn run_guarded(
         )),
         (Origin::Generated, None) => None,
     };
-    let checked = match guard::check(sql, origin, trusted.as_ref(), scope) {
+    // An answer that may be saved as a view is checked for what the view would keep.
+    let saving = match (&trusted, in_loop) {
+        (None, Some(in_loop)) if in_loop.saves => Some(guard::saving_call()),
+        _ => None,
+    };
+    let checked = match guard::check(sql, origin, saving.as_ref().or(trusted.as_ref()), scope) {
         Ok(checked) => checked,
         Err(refusal) => return Outcome::Refused(refusal),
     };
@@ -1048,20 +1053,40 @@ fn json_without_casts_unremembered(
     }
 }
 
-/// Whether values of `typ` hold numerics inside arrays (through domains, arrays and named
-/// composites). `to_jsonb` turns each numeric into text and back, checking no interrupt and
-/// freeing the text: an array of a million numerics stored in 12 bytes each, whose text is
-/// 131,072 digits each, keeps the backend deaf to cancel for minutes, in flat memory. The
-/// array's own text is measured first (it grows with its digits, within the memory limit).
+/// Whether values of `typ` hold numerics inside arrays. `to_jsonb` turns each numeric into
+/// text and back, checking no interrupt and freeing the text: an array of a million numerics
+/// stored in 12 bytes each, whose text is 131,072 digits each, keeps the backend deaf to cancel
+/// for minutes, in flat memory. The array's own text is measured first (it grows with its
+/// digits, within the memory limit).
 fn numerics_in_arrays(typ: pg_sys::Oid) -> bool {
-    holds_numerics(typ, false, 0, &mut HashMap::new())
+    holds(typ, &|base, in_array| {
+        base == pg_sys::NUMERICOID && in_array
+    })
 }
 
-/// `numerics_in_arrays` below `depth`, `in_array` when inside one, each type answered once.
-fn holds_numerics(
+/// Whether values of `typ` hold values of a composite type that is not built in: a cursor
+/// keeps them as they are until FETCH prints them with the type's descriptor of then, which
+/// its owner may have changed (`ALTER TYPE ... ALTER ATTRIBUTE ... TYPE`: only tables' columns
+/// stop it), and the bytes of one field would be read as another's.
+fn composites_not_built_in(typ: pg_sys::Oid) -> bool {
+    holds(typ, &|base, _| {
+        // SAFETY: a catalog look-up of a type the query's result has.
+        !guard::builtin(base) && unsafe { pg_sys::get_typtype(base) } as u8 == b'c'
+    })
+}
+
+/// Whether a value of `typ` holds (through domains, arrays and named composites) a part
+/// `wanted` says yes to (given the part's base type, and whether it is inside an array).
+fn holds(typ: pg_sys::Oid, wanted: &dyn Fn(pg_sys::Oid, bool) -> bool) -> bool {
+    holds_below(typ, false, 0, wanted, &mut HashMap::new())
+}
+
+/// `holds` below `depth`, `in_array` when inside one, each type answered once (`known`).
+fn holds_below(
     typ: pg_sys::Oid,
     in_array: bool,
     depth: usize,
+    wanted: &dyn Fn(pg_sys::Oid, bool) -> bool,
     known: &mut HashMap<(pg_sys::Oid, bool), bool>,
 ) -> bool {
     if let Some(answer) = known.get(&(typ, in_array)) {
@@ -1069,23 +1094,23 @@ fn holds_numerics(
     }
     pgrx::check_for_interrupts!();
     // SAFETY: catalog look-ups of a type the query's result has.
-    let answer = unsafe {
+    let (base, element) = unsafe {
         let base = pg_sys::getBaseType(typ);
-        let element = pg_sys::get_element_type(base);
-        if base == pg_sys::NUMERICOID {
-            in_array
-        } else if depth > 8 {
-            // Deeper than any type walk here goes: measured, to be safe.
-            true
-        } else if element != pg_sys::InvalidOid {
-            holds_numerics(element, true, depth + 1, known)
-        } else {
-            guard::row_fields(base).is_some_and(|fields| {
-                fields
-                    .into_iter()
-                    .any(|field| holds_numerics(field, in_array, depth + 1, known))
-            })
-        }
+        (base, pg_sys::get_element_type(base))
+    };
+    let answer = if wanted(base, in_array) {
+        true
+    } else if depth > 8 {
+        // Deeper than any type walk here goes: yes, to be safe.
+        true
+    } else if element != pg_sys::InvalidOid {
+        holds_below(element, true, depth + 1, wanted, known)
+    } else {
+        guard::row_fields(base).is_some_and(|fields| {
+            fields
+                .into_iter()
+                .any(|field| holds_below(field, in_array, depth + 1, wanted, known))
+        })
     };
     known.insert((typ, in_array), answer);
     answer
@@ -1151,6 +1176,24 @@ unsafe extern "C-unwind" fn startup(
     // executor's query context, where everything made here lives.
     unsafe {
         let c = collector(receiver);
+        if c.portal.is_some() {
+            if let Some(attr) = compat::attributes(source)
+                .iter()
+                .find(|attr| composites_not_built_in(attr.atttypid))
+            {
+                crate::error::Error::sql(
+                    "0A000",
+                    format!(
+                        "column \"{}\" holds values of type {}: a cursor keeps them until FETCH, \
+                         and a composite type's owner may change it meanwhile",
+                        CStr::from_ptr(attr.attname.data.as_ptr()).to_string_lossy(),
+                        crate::names::c_string(pg_sys::format_type_be(attr.atttypid))
+                    ),
+                    Some("Select the type's fields as columns of their own."),
+                )
+                .raise();
+            }
+        }
         if let Some(portal) = c.portal {
             // The row type and a store for the rows, in the portal's memory, which outlives this
             // execution and its subtransaction; scrollable, like the cursor. Its temporary

@@ -342,7 +342,7 @@ pub fn create(
     })
     .map_err(|e| Error::internal(format!("finding the view: {e}")))?
     .ok_or_else(|| Error::internal(format!("view {} was not created", target.qualified)))?;
-    if let Err(refusal) = guard::check_view(view, trusted.as_ref(), scope) {
+    if let Err(refusal) = guard::check_view(view, Some(&guard::saving_call()), scope) {
         let mut error = refusal.error;
         error.message = format!(
             "view {} is not saved: what it stores differs from the answer that was checked \

@@ -20,6 +20,9 @@ use crate::settings;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Trusted {
     roles: Vec<pg_sys::Oid>,
+    /// A saved question's view of a role that is not a superuser (`saving_call`): only what it
+    /// keeps is judged (functions, types, operators), not the relations it reads.
+    saving: bool,
 }
 
 /// Views followed at most into the views they read.
@@ -203,18 +206,44 @@ pub fn superuser_call() -> Option<Trusted> {
     if !reaches_the_server(callers) {
         return None;
     }
-    let mut roles: Vec<pg_sys::Oid> = settings::trusted_owners()
+    let mut roles = trusted_owners();
+    // SAFETY: role catalog look-ups.
+    if unsafe { !pg_sys::superuser_arg(current) && !pg_sys::superuser_arg(session) } {
+        roles.extend([current, session]);
+    }
+    Some(Trusted {
+        roles,
+        saving: false,
+    })
+}
+
+/// What a saved question's view may keep: a superuser's call's trust, or for another role's,
+/// the objects of the caller, of superusers and of `trusted_owners` only. The view runs them at
+/// every read, whoever reads it: another role's function, type or operator could be changed
+/// by its owner later (a function replaced, a domain's CHECK added, a negator linked).
+pub fn saving_call() -> Trusted {
+    if let Some(trusted) = superuser_call() {
+        return trusted;
+    }
+    // SAFETY: reads the backend's current and session user.
+    let (current, session) = unsafe { (pg_sys::GetUserId(), pg_sys::GetSessionUserId()) };
+    let mut roles = trusted_owners();
+    roles.extend([current, session]);
+    Trusted {
+        roles,
+        saving: true,
+    }
+}
+
+/// The roles `sql_query_engine.trusted_owners` names that exist.
+fn trusted_owners() -> Vec<pg_sys::Oid> {
+    settings::trusted_owners()
         .iter()
         .filter_map(|name| CString::new(name.as_str()).ok())
         // SAFETY: a NUL-terminated name; a role that does not exist is skipped.
         .map(|name| unsafe { pg_sys::get_role_oid(name.as_ptr(), true) })
         .filter(|oid| *oid != pg_sys::InvalidOid)
-        .collect();
-    // SAFETY: role catalog look-ups.
-    if unsafe { !pg_sys::superuser_arg(current) && !pg_sys::superuser_arg(session) } {
-        roles.extend([current, session]);
-    }
-    Some(Trusted { roles })
+        .collect()
 }
 
 impl Trusted {
@@ -229,6 +258,13 @@ impl Trusted {
             return None;
         }
         let role = role_name(owner).unwrap_or_default();
+        if self.saving {
+            return Some(format!(
+                "its owner, role \"{role}\", could change it later for every reader of a saved \
+                 question's view, which keeps no {what} of another role (a superuser may trust \
+                 the role with sql_query_engine.trusted_owners = '{role}')"
+            ));
+        }
         Some(format!(
             "its owner, role \"{role}\", is not a superuser, and a superuser's call (or one of a \
              role that may act as the server) runs no {what} of another role (a superuser may \
@@ -239,6 +275,9 @@ impl Trusted {
     /// Why a superuser's query may not read `relation`: it, a view it goes through, or one of
     /// its partitions or children belongs to a role this call does not trust.
     pub fn refuse_relation(&self, relation: pg_sys::Oid) -> Option<String> {
+        if self.saving {
+            return None;
+        }
         self.relation_refusal(relation, 0, &mut Vec::new())
     }
 

@@ -344,6 +344,48 @@ fn nl_cursor_gives_the_querys_own_columns_and_types() {
     );
 }
 
+/// A cursor keeps its rows' values as they are until FETCH prints them with their types as they
+/// are then: values of a composite type that is not built in (whose owner may change its
+/// fields meanwhile) are refused, and the model is told to select the fields; a cursor's name
+/// is at most what PostgreSQL keeps of one (63 bytes).
+#[test]
+fn nl_cursor_keeps_no_composite_value_and_no_name_cut_short() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute("CREATE TYPE public.pair AS (a int, b int)")
+        .unwrap();
+    s.llm.on(
+        "orders as pairs",
+        vec![
+            Reply::sql("SELECT ROW(order_id, customer_id)::public.pair AS p FROM orders"),
+            Reply::sql("SELECT order_id AS a, customer_id AS b FROM orders"),
+        ],
+    );
+    s.client
+        .batch_execute("SET sql_query_engine.max_repairs = 1")
+        .unwrap();
+    let mut tx = s.client.transaction().unwrap();
+    tx.query_one("SELECT nl_cursor('orders as pairs', 'pairs')", &[])
+        .unwrap();
+    let rows = tx.query("FETCH ALL FROM pairs", &[]).unwrap();
+    assert_eq!(rows.len(), 6);
+    assert_eq!(rows[0].columns().len(), 2, "the fields, as columns");
+    tx.rollback().unwrap();
+    assert!(
+        s.llm
+            .last_text()
+            .contains("a cursor keeps them until FETCH"),
+        "{}",
+        s.llm.last_text()
+    );
+    let long = "é".repeat(40);
+    let error = s
+        .client
+        .query_one("SELECT nl_cursor('orders as pairs', $1)", &[&long])
+        .unwrap_err();
+    assert_eq!(db_error(&error).0, "42622");
+}
+
 /// A value stored out of line (TOAST) is in the cursor as it was when the answer ran: a FETCH
 /// reads it after the row is deleted and its storage vacuumed by another connection (the
 /// transaction writes no history, so nothing it holds keeps the row from the vacuum).

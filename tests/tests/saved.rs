@@ -422,6 +422,69 @@ fn a_function_another_role_adds_while_the_model_thinks_never_enters_the_view() {
     assert!(loot(&mut analyst) > 0, "the overload is the closer match");
 }
 
+/// A saved view runs what it keeps at every read, whoever reads it: another role's domain (or
+/// type, operator, function) could be changed by its owner afterwards (a CHECK added that runs
+/// as each reader). A view keeps only objects of the caller, of superusers and of
+/// `trusted_owners`; the model is told why and answers again. An answer that is not saved may
+/// use the domain.
+#[test]
+fn a_saved_view_keeps_no_type_of_another_role() {
+    let shop = Shop::new();
+    let mallory = mallory(&shop);
+    cluster()
+        .connect_as(&shop.s.database, &mallory)
+        .batch_execute("CREATE DOMAIN public.code AS text")
+        .unwrap();
+    const CAST: &str = "SELECT c.name::public.code AS name FROM customers c ORDER BY 1";
+    const PLAIN: &str = "SELECT c.name FROM customers c ORDER BY 1";
+    shop.s.llm.on(
+        "the names as codes",
+        vec![Reply::sql(CAST), Reply::sql(PLAIN)],
+    );
+    shop.s
+        .llm
+        .on("the names as codes, now", vec![Reply::sql(CAST)]);
+    let mut analyst = shop.analyst();
+    analyst
+        .batch_execute("SET search_path = reports, public")
+        .unwrap();
+    let trace: String = analyst
+        .query_one("SELECT nl_trace('the names as codes, now')::text", &[])
+        .unwrap()
+        .get(0);
+    assert!(trace.contains(r#""status": "ok""#), "{trace}");
+    let saved: String = analyst
+        .query_one("SELECT nl_view('codes', 'the names as codes')", &[])
+        .unwrap()
+        .get(0);
+    assert!(!saved.contains("code AS name"), "{saved}");
+    let repair = shop.s.llm.last_text();
+    assert!(
+        repair.contains("could change it later for every reader"),
+        "{repair}"
+    );
+    // What Mallory adds to her domain now runs in no read of the view.
+    cluster()
+        .connect_as(&shop.s.database, &mallory)
+        .batch_execute(
+            "CREATE FUNCTION public.spy(text) RETURNS boolean LANGUAGE plpgsql AS
+             $$ BEGIN INSERT INTO public.loot VALUES (current_user); RETURN true; END $$;
+             ALTER DOMAIN public.code ADD CONSTRAINT spied CHECK (public.spy(VALUE));",
+        )
+        .unwrap();
+    analyst
+        .batch_execute("SELECT * FROM reports.codes")
+        .unwrap();
+    assert_eq!(loot(&mut analyst), 0);
+    // Control: a view that kept the domain would run it.
+    analyst
+        .batch_execute(&format!(
+            "CREATE VIEW reports.kept AS {CAST}; SELECT * FROM reports.kept"
+        ))
+        .unwrap();
+    assert!(loot(&mut analyst) > 0);
+}
+
 /// What the view stores is checked again as the answer was: a relation made again under the
 /// name the answer read (here a view of Mallory's, whose function runs as its reader), while
 /// the model was asked, is not one the caller was shown, and the view is not saved.
