@@ -347,16 +347,22 @@ fn define() {
             None,
         );
     }
-    GucRegistry::define_int_guc(
-        c"sql_query_engine.examples",
-        c"How many verified examples (nl_example_add) most similar to the question go into the prompt.",
-        c"",
-        &EXAMPLES,
-        0,
-        20,
-        GucContext::Userset,
-        GucFlags::default(),
-    );
+    // SAFETY: the check hook only reads the proposed value and sets GUC's error fields.
+    unsafe {
+        GucRegistry::define_int_guc_with_hooks(
+            c"sql_query_engine.examples",
+            c"How many verified examples (nl_example_add) most similar to the question go into the prompt.",
+            c"",
+            &EXAMPLES,
+            0,
+            20,
+            GucContext::Userset,
+            GucFlags::default(),
+            Some(check_examples),
+            None,
+            None,
+        );
+    }
     GucRegistry::define_bool_guc(
         c"sql_query_engine.json_mode",
         c"Ask the endpoint for a JSON answer (response_format json_object).",
@@ -395,16 +401,22 @@ fn define() {
             None,
         );
     }
-    GucRegistry::define_int_guc(
-        c"sql_query_engine.session_turns",
-        c"How many earlier turns of a session the model sees.",
-        c"",
-        &SESSION_TURNS,
-        0,
-        100,
-        GucContext::Userset,
-        GucFlags::default(),
-    );
+    // SAFETY: the check hook only reads the proposed value and sets GUC's error fields.
+    unsafe {
+        GucRegistry::define_int_guc_with_hooks(
+            c"sql_query_engine.session_turns",
+            c"How many earlier turns of a session the model sees.",
+            c"",
+            &SESSION_TURNS,
+            0,
+            100,
+            GucContext::Userset,
+            GucFlags::default(),
+            Some(check_session_turns),
+            None,
+            None,
+        );
+    }
     // SAFETY: the check hook only reads the proposed value and sets GUC's error fields.
     unsafe {
         GucRegistry::define_int_guc_with_hooks(
@@ -886,6 +898,9 @@ ceiling_hook!(check_max_tokens, MAX_TOKENS_CEILING, "max_tokens");
 ceiling_hook!(check_prompt_budget, PROMPT_BUDGET_CEILING, "prompt_budget");
 ceiling_hook!(check_redis_timeout, REDIS_TIMEOUT_CEILING, "redis_timeout");
 ceiling_hook!(check_session_ttl, SESSION_TTL_CEILING, "session_ttl");
+// How much of the prompt a role's call fills with what it chooses: examples and earlier turns.
+ceiling_hook!(check_examples, EXAMPLES_CEILING, "examples");
+ceiling_hook!(check_session_turns, SESSION_TURNS_CEILING, "session_turns");
 
 /// Functions beyond the built-ins that generated queries may call, as written (the guard
 /// parses it).
@@ -1018,7 +1033,7 @@ pub fn prompt_budget() -> usize {
 }
 
 pub fn examples() -> usize {
-    EXAMPLES.get().max(0) as usize
+    EXAMPLES_CEILING.bound(EXAMPLES.get()).max(0) as usize
 }
 
 /// The Redis URL, when Redis is to be used.
@@ -1031,7 +1046,7 @@ pub fn redis_timeout_ms() -> u64 {
 }
 
 pub fn session_turns() -> usize {
-    SESSION_TURNS.get().max(0) as usize
+    SESSION_TURNS_CEILING.bound(SESSION_TURNS.get()).max(0) as usize
 }
 
 pub fn session_ttl_s() -> u64 {

@@ -143,6 +143,8 @@ fn roles_may_lower_the_bounds_but_not_raise_them() {
         ("prompt_budget", "1000000", "2000"),
         ("redis_timeout", "'1h'", "'100ms'"),
         ("session_ttl", "'3650d'", "'1h'"),
+        ("examples", "20", "1"),
+        ("session_turns", "100", "2"),
     ] {
         for statement in [
             format!("SET sql_query_engine.{setting} = {higher}"),
