@@ -57,19 +57,82 @@ fn secrets_of(url: &str) -> (String, Vec<String>) {
             .filter(|s| !s.is_empty())
             .map(str::to_string),
     );
+    // Each part alone too, as written and decoded: an endpoint may echo one (the password, a
+    // query parameter's value) without the rest. Parts shorter than MIN_PART are no secret
+    // worth mangling every message for.
+    let mut parts: Vec<String> = [Some(user), parsed.password(), parsed.fragment()]
+        .into_iter()
+        .flatten()
+        .map(str::to_string)
+        .collect();
+    for part in parts.clone() {
+        if let Ok(decoded) = urlencoding_decode(&part) {
+            parts.push(decoded);
+        }
+    }
+    for (name, value) in parsed.query_pairs() {
+        parts.extend([name.into_owned(), value.into_owned()]);
+    }
+    if let Some(query) = parsed.query() {
+        parts.extend(query.split(['&', '=']).map(str::to_string));
+    }
+    secrets.extend(parts.into_iter().filter(|p| p.chars().count() >= MIN_PART));
+    // Longest first: a part inside another is replaced after it.
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    secrets.dedup();
     let host = parsed.host_str().unwrap_or_default();
     let port = parsed.port().map(|p| format!(":{p}")).unwrap_or_default();
     let shown = format!("{}://{host}{port}{}", parsed.scheme(), parsed.path());
     (shown, secrets)
 }
 
-/// `text` with the secrets of `url` (the whole URL, its credentials, query and fragment)
-/// replaced.
+/// Characters a part of a URL's credentials has at least to be replaced on its own.
+const MIN_PART: usize = 4;
+
+/// `%XX` escapes decoded, when they make UTF-8.
+fn urlencoding_decode(part: &str) -> Result<String, std::string::FromUtf8Error> {
+    let bytes = part.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (
+            bytes[i],
+            bytes.get(i + 1).copied(),
+            bytes.get(i + 2).copied(),
+        ) {
+            (b'%', Some(h), Some(l)) if hex(h).is_some() && hex(l).is_some() => {
+                out.push((hex(h).unwrap_or(0) * 16 + hex(l).unwrap_or(0)) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out)
+}
+
+/// `text` with the secrets of `url` (the whole URL, its credentials, query and fragment, each
+/// part alone) replaced; a text that ends in the beginning of one (cut there) loses it.
 pub fn redact(text: &str, url: &str) -> String {
     let (shown, secrets) = secrets_of(url);
     let mut text = text.replace(url, &shown);
-    for secret in secrets {
-        text = text.replace(&secret, "[credentials]");
+    for secret in &secrets {
+        text = text.replace(secret.as_str(), "[credentials]");
+    }
+    for secret in &secrets {
+        let cut = secret
+            .char_indices()
+            .map(|(i, _)| i)
+            .skip(MIN_PART)
+            .filter(|&i| text.ends_with(&secret[..i]))
+            .max();
+        if let Some(cut) = cut {
+            text.truncate(text.len() - cut);
+            text.push_str("[credentials]");
+        }
     }
     text
 }
@@ -116,6 +179,19 @@ mod tests {
         }
         let text = redact("failed: key=SECRET refused", "http://h/v1?key=SECRET");
         assert!(!text.contains("SECRET"), "{text}");
+        // Each part alone, as written or decoded, and the beginning of one a cut left.
+        let url = "https://bob:pa%24%24word1@h/v1?api-version=2024&api-key=KEY12345";
+        for echoed in [
+            "the password pa$$word1 is wrong",
+            "the password pa%24%24word1 is wrong",
+            "unknown key KEY12345 for bob",
+            "unknown key KEY1",
+        ] {
+            let text = redact(echoed, url);
+            for secret in ["pa$$word1", "pa%24%24word1", "KEY1"] {
+                assert!(!text.contains(secret), "{echoed} -> {text}");
+            }
+        }
     }
 
     #[test]
