@@ -80,13 +80,16 @@ pub struct SchemaContext {
     neighbours: Vec<Vec<usize>>,
     /// Estimated tokens of each relation's rendering (sample values included).
     tokens: Vec<usize>,
-    /// Samples of each relation's columns, once read.
-    samples: RefCell<HashMap<usize, Rc<Vec<Option<Samples>>>>>,
+    /// Samples of each relation's columns, once read, and when (kept `samples::KEPT_FOR`).
+    samples: RefCell<HashMap<usize, Read>>,
     /// When the read of a relation's samples last failed: it is not tried again for a while
     /// (a lock another session holds would cost every call its read's timeout).
     failed: RefCell<HashMap<usize, std::time::Instant>>,
     sample_values: usize,
 }
+
+/// A relation's samples (one per column) and when they were read.
+type Read = (std::time::Instant, Rc<Vec<Option<Samples>>>);
 
 /// What goes into the prompt about the database for one question.
 pub struct PromptSchema {
@@ -608,7 +611,12 @@ impl SchemaContext {
         if self.sample_values == 0 {
             return Rc::new(Vec::new());
         }
-        if let Some(s) = self.samples.borrow().get(&i) {
+        if let Some((_, s)) = self
+            .samples
+            .borrow()
+            .get(&i)
+            .filter(|(at, _)| at.elapsed() < samples::KEPT_FOR)
+        {
             return Rc::clone(s);
         }
         let recently_failed = self
@@ -625,7 +633,9 @@ impl SchemaContext {
         let s = Rc::new(s);
         match read {
             samples::Read::Done => {
-                self.samples.borrow_mut().insert(i, Rc::clone(&s));
+                self.samples
+                    .borrow_mut()
+                    .insert(i, (std::time::Instant::now(), Rc::clone(&s)));
             }
             samples::Read::Failed => {
                 self.failed

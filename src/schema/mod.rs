@@ -15,3 +15,4 @@ pub use cache::{context, init, load};
 pub use context::TextColumn;
 pub use context::{Hop, Keys, PromptSchema, SchemaContext, TextColumns};
 pub use samples::quote as quote_literal;
+pub use samples::KEPT_FOR as VALUES_KEPT_FOR;

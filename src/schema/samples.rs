@@ -21,6 +21,11 @@ pub const READ_BUDGET: Duration = Duration::from_millis(3000);
 /// How long a relation whose read failed is left unread.
 pub const RETRY_AFTER: Duration = Duration::from_secs(30);
 
+/// How long values read from a table are kept in a backend (samples, the value index): rows
+/// deleted or changed since (which change no statistics a cache watches) are not shown, nor
+/// sent to the model, after it.
+pub const KEPT_FOR: Duration = Duration::from_secs(600);
+
 /// What became of the read of a relation's samples.
 pub enum Read {
     /// Read, or not needed: the samples are final.

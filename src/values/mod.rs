@@ -119,22 +119,31 @@ impl Misread {
     }
 }
 
+/// An index, the schema context it was built for, and when.
+type Built = (Weak<SchemaContext>, Instant, Rc<ValueIndex>);
+
 thread_local! {
-    /// The index of the schema context it was built for.
-    static INDEX: RefCell<Option<(Weak<SchemaContext>, Rc<ValueIndex>)>> = const { RefCell::new(None) };
+    /// The index of the schema context it was built for, and when (kept
+    /// `samples::KEPT_FOR`).
+    static INDEX: RefCell<Option<Built>> = const { RefCell::new(None) };
 }
 
 /// The value index of `context`, built on first use.
 pub fn index(context: &Rc<SchemaContext>) -> Rc<ValueIndex> {
     if let Some(index) = INDEX.with_borrow(|i| {
         i.as_ref()
-            .filter(|(built_for, _)| built_for.upgrade().is_some_and(|c| Rc::ptr_eq(&c, context)))
-            .map(|(_, index)| Rc::clone(index))
+            .filter(|(built_for, at, _)| {
+                at.elapsed() < crate::schema::VALUES_KEPT_FOR
+                    && built_for.upgrade().is_some_and(|c| Rc::ptr_eq(&c, context))
+            })
+            .map(|(_, _, index)| Rc::clone(index))
     }) {
         return index;
     }
     let index = Rc::new(ValueIndex::build(context.text_columns()));
-    INDEX.with_borrow_mut(|i| *i = Some((Rc::downgrade(context), Rc::clone(&index))));
+    INDEX.with_borrow_mut(|i| {
+        *i = Some((Rc::downgrade(context), Instant::now(), Rc::clone(&index)))
+    });
     index
 }
 
