@@ -319,8 +319,35 @@ fn take_invalidations(schemas: &[String]) -> bool {
     // was being built (it holds none meanwhile), and revoked or dropped since.
     stale
         || unknown.into_iter().any(|relid| {
-            CACHED.with_borrow(|c| c.contains(&relid)) || newly_readable(relid, schemas)
+            CACHED.with_borrow(|c| c.contains(&relid))
+                || newly_readable(relid, schemas)
+                || partition_of_cached(relid)
         })
+}
+
+// catalog/partition.h, which pgrx does not bind.
+// SAFETY: the declaration matches the header's, the same in PostgreSQL 12 to 18; it may raise
+// PostgreSQL errors, hence C-unwind.
+unsafe extern "C-unwind" {
+    fn get_partition_ancestors(relid: pg_sys::Oid) -> *mut pg_sys::List;
+}
+
+/// Whether `relid` is a partition of a relation the cache holds, at any depth: what a read of
+/// the cached relation takes (its partitions' and their indexes' locks) and its storage's
+/// fingerprint changed with it (a partition made a partitioned table, an index created).
+fn partition_of_cached(relid: pg_sys::Oid) -> bool {
+    // SAFETY: a catalog look-up of a relation an invalidation named (false for one gone).
+    if !unsafe { pg_sys::get_rel_relispartition(relid) } {
+        return false;
+    }
+    // SAFETY: reads pg_inherits (raising through pgrx on a catalog error); an OID list is read.
+    let ancestors: Vec<pg_sys::Oid> = unsafe {
+        let list = pg_sys::ffi::pg_guard_ffi_boundary(|| get_partition_ancestors(relid));
+        pgrx::PgList::<std::ffi::c_void>::from_pg(list)
+            .iter_oid()
+            .collect()
+    };
+    CACHED.with_borrow(|c| ancestors.iter().any(|a| c.contains(a)))
 }
 
 /// A relation (not a partition, not temporary) in one of `schemas` that the role can read: it

@@ -233,3 +233,38 @@ fn a_context_read_with_an_old_snapshot_is_not_kept_past_its_transaction() {
         "values of a table under row security, read before it was:\n{after}\n(during:\n{during})"
     );
 }
+
+/// DDL on a partition reaches the cache of its partitioned table: what a read of it on the
+/// extension's own takes (a lock per partition and index, at most 256) is counted again, so
+/// a partition given hundreds of indexes after the table was cached is not read for samples.
+#[test]
+fn ddl_on_a_partition_is_seen_through_its_partitioned_table() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute(
+            "CREATE TABLE places (name text, region int) PARTITION BY LIST (region);
+             CREATE TABLE places_1 PARTITION OF places FOR VALUES IN (1);
+             INSERT INTO places VALUES ('Zanzibar', 1), ('Quokka Bay', 1);",
+        )
+        .unwrap();
+    let schema = |s: &mut Session| -> String {
+        s.client
+            .query_one("SELECT nl_schema()", &[])
+            .unwrap()
+            .get(0)
+    };
+    assert!(schema(&mut s).contains("Zanzibar"));
+    let indexes: String = (0..300)
+        .map(|i| format!("CREATE INDEX ON places_1 ((name || '{i}'));"))
+        .collect();
+    cluster()
+        .connect(&s.database)
+        .batch_execute(&indexes)
+        .unwrap();
+    let after = schema(&mut s);
+    assert!(after.contains("places"), "{after}");
+    assert!(
+        !after.contains("Zanzibar"),
+        "read with 300 indexes: {after}"
+    );
+}
