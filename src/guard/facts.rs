@@ -182,9 +182,9 @@ pub const MAX_FAMILY_SUPPORT: usize = 1024;
 
 /// What the operator family `family` runs out of any tree's sight: its support functions
 /// (comparison, sort support, hashing, `in_range`) and the functions and planner estimators of
-/// its member operators (the planner derives join clauses with them, costs merge joins by
-/// calling them on column statistics, and Memoize and GREATEST compare with them); `None` past
-/// `MAX_FAMILY_SUPPORT` of either.
+/// its member operators and of their commutators and negators (the planner derives join
+/// clauses with them, costs merge joins by calling them on column statistics, and Memoize and
+/// GREATEST compare with them); `None` past `MAX_FAMILY_SUPPORT` of either.
 pub fn family_code(family: pg_sys::Oid) -> Option<Vec<pg_sys::Oid>> {
     let mut functions = family_support(family)?;
     // SAFETY: the first key of AMOPSTRATEGY is the family's OID.
@@ -203,6 +203,18 @@ pub fn family_code(family: pg_sys::Oid) -> Option<Vec<pg_sys::Oid>> {
         let operator =
             unsafe { (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_amop>(tuple)).amopopr };
         functions.extend(operator_code(operator));
+        // The planner commutes the clauses it derives with them (merge and hash joins), and
+        // a negator can be linked to an operator after the family was made.
+        // SAFETY: syscache look-ups by OID (InvalidOid for none).
+        let linked = unsafe {
+            [
+                pg_sys::get_commutator(operator),
+                pg_sys::get_negator(operator),
+            ]
+        };
+        for other in linked.into_iter().filter(|o| *o != pg_sys::InvalidOid) {
+            functions.extend(operator_code(other));
+        }
     }
     functions.retain(|f| *f != pg_sys::InvalidOid);
     functions.sort_unstable_by_key(|f| f.to_u32());
