@@ -974,8 +974,8 @@ struct Collector {
     record: pg_sys::TupleDesc,
     /// For each column: the output function that turns it into text, when it is written as text.
     as_text: Vec<Option<pg_sys::FmgrInfo>>,
-    /// For each column whose values hold numerics in arrays: its output function, whose text
-    /// is measured before `to_jsonb` reads the value (`numerics_in_arrays`).
+    /// For each column whose values hold numerics in arrays or records: its output function,
+    /// whose text is measured before `to_jsonb` reads the value (`numerics_inside`).
     measured: Vec<Option<pg_sys::FmgrInfo>>,
     to_jsonb: pg_sys::FmgrInfo,
     jsonb_out: pg_sys::Oid,
@@ -1055,66 +1055,74 @@ fn json_without_casts_unremembered(
     }
 }
 
-/// Whether values of `typ` hold numerics inside arrays. `to_jsonb` turns each numeric into
-/// text and back, checking no interrupt and freeing the text: an array of a million numerics
-/// stored in 12 bytes each, whose text is 131,072 digits each, keeps the backend deaf to cancel
-/// for minutes, in flat memory. The array's own text is measured first (it grows with its
-/// digits, within the memory limit).
-fn numerics_in_arrays(typ: pg_sys::Oid) -> bool {
-    holds(typ, &|base, in_array| {
-        base == pg_sys::NUMERICOID && in_array
-    })
+/// Whether values of `typ` hold numerics inside arrays or records. `to_jsonb` turns each
+/// numeric into text and back, checking no interrupt and freeing the text: a million numerics
+/// stored in a few bytes each, whose text is 131,072 digits each, keep the backend deaf to
+/// cancel for minutes, in flat memory. The value's own text is measured first (it grows with
+/// its digits, within the memory limit).
+fn numerics_inside(typ: pg_sys::Oid) -> bool {
+    holds(typ, &|base, nested| base == pg_sys::NUMERICOID && nested)
 }
 
-/// Whether values of `typ` hold values of a composite type that is not built in: a cursor
-/// keeps them as they are until FETCH prints them with the type's descriptor of then, which
-/// its owner may have changed (`ALTER TYPE ... ALTER ATTRIBUTE ... TYPE`: only tables' columns
-/// stop it), and the bytes of one field would be read as another's.
-fn composites_not_built_in(typ: pg_sys::Oid) -> bool {
+/// Whether values of `typ` hold values whose layout a descriptor that may change describes:
+/// records (an anonymous one's fields are typed per value) and composite types that are not
+/// built in. A cursor keeps them as they are until FETCH prints them with the descriptor of
+/// then, which a type's owner may have changed (`ALTER TYPE ... ALTER ATTRIBUTE ... TYPE`:
+/// only tables' columns stop it), and the bytes of one field would be read as another's.
+fn layout_may_change(typ: pg_sys::Oid) -> bool {
     holds(typ, &|base, _| {
-        // SAFETY: a catalog look-up of a type the query's result has.
-        !guard::builtin(base) && unsafe { pg_sys::get_typtype(base) } as u8 == b'c'
+        base == pg_sys::RECORDOID
+            // SAFETY: a catalog look-up of a type the query's result has.
+            || (!guard::builtin(base) && unsafe { pg_sys::get_typtype(base) } as u8 == b'c')
     })
 }
 
-/// Whether a value of `typ` holds (through domains, arrays and named composites) a part
-/// `wanted` says yes to (given the part's base type, and whether it is inside an array).
+/// Whether a value of `typ` holds (through domains, arrays, named composites, ranges and
+/// multiranges) a part `wanted` says yes to (given the part's base type, and whether it is
+/// inside another value).
 fn holds(typ: pg_sys::Oid, wanted: &dyn Fn(pg_sys::Oid, bool) -> bool) -> bool {
     holds_below(typ, false, 0, wanted, &mut HashMap::new())
 }
 
-/// `holds` below `depth`, `in_array` when inside one, each type answered once (`known`).
+/// `holds` below `depth`, `nested` when inside another value, each type answered once
+/// (`known`).
 fn holds_below(
     typ: pg_sys::Oid,
-    in_array: bool,
+    nested: bool,
     depth: usize,
     wanted: &dyn Fn(pg_sys::Oid, bool) -> bool,
     known: &mut HashMap<(pg_sys::Oid, bool), bool>,
 ) -> bool {
-    if let Some(answer) = known.get(&(typ, in_array)) {
+    if let Some(answer) = known.get(&(typ, nested)) {
         return *answer;
     }
     pgrx::check_for_interrupts!();
     // SAFETY: catalog look-ups of a type the query's result has.
-    let (base, element) = unsafe {
+    let (base, parts) = unsafe {
         let base = pg_sys::getBaseType(typ);
-        (base, pg_sys::get_element_type(base))
+        let element = pg_sys::get_element_type(base);
+        let parts = match pg_sys::get_typtype(base) as u8 {
+            _ if element != pg_sys::InvalidOid => Some(vec![element]),
+            b'r' => Some(vec![pg_sys::get_range_subtype(base)]),
+            b'm' => Some(vec![pg_sys::get_multirange_range(base)]),
+            _ => guard::row_fields(base),
+        };
+        (base, parts)
     };
-    let answer = if wanted(base, in_array) {
+    let answer = if wanted(base, nested) {
         true
     } else if depth > 8 {
         // Deeper than any type walk here goes: yes, to be safe.
         true
-    } else if element != pg_sys::InvalidOid {
-        holds_below(element, true, depth + 1, wanted, known)
     } else {
-        guard::row_fields(base).is_some_and(|fields| {
-            fields
+        parts.is_some_and(|parts| {
+            parts
                 .into_iter()
-                .any(|field| holds_below(field, in_array, depth + 1, wanted, known))
+                .filter(|part| *part != pg_sys::InvalidOid)
+                .any(|part| holds_below(part, true, depth + 1, wanted, known))
         })
     };
-    known.insert((typ, in_array), answer);
+    known.insert((typ, nested), answer);
     answer
 }
 
@@ -1181,17 +1189,17 @@ unsafe extern "C-unwind" fn startup(
         if c.portal.is_some() {
             if let Some(attr) = compat::attributes(source)
                 .iter()
-                .find(|attr| composites_not_built_in(attr.atttypid))
+                .find(|attr| layout_may_change(attr.atttypid))
             {
                 crate::error::Error::sql(
                     "0A000",
                     format!(
                         "column \"{}\" holds values of type {}: a cursor keeps them until FETCH, \
-                         and a composite type's owner may change it meanwhile",
+                         and the layout of a record or of a composite type may change meanwhile",
                         CStr::from_ptr(attr.attname.data.as_ptr()).to_string_lossy(),
                         crate::names::c_string(pg_sys::format_type_be(attr.atttypid))
                     ),
-                    Some("Select the type's fields as columns of their own."),
+                    Some("Select the record's fields as columns of their own."),
                 )
                 .raise();
             }
@@ -1231,7 +1239,7 @@ unsafe extern "C-unwind" fn startup(
             let name = CString::new(name.as_str()).unwrap_or_default();
             let typ = compat::attributes(source)[i].atttypid;
             let json = json_without_casts(typ);
-            c.measured.push((json && numerics_in_arrays(typ)).then(|| {
+            c.measured.push((json && numerics_inside(typ)).then(|| {
                 let (mut output, mut is_varlena) = (pg_sys::InvalidOid, false);
                 pg_sys::getTypeOutputInfo(typ, &mut output, &mut is_varlena);
                 let mut info: pg_sys::FmgrInfo = std::mem::zeroed();
@@ -1325,8 +1333,8 @@ unsafe extern "C-unwind" fn receive_slot(
                 values[i] = pg_sys::Datum::from(pg_sys::cstring_to_text(text));
             }
         }
-        // Numerics in arrays: their text must fit before `to_jsonb` converts each (see
-        // `numerics_in_arrays`).
+        // Numerics inside values: their text must fit before `to_jsonb` converts each (see
+        // `numerics_inside`).
         let mut measured = 0usize;
         for (i, output) in c.measured.iter_mut().enumerate() {
             if let (Some(output), false) = (output, nulls[i]) {

@@ -750,17 +750,16 @@ unsafe extern "C-unwind" fn refuse_api_key(
 /// library loaded applies up to the ceiling too, in a session of a role that is not a
 /// superuser, whoever loads it: a superuser's SECURITY DEFINER function may be what loads it.
 ///
-/// The ceiling is also applied where the value is read (`bound`): a session's values are
-/// checked as they arrive, before the ceiling is complete (connection options and `ALTER ROLE`
-/// values come before `ALTER ROLE ALL`'s), and a reload may lower it after a role's `SET`.
+/// The ceiling is also applied where the value is read (`bound`), unless the call is a
+/// superuser's: a session's values are checked as they arrive, before the ceiling is complete
+/// (connection options and `ALTER ROLE` values come before `ALTER ROLE ALL`'s), a reload may
+/// lower it after a role's `SET`, and a superuser's value stays set after `SET ROLE`.
 struct Ceiling {
     /// The defaults', the file's or the command line's value (a reload checks the file again).
     server: AtomicI32,
     /// `ALTER ROLE ALL`'s value, which replaces the server's (`NONE` when there is none): a
     /// reload re-reads the file, not it.
     global: AtomicI32,
-    /// The last value a superuser's check let above the ceiling (`NONE` when none did).
-    approved: AtomicI32,
     refusal: &'static CStr,
 }
 
@@ -772,7 +771,6 @@ impl Ceiling {
         Ceiling {
             server: AtomicI32::new(i32::MAX),
             global: AtomicI32::new(NONE),
-            approved: AtomicI32::new(NONE),
             refusal,
         }
     }
@@ -784,14 +782,13 @@ impl Ceiling {
         }
     }
 
-    /// `value` as it applies: at most the ceiling, unless a superuser set it.
+    /// `value` as it applies: at most the ceiling, unless the call is a superuser's.
     fn bound(&self, value: i32) -> i32 {
-        let ceiling = self.ceiling();
-        if value <= ceiling || value == self.approved.load(Ordering::Relaxed) {
-            value
-        } else {
-            ceiling
+        // SAFETY: reads whether the current user is a superuser (cached by PostgreSQL).
+        if unsafe { pg_sys::superuser() } {
+            return value;
         }
+        value.min(self.ceiling())
     }
 
     /// The check hook's verdict on `value` from `source` (lowered to the ceiling for a stored
@@ -816,11 +813,7 @@ impl Ceiling {
         let superuser = unsafe {
             pg_sys::superuser() && (!loading || pg_sys::superuser_arg(pg_sys::GetSessionUserId()))
         };
-        if *value <= ceiling {
-            return true;
-        }
-        if superuser {
-            self.approved.store(*value, Ordering::Relaxed);
+        if *value <= ceiling || superuser {
             return true;
         }
         if loading || matches!(source, PGC_S_DATABASE | PGC_S_USER | PGC_S_DATABASE_USER) {

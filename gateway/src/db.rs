@@ -520,6 +520,30 @@ pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
+/// The extension's schema (quoted) and whether a superuser owns it (`pg_database_owner` as the
+/// database's owner): the gateway calls the extension's functions by that name, as the login
+/// role, and the schema's owner could rename it and put functions of its own in their place.
+async fn extension_schema(
+    client: &tokio_postgres::Client,
+) -> Result<Option<(String, bool)>, tokio_postgres::Error> {
+    let rows = pinned_query(
+        client,
+        "SELECT pg_catalog.quote_ident(n.nspname), o.rolsuper \
+         FROM pg_catalog.pg_extension e \
+         JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace \
+         JOIN pg_catalog.pg_database d ON d.datname = pg_catalog.current_database() \
+         JOIN pg_catalog.pg_roles o ON o.oid = CASE \
+             WHEN n.nspowner = 'pg_database_owner'::pg_catalog.regrole THEN d.datdba \
+             ELSE n.nspowner END \
+         WHERE e.extname = 'sql_query_engine'",
+        &[],
+    )
+    .await?;
+    Ok(rows
+        .first()
+        .and_then(|row| Some((row.try_get(0).ok()?, row.try_get(1).ok()?))))
+}
+
 /// Runs the gateway's own catalog query `sql` in a transaction whose search path is
 /// pg_catalog's alone. It runs as the login role, on that role's search path, where another
 /// role may have put an operator (in `public`, or a schema named after the login role) that a
@@ -593,20 +617,20 @@ impl Db {
                  gateway\")"
             );
         }
-        let schema: Option<String> = pinned_query(
-            &conn.client,
-            "SELECT pg_catalog.quote_ident(n.nspname) FROM pg_catalog.pg_extension e \
-             JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace \
-             WHERE e.extname = 'sql_query_engine'",
-            &[],
-        )
-        .await?
-        .first()
-        .and_then(|row| row.try_get(0).ok());
+        let schema = extension_schema(&conn.client).await?;
         drop(conn);
-        let schema = schema.ok_or_else(|| {
-            anyhow::anyhow!("the extension sql_query_engine is not installed in this database")
-        })?;
+        let schema = match schema {
+            None => {
+                anyhow::bail!("the extension sql_query_engine is not installed in this database")
+            }
+            Some((schema, false)) => anyhow::bail!(
+                "the extension sql_query_engine is installed in schema {schema}, whose owner is \
+                 not a superuser: it could put a procedure of its own in place of the \
+                 extension's nl_call, which the gateway calls by that name (a superuser: ALTER \
+                 SCHEMA {schema} OWNER TO a superuser)"
+            ),
+            Some((schema, true)) => schema,
+        };
         let readers = read_urls
             .iter()
             .map(|url| Node::new(url, pool_size))
@@ -660,6 +684,11 @@ impl Db {
                     kept.insert(client)
                 }
             };
+            // The schema first: the extension's functions are called by its name.
+            let unchanged = extension_schema(client).await? == Some((self.schema.clone(), true));
+            if !unchanged {
+                return Ok((false, false, String::new()));
+            }
             let rows = pinned_query(
                 client,
                 &format!(
@@ -670,14 +699,22 @@ impl Db {
             )
             .await?;
             let row = rows.first();
-            Ok::<(bool, String), tokio_postgres::Error>((
+            Ok::<(bool, bool, String), tokio_postgres::Error>((
+                true,
                 row.and_then(|r| r.try_get(0).ok()).unwrap_or(true),
                 row.and_then(|r| r.try_get(1).ok()).unwrap_or_default(),
             ))
         };
         let (healthy, shared, why) = match tokio::time::timeout(CONNECT_TIMEOUT, probe).await {
-            Ok(Ok((false, store))) => (true, store == "redis", String::new()),
-            Ok(Ok((true, _))) => (
+            Ok(Ok((false, _, _))) => (
+                false,
+                false,
+                "the extension's schema is no longer the one the gateway started with, owned by \
+                 a superuser"
+                    .to_string(),
+            ),
+            Ok(Ok((true, false, store))) => (true, store == "redis", String::new()),
+            Ok(Ok((true, true, _))) => (
                 false,
                 false,
                 "its login role is or may become a role that reaches as far as a superuser \

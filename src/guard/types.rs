@@ -550,8 +550,8 @@ const CODE_NAMING: [pg_sys::Oid; 5] = [
     pg_sys::REGDICTIONARYOID,
 ];
 
-/// Whether values of `typ` are or hold (through domains, arrays and named composites) values
-/// that name code (`CODE_NAMING`).
+/// Whether values of `typ` are or hold (through domains, arrays, named composites, ranges and
+/// multiranges) values that name code (`CODE_NAMING`).
 pub fn names_code(typ: pg_sys::Oid) -> bool {
     if CODE_NAMING.contains(&typ) {
         return true;
@@ -579,7 +579,12 @@ fn names_code_below(
     // SAFETY: catalog look-ups of a type the analyzed tree has.
     let (base, element) = unsafe {
         let base = pg_sys::getBaseType(typ);
-        (base, pg_sys::get_element_type(base))
+        let element = match pg_sys::get_typtype(base) as u8 {
+            b'r' => pg_sys::get_range_subtype(base),
+            b'm' => pg_sys::get_multirange_range(base),
+            _ => pg_sys::get_element_type(base),
+        };
+        (base, element)
     };
     let answer = if CODE_NAMING.contains(&base) {
         true

@@ -376,6 +376,23 @@ fn the_gateway_refuses_a_superuser_login_and_token_roles_that_can_run_their_own_
         ))
         .unwrap();
 
+    // The extension's functions are called by its schema's name: a schema another role owns
+    // (public, of a database it owns) could hold that role's nl_call instead.
+    let schema_owner = format!("schema_owner_{id}");
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {schema_owner}; ALTER DATABASE {id} OWNER TO {schema_owner};"
+        ))
+        .unwrap();
+    let (started, said) = gateway_exits(&s.database_url, &s.tokens, &[]);
+    assert!(
+        !started && said.contains("whose owner is not a superuser"),
+        "{said}"
+    );
+    admin
+        .batch_execute(&format!("ALTER DATABASE {id} OWNER TO CURRENT_USER"))
+        .unwrap();
+
     // Roles that may create objects, or own some, through the authenticator's eyes.
     let (creator, owner) = (format!("creator_{id}"), format!("owner_{id}"));
     admin

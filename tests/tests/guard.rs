@@ -270,6 +270,10 @@ fn functions_that_run_code_of_an_object_named_at_run_time_are_refused() {
             "computed as the query runs",
         ),
         (
+            "SELECT to_tsvector(o.order_id::int8, 'x') AS t FROM orders o",
+            "computed as the query runs",
+        ),
+        (
             "SELECT ('{\"numeric(' || o.order_id || ')\"}')::regtype[] AS t FROM orders o",
             "computed as the query runs",
         ),

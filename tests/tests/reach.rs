@@ -346,7 +346,8 @@ fn nl_cursor_gives_the_querys_own_columns_and_types() {
 
 /// A cursor keeps its rows' values as they are until FETCH prints them with their types as they
 /// are then: values of a composite type that is not built in (whose owner may change its
-/// fields meanwhile) are refused, and the model is told to select the fields; a cursor's name
+/// fields meanwhile) or of a record (whose fields may be of such a type) are refused, and the
+/// model is told to select the fields; a cursor's name
 /// is at most what PostgreSQL keeps of one (63 bytes).
 #[test]
 fn nl_cursor_keeps_no_composite_value_and_no_name_cut_short() {
@@ -358,11 +359,12 @@ fn nl_cursor_keeps_no_composite_value_and_no_name_cut_short() {
         "orders as pairs",
         vec![
             Reply::sql("SELECT ROW(order_id, customer_id)::public.pair AS p FROM orders"),
+            Reply::sql("SELECT ROW(order_id, customer_id) AS p FROM orders"),
             Reply::sql("SELECT order_id AS a, customer_id AS b FROM orders"),
         ],
     );
     s.client
-        .batch_execute("SET sql_query_engine.max_repairs = 1")
+        .batch_execute("SET sql_query_engine.max_repairs = 2")
         .unwrap();
     let mut tx = s.client.transaction().unwrap();
     tx.query_one("SELECT nl_cursor('orders as pairs', 'pairs')", &[])
@@ -370,6 +372,11 @@ fn nl_cursor_keeps_no_composite_value_and_no_name_cut_short() {
     let rows = tx.query("FETCH ALL FROM pairs", &[]).unwrap();
     assert_eq!(rows.len(), 6);
     assert_eq!(rows[0].columns().len(), 2, "the fields, as columns");
+    assert_eq!(
+        s.llm.requests().len(),
+        3,
+        "the type's and the record's refused"
+    );
     tx.rollback().unwrap();
     assert!(
         s.llm
