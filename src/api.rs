@@ -542,8 +542,9 @@ fn nl_history_add(
         .and_then(|a| a["question"].as_str())
         .unwrap_or_default()
         .to_string();
-    // A refused answer is audited too.
-    history::audited("nl_history_add", &question, move || {
+    // A refused answer is audited too, with its session (a name of any length is cut there).
+    history::audited_in("nl_history_add", session, &question, move || {
+        session.map_or(Ok(()), session::check_name)?;
         history::record_answer(function, session, &answer?)
     })
     .unwrap_or_else(|e| e.raise())

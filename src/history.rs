@@ -424,11 +424,21 @@ pub fn audited<T>(
     input: &str,
     work: impl FnOnce() -> crate::error::Result<T>,
 ) -> crate::error::Result<T> {
-    audit_raised(function, None, input, |caller| {
+    audited_in(function, None, input, work)
+}
+
+/// `audited` for a call of `session`.
+pub fn audited_in<T>(
+    function: &str,
+    session: Option<&str>,
+    input: &str,
+    work: impl FnOnce() -> crate::error::Result<T>,
+) -> crate::error::Result<T> {
+    audit_raised(function, session, input, |caller| {
         let result = work();
         match &result {
-            Ok(_) => audit(caller, function, None, input, Audited::Done),
-            Err(error) => audit(caller, function, None, input, Audited::Failed(error)),
+            Ok(_) => audit(caller, function, session, input, Audited::Done),
+            Err(error) => audit(caller, function, session, input, Audited::Failed(error)),
         }
         result
     })

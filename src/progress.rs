@@ -253,7 +253,10 @@ impl Progress {
 
     pub fn emit(&self, event: Event) {
         if self.notices {
-            pgrx::notice!("sql_query_engine: {}", event.describe());
+            pgrx::notice!(
+                "sql_query_engine: {}",
+                crate::text::escaped_lines(&event.describe())
+            );
         }
         if let Some(channel) = &self.channel {
             let channel = channel.clone();

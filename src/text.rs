@@ -169,6 +169,22 @@ pub fn escaped_line(text: &str) -> String {
     line
 }
 
+/// `text` as a message may show it on several lines: line breaks and tabs kept, every other
+/// character that is not `printable_char` (a terminal's escape, a bidirectional override)
+/// written as `\u{..}`. For a NOTICE or WARNING that carries text a model or an endpoint wrote
+/// (a query, an endpoint's words): psql writes notices to the terminal as they are.
+pub fn escaped_lines(text: &str) -> String {
+    let mut shown = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\n' | '\t' => shown.push(c),
+            c if printable_char(c) => shown.push(c),
+            c => shown.push_str(&format!("\\u{{{:x}}}", u32::from(c))),
+        }
+    }
+    shown
+}
+
 /// Values a JSON text may hold to be parsed into a tree (`small_json`): what the tree
 /// allocates scales with its values, not its bytes (`[{"":0},{"":0},...]` costs a hundred
 /// times its size), and a model's answer or an endpoint's body is any text it likes.
@@ -249,6 +265,15 @@ pub fn normalize(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn messages_keep_their_lines_but_no_terminal_escape() {
+        let shown = escaped_lines("SELECT 1 -- \u{1b}]52;c;eA==\u{7}\n\u{202e}done\tok");
+        assert_eq!(
+            shown,
+            "SELECT 1 -- \\u{1b}]52;c;eA==\\u{7}\n\\u{202e}done\tok"
+        );
+    }
 
     #[test]
     fn escaped_line_keeps_one_line_and_every_character() {

@@ -147,6 +147,8 @@ impl OpenAiClient {
     }
 
     fn failure(&self, cause: String, fault: Fault) -> Error {
+        // An endpoint's words go into errors, warnings and the server log: one line, nothing
+        // that steers a terminal.
         let mut cause = redact(&crate::text::without_nul(cause), &self.base_url);
         if let Some(key) = self.api_key.as_deref() {
             cause = without_key(&cause, key);
@@ -157,7 +159,7 @@ impl OpenAiClient {
         }
         Error::Llm {
             endpoint: self.endpoint(),
-            cause,
+            cause: crate::text::escaped_line(&cause),
             fault,
         }
     }
@@ -203,7 +205,15 @@ impl OpenAiClient {
         let mut left = count;
         while left > 0 {
             let now = left.min(MAX_LIVE_HELPERS);
-            replies.extend(self.send_at_once(body, now, deadline)?);
+            match self.send_at_once(body, now, deadline) {
+                Ok(batch) => replies.extend(batch),
+                // What earlier batches answered is kept; the rest had no answer in time.
+                Err(_) if !replies.is_empty() => {
+                    replies.extend((0..left).map(|_| Reply::TimedOut));
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
             left -= now;
         }
         Ok(replies)

@@ -639,4 +639,15 @@ fn huge_arguments_are_refused_before_they_are_copied_or_parsed() {
     let (code, message, _) = db_error(&error);
     assert_eq!(code, "22023", "{message}");
     assert!(message.contains("not a JSON object"), "{message}");
+    // Its session's name is held to a session name's bound, as everywhere.
+    let error = role
+        .query_one(
+            "SELECT nl_history_add('{\"question\": \"q\", \"status\": \"ok\"}'::jsonb, \
+             'nl_query', repeat('s', 100000))",
+            &[],
+        )
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "22023", "{message}");
+    assert!(message.contains("session name"), "{message}");
 }

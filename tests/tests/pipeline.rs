@@ -733,6 +733,37 @@ fn no_column_moves_to_a_table_the_caller_cannot_read_it_from() {
     );
 }
 
+/// Progress notices carry the model's queries and errors: psql writes notices to the terminal
+/// as they are, so a terminal's escape or a bidirectional override in them is written escaped.
+#[test]
+fn progress_notices_carry_no_terminal_escape() {
+    let notices = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut s = Session::with_notices(std::sync::Arc::clone(&notices));
+    s.client
+        .batch_execute("SET sql_query_engine.progress = on")
+        .unwrap();
+    s.llm.on(
+        "count them loudly",
+        vec![Reply::sql(
+            "SELECT count(*) AS n FROM customers -- \u{1b}]52;c;eA==\u{7}\u{202e}",
+        )],
+    );
+    s.query("count them loudly").unwrap();
+    let notices = notices.lock().unwrap();
+    let shown = notices
+        .iter()
+        .find(|n| n.contains("FROM customers --"))
+        .unwrap_or_else(|| panic!("{notices:?}"));
+    assert!(
+        shown.contains("\\u{1b}]52") && shown.contains("\\u{202e}"),
+        "{shown}"
+    );
+    assert!(
+        !shown.contains('\u{1b}') && !shown.contains('\u{202e}'),
+        "{shown}"
+    );
+}
+
 #[test]
 fn an_unknown_alias_or_a_column_behind_the_wrong_alias_is_repaired_with_the_join_path() {
     let mut s = Session::new();
