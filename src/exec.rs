@@ -629,6 +629,10 @@ fn run_guarded(
     // LLVM's out-of-memory handler ends the backend (FATAL), as JIT compilation under the
     // attempt's hard memory limit may: no JIT inside an attempt.
     subxact::bound_local(c"jit", c"off");
+    // No parallel worker starts either, also for a plan cached before the attempt (a PL/pgSQL
+    // statement's, planned where the planner hook keeps none out): a worker's memory is
+    // outside the watch, and its part of the plan outside the gate.
+    subxact::bound_local(c"max_parallel_workers", c"0");
     let _restricted = subxact::Restricted::enter();
     let trusted = match origin {
         Origin::Generated => guard::superuser_call(),
@@ -1797,6 +1801,8 @@ impl MemoryWatch {
             let id = unsafe {
                 pg_sys::ffi::pg_guard_ffi_boundary(|| RegisterTimeout(USER_TIMEOUT, memory_watch))
             };
+            // SAFETY: registers a callback for this backend's exit, once (with the timer).
+            unsafe { pg_sys::before_shmem_exit(Some(disarm_at_exit), pg_sys::Datum::from(0)) };
             WATCH_TIMER.set(Some(id));
             id
         });
@@ -1930,6 +1936,16 @@ fn lower_hard_limit(bytes: u64) {
     LOWERED_FROM[1].store(before.rlim_max, Ordering::SeqCst);
     LOWERED_TO.store(lowered, Ordering::SeqCst);
     LOWERED.store(set_data_limit(lowered, before.rlim_max), Ordering::SeqCst);
+}
+
+/// Puts back what a memory watch changes for the whole process, for a backend that exits
+/// during an attempt (a FATAL skips the watch's drop): what runs as it exits (the audit's line
+/// of the call it exits in) must not meet the attempt's limit. Registered when the first watch
+/// is armed, after the audit's callback, so it runs before it.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn disarm_at_exit(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
+    restore_hard_limit();
+    WATCH_CEILING.store(u64::MAX, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Puts back the data size limit `lower_hard_limit` lowered.
