@@ -270,10 +270,14 @@ impl Error {
         }
     }
 
-    /// Raise this error as a PostgreSQL ERROR. Never returns.
+    /// Raise this error as a PostgreSQL ERROR. Never returns. Its text may hold a model's or an
+    /// endpoint's words (the last SQL, what the model said): psql prints an ERROR to the
+    /// terminal as it is, and the server log keeps it, so nothing in it may steer a terminal.
     pub fn raise(self) -> ! {
+        use crate::text::escaped_lines;
         let code = self.sqlstate().code();
-        let mut report = ErrorReport::new(code, self.to_string(), "sql_query_engine");
+        let mut report =
+            ErrorReport::new(code, escaped_lines(&self.to_string()), "sql_query_engine");
         // pgrx raises only the SQLSTATEs it knows (XX000 for the others, such as a function's
         // own ERRCODE): the query's own is then named in DETAIL.
         let unsaid = Some(self.sqlstate())
@@ -284,10 +288,10 @@ impl Error {
             (detail, unsaid) => detail.or(unsaid),
         };
         if let Some(detail) = detail {
-            report = report.set_detail(detail);
+            report = report.set_detail(escaped_lines(&detail));
         }
         if let Some(hint) = self.hint() {
-            report = report.set_hint(hint);
+            report = report.set_hint(escaped_lines(&hint));
         }
         report.report(pgrx::PgLogLevel::ERROR);
         unreachable!("an ERROR report returns control to PostgreSQL")

@@ -881,6 +881,20 @@ impl Db {
         if let Ok(mut sender) = conn.notices.lock() {
             *sender = progress;
         }
+        // The extension's functions are called by its schema's name: only while that is still
+        // the schema the gateway started with, owned by a superuser (a superuser may have given
+        // it away since, and its new owner renamed it and put a procedure of its own there).
+        match extension_schema(&conn.client).await {
+            Ok(found) if found == Some((self.schema.clone(), true)) => {}
+            Ok(_) => {
+                return Err(DbError::Unavailable(
+                    "the extension's schema is no longer the one the gateway started with, \
+                     owned by a superuser"
+                        .into(),
+                ))
+            }
+            Err(e) => return Err(DbError::Unavailable(e.to_string())),
+        }
         let guard = CancelOnDrop::new(conn);
         let result = run(&mut conn.client, &self.schema, role, call, streaming).await;
         guard.disarm();

@@ -817,7 +817,7 @@ fn parse_completions(body: &str, n: usize) -> std::result::Result<Vec<Completion
         ));
     }
     let value: Value = serde_json::from_str(body)
-        .map_err(|_| format!("the answer is not JSON: {:?}", provider_words(body)))?;
+        .map_err(|_| format!("the answer is not JSON: {}", provider_words(body)))?;
     let choices = value
         .get("choices")
         .and_then(Value::as_array)

@@ -704,6 +704,46 @@ fn an_overload_planted_next_to_the_extensions_procedure_is_never_called() {
     assert_eq!(looted, 0, "the planted procedure ran");
 }
 
+/// The gateway calls the extension's functions by its schema's name: a call is made only while
+/// that schema is the one it started with and a superuser owns it. Given away after the start
+/// (public, with its database), its new owner renames it and puts a procedure of its own under
+/// the old name: the gateway refuses the question (503) and the impostor never runs.
+#[test]
+fn a_schema_given_away_after_the_start_takes_no_call() {
+    let s = setup();
+    let id = s.database.clone();
+    let gateway = Gateway::start(&s.database_url, &s.tokens);
+    let ask = || post_chat(&gateway, &s.token).send_string(&chat(&s, "How many orders are there?"));
+    assert!(ask().is_ok());
+    let mut admin = cluster().connect(&s.database);
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE given_{id}; ALTER DATABASE {id} OWNER TO given_{id};
+             SET ROLE given_{id};
+             ALTER SCHEMA public RENAME TO moved; CREATE SCHEMA public;
+             GRANT USAGE ON SCHEMA public TO PUBLIC;
+             CREATE TABLE public.loot (what text); GRANT INSERT ON public.loot TO PUBLIC;
+             CREATE PROCEDURE public.nl_call(question text, session text, INOUT answer jsonb,
+                                             turns jsonb, run_as text, progress boolean)
+                 LANGUAGE plpgsql AS $$
+                 BEGIN INSERT INTO public.loot VALUES (question); answer := '{{}}'; END $$;
+             RESET ROLE;"
+        ))
+        .unwrap();
+    match ask() {
+        Err(ureq::Error::Status(code, _)) => assert_eq!(code, 503),
+        other => panic!(
+            "answered with the schema given away: {:?}",
+            other.map(|r| r.status())
+        ),
+    }
+    let looted: i64 = admin
+        .query_one("SELECT count(*) FROM public.loot", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(looted, 0, "the impostor's procedure ran");
+}
+
 /// The gateway's own checks (its login role's reach at start and on every reload, the tokens'
 /// roles) run as the login role but on pg_catalog's search path alone: an operator another role
 /// put on the login role's path, a closer match for a comparison of the checks, never runs.

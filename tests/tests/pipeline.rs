@@ -762,6 +762,25 @@ fn progress_notices_carry_no_terminal_escape() {
         !shown.contains('\u{1b}') && !shown.contains('\u{202e}'),
         "{shown}"
     );
+    drop(notices);
+    // So does an ERROR whose DETAIL quotes the model's last query.
+    s.client
+        .batch_execute("SET sql_query_engine.max_repairs = 0")
+        .unwrap();
+    s.llm.on(
+        "count them wrongly",
+        vec![Reply::sql(
+            "SELECT nosuchcol FROM customers -- \u{1b}]52;c;eA==\u{7}",
+        )],
+    );
+    let error = s.query("count them wrongly").unwrap_err();
+    let (_, message, detail) = db_error(&error);
+    let said = format!("{message}\n{detail}");
+    assert!(said.contains("\\u{1b}]52"), "{said}");
+    assert!(
+        !said.contains('\u{1b}') && !said.contains('\u{7}'),
+        "{said}"
+    );
 }
 
 #[test]
