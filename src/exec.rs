@@ -1065,7 +1065,7 @@ fn json_without_casts_unremembered(
 /// cancel for minutes, in flat memory. The value's own text is measured first (it grows with
 /// its digits, within the memory limit).
 fn numerics_inside(typ: pg_sys::Oid) -> bool {
-    holds(typ, &|base, nested| base == pg_sys::NUMERICOID && nested)
+    guard::type_holds(typ, &|base, nested| base == pg_sys::NUMERICOID && nested)
 }
 
 /// Whether values of `typ` hold values whose layout a descriptor that may change describes:
@@ -1074,60 +1074,11 @@ fn numerics_inside(typ: pg_sys::Oid) -> bool {
 /// then, which a type's owner may have changed (`ALTER TYPE ... ALTER ATTRIBUTE ... TYPE`:
 /// only tables' columns stop it), and the bytes of one field would be read as another's.
 fn layout_may_change(typ: pg_sys::Oid) -> bool {
-    holds(typ, &|base, _| {
+    guard::type_holds(typ, &|base, _| {
         base == pg_sys::RECORDOID
             // SAFETY: a catalog look-up of a type the query's result has.
             || (!guard::builtin(base) && unsafe { pg_sys::get_typtype(base) } as u8 == b'c')
     })
-}
-
-/// Whether a value of `typ` holds (through domains, arrays, named composites, ranges and
-/// multiranges) a part `wanted` says yes to (given the part's base type, and whether it is
-/// inside another value).
-fn holds(typ: pg_sys::Oid, wanted: &dyn Fn(pg_sys::Oid, bool) -> bool) -> bool {
-    holds_below(typ, false, 0, wanted, &mut HashMap::new())
-}
-
-/// `holds` below `depth`, `nested` when inside another value, each type answered once
-/// (`known`).
-fn holds_below(
-    typ: pg_sys::Oid,
-    nested: bool,
-    depth: usize,
-    wanted: &dyn Fn(pg_sys::Oid, bool) -> bool,
-    known: &mut HashMap<(pg_sys::Oid, bool), bool>,
-) -> bool {
-    if let Some(answer) = known.get(&(typ, nested)) {
-        return *answer;
-    }
-    pgrx::check_for_interrupts!();
-    // SAFETY: catalog look-ups of a type the query's result has.
-    let (base, parts) = unsafe {
-        let base = pg_sys::getBaseType(typ);
-        let element = pg_sys::get_element_type(base);
-        let parts = match pg_sys::get_typtype(base) as u8 {
-            _ if element != pg_sys::InvalidOid => Some(vec![element]),
-            b'r' => Some(vec![pg_sys::get_range_subtype(base)]),
-            b'm' => Some(vec![pg_sys::get_multirange_range(base)]),
-            _ => guard::row_fields(base),
-        };
-        (base, parts)
-    };
-    let answer = if wanted(base, nested) {
-        true
-    } else if depth > 8 {
-        // Deeper than any type walk here goes: yes, to be safe.
-        true
-    } else {
-        parts.is_some_and(|parts| {
-            parts
-                .into_iter()
-                .filter(|part| *part != pg_sys::InvalidOid)
-                .any(|part| holds_below(part, true, depth + 1, wanted, known))
-        })
-    };
-    known.insert((typ, nested), answer);
-    answer
 }
 
 /// The bytes of a row's values as they are stored (uncompressed), before anything is built

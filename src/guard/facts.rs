@@ -279,3 +279,52 @@ pub fn row_fields(typ: pg_sys::Oid) -> Option<Vec<pg_sys::Oid>> {
         Some(fields)
     }
 }
+
+/// Whether a value of `typ` holds (through domains, arrays, named composites, ranges and
+/// multiranges) a part `wanted` says yes to (given the part's base type, and whether it is
+/// inside another value).
+pub fn type_holds(typ: pg_sys::Oid, wanted: &dyn Fn(pg_sys::Oid, bool) -> bool) -> bool {
+    holds_below(typ, false, 0, wanted, &mut std::collections::HashMap::new())
+}
+
+/// `type_holds` below `depth`, `nested` when inside another value, each type answered once
+/// (`known`).
+fn holds_below(
+    typ: pg_sys::Oid,
+    nested: bool,
+    depth: usize,
+    wanted: &dyn Fn(pg_sys::Oid, bool) -> bool,
+    known: &mut std::collections::HashMap<(pg_sys::Oid, bool), bool>,
+) -> bool {
+    if let Some(answer) = known.get(&(typ, nested)) {
+        return *answer;
+    }
+    pgrx::check_for_interrupts!();
+    // SAFETY: catalog look-ups of a type a query has.
+    let (base, parts) = unsafe {
+        let base = pg_sys::getBaseType(typ);
+        let element = pg_sys::get_element_type(base);
+        let parts = match pg_sys::get_typtype(base) as u8 {
+            _ if element != pg_sys::InvalidOid => Some(vec![element]),
+            b'r' => Some(vec![pg_sys::get_range_subtype(base)]),
+            b'm' => Some(vec![pg_sys::get_multirange_range(base)]),
+            _ => row_fields(base),
+        };
+        (base, parts)
+    };
+    let answer = if wanted(base, nested) {
+        true
+    } else if depth > 8 {
+        // Deeper than any type walk goes: yes, to be safe.
+        true
+    } else {
+        parts.is_some_and(|parts| {
+            parts
+                .into_iter()
+                .filter(|part| *part != pg_sys::InvalidOid)
+                .any(|part| holds_below(part, true, depth + 1, wanted, known))
+        })
+    };
+    known.insert((typ, nested), answer);
+    answer
+}

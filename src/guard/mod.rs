@@ -56,7 +56,7 @@ use crate::settings;
 use walk::too_deep;
 
 pub use doubts::doubts;
-pub use facts::{builtin, row_fields};
+pub use facts::{builtin, row_fields, type_holds};
 pub use outer::outer_column_subquery;
 pub use policy::Allowed;
 pub use refs::{references, ColumnRef, GroupBy, Named, References, RelationRef, Select};

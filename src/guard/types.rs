@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use super::facts::{
-    builtin, family_code, row_fields, CacheList, FunctionFacts, MAX_FAMILY_SUPPORT,
+    builtin, family_code, type_holds, CacheList, FunctionFacts, MAX_FAMILY_SUPPORT,
 };
 use super::policy::{self, Allowed};
 use super::trust::Trusted;
@@ -562,46 +562,5 @@ pub fn names_code(typ: pg_sys::Oid) -> bool {
         let element = unsafe { pg_sys::get_element_type(typ) };
         return CODE_NAMING.contains(&element);
     }
-    names_code_below(typ, 0, &mut HashMap::new())
-}
-
-/// `names_code`, each type answered once (`known`): another role's types may share their parts,
-/// which a walk without a memory would follow once per path.
-fn names_code_below(
-    typ: pg_sys::Oid,
-    depth: usize,
-    known: &mut HashMap<pg_sys::Oid, bool>,
-) -> bool {
-    if let Some(answer) = known.get(&typ) {
-        return *answer;
-    }
-    pgrx::check_for_interrupts!();
-    // SAFETY: catalog look-ups of a type the analyzed tree has.
-    let (base, element) = unsafe {
-        let base = pg_sys::getBaseType(typ);
-        let element = match pg_sys::get_typtype(base) as u8 {
-            b'r' => pg_sys::get_range_subtype(base),
-            b'm' => pg_sys::get_multirange_range(base),
-            _ => pg_sys::get_element_type(base),
-        };
-        (base, element)
-    };
-    let answer = if CODE_NAMING.contains(&base) {
-        true
-    } else if depth > 8 {
-        // Deeper than the guard follows a type: refused, to be safe.
-        true
-    } else if element != pg_sys::InvalidOid {
-        names_code_below(element, depth + 1, known)
-    } else if builtin(base) {
-        false
-    } else {
-        row_fields(base).is_some_and(|fields| {
-            fields
-                .into_iter()
-                .any(|field| names_code_below(field, depth + 1, known))
-        })
-    };
-    known.insert(typ, answer);
-    answer
+    type_holds(typ, &|base, _| CODE_NAMING.contains(&base))
 }
