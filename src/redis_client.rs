@@ -127,7 +127,7 @@ where
                     format!(
                         "sql_query_engine: Redis at {} is unavailable ({})",
                         crate::urls::redact_url(&url),
-                        crate::urls::redact(&cause, &url)
+                        crate::text::escaped_line(&crate::urls::redact(&cause, &url))
                     )
                 );
                 pgrx::warning!(

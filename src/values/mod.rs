@@ -88,6 +88,9 @@ pub struct ValueIndex {
     /// Columns whose every value (as the caller sees them) is indexed: read in full here, and
     /// all kept. Only of these can the index say that a value is not stored.
     complete: FxHashSet<usize>,
+    /// When its oldest values were read (a shared read taken from Redis may be minutes old):
+    /// it is kept `VALUES_KEPT_FOR` from then.
+    read_at: Instant,
 }
 
 /// A string an answer compares a column with that the column does not store as written.
@@ -141,9 +144,8 @@ pub fn index(context: &Rc<SchemaContext>) -> Rc<ValueIndex> {
         return index;
     }
     let index = Rc::new(ValueIndex::build(context.text_columns()));
-    INDEX.with_borrow_mut(|i| {
-        *i = Some((Rc::downgrade(context), Instant::now(), Rc::clone(&index)))
-    });
+    INDEX
+        .with_borrow_mut(|i| *i = Some((Rc::downgrade(context), index.read_at, Rc::clone(&index))));
     index
 }
 
@@ -156,10 +158,15 @@ impl ValueIndex {
             postings: 0,
             text_bytes: 0,
             complete: FxHashSet::default(),
+            read_at: Instant::now(),
             columns,
         };
         let deadline = Instant::now() + BUILD_BUDGET;
-        let mut shared = shared::fetch(&index.columns, deadline, MAX_PER_COLUMN + 1, MAX_VALUES);
+        let (mut shared, oldest) =
+            shared::fetch(&index.columns, deadline, MAX_PER_COLUMN + 1, MAX_VALUES);
+        index.read_at = Instant::now()
+            .checked_sub(oldest)
+            .unwrap_or_else(Instant::now);
         let share = shared::may_share();
         let mut read: Vec<(usize, Vec<String>)> = Vec::new();
         let (mut read_bytes, mut shared_bytes) = (0usize, 0usize);
@@ -542,6 +549,7 @@ mod tests {
             postings: 0,
             text_bytes: 0,
             complete: FxHashSet::default(),
+            read_at: Instant::now(),
         };
         for (column, value) in [
             (0, "Shipped"),

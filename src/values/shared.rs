@@ -33,15 +33,16 @@ const MAX_FETCHED_BYTES: usize = 32 << 20;
 
 /// The shared reads of `columns` (by column id) that Redis has: a round trip per
 /// `FIELDS_PER_CALL` of them, until `deadline`, `MAX_FETCHED_BYTES` or `max_values` values were
-/// fetched; each cut to `per_column` values (what an index keeps of a column).
+/// fetched; each cut to `per_column` values (what an index keeps of a column); and how old the
+/// oldest of them is (what holds them counts its time from then).
 pub fn fetch(
     columns: &TextColumns,
     deadline: std::time::Instant,
     per_column: usize,
     max_values: usize,
-) -> HashMap<usize, Vec<String>> {
+) -> (HashMap<usize, Vec<String>>, std::time::Duration) {
     if !redis_client::configured() || on_standby() {
-        return HashMap::new();
+        return (HashMap::new(), std::time::Duration::ZERO);
     }
     // Per relation: its key, and (column id, field) of each column whose read may be shared.
     let mut wanted: Vec<(String, Vec<(usize, String)>)> = Vec::new();
@@ -65,7 +66,7 @@ pub fn fetch(
         .flat_map(|(key, fields)| fields.iter().map(move |(id, field)| (key, *id, field)))
         .collect();
     let mut found = HashMap::new();
-    let (mut bytes, mut values) = (0usize, 0usize);
+    let (mut bytes, mut values, mut oldest) = (0usize, 0usize, 0u64);
     for chunk in flat.chunks(FIELDS_PER_CALL) {
         if std::time::Instant::now() >= deadline
             || bytes >= MAX_FETCHED_BYTES
@@ -96,15 +97,16 @@ pub fn fetch(
             for (id, value) in of_key.iter().zip(answer) {
                 let Some(stored) = value else { continue };
                 bytes += stored.len();
-                if let Some(mut read) = fresh(&stored, now_s(), per_column) {
+                if let Some((age, mut read)) = fresh(&stored, now_s(), per_column) {
                     read.truncate(per_column);
                     values += read.len();
+                    oldest = oldest.max(age);
                     found.insert(*id, read);
                 }
             }
         }
     }
-    found
+    (found, std::time::Duration::from_secs(oldest))
 }
 
 /// A column's shared read as stored, `[at, values]`: when it was read (seconds since the
@@ -117,10 +119,10 @@ struct Stored(u64, Vec<String>);
 const MAX_STORED_BYTES: usize = 4 << 20;
 
 /// The values of a stored read made less than `TTL_S` before `now` (a read dated more than a
-/// minute ahead, by another node's clock, is not taken either), of at most `most` values. It
-/// is measured before it is parsed: whoever answers at the Redis address writes it, and a
-/// list of empty strings costs eight times its text.
-fn fresh(stored: &str, now: u64, most: usize) -> Option<Vec<String>> {
+/// minute ahead, by another node's clock, is not taken either), of at most `most` values, and
+/// its age in seconds. It is measured before it is parsed: whoever answers at the Redis address
+/// writes it, and a list of empty strings costs eight times its text.
+fn fresh(stored: &str, now: u64, most: usize) -> Option<(u64, Vec<String>)> {
     // `[at,[v1,...,vn]]` holds n + 3 values.
     if stored.len() > MAX_STORED_BYTES
         || crate::text::json_shape(stored.as_bytes()).values > most.saturating_add(3)
@@ -128,7 +130,8 @@ fn fresh(stored: &str, now: u64, most: usize) -> Option<Vec<String>> {
         return None;
     }
     let Stored(at, values) = serde_json::from_str(stored).ok()?;
-    (at <= now + 60 && now.saturating_sub(at) < TTL_S).then_some(values)
+    let age = now.saturating_sub(at);
+    (at <= now + 60 && age < TTL_S).then_some((age, values))
 }
 
 /// Seconds since the epoch.
@@ -197,7 +200,7 @@ mod tests {
         let stored = serde_json::to_string(&(1_000_000, ["Jane Roe"])).unwrap();
         assert_eq!(
             fresh(&stored, 1_000_000 + TTL_S - 1, 10),
-            Some(vec!["Jane Roe".into()])
+            Some((TTL_S - 1, vec!["Jane Roe".into()]))
         );
         assert_eq!(fresh(&stored, 1_000_000 + TTL_S, 10), None);
         assert_eq!(fresh(&stored, 1_000_000 - 61, 10), None, "dated ahead");
@@ -212,7 +215,7 @@ mod tests {
     fn a_stored_read_of_more_values_than_a_store_writes_is_not_parsed() {
         let values = vec![String::new(); 11];
         let stored = serde_json::to_string(&(1_000_000, &values)).unwrap();
-        assert_eq!(fresh(&stored, 1_000_000, 11).map(|v| v.len()), Some(11));
+        assert_eq!(fresh(&stored, 1_000_000, 11).map(|v| v.1.len()), Some(11));
         assert_eq!(fresh(&stored, 1_000_000, 10), None);
         let long = serde_json::to_string(&(1_000_000, ["x".repeat(MAX_STORED_BYTES)])).unwrap();
         assert_eq!(fresh(&long, 1_000_000, 10), None);
