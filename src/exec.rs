@@ -433,6 +433,7 @@ pub fn scan_text_columns(
     limit: usize,
     length: ValueLength,
     timeout_ms: i32,
+    same_as: Option<&OwnRead>,
 ) -> Option<Scanned> {
     let inner: Vec<String> = columns
         .iter()
@@ -467,6 +468,7 @@ pub fn scan_text_columns(
         max_rows: 1,
         max_bytes: OWN_READ_BYTES,
     };
+    let _expected = same_as.map(|own| own.expect(columns));
     let Outcome::Rows(result) =
         sandboxed(&sql, Mode::Run(limits), timeout_ms, Origin::Own, None, None)
     else {
@@ -485,6 +487,73 @@ pub fn scan_text_columns(
         rows: row["n"].as_u64().map_or(0, |n| n as usize),
         columns: (0..columns.len()).map(values).collect(),
     })
+}
+
+/// What an own read whose values are shared must read: the relation (by OID) and, in the
+/// order the read names them, its columns (by number). Checked once the read is analysed,
+/// while it holds its lock (no rename can come between the check and the read).
+pub struct OwnRead {
+    pub relation: pg_sys::Oid,
+    pub columns: Vec<i16>,
+}
+
+/// A relation and its columns: each one's number and the name a read names it by (quoted).
+type Named = (pg_sys::Oid, Vec<(i16, String)>);
+
+thread_local! {
+    /// The running own read's `OwnRead`, with the names it reads the columns by.
+    static EXPECTED: std::cell::RefCell<Option<Named>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Forgets the expected own read when dropped.
+struct Expecting;
+
+impl Drop for Expecting {
+    fn drop(&mut self) {
+        EXPECTED.with_borrow_mut(|e| *e = None);
+    }
+}
+
+impl OwnRead {
+    /// Expects the next own read to be this one, reading `columns` (quoted names).
+    fn expect(&self, columns: &[&str]) -> Expecting {
+        let named = self
+            .columns
+            .iter()
+            .zip(columns)
+            .map(|(number, name)| (*number, name.to_string()))
+            .collect();
+        EXPECTED.with_borrow_mut(|e| *e = Some((self.relation, named)));
+        Expecting
+    }
+}
+
+/// Why an analysed own read (naming `relations`) is not the one expected (`OwnRead`): another
+/// relation, or a column by another number, than the schema context knew under the names it
+/// reads by. Called while the read holds its relation's lock.
+fn own_read_differs(relations: &[pg_sys::Oid]) -> Option<String> {
+    let (relation, columns) = EXPECTED.with_borrow(|e| e.clone())?;
+    if relations != [relation] {
+        return Some("the relation it reads is not the one the schema context knew".into());
+    }
+    for (number, quoted) in &columns {
+        // SAFETY: catalog look-ups of a relation the analysis locked; a name PostgreSQL made.
+        let shown = unsafe {
+            let name = pg_sys::get_attname(relation, *number, true);
+            if name.is_null() {
+                return Some(format!("column {quoted} is gone"));
+            }
+            CStr::from_ptr(pg_sys::quote_identifier(name))
+                .to_string_lossy()
+                .into_owned()
+        };
+        if shown != *quoted {
+            return Some(format!(
+                "column {quoted} is not the one the schema context knew"
+            ));
+        }
+    }
+    None
 }
 
 /// How long the values of an own read may be.
@@ -660,6 +729,9 @@ fn run_guarded(
         Ok(checked) => checked,
         Err(refusal) => return Outcome::Refused(refusal),
     };
+    if let (Origin::Own, Some(why)) = (origin, own_read_differs(&checked.relations)) {
+        return Outcome::Refused(guard::Refusal::forbidden(why));
+    }
     Analysed::passed();
     if mode == Mode::Check {
         return Outcome::Checked;

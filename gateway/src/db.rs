@@ -881,22 +881,25 @@ impl Db {
         if let Ok(mut sender) = conn.notices.lock() {
             *sender = progress;
         }
+        // Armed before the first statement on the connection: a request dropped in the middle
+        // of the schema's check (a transaction of its own) must not leave the connection in it.
+        let guard = CancelOnDrop::new(conn);
         // The extension's functions are called by its schema's name: only while that is still
         // the schema the gateway started with, owned by a superuser (a superuser may have given
         // it away since, and its new owner renamed it and put a procedure of its own there).
-        match extension_schema(&conn.client).await {
-            Ok(found) if found == Some((self.schema.clone(), true)) => {}
-            Ok(_) => {
-                return Err(DbError::Unavailable(
-                    "the extension's schema is no longer the one the gateway started with, \
-                     owned by a superuser"
-                        .into(),
-                ))
+        let result = match extension_schema(&conn.client).await {
+            Ok(found) if found == Some((self.schema.clone(), true)) => {
+                run(&mut conn.client, &self.schema, role, call, streaming).await
             }
-            Err(e) => return Err(DbError::Unavailable(e.to_string())),
-        }
-        let guard = CancelOnDrop::new(conn);
-        let result = run(&mut conn.client, &self.schema, role, call, streaming).await;
+            Ok(_) => Err(DbError::Unavailable(
+                "the extension's schema is no longer the one the gateway started with, owned \
+                 by a superuser"
+                    .into(),
+            )),
+            Err(_) => Err(DbError::Unavailable(
+                "the extension's schema could not be checked".into(),
+            )),
+        };
         guard.disarm();
         if let Ok(mut sender) = conn.notices.lock() {
             *sender = None;

@@ -26,6 +26,9 @@ pub struct TextColumn {
     /// What the read of this column is known as to every role (`relation oid:filenode` and
     /// the column's number), when it may be shared (`Relation::shareable`).
     pub shared_as: Option<(String, i16)>,
+    /// Its relation's OID and its number (what a read shared under `shared_as` must read).
+    pub relation_oid: u32,
+    pub attnum: i16,
     /// `relation.column` as the prompt writes it.
     pub display: String,
     /// Values known from the planner's statistics (most common values, histogram bounds).
@@ -198,6 +201,8 @@ impl SchemaContext {
                             column.attnum,
                         )
                     }),
+                    relation_oid: relation.oid,
+                    attnum: column.attnum,
                     display: format!("{}.{}", relation.sql_name(), column.name),
                     statistics: column
                         .common_values

@@ -121,6 +121,7 @@ pub fn for_relation(
         SCAN_ROWS,
         exec::ValueLength::Cut(MAX_VALUE_CHARS + 1),
         remaining as i32,
+        None,
     ) else {
         // Not kept: a read fails for a lock another session holds, or for the deadline, and
         // may succeed later.

@@ -195,12 +195,24 @@ impl ValueIndex {
                     .iter()
                     .map(|&position| index.columns.get(ids[position]).column_sql.as_str())
                     .collect();
+                // What is shared is known by the relation's OID and the columns' numbers:
+                // the read must find them under the names it reads by (a rename since the
+                // schema was read would store one column's values as another's).
+                let first = index.columns.get(ids[0]);
+                let same_as = exec::OwnRead {
+                    relation: pgrx::pg_sys::Oid::from(first.relation_oid),
+                    columns: unread
+                        .iter()
+                        .map(|&position| index.columns.get(ids[position]).attnum)
+                        .collect(),
+                };
                 let scanned = exec::scan_text_columns(
                     from,
                     &columns,
                     SCAN_ROWS,
                     exec::ValueLength::AtMost(MAX_VALUE_CHARS),
                     remaining,
+                    Some(&same_as),
                 );
                 if let Some(scanned) = scanned {
                     if scanned.rows < SCAN_ROWS {
@@ -534,6 +546,8 @@ mod tests {
             column_sql: name.to_string(),
             read_from: None,
             shared_as: None,
+            relation_oid: 0,
+            attnum: 0,
             display: format!("{}.{name}", ["orders", "returns"][relation]),
             statistics: vec![],
         };
