@@ -306,11 +306,44 @@ fn check_raw(statement: *mut pg_sys::Node) -> Result<(), Refusal> {
     }
 }
 
-/// A locking clause or a data-modifying CTE at this raw node.
+/// Items of one clause of a query, at most (PostgreSQL's own bound on a row's columns).
+const MAX_CLAUSE_ITEMS: usize = 1664;
+
+/// Whether a clause of `select` is longer than `MAX_CLAUSE_ITEMS`.
+///
+/// # Safety
+/// `select` is a raw SelectStmt.
+unsafe fn too_long(select: *mut pg_sys::SelectStmt) -> bool {
+    // SAFETY: the caller's contract; the lists are PostgreSQL's.
+    unsafe {
+        [
+            (*select).targetList,
+            (*select).groupClause,
+            (*select).sortClause,
+            (*select).distinctClause,
+            (*select).windowClause,
+        ]
+        .into_iter()
+        .any(|list| !list.is_null() && (*list).length as usize > MAX_CLAUSE_ITEMS)
+    }
+}
+
+/// A clause too long, a locking clause or a data-modifying CTE at this raw node.
 unsafe fn raw_node_refusal(node: *mut pg_sys::Node) -> Option<Refusal> {
     // SAFETY: a raw parse node; its tag says which struct it is.
     unsafe {
         match (*node).type_ {
+            // Analysis matches each GROUP BY, ORDER BY and DISTINCT item against the whole
+            // target list, checking for no interrupt: lists of tens of thousands of items
+            // (another role's example, read from the table) keep a backend deaf to cancel
+            // for minutes. No query needs more than a row holds (1664 columns).
+            pg_sys::NodeTag::T_SelectStmt if too_long(node.cast()) => Some(Refusal::read(
+                SqlState::STATEMENT_TOO_COMPLEX,
+                format!(
+                    "a select list, GROUP BY, ORDER BY, DISTINCT or WINDOW clause of more than \
+                     {MAX_CLAUSE_ITEMS} items is not allowed"
+                ),
+            )),
             pg_sys::NodeTag::T_SelectStmt
                 if !(*node.cast::<pg_sys::SelectStmt>()).lockingClause.is_null() =>
             {

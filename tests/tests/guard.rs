@@ -332,3 +332,29 @@ fn the_api_key_is_not_in_the_trace_or_the_prompt() {
         );
     }
 }
+
+/// Analysis matches each GROUP BY item against the whole select list, checking for no
+/// interrupt: a query of tens of thousands of items (an example another role wrote into the
+/// table, analysed in every matching caller's backend) is refused before it is analysed.
+#[test]
+fn a_clause_of_more_items_than_a_row_has_columns_is_refused_before_analysis() {
+    let mut s = Session::new();
+    let items: Vec<String> = (0..2000).map(|i| format!("a+{i}")).collect();
+    let sql = format!(
+        "SELECT 1 AS one FROM (VALUES (1)) v(a) GROUP BY {}",
+        items.join(", ")
+    );
+    let started = std::time::Instant::now();
+    let error = s.client.query("SELECT nl_check($1)", &[&sql]).unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "54001", "{message}");
+    assert!(message.contains("1664 items"), "{message}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    // A query of a usual size still passes.
+    s.client
+        .query(
+            "SELECT nl_check('SELECT a FROM (VALUES (1)) v(a) GROUP BY a')",
+            &[],
+        )
+        .unwrap();
+}
