@@ -13,6 +13,11 @@ CREATE TABLE @extschema@.nl_examples (
     -- the recorded answer (nl_history) it came from, when it came from feedback
     history_id bigint
 );
+-- Held to what nl_example_add takes, also for rows written straight into the table (a role
+-- granted INSERT): every matching question of every role reads and checks them. NOT VALID:
+-- rows written before 0.14.0 stay (they are only read up to a bound).
+ALTER TABLE @extschema@.nl_examples ADD CONSTRAINT nl_examples_bounded
+    CHECK (pg_catalog.length(question) <= 10000 AND pg_catalog.length(sql) <= 100000) NOT VALID;
 -- Without GIN's pending list, which every look-up would scan until a vacuum merged it: examples
 -- are written rarely and read on every question.
 CREATE INDEX nl_examples_terms_idx ON @extschema@.nl_examples USING gin (terms)

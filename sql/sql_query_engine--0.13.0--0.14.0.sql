@@ -79,3 +79,8 @@ EXCEPTION WHEN OTHERS THEN
     NULL;
 END
 $$;
+
+-- Examples written straight into the table (a role granted INSERT) are held to what
+-- nl_example_add takes: every matching question of every role reads and checks them.
+ALTER TABLE @extschema@.nl_examples ADD CONSTRAINT nl_examples_bounded
+    CHECK (pg_catalog.length(question) <= 10000 AND pg_catalog.length(sql) <= 100000) NOT VALID;

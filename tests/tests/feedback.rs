@@ -764,3 +764,25 @@ fn an_example_whose_relation_is_locked_is_skipped_without_waiting_for_it() {
     assert!(!context.contains(sql), "the check waited for the lock");
     release.join().unwrap();
 }
+
+/// Examples written straight into the table (by a role granted INSERT) are held to what
+/// `nl_example_add` takes: every matching question of every role reads and checks them.
+#[test]
+fn an_example_written_into_the_table_is_held_to_the_same_bounds() {
+    let r = Roles::new();
+    let mut writer = r.connect(&r.writer);
+    let long_sql = format!("SELECT 1 AS one -- {}", "x".repeat(100_000));
+    let error = writer
+        .execute(
+            "INSERT INTO nl_examples (question, sql) VALUES ('any customers?', $1)",
+            &[&long_sql],
+        )
+        .unwrap_err();
+    assert_eq!(db_error(&error).0, "23514", "{error}");
+    writer
+        .execute(
+            "INSERT INTO nl_examples (question, sql) VALUES ('any customers?', 'SELECT 1 AS one')",
+            &[],
+        )
+        .unwrap();
+}
