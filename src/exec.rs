@@ -468,7 +468,7 @@ pub fn scan_text_columns(
         max_rows: 1,
         max_bytes: OWN_READ_BYTES,
     };
-    let _expected = same_as.map(|own| own.expect(columns));
+    let _expected = same_as.map(|own| own.arm(columns));
     let Outcome::Rows(result) =
         sandboxed(&sql, Mode::Run(limits), timeout_ms, Origin::Own, None, None)
     else {
@@ -516,7 +516,7 @@ impl Drop for Expecting {
 
 impl OwnRead {
     /// Expects the next own read to be this one, reading `columns` (quoted names).
-    fn expect(&self, columns: &[&str]) -> Expecting {
+    fn arm(&self, columns: &[&str]) -> Expecting {
         let named = self
             .columns
             .iter()

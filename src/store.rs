@@ -7,10 +7,10 @@ use pgrx::prelude::*;
 use crate::error::{Error, Result};
 use crate::subxact;
 
-/// The schema the extension lives in, quoted (for its own tables), read again for every use:
-/// its tables are found by this name, so its owner must be a superuser (the owner of a schema
-/// may rename it and put tables of its own, with triggers, where the extension's were), and a
-/// name read earlier could since find other tables.
+/// The schema the extension lives in, quoted (for its own tables), read again after any catalog
+/// change: its tables are found by this name, so its owner must be a superuser (the owner of a
+/// schema may rename it and put tables of its own, with triggers, where the extension's were),
+/// and a name read before a change could since find other tables.
 pub fn extension_schema() -> Result<String> {
     // SAFETY: a catalog look-up by a NUL-terminated name.
     let extension = unsafe { pg_sys::get_extension_oid(c"sql_query_engine".as_ptr(), true) };
@@ -19,6 +19,22 @@ pub fn extension_schema() -> Result<String> {
             message: "the extension sql_query_engine is not installed in this database".into(),
             hint: "CREATE EXTENSION sql_query_engine;".into(),
         });
+    }
+    // Read again only after a catalog change: a call asks for it many times (its cache key,
+    // history, sessions, examples), and a rename or a new owner of the schema, committed by
+    // another session, reaches this backend as an invalidation (taken in here first).
+    // SAFETY: processes the invalidations other sessions sent, as a lock acquisition does,
+    // then reads the backend's count of them.
+    let seen = unsafe {
+        pg_sys::AcceptInvalidationMessages();
+        pg_sys::SharedInvalidMessageCounter
+    };
+    if let Some(schema) = CHECKED.with_borrow(|c| {
+        c.as_ref()
+            .filter(|(oid, at, _)| *oid == extension && *at == seen)
+            .map(|(_, _, schema)| schema.clone())
+    }) {
+        return Ok(schema);
     }
     let (schema, owner, superuser) = subxact::pinned(|| {
         Spi::connect(|client| {
@@ -61,7 +77,17 @@ pub fn extension_schema() -> Result<String> {
             ),
         });
     }
+    // SAFETY: reads the backend's count of invalidations (those the read took in included).
+    let seen = unsafe { pg_sys::SharedInvalidMessageCounter };
+    CHECKED.with_borrow_mut(|c| *c = Some((extension, seen, schema.clone())));
     Ok(schema)
+}
+
+thread_local! {
+    /// The extension, the count of invalidations its schema was last checked at, and the
+    /// schema (quoted).
+    static CHECKED: std::cell::RefCell<Option<(pg_sys::Oid, u64, String)>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 /// The first column of the first row of a read (None without rows). Read-only SPI: it
