@@ -644,4 +644,64 @@ mod tests {
             .collect();
         assert_eq!(schemas, [(Some("u"), "v")]);
     }
+
+    /// A template's instantiation is used only when PostgreSQL's lexer reads the example and
+    /// it alike but for constants that now read as the new values: a string continued on the
+    /// next line (one constant to the lexer, two to the literal reader) is caught, whether
+    /// the structure changes or only the value the lexer reads.
+    #[pg_test]
+    fn only_an_instantiation_that_changes_only_its_values_is_confirmed() {
+        use crate::lexer::only_values_differ as same;
+        use crate::literals::LiteralKind::{Number, Text};
+        let sql = "SELECT count(*) FROM t WHERE c = 'DE' AND n > 10";
+        assert!(same(
+            sql,
+            "SELECT count(*) FROM t WHERE c = 'IT' AND n > 10",
+            &[(Text, "IT")]
+        ));
+        assert!(same(
+            sql,
+            "SELECT count(*) FROM t WHERE c = 'DE' AND n > 2.5",
+            &[(Number, "2.5")]
+        ));
+        assert!(same(
+            sql,
+            "SELECT count(*) FROM t WHERE c = E'a\\'b' AND n > 10",
+            &[(Text, "a'b")]
+        ));
+        // A constant that reads as none of the new values, or as one of the other kind.
+        assert!(!same(
+            sql,
+            "SELECT count(*) FROM t WHERE c = 'IT' AND n > 10",
+            &[(Text, "FR")]
+        ));
+        assert!(!same(
+            sql,
+            "SELECT count(*) FROM t WHERE c = 'DE' AND n > '10'",
+            &[(Text, "10")]
+        ));
+        // A new value that makes a comment or another token.
+        assert!(!same(
+            sql,
+            "SELECT count(*) FROM t WHERE c = 'DE' AND n >-5",
+            &[(Number, "-5")]
+        ));
+        assert!(!same("SELECT 1 - 10", "SELECT 1 --5", &[(Number, "-5")]));
+        // Continued strings: the second part was a literal of its own to the literal reader.
+        let continued = "SELECT count(*) FROM t WHERE c = E'D'\n'E'";
+        assert!(!same(
+            continued,
+            "SELECT count(*) FROM t WHERE c = E'D'\n'IT'",
+            &[(Text, "IT")]
+        ));
+        let escaped = "SELECT 1 FROM t WHERE c = E'x'\n'\\' OR c <> '";
+        assert!(!same(
+            escaped,
+            "SELECT 1 FROM t WHERE c = E'x'\n'IT' OR c <> '",
+            &[(Text, "IT")]
+        ));
+        // What does not lex is never confirmed.
+        assert!(!same("SELECT 'open", "SELECT 'open", &[]));
+        assert!(!same("SELECT 1", "SELECT 1\0", &[]));
+    }
 }

@@ -667,7 +667,9 @@ fn database_context(question: Option<&str>) -> Result<DatabaseContext> {
         None => (Vec::new(), Vec::new()),
     };
     let stored = |text: &str| index.as_ref().map(|i| i.stored(text)).unwrap_or_default();
-    let template = question.and_then(|q| templates::instantiate(q, &examples, &stored));
+    let template = question.and_then(|q| {
+        templates::instantiate(q, &examples, &stored, &crate::lexer::only_values_differ)
+    });
     Ok(DatabaseContext {
         text: prompt::database_context(&schema.text, values.as_deref(), &examples),
         schema,

@@ -107,6 +107,9 @@ const MAX_SQL_BYTES: usize = 400_000;
 const CHECK_LOCK_TIMEOUT: &std::ffi::CStr = c"100ms";
 /// Examples fetched at most per look-up, before they are ranked.
 const CANDIDATES: i64 = 100;
+/// Bytes of candidates (questions and SQL) read at most per look-up, all reads together: the
+/// examples are ranked, and the first checked against the schema, in the caller's backend.
+const CANDIDATE_BYTES: usize = 4 << 20;
 /// Words of the question used to find candidates: its rarest ones.
 const LOOKUP_WORDS: usize = 6;
 /// A word in more than this share of the examples does not find candidates (it is still
@@ -173,17 +176,29 @@ pub fn similar(question: &str, n: usize, focus: &Focus) -> Result<Vec<Example>> 
                 return Ok(Vec::new());
             }
             let mut found: Vec<Example> = Vec::new();
-            let read = |condition: &str, found: &mut Vec<Example>| {
+            let mut budget = CANDIDATE_BYTES;
+            let mut read = |condition: &str, found: &mut Vec<Example>| {
+                // The candidates' sizes are summed before any is read whole (octet_length
+                // reads a stored value's header only): those past the budget are left out.
                 let rows = client.select(
                     &format!(
-                        "SELECT id, question, sql FROM {table} WHERE ({condition}) \
-                         AND octet_length(question) <= {MAX_QUESTION_BYTES} \
-                         AND octet_length(sql) <= {MAX_SQL_BYTES} LIMIT {CANDIDATES}"
+                        "SELECT id, question, sql, size FROM (\
+                           SELECT id, question, sql, size, \
+                                  sum(size) OVER (ORDER BY id ROWS UNBOUNDED PRECEDING) AS total \
+                           FROM (SELECT id, question, sql, \
+                                        octet_length(question) + octet_length(sql) AS size \
+                                 FROM {table} WHERE ({condition}) \
+                                 AND octet_length(question) <= {MAX_QUESTION_BYTES} \
+                                 AND octet_length(sql) <= {MAX_SQL_BYTES} \
+                                 LIMIT {CANDIDATES}) AS candidates) AS sized \
+                         WHERE total <= {budget}"
                     ),
                     None,
                     &[],
                 )?;
                 for row in rows {
+                    let size = usize::try_from(row.get::<i32>(4)?.unwrap_or_default()).unwrap_or(0);
+                    budget = budget.saturating_sub(size);
                     let id = row.get::<i64>(1)?.unwrap_or_default();
                     if found.iter().all(|e| e.id != id) {
                         found.push(Example {

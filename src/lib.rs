@@ -21,6 +21,7 @@ mod guard;
 mod heal;
 mod hints;
 mod history;
+mod lexer;
 mod literals;
 mod llm;
 mod names;

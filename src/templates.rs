@@ -291,14 +291,20 @@ fn fits(pieces: &[Piece], words: &[Word], text: &str, taken: &mut [Option<String
     }
 }
 
+/// Whether an instantiated SQL differs from its example's only in constants that now read as
+/// one of the new values (`lexer::only_values_differ`, PostgreSQL's own lexer).
+pub type SameShape<'a> = &'a dyn Fn(&str, &str, &[(LiteralKind, &str)]) -> bool;
+
 /// The first of `examples` that answers `question` as a template, instantiated. `stored`
 /// finds where a text is stored: the columns that store it exactly, each with the value as
 /// stored (the value index); a string parameter takes a new value only from a column that
-/// also stores the example's value.
+/// also stores the example's value. An instantiation that `same_shape` does not confirm is
+/// not used (the literal reader saw a literal where the lexer reads something else).
 pub fn instantiate(
     question: &str,
     examples: &[Example],
     stored: &dyn Fn(&str) -> Vec<(String, String)>,
+    same_shape: SameShape,
 ) -> Option<Instantiated> {
     examples.iter().find_map(|example| {
         let template = Template::of(example)?;
@@ -328,9 +334,16 @@ pub fn instantiate(
                 }
             }
         }
-        Some(Instantiated {
+        let sql = template.with_values(&values);
+        let new: Vec<(LiteralKind, &str)> = template
+            .parameters
+            .iter()
+            .zip(&values)
+            .map(|(parameter, value)| (parameter.kind, value.as_str()))
+            .collect();
+        same_shape(&example.sql, &sql, &new).then_some(Instantiated {
             example_id: example.id,
-            sql: template.with_values(&values),
+            sql,
         })
     })
 }
@@ -338,6 +351,11 @@ pub fn instantiate(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The lexer's confirmation, which needs a backend (`lexer`): every instantiation here.
+    fn agree(_: &str, _: &str, _: &[(LiteralKind, &str)]) -> bool {
+        true
+    }
 
     fn example(id: i64, question: &str, sql: &str) -> Example {
         Example {
@@ -377,6 +395,7 @@ mod tests {
             "how many orders of customers in Costa Rica were cancelled? top 10 only",
             &examples,
             &stored,
+            &agree,
         )
         .expect("a match");
         assert_eq!(got.example_id, 7);
@@ -385,11 +404,48 @@ mod tests {
             "SELECT count(*) FROM orders o JOIN customers c USING (customer_id) \
              WHERE c.country = 'Costa Rica' AND o.status = 'cancelled' LIMIT 10"
         );
+        // What the lexer is asked to confirm: the example, the new SQL and the new values.
+        let asked = std::cell::RefCell::new(Vec::new());
+        let record = |before: &str, after: &str, values: &[(LiteralKind, &str)]| {
+            asked.borrow_mut().push((
+                before == examples[0].sql,
+                after.to_string(),
+                values
+                    .iter()
+                    .map(|&(k, v)| (k, v.to_string()))
+                    .collect::<Vec<_>>(),
+            ));
+            false
+        };
+        assert_eq!(
+            instantiate(
+                "how many orders of customers in Costa Rica were cancelled? top 10 only",
+                &examples,
+                &stored,
+                &record
+            ),
+            None,
+            "an instantiation the lexer does not confirm is not used"
+        );
+        let text = |v: &str| (LiteralKind::Text, v.to_string());
+        assert_eq!(
+            asked.into_inner(),
+            [(
+                true,
+                got.sql.clone(),
+                vec![
+                    text("Costa Rica"),
+                    text("cancelled"),
+                    (LiteralKind::Number, "10".to_string())
+                ]
+            )]
+        );
         // The same question is the example itself.
         let same = instantiate(
             "How many orders of customers in Germany were shipped? Top 5 only.",
             &examples,
             &stored,
+            &agree,
         )
         .unwrap();
         assert_eq!(same.sql, examples[0].sql);
@@ -403,11 +459,21 @@ mod tests {
             "SELECT * FROM orders o JOIN customers c USING (customer_id) \
              WHERE c.country = 'Germany' AND o.year >= 2020",
         )];
-        let got = instantiate("orders of customers in France since 2020", &marked, &stored);
+        let got = instantiate(
+            "orders of customers in France since 2020",
+            &marked,
+            &stored,
+            &agree,
+        );
         assert!(got.unwrap().sql.contains("'France' AND o.year >= 2020"));
         // 2020 is not marked: another year is another question.
         assert_eq!(
-            instantiate("orders of customers in France since 2021", &marked, &stored),
+            instantiate(
+                "orders of customers in France since 2021",
+                &marked,
+                &stored,
+                &agree
+            ),
             None
         );
         // Without marks, both literals the question names are parameters.
@@ -419,7 +485,8 @@ mod tests {
         assert!(instantiate(
             "orders of customers in France since 2021",
             &unmarked_example,
-            &stored
+            &stored,
+            &agree
         )
         .is_some());
         // A question may name a marked value elsewhere too: the mark decides which place.
@@ -428,7 +495,7 @@ mod tests {
             "Germany orders for {Germany}",
             "SELECT * FROM orders WHERE country = 'Germany'",
         )];
-        let got = instantiate("Germany orders for France", &twice, &stored);
+        let got = instantiate("Germany orders for France", &twice, &stored, &agree);
         assert!(got.unwrap().sql.ends_with("'France'"));
     }
 
@@ -463,7 +530,7 @@ mod tests {
             "orders of customers from France",
         ] {
             assert_eq!(
-                instantiate(question, &examples, &stored),
+                instantiate(question, &examples, &stored, &agree),
                 None,
                 "{question}"
             );
@@ -473,9 +540,9 @@ mod tests {
             "the 5 largest orders",
             "SELECT * FROM orders LIMIT 5",
         )];
-        assert!(instantiate("the 12 largest orders", &numbers, &stored).is_some());
+        assert!(instantiate("the 12 largest orders", &numbers, &stored, &agree).is_some());
         assert_eq!(
-            instantiate("the few largest orders", &numbers, &stored),
+            instantiate("the few largest orders", &numbers, &stored, &agree),
             None
         );
         // SQL of more literals than a template looks at is no template.
@@ -491,7 +558,7 @@ mod tests {
             ),
         )];
         assert_eq!(
-            instantiate("the 12 largest orders, many", &many, &stored),
+            instantiate("the 12 largest orders, many", &many, &stored, &agree),
             None
         );
         // A value the question names twice is no parameter: only the same question matches.
@@ -501,7 +568,7 @@ mod tests {
             "SELECT * FROM orders WHERE country = 'Germany'",
         )];
         assert_eq!(
-            instantiate("France orders for France", &twice, &stored),
+            instantiate("France orders for France", &twice, &stored, &agree),
             None
         );
     }
