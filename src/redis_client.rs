@@ -196,6 +196,8 @@ pub struct Connection {
     open: bool,
     /// Whether the last reply was refused for its size (the call's fault, not Redis's).
     oversized: bool,
+    /// Bytes the next exchange's replies may take (`limit_next`), then `MAX_REPLY_BYTES` again.
+    next_limit: usize,
 }
 
 enum Stream {
@@ -343,6 +345,7 @@ impl Connection {
             db: settings.db(),
             open: true,
             oversized: false,
+            next_limit: MAX_REPLY_BYTES,
         };
         if let Some(password) = settings.password() {
             let mut auth = ::redis::cmd("AUTH");
@@ -494,6 +497,14 @@ impl Connection {
         Ok(())
     }
 
+    /// Bounds the replies of the next command (or pipeline) to `bytes`, below `MAX_REPLY_BYTES`:
+    /// for a caller that keeps what it reads across calls and bounds it in all. A reply past it
+    /// is refused unread, as one past `MAX_REPLY_BYTES` is.
+    pub fn limit_next(&mut self, bytes: usize) -> &mut Self {
+        self.next_limit = bytes.min(MAX_REPLY_BYTES);
+        self
+    }
+
     /// Sends `command` and reads `count` replies, bounded together.
     fn exchange(
         &mut self,
@@ -506,7 +517,7 @@ impl Connection {
                 return Err(invalid("bytes no command asked for, or a closed connection").into());
             }
             self.reader.get_mut().write_all(command)?;
-            let mut budget = MAX_REPLY_BYTES;
+            let mut budget = std::mem::replace(&mut self.next_limit, MAX_REPLY_BYTES);
             let mut values = Vec::with_capacity(count.min(1024));
             for _ in 0..count {
                 let raw = self.reply(&mut budget)?;
@@ -620,6 +631,27 @@ mod tests {
         let endless = vec![b'x'; MAX_LINE_BYTES + 10];
         let mut c = connect(vec![&endless]);
         assert!(::redis::cmd("PING").query::<String>(&mut c).is_err());
+    }
+
+    #[test]
+    fn a_lower_limit_holds_for_the_next_command_only() {
+        let reply: &[u8] = b"$10\r\n0123456789\r\n";
+        let mut c = connect(vec![reply]);
+        let error = ::redis::cmd("GET")
+            .arg("k")
+            .query::<String>(c.limit_next(8))
+            .unwrap_err();
+        assert!(error.to_string().contains("larger than allowed"), "{error}");
+        let mut c = connect(vec![reply, reply]);
+        let first: String = ::redis::cmd("GET")
+            .arg("k")
+            .query(c.limit_next(64))
+            .unwrap();
+        let second: String = ::redis::cmd("GET").arg("k").query(&mut c).unwrap();
+        assert_eq!(
+            (first.as_str(), second.as_str()),
+            ("0123456789", "0123456789")
+        );
     }
 
     #[test]

@@ -28,8 +28,12 @@ const TTL_S: u64 = 600;
 /// Columns asked for in one Redis call.
 const FIELDS_PER_CALL: usize = 16;
 
-/// Bytes of shared reads fetched at most for one index (it keeps less).
+/// Bytes of shared reads fetched at most for one index (it keeps less), all calls together.
 const MAX_FETCHED_BYTES: usize = 32 << 20;
+/// Bytes of replies one call of `fetch` may read: a reply is held three times while it is
+/// decoded (its bytes, Redis's values, the strings), so whoever answers at the Redis address
+/// makes a call hold about three times this, not three times the client's 64 MB.
+const MAX_CALL_BYTES: usize = 8 << 20;
 
 /// The shared reads of `columns` (by column id) that Redis has: a round trip per
 /// `FIELDS_PER_CALL` of them, until `deadline`, `MAX_FETCHED_BYTES` or `max_values` values were
@@ -60,7 +64,8 @@ pub fn fetch(
         }
     }
     // In calls of a few columns each: a stored read is up to a few megabytes, and a call may
-    // read 64 MB at most (a larger reply is not read, and would lose every column of it).
+    // read `MAX_CALL_BYTES` at most (a larger reply is not read, and would lose every column
+    // of it).
     let flat: Vec<(&String, usize, &String)> = wanted
         .iter()
         .flat_map(|(key, fields)| fields.iter().map(move |(id, field)| (key, *id, field)))
@@ -86,12 +91,13 @@ pub fn fetch(
                 of_key.push(*id);
             }
         }
+        let limit = MAX_CALL_BYTES.min(MAX_FETCHED_BYTES - bytes);
         let answers: Option<Vec<Vec<Option<String>>>> = redis_client::call(move |c| {
             let mut pipe = ::redis::pipe();
             for (key, fields) in &request {
                 pipe.cmd("HMGET").arg(key).arg(fields);
             }
-            pipe.query(c)
+            pipe.query(c.limit_next(limit))
         });
         for (of_key, answer) in ids.iter().zip(answers.unwrap_or_default()) {
             for (id, value) in of_key.iter().zip(answer) {
