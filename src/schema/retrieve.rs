@@ -157,10 +157,16 @@ pub struct Candidate<'a> {
     pub neighbours: &'a [usize],
 }
 
+/// How many times `budget` the relations of `must` may take together: the question chose them
+/// (a caller may name every relation it sees, in a question or in the SQL it asks to fix), and
+/// `prompt_budget` bounds what one role's call costs the endpoint everybody shares.
+const MUST_BUDGETS: usize = 2;
+
 /// Indices of the relations to show, in schema order: every relation when all fit `budget`;
 /// otherwise, first those in `must` (the question names them, or its values are stored there),
-/// whatever the budget, then the best hits with their foreign-key neighbours, then the rest by
-/// relevance, as long as they fit. The best hit is always shown.
+/// the most relevant first, beyond the budget up to `MUST_BUDGETS` times it, then the best hits
+/// with their foreign-key neighbours, then the rest by relevance, as long as they fit. The
+/// most relevant of `must`, or without it the best hit, is always shown.
 pub fn select(
     candidates: &[Candidate],
     question: &str,
@@ -191,8 +197,14 @@ pub fn select(
 
     let mut chosen = vec![false; candidates.len()];
     let mut used = 0;
-    for &i in must {
-        if i < candidates.len() && !chosen[i] {
+    let mut forced: Vec<usize> = must
+        .iter()
+        .copied()
+        .filter(|&i| i < candidates.len())
+        .collect();
+    forced.sort_by(|a, b| scores[*b].total_cmp(&scores[*a]));
+    for i in forced {
+        if !chosen[i] && (used == 0 || used + candidates[i].tokens <= MUST_BUDGETS * budget) {
             chosen[i] = true;
             used += candidates[i].tokens;
         }
@@ -287,6 +299,15 @@ mod tests {
         assert_eq!(
             select(&candidates, "weight of parts", 120, &[3]),
             vec![0, 3]
+        );
+        // What must be shown takes twice the budget at most, the most relevant first.
+        assert_eq!(
+            select(&candidates, "weight of parts", 50, &[1, 2, 3, 0]),
+            vec![0, 1]
+        );
+        assert_eq!(
+            select(&candidates, "weight of parts", 10, &[1, 2, 0]),
+            vec![0]
         );
     }
 

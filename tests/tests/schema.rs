@@ -299,6 +299,25 @@ fn large_schemas_are_pruned_to_what_the_question_needs() {
         told.contains(pruned.trim_end()),
         "nl_schema shows exactly what the model saw"
     );
+
+    // A question that names every relation gets those it names up to twice the budget, not
+    // all of them: the budget bounds what one call costs the endpoint.
+    let every: Vec<String> = (0..40).map(|i| format!("filler_{i}")).collect();
+    let named: String = s
+        .client
+        .query_one(
+            "SELECT nl_schema($1)",
+            &[&format!("count the rows of {}", every.join(" and "))],
+        )
+        .unwrap()
+        .get(0);
+    let shown = named.matches("CREATE TABLE filler_").count();
+    assert!((2..40).contains(&shown), "{shown} shown: {named}");
+    assert!(
+        named.len() <= 2 * 250 * 4 + 400,
+        "{} bytes: {named}",
+        named.len()
+    );
 }
 
 #[test]
