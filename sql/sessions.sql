@@ -19,3 +19,8 @@ CREATE POLICY own_sessions ON @extschema@.nl_sessions
     WITH CHECK (role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid
                 AND role = current_user AND updated_at = pg_catalog.now());
 GRANT SELECT, INSERT, UPDATE, DELETE ON @extschema@.nl_sessions TO PUBLIC;
+-- Restored or replicated rows go to the role of their name (see nl_row_role in history.sql):
+-- the OID they were written under may be another role's here.
+CREATE TRIGGER nl_row_role BEFORE INSERT OR UPDATE ON @extschema@.nl_sessions
+    FOR EACH ROW EXECUTE FUNCTION @extschema@.nl_row_role();
+ALTER TABLE @extschema@.nl_sessions ENABLE ALWAYS TRIGGER nl_row_role;

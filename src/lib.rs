@@ -46,13 +46,19 @@ mod wait;
 
 pgrx::extension_sql_file!("../sql/schema_owner.sql", name = "schema_owner", bootstrap);
 pgrx::extension_sql_file!("../sql/schema_version.sql", name = "schema_version");
+pgrx::extension_sql_file!("../sql/schema_name.sql", name = "schema_name");
 pgrx::extension_sql_file!(
     "../sql/examples.sql",
     name = "examples",
     requires = [examples::nl_example_words]
 );
 pgrx::extension_sql_file!("../sql/history.sql", name = "history");
-pgrx::extension_sql_file!("../sql/sessions.sql", name = "sessions");
+// Its trigger is nl_history's (nl_row_role).
+pgrx::extension_sql_file!(
+    "../sql/sessions.sql",
+    name = "sessions",
+    requires = ["history"]
+);
 // Its policy names nl_examples (who may record feedback as promoted) and nl_history (whose
 // answers feedback is on).
 pgrx::extension_sql_file!(

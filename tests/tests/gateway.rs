@@ -706,8 +706,9 @@ fn an_overload_planted_next_to_the_extensions_procedure_is_never_called() {
 
 /// The gateway calls the extension's functions by its schema's name: a call is made only while
 /// that schema is the one it started with and a superuser owns it. Given away after the start
-/// (public, with its database), its new owner renames it and puts a procedure of its own under
-/// the old name: the gateway refuses the question (503) and the impostor never runs.
+/// (public, with its database) and renamed (by a superuser with event triggers off: the
+/// extension refuses renames), its new owner puts a procedure of its own under the old name:
+/// the gateway refuses the question (503) and the impostor never runs.
 #[test]
 fn a_schema_given_away_after_the_start_takes_no_call() {
     let s = setup();
@@ -726,8 +727,10 @@ fn a_schema_given_away_after_the_start_takes_no_call() {
     admin
         .batch_execute(&format!(
             "CREATE ROLE given_{id}; ALTER DATABASE {id} OWNER TO given_{id};
+             SET session_replication_role = replica; ALTER SCHEMA public RENAME TO moved;
+             RESET session_replication_role;
              SET ROLE given_{id};
-             ALTER SCHEMA public RENAME TO moved; CREATE SCHEMA public;
+             CREATE SCHEMA public;
              GRANT USAGE ON SCHEMA public TO PUBLIC;
              CREATE TABLE public.loot (what text); GRANT INSERT ON public.loot TO PUBLIC;
              CREATE PROCEDURE public.nl_call(question text, session text, INOUT answer jsonb,

@@ -323,9 +323,9 @@ fn a_database_owners_trojans_never_run_in_the_extensions_own_sql() {
 /// The extension finds its tables by its schema's name, and counts comments with the
 /// installing superuser's rights: the schema's owner could rename it and put tables of its own,
 /// with triggers, in their place. So it is never installed in a schema another role owns
-/// (`public` of a database a role that is not a superuser owns), and if a superuser gives its
-/// schema away later, nothing writes there with the superuser's rights and its functions refuse
-/// to work.
+/// (`public` of a database a role that is not a superuser owns), its schema is never renamed,
+/// and if a superuser gives its schema away later (and renames it with event triggers off),
+/// nothing writes there with the superuser's rights and its functions refuse to work.
 #[test]
 fn only_a_schema_a_superuser_owns_holds_the_extension() {
     let s = Session::with_extension_in("nl");
@@ -356,13 +356,30 @@ fn only_a_schema_a_superuser_owns_holds_the_extension() {
     let mut planted = cluster().connect_as(&db, &owner);
     let schema: String = planted.query_one("SELECT nl_schema()", &[]).unwrap().get(0);
     assert!(schema.contains("CREATE TABLE witness"), "{schema}");
-    // A superuser gives the schema away; its new owner swaps in tables of its own.
+    // A superuser gives the schema away. Its new owner may not rename it, nor may a superuser:
+    // the extension's SQL names it.
     admin
         .batch_execute(&format!("ALTER SCHEMA nl OWNER TO {owner}"))
         .unwrap();
+    for who in [&mut planted, &mut admin] {
+        let refused = who
+            .batch_execute("ALTER SCHEMA nl RENAME TO nl_moved")
+            .unwrap_err();
+        let (code, message, _) = db_error(&refused);
+        assert_eq!(code, "55000", "{message}");
+        assert!(message.contains("cannot be renamed"), "{message}");
+    }
+    // A superuser renames it all the same, with event triggers off; the new owner swaps in
+    // tables of its own.
+    admin
+        .batch_execute(
+            "SET session_replication_role = replica; ALTER SCHEMA nl RENAME TO nl_moved;
+             RESET session_replication_role;",
+        )
+        .unwrap();
     planted
         .batch_execute(
-            "ALTER SCHEMA nl RENAME TO nl_moved; CREATE SCHEMA nl;
+            "CREATE SCHEMA nl;
              CREATE TABLE nl.nl_schema_changes (xid xid8 DEFAULT pg_current_xact_id(),
                  changes bigint DEFAULT 1, schema_name text, PRIMARY KEY (xid, schema_name));
              CREATE TABLE nl.nl_history (LIKE nl_moved.nl_history);

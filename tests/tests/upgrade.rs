@@ -283,6 +283,24 @@ fn updating_from_0_1_0_through_every_release_equals_a_fresh_install_and_keeps_th
              ALTER EXTENSION sql_query_engine UPDATE TO '0.14.0';",
         )
         .unwrap();
+    // 0.15.0 refuses a rename of the extension's schema.
+    client
+        .batch_execute("ALTER SCHEMA public RENAME TO moved")
+        .unwrap();
+    client
+        .batch_execute(
+            "ALTER SCHEMA moved RENAME TO public;
+             ALTER EXTENSION sql_query_engine UPDATE TO '0.15.0';",
+        )
+        .unwrap();
+    let refused = client
+        .batch_execute("ALTER SCHEMA public RENAME TO moved")
+        .unwrap_err();
+    assert_eq!(
+        refused.code().map(|c| c.code()),
+        Some("55000"),
+        "{refused:?}"
+    );
     let version: String = client
         .query_one(
             "SELECT extversion FROM pg_extension WHERE extname = 'sql_query_engine'",
@@ -290,9 +308,9 @@ fn updating_from_0_1_0_through_every_release_equals_a_fresh_install_and_keeps_th
         )
         .unwrap()
         .get(0);
-    assert_eq!(version, "0.14.0");
+    assert_eq!(version, "0.15.0");
     client
-        .batch_execute("COMMENT ON TABLE t IS 'after 0.14.0'")
+        .batch_execute("COMMENT ON TABLE t IS 'after 0.15.0'")
         .unwrap();
     assert_eq!(counted(&mut client, "public"), 2, "a superuser owns public");
     let (updated_members, fresh_members) = (members(&updated), members(&fresh));
