@@ -37,6 +37,23 @@ pub fn structural_kind(tag: pg_sys::NodeTag) -> bool {
     false
 }
 
+/// The ORDER BY list of a raw SQL/JSON aggregate (`JSON_ARRAYAGG(x ORDER BY ...)`, PostgreSQL
+/// 16 and later), or None for any other node.
+///
+/// # Safety
+/// `node` is a raw parse node.
+pub unsafe fn aggregate_order(node: *mut pg_sys::Node) -> Option<*mut pg_sys::List> {
+    #[cfg(any(feature = "pg17", feature = "pg18"))]
+    // SAFETY: the caller's contract; the tag says which struct it is.
+    unsafe {
+        if (*node).type_ == pg_sys::NodeTag::T_JsonAggConstructor {
+            return Some((*node.cast::<pg_sys::JsonAggConstructor>()).agg_order);
+        }
+    }
+    let _ = node;
+    None
+}
+
 /// The attributes of a tuple descriptor. PostgreSQL 18 keeps them after an array of compact
 /// attributes, where earlier versions had them as the struct's last field.
 ///

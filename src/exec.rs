@@ -1662,14 +1662,18 @@ unsafe extern "C-unwind" fn record_error(arg: *mut std::ffi::c_void) {
             return;
         }
         let seen = &*arg.cast::<Seen>();
-        seen.sqlstate.set(pg_sys::geterrcode());
+        let sqlstate = pg_sys::geterrcode();
+        seen.sqlstate.set(sqlstate);
+        // An error's position, not a notice's, and the last error's alone: code the query ran
+        // may have caught an error of its own (with a position in other text) before it.
+        if ["00", "01"].contains(&SqlState::from_packed(sqlstate).class()) {
+            return;
+        }
         let position = match pg_sys::geterrposition() {
             p if p > 0 => p,
             _ => pg_sys::getinternalerrposition(),
         };
-        if position > 0 {
-            seen.position.set(position);
-        }
+        seen.position.set(position);
     }
 }
 

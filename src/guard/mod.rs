@@ -293,16 +293,69 @@ fn check_raw(statement: *mut pg_sys::Node) -> Result<(), Refusal> {
         {
             return Err(Refusal::write("SELECT INTO"));
         }
-        let mut found = raw_node_refusal(statement);
-        if found.is_none() {
-            // Through PostgreSQL's walker (see `check`).
-            pg_sys::raw_expression_tree_walker(
-                statement,
-                Some(raw_walker),
-                (&mut found as *mut Option<Refusal>).cast(),
-            );
+        let mut raw = RawCheck {
+            found: None,
+            matched: 0,
+        };
+        // Through PostgreSQL's walker (see `check`), the statement itself first.
+        raw_walker(statement, (&mut raw as *mut RawCheck).cast());
+        raw.found.map_or(Ok(()), Err)
+    }
+}
+
+/// What the raw walk found: a refusal, and the items counted so far that analysis matches
+/// against a target list (`matched_items`).
+struct RawCheck {
+    found: Option<Refusal>,
+    matched: usize,
+}
+
+/// Items that analysis matches against a target list, at most, in a whole statement.
+/// PostgreSQL finds each GROUP BY, ORDER BY, DISTINCT ON, PARTITION BY and aggregate ORDER BY
+/// item in its query's target list by comparing it with every entry, and adds the ones it
+/// does not find to the list, checking for no interrupt: the work grows with the square of
+/// these items, however they are spread over clauses, windows, grouping sets and aggregates.
+const MAX_MATCHED_ITEMS: usize = 4096;
+
+/// The items of `node`'s own lists that analysis matches against a target list (its nested
+/// nodes are counted when the walk reaches them).
+///
+/// # Safety
+/// `node` is a raw parse node.
+unsafe fn matched_items(node: *mut pg_sys::Node) -> usize {
+    let length = |list: *mut pg_sys::List| {
+        // SAFETY: a list of the raw tree, or null.
+        unsafe { list.as_ref().map_or(0, |l| l.length as usize) }
+    };
+    // SAFETY: the caller's contract; the tag says which struct it is.
+    unsafe {
+        match (*node).type_ {
+            pg_sys::NodeTag::T_SelectStmt => {
+                let select = node.cast::<pg_sys::SelectStmt>();
+                length((*select).targetList)
+                    + length((*select).groupClause)
+                    + length((*select).sortClause)
+                    + length((*select).distinctClause)
+            }
+            pg_sys::NodeTag::T_WindowDef => {
+                let window = node.cast::<pg_sys::WindowDef>();
+                length((*window).partitionClause) + length((*window).orderClause)
+            }
+            pg_sys::NodeTag::T_FuncCall => length((*node.cast::<pg_sys::FuncCall>()).agg_order),
+            // A row in a grouping set, `GROUPING SETS ((a, b))`, is a list of its items.
+            pg_sys::NodeTag::T_GroupingSet => {
+                PgList::<pg_sys::Node>::from_pg((*node.cast::<pg_sys::GroupingSet>()).content)
+                    .iter_ptr()
+                    .map(|item| match item.as_ref() {
+                        Some(n) if n.type_ == pg_sys::NodeTag::T_RowExpr => {
+                            length((*item.cast::<pg_sys::RowExpr>()).args)
+                        }
+                        _ => 1,
+                    })
+                    .sum()
+            }
+            _ => crate::compat::aggregate_order(node).map_or(0, length),
         }
-        found.map_or(Ok(()), Err)
     }
 }
 
@@ -382,10 +435,24 @@ unsafe extern "C-unwind" fn raw_walker(node: *mut pg_sys::Node, context: *mut c_
     if node.is_null() {
         return false;
     }
-    // SAFETY: PostgreSQL's raw walker passes raw parse nodes and our context.
+    // SAFETY: PostgreSQL's raw walker passes raw parse nodes and our context, a `RawCheck`.
     unsafe {
-        if let Some(refusal) = too_deep().or_else(|| raw_node_refusal(node)) {
-            *context.cast::<Option<Refusal>>() = Some(refusal);
+        let raw = &mut *context.cast::<RawCheck>();
+        raw.matched += matched_items(node);
+        let refusal = too_deep().or_else(|| raw_node_refusal(node)).or_else(|| {
+            (raw.matched > MAX_MATCHED_ITEMS).then(|| {
+                Refusal::read(
+                    SqlState::STATEMENT_TOO_COMPLEX,
+                    format!(
+                        "more than {MAX_MATCHED_ITEMS} items of select lists, GROUP BY, ORDER \
+                         BY, DISTINCT, PARTITION BY and aggregates' ORDER BY together are not \
+                         allowed"
+                    ),
+                )
+            })
+        });
+        if let Some(refusal) = refusal {
+            raw.found = Some(refusal);
             return true;
         }
         pg_sys::raw_expression_tree_walker(node, Some(raw_walker), context)

@@ -539,8 +539,15 @@ impl Walk {
                         return true;
                     }
                     self.relations.push(relid);
+                    // The built-in methods (BERNOULLI, SYSTEM) only choose rows; another
+                    // method's handler is checked as any function (returning tsm_handler, it
+                    // is allowed only by name).
                     let sample = (*rte).tablesample;
-                    !sample.is_null() && self.check_function((*sample).tsmhandler)
+                    !sample.is_null() && {
+                        let handler = (*sample).tsmhandler;
+                        !FunctionFacts::of(handler).is_some_and(|f| f.builtin)
+                            && self.check_function(handler)
+                    }
                 }
                 pg_sys::RTEKind::RTE_VALUES | pg_sys::RTEKind::RTE_CTE => {
                     self.check_types((*rte).coltypes)

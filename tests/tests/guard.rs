@@ -335,7 +335,8 @@ fn the_api_key_is_not_in_the_trace_or_the_prompt() {
 
 /// Analysis matches each GROUP BY item against the whole select list, checking for no
 /// interrupt: a query of tens of thousands of items (an example another role wrote into the
-/// table, analysed in every matching caller's backend) is refused before it is analysed.
+/// table, analysed in every matching caller's backend) is refused before it is analysed, in
+/// one clause or spread over grouping sets, windows and aggregates.
 #[test]
 fn a_clause_of_more_items_than_a_row_has_columns_is_refused_before_analysis() {
     let mut s = Session::new();
@@ -350,11 +351,70 @@ fn a_clause_of_more_items_than_a_row_has_columns_is_refused_before_analysis() {
     assert_eq!(code, "54001", "{message}");
     assert!(message.contains("1664 items"), "{message}");
     assert!(started.elapsed() < std::time::Duration::from_secs(5));
-    // A query of a usual size still passes.
-    s.client
-        .query(
-            "SELECT nl_check('SELECT a FROM (VALUES (1)) v(a) GROUP BY a')",
-            &[],
-        )
-        .unwrap();
+    // The same matching, spread over lists no clause holds whole: a grouping set, a window's
+    // PARTITION BY, an aggregate's ORDER BY, a named window, SQL/JSON's aggregates.
+    let list = |n: usize| -> String {
+        (0..n)
+            .map(|i| format!("a+{i}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let version: i32 = s
+        .client
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .unwrap()
+        .get(0);
+    let mut spread = vec![
+        format!(
+            "SELECT count(*) FROM (VALUES (1)) v(a) GROUP BY GROUPING SETS (({}))",
+            list(5000)
+        ),
+        format!(
+            "SELECT row_number() OVER (PARTITION BY {}) FROM (VALUES (1)) v(a)",
+            list(5000)
+        ),
+        format!(
+            "SELECT string_agg('x', ',' ORDER BY {}) FROM (VALUES (1)) v(a)",
+            list(5000)
+        ),
+        format!(
+            "SELECT count(*) OVER w FROM (VALUES (1)) v(a) WINDOW w AS (ORDER BY {})",
+            list(5000)
+        ),
+        // Each within a clause's bound, too many together.
+        format!(
+            "SELECT {} FROM (VALUES (1)) v(a) GROUP BY {} ORDER BY {}",
+            list(1600),
+            list(1600),
+            list(1600)
+        ),
+    ];
+    if version >= 160000 {
+        spread.push(format!(
+            "SELECT JSON_ARRAYAGG(a ORDER BY {}) FROM (VALUES (1)) v(a)",
+            list(5000)
+        ));
+    }
+    for sql in spread {
+        let started = std::time::Instant::now();
+        let error = match s.client.query("SELECT nl_check($1)", &[&sql]) {
+            Err(error) => error,
+            Ok(_) => panic!("passed: {}", &sql[..80]),
+        };
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "54001", "{message}: {}", &sql[..80]);
+        assert!(message.contains("together"), "{message}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    }
+    // A query of a usual size still passes, and so does a built-in TABLESAMPLE method.
+    for sql in [
+        "SELECT a FROM (VALUES (1)) v(a) GROUP BY a",
+        "SELECT count(*) OVER (PARTITION BY a ORDER BY a) FROM (VALUES (1)) v(a)",
+        "SELECT count(*) FROM orders TABLESAMPLE BERNOULLI (50) REPEATABLE (1)",
+        "SELECT count(*) FROM orders TABLESAMPLE SYSTEM (50)",
+    ] {
+        s.client
+            .query("SELECT nl_check($1)", &[&sql])
+            .unwrap_or_else(|e| panic!("{sql}: {:?}", db_error(&e)));
+    }
 }
