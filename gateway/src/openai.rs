@@ -192,7 +192,15 @@ fn cell(value: &Value) -> String {
 fn plain(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text.chars();
+    // How many `w`s (either case) the text has written last: linear, whatever the text.
+    let mut ws = 0;
     while let Some(c) = rest.next() {
+        let after_www = ws >= 3;
+        ws = if c.eq_ignore_ascii_case(&'w') {
+            ws + 1
+        } else {
+            0
+        };
         match c {
             '\\' | '`' | '*' | '_' | '[' | ']' | '(' | ')' | '{' | '}' | '<' | '>' | '!' | '|'
             | '~' | '&' | '#' | '@' => {
@@ -200,7 +208,7 @@ fn plain(text: &str) -> String {
                 out.push(c);
             }
             ':' if rest.as_str().starts_with("//") => out.push_str("\\:"),
-            '.' if out.to_ascii_lowercase().ends_with("www") => out.push_str("\\."),
+            '.' if after_www => out.push_str("\\."),
             '\n' | '\r' => out.push(' '),
             c if c.is_control() || reorders(c) => {}
             c => out.push(c),
@@ -326,7 +334,7 @@ pub fn markdown(trace: &Value, max_rows: usize) -> String {
 fn usage(trace: &Value) -> Value {
     let prompt = trace["prompt_tokens"].as_u64().unwrap_or(0);
     let completion = trace["completion_tokens"].as_u64().unwrap_or(0);
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt.saturating_add(completion)})
 }
 
 fn chunk(id: &str, model: &str, delta: Value, finish: Option<&str>) -> Event {
@@ -375,6 +383,7 @@ pub async fn chat(
 /// that can call a URL from their rating buttons. The answer is what `nl_feedback` returned.
 pub async fn feedback(
     State(app): State<App>,
+    ConnectInfo(ClientGone(gone)): ConnectInfo<ClientGone>,
     Extension(Role { name: role, .. }): Extension<Role>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -402,7 +411,12 @@ pub async fn feedback(
         correct,
         corrected_sql,
     };
-    match tokio::time::timeout(app.timeout, app.db.call(Some(&role), &call, None)).await {
+    let given = tokio::select! {
+        given = tokio::time::timeout(app.timeout, app.db.call(Some(&role), &call, None)) => given,
+        // Dropping the call cancels its query (a correction runs in the sandbox).
+        _ = gone.cancelled() => return bad("the client went away".into()),
+    };
+    match given {
         Err(_) => ApiError::timeout().into_response(),
         Ok(Err(e)) => ApiError::from(e).into_response(),
         Ok(Ok(given)) => Json(given).into_response(),
@@ -769,6 +783,11 @@ mod tests {
             "see https\\://evil.example/?d=1, WWW\\.evil.example or me\\@evil.example at 12:30"
         );
         assert_eq!(plain("total\u{202E}01\u{2066}x\u{2069}"), "total01x");
+        assert_eq!(plain("wWw.a w.b ww.c"), "wWw\\.a w.b ww.c");
+        // Linear in the text: a cell of megabytes of dots is rendered at once, not in minutes.
+        let started = std::time::Instant::now();
+        assert_eq!(plain(&".".repeat(4 << 20)).len(), 4 << 20);
+        assert!(started.elapsed() < std::time::Duration::from_secs(10));
         assert_eq!(code_span("SELECT\u{202E} 1\n"), "`SELECT 1 `");
         assert!(!fenced("SELECT 1 -- \u{2067}x", "sql").contains('\u{2067}'));
         // An error quoting what the model wrote is no markup either.

@@ -17,6 +17,9 @@ pub struct Role {
 
 /// Shortest token accepted: a guessable one would make the role it maps to public.
 const MIN_TOKEN_CHARS: usize = 16;
+/// Longest token accepted, in the file and in a request: a presented token is hashed before
+/// anything else, whoever sends it.
+const MAX_TOKEN_BYTES: usize = 1024;
 
 #[derive(Clone, Default)]
 pub struct Tokens(Arc<RwLock<Vec<(String, String)>>>);
@@ -33,6 +36,12 @@ pub fn parse(text: &str) -> Result<Vec<(String, String)>, String> {
         let (Some(token), Some(role), None) = (fields.next(), fields.next(), fields.next()) else {
             return Err(format!("line {}: expected TOKEN ROLE", number + 1));
         };
+        if token.len() > MAX_TOKEN_BYTES {
+            return Err(format!(
+                "line {}: a token must have at most {MAX_TOKEN_BYTES} bytes",
+                number + 1
+            ));
+        }
         if token.chars().count() < MIN_TOKEN_CHARS {
             return Err(format!(
                 "line {}: a token must have at least {MIN_TOKEN_CHARS} characters",
@@ -47,12 +56,13 @@ pub fn parse(text: &str) -> Result<Vec<(String, String)>, String> {
     Ok(entries)
 }
 
-/// Compares the SHA-256 digests of `a` and `b` without stopping at the first difference: the
-/// time taken tells neither where they differ nor how long the token is.
-fn same(a: &str, b: &str) -> bool {
+/// Compares the SHA-256 digest of `a` with `presented`, a presented token's, without stopping
+/// at the first difference: the time taken tells neither where they differ nor how long the
+/// token is.
+fn same(a: &str, presented: &[u8]) -> bool {
     Sha256::digest(a.as_bytes())
         .iter()
-        .zip(Sha256::digest(b.as_bytes()).iter())
+        .zip(presented)
         .fold(0u8, |acc, (x, y)| acc | (x ^ y))
         == 0
 }
@@ -87,10 +97,14 @@ impl Tokens {
 
     /// The role of `token`, comparing it with every entry, and the token's fingerprint.
     pub fn role(&self, token: &str) -> Option<Role> {
+        if token.len() > MAX_TOKEN_BYTES {
+            return None;
+        }
+        let presented = Sha256::digest(token.as_bytes());
         let entries = self.0.read().ok()?;
         let mut found = None;
         for (t, role) in entries.iter() {
-            if same(t, token) {
+            if same(t, &presented) {
                 found = Some(role.clone());
             }
         }
@@ -127,6 +141,7 @@ mod tests {
         assert!(parse("abcdefghijklmnop01").is_err());
         assert!(parse("abcdefghijklmnop01 a b").is_err());
         assert!(parse("abcdefghijklmnop01 a\nabcdefghijklmnop01 b").is_err());
+        assert!(parse(&format!("{} a", "x".repeat(1025))).is_err());
     }
 
     #[test]
@@ -138,6 +153,8 @@ mod tests {
         assert!(!role.client.contains("abcdefghijklmnop01"));
         assert!(tokens.role("abcdefghijklmnop02").is_none());
         assert!(tokens.role("").is_none());
+        // A presented token longer than any listed one is not even hashed.
+        assert!(tokens.role(&"abcdefghijklmnop01".repeat(100)).is_none());
     }
 
     #[test]
