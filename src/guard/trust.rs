@@ -235,6 +235,59 @@ pub fn saving_call() -> Trusted {
     }
 }
 
+/// Why a query may not name `collation` with COLLATE: one that another role made may carry
+/// ICU rules (PostgreSQL 16 and later), which ICU compiles when the query first compares with
+/// it, checking for no cancel. Built-in collations, the caller's own, superusers' and those of
+/// `trusted_owners` may be named.
+pub fn collation_refusal(collation: pg_sys::Oid) -> Option<String> {
+    if collation == pg_sys::InvalidOid || builtin(collation) {
+        return None;
+    }
+    // SAFETY: a syscache look-up, released before returning.
+    let owner = unsafe {
+        let tuple = pg_sys::SearchSysCache1(
+            pg_sys::SysCacheIdentifier::COLLOID as i32,
+            pg_sys::Datum::from(collation),
+        );
+        if tuple.is_null() {
+            return Some("it is not in the catalog".into());
+        }
+        let owner =
+            (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_collation>(tuple)).collowner;
+        pg_sys::ReleaseSysCache(tuple);
+        owner
+    };
+    // SAFETY: reads the backend's current and session user.
+    let (current, session) = unsafe { (pg_sys::GetUserId(), pg_sys::GetSessionUserId()) };
+    // SAFETY: a role catalog look-up.
+    if owner == current || owner == session || unsafe { pg_sys::superuser_arg(owner) } {
+        return None;
+    }
+    if trusted_owners().contains(&owner) {
+        return None;
+    }
+    let role = role_name(owner).unwrap_or_default();
+    Some(format!(
+        "its owner, role \"{role}\", is another role, and a collation may carry rules that are \
+         compiled as the query runs, without a check for cancel (a superuser may trust the role \
+         with sql_query_engine.trusted_owners = '{role}')"
+    ))
+}
+
+/// A collation's name, for a message.
+pub fn collation_name(collation: pg_sys::Oid) -> String {
+    // SAFETY: a catalog look-up; the name is copied before it is freed with its context.
+    unsafe {
+        let name = pg_sys::get_collation_name(collation);
+        if name.is_null() {
+            return collation.to_u32().to_string();
+        }
+        std::ffi::CStr::from_ptr(name)
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
 /// The roles `sql_query_engine.trusted_owners` names that exist.
 fn trusted_owners() -> Vec<pg_sys::Oid> {
     settings::trusted_owners()

@@ -343,6 +343,19 @@ unsafe extern "C-unwind" fn analyzed_walker(node: *mut pg_sys::Node, context: *m
                     .into_iter()
                     .any(|op| op != pg_sys::InvalidOid && walk.check_operator(op))
             }
+            // A collation named by COLLATE (a column's is its table owner's choice).
+            pg_sys::NodeTag::T_CollateExpr => {
+                let collation = (*node.cast::<pg_sys::CollateExpr>()).collOid;
+                if let Some(why) = trust::collation_refusal(collation) {
+                    walk.refuse(format!(
+                        "collation {} is not allowed in {}: {why}",
+                        trust::collation_name(collation),
+                        walk.origin.what()
+                    ));
+                    return true;
+                }
+                pg_sys::expression_tree_walker(node, Some(analyzed_walker), context)
+            }
             // The conversion's input and output functions are the types' (checked above).
             pg_sys::NodeTag::T_CoerceViaIO | pg_sys::NodeTag::T_CoerceToDomain => {
                 pg_sys::expression_tree_walker(node, Some(analyzed_walker), context)

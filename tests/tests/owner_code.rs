@@ -2143,3 +2143,45 @@ fn the_default_operator_class_of_a_type_is_checked_like_its_other_code() {
     });
     assert_eq!(waited, [4310]);
 }
+
+/// A collation another role made may carry rules that are compiled as the query first compares
+/// with it, checking for no cancel (ICU rules, PostgreSQL 16 and later): a query may name with
+/// COLLATE only built-in collations, the caller's own, superusers' and trusted owners'.
+#[test]
+fn a_query_names_no_collation_of_another_role() {
+    let w = World::new();
+    w.attacker_runs(
+        "CREATE COLLATION shared.mine (locale = 'C');
+         CREATE COLLATION shared.trusted_one (locale = 'C');",
+    );
+    let sql = |collation: &str| {
+        format!("SELECT x FROM (VALUES ('b'), ('a')) v(x) ORDER BY x COLLATE {collation}")
+    };
+    let mut victim = w.connect(&w.victim);
+    let error = victim
+        .query_one("SELECT nl_check($1)", &[&sql("shared.mine")])
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "42501", "{message}");
+    assert!(message.contains("collation mine"), "{message}");
+    assert!(message.contains(&w.attacker), "{message}");
+    // Built-in ones, and the caller's own.
+    victim
+        .query_one("SELECT nl_check($1)", &[&sql("\"C\"")])
+        .unwrap();
+    w.connect(&w.attacker)
+        .query_one("SELECT nl_check($1)", &[&sql("shared.mine")])
+        .unwrap();
+    // A role a superuser trusts.
+    let db = w.s.database.clone();
+    cluster()
+        .connect(&db)
+        .batch_execute(&format!(
+            "ALTER ROLE {} SET sql_query_engine.trusted_owners = '{}'",
+            w.victim, w.attacker
+        ))
+        .unwrap();
+    w.connect(&w.victim)
+        .query_one("SELECT nl_check($1)", &[&sql("shared.trusted_one")])
+        .unwrap();
+}
