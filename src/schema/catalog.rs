@@ -249,12 +249,15 @@ parts AS (
            hashtext(string_agg(DISTINCT pc.relfilenode::text, ',' ORDER BY pc.relfilenode::text)
                     FILTER (WHERE pc.relkind <> 'p')) & 2147483647 AS hash,
            count(DISTINCT w.relid) AS descendants,
-           bool_or(pc.relkind = 'f') AS foreign_parts,
-           (SELECT count(*) FROM pg_index i
-            WHERE i.indrelid IN (SELECT w2.relid FROM walked w2 WHERE w2.root = w.root))
-               AS indexes
+           bool_or(pc.relkind = 'f') AS foreign_parts
     FROM walked w JOIN pg_class pc ON pc.oid = w.relid
-    GROUP BY w.root)
+    GROUP BY w.root),
+-- The indexes of each root's descendants (each descendant once, however many paths reach
+-- it), in one join: a subquery per root would read the whole walk once per root.
+part_indexes AS (
+    SELECT d.root, count(*) AS indexes
+    FROM (SELECT DISTINCT root, relid FROM walked) d JOIN pg_index i ON i.indrelid = d.relid
+    GROUP BY d.root)
 SELECT json_build_object(
     'relations', coalesce(json_agg(r.relation ORDER BY r.ord, r.relname)
                           FILTER (WHERE r.columns <= $3), '[]'),
@@ -279,7 +282,8 @@ SELECT json_build_object(
                     ELSE b.relfilenode END::bigint,
         'locks', 1 + (SELECT count(*) FROM pg_index i WHERE i.indrelid = b.oid)
                  + CASE WHEN b.relkind = 'p'
-                        THEN coalesce(parts.descendants + parts.indexes, 0) ELSE 0 END,
+                        THEN coalesce(parts.descendants, 0) + coalesce(pi.indexes, 0)
+                        ELSE 0 END,
         'foreign_parts', coalesce(parts.foreign_parts, false)
                          OR (cut.cut AND (b.relkind = 'p' OR b.relhassubclass)),
         'inherited', b.relkind = 'r' AND b.relhassubclass)
@@ -290,6 +294,7 @@ CROSS JOIN cut
 LEFT JOIN pg_description d
     ON d.objoid = b.oid AND d.classoid = 'pg_class'::regclass AND d.objsubid = 0
 LEFT JOIN parts ON parts.root = b.oid
+LEFT JOIN part_indexes pi ON pi.root = b.oid
 ) r
 "#;
 
@@ -325,10 +330,7 @@ FROM (
                 OVER (ORDER BY s.ord, s.attnum ROWS UNBOUNDED PRECEDING) AS said
     FROM (
         SELECT r.ord, a.attrelid, a.attname, a.attnum, a.atttypid, a.atttypmod,
-               a.attnotnull AND NOT EXISTS (
-                   SELECT FROM pg_constraint nn
-                   WHERE nn.conrelid = a.attrelid AND nn.contype = 'n' AND NOT nn.convalidated
-                     AND a.attnum = ANY (nn.conkey)) AS not_null,
+               a.attnotnull AND unvalidated.attnum IS NULL AS not_null,
                CASE WHEN a.attgenerated = '' AND octet_length(ad.adbin::text) <= 10000 THEN
                    (SELECT CASE WHEN x NOT LIKE 'nextval(%' AND length(x) <= 200 THEN x END
                     FROM pg_get_expr(ad.adbin, 0) x) END AS dflt,
@@ -346,6 +348,14 @@ FROM (
         LEFT JOIN pg_description cd
             ON cd.objoid = a.attrelid AND cd.classoid = 'pg_class'::regclass
            AND cd.objsubid = a.attnum
+        -- NOT NULL constraints not validated yet (PostgreSQL 18 catalogues them), read once
+        -- for all the relations: a subquery per column would read all of its table's
+        -- constraints for each of its columns.
+        LEFT JOIN (
+            SELECT DISTINCT nn.conrelid, k.attnum
+            FROM pg_constraint nn CROSS JOIN LATERAL unnest(nn.conkey) AS k(attnum)
+            WHERE nn.conrelid = ANY ($1::oid[]) AND nn.contype = 'n' AND NOT nn.convalidated
+        ) unvalidated ON unvalidated.conrelid = a.attrelid AND unvalidated.attnum = a.attnum
         WHERE a.attnum > 0 AND NOT a.attisdropped
           AND (has_table_privilege(a.attrelid, 'SELECT')
                OR has_column_privilege(a.attrelid, a.attnum, 'SELECT'))

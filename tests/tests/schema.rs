@@ -908,3 +908,33 @@ fn a_huge_fixed_width_text_is_left_out_of_the_samples() {
     assert!(context.contains("short label"), "{told}");
     assert!(!context.contains("yyyyyyyy"), "{told}");
 }
+
+/// A NOT NULL constraint not validated yet (PostgreSQL 18) says nothing of the rows already
+/// there: the column is shown without NOT NULL. (Earlier versions have no such constraint.)
+#[test]
+fn a_not_null_constraint_not_yet_validated_is_not_shown() {
+    let mut s = Session::new();
+    let version: i32 = s
+        .client
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .unwrap()
+        .get(0);
+    if version < 180000 {
+        return;
+    }
+    s.client
+        .batch_execute(
+            "CREATE TABLE gauges (id int NOT NULL, reading int);
+             INSERT INTO gauges VALUES (1, NULL);
+             ALTER TABLE gauges ADD CONSTRAINT reading_set NOT NULL reading NOT VALID;",
+        )
+        .unwrap();
+    let schema: String = s
+        .client
+        .query_one("SELECT nl_schema()", &[])
+        .unwrap()
+        .get(0);
+    assert!(schema.contains("id integer NOT NULL"), "{schema}");
+    assert!(schema.contains("reading integer"), "{schema}");
+    assert!(!schema.contains("reading integer NOT NULL"), "{schema}");
+}
