@@ -65,7 +65,8 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF EXISTS (SELECT FROM pg_catalog.pg_extension e
                JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace
-               WHERE e.extname = 'sql_query_engine' AND n.nspname <> '@extschema@') THEN
+               WHERE e.extname = 'sql_query_engine'
+                 AND pg_catalog.quote_ident(n.nspname) <> '@extschema@') THEN
         RAISE EXCEPTION 'the schema of sql_query_engine cannot be renamed'
             USING ERRCODE = '55000',
                   DETAIL = 'The extension''s SQL finds its objects by the name @extschema@, which another schema could then take.',

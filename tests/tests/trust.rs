@@ -783,3 +783,28 @@ fn the_audit_names_the_sql_that_feedback_and_fix_run() {
         "the SQL nl_fix was given is not in the log"
     );
 }
+
+/// A schema whose name needs quotes holds the extension as any other: other schemas are
+/// altered and renamed as usual, the extension's own is not renamed, and the extension works.
+#[test]
+fn a_schema_whose_name_needs_quotes_holds_the_extension() {
+    let mut s = Session::with_extension_in("\"Nl Schema\"");
+    s.client
+        .batch_execute(
+            "CREATE SCHEMA other; ALTER SCHEMA other RENAME TO other2;
+             ALTER SCHEMA other2 OWNER TO CURRENT_USER;",
+        )
+        .unwrap();
+    let refused = s
+        .client
+        .batch_execute("ALTER SCHEMA \"Nl Schema\" RENAME TO plain")
+        .unwrap_err();
+    let (code, message, _) = db_error(&refused);
+    assert_eq!(code, "55000", "{message}");
+    let schema: String = s
+        .client
+        .query_one("SELECT \"Nl Schema\".nl_schema()", &[])
+        .unwrap()
+        .get(0);
+    assert!(schema.contains("CREATE TABLE customers"), "{schema}");
+}
