@@ -296,6 +296,7 @@ fn check_raw(statement: *mut pg_sys::Node) -> Result<(), Refusal> {
         let mut raw = RawCheck {
             found: None,
             matched: 0,
+            width: 0,
         };
         // Through PostgreSQL's walker (see `check`), the statement itself first.
         raw_walker(statement, (&mut raw as *mut RawCheck).cast());
@@ -308,6 +309,55 @@ fn check_raw(statement: *mut pg_sys::Node) -> Result<(), Refusal> {
 struct RawCheck {
     found: Option<Refusal>,
     matched: usize,
+    /// Entries the select lists may have once analysis expands their stars (`select_width`).
+    width: usize,
+}
+
+/// Entries of select lists, at most, in a whole statement, each `*` counted as wide as a row
+/// may be: analysis expands every star into the columns it stands for before it checks a
+/// list's length, then matches the clauses' items against them (and DISTINCT every entry
+/// against the others), checking for no interrupt. Sixteen rows' worth of stars.
+const MAX_SELECT_WIDTH: usize = 16 * MAX_CLAUSE_ITEMS;
+
+/// The entries `select`'s list may have once its stars are expanded: `MAX_CLAUSE_ITEMS` for a
+/// star (`*`, `t.*`, `(r).*`), one for anything else.
+///
+/// # Safety
+/// `select` is a raw SelectStmt.
+unsafe fn select_width(select: *mut pg_sys::SelectStmt) -> usize {
+    let ends_in_star = |list: *mut pg_sys::List| {
+        // SAFETY: a list of the raw tree; its last element's tag is read.
+        unsafe {
+            PgList::<pg_sys::Node>::from_pg(list)
+                .iter_ptr()
+                .last()
+                .and_then(|n| n.as_ref())
+                .is_some_and(|n| n.type_ == pg_sys::NodeTag::T_A_Star)
+        }
+    };
+    // SAFETY: the caller's contract; each node is cast to the struct its tag names.
+    unsafe {
+        PgList::<pg_sys::ResTarget>::from_pg((*select).targetList)
+            .iter_ptr()
+            .map(|target| {
+                let value = target.as_ref().map_or(std::ptr::null_mut(), |t| t.val);
+                let star = match value.as_ref().map(|v| v.type_) {
+                    Some(pg_sys::NodeTag::T_ColumnRef) => {
+                        ends_in_star((*value.cast::<pg_sys::ColumnRef>()).fields)
+                    }
+                    Some(pg_sys::NodeTag::T_A_Indirection) => {
+                        ends_in_star((*value.cast::<pg_sys::A_Indirection>()).indirection)
+                    }
+                    _ => false,
+                };
+                if star {
+                    MAX_CLAUSE_ITEMS
+                } else {
+                    1
+                }
+            })
+            .sum()
+    }
 }
 
 /// Items that analysis matches against a target list, at most, in a whole statement.
@@ -439,18 +489,35 @@ unsafe extern "C-unwind" fn raw_walker(node: *mut pg_sys::Node, context: *mut c_
     unsafe {
         let raw = &mut *context.cast::<RawCheck>();
         raw.matched += matched_items(node);
-        let refusal = too_deep().or_else(|| raw_node_refusal(node)).or_else(|| {
-            (raw.matched > MAX_MATCHED_ITEMS).then(|| {
-                Refusal::read(
-                    SqlState::STATEMENT_TOO_COMPLEX,
-                    format!(
-                        "more than {MAX_MATCHED_ITEMS} items of select lists, GROUP BY, ORDER \
+        if (*node).type_ == pg_sys::NodeTag::T_SelectStmt {
+            raw.width += select_width(node.cast());
+        }
+        let refusal = too_deep()
+            .or_else(|| raw_node_refusal(node))
+            .or_else(|| {
+                (raw.width > MAX_SELECT_WIDTH).then(|| {
+                    Refusal::read(
+                        SqlState::STATEMENT_TOO_COMPLEX,
+                        format!(
+                            "select lists of more than {MAX_SELECT_WIDTH} entries together, each \
+                         * counted as {MAX_CLAUSE_ITEMS} (as wide as a row may be), are not \
+                         allowed"
+                        ),
+                    )
+                })
+            })
+            .or_else(|| {
+                (raw.matched > MAX_MATCHED_ITEMS).then(|| {
+                    Refusal::read(
+                        SqlState::STATEMENT_TOO_COMPLEX,
+                        format!(
+                            "more than {MAX_MATCHED_ITEMS} items of select lists, GROUP BY, ORDER \
                          BY, DISTINCT, PARTITION BY and aggregates' ORDER BY together are not \
                          allowed"
-                    ),
-                )
-            })
-        });
+                        ),
+                    )
+                })
+            });
         if let Some(refusal) = refusal {
             raw.found = Some(refusal);
             return true;
