@@ -254,6 +254,28 @@ pub fn at_most(text: &str, chars: usize) -> String {
     }
 }
 
+/// `text` whole when it has at most `bytes` bytes, else cut at its last line break within them
+/// (or, for one long line, at a character boundary), with `note` on a line of its own.
+pub fn within_bytes(mut text: String, bytes: usize, note: &str) -> String {
+    if text.len() <= bytes {
+        return text;
+    }
+    let mut end = bytes;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    if let Some(line) = text[..end].rfind('\n') {
+        end = line + 1;
+    }
+    text.truncate(end);
+    if !text.ends_with('\n') {
+        text.push('\n');
+    }
+    text.push_str(note);
+    text.push('\n');
+    text
+}
+
 /// Normalized form for exact matching: lower case, blank space collapsed, surrounding
 /// punctuation dropped.
 pub fn normalize(text: &str) -> String {
@@ -265,6 +287,16 @@ pub fn normalize(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_text_is_cut_at_a_line_break_within_its_bytes() {
+        assert_eq!(within_bytes("a\nbb\n".into(), 10, "(cut)"), "a\nbb\n");
+        assert_eq!(
+            within_bytes("a\nbb\ncc\n".into(), 6, "(cut)"),
+            "a\nbb\n(cut)\n"
+        );
+        assert_eq!(within_bytes("ééé".into(), 3, "(cut)"), "é\n(cut)\n");
+    }
 
     #[test]
     fn messages_keep_their_lines_but_no_terminal_escape() {

@@ -256,6 +256,17 @@ impl SchemaContext {
         if text.is_empty() {
             text.push_str(render::NOTHING_VISIBLE);
         }
+        // Retrieval may show more than the budget (what the question names, the best hit),
+        // but never a schema of any size: one relation of thousands of long comments, say.
+        // (With room for samples longer than estimated: four characters a token.)
+        if question.is_some() {
+            text = crate::text::within_bytes(
+                text,
+                (retrieve::MUST_BUDGETS + 1) * budget * 4,
+                "-- (the rest of the schema is left out: it is larger than \
+                 sql_query_engine.prompt_budget allows)",
+            );
+        }
         PromptSchema {
             cached: false,
             pruned: chosen.len() < self.relations.len(),
@@ -375,7 +386,17 @@ impl SchemaContext {
                 lines.push(format!("The tables and views are: {}.", all.join(", ")));
             }
         }
-        (!lines.is_empty()).then(|| lines.join("\n"))
+        // What the failed query names may be every relation there is: no more than the
+        // schema itself may take.
+        (!lines.is_empty()).then(|| {
+            crate::text::within_bytes(
+                lines.join("\n"),
+                settings::prompt_budget() * 4,
+                "(more is left out: it is larger than sql_query_engine.prompt_budget allows)",
+            )
+            .trim_end()
+            .to_string()
+        })
     }
 
     /// When no relation has `column`: the columns whose names say the same kind of value

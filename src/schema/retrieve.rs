@@ -160,7 +160,7 @@ pub struct Candidate<'a> {
 /// How many times `budget` the relations of `must` may take together: the question chose them
 /// (a caller may name every relation it sees, in a question or in the SQL it asks to fix), and
 /// `prompt_budget` bounds what one role's call costs the endpoint everybody shares.
-const MUST_BUDGETS: usize = 2;
+pub const MUST_BUDGETS: usize = 2;
 
 /// Indices of the relations to show, in schema order: every relation when all fit `budget`;
 /// otherwise, first those in `must` (the question names them, or its values are stored there),

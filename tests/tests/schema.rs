@@ -318,6 +318,31 @@ fn large_schemas_are_pruned_to_what_the_question_needs() {
         "{} bytes: {named}",
         named.len()
     );
+
+    // Nor one relation of any size: 200 columns with long comments, named by the question.
+    let mut ddl = String::from("CREATE TABLE wide (id int");
+    for i in 0..200 {
+        ddl.push_str(&format!(", note_{i} text"));
+    }
+    ddl.push_str(");");
+    for i in 0..200 {
+        ddl.push_str(&format!(
+            "COMMENT ON COLUMN wide.note_{i} IS '{}';",
+            "a long remark ".repeat(30)
+        ));
+    }
+    s.client.batch_execute(&ddl).unwrap();
+    let wide: String = s
+        .client
+        .query_one("SELECT nl_schema('how many rows has wide?')", &[])
+        .unwrap()
+        .get(0);
+    assert!(wide.contains("CREATE TABLE wide"), "{wide}");
+    assert!(
+        wide.contains("larger than sql_query_engine.prompt_budget"),
+        "{wide}"
+    );
+    assert!(wide.len() <= 3 * 250 * 4 + 400, "{} bytes", wide.len());
 }
 
 #[test]
