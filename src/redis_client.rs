@@ -482,7 +482,13 @@ impl Connection {
             raw.extend_from_slice(&available[..taken]);
             self.reader.consume(taken);
             if raw.len() - start > limit {
-                return Err(invalid("a reply line longer than allowed"));
+                // Past what is left of the call's bytes, the call's fault; past the longest
+                // line, the server's.
+                return Err(invalid(if limit < MAX_LINE_BYTES {
+                    TOO_LARGE
+                } else {
+                    "a reply line longer than allowed"
+                }));
             }
             if done {
                 break;
@@ -640,6 +646,13 @@ mod tests {
         let error = ::redis::cmd("GET")
             .arg("k")
             .query::<String>(c.limit_next(8))
+            .unwrap_err();
+        assert!(error.to_string().contains("larger than allowed"), "{error}");
+        // Also when what is left is less than the reply's first line.
+        let mut c = connect(vec![reply]);
+        let error = ::redis::cmd("GET")
+            .arg("k")
+            .query::<String>(c.limit_next(3))
             .unwrap_err();
         assert!(error.to_string().contains("larger than allowed"), "{error}");
         let mut c = connect(vec![reply, reply]);

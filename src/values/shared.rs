@@ -25,15 +25,17 @@ use crate::schema::TextColumns;
 /// How long a shared read is used.
 const TTL_S: u64 = 600;
 
-/// Columns asked for in one Redis call.
-const FIELDS_PER_CALL: usize = 16;
+/// Columns asked for in one Redis call: so many that a call's replies, each a stored read of
+/// at most `MAX_STORED_BYTES`, fit in `MAX_CALL_BYTES` (a reply past it would lose every
+/// column of the call).
+const FIELDS_PER_CALL: usize = 4;
 
 /// Bytes of shared reads fetched at most for one index (it keeps less), all calls together.
 const MAX_FETCHED_BYTES: usize = 32 << 20;
 /// Bytes of replies one call of `fetch` may read: a reply is held three times while it is
 /// decoded (its bytes, Redis's values, the strings), so whoever answers at the Redis address
 /// makes a call hold about three times this, not three times the client's 64 MB.
-const MAX_CALL_BYTES: usize = 8 << 20;
+const MAX_CALL_BYTES: usize = FIELDS_PER_CALL * MAX_STORED_BYTES + (64 << 10);
 
 /// The shared reads of `columns` (by column id) that Redis has: a round trip per
 /// `FIELDS_PER_CALL` of them, until `deadline`, `MAX_FETCHED_BYTES` or `max_values` values were
