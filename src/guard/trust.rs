@@ -218,17 +218,20 @@ pub fn superuser_call() -> Option<Trusted> {
 }
 
 /// What a saved question's view may keep: a superuser's call's trust, or for another role's,
-/// the objects of the caller, of superusers and of `trusted_owners` only. The view runs them at
+/// the objects of the caller (the current user, who owns the view), of superusers and of
+/// `trusted_owners` only. The view runs them at
 /// every read, whoever reads it: another role's function, type or operator could be changed
 /// by its owner later (a function replaced, a domain's CHECK added, a negator linked).
 pub fn saving_call() -> Trusted {
     if let Some(trusted) = superuser_call() {
         return trusted;
     }
-    // SAFETY: reads the backend's current and session user.
-    let (current, session) = unsafe { (pg_sys::GetUserId(), pg_sys::GetSessionUserId()) };
+    // The view's owner-to-be alone, not the session user: inside a SECURITY DEFINER function
+    // the two differ, and the session user's objects would stay in another role's view.
+    // SAFETY: reads the backend's current user.
+    let current = unsafe { pg_sys::GetUserId() };
     let mut roles = trusted_owners();
-    roles.extend([current, session]);
+    roles.push(current);
     Trusted {
         roles,
         saving: true,
@@ -257,10 +260,10 @@ pub fn collation_refusal(collation: pg_sys::Oid) -> Option<String> {
         pg_sys::ReleaseSysCache(tuple);
         owner
     };
-    // SAFETY: reads the backend's current and session user.
-    let (current, session) = unsafe { (pg_sys::GetUserId(), pg_sys::GetSessionUserId()) };
+    // SAFETY: reads the backend's current user, the role the query runs as.
+    let current = unsafe { pg_sys::GetUserId() };
     // SAFETY: a role catalog look-up.
-    if owner == current || owner == session || unsafe { pg_sys::superuser_arg(owner) } {
+    if owner == current || unsafe { pg_sys::superuser_arg(owner) } {
         return None;
     }
     if trusted_owners().contains(&owner) {

@@ -485,6 +485,54 @@ fn a_saved_view_keeps_no_type_of_another_role() {
     assert!(loot(&mut analyst) > 0);
 }
 
+/// Inside a SECURITY DEFINER function, the view is the definer's: the objects of whoever
+/// called it (the session user) are another role's to the view, and are not kept.
+#[test]
+fn a_view_saved_inside_a_definers_function_keeps_no_type_of_its_caller() {
+    let shop = Shop::new();
+    let mallory = mallory(&shop);
+    let mut analyst = shop.analyst();
+    analyst
+        .batch_execute(&format!(
+            "CREATE FUNCTION reports.save_for(name text, question text) RETURNS text
+                 SECURITY DEFINER SET search_path = reports, public LANGUAGE sql
+                 AS $$ SELECT nl_view(name, question) $$;
+             GRANT USAGE ON SCHEMA reports TO {mallory};
+             GRANT EXECUTE ON FUNCTION reports.save_for(text, text) TO {mallory};"
+        ))
+        .unwrap();
+    const CAST: &str = "SELECT c.name::public.code AS name FROM customers c ORDER BY 1";
+    const PLAIN: &str = "SELECT c.name FROM customers c ORDER BY 1";
+    shop.s.llm.on(
+        "the names as codes",
+        vec![Reply::sql(CAST), Reply::sql(PLAIN)],
+    );
+    let mut caller = cluster().connect_as(&shop.s.database, &mallory);
+    caller
+        .batch_execute("CREATE DOMAIN public.code AS text")
+        .unwrap();
+    let saved: String = caller
+        .query_one(
+            "SELECT reports.save_for('codes', 'the names as codes')",
+            &[],
+        )
+        .unwrap_or_else(|e| panic!("{:?}", db_error(&e)))
+        .get(0);
+    assert!(!saved.contains("code AS name"), "{saved}");
+    let kept: i64 = analyst
+        .query_one(
+            "SELECT count(*) FROM pg_depend d
+             WHERE d.classid = 'pg_rewrite'::regclass
+               AND d.objid = (SELECT oid FROM pg_rewrite
+                              WHERE ev_class = 'reports.codes'::regclass)
+               AND d.refobjid = 'public.code'::regtype",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(kept, 0, "the view keeps the caller's domain: {saved}");
+}
+
 /// What the view stores is checked again as the answer was: a relation made again under the
 /// name the answer read (here a view of Mallory's, whose function runs as its reader), while
 /// the model was asked, is not one the caller was shown, and the view is not saved.
