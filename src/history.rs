@@ -181,16 +181,30 @@ pub enum Audited<'a> {
 pub struct Caller {
     id: pg_sys::Oid,
     name: String,
+    /// The session user, when it is another role (`SET ROLE`, a SECURITY DEFINER function,
+    /// the gateway's login role): who asked, as the connection says.
+    session: Option<(pg_sys::Oid, String)>,
 }
 
 impl Caller {
     pub fn now() -> Caller {
-        // SAFETY: reads the backend's current role.
-        let id = unsafe { pg_sys::GetUserId() };
+        // SAFETY: reads the backend's current role and session user.
+        let (id, session) = unsafe { (pg_sys::GetUserId(), pg_sys::GetSessionUserId()) };
         Caller {
             id,
             name: names::role_name(id).unwrap_or_default(),
+            session: (session != id)
+                .then(|| (session, names::role_name(session).unwrap_or_default())),
         }
+    }
+
+    /// How the audit line names the caller: the role, and the session user when it differs.
+    fn described(&self) -> String {
+        let mut said = format!("role {:?} (oid {})", self.name, self.id.to_u32());
+        if let Some((id, name)) = &self.session {
+            said.push_str(&format!(" for session user {name:?} (oid {})", id.to_u32()));
+        }
+        said
     }
 }
 
@@ -406,9 +420,8 @@ pub fn audit(
     ErrorReport::new(
         PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
         format!(
-            "sql_query_engine: {function} by role {:?} (oid {}){session}: {}",
-            caller.name,
-            caller.id.to_u32(),
+            "sql_query_engine: {function} by {}{session}: {}",
+            caller.described(),
             text::escaped_line(&result)
         ),
         "sql_query_engine",

@@ -663,9 +663,15 @@ fn every_call_is_in_the_server_log_whatever_the_callers_transaction() {
         .execute("SELECT pg_terminate_backend($1)", &[&pid])
         .unwrap();
     assert!(asking.join().unwrap().is_err());
-    // A session reset (it deletes the caller's turns) is in the log too.
+    // A session reset (it deletes the caller's turns) is in the log too; under SET ROLE the
+    // line names the session user as well.
     caller
         .batch_execute("SELECT nl_session_reset('forget me')")
+        .unwrap();
+    s.client
+        .batch_execute(&format!(
+            "SET ROLE {role}; SELECT nl_session_reset('forget as another'); RESET ROLE;"
+        ))
         .unwrap();
     // A question may hold line breaks: it cannot write a line of its own into the record.
     let forging = "forge a line\nran 2: SELECT 'nothing to see'";
@@ -730,6 +736,21 @@ fn every_call_is_in_the_server_log_whatever_the_callers_transaction() {
             .collect::<Vec<_>>()
             .windows(2)
             .any(|w| w[0].contains(&line) && w[1].contains("input: forget me")),
+        "not in the server log: {line}"
+    );
+    let session_user: String = s
+        .client
+        .query_one("SELECT session_user::text", &[])
+        .unwrap()
+        .get(0);
+    let line = format!(
+        "sql_query_engine: nl_session_reset by role \"{role}\" (oid {oid}) for session user \"{session_user}\""
+    );
+    assert!(
+        log.lines()
+            .collect::<Vec<_>>()
+            .windows(2)
+            .any(|w| w[0].contains(&line) && w[1].contains("input: forget as another")),
         "not in the server log: {line}"
     );
 }
