@@ -259,17 +259,19 @@ impl SchemaContext {
         // Retrieval may show more than the budget (what the question names, the best hit),
         // but never a schema of any size: one relation of thousands of long comments, say.
         // (With room for samples longer than estimated: four characters a token.)
-        if question.is_some() {
+        let limit = (retrieve::MUST_BUDGETS + 1) * budget * 4;
+        let cut = question.is_some() && text.len() > limit;
+        if cut {
             text = crate::text::within_bytes(
                 text,
-                (retrieve::MUST_BUDGETS + 1) * budget * 4,
+                limit,
                 "-- (the rest of the schema is left out: it is larger than \
                  sql_query_engine.prompt_budget allows)",
             );
         }
         PromptSchema {
             cached: false,
-            pruned: chosen.len() < self.relations.len(),
+            pruned: cut || chosen.len() < self.relations.len(),
             relations: chosen
                 .iter()
                 .map(|&i| self.relations[i].sql_name())
