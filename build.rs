@@ -23,6 +23,7 @@ const ATTRIBUTES: &[(&str, &str)] = &[
     ("pg_range", "rngcanonical"),
     ("pg_range", "rngsubdiff"),
     ("pg_range", "rngsubopc"),
+    ("pg_range", "rngcollation"),
     ("pg_constraint", "contype"),
     ("pg_constraint", "contypid"),
     ("pg_constraint", "conbin"),

@@ -54,6 +54,85 @@ pub unsafe fn aggregate_order(node: *mut pg_sys::Node) -> Option<*mut pg_sys::Li
     None
 }
 
+/// Whether `node` is a raw column of JSON_TABLE (PostgreSQL 17 and later).
+///
+/// # Safety
+/// `node` is a raw parse node.
+pub unsafe fn json_table_column(node: *mut pg_sys::Node) -> bool {
+    #[cfg(any(feature = "pg17", feature = "pg18"))]
+    // SAFETY: the caller's contract.
+    unsafe {
+        if (*node).type_ == pg_sys::NodeTag::T_JsonTableColumn {
+            return true;
+        }
+    }
+    let _ = node;
+    false
+}
+
+/// The JSON path of a SQL/JSON query function (`JSON_EXISTS`, `JSON_QUERY`, `JSON_VALUE`,
+/// PostgreSQL 17 and later), or None for any other node.
+///
+/// # Safety
+/// `node` is an analysed node.
+pub unsafe fn json_path(node: *mut pg_sys::Node) -> Option<*mut pg_sys::Node> {
+    #[cfg(any(feature = "pg17", feature = "pg18"))]
+    // SAFETY: the caller's contract; the tag says which struct it is.
+    unsafe {
+        if (*node).type_ == pg_sys::NodeTag::T_JsonExpr {
+            return Some((*node.cast::<pg_sys::JsonExpr>()).path_spec);
+        }
+    }
+    let _ = node;
+    None
+}
+
+/// What a table function reads its rows with: XMLTABLE's XPath expressions, or JSON_TABLE's
+/// JSON paths (PostgreSQL 17 and later: its row path and those of its NESTED clauses, which
+/// no expression walker visits).
+pub enum TableFunction {
+    XmlTable,
+    #[cfg_attr(feature = "pg15", allow(dead_code))]
+    JsonTable(Vec<*mut pg_sys::Node>),
+}
+
+/// What kind of table function `table` is, with JSON_TABLE's paths.
+///
+/// # Safety
+/// `table` is an analysed TableFunc.
+pub unsafe fn table_function(table: *mut pg_sys::TableFunc) -> TableFunction {
+    #[cfg(any(feature = "pg17", feature = "pg18"))]
+    // SAFETY: the caller's contract; each plan node is cast to the struct its tag names.
+    unsafe {
+        if (*table).functype == pg_sys::TableFuncType::TFT_JSON_TABLE {
+            let mut paths = Vec::new();
+            let mut plans = vec![(*table).plan];
+            while let Some(plan) = plans.pop() {
+                let Some(node) = plan.as_ref() else { continue };
+                match node.type_ {
+                    pg_sys::NodeTag::T_JsonTablePathScan => {
+                        let scan = plan.cast::<pg_sys::JsonTablePathScan>();
+                        if let Some(path) = (*scan).path.as_ref() {
+                            paths.push(path.value.cast());
+                        }
+                        plans.push((*scan).child.cast());
+                    }
+                    pg_sys::NodeTag::T_JsonTableSiblingJoin => {
+                        let join = plan.cast::<pg_sys::JsonTableSiblingJoin>();
+                        plans.push((*join).lplan.cast());
+                        plans.push((*join).rplan.cast());
+                    }
+                    // A plan node of a kind not known here: a path nobody checked.
+                    _ => paths.push(std::ptr::null_mut()),
+                }
+            }
+            return TableFunction::JsonTable(paths);
+        }
+    }
+    let _ = table;
+    TableFunction::XmlTable
+}
+
 /// The attributes of a tuple descriptor. PostgreSQL 18 keeps them after an array of compact
 /// attributes, where earlier versions had them as the struct's last field.
 ///

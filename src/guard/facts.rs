@@ -114,7 +114,9 @@ impl FunctionFacts {
                 return None;
             }
             let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tuple);
-            let internal = |t: pg_sys::Oid| t == pg_sys::CSTRINGOID || t == pg_sys::INTERNALOID;
+            let internal = |t: pg_sys::Oid| {
+                t == pg_sys::CSTRINGOID || t == pg_sys::CSTRINGARRAYOID || t == pg_sys::INTERNALOID
+            };
             let arguments = &(*form).proargtypes;
             let type_support = internal((*form).prorettype)
                 || arguments

@@ -33,6 +33,8 @@
 //! clause or relation → 42501; a parse or analysis error → the server's own ERROR.
 
 mod ahead;
+mod bounds;
+mod cost;
 mod doubts;
 mod facts;
 pub mod gate;
@@ -295,8 +297,7 @@ fn check_raw(statement: *mut pg_sys::Node) -> Result<(), Refusal> {
         }
         let mut raw = RawCheck {
             found: None,
-            matched: 0,
-            width: 0,
+            bounds: bounds::Bounds::default(),
         };
         // Through PostgreSQL's walker (see `check`), the statement itself first.
         raw_walker(statement, (&mut raw as *mut RawCheck).cast());
@@ -304,113 +305,14 @@ fn check_raw(statement: *mut pg_sys::Node) -> Result<(), Refusal> {
     }
 }
 
-/// What the raw walk found: a refusal, and the items counted so far that analysis matches
-/// against a target list (`matched_items`).
+/// What the raw walk found: a refusal, and what it counted of the work analysis will do.
 struct RawCheck {
     found: Option<Refusal>,
-    matched: usize,
-    /// Entries the select lists may have once analysis expands their stars (`select_width`).
-    width: usize,
-}
-
-/// Entries of select lists, at most, in a whole statement, each `*` counted as wide as a row
-/// may be: analysis expands every star into the columns it stands for before it checks a
-/// list's length, then matches the clauses' items against them (and DISTINCT every entry
-/// against the others), checking for no interrupt. Sixteen rows' worth of stars.
-const MAX_SELECT_WIDTH: usize = 16 * MAX_CLAUSE_ITEMS;
-
-/// The entries `select`'s list may have once its stars are expanded: `MAX_CLAUSE_ITEMS` for a
-/// star (`*`, `t.*`, `(r).*`), one for anything else.
-///
-/// # Safety
-/// `select` is a raw SelectStmt.
-unsafe fn select_width(select: *mut pg_sys::SelectStmt) -> usize {
-    let ends_in_star = |list: *mut pg_sys::List| {
-        // SAFETY: a list of the raw tree; its last element's tag is read.
-        unsafe {
-            PgList::<pg_sys::Node>::from_pg(list)
-                .iter_ptr()
-                .last()
-                .and_then(|n| n.as_ref())
-                .is_some_and(|n| n.type_ == pg_sys::NodeTag::T_A_Star)
-        }
-    };
-    // SAFETY: the caller's contract; each node is cast to the struct its tag names.
-    unsafe {
-        PgList::<pg_sys::ResTarget>::from_pg((*select).targetList)
-            .iter_ptr()
-            .map(|target| {
-                let value = target.as_ref().map_or(std::ptr::null_mut(), |t| t.val);
-                let star = match value.as_ref().map(|v| v.type_) {
-                    Some(pg_sys::NodeTag::T_ColumnRef) => {
-                        ends_in_star((*value.cast::<pg_sys::ColumnRef>()).fields)
-                    }
-                    Some(pg_sys::NodeTag::T_A_Indirection) => {
-                        ends_in_star((*value.cast::<pg_sys::A_Indirection>()).indirection)
-                    }
-                    _ => false,
-                };
-                if star {
-                    MAX_CLAUSE_ITEMS
-                } else {
-                    1
-                }
-            })
-            .sum()
-    }
-}
-
-/// Items that analysis matches against a target list, at most, in a whole statement.
-/// PostgreSQL finds each GROUP BY, ORDER BY, DISTINCT ON, PARTITION BY and aggregate ORDER BY
-/// item in its query's target list by comparing it with every entry, and adds the ones it
-/// does not find to the list, checking for no interrupt: the work grows with the square of
-/// these items, however they are spread over clauses, windows, grouping sets and aggregates.
-const MAX_MATCHED_ITEMS: usize = 4096;
-
-/// The items of `node`'s own lists that analysis matches against a target list (its nested
-/// nodes are counted when the walk reaches them).
-///
-/// # Safety
-/// `node` is a raw parse node.
-unsafe fn matched_items(node: *mut pg_sys::Node) -> usize {
-    let length = |list: *mut pg_sys::List| {
-        // SAFETY: a list of the raw tree, or null.
-        unsafe { list.as_ref().map_or(0, |l| l.length as usize) }
-    };
-    // SAFETY: the caller's contract; the tag says which struct it is.
-    unsafe {
-        match (*node).type_ {
-            pg_sys::NodeTag::T_SelectStmt => {
-                let select = node.cast::<pg_sys::SelectStmt>();
-                length((*select).targetList)
-                    + length((*select).groupClause)
-                    + length((*select).sortClause)
-                    + length((*select).distinctClause)
-            }
-            pg_sys::NodeTag::T_WindowDef => {
-                let window = node.cast::<pg_sys::WindowDef>();
-                length((*window).partitionClause) + length((*window).orderClause)
-            }
-            pg_sys::NodeTag::T_FuncCall => length((*node.cast::<pg_sys::FuncCall>()).agg_order),
-            // A row in a grouping set, `GROUPING SETS ((a, b))`, is a list of its items.
-            pg_sys::NodeTag::T_GroupingSet => {
-                PgList::<pg_sys::Node>::from_pg((*node.cast::<pg_sys::GroupingSet>()).content)
-                    .iter_ptr()
-                    .map(|item| match item.as_ref() {
-                        Some(n) if n.type_ == pg_sys::NodeTag::T_RowExpr => {
-                            length((*item.cast::<pg_sys::RowExpr>()).args)
-                        }
-                        _ => 1,
-                    })
-                    .sum()
-            }
-            _ => crate::compat::aggregate_order(node).map_or(0, length),
-        }
-    }
+    bounds: bounds::Bounds,
 }
 
 /// Items of one clause of a query, at most (PostgreSQL's own bound on a row's columns).
-const MAX_CLAUSE_ITEMS: usize = 1664;
+pub(crate) const MAX_CLAUSE_ITEMS: usize = 1664;
 
 /// Whether a clause of `select` is longer than `MAX_CLAUSE_ITEMS`.
 ///
@@ -488,41 +390,24 @@ unsafe extern "C-unwind" fn raw_walker(node: *mut pg_sys::Node, context: *mut c_
     // SAFETY: PostgreSQL's raw walker passes raw parse nodes and our context, a `RawCheck`.
     unsafe {
         let raw = &mut *context.cast::<RawCheck>();
-        raw.matched += matched_items(node);
-        if (*node).type_ == pg_sys::NodeTag::T_SelectStmt {
-            raw.width += select_width(node.cast());
-        }
-        let refusal = too_deep()
+        raw.bounds.count(node);
+        if let Some(refusal) = too_deep()
             .or_else(|| raw_node_refusal(node))
-            .or_else(|| {
-                (raw.width > MAX_SELECT_WIDTH).then(|| {
-                    Refusal::read(
-                        SqlState::STATEMENT_TOO_COMPLEX,
-                        format!(
-                            "select lists of more than {MAX_SELECT_WIDTH} entries together, each \
-                         * counted as {MAX_CLAUSE_ITEMS} (as wide as a row may be), are not \
-                         allowed"
-                        ),
-                    )
-                })
-            })
-            .or_else(|| {
-                (raw.matched > MAX_MATCHED_ITEMS).then(|| {
-                    Refusal::read(
-                        SqlState::STATEMENT_TOO_COMPLEX,
-                        format!(
-                            "more than {MAX_MATCHED_ITEMS} items of select lists, GROUP BY, ORDER \
-                         BY, DISTINCT, PARTITION BY and aggregates' ORDER BY together are not \
-                         allowed"
-                        ),
-                    )
-                })
-            });
-        if let Some(refusal) = refusal {
+            .or_else(|| raw.bounds.refusal())
+        {
             raw.found = Some(refusal);
             return true;
         }
-        pg_sys::raw_expression_tree_walker(node, Some(raw_walker), context)
+        // A SELECT's FROM items are in scope for what is below it.
+        let select = (*node).type_ == pg_sys::NodeTag::T_SelectStmt;
+        if select {
+            raw.bounds.enter(node.cast());
+        }
+        let stopped = pg_sys::raw_expression_tree_walker(node, Some(raw_walker), context);
+        if select {
+            raw.bounds.leave();
+        }
+        stopped
     }
 }
 

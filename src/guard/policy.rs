@@ -189,7 +189,9 @@ const SYSTEM_ACCESSORS: &[&str] = &[
     "has_table_privilege",
     "has_tablespace_privilege",
     "has_type_privilege",
+    "has_largeobject_privilege",
     "row_security_active",
+    "system_user",
 ];
 
 /// What the superuser allowed beyond the built-ins (`sql_query_engine.allowed_functions`).
@@ -223,7 +225,8 @@ impl Allowed {
         Ok(allowed)
     }
 
-    fn names(&self, f: &Function) -> bool {
+    /// Whether `f` is named as `SCHEMA.FUNCTION`.
+    pub fn names(&self, f: &Function) -> bool {
         self.functions
             .iter()
             .any(|(s, n)| s == f.schema && n == f.name)

@@ -15,7 +15,7 @@ use super::facts::{
     builtin, family_code, type_holds, CacheList, FunctionFacts, MAX_FAMILY_SUPPORT,
 };
 use super::policy::{self, Allowed};
-use super::trust::Trusted;
+use super::trust::{self, Trusted};
 use super::verdict::Origin;
 
 /// Types followed at most into the types they are made of.
@@ -29,6 +29,7 @@ use crate::compat::numbers::{
     ANUM_PG_CONSTRAINT_CONTYPE as ANUM_CONSTRAINT_KIND,
     ANUM_PG_CONSTRAINT_CONTYPID as ANUM_CONSTRAINT_TYPE_ID,
     ANUM_PG_RANGE_RNGCANONICAL as ANUM_RANGE_CANONICAL,
+    ANUM_PG_RANGE_RNGCOLLATION as ANUM_RANGE_COLLATION,
     ANUM_PG_RANGE_RNGSUBDIFF as ANUM_RANGE_SUBDIFF,
     ANUM_PG_RANGE_RNGSUBOPC as ANUM_RANGE_SUBTYPE_OPCLASS, CONSTRAINT_RELATION_ID,
     CONSTRAINT_TYPID_INDEX_ID,
@@ -41,6 +42,8 @@ struct TypeFacts {
     owner: pg_sys::Oid,
     base: pg_sys::Oid,
     relation: pg_sys::Oid,
+    /// A domain's or a collatable base type's collation.
+    collation: pg_sys::Oid,
     support: Vec<pg_sys::Oid>,
 }
 
@@ -62,6 +65,7 @@ impl TypeFacts {
                 owner: (*form).typowner,
                 base: (*form).typbasetype,
                 relation: (*form).typrelid,
+                collation: (*form).typcollation,
                 support: [
                     (*form).typinput,
                     (*form).typoutput,
@@ -245,6 +249,16 @@ impl Types<'_> {
             .as_ref()
             .and_then(|t| t.refuse_owner(facts.owner, "type"))
         {
+            return Some(why);
+        }
+        if let Some(why) = collations(&facts).into_iter().find_map(|collation| {
+            trust::collation_refusal(collation).map(|why| {
+                format!(
+                    "its collation {} is refused: {why}",
+                    trust::collation_name(collation)
+                )
+            })
+        }) {
             return Some(why);
         }
         if let Some(why) = self.support_refusal(&facts.support, "input, output or support") {
@@ -515,6 +529,45 @@ fn default_class_code(typ: pg_sys::Oid) -> Option<Vec<pg_sys::Oid>> {
         }
     }
     Some(functions)
+}
+
+/// The collations a value of the type compares with: a domain's, a composite type's fields',
+/// a range's (its bounds are compared as a literal of it is read).
+fn collations(facts: &TypeFacts) -> Vec<pg_sys::Oid> {
+    let mut found = vec![facts.collation];
+    // SAFETY: catalog look-ups; the row type's descriptor and the syscache entry are released
+    // again.
+    unsafe {
+        if facts.relation != pg_sys::InvalidOid {
+            let desc = pg_sys::lookup_rowtype_tupdesc_noerror(facts.oid, -1, true);
+            if !desc.is_null() {
+                found.extend(
+                    crate::compat::attributes(desc)
+                        .iter()
+                        .filter(|a| !a.attisdropped)
+                        .map(|a| a.attcollation),
+                );
+                if (*desc).tdrefcount >= 0 {
+                    pg_sys::DecrTupleDescRefCount(desc);
+                }
+            }
+        }
+        if facts.kind == pg_sys::TYPTYPE_RANGE {
+            let cache = pg_sys::SysCacheIdentifier::RANGETYPE as i32;
+            let tuple = pg_sys::SearchSysCache1(cache, pg_sys::Datum::from(facts.oid));
+            if !tuple.is_null() {
+                let mut is_null = true;
+                let datum =
+                    pg_sys::SysCacheGetAttr(cache, tuple, ANUM_RANGE_COLLATION, &mut is_null);
+                if !is_null {
+                    found.push(pg_sys::Oid::from(datum.value() as u32));
+                }
+                pg_sys::ReleaseSysCache(tuple);
+            }
+        }
+    }
+    found.retain(|c| *c != pg_sys::InvalidOid);
+    found
 }
 
 fn range_functions(range: pg_sys::Oid) -> Vec<pg_sys::Oid> {

@@ -9,6 +9,7 @@ use std::rc::Rc;
 use pgrx::pg_sys;
 use pgrx::PgList;
 
+use super::cost;
 use super::facts::{
     builtin, family_code, operator_code, row_fields, CacheList, FunctionFacts, OpenRelation,
     MAX_FAMILY_SUPPORT,
@@ -328,13 +329,16 @@ unsafe extern "C-unwind" fn analyzed_walker(node: *mut pg_sys::Node, context: *m
                 let function = node.cast::<pg_sys::RangeTblFunction>();
                 walk.refuse_code_naming_in((*function).funccoltypes)
                     || walk.check_types((*function).funccoltypes)
+                    || walk.check_collations((*function).funccolcollations)
                     || pg_sys::expression_tree_walker(node, Some(analyzed_walker), context)
             }
             pg_sys::NodeTag::T_TableFunc => {
                 let coltypes = (*node.cast::<pg_sys::TableFunc>()).coltypes;
                 walk.refuse_code_naming_in(coltypes)
                     || walk.check_types(coltypes)
+                    || walk.check_collations((*node.cast::<pg_sys::TableFunc>()).colcollations)
                     || pg_sys::expression_tree_walker(node, Some(analyzed_walker), context)
+                    || walk.check_table_cost(node.cast())
             }
             // An aggregate's DISTINCT or ORDER BY: its operators run, out of the tree's sight.
             pg_sys::NodeTag::T_SortGroupClause => {
@@ -346,22 +350,15 @@ unsafe extern "C-unwind" fn analyzed_walker(node: *mut pg_sys::Node, context: *m
             // A collation named by COLLATE (a column's is its table owner's choice).
             pg_sys::NodeTag::T_CollateExpr => {
                 let collation = (*node.cast::<pg_sys::CollateExpr>()).collOid;
-                if let Some(why) = trust::collation_refusal(collation) {
-                    walk.refuse(format!(
-                        "collation {} is not allowed in {}: {why}",
-                        trust::collation_name(collation),
-                        walk.origin.what()
-                    ));
-                    return true;
-                }
-                pg_sys::expression_tree_walker(node, Some(analyzed_walker), context)
+                walk.check_collation(collation)
+                    || pg_sys::expression_tree_walker(node, Some(analyzed_walker), context)
             }
             // The conversion's input and output functions are the types' (checked above).
             pg_sys::NodeTag::T_CoerceViaIO | pg_sys::NodeTag::T_CoerceToDomain => {
                 pg_sys::expression_tree_walker(node, Some(analyzed_walker), context)
             }
             tag if expression_kind(tag) || structural_kind(tag) => {
-                if walk.check_operators(node, tag) {
+                if walk.check_operators(node, tag) || walk.check_cost(node, tag) {
                     return true;
                 }
                 if pg_sys::check_functions_in_node(node, Some(function_checker), context) {
@@ -647,6 +644,112 @@ impl Walk {
         operators
             .into_iter()
             .any(|operator| self.check_operator(operator))
+    }
+
+    /// A built-in call whose work can grow faster than what it is given, without a check for
+    /// cancel, made other than `cost` allows (a superuser may allow the function by name).
+    unsafe fn check_cost(&mut self, node: *mut pg_sys::Node, tag: pg_sys::NodeTag) -> bool {
+        if self.origin != Origin::Generated {
+            return false;
+        }
+        // SAFETY: the node is of the struct its tag names; its function is looked up.
+        unsafe {
+            let (function, arguments) = match tag {
+                pg_sys::NodeTag::T_FuncExpr => {
+                    let call = node.cast::<pg_sys::FuncExpr>();
+                    ((*call).funcid, (*call).args)
+                }
+                pg_sys::NodeTag::T_OpExpr
+                | pg_sys::NodeTag::T_DistinctExpr
+                | pg_sys::NodeTag::T_NullIfExpr => {
+                    let call = node.cast::<pg_sys::OpExpr>();
+                    (pg_sys::get_opcode((*call).opno), (*call).args)
+                }
+                _ => {
+                    let Some(path) = crate::compat::json_path(node) else {
+                        return false;
+                    };
+                    let Some(why) = cost::path_refusal(path) else {
+                        return false;
+                    };
+                    self.refuse(format!(
+                        "a SQL/JSON query function is not allowed in {} this way: {why}",
+                        self.origin.what()
+                    ));
+                    return true;
+                }
+            };
+            let Some(facts) = FunctionFacts::of(function) else {
+                return false;
+            };
+            if !facts.builtin || self.allowed.names(&facts.policy()) {
+                return false;
+            }
+            let Some(why) = cost::call_refusal(facts.policy().name, arguments) else {
+                return false;
+            };
+            self.refuse(format!(
+                "function {} is not allowed in {} this way: {why}",
+                FunctionFacts::signature(function),
+                self.origin.what()
+            ));
+            true
+        }
+    }
+
+    /// A collation the query names (COLLATE, a column definition list's) that
+    /// `trust::collation_refusal` refuses.
+    fn check_collation(&mut self, collation: pg_sys::Oid) -> bool {
+        let Some(why) = trust::collation_refusal(collation) else {
+            return false;
+        };
+        self.refuse(format!(
+            "collation {} is not allowed in {}: {why}",
+            trust::collation_name(collation),
+            self.origin.what()
+        ));
+        true
+    }
+
+    /// `check_collation` for each of a list of collations (OIDs).
+    unsafe fn check_collations(&mut self, collations: *mut pg_sys::List) -> bool {
+        // SAFETY: an OID list of the analysed tree, or null.
+        let collations: Vec<pg_sys::Oid> =
+            unsafe { PgList::<c_void>::from_pg(collations).iter_oid().collect() };
+        collations
+            .into_iter()
+            .any(|collation| self.check_collation(collation))
+    }
+
+    /// XMLTABLE, or a JSON_TABLE whose paths `cost` refuses.
+    unsafe fn check_table_cost(&mut self, table: *mut pg_sys::TableFunc) -> bool {
+        if self.origin != Origin::Generated {
+            return false;
+        }
+        // SAFETY: an analysed TableFunc; its paths are analysed constants.
+        let why = unsafe {
+            match crate::compat::table_function(table) {
+                crate::compat::TableFunction::XmlTable => Some(
+                    "XMLTABLE is not allowed in a generated query: an XPath expression can take \
+                     a time that grows with a power of the document's size, and libxml2 does \
+                     not check for cancel until it ends"
+                        .to_string(),
+                ),
+                crate::compat::TableFunction::JsonTable(paths) => paths
+                    .into_iter()
+                    .find_map(|path| cost::path_refusal(path))
+                    .map(|why| {
+                        format!("JSON_TABLE is not allowed in a generated query this way: {why}")
+                    }),
+            }
+        };
+        match why {
+            Some(why) => {
+                self.refuse(why);
+                true
+            }
+            None => false,
+        }
     }
 
     /// A user-defined operator: its function and the planner's estimators for it, and the same

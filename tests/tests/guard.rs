@@ -429,3 +429,139 @@ fn a_clause_of_more_items_than_a_row_has_columns_is_refused_before_analysis() {
             .unwrap_or_else(|e| panic!("{sql}: {:?}", db_error(&e)));
     }
 }
+
+/// Built-in calls whose work grows faster than what they are given, while PostgreSQL checks
+/// for no cancel until they end, are made only in a shape that bounds it: a pattern, a set or
+/// one side of a containment that is a small constant, a JSON path that reads the document
+/// once; XPath only when a superuser names the function. Everyday uses pass.
+#[test]
+fn calls_that_could_run_deaf_to_cancel_are_refused_unless_their_shape_bounds_them() {
+    let mut s = Session::new();
+    let version: i32 = s
+        .client
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .unwrap()
+        .get(0);
+    let long = "x".repeat(300);
+    let mut refused = vec![
+        "SELECT strpos(name, country) FROM customers".to_string(),
+        format!("SELECT replace(name, '{long}', '') FROM customers"),
+        "SELECT translate(name, repeat('b', 300), '') FROM customers".to_string(),
+        "SELECT btrim(name, country) FROM customers".to_string(),
+        "SELECT split_part(name, name, 1) FROM customers".to_string(),
+        "SELECT count(*) FROM orders WHERE ARRAY[order_id] && ARRAY[customer_id]".to_string(),
+        "SELECT jsonb_path_exists('[1, 2]', '$[*] ? (@ == $[0])')".to_string(),
+        "SELECT '[1, 2]'::jsonb @? '$[*] ? (@ == $x)'".to_string(),
+        "SELECT xpath('/a', '<a/>'::xml)".to_string(),
+        "SELECT * FROM xmltable('/r' PASSING ('<r/>'::xml) COLUMNS a int PATH 'a')".to_string(),
+    ];
+    if version >= 170000 {
+        refused
+            .push("SELECT JSON_EXISTS(jsonb '[1]', '$[*] ? (@ == $x)' PASSING 1 AS x)".to_string());
+        refused.push(
+            "SELECT * FROM JSON_TABLE(jsonb '[[1]]', '$[*]' COLUMNS (NESTED PATH '$[*] ? (@ == $[0])' \
+             COLUMNS (a int PATH '$')))"
+                .to_string(),
+        );
+    }
+    for sql in &refused {
+        let error = match s.client.query("SELECT nl_check($1)", &[sql]) {
+            Err(error) => error,
+            Ok(_) => panic!("passed: {sql}"),
+        };
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "42501", "{sql}: {message}");
+        assert!(
+            message.contains("cancel") || message.contains("constant"),
+            "{sql}: {message}"
+        );
+    }
+    let mut passed = vec![
+        "SELECT replace(name, 'a', 'b'), split_part(name, ' ', 1), position('x' in name), \
+         btrim(name, ' '), trim(name), translate(name, 'ab', 'cd'), \
+         string_to_array(name, ' ') FROM customers"
+            .to_string(),
+        "SELECT count(*) FROM orders WHERE ARRAY[order_id] <@ ARRAY[1, 2, 3]".to_string(),
+        "SELECT jsonb_path_query_array('[1, 2]', '$[*] ? (@ > 1)')".to_string(),
+        "SELECT '{\"a\": [1]}'::jsonb @> '{\"a\": [1]}'".to_string(),
+    ];
+    if version >= 170000 {
+        passed.push(
+            "SELECT JSON_VALUE(jsonb '{\"a\": 1}', '$.a'), \
+             JSON_EXISTS(jsonb '[1]', '$[*] ? (@ > 0)')"
+                .to_string(),
+        );
+        passed.push(
+            "SELECT * FROM JSON_TABLE(jsonb '[{\"a\": 1}]', '$[*]' COLUMNS (a int PATH '$.a'))"
+                .to_string(),
+        );
+    }
+    for sql in &passed {
+        s.client
+            .query("SELECT nl_check($1)", &[sql])
+            .unwrap_or_else(|e| panic!("{sql}: {:?}", db_error(&e)));
+    }
+    // A superuser may allow XPath by name.
+    s.client
+        .batch_execute("SET sql_query_engine.allowed_functions = 'pg_catalog.xpath'")
+        .unwrap();
+    s.client
+        .query(
+            "SELECT nl_check('SELECT xpath(''/a'', ''<a/>''::xml)')",
+            &[],
+        )
+        .unwrap_or_else(|e| panic!("{:?}", db_error(&e)));
+}
+
+/// Analysis expands a star over every FROM item it stands for, looks each column reference up
+/// in every FROM item in scope, and compares every column of a NATURAL join's sides, checking
+/// for no cancel: past bounds on each, the statement is refused before it is analysed.
+#[test]
+fn stars_references_and_natural_joins_over_many_from_items_are_bounded() {
+    let mut s = Session::new();
+    let wide: Vec<String> = (0..1664).map(|i| i.to_string()).collect();
+    let cte = format!("WITH c AS (VALUES ({})) ", wide.join(", "));
+    let aliases = |n: usize, p: &str| -> String {
+        (0..n)
+            .map(|i| format!("c {p}{i}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let refused = [
+        format!("{cte}SELECT DISTINCT * FROM {}", aliases(400, "a")),
+        format!(
+            "{cte}SELECT ARRAY[{}] FROM {}, (SELECT 1 AS x) s",
+            vec!["x"; 1000].join(", "),
+            aliases(300, "a")
+        ),
+        format!(
+            "{cte}SELECT 1 FROM ({}) NATURAL JOIN ({})",
+            (0..9)
+                .map(|i| format!("c a{i}"))
+                .collect::<Vec<_>>()
+                .join(" CROSS JOIN "),
+            (0..9)
+                .map(|i| format!("c b{i}"))
+                .collect::<Vec<_>>()
+                .join(" CROSS JOIN ")
+        ),
+    ];
+    for sql in &refused {
+        let started = std::time::Instant::now();
+        let error = match s.client.query("SELECT nl_check($1)", &[sql]) {
+            Err(error) => error,
+            Ok(_) => panic!("passed: {}", &sql[sql.len() - 80..]),
+        };
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "54001", "{message}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    }
+    for sql in [
+        "SELECT * FROM orders o JOIN customers c USING (customer_id) ORDER BY 1",
+        "SELECT o.*, c.name FROM orders o NATURAL JOIN customers c",
+    ] {
+        s.client
+            .query("SELECT nl_check($1)", &[&sql])
+            .unwrap_or_else(|e| panic!("{sql}: {:?}", db_error(&e)));
+    }
+}

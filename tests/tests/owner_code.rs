@@ -2165,6 +2165,23 @@ fn a_query_names_no_collation_of_another_role() {
     assert_eq!(code, "42501", "{message}");
     assert!(message.contains("collation mine"), "{message}");
     assert!(message.contains(&w.attacker), "{message}");
+    // Nor through a type of the other role's that compares with it, nor a column definition
+    // list.
+    w.attacker_runs(
+        "CREATE DOMAIN shared.coded AS text COLLATE shared.mine;
+         GRANT USAGE ON TYPE shared.coded TO PUBLIC;",
+    );
+    for sql in [
+        "SELECT 'x'::shared.coded < 'y'",
+        r#"SELECT * FROM json_to_recordset('[{"a": "x"}]') AS r(a text COLLATE shared.mine) ORDER BY a"#,
+    ] {
+        let error = victim
+            .query_one("SELECT nl_check($1)", &[&sql])
+            .unwrap_err();
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "42501", "{sql}: {message}");
+        assert!(message.contains("collation mine"), "{sql}: {message}");
+    }
     // Built-in ones, and the caller's own.
     victim
         .query_one("SELECT nl_check($1)", &[&sql("\"C\"")])

@@ -1,0 +1,246 @@
+//! Built-in calls whose work can grow faster than what they are given while PostgreSQL checks
+//! for no interrupt: until such a call returns, a cancel, the statement timeout, the memory
+//! watch and even `pg_terminate_backend` wait. Finding a string in another compares every
+//! place of one with the whole of the other (`strpos`, `replace`, `split_part`,
+//! `string_to_array`, `translate`, a trim's set of characters), containment and overlap of
+//! arrays and of jsonb compare every element with every other, a JSON path that reads the
+//! document again inside a filter, or a variable, takes the square of it (or a higher power),
+//! and so may any XPath expression. A generated query makes such a call only when one side is
+//! a small constant, or the path is a constant that reads the document once; XPath (`xpath`,
+//! `xpath_exists`, `xmlexists`, XMLTABLE) only when a superuser names the function in
+//! `allowed_functions`.
+
+use std::ffi::CStr;
+
+use pgrx::{pg_sys, PgList};
+
+/// Bytes of the constant side at most: the work is then at most this many times the other
+/// side's size.
+pub const MAX_CONSTANT_BYTES: usize = 256;
+
+/// Elements of an `ARRAY[...]` of constants, at most, for it to count as a small constant.
+const MAX_CONSTANT_ELEMENTS: usize = 64;
+
+/// What a call of a built-in function must look like to be made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rule {
+    /// The argument at this index is a constant of at most `MAX_CONSTANT_BYTES`.
+    SmallConstant(usize),
+    /// One of the first two arguments is such a constant.
+    EitherSmallConstant,
+    /// The argument at this index is a constant JSON path that names the document (`$`) at its
+    /// start only, and no variable.
+    ReadsOnce(usize),
+    /// Not made at all (unless a superuser names the function).
+    Never,
+}
+
+/// The rule of the built-in function `name` called with `arguments` arguments, if any.
+fn rule(name: &str, arguments: usize) -> Option<Rule> {
+    use Rule::*;
+    Some(match name {
+        "strpos" | "position" | "replace" | "split_part" | "string_to_array"
+        | "string_to_table" | "translate" => SmallConstant(1),
+        "btrim" | "ltrim" | "rtrim" if arguments == 2 => SmallConstant(1),
+        "arraycontains" | "arraycontained" | "arrayoverlap" | "jsonb_contains"
+        | "jsonb_contained" => EitherSmallConstant,
+        "jsonb_path_exists"
+        | "jsonb_path_match"
+        | "jsonb_path_query"
+        | "jsonb_path_query_array"
+        | "jsonb_path_query_first"
+        | "jsonb_path_exists_tz"
+        | "jsonb_path_match_tz"
+        | "jsonb_path_query_tz"
+        | "jsonb_path_query_array_tz"
+        | "jsonb_path_query_first_tz"
+        | "jsonb_path_exists_opr"
+        | "jsonb_path_match_opr" => ReadsOnce(1),
+        "xpath" | "xpath_exists" | "xmlexists" => Never,
+        _ => return None,
+    })
+}
+
+/// Why the call of the built-in function `name` with `arguments` (an analysed argument list)
+/// may not be made, or None.
+///
+/// # Safety
+/// `arguments` is a List of analysed expressions, or null.
+pub unsafe fn call_refusal(name: &str, arguments: *mut pg_sys::List) -> Option<String> {
+    // SAFETY: the caller's contract.
+    let arguments = unsafe { PgList::<pg_sys::Node>::from_pg(arguments) };
+    let argument = |i: usize| arguments.get_ptr(i).unwrap_or(std::ptr::null_mut());
+    // SAFETY: the arguments are analysed expressions.
+    unsafe {
+        match rule(name, arguments.len())? {
+            Rule::SmallConstant(i) => (!small_constant(argument(i))).then(|| {
+                format!(
+                    "its argument {} must be a constant of at most {MAX_CONSTANT_BYTES} bytes: \
+                     its work grows with the product of its arguments' lengths, and \
+                     PostgreSQL does not check for cancel until it ends",
+                    i + 1
+                )
+            }),
+            Rule::EitherSmallConstant => {
+                (!small_constant(argument(0)) && !small_constant(argument(1))).then(|| {
+                    format!(
+                        "one side must be a constant of at most {MAX_CONSTANT_BYTES} bytes: \
+                     containment compares every element of one side with every element of \
+                     the other, and PostgreSQL does not check for cancel until it ends"
+                    )
+                })
+            }
+            Rule::ReadsOnce(i) => path_refusal(argument(i)),
+            Rule::Never => Some(
+                "an XPath expression can take a time that grows with a power of the \
+                 document's size, and libxml2 does not check for cancel until it ends (a \
+                 superuser may allow the function by name in sql_query_engine.allowed_functions)"
+                    .into(),
+            ),
+        }
+    }
+}
+
+/// Why the JSON path `path` (an analysed expression) may not be used, or None: it must be a
+/// constant that names the document (`$`) at its start only. A path that names it again
+/// inside a filter, or names a variable, compares every item with every other.
+///
+/// # Safety
+/// `path` is an analysed expression, or null.
+pub unsafe fn path_refusal(path: *mut pg_sys::Node) -> Option<String> {
+    // SAFETY: the caller's contract.
+    let text = unsafe { constant_text(path) };
+    match text {
+        Some(text) if !reads_again(&text) => None,
+        Some(_) => Some(
+            "its JSON path names the document ($) or a variable inside itself: it compares \
+             every item with every other, and PostgreSQL does not check for cancel until it \
+             ends (use @ for the current item)"
+                .into(),
+        ),
+        None => Some("its JSON path must be a constant".into()),
+    }
+}
+
+/// Whether a JSON path, as PostgreSQL writes it out, names `$` anywhere but at its start.
+fn reads_again(path: &str) -> bool {
+    let path = path.trim_start();
+    let path = ["strict ", "lax "]
+        .iter()
+        .find_map(|mode| path.strip_prefix(mode))
+        .unwrap_or(path)
+        .trim_start();
+    match path.strip_prefix('$') {
+        Some(rest) => rest.contains('$'),
+        None => path.contains('$'),
+    }
+}
+
+/// `node` without the relabelling and collation nodes analysis puts around a constant.
+///
+/// # Safety
+/// `node` is an analysed expression, or null.
+unsafe fn bare(mut node: *mut pg_sys::Node) -> *mut pg_sys::Node {
+    // SAFETY: the caller's contract; each node is cast to the struct its tag names.
+    unsafe {
+        while let Some(n) = node.as_ref() {
+            node = match n.type_ {
+                pg_sys::NodeTag::T_RelabelType => (*node.cast::<pg_sys::RelabelType>()).arg.cast(),
+                pg_sys::NodeTag::T_CollateExpr => (*node.cast::<pg_sys::CollateExpr>()).arg.cast(),
+                _ => return node,
+            };
+        }
+        node
+    }
+}
+
+/// Whether `node` is a constant of at most `MAX_CONSTANT_BYTES` (a NULL is), or an array of
+/// at most `MAX_CONSTANT_ELEMENTS` such constants.
+///
+/// # Safety
+/// `node` is an analysed expression, or null.
+unsafe fn small_constant(node: *mut pg_sys::Node) -> bool {
+    // SAFETY: the caller's contract; a Const's value is read as its length says.
+    unsafe {
+        let node = bare(node);
+        let Some(n) = node.as_ref() else {
+            return false;
+        };
+        // `ARRAY[1, 2, 3]`: constants the planner folds into one later.
+        if n.type_ == pg_sys::NodeTag::T_ArrayExpr {
+            let elements =
+                PgList::<pg_sys::Node>::from_pg((*node.cast::<pg_sys::ArrayExpr>()).elements);
+            return elements.len() <= MAX_CONSTANT_ELEMENTS
+                && elements.iter_ptr().all(|element| small_constant(element));
+        }
+        if n.type_ != pg_sys::NodeTag::T_Const {
+            return false;
+        }
+        let constant = node.cast::<pg_sys::Const>();
+        if (*constant).constisnull {
+            return true;
+        }
+        let bytes = match (*constant).constlen {
+            -1 => pg_sys::toast_raw_datum_size((*constant).constvalue),
+            -2 => CStr::from_ptr((*constant).constvalue.cast_mut_ptr())
+                .to_bytes()
+                .len(),
+            n => usize::try_from(n).unwrap_or(usize::MAX),
+        };
+        bytes <= MAX_CONSTANT_BYTES
+    }
+}
+
+/// The text of a constant of a built-in type, written out by its (built-in) output function;
+/// None for anything else.
+///
+/// # Safety
+/// `node` is an analysed expression, or null.
+unsafe fn constant_text(node: *mut pg_sys::Node) -> Option<String> {
+    // SAFETY: the caller's contract; the output function is a built-in type's.
+    unsafe {
+        let node = bare(node);
+        let n = node.as_ref()?;
+        if n.type_ != pg_sys::NodeTag::T_Const {
+            return None;
+        }
+        let constant = node.cast::<pg_sys::Const>();
+        if (*constant).constisnull || (*constant).consttype.to_u32() >= pg_sys::FirstNormalObjectId
+        {
+            return None;
+        }
+        let (mut output, mut varlena) = (pg_sys::InvalidOid, false);
+        pg_sys::getTypeOutputInfo((*constant).consttype, &mut output, &mut varlena);
+        let text = pg_sys::OidOutputFunctionCall(output, (*constant).constvalue);
+        if text.is_null() {
+            return None;
+        }
+        Some(CStr::from_ptr(text).to_string_lossy().into_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_path_reads_the_document_once_when_it_names_it_at_its_start_only() {
+        assert!(!reads_again("$.a[*] ? (@.b > 1)"));
+        assert!(!reads_again("strict $.a"));
+        assert!(!reads_again("lax $[*] ? (exists (@[*] ? (@.x == 1)))"));
+        assert!(reads_again("$[*] ? (@ == $[0])"));
+        assert!(reads_again("$[*] ? (@ == $x)"));
+        assert!(reads_again("$.a + $.b"));
+    }
+
+    #[test]
+    fn the_rules_follow_the_functions_names_and_arities() {
+        assert_eq!(rule("strpos", 2), Some(Rule::SmallConstant(1)));
+        assert_eq!(rule("btrim", 1), None);
+        assert_eq!(rule("btrim", 2), Some(Rule::SmallConstant(1)));
+        assert_eq!(rule("arraycontains", 2), Some(Rule::EitherSmallConstant));
+        assert_eq!(rule("jsonb_path_match_opr", 2), Some(Rule::ReadsOnce(1)));
+        assert_eq!(rule("xmlexists", 2), Some(Rule::Never));
+        assert_eq!(rule("length", 1), None);
+    }
+}
