@@ -11,7 +11,10 @@
 //! - each column reference is looked up in every FROM item in scope, column by column
 //!   (`scope`);
 //! - a NATURAL join compares every column of one side with every column of the other
-//!   (`natural`).
+//!   (`natural`);
+//! - each join lists every column of its left side again (`joins`);
+//! - `(expr).*` copies `expr` once for each field (`copies`), and one inside another
+//!   multiplies the copies: refused.
 
 use pgrx::{pg_sys, PgList};
 
@@ -29,6 +32,11 @@ const MAX_SELECT_WIDTH: usize = 16 * MAX_CLAUSE_ITEMS;
 const MAX_SCOPE: usize = 200_000;
 /// Pairs of FROM items a NATURAL join compares, at most, in a whole statement.
 const MAX_NATURAL_PAIRS: usize = 64;
+/// Columns the joins' left sides may have, together, at most (a row's worth per FROM item):
+/// a chain of 34 joins.
+const MAX_JOIN_COLUMNS: usize = 1_000_000;
+/// Nodes `(expr).*` may copy, together, at most (a row's worth of copies of each `expr`).
+const MAX_COPIED_NODES: usize = 200_000;
 
 /// What the raw walk has counted so far.
 #[derive(Default)]
@@ -37,8 +45,13 @@ pub struct Bounds {
     width: usize,
     scope: usize,
     natural: usize,
-    /// The FROM items of each SELECT the walk is inside, outermost first.
-    levels: Vec<usize>,
+    joins: usize,
+    copies: usize,
+    /// A row expansion inside another's expression.
+    nested_expansion: bool,
+    /// Of each SELECT the walk is inside, outermost first: its FROM items, and whether one of
+    /// them is an aliased join (whose `alias.*` stands for all its sides).
+    levels: Vec<(usize, bool)>,
 }
 
 impl Bounds {
@@ -54,13 +67,48 @@ impl Bounds {
             match (*node).type_ {
                 pg_sys::NodeTag::T_SelectStmt => {
                     let select = node.cast::<pg_sys::SelectStmt>();
-                    let from = (*select).fromClause;
-                    self.width = self.width.saturating_add(select_width(select, from));
-                    self.natural = self.natural.saturating_add(natural_pairs(from));
+                    // Stars are counted where the walk meets them, below.
+                    self.width = self.width.saturating_add(length((*select).targetList));
+                    self.natural = self
+                        .natural
+                        .saturating_add(natural_pairs((*select).fromClause));
+                }
+                pg_sys::NodeTag::T_JoinExpr => {
+                    let left = items_of((*node.cast::<pg_sys::JoinExpr>()).larg);
+                    self.joins = self
+                        .joins
+                        .saturating_add(left.saturating_mul(MAX_CLAUSE_ITEMS));
                 }
                 pg_sys::NodeTag::T_ColumnRef => {
-                    let visible: usize = self.levels.iter().sum();
+                    let visible: usize = self.levels.iter().map(|(items, _)| items).sum();
                     self.scope = self.scope.saturating_add(visible.max(1));
+                    let fields =
+                        PgList::<pg_sys::Node>::from_pg((*node.cast::<pg_sys::ColumnRef>()).fields);
+                    if ends_in_star(&fields) {
+                        // `*` stands for every FROM item of its SELECT, `t.*` for one (or for
+                        // a join's sides, when an aliased join may be `t`).
+                        let (items, aliased_join) =
+                            self.levels.last().copied().unwrap_or((1, false));
+                        let items = if fields.len() == 1 || aliased_join {
+                            items.max(1)
+                        } else {
+                            1
+                        };
+                        self.width = self
+                            .width
+                            .saturating_add(items.saturating_mul(MAX_CLAUSE_ITEMS));
+                    }
+                }
+                pg_sys::NodeTag::T_A_Indirection => {
+                    let indirection = node.cast::<pg_sys::A_Indirection>();
+                    if ends_in_star(&PgList::from_pg((*indirection).indirection)) {
+                        let (nodes, stars) = size_of((*indirection).arg);
+                        self.nested_expansion |= stars > 0;
+                        self.copies = self
+                            .copies
+                            .saturating_add(nodes.saturating_mul(MAX_CLAUSE_ITEMS));
+                        self.width = self.width.saturating_add(MAX_CLAUSE_ITEMS);
+                    }
                 }
                 _ => {}
             }
@@ -73,8 +121,14 @@ impl Bounds {
     /// `select` is a raw SelectStmt.
     pub unsafe fn enter(&mut self, select: *mut pg_sys::SelectStmt) {
         // SAFETY: the caller's contract.
-        let items = unsafe { from_items((*select).fromClause) };
-        self.levels.push(items);
+        let (items, aliased_join) = unsafe {
+            let from = (*select).fromClause;
+            let aliased_join = PgList::<pg_sys::Node>::from_pg(from)
+                .iter_ptr()
+                .any(|item| has_aliased_join(item));
+            (from_items(from), aliased_join)
+        };
+        self.levels.push((items, aliased_join));
     }
 
     /// The walk leaves the SELECT it entered last.
@@ -103,6 +157,26 @@ impl Bounds {
             return too(format!(
                 "more than {MAX_SCOPE} column references times the FROM items in their scope, \
                  together, are not allowed"
+            ));
+        }
+        if self.nested_expansion {
+            return too(
+                "a row expansion, (...).*, inside the expression of another is not allowed: \
+                 each copies its expression once for each field"
+                    .into(),
+            );
+        }
+        if self.copies > MAX_COPIED_NODES {
+            return too(format!(
+                "row expansions, (...).*, that copy more than {MAX_COPIED_NODES} nodes of their \
+                 expressions together (each once for each of up to {MAX_CLAUSE_ITEMS} fields) \
+                 are not allowed"
+            ));
+        }
+        if self.joins > MAX_JOIN_COLUMNS {
+            return too(format!(
+                "joins whose left sides may have more than {MAX_JOIN_COLUMNS} columns together \
+                 ({MAX_CLAUSE_ITEMS} for each FROM item) are not allowed"
             ));
         }
         if self.natural > MAX_NATURAL_PAIRS {
@@ -235,46 +309,57 @@ unsafe fn natural_pairs(from: *mut pg_sys::List) -> usize {
     }
 }
 
-/// The entries `select`'s list may have once its stars are expanded: `MAX_CLAUSE_ITEMS` for
-/// each FROM item a star may stand for (`*` all of them, `t.*` one, or a join's when the FROM
-/// list has an aliased join; `(r).*` one row), one for anything else.
+/// Whether a raw list of names or indirections ends in `*`.
 ///
 /// # Safety
-/// `select` is a raw SelectStmt and `from` its FROM list.
-unsafe fn select_width(select: *mut pg_sys::SelectStmt, from: *mut pg_sys::List) -> usize {
-    // SAFETY: the caller's contract; each node is cast to the struct its tag names.
+/// `list` is a list of the raw tree.
+unsafe fn ends_in_star(list: &PgList<pg_sys::Node>) -> bool {
+    // SAFETY: the caller's contract; the last element's tag is read.
     unsafe {
-        let all = from_items(from).max(1);
-        let aliased_join = PgList::<pg_sys::Node>::from_pg(from)
-            .iter_ptr()
-            .any(|item| has_aliased_join(item));
-        let star_of = |list: *mut pg_sys::List| -> Option<usize> {
-            let list = PgList::<pg_sys::Node>::from_pg(list);
-            let last = list.iter_ptr().last()?;
-            (last.as_ref()?.type_ == pg_sys::NodeTag::T_A_Star).then_some(list.len())
-        };
-        PgList::<pg_sys::ResTarget>::from_pg((*select).targetList)
-            .iter_ptr()
-            .map(|target| {
-                let value = target.as_ref().map_or(std::ptr::null_mut(), |t| t.val);
-                let stands_for = match value.as_ref().map(|v| v.type_) {
-                    Some(pg_sys::NodeTag::T_ColumnRef) => {
-                        match star_of((*value.cast::<pg_sys::ColumnRef>()).fields) {
-                            Some(1) => Some(all),
-                            Some(_) if aliased_join => Some(all),
-                            Some(_) => Some(1),
-                            None => None,
-                        }
-                    }
-                    Some(pg_sys::NodeTag::T_A_Indirection) => {
-                        star_of((*value.cast::<pg_sys::A_Indirection>()).indirection).map(|_| 1)
-                    }
-                    _ => None,
-                };
-                stands_for.map_or(1, |items| items.saturating_mul(MAX_CLAUSE_ITEMS))
-            })
-            .fold(0, usize::saturating_add)
+        list.iter_ptr()
+            .last()
+            .and_then(|n| n.as_ref())
+            .is_some_and(|n| n.type_ == pg_sys::NodeTag::T_A_Star)
     }
+}
+
+/// The nodes of a raw expression, and the stars among them.
+///
+/// # Safety
+/// `node` is a raw parse node, or null.
+unsafe fn size_of(node: *mut pg_sys::Node) -> (usize, usize) {
+    #[pgrx::pg_guard]
+    unsafe extern "C-unwind" fn counter(
+        node: *mut pg_sys::Node,
+        context: *mut std::ffi::c_void,
+    ) -> bool {
+        // SAFETY: the raw walker passes raw nodes and our counts.
+        unsafe {
+            let Some(n) = node.as_ref() else {
+                return false;
+            };
+            let counts = &mut *context.cast::<(usize, usize)>();
+            counts.0 += 1;
+            let star = match n.type_ {
+                pg_sys::NodeTag::T_ColumnRef => {
+                    ends_in_star(&PgList::from_pg((*node.cast::<pg_sys::ColumnRef>()).fields))
+                }
+                pg_sys::NodeTag::T_A_Indirection => ends_in_star(&PgList::from_pg(
+                    (*node.cast::<pg_sys::A_Indirection>()).indirection,
+                )),
+                _ => false,
+            };
+            counts.1 += usize::from(star);
+            // Bounded by the statement, which the caller's walk checks for depth first.
+            pg_sys::raw_expression_tree_walker(node, Some(counter), context)
+        }
+    }
+    let mut counts = (0usize, 0usize);
+    // SAFETY: the caller's contract; `counts` outlives the walk.
+    unsafe {
+        counter(node, (&mut counts as *mut (usize, usize)).cast());
+    }
+    counts
 }
 
 /// Whether a FROM item is, or holds, a join with an alias (whose star stands for its sides).

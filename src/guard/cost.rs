@@ -7,8 +7,8 @@
 //! document again inside a filter, or a variable, takes the square of it (or a higher power),
 //! and so may any XPath expression. A generated query makes such a call only when one side is
 //! a small constant, or the path is a constant that reads the document once; XPath (`xpath`,
-//! `xpath_exists`, `xmlexists`, XMLTABLE) only when a superuser names the function in
-//! `allowed_functions`.
+//! `xpath_exists`, `xmlexists`) only when a superuser names the function in
+//! `allowed_functions`, XMLTABLE never.
 
 use std::ffi::CStr;
 
@@ -43,7 +43,10 @@ fn rule(name: &str, arguments: usize) -> Option<Rule> {
         | "string_to_table" | "translate" => SmallConstant(1),
         "btrim" | "ltrim" | "rtrim" if arguments == 2 => SmallConstant(1),
         "arraycontains" | "arraycontained" | "arrayoverlap" | "jsonb_contains"
-        | "jsonb_contained" => EitherSmallConstant,
+        | "jsonb_contained" | "jsonb_exists_any" | "jsonb_exists_all" | "poly_contain"
+        | "poly_contained" | "poly_overlap" | "poly_distance" | "path_inter" | "path_distance" => {
+            EitherSmallConstant
+        }
         "jsonb_path_exists"
         | "jsonb_path_match"
         | "jsonb_path_query"
@@ -122,7 +125,10 @@ pub unsafe fn path_refusal(path: *mut pg_sys::Node) -> Option<String> {
     }
 }
 
-/// Whether a JSON path, as PostgreSQL writes it out, names `$` anywhere but at its start.
+/// Whether a JSON path, as PostgreSQL writes it out, may compare every item of a sequence
+/// with every item of another: it names `$` (or a variable) anywhere but at its start, or its
+/// filters hold more than one sequence (`[*]`, `.*`, `.**`, a range `[a to b]`, a filter), so
+/// that a comparison may have one on each side.
 fn reads_again(path: &str) -> bool {
     let path = path.trim_start();
     let path = ["strict ", "lax "]
@@ -130,10 +136,47 @@ fn reads_again(path: &str) -> bool {
         .find_map(|mode| path.strip_prefix(mode))
         .unwrap_or(path)
         .trim_start();
-    match path.strip_prefix('$') {
+    let again = match path.strip_prefix('$') {
         Some(rest) => rest.contains('$'),
         None => path.contains('$'),
-    }
+    };
+    let filters = path.find("?(").map_or("", |at| &path[at + 2..]);
+    let sequences = filters.matches("[*]").count()
+        + filters.matches(".*").count()
+        + filters.matches(" to ").count()
+        + filters.matches("?(").count();
+    again || sequences > 1 || compares_paths(filters)
+}
+
+/// Whether a filter compares a path with a path (`@.a == @.b`): in lax mode, the default,
+/// either side may be an array unwrapped into a sequence, and every item of one is compared
+/// with every item of the other. A comparison with a literal is linear.
+fn compares_paths(filters: &str) -> bool {
+    const OPERATORS: [&str; 8] = ["==", "!=", "<>", "<=", ">=", "<", ">", " starts with "];
+    let path = |operand: &str| operand.starts_with('@') || operand.starts_with('$');
+    let bytes = filters.as_bytes();
+    (0..filters.len()).any(|at| {
+        OPERATORS.iter().any(|operator| {
+            if !filters[at..].starts_with(operator) || !filters.is_char_boundary(at) {
+                return false;
+            }
+            // `<=` is not `<` then `=`; `<>` not `<` then `>`.
+            if (*operator == "<" || *operator == ">")
+                && matches!(bytes.get(at + 1), Some(b'=' | b'>'))
+                || (*operator == ">" && at > 0 && matches!(bytes[at - 1], b'<' | b'='))
+                || (*operator == "<" && at > 0 && bytes[at - 1] == b'<')
+            {
+                return false;
+            }
+            let right = filters[at + operator.len()..].trim_start();
+            let left = filters[..at]
+                .rsplit(['(', '&', '|', '!'])
+                .next()
+                .unwrap_or("")
+                .trim();
+            path(right) && (left.contains('@') || left.contains('$'))
+        })
+    })
 }
 
 /// `node` without the relabelling and collation nodes analysis puts around a constant.
@@ -155,11 +198,21 @@ unsafe fn bare(mut node: *mut pg_sys::Node) -> *mut pg_sys::Node {
 }
 
 /// Whether `node` is a constant of at most `MAX_CONSTANT_BYTES` (a NULL is), or an array of
-/// at most `MAX_CONSTANT_ELEMENTS` such constants.
+/// at most `MAX_CONSTANT_ELEMENTS` such constants, at every depth together.
 ///
 /// # Safety
 /// `node` is an analysed expression, or null.
 unsafe fn small_constant(node: *mut pg_sys::Node) -> bool {
+    let mut elements = MAX_CONSTANT_ELEMENTS;
+    // SAFETY: the caller's contract.
+    unsafe { small_within(node, &mut elements) }
+}
+
+/// `small_constant`, taking the elements of arrays from `elements` left.
+///
+/// # Safety
+/// `node` is an analysed expression, or null.
+unsafe fn small_within(node: *mut pg_sys::Node, elements: &mut usize) -> bool {
     // SAFETY: the caller's contract; a Const's value is read as its length says.
     unsafe {
         let node = bare(node);
@@ -168,10 +221,15 @@ unsafe fn small_constant(node: *mut pg_sys::Node) -> bool {
         };
         // `ARRAY[1, 2, 3]`: constants the planner folds into one later.
         if n.type_ == pg_sys::NodeTag::T_ArrayExpr {
-            let elements =
+            let list =
                 PgList::<pg_sys::Node>::from_pg((*node.cast::<pg_sys::ArrayExpr>()).elements);
-            return elements.len() <= MAX_CONSTANT_ELEMENTS
-                && elements.iter_ptr().all(|element| small_constant(element));
+            if list.len() > *elements {
+                return false;
+            }
+            *elements -= list.len();
+            return list
+                .iter_ptr()
+                .all(|element| small_within(element, elements));
         }
         if n.type_ != pg_sys::NodeTag::T_Const {
             return false;
@@ -231,6 +289,14 @@ mod tests {
         assert!(reads_again("$[*] ? (@ == $[0])"));
         assert!(reads_again("$[*] ? (@ == $x)"));
         assert!(reads_again("$.a + $.b"));
+        assert!(reads_again("$?(@[*] != @[*])"));
+        assert!(reads_again("$?(@.a[*] == @.b.**)"));
+        assert!(!reads_again("$.a[*]?(@.b[*] == \"x\")"));
+        assert!(!reads_again("$.a[*][*].**?(@ > 1)"));
+        assert!(reads_again("$?(@.\"a\" == @.\"b\")"));
+        assert!(reads_again("$?(@.a >= @.b && @.c == 1)"));
+        assert!(!reads_again("$?(@.a >= 1 && @.c == \"x\")"));
+        assert!(!reads_again("$?(@.a starts with \"x\")"));
     }
 
     #[test]

@@ -531,14 +531,18 @@ fn default_class_code(typ: pg_sys::Oid) -> Option<Vec<pg_sys::Oid>> {
     Some(functions)
 }
 
-/// The collations a value of the type compares with: a domain's, a composite type's fields',
-/// a range's (its bounds are compared as a literal of it is read).
+/// The collations a value of the type compares with: a domain's, a composite type's fields'
+/// (not a table's row type's), a range's (its bounds are compared as a literal of it is read).
 fn collations(facts: &TypeFacts) -> Vec<pg_sys::Oid> {
     let mut found = vec![facts.collation];
     // SAFETY: catalog look-ups; the row type's descriptor and the syscache entry are released
     // again.
     unsafe {
-        if facts.relation != pg_sys::InvalidOid {
+        // A table's row type compares its columns with their collations, the table owner's
+        // choice like the columns themselves; a composite type's fields, its owner's.
+        if facts.relation != pg_sys::InvalidOid
+            && pg_sys::get_rel_relkind(facts.relation) as u8 == pg_sys::RELKIND_COMPOSITE_TYPE
+        {
             let desc = pg_sys::lookup_rowtype_tupdesc_noerror(facts.oid, -1, true);
             if !desc.is_null() {
                 found.extend(

@@ -665,6 +665,12 @@ impl Walk {
                     let call = node.cast::<pg_sys::OpExpr>();
                     (pg_sys::get_opcode((*call).opno), (*call).args)
                 }
+                // `x op ANY (array)`: the operator's function on the scalar and each element,
+                // the array one side (a small constant only when the whole array is).
+                pg_sys::NodeTag::T_ScalarArrayOpExpr => {
+                    let call = node.cast::<pg_sys::ScalarArrayOpExpr>();
+                    (pg_sys::get_opcode((*call).opno), (*call).args)
+                }
                 _ => {
                     let Some(path) = crate::compat::json_path(node) else {
                         return false;

@@ -443,18 +443,28 @@ fn calls_that_could_run_deaf_to_cancel_are_refused_unless_their_shape_bounds_the
         .unwrap()
         .get(0);
     let long = "x".repeat(300);
-    let mut refused = vec![
-        "SELECT strpos(name, country) FROM customers".to_string(),
-        format!("SELECT replace(name, '{long}', '') FROM customers"),
-        "SELECT translate(name, repeat('b', 300), '') FROM customers".to_string(),
-        "SELECT btrim(name, country) FROM customers".to_string(),
-        "SELECT split_part(name, name, 1) FROM customers".to_string(),
-        "SELECT count(*) FROM orders WHERE ARRAY[order_id] && ARRAY[customer_id]".to_string(),
-        "SELECT jsonb_path_exists('[1, 2]', '$[*] ? (@ == $[0])')".to_string(),
-        "SELECT '[1, 2]'::jsonb @? '$[*] ? (@ == $x)'".to_string(),
-        "SELECT xpath('/a', '<a/>'::xml)".to_string(),
-        "SELECT * FROM xmltable('/r' PASSING ('<r/>'::xml) COLUMNS a int PATH 'a')".to_string(),
-    ];
+    let mut refused =
+        vec![
+            "SELECT strpos(name, country) FROM customers".to_string(),
+            format!("SELECT replace(name, '{long}', '') FROM customers"),
+            "SELECT translate(name, repeat('b', 300), '') FROM customers".to_string(),
+            "SELECT btrim(name, country) FROM customers".to_string(),
+            "SELECT split_part(name, name, 1) FROM customers".to_string(),
+            "SELECT count(*) FROM orders WHERE ARRAY[order_id] && ARRAY[customer_id]".to_string(),
+            "SELECT jsonb_path_exists('[1, 2]', '$[*] ? (@ == $[0])')".to_string(),
+            "SELECT '[1, 2]'::jsonb @? '$[*] ? (@ == $x)'".to_string(),
+            "SELECT xpath('/a', '<a/>'::xml)".to_string(),
+            "SELECT jsonb_path_exists('[1, 2]', '$ ? (@[*] != @[*])')".to_string(),
+            "SELECT d ?| k FROM (SELECT '{\"a\": 1}'::jsonb AS d, ARRAY['a'] AS k) s".to_string(),
+            "SELECT count(*) FROM (SELECT '[1]'::jsonb AS d, '[2]'::jsonb AS e) s \
+             WHERE d @> ANY (ARRAY[e])"
+                .to_string(),
+            format!(
+            "SELECT count(*) FROM orders WHERE ARRAY[order_id] && ARRAY[ARRAY[{0}], ARRAY[{0}]]",
+            (1..=40).map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
+        ),
+            "SELECT * FROM xmltable('/r' PASSING ('<r/>'::xml) COLUMNS a int PATH 'a')".to_string(),
+        ];
     if version >= 170000 {
         refused
             .push("SELECT JSON_EXISTS(jsonb '[1]', '$[*] ? (@ == $x)' PASSING 1 AS x)".to_string());
@@ -545,6 +555,22 @@ fn stars_references_and_natural_joins_over_many_from_items_are_bounded() {
                 .collect::<Vec<_>>()
                 .join(" CROSS JOIN ")
         ),
+        // A row expansion copies its expression once per field: one inside another multiplies.
+        format!(
+            "SELECT ROW((ROW((ROW({})).*)).*)",
+            (1..=40)
+                .map(|i| i.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        // Each join lists its left side's columns again.
+        format!(
+            "WITH c AS (SELECT 1 AS a) SELECT 1 FROM {}",
+            (0..45)
+                .map(|i| format!("c z{i}"))
+                .collect::<Vec<_>>()
+                .join(" CROSS JOIN ")
+        ),
     ];
     for sql in &refused {
         let started = std::time::Instant::now();
@@ -556,7 +582,16 @@ fn stars_references_and_natural_joins_over_many_from_items_are_bounded() {
         assert_eq!(code, "54001", "{message}");
         assert!(started.elapsed() < std::time::Duration::from_secs(5));
     }
+    let twenty = format!(
+        "WITH c AS (SELECT 1 AS a) SELECT count(*) FROM {}",
+        (0..20)
+            .map(|i| format!("c z{i}"))
+            .collect::<Vec<_>>()
+            .join(" CROSS JOIN ")
+    );
     for sql in [
+        "SELECT (r).* FROM (SELECT ROW(1, 2) AS r) s",
+        twenty.as_str(),
         "SELECT * FROM orders o JOIN customers c USING (customer_id) ORDER BY 1",
         "SELECT o.*, c.name FROM orders o NATURAL JOIN customers c",
     ] {

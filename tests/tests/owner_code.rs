@@ -2182,6 +2182,20 @@ fn a_query_names_no_collation_of_another_role() {
         assert_eq!(code, "42501", "{sql}: {message}");
         assert!(message.contains("collation mine"), "{sql}: {message}");
     }
+    // A table's column keeps its owner's collation, in its row type too.
+    w.attacker_runs(&format!(
+        "CREATE TABLE shared.labels (label text COLLATE shared.mine);
+         GRANT SELECT ON shared.labels TO {};",
+        w.victim
+    ));
+    for sql in [
+        "SELECT label FROM shared.labels ORDER BY label",
+        "SELECT row_to_json(l) FROM shared.labels l",
+    ] {
+        victim
+            .query_one("SELECT nl_check($1)", &[&sql])
+            .unwrap_or_else(|e| panic!("{sql}: {:?}", db_error(&e)));
+    }
     // Built-in ones, and the caller's own.
     victim
         .query_one("SELECT nl_check($1)", &[&sql("\"C\"")])
