@@ -359,11 +359,7 @@ fn a_clause_of_more_items_than_a_row_has_columns_is_refused_before_analysis() {
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let version: i32 = s
-        .client
-        .query_one("SELECT current_setting('server_version_num')::int", &[])
-        .unwrap()
-        .get(0);
+    let version = s.scalar_i64("SELECT current_setting('server_version_num')::int8");
     let mut spread = vec![
         format!(
             "SELECT count(*) FROM (VALUES (1)) v(a) GROUP BY GROUPING SETS (({}))",
@@ -437,11 +433,7 @@ fn a_clause_of_more_items_than_a_row_has_columns_is_refused_before_analysis() {
 #[test]
 fn calls_that_could_run_deaf_to_cancel_are_refused_unless_their_shape_bounds_them() {
     let mut s = Session::new();
-    let version: i32 = s
-        .client
-        .query_one("SELECT current_setting('server_version_num')::int", &[])
-        .unwrap()
-        .get(0);
+    let version = s.scalar_i64("SELECT current_setting('server_version_num')::int8");
     let long = "x".repeat(300);
     let mut refused =
         vec![

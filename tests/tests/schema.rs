@@ -939,11 +939,7 @@ fn a_huge_fixed_width_text_is_left_out_of_the_samples() {
 #[test]
 fn a_not_null_constraint_not_yet_validated_is_not_shown() {
     let mut s = Session::new();
-    let version: i32 = s
-        .client
-        .query_one("SELECT current_setting('server_version_num')::int", &[])
-        .unwrap()
-        .get(0);
+    let version = s.scalar_i64("SELECT current_setting('server_version_num')::int8");
     if version < 180000 {
         return;
     }
