@@ -18,8 +18,12 @@
 
 use pgrx::{pg_sys, PgList};
 
-use super::{Refusal, MAX_CLAUSE_ITEMS};
+use super::verdict::Refusal;
 use crate::error::SqlState;
+
+/// Items of one clause of a query, at most (PostgreSQL's own bound on a row's columns), and
+/// the columns a star counts for each FROM item it may stand for.
+pub const MAX_CLAUSE_ITEMS: usize = 1664;
 
 /// Items matched against a target list (or against a table function's other columns), at
 /// most, in a whole statement.

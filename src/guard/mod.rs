@@ -55,6 +55,7 @@ use pgrx::PgList;
 
 use crate::error::SqlState;
 use crate::settings;
+use bounds::MAX_CLAUSE_ITEMS;
 use walk::too_deep;
 
 pub use doubts::doubts;
@@ -310,9 +311,6 @@ struct RawCheck {
     found: Option<Refusal>,
     bounds: bounds::Bounds,
 }
-
-/// Items of one clause of a query, at most (PostgreSQL's own bound on a row's columns).
-pub(crate) const MAX_CLAUSE_ITEMS: usize = 1664;
 
 /// Whether a clause of `select` is longer than `MAX_CLAUSE_ITEMS`.
 ///
