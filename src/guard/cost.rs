@@ -157,7 +157,7 @@ fn compares_paths(filters: &str) -> bool {
     let bytes = filters.as_bytes();
     (0..filters.len()).any(|at| {
         OPERATORS.iter().any(|operator| {
-            if !filters[at..].starts_with(operator) || !filters.is_char_boundary(at) {
+            if !filters.is_char_boundary(at) || !filters[at..].starts_with(operator) {
                 return false;
             }
             // `<=` is not `<` then `=`; `<>` not `<` then `>`.
@@ -297,6 +297,8 @@ mod tests {
         assert!(reads_again("$?(@.a >= @.b && @.c == 1)"));
         assert!(!reads_again("$?(@.a >= 1 && @.c == \"x\")"));
         assert!(!reads_again("$?(@.a starts with \"x\")"));
+        assert!(!reads_again("$?(@.\"é\" == \"ü\" && @.b < 1)"));
+        assert!(reads_again("$?(@.\"é\" == @.\"ü\")"));
     }
 
     #[test]
