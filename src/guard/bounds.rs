@@ -12,7 +12,7 @@
 //!   (`scope`);
 //! - a NATURAL join compares every column of one side with every column of the other
 //!   (`natural`);
-//! - each join lists every column of its left side again (`joins`);
+//! - each join lists every column of both its sides again (`joins`);
 //! - `(expr).*` copies `expr` once for each field (`copies`), and one inside another
 //!   multiplies the copies: refused.
 
@@ -36,8 +36,8 @@ const MAX_SELECT_WIDTH: usize = 16 * MAX_CLAUSE_ITEMS;
 const MAX_SCOPE: usize = 200_000;
 /// Pairs of FROM items a NATURAL join compares, at most, in a whole statement.
 const MAX_NATURAL_PAIRS: usize = 64;
-/// Columns the joins' left sides may have, together, at most (a row's worth per FROM item):
-/// a chain of 34 joins.
+/// Columns the joins may list, both sides of each, together, at most (a row's worth per FROM
+/// item): about 34 relations joined in a chain.
 const MAX_JOIN_COLUMNS: usize = 1_000_000;
 /// Nodes `(expr).*` may copy, together, at most (a row's worth of copies of each `expr`).
 const MAX_COPIED_NODES: usize = 200_000;
@@ -77,11 +77,12 @@ impl Bounds {
                         .natural
                         .saturating_add(natural_pairs((*select).fromClause));
                 }
+                // A join lists the columns of both its sides, whichever way the joins nest.
                 pg_sys::NodeTag::T_JoinExpr => {
-                    let left = items_of((*node.cast::<pg_sys::JoinExpr>()).larg);
+                    let both = items_of(node);
                     self.joins = self
                         .joins
-                        .saturating_add(left.saturating_mul(MAX_CLAUSE_ITEMS));
+                        .saturating_add(both.saturating_mul(MAX_CLAUSE_ITEMS));
                 }
                 pg_sys::NodeTag::T_ColumnRef => {
                     let visible: usize = self.levels.iter().map(|(items, _)| items).sum();
@@ -89,12 +90,15 @@ impl Bounds {
                     let fields =
                         PgList::<pg_sys::Node>::from_pg((*node.cast::<pg_sys::ColumnRef>()).fields);
                     if ends_in_star(&fields) {
-                        // `*` stands for every FROM item of its SELECT, `t.*` for one (or for
-                        // a join's sides, when an aliased join may be `t`).
-                        let (items, aliased_join) =
-                            self.levels.last().copied().unwrap_or((1, false));
-                        let items = if fields.len() == 1 || aliased_join {
-                            items.max(1)
+                        // `*` stands for every FROM item of its SELECT, `t.*` for one, or for
+                        // a join's sides when an aliased join in scope (at any level) may be
+                        // `t`: then, as an upper bound, for every FROM item in scope.
+                        let own = self.levels.last().map_or(1, |(items, _)| *items);
+                        let aliased_join = self.levels.iter().any(|(_, aliased)| *aliased);
+                        let items = if fields.len() == 1 {
+                            own.max(1)
+                        } else if aliased_join {
+                            visible.max(1)
                         } else {
                             1
                         };
@@ -106,8 +110,10 @@ impl Bounds {
                 pg_sys::NodeTag::T_A_Indirection => {
                     let indirection = node.cast::<pg_sys::A_Indirection>();
                     if ends_in_star(&PgList::from_pg((*indirection).indirection)) {
-                        let (nodes, stars) = size_of((*indirection).arg);
-                        self.nested_expansion |= stars > 0;
+                        // What analysis copies for each field: the expression with its
+                        // subscripts, where another star would multiply the copies.
+                        let (nodes, stars) = size_of(node);
+                        self.nested_expansion |= stars > 1;
                         self.copies = self
                             .copies
                             .saturating_add(nodes.saturating_mul(MAX_CLAUSE_ITEMS));
@@ -179,8 +185,8 @@ impl Bounds {
         }
         if self.joins > MAX_JOIN_COLUMNS {
             return too(format!(
-                "joins whose left sides may have more than {MAX_JOIN_COLUMNS} columns together \
-                 ({MAX_CLAUSE_ITEMS} for each FROM item) are not allowed"
+                "joins whose sides may have more than {MAX_JOIN_COLUMNS} columns together \
+                 ({MAX_CLAUSE_ITEMS} for each FROM item of each join) are not allowed"
             ));
         }
         if self.natural > MAX_NATURAL_PAIRS {
