@@ -265,58 +265,70 @@ unsafe fn from_items(from: *mut pg_sys::List) -> usize {
     }
 }
 
+/// Walks the joins of a FROM item without recursion (a chain of joins is as deep as it is
+/// long, and the parser builds one of any length cheaply): calls `each` on every JoinExpr
+/// until it returns false, and returns the FROM items it reached (a join's sides, anything
+/// else one).
+///
+/// # Safety
+/// `item` is a raw FROM item, or null.
+unsafe fn walk_joins(
+    item: *mut pg_sys::Node,
+    mut each: impl FnMut(*mut pg_sys::JoinExpr) -> bool,
+) -> usize {
+    let (mut items, mut pending) = (0usize, vec![item]);
+    // SAFETY: the caller's contract; the tag says which struct it is.
+    unsafe {
+        while let Some(node) = pending.pop() {
+            match node.as_ref().map(|n| n.type_) {
+                Some(pg_sys::NodeTag::T_JoinExpr) => {
+                    let join = node.cast::<pg_sys::JoinExpr>();
+                    if !each(join) {
+                        break;
+                    }
+                    pending.push((*join).larg);
+                    pending.push((*join).rarg);
+                }
+                _ => items = items.saturating_add(1),
+            }
+        }
+    }
+    items
+}
+
 /// The FROM items `item` stands for: a join's sides, anything else one.
 ///
 /// # Safety
 /// `item` is a raw FROM item, or null.
 unsafe fn items_of(item: *mut pg_sys::Node) -> usize {
-    // SAFETY: the caller's contract; the tag says which struct it is. A join's depth is the
-    // parser's (bounded by the stack depth check the raw walk makes first).
-    unsafe {
-        match item.as_ref().map(|n| n.type_) {
-            Some(pg_sys::NodeTag::T_JoinExpr) => {
-                let join = item.cast::<pg_sys::JoinExpr>();
-                items_of((*join).larg).saturating_add(items_of((*join).rarg))
-            }
-            _ => 1,
-        }
-    }
+    // SAFETY: the caller's contract.
+    unsafe { walk_joins(item, |_| true) }
 }
 
-/// The pairs of FROM items the NATURAL joins of a FROM list compare.
+/// The pairs of FROM items the NATURAL joins of a FROM list compare, counted until they pass
+/// `MAX_NATURAL_PAIRS`.
 ///
 /// # Safety
 /// `from` is a raw FROM list, or null.
 unsafe fn natural_pairs(from: *mut pg_sys::List) -> usize {
-    /// The pairs of `item`'s NATURAL joins.
-    ///
-    /// # Safety
-    /// `item` is a raw FROM item, or null.
-    unsafe fn pairs(item: *mut pg_sys::Node) -> usize {
-        // SAFETY: the caller's contract; the tag says which struct it is.
-        unsafe {
-            match item.as_ref().map(|n| n.type_) {
-                Some(pg_sys::NodeTag::T_JoinExpr) => {
-                    let join = item.cast::<pg_sys::JoinExpr>();
-                    let own = if (*join).isNatural {
-                        items_of((*join).larg).saturating_mul(items_of((*join).rarg))
-                    } else {
-                        0
-                    };
-                    own.saturating_add(pairs((*join).larg))
-                        .saturating_add(pairs((*join).rarg))
+    let mut pairs = 0usize;
+    // SAFETY: the caller's contract; each join's sides are raw FROM items.
+    unsafe {
+        for item in PgList::<pg_sys::Node>::from_pg(from).iter_ptr() {
+            walk_joins(item, |join| {
+                if (*join).isNatural {
+                    pairs = pairs.saturating_add(
+                        items_of((*join).larg).saturating_mul(items_of((*join).rarg)),
+                    );
                 }
-                _ => 0,
+                pairs <= MAX_NATURAL_PAIRS
+            });
+            if pairs > MAX_NATURAL_PAIRS {
+                break;
             }
         }
     }
-    // SAFETY: the caller's contract.
-    unsafe {
-        PgList::<pg_sys::Node>::from_pg(from)
-            .iter_ptr()
-            .map(|item| pairs(item))
-            .sum()
-    }
+    pairs
 }
 
 /// Whether a raw list of names or indirections ends in `*`.
@@ -377,16 +389,13 @@ unsafe fn size_of(node: *mut pg_sys::Node) -> (usize, usize) {
 /// # Safety
 /// `item` is a raw FROM item, or null.
 unsafe fn has_aliased_join(item: *mut pg_sys::Node) -> bool {
-    // SAFETY: the caller's contract; the tag says which struct it is.
+    let mut aliased = false;
+    // SAFETY: the caller's contract.
     unsafe {
-        match item.as_ref().map(|n| n.type_) {
-            Some(pg_sys::NodeTag::T_JoinExpr) => {
-                let join = item.cast::<pg_sys::JoinExpr>();
-                !(*join).alias.is_null()
-                    || has_aliased_join((*join).larg)
-                    || has_aliased_join((*join).rarg)
-            }
-            _ => false,
-        }
+        walk_joins(item, |join| {
+            aliased = !(*join).alias.is_null();
+            !aliased
+        });
     }
+    aliased
 }

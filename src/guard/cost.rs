@@ -229,6 +229,38 @@ unsafe fn small_within(node: *mut pg_sys::Node, elements: &mut usize) -> bool {
                 .iter_ptr()
                 .all(|element| small_within(element, elements));
         }
+        // A cast of constants, or a built-in that keeps their size (`lower('X')`, `chr(10)`,
+        // `jsonb_build_object('k', 'v')`): constants the planner folds later. Each argument
+        // takes an element of the budget.
+        let call = match n.type_ {
+            pg_sys::NodeTag::T_FuncExpr => {
+                let call = node.cast::<pg_sys::FuncExpr>();
+                let cast = matches!(
+                    (*call).funcformat,
+                    pg_sys::CoercionForm::COERCE_EXPLICIT_CAST
+                        | pg_sys::CoercionForm::COERCE_IMPLICIT_CAST
+                );
+                Some(((*call).funcid, (*call).args, cast))
+            }
+            pg_sys::NodeTag::T_OpExpr => {
+                let call = node.cast::<pg_sys::OpExpr>();
+                Some((pg_sys::get_opcode((*call).opno), (*call).args, false))
+            }
+            _ => None,
+        };
+        if let Some((function, arguments, cast)) = call {
+            let arguments = PgList::<pg_sys::Node>::from_pg(arguments);
+            if function.to_u32() >= pg_sys::FirstNormalObjectId
+                || !(cast || keeps_size(function))
+                || arguments.len() > *elements
+            {
+                return false;
+            }
+            *elements -= arguments.len();
+            return arguments
+                .iter_ptr()
+                .all(|argument| small_within(argument, elements));
+        }
         if n.type_ != pg_sys::NodeTag::T_Const {
             return false;
         }
@@ -245,6 +277,39 @@ unsafe fn small_within(node: *mut pg_sys::Node, elements: &mut usize) -> bool {
         };
         bytes <= MAX_CONSTANT_BYTES
     }
+}
+
+/// Built-ins whose result is about as large as their arguments together.
+const SIZE_KEEPING: &[&str] = &[
+    "lower",
+    "upper",
+    "initcap",
+    "chr",
+    "btrim",
+    "ltrim",
+    "rtrim",
+    "concat",
+    "textcat",
+    "to_jsonb",
+    "to_json",
+    "jsonb_build_object",
+    "jsonb_build_array",
+    "json_build_object",
+    "json_build_array",
+];
+
+/// Whether the built-in `function` is one of `SIZE_KEEPING`.
+fn keeps_size(function: pg_sys::Oid) -> bool {
+    // SAFETY: a catalog look-up; the name is copied before the palloc'd string goes with its
+    // memory context.
+    let name = unsafe {
+        let name = pg_sys::get_func_name(function);
+        if name.is_null() {
+            return false;
+        }
+        CStr::from_ptr(name).to_string_lossy().into_owned()
+    };
+    SIZE_KEEPING.contains(&name.as_str())
 }
 
 /// The text of a constant of a built-in type, written out by its (built-in) output function;

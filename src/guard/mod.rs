@@ -388,11 +388,11 @@ unsafe extern "C-unwind" fn raw_walker(node: *mut pg_sys::Node, context: *mut c_
     // SAFETY: PostgreSQL's raw walker passes raw parse nodes and our context, a `RawCheck`.
     unsafe {
         let raw = &mut *context.cast::<RawCheck>();
-        raw.bounds.count(node);
-        if let Some(refusal) = too_deep()
-            .or_else(|| raw_node_refusal(node))
-            .or_else(|| raw.bounds.refusal())
-        {
+        // The depth first: what `count` reads of a node is bounded by the node, not the stack.
+        if let Some(refusal) = too_deep().or_else(|| {
+            raw.bounds.count(node);
+            raw_node_refusal(node).or_else(|| raw.bounds.refusal())
+        }) {
             raw.found = Some(refusal);
             return true;
         }

@@ -487,6 +487,13 @@ fn calls_that_could_run_deaf_to_cancel_are_refused_unless_their_shape_bounds_the
             .to_string(),
         "SELECT count(*) FROM orders WHERE ARRAY[order_id] <@ ARRAY[1, 2, 3]".to_string(),
         "SELECT jsonb_path_query_array('[1, 2]', '$[*] ? (@ > 1)')".to_string(),
+        "SELECT strpos(lower(name), lower('abc')), replace(name, chr(10), ''), \
+         position(lower('x') in lower(name)), split_part(name, ','::varchar(1), 1) \
+         FROM customers"
+            .to_string(),
+        "SELECT count(*) FROM (SELECT '{\"k\": \"v\"}'::jsonb AS d) s \
+         WHERE d @> jsonb_build_object('k', 'v')"
+            .to_string(),
         "SELECT '{\"a\": [1]}'::jsonb @> '{\"a\": [1]}'".to_string(),
     ];
     if version >= 170000 {
