@@ -300,16 +300,27 @@ const SIZE_KEEPING: &[&str] = &[
 
 /// Whether the built-in `function` is one of `SIZE_KEEPING`.
 fn keeps_size(function: pg_sys::Oid) -> bool {
+    builtin_name(function).is_some_and(|name| SIZE_KEEPING.contains(&name.as_str()))
+}
+
+/// The name of a built-in function (an OID below the first user object's), or None. A
+/// syscache look-up, lighter than the guard's facts of a function: for telling at once
+/// whether a call is one the rules here are about.
+pub fn builtin_name(function: pg_sys::Oid) -> Option<String> {
+    if function.to_u32() >= pg_sys::FirstNormalObjectId {
+        return None;
+    }
     // SAFETY: a catalog look-up; the name is copied before the palloc'd string goes with its
     // memory context.
-    let name = unsafe {
+    unsafe {
         let name = pg_sys::get_func_name(function);
-        if name.is_null() {
-            return false;
-        }
-        CStr::from_ptr(name).to_string_lossy().into_owned()
-    };
-    SIZE_KEEPING.contains(&name.as_str())
+        (!name.is_null()).then(|| CStr::from_ptr(name).to_string_lossy().into_owned())
+    }
+}
+
+/// Whether a rule here is about the built-in `name` (with any number of arguments).
+pub fn has_rule(name: &str) -> bool {
+    rule(name, 2).is_some()
 }
 
 /// The text of a constant of a built-in type, written out by its (built-in) output function;

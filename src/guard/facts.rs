@@ -261,6 +261,12 @@ fn family_support(family: pg_sys::Oid) -> Option<Vec<pg_sys::Oid>> {
 /// The types of the fields of the named row type `typ`, dropped columns left out; `None` for a
 /// type that is no row type (or an anonymous record's).
 pub fn row_fields(typ: pg_sys::Oid) -> Option<Vec<pg_sys::Oid>> {
+    row_attributes(typ).map(|fields| fields.into_iter().map(|(typ, _)| typ).collect())
+}
+
+/// The type and collation of each field of the named row type `typ`, dropped columns left
+/// out; `None` for a type that is no row type (or an anonymous record's).
+pub fn row_attributes(typ: pg_sys::Oid) -> Option<Vec<(pg_sys::Oid, pg_sys::Oid)>> {
     // SAFETY: catalog look-ups; the row type's descriptor is released again.
     unsafe {
         if !pg_sys::type_is_rowtype(typ) || typ == pg_sys::RECORDOID {
@@ -273,7 +279,7 @@ pub fn row_fields(typ: pg_sys::Oid) -> Option<Vec<pg_sys::Oid>> {
         let fields = crate::compat::attributes(desc)
             .iter()
             .filter(|a| !a.attisdropped)
-            .map(|a| a.atttypid)
+            .map(|a| (a.atttypid, a.attcollation))
             .collect();
         if (*desc).tdrefcount >= 0 {
             pg_sys::DecrTupleDescRefCount(desc);

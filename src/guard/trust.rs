@@ -228,14 +228,17 @@ pub fn saving_call() -> Trusted {
     }
     // The view's owner-to-be alone, not the session user: inside a SECURITY DEFINER function
     // the two differ, and the session user's objects would stay in another role's view.
+    of_the_current_user(true)
+}
+
+/// The objects of the current user (the role a query runs as, not the session user), of
+/// superusers and of `trusted_owners`.
+fn of_the_current_user(saving: bool) -> Trusted {
     // SAFETY: reads the backend's current user.
     let current = unsafe { pg_sys::GetUserId() };
     let mut roles = trusted_owners();
     roles.push(current);
-    Trusted {
-        roles,
-        saving: true,
-    }
+    Trusted { roles, saving }
 }
 
 /// Why a query may not name `collation` with COLLATE: one that another role made may carry
@@ -260,13 +263,7 @@ pub fn collation_refusal(collation: pg_sys::Oid) -> Option<String> {
         pg_sys::ReleaseSysCache(tuple);
         owner
     };
-    // SAFETY: reads the backend's current user, the role the query runs as.
-    let current = unsafe { pg_sys::GetUserId() };
-    // SAFETY: a role catalog look-up.
-    if owner == current || unsafe { pg_sys::superuser_arg(owner) } {
-        return None;
-    }
-    if trusted_owners().contains(&owner) {
+    if of_the_current_user(false).trusts(owner) {
         return None;
     }
     let role = role_name(owner).unwrap_or_default();

@@ -535,26 +535,15 @@ fn default_class_code(typ: pg_sys::Oid) -> Option<Vec<pg_sys::Oid>> {
 /// (not a table's row type's), a range's (its bounds are compared as a literal of it is read).
 fn collations(facts: &TypeFacts) -> Vec<pg_sys::Oid> {
     let mut found = vec![facts.collation];
-    // SAFETY: catalog look-ups; the row type's descriptor and the syscache entry are released
-    // again.
+    // SAFETY: catalog look-ups; the syscache entry is released again.
     unsafe {
         // A table's row type compares its columns with their collations, the table owner's
         // choice like the columns themselves; a composite type's fields, its owner's.
         if facts.relation != pg_sys::InvalidOid
             && pg_sys::get_rel_relkind(facts.relation) as u8 == pg_sys::RELKIND_COMPOSITE_TYPE
         {
-            let desc = pg_sys::lookup_rowtype_tupdesc_noerror(facts.oid, -1, true);
-            if !desc.is_null() {
-                found.extend(
-                    crate::compat::attributes(desc)
-                        .iter()
-                        .filter(|a| !a.attisdropped)
-                        .map(|a| a.attcollation),
-                );
-                if (*desc).tdrefcount >= 0 {
-                    pg_sys::DecrTupleDescRefCount(desc);
-                }
-            }
+            let fields = super::facts::row_attributes(facts.oid).unwrap_or_default();
+            found.extend(fields.into_iter().map(|(_, collation)| collation));
         }
         if facts.kind == pg_sys::TYPTYPE_RANGE {
             let cache = pg_sys::SysCacheIdentifier::RANGETYPE as i32;

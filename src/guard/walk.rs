@@ -685,6 +685,11 @@ impl Walk {
                     return true;
                 }
             };
+            // Most calls are of no rule's: told by name before the function's facts are read
+            // (check_function reads them for every call already).
+            if !cost::builtin_name(function).is_some_and(|name| cost::has_rule(&name)) {
+                return false;
+            }
             let Some(facts) = FunctionFacts::of(function) else {
                 return false;
             };
