@@ -8,7 +8,10 @@
 //! and so may any XPath expression. A generated query makes such a call only when one side is
 //! a small constant, or the path is a constant that reads the document once; XPath (`xpath`,
 //! `xpath_exists`, `xmlexists`) only when a superuser names the function in
-//! `allowed_functions`, XMLTABLE never.
+//! `allowed_functions`, XMLTABLE never. Deleting an array of keys from a jsonb compares every
+//! key with every other too. Some built-ins make a result whose size a number sets, not their
+//! inputs (`lpad`, `rpad`, `format`'s widths, a `char(n)` or `bit(n)` length given as a call's
+//! argument, `array_fill`): the number must be a small constant.
 
 use std::ffi::CStr;
 
@@ -21,19 +24,34 @@ pub const MAX_CONSTANT_BYTES: usize = 256;
 /// Elements of an `ARRAY[...]` of constants, at most, for it to count as a small constant.
 const MAX_CONSTANT_ELEMENTS: usize = 64;
 
+/// The largest length `lpad` and `rpad` may be asked for, and the widest field `format` may
+/// write: their work is then at most this many characters per call.
+pub const MAX_COUNT: i64 = 10_000;
+
 /// What a call of a built-in function must look like to be made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Rule {
     /// The argument at this index is a constant of at most `MAX_CONSTANT_BYTES`.
     SmallConstant(usize),
+    /// The argument at this index, when it is an array, is such a constant.
+    SmallConstantArray(usize),
     /// One of the first two arguments is such a constant.
     EitherSmallConstant,
     /// The argument at this index is a constant JSON path that names the document (`$`) at its
     /// start only, and no variable.
     ReadsOnce(usize),
-    /// Not made at all (unless a superuser names the function).
-    Never,
+    /// The argument at this index is a constant number of at most `MAX_COUNT`.
+    SmallCount(usize),
+    /// The argument at this index is a constant format of at most `MAX_CONSTANT_BYTES` whose
+    /// fields are at most `MAX_COUNT` wide, none of them as wide as an argument says (`*`).
+    SmallFormat(usize),
+    /// Not made at all (unless a superuser names the function), for this reason.
+    Never(&'static str),
 }
+
+/// Why XPath is never made.
+const XPATH: &str = "an XPath expression can take a time that grows with a power of the \
+                     document's size, and libxml2 does not check for cancel until it ends";
 
 /// The rule of the built-in function `name` called with `arguments` arguments, if any.
 fn rule(name: &str, arguments: usize) -> Option<Rule> {
@@ -58,7 +76,20 @@ fn rule(name: &str, arguments: usize) -> Option<Rule> {
         | "jsonb_path_query_first_tz"
         | "jsonb_path_exists_opr"
         | "jsonb_path_match_opr" => ReadsOnce(1),
-        "xpath" | "xpath_exists" | "xmlexists" => Never,
+        // `jsonb - text[]`: every key of the document against every key of the array (the
+        // other forms, one key or one index, take a small constant as readily).
+        "jsonb_delete" => SmallConstantArray(1),
+        // A length as a number: `lpad(s, n)`, and a cast's length coercion called as a
+        // function, `bpchar(s, n, true)` padding with spaces, `bit(i, n)` with zeros (its
+        // typmod, the length, and for `char(n)` four more).
+        "lpad" | "rpad" => SmallCount(1),
+        "bpchar" | "bit" if arguments >= 2 => SmallCount(1),
+        "format" => SmallFormat(0),
+        "array_fill" => Never(
+            "its result's size is what its dimensions say, up to a gigabyte, and PostgreSQL \
+             does not check for cancel until it is filled",
+        ),
+        "xpath" | "xpath_exists" | "xmlexists" => Never(XPATH),
         _ => return None,
     })
 }
@@ -92,13 +123,37 @@ pub unsafe fn call_refusal(name: &str, arguments: *mut pg_sys::List) -> Option<S
                     )
                 })
             }
+            Rule::SmallConstantArray(i) => {
+                let array =
+                    pg_sys::get_element_type(pg_sys::exprType(argument(i))) != pg_sys::InvalidOid;
+                (array && !small_constant(argument(i))).then(|| {
+                    format!(
+                        "its argument {} must be a constant array of at most \
+                         {MAX_CONSTANT_BYTES} bytes: each key is compared with every key of the \
+                         document, and PostgreSQL does not check for cancel until it ends",
+                        i + 1
+                    )
+                })
+            }
             Rule::ReadsOnce(i) => path_refusal(argument(i)),
-            Rule::Never => Some(
-                "an XPath expression can take a time that grows with a power of the \
-                 document's size, and libxml2 does not check for cancel until it ends (a \
-                 superuser may allow the function by name in sql_query_engine.allowed_functions)"
-                    .into(),
-            ),
+            Rule::SmallCount(i) => (!small_count(argument(i))).then(|| {
+                format!(
+                    "its argument {} must be a constant of at most {MAX_COUNT}: it sets the \
+                     size of the result, which PostgreSQL makes without a check for cancel",
+                    i + 1
+                )
+            }),
+            Rule::SmallFormat(i) => (!small_format(argument(i))).then(|| {
+                format!(
+                    "its format must be a constant of at most {MAX_CONSTANT_BYTES} bytes whose \
+                     fields are at most {MAX_COUNT} wide, none as wide as an argument says (*): \
+                     PostgreSQL pads a field without a check for cancel"
+                )
+            }),
+            Rule::Never(why) => Some(format!(
+                "{why} (a superuser may allow the function by name in \
+                 sql_query_engine.allowed_functions)"
+            )),
         }
     }
 }
@@ -279,6 +334,80 @@ unsafe fn small_within(node: *mut pg_sys::Node, elements: &mut usize) -> bool {
     }
 }
 
+/// Whether `node` is a constant integer of at most `MAX_COUNT`, or NULL.
+///
+/// # Safety
+/// `node` is an analysed expression, or null.
+unsafe fn small_count(node: *mut pg_sys::Node) -> bool {
+    // SAFETY: the caller's contract; a Const's value is read as its type says.
+    unsafe {
+        let node = bare(node);
+        let Some(n) = node.as_ref() else {
+            return false;
+        };
+        if n.type_ != pg_sys::NodeTag::T_Const {
+            return false;
+        }
+        let constant = node.cast::<pg_sys::Const>();
+        if (*constant).constisnull {
+            return true;
+        }
+        let value = (*constant).constvalue;
+        let number = match (*constant).consttype {
+            pg_sys::INT2OID => i64::from(value.value() as i16),
+            pg_sys::INT4OID => i64::from(value.value() as i32),
+            pg_sys::INT8OID => value.value() as i64,
+            _ => return false,
+        };
+        number <= MAX_COUNT
+    }
+}
+
+/// Whether `node` is a small constant format (`format`'s first argument) whose fields are at
+/// most `MAX_COUNT` wide, none of them as wide as an argument says.
+///
+/// # Safety
+/// `node` is an analysed expression, or null.
+unsafe fn small_format(node: *mut pg_sys::Node) -> bool {
+    // SAFETY: the caller's contract; a Const is read as its tag says.
+    unsafe {
+        let bare = bare(node);
+        let null = bare
+            .as_ref()
+            .is_some_and(|n| n.type_ == pg_sys::NodeTag::T_Const)
+            && (*bare.cast::<pg_sys::Const>()).constisnull;
+        null || (small_constant(node)
+            && constant_text(node).is_some_and(|text| narrow_fields(&text)))
+    }
+}
+
+/// Whether every field of a `format` string (`%[position$][flags][width]type`) is at most
+/// `MAX_COUNT` wide and takes no width from an argument (`*`).
+fn narrow_fields(format: &str) -> bool {
+    let mut rest = format;
+    while let Some(at) = rest.find('%') {
+        rest = &rest[at + 1..];
+        if let Some(after) = rest.strip_prefix('%') {
+            rest = after;
+            continue;
+        }
+        let spec_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '$' || c == '-'))
+            .unwrap_or(rest.len());
+        if rest[spec_end..].starts_with('*') {
+            return false;
+        }
+        let spec = &rest[..spec_end];
+        // The width is the digits after the position (`n$`) and the flags.
+        let width = spec.rsplit(['$', '-']).next().unwrap_or("");
+        if width.len() > 5 || width.parse::<i64>().is_ok_and(|w| w > MAX_COUNT) {
+            return false;
+        }
+        rest = &rest[spec_end..];
+    }
+    true
+}
+
 /// Built-ins whose result is about as large as their arguments together.
 const SIZE_KEEPING: &[&str] = &[
     "lower",
@@ -382,7 +511,24 @@ mod tests {
         assert_eq!(rule("btrim", 2), Some(Rule::SmallConstant(1)));
         assert_eq!(rule("arraycontains", 2), Some(Rule::EitherSmallConstant));
         assert_eq!(rule("jsonb_path_match_opr", 2), Some(Rule::ReadsOnce(1)));
-        assert_eq!(rule("xmlexists", 2), Some(Rule::Never));
+        assert_eq!(rule("xmlexists", 2), Some(Rule::Never(XPATH)));
+        assert_eq!(rule("jsonb_delete", 2), Some(Rule::SmallConstantArray(1)));
+        assert_eq!(rule("bpchar", 3), Some(Rule::SmallCount(1)));
+        assert_eq!(rule("bpchar", 1), None);
+        assert_eq!(rule("lpad", 3), Some(Rule::SmallCount(1)));
+        assert_eq!(rule("format", 2), Some(Rule::SmallFormat(0)));
         assert_eq!(rule("length", 1), None);
+    }
+
+    #[test]
+    fn a_format_field_is_narrow_when_its_width_is_small_and_written_out() {
+        assert!(narrow_fields("%s: %I.%L, 100%% sure"));
+        assert!(narrow_fields("%2$-10s|%1$10000s"));
+        assert!(narrow_fields("price * quantity = %s"));
+        assert!(!narrow_fields("%10001s"));
+        assert!(!narrow_fields("%1$-1000000000s"));
+        assert!(!narrow_fields("%*s"));
+        assert!(!narrow_fields("%-*2$s"));
+        assert!(!narrow_fields("%00000000000000000000001s"));
     }
 }

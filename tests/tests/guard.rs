@@ -458,6 +458,17 @@ fn calls_that_could_run_deaf_to_cancel_are_refused_unless_their_shape_bounds_the
             (1..=40).map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
         ),
             "SELECT * FROM xmltable('/r' PASSING ('<r/>'::xml) COLUMNS a int PATH 'a')".to_string(),
+            // Deleting keys named by a computed array from a jsonb: every key against every key.
+            "SELECT jsonb_build_object(name, 1) - ARRAY[name, country] FROM customers".to_string(),
+            // Results whose size a number sets, not the inputs.
+            "SELECT lpad(name, customer_id * 100000000, '*') FROM customers".to_string(),
+            "SELECT rpad(name, 1000000000) FROM customers".to_string(),
+            "SELECT format('%1000000000s', name) FROM customers".to_string(),
+            "SELECT format('%-*s', customer_id, name) FROM customers".to_string(),
+            "SELECT format(name, country) FROM customers".to_string(),
+            "SELECT cardinality(array_fill(0, ARRAY[customer_id])) FROM customers".to_string(),
+            "SELECT bpchar(name::bpchar, customer_id * 100000000, true) FROM customers".to_string(),
+            "SELECT \"bit\"(customer_id, customer_id * 100000000) FROM customers".to_string(),
         ];
     if version >= 170000 {
         refused
@@ -495,6 +506,12 @@ fn calls_that_could_run_deaf_to_cancel_are_refused_unless_their_shape_bounds_the
          WHERE d @> jsonb_build_object('k', 'v')"
             .to_string(),
         "SELECT '{\"a\": [1]}'::jsonb @> '{\"a\": [1]}'".to_string(),
+        "SELECT lpad(customer_id::text, 6, '0'), rpad(name, 10), \
+         format('%s (%2$-10s) %1$I: 100%%', name, country), \
+         jsonb_build_object(name, 1) - 'Ada', jsonb_build_object(name, 1) - ARRAY['a', 'b'], \
+         jsonb_build_object(name, 1) - country, format(NULL, name), name::char(12), \
+         customer_id::bit(8) FROM customers"
+            .to_string(),
     ];
     if version >= 170000 {
         passed.push(

@@ -104,7 +104,8 @@ fn numerics_whose_text_is_huge_are_measured_before_they_are_converted() {
         .unwrap();
     let started = std::time::Instant::now();
     let huge = role.query(
-        "SELECT * FROM nl_run('SELECT array_fill(1e131071::numeric, ARRAY[300000]) AS a')",
+        "SELECT * FROM nl_run('SELECT (SELECT array_agg(1e131071::numeric) \
+         FROM generate_series(1, 300000)) AS a')",
         &[],
     );
     let took = started.elapsed();
@@ -547,8 +548,8 @@ fn an_allocation_past_the_memory_bound_fails_where_no_interrupt_is_checked() {
     role.batch_execute("SET sql_query_engine.max_query_memory = '64MB'")
         .unwrap();
     for sql in [
-        "SELECT array_fill(1e131071::numeric, ARRAY[8000])::text AS t",
-        "SELECT array_fill(1e131071::numeric, ARRAY[8000]) AS a",
+        "SELECT (SELECT array_agg(1e131071::numeric) FROM generate_series(1, 8000))::text AS t",
+        "SELECT (SELECT array_agg(1e131071::numeric) FROM generate_series(1, 8000)) AS a",
     ] {
         let error = role.query("SELECT * FROM nl_run($1)", &[&sql]).unwrap_err();
         let (code, message, _) = db_error(&error);
