@@ -154,6 +154,30 @@ pub unsafe fn attributes<'a>(desc: pg_sys::TupleDesc) -> &'a [pg_sys::FormData_p
     }
 }
 
+/// The expressions of `relation`'s virtual generated columns (PostgreSQL 18), which the planner
+/// puts in each column's place as a query reads it; none before 18.
+///
+/// # Safety
+/// `relation` must be open.
+pub unsafe fn virtual_column_expressions(relation: pg_sys::Relation) -> Vec<*mut pg_sys::Node> {
+    #[cfg(feature = "pg18")]
+    // SAFETY: the caller's contract; each expression is built from the relation's catalog
+    // entry, in the current memory context.
+    return unsafe {
+        attributes((*relation).rd_att)
+            .iter()
+            .filter(|a| !a.attisdropped && a.attgenerated as u8 == b'v')
+            .map(|a| pg_sys::build_generation_expression(relation, i32::from(a.attnum)))
+            .filter(|expression| !expression.is_null())
+            .collect()
+    };
+    #[cfg(not(feature = "pg18"))]
+    {
+        let _ = relation;
+        Vec::new()
+    }
+}
+
 /// `attributes`, to change (a copy the extension made).
 ///
 /// # Safety

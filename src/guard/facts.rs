@@ -78,6 +78,63 @@ impl Drop for CacheList {
     }
 }
 
+/// `schema.name(left,right)` of `operator`, as messages name it (its OID when the name another
+/// role chose would not print on one line).
+pub fn operator_name(operator: pg_sys::Oid) -> String {
+    // SAFETY: a catalog look-up; the text is a palloc'd copy.
+    let name = unsafe { c_string(pg_sys::format_operator(operator)) };
+    if crate::names::printable(&name) {
+        name
+    } else {
+        format!("{operator}")
+    }
+}
+
+/// The owner of `operator` (InvalidOid for one that is gone, which no role is trusted as).
+pub fn operator_owner(operator: pg_sys::Oid) -> pg_sys::Oid {
+    // SAFETY: a syscache look-up, released before returning.
+    unsafe {
+        let tuple = pg_sys::SearchSysCache1(
+            pg_sys::SysCacheIdentifier::OPEROID as i32,
+            pg_sys::Datum::from(operator),
+        );
+        if tuple.is_null() {
+            return pg_sys::InvalidOid;
+        }
+        let owner =
+            (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_operator>(tuple)).oprowner;
+        pg_sys::ReleaseSysCache(tuple);
+        owner
+    }
+}
+
+/// Operators followed from one through commutators and negators, at most (a pair each, most
+/// often: `=` and `<>`, `<` and `>`).
+pub const MAX_LINKED_OPERATORS: usize = 16;
+
+/// `operator` and every operator linked to it as its commutator or negator, however far (the
+/// planner may put any of them in its place), or None past `MAX_LINKED_OPERATORS`.
+pub fn linked_operators(operator: pg_sys::Oid) -> Option<Vec<pg_sys::Oid>> {
+    let (mut seen, mut next) = (Vec::new(), vec![operator]);
+    while let Some(operator) = next.pop() {
+        if operator == pg_sys::InvalidOid || seen.contains(&operator) {
+            continue;
+        }
+        seen.push(operator);
+        if seen.len() > MAX_LINKED_OPERATORS {
+            return None;
+        }
+        // SAFETY: catalog look-ups (InvalidOid for none, or one that is gone).
+        next.extend(unsafe {
+            [
+                pg_sys::get_commutator(operator),
+                pg_sys::get_negator(operator),
+            ]
+        });
+    }
+    Some(seen)
+}
+
 /// Objects with OIDs below this were created by initdb.
 pub fn builtin(oid: pg_sys::Oid) -> bool {
     oid.to_u32() < pg_sys::FirstNormalObjectId

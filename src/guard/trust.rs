@@ -10,7 +10,10 @@ use std::ffi::{CStr, CString};
 
 use pgrx::{pg_sys, PgList};
 
-use super::facts::{builtin, CacheList, OpenRelation};
+use super::facts::{
+    builtin, linked_operators, operator_name, operator_owner, CacheList, FunctionFacts,
+    OpenRelation, MAX_LINKED_OPERATORS,
+};
 use crate::names::{relation_name, role_name};
 use crate::settings;
 
@@ -130,9 +133,10 @@ fn catalog_function(name: &CStr, args: &[pg_sys::Oid]) -> Option<pg_sys::Oid> {
 /// Settings whose value the server runs as a program, loads as code, or names a file it
 /// writes or trusts for logins: a role granted SET or ALTER SYSTEM on one of them acts as the
 /// server's operating-system user. Names a version does not know have no grants.
-const SERVER_CODE_SETTINGS: [&CStr; 17] = [
+const SERVER_CODE_SETTINGS: [&CStr; 18] = [
     c"archive_command",
     c"archive_library",
+    c"oauth_validator_libraries",
     c"restore_command",
     c"archive_cleanup_command",
     c"recovery_end_command",
@@ -358,13 +362,14 @@ impl Trusted {
                 .then(|| pg_sys::get_view_query(opened.0))
                 .filter(|query| !query.is_null())
                 .map(|query| {
-                    let mut found = Vec::new();
+                    let mut found = Reached::default();
                     let whole = collect_relations(query, &mut found);
                     (found, whole)
                 });
             // What its row-security policies read, when they apply to this call (a
-            // superuser bypasses them; a role that only reaches as far does not).
-            let mut policed = Vec::new();
+            // superuser bypasses them; a role that only reaches as far does not), and what its
+            // virtual generated columns (PostgreSQL 18), which the planner puts in their place.
+            let mut policed = Reached::default();
             let applies = pg_sys::check_enable_rls(relation, pg_sys::InvalidOid, true)
                 == pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32;
             let policies = (*opened.0).rd_rsdesc;
@@ -375,13 +380,13 @@ impl Trusted {
                 {
                     for qual in [(*policy).qual, (*policy).with_check_qual] {
                         if !qual.is_null() {
-                            policies_whole &= !relations_walker(
-                                qual.cast(),
-                                (&mut policed as *mut Vec<pg_sys::Oid>).cast(),
-                            );
+                            policies_whole &= collect_from_expression(qual.cast(), &mut policed);
                         }
                     }
                 }
+            }
+            for expression in crate::compat::virtual_column_expressions(opened.0) {
+                policies_whole &= collect_from_expression(expression, &mut policed);
             }
             drop(opened);
             if let Some(why) = self.refuse_owner(owner, "relation") {
@@ -394,14 +399,28 @@ impl Trusted {
                 if !whole {
                     return Some("its views nest too deeply to be checked".into());
                 }
+                if let Some(why) = self.reached_refusal(&found) {
+                    return Some(format!(
+                        "relation {} is refused: {why}",
+                        relation_name(relation)
+                    ));
+                }
                 return found
+                    .relations
                     .into_iter()
                     .find_map(|inner| self.relation_refusal(inner, depth + 1, seen));
             }
             if !policies_whole {
                 return Some("its policies nest too deeply to be checked".into());
             }
+            if let Some(why) = self.reached_refusal(&policed) {
+                return Some(format!(
+                    "relation {} is refused: {why}",
+                    relation_name(relation)
+                ));
+            }
             if let Some(why) = policed
+                .relations
                 .into_iter()
                 .find_map(|inner| self.relation_refusal(inner, depth + 1, seen))
             {
@@ -415,21 +434,135 @@ impl Trusted {
             None
         }
     }
+
+    /// Why a superuser's query may not go through a view, a policy or a virtual column that
+    /// uses what `reached` holds: an operator, or one linked to it as its commutator or
+    /// negator, or an aggregate or window function, of a role this call does not trust. Its
+    /// owner could later link the operator (ALTER OPERATOR ... SET NEGATOR) to an operator of
+    /// a built-in function with effects, which the planner would put in its place (`NOT (a op
+    /// b)` becomes `a negator b`), or give the aggregate such a function (CREATE OR REPLACE
+    /// AGGREGATE): built-in code, out of the gate's sight.
+    fn reached_refusal(&self, reached: &Reached) -> Option<String> {
+        let aggregate = reached.functions.iter().find_map(|&function| {
+            let owner = FunctionFacts::of(function).map_or(pg_sys::InvalidOid, |f| f.owner);
+            self.refuse_owner(owner, "aggregate").map(|why| {
+                format!(
+                    "aggregate {} is not allowed: {why}",
+                    FunctionFacts::signature(function)
+                )
+            })
+        });
+        aggregate.or_else(|| self.operators_refusal(&reached.operators))
+    }
+
+    /// `reached_refusal` of operators.
+    fn operators_refusal(&self, operators: &[pg_sys::Oid]) -> Option<String> {
+        operators.iter().find_map(|&operator| {
+            let Some(linked) = linked_operators(operator) else {
+                return Some(format!(
+                    "operator {} is linked to more than {MAX_LINKED_OPERATORS} others",
+                    operator_name(operator)
+                ));
+            };
+            linked
+                .into_iter()
+                .filter(|linked| !builtin(*linked))
+                .find_map(|linked| {
+                    self.refuse_owner(operator_owner(linked), "operator")
+                        .map(|why| {
+                            format!("operator {} is not allowed: {why}", operator_name(linked))
+                        })
+                })
+        })
+    }
+}
+
+/// What a view's query, a policy or a virtual generated column reads and compares with: the
+/// relations, the operators and the aggregates and window functions it names.
+#[derive(Default)]
+struct Reached {
+    relations: Vec<pg_sys::Oid>,
+    operators: Vec<pg_sys::Oid>,
+    functions: Vec<pg_sys::Oid>,
+}
+
+impl Reached {
+    fn function(&mut self, function: pg_sys::Oid) {
+        if !builtin(function) && !self.functions.contains(&function) {
+            self.functions.push(function);
+        }
+    }
+
+    /// The operators of a query's ORDER BY, GROUP BY, DISTINCT and windows.
+    ///
+    /// # Safety
+    /// `query` is an analysed Query.
+    unsafe fn query_clauses(&mut self, query: *mut pg_sys::Query) {
+        // SAFETY: the caller's contract; its lists hold what their names say.
+        unsafe {
+            self.clauses((*query).sortClause);
+            self.clauses((*query).groupClause);
+            self.clauses((*query).distinctClause);
+            for window in PgList::<pg_sys::WindowClause>::from_pg((*query).windowClause).iter_ptr()
+            {
+                self.clauses((*window).partitionClause);
+                self.clauses((*window).orderClause);
+            }
+        }
+    }
+
+    fn operator(&mut self, operator: pg_sys::Oid) {
+        if operator != pg_sys::InvalidOid && !self.operators.contains(&operator) {
+            self.operators.push(operator);
+        }
+    }
+
+    /// The operators of a list of sort or group clauses (`SortGroupClause`s).
+    ///
+    /// # Safety
+    /// `clauses` is a List of SortGroupClause, or null.
+    unsafe fn clauses(&mut self, clauses: *mut pg_sys::List) {
+        // SAFETY: the caller's contract.
+        for clause in unsafe { PgList::<pg_sys::SortGroupClause>::from_pg(clauses) }.iter_ptr() {
+            // SAFETY: a SortGroupClause of the list.
+            let (eq, sort) = unsafe { ((*clause).eqop, (*clause).sortop) };
+            self.operator(eq);
+            self.operator(sort);
+        }
+    }
 }
 
 /// The relations a (view's) query reads, at any depth: its subqueries in FROM, its WITH
 /// queries, and the subqueries of its expressions (`IN (SELECT ...)`, `EXISTS`, a scalar
-/// subquery, a function's argument). `false` when the query nests too deeply to be read
-/// whole.
-unsafe fn collect_relations(query: *mut pg_sys::Query, found: &mut Vec<pg_sys::Oid>) -> bool {
+/// subquery, a function's argument), and the operators it compares with. `false` when the
+/// query nests too deeply to be read whole.
+unsafe fn collect_relations(query: *mut pg_sys::Query, found: &mut Reached) -> bool {
     // Through PostgreSQL's walker, which visits every range table entry before its subquery.
     // SAFETY: a Query from the relcache, only read; `found` outlives the walk.
     unsafe {
+        found.query_clauses(query);
         !pg_sys::query_tree_walker(
             query,
             Some(relations_walker),
-            (found as *mut Vec<pg_sys::Oid>).cast(),
+            (found as *mut Reached).cast(),
             pg_sys::QTW_EXAMINE_RTES_BEFORE as i32,
+        )
+    }
+}
+
+/// `collect_relations` for an expression (a policy's qual, a virtual column's).
+///
+/// # Safety
+/// `expression` is an analysed expression, only read.
+unsafe fn collect_from_expression(expression: *mut pg_sys::Node, found: &mut Reached) -> bool {
+    // SAFETY: through PostgreSQL's walker, never by calling the walker directly: a one-element
+    // list, so that the walker sees the expression itself.
+    unsafe {
+        let list = pg_sys::lappend(std::ptr::null_mut(), expression.cast());
+        !pg_sys::expression_tree_walker(
+            list.cast(),
+            Some(relations_walker),
+            (found as *mut Reached).cast(),
         )
     }
 }
@@ -447,27 +580,69 @@ unsafe extern "C-unwind" fn relations_walker(
     if unsafe { pg_sys::stack_is_too_deep() } {
         return true;
     }
-    // SAFETY: PostgreSQL's walkers pass analyzed nodes and our list; each node is cast to the
-    // struct its tag names; no reference to the list is held across the walks below.
+    // SAFETY: PostgreSQL's walkers pass analyzed nodes and our `Reached`; each node is cast to
+    // the struct its tag names; no reference to it is held across the walks below.
     unsafe {
+        let found = || &mut *context.cast::<Reached>();
         match (*node).type_ {
             pg_sys::NodeTag::T_RangeTblEntry => {
                 let rte = node.cast::<pg_sys::RangeTblEntry>();
-                let found = &mut *context.cast::<Vec<pg_sys::Oid>>();
-                if (*rte).rtekind == pg_sys::RTEKind::RTE_RELATION && !found.contains(&(*rte).relid)
+                let found = found();
+                if (*rte).rtekind == pg_sys::RTEKind::RTE_RELATION
+                    && !found.relations.contains(&(*rte).relid)
                 {
-                    found.push((*rte).relid);
+                    found.relations.push((*rte).relid);
                 }
-                false
+                return false;
             }
-            pg_sys::NodeTag::T_Query => pg_sys::query_tree_walker(
-                node.cast(),
-                Some(relations_walker),
-                context,
-                pg_sys::QTW_EXAMINE_RTES_BEFORE as i32,
-            ),
-            _ => pg_sys::expression_tree_walker(node, Some(relations_walker), context),
+            pg_sys::NodeTag::T_Query => {
+                let query = node.cast::<pg_sys::Query>();
+                found().query_clauses(query);
+                return pg_sys::query_tree_walker(
+                    query,
+                    Some(relations_walker),
+                    context,
+                    pg_sys::QTW_EXAMINE_RTES_BEFORE as i32,
+                );
+            }
+            pg_sys::NodeTag::T_OpExpr
+            | pg_sys::NodeTag::T_DistinctExpr
+            | pg_sys::NodeTag::T_NullIfExpr => {
+                found().operator((*node.cast::<pg_sys::OpExpr>()).opno);
+            }
+            pg_sys::NodeTag::T_ScalarArrayOpExpr => {
+                found().operator((*node.cast::<pg_sys::ScalarArrayOpExpr>()).opno);
+            }
+            // An aggregate's ORDER BY and DISTINCT, and a set operation's.
+            pg_sys::NodeTag::T_SortGroupClause => {
+                let clause = node.cast::<pg_sys::SortGroupClause>();
+                found().operator((*clause).eqop);
+                found().operator((*clause).sortop);
+            }
+            pg_sys::NodeTag::T_SetOperationStmt => {
+                found().clauses((*node.cast::<pg_sys::SetOperationStmt>()).groupClauses);
+            }
+            // An aggregate's or window function's own OID is never called: its transition and
+            // final functions are, which its owner may change (CREATE OR REPLACE AGGREGATE).
+            pg_sys::NodeTag::T_Aggref => {
+                found().function((*node.cast::<pg_sys::Aggref>()).aggfnoid);
+            }
+            pg_sys::NodeTag::T_WindowFunc => {
+                found().function((*node.cast::<pg_sys::WindowFunc>()).winfnoid);
+            }
+            pg_sys::NodeTag::T_RowCompareExpr => {
+                let opnos: Vec<pg_sys::Oid> = PgList::<std::ffi::c_void>::from_pg(
+                    (*node.cast::<pg_sys::RowCompareExpr>()).opnos,
+                )
+                .iter_oid()
+                .collect();
+                for operator in opnos {
+                    found().operator(operator);
+                }
+            }
+            _ => {}
         }
+        pg_sys::expression_tree_walker(node, Some(relations_walker), context)
     }
 }
 

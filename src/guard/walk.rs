@@ -11,8 +11,8 @@ use pgrx::PgList;
 
 use super::cost;
 use super::facts::{
-    builtin, family_code, operator_code, row_fields, CacheList, FunctionFacts, OpenRelation,
-    MAX_FAMILY_SUPPORT,
+    builtin, family_code, operator_code, operator_name, operator_owner, row_fields, CacheList,
+    FunctionFacts, OpenRelation, MAX_FAMILY_SUPPORT, MAX_LINKED_OPERATORS,
 };
 use super::policy::{self, Allowed};
 use super::trust::{self, Trusted};
@@ -98,40 +98,6 @@ pub fn too_deep() -> Option<Refusal> {
         )
     })
 }
-
-/// `schema.name(left,right)` of `operator`, as messages name it (its OID when the name another
-/// role chose would not print on one line).
-fn operator_name(operator: pg_sys::Oid) -> String {
-    // SAFETY: a catalog look-up; the text is a palloc'd copy.
-    let name = unsafe { c_string(pg_sys::format_operator(operator)) };
-    if crate::names::printable(&name) {
-        name
-    } else {
-        format!("{operator}")
-    }
-}
-
-/// The owner of `operator` (InvalidOid for one that is gone, which no role is trusted as).
-fn operator_owner(operator: pg_sys::Oid) -> pg_sys::Oid {
-    // SAFETY: a syscache look-up, released before returning.
-    unsafe {
-        let tuple = pg_sys::SearchSysCache1(
-            pg_sys::SysCacheIdentifier::OPEROID as i32,
-            pg_sys::Datum::from(operator),
-        );
-        if tuple.is_null() {
-            return pg_sys::InvalidOid;
-        }
-        let owner =
-            (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_operator>(tuple)).oprowner;
-        pg_sys::ReleaseSysCache(tuple);
-        owner
-    }
-}
-
-/// Operators followed from one through commutators and negators, at most (a pair each, most
-/// often: `=` and `<>`, `<` and `>`).
-const MAX_LINKED_OPERATORS: usize = 16;
 
 /// State of the walk over the analyzed tree.
 struct Walk {

@@ -721,6 +721,124 @@ fn a_superusers_saved_view_never_uses_another_roles_type_or_operator() {
 }
 
 #[test]
+fn a_superusers_query_reads_no_view_that_compares_with_another_roles_operator() {
+    // The attacker's operator over a built-in function is harmless when a superuser's view
+    // uses it; its negator, filled in afterwards, takes an advisory lock. The planner turns
+    // `NOT (a === b)` into `a !== b`, a built-in call the gate lets through.
+    let mut w = World::new();
+    let attacker = w.attacker.clone();
+    w.attacker_runs(
+        "CREATE OPERATOR shared.=== (LEFTARG = int4, RIGHTARG = int4,
+             FUNCTION = pg_catalog.int4eq, NEGATOR = OPERATOR(shared.!==));",
+    );
+    w.s.client
+        .batch_execute(
+            "CREATE TABLE public.pairs (a int4, b int4); INSERT INTO public.pairs VALUES (4260, 1);
+             CREATE VIEW public.pair_view AS
+                 SELECT a, b, a OPERATOR(shared.===) b AS same FROM public.pairs;",
+        )
+        .unwrap();
+    w.attacker_runs(
+        "CREATE OPERATOR shared.!== (LEFTARG = int4, RIGHTARG = int4,
+             FUNCTION = pg_catalog.pg_try_advisory_lock);",
+    );
+    // Held elsewhere: the attacker's lock function returns false while it is.
+    let mut holder = cluster().connect(&w.s.database);
+    holder
+        .batch_execute("SELECT pg_advisory_lock(4260, 1)")
+        .unwrap();
+    w.s.llm.on(
+        "the pairs that differ",
+        vec![Reply::sql("SELECT a FROM pair_view WHERE NOT same"); 4],
+    );
+    let mut admin = cluster().connect(&w.s.database);
+    let text: String = admin
+        .query_one("SELECT nl_trace('the pairs that differ')::text", &[])
+        .unwrap()
+        .get(0);
+    let t: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let message = t["attempts"][0]["message"].as_str().unwrap_or_default();
+    assert_eq!(t["status"], "error", "{t}");
+    assert!(
+        message.contains("operator shared.===")
+            && message.contains(&format!("\"{attacker}\""))
+            && message.contains("sql_query_engine.trusted_owners"),
+        "{message}"
+    );
+    // So may the attacker's aggregate in a superuser's view: its owner may give it other
+    // functions later (CREATE OR REPLACE AGGREGATE), built-in ones the gate lets through.
+    w.attacker_runs(
+        "CREATE AGGREGATE shared.pick (int4) (SFUNC = pg_catalog.int4larger, STYPE = int4);",
+    );
+    admin
+        .batch_execute(
+            "CREATE VIEW public.pick_view AS SELECT shared.pick(a) AS top FROM public.pairs;",
+        )
+        .unwrap();
+    w.s.llm.on(
+        "the top pair",
+        vec![Reply::sql("SELECT top FROM pick_view"); 4],
+    );
+    let text: String = admin
+        .query_one("SELECT nl_trace('the top pair')::text", &[])
+        .unwrap()
+        .get(0);
+    let t: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let message = t["attempts"][0]["message"].as_str().unwrap_or_default();
+    assert_eq!(t["status"], "error", "{t}");
+    assert!(message.contains("aggregate shared.pick"), "{message}");
+    // A virtual generated column (PostgreSQL 18) is such an expression too.
+    let version: i32 = admin
+        .query_one("SELECT current_setting('server_version_num')::int4", &[])
+        .unwrap()
+        .get(0);
+    if version >= 180000 {
+        admin
+            .batch_execute(
+                "CREATE TABLE public.virtual_pairs (a int4, b int4,
+                     same boolean GENERATED ALWAYS AS (a OPERATOR(shared.===) b) VIRTUAL);
+                 INSERT INTO public.virtual_pairs (a, b) VALUES (4260, 1);",
+            )
+            .unwrap();
+        w.s.llm.on(
+            "the virtual pairs that differ",
+            vec![Reply::sql("SELECT a FROM virtual_pairs WHERE NOT same"); 4],
+        );
+        let text: String = admin
+            .query_one(
+                "SELECT nl_trace('the virtual pairs that differ')::text",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        let t: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let message = t["attempts"][0]["message"].as_str().unwrap_or_default();
+        assert_eq!(t["status"], "error", "{t}");
+        assert!(message.contains("operator shared.==="), "{message}");
+        let direct: i64 = admin
+            .query_one("SELECT count(*) FROM virtual_pairs WHERE NOT same", &[])
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            direct, 0,
+            "the virtual column's negator was put in its place"
+        );
+    }
+    // Positive control: read directly, the planner put the attacker's function in the
+    // operator's place (4260 differs from 1, yet no row comes back: the lock was tried).
+    let direct: i64 = admin
+        .query_one("SELECT count(*) FROM pair_view WHERE NOT same", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(direct, 0);
+    let plain: i64 = admin
+        .query_one("SELECT count(*) FROM pairs WHERE NOT (a = b)", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(plain, 1);
+}
+
+#[test]
 fn a_superusers_generated_query_gets_no_parallel_worker_to_run_other_roles_code_in() {
     let mut w = World::new();
     // The gate is the superuser's backend's own; a parallel worker runs without it.
