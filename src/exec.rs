@@ -326,6 +326,11 @@ fn sandboxed(
     in_loop: Option<InLoop>,
     scope: Option<&Scope>,
 ) -> Outcome {
+    let bytes = settings::max_query_memory_bytes();
+    let retained = RETAINED.load(std::sync::atomic::Ordering::Relaxed);
+    if retained >= bytes {
+        return Outcome::Refused(retained_refusal(retained));
+    }
     let (result, position, raw_sqlstate, ours, ran) = {
         // Dropped last, after the rollback: gives back the session locks the query's code took
         // (a generated query's: the extension's own reads run built-in code only, which takes
@@ -334,7 +339,8 @@ fn sandboxed(
         let _running = Running::enter();
         let reported = ErrorReported::push();
         let timer = StatementTimer::arm(timeout_ms);
-        let watch = MemoryWatch::arm(settings::max_query_memory_bytes());
+        let kept_before = kept_memory();
+        let watch = MemoryWatch::arm(bytes - retained);
         // Always rolled back: the query only read, and nothing it did may outlive it; nor its
         // memory.
         let memory = AttemptMemory::enter();
@@ -343,6 +349,10 @@ fn sandboxed(
             subxact::in_subtransaction(false, || run_guarded(sql, mode, origin, in_loop, scope));
         let ran = analysed.done();
         drop(memory);
+        RETAINED.fetch_add(
+            kept_memory().saturating_sub(kept_before),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         // PostgreSQL's own "out of memory" under the watch is the watch's hard limit.
         let out_of_memory = reported.sqlstate().is_some_and(|s| s.as_str() == "53200");
         let ours = if watch.exceeded() || (watch.armed() && out_of_memory) {
@@ -599,6 +609,83 @@ const MAX_JSON_DEPTH: usize = 120;
 /// Characters of a query error's message, detail and hint kept, each.
 const MAX_ERROR_CHARS: usize = 2000;
 
+/// Bytes of PostgreSQL's long-lived memory that attempts left behind in this backend, together.
+/// What an attempt adds to PostgreSQL's caches outlives its rollback and its memory watch: a
+/// time zone's rules, 24 kB for each new zone a query names (`timezone('<Z1>0', t)`), a
+/// catalog cache's entry for each name or OID that does not exist. Each attempt may add at
+/// most `max_query_memory` less what earlier ones left; once they left that much, the backend
+/// runs no more attempts, and the call says to reconnect (the gateway closes such a
+/// connection). Without it, every attempt could leave another `max_query_memory` behind,
+/// until the kernel's out-of-memory killer took the server down.
+static RETAINED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// PostgreSQL's memory that outlives a statement and its transaction: all of it but the
+/// transaction's, the portals', the current message's and the error handling's.
+fn kept_memory() -> u64 {
+    // SAFETY: sums the memory contexts' own counters, on the backend's thread; a context that
+    // does not exist (yet) is null and counts nothing. The portals' top context is static to
+    // portalmem.c: found among the top context's children by its name.
+    unsafe {
+        let allocated = |context: pg_sys::MemoryContext| -> u64 {
+            if context.is_null() {
+                0
+            } else {
+                pg_sys::MemoryContextMemAllocated(context, true) as u64
+            }
+        };
+        let top = pg_sys::TopMemoryContext;
+        if top.is_null() {
+            return 0;
+        }
+        let mut portals = 0;
+        let mut child = (*top).firstchild;
+        for _ in 0..MAX_TOP_CHILDREN {
+            if child.is_null() {
+                break;
+            }
+            if !(*child).name.is_null()
+                && std::ffi::CStr::from_ptr((*child).name) == c"TopPortalContext"
+            {
+                portals += allocated(child);
+            }
+            child = (*child).nextchild;
+        }
+        allocated(top).saturating_sub(
+            allocated(pg_sys::TopTransactionContext)
+                + portals
+                + allocated(pg_sys::MessageContext)
+                + allocated(pg_sys::ErrorContext),
+        )
+    }
+}
+
+/// Children of the top memory context looked at, at most, for the portals' (a backend has a
+/// few dozen).
+const MAX_TOP_CHILDREN: usize = 10_000;
+
+/// The refusal of an attempt in a backend where earlier attempts left `retained` bytes.
+fn retained_refusal(retained: u64) -> guard::Refusal {
+    guard::Refusal {
+        error: SqlError {
+            sqlstate: SqlState::OUT_OF_MEMORY,
+            message: format!(
+                "earlier queries of the extension left {} MB in this connection's caches, \
+                 as much as sql_query_engine.max_query_memory ({} MB) allows: no more run on it",
+                retained >> 20,
+                settings::max_query_memory_bytes() >> 20
+            ),
+            hint: Some(
+                "What a query adds to PostgreSQL's caches (a time zone's rules for each new zone \
+                 it names, an entry for each name that does not exist) stays as long as the \
+                 connection: reconnect."
+                    .into(),
+            ),
+            ..Default::default()
+        },
+        ends_run: true,
+    }
+}
+
 /// Why the extension cancelled an attempt itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Cancelled {
@@ -766,6 +853,11 @@ fn run_guarded(
     unsafe {
         // Like SPI for a non-read-only call: see what the caller's statement did so far.
         pg_sys::CommandCounterIncrement();
+        // Code the query runs from here (a view's or a policy's functions, as the planner
+        // folds or the executor calls them) may raise a NOTICE or WARNING of any size and
+        // number, which every client (the gateway, for all its roles) would have to take in:
+        // the caller gets the query's rows, not its code's messages.
+        subxact::bound_local(c"client_min_messages", c"error");
         let rewritten = PgList::<pg_sys::Query>::from_pg(pg_sys::pg_rewrite_query(checked.query));
         let Some(query) = rewritten.get_ptr(0).filter(|_| rewritten.len() == 1) else {
             return Outcome::Refused(guard::Refusal::forbidden(

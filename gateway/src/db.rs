@@ -904,6 +904,12 @@ impl Db {
         if let Ok(mut sender) = conn.notices.lock() {
             *sender = None;
         }
+        // Out of memory: the extension's queries may have left their memory in the backend's
+        // caches (it then runs no more on it), so the pool closes the connection, and a new
+        // backend starts afresh.
+        if matches!(&result, Err(DbError::Sql { sqlstate, .. }) if sqlstate == "53200") {
+            conn.abandoned.store(true, Ordering::SeqCst);
+        }
         result
     }
 

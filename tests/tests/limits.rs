@@ -575,6 +575,57 @@ fn an_allocation_past_the_memory_bound_fails_where_no_interrupt_is_checked() {
     assert_eq!(n, 1);
 }
 
+/// What an attempt leaves behind in PostgreSQL's caches outlives it (24 kB for each new time
+/// zone a query names, kept as long as the backend): each attempt may add at most
+/// `max_query_memory` less what earlier ones left, and once they left that much no more run on
+/// the connection. Before, each attempt could leave another `max_query_memory` behind, until
+/// the kernel's out-of-memory killer took the server down.
+#[test]
+fn memory_that_attempts_leave_in_caches_is_bounded_over_the_backends_life() {
+    let mut s = Session::new();
+    let (_, mut role, _) = role_connection(&mut s, "zones");
+    let pid: i32 = role
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    role.batch_execute("SET sql_query_engine.max_query_memory = '64MB'")
+        .unwrap();
+    role.query("SELECT * FROM nl_run('SELECT 1 AS one')", &[])
+        .unwrap();
+    let before = peak_kb(pid);
+    let zones = |round: i32| {
+        format!(
+            "SELECT count(timezone('<Z{round}x' || i || '>0', now())) AS n \
+             FROM generate_series(1, 200000) i"
+        )
+    };
+    let mut said = Vec::new();
+    for round in 0..8 {
+        let error = role
+            .query("SELECT * FROM nl_run($1)", &[&zones(round)])
+            .unwrap_err();
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "53200", "round {round}: {message}");
+        said.push(message);
+    }
+    let grown = peak_kb(pid).saturating_sub(before);
+    assert!(
+        grown < 320 * 1024,
+        "the backend grew by {grown} kB over 8 attempts of 64 MB"
+    );
+    assert!(
+        said.iter().any(|m| m.contains("no more run on it")),
+        "{said:?}"
+    );
+    // A new connection starts afresh.
+    let mut fresh = cluster().connect_as(&s.database, &format!("zones_{}", s.database));
+    let n: i64 = fresh
+        .query_one("SELECT count(*) FROM nl_run('SELECT 1 AS one')", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1);
+}
+
 /// What a caller passes is measured before the extension copies or parses it: huge arguments
 /// built on the server (nothing large crosses the network) are refused, and the backend stays
 /// small. A question of parameter marks once cost sixteen times its size in Rust, and a failed

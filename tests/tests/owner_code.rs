@@ -299,6 +299,48 @@ fn session_locks_that_a_views_code_takes_are_given_back_when_the_call_ends() {
 }
 
 #[test]
+fn notices_and_warnings_of_code_a_query_runs_do_not_reach_the_caller() {
+    // Another role's view may raise messages of any size and number: every client (the
+    // gateway, for all its roles) would take each in. The caller gets the rows.
+    let w = World::new();
+    let victim = w.victim.clone();
+    w.attacker_runs(&format!(
+        "CREATE FUNCTION public.loud() RETURNS text LANGUAGE plpgsql AS $$ BEGIN
+             RAISE NOTICE 'loud notice %', repeat('n', 100);
+             RAISE WARNING 'loud warning';
+             RETURN 'said';
+         END $$;
+         CREATE VIEW public.loud_view AS SELECT public.loud() AS said;
+         GRANT SELECT ON public.loud_view TO {victim};"
+    ));
+    w.s.llm.on(
+        "the loud view",
+        vec![Reply::sql("SELECT said FROM loud_view")],
+    );
+    let notices = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut v = cluster().connect_as_with_notices(&w.s.database, &victim, Arc::clone(&notices));
+    for call in [
+        "SELECT nl_query('the loud view')::text",
+        "SELECT nl_run('SELECT said FROM loud_view')::text",
+    ] {
+        assert!(text(&mut v, call).contains("said"), "{call}");
+    }
+    let heard = notices.lock().unwrap().clone();
+    assert!(
+        heard.iter().all(|n| !n.contains("loud")),
+        "the view's messages reached the caller: {heard:?}"
+    );
+    // Positive control: read directly, the view's messages reach the caller.
+    v.batch_execute("SELECT * FROM loud_view").unwrap();
+    let heard = notices.lock().unwrap().clone();
+    assert!(heard.iter().any(|n| n.contains("loud notice")), "{heard:?}");
+    assert!(
+        heard.iter().any(|n| n.contains("loud warning")),
+        "{heard:?}"
+    );
+}
+
+#[test]
 fn code_a_query_runs_cannot_call_the_extension_in_the_callers_name() {
     let w = World::new();
     let victim = w.victim.clone();
