@@ -2,7 +2,8 @@
 //! dead provider does not cost every question its timeout.
 //!
 //! With the library preloaded (`shared_preload_libraries`), failures that are the endpoint's own
-//! (`Error::Llm::down`: unreachable, 429 or 5xx, not a completion) are kept in shared memory, so
+//! (`Error::Llm::down`: unreachable, 429 or 5xx, not a completion), confirmed by a request no
+//! role shapes (`OpenAiClient::fails_whatever_asked`), are kept in shared memory, so
 //! that every backend of the server, a new one too, skips a dead endpoint. What a role could
 //! cause with its own request (another 4xx, no answer in time: how long a model takes is the
 //! request's to shape) stays in its own backend, for that role. An endpoint is known by its
@@ -97,6 +98,12 @@ fn failed_at(endpoint: &str, role: u32) -> Option<u64> {
             .map(|(_, at)| *at)
     });
     local.max(shared.flatten())
+}
+
+/// Whether failures are shared between backends (the library was preloaded): only then is an
+/// endpoint's failure worth confirming for everyone.
+pub fn shared() -> bool {
+    PRELOADED.load(Ordering::Relaxed)
 }
 
 /// Whether `endpoint` failed less than `breaker` ago (for everyone, or for `role`).

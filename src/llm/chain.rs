@@ -28,6 +28,16 @@ pub struct Chain {
     cut: Option<Instant>,
 }
 
+/// How long `OpenAiClient::fails_whatever_asked` may take at most, within the call's time.
+const PROBE_TIME: Duration = Duration::from_secs(5);
+
+/// The deadline of a probe started now, within the failed endpoint's share of the call's time
+/// (`share`): the next endpoints keep theirs.
+fn probe_deadline(share: Instant) -> Instant {
+    let now = Instant::now();
+    now.checked_add(PROBE_TIME).unwrap_or(share).min(share)
+}
+
 impl Chain {
     pub fn new(endpoints: Vec<Endpoint>, options: Options, breaker: Duration) -> Chain {
         Chain {
@@ -95,9 +105,13 @@ impl Chain {
                     fault,
                 }) => {
                     // No answer within a share the call's budget shortened says nothing
-                    // about the endpoint.
+                    // about the endpoint. A failure that looks like the endpoint's is told to
+                    // every backend only when a request no role shapes fails too.
                     if !(cut_short && Instant::now() >= deadline) {
-                        breaker::failed(&identity, role, fault == Fault::Endpoint);
+                        let down = fault == Fault::Endpoint
+                            && breaker::shared()
+                            && client.fails_whatever_asked(probe_deadline(deadline));
+                        breaker::failed(&identity, role, down);
                     }
                     failures.push(format!("{endpoint}: {cause}"));
                     last_error = Some(Error::Llm {

@@ -341,6 +341,9 @@ fn wait_deadline(deadline: Instant) -> Instant {
         .unwrap_or(deadline)
 }
 
+/// What `fails_whatever_asked` asks: the same for every role and call.
+const PROBE: &str = "Reply with the word OK.";
+
 /// Temperature for a model that repeats a failed query, and for candidates.
 const EXPLORING_TEMPERATURE: f64 = 0.7;
 
@@ -356,6 +359,30 @@ impl OpenAiClient {
     ) -> Result<Vec<Completion>> {
         self.ask(messages, n, deadline, retry)
             .map(|c| c.completions)
+    }
+
+    /// Whether the endpoint fails as its own fault (`Fault::Endpoint`) a request no role
+    /// shapes, too: one short message, one token, no JSON mode, no retry, until `deadline`.
+    /// A 429 or a 5xx may answer what a role asked (a request over the provider's tokens per
+    /// minute, a prompt the server cannot take): only a failure this request meets too is the
+    /// endpoint's, for every role.
+    pub fn fails_whatever_asked(&self, deadline: Instant) -> bool {
+        let mut probe = OpenAiClient {
+            base_url: self.base_url.clone(),
+            model: self.model.clone(),
+            api_key: self.api_key.clone(),
+            temperature: 0.0,
+            json_mode: false,
+            max_tokens: 1,
+            max_response_bytes: self.max_response_bytes,
+        };
+        matches!(
+            probe.ask(&[Message::user(PROBE)], 1, deadline, false),
+            Err(Error::Llm {
+                fault: Fault::Endpoint,
+                ..
+            })
+        )
     }
 
     /// Notes, when `so`, that this endpoint takes no `n`: one choice per request from now on.

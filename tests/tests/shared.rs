@@ -187,6 +187,59 @@ fn a_dead_endpoint_is_skipped_by_every_backend_of_a_preloaded_server_but_a_timeo
 }
 
 #[test]
+fn a_429_to_what_one_role_asked_is_not_shared_unless_a_request_no_role_shapes_fails_too() {
+    // A provider answers 429 to a single request over its tokens per minute: a role shapes
+    // that (max_tokens, candidates, the question's length). It must not send every other
+    // role to the fallback endpoints with it.
+    let server = Preloaded::start();
+    let (picky, healthy) = (ScriptedLlm::start(), ScriptedLlm::start());
+    picky.respond_with(|request| {
+        if request.body.to_string().contains("enormous") {
+            Some(Reply::Status(
+                429,
+                r#"{"error":{"message":"Request too large for tokens per min"}}"#.into(),
+            ))
+        } else {
+            Some(Reply::sql("SELECT count(*) AS n FROM customers"))
+        }
+    });
+    healthy.respond_with(|_| Some(Reply::sql("SELECT count(*) AS n FROM customers")));
+    let chain = format!(
+        "SET sql_query_engine.llm_url = '{}'; SET sql_query_engine.llm_fallbacks = '{}';
+         SET sql_query_engine.vote = off;",
+        picky.url(),
+        healthy.url()
+    );
+    let connect = || server.connect("shop");
+    let large = ask_fresh(connect, &chain, "an enormous question: count the customers");
+    assert_eq!(large["status"], "ok", "{large}");
+    assert_eq!(
+        large["attempts"][0]["endpoint"],
+        format!("{}/chat/completions", healthy.url())
+    );
+    // The endpoint was asked a request no role shapes, which it answered.
+    let probes = picky.requests();
+    assert!(
+        probes
+            .iter()
+            .any(|r| r.body["max_tokens"] == 1 && !r.body.to_string().contains("enormous")),
+        "{:?}",
+        probes
+            .iter()
+            .map(|r| r.body.to_string())
+            .collect::<Vec<_>>()
+    );
+    // A new backend (another role's, as far as the breaker goes) asks the primary again.
+    let next = ask_fresh(connect, &chain, "count the customers");
+    assert_eq!(next["status"], "ok", "{next}");
+    assert_eq!(
+        next["attempts"][0]["endpoint"],
+        format!("{}/chat/completions", picky.url()),
+        "{next}"
+    );
+}
+
+#[test]
 fn an_answer_longer_than_max_response_bytes_is_the_requests_failure_not_the_endpoints() {
     // How long an answer is, the request shapes (its question, temperature, candidates): a
     // role must not be able to send every other role to the fallback endpoints with it.
