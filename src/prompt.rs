@@ -9,7 +9,7 @@ use crate::examples::Example;
 use crate::llm::Message;
 use crate::session::Turn;
 use crate::templates;
-use crate::text::one_line;
+use crate::text::{at_most, one_line};
 
 const INSTRUCTIONS: &str = "\
 You are an expert PostgreSQL analyst. You answer a question about a PostgreSQL database by \
@@ -93,7 +93,7 @@ pub fn repair_request(initial: &[Message], earlier: &[String], feedback: &str) -
         if !earlier.is_empty() {
             last.content
                 .push_str("Earlier attempts at this question did not work:\n\n");
-            for attempt in earlier {
+            for attempt in &earlier[earlier.len().saturating_sub(MAX_EARLIER)..] {
                 last.content.push_str(attempt);
                 last.content.push_str("\n\n");
             }
@@ -103,9 +103,21 @@ pub fn repair_request(initial: &[Message], earlier: &[String], feedback: &str) -
     messages
 }
 
+/// Earlier attempts a repair request repeats at most (the latest): every repair request
+/// repeats them, so what is sent would otherwise grow with the square of the rounds.
+const MAX_EARLIER: usize = 8;
+
+/// Characters of an earlier attempt's SQL, and of what became of it, that its summary keeps:
+/// a model's SQL may be as long as an answer may be (`max_response_bytes`).
+const MAX_SUMMARY_CHARS: usize = 4000;
+
 /// One earlier attempt, in short: its SQL and what became of it.
 pub fn attempt_summary(number: usize, sql: &str, result: &str) -> String {
-    format!("Attempt {number}:\n{sql}\nResult: {result}")
+    format!(
+        "Attempt {number}:\n{}\nResult: {}",
+        at_most(sql, MAX_SUMMARY_CHARS),
+        at_most(result, MAX_SUMMARY_CHARS)
+    )
 }
 
 const ANSWER_FORMAT: &str =
@@ -467,6 +479,21 @@ mod tests {
         ] {
             assert!(m.contains(part), "{part} missing from {m}");
         }
+    }
+
+    #[test]
+    fn a_repair_repeats_the_latest_earlier_attempts_each_cut_short() {
+        let initial = initial("schema", &[], "q?");
+        let long = format!("SELECT '{}'", "x".repeat(100_000));
+        let earlier: Vec<String> = (1..=20)
+            .map(|i| attempt_summary(i, &long, "ERROR 42703: no a"))
+            .collect();
+        assert!(earlier[0].len() < 4100, "{}", earlier[0].len());
+        let request = repair_request(&initial, &earlier, "This query failed");
+        let last = &request.last().unwrap().content;
+        assert!(!last.contains("Attempt 12:\n"));
+        assert!(last.contains("Attempt 13:\n") && last.contains("Attempt 20:\n"));
+        assert!(last.len() < 8 * 4100 + 1000, "{}", last.len());
     }
 
     #[test]
