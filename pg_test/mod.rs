@@ -704,4 +704,24 @@ mod tests {
         assert!(!same("SELECT 'open", "SELECT 'open", &[]));
         assert!(!same("SELECT 1", "SELECT 1\0", &[]));
     }
+
+    /// Values from the planner's statistics are kept no longer than values read from a table:
+    /// a new ANALYZE changes only pg_statistic, which invalidates nothing the cache hears.
+    #[pg_test]
+    fn a_schema_with_sample_values_is_read_again_once_its_statistics_are_old() {
+        Spi::run(
+            "CREATE TABLE patients (name text); INSERT INTO patients VALUES ('Jane Roe'); \
+             ANALYZE patients; SET sql_query_engine.sample_values = 3",
+        )
+        .unwrap();
+        assert!(!crate::schema::load().unwrap().1, "read");
+        assert!(crate::schema::load().unwrap().1, "cached");
+        crate::schema::age_for_tests();
+        assert!(!crate::schema::load().unwrap().1, "read again");
+        // Without sample values, nothing of the data is in it: it is kept.
+        Spi::run("SET sql_query_engine.sample_values = 0").unwrap();
+        assert!(!crate::schema::load().unwrap().1, "read (another key)");
+        crate::schema::age_for_tests();
+        assert!(crate::schema::load().unwrap().1, "kept");
+    }
 }

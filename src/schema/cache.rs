@@ -197,7 +197,10 @@ pub fn load() -> Result<(Rc<SchemaContext>, bool)> {
     // a catalog look-up's error) forgets the cache, so that no later question is served what
     // they said may have changed.
     let forget = ForgetUnlessKept { kept: false };
-    let stale = take_invalidations(&key.schemas) || privileges_changed()? || of_another_snapshot();
+    let stale = take_invalidations(&key.schemas)
+        || privileges_changed()?
+        || of_another_snapshot()
+        || (key.sample_values > 0 && statistics_expired());
     if !stale {
         if let Some(hit) = CACHE.with_borrow(|c| {
             c.as_ref()
@@ -234,6 +237,7 @@ pub fn load() -> Result<(Rc<SchemaContext>, bool)> {
     });
     CACHED.with_borrow_mut(|c| *c = oids);
     PRIVILEGES.with_borrow_mut(|p| *p = privileges);
+    STATISTICS_UNTIL.set(std::time::Instant::now().checked_add(super::samples::KEPT_FOR));
     CACHE.with_borrow_mut(|c| *c = Some((key, Rc::clone(&context))));
     forget.keep();
     Ok((context, false))
@@ -244,6 +248,29 @@ thread_local! {
     /// when it was read with a transaction's snapshot rather than a statement's.
     static READ_ONLY_FOR: std::cell::Cell<Option<pg_sys::TimestampTz>> =
         const { std::cell::Cell::new(None) };
+}
+
+thread_local! {
+    /// Until when the cached context's values from the planner's statistics may be shown.
+    static STATISTICS_UNTIL: std::cell::Cell<Option<std::time::Instant>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// Whether the cached context's values from the planner's statistics (most common values,
+/// histograms) are older than `samples::KEPT_FOR`, as values read from a table may be at most:
+/// a new ANALYZE, or statistics cleared or restored, changes only `pg_statistic`, which sends
+/// no invalidation the cache hears, and a value deleted since must not reach the model for as
+/// long as a pooled backend lives.
+fn statistics_expired() -> bool {
+    STATISTICS_UNTIL
+        .get()
+        .is_none_or(|until| std::time::Instant::now() >= until)
+}
+
+/// For the backend tests: makes the cached context's statistics as old as they may be.
+#[cfg(any(test, feature = "pg_test"))]
+pub fn age_for_tests() {
+    STATISTICS_UNTIL.set(Some(std::time::Instant::now()));
 }
 
 /// Whether the cached context was read with an earlier transaction's snapshot.

@@ -10,6 +10,8 @@ mod render;
 mod retrieve;
 mod samples;
 
+#[cfg(any(test, feature = "pg_test"))]
+pub use cache::age_for_tests;
 pub use cache::{context, init, load};
 #[cfg(test)]
 pub use context::TextColumn;
