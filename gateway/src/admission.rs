@@ -54,6 +54,8 @@ pub struct Admission {
     id_hasher: std::collections::hash_map::RandomState,
     /// How long a call may run (the request timeout, and a margin).
     id_hold: Duration,
+    /// How long an idle MCP session lives (the session manager's keep-alive).
+    session_life: Duration,
 }
 
 /// What the clients share, overall and each its own: MCP sessions (`--max-mcp-sessions`,
@@ -75,10 +77,20 @@ struct Counted {
     /// The client that opened each session, and when. Kept a while after the session is no
     /// longer live: a session opened while another request read the live list is not in it.
     owners: HashMap<String, (String, Instant)>,
+    /// Places whose request went (its client closed the connection) before the answer came
+    /// back, each until when it counts: the MCP server may have opened a session whose id the
+    /// gateway never saw, which lives until it has been idle `session_life`. Counted as the
+    /// client's sessions until then, so that a client cannot open sessions past its share by
+    /// leaving before each answer.
+    unsettled: HashMap<String, Vec<Instant>>,
 }
 
 /// How long a session's owner is remembered once it is not live.
 const OWNER_KEPT: Duration = Duration::from_secs(60);
+
+/// How old a list of the live sessions may be when it is used (read as a request comes in,
+/// used once its body is read).
+const LIVE_LIST_AGE: Duration = Duration::from_secs(5);
 
 /// A place among the sessions, taken before the request that may open one is handled: without
 /// it, requests sent at once would all find the same free places. Given back when dropped
@@ -86,6 +98,8 @@ const OWNER_KEPT: Duration = Duration::from_secs(60);
 struct Place<'a> {
     admission: &'a Admission,
     client: String,
+    /// Whether its request's answer came back (whatever it said).
+    settled: bool,
 }
 
 impl Drop for Place<'_> {
@@ -96,6 +110,14 @@ impl Drop for Place<'_> {
                 if *n == 0 {
                     counted.pending.remove(&self.client);
                 }
+            }
+            if !self.settled {
+                let until = Instant::now() + self.admission.session_life;
+                counted
+                    .unsettled
+                    .entry(self.client.clone())
+                    .or_default()
+                    .push(until);
             }
         }
     }
@@ -238,6 +260,8 @@ impl Admission {
         shares: Shares,
         call_timeout: Duration,
     ) -> Admission {
+        let day = Duration::from_secs(24 * 3600);
+        let session_life = sessions.session_config.keep_alive.unwrap_or(day).min(day);
         Admission {
             body_timeout,
             max_body,
@@ -252,6 +276,7 @@ impl Admission {
             ids: Mutex::new(HashMap::new()),
             id_hasher: std::collections::hash_map::RandomState::new(),
             id_hold: call_timeout + Duration::from_secs(5),
+            session_life,
         }
     }
 
@@ -287,8 +312,14 @@ impl Admission {
         counted
             .owners
             .retain(|id, (_, at)| live.contains(id) || at.elapsed() < OWNER_KEPT);
+        let now = Instant::now();
+        counted.unsettled.retain(|_, places| {
+            places.retain(|until| *until > now);
+            !places.is_empty()
+        });
         let own = counted.opened.get(client).map_or(0, Vec::len)
-            + counted.pending.get(client).copied().unwrap_or(0);
+            + counted.pending.get(client).copied().unwrap_or(0)
+            + counted.unsettled.get(client).map_or(0, Vec::len);
         let all = live.len() + counted.pending.values().sum::<usize>();
         if all >= self.max_sessions || own >= self.max_client_sessions {
             return None;
@@ -297,6 +328,7 @@ impl Admission {
         Some(Place {
             admission: self,
             client: client.to_string(),
+            settled: false,
         })
     }
 
@@ -344,10 +376,17 @@ impl Admission {
         let now = Instant::now();
         let mut all = self.ids.lock().unwrap_or_else(PoisonError::into_inner);
         if all.keys().any(|id| !live.contains(id)) {
-            // Sessions that ended are dropped once their reservations expired.
+            // A session that ended takes no more requests, so no id of its can be used again:
+            // its reservations go with it (kept, they would grow with how fast a client opens
+            // and closes sessions, leaving before each answer). Those made since `live` was
+            // read (before this request's body) may be of a session opened since: kept.
+            let recent = now
+                + self
+                    .id_hold
+                    .saturating_sub(self.body_timeout + LIVE_LIST_AGE);
             all.retain(|id, reserved| {
                 live.contains(id) || {
-                    reserved.retain(|_, until| *until > now);
+                    reserved.retain(|_, until| *until > now && *until > recent);
                     !reserved.is_empty()
                 }
             });
@@ -612,6 +651,7 @@ pub async fn mcp_sessions(
         }
         .into_response();
     };
+    let mut place = place;
     let response = next.run(request).await;
     if let Some(id) = response
         .headers()
@@ -620,6 +660,7 @@ pub async fn mcp_sessions(
     {
         admission.opened(&client, id);
     }
+    place.settled = true;
     drop(place);
     response
 }
@@ -809,7 +850,85 @@ mod tests {
         let third = admission.place(&none, "b");
         assert!(third.is_some());
         assert!(admission.place(&none, "c").is_none(), "3 in all");
+        let mut second = second.unwrap();
+        second.settled = true;
         drop(second);
         assert!(admission.place(&none, "a").is_some(), "given back");
+    }
+
+    #[test]
+    fn a_place_whose_client_left_before_the_answer_counts_until_a_session_would_expire() {
+        // The MCP server may have opened a session whose id the gateway never saw: it lives
+        // until idle for the session manager's keep-alive, unowned.
+        let mut admission = Admission::new(
+            Duration::from_secs(1),
+            1024,
+            Arc::new(LocalSessionManager::default()),
+            Shares {
+                sessions: 8,
+                client_sessions: 2,
+                client_requests: 8,
+                client_connections: 8,
+            },
+            Duration::from_secs(300),
+        );
+        assert_eq!(admission.session_life, Duration::from_secs(300));
+        admission.session_life = Duration::from_millis(1000);
+        let none = HashSet::new();
+        for _ in 0..2 {
+            drop(admission.place(&none, "a").unwrap());
+        }
+        assert!(
+            admission.place(&none, "a").is_none(),
+            "a left before 2 answers"
+        );
+        assert!(admission.place(&none, "b").is_some(), "b has its own");
+        std::thread::sleep(Duration::from_millis(1200));
+        assert!(
+            admission.place(&none, "a").is_some(),
+            "they would have expired"
+        );
+    }
+
+    #[test]
+    fn an_ended_sessions_reservations_go_with_it() {
+        let admission = Arc::new(Admission::new(
+            Duration::from_secs(1),
+            1024,
+            Arc::new(LocalSessionManager::default()),
+            Shares {
+                sessions: 3,
+                client_sessions: 2,
+                client_requests: 8,
+                client_connections: 8,
+            },
+            Duration::from_secs(300),
+        ));
+        let live = |ids: &[&str]| ids.iter().map(|s| s.to_string()).collect::<HashSet<_>>();
+        let call = |id: usize| format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#);
+        // Clients gone before their answers: each reservation is kept for the call's time.
+        for id in 0..200 {
+            drop(admission.reserve_ids(&live(&["s1"]), "s1", call(id).as_bytes()));
+        }
+        assert_eq!(admission.ids.lock().unwrap()["s1"].len(), 200);
+        // Made a while ago (a list of the live sessions read before they were made may not
+        // name their session yet, so newer ones are kept).
+        for until in admission
+            .ids
+            .lock()
+            .unwrap()
+            .get_mut("s1")
+            .unwrap()
+            .values_mut()
+        {
+            *until -= Duration::from_secs(30);
+        }
+        let _next = admission
+            .reserve_ids(&live(&["s2"]), "s2", call(1).as_bytes())
+            .unwrap();
+        assert!(
+            !admission.ids.lock().unwrap().contains_key("s1"),
+            "s1 ended: none of its ids can be sent again"
+        );
     }
 }
