@@ -816,12 +816,49 @@ fn a_schema_whose_name_needs_quotes_holds_the_extension() {
              ALTER SCHEMA other2 OWNER TO CURRENT_USER;",
         )
         .unwrap();
-    let refused = s
+    for quoting in ["off", "on"] {
+        // quote_all_identifiers (which any role may set) changes how names are written, not
+        // which schema is the extension's.
+        s.client
+            .batch_execute(&format!(
+                "SET quote_all_identifiers = {quoting};
+                 ALTER SCHEMA other2 RENAME TO other3; ALTER SCHEMA other3 RENAME TO other2;"
+            ))
+            .unwrap();
+        let refused = s
+            .client
+            .batch_execute("ALTER SCHEMA \"Nl Schema\" RENAME TO plain")
+            .unwrap_err();
+        let (code, message, _) = db_error(&refused);
+        assert_eq!(code, "55000", "{quoting}: {message}");
+    }
+    s.client
+        .batch_execute("RESET quote_all_identifiers")
+        .unwrap();
+    // In a schema whose name needs no quotes, quote_all_identifiers writes it otherwise: other
+    // schemas are still renamed, the extension's still not.
+    let mut plain = Session::new();
+    let schema: String = plain
         .client
-        .batch_execute("ALTER SCHEMA \"Nl Schema\" RENAME TO plain")
+        .query_one(
+            "SELECT n.nspname::text FROM pg_extension e JOIN pg_namespace n
+               ON n.oid = e.extnamespace WHERE e.extname = 'sql_query_engine'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    plain
+        .client
+        .batch_execute(
+            "SET quote_all_identifiers = on;
+             CREATE SCHEMA quoted_all; ALTER SCHEMA quoted_all RENAME TO quoted_all2;",
+        )
+        .unwrap();
+    let refused = plain
+        .client
+        .batch_execute(&format!("ALTER SCHEMA {schema} RENAME TO moved"))
         .unwrap_err();
-    let (code, message, _) = db_error(&refused);
-    assert_eq!(code, "55000", "{message}");
+    assert_eq!(db_error(&refused).0, "55000", "{schema}");
     let schema: String = s
         .client
         .query_one("SELECT \"Nl Schema\".nl_schema()", &[])

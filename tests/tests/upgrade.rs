@@ -301,6 +301,16 @@ fn updating_from_0_1_0_through_every_release_equals_a_fresh_install_and_keeps_th
         Some("55000"),
         "{refused:?}"
     );
+    // 0.16.0 reads the schema's name back whatever the session's quote_all_identifiers: with
+    // it on, every ALTER SCHEMA was refused.
+    client
+        .batch_execute(
+            "ALTER EXTENSION sql_query_engine UPDATE TO '0.16.0';
+             SET quote_all_identifiers = on;
+             CREATE SCHEMA elsewhere; ALTER SCHEMA elsewhere RENAME TO elsewhere2;
+             DROP SCHEMA elsewhere2; RESET quote_all_identifiers;",
+        )
+        .unwrap();
     let version: String = client
         .query_one(
             "SELECT extversion FROM pg_extension WHERE extname = 'sql_query_engine'",
@@ -308,7 +318,7 @@ fn updating_from_0_1_0_through_every_release_equals_a_fresh_install_and_keeps_th
         )
         .unwrap()
         .get(0);
-    assert_eq!(version, "0.15.0");
+    assert_eq!(version, "0.16.0");
     client
         .batch_execute("COMMENT ON TABLE t IS 'after 0.15.0'")
         .unwrap();
