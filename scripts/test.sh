@@ -64,9 +64,11 @@ backend() {
 
 install() {
     step "installing the extension into $("$PG_CONFIG" --pkglibdir)"
-    cargo pgrx install --pg-config "$PG_CONFIG" "${features[@]}" $SUDO_FLAG
+    # Checked one by one: called as `install && ...`, the function runs without errexit, and a
+    # build that failed would leave the tests to run the previous build.
+    cargo pgrx install --pg-config "$PG_CONFIG" "${features[@]}" $SUDO_FLAG || return 1
     # The previous releases' install scripts, for the upgrade tests.
-    $SUDO cp sql/sql_query_engine--0.1.0.sql "$("$PG_CONFIG" --sharedir)/extension/"
+    $SUDO cp sql/sql_query_engine--0.1.0.sql "$("$PG_CONFIG" --sharedir)/extension/" || return 1
 }
 
 shared_cluster() {
