@@ -327,7 +327,8 @@ fn sandboxed(
     scope: Option<&Scope>,
 ) -> Outcome {
     let bytes = settings::max_query_memory_bytes();
-    let retained = RETAINED.load(std::sync::atomic::Ordering::Relaxed);
+    let kept_before = kept_memory();
+    let retained = credit_freed(kept_before);
     if retained >= bytes {
         return Outcome::Refused(retained_refusal(retained));
     }
@@ -339,7 +340,6 @@ fn sandboxed(
         let _running = Running::enter();
         let reported = ErrorReported::push();
         let timer = StatementTimer::arm(timeout_ms);
-        let kept_before = kept_memory();
         let watch = MemoryWatch::arm(bytes - retained);
         // Always rolled back: the query only read, and nothing it did may outlive it; nor its
         // memory.
@@ -349,10 +349,7 @@ fn sandboxed(
             subxact::in_subtransaction(false, || run_guarded(sql, mode, origin, in_loop, scope));
         let ran = analysed.done();
         drop(memory);
-        RETAINED.fetch_add(
-            kept_memory().saturating_sub(kept_before),
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        note_kept(kept_before, bytes);
         // PostgreSQL's own "out of memory" under the watch is the watch's hard limit.
         let out_of_memory = reported.sqlstate().is_some_and(|s| s.as_str() == "53200");
         let ours = if watch.exceeded() || (watch.armed() && out_of_memory) {
@@ -613,18 +610,77 @@ const MAX_ERROR_CHARS: usize = 2000;
 /// What an attempt adds to PostgreSQL's caches outlives its rollback and its memory watch: a
 /// time zone's rules, 24 kB for each new zone a query names (`timezone('<Z1>0', t)`), a
 /// catalog cache's entry for each name or OID that does not exist. Each attempt may add at
-/// most `max_query_memory` less what earlier ones left; once they left that much, the backend
-/// runs no more attempts, and the call says to reconnect (the gateway closes such a
-/// connection). Without it, every attempt could leave another `max_query_memory` behind,
-/// until the kernel's out-of-memory killer took the server down.
+/// most `max_query_memory` less what earlier ones left (memory freed since, a cache entry
+/// dropped, is credited back). Once they left that much, the backend ends after its
+/// transaction (`end_after_transaction`): a pooler or the gateway opens a new one, whoever
+/// asks next. Without it, every attempt could leave another `max_query_memory` behind, until
+/// the kernel's out-of-memory killer took the server down.
 static RETAINED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// `kept_memory` as the last attempt left it.
+static KEPT_AFTER_LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Whether the backend ends once its transaction does.
+static ENDING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Credits back, from what attempts left, what was freed since the last one (`now`: the
+/// kept memory as the next begins); what is left then.
+fn credit_freed(now: u64) -> u64 {
+    use std::sync::atomic::Ordering;
+    let freed = KEPT_AFTER_LAST.load(Ordering::Relaxed).saturating_sub(now);
+    let left = RETAINED.load(Ordering::Relaxed).saturating_sub(freed);
+    RETAINED.store(left, Ordering::Relaxed);
+    left
+}
+
+/// Adds what the attempt that began with `before` kept to what attempts left; past `bytes`
+/// (`max_query_memory`), the backend ends after its transaction.
+fn note_kept(before: u64, bytes: u64) {
+    use std::sync::atomic::Ordering;
+    let after = kept_memory();
+    KEPT_AFTER_LAST.store(after, Ordering::Relaxed);
+    let left = RETAINED.load(Ordering::Relaxed) + after.saturating_sub(before);
+    RETAINED.store(left, Ordering::Relaxed);
+    if left >= bytes && !ENDING.swap(true, Ordering::Relaxed) {
+        pgrx::warning!(
+            "sql_query_engine: queries left {} MB in this connection's caches, as much as \
+             sql_query_engine.max_query_memory ({} MB): the connection ends after this \
+             transaction (PostgreSQL then says it terminates it); reconnect",
+            left >> 20,
+            bytes >> 20
+        );
+    }
+}
+
+/// Ends the backend once its transaction has, when `ENDING`: what attempts left in its
+/// caches goes with it. A SIGTERM to itself, as `pg_terminate_backend` sends, taken when the
+/// backend next checks for interrupts, waiting for its client's next command: the
+/// transaction's results and its commit have gone out by then (not at a procedure's own
+/// COMMIT, after which it goes on).
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn end_after_transaction(
+    event: pg_sys::XactEvent::Type,
+    _arg: *mut std::ffi::c_void,
+) {
+    let ended = matches!(
+        event,
+        pg_sys::XactEvent::XACT_EVENT_COMMIT | pg_sys::XactEvent::XACT_EVENT_ABORT
+    );
+    // SAFETY: reads the running portal, null between statements; a procedure that commits
+    // (`nl_call`) commits with its portal running, and goes on.
+    let between_statements = unsafe { pg_sys::ActivePortal.is_null() };
+    if ended && between_statements && ENDING.load(std::sync::atomic::Ordering::Relaxed) {
+        // SAFETY: a signal to this process, whose handler PostgreSQL installed.
+        unsafe { libc::kill(pg_sys::MyProcPid, libc::SIGTERM) };
+    }
+}
 
 /// PostgreSQL's memory that outlives a statement and its transaction: all of it but the
 /// transaction's, the portals', the current message's and the error handling's.
 fn kept_memory() -> u64 {
     // SAFETY: sums the memory contexts' own counters, on the backend's thread; a context that
     // does not exist (yet) is null and counts nothing. The portals' top context is static to
-    // portalmem.c: found among the top context's children by its name.
+    // portalmem.c: it is the running portal's context's ancestor just below the top context.
     unsafe {
         let allocated = |context: pg_sys::MemoryContext| -> u64 {
             if context.is_null() {
@@ -637,31 +693,18 @@ fn kept_memory() -> u64 {
         if top.is_null() {
             return 0;
         }
-        let mut portals = 0;
-        let mut child = (*top).firstchild;
-        for _ in 0..MAX_TOP_CHILDREN {
-            if child.is_null() {
-                break;
-            }
-            if !(*child).name.is_null()
-                && std::ffi::CStr::from_ptr((*child).name) == c"TopPortalContext"
-            {
-                portals += allocated(child);
-            }
-            child = (*child).nextchild;
+        let mut portals = pg_sys::PortalContext;
+        while !portals.is_null() && (*portals).parent != top {
+            portals = (*portals).parent;
         }
         allocated(top).saturating_sub(
             allocated(pg_sys::TopTransactionContext)
-                + portals
+                + allocated(portals)
                 + allocated(pg_sys::MessageContext)
                 + allocated(pg_sys::ErrorContext),
         )
     }
 }
-
-/// Children of the top memory context looked at, at most, for the portals' (a backend has a
-/// few dozen).
-const MAX_TOP_CHILDREN: usize = 10_000;
 
 /// The refusal of an attempt in a backend where earlier attempts left `retained` bytes.
 fn retained_refusal(retained: u64) -> guard::Refusal {
@@ -670,7 +713,8 @@ fn retained_refusal(retained: u64) -> guard::Refusal {
             sqlstate: SqlState::OUT_OF_MEMORY,
             message: format!(
                 "earlier queries of the extension left {} MB in this connection's caches, \
-                 as much as sql_query_engine.max_query_memory ({} MB) allows: no more run on it",
+                 as much as sql_query_engine.max_query_memory ({} MB) allows: no more run on \
+                 it, and it ends after this transaction",
                 retained >> 20,
                 settings::max_query_memory_bytes() >> 20
             ),
@@ -1854,6 +1898,7 @@ pub fn init() {
     unsafe {
         NEXT_PLANNER = pg_sys::planner_hook;
         pg_sys::planner_hook = Some(planner);
+        pg_sys::RegisterXactCallback(Some(end_after_transaction), std::ptr::null_mut());
     }
 }
 

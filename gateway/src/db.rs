@@ -301,7 +301,9 @@ impl managed::Manager for Manager {
                         if let Some(sender) = sender {
                             // A client that reads slower than the server talks loses
                             // progress lines, never the gateway's memory.
-                            let _ = sender.try_send(notice.message().to_string());
+                            if let Some(line) = progress_line(notice.message()) {
+                                let _ = sender.try_send(line);
+                            }
                         }
                     }
                     Ok(_) => {}
@@ -327,6 +329,18 @@ impl managed::Manager for Manager {
         }
         Ok(())
     }
+}
+
+/// Characters of a progress line passed on, at most.
+const MAX_PROGRESS_CHARS: usize = 2000;
+
+/// A NOTICE the extension sent (`sql_query_engine: ...`, its progress), cut to
+/// `MAX_PROGRESS_CHARS`: only those are passed on. Code a query runs (a view's function, which
+/// may turn `client_min_messages` back on for itself) may raise any number of any size.
+fn progress_line(message: &str) -> Option<String> {
+    message
+        .starts_with("sql_query_engine: ")
+        .then(|| message.chars().take(MAX_PROGRESS_CHARS).collect())
 }
 
 /// Cancels the running query when dropped before `disarm` (the request was abandoned), stops
@@ -1128,6 +1142,20 @@ async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_extensions_progress_lines_are_passed_on_and_cut() {
+        assert_eq!(
+            progress_line("sql_query_engine: asking the model").as_deref(),
+            Some("sql_query_engine: asking the model")
+        );
+        assert_eq!(progress_line("loud notice from a view"), None);
+        let long = format!("sql_query_engine: {}", "é".repeat(10_000));
+        assert_eq!(
+            progress_line(&long).unwrap().chars().count(),
+            MAX_PROGRESS_CHARS
+        );
+    }
 
     #[test]
     fn questions_and_sql_longer_than_the_extension_takes_are_refused_first() {
