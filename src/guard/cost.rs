@@ -11,7 +11,9 @@
 //! `allowed_functions`, XMLTABLE never. Deleting an array of keys from a jsonb compares every
 //! key with every other too. Some built-ins make a result whose size a number sets, not their
 //! inputs (`lpad`, `rpad`, `format`'s widths, a `char(n)` or `bit(n)` length given as a call's
-//! argument, `array_fill`): the number must be a small constant.
+//! argument, a polygon's points, `array_fill`): the number must be a small constant. Unicode
+//! normalization sorts a run of combining marks by insertion, and `ts_rank` compares every
+//! pair of query terms at every pair of their positions.
 
 use std::ffi::CStr;
 
@@ -45,6 +47,8 @@ enum Rule {
     /// The argument at this index is a constant format of at most `MAX_CONSTANT_BYTES` whose
     /// fields are at most `MAX_COUNT` wide, none of them as wide as an argument says (`*`).
     SmallFormat(usize),
+    /// Its text search query (`tsquery`) argument is a small constant.
+    SmallQuery,
     /// Not made at all (unless a superuser names the function), for this reason.
     Never(&'static str),
 }
@@ -90,6 +94,16 @@ fn rule(name: &str, arguments: usize) -> Option<Rule> {
              does not check for cancel until it is filled",
         ),
         "xpath" | "xpath_exists" | "xmlexists" => Never(XPATH),
+        // Canonical ordering sorts combining marks by insertion, with backtracking: a long run
+        // of marks in reverse order takes the square of its length.
+        "normalize" | "is_normalized" => Never(
+            "Unicode normalization sorts a run of combining marks in a time that grows with \
+             the square of its length, and PostgreSQL does not check for cancel until it ends",
+        ),
+        // Every pair of query terms against every pair of their positions.
+        "ts_rank" => SmallQuery,
+        // A polygon of as many points as asked for, from a circle.
+        "polygon" if arguments == 2 => SmallCount(0),
         _ => return None,
     })
 }
@@ -136,6 +150,17 @@ pub unsafe fn call_refusal(name: &str, arguments: *mut pg_sys::List) -> Option<S
                 })
             }
             Rule::ReadsOnce(i) => path_refusal(argument(i)),
+            Rule::SmallQuery => (0..arguments.len())
+                .map(argument)
+                .find(|a| pg_sys::exprType(*a) == pg_sys::TSQUERYOID)
+                .filter(|query| !small_constant(*query))
+                .map(|_| {
+                    format!(
+                        "its query must be a constant of at most {MAX_CONSTANT_BYTES} bytes: \
+                         ranking compares every pair of its terms at every pair of their \
+                         positions, and PostgreSQL does not check for cancel until it ends"
+                    )
+                }),
             Rule::SmallCount(i) => (!small_count(argument(i))).then(|| {
                 format!(
                     "its argument {} must be a constant of at most {MAX_COUNT}: it sets the \
@@ -341,7 +366,31 @@ unsafe fn small_within(node: *mut pg_sys::Node, elements: &mut usize) -> bool {
 unsafe fn small_count(node: *mut pg_sys::Node) -> bool {
     // SAFETY: the caller's contract; a Const's value is read as its type says.
     unsafe {
-        let node = bare(node);
+        let mut node = bare(node);
+        // `lpad(s, 5::smallint)`: casts of a constant, which the planner folds (between
+        // integer types they keep the value, or fail).
+        for _ in 0..4 {
+            let Some(call) = node
+                .as_ref()
+                .filter(|n| n.type_ == pg_sys::NodeTag::T_FuncExpr)
+                .map(|_| node.cast::<pg_sys::FuncExpr>())
+            else {
+                break;
+            };
+            let cast = matches!(
+                (*call).funcformat,
+                pg_sys::CoercionForm::COERCE_EXPLICIT_CAST
+                    | pg_sys::CoercionForm::COERCE_IMPLICIT_CAST
+            );
+            let arguments = PgList::<pg_sys::Node>::from_pg((*call).args);
+            if !cast
+                || arguments.len() != 1
+                || (*call).funcid.to_u32() >= pg_sys::FirstNormalObjectId
+            {
+                return false;
+            }
+            node = bare(arguments.get_ptr(0).unwrap_or(std::ptr::null_mut()));
+        }
         let Some(n) = node.as_ref() else {
             return false;
         };
@@ -425,6 +474,10 @@ const SIZE_KEEPING: &[&str] = &[
     "jsonb_build_array",
     "json_build_object",
     "json_build_array",
+    "to_tsquery",
+    "plainto_tsquery",
+    "phraseto_tsquery",
+    "websearch_to_tsquery",
 ];
 
 /// Whether the built-in `function` is one of `SIZE_KEEPING`.
@@ -515,6 +568,9 @@ mod tests {
         assert_eq!(rule("jsonb_delete", 2), Some(Rule::SmallConstantArray(1)));
         assert_eq!(rule("bpchar", 3), Some(Rule::SmallCount(1)));
         assert_eq!(rule("bpchar", 1), None);
+        assert_eq!(rule("polygon", 2), Some(Rule::SmallCount(0)));
+        assert_eq!(rule("polygon", 1), None);
+        assert_eq!(rule("ts_rank", 3), Some(Rule::SmallQuery));
         assert_eq!(rule("lpad", 3), Some(Rule::SmallCount(1)));
         assert_eq!(rule("format", 2), Some(Rule::SmallFormat(0)));
         assert_eq!(rule("length", 1), None);

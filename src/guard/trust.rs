@@ -366,12 +366,13 @@ impl Trusted {
                     let whole = collect_relations(query, &mut found);
                     (found, whole)
                 });
-            // What its row-security policies read, when they apply to this call (a
-            // superuser bypasses them; a role that only reaches as far does not), and what its
-            // virtual generated columns (PostgreSQL 18), which the planner puts in their place.
+            // What its row-security policies read, and what its virtual generated columns
+            // (PostgreSQL 18), which the planner puts in their place.
             let mut policed = Reached::default();
-            let applies = pg_sys::check_enable_rls(relation, pg_sys::InvalidOid, true)
-                == pg_sys::CheckEnableRlsResult::RLS_ENABLED as i32;
+            // Whether they apply is decided as the user the relation is read as: the owner of a
+            // view it is read through, which a walk from the query does not follow; read
+            // whenever the relation has row security on.
+            let applies = (*(*opened.0).rd_rel).relrowsecurity;
             let policies = (*opened.0).rd_rsdesc;
             let mut policies_whole = true;
             if applies && !policies.is_null() {
@@ -618,6 +619,11 @@ unsafe extern "C-unwind" fn relations_walker(
                 let clause = node.cast::<pg_sys::SortGroupClause>();
                 found().operator((*clause).eqop);
                 found().operator((*clause).sortop);
+            }
+            // A recursive query's CYCLE clause compares with this operator as the rewriter
+            // writes the clause out.
+            pg_sys::NodeTag::T_CTECycleClause => {
+                found().operator((*node.cast::<pg_sys::CTECycleClause>()).cycle_mark_neop);
             }
             pg_sys::NodeTag::T_SetOperationStmt => {
                 found().clauses((*node.cast::<pg_sys::SetOperationStmt>()).groupClauses);

@@ -878,6 +878,37 @@ fn a_superusers_query_reads_no_view_that_compares_with_another_roles_operator() 
         .unwrap()
         .get(0);
     assert_eq!(plain, 1);
+    // Policies apply as the owner of the view a table is read through: a trusted role's view
+    // over a table whose policy compares with the attacker's operator is refused too (the
+    // superuser bypasses the table's policies itself).
+    let trusted = format!("trusted_{}", w.s.database);
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {trusted};
+             CREATE TABLE public.rls_pairs (a int4, b int4);
+             INSERT INTO public.rls_pairs VALUES (4260, 1);
+             ALTER TABLE public.rls_pairs ENABLE ROW LEVEL SECURITY;
+             CREATE POLICY differ ON public.rls_pairs USING (NOT (a OPERATOR(shared.===) b));
+             GRANT SELECT ON public.rls_pairs TO {trusted};
+             GRANT CREATE ON SCHEMA public TO {trusted};
+             SET ROLE {trusted};
+             CREATE VIEW public.trusted_view AS SELECT a FROM public.rls_pairs;
+             RESET ROLE;
+             SET sql_query_engine.trusted_owners = '{trusted}';"
+        ))
+        .unwrap();
+    w.s.llm.on(
+        "the trusted pairs",
+        vec![Reply::sql("SELECT a FROM trusted_view"); 4],
+    );
+    let text: String = admin
+        .query_one("SELECT nl_trace('the trusted pairs')::text", &[])
+        .unwrap()
+        .get(0);
+    let t: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let message = t["attempts"][0]["message"].as_str().unwrap_or_default();
+    assert_eq!(t["status"], "error", "{t}");
+    assert!(message.contains("operator shared.==="), "{message}");
 }
 
 #[test]
