@@ -328,8 +328,9 @@ fn sandboxed(
 ) -> Outcome {
     let bytes = settings::max_query_memory_bytes();
     let kept_before = kept_memory();
-    let retained = credit_freed(kept_before);
+    let retained = RETAINED.load(std::sync::atomic::Ordering::Relaxed);
     if retained >= bytes {
+        end_connection(retained, bytes);
         return Outcome::Refused(retained_refusal(retained));
     }
     let (result, position, raw_sqlstate, ours, ran) = {
@@ -610,38 +611,32 @@ const MAX_ERROR_CHARS: usize = 2000;
 /// What an attempt adds to PostgreSQL's caches outlives its rollback and its memory watch: a
 /// time zone's rules, 24 kB for each new zone a query names (`timezone('<Z1>0', t)`), a
 /// catalog cache's entry for each name or OID that does not exist. Each attempt may add at
-/// most `max_query_memory` less what earlier ones left (memory freed since, a cache entry
-/// dropped, is credited back). Once they left that much, the backend ends after its
-/// transaction (`end_after_transaction`): a pooler or the gateway opens a new one, whoever
-/// asks next. Without it, every attempt could leave another `max_query_memory` behind, until
+/// most `max_query_memory` less what earlier ones left. Once they left that much, the backend
+/// ends after its transaction (`end_after_transaction`): a pooler or the gateway opens a new
+/// one, whoever asks next. Without it, every attempt could leave another `max_query_memory` behind, until
 /// the kernel's out-of-memory killer took the server down.
 static RETAINED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// `kept_memory` as the last attempt left it.
-static KEPT_AFTER_LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Whether the backend ends once its transaction does.
 static ENDING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Credits back, from what attempts left, what was freed since the last one (`now`: the
-/// kept memory as the next begins); what is left then.
-fn credit_freed(now: u64) -> u64 {
-    use std::sync::atomic::Ordering;
-    let freed = KEPT_AFTER_LAST.load(Ordering::Relaxed).saturating_sub(now);
-    let left = RETAINED.load(Ordering::Relaxed).saturating_sub(freed);
-    RETAINED.store(left, Ordering::Relaxed);
-    left
-}
-
 /// Adds what the attempt that began with `before` kept to what attempts left; past `bytes`
-/// (`max_query_memory`), the backend ends after its transaction.
+/// (`max_query_memory`), the backend ends after its transaction. Memory freed later is not
+/// credited back: what attempts left cannot be told from other memory freed meanwhile, and
+/// ending the backend costs its next caller a connection.
 fn note_kept(before: u64, bytes: u64) {
     use std::sync::atomic::Ordering;
-    let after = kept_memory();
-    KEPT_AFTER_LAST.store(after, Ordering::Relaxed);
-    let left = RETAINED.load(Ordering::Relaxed) + after.saturating_sub(before);
+    let left = RETAINED.load(Ordering::Relaxed) + kept_memory().saturating_sub(before);
     RETAINED.store(left, Ordering::Relaxed);
-    if left >= bytes && !ENDING.swap(true, Ordering::Relaxed) {
+    if left >= bytes {
+        end_connection(left, bytes);
+    }
+}
+
+/// Has the backend end after its transaction (once), and says so: attempts left `left` bytes
+/// in its caches, as much as `bytes` (`max_query_memory`, as the current call has it).
+fn end_connection(left: u64, bytes: u64) {
+    if !ENDING.swap(true, std::sync::atomic::Ordering::Relaxed) {
         pgrx::warning!(
             "sql_query_engine: queries left {} MB in this connection's caches, as much as \
              sql_query_engine.max_query_memory ({} MB): the connection ends after this \
@@ -664,7 +659,9 @@ unsafe extern "C-unwind" fn end_after_transaction(
 ) {
     let ended = matches!(
         event,
-        pg_sys::XactEvent::XACT_EVENT_COMMIT | pg_sys::XactEvent::XACT_EVENT_ABORT
+        pg_sys::XactEvent::XACT_EVENT_COMMIT
+            | pg_sys::XactEvent::XACT_EVENT_ABORT
+            | pg_sys::XactEvent::XACT_EVENT_PREPARE
     );
     // SAFETY: reads the running portal, null between statements; a procedure that commits
     // (`nl_call`) commits with its portal running, and goes on.
@@ -697,6 +694,19 @@ fn kept_memory() -> u64 {
         while !portals.is_null() && (*portals).parent != top {
             portals = (*portals).parent;
         }
+        // No portal runs (a call through the fast-path protocol): found by its name.
+        let mut child = (*top).firstchild;
+        for _ in 0..MAX_TOP_CHILDREN {
+            if !portals.is_null() || child.is_null() {
+                break;
+            }
+            if !(*child).name.is_null()
+                && std::ffi::CStr::from_ptr((*child).name) == c"TopPortalContext"
+            {
+                portals = child;
+            }
+            child = (*child).nextchild;
+        }
         allocated(top).saturating_sub(
             allocated(pg_sys::TopTransactionContext)
                 + allocated(portals)
@@ -705,6 +715,10 @@ fn kept_memory() -> u64 {
         )
     }
 }
+
+/// Children of the top memory context looked at, at most, for the portals' (a backend has a
+/// few dozen).
+const MAX_TOP_CHILDREN: usize = 10_000;
 
 /// The refusal of an attempt in a backend where earlier attempts left `retained` bytes.
 fn retained_refusal(retained: u64) -> guard::Refusal {
