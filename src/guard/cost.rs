@@ -13,7 +13,7 @@
 //! inputs (`lpad`, `rpad`, `format`'s widths, a `char(n)` or `bit(n)` length given as a call's
 //! argument, a polygon's points, `array_fill`): the number must be a small constant. Unicode
 //! normalization sorts a run of combining marks by insertion, and `ts_rank` compares every
-//! pair of query terms at every pair of their positions.
+//! pair of query terms, with every lexeme each matches, at every pair of their positions.
 
 use std::ffi::CStr;
 
@@ -47,8 +47,6 @@ enum Rule {
     /// The argument at this index is a constant format of at most `MAX_CONSTANT_BYTES` whose
     /// fields are at most `MAX_COUNT` wide, none of them as wide as an argument says (`*`).
     SmallFormat(usize),
-    /// Its text search query (`tsquery`) argument is a small constant.
-    SmallQuery,
     /// Not made at all (unless a superuser names the function), for this reason.
     Never(&'static str),
 }
@@ -100,8 +98,14 @@ fn rule(name: &str, arguments: usize) -> Option<Rule> {
             "Unicode normalization sorts a run of combining marks in a time that grows with \
              the square of its length, and PostgreSQL does not check for cancel until it ends",
         ),
-        // Every pair of query terms against every pair of their positions.
-        "ts_rank" => SmallQuery,
+        // Every pair of query terms, each with every lexeme it matches (a prefix may match them
+        // all), at every pair of their positions: no small query bounds it. `ts_rank_cd`
+        // checks for cancel as it goes.
+        "ts_rank" => Never(
+            "ranking compares every pair of the query's terms, each with every lexeme it \
+             matches, at every pair of their positions, and PostgreSQL does not check for \
+             cancel until it ends (ts_rank_cd ranks by cover density and checks)",
+        ),
         // A polygon of as many points as asked for, from a circle.
         "polygon" if arguments == 2 => SmallCount(0),
         _ => return None,
@@ -150,17 +154,6 @@ pub unsafe fn call_refusal(name: &str, arguments: *mut pg_sys::List) -> Option<S
                 })
             }
             Rule::ReadsOnce(i) => path_refusal(argument(i)),
-            Rule::SmallQuery => (0..arguments.len())
-                .map(argument)
-                .find(|a| pg_sys::exprType(*a) == pg_sys::TSQUERYOID)
-                .filter(|query| !small_constant(*query))
-                .map(|_| {
-                    format!(
-                        "its query must be a constant of at most {MAX_CONSTANT_BYTES} bytes: \
-                         ranking compares every pair of its terms at every pair of their \
-                         positions, and PostgreSQL does not check for cancel until it ends"
-                    )
-                }),
             Rule::SmallCount(i) => (!small_count(argument(i))).then(|| {
                 format!(
                     "its argument {} must be a constant of at most {MAX_COUNT}: it sets the \
@@ -474,10 +467,6 @@ const SIZE_KEEPING: &[&str] = &[
     "jsonb_build_array",
     "json_build_object",
     "json_build_array",
-    "to_tsquery",
-    "plainto_tsquery",
-    "phraseto_tsquery",
-    "websearch_to_tsquery",
 ];
 
 /// Whether the built-in `function` is one of `SIZE_KEEPING`.
@@ -570,7 +559,7 @@ mod tests {
         assert_eq!(rule("bpchar", 1), None);
         assert_eq!(rule("polygon", 2), Some(Rule::SmallCount(0)));
         assert_eq!(rule("polygon", 1), None);
-        assert_eq!(rule("ts_rank", 3), Some(Rule::SmallQuery));
+        assert!(matches!(rule("ts_rank", 3), Some(Rule::Never(_))));
         assert_eq!(rule("lpad", 3), Some(Rule::SmallCount(1)));
         assert_eq!(rule("format", 2), Some(Rule::SmallFormat(0)));
         assert_eq!(rule("length", 1), None);
