@@ -762,6 +762,22 @@ fn a_superusers_saved_view_never_uses_another_roles_type_or_operator() {
     }
 }
 
+/// Asks `question`, which the model answers with `sql`, on `client`: the refusal's message
+/// (the call must end in an error).
+fn refusal_of(w: &World, client: &mut Client, question: &str, sql: &str) -> String {
+    w.s.llm.on(question, vec![Reply::sql(sql); 4]);
+    let text: String = client
+        .query_one("SELECT nl_trace($1)::text", &[&question])
+        .unwrap()
+        .get(0);
+    let t: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(t["status"], "error", "{t}");
+    t["attempts"][0]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
 #[test]
 fn a_superusers_query_reads_no_view_that_compares_with_another_roles_operator() {
     // The attacker's operator over a built-in function is harmless when a superuser's view
@@ -789,18 +805,13 @@ fn a_superusers_query_reads_no_view_that_compares_with_another_roles_operator() 
     holder
         .batch_execute("SELECT pg_advisory_lock(4260, 1)")
         .unwrap();
-    w.s.llm.on(
-        "the pairs that differ",
-        vec![Reply::sql("SELECT a FROM pair_view WHERE NOT same"); 4],
-    );
     let mut admin = cluster().connect(&w.s.database);
-    let text: String = admin
-        .query_one("SELECT nl_trace('the pairs that differ')::text", &[])
-        .unwrap()
-        .get(0);
-    let t: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let message = t["attempts"][0]["message"].as_str().unwrap_or_default();
-    assert_eq!(t["status"], "error", "{t}");
+    let message = refusal_of(
+        &w,
+        &mut admin,
+        "the pairs that differ",
+        "SELECT a FROM pair_view WHERE NOT same",
+    );
     assert!(
         message.contains("operator shared.===")
             && message.contains(&format!("\"{attacker}\""))
@@ -817,17 +828,7 @@ fn a_superusers_query_reads_no_view_that_compares_with_another_roles_operator() 
             "CREATE VIEW public.pick_view AS SELECT shared.pick(a) AS top FROM public.pairs;",
         )
         .unwrap();
-    w.s.llm.on(
-        "the top pair",
-        vec![Reply::sql("SELECT top FROM pick_view"); 4],
-    );
-    let text: String = admin
-        .query_one("SELECT nl_trace('the top pair')::text", &[])
-        .unwrap()
-        .get(0);
-    let t: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let message = t["attempts"][0]["message"].as_str().unwrap_or_default();
-    assert_eq!(t["status"], "error", "{t}");
+    let message = refusal_of(&w, &mut admin, "the top pair", "SELECT top FROM pick_view");
     assert!(message.contains("aggregate shared.pick"), "{message}");
     // A virtual generated column (PostgreSQL 18) is such an expression too.
     let version: i32 = admin
@@ -842,20 +843,12 @@ fn a_superusers_query_reads_no_view_that_compares_with_another_roles_operator() 
                  INSERT INTO public.virtual_pairs (a, b) VALUES (4260, 1);",
             )
             .unwrap();
-        w.s.llm.on(
+        let message = refusal_of(
+            &w,
+            &mut admin,
             "the virtual pairs that differ",
-            vec![Reply::sql("SELECT a FROM virtual_pairs WHERE NOT same"); 4],
+            "SELECT a FROM virtual_pairs WHERE NOT same",
         );
-        let text: String = admin
-            .query_one(
-                "SELECT nl_trace('the virtual pairs that differ')::text",
-                &[],
-            )
-            .unwrap()
-            .get(0);
-        let t: serde_json::Value = serde_json::from_str(&text).unwrap();
-        let message = t["attempts"][0]["message"].as_str().unwrap_or_default();
-        assert_eq!(t["status"], "error", "{t}");
         assert!(message.contains("operator shared.==="), "{message}");
         let direct: i64 = admin
             .query_one("SELECT count(*) FROM virtual_pairs WHERE NOT same", &[])
@@ -897,17 +890,12 @@ fn a_superusers_query_reads_no_view_that_compares_with_another_roles_operator() 
              SET sql_query_engine.trusted_owners = '{trusted}';"
         ))
         .unwrap();
-    w.s.llm.on(
+    let message = refusal_of(
+        &w,
+        &mut admin,
         "the trusted pairs",
-        vec![Reply::sql("SELECT a FROM trusted_view"); 4],
+        "SELECT a FROM trusted_view",
     );
-    let text: String = admin
-        .query_one("SELECT nl_trace('the trusted pairs')::text", &[])
-        .unwrap()
-        .get(0);
-    let t: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let message = t["attempts"][0]["message"].as_str().unwrap_or_default();
-    assert_eq!(t["status"], "error", "{t}");
     assert!(message.contains("operator shared.==="), "{message}");
 }
 
