@@ -65,9 +65,10 @@ impl JsonArgument {
         max_values: usize,
     ) -> crate::error::Result<serde_json::Value> {
         let mut datum = self.0;
-        // SAFETY: the argument's jsonb datum, of this call.
-        let kind =
-            unsafe { pgrx::direct_function_call::<String>(pg_sys::jsonb_typeof, &[Some(datum)]) };
+        let kind = {
+            // SAFETY: the argument's jsonb datum, of this call.
+            unsafe { pgrx::direct_function_call::<String>(pg_sys::jsonb_typeof, &[Some(datum)]) }
+        };
         if !without.is_empty() && kind.as_deref() != Some("object") {
             return Err(Error::InvalidParameter(format!(
                 "{what}: not a JSON object"

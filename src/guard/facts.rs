@@ -258,9 +258,10 @@ pub fn family_code(family: pg_sys::Oid) -> Option<Vec<pg_sys::Oid>> {
         return None;
     }
     for tuple in tuples {
-        // SAFETY: a pg_amop tuple of the held list.
-        let operator =
-            unsafe { (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_amop>(tuple)).amopopr };
+        let operator = {
+            // SAFETY: a pg_amop tuple of the held list.
+            unsafe { (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_amop>(tuple)).amopopr }
+        };
         functions.extend(operator_code(operator));
         // The planner commutes the clauses it derives with them (merge and hash joins), and
         // a negator can be linked to an operator after the family was made.

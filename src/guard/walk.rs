@@ -690,9 +690,10 @@ impl Walk {
 
     /// `check_collation` for each of a list of collations (OIDs).
     unsafe fn check_collations(&mut self, collations: *mut pg_sys::List) -> bool {
-        // SAFETY: an OID list of the analysed tree, or null.
-        let collations: Vec<pg_sys::Oid> =
-            unsafe { PgList::<c_void>::from_pg(collations).iter_oid().collect() };
+        let collations: Vec<pg_sys::Oid> = {
+            // SAFETY: an OID list of the analysed tree, or null.
+            unsafe { PgList::<c_void>::from_pg(collations).iter_oid().collect() }
+        };
         collations
             .into_iter()
             .any(|collation| self.check_collation(collation))

@@ -276,9 +276,8 @@ pub fn age_for_tests() {
 /// Whether the cached context was read with an earlier transaction's snapshot.
 fn of_another_snapshot() -> bool {
     // SAFETY: reads when the current transaction started.
-    READ_ONLY_FOR
-        .get()
-        .is_some_and(|read| read != unsafe { pg_sys::GetCurrentTransactionStartTimestamp() })
+    let started = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
+    READ_ONLY_FOR.get().is_some_and(|read| read != started)
 }
 
 /// Forgets the cache when dropped, also when an ERROR unwinds past it, unless kept.
