@@ -912,10 +912,11 @@ fn run_guarded(
         // Like SPI for a non-read-only call: see what the caller's statement did so far.
         pg_sys::CommandCounterIncrement();
         // Code the query runs from here (a view's or a policy's functions, as the planner
-        // folds or the executor calls them) may raise a NOTICE or WARNING of any size and
-        // number, which every client (the gateway, for all its roles) would have to take in:
-        // the caller gets the query's rows, not its code's messages.
-        subxact::bound_local(c"client_min_messages", c"error");
+        // folds or the executor calls them) may raise an INFO, NOTICE or WARNING of any size
+        // and number, which every client (the gateway, for all its roles) would have to take
+        // in, and which could pass for the extension's own progress lines: the caller gets the
+        // query's rows, not its code's messages.
+        let _quiet = QuietClient::new();
         let rewritten = PgList::<pg_sys::Query>::from_pg(pg_sys::pg_rewrite_query(checked.query));
         let Some(query) = rewritten.get_ptr(0).filter(|_| rewritten.len() == 1) else {
             return Outcome::Refused(guard::Refusal::forbidden(
@@ -956,6 +957,34 @@ fn run_guarded(
         };
         pg_sys::PopActiveSnapshot();
         outcome
+    }
+}
+
+/// While alive, no message goes to the client (`whereToSendOutput` is none), whatever the
+/// level and `client_min_messages`: code a query runs can set the latter for itself (a
+/// function's `SET`), and an INFO is sent whatever it says. The server log is untouched. An
+/// ERROR raised meanwhile is caught at pgrx's boundary and raised afresh, after the guard has
+/// gone, so it still reaches the client; a FATAL (the backend terminated) ends the connection
+/// without its message.
+struct QuietClient(pg_sys::CommandDest::Type);
+
+impl QuietClient {
+    fn new() -> Self {
+        // SAFETY: the backend's own global, read and set on its only thread that runs
+        // PostgreSQL code; `drop` puts the value back.
+        let was = unsafe {
+            let was = pg_sys::whereToSendOutput;
+            pg_sys::whereToSendOutput = pg_sys::CommandDest::DestNone;
+            was
+        };
+        QuietClient(was)
+    }
+}
+
+impl Drop for QuietClient {
+    fn drop(&mut self) {
+        // SAFETY: as in `new`.
+        unsafe { pg_sys::whereToSendOutput = self.0 };
     }
 }
 

@@ -308,9 +308,16 @@ fn notices_and_warnings_of_code_a_query_runs_do_not_reach_the_caller() {
         "CREATE FUNCTION public.loud() RETURNS text LANGUAGE plpgsql AS $$ BEGIN
              RAISE NOTICE 'loud notice %', repeat('n', 100);
              RAISE WARNING 'loud warning';
+             RAISE INFO 'loud info';
              RETURN 'said';
          END $$;
-         CREATE VIEW public.loud_view AS SELECT public.loud() AS said;
+         -- Its own setting lets its messages through; its text passes for the extension's.
+         CREATE FUNCTION public.forger() RETURNS text LANGUAGE plpgsql
+         SET client_min_messages = notice AS $$ BEGIN
+             RAISE NOTICE 'sql_query_engine: loud forged progress';
+             RETURN 'said';
+         END $$;
+         CREATE VIEW public.loud_view AS SELECT public.loud() AS said, public.forger() AS too;
          GRANT SELECT ON public.loud_view TO {victim};"
     ));
     w.s.llm.on(
@@ -333,11 +340,14 @@ fn notices_and_warnings_of_code_a_query_runs_do_not_reach_the_caller() {
     // Positive control: read directly, the view's messages reach the caller.
     v.batch_execute("SELECT * FROM loud_view").unwrap();
     let heard = notices.lock().unwrap().clone();
-    assert!(heard.iter().any(|n| n.contains("loud notice")), "{heard:?}");
-    assert!(
-        heard.iter().any(|n| n.contains("loud warning")),
-        "{heard:?}"
-    );
+    for said in [
+        "loud notice",
+        "loud warning",
+        "loud info",
+        "loud forged progress",
+    ] {
+        assert!(heard.iter().any(|n| n.contains(said)), "{said}: {heard:?}");
+    }
 }
 
 #[test]
