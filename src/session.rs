@@ -6,9 +6,10 @@
 //! - Redis when configured: one store for every node of the deployment, primary and standbys
 //!   alike (namespaced by database and role OID, expiring after `session_ttl`), so that a
 //!   conversation may hop between them;
-//! - else the extension's table `nl_sessions` when the transaction can write (keyed by role OID
-//!   and session, row-level security like `nl_history`, rows expire after `session_ttl`),
-//!   written in the caller's transaction;
+//! - else the extension's table `nl_sessions` when the transaction can write (a row per turn,
+//!   keyed by role OID and session, row-level security like `nl_history`, append-only for
+//!   roles: a reset is a row too; turns expire after `session_ttl`), written in the caller's
+//!   transaction;
 //! - else backend memory, as the last resort (a read-only transaction or a hot standby without
 //!   Redis); `DISCARD ALL` forgets it. It also bridges a Redis outage.
 //!
@@ -114,7 +115,7 @@ pub fn turns(session: &str) -> (Vec<Turn>, Store) {
         return (Vec::new(), store);
     }
     let (found, served) = match store {
-        Store::Table => (table_turns(session), Store::Table),
+        Store::Table => (table_turns(session, keep), Store::Table),
         Store::Redis => match redis_turns(session, keep) {
             // No list: a reset, an expiry or a Redis restart. Of this backend's memory only
             // the turns Redis never took (recorded while it was away) are the session's: the
@@ -148,26 +149,59 @@ fn memory_turns(session: &str, only_here: bool) -> Vec<Turn> {
     })
 }
 
-fn table_turns(session: &str) -> Option<Vec<Turn>> {
+/// Rows of a session read back at most, newest first, to find its live turns (a client that
+/// asks the same question over and over may push older turns out of them).
+const TABLE_ROWS: i64 = 1000;
+
+/// The session's last `keep` live turns in the table, oldest first: of its newest rows, those
+/// since its last reset with no pause over `session_ttl` between them and now, the newest of
+/// each question (a retried request counts once). The turns' text is read for those `keep`
+/// rows only.
+fn table_turns(session: &str, keep: usize) -> Option<Vec<Turn>> {
     let schema = store::extension_schema().ok()?;
     let sql = format!(
-        "SELECT turns::text FROM {schema}.nl_sessions \
-         WHERE role_id = $3 AND session = $1 \
-           AND updated_at > pg_catalog.now() - pg_catalog.make_interval(secs => $2)"
+        "WITH recent AS ( \
+             SELECT id, at, question IS NULL AS reset, pg_catalog.md5(question) AS asked, \
+                    pg_catalog.lag(at) OVER (ORDER BY id DESC) AS newer_at \
+             FROM (SELECT id, at, question FROM {schema}.nl_sessions \
+                   WHERE role_id = $3 AND session = $1 ORDER BY id DESC LIMIT {TABLE_ROWS}) r \
+         ), live AS ( \
+             SELECT id, asked FROM recent \
+             WHERE NOT reset AND id > COALESCE((SELECT max(id) FROM recent \
+                 WHERE reset OR COALESCE(newer_at, pg_catalog.now()) - at \
+                                > pg_catalog.make_interval(secs => $2)), 0) \
+         ), kept AS ( \
+             SELECT id FROM (SELECT DISTINCT ON (asked) id FROM live ORDER BY asked, id DESC) d \
+             ORDER BY id DESC LIMIT $4 \
+         ) \
+         SELECT s.question, s.sql FROM {schema}.nl_sessions s \
+         WHERE s.role_id = $3 AND s.session = $1 AND s.id IN (SELECT id FROM kept) \
+         ORDER BY s.id"
     );
     let ttl = settings::session_ttl_s() as f64;
-    let text = store::read_best_effort("the conversation", |client| {
-        client
-            .select(
-                &sql,
-                Some(1),
-                &[session.into(), ttl.into(), role_id().into()],
-            )?
-            .first()
-            .get_one::<String>()
+    store::read_best_effort("the conversation", |client| {
+        let rows = client.select(
+            &sql,
+            None,
+            &[
+                session.into(),
+                ttl.into(),
+                role_id().into(),
+                (keep as i64).into(),
+            ],
+        )?;
+        let mut turns = Vec::new();
+        for row in rows {
+            turns.push(Turn {
+                question: row.get::<String>(1)?.unwrap_or_default(),
+                sql: row.get::<String>(2)?.unwrap_or_default(),
+            });
+        }
+        Ok(turns)
     })
-    .flatten()?;
-    serde_json::from_str(&text).ok()
+    // None: memory's turns are the session's (they were kept there when the table could not be
+    // written).
+    .filter(|turns| !turns.is_empty())
 }
 
 /// The session's last `keep` turns in Redis, and whether Redis has a list for it.
@@ -248,7 +282,7 @@ pub fn record(session: &str, turn: Turn) -> Store {
     let keep = settings::session_turns().max(1);
     let store = store();
     let stored = match store {
-        Store::Table => record_in_table(session, &turn, keep),
+        Store::Table => record_in_table(session, &turn),
         Store::Redis => record_in_redis(session, &turn, keep),
         Store::Memory => false,
     };
@@ -289,22 +323,9 @@ pub fn record(session: &str, turn: Turn) -> Store {
     }
 }
 
-/// Whether the table has a row of `session` of the caller's (read in any transaction).
+/// Whether the table has live turns of `session` of the caller's (read in any transaction).
 fn in_table(session: &str) -> bool {
-    let Ok(schema) = store::extension_schema() else {
-        return false;
-    };
-    let sql = format!(
-        "SELECT EXISTS (SELECT FROM {schema}.nl_sessions WHERE role_id = $2 AND session = $1)"
-    );
-    store::read_best_effort("the session", |client| {
-        client
-            .select(&sql, Some(1), &[session.into(), role_id().into()])?
-            .first()
-            .get_one::<bool>()
-    })
-    .flatten()
-    .unwrap_or(false)
+    table_turns(session, 1).is_some()
 }
 
 /// Keeps backend memory within `MAX_MEMORY_BYTES`: expired sessions go first, then the least
@@ -347,50 +368,27 @@ fn within_memory_bytes(
     }
 }
 
-/// Appends the turn to the session's row in one statement (the row's lock orders concurrent
-/// turns of one session, so none is lost), without an earlier turn of the same question, keeping
-/// the last `keep` of the turns still alive, and drops this role's expired sessions; in a
+/// Appends the turn to the session (a row of its own: concurrent turns lose none, and an
+/// earlier turn of the same question is left out when the turns are read), in a
 /// subtransaction that never makes the answer fail.
-fn record_in_table(session: &str, turn: &Turn, keep: usize) -> bool {
+fn record_in_table(session: &str, turn: &Turn) -> bool {
     let Ok(schema) = store::extension_schema() else {
         return false;
     };
-    let Ok(turn) = serde_json::to_string(&[turn]) else {
-        return false;
-    };
-    // The newest `keep` of the live turns without this question, and this turn (numbered last).
-    let upsert = format!(
-        "INSERT INTO {schema}.nl_sessions AS s (session, turns, role_id) \
-         VALUES ($1, $2::jsonb, $3) \
-         ON CONFLICT (role_id, session) DO UPDATE \
-         SET updated_at = pg_catalog.now(), role = EXCLUDED.role, turns = ( \
-             SELECT pg_catalog.jsonb_agg(k.turn ORDER BY k.n) FROM ( \
-                 SELECT t.turn, t.n FROM pg_catalog.jsonb_array_elements( \
-                     CASE WHEN s.updated_at > pg_catalog.now() - pg_catalog.make_interval(secs => $5) \
-                          THEN s.turns ELSE '[]' END) WITH ORDINALITY AS t(turn, n) \
-                 WHERE t.turn ->> 'question' IS DISTINCT FROM EXCLUDED.turns -> 0 ->> 'question' \
-                 UNION ALL SELECT EXCLUDED.turns -> 0, 9223372036854775807 \
-                 ORDER BY n DESC LIMIT $4 \
-             ) k)"
+    let insert = format!(
+        "INSERT INTO {schema}.nl_sessions (session, question, sql, role_id) VALUES ($1, $2, $3, $4)"
     );
-    let expire = format!(
-        "DELETE FROM {schema}.nl_sessions \
-         WHERE role_id = $2 AND updated_at < pg_catalog.now() - pg_catalog.make_interval(secs => $1)"
-    );
-    let ttl = settings::session_ttl_s() as f64;
     store::write_best_effort("the session", |client| {
         client.update(
-            &upsert,
+            &insert,
             None,
             &[
                 session.into(),
-                turn.as_str().into(),
+                turn.question.as_str().into(),
+                turn.sql.as_str().into(),
                 role_id().into(),
-                (keep as i64).into(),
-                ttl.into(),
             ],
         )?;
-        client.update(&expire, None, &[ttl.into(), role_id().into()])?;
         Ok(())
     })
     .is_some()
@@ -482,8 +480,11 @@ pub fn reset(session: &str) {
     }
     if store::writable() {
         if let Ok(schema) = store::extension_schema() {
-            let sql =
-                format!("DELETE FROM {schema}.nl_sessions WHERE role_id = $2 AND session = $1");
+            // A row without a question: the turns before it are no longer the session's.
+            let sql = format!(
+                "INSERT INTO {schema}.nl_sessions (session, question, role_id) \
+                 VALUES ($1, NULL, $2)"
+            );
             let done = store::write_best_effort("the session reset", |client| {
                 client
                     .update(&sql, None, &[session.into(), role_id().into()])

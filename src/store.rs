@@ -126,8 +126,8 @@ where
 }
 
 /// Runs the extension's own read `work` of its tables (a conversation's turns) so that it
-/// never makes the call fail or wait: any role may lock a table it may update (see
-/// `best_effort`). `None` when it could not be read.
+/// never makes the call fail or wait (their owner may lock them; see `best_effort`). `None`
+/// when it could not be read.
 pub fn read_best_effort<T, F>(what: &str, work: F) -> Option<T>
 where
     F: FnOnce(&mut pgrx::spi::SpiClient<'_>) -> std::result::Result<T, pgrx::spi::Error>,

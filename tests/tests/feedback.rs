@@ -341,23 +341,23 @@ fn a_role_writes_history_feedback_and_sessions_only_as_itself_and_as_of_now() {
     // A session row, too, names its own role and is of now: dated ahead, it would outlive the
     // TTL.
     for forged in [
-        "INSERT INTO nl_sessions (session, turns, role) VALUES ('s', '[]', 'postgres')",
-        "INSERT INTO nl_sessions (session, turns, updated_at) \
-         VALUES ('s', '[]', now() + interval '10 years')",
+        "INSERT INTO nl_sessions (session, question, role) VALUES ('s', 'q', 'postgres')",
+        "INSERT INTO nl_sessions (session, question, at) \
+         VALUES ('s', 'q', now() + interval '10 years')",
     ] {
         let error = db_error(&analyst_client.execute(forged, &[]).unwrap_err());
         assert_eq!(error.0, "42501", "{forged}: {}", error.1);
     }
     analyst_client
         .execute(
-            "INSERT INTO nl_sessions (session, turns) VALUES ('s', '[]')",
+            "INSERT INTO nl_sessions (session, question) VALUES ('s', 'q')",
             &[],
         )
         .unwrap();
     let error = db_error(
         &analyst_client
             .execute(
-                "UPDATE nl_sessions SET updated_at = now() + interval '10 years'",
+                "UPDATE nl_sessions SET at = now() + interval '10 years'",
                 &[],
             )
             .unwrap_err(),

@@ -97,11 +97,11 @@ fn a_session_keeps_a_bounded_number_of_turns() {
     assert!(!last.contains("question number 0"));
 }
 
-/// A role may write its own row of `nl_sessions`, and every backend that serves the session
-/// reads all of it to take the last turns: the turns are bounded where they are written
-/// (16 MB as text, whatever they compress to), and the conversation goes on.
+/// A role may add rows of its own to `nl_sessions`, and every backend that serves the session
+/// reads its newest turns whole: a turn is bounded where it is written (a question's 40,000
+/// bytes, its SQL's 100,000, whatever they compress to), and the conversation goes on.
 #[test]
-fn a_session_row_of_huge_turns_cannot_be_written() {
+fn a_session_turn_too_large_cannot_be_written() {
     let mut s = Session::new();
     let role = format!("talker_{}", s.database);
     s.client
@@ -115,16 +115,16 @@ fn a_session_row_of_huge_turns_cannot_be_written() {
         "the first question of a huge session",
         "SELECT 1 AS one",
     );
-    let error = s
-        .client
-        .batch_execute(
-            "SET default_toast_compression = pglz;
-             UPDATE nl_sessions SET updated_at = now(), turns = jsonb_build_array(
-                 jsonb_set(turns->0, '{question}', to_jsonb(repeat('a', 20000000)))) || turns
-             WHERE session = 'huge'",
-        )
-        .unwrap_err();
-    assert_eq!(db_error(&error).0, "23514", "{error}");
+    s.client
+        .batch_execute("SET default_toast_compression = pglz")
+        .unwrap();
+    for huge in [
+        "INSERT INTO nl_sessions (session, question) VALUES ('huge', repeat('a', 40001))",
+        "INSERT INTO nl_sessions (session, question, sql) VALUES ('huge', 'q', repeat('s', 100001))",
+    ] {
+        let error = s.client.batch_execute(huge).unwrap_err();
+        assert_eq!(db_error(&error).0, "23514", "{huge}: {error}");
+    }
     ask_in(&mut s, "huge", "the next question", "SELECT 2 AS two");
     assert!(s
         .llm
@@ -840,7 +840,7 @@ fn concurrent_turns_of_one_server_side_session_are_all_kept() {
     });
     assert_eq!(
         s.scalar_i64(
-            "SELECT jsonb_array_length(turns)::bigint FROM nl_sessions WHERE session = 'shared'"
+            "SELECT count(*) FROM nl_sessions WHERE session = 'shared' AND question IS NOT NULL"
         ),
         6,
         "a concurrent turn was lost"
@@ -946,11 +946,14 @@ fn a_role_whose_name_reads_as_another_roles_keeps_to_its_own_history_and_session
         .unwrap();
     assert_eq!(count(&mut s, "SELECT count(*) FROM nl_history"), 0);
     assert_eq!(count(&mut s, "SELECT count(*) FROM nl_sessions"), 0);
-    let changed = s
-        .client
-        .execute("UPDATE nl_sessions SET turns = '[]'", &[])
-        .unwrap();
-    assert_eq!(changed, 0, "another role's session was written");
+    // No role changes rows of the table, its own or another's: it only adds its own.
+    for change in [
+        "UPDATE nl_sessions SET question = 'changed'",
+        "DELETE FROM nl_sessions",
+    ] {
+        let error = s.client.execute(change, &[]).unwrap_err();
+        assert_eq!(db_error(&error).0, "42501", "{change}: {error}");
+    }
     // Its own question is its own: recorded under its OID, and not shown the other's turn.
     ask_in(&mut s, "mine", "my own question", "SELECT 1 AS one");
     assert!(!s.llm.last_text().contains("a private question"));
@@ -974,7 +977,7 @@ fn a_role_whose_name_reads_as_another_roles_keeps_to_its_own_history_and_session
 }
 
 #[test]
-fn a_role_locking_the_sessions_table_holds_up_no_other_roles_conversation() {
+fn no_role_can_lock_the_sessions_table_against_another_roles_conversation() {
     let mut s = Session::new();
     let (locker, db) = (format!("locker_{}", s.database), s.database.clone());
     s.client
@@ -988,10 +991,21 @@ fn a_role_locking_the_sessions_table_holds_up_no_other_roles_conversation() {
         ],
     );
     s.trace_in("How many customers are there?", "talk");
-    // Any role may update its own conversations, and so lock the table in any mode.
+    // Roles may only add rows: no lock that holds up reads or writes is theirs to take.
     let mut other = sql_query_engine_e2e::cluster().connect_as(&db, &locker);
+    for mode in ["ACCESS EXCLUSIVE", "EXCLUSIVE", "SHARE"] {
+        let error = other
+            .batch_execute(&format!(
+                "BEGIN; LOCK TABLE nl_sessions IN {mode} MODE; COMMIT;"
+            ))
+            .unwrap_err();
+        assert_eq!(db_error(&error).0, "42501", "{mode}: {error}");
+        other.batch_execute("ROLLBACK").unwrap();
+    }
+    // The one it may take (as an INSERT does) holds up neither: the turn is read from the
+    // table and the next is written there.
     other
-        .batch_execute("BEGIN; LOCK TABLE nl_sessions IN ACCESS EXCLUSIVE MODE;")
+        .batch_execute("BEGIN; LOCK TABLE nl_sessions IN ROW EXCLUSIVE MODE;")
         .unwrap();
     s.client
         .batch_execute("SET statement_timeout = '20s'")
@@ -1005,7 +1019,13 @@ fn a_role_locking_the_sessions_table_holds_up_no_other_roles_conversation() {
         .unwrap_or_else(|e| panic!("the call waited for the lock: {e}"));
     let trace: Value = serde_json::from_str(row.get::<_, &str>(0)).unwrap();
     assert_eq!(trace["row_count"], 1, "{trace}");
+    assert_eq!(trace["session_store"], "table", "{trace}");
+    assert_eq!(trace["context_turns"], 1, "{trace}");
     other.batch_execute("ROLLBACK").unwrap();
+    assert_eq!(
+        s.scalar_i64("SELECT count(*) FROM nl_sessions WHERE session = 'talk'"),
+        2
+    );
 }
 
 #[test]
@@ -1058,6 +1078,62 @@ fn a_reset_the_table_cannot_take_says_so() {
         .batch_execute("SELECT nl_session_reset('kept')")
         .unwrap();
     assert!(notices.lock().unwrap().is_empty());
-    let kept: i64 = s.scalar_i64("SELECT count(*) FROM nl_sessions WHERE session = 'kept'");
-    assert_eq!(kept, 0);
+    ask_in(
+        &mut s,
+        "kept",
+        "a question after the reset",
+        "SELECT 2 AS two",
+    );
+    let asked = s.llm.last_text();
+    assert!(
+        !asked.contains("a question to remember"),
+        "a reset turn came back: {asked}"
+    );
+}
+
+/// A session kept in the table lives while its turns come within `session_ttl` of each other,
+/// however long it lasts in all, and is gone after a longer pause.
+#[test]
+fn a_table_session_expires_after_a_pause_of_its_ttl_not_after_its_ttl_in_all() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute("SET sql_query_engine.session_ttl = 2")
+        .unwrap();
+    ask_in(
+        &mut s,
+        "paced",
+        "the first paced question",
+        "SELECT 1 AS one",
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    ask_in(
+        &mut s,
+        "paced",
+        "the second paced question",
+        "SELECT 2 AS two",
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    ask_in(
+        &mut s,
+        "paced",
+        "the third paced question",
+        "SELECT 3 AS three",
+    );
+    let asked = s.llm.last_text();
+    assert!(
+        asked.contains("the first paced question") && asked.contains("the second paced question"),
+        "{asked}"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    ask_in(
+        &mut s,
+        "paced",
+        "the question after a pause",
+        "SELECT 4 AS four",
+    );
+    let asked = s.llm.last_text();
+    assert!(
+        !asked.contains("paced question"),
+        "an expired turn came back: {asked}"
+    );
 }

@@ -323,6 +323,24 @@ fn updating_from_0_1_0_through_every_release_equals_a_fresh_install_and_keeps_th
         .batch_execute("COMMENT ON TABLE t IS 'after 0.15.0'")
         .unwrap();
     assert_eq!(counted(&mut client, "public"), 2, "a superuser owns public");
+    // 0.17.0 keeps a row per turn, which roles may only add: a session's turns come along, in
+    // their order.
+    client
+        .batch_execute(
+            r#"INSERT INTO nl_sessions (session, turns) VALUES ('kept',
+                   '[{"question": "the first", "sql": "SELECT 1"}, {"question": "the second"}]');
+               ALTER EXTENSION sql_query_engine UPDATE TO '0.17.0';"#,
+        )
+        .unwrap();
+    let turns: String = client
+        .query_one(
+            "SELECT string_agg(question || ': ' || sql, '; ' ORDER BY id) FROM nl_sessions \
+             WHERE session = 'kept' AND role = current_user",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(turns, "the first: SELECT 1; the second: ");
     let (updated_members, fresh_members) = (members(&updated), members(&fresh));
     let only = |a: &[String], b: &[String]| -> Vec<String> {
         a.iter().filter(|m| !b.contains(m)).cloned().collect()
