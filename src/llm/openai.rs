@@ -285,11 +285,11 @@ impl OpenAiClient {
                         .and_then(|v| v.to_str().ok())
                         .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
                     if (200..300).contains(&code) && streamed {
-                        let limit =
+                        let whole =
                             limit.saturating_mul(choices.clamp(1, MAX_STREAMED_CHOICES) as u64);
-                        let reader = response.body_mut().with_config().limit(limit).reader();
+                        let reader = response.body_mut().with_config().limit(whole).reader();
                         let (choices, stopped) =
-                            read_stream(std::io::BufReader::new(reader), limit);
+                            read_stream(std::io::BufReader::new(reader), whole, limit);
                         return Reply::Streamed { choices, stopped };
                     }
                     let retry_after = response
@@ -730,14 +730,20 @@ fn too_large(limit: u64) -> String {
 /// lines until `data: [DONE]`), in the order they finished, with the token counts of every
 /// usage chunk summed on the first (one per choice from llama.cpp, one in all from OpenAI);
 /// and why the stream stopped before its end, if it did. The reader bounds the whole (to
-/// `limit` bytes, named in the error).
-fn read_stream(mut reader: impl std::io::BufRead, limit: u64) -> (Vec<Completion>, Option<Stop>) {
+/// `limit` bytes, named in the error), and each choice's text is at most `per_choice` bytes,
+/// as a response that is not streamed: one choice does not take the whole of a vote's bound.
+fn read_stream(
+    mut reader: impl std::io::BufRead,
+    limit: u64,
+    per_choice: u64,
+) -> (Vec<Completion>, Option<Stop>) {
+    let per_choice = usize::try_from(per_choice).unwrap_or(usize::MAX);
     // Each choice's text so far, by index; `None` once it finished.
     let mut texts: Vec<Option<String>> = Vec::new();
     let mut finished: Vec<Completion> = Vec::new();
     let (mut prompt_tokens, mut completion_tokens) = (0u64, 0u64);
     let mut line = Vec::new();
-    let stopped = loop {
+    let stopped = 'read: loop {
         line.clear();
         match reader.read_until(b'\n', &mut line) {
             Ok(0) => break None,
@@ -804,6 +810,9 @@ fn read_stream(mut reader: impl std::io::BufRead, limit: u64) -> (Vec<Completion
                 continue;
             };
             if let Some(piece) = choice.pointer("/delta/content").and_then(Value::as_str) {
+                if text.len().saturating_add(piece.len()) > per_choice {
+                    break 'read Some(Stop::TooLarge(too_large(per_choice as u64)));
+                }
                 text.push_str(piece);
             }
             if choice.get("finish_reason").is_some_and(|r| !r.is_null()) {
@@ -976,7 +985,30 @@ mod tests {
     ) -> (Vec<Completion>, Option<Stop>) {
         let text: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
         let reader = Cut(std::io::Cursor::new(text.into_bytes()), then);
-        read_stream(std::io::BufReader::new(reader), 1000)
+        read_stream(std::io::BufReader::new(reader), 1000, 1000)
+    }
+
+    #[test]
+    fn one_streamed_choice_is_bounded_like_a_response_not_like_the_whole_vote() {
+        let events = [
+            r#"{"choices":[{"index":1,"delta":{"content":"SELECT 1"},"finish_reason":"stop"}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"SELECT 'aaaaaaaa"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"aaaaaaaaaaaa"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"'"},"finish_reason":"stop"}]}"#,
+        ];
+        let text: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+        let reader = std::io::Cursor::new(text.into_bytes());
+        let (choices, stopped) = read_stream(std::io::BufReader::new(reader), 1000, 20);
+        let contents: Vec<&str> = choices.iter().map(|c| c.content.as_str()).collect();
+        assert_eq!(
+            contents,
+            ["SELECT 1"],
+            "the choice that finished within its bound"
+        );
+        assert!(
+            matches!(&stopped, Some(Stop::TooLarge(why)) if why.contains("(20 bytes)")),
+            "{stopped:?}"
+        );
     }
 
     #[test]
