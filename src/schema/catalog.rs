@@ -167,6 +167,13 @@ impl Relation {
 
 /// Bytes of defaults, comments and enum labels read with the columns at most.
 const MAX_ANNOTATION_BYTES: i64 = 16 << 20;
+/// Bytes of JSON each catalog query returns at most, counted on what it emits, in search
+/// order: the counts below bound how many names, comments and values another role's objects
+/// bring, and this what they weigh (a name of control characters is six times its length in
+/// JSON), so that a schema another role fills is not all held in the caller's backend.
+const MAX_QUERY_BYTES: i64 = 16 << 20;
+/// The same for the columns, of which a schema holds many more.
+const MAX_COLUMN_BYTES: i64 = 32 << 20;
 /// Keys read at most per relation, and in all.
 const MAX_KEYS_PER_RELATION: i64 = 64;
 const MAX_KEYS: i64 = 10_000;
@@ -206,8 +213,9 @@ const MAX_STATISTICS_STORED_BYTES: i64 = 4 << 20;
 /// indexes), whether a partition or inheritance child is a foreign table, and a fingerprint of
 /// the partitions' storage, from a walk of `$4` steps at most.
 /// At most `$2` relations, in search order, and no more of them than hold `$3` columns
-/// together: what another role may create in a schema the caller reads is not all loaded into
-/// the caller's backend. `readable` counts them all, to say when some were left out.
+/// together or take `$5` bytes of JSON: what another role may create in a schema the caller
+/// reads is not all loaded into the caller's backend. The second column counts them all, to
+/// say when some were left out.
 const RELATIONS_SQL: &str = r#"
 WITH RECURSIVE kept AS MATERIALIZED (
     -- The relations first, with only what costs nothing to read: what follows (comments,
@@ -258,10 +266,12 @@ part_indexes AS (
     SELECT d.root, count(*) AS indexes
     FROM (SELECT DISTINCT root, relid FROM walked) d JOIN pg_index i ON i.indrelid = d.relid
     GROUP BY d.root)
-SELECT json_build_object(
-    'relations', coalesce(json_agg(r.relation ORDER BY r.ord, r.relname)
-                          FILTER (WHERE r.columns <= $3), '[]'),
-    'readable', coalesce(max(r.readable), 0))::text
+SELECT coalesce(json_agg(r.relation ORDER BY r.ord, r.relname)
+                FILTER (WHERE r.columns <= $3 AND r.bytes <= $5), '[]')::text,
+       coalesce(max(r.readable), 0)::bigint
+FROM (
+SELECT r.*, sum(octet_length(r.relation::text))
+                OVER (ORDER BY r.ord, r.relname ROWS UNBOUNDED PRECEDING) AS bytes
 FROM (
 SELECT json_build_object(
     'raw_schema', b.nspname,
@@ -296,6 +306,7 @@ LEFT JOIN pg_description d
 LEFT JOIN parts ON parts.root = b.oid
 LEFT JOIN part_indexes pi ON pi.root = b.oid
 ) r
+) r
 "#;
 
 /// The columns of the relations `$1` that the caller can SELECT, in order, with their types
@@ -303,11 +314,19 @@ LEFT JOIN part_indexes pi ON pi.root = b.oid
 /// line), comments cut to 500 characters and at most 100 labels of an enum (`labels_cut` when
 /// it has more), these three only while their bytes, counted in the order of the relations in
 /// `$1` (search order) and of their columns, stay within `$2` (what another role writes into
-/// the catalog is not all loaded into the caller's backend; `cut` marks a column past it). A default is deparsed without its relation (`pg_get_expr(adbin, 0)`: a default
+/// the catalog is not all loaded into the caller's backend; `cut` marks a column past it), and
+/// no more columns than take `$3` bytes of JSON in all (the second column counts them all). A default is deparsed without its relation (`pg_get_expr(adbin, 0)`: a default
 /// names no column; with it, the deparse would lock the relation and wait behind another
 /// session's lock), and only a stored tree of bounded size.
 const COLUMNS_SQL: &str = r#"
-SELECT coalesce(json_agg(json_build_object(
+SELECT coalesce(json_agg(e.element ORDER BY e.ord, e.attnum) FILTER (WHERE e.bytes <= $3),
+                '[]')::text,
+       count(*)
+FROM (
+SELECT e.*, sum(octet_length(e.element::text))
+                OVER (ORDER BY e.ord, e.attnum ROWS UNBOUNDED PRECEDING) AS bytes
+FROM (
+SELECT c.ord, c.attnum, json_build_object(
     'relation', c.attrelid::bigint,
     'raw_name', c.attname,
     'cut', c.said > $2,
@@ -322,7 +341,7 @@ SELECT coalesce(json_agg(json_build_object(
         'labels', CASE WHEN c.said <= $2 THEN coalesce(to_json(c.labels[1:100]), '[]') ELSE '[]' END,
         'labels_cut', c.labels IS NOT NULL AND (c.said > $2 OR cardinality(c.labels) > 100),
         'textual', c.textual)
-) ORDER BY c.ord, c.attnum), '[]')::text
+) AS element
 FROM (
     SELECT s.*, sum(coalesce(octet_length(to_json(s.dflt)::text), 0)
                     + coalesce(octet_length(to_json(s.comment)::text), 0)
@@ -361,6 +380,8 @@ FROM (
                OR has_column_privilege(a.attrelid, a.attnum, 'SELECT'))
     ) s
 ) c
+) e
+) e
 "#;
 
 /// The planner's most common values and histogram bounds of the text columns `$3` of the
@@ -370,18 +391,24 @@ FROM (
 /// values of each kind per column (the most common first; histogram bounds spread over the
 /// whole histogram), each cut to `$4` characters, and at most `$6` values in all, in the order
 /// of the columns asked; an array of more than `$7` values, or stored in more than `$8` bytes,
-/// is not read, nor are those past `$9` stored bytes in all.
+/// is not read, nor are those past `$9` stored bytes in all, nor those past `$10` bytes of
+/// JSON.
 const STATISTICS_SQL: &str = r#"
-SELECT coalesce(json_agg(json_build_object(
+SELECT coalesce(json_agg(e.element ORDER BY e.ord) FILTER (WHERE e.bytes <= $10), '[]')::text
+FROM (
+SELECT e.*, sum(octet_length(e.element::text))
+                OVER (ORDER BY e.ord ROWS UNBOUNDED PRECEDING) AS bytes
+FROM (
+SELECT k.ord, json_build_object(
     'schema', k.schemaname,
     'table', k.tablename,
     'column', k.attname,
     'common_values', to_json(k.common_values),
     'histogram', to_json(k.histogram),
     'all_values', k.all_values
-)), '[]')::text
+) AS element
 FROM (
-    SELECT s.schemaname, s.tablename, s.attname, v.common_values, v.histogram,
+    SELECT s.ord, s.schemaname, s.tablename, s.attname, v.common_values, v.histogram,
            CASE WHEN pg_column_size(s.most_common_freqs) <= $8 AND raw.mcv IS NOT NULL
                 THEN coalesce((SELECT sum(f) FROM unnest(s.most_common_freqs) f)
                                   >= 0.999 - s.null_frac, false)
@@ -423,19 +450,26 @@ FROM (
     WHERE s.stored <= $9
 ) k
 WHERE k.running <= $6
+) e
+) e
 "#;
 
 /// Primary keys, unique keys and foreign keys of the relations `$1` over columns the caller may
 /// read, and whether the caller may read a foreign key's referenced table (only then is the key
 /// shown): at most `$2` of a
 /// relation (its primary key first, then its unique keys), however many its owner made, and
-/// `$3` in all (each relation's first ones first, in the order of `$1`); `all` counts them
-/// all, to say when some were left out.
+/// `$3` in all (each relation's first ones first, in the order of `$1`), within `$4` bytes of
+/// JSON; the second column counts them all, to say when some were left out.
 const KEYS_SQL: &str = r#"
-SELECT json_build_object('all', (
-    SELECT count(*) FROM pg_constraint
-    WHERE conrelid = ANY($1::oid[]) AND contype IN ('p', 'u', 'f')
-), 'keys', coalesce(json_agg(json_build_object(
+SELECT coalesce(json_agg(e.element ORDER BY e.conrelid, e.conname) FILTER (WHERE e.bytes <= $4),
+                '[]')::text,
+       (SELECT count(*) FROM pg_constraint
+        WHERE conrelid = ANY($1::oid[]) AND contype IN ('p', 'u', 'f'))
+FROM (
+SELECT e.*, sum(octet_length(e.element::text))
+                OVER (ORDER BY e.nth, e.ord ROWS UNBOUNDED PRECEDING) AS bytes
+FROM (
+SELECT co.conrelid, co.conname, co.nth, co.ord, json_build_object(
     'relation', co.conrelid::bigint,
     'kind', co.contype,
     'columns', (SELECT json_agg(quote_ident(a.attname) ORDER BY k.ord)
@@ -450,7 +484,7 @@ SELECT json_build_object('all', (
     'ref_readable', co.contype = 'f' AND has_schema_privilege(fn.oid, 'USAGE')
                     AND has_any_column_privilege(co.confrelid, 'SELECT'),
     'deferrable', co.condeferrable
-) ORDER BY co.conrelid, co.conname), '[]'))::text
+) AS element
 FROM (
     SELECT * FROM (
         SELECT co.*, r.ord, row_number() OVER (
@@ -472,14 +506,9 @@ FROM (
 ) co
 LEFT JOIN pg_class fc ON fc.oid = co.confrelid
 LEFT JOIN pg_namespace fn ON fn.oid = fc.relnamespace
+) e
+) e
 "#;
-
-/// What `RELATIONS_SQL` returns: the relations read, and how many the caller may read.
-#[derive(Deserialize)]
-struct Readable {
-    relations: Vec<RelationRow>,
-    readable: usize,
-}
 
 /// A relation as `RELATIONS_SQL` returns it, with the unquoted names pg_stats uses.
 #[derive(Deserialize)]
@@ -497,13 +526,6 @@ struct ColumnRow {
     #[serde(default)]
     cut: bool,
     column: Column,
-}
-
-/// What `KEYS_SQL` returns: the keys read, and how many the relations have.
-#[derive(Deserialize)]
-struct Keys {
-    keys: Vec<KeyRow>,
-    all: usize,
 }
 
 #[derive(Deserialize)]
@@ -536,28 +558,44 @@ struct KeyRow {
 /// where one query joining them all took longer to plan than these take to run.
 pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
     let rows = crate::subxact::pinned(|| {
-        Spi::connect(|client| {
-            let json = |sql: &str, args: &[pgrx::datum::DatumWithOid]| {
+        // Each query in a connection of its own, which frees its result when it ends: the
+        // results are not all held at once.
+        let json_and_count = |sql: &str, args: &[pgrx::datum::DatumWithOid]| {
+            Spi::connect(|client| {
+                client
+                    .select(sql, Some(1), args)?
+                    .first()
+                    .get_two::<String, i64>()
+                    .map(|(json, count)| (json.unwrap_or_default(), count.unwrap_or(0)))
+            })
+        };
+        let json = |sql: &str, args: &[pgrx::datum::DatumWithOid]| {
+            Spi::connect(|client| {
                 client
                     .select(sql, Some(1), args)?
                     .first()
                     .get_one::<String>()
                     .map(Option::unwrap_or_default)
-            };
-            let relations = json(
+            })
+        };
+        (|| {
+            let (relations, readable) = json_and_count(
                 RELATIONS_SQL,
                 &[
                     schemas.to_vec().into(),
                     MAX_RELATIONS.into(),
                     MAX_COLUMNS.into(),
                     MAX_INHERITANCE_STEPS.into(),
+                    MAX_QUERY_BYTES.into(),
                 ],
             )?;
-            let Readable { relations: found, readable } = parse(&relations)?;
+            let found: Vec<RelationRow> = parse(&relations)?;
+            let readable = usize::try_from(readable).unwrap_or(0);
             if found.len() < readable {
                 notice!(
-                    "sql_query_engine: the schema context holds {} of the {readable} relations you may read (at most {MAX_RELATIONS} relations and {MAX_COLUMNS} columns, in search order)",
-                    found.len()
+                    "sql_query_engine: the schema context holds {} of the {readable} relations you may read (at most {MAX_RELATIONS} relations, {MAX_COLUMNS} columns and {} MB of names and comments, in search order)",
+                    found.len(),
+                    MAX_QUERY_BYTES >> 20
                 );
             }
             if found.is_empty() {
@@ -567,10 +605,22 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
                 .iter()
                 .map(|r| pg_sys::Oid::from(r.relation.oid))
                 .collect();
-            let mut columns: Vec<ColumnRow> = parse(&json(
+            let (columns, all) = json_and_count(
                 COLUMNS_SQL,
-                &[oids.clone().into(), MAX_ANNOTATION_BYTES.into()],
-            )?)?;
+                &[
+                    oids.clone().into(),
+                    MAX_ANNOTATION_BYTES.into(),
+                    MAX_COLUMN_BYTES.into(),
+                ],
+            )?;
+            let mut columns: Vec<ColumnRow> = parse(&columns)?;
+            let left_out = usize::try_from(all).unwrap_or(0).saturating_sub(columns.len());
+            if left_out > 0 {
+                notice!(
+                    "sql_query_engine: the schema context leaves out {left_out} columns of its relations (at most {} MB of them are read, in search order)",
+                    MAX_COLUMN_BYTES >> 20
+                );
+            }
             let cut = columns.iter().filter(|c| c.cut).count();
             if cut > 0 {
                 notice!(
@@ -617,28 +667,33 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
                             MAX_STATISTIC_ARRAY_VALUES.into(),
                             MAX_STATISTIC_ARRAY_BYTES.into(),
                             MAX_STATISTICS_STORED_BYTES.into(),
+                            MAX_QUERY_BYTES.into(),
                         ],
                     )?)?
                 }
             } else {
                 Vec::new()
             };
-            let Keys { keys, all } = parse(&json(
+            let (keys, all) = json_and_count(
                 KEYS_SQL,
                 &[
                     oids.into(),
                     MAX_KEYS_PER_RELATION.into(),
                     MAX_KEYS.into(),
+                    MAX_QUERY_BYTES.into(),
                 ],
-            )?)?;
+            )?;
+            let keys: Vec<KeyRow> = parse(&keys)?;
+            let all = usize::try_from(all).unwrap_or(0);
             if keys.len() < all {
                 notice!(
-                    "sql_query_engine: the schema context holds {} of the {all} keys of its relations (at most {MAX_KEYS_PER_RELATION} per relation and {MAX_KEYS} in all)",
-                    keys.len()
+                    "sql_query_engine: the schema context holds {} of the {all} keys of its relations (at most {MAX_KEYS_PER_RELATION} per relation, {MAX_KEYS} and {} MB in all)",
+                    keys.len(),
+                    MAX_QUERY_BYTES >> 20
                 );
             }
             Ok::<_, LoadError>((found, columns, statistics, keys))
-        })
+        })()
     })
     .map_err(|e| Error::internal(format!("reading the schema failed: {e}")))?;
     let mut relations = assemble(rows.0, rows.1, rows.2, rows.3);

@@ -294,6 +294,45 @@ fn what_another_role_writes_into_the_catalog_reaches_a_callers_backend_bounded()
     );
 }
 
+/// Counts bound how many names and comments another role's objects bring into a caller's
+/// backend, and bytes what they weigh: a comment of control characters is six times its length
+/// as JSON, and thousands of them were all read, copied and parsed.
+#[test]
+fn what_another_roles_catalog_entries_weigh_is_bounded_too() {
+    let mut s = Session::new();
+    let (victim, mut client, notices) = role_connection(&mut s, "weigher");
+    let attacker = format!("heavy_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {attacker} LOGIN; GRANT CREATE ON SCHEMA public TO {attacker};"
+        ))
+        .unwrap();
+    cluster()
+        .connect_as(&s.database, &attacker)
+        .batch_execute(&format!(
+            "DO $$ BEGIN FOR i IN 1..3000 LOOP
+                 EXECUTE format('CREATE TABLE public.heavy_%s (a int)', i);
+                 EXECUTE format('COMMENT ON TABLE public.heavy_%s IS %L', i, repeat(chr(1), 1000));
+                 EXECUTE format('GRANT SELECT ON public.heavy_%s TO {victim}', i);
+             END LOOP; END $$;"
+        ))
+        .unwrap();
+    let schema: String = client
+        .query_one("SELECT nl_schema()", &[])
+        .unwrap_or_else(|e| panic!("{:?}", db_error(&e)))
+        .get(0);
+    let shown = schema.matches("CREATE TABLE heavy_").count();
+    assert!(
+        (1..3000).contains(&shown),
+        "{shown} of the 3000 heavy tables read"
+    );
+    let said = notices.lock().unwrap().join("\n");
+    assert!(
+        said.contains("16 MB of names and comments"),
+        "the caller is told that relations were left out: {said}"
+    );
+}
+
 #[test]
 fn a_session_holding_an_advisory_lock_very_many_times_is_told_so() {
     let mut s = Session::new();
