@@ -188,7 +188,9 @@ where
             return direct;
         }
         let mut paths = Vec::new();
-        for first in (self.hops)(from, None) {
+        // Each first step costs a look at every relation's keys: a relation that very many
+        // others reference is not followed through all of them.
+        for first in (self.hops)(from, None).into_iter().take(MAX_FIRST_HOPS) {
             if not_through.contains(&first.name.as_str()) {
                 continue;
             }
@@ -208,6 +210,8 @@ where
 
 /// Ways to a column counted before `Schema::key_paths` stops: one is used, two are a guess.
 const MAX_PATHS: usize = 2;
+/// Relations one key away that `Schema::key_paths` goes on from, at most.
+const MAX_FIRST_HOPS: usize = 100;
 
 /// `requalify` once the names are read; `at`: where PostgreSQL says the reference is (else the
 /// first one written is taken).

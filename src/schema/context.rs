@@ -4,7 +4,7 @@
 //! about the relations a failed query named.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
 use crate::settings;
@@ -526,6 +526,7 @@ impl SchemaContext {
             hop(to, fk.columns.iter().zip(&fk.ref_columns).collect())
         });
         let incoming = self.relations.iter().flat_map(|to| {
+            pgrx::check_for_interrupts!();
             to.foreign_keys
                 .iter()
                 .filter(|fk| fk.ref_oid == from.oid)
@@ -593,18 +594,25 @@ impl SchemaContext {
         }
         // For each relation reached: the one it was reached from, and the column joined on.
         let mut came_from: HashMap<usize, (usize, &str)> = HashMap::new();
+        // A column shared by many relations leads to all of them the first time it is
+        // followed, and to none after: followed once, the walk stays linear in the columns.
+        let mut followed: HashSet<(&str, u32)> = HashSet::new();
+        let starts: HashSet<usize> = from.iter().copied().collect();
         let mut frontier: Vec<usize> = from.to_vec();
         for _ in 0..JOIN_HOPS {
             let mut next = Vec::new();
             for &i in &frontier {
                 for c in &self.relations[i].columns {
                     pgrx::check_for_interrupts!();
+                    if !followed.insert((c.name.as_str(), c.type_oid)) {
+                        continue;
+                    }
                     for &j in having
                         .get(&(c.name.as_str(), c.type_oid))
                         .into_iter()
                         .flatten()
                     {
-                        if j == i || from.contains(&j) || came_from.contains_key(&j) {
+                        if j == i || starts.contains(&j) || came_from.contains_key(&j) {
                             continue;
                         }
                         came_from.insert(j, (i, &c.name));

@@ -783,6 +783,43 @@ fn progress_notices_carry_no_terminal_escape() {
     );
 }
 
+/// Without foreign keys, a missing column's relation is reached through columns named alike,
+/// shortest chain first; a column many relations share is followed once (the walk stays linear
+/// in the columns however many relations share it).
+#[test]
+fn a_column_behind_tables_joined_by_names_alike_is_repaired_with_the_guessed_chain() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute(
+            "CREATE TABLE visits (store_id int, visitor text);
+             CREATE TABLE stores (store_id int, region_id int);
+             CREATE TABLE regions (region_id int, region_name text);
+             DO $$ BEGIN FOR i IN 1..300 LOOP
+                 EXECUTE format('CREATE TABLE shelf_%s (store_id int, region_id int)', i);
+             END LOOP; END $$;
+             INSERT INTO regions VALUES (1, 'north');",
+        )
+        .unwrap();
+    s.llm.on(
+        "visitors per region",
+        vec![
+            Reply::sql("SELECT region_name, count(*) FROM visits GROUP BY 1"),
+            Reply::sql("SELECT region_name, 1 AS n FROM regions"),
+        ],
+    );
+    assert_eq!(s.query("visitors per region").unwrap().len(), 1);
+    let repair = s.llm.requests()[1].last_message();
+    assert!(
+        repair.contains("region_name is a column of regions, probably joined by "),
+        "{repair}"
+    );
+    let chain = &repair[repair.find("probably joined by").unwrap()..];
+    assert!(
+        chain.contains("visits.store_id = ") && chain.contains(".region_id = regions.region_id"),
+        "{chain}"
+    );
+}
+
 #[test]
 fn an_unknown_alias_or_a_column_behind_the_wrong_alias_is_repaired_with_the_join_path() {
     let mut s = Session::new();
