@@ -52,7 +52,8 @@ impl Answer {
 }
 
 /// Characters of a recorded question or SQL read, one past the longest that is accepted: the
-/// caller may write its own history rows any length, and longer ones are refused, not copied.
+/// caller may write its own history rows any length, and longer ones are refused, not copied
+/// (a status, of four short words, is read as its first 16 characters).
 fn cut_after(max: usize) -> i32 {
     i32::try_from(max.saturating_add(1)).unwrap_or(i32::MAX)
 }
@@ -66,7 +67,7 @@ pub fn answer(history_id: i64) -> Result<Answer> {
             &format!(
                 "SELECT (SELECT pg_catalog.jsonb_build_object(\
                  'question', pg_catalog.left(question, $2), 'sql', pg_catalog.left(sql, $3), \
-                 'status', status) FROM {schema}.nl_history WHERE id = $1)"
+                 'status', pg_catalog.left(status, 16)) FROM {schema}.nl_history WHERE id = $1)"
             ),
             &[
                 history_id.into(),

@@ -786,3 +786,40 @@ fn an_example_written_into_the_table_is_held_to_the_same_bounds() {
         )
         .unwrap();
 }
+
+/// A role may write its own history rows any length; feedback reads only as much of one as an
+/// answer may have (a status of 200 MB compresses to a few kB on disk, and was read whole,
+/// turned into JSON and copied).
+#[test]
+fn feedback_on_a_history_row_written_huge_reads_only_what_an_answer_may_have() {
+    let roles = Roles::new();
+    // Written on another connection: building the value takes its 200 MB there.
+    let id: i64 = roles
+        .connect(&roles.analyst)
+        .query_one(
+            "INSERT INTO nl_history (function, question, sql, status, attempts, ms, llm_calls, \
+             prompt_tokens, completion_tokens) VALUES ('nl_ask', 'q', 'SELECT 1', \
+             repeat('x', 200000000), '[]', 1, 1, 1, 1) RETURNING id",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let mut analyst = roles.connect(&roles.analyst);
+    let pid: i32 = analyst
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    let error = db_error(
+        &analyst
+            .query_one("SELECT nl_feedback($1, true)", &[&id])
+            .unwrap_err(),
+    );
+    assert_eq!(error.0, "22023", "{}", error.1);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let peak: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    assert!(peak < 300 * 1024, "the backend grew to {peak} kB");
+}
