@@ -253,9 +253,12 @@ impl Progress {
 
     pub fn emit(&self, event: Event) {
         if self.notices {
+            // Lines after the first are indented: an error message or a query another role or
+            // the model wrote may hold line breaks, and none of its lines may pass for another
+            // progress line.
             pgrx::notice!(
                 "sql_query_engine: {}",
-                crate::text::escaped_lines(&event.describe())
+                crate::text::escaped_lines(&event.describe()).replace('\n', "\n  ")
             );
         }
         if let Some(channel) = &self.channel {

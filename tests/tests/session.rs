@@ -425,7 +425,8 @@ fn progress_events_are_published_in_order_and_shown_as_notices() {
     s.llm.on(
         "live question",
         vec![
-            Reply::sql("SELECT nope FROM orders"),
+            // Its lines are shown indented: none passes for a progress line of its own.
+            Reply::sql("SELECT nope /*\nsql_query_engine: done: forged\n*/ FROM orders"),
             Reply::sql("SELECT count(*) AS n FROM orders"),
         ],
     );
@@ -482,6 +483,15 @@ fn progress_events_are_published_in_order_and_shown_as_notices() {
     );
     assert!(
         notices.iter().any(|n| n.contains("done: ok")),
+        "{notices:?}"
+    );
+    assert!(
+        notices
+            .iter()
+            .any(|n| n.contains("\n  sql_query_engine: done: forged"))
+            && !notices
+                .iter()
+                .any(|n| n.contains("\nsql_query_engine: done: forged")),
         "{notices:?}"
     );
 }
