@@ -240,6 +240,7 @@ pub fn in_procedure<R>(
     impl Drop for Connected {
         fn drop(&mut self) {
             RELEASABLE.set(false);
+            CALL_ROLE.set(None);
             PER_TRANSACTION.with_borrow_mut(Vec::clear);
             // SAFETY: finishes the connection made below, the innermost one: everything made
             // inside `work` finished its own before returning or unwinding past here.
@@ -252,7 +253,18 @@ pub fn in_procedure<R>(
     RELEASABLE.set(true);
     PER_TRANSACTION.with_borrow_mut(|s| *s = settings.to_vec());
     set_per_transaction();
+    // SAFETY: reads the backend's current user, the role the call now runs as.
+    CALL_ROLE.set(Some(unsafe { pg_sys::GetUserId() }));
     work()
+}
+
+/// The role the running call acts as, also between `release` and `resume`, when the
+/// transaction that set it has ended and the current user is the session's again.
+pub fn acting_role() -> pg_sys::Oid {
+    CALL_ROLE.get().unwrap_or_else(|| {
+        // SAFETY: reads the backend's current user.
+        unsafe { pg_sys::GetUserId() }
+    })
 }
 
 thread_local! {
@@ -261,6 +273,8 @@ thread_local! {
     /// Whether the running call is a procedure `in_procedure` connected non-atomically, the
     /// one whose transaction `release` may end.
     static RELEASABLE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The role a non-atomic procedure runs as (see `acting_role`).
+    static CALL_ROLE: std::cell::Cell<Option<pg_sys::Oid>> = const { std::cell::Cell::new(None) };
 }
 
 /// Sets the running procedure's settings until the end of the current transaction. A setting

@@ -131,8 +131,9 @@ where
     F: FnOnce() -> T + Send + 'static,
 {
     let helpers = helpers.clamp(1, MAX_LIVE_HELPERS);
-    // SAFETY: reads the backend's current user (this is the backend's thread).
-    let role = unsafe { pg_sys::GetUserId() }.to_u32();
+    // The call's role, also while a procedure's transaction is released (the current user is
+    // then the session's, for every role a pooler or the gateway serves).
+    let role = crate::subxact::acting_role().to_u32();
     while !room_for(role, helpers) {
         let now = Instant::now();
         if now >= deadline {

@@ -713,6 +713,61 @@ fn authenticator_roles(s: &mut Session, tag: &str) -> (String, String, String) {
     (authenticator, analyst, stranger)
 }
 
+/// Model requests a cancelled call leaves behind count against the role it ran as, also
+/// those `nl_call` starts while its transaction is released (the current user is then the
+/// login role's): what one role left behind must not hold up another behind the same login.
+#[test]
+fn requests_a_cancelled_nl_call_leaves_behind_count_against_its_role_not_the_login_role() {
+    let mut s = Session::new();
+    let (authenticator, analyst, stranger) = authenticator_roles(&mut s, "helpers");
+    s.client
+        .batch_execute(&format!("GRANT {stranger} TO {authenticator}"))
+        .unwrap();
+    s.llm.on(
+        "a slow question",
+        (0..4)
+            .map(|_| {
+                Reply::Slow(
+                    std::time::Duration::from_secs(20),
+                    Box::new(Reply::sql("SELECT 1 AS one")),
+                )
+            })
+            .collect(),
+    );
+    s.llm
+        .on("a quick question", vec![Reply::sql("SELECT 2 AS two")]);
+    let mut client = sql_query_engine_e2e::cluster().connect_as(&s.database, &authenticator);
+    client
+        .batch_execute("SET statement_timeout = '1s'")
+        .unwrap();
+    // Four calls as the analyst, each cancelled while its model request (good for 30 s) runs:
+    // four requests left, the most one role may have.
+    for _ in 0..4 {
+        let error = call(
+            &mut client,
+            &format!("CALL nl_call('a slow question', run_as => '{analyst}')"),
+        )
+        .unwrap_err();
+        assert_eq!(db_error(&error).0, "57014", "{error}");
+    }
+    client
+        .batch_execute("SET statement_timeout = 0; SET sql_query_engine.llm_timeout = 3000")
+        .unwrap();
+    // Another role behind the same login is not held up by them.
+    let answer = call(
+        &mut client,
+        &format!("CALL nl_call('a quick question', run_as => '{stranger}')"),
+    )
+    .unwrap_or_else(|e| panic!("held up by the analyst's requests: {e}"));
+    assert_eq!(answer["rows"], json!([[2]]), "{answer}");
+    // Positive control: the analyst itself is.
+    let held = call(
+        &mut client,
+        &format!("CALL nl_call('a quick question', run_as => '{analyst}')"),
+    );
+    assert!(held.is_err(), "{held:?}");
+}
+
 #[test]
 fn nl_call_runs_as_the_role_it_is_given_for_the_call_only() {
     let mut s = Session::new();
