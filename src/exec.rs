@@ -1843,6 +1843,9 @@ unsafe extern "C-unwind" fn record_error(arg: *mut std::ffi::c_void) {
         let seen = &*arg.cast::<Seen>();
         let sqlstate = pg_sys::geterrcode();
         seen.sqlstate.set(sqlstate);
+        if SqlState::from_packed(sqlstate) == SqlState::OUT_OF_MEMORY {
+            lift_hard_limit();
+        }
         // An error's position, not a notice's, and the last error's alone: code the query ran
         // may have caught an error of its own (with a position in other text) before it.
         if ["00", "01"].contains(&SqlState::from_packed(sqlstate).class()) {
@@ -2153,6 +2156,18 @@ fn lower_hard_limit(bytes: u64) {
 unsafe extern "C-unwind" fn disarm_at_exit(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
     restore_hard_limit();
     WATCH_CEILING.store(u64::MAX, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The hard limit did its work: an allocation failed, as an ERROR (53200), now being
+/// reported. Handling it allocates too (PostgreSQL's error data, pgrx's copy of it), and memory
+/// the rollback does not free (catalog cache entries the query made, one per relation it looked
+/// up) would make each of those allocations fail again, one error inside another, until
+/// PostgreSQL PANICs and restarts the whole server. So the limit is put back for the rest of
+/// the attempt, whose cancel the watch asks for; what the caches keep counts against the
+/// connection after it (`note_kept`).
+fn lift_hard_limit() {
+    restore_hard_limit();
+    LIMIT_MET.store(true, std::sync::atomic::Ordering::SeqCst);
 }
 
 /// Puts back the data size limit `lower_hard_limit` lowered.

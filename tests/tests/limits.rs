@@ -614,6 +614,42 @@ fn an_allocation_past_the_memory_bound_fails_where_no_interrupt_is_checked() {
     assert_eq!(n, 1);
 }
 
+/// The hard memory limit, met where the memory a query took stays after its rollback (the
+/// catalog cache's entries for relations that do not exist, one per element of a regclass
+/// array turned into JSON), is an ERROR of the call: the error's own handling needs memory too,
+/// and failed again and again until PostgreSQL PANICked and restarted the whole server, every
+/// connection of every role with it.
+#[test]
+fn meeting_the_hard_memory_limit_in_memory_no_rollback_frees_is_an_error_not_a_server_restart() {
+    let mut s = Session::new();
+    let (_, mut role, _) = role_connection(&mut s, "misses");
+    let started = |client: &mut postgres::Client| -> String {
+        client
+            .query_one("SELECT pg_postmaster_start_time()::text", &[])
+            .unwrap()
+            .get(0)
+    };
+    let before = started(&mut s.client);
+    // At the default max_query_memory (1 GB): the array is built within it, and turning it
+    // into JSON, a small allocation at a time, meets the hard limit.
+    s.llm.on(
+        "Name the missing relations",
+        vec![Reply::sql(
+            "SELECT array_agg(g::oid::regclass) AS missing \
+             FROM generate_series(100000000, 103000000) g",
+        )],
+    );
+    role.batch_execute("SET sql_query_engine.max_repairs = 0")
+        .unwrap();
+    let error = role
+        .query("SELECT * FROM nl_query('Name the missing relations')", &[])
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "53200", "{message}");
+    let mut again = cluster().connect(&s.database);
+    assert_eq!(started(&mut again), before, "the server restarted");
+}
+
 /// What an attempt leaves behind in PostgreSQL's caches outlives it (24 kB for each new time
 /// zone a query names, kept as long as the backend): each attempt may add at most
 /// `max_query_memory` less what earlier ones left, and once they left that much the backend
