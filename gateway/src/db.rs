@@ -21,6 +21,7 @@ use std::time::Duration;
 use deadpool::managed::{self, Metrics, Object, RecycleResult, Timeouts};
 use serde_json::Value;
 use tokio::sync::mpsc::Sender;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::error::Severity;
 use tokio_postgres::types::Type;
 use tokio_postgres::{AsyncMessage, CancelToken, Client, Config, NoTls};
@@ -274,8 +275,9 @@ impl From<tokio_postgres::Error> for DbError {
 pub struct Conn {
     client: Client,
     notices: Arc<Mutex<Option<Sender<String>>>>,
-    /// A call on it was abandoned while its query ran: it is never handed out again (its
-    /// NOTICEs, or the cancel sent for it, would reach the next request, maybe another role's).
+    /// A call on it was abandoned while its query ran, or its backend ends after its
+    /// transaction: it is never handed out again (its NOTICEs, or the cancel sent for it,
+    /// would reach the next request, maybe another role's).
     abandoned: Arc<AtomicBool>,
 }
 
@@ -291,12 +293,17 @@ impl managed::Manager for Manager {
         let (client, mut connection) = self.config.connect(NoTls).await?;
         let notices: Arc<Mutex<Option<Sender<String>>>> = Arc::new(Mutex::new(None));
         let forward = Arc::clone(&notices);
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let ends = Arc::clone(&abandoned);
         tokio::spawn(async move {
             while let Some(message) =
                 futures::future::poll_fn(|cx| connection.poll_message(cx)).await
             {
                 match message {
                     Ok(AsyncMessage::Notice(notice)) => {
+                        if ends_the_connection(notice.message()) {
+                            ends.store(true, Ordering::SeqCst);
+                        }
                         let sender = forward.lock().ok().and_then(|s| s.clone());
                         if let Some(sender) = sender {
                             // A client that reads slower than the server talks loses
@@ -314,7 +321,7 @@ impl managed::Manager for Manager {
         Ok(Conn {
             client,
             notices,
-            abandoned: Arc::new(AtomicBool::new(false)),
+            abandoned,
         })
     }
 
@@ -329,6 +336,14 @@ impl managed::Manager for Manager {
         }
         Ok(())
     }
+}
+
+/// Whether a NOTICE says that the backend ends after its transaction (the extension's
+/// queries left `max_query_memory` in its caches): the connection is not handed out again,
+/// where the next call, maybe another token's, would fail as the server going away.
+fn ends_the_connection(message: &str) -> bool {
+    message.starts_with("sql_query_engine: queries left ")
+        && message.contains("the connection ends after this transaction")
 }
 
 /// Characters of a progress line passed on, at most.
@@ -382,6 +397,60 @@ impl Drop for CancelOnDrop {
     }
 }
 
+/// A connection checked out for one call, with the places the call holds: one of its
+/// server's running calls and, for a role's call, one of the role's share. Dropped after a call
+/// that was abandoned while its query ran (the connection is `abandoned`), the connection
+/// leaves the pool, and a task keeps the places until the backend has ended that query (the
+/// cancel taken, or its own bounds reached) and closes it: a client that leaves does not free
+/// a place its backend still fills, so `--pool-size` and `--role-calls` bound busy backends,
+/// not handles.
+pub struct Lease {
+    conn: std::mem::ManuallyDrop<Object<Manager>>,
+    running: Option<OwnedSemaphorePermit>,
+    share: Option<OwnedSemaphorePermit>,
+}
+
+/// Longest a task keeps an abandoned call's places while its backend finishes the query.
+const REAP_LIMIT: Duration = Duration::from_secs(300);
+
+impl std::ops::Deref for Lease {
+    type Target = Conn;
+    fn deref(&self) -> &Conn {
+        &self.conn
+    }
+}
+
+impl std::ops::DerefMut for Lease {
+    fn deref_mut(&mut self) -> &mut Conn {
+        &mut self.conn
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here, and `self.conn` is not used again.
+        let conn = unsafe { std::mem::ManuallyDrop::take(&mut self.conn) };
+        if !conn.abandoned.load(Ordering::SeqCst) {
+            return;
+        }
+        let conn = Object::take(conn);
+        let places = (self.running.take(), self.share.take());
+        tokio::spawn(async move {
+            // Queued behind the abandoned query: answered once the backend is idle again.
+            let idle = tokio::time::timeout(REAP_LIMIT, conn.client.simple_query("")).await;
+            if idle.is_err() {
+                eprintln!(
+                    "sqe-gateway: an abandoned query still ran after {} s; its places are \
+                     given back and its connection closed",
+                    REAP_LIMIT.as_secs()
+                );
+            }
+            drop(conn);
+            drop(places);
+        });
+    }
+}
+
 /// One server of the deployment: its pool, and what its health checks found.
 struct Node {
     /// `host:port`, for messages (never the password).
@@ -395,6 +464,9 @@ struct Node {
     shared_sessions: AtomicBool,
     /// The health checks' own connection, kept between checks.
     probe: tokio::sync::Mutex<Option<Client>>,
+    /// Places for the calls running on this server, as many as its pool has connections: a
+    /// call holds one until its backend has ended its query (see `Lease`).
+    running: Arc<Semaphore>,
 }
 
 impl Node {
@@ -421,6 +493,7 @@ impl Node {
             healthy: AtomicBool::new(true),
             shared_sessions: AtomicBool::new(false),
             probe: tokio::sync::Mutex::new(None),
+            running: Arc::new(Semaphore::new(pool_size.max(1))),
         })
     }
 
@@ -438,16 +511,30 @@ impl Node {
     }
 
     /// A connection, waiting at most `wait` for one to be free.
-    async fn get(&self, wait: Duration) -> Result<Object<Manager>, DbError> {
+    async fn get(&self, wait: Duration) -> Result<Lease, DbError> {
+        let asked = std::time::Instant::now();
+        let place = tokio::time::timeout(wait, Arc::clone(&self.running).acquire_owned())
+            .await
+            .map_err(|_| DbError::Busy)?
+            .map_err(|_| DbError::Busy)?;
         let timeouts = Timeouts {
-            wait: Some(wait),
+            wait: Some(wait.saturating_sub(asked.elapsed())),
             create: Some(CONNECT_TIMEOUT),
             recycle: Some(CONNECT_TIMEOUT),
         };
-        self.pool.timeout_get(&timeouts).await.map_err(|e| match e {
-            managed::PoolError::Timeout(managed::TimeoutType::Wait) => DbError::Busy,
-            managed::PoolError::Backend(e) => DbError::from(e),
-            other => DbError::Unavailable(other.to_string()),
+        let conn = self
+            .pool
+            .timeout_get(&timeouts)
+            .await
+            .map_err(|e| match e {
+                managed::PoolError::Timeout(managed::TimeoutType::Wait) => DbError::Busy,
+                managed::PoolError::Backend(e) => DbError::from(e),
+                other => DbError::Unavailable(other.to_string()),
+            })?;
+        Ok(Lease {
+            conn: std::mem::ManuallyDrop::new(conn),
+            running: Some(place),
+            share: None,
         })
     }
 }
@@ -835,7 +922,7 @@ impl Db {
         if let Some(refusal) = call.too_long() {
             return Err(refusal);
         }
-        let _share = match role {
+        let mut share = match role {
             Some(role) => Some(
                 self.shares
                     .enter(role, self.wait)
@@ -851,7 +938,14 @@ impl Db {
             // A busy read server is passed over at once; only the last one is waited for.
             let wait = if last { self.wait } else { Duration::ZERO };
             let result = match node.get(wait).await {
-                Ok(mut conn) => self.call_on(&mut conn, role, call, progress.clone()).await,
+                Ok(mut conn) => {
+                    // Held by the connection while the call runs there (see `Lease`), and
+                    // taken on to the next server when it ended.
+                    conn.share = share.take();
+                    let result = self.call_on(&mut conn, role, call, progress.clone()).await;
+                    share = conn.share.take();
+                    result
+                }
                 Err(e) => Err(e),
             };
             match result {
@@ -886,7 +980,7 @@ impl Db {
     /// Runs `call` on one connection; NOTICEs go to `progress` while it runs.
     async fn call_on(
         &self,
-        conn: &mut Object<Manager>,
+        conn: &mut Lease,
         role: Option<&str>,
         call: &Call,
         progress: Option<Sender<String>>,
@@ -1142,6 +1236,20 @@ async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_backend_that_says_it_ends_after_its_transaction_is_not_handed_out_again() {
+        // As src/exec.rs (`end_connection`) says it.
+        assert!(ends_the_connection(
+            "sql_query_engine: queries left 1030 MB in this connection's caches, as much as \
+             sql_query_engine.max_query_memory (1024 MB): the connection ends after this \
+             transaction (PostgreSQL then says it terminates it); reconnect"
+        ));
+        assert!(!ends_the_connection("sql_query_engine: asking the model"));
+        assert!(!ends_the_connection(
+            "the connection ends after this transaction, says a view"
+        ));
+    }
 
     #[test]
     fn only_the_extensions_progress_lines_are_passed_on_and_cut() {

@@ -76,6 +76,13 @@ fn setup() -> Setup {
             ),
             ("Delete every order", "DELETE FROM orders"),
             ("Take your time", "SELECT 1 AS slow"),
+            // Its result collection looks up 1.5 million relations that do not exist, with no
+            // check for cancel between them (seconds deaf to cancel).
+            (
+                "Name the missing relations",
+                "SELECT array_agg(g::oid::regclass) AS missing \
+                 FROM generate_series(100000000, 101500000) g",
+            ),
             (
                 "A wall of text",
                 "SELECT repeat('x', 200000) AS wall FROM generate_series(1, 50)",
@@ -604,6 +611,47 @@ fn a_full_pool_answers_503_with_retry_after_instead_of_waiting() {
         "answered after {waited:?}"
     );
     drop(slow);
+}
+
+/// A client that leaves frees no place while the backend still runs its query (cancelled, but
+/// in a stretch that checks for no cancel): the next request waits for the backend, instead of
+/// a new backend starting beside it, so that `--pool-size` bounds busy backends.
+#[test]
+fn a_client_that_leaves_frees_its_place_only_once_its_backend_is_idle() {
+    let s = setup();
+    let gateway = Gateway::start_with(
+        &s.database_url,
+        &s.tokens,
+        &["--pool-size", "1", "--pool-wait", "1", "--role-calls", "2"],
+    );
+    let mut admin = cluster().connect(&s.database);
+    let deaf = gateway.send_chat(&s.token, &chat(&s, "Name the missing relations"));
+    wait_for_nl_calls(&mut admin, true, Duration::from_secs(10), "never started");
+    // Into its result collection, then gone.
+    std::thread::sleep(Duration::from_millis(1500));
+    drop(deaf);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        running_nl_calls(&mut admin),
+        1,
+        "the deaf query ended too soon"
+    );
+    let response =
+        post_chat(&gateway, &s.token).send_string(&chat(&s, "How many orders are there?"));
+    assert!(
+        matches!(response, Err(ureq::Error::Status(503, _))),
+        "served beside the backend still running: {response:?}"
+    );
+    // Once the backend is idle, the place is free again.
+    wait_for_nl_calls(&mut admin, false, Duration::from_secs(30), "never ended");
+    let started = Instant::now();
+    loop {
+        match post_chat(&gateway, &s.token).send_string(&chat(&s, "How many orders are there?")) {
+            Ok(_) => break,
+            Err(e) => assert!(started.elapsed() < Duration::from_secs(10), "{e:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// One role's requests take at most `--role-calls` connections: the next is answered 429
