@@ -237,7 +237,7 @@ fn define() {
         GucRegistry::define_int_guc_with_hooks(
             c"sql_query_engine.max_repairs",
             c"How many times a failed or empty query is sent back to the model for repair.",
-            c"At most 1 + max_repairs queries run per question.",
+            c"Repairs the model is asked for per question, after the first query.",
             &MAX_REPAIRS,
             0,
             20,
