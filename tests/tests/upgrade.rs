@@ -329,6 +329,10 @@ fn updating_from_0_1_0_through_every_release_equals_a_fresh_install_and_keeps_th
         .batch_execute(
             r#"INSERT INTO nl_sessions (session, turns) VALUES ('kept',
                    '[{"question": "the first", "sql": "SELECT 1"}, {"question": "the second"}]');
+               ALTER TABLE nl_sessions DISABLE TRIGGER nl_row_role;
+               INSERT INTO nl_sessions (session, turns, updated_at) VALUES ('ahead',
+                   '[{"question": "dated ahead"}]', now() + interval '1 day');
+               ALTER TABLE nl_sessions ENABLE ALWAYS TRIGGER nl_row_role;
                ALTER EXTENSION sql_query_engine UPDATE TO '0.17.0';"#,
         )
         .unwrap();
@@ -341,6 +345,14 @@ fn updating_from_0_1_0_through_every_release_equals_a_fresh_install_and_keeps_th
         .unwrap()
         .get(0);
     assert_eq!(turns, "the first: SELECT 1; the second: ");
+    let ahead: i64 = client
+        .query_one(
+            "SELECT count(*) FROM nl_sessions WHERE session = 'ahead'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(ahead, 0, "a turn dated ahead would live past its TTL");
     let (updated_members, fresh_members) = (members(&updated), members(&fresh));
     let only = |a: &[String], b: &[String]| -> Vec<String> {
         a.iter().filter(|m| !b.contains(m)).cloned().collect()
