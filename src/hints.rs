@@ -189,8 +189,13 @@ where
         }
         let mut paths = Vec::new();
         // Each first step costs a look at every relation's keys: a relation that very many
-        // others reference is not followed through all of them.
-        for first in (self.hops)(from, None).into_iter().take(MAX_FIRST_HOPS) {
+        // others reference is not followed through them, and no way through it is called the
+        // only one (the ways not looked at could be as short).
+        let firsts = (self.hops)(from, None);
+        if firsts.len() > MAX_FIRST_HOPS {
+            return paths;
+        }
+        for first in firsts {
             if not_through.contains(&first.name.as_str()) {
                 continue;
             }

@@ -579,7 +579,10 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
             })
         };
         (|| {
-            let (relations, readable) = json_and_count(
+            // Each result is parsed in a block of its own, so that its text is freed before
+            // the next query runs.
+            let (found, readable) = {
+                let (relations, readable) = json_and_count(
                 RELATIONS_SQL,
                 &[
                     schemas.to_vec().into(),
@@ -589,7 +592,8 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
                     MAX_QUERY_BYTES.into(),
                 ],
             )?;
-            let found: Vec<RelationRow> = parse(&relations)?;
+                (parse::<Vec<RelationRow>>(&relations)?, readable)
+            };
             let readable = usize::try_from(readable).unwrap_or(0);
             if found.len() < readable {
                 notice!(
@@ -605,7 +609,8 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
                 .iter()
                 .map(|r| pg_sys::Oid::from(r.relation.oid))
                 .collect();
-            let (columns, all) = json_and_count(
+            let (mut columns, all) = {
+                let (columns, all) = json_and_count(
                 COLUMNS_SQL,
                 &[
                     oids.clone().into(),
@@ -613,7 +618,8 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
                     MAX_COLUMN_BYTES.into(),
                 ],
             )?;
-            let mut columns: Vec<ColumnRow> = parse(&columns)?;
+                (parse::<Vec<ColumnRow>>(&columns)?, all)
+            };
             let left_out = usize::try_from(all).unwrap_or(0).saturating_sub(columns.len());
             if left_out > 0 {
                 notice!(
@@ -674,7 +680,8 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
             } else {
                 Vec::new()
             };
-            let (keys, all) = json_and_count(
+            let (keys, all) = {
+                let (keys, all) = json_and_count(
                 KEYS_SQL,
                 &[
                     oids.into(),
@@ -683,7 +690,8 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
                     MAX_QUERY_BYTES.into(),
                 ],
             )?;
-            let keys: Vec<KeyRow> = parse(&keys)?;
+                (parse::<Vec<KeyRow>>(&keys)?, all)
+            };
             let all = usize::try_from(all).unwrap_or(0);
             if keys.len() < all {
                 notice!(

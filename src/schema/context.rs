@@ -296,8 +296,9 @@ impl SchemaContext {
         missing_column: Option<&str>,
         list_all: bool,
     ) -> Option<String> {
+        let names: HashSet<&str> = names.iter().map(String::as_str).collect();
         let named: Vec<usize> = (0..self.relations.len())
-            .filter(|&i| names.iter().any(|n| n == unquoted(&self.relations[i].name)))
+            .filter(|&i| names.contains(unquoted(&self.relations[i].name)))
             .collect();
         let mut lines: Vec<String> = named
             .iter()
@@ -550,12 +551,14 @@ impl SchemaContext {
     fn join_chain(&self, from: &[usize], to: usize) -> Vec<String> {
         // For each relation reached: the one it was reached from.
         let mut came_from: HashMap<usize, usize> = HashMap::new();
+        let starts: HashSet<usize> = from.iter().copied().collect();
         let mut frontier: Vec<usize> = from.to_vec();
         for _ in 0..JOIN_HOPS {
             let mut next = Vec::new();
             for &i in &frontier {
+                pgrx::check_for_interrupts!();
                 for &j in &self.neighbours[i] {
-                    if from.contains(&j) || came_from.contains_key(&j) {
+                    if starts.contains(&j) || came_from.contains_key(&j) {
                         continue;
                     }
                     came_from.insert(j, i);
