@@ -1843,7 +1843,7 @@ unsafe extern "C-unwind" fn record_error(arg: *mut std::ffi::c_void) {
         let seen = &*arg.cast::<Seen>();
         let sqlstate = pg_sys::geterrcode();
         seen.sqlstate.set(sqlstate);
-        if SqlState::from_packed(sqlstate) == SqlState::OUT_OF_MEMORY {
+        if SqlState::from_packed(sqlstate) == SqlState::OUT_OF_MEMORY && at_hard_limit() {
             lift_hard_limit();
         }
         // An error's position, not a notice's, and the last error's alone: code the query ran
@@ -1919,6 +1919,7 @@ thread_local! {
 /// (code of the query may catch one cancel). A cancel already pending is the caller's.
 extern "C" fn memory_watch() {
     use std::sync::atomic::Ordering;
+    relower_when_due();
     let ceiling = WATCH_CEILING.load(Ordering::Relaxed);
     let met = LIMIT_MET.swap(false, Ordering::SeqCst);
     if !met && (ceiling == u64::MAX || data_pages().is_none_or(|pages| pages <= ceiling)) {
@@ -2003,6 +2004,7 @@ impl MemoryWatch {
         }
         // SAFETY: reads the page size.
         let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        PAGE_BYTES.store(page.max(1), Ordering::Relaxed);
         let Some(now) = data_pages() else {
             return unarmed;
         };
@@ -2086,6 +2088,16 @@ static LOWERED_TO: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::
 static LIMIT_MET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 /// Whether `LimitLock` is held.
 static LIMIT_LOCKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// When `lift_hard_limit` put the limit back for an error's handling (`monotonic_ms`); 0: it
+/// did not, or the limit is lowered again.
+static LIFTED_AT_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// The page size, read when a watch is armed (for the timer handler, which may not ask).
+static PAGE_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(4096);
+/// How close to the lowered limit the backend's data must be for an out-of-memory error to be
+/// the limit's own.
+const AT_LIMIT_SLACK_BYTES: u64 = 16 << 20;
+/// How long the limit stays put back after an error at most.
+const LIFTED_FOR_MS: u64 = 1000;
 
 /// Exclusive use of the data size limit: a spin lock, held for a `setrlimit` or two and at
 /// most one allocation, that allocates nothing (the allocator takes it).
@@ -2165,9 +2177,76 @@ unsafe extern "C-unwind" fn disarm_at_exit(_code: std::ffi::c_int, _arg: pg_sys:
 /// PostgreSQL PANICs and restarts the whole server. So the limit is put back for the rest of
 /// the attempt, whose cancel the watch asks for; what the caches keep counts against the
 /// connection after it (`note_kept`).
+/// The limit is put back only when the backend is at it: a report of 53200 that code raised
+/// itself (`RAISE WARNING ... USING ERRCODE`) lifts nothing. It stays put back until the watch
+/// sees room under it again (the failed code's memory freed by its rollback) or for
+/// `LIFTED_FOR_MS` at most (memory the rollback does not free), then the watch lowers it again:
+/// code that catches the error goes on under the limit.
 fn lift_hard_limit() {
     restore_hard_limit();
     LIMIT_MET.store(true, std::sync::atomic::Ordering::SeqCst);
+    LIFTED_AT_MS.store(monotonic_ms().max(1), std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Whether the backend's data is within `AT_LIMIT_SLACK_BYTES` of the lowered limit.
+fn at_hard_limit() -> bool {
+    use std::sync::atomic::Ordering;
+    LOWERED.load(Ordering::SeqCst)
+        && data_pages().is_some_and(|pages| {
+            pages
+                .saturating_mul(PAGE_BYTES.load(Ordering::Relaxed))
+                .saturating_add(AT_LIMIT_SLACK_BYTES)
+                >= LOWERED_TO.load(Ordering::SeqCst)
+        })
+}
+
+/// Lowers the limit `lift_hard_limit` put back again, once there is room under it or it has
+/// been lifted for `LIFTED_FOR_MS`; from the watch's timer handler, so it never waits for the
+/// limit's lock (whoever holds it is interrupted): it tries again at the next tick.
+fn relower_when_due() {
+    use std::sync::atomic::Ordering;
+    let lifted = LIFTED_AT_MS.load(Ordering::SeqCst);
+    if lifted == 0 {
+        return;
+    }
+    let room = data_pages().is_some_and(|pages| {
+        pages
+            .saturating_mul(PAGE_BYTES.load(Ordering::Relaxed))
+            .saturating_add(AT_LIMIT_SLACK_BYTES)
+            < LOWERED_TO.load(Ordering::SeqCst)
+    });
+    if !room && monotonic_ms() < lifted.saturating_add(LIFTED_FOR_MS) {
+        return;
+    }
+    if LIMIT_LOCKED
+        .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        return;
+    }
+    if LIFTED_AT_MS.swap(0, Ordering::SeqCst) != 0
+        && set_data_limit(
+            LOWERED_TO.load(Ordering::SeqCst),
+            LOWERED_FROM[1].load(Ordering::SeqCst),
+        )
+    {
+        LOWERED.store(true, Ordering::SeqCst);
+    }
+    LIMIT_LOCKED.store(false, Ordering::Release);
+}
+
+/// Milliseconds of the monotonic clock (`clock_gettime` is async-signal-safe).
+fn monotonic_ms() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes the clock's value into a local.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    u64::try_from(now.tv_sec)
+        .unwrap_or(0)
+        .saturating_mul(1000)
+        .saturating_add(u64::try_from(now.tv_nsec / 1_000_000).unwrap_or(0))
 }
 
 /// Puts back the data size limit `lower_hard_limit` lowered.
@@ -2181,6 +2260,7 @@ fn restore_hard_limit() {
         );
     }
     LIMIT_MET.store(false, Ordering::SeqCst);
+    LIFTED_AT_MS.store(0, Ordering::SeqCst);
 }
 
 /// The allocator of the extension's Rust code: the system's, except that an allocation that

@@ -653,6 +653,42 @@ fn meeting_the_hard_memory_limit_in_memory_no_rollback_frees_is_an_error_not_a_s
     assert_eq!(started(&mut again), before, "the server restarted");
 }
 
+/// Only an out-of-memory error at the hard limit puts it back for the error's handling: a
+/// view's code that reports 53200 itself (a WARNING) and then grows where no interrupt is
+/// checked still meets the limit.
+#[test]
+fn code_that_reports_out_of_memory_itself_does_not_lift_the_hard_limit() {
+    let mut s = Session::new();
+    let (role_name, mut role, _) = role_connection(&mut s, "lifter");
+    s.client
+        .batch_execute(&format!(
+            "CREATE FUNCTION public.lift_then_print() RETURNS text LANGUAGE plpgsql AS $$
+             BEGIN
+                 RAISE WARNING 'not really' USING ERRCODE = '53200';
+                 RETURN (SELECT array_agg(1e131071::numeric) FROM generate_series(1, 8000))::text;
+             END $$;
+             CREATE VIEW public.printed AS SELECT public.lift_then_print() AS t;
+             GRANT SELECT ON public.printed TO {role_name};"
+        ))
+        .unwrap();
+    let pid: i32 = role
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    role.batch_execute("SET sql_query_engine.max_query_memory = '64MB'")
+        .unwrap();
+    let error = role
+        .query(
+            "SELECT * FROM nl_run('SELECT length(t) AS n FROM printed')",
+            &[],
+        )
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert!(code == "53200" || code == "54000", "{code} {message}");
+    let peak = peak_kb(pid);
+    assert!(peak < 700 * 1024, "the backend grew to {peak} kB");
+}
+
 /// What an attempt leaves behind in PostgreSQL's caches outlives it (24 kB for each new time
 /// zone a query names, kept as long as the backend): each attempt may add at most
 /// `max_query_memory` less what earlier ones left, and once they left that much the backend
