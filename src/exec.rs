@@ -2098,6 +2098,8 @@ static PAGE_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::
 const AT_LIMIT_SLACK_BYTES: u64 = 16 << 20;
 /// How long the limit stays put back after an error at most.
 const LIFTED_FOR_MS: u64 = 1000;
+/// How far the limit is put back for an error's handling.
+const LIFT_RESERVE_BYTES: u64 = 32 << 20;
 
 /// Exclusive use of the data size limit: a spin lock, held for a `setrlimit` or two and at
 /// most one allocation, that allocates nothing (the allocator takes it).
@@ -2171,21 +2173,30 @@ unsafe extern "C-unwind" fn disarm_at_exit(_code: std::ffi::c_int, _arg: pg_sys:
 }
 
 /// The hard limit did its work: an allocation failed, as an ERROR (53200), now being
-/// reported. Handling it allocates too (PostgreSQL's error data, pgrx's copy of it), and memory
-/// the rollback does not free (catalog cache entries the query made, one per relation it looked
-/// up) would make each of those allocations fail again, one error inside another, until
-/// PostgreSQL PANICs and restarts the whole server. So the limit is put back for the rest of
-/// the attempt, whose cancel the watch asks for; what the caches keep counts against the
-/// connection after it (`note_kept`).
-/// The limit is put back only when the backend is at it: a report of 53200 that code raised
-/// itself (`RAISE WARNING ... USING ERRCODE`) lifts nothing. It stays put back until the watch
-/// sees room under it again (the failed code's memory freed by its rollback) or for
-/// `LIFTED_FOR_MS` at most (memory the rollback does not free), then the watch lowers it again:
-/// code that catches the error goes on under the limit.
+/// reported. Handling it allocates too (PostgreSQL's error data, pgrx's copy of it), and at the
+/// limit, with memory the rollback does not free yet (or at all: catalog cache entries the
+/// query made), each of those allocations would fail again, one error inside another, until
+/// PostgreSQL PANICked and restarted the whole server. So the limit is raised to
+/// `LIFT_RESERVE_BYTES` past where it was for the error's handling, only when the backend is at
+/// it (a 53200 that code reports itself far from it raises nothing), and the watch lowers it
+/// again once there is room under it or after `LIFTED_FOR_MS`. However often code meets it
+/// (catching the error and growing on), the backend's data stays under that raised limit.
 fn lift_hard_limit() {
-    restore_hard_limit();
-    LIMIT_MET.store(true, std::sync::atomic::Ordering::SeqCst);
-    LIFTED_AT_MS.store(monotonic_ms().max(1), std::sync::atomic::Ordering::SeqCst);
+    use std::sync::atomic::Ordering;
+    {
+        let _lock = LimitLock::take();
+        if !LOWERED.load(Ordering::SeqCst) {
+            return;
+        }
+        set_data_limit(
+            LOWERED_TO
+                .load(Ordering::SeqCst)
+                .saturating_add(LIFT_RESERVE_BYTES),
+            LOWERED_FROM[1].load(Ordering::SeqCst),
+        );
+        LIMIT_MET.store(true, Ordering::SeqCst);
+        LIFTED_AT_MS.store(monotonic_ms().max(1), Ordering::SeqCst);
+    }
 }
 
 /// Whether the backend's data is within `AT_LIMIT_SLACK_BYTES` of the lowered limit.

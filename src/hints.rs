@@ -178,22 +178,22 @@ where
     /// `column`: each relation one key away that has it; when none has, each relation one key
     /// further through one that lacks it (a link table, most often), never back to `from` or
     /// to a relation named in `not_through` (the relations the query's FROM clause has
-    /// already). At most `MAX_PATHS`: more than one is a guess anyway.
-    fn key_paths(&self, from: &str, column: &str, not_through: &[&str]) -> Vec<Vec<Hop>> {
+    /// already). At most `MAX_PATHS`: more than one is a guess anyway. `None` when the ways
+    /// were not all looked at: each first step costs a look at every relation's keys, so a
+    /// relation that very many others reference is not followed through them, and then no way
+    /// may be called the only one (those not looked at could be as short).
+    fn key_paths(&self, from: &str, column: &str, not_through: &[&str]) -> Option<Vec<Vec<Hop>>> {
         let direct: Vec<Vec<Hop>> = (self.hops)(from, Some(column))
             .into_iter()
             .map(|hop| vec![hop])
             .collect();
         if !direct.is_empty() {
-            return direct;
+            return Some(direct);
         }
         let mut paths = Vec::new();
-        // Each first step costs a look at every relation's keys: a relation that very many
-        // others reference is not followed through them, and no way through it is called the
-        // only one (the ways not looked at could be as short).
         let firsts = (self.hops)(from, None);
         if firsts.len() > MAX_FIRST_HOPS {
-            return paths;
+            return None;
         }
         for first in firsts {
             if not_through.contains(&first.name.as_str()) {
@@ -205,11 +205,11 @@ where
                 }
                 paths.push(vec![first.clone(), second]);
                 if paths.len() > MAX_PATHS {
-                    return paths;
+                    return Some(paths);
                 }
             }
         }
-        paths
+        Some(paths)
     }
 }
 
@@ -535,7 +535,8 @@ where
 {
     let qualifier = item.qualifier();
     let in_from = from_names(refs, home);
-    let [path] = &schema.key_paths(&item.name, column, &in_from)[..] else {
+    let paths = schema.key_paths(&item.name, column, &in_from)?;
+    let [path] = &paths[..] else {
         return None;
     };
     let (join, on) = join_after(sql, refs, home, item, path)?;
@@ -587,16 +588,12 @@ where
     let home = refs.select_at(at)?;
     let select = refs.selects.get(home)?;
     let in_from = from_names(refs, home);
-    let found: Vec<(&RelationRef, Vec<Hop>)> = select
-        .relations
-        .iter()
-        .flat_map(|item| {
-            schema
-                .key_paths(&item.name, column, &in_from)
-                .into_iter()
-                .map(move |path| (item, path))
-        })
-        .collect();
+    let mut found: Vec<(&RelationRef, Vec<Hop>)> = Vec::new();
+    for item in &select.relations {
+        // A FROM item whose ways were not all looked at could have one as short as any.
+        let paths = schema.key_paths(&item.name, column, &in_from)?;
+        found.extend(paths.into_iter().map(|path| (item, path)));
+    }
     let shortest = found.iter().map(|(_, path)| path.len()).min()?;
     let mut shortest = found.iter().filter(|(_, path)| path.len() == shortest);
     let (item, path) = shortest.next()?;
@@ -1425,6 +1422,25 @@ mod tests {
         };
         let sql = "SELECT 1 FROM enrollments WHERE title = 'x'";
         assert_eq!(around(sql, &one, &["title"], "title", two_ways), None);
+        // More relations one key away than are followed: the one way found among those looked
+        // at is not taken for the only one.
+        let hub: Lookup = Schema {
+            has_column: university().has_column,
+            hops: |r: &str, c: Option<&str>| {
+                let mut found = (university().hops)(r, c);
+                if r == "enrollments" && c.is_none() {
+                    let dead_end = Hop {
+                        sql: "uni.audits".into(),
+                        name: "audits".into(),
+                        on: vec![("student_id".into(), "student_id".into())],
+                    };
+                    found.extend(std::iter::repeat_n(dead_end, 100));
+                }
+                found
+            },
+        };
+        let sql = "SELECT 1 FROM enrollments WHERE title = 'x'";
+        assert_eq!(around(sql, &one, &["title"], "title", hub), None);
         // The relation between is in the FROM clause already: that is one key away, not two.
         let sql = "SELECT 1 FROM enrollments, sections WHERE title = 'x'";
         let both = [("enrollments", None), ("sections", None)];

@@ -689,6 +689,52 @@ fn code_that_reports_out_of_memory_itself_does_not_lift_the_hard_limit() {
     assert!(peak < 700 * 1024, "the backend grew to {peak} kB");
 }
 
+/// Code that catches the out-of-memory error (and the cancels) and grows on meets the hard
+/// limit again: it was put back by a fixed reserve for the error's handling, and lowered again,
+/// so the backend stays under it however long the code goes on (it ends when terminated: code
+/// that catches every cancel is not ended by one), instead of growing until the kernel killed
+/// the server.
+#[test]
+fn code_that_catches_out_of_memory_and_grows_on_stays_under_the_hard_limit() {
+    let mut s = Session::new();
+    let (role_name, mut role, _) = role_connection(&mut s, "hog");
+    s.client
+        .batch_execute(&format!(
+            "CREATE FUNCTION public.hog() RETURNS int LANGUAGE plpgsql AS $$
+             DECLARE keep text[] := '{{}}'; mb text := repeat('x', 1 << 20); n int := 64;
+             BEGIN
+                 LOOP
+                     BEGIN
+                         keep := array_append(keep, repeat(mb, n));
+                         n := 64;
+                     EXCEPTION WHEN out_of_memory OR query_canceled THEN
+                         n := 1;
+                     END;
+                 END LOOP;
+             END $$;
+             CREATE VIEW public.hogged AS SELECT public.hog() AS n;
+             GRANT SELECT ON public.hogged TO {role_name};"
+        ))
+        .unwrap();
+    let pid: i32 = role
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    role.batch_execute("SET sql_query_engine.max_query_memory = '64MB'")
+        .unwrap();
+    let hogging = std::thread::spawn(move || {
+        role.query("SELECT * FROM nl_run('SELECT n FROM hogged')", &[])
+            .map(|_| ())
+    });
+    std::thread::sleep(std::time::Duration::from_secs(6));
+    let peak = peak_kb(pid);
+    s.client
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .unwrap();
+    assert!(hogging.join().unwrap().is_err(), "the hog ended on its own");
+    assert!(peak < 700 * 1024, "the backend grew to {peak} kB");
+}
+
 /// What an attempt leaves behind in PostgreSQL's caches outlives it (24 kB for each new time
 /// zone a query names, kept as long as the backend): each attempt may add at most
 /// `max_query_memory` less what earlier ones left, and once they left that much the backend
