@@ -2098,8 +2098,11 @@ static PAGE_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::
 const AT_LIMIT_SLACK_BYTES: u64 = 16 << 20;
 /// How long the limit stays put back after an error at most.
 const LIFTED_FOR_MS: u64 = 1000;
-/// How far the limit is put back for an error's handling.
+/// How far past the backend's data the limit is raised for an error's handling.
 const LIFT_RESERVE_BYTES: u64 = 32 << 20;
+/// How far past where it was lowered the limit may be raised in an attempt before the
+/// backend ends.
+const MAX_LIFT_BYTES: u64 = 128 << 20;
 
 /// Exclusive use of the data size limit: a spin lock, held for a `setrlimit` or two and at
 /// most one allocation, that allocates nothing (the allocator takes it).
@@ -2122,6 +2125,16 @@ impl Drop for LimitLock {
     fn drop(&mut self) {
         LIMIT_LOCKED.store(false, std::sync::atomic::Ordering::Release);
     }
+}
+
+/// The data size limit's soft value.
+fn soft_data_limit() -> Option<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: reads the process's limit into a local.
+    (unsafe { libc::getrlimit(libc::RLIMIT_DATA, &mut limit) } == 0).then_some(limit.rlim_cur)
 }
 
 /// Sets the data size limit's soft value (the hard one stays, so it can be raised back).
@@ -2177,25 +2190,40 @@ unsafe extern "C-unwind" fn disarm_at_exit(_code: std::ffi::c_int, _arg: pg_sys:
 /// limit, with memory the rollback does not free yet (or at all: catalog cache entries the
 /// query made), each of those allocations would fail again, one error inside another, until
 /// PostgreSQL PANICked and restarted the whole server. So the limit is raised to
-/// `LIFT_RESERVE_BYTES` past where it was for the error's handling, only when the backend is at
-/// it (a 53200 that code reports itself far from it raises nothing), and the watch lowers it
-/// again once there is room under it or after `LIFTED_FOR_MS`. However often code meets it
-/// (catching the error and growing on), the backend's data stays under that raised limit.
+/// `LIFT_RESERVE_BYTES` past the backend's data for the error's handling, only when the backend
+/// is at it (a 53200 that code reports itself far from it raises nothing), and the watch lowers
+/// it again once there is room under it or after `LIFTED_FOR_MS`. Code that meets it again and
+/// again (catching the error and growing on) may raise it `MAX_LIFT_BYTES` at most: then the
+/// backend ends.
 fn lift_hard_limit() {
     use std::sync::atomic::Ordering;
-    {
+    let ends = {
         let _lock = LimitLock::take();
         if !LOWERED.load(Ordering::SeqCst) {
             return;
         }
-        set_data_limit(
-            LOWERED_TO
-                .load(Ordering::SeqCst)
-                .saturating_add(LIFT_RESERVE_BYTES),
-            LOWERED_FROM[1].load(Ordering::SeqCst),
-        );
+        let lowered_to = LOWERED_TO.load(Ordering::SeqCst);
+        let data = data_pages()
+            .map_or(lowered_to, |pages| {
+                pages.saturating_mul(PAGE_BYTES.load(Ordering::Relaxed))
+            })
+            .max(lowered_to);
+        let raised = data.saturating_add(LIFT_RESERVE_BYTES);
         LIMIT_MET.store(true, Ordering::SeqCst);
         LIFTED_AT_MS.store(monotonic_ms().max(1), Ordering::SeqCst);
+        let set = set_data_limit(raised, LOWERED_FROM[1].load(Ordering::SeqCst));
+        !set || raised > lowered_to.saturating_add(MAX_LIFT_BYTES)
+    };
+    if ends {
+        // Past what the limit may be raised by (code that meets it, catches the error and
+        // grows on), or it could not be raised: the backend ends at its next interrupt check,
+        // as `pg_terminate_backend` would have it, which code cannot catch.
+        // SAFETY: the flags PostgreSQL's own SIGTERM handler sets (sig_atomic_t), on the
+        // backend's thread.
+        unsafe {
+            std::ptr::write_volatile(&raw mut pg_sys::ProcDiePending, 1);
+            std::ptr::write_volatile(&raw mut pg_sys::InterruptPending, 1);
+        }
     }
 }
 
@@ -2299,9 +2327,11 @@ impl Allocator {
             return allocate();
         }
         let hard = LOWERED_FROM[1].load(Ordering::SeqCst);
+        // Back to the limit as it is now: lowered, or raised for an error's handling.
+        let now = soft_data_limit().unwrap_or(LOWERED_TO.load(Ordering::SeqCst));
         set_data_limit(LOWERED_FROM[0].load(Ordering::SeqCst), hard);
         let second = allocate();
-        set_data_limit(LOWERED_TO.load(Ordering::SeqCst), hard);
+        set_data_limit(now, hard);
         // The watch asks for the cancel at its next tick (this may be another thread, and the
         // allocator references nothing of PostgreSQL's); put back with the limit, under the
         // same lock, so a late thread cannot cancel the next attempt.
