@@ -2203,20 +2203,25 @@ fn lift_hard_limit() {
             return;
         }
         let lowered_to = LOWERED_TO.load(Ordering::SeqCst);
+        let hard = LOWERED_FROM[1].load(Ordering::SeqCst);
+        // The backend's data, or (unreadable) the limit it is at.
         let data = data_pages()
-            .map_or(lowered_to, |pages| {
-                pages.saturating_mul(PAGE_BYTES.load(Ordering::Relaxed))
-            })
+            .map(|pages| pages.saturating_mul(PAGE_BYTES.load(Ordering::Relaxed)))
+            .or_else(soft_data_limit)
+            .unwrap_or(lowered_to)
             .max(lowered_to);
-        let raised = data.saturating_add(LIFT_RESERVE_BYTES);
+        // Never past the hard limit, which no process may raise.
+        let raised = data.saturating_add(LIFT_RESERVE_BYTES).min(hard);
         LIMIT_MET.store(true, Ordering::SeqCst);
         LIFTED_AT_MS.store(monotonic_ms().max(1), Ordering::SeqCst);
-        let set = set_data_limit(raised, LOWERED_FROM[1].load(Ordering::SeqCst));
-        !set || raised > lowered_to.saturating_add(MAX_LIFT_BYTES)
+        let set = set_data_limit(raised, hard);
+        !set || raised < data.saturating_add(LIFT_RESERVE_BYTES)
+            || raised > lowered_to.saturating_add(MAX_LIFT_BYTES)
     };
     if ends {
         // Past what the limit may be raised by (code that meets it, catches the error and
-        // grows on), or it could not be raised: the backend ends at its next interrupt check,
+        // grows on), or it could not be raised by the whole reserve (a hard limit close
+        // above): the backend ends at its next interrupt check,
         // as `pg_terminate_backend` would have it, which code cannot catch.
         // SAFETY: the flags PostgreSQL's own SIGTERM handler sets (sig_atomic_t), on the
         // backend's thread.

@@ -219,6 +219,15 @@ pub fn fresh_dir(prefix: &str) -> std::path::PathBuf {
     std::ffi::OsString::from_vec(bytes).into()
 }
 
+/// The peak resident memory of a backend, in kB (VmHWM from /proc); `None` once it has ended.
+pub fn peak_kb(pid: i32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
 /// Whether backend `pid` is still listed in pg_stat_activity, as seen from `watcher`, after
 /// giving it up to five seconds to leave: a client sees a FATAL before the backend's exit hooks
 /// have removed it from the list.

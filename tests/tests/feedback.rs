@@ -815,11 +815,6 @@ fn feedback_on_a_history_row_written_huge_reads_only_what_an_answer_may_have() {
             .unwrap_err(),
     );
     assert_eq!(error.0, "22023", "{}", error.1);
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let peak: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap();
+    let peak = sql_query_engine_e2e::peak_kb(pid).expect("the backend is alive");
     assert!(peak < 300 * 1024, "the backend grew to {peak} kB");
 }

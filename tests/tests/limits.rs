@@ -25,14 +25,22 @@ fn role_connection(
     (role, client, notices)
 }
 
-/// The peak resident memory of a backend, in kB (VmHWM from /proc).
+/// The peak resident memory of a live backend, in kB.
 fn peak_kb(pid: i32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
+    sql_query_engine_e2e::peak_kb(pid).expect("the backend is alive")
+}
+
+/// A login role of `prefix` that may create objects in the schema public, where the callers'
+/// schema context reads them, and its connection.
+fn creator_in_public(s: &mut Session, prefix: &str) -> (String, postgres::Client) {
+    let creator = format!("{prefix}_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {creator} LOGIN; GRANT CREATE ON SCHEMA public TO {creator};"
+        ))
+        .unwrap();
+    let client = cluster().connect_as(&s.database, &creator);
+    (creator, client)
 }
 
 #[test]
@@ -233,14 +241,8 @@ fn a_value_set_before_the_library_loads_is_bounded_whoever_loads_it() {
 fn what_another_role_writes_into_the_catalog_reaches_a_callers_backend_bounded() {
     let mut s = Session::new();
     let (victim, mut client, notices) = role_connection(&mut s, "reader");
-    let attacker = format!("writer_{}", s.database);
-    s.client
-        .batch_execute(&format!(
-            "CREATE ROLE {attacker} LOGIN; GRANT CREATE ON SCHEMA public TO {attacker};"
-        ))
-        .unwrap();
-    cluster()
-        .connect_as(&s.database, &attacker)
+    let (_, mut attacker) = creator_in_public(&mut s, "writer");
+    attacker
         .batch_execute(&format!(
             "DO $$ BEGIN EXECUTE 'CREATE TYPE public.mood AS ENUM (' || (SELECT
                  string_agg(quote_literal('mood_' || g), ', ' ORDER BY g)
@@ -301,14 +303,8 @@ fn what_another_role_writes_into_the_catalog_reaches_a_callers_backend_bounded()
 fn what_another_roles_catalog_entries_weigh_is_bounded_too() {
     let mut s = Session::new();
     let (victim, mut client, notices) = role_connection(&mut s, "weigher");
-    let attacker = format!("heavy_{}", s.database);
-    s.client
-        .batch_execute(&format!(
-            "CREATE ROLE {attacker} LOGIN; GRANT CREATE ON SCHEMA public TO {attacker};"
-        ))
-        .unwrap();
-    cluster()
-        .connect_as(&s.database, &attacker)
+    let (_, mut attacker) = creator_in_public(&mut s, "heavy");
+    attacker
         .batch_execute(&format!(
             "DO $$ BEGIN FOR i IN 1..3000 LOOP
                  EXECUTE format('CREATE TABLE public.heavy_%s (a int)', i);
@@ -729,15 +725,9 @@ fn code_that_catches_out_of_memory_and_grows_on_stays_under_the_hard_limit() {
     // Six seconds of it (or until an error of its own code ends it), its peak read as it runs.
     let (started, mut peak) = (std::time::Instant::now(), 0);
     while started.elapsed() < std::time::Duration::from_secs(6) {
-        match std::fs::read_to_string(format!("/proc/{pid}/status")) {
-            Ok(status) => {
-                peak = status
-                    .lines()
-                    .find_map(|l| l.strip_prefix("VmHWM:"))
-                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-                    .unwrap_or(peak);
-            }
-            Err(_) => break,
+        match sql_query_engine_e2e::peak_kb(pid) {
+            Some(kb) => peak = kb,
+            None => break,
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
