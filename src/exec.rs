@@ -675,9 +675,10 @@ unsafe extern "C-unwind" fn end_after_transaction(
 /// PostgreSQL's memory that outlives a statement and its transaction: all of it but the
 /// transaction's, the portals', the current message's and the error handling's.
 fn kept_memory() -> u64 {
+    // The portals' top context is static to portalmem.c: it is the running portal's context's
+    // ancestor just below the top context.
     // SAFETY: sums the memory contexts' own counters, on the backend's thread; a context that
-    // does not exist (yet) is null and counts nothing. The portals' top context is static to
-    // portalmem.c: it is the running portal's context's ancestor just below the top context.
+    // does not exist (yet) is null and counts nothing.
     unsafe {
         let allocated = |context: pg_sys::MemoryContext| -> u64 {
             if context.is_null() {
@@ -1646,9 +1647,9 @@ pub struct Cursor {
 impl Drop for Cursor {
     fn drop(&mut self) {
         for store in CURSOR_STORES.take() {
+            // The portal is pinned until `finish`, which ends the stores before it drops it.
             // SAFETY: a store `startup` began in the hold context of this cursor's portal,
-            // which still exists (pinned until `finish`, which ends them all before it drops
-            // the portal), and which nothing else ends.
+            // which still exists, and which nothing else ends.
             unsafe { pg_sys::tuplestore_end(store) }
         }
         if !self.finished.get() {
@@ -2205,8 +2206,7 @@ fn lift_hard_limit() {
         let lowered_to = LOWERED_TO.load(Ordering::SeqCst);
         let hard = LOWERED_FROM[1].load(Ordering::SeqCst);
         // The backend's data, or (unreadable) the limit it is at.
-        let data = data_pages()
-            .map(|pages| pages.saturating_mul(PAGE_BYTES.load(Ordering::Relaxed)))
+        let data = data_bytes()
             .or_else(soft_data_limit)
             .unwrap_or(lowered_to)
             .max(lowered_to);
@@ -2236,11 +2236,8 @@ fn lift_hard_limit() {
 fn at_hard_limit() -> bool {
     use std::sync::atomic::Ordering;
     LOWERED.load(Ordering::SeqCst)
-        && data_pages().is_some_and(|pages| {
-            pages
-                .saturating_mul(PAGE_BYTES.load(Ordering::Relaxed))
-                .saturating_add(AT_LIMIT_SLACK_BYTES)
-                >= LOWERED_TO.load(Ordering::SeqCst)
+        && data_bytes().is_some_and(|data| {
+            data.saturating_add(AT_LIMIT_SLACK_BYTES) >= LOWERED_TO.load(Ordering::SeqCst)
         })
 }
 
@@ -2253,11 +2250,8 @@ fn relower_when_due() {
     if lifted == 0 {
         return;
     }
-    let room = data_pages().is_some_and(|pages| {
-        pages
-            .saturating_mul(PAGE_BYTES.load(Ordering::Relaxed))
-            .saturating_add(AT_LIMIT_SLACK_BYTES)
-            < LOWERED_TO.load(Ordering::SeqCst)
+    let room = data_bytes().is_some_and(|data| {
+        data.saturating_add(AT_LIMIT_SLACK_BYTES) < LOWERED_TO.load(Ordering::SeqCst)
     });
     if !room && monotonic_ms() < lifted.saturating_add(LIFTED_FOR_MS) {
         return;
@@ -2277,6 +2271,12 @@ fn relower_when_due() {
         LOWERED.store(true, Ordering::SeqCst);
     }
     LIMIT_LOCKED.store(false, Ordering::Release);
+}
+
+/// The backend's data, in bytes (`data_pages`; async-signal-safe).
+fn data_bytes() -> Option<u64> {
+    data_pages()
+        .map(|pages| pages.saturating_mul(PAGE_BYTES.load(std::sync::atomic::Ordering::Relaxed)))
 }
 
 /// Milliseconds of the monotonic clock (`clock_gettime` is async-signal-safe).

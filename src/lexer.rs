@@ -123,12 +123,13 @@ fn lex(sql: &CStr) -> Vec<Token> {
     // The scanner keeps this pointer: every later use of `extra` goes through it.
     let extra: *mut pg_sys::core_yy_extra_type = &mut extra;
     let mut found = Vec::new();
-    // SAFETY: `scanner_init` copies `sql` into the current memory context and keeps a pointer
-    // to `extra`, which outlives the scanner (ended by `scanner_finish` below, or, when the
-    // lexer raises an error, by the deletion of the memory context that holds it).
-    // `ScanKeywords` and `ScanKeywordTokens` are the core grammar's keyword list and token
-    // numbers, as the raw parser passes them. A value is read from the union as the token's
-    // number says the lexer set it; a string value is NUL-terminated, in the same context.
+    // `scanner_init` copies `sql` into the current memory context and keeps a pointer to
+    // `extra`, which outlives the scanner (ended by `scanner_finish` below, or, when the lexer
+    // raises an error, by the deletion of the memory context that holds it). A value is read
+    // from the union as the token's number says the lexer set it; a string value is
+    // NUL-terminated, in the same context.
+    // SAFETY: as above; `ScanKeywords` and `ScanKeywordTokens` are the core grammar's keyword
+    // list and token numbers, as the raw parser passes them.
     unsafe {
         let scanner = pg_sys::scanner_init(
             sql.as_ptr(),

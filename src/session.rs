@@ -551,9 +551,9 @@ unsafe extern "C-unwind" fn on_utility(
     dest: *mut pg_sys::DestReceiver,
     completion: *mut pg_sys::QueryCompletion,
 ) {
-    // SAFETY: the statement PostgreSQL passed; then the previous hook (stored once, in
-    // `init`) or PostgreSQL's own, with exactly what PostgreSQL gave this one; then the
-    // statement, still its caller's.
+    // The previous hook was stored once, in `init`; the statement is still its caller's after.
+    // SAFETY: the statement PostgreSQL passed; the previous hook or PostgreSQL's own, with
+    // exactly what PostgreSQL gave this one.
     unsafe {
         crate::exec::refuse_reset_all(statement);
         match PREVIOUS_UTILITY_HOOK {

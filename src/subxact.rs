@@ -213,9 +213,9 @@ pub fn in_procedure<R>(
     settings: &[(CString, CString)],
     work: impl FnOnce() -> R,
 ) -> R {
-    // SAFETY: PostgreSQL passes a valid fcinfo; its context, when set, is a Node. Whether an
-    // SPI connection of the caller's code (a procedure's, a DO block's) is around this CALL
-    // is read before this one makes its own.
+    // Whether an SPI connection of the caller's code (a procedure's, a DO block's) is around
+    // this CALL is read before this one makes its own.
+    // SAFETY: PostgreSQL passes a valid fcinfo; its context, when set, is a Node.
     let (nonatomic, nested) = unsafe {
         let context = (*fcinfo).context;
         (

@@ -349,11 +349,11 @@ fn watch_for_close(stream: &TcpStream, gone: CancellationToken) {
                 events: PEER_CLOSED,
                 revents: 0,
             };
-            // SAFETY: polls one pollfd on the stack, without waiting. The descriptor is the
-            // connection's until it is dropped, which fires `gone` before it closes the
-            // socket; a drop between the check above and this poll may leave a closed
-            // descriptor (POLLNVAL, not looked at) or one reused since, whose close can only
-            // fire this token again, which changes nothing.
+            // The descriptor is the connection's until it is dropped, which fires `gone` before
+            // it closes the socket; a drop between the check above and this poll may leave a
+            // closed descriptor (POLLNVAL, not looked at) or one reused since, whose close can
+            // only fire this token again, which changes nothing.
+            // SAFETY: polls one pollfd on the stack, without waiting.
             let ready = unsafe { libc::poll(&mut watched, 1, 0) };
             let closed = PEER_CLOSED | libc::POLLHUP | libc::POLLERR;
             if ready > 0 && watched.revents & closed != 0 {

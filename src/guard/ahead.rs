@@ -75,10 +75,11 @@ pub enum Unknown {
 /// `statement` is a raw parse tree of the current memory context.
 pub unsafe fn types_in_reach(statement: *mut pg_sys::Node) -> Result<Vec<pg_sys::Oid>, Unknown> {
     let mut reach;
-    // SAFETY: the caller's contract; through PostgreSQL's raw walker (the statement as a
-    // one-element list, so that the walker sees it too); catalog look-ups by name that run
-    // nothing, and locks on the relations named, which analysis takes too (held until the
-    // sandbox's subtransaction ends).
+    // Through PostgreSQL's raw walker (the statement as a one-element list, so that the walker
+    // sees it too); the locks on the relations named are held until the sandbox's
+    // subtransaction ends.
+    // SAFETY: the caller's contract; catalog look-ups by name that run nothing, and locks that
+    // analysis takes too.
     unsafe {
         let list = pg_sys::lappend(std::ptr::null_mut(), statement.cast());
         let mut walks = 0;

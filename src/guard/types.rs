@@ -389,9 +389,9 @@ impl Types<'_> {
 /// In a transaction.
 unsafe fn stored_checks(domain: pg_sys::Oid) -> Vec<*mut pg_sys::Node> {
     let mut found = Vec::new();
-    // SAFETY: an index scan of pg_constraint by domain, ended and closed before returning (an
-    // ERROR between releases both with the (sub)transaction); each expression is a node tree
-    // read from its text form into the current memory context.
+    // An ERROR between the scan's start and end releases both with the (sub)transaction.
+    // SAFETY: an index scan of pg_constraint by domain, ended and closed before returning;
+    // each expression is a node tree read from its text form into the current memory context.
     unsafe {
         let catalog = pg_sys::table_open(
             pg_sys::Oid::from(CONSTRAINT_RELATION_ID),

@@ -392,9 +392,10 @@ FROM (
 /// whole histogram), each cut to `$4` characters, and at most `$6` values in all, in the order
 /// of the columns asked; an array of more than `$7` values, or stored in more than `$8` bytes,
 /// is not read, nor are those past `$9` stored bytes in all, nor those past `$10` bytes of
-/// JSON.
+/// JSON (the second column counts them all).
 const STATISTICS_SQL: &str = r#"
-SELECT coalesce(json_agg(e.element ORDER BY e.ord) FILTER (WHERE e.bytes <= $10), '[]')::text
+SELECT coalesce(json_agg(e.element ORDER BY e.ord) FILTER (WHERE e.bytes <= $10), '[]')::text,
+       count(*)
 FROM (
 SELECT e.*, sum(octet_length(e.element::text))
                 OVER (ORDER BY e.ord ROWS UNBOUNDED PRECEDING) AS bytes
@@ -569,15 +570,6 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
                     .map(|(json, count)| (json.unwrap_or_default(), count.unwrap_or(0)))
             })
         };
-        let json = |sql: &str, args: &[pgrx::datum::DatumWithOid]| {
-            Spi::connect(|client| {
-                client
-                    .select(sql, Some(1), args)?
-                    .first()
-                    .get_one::<String>()
-                    .map(Option::unwrap_or_default)
-            })
-        };
         (|| {
             // Each result is parsed in a block of its own, so that its text is freed before
             // the next query runs.
@@ -661,7 +653,7 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
                 if names.is_empty() {
                     Vec::new()
                 } else {
-                    parse(&json(
+                    parse(&json_and_count(
                         STATISTICS_SQL,
                         &[
                             in_schemas.into(),
@@ -675,7 +667,8 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
                             MAX_STATISTICS_STORED_BYTES.into(),
                             MAX_QUERY_BYTES.into(),
                         ],
-                    )?)?
+                    )?
+                    .0)?
                 }
             } else {
                 Vec::new()
