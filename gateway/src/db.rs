@@ -47,6 +47,8 @@ impl Call {
 /// its role's place.
 const MAX_QUESTION_CHARS: usize = 10_000;
 const MAX_SQL_CHARS: usize = 100_000;
+/// Bytes of a session name (the client's prefix included), the extension's bound.
+const MAX_SESSION_BYTES: usize = 256;
 /// The most relations `sqe://tables` lists (the extension's schema read takes as many).
 const MAX_TABLES: i64 = 10_000;
 
@@ -149,10 +151,14 @@ pub enum DbError {
 }
 
 impl Call {
-    /// Why the call is refused before it is made: a question or SQL longer than the extension
-    /// takes (it would hold a connection and its role's place, and reach the server's log
+    /// Why the call is refused before it is made: a question, SQL or session name longer than
+    /// the extension takes (it would hold a connection and its role's place, and reach the server's log
     /// whole, only to be refused there).
     fn too_long(&self) -> Option<DbError> {
+        let session = match self {
+            Call::Ask { session, .. } | Call::History { session, .. } => session.as_ref(),
+            _ => None,
+        };
         let (question, sql) = match self {
             Call::Ask { question, .. } | Call::Generate { question } => (Some(question), None),
             Call::Schema { question } => (question.as_ref(), None),
@@ -168,6 +174,8 @@ impl Call {
             format!("the question is longer than {MAX_QUESTION_CHARS} characters")
         } else if over(sql, MAX_SQL_CHARS) {
             format!("the SQL is longer than {MAX_SQL_CHARS} characters")
+        } else if session.is_some_and(|s| s.len() > MAX_SESSION_BYTES) {
+            format!("a session name is at most {MAX_SESSION_BYTES} bytes, with the client's prefix")
         } else {
             return None;
         };
@@ -1301,5 +1309,21 @@ mod tests {
         }
         .too_long()
         .is_none());
+        // A session name, as the extension would see it: with the client's prefix.
+        let named = |name: &str| {
+            Call::Ask {
+                question: "q".to_string(),
+                session: Some(name.to_string()),
+                turns: None,
+            }
+            .of_client(Some("0123456789abcdef"))
+        };
+        assert!(named(&"s".repeat(239)).too_long().is_none());
+        assert!(named(&"s".repeat(240)).too_long().is_some());
+        let history = Call::History {
+            answer: Value::Null,
+            session: Some("é".repeat(129)),
+        };
+        assert!(history.too_long().is_some());
     }
 }

@@ -241,6 +241,23 @@ fn reorders(c: char) -> bool {
     matches!(c, '\u{61C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
 }
 
+/// Code (a model's SQL, comments and literals included) as a terminal shows it and a reader can
+/// read it back: control characters other than a line break or a tab (`one_line`: each shown as
+/// a space), and bidirectional overrides, are written as `\u{1b}`, so none moves the cursor,
+/// rewrites what was shown or sets a terminal's clipboard.
+fn legible(code: &str, one_line: bool) -> String {
+    let mut out = String::with_capacity(code.len());
+    for c in code.chars() {
+        match c {
+            '\n' | '\t' if one_line => out.push(' '),
+            '\n' | '\t' => out.push(c),
+            c if c.is_control() || reorders(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// The longest run of backticks in `text`.
 fn backticks(text: &str) -> usize {
     text.split(|c| c != '`').map(str::len).max().unwrap_or(0)
@@ -249,7 +266,7 @@ fn backticks(text: &str) -> usize {
 /// `code` in a fenced block that nothing in it can end: the fence is longer than any run of
 /// backticks inside.
 fn fenced(code: &str, language: &str) -> String {
-    let code: String = code.chars().filter(|&c| !reorders(c)).collect();
+    let code = legible(code, false);
     let code = code.as_str();
     let fence = "`".repeat((backticks(code) + 1).max(3));
     format!("{fence}{language}\n{code}\n{fence}")
@@ -257,11 +274,7 @@ fn fenced(code: &str, language: &str) -> String {
 
 /// `code` as inline code that nothing in it can end, on one line.
 fn code_span(code: &str) -> String {
-    let code: String = code
-        .chars()
-        .filter(|&c| !reorders(c))
-        .map(|c| if c == '\n' || c == '\r' { ' ' } else { c })
-        .collect();
+    let code = legible(code, true);
     let ticks = "`".repeat(backticks(&code) + 1);
     let pad = if code.contains('`') { " " } else { "" };
     format!("{ticks}{pad}{code}{pad}{ticks}")
@@ -821,8 +834,17 @@ mod tests {
         let started = std::time::Instant::now();
         assert_eq!(plain(&".".repeat(4 << 20)).len(), 4 << 20);
         assert!(started.elapsed() < std::time::Duration::from_secs(10));
-        assert_eq!(code_span("SELECT\u{202E} 1\n"), "`SELECT 1 `");
+        assert_eq!(code_span("SELECT\u{202E} 1\n"), "`SELECT\\u{202e} 1 `");
         assert!(!fenced("SELECT 1 -- \u{2067}x", "sql").contains('\u{2067}'));
+        // A model's SQL cannot drive the terminal that shows it (OSC 52 sets the clipboard, a
+        // carriage return writes over what was shown, C1 CSI moves the cursor): each control
+        // character is written out, line breaks and tabs kept.
+        let hostile = "SELECT 1 -- \u{1b}]52;c;Y3VybA==\u{7}\r\u{9b}2J\u{7f}\n\tFROM t";
+        assert_eq!(
+            fenced(hostile, "sql"),
+            "```sql\nSELECT 1 -- \\u{1b}]52;c;Y3VybA==\\u{7}\\u{d}\\u{9b}2J\\u{7f}\n\tFROM t\n```"
+        );
+        assert!(!code_span(hostile).chars().any(char::is_control));
         // An error quoting what the model wrote is no markup either.
         let failed = DbError::Sql {
             sqlstate: "42703".into(),

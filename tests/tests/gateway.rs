@@ -84,6 +84,10 @@ fn setup() -> Setup {
                  FROM generate_series(100000000, 101500000) g",
             ),
             (
+                "Exact amounts",
+                "SELECT 9.50 AS price, 123456789012345678901.23 AS big, 1e400 AS huge",
+            ),
+            (
                 "A wall of text",
                 "SELECT repeat('x', 200000) AS wall FROM generate_series(1, 50)",
             ),
@@ -1583,4 +1587,46 @@ fn an_error_a_query_raises_does_not_take_a_read_server_out_of_rotation() {
         !text.contains("asking another") && !text.contains("left the rotation"),
         "{text}"
     );
+}
+
+/// Numbers reach clients as the database wrote them: a numeric keeps its scale and its digits
+/// (not read as a float: `9.5`, `1.2345678901234568e20`), and one beyond a float's range does
+/// not make the whole answer fail.
+#[test]
+fn numbers_reach_chat_and_mcp_clients_exactly() {
+    let s = setup();
+    let gateway = Gateway::start(&s.database_url, &s.tokens);
+    let huge = format!("1{}", "0".repeat(400));
+    let exact = ["9.50", "123456789012345678901.23", huge.as_str()];
+    let answer = post_chat(&gateway, &s.token)
+        .send_string(&chat(&s, "Exact amounts"))
+        .expect("the chat answer")
+        .into_string()
+        .unwrap();
+    for number in exact {
+        assert!(answer.contains(number), "{number} not in {answer}");
+    }
+    let (status, session) = mcp_initialize(&gateway, &s.token);
+    assert_eq!(status, 200);
+    let session = session.expect("a session id");
+    let post = |body: &str| {
+        ureq::post(&format!("{}/mcp", gateway.url()))
+            .set("Authorization", &format!("Bearer {}", s.token))
+            .set("Content-Type", "application/json")
+            .set("Accept", "application/json, text/event-stream")
+            .set("Mcp-Session-Id", &session)
+            .timeout(Duration::from_secs(20))
+            .send_string(body)
+            .expect("the MCP answer")
+            .into_string()
+            .unwrap()
+    };
+    post(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    let ran = post(
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"run_sql","arguments":{"sql":"SELECT 9.50 AS price, 123456789012345678901.23 AS big, 1e400 AS huge"}}}"#,
+    );
+    assert!(!ran.contains("\"isError\":true"), "{ran}");
+    for number in exact {
+        assert!(ran.contains(number), "{number} not in {ran}");
+    }
 }
