@@ -41,10 +41,19 @@ SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_history', '');
 -- row tells which cluster's OID it holds: a copy of a cluster's files (a base backup, a
 -- snapshot) shares its system identifier and hands out the same OIDs to other roles. A row a
 -- role writes itself is under its own OID and name (the policy's check), which this leaves as
--- they are. to_regrole needs no right on pg_roles.
+-- they are. The owner's own updates keep a row's OID unless they change its name: a row of a
+-- role since renamed (or dropped, its name taken by a new role) stays with the role that wrote
+-- it. Updates a subscription applies (session_replication_role replica) come from the other
+-- cluster, and go by name. to_regrole needs no right on pg_roles.
 CREATE FUNCTION @extschema@.nl_row_role() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+    IF TG_OP = 'UPDATE'
+            AND pg_catalog.current_setting('session_replication_role') <> 'replica' THEN
+        IF NEW.role IS NOT DISTINCT FROM OLD.role THEN
+            RETURN NEW;
+        END IF;
+    END IF;
     IF NEW.role_id <> 0 THEN
         NEW.role_id := coalesce(
             pg_catalog.to_regrole(pg_catalog.quote_ident(NEW.role))::pg_catalog.oid, 0);

@@ -170,3 +170,36 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// Every script that can run first, the install's or an update's (an update from any
+    /// version starts its chain with that version's script), opens with the check that no role
+    /// but a superuser could have put an operator or function in the extension's schema: each
+    /// runs as a superuser with that schema first on its search path.
+    #[test]
+    fn every_script_opens_with_the_schema_check() {
+        let sql = concat!(env!("CARGO_MANIFEST_DIR"), "/sql");
+        let check = std::fs::read_to_string(format!("{sql}/schema_trusted.sql")).unwrap();
+        let mut scripts = 0;
+        for entry in std::fs::read_dir(sql).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().to_string();
+            if !name.starts_with("sql_query_engine--") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            // Before the check only comments and the line psql stops at.
+            let before = text.split(&check).next().unwrap();
+            assert!(text.contains(&check), "{name} does not run the schema check");
+            assert!(
+                before.lines().all(|line| line.is_empty()
+                    || line.starts_with("--")
+                    || line.starts_with("\\echo")),
+                "{name} runs statements before the schema check"
+            );
+            scripts += 1;
+        }
+        assert!(scripts >= 17, "{scripts} scripts");
+    }
+}

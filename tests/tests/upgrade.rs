@@ -1,7 +1,7 @@
 //! `ALTER EXTENSION sql_query_engine UPDATE` from the previous release gives the same objects as
 //! a fresh install of this one, and keeps the data of the extension's tables.
 
-use sql_query_engine_e2e::{cluster, Reply, ScriptedLlm};
+use sql_query_engine_e2e::{cluster, db_error, Reply, ScriptedLlm};
 
 /// Every object of the extension with what defines it, sorted: functions with their full
 /// definition and privileges; tables with their columns (types, NOT NULL, defaults), row
@@ -353,6 +353,10 @@ fn updating_from_0_1_0_through_every_release_equals_a_fresh_install_and_keeps_th
         .unwrap()
         .get(0);
     assert_eq!(ahead, 0, "a turn dated ahead would live past its TTL");
+    // 0.18.0: the owner's updates keep a row's role (an_owners_update_leaves_rows_with_...).
+    client
+        .batch_execute("ALTER EXTENSION sql_query_engine UPDATE TO '0.18.0'")
+        .unwrap();
     let (updated_members, fresh_members) = (members(&updated), members(&fresh));
     let only = |a: &[String], b: &[String]| -> Vec<String> {
         a.iter().filter(|m| !b.contains(m)).cloned().collect()
@@ -702,7 +706,10 @@ fn a_restored_row_goes_to_the_role_of_its_name() {
         .unwrap();
     assert_eq!(seen_by(&mut client, &bobby).0, ["asked by bob"]);
     client
-        .batch_execute("UPDATE nl_history SET role = role")
+        .batch_execute(
+            "UPDATE nl_history SET role_id = coalesce(to_regrole(quote_ident(role))::oid, 0) \
+             WHERE role_id <> 0",
+        )
         .unwrap();
     assert_eq!(seen_by(&mut client, &bobby), (vec![], vec![]));
     drop(client);
@@ -714,4 +721,133 @@ fn a_restored_row_goes_to_the_role_of_its_name() {
     ] {
         admin.batch_execute(&drop).unwrap();
     }
+}
+
+/// The table's owner updating rows (a redaction, say) leaves each with the role that wrote it:
+/// a role renamed since keeps its rows, and a new role under its old name reads none of them.
+#[test]
+fn an_owners_update_leaves_rows_with_the_role_that_wrote_them() {
+    let pid = std::process::id();
+    let (carol, renamed) = (format!("carol_{pid}"), format!("carol_old_{pid}"));
+    let database = new_database("kept");
+    let mut client = cluster().connect(&database);
+    client
+        .batch_execute(&format!(
+            "CREATE EXTENSION sql_query_engine;
+             CREATE ROLE {carol}; SET ROLE {carol};
+             INSERT INTO nl_history (function, question, status, attempts, ms, llm_calls,
+                                     prompt_tokens, completion_tokens)
+                 VALUES ('nl_ask', 'asked by carol', 'ok', '[]', 1, 1, 1, 1);
+             INSERT INTO nl_feedback (history_id, question, correct, status)
+                 SELECT id, question, false, 'noted' FROM nl_history;
+             RESET ROLE;
+             ALTER ROLE {carol} RENAME TO {renamed}; CREATE ROLE {carol};
+             UPDATE nl_history SET question = question || ' (redacted)';
+             UPDATE nl_feedback SET question = question || ' (redacted)';"
+        ))
+        .unwrap();
+    assert_eq!(
+        seen_by(&mut client, &carol),
+        (vec![], vec![]),
+        "the new role of the old name reads the renamed role's rows"
+    );
+    let kept = vec!["asked by carol (redacted)".to_string()];
+    assert_eq!(seen_by(&mut client, &renamed), (kept.clone(), kept));
+}
+
+/// An operator another role put in the extension's schema is never run by the install or
+/// update script, which run as a superuser with that schema first on their search path: both
+/// are refused (42501) while a role that is not a superuser may create there or owns functions
+/// or operators there. The planted operators match the scripts' comparisons of an OID with a
+/// regclass or a regrole more closely than pg_catalog's, and would make their owner a
+/// superuser.
+#[test]
+fn install_and_update_refuse_a_schema_where_other_roles_can_plant_operators() {
+    let planter = format!("planter_{}", std::process::id());
+    let plant = |client: &mut postgres::Client| {
+        let mut planted = String::new();
+        for right in ["regclass", "regrole"] {
+            planted.push_str(&format!(
+                "CREATE FUNCTION public.planted(oid, {right}) RETURNS boolean LANGUAGE plpgsql AS $$
+                 BEGIN
+                     IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles
+                                    WHERE rolname = '{planter}' AND rolsuper) THEN
+                         EXECUTE 'ALTER ROLE {planter} SUPERUSER';
+                     END IF;
+                     RETURN $1 OPERATOR(pg_catalog.=) $2::oid;
+                 END $$;
+                 CREATE OPERATOR public.= (LEFTARG = oid, RIGHTARG = {right},
+                                           FUNCTION = public.planted);"
+            ));
+        }
+        client
+            .batch_execute(&format!(
+                "GRANT CREATE ON SCHEMA public TO {planter}; SET ROLE {planter}; {planted}
+                 RESET ROLE;"
+            ))
+            .unwrap();
+    };
+    let superuser = |client: &mut postgres::Client| -> bool {
+        client
+            .query_one(
+                "SELECT rolsuper FROM pg_roles WHERE rolname = $1::text::name",
+                &[&planter],
+            )
+            .unwrap()
+            .get(0)
+    };
+    let mut admin = cluster().connect("postgres");
+    admin
+        .batch_execute(&format!("CREATE ROLE {planter}"))
+        .unwrap();
+
+    let fresh = new_database("planted_install");
+    let mut client = cluster().connect(&fresh);
+    plant(&mut client);
+    let refused = client
+        .batch_execute("CREATE EXTENSION sql_query_engine")
+        .unwrap_err();
+    let (code, message, detail) = db_error(&refused);
+    assert_eq!(code, "42501", "{message}");
+    assert!(message.contains("not a superuser"), "{message}");
+    assert!(detail.contains(&planter), "{detail}");
+    assert!(
+        !superuser(&mut client),
+        "the install ran the planted operator"
+    );
+    // Without CREATE, the operators already there still refuse it.
+    client
+        .batch_execute(&format!("REVOKE CREATE ON SCHEMA public FROM {planter}"))
+        .unwrap();
+    let refused = client
+        .batch_execute("CREATE EXTENSION sql_query_engine")
+        .unwrap_err();
+    let (code, _, detail) = db_error(&refused);
+    assert_eq!(code, "42501");
+    assert!(detail.contains("operator =(oid,regclass)"), "{detail}");
+    assert!(!superuser(&mut client));
+
+    let installed = new_database("planted_update");
+    let mut client = cluster().connect(&installed);
+    client
+        .batch_execute("CREATE EXTENSION sql_query_engine VERSION '0.16.0'")
+        .unwrap();
+    plant(&mut client);
+    let refused = client
+        .batch_execute("ALTER EXTENSION sql_query_engine UPDATE")
+        .unwrap_err();
+    let (code, message, _) = db_error(&refused);
+    assert_eq!(code, "42501", "{message}");
+    assert!(
+        !superuser(&mut client),
+        "the update ran the planted operator"
+    );
+    let version: String = client
+        .query_one(
+            "SELECT extversion FROM pg_extension WHERE extname = 'sql_query_engine'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(version, "0.16.0");
 }
