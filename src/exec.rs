@@ -947,7 +947,23 @@ fn run_guarded(
             Mode::Run(_) | Mode::Cursor { .. } => {
                 let mut result = execute(planned, &checked.text, mode, origin);
                 result.qualified_sql = qualified_sql;
-                if result.rows.is_empty() {
+                if let (true, Some(by)) = (result.rows.is_empty(), result.cut_by) {
+                    // Its first row alone was past the bound: rows, not none (a repair for
+                    // an empty result would tell the model it found nothing).
+                    Outcome::Failed(SqlError {
+                        sqlstate: SqlState::PROGRAM_LIMIT_EXCEEDED,
+                        message: format!(
+                            "the query's first row alone is larger than sql_query_engine.{by} \
+                             allows"
+                        ),
+                        hint: Some(
+                            "Select fewer or shorter columns (left(column, 200), an aggregate)."
+                                .into(),
+                        ),
+                        ran: true,
+                        ..Default::default()
+                    })
+                } else if result.rows.is_empty() {
                     result.row_security = row_security_tables(&checked.relations);
                     Outcome::Empty(result)
                 } else {
@@ -1646,17 +1662,55 @@ pub struct Cursor {
 
 impl Drop for Cursor {
     fn drop(&mut self) {
-        for store in CURSOR_STORES.take() {
-            // The portal is pinned until `finish`, which ends the stores before it drops it.
-            // SAFETY: a store `startup` began in the hold context of this cursor's portal,
-            // which still exists, and which nothing else ends.
-            unsafe { pg_sys::tuplestore_end(store) }
-        }
+        // The portal is pinned until `finish`, which ends the stores before it drops it.
+        // SAFETY: each a store `startup` began in the hold context of this cursor's portal,
+        // which still exists, and which nothing else ends.
+        unsafe { end_stores() }
         if !self.finished.get() {
             // SAFETY: the portal `new_cursor` pinned, which nothing could drop since; the
             // transaction's end drops it (an error is on its way).
             unsafe { pg_sys::UnpinPortal(self.portal) }
         }
+    }
+}
+
+/// Ends the stores of `CURSOR_STORES`, each taken off the list once ended (one that fails
+/// leaves the rest to the `Cursor`'s drop). Ending a store closes and deletes its temporary
+/// file, which first writes out its last buffer: that write is let past `temp_file_limit` (the
+/// file goes at once, and the limit may be what failed the attempt: the same write would fail
+/// again), and while an error unwinds, an error of its own (a full disk) is logged instead of
+/// raised, since raised in a destructor then it would abort the backend, and so restart the
+/// server.
+///
+/// # Safety
+/// Each store on the list is one `startup` began in a portal's hold context that still exists.
+unsafe fn end_stores() {
+    struct Limit(std::ffi::c_int);
+    impl Drop for Limit {
+        fn drop(&mut self) {
+            // SAFETY: a plain int of the backend's own, put back as it was found.
+            unsafe { pg_sys::temp_file_limit = self.0 }
+        }
+    }
+    while let Some(store) = CURSOR_STORES.with_borrow_mut(|stores| stores.last().copied()) {
+        // SAFETY: a plain int of the backend's own, put back by `Limit` on every path.
+        let _limit = Limit(unsafe { pg_sys::temp_file_limit });
+        // SAFETY: as above.
+        unsafe { pg_sys::temp_file_limit = -1 };
+        if std::thread::panicking() {
+            pgrx::PgTryBuilder::new(std::panic::AssertUnwindSafe(|| {
+                // SAFETY: as the function's; an error is caught here.
+                unsafe { pg_sys::tuplestore_end(store) }
+            }))
+            .catch_others(|caught| {
+                pgrx::log!("sql_query_engine: a cursor's store could not be ended: {caught:?}")
+            })
+            .execute();
+        } else {
+            // SAFETY: as the function's.
+            unsafe { pg_sys::tuplestore_end(store) }
+        }
+        CURSOR_STORES.with_borrow_mut(|stores| stores.pop());
     }
 }
 
@@ -1696,9 +1750,7 @@ impl Cursor {
             pg_sys::UnpinPortal(portal);
             let (Some(answer), Ok(sql)) = (answer, CString::new(sql)) else {
                 // The stores live in the portal's memory: ended before it goes.
-                for store in CURSOR_STORES.take() {
-                    pg_sys::tuplestore_end(store);
-                }
+                end_stores();
                 pg_sys::PortalDrop(portal, false);
                 return;
             };

@@ -44,7 +44,11 @@ mod wait;
 
 ::pgrx::pg_module_magic!(name, version);
 
-pgrx::extension_sql_file!("../sql/schema_trusted.sql", name = "schema_trusted", bootstrap);
+pgrx::extension_sql_file!(
+    "../sql/schema_trusted.sql",
+    name = "schema_trusted",
+    bootstrap
+);
 pgrx::extension_sql_file!("../sql/schema_version.sql", name = "schema_version");
 pgrx::extension_sql_file!("../sql/schema_name.sql", name = "schema_name");
 pgrx::extension_sql_file!(

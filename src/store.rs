@@ -191,7 +191,10 @@ mod tests {
             let text = std::fs::read_to_string(&path).unwrap();
             // Before the check only comments and the line psql stops at.
             let before = text.split(&check).next().unwrap();
-            assert!(text.contains(&check), "{name} does not run the schema check");
+            assert!(
+                text.contains(&check),
+                "{name} does not run the schema check"
+            );
             assert!(
                 before.lines().all(|line| line.is_empty()
                     || line.starts_with("--")

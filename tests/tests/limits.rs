@@ -46,7 +46,7 @@ fn creator_in_public(s: &mut Session, prefix: &str) -> (String, postgres::Client
 #[test]
 fn a_result_is_cut_by_its_bytes_and_the_backend_stays_small() {
     let mut s = Session::new();
-    let (_, mut role, notices) = role_connection(&mut s, "greedy");
+    let (_, mut role, _) = role_connection(&mut s, "greedy");
     let pid: i32 = role
         .query_one("SELECT pg_backend_pid()", &[])
         .unwrap()
@@ -58,16 +58,20 @@ fn a_result_is_cut_by_its_bytes_and_the_backend_stays_small() {
             .get(0)
     };
     // 20 rows of 50 MB: a single row is larger than the default 16 MB, so none is kept, and
-    // the backend never holds the rows (it took about 2 GB when only rows were counted).
+    // the backend never holds the rows (it took about 2 GB when only rows were counted). That
+    // is an error, not an empty result (a repair would tell the model it found nothing).
     let huge = "SELECT repeat('x', 50000000) AS x FROM generate_series(1, 20)";
-    assert_eq!(count(&mut role, huge), 0);
+    let error = role
+        .query_one("SELECT count(*) FROM nl_run($1)", &[&huge])
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "54000", "{message}");
+    assert!(
+        message.contains("first row alone is larger than sql_query_engine.max_result_bytes"),
+        "{message}"
+    );
     let peak = peak_kb(pid);
     assert!(peak < 600 * 1024, "the backend grew to {peak} kB");
-    let said = notices.lock().unwrap().join("\n");
-    assert!(
-        said.contains("cut at 0 rows (sql_query_engine.max_result_bytes)"),
-        "{said}"
-    );
 
     // 1 MB rows: as many as fit in 16 MB.
     let megabytes = "SELECT repeat('x', 1000000) AS x FROM generate_series(1, 40)";
@@ -885,4 +889,50 @@ fn huge_arguments_are_refused_before_they_are_copied_or_parsed() {
     let (code, message, _) = db_error(&error);
     assert_eq!(code, "22023", "{message}");
     assert!(message.contains("session name"), "{message}");
+}
+
+/// A cursor's rows that meet `temp_file_limit` are an ERROR of the call (53400), and the
+/// backend lives on: ending the attempt's store writes out its last buffer, which met the
+/// limit again while the error unwound, and that error in a destructor aborted the backend and
+/// restarted the whole server, every connection of every role with it.
+#[test]
+fn a_cursor_that_meets_temp_file_limit_is_an_error_not_a_server_restart() {
+    let mut s = Session::new();
+    let (name, _, _) = role_connection(&mut s, "spills");
+    let started = |client: &mut postgres::Client| -> String {
+        client
+            .query_one("SELECT pg_postmaster_start_time()::text", &[])
+            .unwrap()
+            .get(0)
+    };
+    let before = started(&mut s.client);
+    s.client
+        .batch_execute(&format!("ALTER ROLE {name} SET temp_file_limit = '256kB'"))
+        .unwrap();
+    let mut role = cluster().connect_as(&s.database, &name);
+    s.llm.on(
+        "a lot of filler",
+        vec![Reply::sql(
+            // The series in the select list: no store of its own, whose file would be
+            // deleted by the rollback before the cursor's store is ended.
+            "SELECT repeat('x', 1000) AS filler, generate_series(1, 2000) AS n",
+        )],
+    );
+    // The schema context is read first, with the default work_mem (its sorts would spill at
+    // 64 kB); the cursor's store then keeps 64 kB in memory and the rest in a file.
+    role.batch_execute(
+        "SELECT nl_schema(); SET work_mem = '64kB'; SET sql_query_engine.max_repairs = 0",
+    )
+    .unwrap();
+    let error = role
+        .batch_execute("BEGIN; SELECT nl_cursor('a lot of filler', 'filler_c')")
+        .unwrap_err();
+    assert_eq!(db_error(&error).0, "53400", "{error}");
+    role.batch_execute("ROLLBACK").unwrap();
+    assert_eq!(started(&mut s.client), before, "the server restarted");
+    let n: i64 = role
+        .query_one("SELECT count(*) FROM nl_run('SELECT 1 AS one')", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1);
 }
