@@ -394,3 +394,150 @@ fn holds_below(
     known.insert((typ, nested), answer);
     answer
 }
+
+/// What a type is made of, from pg_type.
+pub struct TypeFacts {
+    pub oid: pg_sys::Oid,
+    pub kind: u8,
+    pub owner: pg_sys::Oid,
+    pub base: pg_sys::Oid,
+    pub relation: pg_sys::Oid,
+    /// A domain's or a collatable base type's collation.
+    pub collation: pg_sys::Oid,
+    pub support: Vec<pg_sys::Oid>,
+}
+
+impl TypeFacts {
+    pub fn of(typ: pg_sys::Oid) -> Option<TypeFacts> {
+        // SAFETY: a syscache look-up, released before returning.
+        unsafe {
+            let tuple = pg_sys::SearchSysCache1(
+                pg_sys::SysCacheIdentifier::TYPEOID as i32,
+                pg_sys::Datum::from(typ),
+            );
+            if tuple.is_null() {
+                return None;
+            }
+            let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_type>(tuple);
+            let facts = TypeFacts {
+                oid: typ,
+                kind: (*form).typtype as u8,
+                owner: (*form).typowner,
+                base: (*form).typbasetype,
+                relation: (*form).typrelid,
+                collation: (*form).typcollation,
+                support: [
+                    (*form).typinput,
+                    (*form).typoutput,
+                    (*form).typreceive,
+                    (*form).typsend,
+                    (*form).typmodin,
+                    (*form).typmodout,
+                    (*form).typanalyze,
+                    (*form).typsubscript,
+                ]
+                .into_iter()
+                .filter(|f| *f != pg_sys::InvalidOid)
+                .collect(),
+            };
+            pg_sys::ReleaseSysCache(tuple);
+            Some(facts)
+        }
+    }
+}
+
+/// `typ` as SQL writes it, schema-qualified.
+pub fn type_name(typ: pg_sys::Oid) -> String {
+    // SAFETY: formats an OID; an unknown one comes back as "???" rather than an error.
+    unsafe {
+        crate::names::c_string(pg_sys::format_type_extended(
+            typ,
+            -1,
+            (pg_sys::FORMAT_TYPE_ALLOW_INVALID | pg_sys::FORMAT_TYPE_FORCE_QUALIFY) as u16,
+        ))
+    }
+}
+
+/// The types a value of `facts`' type is made of, each with what it is to the type.
+pub fn parts(facts: &TypeFacts) -> Vec<(pg_sys::Oid, &'static str)> {
+    // SAFETY: catalog look-ups.
+    unsafe {
+        match facts.kind {
+            pg_sys::TYPTYPE_DOMAIN => vec![(facts.base, "base type")],
+            pg_sys::TYPTYPE_COMPOSITE => composite_fields(facts.relation)
+                .into_iter()
+                .map(|field| (field, "field type"))
+                .collect(),
+            pg_sys::TYPTYPE_RANGE => vec![(pg_sys::get_range_subtype(facts.oid), "subtype")],
+            pg_sys::TYPTYPE_MULTIRANGE => {
+                vec![(pg_sys::get_multirange_range(facts.oid), "range type")]
+            }
+            _ => match pg_sys::get_element_type(facts.oid) {
+                element if element == pg_sys::InvalidOid => Vec::new(),
+                element => vec![(element, "element type")],
+            },
+        }
+    }
+}
+
+/// The field types of a composite type's relation (dropped columns aside).
+fn composite_fields(relation: pg_sys::Oid) -> Vec<pg_sys::Oid> {
+    // SAFETY: the relcache entry of a composite type's relation, closed before returning.
+    unsafe {
+        let rel = pg_sys::RelationIdGetRelation(relation);
+        if rel.is_null() {
+            return vec![pg_sys::InvalidOid];
+        }
+        let desc = (*rel).rd_att;
+        let fields = crate::compat::attributes(desc)
+            .iter()
+            .filter(|a| !a.attisdropped)
+            .map(|a| a.atttypid)
+            .collect();
+        pg_sys::RelationClose(rel);
+        fields
+    }
+}
+
+/// Node kinds of an analyzed SELECT that carry a value (`exprType` knows them).
+pub fn expression_kind(tag: pg_sys::NodeTag) -> bool {
+    use pg_sys::NodeTag::*;
+    matches!(
+        tag,
+        T_Var
+            | T_Const
+            | T_Param
+            | T_Aggref
+            | T_GroupingFunc
+            | T_WindowFunc
+            | T_SubscriptingRef
+            | T_FuncExpr
+            | T_NamedArgExpr
+            | T_OpExpr
+            | T_DistinctExpr
+            | T_NullIfExpr
+            | T_ScalarArrayOpExpr
+            | T_BoolExpr
+            | T_SubLink
+            | T_FieldSelect
+            | T_FieldStore
+            | T_RelabelType
+            | T_CoerceViaIO
+            | T_ArrayCoerceExpr
+            | T_ConvertRowtypeExpr
+            | T_CollateExpr
+            | T_CaseExpr
+            | T_CaseTestExpr
+            | T_ArrayExpr
+            | T_RowExpr
+            | T_RowCompareExpr
+            | T_CoalesceExpr
+            | T_MinMaxExpr
+            | T_SQLValueFunction
+            | T_XmlExpr
+            | T_NullTest
+            | T_BooleanTest
+            | T_CoerceToDomain
+            | T_CoerceToDomainValue
+    ) || crate::compat::expression_kind(tag)
+}

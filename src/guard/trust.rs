@@ -11,8 +11,8 @@ use std::ffi::{CStr, CString};
 use pgrx::{pg_sys, PgList};
 
 use super::facts::{
-    builtin, linked_operators, operator_name, operator_owner, CacheList, FunctionFacts,
-    OpenRelation, MAX_LINKED_OPERATORS,
+    builtin, expression_kind, linked_operators, operator_name, operator_owner, parts, type_name,
+    CacheList, FunctionFacts, OpenRelation, TypeFacts, MAX_LINKED_OPERATORS,
 };
 use crate::names::{relation_name, role_name};
 use crate::settings;
@@ -30,6 +30,9 @@ pub struct Trusted {
 
 /// Views followed at most into the views they read.
 const MAX_VIEW_DEPTH: usize = 32;
+/// The most types, their parts counted, that the views and policies one relation goes through
+/// may use for a superuser's call (each is one catalog look-up).
+const MAX_REACHED_TYPES: usize = 4096;
 
 /// Predefined roles whose members may act as the server's operating-system user: running
 /// programs, reading and writing its files.
@@ -453,7 +456,39 @@ impl Trusted {
                 )
             })
         });
-        aggregate.or_else(|| self.operators_refusal(&reached.operators))
+        aggregate
+            .or_else(|| self.operators_refusal(&reached.operators))
+            .or_else(|| self.types_refusal(&reached.types))
+    }
+
+    /// `reached_refusal` of types: one, or a part of one (a domain's base type, a composite's
+    /// fields, an array's element, a range's subtype), of a role this call does not trust. Its
+    /// owner could add a CHECK to a domain at any time, which runs wherever a value is
+    /// converted to it (an argument of a trusted function, a column read from JSON), with
+    /// built-in functions no gate sees.
+    fn types_refusal(&self, types: &[pg_sys::Oid]) -> Option<String> {
+        let mut seen: Vec<pg_sys::Oid> = Vec::new();
+        let mut waiting = types.to_vec();
+        while let Some(typ) = waiting.pop() {
+            if builtin(typ) || seen.contains(&typ) {
+                continue;
+            }
+            if seen.len() >= MAX_REACHED_TYPES {
+                return Some(format!(
+                    "its views and policies use more than {MAX_REACHED_TYPES} types"
+                ));
+            }
+            pgrx::check_for_interrupts!();
+            seen.push(typ);
+            let Some(facts) = TypeFacts::of(typ) else {
+                return Some(format!("type {} is not in the catalog", type_name(typ)));
+            };
+            if let Some(why) = self.refuse_owner(facts.owner, "type") {
+                return Some(format!("type {} is not allowed: {why}", type_name(typ)));
+            }
+            waiting.extend(parts(&facts).into_iter().map(|(part, _)| part));
+        }
+        None
     }
 
     /// `reached_refusal` of operators.
@@ -485,9 +520,17 @@ struct Reached {
     relations: Vec<pg_sys::Oid>,
     operators: Vec<pg_sys::Oid>,
     functions: Vec<pg_sys::Oid>,
+    /// The types of its values and of the columns its functions are read as.
+    types: Vec<pg_sys::Oid>,
 }
 
 impl Reached {
+    fn type_(&mut self, typ: pg_sys::Oid) {
+        if !builtin(typ) && !self.types.contains(&typ) {
+            self.types.push(typ);
+        }
+    }
+
     fn function(&mut self, function: pg_sys::Oid) {
         if !builtin(function) && !self.functions.contains(&function) {
             self.functions.push(function);
@@ -585,6 +628,9 @@ unsafe extern "C-unwind" fn relations_walker(
     // the struct its tag names; no reference to it is held across the walks below.
     unsafe {
         let found = || &mut *context.cast::<Reached>();
+        if expression_kind((*node).type_) {
+            found().type_(pg_sys::exprType(node));
+        }
         match (*node).type_ {
             pg_sys::NodeTag::T_RangeTblEntry => {
                 let rte = node.cast::<pg_sys::RangeTblEntry>();
@@ -593,6 +639,24 @@ unsafe extern "C-unwind" fn relations_walker(
                     && !found.relations.contains(&(*rte).relid)
                 {
                     found.relations.push((*rte).relid);
+                }
+                // The columns a function's result, or XMLTABLE's or JSON_TABLE's, is read as
+                // (`jsonb_to_record(...) AS (a some_domain)` converts to them).
+                for function in
+                    PgList::<pg_sys::RangeTblFunction>::from_pg((*rte).functions).iter_ptr()
+                {
+                    for typ in
+                        PgList::<std::ffi::c_void>::from_pg((*function).funccoltypes).iter_oid()
+                    {
+                        found.type_(typ);
+                    }
+                }
+                if !(*rte).tablefunc.is_null() {
+                    for typ in
+                        PgList::<std::ffi::c_void>::from_pg((*(*rte).tablefunc).coltypes).iter_oid()
+                    {
+                        found.type_(typ);
+                    }
                 }
                 return false;
             }

@@ -12,7 +12,8 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use super::facts::{
-    builtin, family_code, type_holds, CacheList, FunctionFacts, MAX_FAMILY_SUPPORT,
+    builtin, family_code, parts, type_holds, type_name, CacheList, FunctionFacts, TypeFacts,
+    MAX_FAMILY_SUPPORT,
 };
 use super::policy::{self, Allowed};
 use super::trust::{self, Trusted};
@@ -34,69 +35,6 @@ use crate::compat::numbers::{
     ANUM_PG_RANGE_RNGSUBOPC as ANUM_RANGE_SUBTYPE_OPCLASS, CONSTRAINT_RELATION_ID,
     CONSTRAINT_TYPID_INDEX_ID,
 };
-
-/// What a type is made of, from pg_type.
-struct TypeFacts {
-    oid: pg_sys::Oid,
-    kind: u8,
-    owner: pg_sys::Oid,
-    base: pg_sys::Oid,
-    relation: pg_sys::Oid,
-    /// A domain's or a collatable base type's collation.
-    collation: pg_sys::Oid,
-    support: Vec<pg_sys::Oid>,
-}
-
-impl TypeFacts {
-    fn of(typ: pg_sys::Oid) -> Option<TypeFacts> {
-        // SAFETY: a syscache look-up, released before returning.
-        unsafe {
-            let tuple = pg_sys::SearchSysCache1(
-                pg_sys::SysCacheIdentifier::TYPEOID as i32,
-                pg_sys::Datum::from(typ),
-            );
-            if tuple.is_null() {
-                return None;
-            }
-            let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_type>(tuple);
-            let facts = TypeFacts {
-                oid: typ,
-                kind: (*form).typtype as u8,
-                owner: (*form).typowner,
-                base: (*form).typbasetype,
-                relation: (*form).typrelid,
-                collation: (*form).typcollation,
-                support: [
-                    (*form).typinput,
-                    (*form).typoutput,
-                    (*form).typreceive,
-                    (*form).typsend,
-                    (*form).typmodin,
-                    (*form).typmodout,
-                    (*form).typanalyze,
-                    (*form).typsubscript,
-                ]
-                .into_iter()
-                .filter(|f| *f != pg_sys::InvalidOid)
-                .collect(),
-            };
-            pg_sys::ReleaseSysCache(tuple);
-            Some(facts)
-        }
-    }
-}
-
-/// `typ` as SQL writes it, schema-qualified.
-pub fn type_name(typ: pg_sys::Oid) -> String {
-    // SAFETY: formats an OID; an unknown one comes back as "???" rather than an error.
-    unsafe {
-        crate::names::c_string(pg_sys::format_type_extended(
-            typ,
-            -1,
-            (pg_sys::FORMAT_TYPE_ALLOW_INVALID | pg_sys::FORMAT_TYPE_FORCE_QUALIFY) as u16,
-        ))
-    }
-}
 
 /// What a type may be made of, for the SQL of `origin`.
 pub struct TypePolicy {
@@ -440,45 +378,6 @@ unsafe fn stored_checks(domain: pg_sys::Oid) -> Vec<*mut pg_sys::Node> {
 /// The types a value of a type is made of, and what each is to it: a domain's base type, a
 /// composite's field types, a range's subtype, a multirange's range type, an array's element
 /// type.
-fn parts(facts: &TypeFacts) -> Vec<(pg_sys::Oid, &'static str)> {
-    // SAFETY: catalog look-ups.
-    unsafe {
-        match facts.kind {
-            pg_sys::TYPTYPE_DOMAIN => vec![(facts.base, "base type")],
-            pg_sys::TYPTYPE_COMPOSITE => composite_fields(facts.relation)
-                .into_iter()
-                .map(|field| (field, "field type"))
-                .collect(),
-            pg_sys::TYPTYPE_RANGE => vec![(pg_sys::get_range_subtype(facts.oid), "subtype")],
-            pg_sys::TYPTYPE_MULTIRANGE => {
-                vec![(pg_sys::get_multirange_range(facts.oid), "range type")]
-            }
-            _ => match pg_sys::get_element_type(facts.oid) {
-                element if element == pg_sys::InvalidOid => Vec::new(),
-                element => vec![(element, "element type")],
-            },
-        }
-    }
-}
-
-/// The field types of a composite type's relation (dropped columns aside).
-fn composite_fields(relation: pg_sys::Oid) -> Vec<pg_sys::Oid> {
-    // SAFETY: the relcache entry of a composite type's relation, closed before returning.
-    unsafe {
-        let rel = pg_sys::RelationIdGetRelation(relation);
-        if rel.is_null() {
-            return vec![pg_sys::InvalidOid];
-        }
-        let desc = (*rel).rd_att;
-        let fields = crate::compat::attributes(desc)
-            .iter()
-            .filter(|a| !a.attisdropped)
-            .map(|a| a.atttypid)
-            .collect();
-        pg_sys::RelationClose(rel);
-        fields
-    }
-}
 
 /// A range type's canonical and subtype-difference functions.
 /// The support functions of the operator family of `range`'s subtype operator class (what

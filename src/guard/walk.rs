@@ -11,8 +11,9 @@ use pgrx::PgList;
 
 use super::cost;
 use super::facts::{
-    builtin, family_code, operator_code, operator_name, operator_owner, row_fields, CacheList,
-    FunctionFacts, OpenRelation, MAX_FAMILY_SUPPORT, MAX_LINKED_OPERATORS,
+    builtin, expression_kind, family_code, operator_code, operator_name, operator_owner,
+    row_fields, type_name, CacheList, FunctionFacts, OpenRelation, MAX_FAMILY_SUPPORT,
+    MAX_LINKED_OPERATORS,
 };
 use super::policy::{self, Allowed};
 use super::trust::{self, Trusted};
@@ -170,55 +171,12 @@ pub fn literals_refusal(
         if let Some(why) = why {
             return Err(Refusal::forbidden(format!(
                 "type {} is not allowed in {}: {why}",
-                types::type_name(typ),
+                type_name(typ),
                 origin.what()
             )));
         }
     }
     Ok(())
-}
-
-/// Node kinds of an analyzed SELECT that carry a value (`exprType` knows them).
-fn expression_kind(tag: pg_sys::NodeTag) -> bool {
-    use pg_sys::NodeTag::*;
-    matches!(
-        tag,
-        T_Var
-            | T_Const
-            | T_Param
-            | T_Aggref
-            | T_GroupingFunc
-            | T_WindowFunc
-            | T_SubscriptingRef
-            | T_FuncExpr
-            | T_NamedArgExpr
-            | T_OpExpr
-            | T_DistinctExpr
-            | T_NullIfExpr
-            | T_ScalarArrayOpExpr
-            | T_BoolExpr
-            | T_SubLink
-            | T_FieldSelect
-            | T_FieldStore
-            | T_RelabelType
-            | T_CoerceViaIO
-            | T_ArrayCoerceExpr
-            | T_ConvertRowtypeExpr
-            | T_CollateExpr
-            | T_CaseExpr
-            | T_CaseTestExpr
-            | T_ArrayExpr
-            | T_RowExpr
-            | T_RowCompareExpr
-            | T_CoalesceExpr
-            | T_MinMaxExpr
-            | T_SQLValueFunction
-            | T_XmlExpr
-            | T_NullTest
-            | T_BooleanTest
-            | T_CoerceToDomain
-            | T_CoerceToDomainValue
-    ) || crate::compat::expression_kind(tag)
 }
 
 /// Node kinds of an analyzed SELECT that hold expressions without being one.
@@ -416,7 +374,7 @@ impl Walk {
                 self.refuse(format!(
                     "values of type {} are not allowed in {}: what runs for them depends on a \
                      type known only as the query runs (anyarray)",
-                    types::type_name(typ),
+                    type_name(typ),
                     self.origin.what()
                 ));
                 return true;
@@ -434,7 +392,7 @@ impl Walk {
             Some(why) => {
                 self.refuse(format!(
                     "type {} is not allowed in {}: {why}",
-                    types::type_name(typ),
+                    type_name(typ),
                     self.origin.what()
                 ));
                 true
@@ -454,7 +412,7 @@ impl Walk {
             "a value of type {} computed as the query runs names code out of the guard's sight \
              (a type's modifier function, a text search configuration's parser and \
              dictionaries); name it as a constant",
-            types::type_name(typ)
+            type_name(typ)
         ));
         true
     }

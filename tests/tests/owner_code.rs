@@ -772,6 +772,58 @@ fn a_superusers_saved_view_never_uses_another_roles_type_or_operator() {
     }
 }
 
+/// A superuser's view passes a column to a superuser's function whose parameter is another
+/// role's domain, or reads JSON as a record with a column of it: the domain's CHECK, added by
+/// its owner afterwards, runs wherever a value is converted to it, with built-in code no gate
+/// sees, as the superuser (here `nextval` of the owner's sequence, which the sandbox's
+/// read-only transaction happens to refuse: without the refusal the query fails with that
+/// error; `lo_export` would not be refused).
+#[test]
+fn a_superusers_query_reads_no_view_that_converts_to_another_roles_domain() {
+    let w = World::new();
+    let attacker = w.attacker.clone();
+    w.attacker_runs(
+        "CREATE DOMAIN shared.money AS numeric; CREATE SEQUENCE shared.ticks;
+         GRANT USAGE ON SEQUENCE shared.ticks TO PUBLIC;",
+    );
+    let mut admin = cluster().connect(&w.s.database);
+    admin
+        .batch_execute(
+            r#"CREATE TABLE public.invoices (id int, amount numeric);
+               INSERT INTO public.invoices VALUES (1, 9.5);
+               CREATE FUNCTION public.shown(x shared.money) RETURNS text
+                   LANGUAGE sql IMMUTABLE AS $$ SELECT x::text $$;
+               CREATE VIEW public.invoice_view AS
+                   SELECT id, public.shown(amount) AS amt FROM public.invoices;
+               CREATE VIEW public.parsed_view AS
+                   SELECT r.a::text AS a FROM jsonb_to_record('{"a": 1}') AS r(a shared.money);"#,
+        )
+        .unwrap();
+    w.attacker_runs(
+        "ALTER DOMAIN shared.money ADD CONSTRAINT counted CHECK (nextval('shared.ticks') > 0)",
+    );
+    let ticked = |admin: &mut Client| -> bool {
+        admin
+            .query_one("SELECT is_called FROM shared.ticks", &[])
+            .unwrap()
+            .get(0)
+    };
+    for (question, sql) in [
+        ("the invoices' amounts", "SELECT id, amt FROM invoice_view"),
+        ("the parsed amounts", "SELECT a FROM parsed_view"),
+    ] {
+        let message = refusal_of(&w, &mut admin, question, sql);
+        assert!(
+            message.contains("type shared.money") && message.contains(&format!("\"{attacker}\"")),
+            "{question}: {message}"
+        );
+        assert!(!ticked(&mut admin), "{question}: the domain's CHECK ran");
+    }
+    // Positive control: read directly, the CHECK runs.
+    admin.batch_execute("SELECT amt FROM invoice_view").unwrap();
+    assert!(ticked(&mut admin));
+}
+
 /// Asks `question`, which the model answers with `sql`, on `client`: the refusal's message
 /// (the call must end in an error).
 fn refusal_of(w: &World, client: &mut Client, question: &str, sql: &str) -> String {
