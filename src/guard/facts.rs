@@ -458,7 +458,9 @@ pub fn type_name(typ: pg_sys::Oid) -> String {
     }
 }
 
-/// The types a value of `facts`' type is made of, each with what it is to the type.
+/// The types a value of a type is made of, and what each is to it: a domain's base type, a
+/// composite's field types, a range's subtype, a multirange's range type, an array's element
+/// type.
 pub fn parts(facts: &TypeFacts) -> Vec<(pg_sys::Oid, &'static str)> {
     // SAFETY: catalog look-ups.
     unsafe {

@@ -375,11 +375,6 @@ unsafe fn stored_checks(domain: pg_sys::Oid) -> Vec<*mut pg_sys::Node> {
     found
 }
 
-/// The types a value of a type is made of, and what each is to it: a domain's base type, a
-/// composite's field types, a range's subtype, a multirange's range type, an array's element
-/// type.
-
-/// A range type's canonical and subtype-difference functions.
 /// The support functions of the operator family of `range`'s subtype operator class (what
 /// compares its bounds); `None` past `MAX_FAMILY_SUPPORT`.
 fn range_subtype_support(range: pg_sys::Oid) -> Option<Vec<pg_sys::Oid>> {
@@ -462,6 +457,7 @@ fn collations(facts: &TypeFacts) -> Vec<pg_sys::Oid> {
     found
 }
 
+/// A range type's canonical and subtype-difference functions.
 fn range_functions(range: pg_sys::Oid) -> Vec<pg_sys::Oid> {
     let cache = pg_sys::SysCacheIdentifier::RANGETYPE as i32;
     // SAFETY: a syscache look-up, released before returning.
