@@ -738,15 +738,47 @@ impl Walk {
                 ));
                 return true;
             }
-            if functions
-                .into_iter()
-                .filter(|f| *f != pg_sys::InvalidOid)
-                .any(|f| self.check_function(f))
-            {
+            let [function, estimators @ ..] = functions;
+            if function != pg_sys::InvalidOid && self.check_function(function) {
                 return true;
+            }
+            // The planner's estimators run as support code does (they take `internal`): a
+            // built-in one (`eqsel`) may, as for the built-in operators.
+            for estimator in estimators
+                .into_iter()
+                .filter(|f| *f != pg_sys::InvalidOid && !builtin(*f))
+            {
+                if let Some(why) = self.support_refusal(estimator) {
+                    self.refuse(format!(
+                        "operator {}'s estimator {} is not allowed in {}: {why}",
+                        operator_name(operator),
+                        FunctionFacts::signature(estimator),
+                        self.origin.what()
+                    ));
+                    return true;
+                }
             }
         }
         false
+    }
+
+    /// Why `function`, not built in, may not run implicitly for what the query uses (an
+    /// operator family's support, an operator's estimator).
+    fn support_refusal(&self, function: pg_sys::Oid) -> Option<String> {
+        match FunctionFacts::of(function) {
+            None => Some("it is not in the catalog".to_string()),
+            Some(facts) => match self.origin {
+                Origin::Own => {
+                    Some("the extension's own reads call only built-in functions".into())
+                }
+                Origin::Generated => policy::refuse_support(&facts.policy(), &self.allowed)
+                    .or_else(|| {
+                        self.trusted
+                            .as_ref()
+                            .and_then(|t| t.refuse_owner(facts.owner, "function"))
+                    }),
+            },
+        }
     }
 
     /// The support functions of the operator families `operator` is in (comparison, sort
@@ -765,21 +797,7 @@ impl Walk {
                 return true;
             };
             for function in functions.into_iter().filter(|f| !builtin(*f)) {
-                let why = match FunctionFacts::of(function) {
-                    None => Some("it is not in the catalog".to_string()),
-                    Some(facts) => match self.origin {
-                        Origin::Own => {
-                            Some("the extension's own reads call only built-in functions".into())
-                        }
-                        Origin::Generated => policy::refuse_support(&facts.policy(), &self.allowed)
-                            .or_else(|| {
-                                self.trusted
-                                    .as_ref()
-                                    .and_then(|t| t.refuse_owner(facts.owner, "function"))
-                            }),
-                    },
-                };
-                if let Some(why) = why {
+                if let Some(why) = self.support_refusal(function) {
                     self.refuse(format!(
                         "operator {}'s support function {} is not allowed in {}: {why}",
                         operator_name(operator),

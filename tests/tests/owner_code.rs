@@ -2288,7 +2288,9 @@ fn an_allowed_extension_or_schema_covers_no_function_another_role_added() {
     w.s.llm.on(
         "squares and similarity",
         vec![Reply::sql(
-            "SELECT shared.squared(o.order_id) AS sq, similarity('ab', 'abc') AS s FROM orders o",
+            // `%` is the extension's operator, whose estimators are built in (matchingsel).
+            "SELECT shared.squared(o.order_id) AS sq, similarity('ab', 'abc') AS s, \
+             'ab' % 'abc' AS close FROM orders o",
         )],
     );
     let mut v = w.connect(&victim);
