@@ -491,6 +491,11 @@ const CODE_NAMING: [pg_sys::Oid; 5] = [
     pg_sys::REGDICTIONARYOID,
 ];
 
+/// Whether `typ` itself is one of the types that name code (not a record or array of one).
+pub fn is_code_naming(typ: pg_sys::Oid) -> bool {
+    CODE_NAMING.contains(&typ)
+}
+
 /// Whether values of `typ` are or hold (through domains, arrays, named composites, ranges and
 /// multiranges) values that name code (`CODE_NAMING`).
 pub fn names_code(typ: pg_sys::Oid) -> bool {

@@ -212,15 +212,19 @@ unsafe extern "C-unwind" fn analyzed_walker(node: *mut pg_sys::Node, context: *m
         let tag = (*node).type_;
         if expression_kind(tag) {
             let typ = pg_sys::exprType(node);
-            // What a function called by name returns is its own to answer for (`to_regtype`
-            // is refused by name, its policy says why; `pg_typeof` names no code), but not a
-            // conversion that calls a function (`int8` to `regconfig` goes through `oid`); a
-            // constant is converted, and seen, as the query is analysed.
+            // What a function called by name returns as such a value is its own to answer for
+            // (`to_regtype` is refused by name, its policy says why; `pg_typeof` names no
+            // code), but not a record or an array that holds one, which a function may fill
+            // from text (`jsonb_populate_record` of a row type with a `regtype` column runs
+            // the named type's modifier function), nor a conversion that calls a function
+            // (`int8` to `regconfig` goes through `oid`); a constant is converted, and seen,
+            // as the query is analysed.
             let produced = match tag {
                 pg_sys::NodeTag::T_Const => true,
                 pg_sys::NodeTag::T_FuncExpr => {
                     (*node.cast::<pg_sys::FuncExpr>()).funcformat
                         == pg_sys::CoercionForm::COERCE_EXPLICIT_CALL
+                        && types::is_code_naming(typ)
                 }
                 _ => false,
             };

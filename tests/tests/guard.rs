@@ -238,6 +238,7 @@ fn functions_that_run_code_of_an_object_named_at_run_time_are_refused() {
     s.client
         .batch_execute(&format!(
             "CREATE ROLE {role} LOGIN; GRANT SELECT ON orders TO {role};
+             CREATE TABLE typed (t regtype); GRANT SELECT ON typed TO {role};
              CREATE TABLE private_parts (id int) PARTITION BY HASH (id);
              CREATE TABLE private_parts_0 PARTITION OF private_parts
                  FOR VALUES WITH (MODULUS 2, REMAINDER 0);"
@@ -285,6 +286,12 @@ fn functions_that_run_code_of_an_object_named_at_run_time_are_refused() {
         (
             "SELECT to_regprocedure('abs(numeric(' || o.order_id || '))') AS t FROM orders o",
             "given by name or OID",
+        ),
+        // A record of a type that holds one, filled from text by a function called by name.
+        (
+            "SELECT jsonb_populate_record(NULL::typed, jsonb_build_object('t', 'numeric(' || \
+             o.order_id || ')')) AS r FROM orders o",
+            "computed as the query runs",
         ),
         (
             "SELECT count(*) AS n FROM orders o, ts_parse('default', o.order_id::text) p",
