@@ -49,8 +49,10 @@ pub struct Relation {
     #[serde(default)]
     pub foreign_keys: Vec<ForeignKey>,
     /// Whether what the extension reads of it on its own is the same for every role that may
-    /// read a column of it, so that the read may be shared (`values`): a permanent table,
-    /// materialized view or partitioned table without row-level security.
+    /// read a column of it, so that the read may be shared (`values`): a permanent table or
+    /// materialized view without row-level security. Not a partitioned table: a partition
+    /// attached while the read ran (it takes no lock that ATTACH waits for) and detached again
+    /// would leave its rows in a read stored under the partition set of before.
     #[serde(default)]
     pub shareable: bool,
     /// Its storage (`relfilenode`; for a partitioned table, which has none, a fingerprint of
@@ -286,7 +288,7 @@ SELECT json_build_object(
         'comment', substr(d.description, 1, 1000),
         -- PostgreSQL 18's pg_restore_relation_stats takes NaN and infinities.
         'rows', CASE WHEN b.reltuples BETWEEN -1 AND 1e30 THEN b.reltuples ELSE -1 END,
-        'shareable', b.relkind IN ('r', 'm', 'p') AND NOT b.relrowsecurity
+        'shareable', b.relkind IN ('r', 'm') AND NOT b.relrowsecurity
                      AND b.relpersistence = 'p',
         'filenode', CASE WHEN b.relkind = 'p' THEN coalesce(parts.hash, 0)
                     ELSE b.relfilenode END::bigint,

@@ -2,11 +2,11 @@
 //! configured: a new backend of a busy server (or of another node) takes the values other
 //! backends read instead of reading every relation again.
 //!
-//! Only reads that are the same for every role are shared: relations without row-level
-//! security (`Relation::shareable`), kept per column (its number, so a column dropped and
+//! Only reads that are the same for every role are shared: tables and materialized views
+//! without row-level security (`Relation::shareable`), kept per column (its number, so a column dropped and
 //! added again under the same name is another), and a role takes only the columns of its own
 //! schema context, which holds only what it may read. A relation's key names its storage
-//! (`relfilenode`, a partitioned table's partitions'), so a TRUNCATE or a rewrite starts afresh, and expires after `TTL` (a
+//! (`relfilenode`), so a TRUNCATE or a rewrite starts afresh, and expires after `TTL` (a
 //! backend's own index is as old as its schema cache, which ANALYZE and DDL renew). Reads made
 //! in a transaction that wrote something (whose rows nobody else may see yet), or with a
 //! transaction's snapshot (REPEATABLE READ, SERIALIZABLE), are not shared; a standby (whose
