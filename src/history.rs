@@ -173,6 +173,9 @@ pub enum Audited<'a> {
     Raised(&'a CaughtError),
     /// The backend exited before the call ended.
     Ended,
+    /// The call begins (only with `audit_log = all`): a backend that dies without exiting (a
+    /// PANIC, a signal) leaves this line of what it was asked.
+    Started,
 }
 
 /// The role of a call, read when the call starts: once an ERROR is caught, the audit line is
@@ -353,6 +356,7 @@ pub fn audit_raised<T>(
     work: impl FnOnce(&Caller) -> T,
 ) -> T {
     let caller = Caller::now();
+    audit(&caller, function, session, input, Audited::Started);
     let _in_flight = InFlight::enter(&caller, function, session, input);
     PgTryBuilder::new(AssertUnwindSafe(|| work(&caller)))
         .catch_others(|caught| {
@@ -385,6 +389,12 @@ pub fn audit(
     if !wanted {
         return;
     }
+    // What an enclosing call ran so far is not this one's.
+    let ran = if matches!(outcome, Audited::Started) {
+        String::new()
+    } else {
+        ran_so_far()
+    };
     let (result, sql) = match outcome {
         Audited::Answered(run) => (
             format!(
@@ -402,6 +412,7 @@ pub fn audit(
         Audited::Failed(error) => (format!("ERROR {}: {error}", error.sqlstate()), None),
         Audited::Raised(caught) => (raised(caught), None),
         Audited::Ended => ("the session ended during the call".to_string(), None),
+        Audited::Started => ("started".to_string(), None),
     };
     let session = session
         .map(|s| format!(" session {:?}", text::at_most(s, MAX_SESSION_CHARS)))
@@ -410,12 +421,8 @@ pub fn audit(
     // break could otherwise write a `sql:` or `ran` line of its own into the record.
     let input = text::escaped_line(&text::at_most(input, MAX_INPUT_CHARS));
     let detail = match sql {
-        Some(sql) => format!(
-            "input: {input}\nsql: {}{}",
-            text::escaped_line(sql),
-            ran_so_far()
-        ),
-        None => format!("input: {input}{}", ran_so_far()),
+        Some(sql) => format!("input: {input}\nsql: {}{ran}", text::escaped_line(sql)),
+        None => format!("input: {input}{ran}"),
     };
     ErrorReport::new(
         PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,

@@ -706,6 +706,10 @@ fn every_call_is_in_the_server_log_whatever_the_callers_transaction() {
             "wait and be cancelled",
         ),
         ("the session ended during the call", "wait and be ended"),
+        // Each call is in the log as it starts too: a backend that dies without exiting (a
+        // PANIC, a signal) leaves at least this line.
+        ("started", "wait and be ended"),
+        ("started", "count them quietly"),
     ] {
         let line = format!("{by}: {outcome}");
         let asked = format!("input: {question}");
