@@ -632,7 +632,7 @@ fn meeting_the_hard_memory_limit_in_memory_no_rollback_frees_is_an_error_not_a_s
     let before = started(&mut s.client);
     // At the default max_query_memory (1 GB): the array is built within it, and turning it
     // into JSON, a small allocation at a time, meets the hard limit (on PostgreSQL 15; 18
-    // takes less memory for it, and the result is cut by max_result_bytes instead).
+    // takes less memory for it, and its one row is larger than max_result_bytes instead).
     s.llm.on(
         "Name the missing relations",
         vec![Reply::sql(
@@ -645,9 +645,12 @@ fn meeting_the_hard_memory_limit_in_memory_no_rollback_frees_is_an_error_not_a_s
     match role.query("SELECT * FROM nl_query('Name the missing relations')", &[]) {
         Err(error) => {
             let (code, message, _) = db_error(&error);
-            assert_eq!(code, "53200", "{message}");
+            assert!(
+                ["53200", "54000"].contains(&code.as_str()),
+                "{code}: {message}"
+            );
         }
-        Ok(rows) => assert!(rows.is_empty(), "the result was not cut"),
+        Ok(rows) => panic!("{} rows: the result was not cut", rows.len()),
     }
     let mut again = cluster().connect(&s.database);
     assert_eq!(started(&mut again), before, "the server restarted");
