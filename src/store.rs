@@ -176,7 +176,8 @@ mod tests {
     /// Every script that can run first, the install's or an update's (an update from any
     /// version starts its chain with that version's script), opens with the check that no role
     /// but a superuser could have put an operator or function in the extension's schema: each
-    /// runs as a superuser with that schema first on its search path.
+    /// runs as a superuser with that schema first on its search path. Update scripts then pin
+    /// the search path to pg_catalog.
     #[test]
     fn every_script_opens_with_the_schema_check() {
         let sql = concat!(env!("CARGO_MANIFEST_DIR"), "/sql");
@@ -189,6 +190,16 @@ mod tests {
                 continue;
             }
             let text = std::fs::read_to_string(&path).unwrap();
+            // An update script then resolves names in pg_catalog alone: an object another role
+            // committed in the schema after the check is never found.
+            let update = name.matches("--").count() == 2;
+            assert!(
+                !update
+                    || text.contains(&format!(
+                        "{check}SET LOCAL search_path = pg_catalog, pg_temp;\n"
+                    )),
+                "{name} does not pin the search path after the schema check"
+            );
             // Before the check only comments and the line psql stops at.
             let before = text.split(&check).next().unwrap();
             assert!(

@@ -543,3 +543,134 @@ pub fn expression_kind(tag: pg_sys::NodeTag) -> bool {
             | T_CoerceToDomainValue
     ) || crate::compat::expression_kind(tag)
 }
+
+/// The transition, final, combine, (de)serialisation and moving-aggregate functions of an
+/// aggregate, which run for it out of the tree's sight, its sort operator, and its state
+/// types (an initial state is converted with its type's input function when it starts).
+pub fn aggregate_support(
+    aggregate: pg_sys::Oid,
+) -> (Vec<pg_sys::Oid>, Option<pg_sys::Oid>, Vec<pg_sys::Oid>) {
+    use crate::compat::numbers::*;
+    // pg_aggregate's function columns, from aggtransfn to aggmfinalfn, and aggsortop.
+    const SUPPORT_ATTRIBUTES: std::ops::RangeInclusive<i16> =
+        ANUM_PG_AGGREGATE_AGGTRANSFN..=ANUM_PG_AGGREGATE_AGGMFINALFN;
+    const SORT_OPERATOR: i16 = ANUM_PG_AGGREGATE_AGGSORTOP;
+    let cache = pg_sys::SysCacheIdentifier::AGGFNOID as i32;
+    // SAFETY: a syscache look-up, released before returning.
+    unsafe {
+        let tuple = pg_sys::SearchSysCache1(cache, pg_sys::Datum::from(aggregate));
+        if tuple.is_null() {
+            return (Vec::new(), None, Vec::new());
+        }
+        let oid_at = |attribute: i16| {
+            let mut is_null = true;
+            let datum = pg_sys::SysCacheGetAttr(cache, tuple, attribute, &mut is_null);
+            let oid = pg_sys::Oid::from(datum.value() as u32);
+            (!is_null && oid != pg_sys::InvalidOid).then_some(oid)
+        };
+        let states = [
+            ANUM_PG_AGGREGATE_AGGTRANSTYPE,
+            ANUM_PG_AGGREGATE_AGGMTRANSTYPE,
+        ]
+        .into_iter()
+        .filter_map(oid_at)
+        .collect();
+        let functions = SUPPORT_ATTRIBUTES.filter_map(oid_at).collect();
+        let sort_operator = oid_at(SORT_OPERATOR);
+        pg_sys::ReleaseSysCache(tuple);
+        (functions, sort_operator, states)
+    }
+}
+
+/// The function's default-argument expressions, when it has any.
+pub fn default_arguments(function: pg_sys::Oid) -> Option<*mut pg_sys::Node> {
+    // SAFETY: a syscache look-up, released before returning; the defaults are a node tree
+    // PostgreSQL wrote.
+    unsafe {
+        let tuple = pg_sys::SearchSysCache1(
+            pg_sys::SysCacheIdentifier::PROCOID as i32,
+            pg_sys::Datum::from(function),
+        );
+        if tuple.is_null() {
+            return None;
+        }
+        let mut is_null = true;
+        let datum = pg_sys::SysCacheGetAttr(
+            pg_sys::SysCacheIdentifier::PROCOID as i32,
+            tuple,
+            pg_sys::Anum_pg_proc_proargdefaults as pg_sys::AttrNumber,
+            &mut is_null,
+        );
+        let defaults = if is_null {
+            None
+        } else {
+            let text = pg_sys::text_to_cstring(datum.cast_mut_ptr());
+            Some(pg_sys::stringToNode(text).cast::<pg_sys::Node>())
+        };
+        pg_sys::ReleaseSysCache(tuple);
+        defaults
+    }
+}
+
+/// The CHECK expressions of `domain` as the catalog stores them (`pg_constraint.conbin`): read,
+/// never planned. The type cache's copy is planned when it is loaded, and planning evaluates
+/// immutable functions of constants, another role's included, before any walk could refuse
+/// them.
+///
+/// # Safety
+/// In a transaction.
+pub unsafe fn stored_checks(domain: pg_sys::Oid) -> Vec<*mut pg_sys::Node> {
+    use crate::compat::numbers::{
+        ANUM_PG_CONSTRAINT_CONBIN, ANUM_PG_CONSTRAINT_CONTYPE, ANUM_PG_CONSTRAINT_CONTYPID,
+        CONSTRAINT_RELATION_ID, CONSTRAINT_TYPID_INDEX_ID,
+    };
+    let mut found = Vec::new();
+    // An ERROR between the scan's start and end releases both with the (sub)transaction.
+    // SAFETY: an index scan of pg_constraint by domain, ended and closed before returning;
+    // each expression is a node tree read from its text form into the current memory context.
+    unsafe {
+        let catalog = pg_sys::table_open(
+            pg_sys::Oid::from(CONSTRAINT_RELATION_ID),
+            pg_sys::AccessShareLock as pg_sys::LOCKMODE,
+        );
+        let mut key: pg_sys::ScanKeyData = std::mem::zeroed();
+        pg_sys::ScanKeyInit(
+            &mut key,
+            ANUM_PG_CONSTRAINT_CONTYPID,
+            pg_sys::BTEqualStrategyNumber as u16,
+            pg_sys::regproc::from(pg_sys::F_OIDEQ),
+            pg_sys::Datum::from(domain),
+        );
+        let scan = pg_sys::systable_beginscan(
+            catalog,
+            pg_sys::Oid::from(CONSTRAINT_TYPID_INDEX_ID),
+            true,
+            std::ptr::null_mut(),
+            1,
+            &mut key,
+        );
+        let desc = (*catalog).rd_att;
+        loop {
+            let tuple = pg_sys::systable_getnext(scan);
+            if tuple.is_null() {
+                break;
+            }
+            let mut is_null = true;
+            let kind =
+                pg_sys::heap_getattr(tuple, ANUM_PG_CONSTRAINT_CONTYPE.into(), desc, &mut is_null);
+            if is_null || kind.value() as u8 != b'c' {
+                continue;
+            }
+            let text =
+                pg_sys::heap_getattr(tuple, ANUM_PG_CONSTRAINT_CONBIN.into(), desc, &mut is_null);
+            if is_null {
+                continue;
+            }
+            let text = pg_sys::text_to_cstring(text.cast_mut_ptr());
+            found.push(pg_sys::stringToNode(text).cast::<pg_sys::Node>());
+        }
+        pg_sys::systable_endscan(scan);
+        pg_sys::table_close(catalog, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+    }
+    found
+}

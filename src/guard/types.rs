@@ -12,8 +12,8 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use super::facts::{
-    builtin, family_code, parts, type_holds, type_name, CacheList, FunctionFacts, TypeFacts,
-    MAX_FAMILY_SUPPORT,
+    builtin, family_code, parts, stored_checks, type_holds, type_name, CacheList, FunctionFacts,
+    TypeFacts, MAX_FAMILY_SUPPORT,
 };
 use super::policy::{self, Allowed};
 use super::trust::{self, Trusted};
@@ -22,18 +22,13 @@ use super::verdict::Origin;
 /// Types followed at most into the types they are made of.
 const MAX_TYPE_DEPTH: usize = 16;
 
-// pg_cast's castfunc, pg_range's rngcanonical and rngsubdiff and pg_constraint's columns, by
-// attribute number, and pg_constraint's OIDs (their headers are not in pgrx's bindings;
-// build.rs reads the numbers from the server's).
+// pg_cast's castfunc and pg_range's columns, by attribute number (their headers are not in
+// pgrx's bindings; build.rs reads the numbers from the server's).
 use crate::compat::numbers::{
-    ANUM_PG_CAST_CASTFUNC as ANUM_CAST_FUNC, ANUM_PG_CONSTRAINT_CONBIN as ANUM_CONSTRAINT_BIN,
-    ANUM_PG_CONSTRAINT_CONTYPE as ANUM_CONSTRAINT_KIND,
-    ANUM_PG_CONSTRAINT_CONTYPID as ANUM_CONSTRAINT_TYPE_ID,
-    ANUM_PG_RANGE_RNGCANONICAL as ANUM_RANGE_CANONICAL,
+    ANUM_PG_CAST_CASTFUNC as ANUM_CAST_FUNC, ANUM_PG_RANGE_RNGCANONICAL as ANUM_RANGE_CANONICAL,
     ANUM_PG_RANGE_RNGCOLLATION as ANUM_RANGE_COLLATION,
     ANUM_PG_RANGE_RNGSUBDIFF as ANUM_RANGE_SUBDIFF,
-    ANUM_PG_RANGE_RNGSUBOPC as ANUM_RANGE_SUBTYPE_OPCLASS, CONSTRAINT_RELATION_ID,
-    CONSTRAINT_TYPID_INDEX_ID,
+    ANUM_PG_RANGE_RNGSUBOPC as ANUM_RANGE_SUBTYPE_OPCLASS,
 };
 
 /// What a type may be made of, for the SQL of `origin`.
@@ -316,63 +311,6 @@ impl Types<'_> {
             .into_iter()
             .find_map(|expression| (self.check_expression)(expression))
     }
-}
-
-/// The CHECK expressions of `domain` as the catalog stores them (`pg_constraint.conbin`): read,
-/// never planned. The type cache's copy is planned when it is loaded, and planning evaluates
-/// immutable functions of constants, another role's included, before any walk could refuse
-/// them.
-///
-/// # Safety
-/// In a transaction.
-unsafe fn stored_checks(domain: pg_sys::Oid) -> Vec<*mut pg_sys::Node> {
-    let mut found = Vec::new();
-    // An ERROR between the scan's start and end releases both with the (sub)transaction.
-    // SAFETY: an index scan of pg_constraint by domain, ended and closed before returning;
-    // each expression is a node tree read from its text form into the current memory context.
-    unsafe {
-        let catalog = pg_sys::table_open(
-            pg_sys::Oid::from(CONSTRAINT_RELATION_ID),
-            pg_sys::AccessShareLock as pg_sys::LOCKMODE,
-        );
-        let mut key: pg_sys::ScanKeyData = std::mem::zeroed();
-        pg_sys::ScanKeyInit(
-            &mut key,
-            ANUM_CONSTRAINT_TYPE_ID,
-            pg_sys::BTEqualStrategyNumber as u16,
-            pg_sys::regproc::from(pg_sys::F_OIDEQ),
-            pg_sys::Datum::from(domain),
-        );
-        let scan = pg_sys::systable_beginscan(
-            catalog,
-            pg_sys::Oid::from(CONSTRAINT_TYPID_INDEX_ID),
-            true,
-            std::ptr::null_mut(),
-            1,
-            &mut key,
-        );
-        let desc = (*catalog).rd_att;
-        loop {
-            let tuple = pg_sys::systable_getnext(scan);
-            if tuple.is_null() {
-                break;
-            }
-            let mut is_null = true;
-            let kind = pg_sys::heap_getattr(tuple, ANUM_CONSTRAINT_KIND.into(), desc, &mut is_null);
-            if is_null || kind.value() as u8 != b'c' {
-                continue;
-            }
-            let text = pg_sys::heap_getattr(tuple, ANUM_CONSTRAINT_BIN.into(), desc, &mut is_null);
-            if is_null {
-                continue;
-            }
-            let text = pg_sys::text_to_cstring(text.cast_mut_ptr());
-            found.push(pg_sys::stringToNode(text).cast::<pg_sys::Node>());
-        }
-        pg_sys::systable_endscan(scan);
-        pg_sys::table_close(catalog, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-    }
-    found
 }
 
 /// The support functions of the operator family of `range`'s subtype operator class (what

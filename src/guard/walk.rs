@@ -11,9 +11,9 @@ use pgrx::PgList;
 
 use super::cost;
 use super::facts::{
-    builtin, expression_kind, family_code, operator_code, operator_name, operator_owner,
-    row_fields, type_name, CacheList, FunctionFacts, OpenRelation, MAX_FAMILY_SUPPORT,
-    MAX_LINKED_OPERATORS,
+    aggregate_support, builtin, default_arguments, expression_kind, family_code, operator_code,
+    operator_name, operator_owner, row_fields, type_name, CacheList, FunctionFacts, OpenRelation,
+    MAX_FAMILY_SUPPORT, MAX_LINKED_OPERATORS,
 };
 use super::policy::{self, Allowed};
 use super::trust::{self, Trusted};
@@ -960,72 +960,4 @@ fn operator_families(operator: pg_sys::Oid) -> Vec<pg_sys::Oid> {
         }
     }
     families
-}
-
-/// The transition, final, combine, (de)serialisation and moving-aggregate functions of an
-/// aggregate, which run for it out of the tree's sight, its sort operator, and its state
-/// types (an initial state is converted with its type's input function when it starts).
-fn aggregate_support(
-    aggregate: pg_sys::Oid,
-) -> (Vec<pg_sys::Oid>, Option<pg_sys::Oid>, Vec<pg_sys::Oid>) {
-    use crate::compat::numbers::*;
-    // pg_aggregate's function columns, from aggtransfn to aggmfinalfn, and aggsortop.
-    const SUPPORT_ATTRIBUTES: std::ops::RangeInclusive<i16> =
-        ANUM_PG_AGGREGATE_AGGTRANSFN..=ANUM_PG_AGGREGATE_AGGMFINALFN;
-    const SORT_OPERATOR: i16 = ANUM_PG_AGGREGATE_AGGSORTOP;
-    let cache = pg_sys::SysCacheIdentifier::AGGFNOID as i32;
-    // SAFETY: a syscache look-up, released before returning.
-    unsafe {
-        let tuple = pg_sys::SearchSysCache1(cache, pg_sys::Datum::from(aggregate));
-        if tuple.is_null() {
-            return (Vec::new(), None, Vec::new());
-        }
-        let oid_at = |attribute: i16| {
-            let mut is_null = true;
-            let datum = pg_sys::SysCacheGetAttr(cache, tuple, attribute, &mut is_null);
-            let oid = pg_sys::Oid::from(datum.value() as u32);
-            (!is_null && oid != pg_sys::InvalidOid).then_some(oid)
-        };
-        let states = [
-            ANUM_PG_AGGREGATE_AGGTRANSTYPE,
-            ANUM_PG_AGGREGATE_AGGMTRANSTYPE,
-        ]
-        .into_iter()
-        .filter_map(oid_at)
-        .collect();
-        let functions = SUPPORT_ATTRIBUTES.filter_map(oid_at).collect();
-        let sort_operator = oid_at(SORT_OPERATOR);
-        pg_sys::ReleaseSysCache(tuple);
-        (functions, sort_operator, states)
-    }
-}
-
-/// The function's default-argument expressions, when it has any.
-fn default_arguments(function: pg_sys::Oid) -> Option<*mut pg_sys::Node> {
-    // SAFETY: a syscache look-up, released before returning; the defaults are a node tree
-    // PostgreSQL wrote.
-    unsafe {
-        let tuple = pg_sys::SearchSysCache1(
-            pg_sys::SysCacheIdentifier::PROCOID as i32,
-            pg_sys::Datum::from(function),
-        );
-        if tuple.is_null() {
-            return None;
-        }
-        let mut is_null = true;
-        let datum = pg_sys::SysCacheGetAttr(
-            pg_sys::SysCacheIdentifier::PROCOID as i32,
-            tuple,
-            pg_sys::Anum_pg_proc_proargdefaults as pg_sys::AttrNumber,
-            &mut is_null,
-        );
-        let defaults = if is_null {
-            None
-        } else {
-            let text = pg_sys::text_to_cstring(datum.cast_mut_ptr());
-            Some(pg_sys::stringToNode(text).cast::<pg_sys::Node>())
-        };
-        pg_sys::ReleaseSysCache(tuple);
-        defaults
-    }
 }

@@ -765,37 +765,15 @@ fn an_owners_update_leaves_rows_with_the_role_that_wrote_them() {
 fn install_and_update_refuse_a_schema_where_other_roles_can_plant_operators() {
     let planter = format!("planter_{}", std::process::id());
     let plant = |client: &mut postgres::Client| {
-        let mut planted = String::new();
-        for right in ["regclass", "regrole"] {
-            planted.push_str(&format!(
-                "CREATE FUNCTION public.planted(oid, {right}) RETURNS boolean LANGUAGE plpgsql AS $$
-                 BEGIN
-                     IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles
-                                    WHERE rolname = '{planter}' AND rolsuper) THEN
-                         EXECUTE 'ALTER ROLE {planter} SUPERUSER';
-                     END IF;
-                     RETURN $1 OPERATOR(pg_catalog.=) $2::oid;
-                 END $$;
-                 CREATE OPERATOR public.= (LEFTARG = oid, RIGHTARG = {right},
-                                           FUNCTION = public.planted);"
-            ));
-        }
         client
             .batch_execute(&format!(
-                "GRANT CREATE ON SCHEMA public TO {planter}; SET ROLE {planter}; {planted}
-                 RESET ROLE;"
+                "GRANT CREATE ON SCHEMA public TO {planter}; SET ROLE {planter}; {}
+                 RESET ROLE;",
+                planted(&planter)
             ))
             .unwrap();
     };
-    let superuser = |client: &mut postgres::Client| -> bool {
-        client
-            .query_one(
-                "SELECT rolsuper FROM pg_roles WHERE rolname = $1::text::name",
-                &[&planter],
-            )
-            .unwrap()
-            .get(0)
-    };
+    let superuser = |client: &mut postgres::Client| is_superuser(client, &planter);
     let mut admin = cluster().connect("postgres");
     admin
         .batch_execute(&format!("CREATE ROLE {planter}"))
@@ -827,6 +805,33 @@ fn install_and_update_refuse_a_schema_where_other_roles_can_plant_operators() {
     assert!(detail.contains("operator =(oid,regclass)"), "{detail}");
     assert!(!superuser(&mut client));
 
+    // A role with a superuser's rights through membership (on PostgreSQL 16 and later
+    // without being able to become it) may create in the superuser's schema, and is named.
+    let dba = format!("dba_{}", std::process::id());
+    let version: i32 = client
+        .query_one("SELECT current_setting('server_version_num')::int4", &[])
+        .unwrap()
+        .get(0);
+    let options = if version >= 160000 {
+        " WITH INHERIT TRUE, SET FALSE"
+    } else {
+        ""
+    };
+    client
+        .batch_execute(&format!(
+            "DROP OPERATOR public.=(oid, regclass); DROP OPERATOR public.=(oid, regrole);
+             DROP FUNCTION public.planted(oid, regclass); DROP FUNCTION public.planted(oid, regrole);
+             CREATE ROLE {dba} SUPERUSER; CREATE SCHEMA held AUTHORIZATION {dba};
+             GRANT {dba} TO {planter}{options};"
+        ))
+        .unwrap();
+    let refused = client
+        .batch_execute("CREATE EXTENSION sql_query_engine SCHEMA held")
+        .unwrap_err();
+    let (code, _, detail) = db_error(&refused);
+    assert_eq!(code, "42501");
+    assert!(detail.contains(&planter), "{detail}");
+
     let installed = new_database("planted_update");
     let mut client = cluster().connect(&installed);
     client
@@ -850,4 +855,114 @@ fn install_and_update_refuse_a_schema_where_other_roles_can_plant_operators() {
         .unwrap()
         .get(0);
     assert_eq!(version, "0.16.0");
+}
+
+/// Operators `=(oid, regclass)` and `=(oid, regrole)` in `public` that match the update's and
+/// the old install's comparisons more closely than pg_catalog's, and make `planter` a
+/// superuser when run as one (and, what no rollback undoes, draw a number of
+/// `public.planted_ticks`, where there is one).
+fn planted(planter: &str) -> String {
+    let mut planted = String::new();
+    for right in ["regclass", "regrole"] {
+        planted.push_str(&format!(
+            "CREATE FUNCTION public.planted(oid, {right}) RETURNS boolean LANGUAGE plpgsql AS $$
+             BEGIN
+                 IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles
+                                WHERE rolname = '{planter}' AND rolsuper) THEN
+                     EXECUTE 'ALTER ROLE {planter} SUPERUSER';
+                 END IF;
+                 IF pg_catalog.to_regclass('public.planted_ticks') IS NOT NULL THEN
+                     PERFORM pg_catalog.nextval('public.planted_ticks');
+                 END IF;
+                 RETURN $1 OPERATOR(pg_catalog.=) $2::oid;
+             END $$;
+             CREATE OPERATOR public.= (LEFTARG = oid, RIGHTARG = {right},
+                                       FUNCTION = public.planted);"
+        ));
+    }
+    planted
+}
+
+fn is_superuser(client: &mut postgres::Client, role: &str) -> bool {
+    client
+        .query_one(
+            "SELECT rolsuper FROM pg_roles WHERE rolname = $1::text::name",
+            &[&role],
+        )
+        .unwrap()
+        .get(0)
+}
+
+/// An operator that another role created while it could still create in the schema, and
+/// commits only once the update waits on a lock it holds, is never found by the update: after
+/// the check an update script resolves names in pg_catalog alone. (The next script's check
+/// then finds it and refuses the update, rolling back what ran; the operator's sequence shows
+/// whether it ran, which no rollback undoes.)
+#[test]
+fn an_operator_committed_after_the_updates_check_is_never_found() {
+    let planter = format!("late_planter_{}", std::process::id());
+    cluster()
+        .connect("postgres")
+        .batch_execute(&format!("CREATE ROLE {planter} LOGIN"))
+        .unwrap();
+    let database = new_database("planted_late");
+    let mut client = cluster().connect(&database);
+    client
+        .batch_execute(&format!(
+            "CREATE EXTENSION sql_query_engine VERSION '0.16.0';
+             GRANT CREATE ON SCHEMA public TO {planter};"
+        ))
+        .unwrap();
+    let mut attacker = cluster().connect_as(&database, &planter);
+    attacker
+        .batch_execute(&format!(
+            "CREATE SEQUENCE public.planted_ticks;
+             BEGIN; {} SELECT FROM public.nl_sessions LIMIT 1;",
+            planted(&planter)
+        ))
+        .unwrap();
+    client
+        .batch_execute(&format!(
+            "SET lock_timeout = '10s'; REVOKE CREATE ON SCHEMA public FROM {planter};"
+        ))
+        .unwrap();
+    let updating = {
+        let database = database.clone();
+        std::thread::spawn(move || {
+            cluster()
+                .connect(&database)
+                .batch_execute("ALTER EXTENSION sql_query_engine UPDATE")
+        })
+    };
+    let waiting = std::time::Instant::now();
+    while client
+        .query_one(
+            "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation \
+             WHERE NOT l.granted AND c.relname = 'nl_sessions'",
+            &[],
+        )
+        .unwrap()
+        .get::<_, i64>(0)
+        == 0
+    {
+        assert!(
+            waiting.elapsed() < std::time::Duration::from_secs(20),
+            "the update never waited on the lock"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    attacker.batch_execute("COMMIT").unwrap();
+    let updated = updating.join().unwrap();
+    if let Err(error) = &updated {
+        assert_eq!(db_error(error).0, "42501", "{error}");
+    }
+    let ticked: bool = client
+        .query_one("SELECT is_called FROM public.planted_ticks", &[])
+        .unwrap()
+        .get(0);
+    assert!(
+        !ticked,
+        "the update ran the operator committed after its check"
+    );
+    assert!(!is_superuser(&mut client, &planter));
 }
