@@ -124,10 +124,14 @@ const RUNS_SQL_TEXT_PREFIXES: &[&str] = &["dblink"];
 /// the guard's sight: the input function (and domain CHECKs) of a type named as text
 /// (`pg_input_is_valid`, PostgreSQL 16 and later), the type modifier function of a type named
 /// as text (`to_regtype('t(3)')`, `to_regtypemod`, PostgreSQL 17 and later) or by OID
-/// (`format_type(oid, typmod)` runs its output modifier function), and the hash
-/// functions of any partitioned table's key, opened without a privilege check
-/// (`satisfies_hash_partition`): refused unless named in `allowed_functions`.
+/// (`format_type(oid, typmod)` runs its output modifier function; so do the privilege checks
+/// of a type or a function named as text, `has_type_privilege('t(3)', ...)`, which read the
+/// name as `regtype` or `regprocedure` does), and the hash functions of any partitioned
+/// table's key, opened without a privilege check (`satisfies_hash_partition`): refused unless
+/// named in `allowed_functions`.
 const RUNS_NAMED_OBJECTS_CODE: &[&str] = &[
+    "has_function_privilege",
+    "has_type_privilege",
     "pg_input_is_valid",
     "pg_input_error_info",
     "to_regtype",
@@ -561,6 +565,8 @@ mod tests {
             "to_regtypemod",
             "format_type",
             "satisfies_hash_partition",
+            "has_type_privilege",
+            "has_function_privilege",
         ] {
             assert!(
                 refuse(&builtin(name, STABLE), &none(), true).is_some(),

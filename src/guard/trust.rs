@@ -11,8 +11,9 @@ use std::ffi::{CStr, CString};
 use pgrx::{pg_sys, PgList};
 
 use super::facts::{
-    builtin, expression_kind, linked_operators, operator_name, operator_owner, parts, type_name,
-    CacheList, FunctionFacts, OpenRelation, TypeFacts, MAX_LINKED_OPERATORS,
+    aggregate_support, builtin, default_arguments, expression_kind, linked_operators,
+    operator_name, operator_owner, parts, stored_checks, type_name, CacheList, FunctionFacts,
+    OpenRelation, TypeFacts, MAX_LINKED_OPERATORS,
 };
 use crate::names::{relation_name, role_name};
 use crate::settings;
@@ -487,6 +488,26 @@ impl Trusted {
                 return Some(format!("type {} is not allowed: {why}", type_name(typ)));
             }
             waiting.extend(parts(&facts).into_iter().map(|(part, _)| part));
+            // A trusted domain's CHECK runs wherever a value is converted to it: what it
+            // converts to and compares with, as the views' own expressions.
+            if facts.kind == pg_sys::TYPTYPE_DOMAIN {
+                let mut checked = Reached::default();
+                // SAFETY: catalog reads in the caller's transaction; each CHECK is a node tree
+                // PostgreSQL wrote, only read.
+                let whole = unsafe { stored_checks(typ) }
+                    .into_iter()
+                    .all(|check| unsafe { collect_from_expression(check, &mut checked) });
+                if !whole {
+                    return Some(format!(
+                        "the CHECKs of domain {} nest too deeply to be checked",
+                        type_name(typ)
+                    ));
+                }
+                if let Some(why) = self.operators_refusal(&checked.operators) {
+                    return Some(format!("domain {}'s CHECK: {why}", type_name(typ)));
+                }
+                waiting.extend(checked.types);
+            }
         }
         None
     }
@@ -522,6 +543,8 @@ struct Reached {
     functions: Vec<pg_sys::Oid>,
     /// The types of its values and of the columns its functions are read as.
     types: Vec<pg_sys::Oid>,
+    /// The functions whose hidden code (`call`) was looked at.
+    called: Vec<pg_sys::Oid>,
 }
 
 impl Reached {
@@ -535,6 +558,26 @@ impl Reached {
         if !builtin(function) && !self.functions.contains(&function) {
             self.functions.push(function);
         }
+    }
+
+    /// What a call of `function` runs that its node does not show: for an aggregate, its
+    /// state types (an initial state is converted with its type's input function, a domain's
+    /// CHECK included, when it starts) and its sort operator; and its default arguments, which
+    /// the planner puts in, converted to their parameters' types. The defaults are returned, to
+    /// be walked like the rest.
+    fn call(&mut self, function: pg_sys::Oid) -> Option<*mut pg_sys::Node> {
+        if builtin(function) || self.called.contains(&function) {
+            return None;
+        }
+        self.called.push(function);
+        let (_, sort_operator, states) = aggregate_support(function);
+        for state in states {
+            self.type_(state);
+        }
+        if let Some(operator) = sort_operator {
+            self.operator(operator);
+        }
+        default_arguments(function)
     }
 
     /// The operators of a query's ORDER BY, GROUP BY, DISTINCT and windows.
@@ -695,10 +738,23 @@ unsafe extern "C-unwind" fn relations_walker(
             // An aggregate's or window function's own OID is never called: its transition and
             // final functions are, which its owner may change (CREATE OR REPLACE AGGREGATE).
             pg_sys::NodeTag::T_Aggref => {
-                found().function((*node.cast::<pg_sys::Aggref>()).aggfnoid);
+                let aggregate = (*node.cast::<pg_sys::Aggref>()).aggfnoid;
+                found().function(aggregate);
+                if walk_call(aggregate, context) {
+                    return true;
+                }
             }
             pg_sys::NodeTag::T_WindowFunc => {
-                found().function((*node.cast::<pg_sys::WindowFunc>()).winfnoid);
+                let function = (*node.cast::<pg_sys::WindowFunc>()).winfnoid;
+                found().function(function);
+                if walk_call(function, context) {
+                    return true;
+                }
+            }
+            pg_sys::NodeTag::T_FuncExpr => {
+                if walk_call((*node.cast::<pg_sys::FuncExpr>()).funcid, context) {
+                    return true;
+                }
             }
             pg_sys::NodeTag::T_RowCompareExpr => {
                 let opnos: Vec<pg_sys::Oid> = PgList::<std::ffi::c_void>::from_pg(
@@ -713,6 +769,23 @@ unsafe extern "C-unwind" fn relations_walker(
             _ => {}
         }
         pg_sys::expression_tree_walker(node, Some(relations_walker), context)
+    }
+}
+
+/// `Reached::call` of `function`, its default arguments walked too.
+///
+/// # Safety
+/// `context` is the walk's `Reached`.
+unsafe fn walk_call(function: pg_sys::Oid, context: *mut std::ffi::c_void) -> bool {
+    // SAFETY: the walk's own context; the defaults are a node tree PostgreSQL wrote, walked
+    // after the borrow ends.
+    unsafe {
+        match (*context.cast::<Reached>()).call(function) {
+            Some(defaults) => {
+                pg_sys::expression_tree_walker(defaults, Some(relations_walker), context)
+            }
+            None => false,
+        }
     }
 }
 

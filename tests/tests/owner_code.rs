@@ -796,7 +796,25 @@ fn a_superusers_query_reads_no_view_that_converts_to_another_roles_domain() {
                CREATE VIEW public.invoice_view AS
                    SELECT id, public.shown(amount) AS amt FROM public.invoices;
                CREATE VIEW public.parsed_view AS
-                   SELECT r.a::text AS a FROM jsonb_to_record('{"a": 1}') AS r(a shared.money);"#,
+                   SELECT r.a::text AS a FROM jsonb_to_record('{"a": 1}') AS r(a shared.money);
+               -- What the view's tree does not show: a default argument, which the planner
+               -- puts in; an aggregate's state, whose initial value is converted when it
+               -- starts; a trusted domain's CHECK, which converts to the attacker's.
+               CREATE FUNCTION public.scaled(x numeric, unit shared.money DEFAULT 1)
+                   RETURNS text LANGUAGE plpgsql IMMUTABLE
+                   AS $$ BEGIN RETURN (x * unit)::text; END $$;
+               CREATE VIEW public.default_view AS
+                   SELECT id, public.scaled(amount) AS amt FROM public.invoices;
+               CREATE FUNCTION public.money_add(shared.money, numeric) RETURNS shared.money
+                   LANGUAGE plpgsql IMMUTABLE AS $$ BEGIN RETURN $1 + $2; END $$;
+               CREATE FUNCTION public.money_total(shared.money) RETURNS numeric
+                   LANGUAGE plpgsql IMMUTABLE AS $$ BEGIN RETURN $1; END $$;
+               CREATE AGGREGATE public.total(numeric) (SFUNC = public.money_add,
+                   STYPE = shared.money, FINALFUNC = public.money_total, INITCOND = '0');
+               CREATE VIEW public.total_view AS SELECT public.total(amount) AS t FROM public.invoices;
+               CREATE DOMAIN public.amount AS numeric CHECK ((VALUE::shared.money) IS NOT NULL);
+               CREATE VIEW public.amount_view AS
+                   SELECT amount::public.amount::numeric AS a FROM public.invoices;"#,
         )
         .unwrap();
     w.attacker_runs(
@@ -811,6 +829,9 @@ fn a_superusers_query_reads_no_view_that_converts_to_another_roles_domain() {
     for (question, sql) in [
         ("the invoices' amounts", "SELECT id, amt FROM invoice_view"),
         ("the parsed amounts", "SELECT a FROM parsed_view"),
+        ("the scaled amounts", "SELECT amt FROM default_view"),
+        ("the total amount", "SELECT t FROM total_view"),
+        ("the checked amounts", "SELECT a FROM amount_view"),
     ] {
         let message = refusal_of(&w, &mut admin, question, sql);
         assert!(
