@@ -751,10 +751,10 @@ unsafe extern "C-unwind" fn relations_walker(
                     return true;
                 }
             }
-            pg_sys::NodeTag::T_FuncExpr => {
-                if walk_call((*node.cast::<pg_sys::FuncExpr>()).funcid, context) {
-                    return true;
-                }
+            pg_sys::NodeTag::T_FuncExpr
+                if walk_call((*node.cast::<pg_sys::FuncExpr>()).funcid, context) =>
+            {
+                return true;
             }
             pg_sys::NodeTag::T_RowCompareExpr => {
                 let opnos: Vec<pg_sys::Oid> = PgList::<std::ffi::c_void>::from_pg(
