@@ -2,7 +2,6 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use serde_json::json;
 
 use crate::db::DbError;
@@ -129,7 +128,7 @@ impl From<DbError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut response = (self.status, Json(self.body())).into_response();
+        let mut response = crate::shown::json_response(self.status, &self.body());
         if let Some(seconds) = self.retry_after {
             response
                 .headers_mut()

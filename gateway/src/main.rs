@@ -17,6 +17,7 @@ mod housekeeping;
 mod mcp;
 mod openai;
 mod shares;
+mod shown;
 mod tokens;
 mod watch;
 

@@ -25,6 +25,7 @@ use axum::extract::ConnectInfo;
 
 use crate::app::Role;
 use crate::db::{Call, Db, DbError};
+use crate::shown::{json_text, legible};
 use crate::watch::ClientGone;
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -115,6 +116,11 @@ fn role_of(server: &Mcp, context: &RequestContext<RoleServer>) -> Result<Client,
 
 /// What a client is told of a failed call: the error's message and hint, never its detail.
 fn said(error: DbError) -> String {
+    legible(&said_plainly(error), false)
+}
+
+/// `said`, before its control characters are written out.
+fn said_plainly(error: DbError) -> String {
     match error.for_clients() {
         DbError::Sql {
             sqlstate,
@@ -156,9 +162,9 @@ impl Mcp {
         };
         let call = call.of_client(client.as_deref());
         match self.bounded(context, role.as_deref(), &call).await {
-            Ok(value) => Ok(CallToolResult::success(vec![ContentBlock::json(shape(
-                value,
-            ))?])),
+            Ok(value) => Ok(CallToolResult::success(vec![ContentBlock::text(
+                json_text(&shape(value)),
+            )])),
             Err(said) => Ok(CallToolResult::error(vec![ContentBlock::text(said)])),
         }
     }
@@ -399,8 +405,8 @@ impl ServerHandler for Mcp {
             .await
             .map_err(|said| McpError::internal_error(said, None))?;
         let text = match value {
-            Value::String(s) => s,
-            other => other.to_string(),
+            Value::String(s) => legible(&s, false),
+            other => json_text(&other),
         };
         Ok(ReadResourceResult::new(vec![ResourceContents::text(text, request.uri.clone())]).into())
     }

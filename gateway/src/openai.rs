@@ -26,6 +26,7 @@ use crate::conversation::{ChatMessage, Conversation};
 use crate::db::{Call, DbError};
 use crate::errors::ApiError;
 use crate::housekeeping::Task;
+use crate::shown::{legible, reorders};
 use crate::watch::ClientGone;
 
 #[derive(Deserialize)]
@@ -234,30 +235,6 @@ fn shown(c: char) -> Option<char> {
     }
 }
 
-/// Whether `c` is one of Unicode's bidirectional formatting characters, which make text show
-/// in another order than it is read (a value that shows as another, code that reads as other
-/// code).
-fn reorders(c: char) -> bool {
-    matches!(c, '\u{61C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
-}
-
-/// Code (a model's SQL, comments and literals included) as a terminal shows it and a reader can
-/// read it back: control characters other than a line break or a tab (`one_line`: each shown as
-/// a space), and bidirectional overrides, are written as `\u{1b}`, so none moves the cursor,
-/// rewrites what was shown or sets a terminal's clipboard.
-fn legible(code: &str, one_line: bool) -> String {
-    let mut out = String::with_capacity(code.len());
-    for c in code.chars() {
-        match c {
-            '\n' | '\t' if one_line => out.push(' '),
-            '\n' | '\t' => out.push(c),
-            c if c.is_control() || reorders(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
 /// The longest run of backticks in `text`.
 fn backticks(text: &str) -> usize {
     text.split(|c| c != '`').map(str::len).max().unwrap_or(0)
@@ -449,7 +426,7 @@ pub async fn feedback(
     match given {
         Err(_) => ApiError::timeout().into_response(),
         Ok(Err(e)) => ApiError::from(e).into_response(),
-        Ok(Ok(given)) => Json(given).into_response(),
+        Ok(Ok(given)) => crate::shown::json_response(StatusCode::OK, &given),
     }
 }
 

@@ -1630,3 +1630,52 @@ fn numbers_reach_chat_and_mcp_clients_exactly() {
         assert!(ran.contains(number), "{number} not in {ran}");
     }
 }
+
+/// What another role stored (or the model wrote) reaches MCP clients with nothing that steers
+/// a terminal: an error quoting a value (22P02) has its control characters written out, and a
+/// result's strings have DEL, C1 controls and bidirectional overrides escaped as JSON does the
+/// others (OSC 52 would set a terminal client's clipboard).
+#[test]
+fn what_another_role_stored_reaches_mcp_clients_written_out() {
+    let s = setup();
+    let mut admin = cluster().connect(&s.database);
+    admin
+        .batch_execute(&format!(
+            "CREATE TABLE public.notes (note text);
+             INSERT INTO public.notes VALUES (E'\\x1b]52;c;eA==\\x07' || chr(155) || '2J' || chr(8238));
+             GRANT SELECT ON public.notes TO {};",
+            s.reader
+        ))
+        .unwrap();
+    let gateway = Gateway::start(&s.database_url, &s.tokens);
+    let (status, session) = mcp_initialize(&gateway, &s.token);
+    assert_eq!(status, 200);
+    let session = session.expect("a session id");
+    let post = |body: &str| {
+        ureq::post(&format!("{}/mcp", gateway.url()))
+            .set("Authorization", &format!("Bearer {}", s.token))
+            .set("Content-Type", "application/json")
+            .set("Accept", "application/json, text/event-stream")
+            .set("Mcp-Session-Id", &session)
+            .timeout(Duration::from_secs(20))
+            .send_string(body)
+            .expect("the MCP answer")
+            .into_string()
+            .unwrap()
+    };
+    post(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    let steers = |c: char| {
+        c == '\u{1b}'
+            || c == '\u{7}'
+            || ('\u{7f}'..='\u{9f}').contains(&c)
+            || ('\u{202a}'..='\u{202e}').contains(&c)
+    };
+    for sql in ["SELECT note FROM notes", "SELECT note::int AS n FROM notes"] {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{"name":"run_sql","arguments":{{"sql":"{sql}"}}}}}}"#
+        );
+        let answer = post(&body);
+        assert!(!answer.chars().any(steers), "{sql}: {answer:?}");
+        assert!(answer.contains("52;c;eA=="), "{sql}: {answer}");
+    }
+}
