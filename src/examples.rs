@@ -17,9 +17,11 @@ use crate::text::words;
 /// must run for its author: an example may name only what its author may read (it is shown
 /// to other roles' models and may run as their answer).
 pub fn add(question: &str, sql: &str) -> Result<i64> {
+    // One row, within the caller's max_result_bytes (a first row past it is an error that
+    // names the setting).
     let probe = crate::exec::Mode::Run(crate::exec::Limits {
         max_rows: 1,
-        max_bytes: 1 << 20,
+        ..crate::exec::Limits::from_settings()
     });
     crate::exec::attempt(sql, probe, crate::settings::statement_timeout_ms()).into_result()?;
     insert(question, sql, None)
