@@ -355,6 +355,7 @@ pub fn audit_raised<T>(
     input: &str,
     work: impl FnOnce(&Caller) -> T,
 ) -> T {
+    crate::store::require_utf8().unwrap_or_else(|e| e.raise());
     let caller = Caller::now();
     audit(&caller, function, session, input, Audited::Started);
     let _in_flight = InFlight::enter(&caller, function, session, input);

@@ -7,6 +7,26 @@ use pgrx::prelude::*;
 use crate::error::{Error, Result};
 use crate::subxact;
 
+/// Refuses a database whose encoding is not UTF8 (0A000): what the model, an endpoint or
+/// Redis sends is UTF-8, and passed on as the server's text (to the parser, the history, a
+/// session) it would hold byte sequences the server's encoding does not allow, which a dump
+/// then cannot restore; pgrx reads the server's text as UTF-8 too.
+pub fn require_utf8() -> Result<()> {
+    // SAFETY: reads the database's encoding, set when the backend connected.
+    if unsafe { pg_sys::GetDatabaseEncoding() } == pg_sys::pg_enc::PG_UTF8 as i32 {
+        return Ok(());
+    }
+    Err(Error::sql(
+        "0A000",
+        format!(
+            "sql_query_engine works only in UTF8 databases; this one is {}",
+            // SAFETY: the name of the database's encoding, a static string.
+            unsafe { crate::names::c_string(pg_sys::GetDatabaseEncodingName()) }
+        ),
+        Some("Create the database with ENCODING 'UTF8' (and a UTF-8 locale) and install the extension there."),
+    ))
+}
+
 /// The schema the extension lives in, quoted (for its own tables), read again after any catalog
 /// change: its tables are found by this name, so its owner must be a superuser (the owner of a
 /// schema may rename it and put tables of its own, with triggers, where the extension's were),

@@ -870,3 +870,38 @@ fn a_schema_whose_name_needs_quotes_holds_the_extension() {
         .get(0);
     assert!(schema.contains("CREATE TABLE customers"), "{schema}");
 }
+
+/// A database whose encoding is not UTF8 is refused at every call (0A000): what the model or an
+/// endpoint sends is UTF-8, and passed on as the server's text it would hold byte sequences
+/// the server's encoding does not allow (stored in the history, a dump could not restore it).
+#[test]
+fn a_database_that_is_not_utf8_is_refused() {
+    let name = format!("sqe_latin1_{}", std::process::id());
+    let mut admin = cluster().connect("postgres");
+    for statement in [
+        format!("DROP DATABASE IF EXISTS {name}"),
+        format!(
+            "CREATE DATABASE {name} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' \
+             TEMPLATE template0"
+        ),
+    ] {
+        admin.batch_execute(&statement).unwrap();
+    }
+    let mut latin1 = cluster().connect(&name);
+    latin1
+        .batch_execute("CREATE EXTENSION sql_query_engine")
+        .unwrap();
+    for call in [
+        "SELECT nl_check('SELECT 1')",
+        "SELECT * FROM nl_query('how many orders')",
+    ] {
+        let error = latin1.batch_execute(call).unwrap_err();
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "0A000", "{call}: {message}");
+        assert!(message.contains("UTF8"), "{message}");
+    }
+    drop(latin1);
+    admin
+        .batch_execute(&format!("DROP DATABASE {name}"))
+        .unwrap();
+}
