@@ -291,14 +291,10 @@ pub fn record(session: &str, turn: Turn) -> Store {
             let key = memory_key(session);
             if !m.contains_key(&key) && m.len() >= MAX_MEMORY_SESSIONS {
                 // Bounded: a client that names a new session per request (a pooled connection
-                // serving many) does not grow the backend; the least recently used session is
-                // forgotten.
-                let oldest = m
-                    .iter()
-                    .min_by_key(|(_, r)| r.updated)
-                    .map(|(key, _)| key.clone());
-                if let Some(oldest) = oldest {
-                    m.remove(&oldest);
+                // serving many) does not grow the backend; a session of its own role is
+                // forgotten first (`victim`).
+                if let Some(victim) = victim(m, &key, |_| 1) {
+                    m.remove(&victim);
                 }
             }
             let remembered = m.entry(key.clone()).or_default();
@@ -328,8 +324,35 @@ fn in_table(session: &str) -> bool {
     table_turns(session, 1).is_some()
 }
 
-/// Keeps backend memory within `MAX_MEMORY_BYTES`: expired sessions go first, then the least
-/// recently used others, then the oldest turns of `current` itself (its newest stays).
+/// The session to forget to make room for `current`, never `current` itself: the least
+/// recently used of the caller's own role's others, or when it has none, of the role whose
+/// sessions weigh the most (`weight` of each: 1 to count them, bytes to measure them). A role
+/// that fills backend memory (a pooled backend serving many roles) forgets its own sessions,
+/// not another role's conversation.
+fn victim(
+    memory: &HashMap<(u32, String), Remembered>,
+    current: &(u32, String),
+    weight: impl Fn(&Remembered) -> usize,
+) -> Option<(u32, String)> {
+    let oldest_of = |role: u32| {
+        memory
+            .iter()
+            .filter(|(key, _)| key.0 == role && *key != current)
+            .min_by_key(|(_, r)| r.updated)
+            .map(|(key, _)| key.clone())
+    };
+    oldest_of(current.0).or_else(|| {
+        let mut weights: HashMap<u32, usize> = HashMap::new();
+        for (key, r) in memory.iter().filter(|(key, _)| *key != current) {
+            *weights.entry(key.0).or_default() += weight(r);
+        }
+        let heaviest = weights.into_iter().max_by_key(|(_, w)| *w)?.0;
+        oldest_of(heaviest)
+    })
+}
+
+/// Keeps backend memory within `MAX_MEMORY_BYTES`: expired sessions go first, then others
+/// (`victim`), then the oldest turns of `current` itself (its newest stays).
 fn within_memory_bytes(
     memory: &mut HashMap<(u32, String), Remembered>,
     current: &(u32, String),
@@ -344,12 +367,7 @@ fn within_memory_bytes(
     memory.retain(|key, r| key == current || r.updated.is_some_and(|at| at.elapsed() < ttl));
     let mut total: usize = memory.values().map(bytes).sum();
     while total > MAX_MEMORY_BYTES {
-        let oldest = memory
-            .iter()
-            .filter(|(key, _)| *key != current)
-            .min_by_key(|(_, r)| r.updated)
-            .map(|(key, _)| key.clone());
-        match oldest {
+        match victim(memory, current, bytes) {
             Some(key) => {
                 total -= memory.remove(&key).map(|r| bytes(&r)).unwrap_or(0);
             }
@@ -622,6 +640,34 @@ mod tests {
             question: question.to_string(),
             sql: sql.to_string(),
         }
+    }
+
+    #[test]
+    fn a_role_that_fills_backend_memory_forgets_its_own_sessions_first() {
+        let at = std::time::Instant::now();
+        let remembered = |age_s: u64| Remembered {
+            turns: VecDeque::new(),
+            updated: at.checked_sub(std::time::Duration::from_secs(age_s)),
+        };
+        let mut memory = HashMap::new();
+        // Another role's conversation, older than anything of the flooding role.
+        memory.insert((2, "theirs".to_string()), remembered(100));
+        memory.insert((1, "old".to_string()), remembered(10));
+        memory.insert((1, "older".to_string()), remembered(20));
+        let current = (1, "new".to_string());
+        assert_eq!(
+            victim(&memory, &current, |_| 1),
+            Some((1, "older".to_string()))
+        );
+        // A role with no other session: the oldest of the role that holds the most.
+        memory.insert((3, "a".to_string()), remembered(5));
+        memory.insert((3, "b".to_string()), remembered(6));
+        memory.insert((3, "c".to_string()), remembered(7));
+        let other = (4, "first".to_string());
+        assert_eq!(victim(&memory, &other, |_| 1), Some((3, "c".to_string())));
+        // The current session itself is never the victim.
+        let alone = HashMap::from([(current.clone(), remembered(1))]);
+        assert_eq!(victim(&alone, &current, |_| 1), None);
     }
 
     #[test]
