@@ -382,6 +382,10 @@ impl Solver<'_> {
         let mut changes = Vec::new();
         let mut rewritten: Option<(String, Outcome)> = None;
         for _ in 0..REQUALIFY_ROUNDS {
+            // Each round runs a query: none once the answer budget is spent.
+            if self.out_of_time() {
+                break;
+            }
             let (query, result) = rewritten.as_ref().map_or((&sql, &outcome), |(q, r)| (q, r));
             // A name error raised once the query ran is not the model's (code of another
             // role raised it, with any text): only analysis errors name the model's names.
@@ -1229,6 +1233,19 @@ mod tests {
         );
         assert_eq!(run.attempts[0].sql, "SELECT b.x FROM a, b");
         assert_eq!(run.attempts[0].requalified, vec!["a.x → b.x"]);
+        // Not once the answer budget is spent: the rewrite would run another query.
+        let spent = Limits {
+            deadline: Some(Instant::now()),
+            ..voting(Vote::Off)
+        };
+        let (run, _) = solve_limited(&["SELECT a.x FROM a, b"], spent, |sql| {
+            if sql.contains("a.x") {
+                failed("42703")
+            } else {
+                rows(1)
+            }
+        });
+        assert!(run.attempts[0].requalified.is_empty() && run.out_of_time);
 
         // When the rewrite fails too, the model's own query and error go back to it.
         let (run, llm) = solve_with(&["SELECT a.x FROM a, b", "SELECT 1"], 2, |sql| {
