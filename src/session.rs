@@ -289,16 +289,21 @@ pub fn record(session: &str, turn: Turn) -> Store {
     if store != Store::Table || !stored {
         MEMORY.with_borrow_mut(|m| {
             let key = memory_key(session);
+            let ttl = std::time::Duration::from_secs(settings::session_ttl_s());
+            forget_expired(m, &key, ttl);
             if !m.contains_key(&key) && m.len() >= MAX_MEMORY_SESSIONS {
                 // Bounded: a client that names a new session per request (a pooled connection
-                // serving many) does not grow the backend; a session of its own role is
-                // forgotten first (`victim`).
-                if let Some(victim) = victim(m, &key, |_| 1) {
-                    m.remove(&victim);
+                // serving many) does not grow the backend. Room is made from its own role's
+                // sessions only (`own_oldest`): without one, this session is not remembered
+                // here, and no other role's conversation is forgotten for it.
+                match own_oldest(m, &key) {
+                    Some(oldest) => {
+                        m.remove(&oldest);
+                    }
+                    None => return,
                 }
             }
             let remembered = m.entry(key.clone()).or_default();
-            let ttl = std::time::Duration::from_secs(settings::session_ttl_s());
             if remembered.updated.is_none_or(|at| at.elapsed() >= ttl) {
                 remembered.turns.clear();
             }
@@ -309,7 +314,7 @@ pub fn record(session: &str, turn: Turn) -> Store {
             while turns.len() > keep {
                 turns.pop_front();
             }
-            within_memory_bytes(m, &key, ttl);
+            within_memory_bytes(m, &key);
         });
     }
     if stored {
@@ -324,60 +329,55 @@ fn in_table(session: &str) -> bool {
     table_turns(session, 1).is_some()
 }
 
-/// The session to forget to make room for `current`, never `current` itself: the least
-/// recently used of the caller's own role's others, or when it has none, of the role whose
-/// sessions weigh the most (`weight` of each: 1 to count them, bytes to measure them). A role
-/// that fills backend memory (a pooled backend serving many roles) forgets its own sessions,
-/// not another role's conversation.
-fn victim(
+/// The least recently used session of `current`'s role other than `current`: what is forgotten
+/// to make room for it. Never another role's: a role that fills backend memory (a pooled or
+/// gateway backend serving many, fallen back to memory) forgets its own sessions, and however
+/// many roles it acts through, no other role's live conversation.
+fn own_oldest(
     memory: &HashMap<(u32, String), Remembered>,
     current: &(u32, String),
-    weight: impl Fn(&Remembered) -> usize,
 ) -> Option<(u32, String)> {
-    let oldest_of = |role: u32| {
-        memory
-            .iter()
-            .filter(|(key, _)| key.0 == role && *key != current)
-            .min_by_key(|(_, r)| r.updated)
-            .map(|(key, _)| key.clone())
-    };
-    oldest_of(current.0).or_else(|| {
-        let mut weights: HashMap<u32, usize> = HashMap::new();
-        for (key, r) in memory.iter().filter(|(key, _)| *key != current) {
-            *weights.entry(key.0).or_default() += weight(r);
-        }
-        let heaviest = weights.into_iter().max_by_key(|(_, w)| *w)?.0;
-        oldest_of(heaviest)
-    })
+    memory
+        .iter()
+        .filter(|(key, _)| key.0 == current.0 && *key != current)
+        .min_by_key(|(_, r)| r.updated)
+        .map(|(key, _)| key.clone())
 }
 
-/// Keeps backend memory within `MAX_MEMORY_BYTES`: expired sessions go first, then others
-/// (`victim`), then the oldest turns of `current` itself (its newest stays).
-fn within_memory_bytes(
+/// Forgets the sessions (but `current`) whose last turn is older than `ttl`, whoever's.
+fn forget_expired(
     memory: &mut HashMap<(u32, String), Remembered>,
     current: &(u32, String),
     ttl: std::time::Duration,
 ) {
+    memory.retain(|key, r| key == current || r.updated.is_some_and(|at| at.elapsed() < ttl));
+}
+
+/// Keeps backend memory within `MAX_MEMORY_BYTES` (within it before `current` grew: expired
+/// sessions are gone already): the caller's role's other sessions go first (`own_oldest`),
+/// then the oldest turns of `current`, and last `current` itself, never another role's.
+fn within_memory_bytes(memory: &mut HashMap<(u32, String), Remembered>, current: &(u32, String)) {
     let bytes = |r: &Remembered| -> usize {
         r.turns
             .iter()
             .map(|(t, _)| t.question.len() + t.sql.len())
             .sum()
     };
-    memory.retain(|key, r| key == current || r.updated.is_some_and(|at| at.elapsed() < ttl));
     let mut total: usize = memory.values().map(bytes).sum();
     while total > MAX_MEMORY_BYTES {
-        match victim(memory, current, bytes) {
-            Some(key) => {
-                total -= memory.remove(&key).map(|r| bytes(&r)).unwrap_or(0);
+        if let Some(key) = own_oldest(memory, current) {
+            total -= memory.remove(&key).map(|r| bytes(&r)).unwrap_or(0);
+            continue;
+        }
+        let Some(r) = memory.get_mut(current) else {
+            return;
+        };
+        match r.turns.len() {
+            0 | 1 => {
+                memory.remove(current);
+                return;
             }
-            None => {
-                let Some(r) = memory.get_mut(current) else {
-                    return;
-                };
-                if r.turns.len() <= 1 {
-                    return;
-                }
+            _ => {
                 if let Some((t, _)) = r.turns.pop_front() {
                     total -= t.question.len() + t.sql.len();
                 }
@@ -643,7 +643,7 @@ mod tests {
     }
 
     #[test]
-    fn a_role_that_fills_backend_memory_forgets_its_own_sessions_first() {
+    fn a_role_that_fills_backend_memory_forgets_only_its_own_sessions() {
         let at = std::time::Instant::now();
         let remembered = |age_s: u64| Remembered {
             turns: VecDeque::new(),
@@ -656,18 +656,15 @@ mod tests {
         memory.insert((1, "older".to_string()), remembered(20));
         let current = (1, "new".to_string());
         assert_eq!(
-            victim(&memory, &current, |_| 1),
+            own_oldest(&memory, &current),
             Some((1, "older".to_string()))
         );
-        // A role with no other session: the oldest of the role that holds the most.
-        memory.insert((3, "a".to_string()), remembered(5));
-        memory.insert((3, "b".to_string()), remembered(6));
-        memory.insert((3, "c".to_string()), remembered(7));
+        // A role with no other session of its own forgets no other role's: however many
+        // roles a client acts through, each pays with its own.
         let other = (4, "first".to_string());
-        assert_eq!(victim(&memory, &other, |_| 1), Some((3, "c".to_string())));
-        // The current session itself is never the victim.
+        assert_eq!(own_oldest(&memory, &other), None);
         let alone = HashMap::from([(current.clone(), remembered(1))]);
-        assert_eq!(victim(&alone, &current, |_| 1), None);
+        assert_eq!(own_oldest(&alone, &current), None);
     }
 
     #[test]
@@ -701,7 +698,8 @@ mod tests {
         memory.insert(key("old"), session(vec![big("a"), big("b")], 60));
         memory.insert(key("recent"), session(vec![big("c")], 10));
         memory.insert(key("now"), session(vec![big("d"), big("e")], 0));
-        within_memory_bytes(&mut memory, &key("now"), ttl);
+        forget_expired(&mut memory, &key("now"), ttl);
+        within_memory_bytes(&mut memory, &key("now"));
         let mut left: Vec<&str> = memory.keys().map(|(_, name)| name.as_str()).collect();
         left.sort();
         assert_eq!(left, ["now", "recent"]);
@@ -711,12 +709,23 @@ mod tests {
             key("now"),
             session(vec![big("a"), big("b"), big("c"), big("d"), big("e")], 0),
         );
-        within_memory_bytes(&mut memory, &key("now"), ttl);
+        within_memory_bytes(&mut memory, &key("now"));
         let questions: Vec<&str> = memory[&key("now")]
             .turns
             .iter()
             .map(|(t, _)| t.question.as_str())
             .collect();
         assert_eq!(questions, ["c", "d", "e"]);
+        // Another role's sessions are never forgotten for it: the new session goes itself.
+        let mut memory: HashMap<(u32, String), Remembered> = HashMap::new();
+        memory.insert(
+            (11, "theirs".to_string()),
+            session(vec![big("x"), big("y")], 60),
+        );
+        memory.insert((11, "more".to_string()), session(vec![big("z")], 50));
+        memory.insert(key("now"), session(vec![big("a"), big("b")], 0));
+        within_memory_bytes(&mut memory, &key("now"));
+        assert!(!memory.contains_key(&key("now")));
+        assert_eq!(memory.len(), 2);
     }
 }

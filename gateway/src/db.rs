@@ -203,7 +203,10 @@ impl DbError {
                 server_side: true,
                 ..
             } => {
-                eprintln!("sqe-gateway: the database refused or ended the gateway's connection: {message}");
+                eprintln!(
+                    "sqe-gateway: the database refused or ended the gateway's connection: {}",
+                    crate::shown::in_log(&message)
+                );
                 DbError::Sql {
                     sqlstate,
                     message: "the database refused or ended the gateway's connection; the \
@@ -220,7 +223,11 @@ impl DbError {
                 server_side,
                 ..
             } if sqlstate.starts_with("28") => {
-                eprintln!("sqe-gateway: the database refused the gateway: {message}");
+                // A query's own code may raise a 28xxx error with any text (a view's RAISE).
+                eprintln!(
+                    "sqe-gateway: the database refused the gateway: {}",
+                    crate::shown::in_log(&message)
+                );
                 DbError::Sql {
                     sqlstate,
                     message: "the database refused the gateway's connection; its log says why"

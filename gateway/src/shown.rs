@@ -31,6 +31,17 @@ pub fn legible(code: &str, one_line: bool) -> String {
     out
 }
 
+/// Outside text (a server's message, which a query's code may have written) as one line of the
+/// gateway's own log: control characters written out, line breaks as spaces, at most 1,000
+/// characters, so it cannot write a line of its own (`sqe-gateway: tokens reloaded`).
+pub fn in_log(text: &str) -> String {
+    let line = legible(text, true);
+    match line.char_indices().nth(1000) {
+        Some((at, _)) => format!("{}...", &line[..at]),
+        None => line,
+    }
+}
+
 /// `value` as JSON text whose strings hold no character `legible` writes out: DEL, the C1
 /// controls and the bidirectional overrides are written as `\u` escapes (serde_json escapes
 /// only those below U+0020), which JSON reads as the same characters. They can only be inside
@@ -61,6 +72,15 @@ pub fn json_response(status: StatusCode, value: &Value) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn outside_text_in_the_log_is_one_bounded_line() {
+        let forged = "x\nsqe-gateway: tokens reloaded (3 tokens)\r\u{1b}[2K";
+        let line = in_log(forged);
+        assert!(!line.chars().any(char::is_control), "{line:?}");
+        assert!(line.contains("tokens reloaded"));
+        assert_eq!(in_log(&"é".repeat(5000)).chars().count(), 1003);
+    }
 
     #[test]
     fn json_text_is_the_same_json_with_nothing_that_steers_a_terminal() {
