@@ -61,6 +61,9 @@ const MAX_MEMORY_BYTES: usize = 16 << 20;
 struct Remembered {
     turns: VecDeque<(Turn, bool)>,
     updated: Option<std::time::Instant>,
+    /// When it expires for other roles' calls: by the `session_ttl` of the role that wrote it,
+    /// which another role's own (lower) setting does not shorten.
+    expires: Option<std::time::Instant>,
 }
 
 thread_local! {
@@ -286,42 +289,50 @@ pub fn record(session: &str, turn: Turn) -> Store {
         Store::Redis => record_in_redis(session, &turn, keep),
         Store::Memory => false,
     };
-    if store != Store::Table || !stored {
-        MEMORY.with_borrow_mut(|m| {
-            let key = memory_key(session);
-            let ttl = std::time::Duration::from_secs(settings::session_ttl_s());
-            forget_expired(m, &key, ttl);
-            if !m.contains_key(&key) && m.len() >= MAX_MEMORY_SESSIONS {
-                // Bounded: a client that names a new session per request (a pooled connection
-                // serving many) does not grow the backend. Room is made from its own role's
-                // sessions only (`own_oldest`): without one, this session is not remembered
-                // here, and no other role's conversation is forgotten for it.
-                match own_oldest(m, &key) {
-                    Some(oldest) => {
-                        m.remove(&oldest);
-                    }
-                    None => return,
-                }
-            }
-            let remembered = m.entry(key.clone()).or_default();
-            if remembered.updated.is_none_or(|at| at.elapsed() >= ttl) {
-                remembered.turns.clear();
-            }
-            remembered.updated = Some(std::time::Instant::now());
-            let turns = &mut remembered.turns;
-            turns.retain(|(t, _)| t.question != turn.question);
-            turns.push_back((turn, !stored));
-            while turns.len() > keep {
-                turns.pop_front();
-            }
-            within_memory_bytes(m, &key);
-        });
+    if (store != Store::Table || !stored) && !remember(session, turn, !stored, keep) && !stored {
+        pgrx::notice!(
+            "sql_query_engine: this turn of session {} is not remembered: no store took it, and \
+             this connection's memory is full of other roles' conversations",
+            crate::text::escaped_line(&crate::text::at_most(session, MAX_NAME_BYTES))
+        );
     }
     if stored {
         store
     } else {
         Store::Memory
     }
+}
+
+/// Adds `turn` (`here`: kept only here) to `session` in backend memory, the newest `keep`
+/// turns; whether it was kept (`make_room`).
+fn remember(session: &str, turn: Turn, here: bool, keep: usize) -> bool {
+    MEMORY.with_borrow_mut(|m| {
+        let key = memory_key(session);
+        let ttl = std::time::Duration::from_secs(settings::session_ttl_s());
+        forget_expired(m);
+        let mut turns = match m.get(&key) {
+            Some(r) if r.updated.is_some_and(|at| at.elapsed() < ttl) => r.turns.clone(),
+            _ => VecDeque::new(),
+        };
+        turns.retain(|(t, _)| t.question != turn.question);
+        turns.push_back((turn, here));
+        while turns.len() > keep {
+            turns.pop_front();
+        }
+        if !make_room(m, &key, &mut turns) {
+            return false;
+        }
+        let now = std::time::Instant::now();
+        m.insert(
+            key,
+            Remembered {
+                turns,
+                updated: Some(now),
+                expires: now.checked_add(ttl),
+            },
+        );
+        true
+    })
 }
 
 /// Whether the table has live turns of `session` of the caller's (read in any transaction).
@@ -344,45 +355,58 @@ fn own_oldest(
         .map(|(key, _)| key.clone())
 }
 
-/// Forgets the sessions (but `current`) whose last turn is older than `ttl`, whoever's.
-fn forget_expired(
-    memory: &mut HashMap<(u32, String), Remembered>,
-    current: &(u32, String),
-    ttl: std::time::Duration,
-) {
-    memory.retain(|key, r| key == current || r.updated.is_some_and(|at| at.elapsed() < ttl));
+/// Forgets the sessions that expired, each by the `session_ttl` of the role that wrote it.
+fn forget_expired(memory: &mut HashMap<(u32, String), Remembered>) {
+    let now = std::time::Instant::now();
+    memory.retain(|_, r| r.expires.is_some_and(|at| now < at));
 }
 
-/// Keeps backend memory within `MAX_MEMORY_BYTES` (within it before `current` grew: expired
-/// sessions are gone already): the caller's role's other sessions go first (`own_oldest`),
-/// then the oldest turns of `current`, and last `current` itself, never another role's.
-fn within_memory_bytes(memory: &mut HashMap<(u32, String), Remembered>, current: &(u32, String)) {
-    let bytes = |r: &Remembered| -> usize {
-        r.turns
+/// Makes room in backend memory (at most `MAX_MEMORY_SESSIONS` sessions and
+/// `MAX_MEMORY_BYTES`) for `current` to hold `turns`, from the calling role's own: its other
+/// sessions go first (`own_oldest`), then the oldest of `turns`, while the others alone leave
+/// room for the newest. Never another role's: when that is not enough, `false`, and `current`
+/// keeps what it held.
+fn make_room(
+    memory: &mut HashMap<(u32, String), Remembered>,
+    current: &(u32, String),
+    turns: &mut VecDeque<(Turn, bool)>,
+) -> bool {
+    let weight = |turns: &VecDeque<(Turn, bool)>| -> usize {
+        turns
             .iter()
             .map(|(t, _)| t.question.len() + t.sql.len())
             .sum()
     };
-    let mut total: usize = memory.values().map(bytes).sum();
-    while total > MAX_MEMORY_BYTES {
-        if let Some(key) = own_oldest(memory, current) {
-            total -= memory.remove(&key).map(|r| bytes(&r)).unwrap_or(0);
+    if !memory.contains_key(current) && memory.len() >= MAX_MEMORY_SESSIONS {
+        // A client that names a new session per request (a pooled connection serving many)
+        // does not grow the backend.
+        match own_oldest(memory, current) {
+            Some(oldest) => {
+                memory.remove(&oldest);
+            }
+            None => return false,
+        }
+    }
+    loop {
+        let others: usize = memory
+            .iter()
+            .filter(|(key, _)| *key != current)
+            .map(|(_, r)| weight(&r.turns))
+            .sum();
+        if others + weight(turns) <= MAX_MEMORY_BYTES {
+            return true;
+        }
+        if let Some(oldest) = own_oldest(memory, current) {
+            memory.remove(&oldest);
             continue;
         }
-        let Some(r) = memory.get_mut(current) else {
-            return;
-        };
-        match r.turns.len() {
-            0 | 1 => {
-                memory.remove(current);
-                return;
-            }
-            _ => {
-                if let Some((t, _)) = r.turns.pop_front() {
-                    total -= t.question.len() + t.sql.len();
-                }
-            }
+        let newest = turns
+            .back()
+            .map_or(0, |(t, _)| t.question.len() + t.sql.len());
+        if turns.len() <= 1 || others + newest > MAX_MEMORY_BYTES {
+            return false;
         }
+        turns.pop_front();
     }
 }
 
@@ -648,6 +672,7 @@ mod tests {
         let remembered = |age_s: u64| Remembered {
             turns: VecDeque::new(),
             updated: at.checked_sub(std::time::Duration::from_secs(age_s)),
+            expires: at.checked_add(std::time::Duration::from_secs(3600)),
         };
         let mut memory = HashMap::new();
         // Another role's conversation, older than anything of the flooding role.
@@ -665,6 +690,22 @@ mod tests {
         assert_eq!(own_oldest(&memory, &other), None);
         let alone = HashMap::from([(current.clone(), remembered(1))]);
         assert_eq!(own_oldest(&alone, &current), None);
+        // Expiry is the writer's: what another role's lower session_ttl says does not count.
+        let mut memory = HashMap::from([
+            ((2, "live".to_string()), remembered(100)),
+            (
+                (2, "gone".to_string()),
+                Remembered {
+                    expires: Some(at),
+                    ..remembered(100)
+                },
+            ),
+        ]);
+        forget_expired(&mut memory);
+        assert_eq!(
+            memory.keys().cloned().collect::<Vec<_>>(),
+            [(2, "live".to_string())]
+        );
     }
 
     #[test]
@@ -684,48 +725,48 @@ mod tests {
     }
 
     #[test]
-    fn backend_memory_drops_expired_then_least_recently_used_sessions_then_old_turns() {
+    fn backend_memory_makes_room_from_the_callers_own_sessions_then_its_own_old_turns() {
         let now = std::time::Instant::now();
-        let ttl = std::time::Duration::from_secs(3600);
         let big = |q: &str| turn(q, &"s".repeat(MAX_MEMORY_BYTES / 4));
         let session = |turns: Vec<Turn>, ago: u64| Remembered {
             turns: turns.into_iter().map(|t| (t, false)).collect(),
             updated: now.checked_sub(std::time::Duration::from_secs(ago)),
+            expires: now.checked_add(std::time::Duration::from_secs(3600)),
+        };
+        let queue = |turns: Vec<Turn>| -> VecDeque<(Turn, bool)> {
+            turns.into_iter().map(|t| (t, false)).collect()
         };
         let key = |name: &str| (10u32, name.to_string());
         let mut memory: HashMap<(u32, String), Remembered> = HashMap::new();
-        memory.insert(key("expired"), session(vec![turn("q", "s")], 7200));
         memory.insert(key("old"), session(vec![big("a"), big("b")], 60));
         memory.insert(key("recent"), session(vec![big("c")], 10));
-        memory.insert(key("now"), session(vec![big("d"), big("e")], 0));
-        forget_expired(&mut memory, &key("now"), ttl);
-        within_memory_bytes(&mut memory, &key("now"));
+        let mut turns = queue(vec![big("d"), big("e")]);
+        assert!(make_room(&mut memory, &key("now"), &mut turns));
         let mut left: Vec<&str> = memory.keys().map(|(_, name)| name.as_str()).collect();
         left.sort();
-        assert_eq!(left, ["now", "recent"]);
-        // One session alone over the bound keeps its newest turn.
+        assert_eq!(left, ["recent"]);
+        assert_eq!(turns.len(), 2);
+        // One session alone over the bound keeps its newest turns.
         let mut memory: HashMap<(u32, String), Remembered> = HashMap::new();
-        memory.insert(
-            key("now"),
-            session(vec![big("a"), big("b"), big("c"), big("d"), big("e")], 0),
-        );
-        within_memory_bytes(&mut memory, &key("now"));
-        let questions: Vec<&str> = memory[&key("now")]
-            .turns
-            .iter()
-            .map(|(t, _)| t.question.as_str())
-            .collect();
+        let mut turns = queue(vec![big("a"), big("b"), big("c"), big("d"), big("e")]);
+        assert!(make_room(&mut memory, &key("now"), &mut turns));
+        let questions: Vec<&str> = turns.iter().map(|(t, _)| t.question.as_str()).collect();
         assert_eq!(questions, ["c", "d", "e"]);
-        // Another role's sessions are never forgotten for it: the new session goes itself.
+        // Another role's sessions are never forgotten for it: when they leave no room for its
+        // newest turn, it is not kept, and what the session held stays.
         let mut memory: HashMap<(u32, String), Remembered> = HashMap::new();
         memory.insert(
             (11, "theirs".to_string()),
             session(vec![big("x"), big("y")], 60),
         );
-        memory.insert((11, "more".to_string()), session(vec![big("z")], 50));
-        memory.insert(key("now"), session(vec![big("a"), big("b")], 0));
-        within_memory_bytes(&mut memory, &key("now"));
-        assert!(!memory.contains_key(&key("now")));
-        assert_eq!(memory.len(), 2);
+        memory.insert(
+            (11, "more".to_string()),
+            session(vec![big("z"), big("w")], 50),
+        );
+        memory.insert(key("now"), session(vec![big("a")], 0));
+        let mut turns = queue(vec![big("a"), big("b")]);
+        assert!(!make_room(&mut memory, &key("now"), &mut turns));
+        assert_eq!(memory.len(), 3);
+        assert_eq!(memory[&key("now")].turns.len(), 1);
     }
 }

@@ -739,12 +739,15 @@ impl Db {
             None => {
                 anyhow::bail!("the extension sql_query_engine is not installed in this database")
             }
-            Some((schema, false)) => anyhow::bail!(
-                "the extension sql_query_engine is installed in schema {schema}, whose owner is \
-                 not a superuser: it could put a procedure of its own in place of the \
-                 extension's nl_call, which the gateway calls by that name (a superuser: ALTER \
-                 SCHEMA {schema} OWNER TO a superuser)"
-            ),
+            Some((schema, false)) => {
+                let schema = crate::shown::in_log(&schema);
+                anyhow::bail!(
+                    "the extension sql_query_engine is installed in schema {schema}, whose owner \
+                     is not a superuser: it could put a procedure of its own in place of the \
+                     extension's nl_call, which the gateway calls by that name (a superuser: \
+                     ALTER SCHEMA {schema} OWNER TO a superuser)"
+                )
+            }
             Some((schema, true)) => schema,
         };
         let readers = read_urls

@@ -40,6 +40,7 @@ use rmcp::ServiceExt;
 use crate::app::App;
 use crate::db::Db;
 use crate::errors::ApiError;
+use crate::shown::in_log;
 use crate::tokens::Tokens;
 
 #[derive(Parser)]
@@ -443,8 +444,10 @@ async fn refused_roles(
             refused.push((role, format!("{why} (create it, then reload the tokens)")));
         } else if allow {
             eprintln!(
-                "sqe-gateway: WARNING: role {role}: {why}; its tokens can run code of their own in \
-                 the gateway's session (allowed by --allow-object-owners)"
+                "sqe-gateway: WARNING: role {}: {}; its tokens can run code of their own in \
+                 the gateway's session (allowed by --allow-object-owners)",
+                in_log(&role),
+                in_log(&why)
             );
         } else {
             refused.push((role, why));
@@ -457,7 +460,8 @@ async fn refused_roles(
 fn refusal(refused: &[(String, String)]) -> String {
     let list: Vec<String> = refused
         .iter()
-        .map(|(role, why)| format!("role {role}: {why}"))
+        // What the catalog says (object names another role chose) on one line.
+        .map(|(role, why)| format!("role {}: {}", in_log(role), in_log(why)))
         .collect();
     format!(
         "a token's role can run code of its own in the gateway's session, where SET ROLE \
