@@ -289,7 +289,9 @@ pub fn record(session: &str, turn: Turn) -> Store {
         Store::Redis => record_in_redis(session, &turn, keep),
         Store::Memory => false,
     };
-    if (store != Store::Table || !stored) && !remember(session, turn, !stored, keep) && !stored {
+    // Memory bridges a Redis outage too: it remembers what Redis took.
+    let kept = (store != Store::Table || !stored) && remember(session, turn, !stored, keep);
+    if !kept && !stored {
         pgrx::notice!(
             "sql_query_engine: this turn of session {} is not remembered: no store took it, and \
              this connection's memory is full of other roles' conversations",
