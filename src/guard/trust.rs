@@ -492,11 +492,12 @@ impl Trusted {
             // converts to and compares with, as the views' own expressions.
             if facts.kind == pg_sys::TYPTYPE_DOMAIN {
                 let mut checked = Reached::default();
-                // SAFETY: catalog reads in the caller's transaction; each CHECK is a node tree
-                // PostgreSQL wrote, only read.
-                let whole = unsafe { stored_checks(typ) }
-                    .into_iter()
-                    .all(|check| unsafe { collect_from_expression(check, &mut checked) });
+                // SAFETY: catalog reads in the caller's transaction.
+                let checks = unsafe { stored_checks(typ) };
+                let whole = checks.into_iter().all(|check| {
+                    // SAFETY: a node tree PostgreSQL wrote, only read.
+                    unsafe { collect_from_expression(check, &mut checked) }
+                });
                 if !whole {
                     return Some(format!(
                         "the CHECKs of domain {} nest too deeply to be checked",
