@@ -1117,6 +1117,28 @@ fn mcp_initialize(gateway: &Gateway, token: &str) -> (u16, Option<String>) {
     }
 }
 
+/// An initialized MCP session of `token`: a function that posts a JSON-RPC message into it and
+/// returns the answer's body, read whole.
+fn mcp_session<'a>(gateway: &'a Gateway, token: &'a str) -> impl Fn(&str) -> String + 'a {
+    let (status, session) = mcp_initialize(gateway, token);
+    assert_eq!(status, 200);
+    let session = session.expect("a session id");
+    let post = move |body: &str| {
+        ureq::post(&format!("{}/mcp", gateway.url()))
+            .set("Authorization", &format!("Bearer {token}"))
+            .set("Content-Type", "application/json")
+            .set("Accept", "application/json, text/event-stream")
+            .set("Mcp-Session-Id", &session)
+            .timeout(Duration::from_secs(20))
+            .send_string(body)
+            .expect("the MCP answer")
+            .into_string()
+            .unwrap()
+    };
+    post(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    post
+}
+
 /// A token has at most `--max-requests-per-token` requests served at once, an MCP event stream
 /// counted for as long as it is open: one token's streams cannot take the connections every
 /// token shares. The place is given back when the stream's client goes.
@@ -1606,22 +1628,7 @@ fn numbers_reach_chat_and_mcp_clients_exactly() {
     for number in exact {
         assert!(answer.contains(number), "{number} not in {answer}");
     }
-    let (status, session) = mcp_initialize(&gateway, &s.token);
-    assert_eq!(status, 200);
-    let session = session.expect("a session id");
-    let post = |body: &str| {
-        ureq::post(&format!("{}/mcp", gateway.url()))
-            .set("Authorization", &format!("Bearer {}", s.token))
-            .set("Content-Type", "application/json")
-            .set("Accept", "application/json, text/event-stream")
-            .set("Mcp-Session-Id", &session)
-            .timeout(Duration::from_secs(20))
-            .send_string(body)
-            .expect("the MCP answer")
-            .into_string()
-            .unwrap()
-    };
-    post(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    let post = mcp_session(&gateway, &s.token);
     let ran = post(
         r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"run_sql","arguments":{"sql":"SELECT 9.50 AS price, 123456789012345678901.23 AS big, 1e400 AS huge"}}}"#,
     );
@@ -1648,22 +1655,7 @@ fn what_another_role_stored_reaches_mcp_clients_written_out() {
         ))
         .unwrap();
     let gateway = Gateway::start(&s.database_url, &s.tokens);
-    let (status, session) = mcp_initialize(&gateway, &s.token);
-    assert_eq!(status, 200);
-    let session = session.expect("a session id");
-    let post = |body: &str| {
-        ureq::post(&format!("{}/mcp", gateway.url()))
-            .set("Authorization", &format!("Bearer {}", s.token))
-            .set("Content-Type", "application/json")
-            .set("Accept", "application/json, text/event-stream")
-            .set("Mcp-Session-Id", &session)
-            .timeout(Duration::from_secs(20))
-            .send_string(body)
-            .expect("the MCP answer")
-            .into_string()
-            .unwrap()
-    };
-    post(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    let post = mcp_session(&gateway, &s.token);
     let steers = |c: char| {
         c == '\u{1b}'
             || c == '\u{7}'

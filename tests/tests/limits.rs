@@ -25,6 +25,14 @@ fn role_connection(
     (role, client, notices)
 }
 
+/// When the server last started: the same before and after a call means it did not restart.
+fn postmaster_started(client: &mut postgres::Client) -> String {
+    client
+        .query_one("SELECT pg_postmaster_start_time()::text", &[])
+        .unwrap()
+        .get(0)
+}
+
 /// The peak resident memory of a live backend, in kB.
 fn peak_kb(pid: i32) -> u64 {
     sql_query_engine_e2e::peak_kb(pid).expect("the backend is alive")
@@ -623,13 +631,7 @@ fn an_allocation_past_the_memory_bound_fails_where_no_interrupt_is_checked() {
 fn meeting_the_hard_memory_limit_in_memory_no_rollback_frees_is_an_error_not_a_server_restart() {
     let mut s = Session::new();
     let (_, mut role, _) = role_connection(&mut s, "misses");
-    let started = |client: &mut postgres::Client| -> String {
-        client
-            .query_one("SELECT pg_postmaster_start_time()::text", &[])
-            .unwrap()
-            .get(0)
-    };
-    let before = started(&mut s.client);
+    let before = postmaster_started(&mut s.client);
     // At the default max_query_memory (1 GB): the array is built within it, and turning it
     // into JSON, a small allocation at a time, meets the hard limit (on PostgreSQL 15; 18
     // takes less memory for it, and its one row is larger than max_result_bytes instead).
@@ -653,7 +655,11 @@ fn meeting_the_hard_memory_limit_in_memory_no_rollback_frees_is_an_error_not_a_s
         Ok(rows) => panic!("{} rows: the result was not cut", rows.len()),
     }
     let mut again = cluster().connect(&s.database);
-    assert_eq!(started(&mut again), before, "the server restarted");
+    assert_eq!(
+        postmaster_started(&mut again),
+        before,
+        "the server restarted"
+    );
 }
 
 /// Only an out-of-memory error at the hard limit puts it back for the error's handling: a
@@ -902,13 +908,7 @@ fn huge_arguments_are_refused_before_they_are_copied_or_parsed() {
 fn a_cursor_that_meets_temp_file_limit_is_an_error_not_a_server_restart() {
     let mut s = Session::new();
     let (name, _, _) = role_connection(&mut s, "spills");
-    let started = |client: &mut postgres::Client| -> String {
-        client
-            .query_one("SELECT pg_postmaster_start_time()::text", &[])
-            .unwrap()
-            .get(0)
-    };
-    let before = started(&mut s.client);
+    let before = postmaster_started(&mut s.client);
     s.client
         .batch_execute(&format!("ALTER ROLE {name} SET temp_file_limit = '256kB'"))
         .unwrap();
@@ -932,7 +932,11 @@ fn a_cursor_that_meets_temp_file_limit_is_an_error_not_a_server_restart() {
         .unwrap_err();
     assert_eq!(db_error(&error).0, "53400", "{error}");
     role.batch_execute("ROLLBACK").unwrap();
-    assert_eq!(started(&mut s.client), before, "the server restarted");
+    assert_eq!(
+        postmaster_started(&mut s.client),
+        before,
+        "the server restarted"
+    );
     let n: i64 = role
         .query_one("SELECT count(*) FROM nl_run('SELECT 1 AS one')", &[])
         .unwrap()
