@@ -30,6 +30,13 @@ pub struct Turn {
     pub sql: String,
 }
 
+impl Turn {
+    /// What it weighs in backend memory.
+    fn bytes(&self) -> usize {
+        self.question.len() + self.sql.len()
+    }
+}
+
 /// Where a session's turns are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Store {
@@ -57,7 +64,6 @@ const MAX_MEMORY_BYTES: usize = 16 << 20;
 /// A session's turns in backend memory, oldest first, each with whether it is kept only here
 /// (no shared store took it), and when the last was added (they expire after `session_ttl`, as
 /// the other stores' do).
-#[derive(Default)]
 struct Remembered {
     turns: VecDeque<(Turn, bool)>,
     updated: Option<std::time::Instant>,
@@ -373,12 +379,8 @@ fn make_room(
     current: &(u32, String),
     turns: &mut VecDeque<(Turn, bool)>,
 ) -> bool {
-    let weight = |turns: &VecDeque<(Turn, bool)>| -> usize {
-        turns
-            .iter()
-            .map(|(t, _)| t.question.len() + t.sql.len())
-            .sum()
-    };
+    let weight =
+        |turns: &VecDeque<(Turn, bool)>| -> usize { turns.iter().map(|(t, _)| t.bytes()).sum() };
     if !memory.contains_key(current) && memory.len() >= MAX_MEMORY_SESSIONS {
         // A client that names a new session per request (a pooled connection serving many)
         // does not grow the backend.
@@ -389,22 +391,20 @@ fn make_room(
             None => return false,
         }
     }
+    let mut others: usize = memory
+        .iter()
+        .filter(|(key, _)| *key != current)
+        .map(|(_, r)| weight(&r.turns))
+        .sum();
     loop {
-        let others: usize = memory
-            .iter()
-            .filter(|(key, _)| *key != current)
-            .map(|(_, r)| weight(&r.turns))
-            .sum();
         if others + weight(turns) <= MAX_MEMORY_BYTES {
             return true;
         }
         if let Some(oldest) = own_oldest(memory, current) {
-            memory.remove(&oldest);
+            others -= memory.remove(&oldest).map_or(0, |r| weight(&r.turns));
             continue;
         }
-        let newest = turns
-            .back()
-            .map_or(0, |(t, _)| t.question.len() + t.sql.len());
+        let newest = turns.back().map_or(0, |(t, _)| t.bytes());
         if turns.len() <= 1 || others + newest > MAX_MEMORY_BYTES {
             return false;
         }

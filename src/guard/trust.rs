@@ -468,7 +468,7 @@ impl Trusted {
     /// converted to it (an argument of a trusted function, a column read from JSON), with
     /// built-in functions no gate sees.
     fn types_refusal(&self, types: &[pg_sys::Oid]) -> Option<String> {
-        let mut seen: Vec<pg_sys::Oid> = Vec::new();
+        let mut seen: std::collections::HashSet<pg_sys::Oid> = std::collections::HashSet::new();
         let mut waiting = types.to_vec();
         while let Some(typ) = waiting.pop() {
             if builtin(typ) || seen.contains(&typ) {
@@ -480,7 +480,7 @@ impl Trusted {
                 ));
             }
             pgrx::check_for_interrupts!();
-            seen.push(typ);
+            seen.insert(typ);
             let Some(facts) = TypeFacts::of(typ) else {
                 return Some(format!("type {} is not in the catalog", type_name(typ)));
             };

@@ -55,9 +55,8 @@ pub struct Relation {
     /// would leave its rows in a read stored under the partition set of before.
     #[serde(default)]
     pub shareable: bool,
-    /// Its storage (`relfilenode`; for a partitioned table, which has none, a fingerprint of
-    /// its partitions'): new after TRUNCATE, VACUUM FULL or a rewrite, and after a partition
-    /// is attached or detached.
+    /// Its storage (`relfilenode`; none, 0, for a view or a partitioned table): new after
+    /// TRUNCATE, VACUUM FULL or a rewrite. It names a shared read (`shareable`).
     #[serde(default)]
     pub filenode: u32,
     /// The locks a read of it on the extension's own takes: the relation, its indexes, and a
@@ -256,8 +255,6 @@ walked AS MATERIALIZED (SELECT root, relid FROM tree LIMIT $4),
 cut AS (SELECT count(*) >= $4 AS cut FROM walked),
 parts AS (
     SELECT w.root,
-           hashtext(string_agg(DISTINCT pc.relfilenode::text, ',' ORDER BY pc.relfilenode::text)
-                    FILTER (WHERE pc.relkind <> 'p')) & 2147483647 AS hash,
            count(DISTINCT w.relid) AS descendants,
            bool_or(pc.relkind = 'f') AS foreign_parts
     FROM walked w JOIN pg_class pc ON pc.oid = w.relid
@@ -290,8 +287,7 @@ SELECT json_build_object(
         'rows', CASE WHEN b.reltuples BETWEEN -1 AND 1e30 THEN b.reltuples ELSE -1 END,
         'shareable', b.relkind IN ('r', 'm') AND NOT b.relrowsecurity
                      AND b.relpersistence = 'p',
-        'filenode', CASE WHEN b.relkind = 'p' THEN coalesce(parts.hash, 0)
-                    ELSE b.relfilenode END::bigint,
+        'filenode', b.relfilenode::bigint,
         'locks', 1 + (SELECT count(*) FROM pg_index i WHERE i.indrelid = b.oid)
                  + CASE WHEN b.relkind = 'p'
                         THEN coalesce(parts.descendants, 0) + coalesce(pi.indexes, 0)
