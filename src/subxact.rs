@@ -216,18 +216,23 @@ pub fn in_procedure<R>(
     // Whether an SPI connection of the caller's code (a procedure's, a DO block's) is around
     // this CALL is read before this one makes its own.
     // SAFETY: PostgreSQL passes a valid fcinfo; its context, when set, is a Node.
-    let (nonatomic, nested) = unsafe {
+    let (nonatomic, nested, pipelined) = unsafe {
         let context = (*fcinfo).context;
         (
             !context.is_null()
                 && (*context).type_ == pg_sys::NodeTag::T_CallContext
                 && !(*context.cast::<pg_sys::CallContext>()).atomic,
             pg_sys::SPI_inside_nonatomic_context(),
+            // An earlier statement of the same pipeline (extended protocol, no Sync between)
+            // ran in this transaction: PostgreSQL calls the CALL non-atomic, but what that
+            // statement set for the transaction (SET LOCAL ROLE) and wrote is the caller's.
+            pg_sys::MyXactFlags & pg_sys::XACT_FLAGS_PIPELINING as std::ffi::c_int != 0,
         )
     };
-    // A CALL from the caller's code runs like a function: its commits would be the caller's
-    // transaction's, and its settings, set per transaction, would outlive it in the caller's.
-    if !nonatomic || nested {
+    // A CALL from the caller's code, or after the caller's statements in its transaction, runs
+    // like a function: its commits would be the caller's transaction's (and would undo the
+    // role it set for it), and its settings, set per transaction, would outlive it there.
+    if !nonatomic || nested || pipelined {
         let scoped: Vec<(&CStr, &CStr)> = settings
             .iter()
             .map(|(name, value)| (name.as_c_str(), value.as_c_str()))
@@ -312,4 +317,16 @@ pub fn resume() {
     // SAFETY: takes the snapshot PostgreSQL would take for the procedure's next statement.
     unsafe { pg_sys::EnsurePortalSnapshotExists() }
     set_per_transaction();
+    // The call goes on only as the role it started as: whatever else set the role for the
+    // transaction that ended did not set it again.
+    // SAFETY: reads the backend's current user.
+    let now = unsafe { pg_sys::GetUserId() };
+    if CALL_ROLE.get().is_some_and(|role| role != now) {
+        crate::error::Error::sql(
+            "25000",
+            "the role the call started as did not outlive the commit of its transaction",
+            Some("Set the role with nl_call's run_as, or for the session."),
+        )
+        .raise();
+    }
 }

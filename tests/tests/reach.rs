@@ -1026,3 +1026,99 @@ fn what_one_role_made_an_endpoint_refuse_keeps_only_that_role_away_from_it() {
     let second = called(&d, "another question of the second role");
     assert!(second.starts_with(&s.llm.url()), "{second}");
 }
+
+/// Sends `statements` as `user` as one pipeline of the extended protocol: each its Parse, Bind
+/// and Execute, one Sync after the last, as libpq's pipeline mode and JDBC's batches send them
+/// (no client library here sends them so). What came back, in order: the first column of each
+/// row, and `ERROR <sqlstate>: <message>` for an error.
+fn pipelined(database: &str, user: &str, statements: &[&str]) -> Vec<String> {
+    use std::io::{Read, Write};
+    let cluster = sql_query_engine_e2e::cluster();
+    let path = format!("{}/.s.PGSQL.{}", cluster.host, cluster.port);
+    let mut socket = std::os::unix::net::UnixStream::connect(&path).unwrap();
+    let message = |kind: Option<u8>, body: &[u8]| -> Vec<u8> {
+        let mut out: Vec<u8> = kind.into_iter().collect();
+        out.extend(u32::try_from(body.len() + 4).unwrap().to_be_bytes());
+        out.extend(body);
+        out
+    };
+    let mut startup = 196_608u32.to_be_bytes().to_vec();
+    for (key, value) in [("user", user), ("database", database)] {
+        startup.extend(format!("{key}\0{value}\0").as_bytes());
+    }
+    startup.push(0);
+    socket.write_all(&message(None, &startup)).unwrap();
+    let mut read = |socket: &mut std::os::unix::net::UnixStream| -> (u8, Vec<u8>) {
+        let mut head = [0u8; 5];
+        socket.read_exact(&mut head).unwrap();
+        let length = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+        let mut body = vec![0u8; length - 4];
+        socket.read_exact(&mut body).unwrap();
+        (head[0], body)
+    };
+    while read(&mut socket).0 != b'Z' {}
+    let mut batch = Vec::new();
+    for statement in statements {
+        batch.extend(message(
+            Some(b'P'),
+            &[b"\0", statement.as_bytes(), b"\0\0\0"].concat(),
+        ));
+        batch.extend(message(Some(b'B'), b"\0\0\0\0\0\0\0\0"));
+        batch.extend(message(Some(b'E'), b"\0\0\0\0\0"));
+    }
+    batch.extend(message(Some(b'S'), b""));
+    socket.write_all(&batch).unwrap();
+    let mut said = Vec::new();
+    loop {
+        match read(&mut socket) {
+            (b'Z', _) => break,
+            (b'D', body) => {
+                let length = i32::from_be_bytes([body[2], body[3], body[4], body[5]]);
+                let text = match usize::try_from(length) {
+                    Ok(length) => String::from_utf8_lossy(&body[6..6 + length]).to_string(),
+                    Err(_) => "NULL".to_string(),
+                };
+                said.push(text);
+            }
+            (b'E', body) => {
+                let field = |code: u8| -> String {
+                    body.split(|&b| b == 0)
+                        .find(|f| f.first() == Some(&code))
+                        .map(|f| String::from_utf8_lossy(&f[1..]).to_string())
+                        .unwrap_or_default()
+                };
+                said.push(format!("ERROR {}: {}", field(b'C'), field(b'M')));
+            }
+            _ => {}
+        }
+    }
+    let _ = socket.write_all(&message(Some(b'X'), b""));
+    said
+}
+
+/// A client that sets the role for its transaction and calls `nl_call` in the same pipeline
+/// (no Sync between): PostgreSQL calls that CALL non-atomic, but committing before the model
+/// call would undo the role the client set, and the query would run as the login role (which
+/// may read what the role may not), so the call runs in the client's transaction.
+#[test]
+fn nl_call_pipelined_after_the_role_is_set_for_the_transaction_runs_as_that_role() {
+    let mut s = Session::new();
+    let (authenticator, analyst, _) = authenticator_roles(&mut s, "pipeline");
+    s.llm.on(
+        "who asks",
+        vec![Reply::sql("SELECT current_user::text AS who")],
+    );
+    let said = pipelined(
+        &s.database,
+        &authenticator,
+        &[
+            &format!("SELECT pg_catalog.set_config('role', '{analyst}', true)"),
+            "CALL nl_call('who asks')",
+        ],
+    );
+    assert_eq!(said.len(), 2, "{said:?}");
+    let answer: serde_json::Value = serde_json::from_str(&said[1]).unwrap_or_else(|_| {
+        panic!("{said:?}");
+    });
+    assert_eq!(answer["rows"], json!([[analyst]]), "{answer}");
+}
