@@ -60,6 +60,10 @@ const MAX_MEMORY_SESSIONS: usize = 256;
 /// Bytes of questions and SQL kept in backend memory, at most (memory PostgreSQL does not
 /// account for, kept until the backend ends or `DISCARD ALL`).
 const MAX_MEMORY_BYTES: usize = 16 << 20;
+/// A role holds at most this fraction of them (of the sessions and of the bytes): a role that
+/// fills backend memory (a pooled or gateway backend serving many, fallen back to memory)
+/// forgets its own conversations, and one role alone cannot leave the others no room.
+const ROLE_SHARE: usize = 8;
 
 /// A session's turns in backend memory, oldest first, each with whether it is kept only here
 /// (no shared store took it), and when the last was added (they expire after `session_ttl`, as
@@ -300,7 +304,7 @@ pub fn record(session: &str, turn: Turn) -> Store {
     if !kept && !stored {
         pgrx::notice!(
             "sql_query_engine: this turn of session {} is not remembered: no store took it, and \
-             this connection's memory is full of other roles' conversations",
+             this connection's memory has no room for it",
             crate::text::escaped_line(&crate::text::at_most(session, MAX_NAME_BYTES))
         );
     }
@@ -348,32 +352,18 @@ fn in_table(session: &str) -> bool {
     table_turns(session, 1).is_some()
 }
 
-/// The least recently used session of `current`'s role other than `current`: what is forgotten
-/// to make room for it. Never another role's: a role that fills backend memory (a pooled or
-/// gateway backend serving many, fallen back to memory) forgets its own sessions, and however
-/// many roles it acts through, no other role's live conversation.
-fn own_oldest(
-    memory: &HashMap<(u32, String), Remembered>,
-    current: &(u32, String),
-) -> Option<(u32, String)> {
-    memory
-        .iter()
-        .filter(|(key, _)| key.0 == current.0 && *key != current)
-        .min_by_key(|(_, r)| r.updated)
-        .map(|(key, _)| key.clone())
-}
-
 /// Forgets the sessions that expired, each by the `session_ttl` of the role that wrote it.
 fn forget_expired(memory: &mut HashMap<(u32, String), Remembered>) {
     let now = std::time::Instant::now();
     memory.retain(|_, r| r.expires.is_some_and(|at| now < at));
 }
 
-/// Makes room in backend memory (at most `MAX_MEMORY_SESSIONS` sessions and
-/// `MAX_MEMORY_BYTES`) for `current` to hold `turns`, from the calling role's own: its other
-/// sessions go first (`own_oldest`), then the oldest of `turns`, while the others alone leave
-/// room for the newest. Never another role's: when that is not enough, `false`, and `current`
-/// keeps what it held.
+/// Makes room in backend memory for `current` to hold `turns`, within the bounds of all
+/// (`MAX_MEMORY_SESSIONS` sessions, `MAX_MEMORY_BYTES`) and of the calling role's share of them
+/// (`ROLE_SHARE`), from the calling role's own: its other sessions go first, least recently
+/// used first, then the oldest of `turns`. Never another role's, and nothing is forgotten
+/// before it is known to be enough: when the other roles leave no room, `false`, and memory
+/// (`current` and the caller's other sessions) stays as it was.
 fn make_room(
     memory: &mut HashMap<(u32, String), Remembered>,
     current: &(u32, String),
@@ -381,35 +371,51 @@ fn make_room(
 ) -> bool {
     let weight =
         |turns: &VecDeque<(Turn, bool)>| -> usize { turns.iter().map(|(t, _)| t.bytes()).sum() };
-    if !memory.contains_key(current) && memory.len() >= MAX_MEMORY_SESSIONS {
-        // A client that names a new session per request (a pooled connection serving many)
-        // does not grow the backend.
-        match own_oldest(memory, current) {
-            Some(oldest) => {
-                memory.remove(&oldest);
-            }
-            None => return false,
-        }
-    }
-    let mut others: usize = memory
+    // The caller's other sessions, least recently used first, and what the other roles hold.
+    let mut own: Vec<(&(u32, String), &Remembered)> = memory
         .iter()
-        .filter(|(key, _)| *key != current)
-        .map(|(_, r)| weight(&r.turns))
-        .sum();
+        .filter(|(key, _)| key.0 == current.0 && *key != current)
+        .collect();
+    own.sort_by_key(|(_, r)| r.updated);
+    let own: Vec<((u32, String), usize)> = own
+        .into_iter()
+        .map(|(key, r)| (key.clone(), weight(&r.turns)))
+        .collect();
+    let (others_sessions, others_bytes) = memory
+        .iter()
+        .filter(|(key, _)| key.0 != current.0)
+        .fold((0usize, 0usize), |(n, b), (_, r)| {
+            (n + 1, b + weight(&r.turns))
+        });
+    // The plan: forget the first `forget` of `own` and the first `cut` of `turns`.
+    let (mut forget, mut cut) = (0, 0);
+    let mut own_bytes: usize = own.iter().map(|(_, bytes)| bytes).sum();
+    let mut held = weight(turns);
     loop {
-        if others + weight(turns) <= MAX_MEMORY_BYTES {
-            return true;
+        // `current` counts as one session, new or not.
+        let own_sessions = own.len() - forget + 1;
+        let fits = own_sessions <= MAX_MEMORY_SESSIONS / ROLE_SHARE
+            && others_sessions + own_sessions <= MAX_MEMORY_SESSIONS
+            && own_bytes + held <= MAX_MEMORY_BYTES / ROLE_SHARE
+            && others_bytes + own_bytes + held <= MAX_MEMORY_BYTES;
+        if fits {
+            break;
         }
-        if let Some(oldest) = own_oldest(memory, current) {
-            others -= memory.remove(&oldest).map_or(0, |r| weight(&r.turns));
-            continue;
-        }
-        let newest = turns.back().map_or(0, |(t, _)| t.bytes());
-        if turns.len() <= 1 || others + newest > MAX_MEMORY_BYTES {
+        if let Some((_, bytes)) = own.get(forget) {
+            own_bytes -= bytes;
+            forget += 1;
+        } else if turns.len() - cut > 1 {
+            held -= turns[cut].0.bytes();
+            cut += 1;
+        } else {
             return false;
         }
-        turns.pop_front();
     }
+    for (key, _) in &own[..forget] {
+        memory.remove(key);
+    }
+    turns.drain(..cut);
+    true
 }
 
 /// Appends the turn to the session (a row of its own: concurrent turns lose none, and an
@@ -669,39 +675,20 @@ mod tests {
     }
 
     #[test]
-    fn a_role_that_fills_backend_memory_forgets_only_its_own_sessions() {
+    fn a_session_expires_by_the_ttl_of_the_role_that_wrote_it() {
         let at = std::time::Instant::now();
-        let remembered = |age_s: u64| Remembered {
+        let remembered = |expires: Option<std::time::Instant>| Remembered {
             turns: VecDeque::new(),
-            updated: at.checked_sub(std::time::Duration::from_secs(age_s)),
-            expires: at.checked_add(std::time::Duration::from_secs(3600)),
+            updated: Some(at),
+            expires,
         };
-        let mut memory = HashMap::new();
-        // Another role's conversation, older than anything of the flooding role.
-        memory.insert((2, "theirs".to_string()), remembered(100));
-        memory.insert((1, "old".to_string()), remembered(10));
-        memory.insert((1, "older".to_string()), remembered(20));
-        let current = (1, "new".to_string());
-        assert_eq!(
-            own_oldest(&memory, &current),
-            Some((1, "older".to_string()))
-        );
-        // A role with no other session of its own forgets no other role's: however many
-        // roles a client acts through, each pays with its own.
-        let other = (4, "first".to_string());
-        assert_eq!(own_oldest(&memory, &other), None);
-        let alone = HashMap::from([(current.clone(), remembered(1))]);
-        assert_eq!(own_oldest(&alone, &current), None);
-        // Expiry is the writer's: what another role's lower session_ttl says does not count.
+        // What another role's lower session_ttl says does not count.
         let mut memory = HashMap::from([
-            ((2, "live".to_string()), remembered(100)),
             (
-                (2, "gone".to_string()),
-                Remembered {
-                    expires: Some(at),
-                    ..remembered(100)
-                },
+                (2, "live".to_string()),
+                remembered(at.checked_add(std::time::Duration::from_secs(3600))),
             ),
+            ((2, "gone".to_string()), remembered(Some(at))),
         ]);
         forget_expired(&mut memory);
         assert_eq!(
@@ -729,7 +716,8 @@ mod tests {
     #[test]
     fn backend_memory_makes_room_from_the_callers_own_sessions_then_its_own_old_turns() {
         let now = std::time::Instant::now();
-        let big = |q: &str| turn(q, &"s".repeat(MAX_MEMORY_BYTES / 4));
+        // A quarter of a role's share.
+        let big = |q: &str| turn(q, &"s".repeat(MAX_MEMORY_BYTES / ROLE_SHARE / 4));
         let session = |turns: Vec<Turn>, ago: u64| Remembered {
             turns: turns.into_iter().map(|t| (t, false)).collect(),
             updated: now.checked_sub(std::time::Duration::from_secs(ago)),
@@ -738,37 +726,67 @@ mod tests {
         let queue = |turns: Vec<Turn>| -> VecDeque<(Turn, bool)> {
             turns.into_iter().map(|t| (t, false)).collect()
         };
-        let key = |name: &str| (10u32, name.to_string());
-        let mut memory: HashMap<(u32, String), Remembered> = HashMap::new();
-        memory.insert(key("old"), session(vec![big("a"), big("b")], 60));
-        memory.insert(key("recent"), session(vec![big("c")], 10));
+        let key = |role: u32, name: &str| (role, name.to_string());
+        let names = |memory: &HashMap<(u32, String), Remembered>| {
+            let mut names: Vec<(u32, String)> = memory.keys().cloned().collect();
+            names.sort();
+            names
+        };
+        // The caller's least recently used sessions go first, never another role's, even an
+        // older one.
+        let mut memory = HashMap::from([
+            (key(11, "theirs"), session(vec![big("x")], 100)),
+            (key(10, "old"), session(vec![big("a"), big("b")], 60)),
+            (key(10, "recent"), session(vec![big("c")], 10)),
+        ]);
         let mut turns = queue(vec![big("d"), big("e")]);
-        assert!(make_room(&mut memory, &key("now"), &mut turns));
-        let mut left: Vec<&str> = memory.keys().map(|(_, name)| name.as_str()).collect();
-        left.sort();
-        assert_eq!(left, ["recent"]);
+        assert!(make_room(&mut memory, &key(10, "now"), &mut turns));
+        assert_eq!(names(&memory), [key(10, "recent"), key(11, "theirs")]);
         assert_eq!(turns.len(), 2);
-        // One session alone over the bound keeps its newest turns.
-        let mut memory: HashMap<(u32, String), Remembered> = HashMap::new();
+        // One session alone over the role's share keeps its newest turns.
+        let mut memory = HashMap::new();
         let mut turns = queue(vec![big("a"), big("b"), big("c"), big("d"), big("e")]);
-        assert!(make_room(&mut memory, &key("now"), &mut turns));
+        assert!(make_room(&mut memory, &key(10, "now"), &mut turns));
         let questions: Vec<&str> = turns.iter().map(|(t, _)| t.question.as_str()).collect();
         assert_eq!(questions, ["c", "d", "e"]);
-        // Another role's sessions are never forgotten for it: when they leave no room for its
-        // newest turn, it is not kept, and what the session held stays.
-        let mut memory: HashMap<(u32, String), Remembered> = HashMap::new();
-        memory.insert(
-            (11, "theirs".to_string()),
-            session(vec![big("x"), big("y")], 60),
-        );
-        memory.insert(
-            (11, "more".to_string()),
-            session(vec![big("z"), big("w")], 50),
-        );
-        memory.insert(key("now"), session(vec![big("a")], 0));
-        let mut turns = queue(vec![big("a"), big("b")]);
-        assert!(!make_room(&mut memory, &key("now"), &mut turns));
-        assert_eq!(memory.len(), 3);
-        assert_eq!(memory[&key("now")].turns.len(), 1);
+        // A role holds at most its share of the sessions: a new one forgets its oldest.
+        let mut memory: HashMap<(u32, String), Remembered> = (0..MAX_MEMORY_SESSIONS / ROLE_SHARE)
+            .map(|i| {
+                (
+                    key(10, &format!("s{i:03}")),
+                    session(vec![], 100 - i as u64),
+                )
+            })
+            .collect();
+        let mut turns = queue(vec![turn("q", "")]);
+        assert!(make_room(&mut memory, &key(10, "now"), &mut turns));
+        assert_eq!(memory.len(), MAX_MEMORY_SESSIONS / ROLE_SHARE - 1);
+        assert!(!memory.contains_key(&key(10, "s000")));
+        // When the other roles leave no room, the turn is not kept, and nothing of the
+        // caller's is forgotten for it: neither the session nor its other sessions.
+        let mut memory: HashMap<(u32, String), Remembered> = (0..ROLE_SHARE as u32)
+            .map(|role| (key(20 + role, "full"), session(vec![big("x"); 4], 50)))
+            .collect();
+        memory.insert(key(10, "other"), session(vec![turn("o", "")], 40));
+        memory.insert(key(10, "now"), session(vec![turn("a", "")], 0));
+        let before = names(&memory);
+        let mut turns = queue(vec![turn("a", ""), big("b")]);
+        assert!(!make_room(&mut memory, &key(10, "now"), &mut turns));
+        assert_eq!(names(&memory), before);
+        assert_eq!(memory[&key(10, "now")].turns.len(), 1);
+        // Nor can one role alone leave another none: its share is an eighth.
+        let mut memory = HashMap::new();
+        for i in 0..MAX_MEMORY_SESSIONS {
+            let mut turns = queue(vec![big(&format!("q{i}"))]);
+            if make_room(&mut memory, &key(30, &format!("s{i}")), &mut turns) {
+                memory.insert(
+                    key(30, &format!("s{i}")),
+                    session(turns.into_iter().map(|(t, _)| t).collect(), 0),
+                );
+            }
+        }
+        let mut turns = queue(vec![big("mine")]);
+        assert!(make_room(&mut memory, &key(10, "now"), &mut turns));
+        assert_eq!(turns.len(), 1);
     }
 }
