@@ -47,6 +47,9 @@ where
 {
     let url = settings::redis_url()?;
     let timeout = Duration::from_millis(settings::redis_timeout_ms());
+    // A call whose role lowered its own timeout below the server's judges Redis by its own
+    // measure: its failure says nothing of Redis for the other roles of this backend.
+    let own_measure = timeout < Duration::from_millis(settings::redis_timeout_of_server_ms());
     let shared = STATE.with_borrow_mut(|state| {
         if state.url.as_deref() != Some(url.as_str()) {
             *state = State {
@@ -109,6 +112,15 @@ where
         }
         Err((cause, false)) => {
             pgrx::debug1!("sql_query_engine: a Redis reply was not read: {cause}");
+            None
+        }
+        Err((cause, true)) if own_measure => {
+            pgrx::debug1!(
+                "sql_query_engine: Redis did not answer within this call's redis_timeout: {}",
+                crate::text::escaped_line(&crate::urls::redact(&cause, &url))
+            );
+            // The connection may be half-used by the abandoned call: start afresh.
+            STATE.with_borrow_mut(|state| state.connection = Shared::default());
             None
         }
         Err((cause, true)) => {

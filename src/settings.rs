@@ -691,9 +691,12 @@ unsafe extern "C-unwind" fn refuse_stored_credentials(
         }
         CStr::from_ptr(*newval).to_string_lossy()
     };
+    // Judged by the bytes, not by a parse: the clients that read it parse otherwise (the URL
+    // parser drops tabs and line breaks, `unix:/path?pass=` has no `://`), and no endpoint
+    // needs these characters outside user information, a query or a fragment.
     let with_credentials = value
-        .split([',', ' ', '\t', '\n'])
-        .any(|word| word.contains("://") && crate::urls::has_credentials(word));
+        .chars()
+        .any(|c| matches!(c, '@' | '?' | '#') || c.is_control());
     if !with_credentials {
         return true;
     }
@@ -1036,6 +1039,12 @@ pub fn redis_url() -> Option<String> {
 
 pub fn redis_timeout_ms() -> u64 {
     REDIS_TIMEOUT_CEILING.bound(REDIS_TIMEOUT_MS.get()).max(1) as u64
+}
+
+/// `redis_timeout` as the server sets it (the file's, `ALTER SYSTEM`'s or `ALTER ROLE ALL`'s),
+/// whatever a role lowered its own to.
+pub fn redis_timeout_of_server_ms() -> u64 {
+    REDIS_TIMEOUT_CEILING.ceiling().max(1) as u64
 }
 
 pub fn session_turns() -> usize {

@@ -137,11 +137,6 @@ pub fn redact(text: &str, url: &str) -> String {
     text
 }
 
-/// Whether `url` carries credentials (user information, a query or a fragment).
-pub fn has_credentials(url: &str) -> bool {
-    !secrets_of(url).1.is_empty()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,13 +187,5 @@ mod tests {
                 assert!(!text.contains(secret), "{echoed} -> {text}");
             }
         }
-    }
-
-    #[test]
-    fn credentials_are_told_apart() {
-        assert!(has_credentials("redis://:pw@h/0"));
-        assert!(has_credentials("http://h/v1?key=k"));
-        assert!(!has_credentials("http://127.0.0.1:8080/v1"));
-        assert!(!has_credentials("redis+unix:///run/redis.sock"));
     }
 }

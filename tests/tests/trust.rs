@@ -151,6 +151,9 @@ fn the_key_cannot_be_read_by_any_path() {
         format!("ALTER DATABASE {db} SET sql_query_engine.redis_url = 'redis://:{secret}@127.0.0.1:1/0'"),
         format!("ALTER ROLE {role} SET sql_query_engine.llm_url = 'http://127.0.0.1:1/v1?key={secret}'"),
         format!("ALTER DATABASE {db} SET sql_query_engine.llm_fallbacks = 'http://a/v1, http://u:{secret}@b/v1'"),
+        // As the clients read them: the URL parser drops a tab, a socket's password is a query.
+        format!("ALTER DATABASE {db} SET sql_query_engine.redis_url = E'redis://default\\t:{secret}@127.0.0.1:1/0'"),
+        format!("ALTER DATABASE {db} SET sql_query_engine.redis_url = 'unix:/run/redis.sock?pass={secret}'"),
     ] {
         let error = s.client.batch_execute(&statement).unwrap_err();
         let (code, message, _) = db_error(&error);
