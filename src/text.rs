@@ -115,19 +115,22 @@ pub fn first_distinct<S: AsRef<str>>(
 }
 
 /// Whether a character can be shown as part of one line of text another role may have
-/// written: no control character, and none of the format characters that reorder, hide or
-/// smuggle text (bidirectional marks and overrides, zero-width spaces and joiners, the soft
-/// hyphen, interlinear annotations, tag characters: Unicode's Cf), nor the line and paragraph
-/// separators.
+/// written: no control character, none of the format characters that reorder, hide or smuggle
+/// text (bidirectional marks and overrides, zero-width spaces and joiners, the soft hyphen,
+/// interlinear annotations, tag characters: Unicode's Cf), none that is drawn as nothing
+/// (Unicode's Default_Ignorable_Code_Point: variation selectors, which can carry a byte each,
+/// Hangul fillers, the combining grapheme joiner), nor the line and paragraph separators.
 pub fn printable_char(c: char) -> bool {
     !(c.is_control()
         || matches!(c,
-            '\u{00AD}' | '\u{0600}'..='\u{0605}' | '\u{061C}' | '\u{06DD}' | '\u{070F}'
-            | '\u{08E2}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}'
-            | '\u{2060}'..='\u{206F}' | '\u{FEFF}' | '\u{FFF9}'..='\u{FFFB}'
+            '\u{00AD}' | '\u{034F}' | '\u{0600}'..='\u{0605}' | '\u{061C}' | '\u{06DD}'
+            | '\u{070F}' | '\u{0890}'..='\u{0891}' | '\u{08E2}' | '\u{115F}'..='\u{1160}'
+            | '\u{17B4}'..='\u{17B5}' | '\u{180B}'..='\u{180F}' | '\u{200B}'..='\u{200F}'
+            | '\u{2028}'..='\u{202E}' | '\u{2060}'..='\u{206F}' | '\u{3164}'
+            | '\u{FE00}'..='\u{FE0F}' | '\u{FEFF}' | '\u{FFA0}' | '\u{FFF0}'..='\u{FFFB}'
             | '\u{110BD}' | '\u{110CD}' | '\u{13430}'..='\u{1343F}'
             | '\u{1BCA0}'..='\u{1BCA3}' | '\u{1D173}'..='\u{1D17A}'
-            | '\u{E0000}'..='\u{E007F}'))
+            | '\u{E0000}'..='\u{E0FFF}'))
 }
 
 /// `text` with every run of blank space (line breaks too) as one space, none at either end.
@@ -314,6 +317,19 @@ mod tests {
             "a\\nran 2: x\\r\\t\\\\n \\u{1b}[2K \\u{202e}é"
         );
         assert_eq!(escaped_line("SELECT 'ok'"), "SELECT 'ok'");
+    }
+
+    #[test]
+    fn characters_drawn_as_nothing_are_left_out_of_a_line() {
+        // A byte per variation selector, after a comment that reads as two words.
+        let smuggled = "Status code\u{FE01}\u{E0100}\u{E01EF}\u{034F}\u{3164}\u{FFA0}\u{180F}";
+        assert_eq!(one_line(smuggled), "Status code");
+        assert_eq!(
+            escaped_line("a\u{FE0F}b"),
+            "a\\u{fe0f}b",
+            "shown, written out"
+        );
+        assert!(printable_char('é') && printable_char('漢') && printable_char('\u{1F600}'));
     }
 
     #[test]
