@@ -720,6 +720,7 @@ impl Db {
             .await
             .map_err(|e| anyhow::anyhow!("connecting to the database: {e:?}"))?;
         if let Some(superuser) = reaching_role(&conn.client).await? {
+            let superuser = crate::shown::in_log(&superuser);
             anyhow::bail!(
                 "the login role of --database-url is a superuser or may act as one, or may become \
                  such a role ({superuser}: superuser, CREATEROLE, REPLICATION, a member of \

@@ -26,7 +26,7 @@ use crate::conversation::{ChatMessage, Conversation};
 use crate::db::{Call, DbError};
 use crate::errors::ApiError;
 use crate::housekeeping::Task;
-use crate::shown::{legible, reorders};
+use crate::shown::{legible, moves_text};
 use crate::watch::ClientGone;
 
 #[derive(Deserialize)]
@@ -230,7 +230,7 @@ fn plain(text: &str) -> String {
 fn shown(c: char) -> Option<char> {
     match c {
         '\n' | '\r' => Some(' '),
-        c if c.is_control() || reorders(c) => None,
+        c if c.is_control() || moves_text(c) => None,
         c => Some(c),
     }
 }

@@ -7,11 +7,12 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
-/// Whether `c` is one of Unicode's bidirectional formatting characters, which make text show
-/// in another order than it is read (a value that shows as another, code that reads as other
-/// code).
-pub fn reorders(c: char) -> bool {
-    matches!(c, '\u{61C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+/// Whether `c` makes text show elsewhere or in another order than it is read: Unicode's
+/// bidirectional formatting characters (a value that shows as another, code that reads as
+/// other code) and the line and paragraph separators, at which a log viewer or a page may
+/// start a line of its own.
+pub fn moves_text(c: char) -> bool {
+    matches!(c, '\u{61C}' | '\u{200E}' | '\u{200F}' | '\u{2028}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
 }
 
 /// Code (a model's SQL, comments and literals included) as a terminal shows it and a reader can
@@ -24,7 +25,7 @@ pub fn legible(code: &str, one_line: bool) -> String {
         match c {
             '\n' | '\t' if one_line => out.push(' '),
             '\n' | '\t' => out.push(c),
-            c if c.is_control() || reorders(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c if c.is_control() || moves_text(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
             c => out.push(c),
         }
     }
@@ -50,7 +51,7 @@ pub fn json_text(value: &Value) -> String {
     let text = value.to_string();
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
-        if c.is_control() || reorders(c) {
+        if c.is_control() || moves_text(c) {
             out.push_str(&format!("\\u{:04x}", c as u32));
         } else {
             out.push(c);
@@ -79,6 +80,8 @@ mod tests {
         let line = in_log(forged);
         assert!(!line.chars().any(char::is_control), "{line:?}");
         assert!(line.contains("tokens reloaded"));
+        let line = in_log("x\u{2028}sqe-gateway: tokens reloaded\u{2029}");
+        assert!(!line.contains(['\u{2028}', '\u{2029}']), "{line:?}");
         assert_eq!(in_log(&"é".repeat(5000)).chars().count(), 1003);
     }
 
@@ -88,7 +91,7 @@ mod tests {
             serde_json::json!({"note": "a\u{1b}]52;c;x\u{7}b\u{7f}\u{9b}2J\u{202e}z", "n": 9.5});
         let text = json_text(&value);
         assert!(
-            !text.chars().any(|c| c.is_control() || reorders(c)),
+            !text.chars().any(|c| c.is_control() || moves_text(c)),
             "{text}"
         );
         assert_eq!(serde_json::from_str::<Value>(&text).unwrap(), value);
