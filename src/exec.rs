@@ -350,7 +350,6 @@ fn sandboxed(
             subxact::in_subtransaction(false, || run_guarded(sql, mode, origin, in_loop, scope));
         let ran = analysed.done();
         drop(memory);
-        note_kept(kept_before, bytes);
         // PostgreSQL's own "out of memory" under the watch is the watch's hard limit.
         let out_of_memory = reported.sqlstate().is_some_and(|s| s.as_str() == "53200");
         let ours = if watch.exceeded() || (watch.armed() && out_of_memory) {
@@ -360,6 +359,9 @@ fn sandboxed(
         };
         (result, reported.position(), reported.sqlstate(), ours, ran)
     };
+    // After the session locks are given back and the attempt's own cancels are disarmed: its
+    // WARNING checks for interrupts, and a pending cancel raised there.
+    note_kept(kept_before, bytes);
     match result {
         Ok(outcome) => outcome,
         Err(caught) => failure(*caught, position, raw_sqlstate, ours, ran, timeout_ms),

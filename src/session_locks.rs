@@ -85,11 +85,27 @@ impl Watch {
 
 impl Drop for Watch {
     fn drop(&mut self) {
-        // An ERROR raised here while a panic unwinds would abort the backend; the sandbox
-        // catches every error of the query, so it drops the watch in the normal course.
+        // Also while an error unwinds (one raised after the query's rollback, a cancel taken
+        // at a WARNING): the locks must not outlive the call. An ERROR raised here then would
+        // abort the backend, so it is caught, and logged.
         if std::thread::panicking() {
-            return;
+            pgrx::PgTryBuilder::new(std::panic::AssertUnwindSafe(|| self.give_back()))
+                .catch_others(|caught| {
+                    pgrx::log!(
+                        "sql_query_engine: session-level advisory locks a query's code took \
+                         could not be given back: {caught:?}"
+                    )
+                })
+                .execute();
+        } else {
+            self.give_back();
         }
+    }
+}
+
+impl Watch {
+    /// Gives back the session holds the query's code took, and logs what it did.
+    fn give_back(&self) {
         let before = |lock: &Held| {
             self.before
                 .iter()
