@@ -12,7 +12,7 @@ use serde_json::json;
 
 use crate::error::{Error, Result};
 use crate::exec::{self, Mode};
-use crate::{arguments, examples, settings, store, subxact};
+use crate::{arguments, examples, settings, store, subxact, templates};
 
 /// What feedback became.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,10 +134,15 @@ pub fn give(
     };
     let (status, example_id) = match &vouched {
         None => (Status::Noted, None),
-        Some(sql) if may_write_examples(&schema)? => (
-            Status::Promoted,
-            Some(examples::add_from_history(&question, sql, history_id)?),
-        ),
+        Some(sql) if may_write_examples(&schema)? => {
+            // Promoted, the question is an example like one `nl_example_add` stores: its
+            // braces mark parameters, by the same rule.
+            templates::check_marks(&question, sql).map_err(Error::InvalidParameter)?;
+            (
+                Status::Promoted,
+                Some(examples::add_from_history(&question, sql, history_id)?),
+            )
+        }
         Some(_) => (Status::Pending, None),
     };
     let feedback_id = subxact::pinned(|| {
