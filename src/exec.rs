@@ -347,7 +347,7 @@ fn sandboxed(
         let memory = AttemptMemory::enter();
         let analysed = Analysed::start();
         let result =
-            subxact::in_subtransaction(false, || run_guarded(sql, mode, origin, in_loop, scope));
+            subxact::catching_everything(false, || run_guarded(sql, mode, origin, in_loop, scope));
         let ran = analysed.done();
         drop(memory);
         // PostgreSQL's own "out of memory" under the watch is the watch's hard limit.
@@ -583,15 +583,7 @@ pub enum ValueLength {
 /// As `guard::doubts`.
 unsafe fn doubts_of(query: *mut pg_sys::Query) -> Vec<String> {
     // SAFETY: the caller's contract; the subtransaction only reads the tree.
-    match subxact::in_subtransaction(false, || unsafe { guard::doubts(query) }) {
-        Ok(doubts) => doubts,
-        Err(caught) => {
-            if subxact::ends_the_call(&caught) {
-                caught.rethrow();
-            }
-            Vec::new()
-        }
-    }
+    subxact::in_subtransaction(false, || unsafe { guard::doubts(query) }).unwrap_or_default()
 }
 
 /// The error report of a caught error, whichever way it was raised.

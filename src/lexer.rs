@@ -110,11 +110,7 @@ fn tokens(sql: &str) -> Option<Vec<Token>> {
         // nothing allocated in it.
         unsafe { memory.switch_to(|_| lex(&sql)) }
     });
-    match lexed {
-        Ok(found) => Some(found),
-        Err(caught) if crate::subxact::ends_the_call(&caught) => caught.rethrow(),
-        Err(_) => None,
-    }
+    lexed.ok()
 }
 
 /// Runs the lexer over `sql` to its end.

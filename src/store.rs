@@ -159,7 +159,7 @@ where
 /// timeout, the pinned search path and row security on (like a function's SET clause: a
 /// caller's `row_security = off` would make the policies refuse its own history row); a
 /// failure is swallowed and logged, naming `what` (a cancel, a resource or system error ends
-/// the call, see `subxact::ends_the_call`).
+/// the call, see `subxact::in_subtransaction`).
 fn best_effort<T, F>(commit: bool, what: &str, work: F) -> Option<T>
 where
     F: FnOnce(&mut pgrx::spi::SpiClient<'_>) -> std::result::Result<T, pgrx::spi::Error>,
@@ -182,8 +182,6 @@ where
             failed(&e);
             None
         }
-        // A cancel or a resource error is the call's, not the bookkeeping's.
-        Err(caught) if subxact::ends_the_call(&caught) => caught.rethrow(),
         Err(caught) => {
             failed(&caught);
             None

@@ -13,9 +13,22 @@ use pgrx::pg_sys::{self, PgTryBuilder};
 use crate::error::SqlState;
 
 /// Runs `work` in an internal subtransaction, committed when `commit` and the work succeeded,
-/// rolled back otherwise; any error is caught and returned, and the caller's transaction, memory
-/// context and resource owner are as they were.
+/// rolled back otherwise; its error is returned, and the caller's transaction, memory context
+/// and resource owner are as they were. A cancel, a resource or a system error (`ends_the_call`)
+/// is raised again once rolled back: it is the call's, whatever the work was.
 pub fn in_subtransaction<R>(commit: bool, work: impl FnOnce() -> R) -> Result<R, Box<CaughtError>> {
+    match catching_everything(commit, work) {
+        Err(caught) if ends_the_call(&caught) => caught.rethrow(),
+        done => done,
+    }
+}
+
+/// `in_subtransaction` that returns every error, a cancel's too: for the sandbox's attempt,
+/// which tells its own timeout and memory watch from the rest.
+pub fn catching_everything<R>(
+    commit: bool,
+    work: impl FnOnce() -> R,
+) -> Result<R, Box<CaughtError>> {
     // PgTry catches every error and panic of `work`; the caller's memory context and resource
     // owner are put back after the release or rollback.
     // SAFETY: the subtransaction begun here is ended here on every path (see above).
@@ -76,7 +89,7 @@ impl Drop for Restricted {
 /// Whether a caught error must end the whole call though the work was optional (the doubts,
 /// the bookkeeping): a cancel or a timeout of the call (class 57), a resource (53) or system
 /// (58) error, or a panic (a bug). Anything else costs only that work.
-pub fn ends_the_call(caught: &CaughtError) -> bool {
+fn ends_the_call(caught: &CaughtError) -> bool {
     match caught {
         CaughtError::RustPanic { .. } => true,
         CaughtError::PostgresError(r) | CaughtError::ErrorReport(r) => {
