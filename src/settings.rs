@@ -1011,11 +1011,15 @@ pub fn trusted_owners() -> Vec<String> {
 }
 
 /// The schemas to read, when set (otherwise the search path's).
+/// The most schemas `schemas` names that count (each is looked up at every question).
+const MAX_SCHEMAS: usize = 1000;
+
 pub fn schemas() -> Option<Vec<String>> {
     string(&SCHEMAS).map(|s| {
         s.split(',')
             .map(|part| part.trim().trim_matches('"').to_string())
             .filter(|part| !part.is_empty())
+            .take(MAX_SCHEMAS)
             .collect()
     })
 }

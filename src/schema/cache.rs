@@ -60,9 +60,11 @@ struct Invalidations {
 
 thread_local! {
     static CACHE: RefCell<Option<(CacheKey, Rc<SchemaContext>)>> = const { RefCell::new(None) };
-    /// OIDs of the relations the cache holds, for the invalidation callback.
+    /// OIDs of the relations the cache holds, and of those its foreign keys name (whose
+    /// privileges decide whether they are shown), for the invalidation callback.
     static CACHED: RefCell<HashSet<pg_sys::Oid>> = RefCell::new(HashSet::new());
-    /// Syscache hash values of the schemas the cache reads: only their invalidations matter.
+    /// Syscache hash values of the schemas the cache reads, and of those its foreign keys name:
+    /// only their invalidations matter.
     static SCHEMA_HASHES: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
     static INVALIDATED: RefCell<Invalidations> = RefCell::new(Invalidations::default());
     /// Syscache hash value of the cached role (its attributes decide what it may read).
@@ -140,8 +142,11 @@ fn schema_hashes(schemas: &[String]) -> Vec<u32> {
     schemas
         .iter()
         .filter_map(|name| std::ffi::CString::new(name.as_str()).ok())
-        // SAFETY: a catalog look-up of a NUL-terminated name.
-        .map(|name| unsafe { pg_sys::get_namespace_oid(name.as_ptr(), true) })
+        .map(|name| {
+            pgrx::check_for_interrupts!();
+            // SAFETY: a catalog look-up of a NUL-terminated name.
+            unsafe { pg_sys::get_namespace_oid(name.as_ptr(), true) }
+        })
         .filter(|oid| *oid != pg_sys::InvalidOid)
         .map(|oid| syscache_hash(pg_sys::SysCacheIdentifier::NAMESPACEOID, oid))
         .collect()
@@ -225,7 +230,28 @@ pub fn load() -> Result<(Rc<SchemaContext>, bool)> {
     )));
     let privileges = privileges()?;
     let relations = catalog::load(&key.schemas, key.sample_values > 0)?;
-    let oids: HashSet<pg_sys::Oid> = relations.iter().map(|r| pg_sys::Oid::from(r.oid)).collect();
+    // What the context shows, and the relations its foreign keys name (shown only while the
+    // caller may see them: a REVOKE on one, or on its schema, must rebuild it too).
+    let mut oids: HashSet<pg_sys::Oid> =
+        relations.iter().map(|r| pg_sys::Oid::from(r.oid)).collect();
+    let named: Vec<pg_sys::Oid> = relations
+        .iter()
+        .flat_map(|r| &r.foreign_keys)
+        .map(|fk| pg_sys::Oid::from(fk.ref_oid))
+        .filter(|oid| !oids.contains(oid))
+        .collect();
+    SCHEMA_HASHES.with_borrow_mut(|h| {
+        for &oid in &named {
+            pgrx::check_for_interrupts!();
+            // SAFETY: a catalog look-up of a relation's schema (InvalidOid when it is gone).
+            let schema = unsafe { pg_sys::get_rel_namespace(oid) };
+            let hash = syscache_hash(pg_sys::SysCacheIdentifier::NAMESPACEOID, schema);
+            if schema != pg_sys::InvalidOid && !h.contains(&hash) {
+                h.push(hash);
+            }
+        }
+    });
+    oids.extend(named);
     let context = Rc::new(SchemaContext::new(relations, key.sample_values));
     // Read with a REPEATABLE READ or SERIALIZABLE transaction's snapshot, the context may be
     // older than invalidations this backend already took (a policy enabled since): it serves

@@ -270,3 +270,51 @@ fn ddl_on_a_partition_is_seen_through_its_partitioned_table() {
         "read with 300 indexes: {after}"
     );
 }
+
+/// A foreign key to a relation of a schema the context does not read is shown only while the
+/// caller may read that relation: a REVOKE on it, or on its schema, is seen by the next
+/// question, as one on a relation the context shows (the names a key shows are the caller's
+/// to see only while it may read them).
+#[test]
+fn a_revoke_on_what_a_foreign_key_names_elsewhere_is_seen_by_the_next_question() {
+    let mut s = Session::new();
+    let role = format!("fk_reader_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE SCHEMA hr; CREATE TABLE hr.salaries (emp_id int PRIMARY KEY);
+             CREATE TABLE payslips (id int, emp int REFERENCES hr.salaries (emp_id));
+             CREATE ROLE {role}; GRANT USAGE ON SCHEMA hr TO {role};
+             GRANT SELECT ON payslips, hr.salaries TO {role};
+             SET ROLE {role}; SET sql_query_engine.schemas = 'public'"
+        ))
+        .unwrap();
+    let told = |s: &mut Session, question: &str| {
+        traced(s, question);
+        s.llm.requests().last().unwrap().text()
+    };
+    assert!(told(&mut s, "shown").contains("hr.salaries"));
+    let mut other = cluster().connect(&s.database);
+    for (i, (revoke, undo)) in [
+        (
+            format!("REVOKE SELECT ON hr.salaries FROM {role}"),
+            format!("GRANT SELECT ON hr.salaries TO {role}"),
+        ),
+        (
+            format!("REVOKE USAGE ON SCHEMA hr FROM {role}"),
+            format!("GRANT USAGE ON SCHEMA hr TO {role}"),
+        ),
+    ]
+    .iter()
+    .enumerate()
+    {
+        other.batch_execute(revoke).unwrap();
+        let after = told(&mut s, &format!("after revoke {i}"));
+        assert!(!after.contains("salaries"), "{revoke}: {after}");
+        // A key that becomes readable is shown once the context is read again for another
+        // reason (here a comment).
+        other
+            .batch_execute(&format!("{undo}; COMMENT ON TABLE payslips IS 'round {i}'"))
+            .unwrap();
+        assert!(told(&mut s, &format!("after grant {i}")).contains("hr.salaries"));
+    }
+}
