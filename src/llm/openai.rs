@@ -613,15 +613,17 @@ fn agent_for(url: &str) -> ureq::Agent {
     .clone()
 }
 
+/// Whether `url`'s host, read as the HTTP client reads it (a `?` or `#` before an `@` ends
+/// the authority), is this machine.
 fn is_loopback(url: &str) -> bool {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let authority = rest.split('/').next().unwrap_or("");
-    let host_port = authority.rsplit('@').next().unwrap_or(authority);
-    let host = if let Some(v6) = host_port.strip_prefix('[') {
-        v6.split(']').next().unwrap_or("")
-    } else {
-        host_port.split(':').next().unwrap_or("")
+    let Ok(uri) = url.parse::<ureq::http::Uri>() else {
+        return false;
     };
+    let host = uri
+        .host()
+        .unwrap_or_default()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
     host.eq_ignore_ascii_case("localhost")
         || host
             .parse::<std::net::IpAddr>()
@@ -1203,5 +1205,7 @@ mod tests {
         assert!(is_loopback("http://[::1]:9/v1"));
         assert!(!is_loopback("https://api.openai.com/v1"));
         assert!(!is_loopback("http://127.0.0.1.example.com/v1"));
+        assert!(!is_loopback("http://evil.example?@127.0.0.1/v1"));
+        assert!(!is_loopback("http://evil.example#@127.0.0.1/v1"));
     }
 }
