@@ -19,11 +19,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deadpool::managed::{self, Metrics, Object, RecycleResult, Timeouts};
-use serde_json::Value;
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
 use tokio::sync::mpsc::Sender;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::error::Severity;
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{Json, ToSql, Type};
 use tokio_postgres::{AsyncMessage, CancelToken, Client, Config, NoTls};
 
 use crate::shares::Shares;
@@ -76,7 +77,7 @@ const REACHING_ROLES: &str = "FROM pg_catalog.pg_roles r \
                                          AND p.proname = 'dblink_connect_u') END \
                           AND pg_catalog.has_function_privilege(r.oid, p.oid, 'EXECUTE')) \
             OR EXISTS (SELECT FROM pg_catalog.unnest(ARRAY['archive_command', \
-                         'archive_library', 'restore_command', 'archive_cleanup_command', \
+                         'archive_library', 'oauth_validator_libraries', 'restore_command', 'archive_cleanup_command', \
                          'recovery_end_command', 'ssl_passphrase_command', \
                          'shared_preload_libraries', 'session_preload_libraries', \
                          'dynamic_library_path', 'jit_provider', 'extension_control_path', \
@@ -937,7 +938,7 @@ impl Db {
         role: Option<&str>,
         call: &Call,
         progress: Option<Sender<String>>,
-    ) -> Result<Value, DbError> {
+    ) -> Result<Answer, DbError> {
         if let Some(refusal) = call.too_long() {
             return Err(refusal);
         }
@@ -1003,7 +1004,7 @@ impl Db {
         role: Option<&str>,
         call: &Call,
         progress: Option<Sender<String>>,
-    ) -> Result<Value, DbError> {
+    ) -> Result<Answer, DbError> {
         let streaming = progress.is_some();
         if let Ok(mut sender) = conn.notices.lock() {
             *sender = progress;
@@ -1043,14 +1044,12 @@ impl Db {
     /// Writes the history of an answer a read server gave (a standby writes none) to the
     /// primary, as the same role, and puts its id into the answer (for feedback). Best effort:
     /// the answer stands without it, and the standby's server log has the audit line.
-    async fn record_on_primary(&self, role: Option<&str>, call: &Call, answer: &mut Value) {
-        if !answer["history_id"].is_null() {
+    async fn record_on_primary(&self, role: Option<&str>, call: &Call, answer: &mut Answer) {
+        if !answer.value["history_id"].is_null() {
             return;
         }
-        let mut recorded = answer.clone();
-        if let Some(object) = recorded.as_object_mut() {
-            object.remove("rows");
-        }
+        // Without its rows (the history keeps none).
+        let recorded = answer.value.clone();
         let session = match call {
             Call::Ask { session, .. } => session.clone(),
             _ => None,
@@ -1064,7 +1063,7 @@ impl Db {
             Err(e) => Err(e),
         };
         match written {
-            Ok(id) => answer["history_id"] = id,
+            Ok(id) => answer.value["history_id"] = id.value,
             Err(e) => eprintln!("sqe-gateway: the history of an answer was not written: {e:?}"),
         }
     }
@@ -1086,13 +1085,106 @@ fn unreadable(e: impl std::fmt::Display) -> DbError {
     }
 }
 
+/// What a call answered: its JSON, and the rows of an answer or of `nl_run` apart, each row as
+/// the text the database wrote. Parsed into values, a result of small numbers weighs some fifty
+/// times its text (a 16 MB answer most of a gigabyte of the gateway's memory); kept as text it
+/// weighs what it is, is passed on as the database wrote it, and what a chat shows of it (its
+/// first rows) is parsed alone.
+#[derive(Debug, Default)]
+pub struct Answer {
+    pub value: Value,
+    pub rows: Option<Vec<Box<RawValue>>>,
+}
+
+/// An answer's JSON object read field by field, each as its text.
+type Fields = Option<std::collections::BTreeMap<String, Box<RawValue>>>;
+
+impl Answer {
+    pub fn of(value: Value) -> Answer {
+        Answer { value, rows: None }
+    }
+
+    /// `nl_call`'s answer, its rows kept as text.
+    fn from_fields(fields: Fields) -> Result<Answer, serde_json::Error> {
+        let Some(mut fields) = fields else {
+            return Ok(Answer::default());
+        };
+        let rows = match fields.remove("rows") {
+            Some(rows) => serde_json::from_str::<Option<Vec<Box<RawValue>>>>(rows.get())?,
+            None => None,
+        };
+        let value = fields
+            .into_iter()
+            .map(|(name, raw)| Ok((name, serde_json::from_str(raw.get())?)))
+            .collect::<Result<Map<String, Value>, serde_json::Error>>()?;
+        Ok(Answer {
+            value: Value::Object(value),
+            rows,
+        })
+    }
+
+    /// The answer as JSON text: its fields, and its rows (when there are) as `rows`.
+    pub fn json(&self) -> String {
+        #[derive(serde::Serialize)]
+        struct WithRows<'a> {
+            #[serde(flatten)]
+            fields: &'a Map<String, Value>,
+            rows: &'a [Box<RawValue>],
+        }
+        match (&self.value, &self.rows) {
+            (Value::Object(fields), Some(rows)) => {
+                serde_json::to_string(&WithRows { fields, rows }).unwrap_or_default()
+            }
+            (value, _) => value.to_string(),
+        }
+    }
+
+    /// `nl_call`'s answer as JSON text (the tests' answers).
+    #[cfg(test)]
+    pub fn from_json(text: &str) -> Answer {
+        serde_json::from_str(text)
+            .and_then(Answer::from_fields)
+            .expect("an answer's JSON")
+    }
+
+    /// How many rows it has.
+    pub fn row_count(&self) -> usize {
+        self.rows.as_ref().map_or(0, Vec::len)
+    }
+
+    /// Its first `n` rows, parsed.
+    pub fn first_rows(&self, n: usize) -> Vec<Value> {
+        self.rows
+            .iter()
+            .flatten()
+            .take(n)
+            .map(|row| serde_json::from_str(row.get()).unwrap_or(Value::Null))
+            .collect()
+    }
+}
+
+/// The first column of the one row `sql` returns, in a transaction, its parameters sent with
+/// their types: an unnamed statement, which no pooler's server connection keeps after the
+/// transaction (a named one, whose request was dropped before it was closed, would stay there
+/// and clash with the next client's of that name).
+async fn one<T: tokio_postgres::types::FromSqlOwned>(
+    tx: &tokio_postgres::Transaction<'_>,
+    sql: &str,
+    parameters: &[(&(dyn ToSql + Sync), Type)],
+) -> Result<T, DbError> {
+    tx.query_typed_one(sql, parameters)
+        .await?
+        .try_get(0)
+        .map_err(unreadable)
+}
+
 async fn run(
     client: &mut Client,
     schema: &str,
     role: Option<&str>,
     call: &Call,
     progress: bool,
-) -> Result<Value, DbError> {
+) -> Result<Answer, DbError> {
     if let Call::Ask {
         question,
         session,
@@ -1119,11 +1211,14 @@ async fn run(
             )
             .await?;
         return match row.first() {
-            Some(row) => Ok(row
-                .try_get::<_, Option<Value>>(0)
-                .map_err(unreadable)?
-                .unwrap_or(Value::Null)),
-            None => Ok(Value::Null),
+            Some(row) => {
+                let fields = row
+                    .try_get::<_, Option<Json<Fields>>>(0)
+                    .map_err(unreadable)?
+                    .and_then(|Json(fields)| fields);
+                Answer::from_fields(fields).map_err(unreadable)
+            }
+            None => Ok(Answer::default()),
         };
     }
     let tx = client.transaction().await?;
@@ -1136,93 +1231,96 @@ async fn run(
             .await?;
     }
     let json = |text: String| serde_json::from_str::<Value>(&text).map_err(unreadable);
-    let value = match call {
-        Call::Ask { .. } => Value::Null,
+    let text = Type::TEXT;
+    let answer = match call {
+        Call::Ask { .. } => Answer::default(),
         Call::History { answer, session } => {
             let answer = answer.to_string();
-            let id: Option<i64> = tx
-                .query_one(
-                    &format!(
-                        "SELECT {schema}.nl_history_add($1::pg_catalog.text::pg_catalog.jsonb, \
+            let id: Option<i64> = one(
+                &tx,
+                &format!(
+                    "SELECT {schema}.nl_history_add($1::pg_catalog.text::pg_catalog.jsonb, \
                      'nl_call'::pg_catalog.text, $2::pg_catalog.text)"
-                    ),
-                    &[&answer, session],
-                )
-                .await?
-                .try_get(0)
-                .map_err(unreadable)?;
-            Value::from(id)
-        }
-        Call::Generate { question } => Value::String(
-            tx.query_one(
-                &format!("SELECT {schema}.nl_generate($1::pg_catalog.text)"),
-                &[question],
-            )
-            .await?
-            .try_get(0)
-            .map_err(unreadable)?,
-        ),
-        Call::Check { sql } => {
-            tx.execute(
-                &format!("SELECT {schema}.nl_check($1::pg_catalog.text)"),
-                &[sql],
+                ),
+                &[(&answer, text.clone()), (session, text)],
             )
             .await?;
-            Value::Bool(true)
+            Answer::of(Value::from(id))
         }
-        Call::Run { sql } => json(
-            tx.query_one(
+        Call::Generate { question } => Answer::of(Value::String(
+            one(
+                &tx,
+                &format!("SELECT {schema}.nl_generate($1::pg_catalog.text)"),
+                &[(question, text)],
+            )
+            .await?,
+        )),
+        Call::Check { sql } => {
+            tx.execute_typed(
+                &format!("SELECT {schema}.nl_check($1::pg_catalog.text)"),
+                &[(sql, text)],
+            )
+            .await?;
+            Answer::of(Value::Bool(true))
+        }
+        Call::Run { sql } => {
+            let rows: String = one(
+                &tx,
                 &format!(
                     "SELECT coalesce(pg_catalog.jsonb_agg(r), '[]')::pg_catalog.text \
                      FROM {schema}.nl_run($1::pg_catalog.text) r"
                 ),
-                &[sql],
+                &[(sql, text)],
             )
-            .await?
-            .try_get(0)
-            .map_err(unreadable)?,
-        )?,
-        Call::Schema { question } => Value::String(
-            tx.query_one(
+            .await?;
+            Answer {
+                value: Value::Null,
+                rows: Some(serde_json::from_str(&rows).map_err(unreadable)?),
+            }
+        }
+        Call::Schema { question } => Answer::of(Value::String(
+            one(
+                &tx,
                 &format!("SELECT {schema}.nl_schema($1::pg_catalog.text)"),
-                &[question],
+                &[(question, text)],
             )
-            .await?
-            .try_get(0)
-            .map_err(unreadable)?,
-        ),
-        Call::Fix { sql, question } => Value::String(
-            tx.query_one(
+            .await?,
+        )),
+        Call::Fix { sql, question } => Answer::of(Value::String(
+            one(
+                &tx,
                 &format!("SELECT {schema}.nl_fix($1::pg_catalog.text, $2::pg_catalog.text)"),
-                &[sql, question],
+                &[(sql, text.clone()), (question, text)],
             )
-            .await?
-            .try_get(0)
-            .map_err(unreadable)?,
-        ),
+            .await?,
+        )),
         Call::Feedback {
             history_id,
             correct,
             corrected_sql,
-        } => json(
-            tx.query_one(
+        } => Answer::of(json(
+            one(
+                &tx,
                 &format!(
                     "SELECT {schema}.nl_feedback($1::pg_catalog.int8, $2::pg_catalog.bool, \
                      $3::pg_catalog.text)::pg_catalog.text"
                 ),
-                &[history_id, correct, corrected_sql],
+                &[
+                    (history_id, Type::INT8),
+                    (correct, Type::BOOL),
+                    (corrected_sql, text),
+                ],
             )
-            .await?
-            .try_get(0)
-            .map_err(unreadable)?,
-        )?,
+            .await?,
+        )?),
         // Relations another role made (any number, with comments of any size): at most
         // MAX_TABLES of them, each comment read as its first 1,000 characters only, as the
         // extension's own schema read bounds them.
-        Call::Tables => json({
+        Call::Tables => Answer::of(json({
             tx.batch_execute("SET LOCAL search_path = pg_catalog, pg_temp")
                 .await?;
-            tx.query_one(
+            one(
+                &tx,
                 "SELECT coalesce(json_agg(json_build_object(
                      'schema', t.nspname, 'name', t.relname,
                      'kind', CASE t.relkind WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view'
@@ -1241,20 +1339,65 @@ async fn run(
                          AND has_any_column_privilege(c.oid, 'SELECT')
                        ORDER BY n.nspname, c.relname
                        LIMIT $1) t",
-                &[&MAX_TABLES],
+                &[(&MAX_TABLES, Type::INT8)],
             )
             .await?
-            .try_get(0)
-            .map_err(unreadable)?
-        })?,
+        })?),
     };
     tx.commit().await?;
-    Ok(value)
+    Ok(answer)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answers_rows_are_passed_on_as_the_database_wrote_them() {
+        let answer = Answer::from_json(
+            r#"{"status": "ok", "rows": [[9.50, "a"], [1e400, null]], "row_count": 2}"#,
+        );
+        assert_eq!(answer.row_count(), 2);
+        assert_eq!(answer.rows.as_ref().unwrap()[0].get(), r#"[9.50, "a"]"#);
+        assert_eq!(answer.value["status"], "ok");
+        assert!(answer.value.get("rows").is_none());
+        assert_eq!(answer.first_rows(1).len(), 1);
+        let text = answer.json();
+        assert!(
+            text.contains(r#""rows":[[9.50, "a"],[1e400, null]]"#),
+            "{text}"
+        );
+        let again: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(again["row_count"], 2);
+        // An answer without rows is its JSON alone.
+        assert_eq!(Answer::of(Value::Bool(true)).json(), "true");
+        assert_eq!(Answer::from_json("null").json(), "null");
+    }
+
+    /// The extension refuses a role that reaches the server's code by the same list (its
+    /// superuser's-call rules): a role the gateway let in that the extension treats as a
+    /// superuser would have every call refused, unexplained.
+    #[test]
+    fn the_reaching_roles_name_every_setting_the_extension_counts() {
+        let trust = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../src/guard/trust.rs"
+        ))
+        .unwrap();
+        let list = trust
+            .split("const SERVER_CODE_SETTINGS")
+            .nth(1)
+            .and_then(|rest| rest.split("];").next())
+            .unwrap();
+        let settings: Vec<&str> = list.split('"').skip(1).step_by(2).collect();
+        assert!(settings.len() >= 18, "{settings:?}");
+        for setting in settings {
+            assert!(
+                REACHING_ROLES.contains(&format!("'{setting}'")),
+                "{setting}"
+            );
+        }
+    }
 
     #[test]
     fn a_backend_that_says_it_ends_after_its_transaction_is_not_handed_out_again() {

@@ -24,8 +24,8 @@ use serde_json::{json, Value};
 use axum::extract::ConnectInfo;
 
 use crate::app::Role;
-use crate::db::{Call, Db, DbError};
-use crate::shown::{json_text, legible};
+use crate::db::{Answer, Call, Db, DbError};
+use crate::shown::{json_escaped, legible};
 use crate::watch::ClientGone;
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -154,7 +154,7 @@ impl Mcp {
         &self,
         context: &RequestContext<RoleServer>,
         call: Call,
-        shape: impl FnOnce(Value) -> Value,
+        shape: impl FnOnce(Answer) -> Answer,
     ) -> Result<CallToolResult, McpError> {
         let (role, client) = match role_of(self, context) {
             Ok(found) => found,
@@ -162,8 +162,8 @@ impl Mcp {
         };
         let call = call.of_client(client.as_deref());
         match self.bounded(context, role.as_deref(), &call).await {
-            Ok(value) => Ok(CallToolResult::success(vec![ContentBlock::text(
-                json_text(&shape(value)),
+            Ok(answer) => Ok(CallToolResult::success(vec![ContentBlock::text(
+                json_escaped(&shape(answer).json()),
             )])),
             Err(said) => Ok(CallToolResult::error(vec![ContentBlock::text(said)])),
         }
@@ -179,7 +179,7 @@ impl Mcp {
         context: &RequestContext<RoleServer>,
         role: Option<&str>,
         call: &Call,
-    ) -> Result<Value, String> {
+    ) -> Result<Answer, String> {
         let gone = context
             .extensions
             .get::<http::request::Parts>()
@@ -223,14 +223,17 @@ impl Mcp {
             session: p.session,
             turns: None,
         };
-        self.call(&context, call, |trace| {
-            json!({
-                "status": trace["status"], "sql": trace["sql"], "columns": trace["columns"],
-                "rows": trace["rows"], "row_count": trace["row_count"],
-                "truncated": trace["truncated"],
-                "attempts": trace["attempts"].as_array().map_or(0, Vec::len),
-                "history_id": trace["history_id"],
-            })
+        self.call(&context, call, |answer| {
+            let trace = &answer.value;
+            Answer {
+                value: json!({
+                    "status": trace["status"], "sql": trace["sql"], "columns": trace["columns"],
+                    "row_count": trace["row_count"], "truncated": trace["truncated"],
+                    "attempts": trace["attempts"].as_array().map_or(0, Vec::len),
+                    "history_id": trace["history_id"],
+                }),
+                rows: Some(answer.rows.unwrap_or_default()),
+            }
         })
         .await
     }
@@ -247,7 +250,10 @@ impl Mcp {
         let call = Call::Generate {
             question: p.question,
         };
-        self.call(&context, call, |sql| json!({ "sql": sql })).await
+        self.call(&context, call, |sql| {
+            Answer::of(json!({ "sql": sql.value }))
+        })
+        .await
     }
 
     #[tool(
@@ -259,11 +265,9 @@ impl Mcp {
         Parameters(p): Parameters<SqlParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
-        self.call(
-            &context,
-            Call::Check { sql: p.sql },
-            |_| json!({ "ok": true }),
-        )
+        self.call(&context, Call::Check { sql: p.sql }, |_| {
+            Answer::of(json!({ "ok": true }))
+        })
         .await
     }
 
@@ -280,11 +284,10 @@ impl Mcp {
         Parameters(p): Parameters<SqlParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
-        self.call(
-            &context,
-            Call::Run { sql: p.sql },
-            |rows| json!({ "rows": rows }),
-        )
+        self.call(&context, Call::Run { sql: p.sql }, |answer| Answer {
+            value: json!({}),
+            rows: Some(answer.rows.unwrap_or_default()),
+        })
         .await
     }
 
@@ -301,7 +304,10 @@ impl Mcp {
             sql: p.sql,
             question: p.question,
         };
-        self.call(&context, call, |sql| json!({ "sql": sql })).await
+        self.call(&context, call, |sql| {
+            Answer::of(json!({ "sql": sql.value }))
+        })
+        .await
     }
 
     #[tool(
@@ -343,8 +349,10 @@ impl Mcp {
         let call = Call::Schema {
             question: p.question,
         };
-        self.call(&context, call, |schema| json!({ "schema": schema }))
-            .await
+        self.call(&context, call, |schema| {
+            Answer::of(json!({ "schema": schema.value }))
+        })
+        .await
     }
 }
 
@@ -400,13 +408,13 @@ impl ServerHandler for Mcp {
         };
         let (role, _) = role_of(self, &context).map_err(|e| McpError::invalid_request(e, None))?;
         // As a tool call is.
-        let value = self
+        let answer = self
             .bounded(&context, role.as_deref(), &call)
             .await
             .map_err(|said| McpError::internal_error(said, None))?;
-        let text = match value {
-            Value::String(s) => legible(&s, false),
-            other => json_text(&other),
+        let text = match &answer.value {
+            Value::String(s) => legible(s, false),
+            _ => json_escaped(&answer.json()),
         };
         Ok(ReadResourceResult::new(vec![ResourceContents::text(text, request.uri.clone())]).into())
     }

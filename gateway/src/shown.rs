@@ -48,7 +48,11 @@ pub fn in_log(text: &str) -> String {
 /// only those below U+0020), which JSON reads as the same characters. They can only be inside
 /// strings, so the text is the same JSON.
 pub fn json_text(value: &Value) -> String {
-    let text = value.to_string();
+    json_escaped(&value.to_string())
+}
+
+/// `json_text` of JSON text (an answer's rows as the database wrote them).
+pub fn json_escaped(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         if c.is_control() || moves_text(c) {

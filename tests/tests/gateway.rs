@@ -12,7 +12,7 @@ use serde_json::Value;
 use sql_query_engine_e2e::clients::clients_python;
 use sql_query_engine_e2e::cluster::free_port;
 use sql_query_engine_e2e::gateway::{gateway_binary, repo, Gateway};
-use sql_query_engine_e2e::{cluster, Reply, ScriptedLlm};
+use sql_query_engine_e2e::{cluster, peak_kb, Reply, ScriptedLlm};
 
 struct Setup {
     database: String,
@@ -1124,16 +1124,18 @@ fn mcp_session<'a>(gateway: &'a Gateway, token: &'a str) -> impl Fn(&str) -> Str
     assert_eq!(status, 200);
     let session = session.expect("a session id");
     let post = move |body: &str| {
-        ureq::post(&format!("{}/mcp", gateway.url()))
+        let answer = ureq::post(&format!("{}/mcp", gateway.url()))
             .set("Authorization", &format!("Bearer {token}"))
             .set("Content-Type", "application/json")
             .set("Accept", "application/json, text/event-stream")
             .set("Mcp-Session-Id", &session)
             .timeout(Duration::from_secs(20))
             .send_string(body)
-            .expect("the MCP answer")
-            .into_string()
-            .unwrap()
+            .expect("the MCP answer");
+        // Whole, however large (into_string stops at 10 MB).
+        let mut text = String::new();
+        answer.into_reader().read_to_string(&mut text).unwrap();
+        text
     };
     post(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
     post
@@ -1636,6 +1638,30 @@ fn numbers_reach_chat_and_mcp_clients_exactly() {
     for number in exact {
         assert!(ran.contains(number), "{number} not in {ran}");
     }
+}
+
+/// A large answer takes the gateway about its size in memory, not the fifty times its values
+/// weigh once parsed (each small number a value of its own): any token's answers of
+/// `max_result_bytes` could take the gateway most of a gigabyte each.
+#[test]
+fn a_large_answer_takes_the_gateway_about_its_size_in_memory() {
+    let s = setup();
+    let gateway = Gateway::start(&s.database_url, &s.tokens);
+    let post = mcp_session(&gateway, &s.token);
+    let pid = i32::try_from(gateway.child.id()).unwrap();
+    let before = peak_kb(pid).expect("the gateway's peak memory");
+    // 5 million small numbers: about 15 MB of JSON, within max_result_bytes.
+    let ran = post(
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"run_sql","arguments":{"sql":"SELECT ARRAY(SELECT 0::int2 FROM generate_series(1, 5000)) AS a FROM generate_series(1, 1000)"}}}"#,
+    );
+    assert!(
+        !ran.contains("\"isError\":true") && ran.len() > 10_000_000,
+        "{}",
+        &ran[..ran.len().min(2000)]
+    );
+    let grew = peak_kb(pid).expect("the gateway's peak memory") - before;
+    eprintln!("the gateway grew by {grew} kB for {} bytes", ran.len());
+    assert!(grew < 250_000, "the gateway grew by {grew} kB");
 }
 
 /// What another role stored (or the model wrote) reaches MCP clients with nothing that steers
