@@ -1048,7 +1048,7 @@ fn pipelined(database: &str, user: &str, statements: &[&str]) -> Vec<String> {
     }
     startup.push(0);
     socket.write_all(&message(None, &startup)).unwrap();
-    let mut read = |socket: &mut std::os::unix::net::UnixStream| -> (u8, Vec<u8>) {
+    let read = |socket: &mut std::os::unix::net::UnixStream| -> (u8, Vec<u8>) {
         let mut head = [0u8; 5];
         socket.read_exact(&mut head).unwrap();
         let length = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
