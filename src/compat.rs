@@ -320,3 +320,27 @@ pub mod timeout {
         pub fn RegisterTimeout(id: u32, handler: extern "C" fn()) -> u32;
     }
 }
+
+/// Whether a setting holds a value for the current transaction only (`SET LOCAL`,
+/// `set_config(..., true)`), or for a nesting level (a function's `SET` clause): GUC keeps the
+/// value to go back to on a stack of its own, which only then is not empty. The settings are
+/// listed differently before PostgreSQL 16.
+pub fn settings_held_for_the_transaction() -> bool {
+    // SAFETY: GUC's own array of its settings, read (not changed) in the backend's thread.
+    unsafe {
+        #[cfg(feature = "pg15")]
+        let (settings, count) = (pg_sys::get_guc_variables(), pg_sys::GetNumConfigOptions());
+        #[cfg(not(feature = "pg15"))]
+        let (settings, count) = {
+            let mut count: std::ffi::c_int = 0;
+            (pg_sys::get_guc_variables(&mut count), count)
+        };
+        if settings.is_null() {
+            return false;
+        }
+        (0..usize::try_from(count).unwrap_or(0)).any(|i| {
+            let setting = *settings.add(i);
+            !setting.is_null() && !(*setting).stack.is_null()
+        })
+    }
+}

@@ -229,23 +229,27 @@ pub fn in_procedure<R>(
     // Whether an SPI connection of the caller's code (a procedure's, a DO block's) is around
     // this CALL is read before this one makes its own.
     // SAFETY: PostgreSQL passes a valid fcinfo; its context, when set, is a Node.
-    let (nonatomic, nested, pipelined) = unsafe {
+    let (nonatomic, nested, callers_own) = unsafe {
         let context = (*fcinfo).context;
         (
             !context.is_null()
                 && (*context).type_ == pg_sys::NodeTag::T_CallContext
                 && !(*context.cast::<pg_sys::CallContext>()).atomic,
             pg_sys::SPI_inside_nonatomic_context(),
-            // An earlier statement of the same pipeline (extended protocol, no Sync between)
-            // ran in this transaction: PostgreSQL calls the CALL non-atomic, but what that
-            // statement set for the transaction (SET LOCAL ROLE) and wrote is the caller's.
-            pg_sys::MyXactFlags & pg_sys::XACT_FLAGS_PIPELINING as std::ffi::c_int != 0,
+            // The transaction already holds the caller's own: an earlier statement of the same
+            // pipeline (extended protocol, no Sync between) ran in it, or the CALL's arguments
+            // set a setting for it or wrote. PostgreSQL calls the CALL non-atomic, but a
+            // commit would undo what was set for the transaction (the role, a setting a policy
+            // reads) and commit what was written.
+            pg_sys::MyXactFlags != 0
+                || pg_sys::GetTopTransactionIdIfAny() != pg_sys::InvalidTransactionId
+                || crate::compat::settings_held_for_the_transaction(),
         )
     };
     // A CALL from the caller's code, or after the caller's statements in its transaction, runs
     // like a function: its commits would be the caller's transaction's (and would undo the
     // role it set for it), and its settings, set per transaction, would outlive it there.
-    if !nonatomic || nested || pipelined {
+    if !nonatomic || nested || callers_own {
         let scoped: Vec<(&CStr, &CStr)> = settings
             .iter()
             .map(|(name, value)| (name.as_c_str(), value.as_c_str()))

@@ -1121,4 +1121,18 @@ fn nl_call_pipelined_after_the_role_is_set_for_the_transaction_runs_as_that_role
         panic!("{said:?}");
     });
     assert_eq!(answer["rows"], json!([[analyst]]), "{answer}");
+    // So does one whose own arguments set the role for the transaction.
+    s.llm.on(
+        "who asks again",
+        vec![Reply::sql("SELECT current_user::text AS who")],
+    );
+    let mut client = sql_query_engine_e2e::cluster().connect_as(&s.database, &authenticator);
+    let answer = call(
+        &mut client,
+        &format!(
+            "CALL nl_call('who asks again' || left(pg_catalog.set_config('role', '{analyst}', true), 0))"
+        ),
+    )
+    .unwrap();
+    assert_eq!(answer["rows"], json!([[analyst]]), "{answer}");
 }
