@@ -1697,7 +1697,9 @@ unsafe fn end_stores() {
                 unsafe { pg_sys::tuplestore_end(store) }
             }))
             .catch_others(|caught| {
-                pgrx::log!("sql_query_engine: a cursor's store could not be ended: {caught:?}")
+                subxact::holding_interrupts(|| {
+                    pgrx::log!("sql_query_engine: a cursor's store could not be ended: {caught:?}")
+                })
             })
             .execute();
         } else {

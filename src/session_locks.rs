@@ -91,10 +91,12 @@ impl Drop for Watch {
         if std::thread::panicking() {
             pgrx::PgTryBuilder::new(std::panic::AssertUnwindSafe(|| self.give_back()))
                 .catch_others(|caught| {
-                    pgrx::log!(
-                        "sql_query_engine: session-level advisory locks a query's code took \
-                         could not be given back: {caught:?}"
-                    )
+                    subxact::holding_interrupts(|| {
+                        pgrx::log!(
+                            "sql_query_engine: session-level advisory locks a query's code took \
+                             could not be given back: {caught:?}"
+                        )
+                    })
                 })
                 .execute();
         } else {

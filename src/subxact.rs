@@ -123,6 +123,23 @@ pub fn without_messages<R>(work: impl FnOnce() -> R) -> R {
     )
 }
 
+/// Runs `work` with cancel and termination held off (as PostgreSQL's HOLD_INTERRUPTS): for what
+/// a destructor does while an error unwinds, where an ERROR raised at a message's check for
+/// interrupts would abort the backend. They are taken at the next check after.
+pub fn holding_interrupts<R>(work: impl FnOnce() -> R) -> R {
+    struct Held;
+    impl Drop for Held {
+        fn drop(&mut self) {
+            // SAFETY: the backend's own counter, given back the hold taken below.
+            unsafe { pg_sys::InterruptHoldoffCount -= 1 }
+        }
+    }
+    // SAFETY: as HOLD_INTERRUPTS; `Held` gives it back on every path.
+    unsafe { pg_sys::InterruptHoldoffCount += 1 };
+    let _held = Held;
+    work()
+}
+
 fn with_settings_in<R>(
     context: pg_sys::GucContext::Type,
     settings: &[(&CStr, &CStr)],
