@@ -603,9 +603,8 @@ fn rows_of(result: Option<&ResultSet>) -> SetOfIterator<'static, JsonB> {
     let rows: Vec<JsonB> = result
         .rows
         .iter()
-        .map(|text| serde_json::from_str(text).map(JsonB))
-        .collect::<std::result::Result<_, _>>()
-        .unwrap_or_else(|e| Error::internal(format!("a result row is not JSON: {e}")).raise());
+        .map(|text| JsonB(trace::parsed_row(text)))
+        .collect();
     SetOfIterator::new(rows)
 }
 

@@ -55,7 +55,7 @@ pub fn rows_in_column_order(result: &crate::exec::ResultSet) -> Vec<Value> {
         .rows
         .iter()
         .map(|row| {
-            let object: Value = serde_json::from_str(row).unwrap_or_default();
+            let object = parsed_row(row);
             Value::Array(
                 result
                     .columns
@@ -65,6 +65,19 @@ pub fn rows_in_column_order(result: &crate::exec::ResultSet) -> Vec<Value> {
             )
         })
         .collect()
+}
+
+/// A row of a result (its JSON text), or the ERROR that it cannot be passed on, never a row of
+/// NULLs (the sandbox already refuses values nested deeper than JSON is parsed here).
+pub fn parsed_row(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|e| {
+        crate::error::Error::sql(
+            "54000",
+            format!("a row of the result cannot be passed on: {e}"),
+            Some("A value nested more than 128 levels deep cannot be; select less of it."),
+        )
+        .raise()
+    })
 }
 
 /// Every attempt of `run`, in order.
