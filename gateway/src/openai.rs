@@ -314,7 +314,7 @@ pub fn markdown(answer: &Answer, max_rows: usize) -> String {
         "{summary}\n\n{}\n",
         fenced(trace["sql"].as_str().unwrap_or_default(), "sql")
     );
-    if !rows.is_empty() && !columns.is_empty() {
+    if count > 0 && !columns.is_empty() {
         out.push('\n');
         out.push_str(&format!(
             "| {} |\n",
@@ -757,6 +757,9 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("_1 more rows_"), "{md}");
+        // No table rows shown: the header and the count of the rows left out still are.
+        let none = markdown(&Answer::from_json(&trace.to_string()), 0);
+        assert!(none.contains("| name | n |\n|---|---|\n\n_3 more rows_"), "{none}");
         let empty = markdown(
             &Answer::from_json(
                 &json!({"sql": "SELECT 1 WHERE false", "rows": [], "attempts": [{}]}).to_string(),
