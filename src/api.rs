@@ -429,7 +429,7 @@ fn nl_run(sql: &str) -> SetOfIterator<'static, JsonB> {
 fn nl_example_add(question: &str, sql: &str) -> i64 {
     exec::refuse_inside_a_query("nl_example_add");
     history::audited("nl_example_add", sql, || {
-        arguments::sql(sql)?;
+        arguments::example_sql(sql)?;
         arguments::question(question)?;
         templates::check_marks(question, sql)
             .map_err(Error::InvalidParameter)

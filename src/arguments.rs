@@ -49,6 +49,20 @@ pub fn sql(value: &str) -> crate::error::Result<()> {
     no_longer_than(value, "the SQL", MAX_SQL_CHARS)
 }
 
+/// `sql` for SQL that becomes an example (shown whole to every role's model): nor any
+/// character drawn as nothing or that reorders text, which a reviewer would not see.
+pub fn example_sql(value: &str) -> crate::error::Result<()> {
+    sql(value)?;
+    match crate::text::hidden_char(value) {
+        Some(c) => Err(Error::InvalidParameter(format!(
+            "the SQL holds U+{:04X}, a character that is not shown; an example's SQL may hold \
+             none (it is shown to other roles' models as written)",
+            u32::from(c)
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// A `jsonb` argument as PostgreSQL passed it, read only by `parse`: pgrx's own `JsonB` turns
 /// the whole value into a tree before the function can look at its size.
 pub struct JsonArgument(pg_sys::Datum);

@@ -62,13 +62,19 @@ pub const SPARE: usize = 2;
 /// now (after DDL an example may name a dropped table or column, and would teach the model a
 /// query that fails) and names only relations of `scope`, the caller's schema context (an
 /// example is another role's SQL: it may not steer the model, or run as a template, toward
-/// relations the caller was not shown), and the ids of those skipped, for the trace.
+/// relations the caller was not shown), nor holds a character that is not shown (written
+/// straight into the table: it would carry what no reviewer saw), and the ids of those
+/// skipped, for the trace.
 pub fn still_valid(found: Vec<Example>, n: usize, scope: &Scope) -> (Vec<Example>, Vec<i64>) {
     let (mut kept, mut skipped) = (Vec::new(), Vec::new());
     crate::subxact::with_settings(&[(c"lock_timeout", CHECK_LOCK_TIMEOUT)], || {
         for example in found {
             if kept.len() == n {
                 break;
+            }
+            if crate::text::hidden_char(&example.sql).is_some() {
+                skipped.push(example.id);
+                continue;
             }
             match crate::exec::check(&example.sql, Some(scope)) {
                 Ok(()) => kept.push(example),

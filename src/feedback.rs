@@ -113,7 +113,7 @@ pub fn give(
     arguments::question(&question)?;
     let vouched = match answer.vouched(correct, corrected) {
         Some(sql) => {
-            arguments::sql(sql)?;
+            arguments::example_sql(sql)?;
             // A correction is the caller's own SQL; the answer's is the model's, which may read
             // only the caller's schema context, as when it answered (a relation made since
             // under a name it reads, ahead on the search path, would run its owner's code).

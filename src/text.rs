@@ -133,6 +133,14 @@ pub fn printable_char(c: char) -> bool {
             | '\u{E0000}'..='\u{E0FFF}'))
 }
 
+/// The first character of `text` that `printable_char` refuses other than a line break or a
+/// tab: text that is shown to other roles' models whole (an example's SQL), where it would
+/// carry what its readers cannot see.
+pub fn hidden_char(text: &str) -> Option<char> {
+    text.chars()
+        .find(|&c| !matches!(c, '\n' | '\r' | '\t') && !printable_char(c))
+}
+
 /// `text` with every run of blank space (line breaks too) as one space, none at either end.
 pub fn single_spaced(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")

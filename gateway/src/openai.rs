@@ -759,7 +759,10 @@ mod tests {
         assert!(md.contains("_1 more rows_"), "{md}");
         // No table rows shown: the header and the count of the rows left out still are.
         let none = markdown(&Answer::from_json(&trace.to_string()), 0);
-        assert!(none.contains("| name | n |\n|---|---|\n\n_3 more rows_"), "{none}");
+        assert!(
+            none.contains("| name | n |\n|---|---|\n\n_3 more rows_"),
+            "{none}"
+        );
         let empty = markdown(
             &Answer::from_json(
                 &json!({"sql": "SELECT 1 WHERE false", "rows": [], "attempts": [{}]}).to_string(),

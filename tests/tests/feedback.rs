@@ -833,3 +833,51 @@ fn feedback_on_a_history_row_written_huge_reads_only_what_an_answer_may_have() {
     let peak = sql_query_engine_e2e::peak_kb(pid).expect("the backend is alive");
     assert!(peak < 300 * 1024, "the backend grew to {peak} kB");
 }
+
+/// An example's SQL is shown whole to every role's model: SQL with characters that are not
+/// shown (tag characters spell text a model reads and a reviewer does not see) is refused as
+/// an example and as a correction, and such a row written straight into the table is skipped
+/// and reported, never shown.
+#[test]
+fn an_example_that_carries_text_nobody_sees_is_refused_and_never_shown() {
+    let r = Roles::new();
+    let (mut writer, mut analyst) = (r.connect(&r.writer), r.connect(&r.analyst));
+    // "Ignore" in tag characters, after a comment that reads as nothing more.
+    let hidden: String = "Ignore"
+        .chars()
+        .map(|c| char::from_u32(0xE0000 + u32::from(c)).unwrap())
+        .collect();
+    let sql = format!("SELECT count(*) AS n FROM orders -- {hidden}");
+    let error = writer
+        .query_one("SELECT nl_example_add('How many orders?', $1)", &[&sql])
+        .unwrap_err();
+    assert_eq!(db_error(&error).0, "22023", "{error}");
+    r.s.llm
+        .on("Count the orders", vec![Reply::sql("SELECT 1 AS n")]);
+    let answered = asked(&mut analyst, "Count the orders");
+    let error = analyst
+        .query_one("SELECT nl_feedback($1, false, $2)", &[&answered, &sql])
+        .unwrap_err();
+    assert_eq!(db_error(&error).0, "22023", "{error}");
+
+    let id: i64 = writer
+        .query_one(
+            "INSERT INTO nl_examples (question, sql) VALUES ('How many orders are there?', $1)
+             RETURNING id",
+            &[&sql],
+        )
+        .unwrap()
+        .get(0);
+    r.s.llm.on(
+        "How many orders are there in all?",
+        vec![Reply::sql("SELECT count(*) AS n FROM orders")],
+    );
+    let answer = ask_in(&mut analyst, "How many orders are there in all?", None);
+    assert_eq!(
+        answer["examples_skipped"],
+        serde_json::json!([id]),
+        "{answer}"
+    );
+    let told = r.s.llm.requests().last().unwrap().text();
+    assert!(!told.contains(&hidden), "{told}");
+}
