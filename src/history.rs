@@ -203,9 +203,18 @@ impl Caller {
 
     /// How the audit line names the caller: the role, and the session user when it differs.
     fn described(&self) -> String {
-        let mut said = format!("role {:?} (oid {})", self.name, self.id.to_u32());
+        // Names another role chose, written out as every other field of the line is.
+        let mut said = format!(
+            "role \"{}\" (oid {})",
+            text::escaped_line(&self.name),
+            self.id.to_u32()
+        );
         if let Some((id, name)) = &self.session {
-            said.push_str(&format!(" for session user {name:?} (oid {})", id.to_u32()));
+            said.push_str(&format!(
+                " for session user \"{}\" (oid {})",
+                text::escaped_line(name),
+                id.to_u32()
+            ));
         }
         said
     }
@@ -416,7 +425,12 @@ pub fn audit(
         Audited::Started => ("started".to_string(), None),
     };
     let session = session
-        .map(|s| format!(" session {:?}", text::at_most(s, MAX_SESSION_CHARS)))
+        .map(|s| {
+            format!(
+                " session \"{}\"",
+                text::escaped_line(&text::at_most(s, MAX_SESSION_CHARS))
+            )
+        })
         .unwrap_or_default();
     // Each field on one line of its own, escaped: a question or a model's SQL holding a line
     // break could otherwise write a `sql:` or `ran` line of its own into the record.

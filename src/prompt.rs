@@ -310,7 +310,11 @@ pub fn repair_questioned(question: &str, sql: &str, questioned: &[String]) -> St
 
 /// Why a query's rows are doubted, one line each.
 fn questioned_lines(questioned: &[String]) -> String {
-    let lines: Vec<String> = questioned.iter().map(|m| format!("- {m}")).collect();
+    // Each on one line, whatever names (another role's column) it quotes.
+    let lines: Vec<String> = questioned
+        .iter()
+        .map(|m| format!("- {}", crate::text::one_line(m)))
+        .collect();
     format!("Why its result is doubtful:\n{}\n\n", lines.join("\n"))
 }
 
