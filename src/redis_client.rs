@@ -7,6 +7,7 @@
 //! backend, and Redis is tried again a few seconds later.
 
 use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
@@ -21,13 +22,20 @@ const RETRY_AFTER: Duration = Duration::from_secs(5);
 
 type Shared = Arc<Mutex<Option<Connection>>>;
 
+/// Roles whose view of Redis a backend keeps, at most (a pooled backend serves many).
+const MAX_ROLES_SEEN: usize = 256;
+
 #[derive(Default)]
 struct State {
     /// The URL the connection belongs to.
     url: Option<String>,
     connection: Shared,
-    down_until: Option<Instant>,
-    warned: bool,
+    /// Until when Redis is left alone, by the role whose call found it unavailable: a role
+    /// that lowered its own `redis_timeout` judges Redis by its own measure, and a failure
+    /// says nothing of Redis for the other roles this backend serves.
+    down_until: HashMap<pgrx::pg_sys::Oid, Instant>,
+    /// The roles told that Redis is unavailable (once each per connection).
+    warned: HashSet<pgrx::pg_sys::Oid>,
 }
 
 thread_local! {
@@ -47,9 +55,7 @@ where
 {
     let url = settings::redis_url()?;
     let timeout = Duration::from_millis(settings::redis_timeout_ms());
-    // A call whose role lowered its own timeout below the server's judges Redis by its own
-    // measure: its failure says nothing of Redis for the other roles of this backend.
-    let own_measure = timeout < Duration::from_millis(settings::redis_timeout_of_server_ms());
+    let role = crate::subxact::acting_role();
     let shared = STATE.with_borrow_mut(|state| {
         if state.url.as_deref() != Some(url.as_str()) {
             *state = State {
@@ -57,8 +63,8 @@ where
                 ..State::default()
             };
         }
-        match state.down_until {
-            Some(until) if Instant::now() < until => None,
+        match state.down_until.get(&role) {
+            Some(until) if Instant::now() < *until => None,
             _ => Some(Arc::clone(&state.connection)),
         }
     })?;
@@ -107,28 +113,25 @@ where
         };
     match outcome {
         Ok(value) => {
-            STATE.with_borrow_mut(|state| state.down_until = None);
+            STATE.with_borrow_mut(|state| state.down_until.remove(&role));
             Some(value)
         }
         Err((cause, false)) => {
             pgrx::debug1!("sql_query_engine: a Redis reply was not read: {cause}");
             None
         }
-        Err((cause, true)) if own_measure => {
-            pgrx::debug1!(
-                "sql_query_engine: Redis did not answer within this call's redis_timeout: {}",
-                crate::text::escaped_line(&crate::urls::redact(&cause, &url))
-            );
-            // The connection may be half-used by the abandoned call: start afresh.
-            STATE.with_borrow_mut(|state| state.connection = Shared::default());
-            None
-        }
         Err((cause, true)) => {
             let first = STATE.with_borrow_mut(|state| {
-                state.down_until = Some(Instant::now() + RETRY_AFTER);
+                let now = Instant::now();
+                if state.down_until.len() >= MAX_ROLES_SEEN {
+                    state.down_until.retain(|_, until| now < *until);
+                }
+                if state.down_until.len() < MAX_ROLES_SEEN {
+                    state.down_until.insert(role, now + RETRY_AFTER);
+                }
                 // The connection may be half-used by the abandoned call: start afresh.
                 state.connection = Shared::default();
-                !std::mem::replace(&mut state.warned, true)
+                state.warned.len() < MAX_ROLES_SEEN && state.warned.insert(role)
             });
             if first {
                 // Where Redis is, and why it failed, is for the server log alone: the setting

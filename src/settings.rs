@@ -1045,12 +1045,6 @@ pub fn redis_timeout_ms() -> u64 {
     REDIS_TIMEOUT_CEILING.bound(REDIS_TIMEOUT_MS.get()).max(1) as u64
 }
 
-/// `redis_timeout` as the server sets it (the file's, `ALTER SYSTEM`'s or `ALTER ROLE ALL`'s),
-/// whatever a role lowered its own to.
-pub fn redis_timeout_of_server_ms() -> u64 {
-    REDIS_TIMEOUT_CEILING.ceiling().max(1) as u64
-}
-
 pub fn session_turns() -> usize {
     SESSION_TURNS_CEILING.bound(SESSION_TURNS.get()).max(0) as usize
 }
