@@ -79,6 +79,15 @@ impl JsonArgument {
         max_values: usize,
     ) -> crate::error::Result<serde_json::Value> {
         let mut datum = self.0;
+        let too = |why: String| Error::InvalidParameter(format!("{what}: {why}"));
+        // Its stored size first, before anything reads it whole: a jsonb takes at most about
+        // six times the bytes of its text (an array of small numbers).
+        // SAFETY: the argument's varlena datum, of this call (its size is read from its
+        // header, without detoasting it).
+        let stored = unsafe { pg_sys::toast_raw_datum_size(datum) };
+        if stored > max_bytes.saturating_mul(8) {
+            return Err(too(format!("longer than {max_bytes} bytes of JSON")));
+        }
         let kind = {
             // SAFETY: the argument's jsonb datum, of this call.
             unsafe { pgrx::direct_function_call::<String>(pg_sys::jsonb_typeof, &[Some(datum)]) }
@@ -105,7 +114,6 @@ impl JsonArgument {
         }
         .ok_or_else(|| Error::internal("jsonb_out returned NULL"))?;
         let bytes = json.to_bytes();
-        let too = |why: String| Error::InvalidParameter(format!("{what}: {why}"));
         if bytes.len() > max_bytes {
             return Err(too(format!("longer than {max_bytes} bytes of JSON")));
         }
