@@ -586,6 +586,27 @@ unsafe fn doubts_of(query: *mut pg_sys::Query) -> Vec<String> {
     subxact::in_subtransaction(false, || unsafe { guard::doubts(query) }).unwrap_or_default()
 }
 
+/// Whether an attempt's error ends the whole call rather than the attempt (which a repair or
+/// an earlier answer may still make good): a cancel PostgreSQL itself took (the caller's own
+/// cancel or `statement_timeout`), and the backend's own resources or system failing (memory,
+/// a full disk, an I/O error, an internal error of PostgreSQL's C code). Not the same codes
+/// raised by code the query ran (a procedural language's `RAISE ... USING ERRCODE`, which
+/// another role's view may hold), nor the attempt's own `temp_file_limit` (53400: the query's
+/// size, as the memory watch's bound is).
+fn ends_the_call(report: &ErrorReportWithLevel, sqlstate: &SqlState) -> bool {
+    /// Where the procedural languages PostgreSQL ships raise what their code asks for.
+    const LANGUAGES: [&str; 4] = ["pl_exec.c", "plpy_elog.c", "plperl.c", "pltcl.c"];
+    let by_a_language = LANGUAGES
+        .iter()
+        .any(|file| report.file().rsplit('/').next() == Some(*file));
+    match sqlstate.class() {
+        "57" => report.function_name() == Some("ProcessInterrupts"),
+        "53" => sqlstate.as_str() != "53400" && !by_a_language,
+        "58" | "XX" => !by_a_language,
+        _ => false,
+    }
+}
+
 /// The error report of a caught error, whichever way it was raised.
 fn report_of(caught: &CaughtError) -> &ErrorReportWithLevel {
     match caught {
@@ -631,13 +652,13 @@ fn note_kept(before: u64, bytes: u64) {
 /// in its caches, as much as `bytes` (`max_query_memory`, as the current call has it).
 fn end_connection(left: u64, bytes: u64) {
     if !ENDING.swap(true, std::sync::atomic::Ordering::Relaxed) {
-        pgrx::warning!(
+        crate::error::warning(format!(
             "sql_query_engine: queries left {} MB in this connection's caches, as much as \
              sql_query_engine.max_query_memory ({} MB): the connection ends after this \
              transaction (PostgreSQL then says it terminates it); reconnect",
             left >> 20,
             bytes >> 20
-        );
+        ));
     }
 }
 
@@ -773,9 +794,9 @@ fn failure(
         sqlstate == SqlState::QUERY_CANCELED
             || (matches!(cancel, Cancelled::Memory) && sqlstate == SqlState::OUT_OF_MEMORY)
     });
-    let not_the_query = matches!(caught, CaughtError::RustPanic { .. })
-        || (ours.is_none() && ["53", "57", "58", "XX"].contains(&sqlstate.class()));
-    if not_the_query {
+    if matches!(caught, CaughtError::RustPanic { .. })
+        || (ours.is_none() && ends_the_call(report, &sqlstate))
+    {
         caught.rethrow();
     }
     // What a query's error says may hold any value (a view's RAISE, a failed conversion of a
@@ -1697,9 +1718,9 @@ unsafe fn end_stores() {
                 unsafe { pg_sys::tuplestore_end(store) }
             }))
             .catch_others(|caught| {
-                subxact::holding_interrupts(|| {
-                    pgrx::log!("sql_query_engine: a cursor's store could not be ended: {caught:?}")
-                })
+                subxact::log_while_unwinding(format!(
+                    "sql_query_engine: a cursor's store could not be ended: {caught:?}"
+                ))
             })
             .execute();
         } else {

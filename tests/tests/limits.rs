@@ -943,3 +943,69 @@ fn a_cursor_that_meets_temp_file_limit_is_an_error_not_a_server_restart() {
         .get(0);
     assert_eq!(n, 1);
 }
+
+/// An alternative of a vote that fails fails alone, whatever code its error has: one a view's
+/// code raised (PL/pgSQL `RAISE ... USING ERRCODE 'XX000'` or `'57014'`, another role's to
+/// choose), or the attempt's own temporary-file bound (53400). The first query's answer, which
+/// had rows, stands; before, each of these ended the whole call with that error.
+#[test]
+fn a_failing_alternative_never_ends_a_call_that_has_an_answer() {
+    let mut s = Session::new();
+    let (name, mut role, _) = role_connection(&mut s, "alts");
+    s.client
+        .batch_execute(&format!(
+            "CREATE FUNCTION boom(code text) RETURNS int LANGUAGE plpgsql AS
+               $$ BEGIN RAISE EXCEPTION 'boom' USING ERRCODE = code; END $$;
+             CREATE VIEW internal_boom AS SELECT boom('XX000') AS n;
+             CREATE VIEW cancel_boom AS SELECT boom('57014') AS n;
+             GRANT SELECT ON internal_boom, cancel_boom TO {name};"
+        ))
+        .unwrap();
+    role.batch_execute(
+        "SET sql_query_engine.vote = always; SET sql_query_engine.candidates = 4;
+         SET sql_query_engine.max_query_temp_files = '1MB'",
+    )
+    .unwrap();
+    let choice = |sql: &str| serde_json::json!({ "sql": sql }).to_string();
+    let counted = "SELECT count(*) AS n FROM customers";
+    for (i, failing) in [
+        "SELECT n FROM internal_boom",
+        "SELECT n FROM cancel_boom",
+        "SELECT count(*) AS n FROM (SELECT md5(g::text) FROM generate_series(1, 300000) g \
+         ORDER BY 1) s",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let question = format!("how many customers, take {i}");
+        s.llm.on(
+            &question,
+            vec![
+                Reply::sql(counted),
+                Reply::Choices(vec![
+                    choice(failing),
+                    choice(counted),
+                    choice(counted),
+                    choice(counted),
+                ]),
+            ],
+        );
+        let answer: String = role
+            .query_one("SELECT nl_ask($1)::text", &[&question])
+            .unwrap_or_else(|e| panic!("{failing}: {e}"))
+            .get(0);
+        let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        assert_eq!(
+            answer["rows"],
+            serde_json::json!([[4]]),
+            "{failing}: {answer}"
+        );
+        let failed = answer["attempts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|a| a["outcome"] == "error")
+            .count();
+        assert_eq!(failed, 1, "{failing}: {answer}");
+    }
+}
