@@ -371,9 +371,9 @@ fn nl_cursor(question: Option<&str>, cursor_name: default!(Option<&str>, "'nl_an
         answer.and_then(|r| r.held),
     );
     if let Some((setting, rows)) = answer.and_then(|r| r.cut_by.map(|by| (by, r.rows.len()))) {
-        pgrx::notice!(
+        crate::error::notice(format!(
             "sql_query_engine: the result was cut at {rows} rows (sql_query_engine.{setting})"
-        );
+        ));
     }
     name.to_string()
 }
@@ -595,10 +595,10 @@ fn rows_of(result: Option<&ResultSet>) -> SetOfIterator<'static, JsonB> {
         return SetOfIterator::new(Vec::new());
     };
     if let Some(setting) = result.cut_by {
-        pgrx::notice!(
+        crate::error::notice(format!(
             "sql_query_engine: the result was cut at {} rows (sql_query_engine.{setting})",
             result.rows.len()
-        );
+        ));
     }
     let rows: Vec<JsonB> = result
         .rows
@@ -989,19 +989,18 @@ fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
     // The whole call, reading the schema and the session included (the loop timed itself).
     run.ms = heal::millis(started);
     if let (Some(failure), None) = (&run.llm_failure, run.failure()) {
-        pgrx::warning!(
+        crate::error::warning(format!(
             "sql_query_engine: the model failed when asked for a repair ({}: {}); the best \
              attempt so far is the answer",
-            failure.endpoint,
-            failure.cause
-        );
+            failure.endpoint, failure.cause
+        ));
     }
     if run.out_of_time {
-        pgrx::notice!(
+        crate::error::notice(format!(
             "sql_query_engine: the answer budget (sql_query_engine.answer_budget) ran out after \
              {} attempts; the best attempt so far is the answer",
             run.attempts.len()
-        );
+        ));
     }
     // Turns the caller sent are its own to keep: the session store is left alone. A doubtful
     // answer that is withheld (`abstain = when_in_doubt`) is not the conversation's answer:

@@ -298,6 +298,59 @@ impl Error {
     }
 }
 
+/// Sends a message below ERROR (a NOTICE to the caller, a WARNING, a line of the server log)
+/// so that an ERROR raised while it is sent (a cancel taken at its check for interrupts, a
+/// character the client's encoding lacks) comes back as a Rust error that unwinds through the
+/// extension's frames, their guards included: pgrx sends it with PostgreSQL's `errfinish`,
+/// whose ERROR would otherwise jump past them (a call's role and settings left behind for the
+/// next call on the connection).
+pub fn tell(level: pgrx::PgLogLevel, code: PgSqlErrorCode, message: String) {
+    send(ErrorReport::new(code, message, "sql_query_engine"), level);
+}
+
+/// `tell` a whole report (with its DETAIL, say).
+pub fn send(report: ErrorReport, level: pgrx::PgLogLevel) {
+    // SAFETY: the boundary turns PostgreSQL's longjmp out of the report into a Rust panic,
+    // caught by pgrx at the call's edge; only the report's own frames are inside it.
+    unsafe { pgrx::pg_sys::ffi::pg_guard_ffi_boundary(|| report.report(level)) }
+}
+
+/// `tell` a NOTICE.
+pub fn notice(message: String) {
+    tell(
+        pgrx::PgLogLevel::NOTICE,
+        PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
+        message,
+    );
+}
+
+/// `tell` a WARNING.
+pub fn warning(message: String) {
+    tell(
+        pgrx::PgLogLevel::WARNING,
+        PgSqlErrorCode::ERRCODE_WARNING,
+        message,
+    );
+}
+
+/// `tell` a line of the server log (and the client's, with `client_min_messages = log`).
+pub fn log(message: String) {
+    tell(
+        pgrx::PgLogLevel::LOG,
+        PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
+        message,
+    );
+}
+
+/// `tell` a DEBUG1 line.
+pub fn debug(message: String) {
+    tell(
+        pgrx::PgLogLevel::DEBUG1,
+        PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
+        message,
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -82,7 +82,9 @@ pub fn record(function: &str, session: Option<&str>, run: &Run) -> Option<i64> {
         return None;
     }
     if !store::writable() {
-        debug1!("sql_query_engine: history not recorded: the transaction is read-only");
+        crate::error::debug(format!(
+            "sql_query_engine: history not recorded: the transaction is read-only"
+        ));
         return None;
     }
     let schema = store::extension_schema().ok()?;
@@ -439,17 +441,19 @@ pub fn audit(
         Some(sql) => format!("input: {input}\nsql: {}{ran}", text::escaped_line(sql)),
         None => format!("input: {input}{ran}"),
     };
-    ErrorReport::new(
-        PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
-        format!(
-            "sql_query_engine: {function} by {}{session}: {}",
-            caller.described(),
-            text::escaped_line(&result)
-        ),
-        "sql_query_engine",
-    )
-    .set_detail(detail)
-    .report(PgLogLevel::LOG_SERVER_ONLY);
+    crate::error::send(
+        ErrorReport::new(
+            PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
+            format!(
+                "sql_query_engine: {function} by {}{session}: {}",
+                caller.described(),
+                text::escaped_line(&result)
+            ),
+            "sql_query_engine",
+        )
+        .set_detail(detail),
+        PgLogLevel::LOG_SERVER_ONLY,
+    );
 }
 
 /// `work`'s result audited as a call of `function` without a run (an ERROR raised inside it

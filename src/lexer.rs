@@ -87,10 +87,10 @@ fn numbers_hold() -> bool {
                 .map(|found| found.into_iter().map(|t| t.code).collect());
             let held = codes.as_deref() == Some(&[IDENT, SCONST, ICONST, FCONST, PARAM, OP][..]);
             if !held {
-                pgrx::warning!(
+                crate::error::warning(format!(
                     "sql_query_engine: the SQL lexer's token numbers are not the expected ones; \
                      verified examples are not used as templates"
-                );
+                ));
             }
             held
         })

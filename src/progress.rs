@@ -256,10 +256,10 @@ impl Progress {
             // Lines after the first are indented: an error message or a query another role or
             // the model wrote may hold line breaks, and none of its lines may pass for another
             // progress line.
-            pgrx::notice!(
+            crate::error::notice(format!(
                 "sql_query_engine: {}",
                 crate::text::escaped_lines(&event.describe()).replace('\n', "\n  ")
-            );
+            ));
         }
         if let Some(channel) = &self.channel {
             let channel = channel.clone();

@@ -117,7 +117,9 @@ where
             Some(value)
         }
         Err((cause, false)) => {
-            pgrx::debug1!("sql_query_engine: a Redis reply was not read: {cause}");
+            crate::error::debug(format!(
+                "sql_query_engine: a Redis reply was not read: {cause}"
+            ));
             None
         }
         Err((cause, true)) => {
@@ -136,20 +138,20 @@ where
             if first {
                 // Where Redis is, and why it failed, is for the server log alone: the setting
                 // is hidden from other roles.
-                pgrx::ereport!(
+                crate::error::tell(
                     pgrx::PgLogLevel::LOG_SERVER_ONLY,
                     pgrx::PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE,
                     format!(
                         "sql_query_engine: Redis at {} is unavailable ({})",
                         crate::urls::redact_url(&url),
                         crate::text::escaped_line(&crate::urls::redact(&cause, &url))
-                    )
+                    ),
                 );
-                pgrx::warning!(
+                crate::error::warning(format!(
                     "sql_query_engine: Redis is unavailable (the server log says why); \
                      conversation context, progress events and the schema cache use backend \
                      memory"
-                );
+                ));
             }
             None
         }

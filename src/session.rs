@@ -302,11 +302,11 @@ pub fn record(session: &str, turn: Turn) -> Store {
     // Memory bridges a Redis outage too: it remembers what Redis took.
     let kept = (store != Store::Table || !stored) && remember(session, turn, !stored, keep);
     if !kept && !stored {
-        pgrx::notice!(
+        crate::error::notice(format!(
             "sql_query_engine: this turn of session {} is not remembered: no store took it, and \
              this connection's memory has no room for it",
             crate::text::escaped_line(&crate::text::at_most(session, MAX_NAME_BYTES))
-        );
+        ));
     }
     if stored {
         store
@@ -556,11 +556,11 @@ pub fn reset(session: &str) {
     }
     MEMORY.with_borrow_mut(|m| m.remove(&memory_key(session)));
     if !kept.is_empty() {
-        pgrx::warning!(
+        crate::error::warning(format!(
             "sql_query_engine: session {session:?} was not forgotten in {}, which did not answer: \
              call nl_session_reset again once it does",
             kept.join(" and ")
-        );
+        ));
     }
 }
 

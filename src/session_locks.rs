@@ -91,12 +91,10 @@ impl Drop for Watch {
         if std::thread::panicking() {
             pgrx::PgTryBuilder::new(std::panic::AssertUnwindSafe(|| self.give_back()))
                 .catch_others(|caught| {
-                    subxact::holding_interrupts(|| {
-                        pgrx::log!(
-                            "sql_query_engine: session-level advisory locks a query's code took \
-                             could not be given back: {caught:?}"
-                        )
-                    })
+                    subxact::log_while_unwinding(format!(
+                        "sql_query_engine: session-level advisory locks a query's code took \
+                         could not be given back: {caught:?}"
+                    ))
                 })
                 .execute();
         } else {
@@ -143,17 +141,17 @@ impl Watch {
             })
             .sum();
         if released > 0 {
-            pgrx::log!(
+            crate::error::log(format!(
                 "sql_query_engine: gave back {locks} session-level advisory lock(s) ({released} \
                  acquisition(s)) that code run by a query took (a function of a view, a policy or \
                  an index of what it read)"
-            );
+            ));
         }
         if lost > 0 {
-            pgrx::log!(
+            crate::error::log(format!(
                 "sql_query_engine: code that a query ran released {lost} session-level hold(s) of \
                  advisory locks the session held before"
-            );
+            ));
         }
     }
 }

@@ -174,7 +174,7 @@ where
     });
     let failed = |why: &dyn std::fmt::Debug| {
         let verb = if commit { "written" } else { "read" };
-        log!("sql_query_engine: {what} not {verb}: {why:?}");
+        crate::error::log(format!("sql_query_engine: {what} not {verb}: {why:?}"));
     };
     match done {
         Ok(Ok(done)) => Some(done),

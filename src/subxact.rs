@@ -140,6 +140,19 @@ pub fn holding_interrupts<R>(work: impl FnOnce() -> R) -> R {
     work()
 }
 
+/// A line of the server log alone (never sent to the client, so never converted to its
+/// encoding), with interrupts held off: what a destructor may write while an error unwinds,
+/// where any ERROR would abort the backend.
+pub fn log_while_unwinding(message: String) {
+    holding_interrupts(|| {
+        crate::error::tell(
+            pgrx::PgLogLevel::LOG_SERVER_ONLY,
+            pgrx::PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
+            message,
+        )
+    });
+}
+
 fn with_settings_in<R>(
     context: pg_sys::GucContext::Type,
     settings: &[(&CStr, &CStr)],
@@ -243,6 +256,11 @@ pub fn in_procedure<R>(
     settings: &[(CString, CString)],
     work: impl FnOnce() -> R,
 ) -> R {
+    // Nothing of an earlier call is this one's, even if that call ended without its guards
+    // (an ERROR that jumped past them).
+    RELEASABLE.set(false);
+    CALL_ROLE.set(None);
+    PER_TRANSACTION.with_borrow_mut(Vec::clear);
     // Whether an SPI connection of the caller's code (a procedure's, a DO block's) is around
     // this CALL is read before this one makes its own.
     // SAFETY: PostgreSQL passes a valid fcinfo; its context, when set, is a Node.

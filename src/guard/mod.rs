@@ -84,9 +84,9 @@ pub fn allowed_functions() -> Allowed {
             }
         }
         let allowed = Allowed::parse(&text).unwrap_or_else(|e| {
-            pgrx::warning!(
+            crate::error::warning(format!(
                 "sql_query_engine.allowed_functions is ignored: {e}; only built-in functions run"
-            );
+            ));
             Allowed::default()
         });
         *parsed = Some((text, allowed.clone()));

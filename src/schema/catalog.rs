@@ -586,11 +586,11 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
             };
             let readable = usize::try_from(readable).unwrap_or(0);
             if found.len() < readable {
-                notice!(
+                crate::error::notice(format!(
                     "sql_query_engine: the schema context holds {} of the {readable} relations you may read (at most {MAX_RELATIONS} relations, {MAX_COLUMNS} columns and {} MB of names and comments, in search order)",
                     found.len(),
                     MAX_QUERY_BYTES >> 20
-                );
+                ));
             }
             if found.is_empty() {
                 return Ok((found, Vec::new(), Vec::new(), Vec::new()));
@@ -612,17 +612,17 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
             };
             let left_out = usize::try_from(all).unwrap_or(0).saturating_sub(columns.len());
             if left_out > 0 {
-                notice!(
+                crate::error::notice(format!(
                     "sql_query_engine: the schema context leaves out {left_out} columns of its relations (at most {} MB of them are read, in search order)",
                     MAX_COLUMN_BYTES >> 20
-                );
+                ));
             }
             let cut = columns.iter().filter(|c| c.cut).count();
             if cut > 0 {
-                notice!(
+                crate::error::notice(format!(
                     "sql_query_engine: the schema context leaves out the defaults, comments and labels of {cut} columns (at most {} MB of them are read, in search order)",
                     MAX_ANNOTATION_BYTES >> 20
-                );
+                ));
             }
             for row in &mut columns {
                 // Text the extension may read on its own: built-in types, and domains over
@@ -685,11 +685,11 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
             };
             let all = usize::try_from(all).unwrap_or(0);
             if keys.len() < all {
-                notice!(
+                crate::error::notice(format!(
                     "sql_query_engine: the schema context holds {} of the {all} keys of its relations (at most {MAX_KEYS_PER_RELATION} per relation, {MAX_KEYS} and {} MB in all)",
                     keys.len(),
                     MAX_QUERY_BYTES >> 20
-                );
+                ));
             }
             Ok::<_, LoadError>((found, columns, statistics, keys))
         })()

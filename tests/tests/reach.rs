@@ -1136,3 +1136,40 @@ fn nl_call_pipelined_after_the_role_is_set_for_the_transaction_runs_as_that_role
     .unwrap();
     assert_eq!(answer["rows"], json!([[analyst]]), "{answer}");
 }
+
+/// A NOTICE that cannot be sent (the model's SQL holds a character the client's encoding
+/// lacks) is an ERROR that ends the call with all of its guards run: before, PostgreSQL's
+/// ERROR jumped past them, and the call's state stayed on the connection, so that a later
+/// `nl_call` in a `DO` block committed the block's own work halfway (a row of a block that
+/// then failed stayed).
+#[test]
+fn a_notice_that_cannot_be_sent_leaves_nothing_of_the_call_behind() {
+    let mut s = Session::new();
+    s.llm
+        .on("snowmen", vec![Reply::sql("SELECT '☃' AS snowman")]);
+    s.llm.on(
+        "how many customers",
+        vec![Reply::sql("SELECT count(*) AS n FROM customers")],
+    );
+    s.client
+        .batch_execute(
+            "CREATE TABLE marks (n int);
+             SET client_encoding = 'LATIN1'; SET sql_query_engine.progress = on",
+        )
+        .unwrap();
+    let error = call(&mut s.client, "CALL nl_call('snowmen')").unwrap_err();
+    assert_eq!(db_error(&error).0, "22P05", "{error}");
+    s.client
+        .batch_execute("SET client_encoding = 'UTF8'; SET sql_query_engine.progress = off")
+        .unwrap();
+    let error = s
+        .client
+        .batch_execute(
+            "DO $$ DECLARE answer jsonb; BEGIN INSERT INTO marks VALUES (1);
+                    CALL nl_call('how many customers', NULL, answer);
+                    RAISE EXCEPTION 'undone'; END $$",
+        )
+        .unwrap_err();
+    assert!(db_error(&error).1.contains("undone"), "{error:?}");
+    assert_eq!(s.scalar_i64("SELECT count(*) FROM marks"), 0);
+}
