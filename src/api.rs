@@ -430,7 +430,7 @@ fn nl_example_add(question: &str, sql: &str) -> i64 {
     exec::refuse_inside_a_query("nl_example_add");
     history::audited("nl_example_add", sql, || {
         arguments::example_sql(sql)?;
-        arguments::question(question)?;
+        arguments::example_question(question)?;
         templates::check_marks(question, sql)
             .map_err(Error::InvalidParameter)
             .and_then(|()| examples::add(question, sql))

@@ -49,6 +49,20 @@ pub fn sql(value: &str) -> crate::error::Result<()> {
     no_longer_than(value, "the SQL", MAX_SQL_CHARS)
 }
 
+/// `question` for a question that becomes an example: nor any character that is not shown
+/// (see `example_sql`).
+pub fn example_question(value: &str) -> crate::error::Result<()> {
+    question(value)?;
+    match crate::text::hidden_char(value) {
+        Some(c) => Err(Error::InvalidParameter(format!(
+            "the question holds U+{:04X}, a character that is not shown; an example's question \
+             may hold none",
+            u32::from(c)
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// `sql` for SQL that becomes an example (shown whole to every role's model): nor any
 /// character drawn as nothing or that reorders text, which a reviewer would not see.
 pub fn example_sql(value: &str) -> crate::error::Result<()> {

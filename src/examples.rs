@@ -72,7 +72,10 @@ pub fn still_valid(found: Vec<Example>, n: usize, scope: &Scope) -> (Vec<Example
             if kept.len() == n {
                 break;
             }
-            if crate::text::hidden_char(&example.sql).is_some() {
+            if crate::text::hidden_char(&example.sql)
+                .or_else(|| crate::text::hidden_char(&example.question))
+                .is_some()
+            {
                 skipped.push(example.id);
                 continue;
             }

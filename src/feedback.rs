@@ -136,7 +136,8 @@ pub fn give(
         None => (Status::Noted, None),
         Some(sql) if may_write_examples(&schema)? => {
             // Promoted, the question is an example like one `nl_example_add` stores: its
-            // braces mark parameters, by the same rule.
+            // braces mark parameters, by the same rule, and it shows all it holds.
+            arguments::example_question(&question)?;
             templates::check_marks(&question, sql).map_err(Error::InvalidParameter)?;
             (
                 Status::Promoted,

@@ -207,14 +207,14 @@ impl Caller {
     fn described(&self) -> String {
         // Names another role chose, written out as every other field of the line is.
         let mut said = format!(
-            "role \"{}\" (oid {})",
-            text::escaped_line(&self.name),
+            "role {} (oid {})",
+            text::quoted_field(&self.name),
             self.id.to_u32()
         );
         if let Some((id, name)) = &self.session {
             said.push_str(&format!(
-                " for session user \"{}\" (oid {})",
-                text::escaped_line(name),
+                " for session user {} (oid {})",
+                text::quoted_field(name),
                 id.to_u32()
             ));
         }
@@ -429,8 +429,8 @@ pub fn audit(
     let session = session
         .map(|s| {
             format!(
-                " session \"{}\"",
-                text::escaped_line(&text::at_most(s, MAX_SESSION_CHARS))
+                " session {}",
+                text::quoted_field(&text::at_most(s, MAX_SESSION_CHARS))
             )
         })
         .unwrap_or_default();

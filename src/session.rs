@@ -557,8 +557,9 @@ pub fn reset(session: &str) {
     MEMORY.with_borrow_mut(|m| m.remove(&memory_key(session)));
     if !kept.is_empty() {
         crate::error::warning(format!(
-            "sql_query_engine: session {session:?} was not forgotten in {}, which did not answer: \
+            "sql_query_engine: session {} was not forgotten in {}, which did not answer: \
              call nl_session_reset again once it does",
+            crate::text::quoted_field(session),
             kept.join(" and ")
         ));
     }

@@ -134,11 +134,23 @@ pub fn printable_char(c: char) -> bool {
 }
 
 /// The first character of `text` that `printable_char` refuses other than a line break or a
-/// tab: text that is shown to other roles' models whole (an example's SQL), where it would
-/// carry what its readers cannot see.
+/// tab: text that is shown to other roles' models whole (an example's question and SQL), where
+/// it would carry what its readers cannot see.
 pub fn hidden_char(text: &str) -> Option<char> {
-    text.chars()
-        .find(|&c| !matches!(c, '\n' | '\r' | '\t') && !printable_char(c))
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        // A carriage return only as part of a line break: alone, a terminal writes over what
+        // it showed.
+        let shown = match c {
+            '\n' | '\t' => true,
+            '\r' => chars.peek() == Some(&'\n'),
+            c => printable_char(c),
+        };
+        if !shown {
+            return Some(c);
+        }
+    }
+    None
 }
 
 /// `text` with every run of blank space (line breaks too) as one space, none at either end.
@@ -178,6 +190,13 @@ pub fn escaped_line(text: &str) -> String {
         }
     }
     line
+}
+
+/// `text` as a quoted field of a log line: `escaped_line` in double quotes, a double quote
+/// inside written `\"`, so that no name or session another role chose ends the field early
+/// and writes the rest of the line (`x": ERROR 42501: ...`).
+pub fn quoted_field(text: &str) -> String {
+    format!("\"{}\"", escaped_line(text).replace('"', "\\\""))
 }
 
 /// `text` as a message may show it on several lines: line breaks and tabs kept, every other
@@ -316,6 +335,15 @@ mod tests {
             shown,
             "SELECT 1 -- \\u{1b}]52;c;eA==\\u{7}\n\\u{202e}done\tok"
         );
+    }
+
+    #[test]
+    fn a_quoted_field_cannot_be_ended_by_what_it_quotes() {
+        assert_eq!(
+            quoted_field("x\": ERROR 42501: denied"),
+            "\"x\\\": ERROR 42501: denied\""
+        );
+        assert_eq!(quoted_field("alice"), "\"alice\"");
     }
 
     #[test]

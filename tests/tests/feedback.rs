@@ -852,6 +852,14 @@ fn an_example_that_carries_text_nobody_sees_is_refused_and_never_shown() {
         .query_one("SELECT nl_example_add('How many orders?', $1)", &[&sql])
         .unwrap_err();
     assert_eq!(db_error(&error).0, "22023", "{error}");
+    // Nor a question that reads otherwise than it is (a bidirectional override).
+    let error = writer
+        .query_one(
+            "SELECT nl_example_add($1, 'SELECT count(*) AS n FROM orders')",
+            &[&"How many orders in \u{202e}EU?"],
+        )
+        .unwrap_err();
+    assert_eq!(db_error(&error).0, "22023", "{error}");
     r.s.llm
         .on("Count the orders", vec![Reply::sql("SELECT 1 AS n")]);
     let answered = asked(&mut analyst, "Count the orders");
