@@ -237,6 +237,16 @@ impl Allowed {
     }
 }
 
+/// Whether `f` runs code it is given at run time, as text or by an object's name (see
+/// `RUNS_SQL_TEXT`, `RUNS_NAMED_OBJECTS_CODE`): what it reads and runs is decided only as it
+/// runs, out of any walk's sight.
+pub fn runs_given_code(f: &Function) -> bool {
+    let lower = f.name.to_ascii_lowercase();
+    RUNS_SQL_TEXT.contains(&lower.as_str())
+        || RUNS_SQL_TEXT_PREFIXES.iter().any(|p| lower.starts_with(p))
+        || RUNS_NAMED_OBJECTS_CODE.contains(&lower.as_str())
+}
+
 /// Why `f` may not be called (completing "function ... is not allowed in a generated query:"),
 /// or `None` when it may.
 pub fn refuse(f: &Function, allowed: &Allowed, allow_catalogs: bool) -> Option<String> {

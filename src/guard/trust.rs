@@ -308,6 +308,12 @@ fn trusted_owners() -> Vec<pg_sys::Oid> {
 }
 
 impl Trusted {
+    /// Whether this is a superuser's call (or one of a role that reaches as far), not a saved
+    /// question's view of another role.
+    pub fn superusers(&self) -> bool {
+        !self.saving
+    }
+
     fn trusts(&self, owner: pg_sys::Oid) -> bool {
         // SAFETY: a role catalog look-up.
         self.roles.contains(&owner) || unsafe { pg_sys::superuser_arg(owner) }
@@ -400,6 +406,23 @@ impl Trusted {
                     relation_name(relation)
                 ));
             }
+            // A foreign table reads where its server says, by what its wrapper's code does:
+            // their owners choose where the query's values go, whoever owns the table.
+            if kind == pg_sys::RELKIND_FOREIGN_TABLE {
+                let server = pg_sys::GetForeignServer((*pg_sys::GetForeignTable(relation)).serverid);
+                let wrapper = pg_sys::GetForeignDataWrapper((*server).fdwid);
+                for (what, owner) in [
+                    ("foreign server", (*server).owner),
+                    ("foreign-data wrapper", (*wrapper).owner),
+                ] {
+                    if let Some(why) = self.refuse_owner(owner, what) {
+                        return Some(format!(
+                            "relation {} is refused: its {what}: {why}",
+                            relation_name(relation)
+                        ));
+                    }
+                }
+            }
             if let Some((found, whole)) = view {
                 if !whole {
                     return Some("its views nest too deeply to be checked".into());
@@ -431,7 +454,10 @@ impl Trusted {
             {
                 return Some(why);
             }
-            if kind == pg_sys::RELKIND_PARTITIONED_TABLE || kind == pg_sys::RELKIND_RELATION {
+            if kind == pg_sys::RELKIND_PARTITIONED_TABLE
+                || kind == pg_sys::RELKIND_RELATION
+                || kind == pg_sys::RELKIND_FOREIGN_TABLE
+            {
                 return inheritors(relation)
                     .into_iter()
                     .find_map(|child| self.relation_refusal(child, depth + 1, seen));
@@ -448,6 +474,13 @@ impl Trusted {
     /// b)` becomes `a negator b`), or give the aggregate such a function (CREATE OR REPLACE
     /// AGGREGATE): built-in code, out of the gate's sight.
     fn reached_refusal(&self, reached: &Reached) -> Option<String> {
+        if let Some(&function) = reached.runs_given_code.first() {
+            return Some(format!(
+                "function {} runs SQL or object code given as text, whose relations and types \
+                 are found only as it runs, out of the owner checks of a superuser's call",
+                FunctionFacts::signature(function)
+            ));
+        }
         let aggregate = reached.functions.iter().find_map(|&function| {
             let owner = FunctionFacts::of(function).map_or(pg_sys::InvalidOid, |f| f.owner);
             self.refuse_owner(owner, "aggregate").map(|why| {
@@ -544,8 +577,10 @@ struct Reached {
     functions: Vec<pg_sys::Oid>,
     /// The types of its values and of the columns its functions are read as.
     types: Vec<pg_sys::Oid>,
-    /// The functions whose hidden code (`call`) was looked at.
+    /// The functions whose hidden code (`call`) was looked at, each once.
     called: Vec<pg_sys::Oid>,
+    /// The functions it calls that run code given as text or by name (`policy::runs_given_code`).
+    runs_given_code: Vec<pg_sys::Oid>,
 }
 
 impl Reached {
@@ -561,16 +596,24 @@ impl Reached {
         }
     }
 
-    /// What a call of `function` runs that its node does not show: for an aggregate, its
+    /// What a call of `function` runs that its node does not show (and whether it runs code it
+    /// is given as text, `runs_given_code`): for an aggregate, its
     /// state types (an initial state is converted with its type's input function, a domain's
     /// CHECK included, when it starts) and its sort operator; and its default arguments, which
     /// the planner puts in, converted to their parameters' types. The defaults are returned, to
     /// be walked like the rest.
     fn call(&mut self, function: pg_sys::Oid) -> Option<*mut pg_sys::Node> {
-        if builtin(function) || self.called.contains(&function) {
+        if self.called.contains(&function) {
             return None;
         }
         self.called.push(function);
+        if FunctionFacts::of(function).is_some_and(|f| super::policy::runs_given_code(&f.policy()))
+        {
+            self.runs_given_code.push(function);
+        }
+        if builtin(function) {
+            return None;
+        }
         let (_, sort_operator, states) = aggregate_support(function);
         for state in states {
             self.type_(state);

@@ -2480,3 +2480,108 @@ fn a_query_names_no_collation_of_another_role() {
         .query_one("SELECT nl_check($1)", &[&sql("shared.trusted_one")])
         .unwrap();
 }
+
+/// A superuser's call runs no SQL given as text (`query_to_xml`), even when a superuser allowed
+/// it by name, neither in its own query nor through a view: the relations the text names are
+/// found only as it runs, out of the owner checks such a call makes, and another role's view
+/// named there would run its code as the superuser.
+#[test]
+fn a_superusers_call_runs_no_sql_given_as_text() {
+    let w = World::new();
+    let victim = w.victim.clone();
+    let key = 7_311_001;
+    w.attacker_runs(&format!(
+        "CREATE VIEW shared.locked AS SELECT 1 AS n
+             WHERE pg_advisory_xact_lock({key})::text = '';
+         GRANT SELECT ON shared.locked TO PUBLIC;"
+    ));
+    let mut admin = cluster().connect(&w.s.database);
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE {} SET sql_query_engine.allowed_functions = 'pg_catalog.query_to_xml';
+             CREATE VIEW public.xml_notes AS
+                 SELECT query_to_xml('SELECT n FROM shared.locked', true, false, '')::text AS x;
+             GRANT SELECT ON public.xml_notes TO {victim};",
+            w.s.database
+        ))
+        .unwrap();
+    let mut admin = cluster().connect(&w.s.database);
+    let direct = "SELECT query_to_xml('SELECT n FROM shared.locked', true, false, '')::text AS x";
+    let mut witness = Witness::hold(&w.s.database, &[key]);
+    for (question, sql) in [
+        ("the notes as xml", direct),
+        ("the xml notes", "SELECT x FROM xml_notes"),
+    ] {
+        w.s.llm.on(question, vec![Reply::sql(sql); 4]);
+        let (traced, waited) = witness.waited(|| {
+            admin
+                .query_one("SELECT nl_trace($1)::text", &[&question])
+                .map(|row| row.get::<_, String>(0))
+        });
+        let t: serde_json::Value = serde_json::from_str(&traced.unwrap()).unwrap();
+        assert_eq!(t["status"], "error", "{question}: {t}");
+        let message = t["attempts"][0]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("given as text"), "{question}: {message}");
+        assert!(waited.is_empty(), "{question}: the view's code ran");
+    }
+    // Positive control: the same question as a role that is no superuser runs the text, and
+    // with it the view's code.
+    let mut v = w.connect(&victim);
+    w.s.llm
+        .on("the xml, once more", vec![Reply::sql(direct); 4]);
+    let (_, waited) = witness.waited(|| {
+        v.query_one("SELECT nl_trace('the xml, once more')::text", &[])
+            .map(|_| ())
+    });
+    assert_eq!(waited, [key]);
+}
+
+/// A superuser's call reads no foreign table whose server another role owns, whoever owns the
+/// table: the server's owner says where the query's values go (and may change it later).
+#[test]
+fn a_superusers_call_reads_no_foreign_table_of_another_roles_server() {
+    let mut w = World::new();
+    let attacker = w.attacker.clone();
+    let (port, connections) = counting_listener();
+    w.s.client
+        .batch_execute(&format!(
+            "CREATE EXTENSION postgres_fdw;
+             GRANT USAGE ON FOREIGN DATA WRAPPER postgres_fdw TO {attacker};"
+        ))
+        .unwrap();
+    w.attacker_runs(&format!(
+        "CREATE SERVER attacker_server FOREIGN DATA WRAPPER postgres_fdw
+             OPTIONS (host '127.0.0.1', port '{port}', dbname 'x', connect_timeout '2');
+         CREATE USER MAPPING FOR PUBLIC SERVER attacker_server
+             OPTIONS (user 'x', password 'x');"
+    ));
+    let mut admin = cluster().connect(&w.s.database);
+    admin
+        .batch_execute(
+            "CREATE FOREIGN TABLE public.remote_sales (n int) SERVER attacker_server;
+             CREATE TABLE public.all_sales (n int);
+             CREATE FOREIGN TABLE public.far_sales () INHERITS (public.all_sales)
+                 SERVER attacker_server;",
+        )
+        .unwrap();
+    for (question, sql) in [
+        ("the remote sales", "SELECT n FROM remote_sales"),
+        ("all the sales", "SELECT n FROM all_sales"),
+    ] {
+        let message = refusal_of(&w, &mut admin, question, sql);
+        assert!(
+            message.contains("foreign server") && message.contains(&format!("\"{attacker}\"")),
+            "{question}: {message}"
+        );
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        0,
+        "a foreign table was read"
+    );
+    // Positive control: reading it connects.
+    let _ = admin.batch_execute("SELECT * FROM remote_sales");
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(connections.load(Ordering::SeqCst) >= 1);
+}
