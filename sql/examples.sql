@@ -78,7 +78,9 @@ BEGIN
     END IF;
     -- Each field on one line, as the calls' audit lines write it: cut at 100,000 characters
     -- (saying so), a backslash doubled, line breaks and tabs as \n \r \t, and every other
-    -- control or format character (what steers a terminal or reorders text) as \u{hex}.
+    -- control or format character or one drawn as nothing (what steers a terminal, reorders
+    -- or hides text: the characters text::printable_char refuses, a test in text.rs checks)
+    -- as \u{hex}.
     FOR i IN 1..pg_catalog.array_length(fields, 1) LOOP
         IF pg_catalog.length(fields[i]) > 100000 THEN
             fields[i] := pg_catalog.left(fields[i], 100000) || pg_catalog.format(
@@ -87,7 +89,7 @@ BEGIN
         fields[i] := pg_catalog.replace(pg_catalog.replace(pg_catalog.replace(pg_catalog.replace(
             fields[i], E'\\', E'\\\\'), E'\n', E'\\n'), E'\r', E'\\r'), E'\t', E'\\t');
         FOR c IN SELECT DISTINCT m[1] FROM pg_catalog.regexp_matches(fields[i],
-            '([\u0001-\u001f\u007f-\u009f\u00ad\u0600-\u0605\u061c\u06dd\u070f\u08e2\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e007f])',
+            '([\u0001-\u001f\u007f-\u009f\u00ad\u034f\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u115f-\u1160\u17b4-\u17b5\u180b-\u180f\u200b-\u200f\u2028-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff])',
             'g') AS m LOOP
             fields[i] := pg_catalog.replace(fields[i], c,
                 pg_catalog.format('\u{%s}', pg_catalog.to_hex(pg_catalog.ascii(c))));
