@@ -612,6 +612,49 @@ pub fn default_arguments(function: pg_sys::Oid) -> Option<*mut pg_sys::Node> {
     }
 }
 
+/// The types of the function's result columns named by its OUT, INOUT or TABLE arguments: a
+/// function returning `record` (`RETURNS TABLE (a int, s some_domain)`) converts its values to
+/// them inside its call, a domain's CHECK included, and no node of a query shows them.
+pub fn result_column_types(function: pg_sys::Oid) -> Vec<pg_sys::Oid> {
+    /// Releases the syscache entry on every path.
+    struct Entry(pg_sys::HeapTuple);
+    impl Drop for Entry {
+        fn drop(&mut self) {
+            // SAFETY: the entry SearchSysCache1 returned below, released once.
+            unsafe { pg_sys::ReleaseSysCache(self.0) }
+        }
+    }
+    // SAFETY: a syscache look-up of a pg_proc row, read while it is held; the arrays
+    // get_func_arg_info returns are palloc'd copies of its argument lists.
+    unsafe {
+        let tuple = pg_sys::SearchSysCache1(
+            pg_sys::SysCacheIdentifier::PROCOID as i32,
+            pg_sys::Datum::from(function),
+        );
+        if tuple.is_null() {
+            return Vec::new();
+        }
+        let entry = Entry(tuple);
+        let (mut types, mut names, mut modes) =
+            (std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut());
+        let count = pg_sys::get_func_arg_info(entry.0, &mut types, &mut names, &mut modes);
+        if modes.is_null() || types.is_null() {
+            return Vec::new();
+        }
+        let count = usize::try_from(count).unwrap_or(0);
+        let (types, modes) = (
+            std::slice::from_raw_parts(types, count),
+            std::slice::from_raw_parts(modes, count),
+        );
+        types
+            .iter()
+            .zip(modes)
+            .filter(|(_, &mode)| matches!(mode as u8, b'o' | b'b' | b't'))
+            .map(|(&typ, _)| typ)
+            .collect()
+    }
+}
+
 /// The CHECK expressions of `domain` as the catalog stores them (`pg_constraint.conbin`): read,
 /// never planned. The type cache's copy is planned when it is loaded, and planning evaluates
 /// immutable functions of constants, another role's included, before any walk could refuse

@@ -12,8 +12,8 @@ use pgrx::{pg_sys, PgList};
 
 use super::facts::{
     aggregate_support, builtin, default_arguments, expression_kind, linked_operators,
-    operator_name, operator_owner, parts, stored_checks, type_name, CacheList, FunctionFacts,
-    OpenRelation, TypeFacts, MAX_LINKED_OPERATORS,
+    operator_name, operator_owner, parts, result_column_types, stored_checks, type_name,
+    CacheList, FunctionFacts, OpenRelation, TypeFacts, MAX_LINKED_OPERATORS,
 };
 use crate::names::{relation_name, role_name};
 use crate::settings;
@@ -613,6 +613,10 @@ impl Reached {
         }
         if builtin(function) {
             return None;
+        }
+        // The types its result columns are converted to inside the call (RETURNS TABLE).
+        for typ in result_column_types(function) {
+            self.type_(typ);
         }
         let (_, sort_operator, states) = aggregate_support(function);
         for state in states {

@@ -814,12 +814,22 @@ fn a_superusers_query_reads_no_view_that_converts_to_another_roles_domain() {
                CREATE VIEW public.total_view AS SELECT public.total(amount) AS t FROM public.invoices;
                CREATE DOMAIN public.amount AS numeric CHECK ((VALUE::shared.money) IS NOT NULL);
                CREATE VIEW public.amount_view AS
-                   SELECT amount::public.amount::numeric AS a FROM public.invoices;"#,
+                   SELECT amount::public.amount::numeric AS a FROM public.invoices;
+               -- A function whose result columns are the attacker's type, converted inside it.
+               CREATE FUNCTION public.money_rows() RETURNS TABLE (id int, amt shared.money)
+                   LANGUAGE plpgsql STABLE
+                   AS $$ BEGIN RETURN QUERY SELECT i.id, i.amount::shared.money
+                                            FROM public.invoices i; END $$;
+               CREATE VIEW public.rows_view AS SELECT count(*) AS n FROM public.money_rows();"#,
         )
         .unwrap();
     w.attacker_runs(
         "ALTER DOMAIN shared.money ADD CONSTRAINT counted CHECK (nextval('shared.ticks') > 0)",
     );
+    // The superuser's own function, allowed by name: its result columns still count.
+    admin
+        .batch_execute("SET sql_query_engine.allowed_functions = 'public.money_rows'")
+        .unwrap();
     let ticked = |admin: &mut Client| -> bool {
         admin
             .query_one("SELECT is_called FROM shared.ticks", &[])
@@ -832,6 +842,11 @@ fn a_superusers_query_reads_no_view_that_converts_to_another_roles_domain() {
         ("the scaled amounts", "SELECT amt FROM default_view"),
         ("the total amount", "SELECT t FROM total_view"),
         ("the checked amounts", "SELECT a FROM amount_view"),
+        ("how many rows the view counts", "SELECT n FROM rows_view"),
+        (
+            "how many money rows",
+            "SELECT count(*) AS n FROM public.money_rows()",
+        ),
     ] {
         let message = refusal_of(&w, &mut admin, question, sql);
         assert!(
