@@ -82,9 +82,9 @@ pub fn record(function: &str, session: Option<&str>, run: &Run) -> Option<i64> {
         return None;
     }
     if !store::writable() {
-        crate::error::debug(format!(
-            "sql_query_engine: history not recorded: the transaction is read-only"
-        ));
+        crate::error::debug(
+            "sql_query_engine: history not recorded: the transaction is read-only".to_string(),
+        );
         return None;
     }
     let schema = store::extension_schema().ok()?;

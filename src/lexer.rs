@@ -87,10 +87,11 @@ fn numbers_hold() -> bool {
                 .map(|found| found.into_iter().map(|t| t.code).collect());
             let held = codes.as_deref() == Some(&[IDENT, SCONST, ICONST, FCONST, PARAM, OP][..]);
             if !held {
-                crate::error::warning(format!(
+                crate::error::warning(
                     "sql_query_engine: the SQL lexer's token numbers are not the expected ones; \
                      verified examples are not used as templates"
-                ));
+                        .to_string(),
+                );
             }
             held
         })

@@ -147,11 +147,12 @@ where
                         crate::text::escaped_line(&crate::urls::redact(&cause, &url))
                     ),
                 );
-                crate::error::warning(format!(
+                crate::error::warning(
                     "sql_query_engine: Redis is unavailable (the server log says why); \
                      conversation context, progress events and the schema cache use backend \
                      memory"
-                ));
+                        .to_string(),
+                );
             }
             None
         }

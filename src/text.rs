@@ -340,11 +340,8 @@ mod tests {
     /// The examples' audit trigger (sql/examples.sql) writes out the same characters.
     #[test]
     fn the_examples_audit_trigger_writes_out_what_printable_char_refuses() {
-        let sql = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/sql/examples.sql"
-        ))
-        .unwrap();
+        let sql = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/sql/examples.sql"))
+            .unwrap();
         let class = sql
             .split("regexp_matches(fields[i],")
             .nth(1)
@@ -357,7 +354,10 @@ mod tests {
         while !rest.is_empty() {
             let code = |text: &str| -> (u32, usize) {
                 let width = if text.starts_with("\\U") { 8 } else { 4 };
-                (u32::from_str_radix(&text[2..2 + width], 16).unwrap(), 2 + width)
+                (
+                    u32::from_str_radix(&text[2..2 + width], 16).unwrap(),
+                    2 + width,
+                )
             };
             let (start, used) = code(rest);
             rest = &rest[used..];
@@ -372,9 +372,7 @@ mod tests {
             ranges.push((start, end));
         }
         for c in (1..=0x10FFFF).filter_map(char::from_u32) {
-            let written_out = ranges
-                .iter()
-                .any(|&(a, b)| (a..=b).contains(&u32::from(c)));
+            let written_out = ranges.iter().any(|&(a, b)| (a..=b).contains(&u32::from(c)));
             assert_eq!(written_out, !printable_char(c), "U+{:04X}", u32::from(c));
         }
     }

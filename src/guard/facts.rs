@@ -635,8 +635,11 @@ pub fn result_column_types(function: pg_sys::Oid) -> Vec<pg_sys::Oid> {
             return Vec::new();
         }
         let entry = Entry(tuple);
-        let (mut types, mut names, mut modes) =
-            (std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut());
+        let (mut types, mut names, mut modes) = (
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        );
         let count = pg_sys::get_func_arg_info(entry.0, &mut types, &mut names, &mut modes);
         if modes.is_null() || types.is_null() {
             return Vec::new();

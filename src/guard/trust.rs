@@ -12,8 +12,8 @@ use pgrx::{pg_sys, PgList};
 
 use super::facts::{
     aggregate_support, builtin, default_arguments, expression_kind, linked_operators,
-    operator_name, operator_owner, parts, result_column_types, stored_checks, type_name,
-    CacheList, FunctionFacts, OpenRelation, TypeFacts, MAX_LINKED_OPERATORS,
+    operator_name, operator_owner, parts, result_column_types, stored_checks, type_name, CacheList,
+    FunctionFacts, OpenRelation, TypeFacts, MAX_LINKED_OPERATORS,
 };
 use crate::names::{relation_name, role_name};
 use crate::settings;
@@ -409,7 +409,8 @@ impl Trusted {
             // A foreign table reads where its server says, by what its wrapper's code does:
             // their owners choose where the query's values go, whoever owns the table.
             if kind == pg_sys::RELKIND_FOREIGN_TABLE {
-                let server = pg_sys::GetForeignServer((*pg_sys::GetForeignTable(relation)).serverid);
+                let server =
+                    pg_sys::GetForeignServer((*pg_sys::GetForeignTable(relation)).serverid);
                 let wrapper = pg_sys::GetForeignDataWrapper((*server).fdwid);
                 for (what, owner) in [
                     ("foreign server", (*server).owner),
