@@ -587,12 +587,12 @@ unsafe fn doubts_of(query: *mut pg_sys::Query) -> Vec<String> {
 }
 
 /// Whether an attempt's error ends the whole call rather than the attempt (which a repair or
-/// an earlier answer may still make good): a cancel PostgreSQL itself took (the caller's own
-/// cancel or `statement_timeout`), and the backend's own resources or system failing (memory,
-/// a full disk, an I/O error, an internal error of PostgreSQL's C code). Not the same codes
-/// raised by code the query ran (a procedural language's `RAISE ... USING ERRCODE`, which
-/// another role's view may hold), nor the attempt's own `temp_file_limit` (53400: the query's
-/// size, as the memory watch's bound is).
+/// an earlier answer may still make good): a cancel (the caller's own, or its
+/// `statement_timeout`), and the backend's own resources or system failing (memory, a full
+/// disk, an I/O error, an internal error of PostgreSQL's C code). Not those codes raised by a
+/// procedural language's code the query ran (`RAISE ... USING ERRCODE 'XX000'`, which another
+/// role's view may hold), nor the attempt's own `temp_file_limit` (53400: the query's size, as
+/// the memory watch's bound is).
 fn ends_the_call(report: &ErrorReportWithLevel, sqlstate: &SqlState) -> bool {
     /// Where the procedural languages PostgreSQL ships raise what their code asks for.
     const LANGUAGES: [&str; 4] = ["pl_exec.c", "plpy_elog.c", "plperl.c", "pltcl.c"];
@@ -600,7 +600,9 @@ fn ends_the_call(report: &ErrorReportWithLevel, sqlstate: &SqlState) -> bool {
         .iter()
         .any(|file| report.file().rsplit('/').next() == Some(*file));
     match sqlstate.class() {
-        "57" => report.function_name() == Some("ProcessInterrupts"),
+        // Any cancel: code the query runs can cancel its own backend's query anyway
+        // (pg_cancel_backend), and a procedural language may raise a real one again as its own.
+        "57" => true,
         "53" => sqlstate.as_str() != "53400" && !by_a_language,
         "58" | "XX" => !by_a_language,
         _ => false,
