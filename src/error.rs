@@ -305,10 +305,28 @@ impl Error {
 /// whose ERROR would otherwise jump past them (a call's role and settings left behind for the
 /// next call on the connection).
 pub fn tell(level: pgrx::PgLogLevel, code: PgSqlErrorCode, message: String) {
+    // To a client whose encoding is not the server's UTF-8, every character past ASCII is
+    // written as `\u{..}`: one it lacks (in a model's SQL, a message another role's code
+    // raised) would make the message itself an ERROR that ends the call.
+    // SAFETY: reads the connection's client encoding, a plain value.
+    let client = unsafe { pgrx::pg_sys::pg_get_client_encoding() };
+    let converted = client != pgrx::pg_sys::pg_enc::PG_UTF8 as i32
+        && client != pgrx::pg_sys::pg_enc::PG_SQL_ASCII as i32;
+    let message = if converted && !message.is_ascii() {
+        message
+            .chars()
+            .map(|c| match c {
+                c if c.is_ascii() => c.to_string(),
+                c => format!("\\u{{{:x}}}", u32::from(c)),
+            })
+            .collect()
+    } else {
+        message
+    };
     send(ErrorReport::new(code, message, "sql_query_engine"), level);
 }
 
-/// `tell` a whole report (with its DETAIL, say).
+/// `tell` a whole report (with its DETAIL, say): one for the server log alone.
 pub fn send(report: ErrorReport, level: pgrx::PgLogLevel) {
     // SAFETY: the boundary turns PostgreSQL's longjmp out of the report into a Rust panic,
     // caught by pgrx at the call's edge; only the report's own frames are inside it.
