@@ -94,12 +94,16 @@ impl JsonArgument {
     ) -> crate::error::Result<serde_json::Value> {
         let mut datum = self.0;
         let too = |why: String| Error::InvalidParameter(format!("{what}: {why}"));
-        // Its stored size first, before anything reads it whole: a jsonb takes at most about
-        // six times the bytes of its text (an array of small numbers).
-        // SAFETY: the argument's varlena datum, of this call (its size is read from its
-        // header, without detoasting it).
-        let stored = unsafe { pg_sys::toast_raw_datum_size(datum) };
-        if stored > max_bytes.saturating_mul(8) {
+        // Its stored size first, before anything reads it whole (a jsonb takes at most about
+        // four times the bytes of its text: an array of small numbers), and again once the
+        // keys left out are gone, before it is printed: printed, a string of control
+        // characters takes six times its stored bytes, in a loop deaf to cancel.
+        let stored = |datum: pg_sys::Datum| {
+            // SAFETY: a varlena datum of this call; its size is read from its header, without
+            // detoasting it.
+            unsafe { pg_sys::toast_raw_datum_size(datum) }
+        };
+        if stored(datum) > max_bytes.saturating_mul(8) {
             return Err(too(format!("longer than {max_bytes} bytes of JSON")));
         }
         let kind = {
@@ -121,6 +125,9 @@ impl JsonArgument {
                 )
             }
             .ok_or_else(|| Error::internal("jsonb_delete returned NULL"))?;
+        }
+        if stored(datum) > max_bytes {
+            return Err(too(format!("longer than {max_bytes} bytes of JSON")));
         }
         // SAFETY: as above; jsonb_out gives a palloc'd C string of the call's memory context.
         let json = unsafe {
