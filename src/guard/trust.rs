@@ -475,12 +475,8 @@ impl Trusted {
     /// b)` becomes `a negator b`), or give the aggregate such a function (CREATE OR REPLACE
     /// AGGREGATE): built-in code, out of the gate's sight.
     fn reached_refusal(&self, reached: &Reached) -> Option<String> {
-        if let Some(&function) = reached.runs_given_code.first() {
-            return Some(format!(
-                "function {} runs SQL or object code given as text, whose relations and types \
-                 are found only as it runs, out of the owner checks of a superuser's call",
-                FunctionFacts::signature(function)
-            ));
+        if let Some(why) = runs_given_code_refusal(reached) {
+            return Some(why);
         }
         let aggregate = reached.functions.iter().find_map(|&function| {
             let owner = FunctionFacts::of(function).map_or(pg_sys::InvalidOid, |f| f.owner);
@@ -538,7 +534,10 @@ impl Trusted {
                         type_name(typ)
                     ));
                 }
-                if let Some(why) = self.operators_refusal(&checked.operators) {
+                if let Some(why) = self
+                    .operators_refusal(&checked.operators)
+                    .or_else(|| runs_given_code_refusal(&checked))
+                {
                     return Some(format!("domain {}'s CHECK: {why}", type_name(typ)));
                 }
                 waiting.extend(checked.types);
@@ -567,6 +566,19 @@ impl Trusted {
                 })
         })
     }
+}
+
+/// Why what `reached` holds may not run in a superuser's call: a function that runs SQL or
+/// an object's code given as text, whose relations and types are found only as it runs, out
+/// of the owner checks.
+fn runs_given_code_refusal(reached: &Reached) -> Option<String> {
+    reached.runs_given_code.first().map(|&function| {
+        format!(
+            "function {} runs SQL or object code given as text, whose relations and types are \
+             found only as it runs, out of the owner checks of a superuser's call",
+            FunctionFacts::signature(function)
+        )
+    })
 }
 
 /// What a view's query, a policy or a virtual generated column reads and compares with: the
@@ -619,7 +631,15 @@ impl Reached {
         for typ in result_column_types(function) {
             self.type_(typ);
         }
-        let (_, sort_operator, states) = aggregate_support(function);
+        let (support, sort_operator, states) = aggregate_support(function);
+        // Its transition and final functions run as it does.
+        for support in support {
+            if FunctionFacts::of(support)
+                .is_some_and(|f| super::policy::runs_given_code(&f.policy()))
+            {
+                self.runs_given_code.push(support);
+            }
+        }
         for state in states {
             self.type_(state);
         }

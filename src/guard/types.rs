@@ -150,19 +150,22 @@ impl Types<'_> {
             ));
         }
         let facts = TypeFacts::of(typ)?;
-        // A superuser's call converts no literal to a type of a role it does not trust, judged
-        // by its owner before analysis: a domain's CHECK that is absent here may be added
-        // before the literal's input code runs it, as the superuser.
-        if let Some(why) = self
-            .policy
-            .trusted
-            .as_ref()
-            .and_then(|t| t.refuse_owner(facts.owner, "type"))
-        {
-            return Some(format!("the input code of {}: {why}", type_name(typ)));
-        }
         let domain = facts.kind == pg_sys::TYPTYPE_DOMAIN;
+        // A superuser's call converts no literal to a domain of a role it does not trust
+        // inside another type, judged by its owner before analysis: a CHECK that is absent
+        // here may be added before the literal's input code runs it, as the superuser. (A
+        // domain's CHECK is the only code of another role that input runs: base types, their
+        // input functions and ranges' canonical functions are a superuser's.)
         if domain && contained {
+            if let Some(why) = self
+                .policy
+                .trusted
+                .as_ref()
+                .filter(|t| t.superusers())
+                .and_then(|t| t.refuse_owner(facts.owner, "type"))
+            {
+                return Some(format!("the input code of {}: {why}", type_name(typ)));
+            }
             if let Some(why) = self.check_refusal(typ) {
                 return Some(format!(
                     "the CHECK of domain {}, which a literal of it runs while the query is \

@@ -858,12 +858,12 @@ impl Walk {
             return true;
         }
         // The types its result columns are converted to inside the call (RETURNS TABLE), which
-        // no node shows: for a call that trusts only some owners, they are checked as a
-        // value's type is.
-        if self.trusted.is_some()
-            && !facts.builtin
+        // no node shows, are checked as a value's type is (a polymorphic one is resolved from
+        // the arguments', which the walk checks where they are).
+        if !facts.builtin
             && result_column_types(function)
                 .into_iter()
+                .filter(|t| !POLYMORPHIC.contains(t))
                 .any(|typ| self.check_type(typ))
         {
             return true;
