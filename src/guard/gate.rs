@@ -108,6 +108,86 @@ fn refusal(function: pg_sys::Oid) -> Option<SqlError> {
     })
 }
 
+/// Why `relation` may not be read now, when a superuser's gate is open: every relation an
+/// executor starts on while the query runs is judged as those of its tree were, also what the
+/// query reaches only as it runs (SQL a trusted function builds from names and runs with
+/// EXECUTE, an extension's C function that reads a table it is given by name).
+fn relation_refusal(relation: pg_sys::Oid) -> Option<SqlError> {
+    if builtin(relation) || !is_open() {
+        return None;
+    }
+    let trusting: Vec<(Trusted, &'static str)> = OPEN.with(|open| {
+        open.try_borrow()
+            .map(|open| {
+                open.iter()
+                    .filter_map(|gate| match &gate.rule {
+                        Rule::TrustedOwners(trusted) => Some((trusted.clone(), gate.during)),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    });
+    trusting.into_iter().find_map(|(trusted, during)| {
+        trusted.refuse_relation(relation).map(|why| {
+            SqlError::new(
+                SqlState::INSUFFICIENT_PRIVILEGE,
+                format!(
+                    "relation {} may not be read while {during}: {why}",
+                    crate::names::relation_name(relation)
+                ),
+            )
+        })
+    })
+}
+
+/// `relation_refusal` of each relation of an executor's range table; raises the first.
+///
+/// # Safety
+/// `range_table` is a List of RangeTblEntry, or null.
+unsafe fn check_relations(range_table: *mut pg_sys::List) {
+    // SAFETY: the caller's contract.
+    let relations: Vec<pg_sys::Oid> =
+        unsafe { pgrx::PgList::<pg_sys::RangeTblEntry>::from_pg(range_table) }
+            .iter_ptr()
+            // SAFETY: each entry of the executor's range table.
+            .filter(|rte| unsafe { (**rte).rtekind } == pg_sys::RTEKind::RTE_RELATION)
+            // SAFETY: as above.
+            .map(|rte| unsafe { (*rte).relid })
+            .collect();
+    for relation in relations {
+        if let Some(error) = relation_refusal(relation) {
+            crate::error::Error::Refused(Box::new(error)).raise();
+        }
+    }
+}
+
+static mut NEXT_CHECK_PERMS: pg_sys::ExecutorCheckPerms_hook_type = None;
+
+/// Called as each executor starts, after PostgreSQL's own privilege checks.
+#[cfg(feature = "pg15")]
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn check_perms(range_table: *mut pg_sys::List, ereport: bool) -> bool {
+    // SAFETY: PostgreSQL passes the executor's range table.
+    unsafe { check_relations(range_table) };
+    // SAFETY: the previous hook was stored once, in `init`; it gets what this one got.
+    unsafe { NEXT_CHECK_PERMS.is_none_or(|next| next(range_table, ereport)) }
+}
+
+/// Called as each executor starts, after PostgreSQL's own privilege checks.
+#[cfg(not(feature = "pg15"))]
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn check_perms(
+    range_table: *mut pg_sys::List,
+    permissions: *mut pg_sys::List,
+    ereport: bool,
+) -> bool {
+    // SAFETY: PostgreSQL passes the executor's range table.
+    unsafe { check_relations(range_table) };
+    // SAFETY: the previous hook was stored once, in `init`; it gets what this one got.
+    unsafe { NEXT_CHECK_PERMS.is_none_or(|next| next(range_table, permissions, ereport)) }
+}
+
 /// Whether `role` is a superuser.
 fn superuser(role: pg_sys::Oid) -> bool {
     // SAFETY: a role catalog look-up.
@@ -152,13 +232,16 @@ unsafe extern "C-unwind" fn hook(
     }
 }
 
-/// Installs the hooks, chained to any that were there (called from `_PG_init`).
+/// Installs the hooks (fmgr's, and the executor's privilege check), chained to any that were
+/// there (called from `_PG_init`).
 pub fn init() {
     // SAFETY: `_PG_init` runs once per backend, on the backend's thread, before any query.
     unsafe {
         NEXT_NEEDS_HOOK = pg_sys::needs_fmgr_hook;
         NEXT_HOOK = pg_sys::fmgr_hook;
+        NEXT_CHECK_PERMS = pg_sys::ExecutorCheckPerms_hook;
         pg_sys::needs_fmgr_hook = Some(needs_hook);
         pg_sys::fmgr_hook = Some(hook);
+        pg_sys::ExecutorCheckPerms_hook = Some(check_perms);
     }
 }

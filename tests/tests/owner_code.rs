@@ -2600,3 +2600,59 @@ fn a_superusers_call_reads_no_foreign_table_of_another_roles_server() {
     std::thread::sleep(Duration::from_millis(200));
     assert!(connections.load(Ordering::SeqCst) >= 1);
 }
+
+/// What a superuser's query reaches only as it runs (a trusted function that builds SQL from
+/// a name and runs it, as some extensions' C functions do) is judged as the relations of its
+/// tree are, as each executor starts: another role's view named there is refused, and its code
+/// does not run as the superuser.
+#[test]
+fn a_superusers_call_reads_no_other_roles_relation_by_way_of_sql_a_function_builds() {
+    let w = World::new();
+    let victim = w.victim.clone();
+    let key = 7_311_002;
+    w.attacker_runs(&format!(
+        "CREATE VIEW shared.counted AS SELECT 1 AS n
+             WHERE pg_advisory_xact_lock({key})::text = '';
+         GRANT SELECT ON shared.counted TO PUBLIC;"
+    ));
+    let mut admin = cluster().connect(&w.s.database);
+    admin
+        .batch_execute(&format!(
+            "CREATE FUNCTION public.rows_in(schema_name text, table_name text) RETURNS bigint
+                 LANGUAGE plpgsql STABLE AS $$
+                 DECLARE n bigint;
+                 BEGIN
+                     EXECUTE format('SELECT count(*) FROM %I.%I', schema_name, table_name)
+                         INTO n;
+                     RETURN n;
+                 END $$;
+             ALTER DATABASE {} SET sql_query_engine.allowed_functions = 'public.rows_in';",
+            w.s.database
+        ))
+        .unwrap();
+    let mut admin = cluster().connect(&w.s.database);
+    let sql = "SELECT public.rows_in('shared', 'counted') AS n";
+    let mut witness = Witness::hold(&w.s.database, &[key]);
+    w.s.llm.on("how many are counted", vec![Reply::sql(sql); 4]);
+    let (traced, waited) = witness.waited(|| {
+        admin
+            .query_one("SELECT nl_trace('how many are counted')::text", &[])
+            .map(|row| row.get::<_, String>(0))
+    });
+    let t: serde_json::Value = serde_json::from_str(&traced.unwrap()).unwrap();
+    assert_eq!(t["status"], "error", "{t}");
+    let message = t["attempts"][0]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("relation shared.counted may not be read"),
+        "{message}"
+    );
+    assert!(waited.is_empty(), "the view's code ran as the superuser");
+    // Positive control: a role that is no superuser reads it through the same function.
+    let mut v = w.connect(&victim);
+    w.s.llm.on("how many, once more", vec![Reply::sql(sql); 4]);
+    let (_, waited) = witness.waited(|| {
+        v.query_one("SELECT nl_trace('how many, once more')::text", &[])
+            .map(|_| ())
+    });
+    assert_eq!(waited, [key]);
+}
