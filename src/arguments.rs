@@ -96,8 +96,9 @@ impl JsonArgument {
         let too = |why: String| Error::InvalidParameter(format!("{what}: {why}"));
         // Its stored size first, before anything reads it whole (a jsonb takes at most about
         // four times the bytes of its text: an array of small numbers), and again once the
-        // keys left out are gone, before it is printed: printed, a string of control
-        // characters takes six times its stored bytes, in a loop deaf to cancel.
+        // keys left out are gone, before it is printed, at twice the bound: printed, a string
+        // of control characters takes six times its stored bytes, in a loop deaf to cancel
+        // (strings, what these arguments hold, take about their text's bytes).
         let stored = |datum: pg_sys::Datum| {
             // SAFETY: a varlena datum of this call; its size is read from its header, without
             // detoasting it.
@@ -126,7 +127,7 @@ impl JsonArgument {
             }
             .ok_or_else(|| Error::internal("jsonb_delete returned NULL"))?;
         }
-        if stored(datum) > max_bytes {
+        if stored(datum) > max_bytes.saturating_mul(2) {
             return Err(too(format!("longer than {max_bytes} bytes of JSON")));
         }
         // SAFETY: as above; jsonb_out gives a palloc'd C string of the call's memory context.

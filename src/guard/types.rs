@@ -152,11 +152,12 @@ impl Types<'_> {
         let facts = TypeFacts::of(typ)?;
         let domain = facts.kind == pg_sys::TYPTYPE_DOMAIN;
         // A superuser's call converts no literal to a domain of a role it does not trust
-        // inside another type, judged by its owner before analysis: a CHECK that is absent
-        // here may be added before the literal's input code runs it, as the superuser. (A
-        // domain's CHECK is the only code of another role that input runs: base types, their
-        // input functions and ranges' canonical functions are a superuser's.)
-        if domain && contained {
+        // inside another type, nor to a composite type of one (whose owner may give it a field
+        // of such a domain), judged by its owner before analysis: a CHECK that is absent here
+        // may be added before the literal's input code runs it, as the superuser. (A domain's
+        // CHECK is the only code of another role that input runs: base types, their input
+        // functions and ranges' canonical functions are a superuser's; an enum has no parts.)
+        if (domain && contained) || facts.kind == pg_sys::TYPTYPE_COMPOSITE {
             if let Some(why) = self
                 .policy
                 .trusted
@@ -166,6 +167,8 @@ impl Types<'_> {
             {
                 return Some(format!("the input code of {}: {why}", type_name(typ)));
             }
+        }
+        if domain && contained {
             if let Some(why) = self.check_refusal(typ) {
                 return Some(format!(
                     "the CHECK of domain {}, which a literal of it runs while the query is \
