@@ -516,14 +516,17 @@ fn an_example_that_marks_its_parameters_keeps_its_other_values_fixed() {
             &[&"Orders over 10 from customers in {FR}", &sql],
         )
         .unwrap_err();
-    let (code, message, _) = db_error(&error);
-    assert_eq!(code, "22023", "{message}");
-    assert!(message.contains("{FR}"), "{message}");
-    let stored: i64 = writer
-        .query_one("SELECT count(*) FROM nl_examples", &[])
-        .unwrap()
-        .get(0);
-    assert_eq!(stored, 0);
+    let refused_and_none_stored = |writer: &mut Client, error: postgres::Error| {
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "22023", "{message}");
+        assert!(message.contains("{FR}"), "{message}");
+        let stored: i64 = writer
+            .query_one("SELECT count(*) FROM nl_examples", &[])
+            .unwrap()
+            .get(0);
+        assert_eq!(stored, 0);
+    };
+    refused_and_none_stored(&mut writer, error);
     // Nor is it when an answer to such a question is promoted by feedback.
     let marked = "How many orders over 10 from customers in {FR}?";
     r.s.llm.on(marked, vec![Reply::sql(sql)]);
@@ -531,14 +534,7 @@ fn an_example_that_marks_its_parameters_keeps_its_other_values_fixed() {
     let error = writer
         .query_one("SELECT nl_feedback($1, true)", &[&answered])
         .unwrap_err();
-    let (code, message, _) = db_error(&error);
-    assert_eq!(code, "22023", "{message}");
-    assert!(message.contains("{FR}"), "{message}");
-    let stored: i64 = writer
-        .query_one("SELECT count(*) FROM nl_examples", &[])
-        .unwrap()
-        .get(0);
-    assert_eq!(stored, 0);
+    refused_and_none_stored(&mut writer, error);
 
     let id: i64 = writer
         .query_one(

@@ -876,6 +876,25 @@ fn refusal_of(w: &World, client: &mut Client, question: &str, sql: &str) -> Stri
         .to_string()
 }
 
+/// Asks `question`, which the model answers with `sql`, on `client` while `witness` holds its
+/// keys: the trace, and the keys a backend waited for meanwhile (code that ran).
+fn traced_while_witnessed(
+    w: &World,
+    witness: &mut Witness,
+    client: &mut Client,
+    question: &str,
+    sql: &str,
+) -> (serde_json::Value, Vec<i64>) {
+    w.s.llm.on(question, vec![Reply::sql(sql); 4]);
+    let (traced, waited) = witness.waited(|| {
+        client
+            .query_one("SELECT nl_trace($1)::text", &[&question])
+            .map(|row| row.get::<_, String>(0))
+    });
+    let traced = traced.unwrap_or_else(|e| panic!("{question}: {e}"));
+    (serde_json::from_str(&traced).unwrap(), waited)
+}
+
 #[test]
 fn a_superusers_query_reads_no_view_that_compares_with_another_roles_operator() {
     // The attacker's operator over a built-in function is harmless when a superuser's view
@@ -2527,13 +2546,7 @@ fn a_superusers_call_runs_no_sql_given_as_text() {
         ("the notes as xml", direct),
         ("the xml notes", "SELECT x FROM xml_notes"),
     ] {
-        w.s.llm.on(question, vec![Reply::sql(sql); 4]);
-        let (traced, waited) = witness.waited(|| {
-            admin
-                .query_one("SELECT nl_trace($1)::text", &[&question])
-                .map(|row| row.get::<_, String>(0))
-        });
-        let t: serde_json::Value = serde_json::from_str(&traced.unwrap()).unwrap();
+        let (t, waited) = traced_while_witnessed(&w, &mut witness, &mut admin, question, sql);
         assert_eq!(t["status"], "error", "{question}: {t}");
         let message = t["attempts"][0]["message"].as_str().unwrap_or_default();
         assert!(message.contains("given as text"), "{question}: {message}");
@@ -2542,12 +2555,8 @@ fn a_superusers_call_runs_no_sql_given_as_text() {
     // Positive control: the same question as a role that is no superuser runs the text, and
     // with it the view's code.
     let mut v = w.connect(&victim);
-    w.s.llm
-        .on("the xml, once more", vec![Reply::sql(direct); 4]);
-    let (_, waited) = witness.waited(|| {
-        v.query_one("SELECT nl_trace('the xml, once more')::text", &[])
-            .map(|_| ())
-    });
+    let (_, waited) =
+        traced_while_witnessed(&w, &mut witness, &mut v, "the xml, once more", direct);
     assert_eq!(waited, [key]);
 }
 
@@ -2633,13 +2642,8 @@ fn a_superusers_call_reads_no_other_roles_relation_by_way_of_sql_a_function_buil
     let mut admin = cluster().connect(&w.s.database);
     let sql = "SELECT public.rows_in('shared', 'counted') AS n";
     let mut witness = Witness::hold(&w.s.database, &[key]);
-    w.s.llm.on("how many are counted", vec![Reply::sql(sql); 4]);
-    let (traced, waited) = witness.waited(|| {
-        admin
-            .query_one("SELECT nl_trace('how many are counted')::text", &[])
-            .map(|row| row.get::<_, String>(0))
-    });
-    let t: serde_json::Value = serde_json::from_str(&traced.unwrap()).unwrap();
+    let (t, waited) =
+        traced_while_witnessed(&w, &mut witness, &mut admin, "how many are counted", sql);
     assert_eq!(t["status"], "error", "{t}");
     let message = t["attempts"][0]["message"].as_str().unwrap_or_default();
     assert!(
@@ -2649,10 +2653,6 @@ fn a_superusers_call_reads_no_other_roles_relation_by_way_of_sql_a_function_buil
     assert!(waited.is_empty(), "the view's code ran as the superuser");
     // Positive control: a role that is no superuser reads it through the same function.
     let mut v = w.connect(&victim);
-    w.s.llm.on("how many, once more", vec![Reply::sql(sql); 4]);
-    let (_, waited) = witness.waited(|| {
-        v.query_one("SELECT nl_trace('how many, once more')::text", &[])
-            .map(|_| ())
-    });
+    let (_, waited) = traced_while_witnessed(&w, &mut witness, &mut v, "how many, once more", sql);
     assert_eq!(waited, [key]);
 }
