@@ -70,7 +70,9 @@ pub fn example_sql(value: &str) -> crate::error::Result<()> {
     match crate::text::hidden_char(value) {
         Some(c) => Err(Error::InvalidParameter(format!(
             "the SQL holds U+{:04X}, a character that is not shown; an example's SQL may hold \
-             none (it is shown to other roles' models as written)",
+             none (it is shown to other roles' models as written): write it as an escape, \
+             U&'\\{:04X}'",
+            u32::from(c),
             u32::from(c)
         ))),
         None => Ok(()),

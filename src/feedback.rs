@@ -113,7 +113,7 @@ pub fn give(
     arguments::question(&question)?;
     let vouched = match answer.vouched(correct, corrected) {
         Some(sql) => {
-            arguments::example_sql(sql)?;
+            arguments::sql(sql)?;
             // A correction is the caller's own SQL; the answer's is the model's, which may read
             // only the caller's schema context, as when it answered (a relation made since
             // under a name it reads, ahead on the search path, would run its owner's code).
@@ -138,6 +138,7 @@ pub fn give(
             // Promoted, the question is an example like one `nl_example_add` stores: its
             // braces mark parameters, by the same rule, and it shows all it holds.
             arguments::example_question(&question)?;
+            arguments::example_sql(sql)?;
             templates::check_marks(&question, sql).map_err(Error::InvalidParameter)?;
             (
                 Status::Promoted,

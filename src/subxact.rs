@@ -127,16 +127,18 @@ pub fn without_messages<R>(work: impl FnOnce() -> R) -> R {
 /// a destructor does while an error unwinds, where an ERROR raised at a message's check for
 /// interrupts would abort the backend. They are taken at the next check after.
 pub fn holding_interrupts<R>(work: impl FnOnce() -> R) -> R {
-    struct Held;
+    /// The count as it was: put back, not decremented (an ERROR inside resets it to 0).
+    struct Held(u32);
     impl Drop for Held {
         fn drop(&mut self) {
-            // SAFETY: the backend's own counter, given back the hold taken below.
-            unsafe { pg_sys::InterruptHoldoffCount -= 1 }
+            // SAFETY: the backend's own counter, put back as it was found.
+            unsafe { pg_sys::InterruptHoldoffCount = self.0 }
         }
     }
-    // SAFETY: as HOLD_INTERRUPTS; `Held` gives it back on every path.
-    unsafe { pg_sys::InterruptHoldoffCount += 1 };
-    let _held = Held;
+    // SAFETY: as HOLD_INTERRUPTS; `Held` puts the count back on every path.
+    let _held = Held(unsafe { pg_sys::InterruptHoldoffCount });
+    // SAFETY: as above.
+    unsafe { pg_sys::InterruptHoldoffCount = _held.0.saturating_add(1) };
     work()
 }
 

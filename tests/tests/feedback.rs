@@ -856,13 +856,20 @@ fn an_example_that_carries_text_nobody_sees_is_refused_and_never_shown() {
         )
         .unwrap_err();
     assert_eq!(db_error(&error).0, "22023", "{error}");
+    // Nor is a correction that would become an example at once; one that waits for review is
+    // kept (its reviewer promotes it with nl_example_add, which refuses it).
     r.s.llm
-        .on("Count the orders", vec![Reply::sql("SELECT 1 AS n")]);
-    let answered = asked(&mut analyst, "Count the orders");
-    let error = analyst
+        .on("Count the orders", vec![Reply::sql("SELECT 1 AS n"); 2]);
+    let answered = asked(&mut writer, "Count the orders");
+    let error = writer
         .query_one("SELECT nl_feedback($1, false, $2)", &[&answered, &sql])
         .unwrap_err();
     assert_eq!(db_error(&error).0, "22023", "{error}");
+    let answered = asked(&mut analyst, "Count the orders");
+    assert_eq!(
+        feedback(&mut analyst, answered, false, Some(&sql))["status"],
+        "pending"
+    );
 
     let id: i64 = writer
         .query_one(
