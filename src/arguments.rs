@@ -53,26 +53,27 @@ pub fn sql(value: &str) -> crate::error::Result<()> {
 /// (see `example_sql`).
 pub fn example_question(value: &str) -> crate::error::Result<()> {
     question(value)?;
-    match crate::text::hidden_char(value) {
-        Some(c) => Err(Error::InvalidParameter(format!(
-            "the question holds U+{:04X}, a character that is not shown; an example's question \
-             may hold none",
-            u32::from(c)
-        ))),
-        None => Ok(()),
-    }
+    shown_whole(value, "the question", "")
 }
 
 /// `sql` for SQL that becomes an example (shown whole to every role's model): nor any
 /// character drawn as nothing or that reorders text, which a reviewer would not see.
 pub fn example_sql(value: &str) -> crate::error::Result<()> {
     sql(value)?;
+    shown_whole(
+        value,
+        "the SQL",
+        " (in a literal, write it as an escape: U&'\\XXXX')",
+    )
+}
+
+/// Refuses `value` (`what` names it, `hint` follows) when it holds a character that is not
+/// shown (`text::hidden_char`): an example's text, shown whole to other roles' models.
+fn shown_whole(value: &str, what: &str, hint: &str) -> crate::error::Result<()> {
     match crate::text::hidden_char(value) {
         Some(c) => Err(Error::InvalidParameter(format!(
-            "the SQL holds U+{:04X}, a character that is not shown; an example's SQL may hold \
-             none (it is shown to other roles' models as written): write it as an escape, \
-             U&'\\{:04X}'",
-            u32::from(c),
+            "{what} holds U+{:04X}, a character that is not shown; an example may hold none, \
+             it is shown to other roles' models as written{hint}",
             u32::from(c)
         ))),
         None => Ok(()),

@@ -111,7 +111,7 @@ fn refusal(function: pg_sys::Oid) -> Option<SqlError> {
 /// Why `relation` may not be read now, when a superuser's gate is open: every relation an
 /// executor starts on while the query runs is judged as those of its tree were, also what the
 /// query reaches only as it runs (SQL a trusted function builds from names and runs with
-/// EXECUTE, an extension's C function that reads a table it is given by name).
+/// EXECUTE or through SPI, as some extensions' C functions do).
 fn relation_refusal(relation: pg_sys::Oid) -> Option<SqlError> {
     if builtin(relation) || !is_open() {
         return None;

@@ -620,10 +620,7 @@ impl Reached {
             return None;
         }
         self.called.push(function);
-        if FunctionFacts::of(function).is_some_and(|f| super::policy::runs_given_code(&f.policy()))
-        {
-            self.runs_given_code.push(function);
-        }
+        self.note_given_code(function);
         if builtin(function) {
             return None;
         }
@@ -634,11 +631,7 @@ impl Reached {
         let (support, sort_operator, states) = aggregate_support(function);
         // Its transition and final functions run as it does.
         for support in support {
-            if FunctionFacts::of(support)
-                .is_some_and(|f| super::policy::runs_given_code(&f.policy()))
-            {
-                self.runs_given_code.push(support);
-            }
+            self.note_given_code(support);
         }
         for state in states {
             self.type_(state);
@@ -647,6 +640,14 @@ impl Reached {
             self.operator(operator);
         }
         default_arguments(function)
+    }
+
+    /// Notes `function` when it runs SQL or an object's code given as text.
+    fn note_given_code(&mut self, function: pg_sys::Oid) {
+        if FunctionFacts::of(function).is_some_and(|f| super::policy::runs_given_code(&f.policy()))
+        {
+            self.runs_given_code.push(function);
+        }
     }
 
     /// The operators of a query's ORDER BY, GROUP BY, DISTINCT and windows.
