@@ -995,6 +995,14 @@ fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
             failure.endpoint, failure.cause
         ));
     }
+    if let (Some((attempt, error)), None) = (run.broken(), run.failure()) {
+        crate::error::warning(format!(
+            "sql_query_engine: PostgreSQL failed under attempt {attempt} ({}: {}); the loop \
+             stopped there and the best attempt so far is the answer",
+            error.sqlstate.as_str(),
+            crate::text::at_most(&error.message, 200)
+        ));
+    }
     if run.out_of_time {
         crate::error::notice(format!(
             "sql_query_engine: the answer budget (sql_query_engine.answer_budget) ran out after \

@@ -104,6 +104,11 @@ pub fn assess(run: &Run, pruned: bool) -> Confidence {
     } else if run.out_of_time {
         notes.push("the answer budget ran out before the repair loop ended".into());
     }
+    if let Some((attempt, _)) = run.broken() {
+        notes.push(format!(
+            "PostgreSQL failed under attempt {attempt}, and the loop stopped there"
+        ));
+    }
     if pruned {
         notes.push("the schema shown was cut to the relations the question seemed to need".into());
     }

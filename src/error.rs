@@ -138,6 +138,10 @@ pub struct SqlError {
     /// Raised once the query was analysed (planning, execution, collection): its text may
     /// hold stored values, whatever its SQLSTATE (`col::regclass` names one in a 42P01).
     pub ran: bool,
+    /// PostgreSQL itself failed under the query (its memory, a full disk, an I/O error, an
+    /// internal error of its C code): nothing a repair can mend, so the loop stops there with
+    /// the answer it has.
+    pub ends_run: bool,
 }
 
 impl SqlError {

@@ -132,6 +132,16 @@ impl Outcome {
     }
 
     /// The error, for a failed or refused attempt.
+    /// Whether the loop stops at this outcome with the answer it has: a write refused after
+    /// an answer, or PostgreSQL failing under the query (`SqlError::ends_run`).
+    pub fn ends_run(&self) -> bool {
+        match self {
+            Outcome::Failed(e) => e.ends_run,
+            Outcome::Refused(r) => r.ends_run,
+            _ => false,
+        }
+    }
+
     pub fn error(&self) -> Option<&SqlError> {
         match self {
             Outcome::Failed(e) => Some(e),
@@ -586,23 +596,20 @@ unsafe fn doubts_of(query: *mut pg_sys::Query) -> Vec<String> {
     subxact::in_subtransaction(false, || unsafe { guard::doubts(query) }).unwrap_or_default()
 }
 
-/// Whether an attempt's error ends the whole call rather than the attempt (which a repair or
-/// an earlier answer may still make good): a cancel (the caller's own, or its
-/// `statement_timeout`), and the backend's own resources or system failing (memory, a full
-/// disk, an I/O error, an internal error of PostgreSQL's C code). Not those codes raised by a
-/// procedural language's code the query ran (`RAISE ... USING ERRCODE 'XX000'`, which another
-/// role's view may hold), nor the attempt's own `temp_file_limit` (53400: the query's size, as
+/// Whether an attempt's error is PostgreSQL failing under the query rather than the query
+/// failing: the backend's own resources or system (memory, a full disk, an I/O error, an
+/// internal error of PostgreSQL's C code). No repair mends it, so the loop stops there and the
+/// call keeps the answer it has. Not those codes raised by a procedural language's code the
+/// query ran (`RAISE ... USING ERRCODE 'XX000'`, which another role's view may hold: such an
+/// attempt fails alone), nor the attempt's own `temp_file_limit` (53400: the query's size, as
 /// the memory watch's bound is).
-fn ends_the_call(report: &ErrorReportWithLevel, sqlstate: &SqlState) -> bool {
+fn postgres_failed(report: &ErrorReportWithLevel, sqlstate: &SqlState) -> bool {
     /// Where the procedural languages PostgreSQL ships raise what their code asks for.
     const LANGUAGES: [&str; 4] = ["pl_exec.c", "plpy_elog.c", "plperl.c", "pltcl.c"];
     let by_a_language = LANGUAGES
         .iter()
         .any(|file| report.file().rsplit('/').next() == Some(*file));
     match sqlstate.class() {
-        // Any cancel: code the query runs can cancel its own backend's query anyway
-        // (pg_cancel_backend), and a procedural language may raise a real one again as its own.
-        "57" => true,
         "53" => sqlstate.as_str() != "53400" && !by_a_language,
         "58" | "XX" => !by_a_language,
         _ => false,
@@ -796,8 +803,11 @@ fn failure(
         sqlstate == SqlState::QUERY_CANCELED
             || (matches!(cancel, Cancelled::Memory) && sqlstate == SqlState::OUT_OF_MEMORY)
     });
+    // Any cancel that is not the watch's ends the call: the caller's own, its
+    // `statement_timeout`, or one the query's code sent its own backend (it can anyway), or
+    // that a procedural language raised again as its own.
     if matches!(caught, CaughtError::RustPanic { .. })
-        || (ours.is_none() && ends_the_call(report, &sqlstate))
+        || (ours.is_none() && sqlstate.class() == "57")
     {
         caught.rethrow();
     }
@@ -811,6 +821,7 @@ fn failure(
         hint: report.hint().map(said),
         position,
         ran,
+        ends_run: ours.is_none() && postgres_failed(report, &sqlstate),
     };
     match ours {
         Some(Cancelled::Timeout) => {
@@ -837,6 +848,7 @@ fn failure(
                 ),
                 position: None,
                 ran: false,
+                ends_run: false,
             };
         }
         None => {}

@@ -436,7 +436,7 @@ impl Solver<'_> {
                     questioned,
                 ))
             }
-            Outcome::Refused(refusal) if refusal.ends_run => None,
+            _ if outcome.ends_run() => None,
             _ => outcome.error().map(|error| {
                 // Hints read names out of the error's text: only of an error of analysis, whose
                 // names are the model's; what code raised once the query ran is any text, and
@@ -533,6 +533,11 @@ impl Solver<'_> {
             let kind = Kind::Alternative { n: i + 1, of };
             let step = self.step(&completion.content, attempt, kind);
             self.record(&step, llm_ms, kind, completion);
+            // PostgreSQL failed under it: the others are not run (a full disk or exhausted
+            // memory fails them too); the vote counts those that ran.
+            if matches!(&step.outcome, Outcome::Failed(e) if e.ends_run) {
+                break;
+            }
         }
         let mut signatures: Vec<String> = Vec::new();
         let mut sizes: Vec<usize> = Vec::new();
@@ -684,7 +689,7 @@ impl Solver<'_> {
                     .attempts
                     .iter()
                     .any(|a| a.outcome.error().is_some() && same_query(&a.sql, &step.sql));
-            let ends_run = matches!(&step.outcome, Outcome::Refused(r) if r.ends_run);
+            let ends_run = step.outcome.ends_run();
             let summary = prompt::attempt_summary(
                 attempt,
                 &step.sql,
@@ -735,7 +740,10 @@ impl Solver<'_> {
                     Some(feedback) => prompt::repair_request(&self.initial, &[], feedback),
                     None => self.initial.clone(),
                 };
-                if self.vote(&candidates_request)? || self.run.llm_failure.is_some() {
+                if self.vote(&candidates_request)?
+                    || self.run.llm_failure.is_some()
+                    || self.run.broken().is_some()
+                {
                     break;
                 }
                 // Alternatives that agree with an empty first result confirm it.
@@ -769,7 +777,10 @@ impl Solver<'_> {
                 None => {
                     // A write after a good attempt ends the loop with that attempt as the
                     // answer.
-                    if ends_run && self.run.best.is_none() {
+                    if ends_run
+                        && matches!(step.outcome, Outcome::Refused(_))
+                        && self.run.best.is_none()
+                    {
                         self.run.status = Status::Refused;
                     }
                     break;
@@ -908,6 +919,18 @@ impl Run {
     /// The attempt whose result is the answer.
     pub fn best_attempt(&self) -> Option<&Attempt> {
         self.best.map(|b| &self.attempts[b])
+    }
+
+    /// The attempt under which PostgreSQL failed (`SqlError::ends_run`), and its number: the
+    /// loop stopped there.
+    pub fn broken(&self) -> Option<(usize, &SqlError)> {
+        self.attempts
+            .iter()
+            .enumerate()
+            .find_map(|(i, a)| match &a.outcome {
+                Outcome::Failed(e) if e.ends_run => Some((i + 1, e)),
+                _ => None,
+            })
     }
 
     /// The error a caller gets when there is no answer: the write that was refused, or the last
@@ -1703,6 +1726,72 @@ mod tests {
         });
         assert_eq!((run.status, llm.requests.len()), (Status::Ok, 1));
         assert!(run.vote.is_none());
+    }
+
+    /// PostgreSQL failing under a query (an internal error of its C code, memory, a full disk).
+    fn broke(code: &str) -> Outcome {
+        Outcome::Failed(SqlError {
+            ends_run: true,
+            ..SqlError::new(SqlState::parse(code), format!("error {code}"))
+        })
+    }
+
+    #[test]
+    fn postgres_failing_under_a_repair_stops_the_loop_with_the_answer_it_has() {
+        let answers = ["SELECT none", "SELECT boom", "SELECT fine"];
+        let (run, llm) = solve_with(&answers, 3, |sql| match sql {
+            "SELECT none" => empty(),
+            "SELECT boom" => broke("XX000"),
+            _ => rows(1),
+        });
+        assert_eq!(
+            (run.status, run.best, llm.requests.len()),
+            (Status::Empty, Some(0), 2)
+        );
+        assert!(run.failure().is_none());
+        assert_eq!(
+            run.broken().map(|(n, e)| (n, e.sqlstate)),
+            Some((2, SqlState::INTERNAL_ERROR))
+        );
+    }
+
+    #[test]
+    fn postgres_failing_under_the_first_query_is_the_calls_error_without_repairs() {
+        let (run, llm) = solve_with(&["SELECT boom", "SELECT fine"], 3, |sql| match sql {
+            "SELECT boom" => broke("53100"),
+            _ => rows(1),
+        });
+        assert_eq!((run.status, llm.requests.len()), (Status::Error, 1));
+        assert_eq!(
+            run.failure().map(|e| e.sqlstate()),
+            Some(SqlState::parse("53100"))
+        );
+    }
+
+    #[test]
+    fn postgres_failing_under_an_alternative_stops_the_vote_and_keeps_the_first_answer() {
+        let answers = [
+            "SELECT first",
+            "SELECT boom",
+            "SELECT c",
+            "SELECT d",
+            "SELECT e",
+        ];
+        let (run, _) = solve_limited(&answers, voting(Vote::Always), |sql| match sql {
+            "SELECT first" => rows_of(&["1"]),
+            "SELECT boom" => broke("XX000"),
+            _ => rows_of(&["3"]),
+        });
+        assert_eq!(
+            (run.status, run.final_sql()),
+            (Status::Ok, Some("SELECT first"))
+        );
+        assert_eq!(
+            run.attempts.len(),
+            2,
+            "the alternatives after it were not run"
+        );
+        assert_eq!(run.broken().map(|(n, _)| n), Some(2));
     }
 
     #[test]

@@ -403,6 +403,7 @@ mod tests {
             hint: Some("Perhaps you meant to reference the column \"t.name\".".into()),
             position: Some(8),
             ran: false,
+            ends_run: false,
         };
         let m = repair_error(
             "names?",
@@ -432,6 +433,7 @@ mod tests {
             hint: None,
             position: None,
             ran: true,
+            ends_run: false,
         };
         let m = repair_error("names?", "SELECT f()", &raised, false, None);
         assert!(

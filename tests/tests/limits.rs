@@ -947,18 +947,22 @@ fn a_cursor_that_meets_temp_file_limit_is_an_error_not_a_server_restart() {
 /// An alternative of a vote that fails fails alone when its error is the query's: one a view's
 /// code raised (PL/pgSQL `RAISE ... USING ERRCODE 'XX000'`, another role's to choose), or the
 /// attempt's own temporary-file bound (53400). The first query's answer, which had rows,
-/// stands; before, each of these ended the whole call with that error. (A cancel still ends
-/// it: code the query runs can cancel its own query anyway.)
+/// stands; before, each of these ended the whole call with that error. When PostgreSQL itself
+/// fails under an alternative (an internal error of its C code: `xpath` over an invalid
+/// expression, in a view), the vote stops there and the call keeps its answer with a WARNING
+/// (before, that error ended the call too). (A cancel still ends it: code the query runs can
+/// cancel its own query anyway.)
 #[test]
 fn a_failing_alternative_never_ends_a_call_that_has_an_answer() {
     let mut s = Session::new();
-    let (name, mut role, _) = role_connection(&mut s, "alts");
+    let (name, mut role, notices) = role_connection(&mut s, "alts");
     s.client
         .batch_execute(&format!(
             "CREATE FUNCTION boom(code text) RETURNS int LANGUAGE plpgsql AS
                $$ BEGIN RAISE EXCEPTION 'boom' USING ERRCODE = code; END $$;
              CREATE VIEW internal_boom AS SELECT boom('XX000') AS n;
-             GRANT SELECT ON internal_boom TO {name};"
+             CREATE VIEW xml_boom AS SELECT cardinality(xpath('[', '<a/>'::xml)) AS n;
+             GRANT SELECT ON internal_boom, xml_boom TO {name};"
         ))
         .unwrap();
     role.batch_execute(
@@ -972,10 +976,12 @@ fn a_failing_alternative_never_ends_a_call_that_has_an_answer() {
         "SELECT n FROM internal_boom",
         "SELECT count(*) AS n FROM (SELECT md5(g::text) FROM generate_series(1, 300000) g \
          ORDER BY 1) s",
+        "SELECT n FROM xml_boom",
     ]
     .iter()
     .enumerate()
     {
+        notices.lock().unwrap().clear();
         let question = format!("how many customers, take {i}");
         s.llm.on(
             &question,
@@ -1006,5 +1012,76 @@ fn a_failing_alternative_never_ends_a_call_that_has_an_answer() {
             .filter(|a| a["outcome"] == "error")
             .count();
         assert_eq!(failed, 1, "{failing}: {answer}");
+        let postgres_failed = failing.contains("xml_boom");
+        // The vote stopped at the alternative PostgreSQL failed under; the others ran.
+        let ran = answer["attempts"].as_array().unwrap().len();
+        assert_eq!(ran, if postgres_failed { 2 } else { 5 }, "{answer}");
+        let warned = notices
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|n| n.contains("PostgreSQL failed under attempt 2 (XX000"));
+        assert_eq!(
+            warned,
+            postgres_failed,
+            "{failing}: {:?}",
+            notices.lock().unwrap()
+        );
     }
+}
+
+/// When PostgreSQL fails under a repair (an internal error of its C code, in a view the repair
+/// reads), the loop stops there: the first query's empty result is the answer, with a WARNING
+/// that says why, and the model is not asked again. When it fails under the first query, that
+/// error (its SQLSTATE) is the call's, without repairs. Before, both ended the call with it.
+#[test]
+fn postgres_failing_under_a_repair_stops_the_loop_with_the_answer_it_has() {
+    let mut s = Session::new();
+    let (name, mut role, notices) = role_connection(&mut s, "broke");
+    s.client
+        .batch_execute(&format!(
+            "CREATE VIEW xml_boom AS SELECT cardinality(xpath('[', '<a/>'::xml)) AS n;
+             GRANT SELECT ON xml_boom TO {name};"
+        ))
+        .unwrap();
+    role.batch_execute("SET sql_query_engine.max_repairs = 3")
+        .unwrap();
+    let none = "SELECT name FROM customers WHERE name = 'nobody'";
+    s.llm.on(
+        "anyone called nobody",
+        vec![
+            Reply::sql(none),
+            Reply::sql("SELECT n FROM xml_boom"),
+            Reply::sql("SELECT name FROM customers"),
+        ],
+    );
+    let answer: String = role
+        .query_one("SELECT nl_ask('anyone called nobody')::text", &[])
+        .unwrap()
+        .get(0);
+    let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(answer["sql"], none, "{answer}");
+    assert_eq!(answer["rows"], serde_json::json!([]), "{answer}");
+    assert_eq!(answer["attempts"].as_array().unwrap().len(), 2, "{answer}");
+    assert!(
+        notices
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|n| n.contains("PostgreSQL failed under attempt 2 (XX000: invalid XPath")),
+        "{:?}",
+        notices.lock().unwrap()
+    );
+
+    s.llm.on(
+        "xml count",
+        vec![Reply::sql("SELECT n FROM xml_boom"), Reply::sql(none)],
+    );
+    let error = role
+        .query_one("SELECT nl_ask('xml count')::text", &[])
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "XX000", "{message}");
+    assert!(message.contains("invalid XPath expression"), "{message}");
+    assert!(message.contains("1 attempts"), "{message}");
 }
