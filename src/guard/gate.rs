@@ -39,10 +39,21 @@ pub enum Rule {
 struct Open {
     rule: Rule,
     during: &'static str,
+    /// Relations a `TrustedOwners` gate let an executor start on: not judged again while it is
+    /// open (a trusted function may run `EXECUTE` in a loop). The verdict holds as long: it
+    /// passed only relations that trusted roles own, all the way down, and only they (or a
+    /// superuser) can change what it was judged by.
+    passed: Vec<pg_sys::Oid>,
+    /// Tells this gate from one opened later at the same depth.
+    id: u64,
 }
+
+/// Relations a gate remembers as passed, at most (past them, each start is judged again).
+const MAX_PASSED: usize = 4096;
 
 thread_local! {
     static OPEN: RefCell<Vec<Open>> = const { RefCell::new(Vec::new()) };
+    static OPENED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// Closes its gate when dropped, also when an ERROR unwinds past it.
@@ -66,7 +77,14 @@ impl Drop for Gate {
 pub fn open(rule: Rule, during: &'static str) -> Gate {
     OPEN.with_borrow_mut(|open| {
         let depth = open.len();
-        open.push(Open { rule, during });
+        let id = OPENED.get().wrapping_add(1);
+        OPENED.set(id);
+        open.push(Open {
+            rule,
+            during,
+            passed: Vec::new(),
+            id,
+        });
         Gate { depth }
     })
 }
@@ -116,28 +134,43 @@ fn relation_refusal(relation: pg_sys::Oid) -> Option<SqlError> {
     if builtin(relation) || !is_open() {
         return None;
     }
-    let trusting: Vec<(Trusted, &'static str)> = OPEN.with(|open| {
+    let trusting: Vec<(u64, Trusted, &'static str)> = OPEN.with(|open| {
         open.try_borrow()
             .map(|open| {
                 open.iter()
+                    .filter(|gate| !gate.passed.contains(&relation))
                     .filter_map(|gate| match &gate.rule {
-                        Rule::TrustedOwners(trusted) => Some((trusted.clone(), gate.during)),
+                        Rule::TrustedOwners(trusted) => {
+                            Some((gate.id, trusted.clone(), gate.during))
+                        }
                         _ => None,
                     })
                     .collect()
             })
             .unwrap_or_default()
     });
-    trusting.into_iter().find_map(|(trusted, during)| {
-        trusted.refuse_relation(relation).map(|why| {
-            SqlError::new(
-                SqlState::INSUFFICIENT_PRIVILEGE,
-                format!(
-                    "relation {} may not be read while {during}: {why}",
-                    crate::names::relation_name(relation)
-                ),
-            )
-        })
+    trusting.into_iter().find_map(|(id, trusted, during)| {
+        // Judged outside the borrow: the walk opens relations, which may run other hooks.
+        let Some(why) = trusted.refuse_relation(relation) else {
+            OPEN.with(|open| {
+                let Ok(mut open) = open.try_borrow_mut() else {
+                    return;
+                };
+                if let Some(gate) = open.iter_mut().find(|gate| gate.id == id) {
+                    if gate.passed.len() < MAX_PASSED {
+                        gate.passed.push(relation);
+                    }
+                }
+            });
+            return None;
+        };
+        Some(SqlError::new(
+            SqlState::INSUFFICIENT_PRIVILEGE,
+            format!(
+                "relation {} may not be read while {during}: {why}",
+                crate::names::relation_name(relation)
+            ),
+        ))
     })
 }
 
