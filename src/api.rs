@@ -65,21 +65,36 @@ fn nl_trace(question: Option<&str>, session: default!(Option<&str>, "NULL")) -> 
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_answer(question: Option<&str>, session: default!(Option<&str>, "NULL")) -> String {
     exec::refuse_inside_a_query("nl_answer");
-    let (run, _) = match answered(Ask::new("nl_answer", question, session)) {
+    let (_, mut shown) = match answered(Ask::new("nl_answer", question, session)) {
         Ok(answered) => answered,
         // Withheld as doubtful: ask back instead of guessing.
-        Err(e) if e.sqlstate() == SqlState::NOT_SURE => return clarifying_question(&e),
+        Err(e @ Error::NotSure(_)) => return clarifying_question(&e),
         Err(e) => e.raise(),
     };
+    match shown.described.take() {
+        Some(Ok(text)) => text,
+        Some(Err(e)) => e.raise(),
+        None => Error::internal("nl_answer: the answer was not described").raise(),
+    }
+}
+
+/// The answer of `run` in plain language, grounded in up to `ANSWER_ROWS` of its rows (none
+/// when sample values are off): asked of the model before the call is recorded, so that its
+/// history and audit line count the request and name the endpoint that received the rows.
+fn described(run: &mut Run) -> Result<String> {
     let sql = run.final_sql().unwrap_or_default();
     let rows = run.best_result().map_or(&[][..], |r| &r.rows);
     let shown =
         (settings::sample_values() > 0).then(|| (&rows[..rows.len().min(ANSWER_ROWS)], rows.len()));
     let request = prompt::answer_request(&run.question, sql, shown);
-    let completion = llm::configured(false)
-        .and_then(|mut llm| llm.complete(&request))
-        .unwrap_or_else(|e| e.raise());
-    strip_think(&completion.content).trim().to_string()
+    let completion = llm::configured(false)?.complete(&request)?;
+    run.llm_calls = run.llm_calls.saturating_add(1);
+    run.prompt_tokens = run.prompt_tokens.saturating_add(completion.prompt_tokens);
+    run.completion_tokens = run
+        .completion_tokens
+        .saturating_add(completion.completion_tokens);
+    run.described_by = Some(completion.endpoint);
+    Ok(strip_think(&completion.content).trim().to_string())
 }
 
 /// What `nl_answer` says when it withholds a doubtful answer: the question it would need
@@ -633,6 +648,8 @@ struct DatabaseContext {
     /// Why the answer is withheld, when `abstain = when_in_doubt` and the run is in doubt:
     /// judged once, for the session's turn and for the functions that raise it.
     withheld: Option<Error>,
+    /// The answer in plain language (`nl_answer`), or why the model could not give it.
+    described: Option<Result<String>>,
 }
 
 /// The schema, the question's values and the examples, as the prompt shows them.
@@ -681,6 +698,7 @@ fn database_context(question: Option<&str>) -> Result<DatabaseContext> {
         template,
         template_used: None,
         withheld: None,
+        described: None,
         scope,
     })
 }
@@ -811,7 +829,14 @@ fn answered(ask: Ask) -> Result<(Run, DatabaseContext)> {
     audited_run(ask, |(run, mut shown)| {
         match run.failure().or_else(|| shown.withheld.take()) {
             Some(error) => Err(error),
-            None => Ok((run, shown)),
+            // The model could not put the answer in words (`nl_answer`): the call's error.
+            None => match shown.described.take() {
+                Some(Err(error)) => Err(error),
+                described => {
+                    shown.described = described;
+                    Ok((run, shown))
+                }
+            },
         }
     })
 }
@@ -841,7 +866,7 @@ fn not_sure(run: &Run, shown: &DatabaseContext) -> Option<Error> {
                 .join("\n")
         )),
     };
-    Some(Error::Query(Box::new(SqlError {
+    Some(Error::NotSure(Box::new(SqlError {
         sqlstate: SqlState::NOT_SURE,
         message: format!(
             "not sure enough to answer \"{}\": {}",
@@ -1027,6 +1052,9 @@ fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
                 sql: sql.to_string(),
             },
         );
+    }
+    if ask.function == "nl_answer" && run.failure().is_none() && shown.withheld.is_none() {
+        shown.described = Some(described(&mut run));
     }
     if ask.function != "nl_trace" {
         shown.history_id = history::record(ask.function, session, &run);

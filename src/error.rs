@@ -197,6 +197,13 @@ pub enum Error {
     )]
     NotAQuestion { said: String },
 
+    /// A doubtful answer withheld (`abstain = when_in_doubt`): raised as `42P08`, a SQLSTATE
+    /// only this error is raised with (a query's own `42P08`, which another role's code may
+    /// raise, is raised as `XX000` and named in DETAIL), so that a client may take it for the
+    /// signal it is.
+    #[error("{}", .0.message)]
+    NotSure(Box<SqlError>),
+
     /// A bug on our side; never expected, but never a crash either.
     #[error("internal error in sql_query_engine: {0}")]
     Internal(String),
@@ -243,6 +250,7 @@ impl Error {
             // An external service failed: PostgreSQL's "system error" class, not a client error.
             Error::Llm { .. } => SqlState::SYSTEM_ERROR,
             Error::Refused(e) | Error::Query(e) => e.sqlstate,
+            Error::NotSure(_) => SqlState::NOT_SURE,
             Error::AllAttemptsFailed { last, .. } => last.sqlstate,
             Error::Internal(_) => SqlState::INTERNAL_ERROR,
         }
@@ -250,7 +258,7 @@ impl Error {
 
     pub fn detail(&self) -> Option<String> {
         match self {
-            Error::Refused(e) | Error::Query(e) => e.detail.clone(),
+            Error::Refused(e) | Error::Query(e) | Error::NotSure(e) => e.detail.clone(),
             Error::AllAttemptsFailed { last_sql, .. } => Some(format!("last SQL: {last_sql}")),
             Error::NotAQuestion { said } => Some(format!("the model said: {said}")),
             _ => None,
@@ -260,7 +268,7 @@ impl Error {
     fn hint(&self) -> Option<String> {
         match self {
             Error::Setting { hint, .. } => Some(hint.clone()),
-            Error::Refused(e) | Error::Query(e) => e.hint.clone(),
+            Error::Refused(e) | Error::Query(e) | Error::NotSure(e) => e.hint.clone(),
             Error::AllAttemptsFailed { last, .. } => last.hint.clone(),
             Error::NotAQuestion { .. } => {
                 Some("Ask about the data in the tables and views nl_schema() shows.".into())
@@ -279,7 +287,13 @@ impl Error {
     /// terminal as it is, and the server log keeps it, so nothing in it may steer a terminal.
     pub fn raise(self) -> ! {
         use crate::text::escaped_lines;
-        let code = self.sqlstate().code();
+        // The abstention's SQLSTATE is said by the abstention alone.
+        let code = match self.sqlstate() {
+            SqlState::NOT_SURE if !matches!(self, Error::NotSure(_)) => {
+                SqlState::INTERNAL_ERROR.code()
+            }
+            sqlstate => sqlstate.code(),
+        };
         let mut report =
             ErrorReport::new(code, escaped_lines(&self.to_string()), "sql_query_engine");
         // pgrx raises only the SQLSTATEs it knows (XX000 for the others, such as a function's

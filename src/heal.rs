@@ -95,6 +95,8 @@ pub struct Run {
     pub said_instead: Option<String>,
     /// The answer budget ended the run before the loop did.
     pub out_of_time: bool,
+    /// The endpoint that put the answer's rows in words (`nl_answer`), which received them.
+    pub described_by: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -910,6 +912,7 @@ pub fn solve(
             vote: None,
             said_instead: None,
             out_of_time: false,
+            described_by: None,
         },
     }
     .solve()

@@ -410,13 +410,17 @@ pub fn audit(
     let (result, sql) = match outcome {
         Audited::Answered(run) => (
             format!(
-                "{}{}, {} attempt{}",
+                "{}{}, {} attempt{}{}",
                 run.status.as_str(),
                 run.best_result()
                     .map(|r| format!(", {} rows", r.rows.len()))
                     .unwrap_or_default(),
                 run.attempts.len(),
-                if run.attempts.len() == 1 { "" } else { "s" }
+                if run.attempts.len() == 1 { "" } else { "s" },
+                run.described_by
+                    .as_deref()
+                    .map(|endpoint| format!(", described by {endpoint}"))
+                    .unwrap_or_default()
             ),
             run.final_sql(),
         ),

@@ -485,6 +485,15 @@ pub fn shape(typ: pg_sys::Oid) -> Result<Vec<Field>> {
         .ok_or_else(|| Error::InvalidParameter("the shape's type does not exist".into()))?;
     let found: serde_json::Value = serde_json::from_str(&text).map_err(Error::internal)?;
     let type_name = found["name"].as_str().unwrap_or_default();
+    // The names go to the model as part of the question, and into messages: another role
+    // chose them, so, as the schema context does, none may hold a character that is not
+    // shown (a line break that starts a line of its own in the prompt or an ERROR).
+    let unshown = |name: &str| !crate::names::printable(name);
+    if unshown(type_name) {
+        return Err(Error::InvalidParameter(
+            "nl_query_as: the row type's name holds a character that is not shown".into(),
+        ));
+    }
     if found["composite"] != true {
         return Err(Error::sql(
             "42804",
@@ -506,6 +515,13 @@ pub fn shape(typ: pg_sys::Oid) -> Result<Vec<Field>> {
             field["name"].as_str().unwrap_or_default().to_string(),
             field["type"].as_str().unwrap_or_default().to_string(),
         );
+        if unshown(&name) || unshown(&typ) {
+            return Err(Error::InvalidParameter(format!(
+                "nl_query_as: field {} of the row type {type_name} has a name or type name that \
+                 holds a character that is not shown",
+                out.len() + 1
+            )));
+        }
         if field["refused"] == true {
             return Err(Error::sql(
                 "42501",
@@ -529,7 +545,7 @@ pub fn shape(typ: pg_sys::Oid) -> Result<Vec<Field>> {
 pub fn shaped_question(question: &str, fields: &[Field]) -> String {
     let columns: Vec<String> = fields
         .iter()
-        .map(|f| format!("{} ({})", f.name, f.type_name))
+        .map(|f| format!("{} ({})", crate::names::quoted(&f.name), f.type_name))
         .collect();
     format!(
         "{question}\nReturn exactly these columns, in this order: {}.",

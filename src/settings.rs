@@ -511,16 +511,22 @@ fn define() {
             None,
         );
     }
-    GucRegistry::define_int_guc(
-        c"sql_query_engine.llm_circuit_breaker",
-        c"How long an endpoint that failed is skipped (in this backend) before it is tried again.",
-        c"",
-        &LLM_CIRCUIT_BREAKER_S,
-        0,
-        86_400,
-        GucContext::Userset,
-        GucFlags::UNIT_S,
-    );
+    // SAFETY: the check hook only reads the proposed value and sets GUC's error fields.
+    unsafe {
+        GucRegistry::define_int_guc_with_hooks(
+            c"sql_query_engine.llm_circuit_breaker",
+            c"How long an endpoint that failed is skipped (in this backend) before it is tried again.",
+            c"A role may only lower it: while an endpoint is skipped for a role, its questions go to the next one.",
+            &LLM_CIRCUIT_BREAKER_S,
+            0,
+            86_400,
+            GucContext::Userset,
+            GucFlags::UNIT_S,
+            Some(check_llm_circuit_breaker),
+            None,
+            None,
+        );
+    }
     GucRegistry::define_bool_guc(
         c"sql_query_engine.value_index",
         c"Look up the values the question names in the text columns that store them.",
@@ -875,6 +881,12 @@ ceiling_hook!(
     "statement_timeout"
 );
 ceiling_hook!(check_llm_timeout, LLM_TIMEOUT_CEILING, "llm_timeout");
+// Where a role's questions go: an endpoint skipped for a role sends them to the next one.
+ceiling_hook!(
+    check_llm_circuit_breaker,
+    LLM_CIRCUIT_BREAKER_CEILING,
+    "llm_circuit_breaker"
+);
 ceiling_hook!(
     check_max_query_memory,
     MAX_QUERY_MEMORY_CEILING,
@@ -917,7 +929,11 @@ pub fn audit_log() -> AuditLog {
 }
 
 pub fn llm_circuit_breaker() -> std::time::Duration {
-    std::time::Duration::from_secs(LLM_CIRCUIT_BREAKER_S.get().max(0) as u64)
+    std::time::Duration::from_secs(
+        LLM_CIRCUIT_BREAKER_CEILING
+            .bound(LLM_CIRCUIT_BREAKER_S.get())
+            .max(0) as u64,
+    )
 }
 
 /// Whether the value index is used (never with sample values off).
@@ -947,6 +963,11 @@ pub fn schema_format() -> SchemaFormat {
 
 pub fn llm_timeout_ms() -> u64 {
     LLM_TIMEOUT_CEILING.bound(LLM_TIMEOUT_MS.get()).max(1) as u64
+}
+
+/// Whether the call's `llm_timeout` is below the server's: the role lowered it for itself.
+pub fn llm_timeout_lowered() -> bool {
+    LLM_TIMEOUT_CEILING.bound(LLM_TIMEOUT_MS.get()) < LLM_TIMEOUT_CEILING.ceiling()
 }
 
 pub fn temperature() -> f64 {

@@ -163,6 +163,7 @@ mod tests {
             ms: 7.0,
             llm_failure: None,
             out_of_time: false,
+            described_by: None,
             vote: None,
             said_instead: None,
         };

@@ -5,8 +5,11 @@
 //! 5xx. A failed endpoint is skipped for `llm_circuit_breaker` (`breaker`: in every backend
 //! of the server when the library is preloaded), so a dead provider does not cost every
 //! question its timeout; when every endpoint is skipped, they are all tried anyway. A call's
-//! answer budget may end a request sooner (`cut_at`); a request it cut says nothing about the
-//! endpoint, so the breaker does not hear of it.
+//! answer budget may end a request sooner (`cut_at`), and a role may lower its `llm_timeout`:
+//! time they shortened is not shared (each endpoint in turn may take all that is left), and a
+//! request they cut says nothing about the endpoint, so the breaker does not hear of it, and
+//! the next endpoint is not asked (a role would otherwise choose where its questions go: a
+//! timeout only a distant fallback's answer beats).
 
 use std::time::{Duration, Instant};
 
@@ -26,6 +29,8 @@ pub struct Chain {
     role: u32,
     /// When the call's answer budget ends every request.
     cut: Option<Instant>,
+    /// The role lowered `llm_timeout` for itself (`settings::llm_timeout_lowered`).
+    lowered: bool,
 }
 
 /// How long `OpenAiClient::fails_whatever_asked` may take at most, within the call's time.
@@ -50,6 +55,7 @@ impl Chain {
             // SAFETY: reads the backend's current role.
             role: unsafe { pgrx::pg_sys::GetUserId() }.to_u32(),
             cut: None,
+            lowered: crate::settings::llm_timeout_lowered(),
         }
     }
 
@@ -62,7 +68,9 @@ impl Chain {
         let now = Instant::now();
         let natural = now.checked_add(self.timeout).unwrap_or(now);
         let overall = self.cut.map_or(natural, |cut| cut.min(natural));
-        let cut_short = overall < natural;
+        // A share the role's own settings shortened: its answer budget, or an `llm_timeout`
+        // it lowered.
+        let cut_short = overall < natural || self.lowered;
         let role = self.role;
         let skipped = |c: &OpenAiClient| breaker::skipped(&c.identity(), role, self.breaker);
         let mut order: Vec<usize> = (0..self.clients.len())
@@ -80,7 +88,9 @@ impl Chain {
                 break;
             }
             let last = left == 1;
-            let deadline = if last {
+            // Time the role's settings shortened is not shared: the endpoint asked may take
+            // all of it (a timeout then ends the request, see below).
+            let deadline = if last || cut_short {
                 overall
             } else {
                 now + (overall - now) / left as u32
@@ -104,10 +114,12 @@ impl Chain {
                     cause,
                     fault,
                 }) => {
-                    // No answer within a share the call's budget shortened says nothing
-                    // about the endpoint. A failure that looks like the endpoint's is told to
-                    // every backend only when a request no role shapes fails too.
-                    if !(cut_short && Instant::now() >= deadline) {
+                    // No answer within time the role's settings shortened says nothing about
+                    // the endpoint, and does not send the question on (see the module's
+                    // doc). A failure that looks like the endpoint's is told to every backend
+                    // only when a request no role shapes fails too.
+                    let shortened = cut_short && Instant::now() >= deadline;
+                    if !shortened {
                         let down = fault == Fault::Endpoint
                             && breaker::shared()
                             && client.fails_whatever_asked(probe_deadline(deadline));
@@ -119,6 +131,9 @@ impl Chain {
                         cause,
                         fault,
                     });
+                    if shortened {
+                        break;
+                    }
                 }
                 Err(other) => return Err(other),
             }

@@ -67,6 +67,10 @@ enum Reply {
     /// (how long an answer is, the request shapes: its question, temperature, choices).
     TooLarge(String),
     Failed(String),
+    /// This backend's own resources failed before anything was sent (no file descriptor,
+    /// socket buffer, memory or local port was free): nothing is said of the endpoint, and no
+    /// other endpoint would fare better (`Fault::Busy`).
+    Local(String),
     /// A streamed answer (`text/event-stream`): the choices that finished, and why the stream
     /// stopped before its end, if it did.
     Streamed {
@@ -315,6 +319,9 @@ impl OpenAiClient {
                     }
                 }
                 Err(ureq::Error::Timeout(_)) => Reply::TimedOut,
+                Err(ureq::Error::Io(e)) if backend_short_of_resources(&e) => {
+                    Reply::Local(format!("this backend could not connect: {e}"))
+                }
                 Err(e) => Reply::Failed(describe(&e)),
             }
         }
@@ -417,6 +424,7 @@ impl OpenAiClient {
             }
             let (code, retry_after, text) = match self.send_once(&body, n, deadline)? {
                 Reply::Failed(cause) => return Err(self.down(cause)),
+                Reply::Local(cause) => return Err(self.failure(cause, Fault::Busy)),
                 Reply::TooLarge(cause) => return Err(self.error(cause)),
                 Reply::TimedOut => return Err(self.timeout_error()),
                 Reply::Streamed {
@@ -608,9 +616,54 @@ fn agent_for(url: &str) -> ureq::Agent {
         if loopback {
             config = config.proxy(None);
         }
-        config.build().into()
+        ureq::Agent::with_parts(
+            config.build(),
+            ureq::unversioned::transport::DefaultConnector::default(),
+            ResolvedHere,
+        )
     })
     .clone()
+}
+
+/// Resolves a host name on the thread that asks, a helper thread the backend counts and
+/// waits for only until the request's deadline (`wait`). ureq's own resolver, given a
+/// deadline, looks the name up on a thread of its own and stops waiting for it at the
+/// deadline: that thread, and its socket, lived on uncounted for as long as the system's
+/// resolver took (tens of seconds for a name server that does not answer), one per request.
+#[derive(Debug)]
+struct ResolvedHere;
+
+impl ureq::unversioned::resolver::Resolver for ResolvedHere {
+    fn resolve(
+        &self,
+        uri: &ureq::http::Uri,
+        config: &ureq::config::Config,
+        timeout: ureq::unversioned::transport::NextTimeout,
+    ) -> std::result::Result<ureq::unversioned::resolver::ResolvedSocketAddrs, ureq::Error> {
+        let here = ureq::unversioned::transport::NextTimeout {
+            after: ureq::unversioned::transport::time::Duration::NotHappening,
+            ..timeout
+        };
+        ureq::unversioned::resolver::DefaultResolver::default().resolve(uri, config, here)
+    }
+}
+
+/// Whether `error`, met while connecting, is this backend short of its own resources rather
+/// than anything the endpoint did: a role can run a backend short of file descriptors, and
+/// must not thereby have the endpoint taken for down by every backend (`breaker`).
+fn backend_short_of_resources(error: &std::io::Error) -> bool {
+    const LOCAL: [i32; 6] = [
+        libc::EMFILE,
+        libc::ENFILE,
+        libc::ENOBUFS,
+        libc::ENOMEM,
+        libc::EADDRNOTAVAIL,
+        libc::EAGAIN,
+    ];
+    error.kind() == std::io::ErrorKind::OutOfMemory
+        || error
+            .raw_os_error()
+            .is_some_and(|code| LOCAL.contains(&code))
 }
 
 /// Whether `url`'s host, read as the HTTP client reads it (a `?` or `#` before an `@` ends

@@ -360,3 +360,36 @@ fn a_withheld_answer_is_no_turn_of_the_conversation() {
         "a withheld answer was a turn:\n{asked}"
     );
 }
+
+/// The abstention's SQLSTATE (42P08) is the abstention's alone: a query whose code raised
+/// 42P08 itself (another role's view, `RAISE ... USING ERRCODE`) fails as any query error does,
+/// raised as XX000 with the query's own SQLSTATE in DETAIL, and `nl_answer` raises it rather
+/// than asking back as if it had withheld a doubtful answer (before, it returned a clarifying
+/// question, even with `abstain = off`).
+#[test]
+fn a_querys_own_42p08_is_not_taken_for_an_abstention() {
+    let mut s = session();
+    s.client
+        .batch_execute(
+            "CREATE FUNCTION ambiguous() RETURNS int LANGUAGE plpgsql AS
+               $$ BEGIN RAISE EXCEPTION 'which one?' USING ERRCODE = '42P08'; END $$;
+             CREATE VIEW vague AS SELECT ambiguous() AS n;
+             SET sql_query_engine.vote = off;",
+        )
+        .unwrap();
+    for function in ["nl_query", "nl_answer"] {
+        let question = format!("how vague, by {function}");
+        s.llm.on(&question, vec![Reply::sql("SELECT n FROM vague")]);
+        let error = s
+            .client
+            .query_one(&format!("SELECT {function}($1)::text"), &[&question])
+            .unwrap_err();
+        let (code, message, detail) = db_error(&error);
+        assert_eq!(code, "XX000", "{function}: {message}");
+        assert!(message.contains("which one?"), "{message}");
+        assert!(
+            detail.contains("SQLSTATE of the query's error: 42P08"),
+            "{detail}"
+        );
+    }
+}

@@ -141,8 +141,7 @@ fn the_answer_budget_ends_a_slow_repair_and_the_endpoint_stays_first() {
             backup.url()
         ))
         .unwrap();
-    // The first query fails; its repair would come after 20 s, from either endpoint (the
-    // fallback gets its share of the time left).
+    // The first query fails; its repair would come after 20 s, from either endpoint.
     let slow = || {
         Reply::Slow(
             std::time::Duration::from_secs(20),
@@ -172,8 +171,8 @@ fn the_answer_budget_ends_a_slow_repair_and_the_endpoint_stays_first() {
     );
     assert_eq!(
         backup.requests().len(),
-        1,
-        "and of the fallback, in the time left"
+        0,
+        "a request the budget cut does not send the question on to the fallback"
     );
     // A request the call's own budget cut says nothing about the endpoint: the next question
     // still goes to it first, not to the fallback.
@@ -187,7 +186,71 @@ fn the_answer_budget_ends_a_slow_repair_and_the_endpoint_stays_first() {
         trace["attempts"][0]["endpoint"],
         format!("{}/chat/completions", s.llm.url())
     );
-    assert_eq!(backup.requests().len(), 1, "the fallback was asked first");
+    assert_eq!(backup.requests().len(), 0, "the fallback was asked first");
+}
+
+/// A role cannot choose which of the configured endpoints gets its questions: a timeout within
+/// an `llm_timeout` it lowered for itself ends the request there (before, the question went on
+/// to the fallback, a faster or more distant provider, which then answered), the breaker does
+/// not hear of it (the next question goes to the primary again), and a role may not make an
+/// endpoint's skipping last longer than the server says (`llm_circuit_breaker`, only lower).
+#[test]
+fn a_role_cannot_send_its_questions_to_the_fallback_by_lowering_its_timeout() {
+    let mut s = Session::new();
+    let backup = ScriptedLlm::start();
+    let role = format!("steer_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {role}; GRANT SELECT ON customers TO {role};
+             SET sql_query_engine.llm_fallbacks = '{}';
+             SET sql_query_engine.vote = off;",
+            backup.url()
+        ))
+        .unwrap();
+    let slow = Reply::Slow(
+        std::time::Duration::from_secs(5),
+        Box::new(Reply::sql("SELECT count(*) AS n FROM customers")),
+    );
+    s.llm.on("steered", vec![slow]);
+    backup.on(
+        "steered",
+        vec![Reply::sql("SELECT count(*) AS n FROM customers")],
+    );
+    s.client
+        .batch_execute(&format!(
+            "SET ROLE {role}; SET sql_query_engine.llm_timeout = 2000"
+        ))
+        .unwrap();
+    let (code, message, _) = db_error(&s.query("steered").unwrap_err());
+    assert_eq!(code, "58000", "{message}");
+    assert!(message.contains(&s.llm.url()), "{message}");
+    assert_eq!(backup.requests().len(), 0, "the fallback was never asked");
+    // The primary is not skipped for the role's next question.
+    s.client
+        .batch_execute("RESET sql_query_engine.llm_timeout")
+        .unwrap();
+    s.llm.on(
+        "asked again",
+        vec![Reply::sql("SELECT count(*) AS n FROM customers")],
+    );
+    let trace = s.trace("asked again").unwrap();
+    assert_eq!(trace["status"], "ok", "{trace}");
+    assert!(
+        trace["attempts"][0]["endpoint"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with(&s.llm.url()),
+        "{trace}"
+    );
+    // Only lower: raising the breaker's time is a superuser's.
+    let error = s
+        .client
+        .batch_execute("SET sql_query_engine.llm_circuit_breaker = 86400")
+        .unwrap_err();
+    assert_eq!(db_error(&error).0, "42501", "{error}");
+    s.client
+        .batch_execute("SET sql_query_engine.llm_circuit_breaker = 5")
+        .unwrap();
 }
 
 #[test]

@@ -598,6 +598,24 @@ fn nl_answer_is_grounded_in_the_rows_unless_sample_data_is_off() {
         request.body.get("response_format").is_none(),
         "a plain-text answer is asked for"
     );
+    // The description is a model request of the call, which its history counts (the rows
+    // went to the model too).
+    assert_eq!(
+        s.scalar_i64("SELECT llm_calls::bigint FROM nl_history ORDER BY id DESC LIMIT 1"),
+        2
+    );
+    // And its audit line names the endpoint that received them.
+    if let Some(mut log) = sql_query_engine_e2e::cluster().server_log() {
+        let described = format!(", described by {}", s.llm.url());
+        let waiting = std::time::Instant::now();
+        while !log.contains(&described) && waiting.elapsed() < std::time::Duration::from_secs(30) {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            log = sql_query_engine_e2e::cluster()
+                .server_log()
+                .unwrap_or_default();
+        }
+        assert!(log.contains(&described), "no audit line with {described}");
+    }
 
     s.client
         .batch_execute("SET sql_query_engine.sample_values = 0")
