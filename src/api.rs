@@ -227,23 +227,27 @@ fn nl_view(view_name: &str, question: &str, replace: default!(bool, false)) -> S
         e.raise();
     }
     let target = saved::target(view_name, replace).unwrap_or_else(|e| e.raise());
-    let (run, shown) =
-        answered(Ask::new("nl_view", Some(question), None)).unwrap_or_else(|e| e.raise());
-    let (sql, columns) = saved_answer(&run);
-    saved::create(&target, &sql, &columns, question, Some(&shown.scope))
-        .unwrap_or_else(|e| e.raise());
-    sql
+    let ask = Ask {
+        view: Some(&target.qualified),
+        ..Ask::new("nl_view", Some(question), None)
+    };
+    let (run, _) = answered_and(ask, |run, shown| {
+        let (sql, columns) = saved_answer(run)?;
+        saved::create(&target, &sql, &columns, question, Some(&shown.scope))
+    })
+    .unwrap_or_else(|e| e.raise());
+    saved_answer(&run).unwrap_or_else(|e| e.raise()).0
 }
 
 /// What a view saves of `run`'s answer: its checked tree written out with every name qualified
 /// (`ResultSet::qualified_sql`), and its columns.
-fn saved_answer(run: &Run) -> (String, Vec<String>) {
+fn saved_answer(run: &Run) -> Result<(String, Vec<String>)> {
     let result = run.best_result();
     let sql = result
         .and_then(|r| r.qualified_sql.clone())
-        .unwrap_or_else(|| Error::internal("the answer has no checked query to save").raise());
+        .ok_or_else(|| Error::internal("the answer has no checked query to save"))?;
     let columns = result.map(|r| r.columns.clone()).unwrap_or_default();
-    (sql, columns)
+    Ok((sql, columns))
 }
 
 /// Asks a saved question's view again and redefines it with the new answer (its columns may
@@ -257,11 +261,15 @@ fn nl_view_refresh(view_name: &str) -> String {
         e.raise();
     }
     let before = saved::saved(view_name).unwrap_or_else(|e| e.raise());
-    let (run, shown) = answered(Ask::new("nl_view_refresh", Some(&before.question), None))
-        .unwrap_or_else(|e| e.raise());
-    let (sql, columns) = saved_answer(&run);
-    saved::redefine(&before, view_name, &sql, &columns, Some(&shown.scope))
-        .unwrap_or_else(|e| e.raise());
+    let ask = Ask {
+        view: Some(view_name),
+        ..Ask::new("nl_view_refresh", Some(&before.question), None)
+    };
+    answered_and(ask, |run, shown| {
+        let (sql, columns) = saved_answer(run)?;
+        saved::redefine(&before, view_name, &sql, &columns, Some(&shown.scope))
+    })
+    .unwrap_or_else(|e| e.raise());
     let after = saved::saved(view_name).unwrap_or_else(|e| e.raise());
     if after.definition == before.definition {
         format!(
@@ -806,6 +814,8 @@ struct Ask<'a> {
     turns: Option<&'a JsonArgument>,
     /// The row type the answer must fit (`nl_query_as`).
     shape: Option<&'a [Field]>,
+    /// The view the answer is saved as (`nl_view`, `nl_view_refresh`), for the audit line.
+    view: Option<&'a str>,
 }
 
 impl<'a> Ask<'a> {
@@ -819,6 +829,7 @@ impl<'a> Ask<'a> {
             release: false,
             turns: None,
             shape: None,
+            view: None,
         }
     }
 }
@@ -826,18 +837,25 @@ impl<'a> Ask<'a> {
 /// `answer` for the functions that return the answer itself: a run without one is an error,
 /// and every outcome is audited.
 fn answered(ask: Ask) -> Result<(Run, DatabaseContext)> {
+    answered_and(ask, |_, _| Ok(()))
+}
+
+/// `answered`, then `then` with the answer, inside the audit: its failure (a view that could
+/// not be saved) is the call's, in the audit line too.
+fn answered_and(
+    ask: Ask,
+    then: impl FnOnce(&Run, &DatabaseContext) -> Result<()>,
+) -> Result<(Run, DatabaseContext)> {
     audited_run(ask, |(run, mut shown)| {
-        match run.failure().or_else(|| shown.withheld.take()) {
-            Some(error) => Err(error),
-            // The model could not put the answer in words (`nl_answer`): the call's error.
-            None => match shown.described.take() {
-                Some(Err(error)) => Err(error),
-                described => {
-                    shown.described = described;
-                    Ok((run, shown))
-                }
-            },
+        if let Some(error) = run.failure().or_else(|| shown.withheld.take()) {
+            return Err(error);
         }
+        // The model could not put the answer in words (`nl_answer`): the call's error.
+        if let Some(Err(error)) = shown.described.take_if(|d| d.is_err()) {
+            return Err(error);
+        }
+        then(&run, &shown)?;
+        Ok((run, shown))
     })
 }
 
@@ -891,10 +909,13 @@ fn audited_run(
     // The question, and the caller's own SQL when it gave some (nl_fix): both go in the audit.
     // Cut before anything is copied: over-long input is refused (and that refusal audited).
     let cut = |text: &str| text::at_most(text, arguments::MAX_SQL_CHARS);
-    let input = match (ask.question, ask.first) {
+    let mut input = match (ask.question, ask.first) {
         (Some(question), Some(sql)) => format!("{}\ngiven: {}", cut(question), cut(sql)),
         (question, sql) => cut(question.or(sql).unwrap_or("")),
     };
+    if let Some(view) = ask.view {
+        input.push_str(&format!("\nview: {}", cut(view)));
+    }
     let input = input.as_str();
     history::audit_raised(ask.function, ask.session, input, |caller| {
         let result = answer(&ask).and_then(accept);

@@ -267,6 +267,7 @@ pub fn create(
         .map(|c| format!("\"{}\"", c.replace('"', "\"\"")))
         .collect();
     if target.exists {
+        locked_own_view(&target.qualified)?;
         // CREATE OR REPLACE VIEW refuses a column renamed, retyped or dropped, but appends new
         // ones: a view others may read with its owner's rights would show them whatever the
         // model added. A saved question's view keeps exactly its columns.
@@ -382,6 +383,56 @@ pub fn create(
         subxact::pinned(|| Spi::run(&statement))
             .map_err(|e| Error::internal(format!("commenting the view: {e}")))
     })
+}
+
+/// Locks the view named `qualified` until the transaction ends, and refuses it unless the
+/// caller owns it itself. Checked before the model was asked, it could since have been dropped
+/// and made again by a role the caller is a member of, whose view `CREATE OR REPLACE` would
+/// replace (it stays its owner's); locked, it stays the view checked until the DDL is done.
+fn locked_own_view(qualified: &str) -> Result<()> {
+    let find = || {
+        subxact::pinned(|| {
+            store::read_one::<pg_sys::Oid>(
+                "SELECT pg_catalog.to_regclass($1)::pg_catalog.oid",
+                &[qualified.into()],
+            )
+        })
+        .map_err(|e| Error::internal(format!("finding the view: {e}")))
+    };
+    let changed = || {
+        Error::sql(
+            "42501",
+            format!("view {qualified} changed while the question was answered"),
+            Some("Ask again."),
+        )
+    };
+    let Some(view) = find()? else {
+        return Err(changed());
+    };
+    // SAFETY: locks a relation by OID, as CREATE OR REPLACE VIEW is about to; an ERROR (a lock
+    // timeout) unwinds as any other.
+    unsafe { pg_sys::LockRelationOid(view, pg_sys::AccessExclusiveLock as pg_sys::LOCKMODE) };
+    if find()? != Some(view) {
+        return Err(changed());
+    }
+    // SAFETY: reads the backend's current user.
+    let caller = unsafe { pg_sys::GetUserId() };
+    let own = subxact::pinned(|| {
+        store::read_one::<bool>(
+            "SELECT relkind OPERATOR(pg_catalog.=) 'v' AND relowner OPERATOR(pg_catalog.=) $2 \
+             FROM pg_catalog.pg_class WHERE oid OPERATOR(pg_catalog.=) $1",
+            &[view.into(), caller.into()],
+        )
+    })
+    .map_err(|e| Error::internal(format!("reading the view's owner: {e}")))?;
+    if own != Some(true) {
+        return Err(Error::sql(
+            "42501",
+            format!("must be owner of view {qualified}"),
+            Some("nl_view replaces only a view you own yourself: it would stay its owner's."),
+        ));
+    }
+    Ok(())
 }
 
 /// Runs `work`, DDL of a saved question's view, behind the runtime gate (`during`: what the

@@ -24,8 +24,10 @@ use crate::settings;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Trusted {
     roles: Vec<pg_sys::Oid>,
-    /// A saved question's view of a role that is not a superuser (`saving_call`): only what it
-    /// keeps is judged (functions, types, operators), not the relations it reads.
+    /// A saved question's view of a role that is not a superuser (`saving_call`): what it keeps
+    /// (functions, types, operators, and the relations it reads, with the views, policies and
+    /// children they go through) is judged by its owners, who could change it later for every
+    /// reader of the view.
     saving: bool,
 }
 
@@ -339,12 +341,10 @@ impl Trusted {
         ))
     }
 
-    /// Why a superuser's query may not read `relation`: it, a view it goes through, or one of
-    /// its partitions or children belongs to a role this call does not trust.
+    /// Why a superuser's query, or a saved question's view, may not read `relation`: it, a view
+    /// or policy it goes through, or one of its partitions or children belongs to a role this
+    /// call does not trust.
     pub fn refuse_relation(&self, relation: pg_sys::Oid) -> Option<String> {
-        if self.saving {
-            return None;
-        }
         self.relation_refusal(relation, 0, &mut Vec::new())
     }
 

@@ -535,7 +535,8 @@ fn a_view_saved_inside_a_definers_function_keeps_no_type_of_its_caller() {
 
 /// What the view stores is checked again as the answer was: a relation made again under the
 /// name the answer read (here a view of Mallory's, whose function runs as its reader), while
-/// the model was asked, is not one the caller was shown, and the view is not saved.
+/// the model was asked, is not one the caller was shown, and the view is not saved, even when
+/// its owner is trusted (`trusted_owners`, which a saved view's relations need).
 #[test]
 fn a_relation_made_again_under_its_name_while_the_model_thinks_is_not_saved() {
     let shop = Shop::new();
@@ -544,7 +545,8 @@ fn a_relation_made_again_under_its_name_while_the_model_thinks_is_not_saved() {
     cluster()
         .connect(&db)
         .batch_execute(&format!(
-            "CREATE SCHEMA figures AUTHORIZATION {mallory};
+            "ALTER DATABASE {db} SET sql_query_engine.trusted_owners = '{mallory}';
+             CREATE SCHEMA figures AUTHORIZATION {mallory};
              SET ROLE {mallory};
              CREATE TABLE figures.sales (n int); INSERT INTO figures.sales VALUES (1), (2);
              CREATE FUNCTION figures.note() RETURNS int LANGUAGE sql AS
@@ -586,6 +588,111 @@ fn a_relation_made_again_under_its_name_while_the_model_thinks_is_not_saved() {
         .batch_execute("SELECT * FROM figures.sales")
         .unwrap();
     assert!(loot(&mut analyst) > 0);
+}
+
+/// A saved view keeps no relation whose owner could change it later for every reader of the
+/// view: another role's table (its owner may add a row-security policy calling its function,
+/// which runs as each reader), or a superuser's view over one. The model is told (42501) and
+/// nothing is saved; a superuser may trust the owner (`trusted_owners`), and then it is saved.
+/// Before, only functions, types and operators were judged by their owners.
+#[test]
+fn a_saved_view_keeps_no_relation_another_role_could_change_later() {
+    let shop = Shop::new();
+    let mallory = mallory(&shop);
+    let db = shop.s.database.clone();
+    let mut admin = cluster().connect(&db);
+    admin
+        .batch_execute(&format!(
+            "CREATE SCHEMA figures AUTHORIZATION {mallory};
+             SET ROLE {mallory};
+             CREATE TABLE figures.sales (n int); INSERT INTO figures.sales VALUES (150);
+             GRANT USAGE ON SCHEMA figures TO PUBLIC; GRANT SELECT ON figures.sales TO PUBLIC;
+             RESET ROLE;
+             CREATE VIEW public.all_sales AS SELECT n FROM figures.sales;
+             GRANT SELECT ON public.all_sales TO PUBLIC;"
+        ))
+        .unwrap();
+    let mut analyst = shop.analyst();
+    analyst
+        .batch_execute(
+            "SET search_path = reports, public;
+             SET sql_query_engine.schemas = 'public, figures';",
+        )
+        .unwrap();
+    for (view, query) in [
+        (
+            "big_sales",
+            "SELECT s.n FROM figures.sales s WHERE s.n > 100",
+        ),
+        (
+            "big_all_sales",
+            "SELECT a.n FROM public.all_sales a WHERE a.n > 100",
+        ),
+    ] {
+        let question = format!("sales above 100, as {view}");
+        shop.s
+            .llm
+            .on(&question, vec![Reply::sql(query), Reply::sql(query)]);
+        let error = analyst
+            .query_one("SELECT nl_view($1, $2)", &[&view, &question])
+            .unwrap_err();
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "42501", "{message}");
+        assert!(message.contains("figures.sales"), "{message}");
+        assert!(
+            message.contains(&format!("trusted_owners = '{mallory}'")),
+            "{message}"
+        );
+        let repair = shop.s.llm.requests().last().unwrap().last_message();
+        assert!(repair.contains("could change it later"), "{repair}");
+        let saved: Option<String> = analyst
+            .query_one(
+                "SELECT to_regclass($1)::text",
+                &[&format!("reports.{view}")],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(saved, None);
+    }
+    // Trusted by a superuser: saved.
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE {db} SET sql_query_engine.trusted_owners = '{mallory}'"
+        ))
+        .unwrap();
+    let mut analyst = shop.analyst();
+    analyst
+        .batch_execute(
+            "SET search_path = reports, public;
+             SET sql_query_engine.schemas = 'public, figures';",
+        )
+        .unwrap();
+    let query = "SELECT s.n FROM figures.sales s WHERE s.n > 100";
+    shop.s.llm.on("trusted sales", vec![Reply::sql(query)]);
+    analyst
+        .query_one("SELECT nl_view('trusted_sales', 'trusted sales')", &[])
+        .unwrap();
+    let n: i32 = analyst
+        .query_one("SELECT n FROM reports.trusted_sales", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 150);
+    // The audit lines name the views, the refused one with its error.
+    if let Some(mut log) = cluster().server_log() {
+        let waiting = std::time::Instant::now();
+        let seen = |log: &str| {
+            log.contains("view: reports.trusted_sales")
+                && log
+                    .lines()
+                    .any(|l| l.contains("nl_view by") && l.contains("ERROR 42501"))
+                && log.contains("view: reports.big_sales")
+        };
+        while !seen(&log) && waiting.elapsed() < std::time::Duration::from_secs(30) {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            log = cluster().server_log().unwrap_or_default();
+        }
+        assert!(seen(&log), "no audit lines naming the views");
+    }
 }
 
 /// A saved question's view reads with its reader's rights (`security_invoker`): what it reads,
@@ -962,4 +1069,41 @@ fn a_view_of_a_group_the_caller_is_in_is_not_replaced() {
     let (code, message, _) = db_error(&error);
     assert_eq!(code, "42501", "{message}");
     assert_eq!(shop.model_calls(), 0, "refused before the model is asked");
+
+    // Checked again, with the view locked, as it is replaced: the caller's own view, dropped
+    // and made again as the group while the model thinks, is not replaced (before, it was:
+    // the check came only before the model was asked).
+    analyst
+        .batch_execute("CREATE VIEW reports.mine AS SELECT 'x'::text AS name")
+        .unwrap();
+    let asked = std::sync::atomic::AtomicUsize::new(0);
+    let db = shop.s.database.clone();
+    let swap = format!(
+        "DROP VIEW reports.mine; SET ROLE {group};
+         CREATE VIEW reports.mine AS SELECT 'y'::text AS name; RESET ROLE;"
+    );
+    shop.s.llm.respond_with(move |_| {
+        if asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+            cluster().connect(&db).batch_execute(&swap).unwrap();
+        }
+        Some(Reply::sql(
+            "SELECT c.name FROM customers c WHERE c.name = 'nobody'",
+        ))
+    });
+    let error = analyst
+        .query_one(
+            "SELECT nl_view('reports.mine', 'nobody, by name', true)",
+            &[],
+        )
+        .expect_err("refused");
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "42501", "{message}");
+    let body: String = analyst
+        .query_one("SELECT pg_get_viewdef('reports.mine'::regclass)", &[])
+        .unwrap()
+        .get(0);
+    assert!(
+        body.contains("'y'"),
+        "the group's view is as it made it: {body}"
+    );
 }
