@@ -6,7 +6,7 @@
 //! conversations when a role is shared). The caller's own SQL (`nl_fix`, `nl_run`,
 //! `nl_check`) is the caller's choice and has no scope.
 
-use pgrx::{pg_sys, PgList};
+use pgrx::pg_sys;
 
 use super::facts::builtin;
 use super::verdict::Refusal;
@@ -36,18 +36,7 @@ impl Scope {
         if builtin(relation) || self.holds(relation) {
             return true;
         }
-        // SAFETY: a syscache look-up of a relation parse analysis just resolved and locked.
-        if !unsafe { pg_sys::get_rel_relispartition(relation) } {
-            return false;
-        }
-        let ancestors = {
-            // SAFETY: declared with PostgreSQL's own signature; an ERROR comes back through pgrx.
-            unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| get_partition_ancestors(relation)) }
-        };
-        // SAFETY: an OID list PostgreSQL just made.
-        let ancestors = unsafe { PgList::<std::ffi::c_void>::from_pg(ancestors) };
-        let found = ancestors.iter_oid().any(|a| self.holds(a));
-        found
+        partition_of(relation, |ancestor| self.holds(ancestor)) == Some(true)
     }
 
     /// Why the statement that names `relations` may not run, if it may not.
@@ -61,9 +50,41 @@ impl Scope {
     }
 }
 
+/// Levels of partitioning climbed at most from a partition to its ancestors: PostgreSQL sets
+/// no bound, and each level is a catalog look-up that another role's chain of partitions (as
+/// deep as it likes) would otherwise cost every query that names one, or every invalidation
+/// one sends.
+const MAX_PARTITION_LEVELS: usize = 64;
+
+/// Whether `relation`, a partition, is one at some level of a relation `wanted` says yes to;
+/// `None` when that cannot be told: its chain is deeper than `MAX_PARTITION_LEVELS`, or changed
+/// while it was climbed (a partition detached meanwhile).
+pub fn partition_of(relation: pg_sys::Oid, wanted: impl Fn(pg_sys::Oid) -> bool) -> Option<bool> {
+    let mut current = relation;
+    for _ in 0..MAX_PARTITION_LEVELS {
+        pgrx::check_for_interrupts!();
+        // SAFETY: a syscache look-up (false for a relation that is gone).
+        if !unsafe { pg_sys::get_rel_relispartition(current) } {
+            return Some(false);
+        }
+        // Raises when the partition was detached since: then not known.
+        let parent = crate::subxact::in_subtransaction(false, || {
+            // SAFETY: declared with PostgreSQL's own signature; an ERROR comes back through
+            // pgrx, and the subtransaction rolls it back.
+            unsafe { pg_sys::ffi::pg_guard_ffi_boundary(|| get_partition_parent(current, true)) }
+        })
+        .ok()?;
+        if wanted(parent) {
+            return Some(true);
+        }
+        current = parent;
+    }
+    None
+}
+
 // catalog/partition.h, which pgrx does not bind.
-// SAFETY: the declaration matches the header's, the same in PostgreSQL 13 to 18; it may raise
+// SAFETY: the declaration matches the header's, the same in PostgreSQL 14 to 18; it may raise
 // PostgreSQL errors, hence C-unwind.
 unsafe extern "C-unwind" {
-    fn get_partition_ancestors(relid: pg_sys::Oid) -> *mut pg_sys::List;
+    fn get_partition_parent(relid: pg_sys::Oid, even_if_detached: bool) -> pg_sys::Oid;
 }

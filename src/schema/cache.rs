@@ -364,42 +364,51 @@ fn privileges() -> Result<Vec<i64>> {
     .map(Option::unwrap_or_default)
 }
 
+/// How long the invalidations since the last question are looked at, at most: past it the
+/// cache is rebuilt (which its own bounds limit) rather than each looked at. Another role can
+/// send thousands (each of its relations as wide or its partitions as deep as it likes), to
+/// every backend of the database.
+const MAX_INVALIDATION_CHECK: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Whether the invalidations since the last question make the cache stale; forgets them.
 fn take_invalidations(schemas: &[String]) -> bool {
     let Invalidations { stale, unknown } = INVALIDATED.with_borrow_mut(std::mem::take);
+    if stale {
+        return true;
+    }
+    let until = std::time::Instant::now().checked_add(MAX_INVALIDATION_CHECK);
     // A relation noted as unknown may be one the cache holds after all: noted while the cache
     // was being built (it holds none meanwhile), and revoked or dropped since.
-    stale
-        || unknown.into_iter().any(|relid| {
-            CACHED.with_borrow(|c| c.contains(&relid))
-                || newly_readable(relid, schemas)
-                || partition_of_cached(relid)
-        })
+    unknown.into_iter().any(|relid| {
+        pgrx::check_for_interrupts!();
+        until.is_none_or(|until| std::time::Instant::now() >= until)
+            || (!temporary(relid)
+                && (CACHED.with_borrow(|c| c.contains(&relid))
+                    || newly_readable(relid, schemas)
+                    || partition_of_cached(relid)))
+    })
 }
 
-// catalog/partition.h, which pgrx does not bind.
-// SAFETY: the declaration matches the header's, the same in PostgreSQL 12 to 18; it may raise
-// PostgreSQL errors, hence C-unwind.
-unsafe extern "C-unwind" {
-    fn get_partition_ancestors(relid: pg_sys::Oid) -> *mut pg_sys::List;
+/// Whether `relid` is a temporary relation, any session's: none is in the cache, nor a
+/// partition of one it holds (another session's temporary relations send their invalidations
+/// to every backend of the database).
+fn temporary(relid: pg_sys::Oid) -> bool {
+    // SAFETY: catalog look-ups of a relation an invalidation named (InvalidOid when it is gone).
+    unsafe {
+        let namespace = pg_sys::get_rel_namespace(relid);
+        namespace != pg_sys::InvalidOid && pg_sys::isAnyTempNamespace(namespace)
+    }
 }
 
 /// Whether `relid` is a partition of a relation the cache holds, at any depth: what a read of
 /// the cached relation takes (its partitions' and their indexes' locks) and its storage's
-/// fingerprint changed with it (a partition made a partitioned table, an index created).
+/// fingerprint changed with it (a partition made a partitioned table, an index created). A
+/// chain too deep to climb, or changed meanwhile, counts as one.
 fn partition_of_cached(relid: pg_sys::Oid) -> bool {
-    // SAFETY: a catalog look-up of a relation an invalidation named (false for one gone).
-    if !unsafe { pg_sys::get_rel_relispartition(relid) } {
-        return false;
-    }
-    // SAFETY: reads pg_inherits (raising through pgrx on a catalog error); an OID list is read.
-    let ancestors: Vec<pg_sys::Oid> = unsafe {
-        let list = pg_sys::ffi::pg_guard_ffi_boundary(|| get_partition_ancestors(relid));
-        pgrx::PgList::<std::ffi::c_void>::from_pg(list)
-            .iter_oid()
-            .collect()
-    };
-    CACHED.with_borrow(|c| ancestors.iter().any(|a| c.contains(a)))
+    crate::guard::partition_of(relid, |ancestor| {
+        CACHED.with_borrow(|c| c.contains(&ancestor))
+    })
+    .unwrap_or(true)
 }
 
 /// A relation (not a partition, not temporary) in one of `schemas` that the role can read: it
