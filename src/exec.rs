@@ -900,6 +900,18 @@ fn run_guarded(
         (None, Some(in_loop)) if in_loop.saves => Some(guard::saving_call()),
         _ => None,
     };
+    // From here, what PostgreSQL says of the query is not sent to the caller: its lexer's
+    // NOTICEs about names of another role's example or the model's (an identifier cut to 63
+    // bytes is printed whole), and whatever code the query runs raises (a view's or a policy's
+    // functions, as analysis, the planner or the executor call them): INFO, NOTICE or WARNING
+    // of any size and number, which every client (the gateway, for all its roles) would have
+    // to take in, and which could pass for the extension's own progress lines. The caller gets
+    // the query's rows, not its code's messages.
+    // A setting that cannot be read is said before that (`allowed_functions` warns once).
+    if matches!(origin, Origin::Generated) {
+        guard::allowed_functions();
+    }
+    let _quiet = subxact::QuietClient::new();
     let checked = match guard::check(sql, origin, saving.as_ref().or(trusted.as_ref()), scope) {
         Ok(checked) => checked,
         Err(refusal) => return Outcome::Refused(refusal),
@@ -941,12 +953,6 @@ fn run_guarded(
     unsafe {
         // Like SPI for a non-read-only call: see what the caller's statement did so far.
         pg_sys::CommandCounterIncrement();
-        // Code the query runs from here (a view's or a policy's functions, as the planner
-        // folds or the executor calls them) may raise an INFO, NOTICE or WARNING of any size
-        // and number, which every client (the gateway, for all its roles) would have to take
-        // in, and which could pass for the extension's own progress lines: the caller gets the
-        // query's rows, not its code's messages.
-        let _quiet = QuietClient::new();
         let rewritten = PgList::<pg_sys::Query>::from_pg(pg_sys::pg_rewrite_query(checked.query));
         let Some(query) = rewritten.get_ptr(0).filter(|_| rewritten.len() == 1) else {
             return Outcome::Refused(guard::Refusal::forbidden(
@@ -1003,34 +1009,6 @@ fn run_guarded(
         };
         pg_sys::PopActiveSnapshot();
         outcome
-    }
-}
-
-/// While alive, no message goes to the client (`whereToSendOutput` is none), whatever the
-/// level and `client_min_messages`: code a query runs can set the latter for itself (a
-/// function's `SET`), and an INFO is sent whatever it says. The server log is untouched. An
-/// ERROR raised meanwhile is caught at pgrx's boundary and raised afresh, after the guard has
-/// gone, so it still reaches the client; a FATAL (the backend terminated) ends the connection
-/// without its message.
-struct QuietClient(pg_sys::CommandDest::Type);
-
-impl QuietClient {
-    fn new() -> Self {
-        // SAFETY: the backend's own global, read and set on its only thread that runs
-        // PostgreSQL code; `drop` puts the value back.
-        let was = unsafe {
-            let was = pg_sys::whereToSendOutput;
-            pg_sys::whereToSendOutput = pg_sys::CommandDest::DestNone;
-            was
-        };
-        QuietClient(was)
-    }
-}
-
-impl Drop for QuietClient {
-    fn drop(&mut self) {
-        // SAFETY: as in `new`.
-        unsafe { pg_sys::whereToSendOutput = self.0 };
     }
 }
 
@@ -1785,7 +1763,10 @@ impl Cursor {
                 pg_sys::PortalDrop(portal, false);
                 return;
             };
-            CURSOR_STORES.with_borrow_mut(|stores| stores.retain(|s| *s != answer.store));
+            // What may fail (an allocation) first, while the answer's store is still on the
+            // list `drop` ends: then it passes to the portal, whose drop ends it, with nothing
+            // that may fail in between (its temporary file, kept across transactions, would
+            // otherwise stay until the backend ends).
             let text = pg_sys::MemoryContextStrdup((*portal).portalContext, sql.as_ptr());
             pg_sys::PortalDefineQuery(
                 portal,
@@ -1795,8 +1776,10 @@ impl Cursor {
                 std::ptr::null_mut(),
                 std::ptr::null_mut(),
             );
-            pg_sys::tuplestore_end((*portal).holdStore);
+            let empty = (*portal).holdStore;
             (*portal).holdStore = answer.store;
+            CURSOR_STORES.with_borrow_mut(|stores| stores.retain(|s| *s != answer.store));
+            pg_sys::tuplestore_end(empty);
             (*portal).tupDesc = answer.desc;
             (*portal).strategy = pg_sys::PortalStrategy::PORTAL_ONE_SELECT;
             (*portal).atStart = true;

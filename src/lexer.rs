@@ -103,6 +103,9 @@ fn numbers_hold() -> bool {
 /// `sql` holds a NUL. A cancel or a resource error raised meanwhile ends the call.
 fn tokens(sql: &str) -> Option<Vec<Token>> {
     let sql = CString::new(sql).ok()?;
+    // The lexer's NOTICEs (an identifier cut to 63 bytes, printed whole) are about text the
+    // caller did not write (another role's example, the model's SQL): not sent to it.
+    let _quiet = crate::subxact::QuietClient::new();
     let lexed = crate::subxact::in_subtransaction(false, || {
         // The lexer's copies of the text and of every token's value are this context's,
         // deleted when it is dropped (also when the lexer raises an error).

@@ -123,6 +123,34 @@ pub fn without_messages<R>(work: impl FnOnce() -> R) -> R {
     )
 }
 
+/// While alive, no message goes to the client (`whereToSendOutput` is none), whatever the
+/// level and `client_min_messages`: code a query runs can set the latter for itself (a
+/// function's `SET`), and an INFO is sent whatever it says. The server log is untouched. An
+/// ERROR raised meanwhile is caught at pgrx's boundary and raised afresh, after the guard has
+/// gone, so it still reaches the client; a FATAL (the backend terminated) ends the connection
+/// without its message.
+pub struct QuietClient(pg_sys::CommandDest::Type);
+
+impl QuietClient {
+    pub fn new() -> Self {
+        // SAFETY: the backend's own global, read and set on its only thread that runs
+        // PostgreSQL code; `drop` puts the value back.
+        let was = unsafe {
+            let was = pg_sys::whereToSendOutput;
+            pg_sys::whereToSendOutput = pg_sys::CommandDest::DestNone;
+            was
+        };
+        QuietClient(was)
+    }
+}
+
+impl Drop for QuietClient {
+    fn drop(&mut self) {
+        // SAFETY: as in `new`.
+        unsafe { pg_sys::whereToSendOutput = self.0 };
+    }
+}
+
 /// Runs `work` with cancel and termination held off (as PostgreSQL's HOLD_INTERRUPTS): for what
 /// a destructor does while an error unwinds, where an ERROR raised at a message's check for
 /// interrupts would abort the backend. They are taken at the next check after.

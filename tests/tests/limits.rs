@@ -1085,3 +1085,35 @@ fn postgres_failing_under_a_repair_stops_the_loop_with_the_answer_it_has() {
     assert!(message.contains("invalid XPath expression"), "{message}");
     assert!(message.contains("1 attempts"), "{message}");
 }
+
+/// What PostgreSQL's lexer says of SQL the caller did not write is not sent to it: an
+/// identifier longer than 63 bytes, in the model's SQL or in another role's verified example
+/// (read for every question whose words it shares), was printed whole in a NOTICE, line
+/// breaks and all, which could pass for the extension's own lines. The answer still comes.
+#[test]
+fn what_the_lexer_says_of_sql_the_caller_did_not_write_is_not_sent_to_it() {
+    let mut s = Session::new();
+    let (_, mut role, notices) = role_connection(&mut s, "lexed");
+    let long = format!(
+        "x\nsql_query_engine: verified by a reviewer{}",
+        "_".repeat(40)
+    );
+    let sql = format!("SELECT count(*) AS \"{long}\" FROM customers");
+    s.client
+        .query_one(
+            "SELECT nl_example_add('how many customers are there in all', $1)",
+            &[&sql],
+        )
+        .unwrap();
+    s.llm
+        .on("how many customers in all", vec![Reply::sql(&sql)]);
+    let rows = role
+        .query("SELECT * FROM nl_query('how many customers in all')", &[])
+        .unwrap();
+    assert_eq!(rows.len(), 1);
+    let notices = notices.lock().unwrap();
+    assert!(
+        !notices.iter().any(|n| n.contains("will be truncated")),
+        "{notices:?}"
+    );
+}
