@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use postgres::{Client, NoTls};
 use sql_query_engine_e2e::cluster::{run_script, start_on_a_free_port, FIXTURE};
 use sql_query_engine_e2e::redis::RedisServer;
-use sql_query_engine_e2e::{cluster, Reply, ScriptedLlm, Session};
+use sql_query_engine_e2e::{cluster, db_error, Reply, ScriptedLlm, Session};
 
 /// A cluster of its own with the library preloaded (the shared test cluster is not), and one
 /// database with the extension and the fixture; stopped and removed on drop.
@@ -147,15 +147,21 @@ fn a_dead_endpoint_is_skipped_by_every_backend_of_a_preloaded_server_but_a_timeo
     admin.batch_execute("SELECT pg_reload_conf()").unwrap();
     std::thread::sleep(std::time::Duration::from_millis(500));
 
-    // A timeout under a role's own shorter llm_timeout says nothing about the endpoint: the
-    // next backend, with the server's timeout, asks it again and gets its answer. (The
-    // timeout is shared between the two endpoints: the fallback's half must be a round trip
-    // on a loaded machine.)
+    // A timeout under a role's own shorter llm_timeout says nothing about the endpoint, nor
+    // sends the question on to the fallback (the role would choose where its questions go):
+    // the call fails, and the next backend, with the server's timeout, asks the endpoint
+    // again and gets its answer.
     let impatient = format!("{} SET sql_query_engine.llm_timeout = 2000;", chain(&slow));
     let asked = slow.requests().len();
-    let short = ask_fresh(connect, &impatient, "count them quickly");
-    assert_eq!(short["status"], "ok");
+    let answered_by_fallback = healthy.requests().len();
+    let mut client = connect();
+    client.batch_execute(&impatient).unwrap();
+    let error = client
+        .query_one("SELECT nl_trace('count them quickly')::text", &[])
+        .unwrap_err();
+    assert_eq!(db_error(&error).0, "58000", "{error}");
     assert_eq!(slow.requests().len(), asked + 1);
+    assert_eq!(healthy.requests().len(), answered_by_fallback);
     let patient = ask_fresh(connect, &chain(&slow), "count them patiently");
     assert_eq!(patient["status"], "ok");
     assert_eq!(
