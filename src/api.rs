@@ -93,7 +93,16 @@ fn described(run: &mut Run) -> Result<String> {
     run.completion_tokens = run
         .completion_tokens
         .saturating_add(completion.completion_tokens);
-    run.described_by = Some(completion.endpoint);
+    // Every endpoint the rows were sent to: one that failed first received them too.
+    run.described_by = Some(if completion.failures.is_empty() {
+        completion.endpoint
+    } else {
+        format!(
+            "{} (after {})",
+            completion.endpoint,
+            completion.failures.join("; ")
+        )
+    });
     Ok(strip_think(&completion.content).trim().to_string())
 }
 
@@ -1041,12 +1050,13 @@ fn answer(ask: &Ask) -> Result<(Run, DatabaseContext)> {
             failure.endpoint, failure.cause
         ));
     }
+    // Its SQLSTATE only: the message may be another role's text (a view's code), which must
+    // not pass for the extension's own line; the trace and the history keep it.
     if let (Some((attempt, error)), None) = (run.broken(), run.failure()) {
         crate::error::warning(format!(
-            "sql_query_engine: PostgreSQL failed under attempt {attempt} ({}: {}); the loop \
+            "sql_query_engine: PostgreSQL failed under attempt {attempt} ({}); the loop \
              stopped there and the best attempt so far is the answer",
             error.sqlstate.as_str(),
-            crate::text::at_most(&error.message, 200)
         ));
     }
     if run.out_of_time {

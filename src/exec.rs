@@ -601,11 +601,19 @@ unsafe fn doubts_of(query: *mut pg_sys::Query) -> Vec<String> {
 /// internal error of PostgreSQL's C code). No repair mends it, so the loop stops there and the
 /// call keeps the answer it has. Not those codes raised by a procedural language's code the
 /// query ran (`RAISE ... USING ERRCODE 'XX000'`, which another role's view may hold: such an
-/// attempt fails alone), nor the attempt's own `temp_file_limit` (53400: the query's size, as
+/// attempt fails alone) or said by a remote server (`postgres_fdw`, `dblink`), nor the attempt's own `temp_file_limit` (53400: the query's size, as
 /// the memory watch's bound is).
 fn postgres_failed(report: &ErrorReportWithLevel, sqlstate: &SqlState) -> bool {
-    /// Where the procedural languages PostgreSQL ships raise what their code asks for.
-    const LANGUAGES: [&str; 4] = ["pl_exec.c", "plpy_elog.c", "plperl.c", "pltcl.c"];
+    /// Where PostgreSQL's procedural languages raise what their code asks for, and its
+    /// foreign-data wrapper and dblink raise what a remote server said.
+    const LANGUAGES: [&str; 6] = [
+        "pl_exec.c",
+        "plpy_elog.c",
+        "plperl.c",
+        "pltcl.c",
+        "connection.c",
+        "dblink.c",
+    ];
     let by_a_language = LANGUAGES
         .iter()
         .any(|file| report.file().rsplit('/').next() == Some(*file));

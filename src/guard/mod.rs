@@ -63,7 +63,7 @@ pub use facts::{builtin, row_fields, type_holds};
 pub use outer::outer_column_subquery;
 pub use policy::Allowed;
 pub use refs::{references, ColumnRef, GroupBy, Named, References, RelationRef, Select};
-pub use scope::{partition_of, Scope};
+pub use scope::Scope;
 pub use trust::{saving_call, superuser_call, Trusted};
 pub use verdict::{Origin, Refusal};
 pub use walk::check_tree;

@@ -52,14 +52,13 @@ impl Scope {
 
 /// Levels of partitioning climbed at most from a partition to its ancestors: PostgreSQL sets
 /// no bound, and each level is a catalog look-up that another role's chain of partitions (as
-/// deep as it likes) would otherwise cost every query that names one, or every invalidation
-/// one sends.
+/// deep as it likes) would otherwise cost every query that names one.
 const MAX_PARTITION_LEVELS: usize = 64;
 
 /// Whether `relation`, a partition, is one at some level of a relation `wanted` says yes to;
 /// `None` when that cannot be told: its chain is deeper than `MAX_PARTITION_LEVELS`, or changed
 /// while it was climbed (a partition detached meanwhile).
-pub fn partition_of(relation: pg_sys::Oid, wanted: impl Fn(pg_sys::Oid) -> bool) -> Option<bool> {
+fn partition_of(relation: pg_sys::Oid, wanted: impl Fn(pg_sys::Oid) -> bool) -> Option<bool> {
     let mut current = relation;
     for _ in 0..MAX_PARTITION_LEVELS {
         pgrx::check_for_interrupts!();

@@ -1,6 +1,8 @@
 //! The provider chain: `llm_url` first, then the `llm_fallbacks` in order, each with its own
 //! model and key, all within one `llm_timeout`. The next endpoint is tried when one is
-//! unreachable, times out, answers an HTTP error (429 and 5xx included) or no completion; the
+//! unreachable, times out, answers 429 or 5xx or something that is no completion, not when the
+//! request itself failed there (another 4xx, a refusal or an empty answer, an answer too long:
+//! a role would choose where its questions go by shaping them); the
 //! time left is shared among the endpoints still to try, and only the last one retries 429 and
 //! 5xx. A failed endpoint is skipped for `llm_circuit_breaker` (`breaker`: in every backend
 //! of the server when the library is preloaded), so a dead provider does not cost every
@@ -118,8 +120,14 @@ impl Chain {
                     // the endpoint, and does not send the question on (see the module's
                     // doc). A failure that looks like the endpoint's is told to every backend
                     // only when a request no role shapes fails too.
-                    let shortened = cut_short && Instant::now() >= deadline;
-                    if !shortened {
+                    // A failure the request itself caused (a 4xx other than 429, a refusal or
+                    // an empty answer, an answer longer than max_response_bytes: what a role's
+                    // question shapes) ends there too, unremembered: sent on, or skipped for
+                    // the role's next questions, it would let a role choose where they go.
+                    let timed_out = Instant::now() >= deadline;
+                    let shortened = cut_short && timed_out;
+                    let the_requests = fault == Fault::Request && !timed_out;
+                    if !shortened && !the_requests {
                         let down = fault == Fault::Endpoint
                             && breaker::shared()
                             && client.fails_whatever_asked(probe_deadline(deadline));
@@ -131,7 +139,7 @@ impl Chain {
                         cause,
                         fault,
                     });
-                    if shortened {
+                    if shortened || the_requests {
                         break;
                     }
                 }

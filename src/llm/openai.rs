@@ -498,7 +498,9 @@ impl OpenAiClient {
             let resume = Instant::now().checked_add(pause);
             if !retryable || pause > MAX_RETRY_AFTER || resume.is_none_or(|r| r >= deadline) {
                 let cause = status_cause(code, &text);
-                return Err(if code == 429 || code >= 500 {
+                // The endpoint's, whatever was asked: overloaded, failing, or refusing the key
+                // or the path it was configured with; any other 4xx is the request's.
+                return Err(if matches!(code, 401 | 403 | 404 | 429) || code >= 500 {
                     self.down(cause)
                 } else {
                     self.error(cause)
@@ -626,7 +628,8 @@ fn agent_for(url: &str) -> ureq::Agent {
 }
 
 /// Resolves a host name on the thread that asks, a helper thread the backend counts and
-/// waits for only until the request's deadline (`wait`). ureq's own resolver, given a
+/// waits for only until the request's deadline (`wait`), and ends the request when the look-up
+/// took past it. ureq's own resolver, given a
 /// deadline, looks the name up on a thread of its own and stops waiting for it at the
 /// deadline: that thread, and its socket, lived on uncounted for as long as the system's
 /// resolver took (tens of seconds for a name server that does not answer), one per request.
@@ -644,7 +647,15 @@ impl ureq::unversioned::resolver::Resolver for ResolvedHere {
             after: ureq::unversioned::transport::time::Duration::NotHappening,
             ..timeout
         };
-        ureq::unversioned::resolver::DefaultResolver::default().resolve(uri, config, here)
+        let started = std::time::Instant::now();
+        let resolved =
+            ureq::unversioned::resolver::DefaultResolver::default().resolve(uri, config, here)?;
+        // A name that took past the request's time ends the request here: ureq would go on to
+        // connect and send (the prompt, the key) after the backend stopped waiting.
+        if started.elapsed() >= *timeout.after {
+            return Err(ureq::Error::Timeout(timeout.reason));
+        }
+        Ok(resolved)
     }
 }
 

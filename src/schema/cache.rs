@@ -252,6 +252,11 @@ pub fn load() -> Result<(Rc<SchemaContext>, bool)> {
         }
     });
     oids.extend(named);
+    // Their partitions and inheritance children too: what a read of a cached relation takes
+    // (their locks) and its storage's fingerprint change with them (a partition made a
+    // partitioned table, an index created). A partition attached or created later changes its
+    // parent, which is here already.
+    oids.extend(descendants(&oids)?);
     let context = Rc::new(SchemaContext::new(relations, key.sample_values));
     // Read with a REPEATABLE READ or SERIALIZABLE transaction's snapshot, the context may be
     // older than invalidations this backend already took (a policy enabled since): it serves
@@ -364,11 +369,11 @@ fn privileges() -> Result<Vec<i64>> {
     .map(Option::unwrap_or_default)
 }
 
-/// How long the invalidations since the last question are looked at, at most: past it the
-/// cache is rebuilt (which its own bounds limit) rather than each looked at. Another role can
-/// send thousands (each of its relations as wide or its partitions as deep as it likes), to
-/// every backend of the database.
-const MAX_INVALIDATION_CHECK: std::time::Duration = std::time::Duration::from_millis(50);
+/// How long the invalidations since the last question are looked at, at most (each costs a few
+/// catalog look-ups, and one in a schema the context reads a check of the role's privileges on
+/// its columns): past it the cache is rebuilt (which its own bounds limit) rather than each
+/// looked at. Another role can send up to `MAX_PENDING` to every backend of the database.
+const MAX_INVALIDATION_CHECK: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// Whether the invalidations since the last question make the cache stale; forgets them.
 fn take_invalidations(schemas: &[String]) -> bool {
@@ -383,9 +388,7 @@ fn take_invalidations(schemas: &[String]) -> bool {
         pgrx::check_for_interrupts!();
         until.is_none_or(|until| std::time::Instant::now() >= until)
             || (!temporary(relid)
-                && (CACHED.with_borrow(|c| c.contains(&relid))
-                    || newly_readable(relid, schemas)
-                    || partition_of_cached(relid)))
+                && (CACHED.with_borrow(|c| c.contains(&relid)) || newly_readable(relid, schemas)))
     })
 }
 
@@ -400,15 +403,31 @@ fn temporary(relid: pg_sys::Oid) -> bool {
     }
 }
 
-/// Whether `relid` is a partition of a relation the cache holds, at any depth: what a read of
-/// the cached relation takes (its partitions' and their indexes' locks) and its storage's
-/// fingerprint changed with it (a partition made a partitioned table, an index created). A
-/// chain too deep to climb, or changed meanwhile, counts as one.
-fn partition_of_cached(relid: pg_sys::Oid) -> bool {
-    crate::guard::partition_of(relid, |ancestor| {
-        CACHED.with_borrow(|c| c.contains(&ancestor))
+/// The partitions and inheritance children of `relations`, at every level, as far as the
+/// schema context's own walk goes (`MAX_INHERITANCE_STEPS`; past it a relation with children is
+/// neither read on the extension's own nor its statistics read).
+fn descendants(relations: &HashSet<pg_sys::Oid>) -> Result<Vec<pg_sys::Oid>> {
+    let parents: Vec<i64> = relations.iter().map(|r| i64::from(r.to_u32())).collect();
+    let found = subxact::pinned(|| {
+        store::read_one::<Vec<i64>>(
+            "WITH RECURSIVE tree(relid) AS (
+                 SELECT i.inhrelid FROM pg_catalog.pg_inherits i
+                 WHERE i.inhparent OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.oid[])
+                 UNION ALL
+                 SELECT i.inhrelid FROM tree t JOIN pg_catalog.pg_inherits i
+                     ON i.inhparent OPERATOR(pg_catalog.=) t.relid)
+             SELECT coalesce(pg_catalog.array_agg(relid::pg_catalog.int8), '{}')
+             FROM (SELECT relid FROM tree LIMIT $2) s",
+            &[parents.into(), super::catalog::MAX_INHERITANCE_STEPS.into()],
+        )
     })
-    .unwrap_or(true)
+    .map_err(|e| Error::internal(format!("reading partitions failed: {e}")))?
+    .unwrap_or_default();
+    Ok(found
+        .into_iter()
+        .filter_map(|oid| u32::try_from(oid).ok())
+        .map(pg_sys::Oid::from)
+        .collect())
 }
 
 /// A relation (not a partition, not temporary) in one of `schemas` that the role can read: it

@@ -59,6 +59,11 @@ pub struct Relation {
     /// TRUNCATE, VACUUM FULL or a rewrite. It names a shared read (`shareable`).
     #[serde(default)]
     pub filenode: u32,
+    /// A fingerprint of who may read it (its owner, the grants on it, its columns and its
+    /// schema) as the context was read: it names a shared read too, so that rows read before a
+    /// GRANT (and deleted since) are not taken by the role it gave them to.
+    #[serde(default)]
+    pub grants: Option<String>,
     /// The locks a read of it on the extension's own takes: the relation, its indexes, and a
     /// partitioned table's partitions (at every level) and theirs.
     #[serde(default)]
@@ -75,7 +80,7 @@ const MAX_OWN_READ_LOCKS: u32 = 256;
 /// together (when it is cut short, no relation with children is read on the extension's own
 /// nor are its statistics read): another role's chain or lattice of inheriting tables costs
 /// this much, not its square.
-const MAX_INHERITANCE_STEPS: i64 = 100_000;
+pub(super) const MAX_INHERITANCE_STEPS: i64 = 100_000;
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Default)]
 pub struct Column {
@@ -222,7 +227,7 @@ WITH RECURSIVE kept AS MATERIALIZED (
     -- The relations first, with only what costs nothing to read: what follows (comments,
     -- descendants) is read for the $2 kept, not for every one another role made.
     SELECT c.oid, c.relname, c.relkind, c.reltuples, c.relrowsecurity, c.relpersistence,
-           c.relfilenode, c.relhassubclass, n.nspname, s.ord,
+           c.relfilenode, c.relhassubclass, n.nspname, s.ord, c.relowner, c.relacl, n.nspacl,
            sum(c.relnatts) OVER (ORDER BY s.ord, c.relname ROWS UNBOUNDED PRECEDING) AS columns,
            count(*) OVER () AS readable
     FROM unnest($1::text[]) WITH ORDINALITY AS s(name, ord)
@@ -288,6 +293,16 @@ SELECT json_build_object(
         'shareable', b.relkind IN ('r', 'm') AND NOT b.relrowsecurity
                      AND b.relpersistence = 'p',
         'filenode', b.relfilenode::bigint,
+        -- Who may read it, as of this read: its owner and the grants on it, its columns and
+        -- its schema (a shared read made before a GRANT is not one to take after it).
+        'grants', CASE WHEN b.relkind IN ('r', 'm') AND NOT b.relrowsecurity
+                            AND b.relpersistence = 'p'
+                       THEN md5(concat_ws('/', b.relowner, b.relacl, b.nspacl,
+                                (SELECT string_agg(a.attnum || '=' || a.attacl::text, ','
+                                                   ORDER BY a.attnum)
+                                 FROM pg_attribute a
+                                 WHERE a.attrelid = b.oid AND a.attacl IS NOT NULL)))
+                  END,
         'locks', 1 + (SELECT count(*) FROM pg_index i WHERE i.indrelid = b.oid)
                  + CASE WHEN b.relkind = 'p'
                         THEN coalesce(parts.descendants, 0) + coalesce(pi.indexes, 0)

@@ -195,12 +195,16 @@ impl SchemaContext {
                     relation: i,
                     column_sql: column.name.clone(),
                     read_from: read_from.clone(),
-                    shared_as: (relation.shareable && read_from.is_some()).then(|| {
-                        (
-                            format!("{}:{}", relation.oid, relation.filenode),
-                            column.attnum,
-                        )
-                    }),
+                    shared_as: relation
+                        .grants
+                        .as_ref()
+                        .filter(|_| relation.shareable && read_from.is_some())
+                        .map(|grants| {
+                            (
+                                format!("{}:{}:{grants}", relation.oid, relation.filenode),
+                                column.attnum,
+                            )
+                        }),
                     relation_oid: relation.oid,
                     attnum: column.attnum,
                     display: format!("{}.{}", relation.sql_name(), column.name),

@@ -277,6 +277,7 @@ mod tests {
             }],
             shareable: true,
             filenode: 1,
+            grants: Some("g".into()),
             locks: 1,
             foreign_parts: false,
         }
@@ -374,6 +375,7 @@ mod tests {
             }],
             shareable: false,
             filenode: 0,
+            grants: None,
             locks: 1,
             foreign_parts: false,
         };

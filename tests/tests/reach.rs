@@ -1006,8 +1006,13 @@ fn code_a_generated_query_runs_cannot_become_another_role_the_login_role_may_bec
     assert!(text.contains("security-restricted operation"), "{text}");
 }
 
+/// A failure a role's own request caused at the primary (a 400: a prompt too long for its
+/// context, a filter) is that call's error: the question is not sent on to the fallback (a role
+/// would choose where its questions go by shaping them), and the primary is not skipped, for
+/// that role or any other, also through the gateway's `nl_call` (the model is asked between
+/// transactions, as the session user).
 #[test]
-fn what_one_role_made_an_endpoint_refuse_keeps_only_that_role_away_from_it() {
+fn what_one_role_made_an_endpoint_refuse_is_that_calls_error_alone() {
     let mut s = Session::new();
     let fallback = ScriptedLlm::start();
     let db = s.database.clone();
@@ -1021,73 +1026,73 @@ fn what_one_role_made_an_endpoint_refuse_keeps_only_that_role_away_from_it() {
             fallback.url()
         ))
         .unwrap();
-    // The primary refuses the first role's request as malformed (a 4xx is the request's own).
-    s.llm.on(
+    let count = || Reply::sql("SELECT count(*) AS n FROM customers");
+    for question in [
         "a question the primary refuses",
-        vec![Reply::Status(400, "no".into())],
-    );
-    fallback.on(
-        "a question the primary refuses",
-        vec![Reply::sql("SELECT count(*) AS n FROM customers")],
-    );
-    s.llm.on(
+        "another question the primary refuses",
+    ] {
+        s.llm.on(question, vec![Reply::Status(400, "no".into())]);
+        fallback.on(question, vec![count()]);
+    }
+    for question in [
+        "a question of the role",
         "a question of the second role",
-        vec![Reply::sql("SELECT count(*) AS n FROM customers")],
-    );
-    fallback.on(
-        "a question of the second role",
-        vec![Reply::sql("SELECT count(*) AS n FROM customers")],
-    );
-    let endpoint_of = |s: &mut Session, role: &str, question: &str| -> String {
+        "another question of the role",
+        "another question of the second role",
+    ] {
+        s.llm.on(question, vec![count()]);
+    }
+    let as_role = |s: &mut Session, role: &str, question: &str| {
         s.client.batch_execute(&format!("SET ROLE {role}")).unwrap();
         let row = s
             .client
-            .query_one("SELECT nl_trace($1)::text", &[&question])
-            .unwrap();
+            .query_one("SELECT nl_trace($1)::text", &[&question]);
         s.client.batch_execute("RESET ROLE").unwrap();
-        let trace: serde_json::Value = serde_json::from_str(row.get::<_, &str>(0)).unwrap();
-        trace["attempts"][0]["endpoint"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string()
+        row.map(|row| {
+            let trace: serde_json::Value = serde_json::from_str(row.get::<_, &str>(0)).unwrap();
+            trace["attempts"][0]["endpoint"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
     };
-    let first = endpoint_of(&mut s, &a, "a question the primary refuses");
-    assert!(first.starts_with(&fallback.url()), "{first}");
-    // Another role on the same backend still asks the primary.
-    let second = endpoint_of(&mut s, &b, "a question of the second role");
-    assert!(second.starts_with(&s.llm.url()), "{second}");
-    // Also as the gateway asks, through nl_call's run_as (the model is asked between
-    // transactions, as the session user), with two roles that asked nothing yet.
-    s.llm.on(
-        "another question the primary refuses",
-        vec![Reply::Status(400, "no".into())],
-    );
-    fallback.on(
-        "another question the primary refuses",
-        vec![Reply::sql("SELECT count(*) AS n FROM customers")],
-    );
-    s.llm.on(
-        "another question of the second role",
-        vec![Reply::sql("SELECT count(*) AS n FROM customers")],
-    );
-    let mut called = |role: &str, question: &str| -> String {
-        let row = s
-            .client
+    let error = as_role(&mut s, &a, "a question the primary refuses").unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "58000", "{message}");
+    assert!(message.contains("HTTP 400"), "{message}");
+    assert_eq!(fallback.requests().len(), 0, "not sent on to the fallback");
+    for (role, question) in [
+        (&a, "a question of the role"),
+        (&b, "a question of the second role"),
+    ] {
+        let endpoint = as_role(&mut s, role, question).unwrap();
+        assert!(endpoint.starts_with(&s.llm.url()), "{endpoint}");
+    }
+    // Also as the gateway asks, through nl_call's run_as, with two roles that asked nothing.
+    let mut called = |role: &str, question: &str| {
+        s.client
             .query_one(
                 "CALL nl_call($1, NULL, NULL, NULL, $2, false)",
                 &[&question, &role],
             )
-            .unwrap();
-        let answer: serde_json::Value = row.get(0);
-        answer["attempts"][0]["endpoint"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string()
+            .map(|row| {
+                let answer: serde_json::Value = row.get(0);
+                answer["attempts"][0]["endpoint"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            })
     };
-    let first = called(&c, "another question the primary refuses");
-    assert!(first.starts_with(&fallback.url()), "{first}");
-    let second = called(&d, "another question of the second role");
-    assert!(second.starts_with(&s.llm.url()), "{second}");
+    let error = called(&c, "another question the primary refuses").unwrap_err();
+    assert_eq!(db_error(&error).0, "58000", "{error}");
+    assert_eq!(fallback.requests().len(), 0, "not sent on to the fallback");
+    for (role, question) in [
+        (&c, "another question of the role"),
+        (&d, "another question of the second role"),
+    ] {
+        let endpoint = called(role, question).unwrap();
+        assert!(endpoint.starts_with(&s.llm.url()), "{endpoint}");
+    }
 }
 
 /// Sends `statements` as `user` as one pipeline of the extended protocol: each its Parse, Bind
