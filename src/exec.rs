@@ -908,18 +908,21 @@ fn run_guarded(
         (None, Some(in_loop)) if in_loop.saves => Some(guard::saving_call()),
         _ => None,
     };
-    // From here, what PostgreSQL says of the query is not sent to the caller: its lexer's
-    // NOTICEs about names of another role's example or the model's (an identifier cut to 63
-    // bytes is printed whole), and whatever code the query runs raises (a view's or a policy's
-    // functions, as analysis, the planner or the executor call them): INFO, NOTICE or WARNING
-    // of any size and number, which every client (the gateway, for all its roles) would have
-    // to take in, and which could pass for the extension's own progress lines. The caller gets
-    // the query's rows, not its code's messages.
+    // What PostgreSQL says of SQL the caller did not write (the model's, another role's
+    // example, the extension's own) is not sent to the caller, from its analysis on: its
+    // lexer's NOTICEs about names (an identifier cut to 63 bytes is printed whole), and
+    // whatever code the query runs raises (a view's or a policy's functions, as analysis, the
+    // planner or the executor call them): INFO, NOTICE or WARNING of any size and number,
+    // which every client (the gateway, for all its roles) would have to take in, and which
+    // could pass for the extension's own progress lines. Of the caller's own SQL (`nl_run`,
+    // `nl_check`), what analysis says is the caller's to see; from planning on, it gets the
+    // rows, not the code's messages.
+    let callers_own = matches!(origin, Origin::Generated) && in_loop.is_none() && scope.is_none();
     // A setting that cannot be read is said before that (`allowed_functions` warns once).
     if matches!(origin, Origin::Generated) {
         guard::allowed_functions();
     }
-    let _quiet = subxact::QuietClient::new();
+    let mut quiet = (!callers_own).then(subxact::QuietClient::new);
     let checked = match guard::check(sql, origin, saving.as_ref().or(trusted.as_ref()), scope) {
         Ok(checked) => checked,
         Err(refusal) => return Outcome::Refused(refusal),
@@ -961,6 +964,7 @@ fn run_guarded(
     unsafe {
         // Like SPI for a non-read-only call: see what the caller's statement did so far.
         pg_sys::CommandCounterIncrement();
+        quiet.get_or_insert_with(subxact::QuietClient::new);
         let rewritten = PgList::<pg_sys::Query>::from_pg(pg_sys::pg_rewrite_query(checked.query));
         let Some(query) = rewritten.get_ptr(0).filter(|_| rewritten.len() == 1) else {
             return Outcome::Refused(guard::Refusal::forbidden(

@@ -791,6 +791,12 @@ impl Db {
         });
     }
 
+    /// Whether `node` fails a health check now (`check`, which notes it).
+    async fn confirmed_down(&self, node: &Node) -> bool {
+        self.check(node).await;
+        !node.healthy.load(Ordering::Relaxed)
+    }
+
     /// One health check of a read server, on a connection of its own: it answers, its login
     /// role reaches no further than a role should (`REACHING_ROLES`), and where it keeps
     /// sessions. A change is said on stderr.
@@ -969,6 +975,14 @@ impl Db {
                 Err(e) => Err(e),
             };
             match result {
+                // A backend that ended under the call (a DBA's pg_terminate_backend, the
+                // extension's memory watch, a crash the query caused) is no server failing:
+                // asked again, the call would end its backend on every other server, the
+                // primary's last. The server is checked on a connection of its own, and only
+                // when that fails too is the call asked of another.
+                Err(e) if !last && e.server_failed() && !self.confirmed_down(node).await => {
+                    return Err(e);
+                }
                 Err(e) if !last && e.server_failed() => {
                     node.set_healthy(false, &format!("a call failed ({e:?})"));
                     eprintln!(

@@ -467,27 +467,29 @@ impl Trusted {
         }
     }
 
-    /// Why a superuser's query may not go through a view, a policy or a virtual column that
-    /// uses what `reached` holds: an operator, or one linked to it as its commutator or
-    /// negator, or an aggregate or window function, of a role this call does not trust. Its
-    /// owner could later link the operator (ALTER OPERATOR ... SET NEGATOR) to an operator of
-    /// a built-in function with effects, which the planner would put in its place (`NOT (a op
+    /// Why a superuser's query, or a saved question's view, may not go through a view, a
+    /// policy or a virtual column that uses what `reached` holds: a function (an aggregate and
+    /// a window function included), an operator, one linked to it as its commutator or
+    /// negator, or the function behind one, of a role this call does not trust. Its owner
+    /// could later replace the function (which runs as each reader of a saved view, where no
+    /// gate watches), link the operator (ALTER OPERATOR ... SET NEGATOR) to an operator of a
+    /// built-in function with effects, which the planner would put in its place (`NOT (a op
     /// b)` becomes `a negator b`), or give the aggregate such a function (CREATE OR REPLACE
     /// AGGREGATE): built-in code, out of the gate's sight.
     fn reached_refusal(&self, reached: &Reached) -> Option<String> {
         if let Some(why) = runs_given_code_refusal(reached) {
             return Some(why);
         }
-        let aggregate = reached.functions.iter().find_map(|&function| {
+        let function = reached.functions.iter().find_map(|&function| {
             let owner = FunctionFacts::of(function).map_or(pg_sys::InvalidOid, |f| f.owner);
-            self.refuse_owner(owner, "aggregate").map(|why| {
+            self.refuse_owner(owner, "function").map(|why| {
                 format!(
-                    "aggregate {} is not allowed: {why}",
+                    "function {} is not allowed: {why}",
                     FunctionFacts::signature(function)
                 )
             })
         });
-        aggregate
+        function
             .or_else(|| self.operators_refusal(&reached.operators))
             .or_else(|| self.types_refusal(&reached.types))
     }
@@ -559,7 +561,14 @@ impl Trusted {
                 .into_iter()
                 .filter(|linked| !builtin(*linked))
                 .find_map(|linked| {
-                    self.refuse_owner(operator_owner(linked), "operator")
+                    // Its function too: its owner may replace it (CREATE OR REPLACE FUNCTION).
+                    // SAFETY: a syscache look-up (InvalidOid for an operator that is gone).
+                    let code = unsafe { pg_sys::get_opcode(linked) };
+                    let code_owner = (!builtin(code))
+                        .then(|| FunctionFacts::of(code).map_or(pg_sys::InvalidOid, |f| f.owner));
+                    code_owner
+                        .and_then(|owner| self.refuse_owner(owner, "function"))
+                        .or_else(|| self.refuse_owner(operator_owner(linked), "operator"))
                         .map(|why| {
                             format!("operator {} is not allowed: {why}", operator_name(linked))
                         })
@@ -821,10 +830,14 @@ unsafe extern "C-unwind" fn relations_walker(
                     return true;
                 }
             }
-            pg_sys::NodeTag::T_FuncExpr
-                if walk_call((*node.cast::<pg_sys::FuncExpr>()).funcid, context) =>
-            {
-                return true;
+            // A function another role owns runs as whoever reads the view or the table of the
+            // policy, and its owner may replace it at any time.
+            pg_sys::NodeTag::T_FuncExpr => {
+                let function = (*node.cast::<pg_sys::FuncExpr>()).funcid;
+                found().function(function);
+                if walk_call(function, context) {
+                    return true;
+                }
             }
             pg_sys::NodeTag::T_RowCompareExpr => {
                 let opnos: Vec<pg_sys::Oid> = PgList::<std::ffi::c_void>::from_pg(

@@ -100,12 +100,6 @@ fn failed_at(endpoint: &str, role: u32) -> Option<u64> {
     local.max(shared.flatten())
 }
 
-/// Whether failures are shared between backends (the library was preloaded): only then is an
-/// endpoint's failure worth confirming for everyone.
-pub fn shared() -> bool {
-    PRELOADED.load(Ordering::Relaxed)
-}
-
 /// Whether `endpoint` failed less than `breaker` ago (for everyone, or for `role`).
 pub fn skipped(endpoint: &str, role: u32, breaker: Duration) -> bool {
     failed_at(endpoint, role)

@@ -1,8 +1,9 @@
 //! The provider chain: `llm_url` first, then the `llm_fallbacks` in order, each with its own
-//! model and key, all within one `llm_timeout`. The next endpoint is tried when one is
-//! unreachable, times out, answers 429 or 5xx or something that is no completion, not when the
-//! request itself failed there (another 4xx, a refusal or an empty answer, an answer too long:
-//! a role would choose where its questions go by shaping them); the
+//! model and key, all within one `llm_timeout`. The next endpoint is tried when one gave no
+//! answer in time, or failed (unreachable, an HTTP error, no completion, an empty or oversized
+//! one) and a request no role shapes fails there too: when only the call's request failed,
+//! that is the call's error (a role would choose where its questions go by shaping them to
+//! fail); the
 //! time left is shared among the endpoints still to try, and only the last one retries 429 and
 //! 5xx. A failed endpoint is skipped for `llm_circuit_breaker` (`breaker`: in every backend
 //! of the server when the library is preloaded), so a dead provider does not cost every
@@ -38,11 +39,12 @@ pub struct Chain {
 /// How long `OpenAiClient::fails_whatever_asked` may take at most, within the call's time.
 const PROBE_TIME: Duration = Duration::from_secs(5);
 
-/// The deadline of a probe started now, within the failed endpoint's share of the call's time
-/// (`share`): the next endpoints keep theirs.
-fn probe_deadline(share: Instant) -> Instant {
+/// The deadline of a probe started now: `PROBE_TIME`, and at most half of the call's time left
+/// (until `overall`), so that the next endpoints keep the other half.
+fn probe_deadline(overall: Instant) -> Instant {
     let now = Instant::now();
-    now.checked_add(PROBE_TIME).unwrap_or(share).min(share)
+    let half = now + overall.saturating_duration_since(now) / 2;
+    now.checked_add(PROBE_TIME).unwrap_or(half).min(half)
 }
 
 impl Chain {
@@ -117,21 +119,22 @@ impl Chain {
                     fault,
                 }) => {
                     // No answer within time the role's settings shortened says nothing about
-                    // the endpoint, and does not send the question on (see the module's
-                    // doc). A failure that looks like the endpoint's is told to every backend
-                    // only when a request no role shapes fails too.
-                    // A failure the request itself caused (a 4xx other than 429, a refusal or
-                    // an empty answer, an answer longer than max_response_bytes: what a role's
-                    // question shapes) ends there too, unremembered: sent on, or skipped for
-                    // the role's next questions, it would let a role choose where they go.
+                    // the endpoint, and does not send the question on (see the module's doc).
+                    // Any other failure is judged by a request no role shapes: failed too,
+                    // the endpoint is down (remembered, for every backend when the library is
+                    // preloaded), and the question goes on; answered, the failure was this
+                    // request's own (a prompt too long, a 429 for its tokens, a refusal): the
+                    // call's error, unremembered, so that no role chooses where its questions
+                    // go by shaping one to fail. Only no answer in time still goes on, with
+                    // the time left, unremembered: an endpoint slow for this question cannot
+                    // be told from one slow for all. The last endpoint is not probed: nothing
+                    // is left to ask.
                     let timed_out = Instant::now() >= deadline;
                     let shortened = cut_short && timed_out;
-                    let the_requests = fault == Fault::Request && !timed_out;
-                    if !shortened && !the_requests {
-                        let down = fault == Fault::Endpoint
-                            && breaker::shared()
-                            && client.fails_whatever_asked(probe_deadline(deadline));
-                        breaker::failed(&identity, role, down);
+                    let down =
+                        !shortened && !last && client.fails_whatever_asked(probe_deadline(overall));
+                    if down {
+                        breaker::failed(&identity, role, true);
                     }
                     failures.push(format!("{endpoint}: {cause}"));
                     last_error = Some(Error::Llm {
@@ -139,7 +142,7 @@ impl Chain {
                         cause,
                         fault,
                     });
-                    if shortened || the_requests {
+                    if shortened || !(down || timed_out) {
                         break;
                     }
                 }

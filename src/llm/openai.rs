@@ -368,13 +368,16 @@ impl OpenAiClient {
             .map(|c| c.completions)
     }
 
-    /// Whether the endpoint fails as its own fault (`Fault::Endpoint`) a request no role
-    /// shapes, too: one short message, one token, no JSON mode, no retry, until `deadline`.
-    /// A 429 or a 5xx may answer what a role asked (a request over the provider's tokens per
-    /// minute, a prompt the server cannot take): only a failure this request meets too is the
-    /// endpoint's, for every role.
+    /// Whether the endpoint fails a request no role shapes, too: one short message, one token,
+    /// no JSON mode, no retry, until `deadline`. Whatever failed a role's request (a 4xx, a
+    /// 429 or 5xx, an empty or oversized answer, no answer in time) may have been that
+    /// request's own doing (a prompt over the context or the tokens per minute, a question
+    /// slow to answer): only when this request meets a failure too (no answer in time, any
+    /// status but 2xx, anything that is not a completion) is it the endpoint's, for every
+    /// role. A completion answers, whatever its content. The backend's own failing (no helper
+    /// thread, no file descriptor) says nothing.
     pub fn fails_whatever_asked(&self, deadline: Instant) -> bool {
-        let mut probe = OpenAiClient {
+        let probe = OpenAiClient {
             base_url: self.base_url.clone(),
             model: self.model.clone(),
             api_key: self.api_key.clone(),
@@ -383,13 +386,19 @@ impl OpenAiClient {
             max_tokens: 1,
             max_response_bytes: self.max_response_bytes,
         };
-        matches!(
-            probe.ask(&[Message::user(PROBE)], 1, deadline, false),
+        let body = probe.request_body(&[Message::user(PROBE)], 1).to_string();
+        match probe.send_once(&body, 1, deadline) {
+            Ok(Reply::Status { code, body, .. }) => {
+                !((200..300).contains(&code) && is_completion(&body))
+            }
+            Ok(Reply::Streamed { choices, .. }) => choices.is_empty(),
+            Ok(Reply::Local(_)) => false,
+            Ok(Reply::TimedOut | Reply::TooLarge(_) | Reply::Failed(_)) => true,
             Err(Error::Llm {
-                fault: Fault::Endpoint,
-                ..
-            })
-        )
+                fault: Fault::Busy, ..
+            }) => false,
+            Err(_) => true,
+        }
     }
 
     /// Notes, when `so`, that this endpoint takes no `n`: one choice per request from now on.
@@ -498,9 +507,7 @@ impl OpenAiClient {
             let resume = Instant::now().checked_add(pause);
             if !retryable || pause > MAX_RETRY_AFTER || resume.is_none_or(|r| r >= deadline) {
                 let cause = status_cause(code, &text);
-                // The endpoint's, whatever was asked: overloaded, failing, or refusing the key
-                // or the path it was configured with; any other 4xx is the request's.
-                return Err(if matches!(code, 401 | 403 | 404 | 429) || code >= 500 {
+                return Err(if code == 429 || code >= 500 {
                     self.down(cause)
                 } else {
                     self.error(cause)

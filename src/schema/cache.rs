@@ -33,8 +33,10 @@ use super::catalog;
 use super::context::SchemaContext;
 
 /// Unknown relations noted at most (each once: one role's ALTERs of its own table, committed
-/// one by one, are one relation) before the cache is simply dropped.
-const MAX_PENDING: usize = 10_000;
+/// one by one, are one relation) before the cache is simply dropped: as many as another
+/// session's temporary tables may take it to make (they are told apart only at the next
+/// question, since an invalidation's callback may not read the catalog), about 1 MB at most.
+const MAX_PENDING: usize = 100_000;
 
 #[derive(Clone, PartialEq, Eq)]
 struct CacheKey {
@@ -251,12 +253,13 @@ pub fn load() -> Result<(Rc<SchemaContext>, bool)> {
             }
         }
     });
+    // Their partitions and inheritance children too (not those of the relations their keys
+    // name, which are not read): what a read of a cached relation takes (their locks) and its
+    // storage's fingerprint change with them (a partition made a partitioned table, an index
+    // created). A partition attached or created later changes its parent, which is here.
+    let parts = descendants(&oids)?;
     oids.extend(named);
-    // Their partitions and inheritance children too: what a read of a cached relation takes
-    // (their locks) and its storage's fingerprint change with them (a partition made a
-    // partitioned table, an index created). A partition attached or created later changes its
-    // parent, which is here already.
-    oids.extend(descendants(&oids)?);
+    oids.extend(parts);
     let context = Rc::new(SchemaContext::new(relations, key.sample_values));
     // Read with a REPEATABLE READ or SERIALIZABLE transaction's snapshot, the context may be
     // older than invalidations this backend already took (a policy enabled since): it serves

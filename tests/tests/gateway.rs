@@ -1573,8 +1573,10 @@ impl McpSession<'_> {
 
 /// An ERROR a query raises is the query's, whatever its SQLSTATE: a function in a view can
 /// raise 57P01 ("terminating connection due to administrator command") or 08006 as well as a
-/// server going down. Only a server that ends the session (FATAL) leaves the rotation; the
-/// answer is the query's error, and nothing is asked again on another server.
+/// server going down. Nor does a backend that ends under the call (here the view terminates
+/// its own backend, as a DBA's pg_terminate_backend or the memory watch would) take its server
+/// out: the server answers a check of its own, so the answer is the call's error, and nothing
+/// is asked again on another server (before, it was, and ended its backend there too).
 #[test]
 fn an_error_a_query_raises_does_not_take_a_read_server_out_of_rotation() {
     let s = setup();
@@ -1585,7 +1587,10 @@ fn an_error_a_query_raises_does_not_take_a_read_server_out_of_rotation() {
              BEGIN RAISE EXCEPTION 'terminating connection due to administrator command'
                  USING ERRCODE = '57P01'; END $$;
              CREATE VIEW shared.unwell AS SELECT shared.shutdown_said() AS n;
-             GRANT SELECT ON shared.unwell TO {};",
+             CREATE FUNCTION shared.end_me() RETURNS boolean LANGUAGE sql SECURITY DEFINER
+                 AS $$ SELECT pg_terminate_backend(pg_backend_pid()) $$;
+             CREATE VIEW shared.ender AS SELECT shared.end_me() AS n;
+             GRANT SELECT ON shared.unwell, shared.ender TO {};",
             s.reader
         ))
         .unwrap();
@@ -1606,6 +1611,8 @@ fn an_error_a_query_raises_does_not_take_a_read_server_out_of_rotation() {
             "{answer}"
         );
     }
+    let answer = session.run_sql(5, "SELECT n FROM shared.ender");
+    assert!(answer.contains("\"isError\":true"), "{answer}");
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(
         !text.contains("asking another") && !text.contains("left the rotation"),

@@ -695,6 +695,50 @@ fn a_saved_view_keeps_no_relation_another_role_could_change_later() {
     }
 }
 
+/// Nor a function whose owner could replace it later (it runs as every reader of the view,
+/// where no gate watches): here one another role owns, called by a row-security policy of
+/// the caller's own table. Before, only aggregates were judged by their owners there.
+#[test]
+fn a_saved_view_keeps_no_function_another_role_could_replace_later() {
+    let shop = Shop::new();
+    let mallory = mallory(&shop);
+    cluster()
+        .connect(&shop.s.database)
+        .batch_execute(&format!(
+            "CREATE SCHEMA figures AUTHORIZATION {mallory};
+             SET ROLE {mallory};
+             CREATE FUNCTION figures.visible(int) RETURNS boolean LANGUAGE sql AS 'SELECT true';
+             GRANT USAGE ON SCHEMA figures TO PUBLIC;
+             RESET ROLE;"
+        ))
+        .unwrap();
+    let mut analyst = shop.analyst();
+    analyst
+        .batch_execute(
+            "SET search_path = reports, public;
+             CREATE TABLE reports.tally (n int); INSERT INTO reports.tally VALUES (7);
+             ALTER TABLE reports.tally ENABLE ROW LEVEL SECURITY;
+             ALTER TABLE reports.tally FORCE ROW LEVEL SECURITY;
+             CREATE POLICY seen ON reports.tally USING (figures.visible(n));",
+        )
+        .unwrap();
+    let query = "SELECT t.n FROM reports.tally t";
+    shop.s
+        .llm
+        .on("the tally", vec![Reply::sql(query), Reply::sql(query)]);
+    let error = analyst
+        .query_one("SELECT nl_view('tally_view', 'the tally')", &[])
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "42501", "{message}");
+    assert!(message.contains("figures.visible"), "{message}");
+    let saved: Option<String> = analyst
+        .query_one("SELECT to_regclass('reports.tally_view')::text", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(saved, None);
+}
+
 /// A saved question's view reads with its reader's rights (`security_invoker`): what it reads,
 /// a model chose, and a role it is granted to (by a grant, by default privileges) must not read
 /// that with the view owner's rights. A replaced view keeps its other options and becomes one.

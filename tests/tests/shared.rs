@@ -67,6 +67,17 @@ fn failing_endpoint() -> ScriptedLlm {
     llm
 }
 
+/// The request no role shapes that the chain asks an endpoint that failed a question.
+const PROBE: &str = "Reply with the word OK.";
+
+/// The questions `llm` was asked, the chain's probes left out.
+fn questions(llm: &ScriptedLlm) -> usize {
+    llm.requests()
+        .iter()
+        .filter(|r| r.last_message() != PROBE)
+        .count()
+}
+
 /// Asks `question` on a new connection (a new backend) from `connect`; returns the trace.
 fn ask_fresh(connect: impl Fn() -> Client, settings: &str, question: &str) -> serde_json::Value {
     let mut client = connect();
@@ -87,11 +98,14 @@ fn a_dead_endpoint_is_skipped_by_every_backend_of_a_preloaded_server_but_a_timeo
         ScriptedLlm::start(),
     );
     healthy.respond_with(|_| Some(Reply::sql("SELECT count(*) AS n FROM customers")));
-    slow.respond_with(|_| {
-        Some(Reply::Slow(
-            std::time::Duration::from_millis(3000),
-            Box::new(Reply::sql("SELECT count(*) AS n FROM customers")),
-        ))
+    // Slow for questions; the chain's probe (a request no role shapes) it answers at once.
+    slow.respond_with(|request| {
+        (request.last_message() != PROBE).then(|| {
+            Reply::Slow(
+                std::time::Duration::from_millis(3000),
+                Box::new(Reply::sql("SELECT count(*) AS n FROM customers")),
+            )
+        })
     });
     let chain = |first: &ScriptedLlm| {
         format!(
@@ -122,25 +136,41 @@ fn a_dead_endpoint_is_skipped_by_every_backend_of_a_preloaded_server_but_a_timeo
         serde_json::json!([])
     );
 
-    // No answer in time says nothing about the endpoint, even under the server's own
-    // llm_timeout: how long a model takes is the request's to shape (its question, the
-    // temperature, the candidates asked for). The next backend asks the slow endpoint again.
+    // No answer in time from an endpoint that answers a request no role shapes says nothing
+    // about it, even under the server's own llm_timeout: how long a model takes is the
+    // request's to shape (its question, the temperature, the candidates asked for). The
+    // question goes on to the fallback with the time left, and the next backend asks the slow
+    // endpoint again.
     let mut admin = connect();
     admin
         .batch_execute("ALTER SYSTEM SET sql_query_engine.llm_timeout = 2000")
         .unwrap();
     admin.batch_execute("SELECT pg_reload_conf()").unwrap();
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let before = slow.requests().len();
+    let before = questions(&slow);
     for question in ["count them in time", "count them in time again"] {
         let traced = ask_fresh(connect, &chain(&slow), question);
         assert_eq!(traced["status"], "ok", "{traced}");
     }
     assert_eq!(
-        slow.requests().len(),
+        questions(&slow),
         before + 2,
         "the slow endpoint was skipped after a timeout"
     );
+    // One that answers nothing in time, not even that request, is down: for every backend.
+    let hung = ScriptedLlm::start();
+    hung.respond_with(|_| {
+        Some(Reply::Slow(
+            std::time::Duration::from_millis(3000),
+            Box::new(Reply::sql("SELECT count(*) AS n FROM customers")),
+        ))
+    });
+    let traced = ask_fresh(connect, &chain(&hung), "count them while it hangs");
+    assert_eq!(traced["status"], "ok", "{traced}");
+    let asked = hung.requests().len();
+    let traced = ask_fresh(connect, &chain(&hung), "count them while it still hangs");
+    assert_eq!(traced["status"], "ok", "{traced}");
+    assert_eq!(hung.requests().len(), asked, "the new backend skipped it");
     admin
         .batch_execute("ALTER SYSTEM RESET sql_query_engine.llm_timeout")
         .unwrap();
@@ -152,7 +182,7 @@ fn a_dead_endpoint_is_skipped_by_every_backend_of_a_preloaded_server_but_a_timeo
     // the call fails, and the next backend, with the server's timeout, asks the endpoint
     // again and gets its answer.
     let impatient = format!("{} SET sql_query_engine.llm_timeout = 2000;", chain(&slow));
-    let asked = slow.requests().len();
+    let asked = questions(&slow);
     let answered_by_fallback = healthy.requests().len();
     let mut client = connect();
     client.batch_execute(&impatient).unwrap();
@@ -160,12 +190,12 @@ fn a_dead_endpoint_is_skipped_by_every_backend_of_a_preloaded_server_but_a_timeo
         .query_one("SELECT nl_trace('count them quickly')::text", &[])
         .unwrap_err();
     assert_eq!(db_error(&error).0, "58000", "{error}");
-    assert_eq!(slow.requests().len(), asked + 1);
+    assert_eq!(questions(&slow), asked + 1);
     assert_eq!(healthy.requests().len(), answered_by_fallback);
     let patient = ask_fresh(connect, &chain(&slow), "count them patiently");
     assert_eq!(patient["status"], "ok");
     assert_eq!(
-        slow.requests().len(),
+        questions(&slow),
         asked + 2,
         "the slow endpoint was asked again"
     );
@@ -183,20 +213,20 @@ fn a_dead_endpoint_is_skipped_by_every_backend_of_a_preloaded_server_but_a_timeo
         &chain(&dead_elsewhere),
         "count the customers",
     );
-    let asked = dead_elsewhere.requests().len();
+    let asked = questions(&dead_elsewhere);
     ask_fresh(
         on_shared_cluster,
         &chain(&dead_elsewhere),
         "count them again",
     );
-    assert_eq!(dead_elsewhere.requests().len(), asked + 1);
+    assert_eq!(questions(&dead_elsewhere), asked + 1);
 }
 
 #[test]
 fn a_429_to_what_one_role_asked_is_not_shared_unless_a_request_no_role_shapes_fails_too() {
     // A provider answers 429 to a single request over its tokens per minute: a role shapes
     // that (max_tokens, candidates, the question's length). It must not send every other
-    // role to the fallback endpoints with it.
+    // role to the fallback endpoints with it, nor its own question.
     let server = Preloaded::start();
     let (picky, healthy) = (ScriptedLlm::start(), ScriptedLlm::start());
     picky.respond_with(|request| {
@@ -217,12 +247,18 @@ fn a_429_to_what_one_role_asked_is_not_shared_unless_a_request_no_role_shapes_fa
         healthy.url()
     );
     let connect = || server.connect("shop");
-    let large = ask_fresh(connect, &chain, "an enormous question: count the customers");
-    assert_eq!(large["status"], "ok", "{large}");
-    assert_eq!(
-        large["attempts"][0]["endpoint"],
-        format!("{}/chat/completions", healthy.url())
-    );
+    let mut client = connect();
+    client.batch_execute(&chain).unwrap();
+    let error = client
+        .query_one(
+            "SELECT nl_trace('an enormous question: count the customers')::text",
+            &[],
+        )
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "58000", "{message}");
+    assert!(message.contains("429"), "{message}");
+    assert_eq!(healthy.requests().len(), 0, "nor sent on to the fallback");
     // The endpoint was asked a request no role shapes, which it answered.
     let probes = picky.requests();
     assert!(
@@ -251,7 +287,9 @@ fn an_answer_longer_than_max_response_bytes_is_the_requests_failure_not_the_endp
     // role must not be able to send every other role to the fallback endpoints with it.
     let server = Preloaded::start();
     let (long, healthy) = (ScriptedLlm::start(), ScriptedLlm::start());
-    long.respond_with(|_| Some(Reply::Content("x".repeat(8192))));
+    long.respond_with(|request| {
+        (request.last_message() != PROBE).then(|| Reply::Content("x".repeat(8192)))
+    });
     healthy.respond_with(|_| Some(Reply::sql("SELECT count(*) AS n FROM customers")));
     let settings = format!(
         "SET sql_query_engine.llm_url = '{}'; SET sql_query_engine.llm_fallbacks = '{}';
@@ -262,7 +300,7 @@ fn an_answer_longer_than_max_response_bytes_is_the_requests_failure_not_the_endp
     // Nor its own questions, to the fallback: the call's error, the endpoint asked again next.
     let connect = || server.connect("shop");
     for question in ["count the customers", "count the customers again"] {
-        let before = long.requests().len();
+        let before = questions(&long);
         let mut client = connect();
         client.batch_execute(&settings).unwrap();
         let error = client
@@ -272,7 +310,7 @@ fn an_answer_longer_than_max_response_bytes_is_the_requests_failure_not_the_endp
         assert_eq!(code, "58000", "{message}");
         assert!(message.contains("max_response_bytes"), "{message}");
         assert_eq!(
-            long.requests().len(),
+            questions(&long),
             before + 1,
             "the endpoint of the long answer was skipped"
         );
