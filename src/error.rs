@@ -282,18 +282,31 @@ impl Error {
         }
     }
 
+    /// The SQLSTATE this error is raised with. The abstention's is said by the abstention
+    /// alone, and those that clients (the gateway among them) read as the extension's or the
+    /// server's own signals are not said by code a query ran (another role's view may RAISE
+    /// any): the model endpoint failing (58000), the extension not set up (55000), no
+    /// connection left (53300), the connection refused (28xxx). Those are raised as XX000,
+    /// the query's own in DETAIL.
+    fn raised_sqlstate(&self) -> SqlState {
+        let ran = match self {
+            Error::Query(e) => e.ran,
+            Error::AllAttemptsFailed { last, .. } => last.ran,
+            _ => false,
+        };
+        match self.sqlstate() {
+            SqlState::NOT_SURE if !matches!(self, Error::NotSure(_)) => SqlState::INTERNAL_ERROR,
+            sqlstate if ran && said_by_clients_as_signals(&sqlstate) => SqlState::INTERNAL_ERROR,
+            sqlstate => sqlstate,
+        }
+    }
+
     /// Raise this error as a PostgreSQL ERROR. Never returns. Its text may hold a model's or an
     /// endpoint's words (the last SQL, what the model said): psql prints an ERROR to the
     /// terminal as it is, and the server log keeps it, so nothing in it may steer a terminal.
     pub fn raise(self) -> ! {
         use crate::text::escaped_lines;
-        // The abstention's SQLSTATE is said by the abstention alone.
-        let code = match self.sqlstate() {
-            SqlState::NOT_SURE if !matches!(self, Error::NotSure(_)) => {
-                SqlState::INTERNAL_ERROR.code()
-            }
-            sqlstate => sqlstate.code(),
-        };
+        let code = self.raised_sqlstate().code();
         let mut report =
             ErrorReport::new(code, escaped_lines(&self.to_string()), "sql_query_engine");
         // pgrx raises only the SQLSTATEs it knows (XX000 for the others, such as a function's
@@ -314,6 +327,12 @@ impl Error {
         report.report(pgrx::PgLogLevel::ERROR);
         unreachable!("an ERROR report returns control to PostgreSQL")
     }
+}
+
+/// Whether clients read `sqlstate` as a signal of the extension's or the server's own (see
+/// `Error::raise`).
+fn said_by_clients_as_signals(sqlstate: &SqlState) -> bool {
+    sqlstate.class() == "28" || ["58000", "55000", "53300"].contains(&sqlstate.as_str())
 }
 
 /// Sends a message below ERROR (a NOTICE to the caller, a WARNING, a line of the server log)
@@ -416,6 +435,51 @@ mod tests {
         assert_eq!(name("40001").as_deref(), Some("serialization_failure"));
         assert_eq!(name("XX000").as_deref(), Some("internal_error"));
         assert_eq!(name("ZZ999"), None);
+    }
+
+    #[test]
+    fn codes_clients_read_as_signals_are_never_raised_for_a_querys_own_error() {
+        let ran = |code: &str| SqlError {
+            ran: true,
+            ..SqlError::new(SqlState::parse(code), "raised by a view")
+        };
+        let all_failed = |error: SqlError| Error::AllAttemptsFailed {
+            attempts: 1,
+            last: Box::new(error),
+            last_sql: "SELECT 1".into(),
+        };
+        for code in ["58000", "55000", "53300", "28000", "28P01", "42P08"] {
+            assert_eq!(
+                all_failed(ran(code)).raised_sqlstate(),
+                SqlState::INTERNAL_ERROR,
+                "{code}"
+            );
+            assert_eq!(
+                Error::Query(Box::new(ran(code))).raised_sqlstate(),
+                SqlState::INTERNAL_ERROR,
+                "{code}"
+            );
+        }
+        // A query's other errors keep their SQLSTATE; the extension's own signals theirs.
+        assert_eq!(
+            all_failed(ran("42703")).raised_sqlstate(),
+            SqlState::parse("42703")
+        );
+        let endpoint = Error::Llm {
+            endpoint: "http://model".into(),
+            cause: "HTTP 503".into(),
+            fault: Fault::Endpoint,
+        };
+        assert_eq!(endpoint.raised_sqlstate(), SqlState::SYSTEM_ERROR);
+        assert_eq!(
+            Error::sql("55000", "the row type changed", None).raised_sqlstate(),
+            SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE
+        );
+        assert_eq!(
+            Error::NotSure(Box::new(SqlError::new(SqlState::NOT_SURE, "not sure")))
+                .raised_sqlstate(),
+            SqlState::NOT_SURE
+        );
     }
 
     #[test]

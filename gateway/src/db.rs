@@ -52,6 +52,8 @@ const MAX_SQL_CHARS: usize = 100_000;
 const MAX_SESSION_BYTES: usize = 256;
 /// The most relations `sqe://tables` lists (the extension's schema read takes as many).
 const MAX_TABLES: i64 = 10_000;
+/// Bytes of JSON of the tables listed at most (`sqe://tables`), in order.
+const MAX_TABLES_BYTES: i64 = 4 << 20;
 
 /// The roles, among those the login role is or may become, that reach as far as a superuser
 /// (a superuser, CREATEROLE, REPLICATION, the server's files and programs, a connection
@@ -1329,21 +1331,26 @@ async fn run(
         )?),
         // Relations another role made (any number, with comments of any size): at most
         // MAX_TABLES of them, each comment read as its first 1,000 characters only, as the
-        // extension's own schema read bounds them.
+        // extension's own schema read bounds them, and those in the first MAX_TABLES_BYTES of
+        // JSON (a control character is written as six bytes).
         Call::Tables => Answer::of(json({
             tx.batch_execute("SET LOCAL search_path = pg_catalog, pg_temp")
                 .await?;
             one(
                 &tx,
-                "SELECT coalesce(json_agg(json_build_object(
+                "SELECT coalesce(json_agg(e.element ORDER BY e.ord) FILTER (WHERE e.bytes <= $2),
+                                 '[]')::pg_catalog.text
+                 FROM (SELECT e.*, sum(octet_length(e.element::text))
+                                  OVER (ORDER BY e.ord ROWS UNBOUNDED PRECEDING) AS bytes
+                 FROM (SELECT row_number() OVER (ORDER BY t.nspname, t.relname) AS ord,
+                   json_build_object(
                      'schema', t.nspname, 'name', t.relname,
                      'kind', CASE t.relkind WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view'
                                   WHEN 'f' THEN 'foreign table' ELSE 'table' END,
                      'comment', (SELECT substr(d.description, 1, 1000)
                                  FROM pg_description d
                                  WHERE d.objoid = t.oid AND d.objsubid = 0
-                                   AND d.classoid = 'pg_catalog.pg_class'::regclass))
-                   ORDER BY t.nspname, t.relname), '[]')::pg_catalog.text
+                                   AND d.classoid = 'pg_catalog.pg_class'::regclass)) AS element
                  FROM (SELECT c.oid, c.relname, c.relkind, n.nspname
                        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                        WHERE c.relkind IN ('r', 'v', 'm', 'f', 'p') AND NOT c.relispartition
@@ -1352,8 +1359,8 @@ async fn run(
                          AND has_schema_privilege(n.oid, 'USAGE')
                          AND has_any_column_privilege(c.oid, 'SELECT')
                        ORDER BY n.nspname, c.relname
-                       LIMIT $1) t",
-                &[(&MAX_TABLES, Type::INT8)],
+                       LIMIT $1) t) e) e",
+                &[(&MAX_TABLES, Type::INT8), (&MAX_TABLES_BYTES, Type::INT8)],
             )
             .await?
         })?),

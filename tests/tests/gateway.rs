@@ -1704,3 +1704,30 @@ fn what_another_role_stored_reaches_mcp_clients_written_out() {
         assert!(answer.contains("52;c;eA=="), "{sql}: {answer}");
     }
 }
+
+/// `sqe://tables` lists relations another role may have made, each with a comment of up to
+/// 1,000 characters, which JSON writes as up to six bytes each (control characters): the
+/// list is cut at 4 MB of JSON (before, 800 such tables made 4.8 MB, and 10,000 sixty).
+#[test]
+fn the_tables_resource_is_bounded_in_bytes() {
+    let s = setup();
+    cluster()
+        .connect(&s.database)
+        .batch_execute(
+            "DO $$ BEGIN FOR i IN 1..800 LOOP
+                 EXECUTE format('CREATE TABLE shared.t%s (a int)', i);
+                 EXECUTE format('COMMENT ON TABLE shared.t%s IS %L', i, repeat(E'\\x01', 1000));
+                 EXECUTE format('GRANT SELECT ON shared.t%s TO PUBLIC', i);
+             END LOOP; END $$;",
+        )
+        .unwrap();
+    let gateway = Gateway::start(&s.database_url, &s.tokens);
+    let session = McpSession::open(&gateway, &s.token);
+    let read = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "resources/read",
+        "params": {"uri": "sqe://tables"}});
+    let (status, body) = session.post(&read.to_string());
+    assert_eq!(status, 200, "{}", &body[..body.len().min(500)]);
+    let listed = body.matches(r#"\"name\":\"t"#).count();
+    assert!(listed > 100 && listed < 800, "{listed} tables listed");
+    assert!(body.len() < 6 << 20, "{} bytes", body.len());
+}
