@@ -559,6 +559,10 @@ impl Node {
 
 /// Longest wait for a new connection, and for a health check.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a server where a call failed may take to answer a connection of its own before it
+/// is taken for failing (`Db::confirmed_down`): the failed call holds its role's share of calls
+/// meanwhile.
+const CALL_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// `host:port` of the first host of `config`.
 fn server_name(config: &Config) -> String {
@@ -793,10 +797,31 @@ impl Db {
         });
     }
 
-    /// Whether `node` fails a health check now (`check`, which notes it).
+    /// Whether `node`, where a call just failed, is failing: already out of the rotation, or
+    /// it does not answer a connection of its own (`SELECT 1`) within `CALL_CHECK_TIMEOUT`
+    /// (a server shutting down or starting refuses it at once). Not the health check's kept
+    /// connection: a check in progress would hold every failed call, and its role's share
+    /// of calls, behind it. Noted when it fails.
     async fn confirmed_down(&self, node: &Node) -> bool {
-        self.check(node).await;
-        !node.healthy.load(Ordering::Relaxed)
+        if !node.healthy.load(Ordering::Relaxed) {
+            return true;
+        }
+        let answers = async {
+            let (client, connection) = node.config.connect(NoTls).await?;
+            tokio::spawn(connection);
+            client.simple_query("SELECT 1").await.map(|_| ())
+        };
+        let down = !matches!(
+            tokio::time::timeout(CALL_CHECK_TIMEOUT, answers).await,
+            Ok(Ok(()))
+        );
+        if down {
+            node.set_healthy(
+                false,
+                "a call failed there, and so did a connection of its own",
+            );
+        }
+        down
     }
 
     /// One health check of a read server, on a connection of its own: it answers, its login
