@@ -990,8 +990,11 @@ impl Db {
             let last = i + 1 == nodes.len();
             // A busy read server is passed over at once; only the last one is waited for.
             let wait = if last { self.wait } else { Duration::ZERO };
+            // Whether the call reached the server (a connection was had for it).
+            let mut reached = false;
             let result = match node.get(wait).await {
                 Ok(mut conn) => {
+                    reached = true;
                     // Held by the connection while the call runs there (see `Lease`), and
                     // taken on to the next server when it ended.
                     conn.share = share.take();
@@ -1007,7 +1010,12 @@ impl Db {
                 // asked again, the call would end its backend on every other server, the
                 // primary's last. The server is checked on a connection of its own, and only
                 // when that fails too is the call asked of another.
-                Err(e) if !last && e.server_failed() && !self.confirmed_down(node).await => {
+                Err(e)
+                    if !last
+                        && e.server_failed()
+                        && reached
+                        && !self.confirmed_down(node).await =>
+                {
                     return Err(e);
                 }
                 Err(e) if !last && e.server_failed() => {

@@ -536,13 +536,12 @@ impl Trusted {
                         type_name(typ)
                     ));
                 }
-                if let Some(why) = self
-                    .operators_refusal(&checked.operators)
-                    .or_else(|| runs_given_code_refusal(&checked))
-                {
+                // Judged as the views' own expressions are, its types below.
+                let types = std::mem::take(&mut checked.types);
+                if let Some(why) = self.reached_refusal(&checked) {
                     return Some(format!("domain {}'s CHECK: {why}", type_name(typ)));
                 }
-                waiting.extend(checked.types);
+                waiting.extend(types);
             }
         }
         None
@@ -638,9 +637,11 @@ impl Reached {
             self.type_(typ);
         }
         let (support, sort_operator, states) = aggregate_support(function);
-        // Its transition and final functions run as it does.
+        // Its transition and final functions run as it does, and their owners may replace
+        // them.
         for support in support {
             self.note_given_code(support);
+            self.function(support);
         }
         for state in states {
             self.type_(state);

@@ -3,7 +3,7 @@
 //!
 //! With the library preloaded (`shared_preload_libraries`), failures that are the endpoint's own
 //! (`Error::Llm::down`: unreachable, 429 or 5xx, not a completion), confirmed by a request no
-//! role shapes (`OpenAiClient::fails_whatever_asked`), are kept in shared memory, so
+//! role shapes (`OpenAiClient::probe`), are kept in shared memory, so
 //! that every backend of the server, a new one too, skips a dead endpoint. What a role could
 //! cause with its own request (another 4xx, no answer in time: how long a model takes is the
 //! request's to shape) stays in its own backend, for that role. An endpoint is known by its

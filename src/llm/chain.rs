@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use super::breaker;
 use super::completion::{Batch, Completion, Llm, Message};
 use super::endpoint::Endpoint;
-use super::openai::{OpenAiClient, Options};
+use super::openai::{OpenAiClient, Options, Probe};
 use crate::error::{Error, Fault, Result};
 
 pub struct Chain {
@@ -36,16 +36,8 @@ pub struct Chain {
     lowered: bool,
 }
 
-/// How long `OpenAiClient::fails_whatever_asked` may take at most, within the call's time.
+/// How long `OpenAiClient::probe` may take at most.
 const PROBE_TIME: Duration = Duration::from_secs(5);
-
-/// The deadline of a probe started now: `PROBE_TIME`, and at most half of the call's time left
-/// (until `overall`), so that the next endpoints keep the other half.
-fn probe_deadline(overall: Instant) -> Instant {
-    let now = Instant::now();
-    let half = now + overall.saturating_duration_since(now) / 2;
-    now.checked_add(PROBE_TIME).unwrap_or(half).min(half)
-}
 
 impl Chain {
     pub fn new(endpoints: Vec<Endpoint>, options: Options, breaker: Duration) -> Chain {
@@ -61,6 +53,23 @@ impl Chain {
             cut: None,
             lowered: crate::settings::llm_timeout_lowered(),
         }
+    }
+
+    /// Whether `client`'s endpoint fails the request no role shapes (`OpenAiClient::probe`),
+    /// given a time of its own that only the server's `llm_timeout` sets (a quarter of it, at
+    /// most `PROBE_TIME`): a probe given less, because the call's time is nearly out, says
+    /// nothing, so that the moment a role's request fails cannot decide that the endpoint is
+    /// down for every backend.
+    fn probed_down(client: &OpenAiClient, timeout: Duration, overall: Instant) -> bool {
+        let probe_time = PROBE_TIME.min(timeout / 4);
+        let now = Instant::now();
+        if overall.saturating_duration_since(now) < probe_time {
+            return false;
+        }
+        matches!(
+            client.probe(now + probe_time),
+            Probe::Failed | Probe::NoAnswerInTime
+        )
     }
 
     /// Asks the endpoints in order until one answers; the answer, who gave it, and what the
@@ -118,8 +127,9 @@ impl Chain {
                     cause,
                     fault,
                 }) => {
-                    // No answer within time the role's settings shortened says nothing about
-                    // the endpoint, and does not send the question on (see the module's doc).
+                    // A failure within time the role's settings shortened says nothing about
+                    // the endpoint, and does not send the question on (see the module's doc):
+                    // nor is it judged, the probe's time would be the role's to shape.
                     // Any other failure is judged by a request no role shapes: failed too,
                     // the endpoint is down (remembered, for every backend when the library is
                     // preloaded), and the question goes on; answered, the failure was this
@@ -130,9 +140,8 @@ impl Chain {
                     // be told from one slow for all. The last endpoint is not probed: nothing
                     // is left to ask.
                     let timed_out = Instant::now() >= deadline;
-                    let shortened = cut_short && timed_out;
                     let down =
-                        !shortened && !last && client.fails_whatever_asked(probe_deadline(overall));
+                        !cut_short && !last && Chain::probed_down(client, self.timeout, overall);
                     if down {
                         breaker::failed(&identity, role, true);
                     }
@@ -142,7 +151,7 @@ impl Chain {
                         cause,
                         fault,
                     });
-                    if shortened || !(down || timed_out) {
+                    if cut_short && timed_out || !(down || timed_out) {
                         break;
                     }
                 }

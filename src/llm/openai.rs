@@ -79,6 +79,16 @@ enum Reply {
     },
 }
 
+/// What a request no role shapes met at an endpoint (`OpenAiClient::probe`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    Answered,
+    Failed,
+    NoAnswerInTime,
+    /// The backend's own resources failed: nothing is known of the endpoint.
+    Unknown,
+}
+
 /// Why a stream ended before the server ended it.
 #[derive(Debug, PartialEq, Eq)]
 enum Stop {
@@ -348,7 +358,7 @@ fn wait_deadline(deadline: Instant) -> Instant {
         .unwrap_or(deadline)
 }
 
-/// What `fails_whatever_asked` asks: the same for every role and call.
+/// What `OpenAiClient::probe` asks: the same for every role and call.
 const PROBE: &str = "Reply with the word OK.";
 
 /// Temperature for a model that repeats a failed query, and for candidates.
@@ -368,15 +378,15 @@ impl OpenAiClient {
             .map(|c| c.completions)
     }
 
-    /// Whether the endpoint fails a request no role shapes, too: one short message, one token,
-    /// no JSON mode, no retry, until `deadline`. Whatever failed a role's request (a 4xx, a
-    /// 429 or 5xx, an empty or oversized answer, no answer in time) may have been that
-    /// request's own doing (a prompt over the context or the tokens per minute, a question
-    /// slow to answer): only when this request meets a failure too (no answer in time, any
-    /// status but 2xx, anything that is not a completion) is it the endpoint's, for every
-    /// role. A completion answers, whatever its content. The backend's own failing (no helper
-    /// thread, no file descriptor) says nothing.
-    pub fn fails_whatever_asked(&self, deadline: Instant) -> bool {
+    /// What the endpoint does with a request no role shapes: one short message, one token, no
+    /// JSON mode, no retry, until `deadline`. Whatever failed a role's request (a 4xx, a 429
+    /// or 5xx, an empty or oversized answer, no answer in time) may have been that request's
+    /// own doing (a prompt over the context or the tokens per minute, a question slow to
+    /// answer): only when this request fails too (any status but 2xx, anything that is not a
+    /// completion, no answer in time) is it the endpoint's, for every role. A completion
+    /// answers, whatever its content. The backend's own failing (no helper thread, no file
+    /// descriptor) says nothing.
+    pub fn probe(&self, deadline: Instant) -> Probe {
         let probe = OpenAiClient {
             base_url: self.base_url.clone(),
             model: self.model.clone(),
@@ -387,17 +397,17 @@ impl OpenAiClient {
             max_response_bytes: self.max_response_bytes,
         };
         let body = probe.request_body(&[Message::user(PROBE)], 1).to_string();
-        match probe.send_once(&body, 1, deadline) {
-            Ok(Reply::Status { code, body, .. }) => {
-                !((200..300).contains(&code) && is_completion(&body))
+        let request = probe.request(&body, 1, deadline);
+        match run_interruptible(wait_deadline(deadline), request) {
+            Ok(Reply::Status { code, body, .. })
+                if (200..300).contains(&code) && is_completion(&body) =>
+            {
+                Probe::Answered
             }
-            Ok(Reply::Streamed { choices, .. }) => choices.is_empty(),
-            Ok(Reply::Local(_)) => false,
-            Ok(Reply::TimedOut | Reply::TooLarge(_) | Reply::Failed(_)) => true,
-            Err(Error::Llm {
-                fault: Fault::Busy, ..
-            }) => false,
-            Err(_) => true,
+            Ok(Reply::Streamed { choices, .. }) if !choices.is_empty() => Probe::Answered,
+            Ok(Reply::TimedOut) | Err(WaitError::TimedOut) => Probe::NoAnswerInTime,
+            Ok(Reply::Local(_)) | Err(WaitError::Busy | WaitError::Lost) => Probe::Unknown,
+            Ok(_) => Probe::Failed,
         }
     }
 

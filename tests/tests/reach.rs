@@ -234,6 +234,21 @@ fn a_role_cannot_send_its_questions_to_the_fallback_by_lowering_its_timeout() {
     assert_eq!(code, "58000", "{message}");
     assert!(message.contains(&s.llm.url()), "{message}");
     assert_eq!(backup.requests().len(), 0, "the fallback was never asked");
+    // Nor does a request the primary refuses at once, under time the role shortened, send
+    // the primary the request no role shapes (which would get only what is left of that time,
+    // the role's to shape): the call's error, the primary not taken for down.
+    s.llm
+        .on("refused quickly", vec![Reply::Status(400, "no".into())]);
+    let (code, message, _) = db_error(&s.query("refused quickly").unwrap_err());
+    assert_eq!(code, "58000", "{message}");
+    assert!(
+        !s.llm
+            .requests()
+            .iter()
+            .any(|r| r.last_message() == "Reply with the word OK."),
+        "the endpoint was probed"
+    );
+    assert_eq!(backup.requests().len(), 0, "the fallback was never asked");
     // The primary is not skipped for the role's next question.
     s.client
         .batch_execute("RESET sql_query_engine.llm_timeout")

@@ -708,6 +708,8 @@ fn a_saved_view_keeps_no_function_another_role_could_replace_later() {
             "CREATE SCHEMA figures AUTHORIZATION {mallory};
              SET ROLE {mallory};
              CREATE FUNCTION figures.visible(int) RETURNS boolean LANGUAGE sql AS 'SELECT true';
+             CREATE FUNCTION figures.step(int, int) RETURNS int LANGUAGE sql AS 'SELECT $1 + $2';
+             CREATE FUNCTION figures.fine(int) RETURNS boolean LANGUAGE sql AS 'SELECT true';
              GRANT USAGE ON SCHEMA figures TO PUBLIC;
              RESET ROLE;"
         ))
@@ -737,6 +739,43 @@ fn a_saved_view_keeps_no_function_another_role_could_replace_later() {
         .unwrap()
         .get(0);
     assert_eq!(saved, None);
+
+    // Nor through the caller's own aggregate whose transition function is another role's,
+    // nor its own domain whose CHECK calls one, in a view of its own.
+    analyst
+        .batch_execute(
+            "CREATE TABLE reports.plain (n int); INSERT INTO reports.plain VALUES (3);
+             CREATE AGGREGATE reports.total(int) (SFUNC = figures.step, STYPE = int,
+                                                  INITCOND = '0');
+             CREATE DOMAIN reports.pos AS int CHECK (figures.fine(VALUE));
+             CREATE VIEW reports.summed AS SELECT reports.total(n) AS t FROM reports.plain;
+             CREATE VIEW reports.checked AS SELECT max(n::reports.pos) AS m FROM reports.plain;",
+        )
+        .unwrap();
+    for (view, question, query, function) in [
+        (
+            "summed_view",
+            "the sum",
+            "SELECT s.t FROM reports.summed s",
+            "figures.step",
+        ),
+        (
+            "checked_view",
+            "the checked max",
+            "SELECT c.m FROM reports.checked c",
+            "figures.fine",
+        ),
+    ] {
+        shop.s
+            .llm
+            .on(question, vec![Reply::sql(query), Reply::sql(query)]);
+        let error = analyst
+            .query_one("SELECT nl_view($1, $2)", &[&view, &question])
+            .unwrap_err();
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "42501", "{view}: {message}");
+        assert!(message.contains(function), "{view}: {message}");
+    }
 }
 
 /// A saved question's view reads with its reader's rights (`security_invoker`): what it reads,
