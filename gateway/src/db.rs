@@ -797,24 +797,50 @@ impl Db {
         });
     }
 
-    /// Whether `node`, where a call just failed, is failing: already out of the rotation, or
-    /// it does not answer a connection of its own (`SELECT 1`) within `CALL_CHECK_TIMEOUT`
-    /// (a server shutting down or starting refuses it at once). Not the health check's kept
-    /// connection: a check in progress would hold every failed call, and its role's share
-    /// of calls, behind it. Noted when it fails.
+    /// Whether `node`, where a call just failed, is going away: already out of the rotation, or
+    /// a connection of its own (`SELECT 1`) is refused, reset, told the server is shutting
+    /// down or starting (57P01, 57P02, 57P03) or not reached (08xxx, a pooler's word), or not
+    /// answered within `CALL_CHECK_TIMEOUT` (a pooler in front keeps it waiting for a server
+    /// it cannot reach). Too many connections or
+    /// a refused login may be the load the roles' own calls put on it: not taken for the
+    /// server failing, so the failed call is its own error. Not the health check's kept
+    /// connection: a check in progress would hold every failed call, and its role's share of
+    /// calls, behind it. Noted when it is going away.
     async fn confirmed_down(&self, node: &Node) -> bool {
         if !node.healthy.load(Ordering::Relaxed) {
             return true;
         }
-        let answers = async {
-            let (client, connection) = node.config.connect(NoTls).await?;
-            tokio::spawn(connection);
-            client.simple_query("SELECT 1").await.map(|_| ())
+        let going_away = |e: &tokio_postgres::Error| match e.as_db_error() {
+            // Shutting down or starting, or (a pooler's word) the server is not reached.
+            Some(db) => {
+                db.code().code().starts_with("08")
+                    || ["57P01", "57P02", "57P03"].contains(&db.code().code())
+            }
+            // Refused, reset, or closed: the socket says so.
+            None => {
+                e.is_closed()
+                    || std::error::Error::source(e)
+                        .is_some_and(|source| source.downcast_ref::<std::io::Error>().is_some())
+            }
         };
-        let down = !matches!(
-            tokio::time::timeout(CALL_CHECK_TIMEOUT, answers).await,
-            Ok(Ok(()))
-        );
+        let started = tokio::time::Instant::now();
+        let down = match tokio::time::timeout(CALL_CHECK_TIMEOUT, node.config.connect(NoTls)).await
+        {
+            Ok(Ok((client, connection))) => {
+                let task = tokio::spawn(connection);
+                let left = CALL_CHECK_TIMEOUT.saturating_sub(started.elapsed());
+                let answered = tokio::time::timeout(left, client.simple_query("SELECT 1")).await;
+                // Ended now, whatever the server does with it.
+                task.abort();
+                match answered {
+                    Ok(Ok(_)) => false,
+                    Ok(Err(e)) => going_away(&e),
+                    Err(_) => true,
+                }
+            }
+            Ok(Err(e)) => going_away(&e),
+            Err(_) => true,
+        };
         if down {
             node.set_healthy(
                 false,
@@ -986,6 +1012,11 @@ impl Db {
         };
         let nodes = self.route(call);
         let mut failed = None;
+        // Whether the call was already asked again after it failed on a server it reached: it
+        // is asked again once at most, so that a call that ends its own backend (one the
+        // check cannot tell from a server going away, behind a pooler) ends two, not one on
+        // every server.
+        let mut asked_again = false;
         for (i, node) in nodes.iter().enumerate() {
             let last = i + 1 == nodes.len();
             // A busy read server is passed over at once; only the last one is waited for.
@@ -1014,11 +1045,12 @@ impl Db {
                     if !last
                         && e.server_failed()
                         && reached
-                        && !self.confirmed_down(node).await =>
+                        && (asked_again || !self.confirmed_down(node).await) =>
                 {
                     return Err(e);
                 }
                 Err(e) if !last && e.server_failed() => {
+                    asked_again |= reached;
                     node.set_healthy(false, &format!("a call failed ({e:?})"));
                     eprintln!(
                         "sqe-gateway: read server {} failed ({e:?}); asking another",

@@ -55,21 +55,17 @@ impl Chain {
         }
     }
 
-    /// Whether `client`'s endpoint fails the request no role shapes (`OpenAiClient::probe`),
+    /// What `client`'s endpoint does with the request no role shapes (`OpenAiClient::probe`),
     /// given a time of its own that only the server's `llm_timeout` sets (a quarter of it, at
-    /// most `PROBE_TIME`): a probe given less, because the call's time is nearly out, says
-    /// nothing, so that the moment a role's request fails cannot decide that the endpoint is
-    /// down for every backend.
-    fn probed_down(client: &OpenAiClient, timeout: Duration, overall: Instant) -> bool {
+    /// most `PROBE_TIME`): when less is left, it is not asked (`Probe::Unknown`), so that the
+    /// moment a role's request fails cannot decide what the endpoint is taken for.
+    fn probed(client: &OpenAiClient, timeout: Duration, overall: Instant) -> Probe {
         let probe_time = PROBE_TIME.min(timeout / 4);
         let now = Instant::now();
         if overall.saturating_duration_since(now) < probe_time {
-            return false;
+            return Probe::Unknown;
         }
-        matches!(
-            client.probe(now + probe_time),
-            Probe::Failed | Probe::NoAnswerInTime
-        )
+        client.probe(now + probe_time)
     }
 
     /// Asks the endpoints in order until one answers; the answer, who gave it, and what the
@@ -132,26 +128,31 @@ impl Chain {
                     // nor is it judged, the probe's time would be the role's to shape.
                     // Any other failure is judged by a request no role shapes: failed too,
                     // the endpoint is down (remembered, for every backend when the library is
-                    // preloaded), and the question goes on; answered, the failure was this
-                    // request's own (a prompt too long, a 429 for its tokens, a refusal): the
-                    // call's error, unremembered, so that no role chooses where its questions
-                    // go by shaping one to fail. Only no answer in time still goes on, with
-                    // the time left, unremembered: an endpoint slow for this question cannot
-                    // be told from one slow for all. The last endpoint is not probed: nothing
-                    // is left to ask.
+                    // preloaded), and the question goes on; too busy for it too (no answer in
+                    // time, a 429), the question goes on, unremembered (the roles' own load
+                    // may be what fills it); answered, the failure was this request's own (a
+                    // prompt too long, a 429 for its tokens, a refusal): the call's error,
+                    // unremembered, so that no role chooses where its questions go by shaping
+                    // one to fail. No answer in time still goes on, with the time left: an
+                    // endpoint slow for this question cannot be told from one slow for all.
+                    // The last endpoint is not probed: nothing is left to ask.
                     let timed_out = Instant::now() >= deadline;
-                    let down =
-                        !cut_short && !last && Chain::probed_down(client, self.timeout, overall);
-                    if down {
+                    let probed = if cut_short || last {
+                        Probe::Unknown
+                    } else {
+                        Chain::probed(client, self.timeout, overall)
+                    };
+                    if probed == Probe::Failed {
                         breaker::failed(&identity, role, true);
                     }
+                    let goes_on = matches!(probed, Probe::Failed | Probe::Busy) || timed_out;
                     failures.push(format!("{endpoint}: {cause}"));
                     last_error = Some(Error::Llm {
                         endpoint,
                         cause,
                         fault,
                     });
-                    if cut_short && timed_out || !(down || timed_out) {
+                    if cut_short || !goes_on {
                         break;
                     }
                 }

@@ -83,8 +83,11 @@ enum Reply {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Probe {
     Answered,
+    /// Unreachable, an HTTP error other than 429, or something that is no completion.
     Failed,
-    NoAnswerInTime,
+    /// No answer in time, or a 429: the endpoint is too busy for anyone now, perhaps with the
+    /// roles' own requests (a queue, a quota they filled).
+    Busy,
     /// The backend's own resources failed: nothing is known of the endpoint.
     Unknown,
 }
@@ -382,10 +385,10 @@ impl OpenAiClient {
     /// JSON mode, no retry, until `deadline`. Whatever failed a role's request (a 4xx, a 429
     /// or 5xx, an empty or oversized answer, no answer in time) may have been that request's
     /// own doing (a prompt over the context or the tokens per minute, a question slow to
-    /// answer): only when this request fails too (any status but 2xx, anything that is not a
-    /// completion, no answer in time) is it the endpoint's, for every role. A completion
-    /// answers, whatever its content. The backend's own failing (no helper thread, no file
-    /// descriptor) says nothing.
+    /// answer): only when this request fails too (unreachable, an HTTP error other than 429,
+    /// anything that is not a completion) is it the endpoint's, for every role. A completion
+    /// answers, whatever its content. No answer in time or a 429 may be the roles' own load,
+    /// and the backend's own failing (no helper thread, no file descriptor) says nothing.
     pub fn probe(&self, deadline: Instant) -> Probe {
         let probe = OpenAiClient {
             base_url: self.base_url.clone(),
@@ -405,7 +408,10 @@ impl OpenAiClient {
                 Probe::Answered
             }
             Ok(Reply::Streamed { choices, .. }) if !choices.is_empty() => Probe::Answered,
-            Ok(Reply::TimedOut) | Err(WaitError::TimedOut) => Probe::NoAnswerInTime,
+            // A queue or a quota the roles' own requests may fill.
+            Ok(Reply::TimedOut | Reply::Status { code: 429, .. }) | Err(WaitError::TimedOut) => {
+                Probe::Busy
+            }
             Ok(Reply::Local(_)) | Err(WaitError::Busy | WaitError::Lost) => Probe::Unknown,
             Ok(_) => Probe::Failed,
         }
