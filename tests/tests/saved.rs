@@ -93,14 +93,10 @@ fn a_saved_question_is_a_typed_view_that_drivers_read_like_any_other() {
         .get(0);
     assert!(sql.contains("sum(o.amount)"), "{sql}");
     analyst.batch_execute("ROLLBACK").unwrap();
-    let gone: Option<String> = analyst
-        .query_one(
-            "SELECT to_regclass('reports.revenue_by_country')::text",
-            &[],
-        )
-        .unwrap()
-        .get(0);
-    assert_eq!(gone, None, "the rolled-back view is gone");
+    assert!(
+        !exists(&mut analyst, "reports.revenue_by_country"),
+        "the rolled-back view is gone"
+    );
 
     analyst
         .query_one(
@@ -215,11 +211,7 @@ fn saving_is_refused_before_the_model_is_asked() {
         .query_one("SELECT nl_view('reports.cleanup', 'clean up')", &[])
         .unwrap_err();
     assert_eq!(db_error(&error).0, "25006", "{error}");
-    let exists: Option<String> = analyst
-        .query_one("SELECT to_regclass('reports.cleanup')::text", &[])
-        .unwrap()
-        .get(0);
-    assert_eq!(exists, None);
+    assert!(!exists(&mut analyst, "reports.cleanup"));
     assert_eq!(shop.s.llm.requests().len(), 1);
     let orders: i64 = analyst
         .query_one("SELECT count(*) FROM orders", &[])
@@ -357,6 +349,14 @@ fn meanwhile(shop: &Shop, query: &'static str, role: &str, act: &'static str) {
         }
         Some(Reply::sql(query))
     });
+}
+
+/// Whether a relation named `name` exists, as `client` sees it.
+fn exists(client: &mut Client, name: &str) -> bool {
+    client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&name])
+        .unwrap()
+        .get(0)
 }
 
 fn loot(client: &mut Client) -> i64 {
@@ -577,11 +577,7 @@ fn a_relation_made_again_under_its_name_while_the_model_thinks_is_not_saved() {
     assert_eq!(code, "42501", "{message}");
     assert!(message.contains("is not saved"), "{message}");
     assert!(message.contains("figures.sales"), "{message}");
-    let saved: Option<String> = analyst
-        .query_one("SELECT to_regclass('reports.big_sales')::text", &[])
-        .unwrap()
-        .get(0);
-    assert_eq!(saved, None);
+    assert!(!exists(&mut analyst, "reports.big_sales"));
     assert_eq!(loot(&mut analyst), 0, "nothing ran Mallory's code");
     // Control: the name now reads Mallory's view, whose function runs as its reader.
     analyst
@@ -612,13 +608,18 @@ fn a_saved_view_keeps_no_relation_another_role_could_change_later() {
              GRANT SELECT ON public.all_sales TO PUBLIC;"
         ))
         .unwrap();
-    let mut analyst = shop.analyst();
-    analyst
-        .batch_execute(
-            "SET search_path = reports, public;
-             SET sql_query_engine.schemas = 'public, figures';",
-        )
-        .unwrap();
+    // The analyst's connection, reading the schema figures too.
+    let reading_figures = || {
+        let mut analyst = shop.analyst();
+        analyst
+            .batch_execute(
+                "SET search_path = reports, public;
+                 SET sql_query_engine.schemas = 'public, figures';",
+            )
+            .unwrap();
+        analyst
+    };
+    let mut analyst = reading_figures();
     for (view, query) in [
         (
             "big_sales",
@@ -645,14 +646,7 @@ fn a_saved_view_keeps_no_relation_another_role_could_change_later() {
         );
         let repair = shop.s.llm.requests().last().unwrap().last_message();
         assert!(repair.contains("could change it later"), "{repair}");
-        let saved: Option<String> = analyst
-            .query_one(
-                "SELECT to_regclass($1)::text",
-                &[&format!("reports.{view}")],
-            )
-            .unwrap()
-            .get(0);
-        assert_eq!(saved, None);
+        assert!(!exists(&mut analyst, &format!("reports.{view}")));
     }
     // Trusted by a superuser: saved.
     admin
@@ -660,13 +654,7 @@ fn a_saved_view_keeps_no_relation_another_role_could_change_later() {
             "ALTER DATABASE {db} SET sql_query_engine.trusted_owners = '{mallory}'"
         ))
         .unwrap();
-    let mut analyst = shop.analyst();
-    analyst
-        .batch_execute(
-            "SET search_path = reports, public;
-             SET sql_query_engine.schemas = 'public, figures';",
-        )
-        .unwrap();
+    let mut analyst = reading_figures();
     let query = "SELECT s.n FROM figures.sales s WHERE s.n > 100";
     shop.s.llm.on("trusted sales", vec![Reply::sql(query)]);
     analyst
@@ -734,11 +722,7 @@ fn a_saved_view_keeps_no_function_another_role_could_replace_later() {
     let (code, message, _) = db_error(&error);
     assert_eq!(code, "42501", "{message}");
     assert!(message.contains("figures.visible"), "{message}");
-    let saved: Option<String> = analyst
-        .query_one("SELECT to_regclass('reports.tally_view')::text", &[])
-        .unwrap()
-        .get(0);
-    assert_eq!(saved, None);
+    assert!(!exists(&mut analyst, "reports.tally_view"));
 
     // Nor through the caller's own aggregate whose transition function is another role's,
     // nor its own domain whose CHECK calls one, in a view of its own.
@@ -1109,11 +1093,10 @@ fn an_event_trigger_on_the_views_comment_runs_no_code_of_another_role() {
     );
     let (code, message, _) = db_error(&error.expect_err("refused"));
     assert_eq!(code, "42501", "{message}");
-    let saved: Option<String> = analyst
-        .query_one("SELECT to_regclass('reports.revenue_commented')::text", &[])
-        .unwrap()
-        .get(0);
-    assert_eq!(saved, None, "the view is not saved");
+    assert!(
+        !exists(&mut analyst, "reports.revenue_commented"),
+        "the view is not saved"
+    );
     drop(witness);
     shop.s
         .client
