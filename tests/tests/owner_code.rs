@@ -65,6 +65,15 @@ impl World {
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
 
+    /// The attacker's view `name`, readable by every role, whose code takes a transaction's
+    /// advisory lock on `key` as it is read: a wait a witness holding it sees.
+    fn locking_view(&self, name: &str, key: i64) {
+        self.attacker_runs(&format!(
+            "CREATE VIEW {name} AS SELECT 1 AS n WHERE pg_advisory_xact_lock({key})::text = '';
+             GRANT SELECT ON {name} TO PUBLIC;"
+        ));
+    }
+
     /// Advisory locks on `key` held by anyone, as another role sees them in pg_locks.
     fn locks(&self, key: i64) -> i64 {
         self.connect(&self.attacker)
@@ -2524,11 +2533,7 @@ fn a_superusers_call_runs_no_sql_given_as_text() {
     let w = World::new();
     let victim = w.victim.clone();
     let key = 7_311_001;
-    w.attacker_runs(&format!(
-        "CREATE VIEW shared.locked AS SELECT 1 AS n
-             WHERE pg_advisory_xact_lock({key})::text = '';
-         GRANT SELECT ON shared.locked TO PUBLIC;"
-    ));
+    w.locking_view("shared.locked", key);
     let mut admin = cluster().connect(&w.s.database);
     admin
         .batch_execute(&format!(
@@ -2619,11 +2624,7 @@ fn a_superusers_call_reads_no_other_roles_relation_by_way_of_sql_a_function_buil
     let w = World::new();
     let victim = w.victim.clone();
     let key = 7_311_002;
-    w.attacker_runs(&format!(
-        "CREATE VIEW shared.counted AS SELECT 1 AS n
-             WHERE pg_advisory_xact_lock({key})::text = '';
-         GRANT SELECT ON shared.counted TO PUBLIC;"
-    ));
+    w.locking_view("shared.counted", key);
     let mut admin = cluster().connect(&w.s.database);
     admin
         .batch_execute(&format!(

@@ -340,12 +340,15 @@ fn mallory(shop: &Shop) -> String {
 /// Scripts the model to answer `query` to the first request and again to the repair request
 /// (the answer is empty, and confirmed), running `act` as `role` before that second answer:
 /// what another role does while the model thinks.
-fn meanwhile(shop: &Shop, query: &'static str, role: &str, act: &'static str) {
+fn meanwhile(shop: &Shop, query: &'static str, role: &str, act: &str) {
     let asked = std::sync::atomic::AtomicUsize::new(0);
-    let (db, role) = (shop.s.database.clone(), role.to_string());
+    let (db, role, act) = (shop.s.database.clone(), role.to_string(), act.to_string());
     shop.s.llm.respond_with(move |_| {
         if asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
-            cluster().connect_as(&db, &role).batch_execute(act).unwrap();
+            cluster()
+                .connect_as(&db, &role)
+                .batch_execute(&act)
+                .unwrap();
         }
         Some(Reply::sql(query))
     });
@@ -1142,20 +1145,16 @@ fn a_view_of_a_group_the_caller_is_in_is_not_replaced() {
     analyst
         .batch_execute("CREATE VIEW reports.mine AS SELECT 'x'::text AS name")
         .unwrap();
-    let asked = std::sync::atomic::AtomicUsize::new(0);
-    let db = shop.s.database.clone();
-    let swap = format!(
-        "DROP VIEW reports.mine; SET ROLE {group};
-         CREATE VIEW reports.mine AS SELECT 'y'::text AS name; RESET ROLE;"
+    // As the caller itself, a member of the group, here.
+    meanwhile(
+        &shop,
+        "SELECT c.name FROM customers c WHERE c.name = 'nobody'",
+        &shop.analyst,
+        &format!(
+            "DROP VIEW reports.mine; SET ROLE {group};
+             CREATE VIEW reports.mine AS SELECT 'y'::text AS name; RESET ROLE;"
+        ),
     );
-    shop.s.llm.respond_with(move |_| {
-        if asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
-            cluster().connect(&db).batch_execute(&swap).unwrap();
-        }
-        Some(Reply::sql(
-            "SELECT c.name FROM customers c WHERE c.name = 'nobody'",
-        ))
-    });
     let error = analyst
         .query_one(
             "SELECT nl_view('reports.mine', 'nobody, by name', true)",
