@@ -804,6 +804,14 @@ impl Ceiling {
     /// setting).
     fn check(&self, value: &mut i32, source: pg_sys::GucSource::Type) -> bool {
         use pg_sys::GucSource::{PGC_S_DATABASE, PGC_S_DATABASE_USER, PGC_S_GLOBAL, PGC_S_USER};
+        // A parallel worker takes its leader's values as they are: it first resets each to
+        // the built-in default (which would become its server's value here) and never reads
+        // the file's, so a value the leader was allowed would be refused, and with it every
+        // parallel query of a session that lowered a setting from the file's value.
+        // SAFETY: reads a flag PostgreSQL sets while a parallel worker starts.
+        if unsafe { pg_sys::InitializingParallelWorker } {
+            return true;
+        }
         if source < PGC_S_GLOBAL {
             self.server.store(*value, Ordering::Relaxed);
             return true;

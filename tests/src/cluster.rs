@@ -97,6 +97,41 @@ pub fn start_on_a_free_port(dir: &str, options: &[&str]) -> u16 {
     panic!("{failure}");
 }
 
+/// A cluster of a test's own (the server options it needs, which the shared one has not),
+/// stopped and removed on drop.
+pub struct OwnCluster {
+    pub dir: PathBuf,
+    pub port: u16,
+}
+
+impl OwnCluster {
+    pub fn start(prefix: &str, options: &[&str]) -> OwnCluster {
+        let dir = crate::fresh_dir(prefix);
+        let port = start_on_a_free_port(dir.to_str().expect("a UTF-8 path"), options);
+        OwnCluster { dir, port }
+    }
+
+    pub fn connect(&self, database: &str) -> Client {
+        self.connect_as(database, "postgres")
+    }
+
+    pub fn connect_as(&self, database: &str, user: &str) -> Client {
+        let config = format!(
+            "host={} port={} user={user} dbname={database}",
+            self.dir.display(),
+            self.port
+        );
+        Client::connect(&config, NoTls).unwrap_or_else(|e| panic!("connecting to {database}: {e}"))
+    }
+}
+
+impl Drop for OwnCluster {
+    fn drop(&mut self) {
+        run_script(&["stop", self.dir.to_str().unwrap_or("")]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())

@@ -4,6 +4,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use sql_query_engine_e2e::cluster::OwnCluster;
 use sql_query_engine_e2e::{cluster, db_error, Reply, Session};
 
 /// A login role that may read the fixture, and a connection of it whose notices are kept.
@@ -186,6 +187,69 @@ fn roles_may_lower_the_bounds_but_not_raise_them() {
             .batch_execute(&format!("SET sql_query_engine.{setting} = {higher}"))
             .unwrap_or_else(|e| panic!("a superuser raising {setting}: {e}"));
     }
+}
+
+/// A role that lowers a setting from the server's value to one still above the built-in
+/// default keeps its parallel queries: a parallel worker takes its leader's values as they are
+/// (it resets each to the default first, and never reads the server's file).
+#[test]
+fn a_setting_lowered_from_the_servers_value_leaves_parallel_queries_working() {
+    let server = OwnCluster::start(
+        "sqe-parallel",
+        &[
+            "-c",
+            "sql_query_engine.statement_timeout=60s",
+            "-c",
+            "sql_query_engine.llm_timeout=300s",
+        ],
+    );
+    let mut admin = server.connect("postgres");
+    admin
+        .batch_execute(
+            "CREATE EXTENSION sql_query_engine;
+             CREATE ROLE lowering LOGIN;
+             CREATE TABLE numbers AS SELECT g AS n FROM generate_series(1, 50000) g;
+             GRANT SELECT ON numbers TO lowering;",
+        )
+        .unwrap();
+    let version: i32 = admin
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .unwrap()
+        .get(0);
+    let parallel = if version >= 160000 {
+        "debug_parallel_query"
+    } else {
+        "force_parallel_mode"
+    };
+    let mut role = server.connect_as("postgres", "lowering");
+    role.batch_execute(&format!(
+        "SELECT nl_schema();
+         SET sql_query_engine.statement_timeout = '30s';
+         SET sql_query_engine.llm_timeout = '200s';
+         SET {parallel} = on;"
+    ))
+    .unwrap();
+    let workers: String = role
+        .query(
+            "EXPLAIN (ANALYZE, COSTS OFF) SELECT count(*) FROM numbers",
+            &[],
+        )
+        .unwrap_or_else(|e| panic!("a parallel query: {e}"))
+        .iter()
+        .map(|row| row.get::<_, String>(0))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(workers.contains("Workers Launched: 1"), "{workers}");
+    let count: i64 = role
+        .query_one("SELECT count(*) FROM numbers", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(count, 50000);
+    // Still bounded for the role's own calls: raising it past the server's value is refused.
+    let error = role
+        .batch_execute("SET sql_query_engine.statement_timeout = '2min'")
+        .unwrap_err();
+    assert_eq!(db_error(&error).0, "42501");
 }
 
 #[test]

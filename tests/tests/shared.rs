@@ -2,28 +2,21 @@
 //! a dead endpoint (in shared memory, when the library is preloaded), and the value index's
 //! reads (through Redis, only reads that are the same for every role).
 
-use std::path::PathBuf;
-
 use postgres::{Client, NoTls};
-use sql_query_engine_e2e::cluster::{run_script, start_on_a_free_port, FIXTURE};
+use sql_query_engine_e2e::cluster::{OwnCluster, FIXTURE};
 use sql_query_engine_e2e::redis::RedisServer;
 use sql_query_engine_e2e::{cluster, db_error, Reply, ScriptedLlm, Session};
 
 /// A cluster of its own with the library preloaded (the shared test cluster is not), and one
-/// database with the extension and the fixture; stopped and removed on drop.
-struct Preloaded {
-    dir: PathBuf,
-    port: u16,
-}
+/// database with the extension and the fixture.
+struct Preloaded(OwnCluster);
 
 impl Preloaded {
     fn start() -> Preloaded {
-        let dir = sql_query_engine_e2e::fresh_dir("sqe-preloaded");
-        let port = start_on_a_free_port(
-            dir.to_str().unwrap(),
+        let preloaded = Preloaded(OwnCluster::start(
+            "sqe-preloaded",
             &["-c", "shared_preload_libraries=sql_query_engine"],
-        );
-        let preloaded = Preloaded { dir, port };
+        ));
         preloaded
             .connect("postgres")
             .batch_execute("CREATE DATABASE shop")
@@ -36,22 +29,7 @@ impl Preloaded {
     }
 
     fn connect(&self, database: &str) -> Client {
-        Client::connect(
-            &format!(
-                "host={} port={} user=postgres dbname={database}",
-                self.dir.display(),
-                self.port
-            ),
-            NoTls,
-        )
-        .unwrap()
-    }
-}
-
-impl Drop for Preloaded {
-    fn drop(&mut self) {
-        run_script(&["stop", self.dir.to_str().unwrap_or("")]);
-        let _ = std::fs::remove_dir_all(&self.dir);
+        self.0.connect(database)
     }
 }
 
@@ -348,8 +326,8 @@ fn bounds_set_for_all_roles_hold_whatever_a_role_connects_with() {
     std::thread::sleep(std::time::Duration::from_millis(500));
     let mut config = postgres::Config::new();
     config
-        .host_path(&server.dir)
-        .port(server.port)
+        .host_path(&server.0.dir)
+        .port(server.0.port)
         .user("analyst")
         .dbname("shop")
         .options("-c sql_query_engine.sample_values=3");
