@@ -86,7 +86,7 @@ fn described(run: &mut Run) -> Result<String> {
     let rows = run.best_result().map_or(&[][..], |r| &r.rows);
     let shown =
         (settings::sample_values() > 0).then(|| (&rows[..rows.len().min(ANSWER_ROWS)], rows.len()));
-    let request = prompt::answer_request(&run.question, sql, shown);
+    let request = prompt::answer_request(&run.question, sql, shown, settings::prompt_budget() * 4);
     let completion = llm::configured(false)?.complete(&request)?;
     run.llm_calls = run.llm_calls.saturating_add(1);
     run.prompt_tokens = run.prompt_tokens.saturating_add(completion.prompt_tokens);
@@ -165,7 +165,25 @@ fn nl_call(
 ) -> pgrx::datum::Internal {
     exec::refuse_inside_a_query("nl_call");
     let settings = call_settings(run_as, progress).unwrap_or_else(|e| e.raise());
+    // SAFETY: PostgreSQL passes a valid fcinfo, whose flinfo names the procedure called.
+    let procedure = unsafe { (*(*fcinfo).flinfo).fn_oid };
     let answer = subxact::in_procedure(fcinfo, &settings, || {
+        // PostgreSQL checked EXECUTE for the role that called; the call runs as `run_as`,
+        // which must have it too (a login role that may call it, such as the gateway's, would
+        // otherwise lend it to every role it may become).
+        if let Some(role) = run_as {
+            // SAFETY: reads the backend's current user, the role the call now runs as.
+            if !crate::compat::function_allows(procedure, unsafe { pg_sys::GetUserId() }) {
+                Error::Refused(Box::new(SqlError::new(
+                    SqlState::INSUFFICIENT_PRIVILEGE,
+                    format!(
+                        "permission denied for procedure nl_call: run_as role {} may not call it",
+                        crate::text::quoted_field(role)
+                    ),
+                )))
+                .raise()
+            }
+        }
         let ask = Ask {
             release: true,
             turns: turns.as_ref(),

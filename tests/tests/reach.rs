@@ -855,6 +855,41 @@ fn requests_a_cancelled_nl_call_leaves_behind_count_against_its_role_not_the_log
     assert!(held.is_err(), "{held:?}");
 }
 
+/// `nl_call` runs a question as `run_as` only when that role may call it too: a DBA who gives
+/// EXECUTE to some roles alone, and to the login role, lends it to no other role the login
+/// role may become.
+#[test]
+fn nl_call_runs_as_a_role_only_when_that_role_may_call_it() {
+    let mut s = Session::new();
+    let (authenticator, analyst, _) = authenticator_roles(&mut s, "execute");
+    let procedure = "nl_call(text, text, jsonb, jsonb, text, boolean)";
+    s.client
+        .batch_execute(&format!(
+            "REVOKE EXECUTE ON PROCEDURE {procedure} FROM PUBLIC;
+             GRANT EXECUTE ON PROCEDURE {procedure} TO {authenticator};"
+        ))
+        .unwrap();
+    s.llm.on(
+        "customers, asked as the analyst",
+        vec![Reply::sql("SELECT 1 AS one")],
+    );
+    let mut client = sql_query_engine_e2e::cluster().connect_as(&s.database, &authenticator);
+    let ask = format!("CALL nl_call('customers, asked as the analyst', run_as => '{analyst}')");
+    let error = call(&mut client, &ask).unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "42501", "{message}");
+    assert!(message.contains("may not call it"), "{message}");
+    assert!(s.llm.requests().is_empty(), "the model was asked");
+    // Positive control: once the analyst may call it, the call runs as the analyst.
+    s.client
+        .batch_execute(&format!(
+            "GRANT EXECUTE ON PROCEDURE {procedure} TO {analyst}"
+        ))
+        .unwrap();
+    let answer = call(&mut client, &ask).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(answer["rows"], json!([[1]]), "{answer}");
+}
+
 #[test]
 fn nl_call_runs_as_the_role_it_is_given_for_the_call_only() {
     let mut s = Session::new();
