@@ -323,9 +323,16 @@ You answer a question about a database in plain language, in one to three senten
 the query result you are given. Do not invent values, do not show SQL, do not add advice.";
 
 /// The request for a plain-language answer (`nl_answer`). With `rows` (the rows shown, and how
-/// many there were) the answer is grounded in them; without (sample values are off: no row data
-/// may reach the model) the model describes what the query returns instead.
-pub fn answer_request(question: &str, sql: &str, rows: Option<(&[String], usize)>) -> Vec<Message> {
+/// many there were) the answer is grounded in them, at most `max_bytes` of them (a value may be
+/// as large as a result may be: what a role's call sends to the endpoint every role shares is
+/// bounded like its schema); without (sample values are off: no row data may reach the model)
+/// the model describes what the query returns instead.
+pub fn answer_request(
+    question: &str,
+    sql: &str,
+    rows: Option<(&[String], usize)>,
+    max_bytes: usize,
+) -> Vec<Message> {
     let result = match rows {
         Some((_, 0)) => "The query returned no rows.".to_string(),
         Some((shown, total)) => format!(
@@ -335,7 +342,7 @@ pub fn answer_request(question: &str, sql: &str, rows: Option<(&[String], usize)
             } else {
                 String::new()
             },
-            shown.join("\n")
+            rows_within(shown, max_bytes)
         ),
         None => "The rows may not be shown. Describe in one or two sentences what the query \
                  returns, without giving any values."
@@ -347,6 +354,28 @@ pub fn answer_request(question: &str, sql: &str, rows: Option<(&[String], usize)
             "Question: {question}\n\nSQL that answers it:\n{sql}\n\n{result}"
         )),
     ]
+}
+
+/// `rows`, one per line, in at most about `max_bytes`: a row that does not fit is cut, and the
+/// rest left out, said so.
+fn rows_within(rows: &[String], max_bytes: usize) -> String {
+    let mut text = String::new();
+    for row in rows {
+        let room = max_bytes.saturating_sub(text.len());
+        if row.len() < room {
+            text.push_str(row);
+            text.push('\n');
+            continue;
+        }
+        let mut end = room;
+        while !row.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.push_str(&row[..end]);
+        text.push_str(" ...\n(the rest of the rows is left out: too long to show)");
+        break;
+    }
+    text.trim_end_matches('\n').to_string()
 }
 
 /// Up to 40 characters of `sql` from the 1-based character `position` PostgreSQL reported.
@@ -574,5 +603,23 @@ mod tests {
         );
         assert!(!shown.message.contains("alice"));
         assert_eq!(shown.detail, None);
+    }
+
+    #[test]
+    fn the_rows_an_answer_request_carries_are_bounded() {
+        let rows = vec!["é".repeat(3000), "second row".to_string()];
+        let request = answer_request("q", "SELECT 1", Some((&rows, 2)), 1001);
+        let user = &request[1].content;
+        assert!(user.contains("(the rest of the rows is left out"), "{user}");
+        assert!(!user.contains("second row"));
+        // 500 whole characters of two bytes fit in 1001 bytes.
+        assert_eq!(user.matches('é').count(), 500);
+        let small = vec!["a".to_string(), "b".to_string()];
+        let request = answer_request("q", "SELECT 1", Some((&small, 2)), 1001);
+        assert!(
+            request[1].content.ends_with("2 rows:\na\nb"),
+            "{}",
+            request[1].content
+        );
     }
 }
