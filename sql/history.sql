@@ -39,18 +39,34 @@ SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_history', '');
 -- under an OID that is not the role of its name here goes to the role of that name, or to none
 -- (0: only the table's owner reads it), as a restore's GRANTs go to roles by name. Nothing in a
 -- row tells which cluster's OID it holds: a copy of a cluster's files (a base backup, a
--- snapshot) shares its system identifier and hands out the same OIDs to other roles. A row a
--- role writes itself is under its own OID and name (the policy's check), which this leaves as
--- they are. The owner's own updates keep a row's OID unless they change its name: a row of a
--- role since renamed (or dropped, its name taken by a new role) stays with the role that wrote
--- it. Updates a subscription applies (session_replication_role replica) come from the other
--- cluster, and go by name. to_regrole needs no right on pg_roles.
+-- snapshot) shares its system identifier and hands out the same OIDs to other roles. The owner's
+-- own updates keep a row's OID unless they change its name: a row of a role since renamed (or
+-- dropped, its name taken by a new role) stays with the role that wrote it. Updates a
+-- subscription applies (session_replication_role replica) come from the other cluster, and go
+-- by name. to_regrole needs no right on pg_roles.
+--
+-- A row a role writes itself is its own, under its own OID and name, and of now: row security
+-- checks that for the roles it applies to, and this for those it does not (BYPASSRLS), which
+-- would otherwise write turns into another role's conversations (read into that role's
+-- prompts) and history or feedback under its name. Only the table's owner (a restore) and
+-- a subscription write rows as given.
 CREATE FUNCTION @extschema@.nl_row_role() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    IF TG_OP = 'UPDATE'
-            AND pg_catalog.current_setting('session_replication_role') <> 'replica' THEN
-        IF NEW.role IS NOT DISTINCT FROM OLD.role THEN
+    IF pg_catalog.current_setting('session_replication_role') <> 'replica' THEN
+        IF TG_OP = 'UPDATE' THEN
+            IF NEW.role IS NOT DISTINCT FROM OLD.role THEN
+                RETURN NEW;
+            END IF;
+        ELSIF NOT (SELECT pg_has_role(c.relowner, 'USAGE') FROM pg_class c
+                    WHERE c.oid = TG_RELID) THEN
+            IF NEW.role IS DISTINCT FROM current_user
+                    OR NEW.role_id IS DISTINCT FROM
+                       quote_ident(current_user)::regrole::oid
+                    OR NEW.at IS DISTINCT FROM now() THEN
+                RAISE EXCEPTION 'a row of % is its writer''s own, under its own name, and of now',
+                    TG_TABLE_NAME USING ERRCODE = '42501';
+            END IF;
             RETURN NEW;
         END IF;
     END IF;
