@@ -1014,8 +1014,8 @@ impl Db {
         let mut failed = None;
         // Whether the call was already asked again after it failed on a server it reached: it
         // is asked again once at most, so that a call that ends its own backend (one the
-        // check cannot tell from a server going away, behind a pooler) ends two, not one on
-        // every server.
+        // check cannot tell from a server going away, behind a pooler), or raises a conflict
+        // with recovery itself, costs two servers, not every one.
         let mut asked_again = false;
         for (i, node) in nodes.iter().enumerate() {
             let last = i + 1 == nodes.len();
@@ -1064,7 +1064,16 @@ impl Db {
                     }
                     failed = Some(e);
                 }
-                Err(e) if !last && e.replay_conflict() => failed = Some(e),
+                // Also asked again once at most: a view's own code may raise the same
+                // SQLSTATE, and would have the call (its model requests and queries) made on
+                // every server.
+                Err(e) if !last && e.replay_conflict() => {
+                    if asked_again {
+                        return Err(e);
+                    }
+                    asked_again = true;
+                    failed = Some(e);
+                }
                 Err(DbError::Busy) if !last => {}
                 Ok(mut answer)
                     if matches!(call, Call::Ask { .. }) && !std::ptr::eq(*node, &self.primary) =>

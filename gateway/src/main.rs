@@ -475,13 +475,27 @@ fn refusal(refused: &[(String, String)]) -> String {
 /// force for the same role (a token removed from the file is revoked before anything is
 /// checked); then, once `refused_roles` has checked them, the file's tokens less those of the
 /// roles it refuses. When the roles cannot be checked in `VET_TIMEOUT` (the database down or
-/// busy), a token added waits for a reload that can check it. A file that cannot be read or
-/// parsed changes nothing.
+/// busy), a token added waits for a reload that can check it. A file that cannot be read
+/// changes nothing; one with a wrong line is not taken, but a token in force that none of its
+/// well-formed lines lists (with its role, once) is revoked: an edit that removes a leaked
+/// token and adds a wrong line revokes it.
 async fn reload(db: &Db, tokens: &Tokens, path: &str, allow: bool) {
     let entries = match Tokens::read(path) {
         Ok(entries) => entries,
         Err(e) => {
-            eprintln!("sqe-gateway: tokens not reloaded: {e}");
+            let revoked = match e.well_formed {
+                Some(listed) => {
+                    let kept = tokens.kept(&listed);
+                    let before = tokens.count();
+                    let after = tokens.set(kept);
+                    format!(
+                        "; {} token(s) it no longer lists revoked",
+                        before.saturating_sub(after)
+                    )
+                }
+                None => String::new(),
+            };
+            eprintln!("sqe-gateway: tokens not reloaded: {}{revoked}", e.why);
             return;
         }
     };

@@ -24,36 +24,70 @@ const MAX_TOKEN_BYTES: usize = 1024;
 #[derive(Clone, Default)]
 pub struct Tokens(Arc<RwLock<Vec<(String, String)>>>);
 
+/// One line of a tokens file: its entry, none for a blank line or a comment, or what is wrong
+/// with it.
+fn entry(line: &str) -> Result<Option<(String, String)>, String> {
+    let line = line.trim();
+    if line.is_empty() || line.starts_with('#') {
+        return Ok(None);
+    }
+    let mut fields = line.split_whitespace();
+    let (Some(token), Some(role), None) = (fields.next(), fields.next(), fields.next()) else {
+        return Err("expected TOKEN ROLE".into());
+    };
+    if token.len() > MAX_TOKEN_BYTES {
+        return Err(format!("a token must have at most {MAX_TOKEN_BYTES} bytes"));
+    }
+    if token.chars().count() < MIN_TOKEN_CHARS {
+        return Err(format!(
+            "a token must have at least {MIN_TOKEN_CHARS} characters"
+        ));
+    }
+    Ok(Some((token.to_string(), role.to_string())))
+}
+
 /// Parses a tokens file.
 pub fn parse(text: &str) -> Result<Vec<(String, String)>, String> {
     let mut entries: Vec<(String, String)> = Vec::new();
     for (number, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
+        let Some((token, role)) = entry(line).map_err(|e| format!("line {}: {e}", number + 1))?
+        else {
             continue;
-        }
-        let mut fields = line.split_whitespace();
-        let (Some(token), Some(role), None) = (fields.next(), fields.next(), fields.next()) else {
-            return Err(format!("line {}: expected TOKEN ROLE", number + 1));
         };
-        if token.len() > MAX_TOKEN_BYTES {
-            return Err(format!(
-                "line {}: a token must have at most {MAX_TOKEN_BYTES} bytes",
-                number + 1
-            ));
-        }
-        if token.chars().count() < MIN_TOKEN_CHARS {
-            return Err(format!(
-                "line {}: a token must have at least {MIN_TOKEN_CHARS} characters",
-                number + 1
-            ));
-        }
-        if entries.iter().any(|(t, _)| t == token) {
+        if entries.iter().any(|(t, _)| *t == token) {
             return Err(format!("line {}: the token is listed twice", number + 1));
         }
-        entries.push((token.to_string(), role.to_string()));
+        entries.push((token, role));
     }
     Ok(entries)
+}
+
+/// The entries of the lines of a tokens file that parse, less the tokens listed more than once:
+/// what a file with a wrong line still says (a token it no longer lists is revoked, though the
+/// file is not taken).
+fn well_formed(text: &str) -> Vec<(String, String)> {
+    let entries: Vec<(String, String)> = text
+        .lines()
+        .filter_map(|line| entry(line).ok().flatten())
+        .collect();
+    entries
+        .iter()
+        .filter(|(token, _)| entries.iter().filter(|(t, _)| t == token).count() == 1)
+        .cloned()
+        .collect()
+}
+
+/// Why a tokens file was not taken; when it could be read, its well-formed entries too.
+#[derive(Debug)]
+pub struct NotTaken {
+    pub why: String,
+    pub well_formed: Option<Vec<(String, String)>>,
+}
+
+impl std::fmt::Display for NotTaken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.why)
+    }
 }
 
 /// Compares the SHA-256 digest of `a` with `presented`, a presented token's, without stopping
@@ -69,9 +103,16 @@ fn same(a: &str, presented: &[u8]) -> bool {
 
 impl Tokens {
     /// The entries of the tokens file at `path`.
-    pub fn read(path: &str) -> Result<Vec<(String, String)>, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
-        parse(&text).map_err(|e| format!("{path}: {e}"))
+    pub fn read(path: &str) -> Result<Vec<(String, String)>, NotTaken> {
+        let text = std::fs::read_to_string(path).map_err(|e| NotTaken {
+            why: format!("{path}: {e}"),
+            well_formed: None,
+        })?;
+        warn_if_others_may_read(path);
+        parse(&text).map_err(|e| NotTaken {
+            why: format!("{path}: {e}"),
+            well_formed: Some(well_formed(&text)),
+        })
     }
 
     /// Puts `entries` in force; returns how many there are.
@@ -81,6 +122,11 @@ impl Tokens {
             *current = entries;
         }
         n
+    }
+
+    /// How many tokens are in force.
+    pub fn count(&self) -> usize {
+        self.0.read().map_or(0, |current| current.len())
     }
 
     /// Those of `entries` in force now with the same role.
@@ -115,6 +161,21 @@ impl Tokens {
     }
 }
 
+/// Says so on the log when roles other than the file's owner may read the tokens file: each
+/// token in it is a role's password.
+fn warn_if_others_may_read(path: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(metadata) = std::fs::metadata(path) {
+        if metadata.permissions().mode() & 0o077 != 0 {
+            eprintln!(
+                "sqe-gateway: warning: {path} may be read by others than its owner (mode {:o}): \
+                 make it readable by the gateway only (chmod 600)",
+                metadata.permissions().mode() & 0o777
+            );
+        }
+    }
+}
+
 /// A name for a token that does not reveal it: the first 64 bits of its SHA-256, the same for
 /// the same token in every release. It prefixes the client's session names, which its role can
 /// read back (`nl_sessions`, `nl_history`).
@@ -142,6 +203,17 @@ mod tests {
         assert!(parse("abcdefghijklmnop01 a b").is_err());
         assert!(parse("abcdefghijklmnop01 a\nabcdefghijklmnop01 b").is_err());
         assert!(parse(&format!("{} a", "x".repeat(1025))).is_err());
+    }
+
+    #[test]
+    fn a_file_with_a_wrong_line_still_says_which_tokens_it_lists() {
+        let text = "abcdefghijklmnop01 analyst\nshort reader\n\
+                    abcdefghijklmnop02 a\nabcdefghijklmnop02 b\nabcdefghijklmnop03 c d\n";
+        assert!(parse(text).is_err());
+        assert_eq!(
+            well_formed(text),
+            vec![("abcdefghijklmnop01".to_string(), "analyst".to_string())]
+        );
     }
 
     #[test]

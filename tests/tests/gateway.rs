@@ -290,6 +290,25 @@ fn a_client_that_goes_away_cancels_its_question_and_tokens_reload_on_sighup() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+
+    // An edit that removes a token and adds a wrong line (a short token) is not taken, but the
+    // token it removed is revoked; the others stay.
+    let mut tokens = std::fs::read_to_string(&s.tokens)
+        .unwrap()
+        .replace(&format!("{new_token} {}\n", s.reader), "");
+    tokens.push_str(&format!("short {}\n", s.reader));
+    std::fs::write(&s.tokens, tokens).unwrap();
+    // SAFETY: signals the gateway process this test started.
+    unsafe { libc::kill(gateway.child.id() as i32, libc::SIGHUP) };
+    let started = Instant::now();
+    while !status(&new_token).contains("401") {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "a token removed from a file with a wrong line stayed in force"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(status(&s.token).contains("200"));
 }
 
 /// Runs the gateway with `args` and waits for it to exit: its status and what it said.
@@ -1618,6 +1637,49 @@ fn an_error_a_query_raises_does_not_take_a_read_server_out_of_rotation() {
         !text.contains("asking another") && !text.contains("left the rotation"),
         "{text}"
     );
+}
+
+/// A conflict with recovery (40001) is asked of another server once at most: a view's own code
+/// may raise the same SQLSTATE, and the whole call, its model requests among them, would
+/// otherwise be made on every server.
+#[test]
+fn a_conflict_a_view_raises_is_asked_of_another_server_once_at_most() {
+    let s = setup();
+    let mut admin = cluster().connect(&s.database);
+    admin
+        .batch_execute(&format!(
+            "CREATE FUNCTION conflict() RETURNS int LANGUAGE plpgsql AS $$
+             BEGIN RAISE EXCEPTION 'canceling statement due to conflict with recovery'
+                 USING ERRCODE = '40001'; END $$;
+             CREATE VIEW conflicted AS SELECT conflict() AS n;
+             GRANT SELECT ON conflicted TO {};
+             ALTER DATABASE {} SET sql_query_engine.max_repairs = 0;",
+            s.reader, s.database
+        ))
+        .unwrap();
+    s.llm.on(
+        "the conflicted number",
+        vec![Reply::sql("SELECT n FROM conflicted"); 4],
+    );
+    // Two read servers and the primary, all the same server under other names.
+    let gateway = Gateway::start_with(
+        &s.database_url,
+        &s.tokens,
+        &[
+            "--read-database-url",
+            &s.database_url,
+            "--read-database-url",
+            &s.database_url,
+        ],
+    );
+    let _ = post_chat(&gateway, &s.token).send_string(&chat(&s, "the conflicted number"));
+    let asked = s
+        .llm
+        .requests()
+        .iter()
+        .filter(|r| r.last_message().contains("the conflicted number"))
+        .count();
+    assert_eq!(asked, 2, "asked on {asked} servers");
 }
 
 /// Numbers reach clients as the database wrote them: a numeric keeps its scale and its digits
