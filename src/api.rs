@@ -947,7 +947,7 @@ fn audited_run(
     history::audit_raised(ask.function, ask.session, input, |caller| {
         let result = answer(&ask).and_then(accept);
         let outcome = match &result {
-            Ok((run, _)) => history::Audited::Answered(run),
+            Ok((run, shown)) => history::Audited::Answered(run, shown.history_id),
             Err(error) => history::Audited::Failed(error),
         };
         history::audit(caller, ask.function, ask.session, input, outcome);

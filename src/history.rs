@@ -14,7 +14,7 @@ use pgrx::prelude::*;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 
 use crate::error::{Error, Result, SqlState};
-use crate::heal::Run;
+use crate::heal::{Run, Status};
 use crate::settings::AuditLog;
 use crate::{names, settings, store, subxact, text, trace};
 
@@ -166,8 +166,9 @@ pub fn record_answer(
 
 /// How a call ended, as the audit line says it.
 pub enum Audited<'a> {
-    /// A question answered (its status, rows and final SQL).
-    Answered(&'a Run),
+    /// A question answered (its status, rows and final SQL), and its `nl_history` row's id
+    /// when one was written.
+    Answered(&'a Run, Option<i64>),
     /// A call without a run (`nl_check`, `nl_run`, `nl_schema`, ...) that succeeded.
     Done,
     Failed(&'a Error),
@@ -238,6 +239,8 @@ struct InFlight {
     last: std::collections::VecDeque<String>,
     /// Queries that ran between `first` and `last` and are not written.
     more: usize,
+    /// Where the model requests the call made from here on are noted (`llm::sent_mark`).
+    sent_mark: usize,
 }
 
 /// Characters of a call's question or SQL written into its audit line, at most (what the
@@ -329,6 +332,7 @@ impl InFlight {
                 first: Vec::new(),
                 last: std::collections::VecDeque::new(),
                 more: 0,
+                sent_mark: crate::llm::sent_mark(),
             })
         });
         Entered
@@ -337,8 +341,23 @@ impl InFlight {
 
 impl Drop for Entered {
     fn drop(&mut self) {
-        IN_FLIGHT.with_borrow_mut(|calls| calls.pop());
+        if let Some(call) = IN_FLIGHT.with_borrow_mut(|calls| calls.pop()) {
+            crate::llm::forget_since(call.sent_mark);
+        }
     }
+}
+
+/// The endpoints the innermost call being audited sent model requests to so far, as its audit
+/// line names them.
+fn sent_so_far() -> String {
+    let mark = IN_FLIGHT.with(|calls| {
+        calls
+            .try_borrow()
+            .ok()
+            .and_then(|calls| calls.last().map(|call| call.sent_mark))
+    });
+    mark.map(|mark| crate::llm::sent_since(mark).join(", "))
+        .unwrap_or_default()
 }
 
 /// Audits the calls the backend exits in the middle of.
@@ -381,7 +400,9 @@ pub fn audit_raised<T>(
 /// Writes one call to the server log (`sql_query_engine.audit_log`, by default every call), as
 /// `LOG` that is never sent to the client: neither the caller's rollback (which takes the
 /// `nl_history` row with it) nor a read-only transaction or a standby (where no row is
-/// written) removes it. `input` is the question, or the caller's SQL.
+/// written) removes it. `input` is the question, or the caller's SQL. With `audit_log =
+/// errors`, a call that answered is written too when no history row keeps it (none was
+/// written, or the row is rolled back: `Pending`), and when it answered with an error.
 /// It reads no catalog: it is also written after an ERROR was caught.
 pub fn audit(
     caller: &Caller,
@@ -390,25 +411,24 @@ pub fn audit(
     input: &str,
     outcome: Audited,
 ) {
-    let wanted = match settings::audit_log() {
-        AuditLog::Off => false,
-        AuditLog::Errors => matches!(
-            outcome,
-            Audited::Failed(_) | Audited::Raised(_) | Audited::Ended
-        ),
-        AuditLog::All => true,
+    let when = match (settings::audit_log(), &outcome) {
+        (AuditLog::Off, _) => return,
+        (AuditLog::All, _) => When::Now,
+        (AuditLog::Errors, Audited::Failed(_) | Audited::Raised(_) | Audited::Ended) => When::Now,
+        (AuditLog::Errors, Audited::Answered(run, recorded)) => match (recorded, run.status) {
+            (_, Status::Error | Status::Refused) | (None, _) => When::Now,
+            (Some(_), _) => When::RolledBack,
+        },
+        (AuditLog::Errors, Audited::Done | Audited::Started) => return,
     };
-    if !wanted {
-        return;
-    }
     // What an enclosing call ran so far is not this one's.
-    let ran = if matches!(outcome, Audited::Started) {
-        String::new()
+    let (ran, sent) = if matches!(outcome, Audited::Started) {
+        (String::new(), String::new())
     } else {
-        ran_so_far()
+        (ran_so_far(), sent_so_far())
     };
-    let (result, sql) = match outcome {
-        Audited::Answered(run) => (
+    let (mut result, sql) = match outcome {
+        Audited::Answered(run, _) => (
             format!(
                 "{}{}, {} attempt{}{}",
                 run.status.as_str(),
@@ -430,6 +450,9 @@ pub fn audit(
         Audited::Ended => ("the session ended during the call".to_string(), None),
         Audited::Started => ("started".to_string(), None),
     };
+    if !sent.is_empty() {
+        result.push_str(&format!("; model requests to {sent}"));
+    }
     let session = session
         .map(|s| {
             format!(
@@ -445,19 +468,122 @@ pub fn audit(
         Some(sql) => format!("input: {input}\nsql: {}{ran}", text::escaped_line(sql)),
         None => format!("input: {input}{ran}"),
     };
-    crate::error::send(
-        ErrorReport::new(
-            PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
-            format!(
-                "sql_query_engine: {function} by {}{session}: {}",
-                caller.described(),
-                text::escaped_line(&result)
-            ),
-            "sql_query_engine",
-        )
-        .set_detail(detail),
-        PgLogLevel::LOG_SERVER_ONLY,
-    );
+    let line = Line {
+        message: format!(
+            "sql_query_engine: {function} by {}{session}: {}",
+            caller.described(),
+            text::escaped_line(&result)
+        ),
+        detail,
+    };
+    match when {
+        When::Now => line.write(""),
+        When::RolledBack => pending_until_the_end(line),
+    }
+}
+
+/// When an audit line is written.
+enum When {
+    Now,
+    /// Only if the call's history row is rolled back (`pending_until_the_end`).
+    RolledBack,
+}
+
+/// One audit line.
+struct Line {
+    message: String,
+    detail: String,
+}
+
+impl Line {
+    fn write(&self, said: &str) {
+        crate::error::send(
+            ErrorReport::new(
+                PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
+                format!("{}{said}", self.message),
+                "sql_query_engine",
+            )
+            .set_detail(self.detail.clone()),
+            PgLogLevel::LOG_SERVER_ONLY,
+        );
+    }
+}
+
+/// Audit lines kept until their transaction ends, at most: past that, a line is written at
+/// once (each may hold a call's question and queries, some hundred kB).
+const MAX_PENDING: usize = 16;
+
+thread_local! {
+    /// The lines of calls whose history rows the transaction holds (`audit_log = errors`), with
+    /// the subtransaction each row was written in: written if that subtransaction, or one
+    /// around it, is rolled back; forgotten when the transaction commits.
+    static PENDING: RefCell<Vec<(pg_sys::SubTransactionId, Line)>> =
+        const { RefCell::new(Vec::new()) };
+    /// Whether the transaction callbacks that end `PENDING` are registered in this backend.
+    static END_CALLBACKS: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Keeps `line` until its transaction ends: a call whose history row is rolled back (by the
+/// caller: ROLLBACK, ROLLBACK TO SAVEPOINT, an exception block) leaves no trace otherwise.
+fn pending_until_the_end(line: Line) {
+    if !END_CALLBACKS.replace(true) {
+        // SAFETY: registers callbacks of this backend, once; they only write log lines.
+        unsafe {
+            pg_sys::RegisterXactCallback(Some(transaction_ended), std::ptr::null_mut());
+            pg_sys::RegisterSubXactCallback(Some(subtransaction_ended), std::ptr::null_mut());
+        }
+    }
+    let full = PENDING.with_borrow(|pending| pending.len() >= MAX_PENDING);
+    if full {
+        line.write("");
+        return;
+    }
+    // SAFETY: reads the current subtransaction's id, the caller's (the history row's own
+    // subtransaction was released into it).
+    let id = unsafe { pg_sys::GetCurrentSubTransactionId() };
+    PENDING.with_borrow_mut(|pending| pending.push((id, line)));
+}
+
+/// Writes the pending lines of the subtransactions from `from` on (all of them when `None`).
+fn rolled_back(from: Option<pg_sys::SubTransactionId>) {
+    let lines: Vec<Line> = PENDING.with_borrow_mut(|pending| {
+        let (gone, kept) = std::mem::take(pending)
+            .into_iter()
+            .partition(|(id, _)| from.is_none_or(|from| *id >= from));
+        *pending = kept;
+        gone.into_iter().map(|(_, line)| line).collect()
+    });
+    for line in lines {
+        line.write(" (its history row was rolled back)");
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn transaction_ended(
+    event: pg_sys::XactEvent::Type,
+    _arg: *mut std::ffi::c_void,
+) {
+    match event {
+        pg_sys::XactEvent::XACT_EVENT_ABORT | pg_sys::XactEvent::XACT_EVENT_PARALLEL_ABORT => {
+            rolled_back(None)
+        }
+        pg_sys::XactEvent::XACT_EVENT_COMMIT
+        | pg_sys::XactEvent::XACT_EVENT_PARALLEL_COMMIT
+        | pg_sys::XactEvent::XACT_EVENT_PREPARE => PENDING.with_borrow_mut(Vec::clear),
+        _ => {}
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn subtransaction_ended(
+    event: pg_sys::SubXactEvent::Type,
+    my_subid: pg_sys::SubTransactionId,
+    _parent: pg_sys::SubTransactionId,
+    _arg: *mut std::ffi::c_void,
+) {
+    if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
+        rolled_back(Some(my_subid));
+    }
 }
 
 /// `work`'s result audited as a call of `function` without a run (an ERROR raised inside it

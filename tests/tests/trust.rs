@@ -812,6 +812,75 @@ fn the_audit_names_the_sql_that_feedback_and_fix_run() {
     );
 }
 
+/// With `audit_log = errors`, a call that answered is in the server log when no history row
+/// keeps it: the caller rolled the row back (ROLLBACK, ROLLBACK TO SAVEPOINT), none was
+/// written (a read-only transaction, nl_trace); a committed row keeps it alone. Every line of a
+/// call names the endpoints its model requests went to.
+#[test]
+fn with_audit_log_errors_a_call_whose_history_is_rolled_back_or_not_written_is_in_the_log() {
+    let mut s = Session::new();
+    configure_database(&mut s, "sk-audit-0003");
+    let db = s.database.clone();
+    s.client
+        .batch_execute(&format!(
+            "ALTER DATABASE {db} SET sql_query_engine.audit_log = errors"
+        ))
+        .unwrap();
+    let role = reader(&mut s, "untraced");
+    for n in 1..=5 {
+        s.llm.on(
+            &format!("untraced question {n}"),
+            vec![Reply::sql(&format!("SELECT {n} AS n"))],
+        );
+    }
+    let mut caller = cluster().connect_as(&s.database, &role);
+    // Each a query string of its own: a string of several statements is one transaction.
+    for statements in [
+        "SELECT * FROM nl_query('untraced question 1')",
+        "BEGIN; SELECT * FROM nl_query('untraced question 2'); ROLLBACK",
+        "BEGIN; SAVEPOINT s; SELECT * FROM nl_query('untraced question 3'); \
+         ROLLBACK TO SAVEPOINT s; COMMIT",
+        "BEGIN READ ONLY; SELECT * FROM nl_query('untraced question 4'); COMMIT",
+        "SELECT nl_trace('untraced question 5')",
+    ] {
+        caller.batch_execute(statements).unwrap();
+    }
+    let Some(mut log) = cluster().server_log() else {
+        return; // a cluster this process did not start: its log is not ours to read
+    };
+    let line = |log: &str, n: i32| {
+        log.lines()
+            .find(|l| {
+                l.contains(&role) && l.contains(": ok, 1 rows") && {
+                    let next = log[log.find(*l).unwrap_or(0)..]
+                        .lines()
+                        .nth(1)
+                        .unwrap_or("");
+                    next.contains(&format!("input: untraced question {n}"))
+                }
+            })
+            .map(str::to_string)
+    };
+    let waiting = std::time::Instant::now();
+    while line(&log, 5).is_none() && waiting.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        log = cluster().server_log().unwrap_or_default();
+    }
+    assert_eq!(line(&log, 1), None, "a call its history keeps was logged");
+    for n in 2..=5 {
+        let said = line(&log, n).unwrap_or_else(|| panic!("question {n} left no trace"));
+        assert!(
+            said.contains(&format!("model requests to {}", s.llm.url())),
+            "{said}"
+        );
+        assert_eq!(
+            said.contains("(its history row was rolled back)"),
+            n == 2 || n == 3,
+            "{said}"
+        );
+    }
+}
+
 /// A schema whose name needs quotes holds the extension as any other: other schemas are
 /// altered and renamed as usual, the extension's own is not renamed, and the extension works.
 #[test]
