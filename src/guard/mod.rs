@@ -134,6 +134,12 @@ pub fn check(
     let raw = statements
         .get_ptr(0)
         .ok_or_else(|| Refusal::read(SqlState::SYNTAX_ERROR, "no statement".into()))?;
+    if let Some(scope) = scope {
+        // SAFETY: a RawStmt from raw_parser.
+        if let Some(refusal) = unsafe { scope.refusal_before_analysis((*raw).stmt) } {
+            return Err(refusal);
+        }
+    }
     let allowed = match origin {
         Origin::Generated => allowed_functions(),
         Origin::Own => Allowed::default(),

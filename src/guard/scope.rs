@@ -6,7 +6,10 @@
 //! conversations when a role is shared). The caller's own SQL (`nl_fix`, `nl_run`,
 //! `nl_check`) is the caller's choice and has no scope.
 
+use std::ffi::c_void;
+
 use pgrx::pg_sys;
+use pgrx::PgList;
 
 use super::facts::builtin;
 use super::verdict::Refusal;
@@ -47,6 +50,135 @@ impl Scope {
              generated query reads only those (sql_query_engine.schemas, the search path)",
             relation_name(*outside)
         )))
+    }
+}
+
+impl Scope {
+    /// Why `statement` (a raw statement, from `raw_parser`) may not run: a relation it names
+    /// outside the scope, found by name as analysis will find it (a name a WITH query of the
+    /// statement shadows where it is used is that query's), before anything is locked.
+    /// Analysis locks every relation a statement names, whatever it may read: the text of
+    /// another role's verified example, checked for every question its words match, would
+    /// otherwise have the caller's backend lock (or wait for) a relation of that role's
+    /// choosing, which tells that role, through `pg_locks`, who asked what and when.
+    ///
+    /// # Safety
+    /// `statement` is a raw parse tree of the current memory context.
+    pub(super) unsafe fn refusal_before_analysis(
+        &self,
+        statement: *mut pg_sys::Node,
+    ) -> Option<Refusal> {
+        let mut named = Named {
+            scope: self,
+            ctes: Vec::new(),
+            found: None,
+        };
+        // SAFETY: the caller's contract; the statement as a one-element list, so that the
+        // walker sees it too. Look-ups by name lock nothing and run nothing.
+        unsafe {
+            let list = pg_sys::lappend(std::ptr::null_mut(), statement.cast());
+            relation_named(list.cast(), (&mut named as *mut Named).cast());
+        }
+        named.found
+    }
+}
+
+/// What `relation_named` walks with: the scope, the names of the WITH queries in reach, and
+/// the refusal, once found.
+struct Named<'a> {
+    scope: &'a Scope,
+    ctes: Vec<String>,
+    found: Option<Refusal>,
+}
+
+/// Walks a raw tree for the relations it names (`Scope::refusal_before_analysis`); true once
+/// one is outside the scope.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn relation_named(node: *mut pg_sys::Node, context: *mut c_void) -> bool {
+    if node.is_null() {
+        return false;
+    }
+    pgrx::check_for_interrupts!();
+    // SAFETY: PostgreSQL's raw walker passes raw nodes and our `Named`; each node is read as
+    // the struct its tag names.
+    unsafe {
+        let named = &mut *context.cast::<Named>();
+        match (*node).type_ {
+            pg_sys::NodeTag::T_RangeVar => {
+                let range_var = node.cast::<pg_sys::RangeVar>();
+                let name = crate::names::c_string((*range_var).relname);
+                if (*range_var).schemaname.is_null() && named.ctes.contains(&name) {
+                    return false;
+                }
+                let relation = pg_sys::RangeVarGetRelidExtended(
+                    range_var,
+                    pg_sys::NoLock as pg_sys::LOCKMODE,
+                    pg_sys::RVROption::RVR_MISSING_OK,
+                    None,
+                    std::ptr::null_mut(),
+                );
+                if relation != pg_sys::InvalidOid && !named.scope.admits(relation) {
+                    named.found = named.scope.refusal(&[relation]);
+                    return named.found.is_some();
+                }
+                false
+            }
+            pg_sys::NodeTag::T_SelectStmt
+                if !(*node.cast::<pg_sys::SelectStmt>()).withClause.is_null() =>
+            {
+                let select = node.cast::<pg_sys::SelectStmt>();
+                let with = (*select).withClause;
+                let queries = PgList::<pg_sys::CommonTableExpr>::from_pg((*with).ctes);
+                let names: Vec<String> = queries
+                    .iter_ptr()
+                    .map(|cte| crate::names::c_string((*cte).ctename))
+                    .collect();
+                let outer = named.ctes.len();
+                // A WITH query sees those before it, and with RECURSIVE all of them (itself
+                // too); the rest of the statement sees all of them.
+                for (i, cte) in queries.iter_ptr().enumerate() {
+                    named.ctes.truncate(outer);
+                    let seen = if (*with).recursive {
+                        &names[..]
+                    } else {
+                        &names[..i]
+                    };
+                    named.ctes.extend_from_slice(seen);
+                    if relation_named((*cte).ctequery, context) {
+                        return true;
+                    }
+                }
+                named.ctes.truncate(outer);
+                named.ctes.extend(names);
+                let s = &*select;
+                let stopped = [
+                    s.distinctClause,
+                    s.targetList,
+                    s.fromClause,
+                    s.groupClause,
+                    s.windowClause,
+                    s.valuesLists,
+                    s.sortClause,
+                    s.lockingClause,
+                ]
+                .into_iter()
+                .any(|list| relation_named(list.cast(), context))
+                    || [
+                        s.intoClause.cast(),
+                        s.whereClause,
+                        s.havingClause,
+                        s.limitOffset,
+                        s.limitCount,
+                        s.larg.cast(),
+                        s.rarg.cast(),
+                    ]
+                    .into_iter()
+                    .any(|child| relation_named(child, context));
+                named.ctes.truncate(outer);
+                stopped
+            }
+            _ => pg_sys::raw_expression_tree_walker(node, Some(relation_named), context),
+        }
     }
 }
 

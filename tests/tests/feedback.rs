@@ -822,6 +822,75 @@ fn an_example_whose_relation_is_locked_is_skipped_without_waiting_for_it() {
     release.join().unwrap();
 }
 
+/// An example that names a relation outside the reader's schema context is refused before
+/// anything is locked: checked for every question its words match, it would otherwise have the
+/// reader's backend lock (or wait for) a relation its writer chose, whose `pg_locks` entries
+/// tell the writer who asked what, and when.
+#[test]
+fn an_example_naming_a_relation_outside_the_readers_context_locks_nothing() {
+    let mut r = Roles::new();
+    r.s.client
+        .batch_execute(&format!(
+            "CREATE SCHEMA watch AUTHORIZATION {writer};
+             GRANT USAGE ON SCHEMA watch TO {analyst};",
+            writer = r.writer,
+            analyst = r.analyst
+        ))
+        .unwrap();
+    let mut writer = r.connect(&r.writer);
+    writer
+        .batch_execute("CREATE TABLE watch.layoffs (n int)")
+        .unwrap();
+    writer
+        .query_one(
+            "SELECT nl_example_add('Who was laid off?', 'SELECT count(*) AS n FROM watch.layoffs')",
+            &[],
+        )
+        .unwrap();
+    let watched: u32 = writer
+        .query_one("SELECT 'watch.layoffs'::regclass::oid", &[])
+        .unwrap()
+        .get(0);
+    writer
+        .batch_execute("BEGIN; LOCK TABLE watch.layoffs IN ACCESS EXCLUSIVE MODE")
+        .unwrap();
+    let writer_pid: i32 = writer
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    // What the writer could read of pg_locks while the reader asks: any entry of another
+    // backend on its relation, granted or waited for.
+    let asking = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let mut watcher = cluster().connect(&r.s.database);
+    let watching = {
+        let asking = std::sync::Arc::clone(&asking);
+        std::thread::spawn(move || {
+            let mut seen = 0;
+            while asking.load(std::sync::atomic::Ordering::SeqCst) {
+                let n: i64 = watcher
+                    .query_one(
+                        "SELECT count(*) FROM pg_locks WHERE relation = $1 AND pid <> $2",
+                        &[&watched, &writer_pid],
+                    )
+                    .unwrap()
+                    .get(0);
+                seen += n;
+            }
+            seen
+        })
+    };
+    let mut analyst = r.connect(&r.analyst);
+    let context: String = analyst
+        .query_one("SELECT nl_schema('Who was laid off?')", &[])
+        .unwrap()
+        .get(0);
+    asking.store(false, std::sync::atomic::Ordering::SeqCst);
+    let seen = watching.join().unwrap();
+    writer.batch_execute("COMMIT").unwrap();
+    assert!(!context.contains("watch.layoffs"), "the example was shown");
+    assert_eq!(seen, 0, "the reader's backend locked the writer's relation");
+}
+
 /// Examples written straight into the table (by a role granted INSERT) are held to what
 /// `nl_example_add` takes: every matching question of every role reads and checks them.
 #[test]

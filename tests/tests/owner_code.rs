@@ -2435,6 +2435,8 @@ fn the_default_operator_class_of_a_type_is_checked_like_its_other_code() {
     let greatest = "SELECT greatest(f.m, 'ok'::shared.mood) AS g FROM shared.feelings f";
     w.s.llm.on("the better mood", vec![Reply::sql(greatest)]);
     let mut v = w.connect(&victim);
+    v.batch_execute("SET sql_query_engine.schemas = 'public, shared'")
+        .unwrap();
     let mut witness = Witness::hold(&w.s.database, &[4310]);
     let (result, waited) =
         witness.waited(|| v.query_one("SELECT nl_query('the better mood')::text", &[]));

@@ -1134,6 +1134,56 @@ fn tables_the_caller_cannot_read_are_not_in_the_prompt() {
     );
 }
 
+/// A name that a WITH query of the statement shadows where it is used is that query's, not the
+/// table outside the caller's context it also names (which is refused before it is locked).
+#[test]
+fn a_with_query_named_like_a_table_outside_the_context_is_the_with_query() {
+    let mut s = Session::new();
+    let role = format!("shadowing_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {role}; GRANT SELECT ON customers, orders TO {role}; \
+             SET sql_query_engine.max_repairs = 0; SET ROLE {role};"
+        ))
+        .unwrap();
+    for (question, sql, rows) in [
+        (
+            "shadowed",
+            "WITH secrets AS (SELECT 1 AS n) SELECT n FROM secrets",
+            json!([{"n": 1}]),
+        ),
+        (
+            "shadowed recursively",
+            "WITH RECURSIVE secrets(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM secrets \
+             WHERE n < 3) SELECT count(*) AS c FROM secrets",
+            json!([{"c": 3}]),
+        ),
+        (
+            "shadowed in a subquery",
+            "WITH secrets AS (SELECT 2 AS n) SELECT (SELECT n FROM secrets) AS m",
+            json!([{"m": 2}]),
+        ),
+    ] {
+        s.llm.on(question, vec![Reply::sql(sql)]);
+        let answer = s.query(question).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        assert_eq!(json!(answer), rows, "{sql}");
+    }
+    // A WITH query sees only those before it (without RECURSIVE): here `secrets` is the table.
+    s.llm.on(
+        "not shadowed",
+        vec![Reply::sql(
+            "WITH a AS (SELECT note FROM secrets), secrets AS (SELECT 1 AS n) SELECT * FROM a",
+        )],
+    );
+    let error = s.query("not shadowed").unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "42501", "{message}");
+    assert!(
+        message.contains("relation public.secrets is not one of the tables and views shown"),
+        "{message}"
+    );
+}
+
 #[test]
 fn ddl_is_visible_to_the_very_next_question() {
     let mut s = Session::new();
