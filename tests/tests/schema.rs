@@ -715,6 +715,25 @@ fn tables_another_session_holds_locked_hold_up_neither_the_schema_nor_its_sample
 /// (`name::regclass` a 42P01, `to_tsquery` a 42601, an XML error shows its input in DETAIL).
 /// The repair is told the SQLSTATE and the message's shape. Asked by a role that may read the
 /// table.
+/// A column whose type is a domain over text is read into the value index as text is.
+#[test]
+fn the_values_of_a_column_whose_type_is_a_domain_over_text_are_found() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute(
+            "CREATE DOMAIN label AS text CHECK (VALUE <> '');
+             CREATE TABLE gadgets (gadget_id int PRIMARY KEY, gadget_name label);
+             INSERT INTO gadgets SELECT g, 'gadget ' || g FROM generate_series(1, 500) g;
+             INSERT INTO gadgets VALUES (900, 'Quantum Spanner');",
+        )
+        .unwrap();
+    let told = ask(&mut s, "Who made the gadget Quantum Spanner?");
+    assert!(
+        told.contains("-- 'Quantum Spanner' found in gadgets.gadget_name"),
+        "{told}"
+    );
+}
+
 #[test]
 fn without_sample_values_no_error_of_a_running_query_quotes_stored_values() {
     let s = Session::new();
