@@ -170,6 +170,42 @@ pub fn key(kind: &str, name: &str) -> String {
     format!("{}:{}:{kind}:{name}", database_prefix(), role.to_u32())
 }
 
+/// Bytes a role may write to Redis in `BUDGET_WINDOW_S`, at most (shared value reads and
+/// conversation turns together): a Redis is shared by every role, and what one role fills it
+/// with (a table re-created for each new read, a session per question) would evict or refuse
+/// every other role's, or exhaust its host.
+const BUDGET_BYTES: u64 = 64 << 20;
+const BUDGET_WINDOW_S: u64 = 600;
+
+/// Adds ARGV[1] to the role's count, which starts (and expires) with the window's first write.
+const SPEND_SCRIPT: &str = r"
+local spent = redis.call('INCRBY', KEYS[1], ARGV[1])
+if redis.call('TTL', KEYS[1]) < 0 then
+    redis.call('EXPIRE', KEYS[1], ARGV[2])
+end
+return spent
+";
+
+/// Whether the current role may write `bytes` more to Redis now (counted either way); `None`
+/// when Redis is not available.
+pub fn spend(bytes: usize) -> Option<bool> {
+    let key = key("budget", "bytes");
+    let bytes = bytes as u64;
+    let spent: Option<u64> = call(move |c| {
+        ::redis::cmd("EVAL")
+            .arg(SPEND_SCRIPT)
+            .arg(1)
+            .arg(&key)
+            .arg(bytes)
+            .arg(BUDGET_WINDOW_S)
+            .query(c)
+    });
+    spent.map(|spent| spent <= BUDGET_BYTES)
+}
+
+/// What a role's share of Redis is, as messages say it.
+pub const SHARE: &str = "64 MB in 10 minutes";
+
 /// A Redis key for what every role of a database shares (the value index's reads of relations
 /// whose read is the same for every role that may read them): namespaced by the cluster and
 /// the database alone, and never equal to a role's key (`key`), whose fourth part is a number.

@@ -466,6 +466,23 @@ fn record_in_redis(session: &str, turn: &Turn, keep: usize) -> bool {
     let Ok(json) = serde_json::to_string(turn) else {
         return false;
     };
+    // As nl_sessions takes them (its CHECKs), and within the role's share of Redis.
+    if turn.question.len() > MAX_QUESTION_BYTES || turn.sql.len() > MAX_SQL_BYTES {
+        return false;
+    }
+    match redis_client::spend(key.len() + json.len()) {
+        Some(true) => {}
+        Some(false) => {
+            crate::error::notice(format!(
+                "sql_query_engine: this turn of session {} is kept in this connection's memory \
+                 only: your role's share of Redis ({}) is spent",
+                crate::text::escaped_line(&crate::text::at_most(session, MAX_NAME_BYTES)),
+                redis_client::SHARE
+            ));
+            return false;
+        }
+        None => return false,
+    }
     let question = turn.question.clone();
     let done: Option<i64> = redis_client::call(move |c| {
         ::redis::cmd("EVAL")
@@ -509,6 +526,11 @@ pub fn within(turns: Vec<Turn>, max_chars: usize) -> Vec<Turn> {
 
 /// Longest session name, in bytes: a name is part of a Redis key, a table row and a memory key.
 const MAX_NAME_BYTES: usize = 256;
+
+/// A turn's question and SQL stored in Redis, in bytes at most, as nl_sessions' CHECKs take
+/// them: every backend that serves the session reads them back.
+const MAX_QUESTION_BYTES: usize = 40_000;
+const MAX_SQL_BYTES: usize = 100_000;
 
 /// Refuses a session name longer than `MAX_NAME_BYTES` (22023).
 pub fn check_name(session: &str) -> crate::error::Result<()> {

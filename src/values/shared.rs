@@ -186,7 +186,13 @@ pub fn store(columns: &TextColumns, read: &[(usize, Vec<String>)]) {
                 .push((attnum.to_string(), json));
         }
     }
-    if by_key.is_empty() {
+    let bytes: usize = by_key
+        .iter()
+        .map(|(key, fields)| {
+            key.len() + fields.iter().map(|(f, v)| f.len() + v.len()).sum::<usize>()
+        })
+        .sum();
+    if by_key.is_empty() || redis_client::spend(bytes) != Some(true) {
         return;
     }
     let _: Option<()> = redis_client::call(move |c| {

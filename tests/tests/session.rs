@@ -18,6 +18,21 @@ fn ask_in(s: &mut Session, session: &str, question: &str, sql: &str) -> Vec<Valu
         .collect()
 }
 
+/// The Redis key of `role` for `what` (`kind:name`) in the current database: namespaced by
+/// cluster (system identifier), database and role (OIDs).
+fn role_key(client: &mut postgres::Client, role: &str, what: &str) -> String {
+    let row = client
+        .query_one(
+            "SELECT (SELECT system_identifier::text FROM pg_control_system()),
+                    (SELECT oid FROM pg_database WHERE datname = current_database()),
+                    (SELECT oid FROM pg_roles WHERE rolname = $1)",
+            &[&role],
+        )
+        .unwrap();
+    let (system, database, role): (String, u32, u32) = (row.get(0), row.get(1), row.get(2));
+    format!("sql_query_engine:{system}:{database}:{role}:{what}")
+}
+
 /// Redis keeps sessions where the extension's table cannot be written: here, read-only
 /// transactions (as on a hot standby).
 fn use_redis(client: &mut postgres::Client, url: &str) {
@@ -237,30 +252,50 @@ fn redis_shares_a_conversation_across_connections_but_not_roles() {
         .query(&mut r)
         .unwrap();
     // one key per role: namespaced by cluster (system identifier), database and role (OIDs)
-    let system: String = s
-        .client
-        .query_one(
-            "SELECT system_identifier::text FROM pg_control_system()",
-            &[],
-        )
-        .unwrap()
-        .get(0);
-    let mut oid = |sql: &str| -> u32 { s.client.query_one(sql, &[]).unwrap().get(0) };
-    let database = oid("SELECT oid FROM pg_database WHERE datname = current_database()");
-    let (postgres, stranger) = (
-        oid("SELECT oid FROM pg_roles WHERE rolname = 'postgres'"),
-        oid(&format!(
-            "SELECT oid FROM pg_roles WHERE rolname = '{role}'"
-        )),
-    );
-    let own = format!("sql_query_engine:{system}:{database}:{postgres}:session:pooled");
-    let theirs = format!("sql_query_engine:{system}:{database}:{stranger}:session:pooled");
+    let own = role_key(&mut s.client, "postgres", "session:pooled");
+    let theirs = role_key(&mut s.client, &role, "session:pooled");
     assert!(
         keys.contains(&own) && keys.contains(&theirs) && keys.len() == 2,
         "{keys:?}"
     );
     let ttl: i64 = redis::cmd("TTL").arg(&own).query(&mut r).unwrap();
     assert!(ttl > 0 && ttl <= 3600, "{ttl}");
+}
+
+/// What a role writes to Redis counts against its share of it (64 MB in 10 minutes): past
+/// that, its turns are not stored there (its connection's memory keeps them, and it is told
+/// so), so that no role fills the Redis every role shares.
+#[test]
+fn a_role_writes_to_redis_within_its_share() {
+    let redis = RedisServer::start();
+    let notices = Arc::new(Mutex::new(Vec::new()));
+    let mut s = Session::with_notices(Arc::clone(&notices));
+    use_redis(&mut s.client, &redis.url());
+    ask_in(&mut s, "budgeted", "the first turn", "SELECT 1 AS one");
+    let mut r = redis.client().unwrap();
+    let budget = role_key(&mut s.client, "postgres", "budget:bytes");
+    let session = role_key(&mut s.client, "postgres", "session:budgeted");
+    let spent: u64 = redis::cmd("GET").arg(&budget).query(&mut r).unwrap();
+    let ttl: i64 = redis::cmd("TTL").arg(&budget).query(&mut r).unwrap();
+    assert!(
+        spent > 0 && ttl > 0 && ttl <= 600,
+        "{spent} bytes, for {ttl} s"
+    );
+    let stored =
+        |r: &mut redis::Connection| -> i64 { redis::cmd("LLEN").arg(&session).query(r).unwrap() };
+    assert_eq!(stored(&mut r), 1);
+    // The share spent: the next turn is not stored in Redis, and the caller is told so.
+    let _: () = redis::cmd("SET")
+        .arg(&budget)
+        .arg(64u64 << 20)
+        .arg("EX")
+        .arg(600)
+        .query(&mut r)
+        .unwrap();
+    ask_in(&mut s, "budgeted", "the second turn", "SELECT 2 AS two");
+    assert_eq!(stored(&mut r), 1);
+    let said = notices.lock().unwrap().join("\n");
+    assert!(said.contains("share of Redis"), "{said}");
 }
 
 #[test]
