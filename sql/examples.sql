@@ -47,6 +47,9 @@ END
 $$;
 CREATE TRIGGER nl_examples_provenance BEFORE INSERT OR UPDATE ON @extschema@.nl_examples
     FOR EACH ROW EXECUTE FUNCTION @extschema@.nl_examples_provenance();
+-- Also in replica mode, which a role may be let set; no role but the owner may call it.
+ALTER TABLE @extschema@.nl_examples ENABLE ALWAYS TRIGGER nl_examples_provenance;
+REVOKE EXECUTE ON FUNCTION @extschema@.nl_examples_provenance() FROM PUBLIC;
 
 -- Every change to the examples goes to the server log, whoever makes it and however
 -- (`nl_example_add`, `nl_example_remove`, a promotion from feedback, or the table's own DML
@@ -114,6 +117,11 @@ CREATE TRIGGER nl_examples_audit AFTER INSERT OR UPDATE OR DELETE ON @extschema@
     FOR EACH ROW EXECUTE FUNCTION @extschema@.nl_examples_audit();
 CREATE TRIGGER nl_examples_audit_truncate AFTER TRUNCATE ON @extschema@.nl_examples
     FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.nl_examples_audit();
+-- Also in replica mode (a change applied there is a change too). No role but the owner may
+-- call it: attached to a table of a role's own, it would write example lines of its choosing.
+ALTER TABLE @extschema@.nl_examples ENABLE ALWAYS TRIGGER nl_examples_audit;
+ALTER TABLE @extschema@.nl_examples ENABLE ALWAYS TRIGGER nl_examples_audit_truncate;
+REVOKE EXECUTE ON FUNCTION @extschema@.nl_examples_audit() FROM PUBLIC;
 
 -- nl_example_add(question, sql) is a function of the library: it checks the SQL with the
 -- guard on the caller's search path, then inserts on the pinned one.

@@ -48,27 +48,26 @@ SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_history', '');
 -- A row a role writes itself is its own, under its own OID and name, and of now: row security
 -- checks that for the roles it applies to, and this for those it does not (BYPASSRLS), which
 -- would otherwise write turns into another role's conversations (read into that role's
--- prompts) and history or feedback under its name. Only the table's owner (a restore) and
--- a subscription write rows as given.
+-- prompts) and history or feedback under its name, also in replica mode (a role may be let
+-- set session_replication_role, and a subscription need not apply as the owner). Only the
+-- table's owner (a restore, a subscription applying as the owner) writes rows as given. No role
+-- but the owner may call it: a trigger of another table would write nothing of these.
 CREATE FUNCTION @extschema@.nl_row_role() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    IF pg_catalog.current_setting('session_replication_role') <> 'replica' THEN
-        IF TG_OP = 'UPDATE' THEN
-            IF NEW.role IS NOT DISTINCT FROM OLD.role THEN
-                RETURN NEW;
-            END IF;
-        ELSIF NOT (SELECT pg_has_role(c.relowner, 'USAGE') FROM pg_class c
-                    WHERE c.oid = TG_RELID) THEN
-            IF NEW.role IS DISTINCT FROM current_user
-                    OR NEW.role_id IS DISTINCT FROM
-                       quote_ident(current_user)::regrole::oid
-                    OR NEW.at IS DISTINCT FROM now() THEN
-                RAISE EXCEPTION 'a row of % is its writer''s own, under its own name, and of now',
-                    TG_TABLE_NAME USING ERRCODE = '42501';
-            END IF;
-            RETURN NEW;
+    IF TG_OP = 'INSERT' AND NOT (SELECT pg_has_role(c.relowner, 'USAGE') FROM pg_class c
+                                  WHERE c.oid = TG_RELID) THEN
+        IF NEW.role IS DISTINCT FROM current_user
+                OR NEW.role_id IS DISTINCT FROM quote_ident(current_user)::regrole::oid
+                OR NEW.at IS DISTINCT FROM now() THEN
+            RAISE EXCEPTION 'a row of % is its writer''s own, under its own name, and of now',
+                TG_TABLE_NAME USING ERRCODE = '42501';
         END IF;
+        RETURN NEW;
+    END IF;
+    IF TG_OP = 'UPDATE' AND NEW.role IS NOT DISTINCT FROM OLD.role
+            AND pg_catalog.current_setting('session_replication_role') <> 'replica' THEN
+        RETURN NEW;
     END IF;
     IF NEW.role_id <> 0 THEN
         NEW.role_id := coalesce(
@@ -77,6 +76,7 @@ BEGIN
     RETURN NEW;
 END
 $$;
+REVOKE EXECUTE ON FUNCTION @extschema@.nl_row_role() FROM PUBLIC;
 CREATE TRIGGER nl_row_role BEFORE INSERT OR UPDATE ON @extschema@.nl_history
     FOR EACH ROW EXECUTE FUNCTION @extschema@.nl_row_role();
 -- Also for the rows a logical replication subscription applies.

@@ -25,6 +25,12 @@ CREATE TRIGGER nl_drawn_id BEFORE INSERT ON @extschema@.nl_feedback
     FOR EACH ROW EXECUTE FUNCTION @extschema@.nl_drawn_id();
 CREATE TRIGGER nl_drawn_id BEFORE INSERT ON @extschema@.nl_examples
     FOR EACH ROW EXECUTE FUNCTION @extschema@.nl_drawn_id();
+-- Also in replica mode, which a role may be let set: only the owner writes ids as given. No
+-- role but the owner may call it (a trigger of another table).
+ALTER TABLE @extschema@.nl_history ENABLE ALWAYS TRIGGER nl_drawn_id;
+ALTER TABLE @extschema@.nl_feedback ENABLE ALWAYS TRIGGER nl_drawn_id;
+ALTER TABLE @extschema@.nl_examples ENABLE ALWAYS TRIGGER nl_drawn_id;
+REVOKE EXECUTE ON FUNCTION @extschema@.nl_drawn_id() FROM PUBLIC;
 GRANT SELECT ON SEQUENCE @extschema@.nl_history_id_seq, @extschema@.nl_feedback_id_seq,
     @extschema@.nl_examples_id_seq TO PUBLIC;
 -- A dump carries where each identity stands, not only the tables' rows: restored without it,

@@ -96,26 +96,24 @@ $$;
 SET LOCAL search_path = pg_catalog, pg_temp;
 
 -- A row a role writes itself is its own, under its own OID and name, and of now, also for a
--- role row security does not apply to (BYPASSRLS): see nl_row_role in history.sql.
+-- role row security does not apply to (BYPASSRLS), and in replica mode: see nl_row_role in
+-- history.sql.
 CREATE OR REPLACE FUNCTION @extschema@.nl_row_role() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    IF pg_catalog.current_setting('session_replication_role') <> 'replica' THEN
-        IF TG_OP = 'UPDATE' THEN
-            IF NEW.role IS NOT DISTINCT FROM OLD.role THEN
-                RETURN NEW;
-            END IF;
-        ELSIF NOT (SELECT pg_has_role(c.relowner, 'USAGE') FROM pg_class c
-                    WHERE c.oid = TG_RELID) THEN
-            IF NEW.role IS DISTINCT FROM current_user
-                    OR NEW.role_id IS DISTINCT FROM
-                       quote_ident(current_user)::regrole::oid
-                    OR NEW.at IS DISTINCT FROM now() THEN
-                RAISE EXCEPTION 'a row of % is its writer''s own, under its own name, and of now',
-                    TG_TABLE_NAME USING ERRCODE = '42501';
-            END IF;
-            RETURN NEW;
+    IF TG_OP = 'INSERT' AND NOT (SELECT pg_has_role(c.relowner, 'USAGE') FROM pg_class c
+                                  WHERE c.oid = TG_RELID) THEN
+        IF NEW.role IS DISTINCT FROM current_user
+                OR NEW.role_id IS DISTINCT FROM quote_ident(current_user)::regrole::oid
+                OR NEW.at IS DISTINCT FROM now() THEN
+            RAISE EXCEPTION 'a row of % is its writer''s own, under its own name, and of now',
+                TG_TABLE_NAME USING ERRCODE = '42501';
         END IF;
+        RETURN NEW;
+    END IF;
+    IF TG_OP = 'UPDATE' AND NEW.role IS NOT DISTINCT FROM OLD.role
+            AND pg_catalog.current_setting('session_replication_role') <> 'replica' THEN
+        RETURN NEW;
     END IF;
     IF NEW.role_id <> 0 THEN
         NEW.role_id := coalesce(
@@ -124,3 +122,62 @@ BEGIN
     RETURN NEW;
 END
 $$;
+
+-- Feedback from a writer row security does not bind is held to what the policy checks (see
+-- feedback.sql).
+CREATE OR REPLACE FUNCTION @extschema@.nl_feedback_example() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF (SELECT pg_has_role(c.relowner, 'USAGE') FROM pg_class c WHERE c.oid = TG_RELID) THEN
+        RETURN NEW;
+    END IF;
+    -- What the policy checks, for a writer it does not bind (BYPASSRLS): feedback on an
+    -- answer of its own, with that answer's question, whose status says what it vouches for.
+    IF NOT pg_catalog.row_security_active(TG_RELID) AND NOT (
+            EXISTS (SELECT FROM @extschema@.nl_history h
+                    WHERE h.id = NEW.history_id
+                      AND h.role_id = quote_ident(current_user)::regrole::oid
+                      AND h.question = NEW.question)
+            AND (NEW.sql IS NULL) = (NEW.status = 'noted')
+            AND (NEW.status <> 'noted' OR NOT NEW.correct)
+            AND (NEW.status = 'promoted' OR NEW.example_id IS NULL)
+            AND (NEW.status <> 'promoted' OR has_table_privilege(
+                     '@extschema@.nl_examples'::regclass, 'INSERT'))) THEN
+        RAISE EXCEPTION 'feedback is on an answer of your own history, with its question'
+            USING ERRCODE = '42501';
+    END IF;
+    IF NEW.status <> 'promoted' THEN
+        RETURN NEW;
+    END IF;
+    IF NOT EXISTS (SELECT FROM @extschema@.nl_examples e
+                   WHERE e.id = NEW.example_id AND e.history_id = NEW.history_id
+                     AND e.sql = NEW.sql AND e.added_by = current_user) THEN
+        RAISE EXCEPTION 'example % is not one you made of answer % with its SQL',
+            NEW.example_id, NEW.history_id USING ERRCODE = '42501';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+-- The checks of who writes what fire in replica mode too, which a role may be let set; only
+-- the tables' owner writes rows as given.
+ALTER TABLE @extschema@.nl_feedback ENABLE ALWAYS TRIGGER nl_feedback_example;
+ALTER TABLE @extschema@.nl_history ENABLE ALWAYS TRIGGER nl_drawn_id;
+ALTER TABLE @extschema@.nl_feedback ENABLE ALWAYS TRIGGER nl_drawn_id;
+ALTER TABLE @extschema@.nl_examples ENABLE ALWAYS TRIGGER nl_drawn_id;
+ALTER TABLE @extschema@.nl_examples ENABLE ALWAYS TRIGGER nl_examples_provenance;
+ALTER TABLE @extschema@.nl_examples ENABLE ALWAYS TRIGGER nl_examples_audit;
+ALTER TABLE @extschema@.nl_examples ENABLE ALWAYS TRIGGER nl_examples_audit_truncate;
+
+-- The trigger functions are the owner's to call: attached to a table of a role's own, the
+-- examples' audit would write lines of its choosing into the server log.
+REVOKE EXECUTE ON FUNCTION @extschema@.nl_row_role() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION @extschema@.nl_feedback_example() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION @extschema@.nl_drawn_id() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION @extschema@.nl_examples_provenance() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION @extschema@.nl_examples_audit() FROM PUBLIC;
+
+-- Every question sums the rows of the schemas it reads through an index (see
+-- schema_version.sql).
+CREATE INDEX nl_schema_changes_schema_idx ON @extschema@.nl_schema_changes (schema_name)
+    INCLUDE (changes);

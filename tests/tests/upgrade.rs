@@ -5,7 +5,8 @@ use sql_query_engine_e2e::{cluster, db_error, Reply, ScriptedLlm};
 
 /// Every object of the extension with what defines it, sorted: functions with their full
 /// definition and privileges; tables with their columns (types, NOT NULL, defaults), row
-/// security, privileges, indexes, constraints and policies; event triggers with their tags.
+/// security, privileges, indexes, constraints, policies (with their roles) and triggers (with
+/// when they fire: `ENABLE ALWAYS`); event triggers with their tags and when they fire.
 const MEMBERS: &str = "
 SELECT pg_describe_object(d.classid, d.objid, d.objsubid) || ': ' || coalesce(
          CASE WHEN d.classid = 'pg_proc'::regclass THEN
@@ -30,18 +31,20 @@ SELECT pg_describe_object(d.classid, d.objid, d.objsubid) || ': ' || coalesce(
                                                                  ORDER BY co.conname)
                                               FROM pg_constraint co WHERE co.conrelid = d.objid), '')
              || ' | policies ' || coalesce((SELECT string_agg(p.polname || ' ' || p.polcmd::text || ' '
+                                                              || p.polpermissive::text || ' ' || p.polroles::text || ' '
                                                               || coalesce(pg_get_expr(p.polqual, p.polrelid), '')
                                                               || ' check ' || coalesce(pg_get_expr(p.polwithcheck, p.polrelid), ''),
                                                               '; ' ORDER BY p.polname)
                                            FROM pg_policy p WHERE p.polrelid = d.objid), '')
-             || ' | triggers ' || coalesce((SELECT string_agg(pg_get_triggerdef(t.oid), '; '
+             || ' | triggers ' || coalesce((SELECT string_agg(pg_get_triggerdef(t.oid)
+                                                              || ' enabled ' || t.tgenabled::text, '; '
                                                               ORDER BY t.tgname)
                                            FROM pg_trigger t WHERE t.tgrelid = d.objid
                                              AND NOT t.tgisinternal), '')
              END,
          CASE WHEN d.classid = 'pg_event_trigger'::regclass THEN (
              SELECT evtevent || ' ' || coalesce(array_to_string(evttags, ','), '') || ' '
-                    || evtfoid::regproc::text
+                    || evtfoid::regproc::text || ' enabled ' || evtenabled::text
              FROM pg_event_trigger WHERE oid = d.objid) END,
          '')
 FROM pg_depend d JOIN pg_extension e ON e.oid = d.refobjid
