@@ -334,8 +334,9 @@ fn nl_query_shaped(question: &str, shape: pg_sys::Oid) -> SetOfIterator<'static,
     };
     let (run, _) = answered(ask).unwrap_or_else(|e| e.raise());
     // The type's owner may have changed it while the model thought (a CHECK added to a domain
-    // of it would run in the conversion, as the caller): checked again before it is used.
-    if saved::shape(shape).unwrap_or_else(|e| e.raise()) != fields {
+    // of it would run in the conversion, as the caller): checked again, as the catalog is now,
+    // before it is used.
+    if saved::shape_now(shape).unwrap_or_else(|e| e.raise()) != fields {
         Error::sql(
             "55000",
             "the row type changed while the question was answered",

@@ -266,19 +266,25 @@ pub fn create(
         .iter()
         .map(|c| format!("\"{}\"", c.replace('"', "\"\"")))
         .collect();
-    if target.exists {
-        locked_own_view(&target.qualified)?;
+    let view = if target.exists {
+        Some(locked_own_view(&target.qualified)?)
+    } else {
+        None
+    };
+    if let Some(view) = view {
         // CREATE OR REPLACE VIEW refuses a column renamed, retyped or dropped, but appends new
         // ones: a view others may read with its owner's rights would show them whatever the
         // model added. A saved question's view keeps exactly its columns.
-        let kept = subxact::pinned(|| {
-            store::read_one::<i64>(
-                "SELECT pg_catalog.count(*) FROM pg_catalog.pg_attribute \
-                 WHERE attrelid = pg_catalog.to_regclass($1) AND attnum > 0 AND NOT attisdropped",
-                &[target.qualified.as_str().into()],
+        let kept: i64 = subxact::pinned(|| {
+            store::read_text_now(
+                c"SELECT pg_catalog.count(*) FROM pg_catalog.pg_attribute \
+                  WHERE attrelid OPERATOR(pg_catalog.=) $1 AND attnum OPERATOR(pg_catalog.>) 0 \
+                    AND NOT attisdropped",
+                &[(pg_sys::OIDOID, view.into())],
             )
         })
         .map_err(|e| Error::internal(format!("reading the view's columns: {e}")))?
+        .and_then(|n| n.parse().ok())
         .unwrap_or_default();
         if usize::try_from(kept).ok() != Some(columns.len()) {
             return Err(Error::sql(
@@ -297,21 +303,20 @@ pub fn create(
     // The view runs with its reader's rights (security_invoker), also one it replaces: what
     // it reads, a model chose, and whoever may read the view (a grant it keeps, default
     // privileges) must not read it with its owner's rights.
-    let options = if target.exists {
-        subxact::pinned(|| {
-            store::read_one::<String>(
-                "SELECT pg_catalog.string_agg(pg_catalog.format('%I = %L', \
-                   pg_catalog.split_part(o, '=', 1), \
-                   pg_catalog.substr(o, pg_catalog.strpos(o, '=') + 1)), ', ') \
-                 FROM pg_catalog.pg_class c, pg_catalog.unnest(c.reloptions) AS o \
-                 WHERE c.oid = pg_catalog.to_regclass($1) \
-                   AND pg_catalog.split_part(o, '=', 1) <> 'security_invoker'",
-                &[target.qualified.as_str().into()],
+    let options = match view {
+        Some(view) => subxact::pinned(|| {
+            store::read_text_now(
+                c"SELECT pg_catalog.string_agg(pg_catalog.format('%I = %L', \
+                    pg_catalog.split_part(o, '=', 1), \
+                    pg_catalog.substr(o, pg_catalog.strpos(o, '=') OPERATOR(pg_catalog.+) 1)), ', ') \
+                  FROM pg_catalog.pg_class c, pg_catalog.unnest(c.reloptions) AS o \
+                  WHERE c.oid OPERATOR(pg_catalog.=) $1 \
+                    AND pg_catalog.split_part(o, '=', 1) OPERATOR(pg_catalog.<>) 'security_invoker'",
+                &[(pg_sys::OIDOID, view.into())],
             )
         })
-        .map_err(|e| Error::internal(format!("reading the view's options: {e}")))?
-    } else {
-        None
+        .map_err(|e| Error::internal(format!("reading the view's options: {e}")))?,
+        None => None,
     };
     let options = match options {
         Some(kept) => format!("{kept}, security_invoker = true"),
@@ -386,10 +391,10 @@ pub fn create(
 }
 
 /// Locks the view named `qualified` until the transaction ends, and refuses it unless the
-/// caller owns it itself. Checked before the model was asked, it could since have been dropped
+/// caller owns it itself; returns its OID. Checked before the model was asked, it could since have been dropped
 /// and made again by a role the caller is a member of, whose view `CREATE OR REPLACE` would
 /// replace (it stays its owner's); locked, it stays the view checked until the DDL is done.
-fn locked_own_view(qualified: &str) -> Result<()> {
+fn locked_own_view(qualified: &str) -> Result<pg_sys::Oid> {
     let find = || {
         subxact::pinned(|| {
             store::read_one::<pg_sys::Oid>(
@@ -417,22 +422,26 @@ fn locked_own_view(qualified: &str) -> Result<()> {
     }
     // SAFETY: reads the backend's current user.
     let caller = unsafe { pg_sys::GetUserId() };
+    // As the catalog is now: its owner may have been changed while the model thought.
     let own = subxact::pinned(|| {
-        store::read_one::<bool>(
-            "SELECT relkind OPERATOR(pg_catalog.=) 'v' AND relowner OPERATOR(pg_catalog.=) $2 \
-             FROM pg_catalog.pg_class WHERE oid OPERATOR(pg_catalog.=) $1",
-            &[view.into(), caller.into()],
+        store::read_text_now(
+            c"SELECT relkind OPERATOR(pg_catalog.=) 'v' AND relowner OPERATOR(pg_catalog.=) $2 \
+              FROM pg_catalog.pg_class WHERE oid OPERATOR(pg_catalog.=) $1",
+            &[
+                (pg_sys::OIDOID, view.into()),
+                (pg_sys::OIDOID, caller.into()),
+            ],
         )
     })
     .map_err(|e| Error::internal(format!("reading the view's owner: {e}")))?;
-    if own != Some(true) {
+    if own.as_deref() != Some("t") {
         return Err(Error::sql(
             "42501",
             format!("must be owner of view {qualified}"),
             Some("nl_view replaces only a view you own yourself: it would stay its owner's."),
         ));
     }
-    Ok(())
+    Ok(view)
 }
 
 /// Runs `work`, DDL of a saved question's view, behind the runtime gate (`during`: what the
@@ -510,7 +519,34 @@ pub struct Field {
 /// may be converted to without running code nobody asked for: built-in types, enums, arrays of
 /// them, and domains over them without CHECK constraints.
 pub fn shape(typ: pg_sys::Oid) -> Result<Vec<Field>> {
-    let sql = "
+    let text = subxact::pinned(|| {
+        store::read_one::<String>(SHAPE_SQL.to_str().unwrap_or_default(), &[typ.into()])
+    })
+    .map_err(|e| Error::internal(format!("reading the row type: {e}")))?;
+    shape_of(text)
+}
+
+/// `shape` again after a wait (the model's), as the conversion will find the type: with the
+/// row type's relation locked until the transaction ends (no attribute is added meanwhile),
+/// on the catalog as it is now (a CHECK its owner added to a domain while the model thought
+/// would run in the conversion, as the caller).
+pub fn shape_now(typ: pg_sys::Oid) -> Result<Vec<Field>> {
+    // SAFETY: a catalog look-up by OID, and a lock on the type's relation, as ALTER TYPE takes
+    // one (stronger); an ERROR unwinds as any other.
+    unsafe {
+        let relation = pg_sys::get_typ_typrelid(typ);
+        if relation != pg_sys::InvalidOid {
+            pg_sys::LockRelationOid(relation, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        }
+    }
+    let text = subxact::pinned(|| store::read_text_now(SHAPE_SQL, &[(pg_sys::OIDOID, typ.into())]))
+        .map_err(|e| Error::internal(format!("reading the row type: {e}")))?;
+    shape_of(text)
+}
+
+/// What `shape` reads of a row type: its fields, their types, and whether converting a value
+/// to each would run code of its own.
+const SHAPE_SQL: &std::ffi::CStr = c"
         SELECT pg_catalog.json_build_object(
             'composite', t.typrelid <> 0,
             'fields', (SELECT pg_catalog.json_agg(pg_catalog.json_build_object(
@@ -531,9 +567,10 @@ pub fn shape(typ: pg_sys::Oid) -> Result<Vec<Field>> {
                        WHERE a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped),
             'name', pg_catalog.format_type(t.oid, NULL))::text
         FROM pg_catalog.pg_type t WHERE t.oid = $1";
-    let text = subxact::pinned(|| store::read_one::<String>(sql, &[typ.into()]))
-        .map_err(|e| Error::internal(format!("reading the row type: {e}")))?
-        .ok_or_else(|| Error::InvalidParameter("the shape's type does not exist".into()))?;
+
+fn shape_of(text: Option<String>) -> Result<Vec<Field>> {
+    let text =
+        text.ok_or_else(|| Error::InvalidParameter("the shape's type does not exist".into()))?;
     let found: serde_json::Value = serde_json::from_str(&text).map_err(Error::internal)?;
     let type_name = found["name"].as_str().unwrap_or_default();
     // The names go to the model as part of the question, and into messages: another role

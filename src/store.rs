@@ -126,6 +126,63 @@ pub fn read_one<T: pgrx::FromDatum + pgrx::IntoDatum>(
     })
 }
 
+/// The text of the first column of the first row of `sql` (its arguments `args`, each a type
+/// and a value, none null), read as the catalog is now: under the latest snapshot, whatever the
+/// isolation level, with the invalidations other sessions sent taken in first. For a check
+/// made again after a wait (the model's): the statement's snapshot, or a REPEATABLE READ
+/// transaction's, was taken before it, and would not show what another role committed
+/// meanwhile.
+pub fn read_text_now(
+    sql: &std::ffi::CStr,
+    args: &[(pg_sys::Oid, pg_sys::Datum)],
+) -> std::result::Result<Option<String>, String> {
+    /// Finishes the SPI connection made below, on every path.
+    struct Connected;
+    impl Drop for Connected {
+        fn drop(&mut self) {
+            // SAFETY: finishes the connection this function made, the innermost one.
+            unsafe { pg_sys::SPI_finish() };
+        }
+    }
+    // SAFETY: takes in invalidation messages, as any lock acquisition does; connects to SPI,
+    // prepares and runs one read-only statement with arguments of the declared types (as many
+    // nulls flags, all "not null") under a snapshot SPI registers for the statement, and
+    // copies the text out before finishing.
+    unsafe {
+        pg_sys::AcceptInvalidationMessages();
+        if pg_sys::SPI_connect() != pg_sys::SPI_OK_CONNECT as i32 {
+            return Err("SPI_connect failed".into());
+        }
+        let _connected = Connected;
+        let mut types: Vec<pg_sys::Oid> = args.iter().map(|(t, _)| *t).collect();
+        let mut values: Vec<pg_sys::Datum> = args.iter().map(|(_, v)| *v).collect();
+        let nulls = std::ffi::CString::new(" ".repeat(args.len())).unwrap_or_default();
+        let plan = pg_sys::SPI_prepare(sql.as_ptr(), args.len() as i32, types.as_mut_ptr());
+        if plan.is_null() {
+            return Err("SPI_prepare failed".into());
+        }
+        let done = pg_sys::SPI_execute_snapshot(
+            plan,
+            values.as_mut_ptr(),
+            nulls.as_ptr(),
+            pg_sys::GetLatestSnapshot(),
+            std::ptr::null_mut(),
+            true,
+            false,
+            1,
+        );
+        if done != pg_sys::SPI_OK_SELECT as i32 {
+            return Err(format!("SPI_execute_snapshot returned {done}"));
+        }
+        let table = pg_sys::SPI_tuptable;
+        if table.is_null() || pg_sys::SPI_processed == 0 {
+            return Ok(None);
+        }
+        let text = pg_sys::SPI_getvalue(*(*table).vals, (*table).tupdesc, 1);
+        Ok((!text.is_null()).then(|| crate::names::c_string(text)))
+    }
+}
+
 /// Longest wait for a lock on one of the extension's tables: bookkeeping never blocks an answer.
 const LOCK_TIMEOUT: &std::ffi::CStr = c"100ms";
 

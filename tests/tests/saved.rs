@@ -984,42 +984,63 @@ fn nl_query_as_never_converts_to_a_type_that_runs_its_owners_code() {
     assert_eq!(waited, [777024], "the signal works");
 
     // A domain without a CHECK when the question is asked, which the attacker gives one while
-    // the model thinks: the type is checked again before the conversion, and refused.
-    cluster()
-        .connect_as(&shop.s.database, &attacker)
-        .batch_execute(
-            "CREATE DOMAIN shared.plain AS text;
-             CREATE TYPE shared.later AS (country shared.plain);",
-        )
-        .unwrap();
-    shop.s.llm.on(
-        "countries slowly",
-        vec![Reply::Slow(
-            Duration::from_secs(2),
-            Box::new(Reply::sql("SELECT country FROM customers")),
-        )],
-    );
-    let database = shop.s.database.clone();
-    let (outcome, waited) = witness.waited(|| {
-        let altered = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(700));
-            cluster()
-                .connect_as(&database, &attacker)
-                .batch_execute("ALTER DOMAIN shared.plain ADD CHECK (shared.spy(VALUE))")
-                .unwrap();
-        });
-        let outcome = analyst.query(
-            "SELECT * FROM nl_query_as('countries slowly', NULL::shared.later)",
-            &[],
+    // the model thinks: the type is checked again before the conversion, as the catalog is
+    // then, and refused; also in a read-only REPEATABLE READ transaction, whose snapshot (and
+    // the statement's) was taken before the CHECK was added.
+    for (n, settings) in [
+        (
+            1,
+            "RESET default_transaction_read_only; RESET default_transaction_isolation",
+        ),
+        (
+            2,
+            "SET default_transaction_read_only = on;
+             SET default_transaction_isolation = 'repeatable read'",
+        ),
+    ] {
+        cluster()
+            .connect_as(&shop.s.database, &attacker)
+            .batch_execute(&format!(
+                "CREATE DOMAIN shared.plain{n} AS text;
+                 CREATE TYPE shared.later{n} AS (country shared.plain{n});"
+            ))
+            .unwrap();
+        let question = format!("countries slowly, {n}");
+        shop.s.llm.on(
+            &question,
+            vec![Reply::Slow(
+                Duration::from_secs(2),
+                Box::new(Reply::sql("SELECT country FROM customers")),
+            )],
         );
-        altered.join().unwrap();
-        outcome
-    });
-    assert!(waited.is_empty(), "the CHECK added meanwhile ran");
-    let error = outcome.unwrap_err();
-    let (code, message, _) = db_error(&error);
-    assert_eq!(code, "42501", "{message}");
-    assert!(message.contains("shared.plain"), "{message}");
+        analyst.batch_execute(settings).unwrap();
+        let (database, attacker) = (shop.s.database.clone(), attacker.clone());
+        let (outcome, waited) = witness.waited(|| {
+            let altered = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(700));
+                cluster()
+                    .connect_as(&database, &attacker)
+                    .batch_execute(&format!(
+                        "ALTER DOMAIN shared.plain{n} ADD CHECK (shared.spy(VALUE))"
+                    ))
+                    .unwrap();
+            });
+            let outcome = analyst.query(
+                &format!("SELECT * FROM nl_query_as($1, NULL::shared.later{n})"),
+                &[&question],
+            );
+            altered.join().unwrap();
+            outcome
+        });
+        assert!(
+            waited.is_empty(),
+            "the CHECK added meanwhile ran ({settings})"
+        );
+        let error = outcome.unwrap_err();
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "42501", "{message}");
+        assert!(message.contains(&format!("shared.plain{n}")), "{message}");
+    }
 }
 
 /// A superuser's DDL event trigger (an audit of every DDL) fires for the view `nl_view` makes,
