@@ -1289,6 +1289,9 @@ impl Collector {
     }
 }
 
+/// Bytes of `max_result_bytes` each value of a result counts as, at least (see `charged`).
+const VALUE_BYTES: usize = 16;
+
 /// The collector behind a receiver.
 ///
 /// # Safety
@@ -1602,7 +1605,8 @@ unsafe extern "C-unwind" fn receive_slot(
         let composite = pg_sys::heap_copy_tuple_as_datum(tuple, c.record);
         let jsonb = pg_sys::FunctionCall1Coll(&mut c.to_jsonb, pg_sys::InvalidOid, composite);
         let text = CStr::from_ptr(pg_sys::OidOutputFunctionCall(c.jsonb_out, jsonb));
-        if crate::text::json_shape(text.to_bytes()).depth > MAX_JSON_DEPTH {
+        let shape = crate::text::json_shape(text.to_bytes());
+        if shape.depth > MAX_JSON_DEPTH {
             // What reads the rows (serde_json) stops at 128 levels: such a row would become
             // an internal error, or a row of NULLs.
             pg_sys::MemoryContextSwitchTo(caller);
@@ -1613,12 +1617,14 @@ unsafe extern "C-unwind" fn receive_slot(
             )
             .raise();
         }
-        let kept = if c
-            .bytes
-            .saturating_add(stored)
-            .saturating_add(text.to_bytes().len())
-            > c.limits.max_bytes
-        {
+        // Each value counts as `VALUE_BYTES` at least: what reads the rows (votes, traces,
+        // the rows returned) parses them into trees, whose size follows their values, not
+        // their bytes (a byte-sized `0,` takes some 60 bytes parsed).
+        let charged = text
+            .to_bytes()
+            .len()
+            .max(shape.values.saturating_mul(VALUE_BYTES));
+        let kept = if c.bytes.saturating_add(stored).saturating_add(charged) > c.limits.max_bytes {
             c.cut("max_result_bytes");
             false
         } else {
@@ -1640,7 +1646,7 @@ unsafe extern "C-unwind" fn receive_slot(
                 );
                 pg_sys::CurrentResourceOwner = owner;
             }
-            c.bytes += stored + text.to_bytes().len();
+            c.bytes += stored + charged;
             // Within the watch's hard limit an allocation may fail: Rust's would abort.
             let mut row = String::new();
             if row.try_reserve_exact(text.to_bytes().len()).is_err() {

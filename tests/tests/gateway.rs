@@ -1719,9 +1719,10 @@ fn a_large_answer_takes_the_gateway_about_its_size_in_memory() {
     let post = mcp_session(&gateway, &s.token);
     let pid = i32::try_from(gateway.child.id()).unwrap();
     let before = peak_kb(pid).expect("the gateway's peak memory");
-    // 5 million small numbers: about 15 MB of JSON, within max_result_bytes.
+    // 900,000 numbers: about 13 MB of JSON, within max_result_bytes (which counts each value
+    // as 16 bytes at least).
     let ran = post(
-        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"run_sql","arguments":{"sql":"SELECT ARRAY(SELECT 0::int2 FROM generate_series(1, 5000)) AS a FROM generate_series(1, 1000)"}}}"#,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"run_sql","arguments":{"sql":"SELECT ARRAY(SELECT 1000000000000::int8 FROM generate_series(1, 900)) AS a FROM generate_series(1, 1000)"}}}"#,
     );
     assert!(
         !ran.contains("\"isError\":true") && ran.len() > 10_000_000,

@@ -113,6 +113,30 @@ fn a_result_is_cut_by_its_bytes_and_the_backend_stays_small() {
     );
 }
 
+/// Each value of a result counts as 16 bytes of `max_result_bytes` at least: what reads the
+/// rows (a vote, a trace, the rows returned) parses them into trees, which take some 60 bytes
+/// for a one-byte `0,`.
+#[test]
+fn a_result_of_many_small_values_counts_what_they_take_parsed() {
+    let mut s = Session::new();
+    let (_, mut role, _) = role_connection(&mut s, "tiny");
+    // Two million zeros: 4 MB of text, 32 MB as values.
+    let many = "SELECT ARRAY(SELECT 0::int2 FROM generate_series(1, 2000000)) AS a";
+    let error = role
+        .query_one("SELECT count(*) FROM nl_run($1)", &[&many])
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "54000", "{message}");
+    assert!(message.contains("first row alone"), "{message}");
+    // Positive control: 200,000 of them (3.2 MB as values) are kept.
+    let fewer = "SELECT ARRAY(SELECT 0::int2 FROM generate_series(1, 200000)) AS a";
+    let rows: i64 = role
+        .query_one("SELECT count(*) FROM nl_run($1)", &[&fewer])
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 1);
+}
+
 /// `to_jsonb` turns each numeric of an array into text and back, checking no interrupt and
 /// freeing the text as it goes: 12 stored bytes can be 131,072 digits. Such a value's text is
 /// measured first, so a row whose text would not fit is cut (or the memory bound stops it),
