@@ -303,9 +303,12 @@ impl Error {
 
     /// Raise this error as a PostgreSQL ERROR. Never returns. Its text may hold a model's or an
     /// endpoint's words (the last SQL, what the model said): psql prints an ERROR to the
-    /// terminal as it is, and the server log keeps it, so nothing in it may steer a terminal.
+    /// terminal as it is, and the server log keeps it, so nothing in it may steer a terminal
+    /// or pass for a line psql writes.
     pub fn raise(self) -> ! {
-        use crate::text::escaped_lines;
+        // Lines after the first indented: a model's text may hold a line break followed by
+        // what psql would show as a HINT or an ERROR of its own.
+        let escaped_lines = |text: &str| crate::text::escaped_lines(text).replace('\n', "\n  ");
         let code = self.raised_sqlstate().code();
         let mut report =
             ErrorReport::new(code, escaped_lines(&self.to_string()), "sql_query_engine");
