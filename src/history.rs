@@ -252,7 +252,7 @@ const MAX_INPUT_CHARS: usize = 100_000;
 const MAX_SESSION_CHARS: usize = 300;
 
 /// Queries of one call written into its audit line, at most (half of them the first, half
-/// the last), each cut to `MAX_RAN_CHARS`.
+/// the last), each cut to `MAX_RAN_CHARS` (its head and its tail).
 const MAX_RAN: usize = 16;
 const MAX_RAN_CHARS: usize = 2000;
 
@@ -261,7 +261,7 @@ pub fn ran(sql: &str) {
     IN_FLIGHT.with(|calls| {
         if let Ok(mut calls) = calls.try_borrow_mut() {
             if let Some(call) = calls.last_mut() {
-                let sql = text::at_most(sql, MAX_RAN_CHARS);
+                let sql = text::head_and_tail(sql, MAX_RAN_CHARS);
                 if call.first.len() < MAX_RAN / 2 {
                     call.first.push(sql);
                 } else {
@@ -465,7 +465,10 @@ pub fn audit(
     // break could otherwise write a `sql:` or `ran` line of its own into the record.
     let input = text::escaped_line(&text::at_most(input, MAX_INPUT_CHARS));
     let detail = match sql {
-        Some(sql) => format!("input: {input}\nsql: {}{ran}", text::escaped_line(sql)),
+        Some(sql) => format!(
+            "input: {input}\nsql: {}{ran}",
+            text::escaped_line(&text::head_and_tail(sql, MAX_INPUT_CHARS))
+        ),
         None => format!("input: {input}{ran}"),
     };
     let line = Line {

@@ -284,6 +284,20 @@ pub fn at_most(text: &str, chars: usize) -> String {
     }
 }
 
+/// `text`, or, when it has more than `chars` characters, its first and last `chars / 2` with
+/// how many were left out between them: what ran may be padded at its start (a comment, blank
+/// space) to push what matters past a cut of its head.
+pub fn head_and_tail(text: &str, chars: usize) -> String {
+    let count = text.chars().count();
+    if count <= chars {
+        return text.to_string();
+    }
+    let half = chars / 2;
+    let head: String = text.chars().take(half).collect();
+    let tail: String = text.chars().skip(count - half).collect();
+    format!("{head} ... ({} characters) ... {tail}", count - 2 * half)
+}
+
 /// `text` whole when it has at most `bytes` bytes, else cut at its last line break within them
 /// (or, for one long line, at a character boundary), with `note` on a line of its own.
 pub fn within_bytes(mut text: String, bytes: usize, note: &str) -> String {
@@ -449,5 +463,15 @@ mod tests {
     fn the_word_lists_serve_their_purpose() {
         assert!(never_a_value("The") && never_a_value("count") && !never_a_value("Touch"));
         assert!(ignored_for_relations("id") && !never_a_value("id"));
+    }
+
+    #[test]
+    fn a_long_text_keeps_its_head_and_its_tail() {
+        assert_eq!(head_and_tail("short", 10), "short");
+        let padded = format!("/*{}*/ DELETE", " ".repeat(5000));
+        let shown = head_and_tail(&padded, 20);
+        assert!(shown.starts_with("/*        "), "{shown}");
+        assert!(shown.ends_with("*/ DELETE"), "{shown}");
+        assert!(shown.contains("(4991 characters)"), "{shown}");
     }
 }
