@@ -239,7 +239,7 @@ struct InFlight {
     last: std::collections::VecDeque<String>,
     /// Queries that ran between `first` and `last` and are not written.
     more: usize,
-    /// Where the model requests the call made from here on are noted (`llm::sent_mark`).
+    /// Where the model requests the call made from here on are noted (`llm::sent::mark`).
     sent_mark: usize,
 }
 
@@ -332,7 +332,7 @@ impl InFlight {
                 first: Vec::new(),
                 last: std::collections::VecDeque::new(),
                 more: 0,
-                sent_mark: crate::llm::sent_mark(),
+                sent_mark: crate::llm::sent::mark(),
             })
         });
         Entered
@@ -342,7 +342,7 @@ impl InFlight {
 impl Drop for Entered {
     fn drop(&mut self) {
         if let Some(call) = IN_FLIGHT.with_borrow_mut(|calls| calls.pop()) {
-            crate::llm::forget_since(call.sent_mark);
+            crate::llm::sent::forget_since(call.sent_mark);
         }
     }
 }
@@ -356,7 +356,7 @@ fn sent_so_far() -> String {
             .ok()
             .and_then(|calls| calls.last().map(|call| call.sent_mark))
     });
-    mark.map(|mark| crate::llm::sent_since(mark).join(", "))
+    mark.map(|mark| crate::llm::sent::since(mark).join(", "))
         .unwrap_or_default()
 }
 

@@ -1,0 +1,38 @@
+//! Where a call's model requests went: the endpoints noted as each request is sent, for the
+//! call's audit line.
+
+use std::cell::RefCell;
+
+/// Endpoints noted at most: as many as a server configures, whatever a call asks.
+const MAX_SENT_TO: usize = 32;
+
+thread_local! {
+    /// The endpoints this backend sent a request to, each once, oldest first, as `endpoint`
+    /// shows them: a call's audit line names those its requests went to, answered or not
+    /// (`since`).
+    static SENT_TO: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Notes that a request goes to `endpoint`.
+pub(super) fn note(endpoint: &str) {
+    SENT_TO.with_borrow_mut(|sent| {
+        if sent.len() < MAX_SENT_TO && !sent.iter().any(|e| e == endpoint) {
+            sent.push(endpoint.to_string());
+        }
+    });
+}
+
+/// Where requests noted from now on begin (`since`, `forget_since`).
+pub fn mark() -> usize {
+    SENT_TO.with_borrow(Vec::len)
+}
+
+/// The endpoints requests went to since `mark`.
+pub fn since(mark: usize) -> Vec<String> {
+    SENT_TO.with_borrow(|sent| sent.get(mark..).unwrap_or_default().to_vec())
+}
+
+/// Forgets the endpoints noted since `mark` (the call that took it ended).
+pub fn forget_since(mark: usize) {
+    SENT_TO.with_borrow_mut(|sent| sent.truncate(mark));
+}
