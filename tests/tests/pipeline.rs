@@ -1103,16 +1103,22 @@ fn answers_in_any_format_are_understood() {
     );
 }
 
-#[test]
-fn tables_the_caller_cannot_read_are_not_in_the_prompt() {
-    let mut s = Session::new();
-    let role = format!("analyst_{}", s.database);
+/// Switches the session to a new role that may read only the customers and orders (not the
+/// fixture's `secrets`), with no repairs.
+fn as_a_reader_of_customers_and_orders(s: &mut Session, prefix: &str) {
+    let role = format!("{prefix}_{}", s.database);
     s.client
         .batch_execute(&format!(
             "CREATE ROLE {role}; GRANT SELECT ON customers, orders TO {role}; \
              SET sql_query_engine.max_repairs = 0; SET ROLE {role};"
         ))
         .unwrap();
+}
+
+#[test]
+fn tables_the_caller_cannot_read_are_not_in_the_prompt() {
+    let mut s = Session::new();
+    as_a_reader_of_customers_and_orders(&mut s, "analyst");
     s.llm.on(
         "anything secret",
         vec![Reply::sql("SELECT note FROM secrets")],
@@ -1139,13 +1145,7 @@ fn tables_the_caller_cannot_read_are_not_in_the_prompt() {
 #[test]
 fn a_with_query_named_like_a_table_outside_the_context_is_the_with_query() {
     let mut s = Session::new();
-    let role = format!("shadowing_{}", s.database);
-    s.client
-        .batch_execute(&format!(
-            "CREATE ROLE {role}; GRANT SELECT ON customers, orders TO {role}; \
-             SET sql_query_engine.max_repairs = 0; SET ROLE {role};"
-        ))
-        .unwrap();
+    as_a_reader_of_customers_and_orders(&mut s, "shadowing");
     for (question, sql, rows) in [
         (
             "shadowed",
