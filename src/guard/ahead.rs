@@ -27,6 +27,7 @@ use pgrx::pg_sys;
 use pgrx::PgList;
 
 use super::facts::builtin;
+use super::scope::Scope;
 
 /// Types collected per statement, at most: past that, the statement is refused as too complex.
 pub const MAX_TYPES: usize = 4096;
@@ -50,6 +51,10 @@ struct Reach {
     looked_up: HashSet<String>,
     /// Whether a relation's lock had to be waited for.
     waited: bool,
+    /// What a statement the caller did not write may name: a name of a relation outside it
+    /// that is left (`Scope::refusal_before_analysis` refused the others) is a WITH query's,
+    /// and is not locked.
+    scope: Option<Scope>,
 }
 
 /// Types in the order found, each once.
@@ -73,7 +78,10 @@ pub enum Unknown {
 ///
 /// # Safety
 /// `statement` is a raw parse tree of the current memory context.
-pub unsafe fn types_in_reach(statement: *mut pg_sys::Node) -> Result<Vec<pg_sys::Oid>, Unknown> {
+pub unsafe fn types_in_reach(
+    statement: *mut pg_sys::Node,
+    scope: Option<&Scope>,
+) -> Result<Vec<pg_sys::Oid>, Unknown> {
     let mut reach;
     // Through PostgreSQL's raw walker (the statement as a one-element list, so that the walker
     // sees it too); the locks on the relations named are held until the sandbox's
@@ -90,7 +98,10 @@ pub unsafe fn types_in_reach(statement: *mut pg_sys::Node) -> Result<Vec<pg_sys:
             // locked. (A change committed while a walk that waited for nothing runs, or
             // between the walk and analysis, races a window of the walk's own time.)
             pg_sys::AcceptInvalidationMessages();
-            reach = Reach::default();
+            reach = Reach {
+                scope: scope.cloned(),
+                ..Reach::default()
+            };
             pg_sys::raw_expression_tree_walker(
                 list.cast(),
                 Some(collector),
@@ -170,6 +181,18 @@ unsafe fn collect(node: *mut pg_sys::Node, reach: &mut Reach) {
             // while the query waited for the lock (an ALTER held uncommitted, then committed)
             // is the type read here, not only the one analysis converts a literal to.
             pg_sys::NodeTag::T_RangeVar => {
+                if let Some(scope) = &reach.scope {
+                    let named = pg_sys::RangeVarGetRelidExtended(
+                        node.cast(),
+                        pg_sys::NoLock as pg_sys::LOCKMODE,
+                        pg_sys::RVROption::RVR_MISSING_OK,
+                        None,
+                        std::ptr::null_mut(),
+                    );
+                    if named != pg_sys::InvalidOid && !scope.admits(named) {
+                        return;
+                    }
+                }
                 let lock = |options: u32| {
                     pg_sys::RangeVarGetRelidExtended(
                         node.cast(),

@@ -150,7 +150,7 @@ pub fn check(
     };
     if origin == Origin::Generated {
         // SAFETY: a RawStmt from raw_parser.
-        literals_refusal(unsafe { (*raw).stmt }, allowed.clone(), trusted)?;
+        literals_refusal(unsafe { (*raw).stmt }, allowed.clone(), trusted, scope)?;
     }
     let query = {
         let _gate = gate::open(rule, "the query is analysed");
@@ -202,18 +202,20 @@ fn literals_refusal(
     statement: *mut pg_sys::Node,
     allowed: Allowed,
     trusted: Option<&Trusted>,
+    scope: Option<&Scope>,
 ) -> Result<(), Refusal> {
     // SAFETY: the caller gives a raw statement.
-    let reach = unsafe { ahead::types_in_reach(statement) }.map_err(|unknown| match unknown {
-        ahead::Unknown::TooManyTypes => Refusal::read(
-            SqlState::STATEMENT_TOO_COMPLEX,
-            "the query names too many types to be checked".into(),
-        ),
-        ahead::Unknown::KeptChanging => Refusal::read(
-            SqlState::OBJECT_IN_USE,
-            "the tables the query names kept changing while it was checked; ask again".into(),
-        ),
-    })?;
+    let reach =
+        unsafe { ahead::types_in_reach(statement, scope) }.map_err(|unknown| match unknown {
+            ahead::Unknown::TooManyTypes => Refusal::read(
+                SqlState::STATEMENT_TOO_COMPLEX,
+                "the query names too many types to be checked".into(),
+            ),
+            ahead::Unknown::KeptChanging => Refusal::read(
+                SqlState::OBJECT_IN_USE,
+                "the tables the query names kept changing while it was checked; ask again".into(),
+            ),
+        })?;
     walk::literals_refusal(&reach, allowed, trusted)
 }
 
@@ -223,7 +225,7 @@ pub fn check_literals(sql: &str, trusted: Option<&Trusted>) -> Result<(), Refusa
     let (_text, statements) = parsed(sql)?;
     let refused = statements.iter_ptr().try_for_each(|raw| {
         // SAFETY: raw_parser returns RawStmt nodes.
-        literals_refusal(unsafe { (*raw).stmt }, allowed_functions(), trusted)
+        literals_refusal(unsafe { (*raw).stmt }, allowed_functions(), trusted, None)
     });
     refused
 }

@@ -35,7 +35,7 @@ impl Scope {
     /// Whether a query may name `relation`: one of the context's, a partition of one (the
     /// context shows partitioned tables whole), or a system catalog (those stay with
     /// `sql_query_engine.allow_system_catalogs`, which the guard applied already).
-    fn admits(&self, relation: pg_sys::Oid) -> bool {
+    pub(super) fn admits(&self, relation: pg_sys::Oid) -> bool {
         if builtin(relation) || self.holds(relation) {
             return true;
         }
@@ -91,6 +91,32 @@ struct Named<'a> {
     found: Option<Refusal>,
 }
 
+impl Named<'_> {
+    /// Whether `typ` (an array's or a domain's base type) is the row type of a relation outside
+    /// the scope; the refusal noted when it is.
+    fn refuse_row_type(&mut self, typ: pg_sys::Oid) -> bool {
+        if typ == pg_sys::InvalidOid {
+            return false;
+        }
+        // SAFETY: catalog look-ups by OID (none for a type that is gone).
+        let relation = unsafe {
+            let base = pg_sys::getBaseType(typ);
+            let element = pg_sys::get_element_type(base);
+            let row = if element == pg_sys::InvalidOid {
+                base
+            } else {
+                pg_sys::getBaseType(element)
+            };
+            pg_sys::get_typ_typrelid(row)
+        };
+        if relation == pg_sys::InvalidOid || self.scope.admits(relation) {
+            return false;
+        }
+        self.found = self.scope.refusal(&[relation]);
+        self.found.is_some()
+    }
+}
+
 /// Walks a raw tree for the relations it names (`Scope::refusal_before_analysis`); true once
 /// one is outside the scope.
 #[pgrx::pg_guard]
@@ -122,6 +148,38 @@ unsafe extern "C-unwind" fn relation_named(node: *mut pg_sys::Node, context: *mu
                     return named.found.is_some();
                 }
                 false
+            }
+            // A table's row type named as a type (`ROW(1)::s.t`, `NULL::s.t`), or as the result
+            // of a function a call may resolve to (`(s.f()).x`): analysis reads its columns
+            // through the type cache, which locks the table.
+            pg_sys::NodeTag::T_TypeName => {
+                let typ = pg_sys::LookupTypeNameOid(std::ptr::null_mut(), node.cast(), true);
+                named.refuse_row_type(typ)
+                    || pg_sys::raw_expression_tree_walker(node, Some(relation_named), context)
+            }
+            // XMLTABLE's columns: PostgreSQL's walker does not visit their type names.
+            pg_sys::NodeTag::T_RangeTableFuncCol => {
+                let column = node.cast::<pg_sys::RangeTableFuncCol>();
+                relation_named((*column).typeName.cast(), context)
+                    || pg_sys::raw_expression_tree_walker(node, Some(relation_named), context)
+            }
+            pg_sys::NodeTag::T_FuncCall => {
+                let mut candidate = pg_sys::FuncnameGetCandidates(
+                    (*node.cast::<pg_sys::FuncCall>()).funcname,
+                    -1,
+                    std::ptr::null_mut(),
+                    false,
+                    false,
+                    false,
+                    true,
+                );
+                while !candidate.is_null() {
+                    if named.refuse_row_type(pg_sys::get_func_rettype((*candidate).oid)) {
+                        return true;
+                    }
+                    candidate = (*candidate).next;
+                }
+                pg_sys::raw_expression_tree_walker(node, Some(relation_named), context)
             }
             pg_sys::NodeTag::T_SelectStmt
                 if !(*node.cast::<pg_sys::SelectStmt>()).withClause.is_null() =>

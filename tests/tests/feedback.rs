@@ -894,12 +894,27 @@ fn an_example_naming_a_relation_outside_the_readers_context_locks_nothing() {
     writer
         .batch_execute("CREATE TABLE watch.layoffs (n int)")
         .unwrap();
-    writer
-        .query_one(
-            "SELECT nl_example_add('Who was laid off?', 'SELECT count(*) AS n FROM watch.layoffs')",
-            &[],
-        )
-        .unwrap();
+    // The relation named as a table, as a row type (read through the type cache, which locks
+    // it), and by a name a WITH query shadows (found first on the reader's search path).
+    let examples = [
+        (
+            "Who was laid off?",
+            "SELECT count(*) AS n FROM watch.layoffs",
+        ),
+        (
+            "Who else was laid off?",
+            "SELECT (ROW(1)::watch.layoffs).n AS n",
+        ),
+        (
+            "Who was laid off by name?",
+            "WITH layoffs AS (SELECT 1 AS n) SELECT n FROM layoffs",
+        ),
+    ];
+    for (question, sql) in examples {
+        writer
+            .query_one("SELECT nl_example_add($1, $2)", &[&question, &sql])
+            .unwrap();
+    }
     let watched: u32 = writer
         .query_one("SELECT 'watch.layoffs'::regclass::oid", &[])
         .unwrap()
@@ -933,14 +948,27 @@ fn an_example_naming_a_relation_outside_the_readers_context_locks_nothing() {
         })
     };
     let mut analyst = r.connect(&r.analyst);
-    let context: String = analyst
-        .query_one("SELECT nl_schema('Who was laid off?')", &[])
-        .unwrap()
-        .get(0);
+    analyst
+        .batch_execute("SET search_path = watch, public")
+        .unwrap();
+    let contexts: Vec<String> = examples
+        .iter()
+        .map(|(question, _)| {
+            analyst
+                .query_one("SELECT nl_schema($1)", &[question])
+                .unwrap()
+                .get(0)
+        })
+        .collect();
     asking.store(false, std::sync::atomic::Ordering::SeqCst);
     let seen = watching.join().unwrap();
     writer.batch_execute("COMMIT").unwrap();
-    assert!(!context.contains("watch.layoffs"), "the example was shown");
+    assert!(
+        !contexts[0].contains("watch.layoffs") && !contexts[1].contains("watch.layoffs"),
+        "an example naming the writer's relation was shown"
+    );
+    // Positive control: the WITH query's example reads nothing of the writer's, and is shown.
+    assert!(contexts[2].contains("WITH layoffs AS"), "{}", contexts[2]);
     assert_eq!(seen, 0, "the reader's backend locked the writer's relation");
 }
 

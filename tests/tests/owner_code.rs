@@ -2083,8 +2083,13 @@ fn a_wait_for_a_table_dropped_meanwhile_counts_as_a_wait() {
         )],
     );
     let mut v = w.connect(&victim);
-    v.batch_execute("SET sql_query_engine.sample_values = 0; SET search_path = shared, public")
-        .unwrap();
+    // The attacker's schema named in the context: a name outside it that a WITH query shadows
+    // is neither locked nor waited for at all.
+    v.batch_execute(
+        "SET sql_query_engine.sample_values = 0; SET search_path = shared, public;
+         SET sql_query_engine.schemas = 'shared, public'",
+    )
+    .unwrap();
     let mut attacker = w.connect(&w.attacker);
     attacker
         .batch_execute(
