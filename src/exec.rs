@@ -1289,8 +1289,10 @@ impl Collector {
     }
 }
 
-/// Bytes of `max_result_bytes` each value of a result counts as, at least (see `charged`).
+/// Bytes of `max_result_bytes` each value of a result counts as, at least, and each object
+/// more (see `charged`): what serde_json allocates for them, parsed.
 const VALUE_BYTES: usize = 16;
+const OBJECT_BYTES: usize = 640;
 
 /// The collector behind a receiver.
 ///
@@ -1617,13 +1619,16 @@ unsafe extern "C-unwind" fn receive_slot(
             )
             .raise();
         }
-        // Each value counts as `VALUE_BYTES` at least: what reads the rows (votes, traces,
-        // the rows returned) parses them into trees, whose size follows their values, not
-        // their bytes (a byte-sized `0,` takes some 60 bytes parsed).
-        let charged = text
-            .to_bytes()
-            .len()
-            .max(shape.values.saturating_mul(VALUE_BYTES));
+        // Each value counts as `VALUE_BYTES` at least, and each object as `OBJECT_BYTES` more:
+        // what reads the rows (votes, traces, the rows returned) parses them into trees, whose
+        // size follows their values and maps, not their bytes (a byte-sized `0,` takes some
+        // 60 bytes parsed, a `{"":0},` some 700).
+        let charged = text.to_bytes().len().max(
+            shape
+                .values
+                .saturating_mul(VALUE_BYTES)
+                .saturating_add(shape.objects.saturating_mul(OBJECT_BYTES)),
+        );
         let kept = if c.bytes.saturating_add(stored).saturating_add(charged) > c.limits.max_bytes {
             c.cut("max_result_bytes");
             false

@@ -225,11 +225,13 @@ pub const MAX_JSON_VALUES: usize = 10_000;
 pub struct JsonShape {
     pub depth: usize,
     pub values: usize,
+    /// Objects (`{`), each a map of its own once parsed.
+    pub objects: usize,
 }
 
 pub fn json_shape(text: &[u8]) -> JsonShape {
     let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
-    let mut values = 1usize;
+    let (mut values, mut objects) = (1usize, 0usize);
     for &byte in text {
         if in_string {
             match byte {
@@ -246,6 +248,7 @@ pub fn json_shape(text: &[u8]) -> JsonShape {
                 depth += 1;
                 deepest = deepest.max(depth);
                 values += 1;
+                objects += usize::from(byte == b'{');
             }
             b']' | b'}' => depth = depth.saturating_sub(1),
             b',' => values += 1,
@@ -255,6 +258,7 @@ pub fn json_shape(text: &[u8]) -> JsonShape {
     JsonShape {
         depth: deepest,
         values,
+        objects,
     }
 }
 

@@ -113,9 +113,9 @@ fn a_result_is_cut_by_its_bytes_and_the_backend_stays_small() {
     );
 }
 
-/// Each value of a result counts as 16 bytes of `max_result_bytes` at least: what reads the
-/// rows (a vote, a trace, the rows returned) parses them into trees, which take some 60 bytes
-/// for a one-byte `0,`.
+/// Each value of a result counts as 16 bytes of `max_result_bytes` at least, and each object
+/// 640 more: what reads the rows (a vote, a trace, the rows returned) parses them into trees,
+/// which take some 60 bytes for a one-byte `0,` and some 700 for a `{"":0},`.
 #[test]
 fn a_result_of_many_small_values_counts_what_they_take_parsed() {
     let mut s = Session::new();
@@ -128,6 +128,13 @@ fn a_result_of_many_small_values_counts_what_they_take_parsed() {
     let (code, message, _) = db_error(&error);
     assert_eq!(code, "54000", "{message}");
     assert!(message.contains("first row alone"), "{message}");
+    // Small objects count as what they take parsed too: 100,000 of them are 1.2 MB of text.
+    let objects = "SELECT jsonb_agg(jsonb_build_object('', NULL)) AS a \
+                   FROM generate_series(1, 100000)";
+    let error = role
+        .query_one("SELECT count(*) FROM nl_run($1)", &[&objects])
+        .unwrap_err();
+    assert_eq!(db_error(&error).0, "54000");
     // Positive control: 200,000 of them (3.2 MB as values) are kept.
     let fewer = "SELECT ARRAY(SELECT 0::int2 FROM generate_series(1, 200000)) AS a";
     let rows: i64 = role
