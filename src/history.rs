@@ -547,8 +547,12 @@ fn pending_until_the_end(line: Line) {
     PENDING.with_borrow_mut(|pending| pending.push((id, line)));
 }
 
-/// Writes the pending lines of the subtransactions from `from` on (all of them when `None`).
-fn rolled_back(from: Option<pg_sys::SubTransactionId>) {
+/// What a pending line says when its history row was rolled back.
+const ROLLED_BACK: &str = " (its history row was rolled back)";
+
+/// Writes the pending lines of the subtransactions from `from` on (all of them when `None`),
+/// with `said`.
+fn rolled_back(from: Option<pg_sys::SubTransactionId>, said: &str) {
     let lines: Vec<Line> = PENDING.with_borrow_mut(|pending| {
         let (gone, kept) = std::mem::take(pending)
             .into_iter()
@@ -557,7 +561,7 @@ fn rolled_back(from: Option<pg_sys::SubTransactionId>) {
         gone.into_iter().map(|(_, line)| line).collect()
     });
     for line in lines {
-        line.write(" (its history row was rolled back)");
+        line.write(said);
     }
 }
 
@@ -568,11 +572,17 @@ unsafe extern "C-unwind" fn transaction_ended(
 ) {
     match event {
         pg_sys::XactEvent::XACT_EVENT_ABORT | pg_sys::XactEvent::XACT_EVENT_PARALLEL_ABORT => {
-            rolled_back(None)
+            rolled_back(None, ROLLED_BACK)
         }
-        pg_sys::XactEvent::XACT_EVENT_COMMIT
-        | pg_sys::XactEvent::XACT_EVENT_PARALLEL_COMMIT
-        | pg_sys::XactEvent::XACT_EVENT_PREPARE => PENDING.with_borrow_mut(Vec::clear),
+        // ROLLBACK PREPARED, later and maybe in another session, would take the row with it.
+        pg_sys::XactEvent::XACT_EVENT_PREPARE => rolled_back(
+            None,
+            " (its history row is in a prepared transaction: COMMIT PREPARED or ROLLBACK \
+             PREPARED decides it)",
+        ),
+        pg_sys::XactEvent::XACT_EVENT_COMMIT | pg_sys::XactEvent::XACT_EVENT_PARALLEL_COMMIT => {
+            PENDING.with_borrow_mut(Vec::clear)
+        }
         _ => {}
     }
 }
@@ -585,7 +595,7 @@ unsafe extern "C-unwind" fn subtransaction_ended(
     _arg: *mut std::ffi::c_void,
 ) {
     if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
-        rolled_back(Some(my_subid));
+        rolled_back(Some(my_subid), ROLLED_BACK);
     }
 }
 

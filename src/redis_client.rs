@@ -170,10 +170,10 @@ pub fn key(kind: &str, name: &str) -> String {
     format!("{}:{}:{kind}:{name}", database_prefix(), role.to_u32())
 }
 
-/// Bytes a role may write to Redis in `BUDGET_WINDOW_S`, at most (shared value reads and
-/// conversation turns together): a Redis is shared by every role, and what one role fills it
-/// with (a table re-created for each new read, a session per question) would evict or refuse
-/// every other role's, or exhaust its host.
+/// Bytes a role may write to Redis in `BUDGET_WINDOW_S`, at most, for each kind of write
+/// (`Share`): a Redis is shared by every role, and what one role fills it with (a table
+/// re-created for each new read, a session per question) would evict or refuse every other
+/// role's, or exhaust its host.
 const BUDGET_BYTES: u64 = 64 << 20;
 const BUDGET_WINDOW_S: u64 = 600;
 
@@ -186,10 +186,24 @@ end
 return spent
 ";
 
-/// Whether the current role may write `bytes` more to Redis now (counted either way); `None`
-/// when Redis is not available.
-pub fn spend(bytes: usize) -> Option<bool> {
-    let key = key("budget", "bytes");
+/// What a write to Redis is counted against: a role's turns apart from the value reads it
+/// shares (which another role's tables, re-created, may make it read and share again).
+#[derive(Clone, Copy)]
+pub enum Share {
+    Turns,
+    Values,
+}
+
+/// Whether the current role may write `bytes` more of `share` to Redis now (counted either
+/// way); `None` when Redis is not available.
+pub fn spend(share: Share, bytes: usize) -> Option<bool> {
+    let key = key(
+        "budget",
+        match share {
+            Share::Turns => "turns",
+            Share::Values => "values",
+        },
+    );
     let bytes = bytes as u64;
     let spent: Option<u64> = call(move |c| {
         ::redis::cmd("EVAL")
@@ -203,7 +217,7 @@ pub fn spend(bytes: usize) -> Option<bool> {
     spent.map(|spent| spent <= BUDGET_BYTES)
 }
 
-/// What a role's share of Redis is, as messages say it.
+/// What a role's share of Redis is, for each kind of write, as messages say it.
 pub const SHARE: &str = "64 MB in 10 minutes";
 
 /// A Redis key for what every role of a database shares (the value index's reads of relations

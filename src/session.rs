@@ -470,12 +470,12 @@ fn record_in_redis(session: &str, turn: &Turn, keep: usize) -> bool {
     if turn.question.len() > MAX_QUESTION_BYTES || turn.sql.len() > MAX_SQL_BYTES {
         return false;
     }
-    match redis_client::spend(key.len() + json.len()) {
+    match redis_client::spend(redis_client::Share::Turns, key.len() + json.len()) {
         Some(true) => {}
         Some(false) => {
             crate::error::notice(format!(
                 "sql_query_engine: this turn of session {} is kept in this connection's memory \
-                 only: your role's share of Redis ({}) is spent",
+                 only: your role's share of Redis for turns ({}) is spent",
                 crate::text::escaped_line(&crate::text::at_most(session, MAX_NAME_BYTES)),
                 redis_client::SHARE
             ));

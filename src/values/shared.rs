@@ -192,7 +192,7 @@ pub fn store(columns: &TextColumns, read: &[(usize, Vec<String>)]) {
             key.len() + fields.iter().map(|(f, v)| f.len() + v.len()).sum::<usize>()
         })
         .sum();
-    if by_key.is_empty() || redis_client::spend(bytes) != Some(true) {
+    if by_key.is_empty() || redis_client::spend(redis_client::Share::Values, bytes) != Some(true) {
         return;
     }
     let _: Option<()> = redis_client::call(move |c| {

@@ -273,7 +273,7 @@ fn a_role_writes_to_redis_within_its_share() {
     use_redis(&mut s.client, &redis.url());
     ask_in(&mut s, "budgeted", "the first turn", "SELECT 1 AS one");
     let mut r = redis.client().unwrap();
-    let budget = role_key(&mut s.client, "postgres", "budget:bytes");
+    let budget = role_key(&mut s.client, "postgres", "budget:turns");
     let session = role_key(&mut s.client, "postgres", "session:budgeted");
     let spent: u64 = redis::cmd("GET").arg(&budget).query(&mut r).unwrap();
     let ttl: i64 = redis::cmd("TTL").arg(&budget).query(&mut r).unwrap();
