@@ -1,12 +1,21 @@
 -- Answers typed as a row type the caller names: SELECT * FROM nl_query_as('...', NULL::my_type).
 -- nl_query_shaped asks for exactly the type's columns (repairing answers with other ones) and
 -- keys each row by the type's field names, column by column; jsonb_populate_record converts
--- the values (nl_query_shaped refuses types whose conversion would run code of their own).
+-- the values (nl_query_shaped refuses types whose conversion would run code of their own, and
+-- checks the type again, as the catalog is, once the answer is there). Every row is converted
+-- as the call runs (RETURN QUERY), right after that check, not as its caller fetches them
+-- (a cursor, a driver's fetch size): a CHECK the type's owner gave a domain of it meanwhile
+-- would run as the caller. No search path of its own: the question is asked on the caller's.
 CREATE FUNCTION @extschema@.nl_query_as("question" text, "shape" anyelement)
 RETURNS SETOF anyelement
 VOLATILE PARALLEL UNSAFE
-LANGUAGE sql
+LANGUAGE plpgsql
 AS $$
-    SELECT pg_catalog.jsonb_populate_record(shape, r)
-    FROM @extschema@.nl_query_shaped(question, pg_catalog.pg_typeof(shape)::pg_catalog.oid) AS r
+#variable_conflict use_variable
+BEGIN
+    RETURN QUERY
+        SELECT p.*
+        FROM @extschema@.nl_query_shaped(question, pg_catalog.pg_typeof(shape)::pg_catalog.oid) AS r,
+             LATERAL pg_catalog.jsonb_populate_record(shape, r) AS p;
+END
 $$;

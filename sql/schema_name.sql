@@ -24,3 +24,5 @@ $$;
 REVOKE ALL ON FUNCTION @extschema@.nl_schema_kept() FROM PUBLIC;
 CREATE EVENT TRIGGER nl_schema_kept ON ddl_command_end WHEN TAG IN ('ALTER SCHEMA')
     EXECUTE FUNCTION @extschema@.nl_schema_kept();
+-- Also in replica mode, which a role may be let set.
+ALTER EVENT TRIGGER nl_schema_kept ENABLE ALWAYS;

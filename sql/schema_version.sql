@@ -81,3 +81,5 @@ REVOKE ALL ON FUNCTION @extschema@.nl_schema_changed() FROM PUBLIC;
 
 CREATE EVENT TRIGGER nl_schema_changed ON ddl_command_end WHEN TAG IN ('COMMENT')
     EXECUTE FUNCTION @extschema@.nl_schema_changed();
+-- Also in replica mode, which a role may be let set: a comment it made would go uncounted.
+ALTER EVENT TRIGGER nl_schema_changed ENABLE ALWAYS;

@@ -181,3 +181,45 @@ REVOKE EXECUTE ON FUNCTION @extschema@.nl_examples_audit() FROM PUBLIC;
 -- schema_version.sql).
 CREATE INDEX nl_schema_changes_schema_idx ON @extschema@.nl_schema_changes (schema_name)
     INCLUDE (changes);
+
+-- An example's source is an answer of its writer's own history, also for a writer row
+-- security does not bind (see examples.sql).
+CREATE OR REPLACE FUNCTION @extschema@.nl_examples_provenance() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF (SELECT pg_has_role(c.relowner, 'USAGE') FROM pg_class c WHERE c.oid = TG_RELID) THEN
+        RETURN NEW;
+    END IF;
+    NEW.added_by := current_user;
+    NEW.added_at := now();
+    -- Its own answer, also for a writer row security does not bind (BYPASSRLS).
+    IF NEW.history_id IS NOT NULL AND NOT EXISTS (
+        SELECT FROM @extschema@.nl_history h
+        WHERE h.id = NEW.history_id
+          AND h.role_id = quote_ident(current_user)::regrole::oid) THEN
+        RAISE EXCEPTION 'no answer % in your history', NEW.history_id
+            USING ERRCODE = '42501';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+-- nl_query_as converts every row as the call runs, right after its type is checked again (see
+-- query_as.sql).
+CREATE OR REPLACE FUNCTION @extschema@.nl_query_as("question" text, "shape" anyelement)
+RETURNS SETOF anyelement
+VOLATILE PARALLEL UNSAFE
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_variable
+BEGIN
+    RETURN QUERY
+        SELECT p.*
+        FROM @extschema@.nl_query_shaped(question, pg_catalog.pg_typeof(shape)::pg_catalog.oid) AS r,
+             LATERAL pg_catalog.jsonb_populate_record(shape, r) AS p;
+END
+$$;
+
+-- The event triggers fire in replica mode too.
+ALTER EVENT TRIGGER nl_schema_changed ENABLE ALWAYS;
+ALTER EVENT TRIGGER nl_schema_kept ENABLE ALWAYS;
