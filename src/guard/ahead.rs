@@ -51,6 +51,8 @@ struct Reach {
     looked_up: HashSet<String>,
     /// Whether a relation's lock had to be waited for.
     waited: bool,
+    /// The types of the columns of the relations named (in reach of a literal too).
+    columns: Types,
     /// What a statement the caller did not write may name: a name of a relation outside it
     /// that is left (`Scope::refusal_before_analysis` refused the others) is a WITH query's,
     /// and is not locked.
@@ -73,15 +75,27 @@ pub enum Unknown {
     KeptChanging,
 }
 
-/// The types in reach of the string literals of `statement` (a raw statement from
-/// `raw_parser`), none when it has no string literal.
+/// What a statement reaches before it is analysed: the types (named, of the functions,
+/// operators and relations it names), and whether it has a string literal (which analysis
+/// converts into one of them).
+pub struct InReach {
+    /// Every type in reach, the columns' of the relations named included.
+    pub types: Vec<pg_sys::Oid>,
+    /// The types named, and those of the functions and operators named: what the statement
+    /// itself brings in, beyond the relations it reads.
+    pub named: Vec<pg_sys::Oid>,
+    pub literal: bool,
+}
+
+/// The types in reach of `statement` (a raw statement from `raw_parser`), and whether it has a
+/// string literal.
 ///
 /// # Safety
 /// `statement` is a raw parse tree of the current memory context.
 pub unsafe fn types_in_reach(
     statement: *mut pg_sys::Node,
     scope: Option<&Scope>,
-) -> Result<Vec<pg_sys::Oid>, Unknown> {
+) -> Result<InReach, Unknown> {
     let mut reach;
     // Through PostgreSQL's raw walker (the statement as a one-element list, so that the walker
     // sees it too); the locks on the relations named are held until the sandbox's
@@ -124,14 +138,22 @@ pub unsafe fn types_in_reach(
                 return Err(Unknown::KeptChanging);
             }
         }
-        if !reach.literal {
-            return Ok(Vec::new());
-        }
     }
-    if reach.overflow || reach.types.list.len() > MAX_TYPES {
+    // What is in reach is looked at for a literal, and for a statement the caller did not
+    // write (`Scope::row_type_refusal`): only then must it be whole.
+    let looked_at = reach.literal || scope.is_some();
+    let named = reach.types.list.clone();
+    for typ in reach.columns.list {
+        add(&mut reach.types, typ);
+    }
+    if looked_at && (reach.overflow || reach.types.list.len() > MAX_TYPES) {
         return Err(Unknown::TooManyTypes);
     }
-    Ok(reach.types.list)
+    Ok(InReach {
+        types: reach.types.list,
+        named,
+        literal: reach.literal,
+    })
 }
 
 #[pgrx::pg_guard]
@@ -219,7 +241,7 @@ unsafe fn collect(node: *mut pg_sys::Node, reach: &mut Reach) {
                     reach.waited |= named != pg_sys::InvalidOid || relation != pg_sys::InvalidOid;
                 }
                 if relation != pg_sys::InvalidOid {
-                    columns(relation, &mut reach.types);
+                    columns(relation, &mut reach.columns);
                 }
             }
             pg_sys::NodeTag::T_FuncCall => {

@@ -197,7 +197,9 @@ fn parsed(sql: &str) -> Result<(CString, PgList<pg_sys::RawStmt>), Refusal> {
 }
 
 /// Why converting the string literals of `statement` (from `raw_parser`) while it is analysed
-/// could run a domain's CHECK that the policy refuses (see `ahead`).
+/// could run a domain's CHECK that the policy refuses (see `ahead`), or, for a statement the
+/// caller did not write (`scope`), why analysing it would lock a relation outside the scope
+/// through a row type it reaches (`Scope::row_type_refusal`).
 fn literals_refusal(
     statement: *mut pg_sys::Node,
     allowed: Allowed,
@@ -216,7 +218,13 @@ fn literals_refusal(
                 "the tables the query names kept changing while it was checked; ask again".into(),
             ),
         })?;
-    walk::literals_refusal(&reach, allowed, trusted)
+    if let Some(refusal) = scope.and_then(|scope| scope.row_type_refusal(&reach.named)) {
+        return Err(refusal);
+    }
+    if !reach.literal {
+        return Ok(());
+    }
+    walk::literals_refusal(&reach.types, allowed, trusted)
 }
 
 /// `literals_refusal` for SQL about to be analysed again (the text a view is created from):

@@ -91,30 +91,64 @@ struct Named<'a> {
     found: Option<Refusal>,
 }
 
-impl Named<'_> {
-    /// Whether `typ` (an array's or a domain's base type) is the row type of a relation outside
-    /// the scope; the refusal noted when it is.
-    fn refuse_row_type(&mut self, typ: pg_sys::Oid) -> bool {
-        if typ == pg_sys::InvalidOid {
-            return false;
-        }
-        // SAFETY: catalog look-ups by OID (none for a type that is gone).
-        let relation = unsafe {
-            let base = pg_sys::getBaseType(typ);
-            let element = pg_sys::get_element_type(base);
-            let row = if element == pg_sys::InvalidOid {
-                base
-            } else {
-                pg_sys::getBaseType(element)
-            };
-            pg_sys::get_typ_typrelid(row)
-        };
-        if relation == pg_sys::InvalidOid || self.scope.admits(relation) {
-            return false;
-        }
-        self.found = self.scope.refusal(&[relation]);
-        self.found.is_some()
+impl Scope {
+    /// Why a statement that reaches `types` (the types `ahead::types_in_reach` found it to
+    /// name, or those of the functions and operators it names) may not be analysed: one of them
+    /// is, or holds (through domains, arrays, ranges), the row type of a relation outside the
+    /// scope, whose columns analysis reads through the type cache, which locks the relation
+    /// (a field of `ROW(1)::s.t`, of a function's result or OUT parameter, of an operator's).
+    /// A composite type that is no relation's (`CREATE TYPE ... AS`) is admitted when a
+    /// superuser or one of the caller's roles owns it: its lock tells no one else anything.
+    pub(super) fn row_type_refusal(&self, types: &[pg_sys::Oid]) -> Option<Refusal> {
+        types.iter().find_map(|&typ| {
+            let relation = row_relation(typ)?;
+            // SAFETY: catalog look-ups by OID (false for a relation that is gone) and the
+            // backend's current user.
+            let admitted = self.admits(relation)
+                || unsafe {
+                    pg_sys::get_rel_relkind(relation) == pg_sys::RELKIND_COMPOSITE_TYPE as i8 && {
+                        let owner = super::facts::relation_owner(relation);
+                        owner != pg_sys::InvalidOid
+                            && (pg_sys::superuser_arg(owner)
+                                || pg_sys::has_privs_of_role(pg_sys::GetUserId(), owner))
+                    }
+                };
+            (!admitted).then(|| self.refusal(&[relation])).flatten()
+        })
     }
+}
+
+/// Levels of domains, arrays and ranges followed at most to the row type a type holds.
+const MAX_TYPE_LEVELS: usize = 16;
+
+/// The relation whose row type `typ` is or holds (through domains, arrays, ranges and
+/// multiranges), if any.
+fn row_relation(typ: pg_sys::Oid) -> Option<pg_sys::Oid> {
+    let mut current = typ;
+    for _ in 0..MAX_TYPE_LEVELS {
+        if current == pg_sys::InvalidOid {
+            return None;
+        }
+        // SAFETY: catalog look-ups by OID; each answers InvalidOid for what is not one (a type
+        // dropped meanwhile raises, as analysis would).
+        unsafe {
+            let base = pg_sys::getBaseType(current);
+            let relation = pg_sys::get_typ_typrelid(base);
+            if relation != pg_sys::InvalidOid {
+                return Some(relation);
+            }
+            let element = pg_sys::get_element_type(base);
+            let range = pg_sys::get_multirange_range(base);
+            current = if element != pg_sys::InvalidOid {
+                element
+            } else if range != pg_sys::InvalidOid {
+                range
+            } else {
+                pg_sys::get_range_subtype(base)
+            };
+        }
+    }
+    None
 }
 
 /// Walks a raw tree for the relations it names (`Scope::refusal_before_analysis`); true once
@@ -148,38 +182,6 @@ unsafe extern "C-unwind" fn relation_named(node: *mut pg_sys::Node, context: *mu
                     return named.found.is_some();
                 }
                 false
-            }
-            // A table's row type named as a type (`ROW(1)::s.t`, `NULL::s.t`), or as the result
-            // of a function a call may resolve to (`(s.f()).x`): analysis reads its columns
-            // through the type cache, which locks the table.
-            pg_sys::NodeTag::T_TypeName => {
-                let typ = pg_sys::LookupTypeNameOid(std::ptr::null_mut(), node.cast(), true);
-                named.refuse_row_type(typ)
-                    || pg_sys::raw_expression_tree_walker(node, Some(relation_named), context)
-            }
-            // XMLTABLE's columns: PostgreSQL's walker does not visit their type names.
-            pg_sys::NodeTag::T_RangeTableFuncCol => {
-                let column = node.cast::<pg_sys::RangeTableFuncCol>();
-                relation_named((*column).typeName.cast(), context)
-                    || pg_sys::raw_expression_tree_walker(node, Some(relation_named), context)
-            }
-            pg_sys::NodeTag::T_FuncCall => {
-                let mut candidate = pg_sys::FuncnameGetCandidates(
-                    (*node.cast::<pg_sys::FuncCall>()).funcname,
-                    -1,
-                    std::ptr::null_mut(),
-                    false,
-                    false,
-                    false,
-                    true,
-                );
-                while !candidate.is_null() {
-                    if named.refuse_row_type(pg_sys::get_func_rettype((*candidate).oid)) {
-                        return true;
-                    }
-                    candidate = (*candidate).next;
-                }
-                pg_sys::raw_expression_tree_walker(node, Some(relation_named), context)
             }
             pg_sys::NodeTag::T_SelectStmt
                 if !(*node.cast::<pg_sys::SelectStmt>()).withClause.is_null() =>

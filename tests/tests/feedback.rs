@@ -892,10 +892,16 @@ fn an_example_naming_a_relation_outside_the_readers_context_locks_nothing() {
         .unwrap();
     let mut writer = r.connect(&r.writer);
     writer
-        .batch_execute("CREATE TABLE watch.layoffs (n int)")
+        .batch_execute(
+            "CREATE TABLE watch.layoffs (n int);
+             CREATE FUNCTION watch.latest(OUT laid watch.layoffs, OUT total int)
+                 LANGUAGE sql AS 'SELECT NULL::watch.layoffs, 0';
+             GRANT EXECUTE ON FUNCTION watch.latest() TO PUBLIC;",
+        )
         .unwrap();
     // The relation named as a table, as a row type (read through the type cache, which locks
-    // it), and by a name a WITH query shadows (found first on the reader's search path).
+    // it), by a name a WITH query shadows (found first on the reader's search path), and as
+    // the type of a function's OUT parameter.
     let examples = [
         (
             "Who was laid off?",
@@ -909,10 +915,18 @@ fn an_example_naming_a_relation_outside_the_readers_context_locks_nothing() {
             "Who was laid off by name?",
             "WITH layoffs AS (SELECT 1 AS n) SELECT n FROM layoffs",
         ),
+        (
+            "Who was laid off lately?",
+            "SELECT ((watch.latest()).laid).n AS n",
+        ),
     ];
+    // Written straight into the table (the writer may): every reader checks them.
     for (question, sql) in examples {
         writer
-            .query_one("SELECT nl_example_add($1, $2)", &[&question, &sql])
+            .execute(
+                "INSERT INTO nl_examples (question, sql) VALUES ($1, $2)",
+                &[&question, &sql],
+            )
             .unwrap();
     }
     let watched: u32 = writer
@@ -964,7 +978,10 @@ fn an_example_naming_a_relation_outside_the_readers_context_locks_nothing() {
     let seen = watching.join().unwrap();
     writer.batch_execute("COMMIT").unwrap();
     assert!(
-        !contexts[0].contains("watch.layoffs") && !contexts[1].contains("watch.layoffs"),
+        [0, 1, 3]
+            .iter()
+            .all(|&i| !contexts[i].contains("watch.layoffs")
+                && !contexts[i].contains("watch.latest")),
         "an example naming the writer's relation was shown"
     );
     // Positive control: the WITH query's example reads nothing of the writer's, and is shown.

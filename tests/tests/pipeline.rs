@@ -1145,6 +1145,9 @@ fn tables_the_caller_cannot_read_are_not_in_the_prompt() {
 #[test]
 fn a_with_query_named_like_a_table_outside_the_context_is_the_with_query() {
     let mut s = Session::new();
+    s.client
+        .batch_execute("CREATE TYPE pair AS (a int, b int)")
+        .unwrap();
     as_a_reader_of_customers_and_orders(&mut s, "shadowing");
     for (question, sql, rows) in [
         (
@@ -1162,6 +1165,17 @@ fn a_with_query_named_like_a_table_outside_the_context_is_the_with_query() {
             "shadowed in a subquery",
             "WITH secrets AS (SELECT 2 AS n) SELECT (SELECT n FROM secrets) AS m",
             json!([{"m": 2}]),
+        ),
+        // Row types in reach: a superuser's composite type, and a table's of the context.
+        (
+            "a superuser's composite",
+            "SELECT (jsonb_populate_record(NULL::pair, '{\"a\": 1, \"b\": 2}')).a AS a",
+            json!([{"a": 1}]),
+        ),
+        (
+            "a row of the context",
+            "SELECT (jsonb_populate_record(NULL::customers, '{\"customer_id\": 7}')).customer_id AS id",
+            json!([{"id": 7}]),
         ),
     ] {
         s.llm.on(question, vec![Reply::sql(sql)]);
