@@ -1289,10 +1289,11 @@ impl Collector {
     }
 }
 
-/// Bytes of `max_result_bytes` each value of a result counts as, at least, and each object
-/// more (see `charged`): what serde_json allocates for them, parsed.
+/// Bytes of `max_result_bytes` each value of a result counts as, at least, and each object and
+/// array more (see `charged`): what serde_json allocates for them, parsed.
 const VALUE_BYTES: usize = 16;
 const OBJECT_BYTES: usize = 640;
+const ARRAY_BYTES: usize = 128;
 
 /// The collector behind a receiver.
 ///
@@ -1619,7 +1620,8 @@ unsafe extern "C-unwind" fn receive_slot(
             )
             .raise();
         }
-        // Each value counts as `VALUE_BYTES` at least, and each object as `OBJECT_BYTES` more:
+        // Each value counts as `VALUE_BYTES` at least, each object as `OBJECT_BYTES` more, and
+        // each array as `ARRAY_BYTES` more:
         // what reads the rows (votes, traces, the rows returned) parses them into trees, whose
         // size follows their values and maps, not their bytes (a byte-sized `0,` takes some
         // 60 bytes parsed, a `{"":0},` some 700).
@@ -1627,7 +1629,8 @@ unsafe extern "C-unwind" fn receive_slot(
             shape
                 .values
                 .saturating_mul(VALUE_BYTES)
-                .saturating_add(shape.objects.saturating_mul(OBJECT_BYTES)),
+                .saturating_add(shape.objects.saturating_mul(OBJECT_BYTES))
+                .saturating_add(shape.arrays.saturating_mul(ARRAY_BYTES)),
         );
         let kept = if c.bytes.saturating_add(stored).saturating_add(charged) > c.limits.max_bytes {
             c.cut("max_result_bytes");

@@ -225,13 +225,14 @@ pub const MAX_JSON_VALUES: usize = 10_000;
 pub struct JsonShape {
     pub depth: usize,
     pub values: usize,
-    /// Objects (`{`), each a map of its own once parsed.
+    /// Objects (`{`), each a map of its own once parsed, and arrays (`[`), each a vector.
     pub objects: usize,
+    pub arrays: usize,
 }
 
 pub fn json_shape(text: &[u8]) -> JsonShape {
     let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
-    let (mut values, mut objects) = (1usize, 0usize);
+    let (mut values, mut objects, mut arrays) = (1usize, 0usize, 0usize);
     for &byte in text {
         if in_string {
             match byte {
@@ -249,6 +250,7 @@ pub fn json_shape(text: &[u8]) -> JsonShape {
                 deepest = deepest.max(depth);
                 values += 1;
                 objects += usize::from(byte == b'{');
+                arrays += usize::from(byte == b'[');
             }
             b']' | b'}' => depth = depth.saturating_sub(1),
             b',' => values += 1,
@@ -259,6 +261,7 @@ pub fn json_shape(text: &[u8]) -> JsonShape {
         depth: deepest,
         values,
         objects,
+        arrays,
     }
 }
 

@@ -113,9 +113,10 @@ fn a_result_is_cut_by_its_bytes_and_the_backend_stays_small() {
     );
 }
 
-/// Each value of a result counts as 16 bytes of `max_result_bytes` at least, and each object
-/// 640 more: what reads the rows (a vote, a trace, the rows returned) parses them into trees,
-/// which take some 60 bytes for a one-byte `0,` and some 700 for a `{"":0},`.
+/// Each value of a result counts as 16 bytes of `max_result_bytes` at least, each object 640
+/// more and each array 128: what reads the rows (a vote, a trace, the rows returned) parses
+/// them into trees, which take some 60 bytes for a one-byte `0,`, some 700 for a `{"":0},` and
+/// some 200 for a `[0],`.
 #[test]
 fn a_result_of_many_small_values_counts_what_they_take_parsed() {
     let mut s = Session::new();
@@ -133,6 +134,12 @@ fn a_result_of_many_small_values_counts_what_they_take_parsed() {
                    FROM generate_series(1, 100000)";
     let error = role
         .query_one("SELECT count(*) FROM nl_run($1)", &[&objects])
+        .unwrap_err();
+    assert_eq!(db_error(&error).0, "54000");
+    // And small arrays: 120,000 of them are 0.6 MB of text.
+    let arrays = "SELECT jsonb_agg(jsonb_build_array(0)) AS a FROM generate_series(1, 120000)";
+    let error = role
+        .query_one("SELECT count(*) FROM nl_run($1)", &[&arrays])
         .unwrap_err();
     assert_eq!(db_error(&error).0, "54000");
     // Positive control: 200,000 of them (3.2 MB as values) are kept.
