@@ -211,12 +211,13 @@ RETURNS SETOF anyelement
 VOLATILE PARALLEL UNSAFE
 LANGUAGE plpgsql
 AS $$
-#variable_conflict use_variable
 BEGIN
-    RETURN QUERY
-        SELECT p.*
-        FROM @extschema@.nl_query_shaped(question, pg_catalog.pg_typeof(shape)::pg_catalog.oid) AS r,
-             LATERAL pg_catalog.jsonb_populate_record(shape, r) AS p;
+    -- EXECUTE: planned at each call, with the type's columns as they are then (a plan kept
+    -- for the session would expand `p.*` as it was when first planned).
+    RETURN QUERY EXECUTE
+        $q$SELECT p.* FROM @extschema@.nl_query_shaped($1, pg_catalog.pg_typeof($2)::pg_catalog.oid) AS r,
+             LATERAL pg_catalog.jsonb_populate_record($2, r) AS p$q$
+        USING question, shape;
 END
 $$;
 
