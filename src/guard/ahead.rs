@@ -97,6 +97,7 @@ pub unsafe fn types_in_reach(
     scope: Option<&Scope>,
 ) -> Result<InReach, Unknown> {
     let mut reach;
+    let mut named_len;
     // Through PostgreSQL's raw walker (the statement as a one-element list, so that the walker
     // sees it too); the locks on the relations named are held until the sandbox's
     // subtransaction ends.
@@ -121,6 +122,9 @@ pub unsafe fn types_in_reach(
                 Some(collector),
                 (&mut reach as *mut Reach).cast(),
             );
+            // What the statement itself names, before the operators a literal implies (which
+            // analysis resolves only for the literal's own types).
+            named_len = reach.types.list.len();
             if reach.literal {
                 for name in IMPLIED_OPERATORS {
                     let names = pg_sys::lappend(
@@ -142,7 +146,7 @@ pub unsafe fn types_in_reach(
     // What is in reach is looked at for a literal, and for a statement the caller did not
     // write (`Scope::row_type_refusal`): only then must it be whole.
     let looked_at = reach.literal || scope.is_some();
-    let named = reach.types.list.clone();
+    let named = reach.types.list[..named_len.min(reach.types.list.len())].to_vec();
     for typ in reach.columns.list {
         add(&mut reach.types, typ);
     }

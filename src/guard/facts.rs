@@ -108,23 +108,6 @@ pub fn operator_owner(operator: pg_sys::Oid) -> pg_sys::Oid {
     }
 }
 
-/// The owner of `relation` (InvalidOid for one that is gone, which no role is trusted as).
-pub fn relation_owner(relation: pg_sys::Oid) -> pg_sys::Oid {
-    // SAFETY: a syscache look-up, released before returning.
-    unsafe {
-        let tuple = pg_sys::SearchSysCache1(
-            pg_sys::SysCacheIdentifier::RELOID as i32,
-            pg_sys::Datum::from(relation),
-        );
-        if tuple.is_null() {
-            return pg_sys::InvalidOid;
-        }
-        let owner = (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_class>(tuple)).relowner;
-        pg_sys::ReleaseSysCache(tuple);
-        owner
-    }
-}
-
 /// Operators followed from one through commutators and negators, at most (a pair each, most
 /// often: `=` and `<>`, `<` and `>`).
 pub const MAX_LINKED_OPERATORS: usize = 16;

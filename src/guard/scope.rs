@@ -13,6 +13,7 @@ use pgrx::PgList;
 
 use super::facts::builtin;
 use super::verdict::Refusal;
+use crate::error::SqlState;
 use crate::names::relation_name;
 
 /// The relations of a schema context, by OID.
@@ -94,61 +95,76 @@ struct Named<'a> {
 impl Scope {
     /// Why a statement that reaches `types` (the types `ahead::types_in_reach` found it to
     /// name, or those of the functions and operators it names) may not be analysed: one of them
-    /// is, or holds (through domains, arrays, ranges), the row type of a relation outside the
-    /// scope, whose columns analysis reads through the type cache, which locks the relation
-    /// (a field of `ROW(1)::s.t`, of a function's result or OUT parameter, of an operator's).
-    /// A composite type that is no relation's (`CREATE TYPE ... AS`) is admitted when a
-    /// superuser or one of the caller's roles owns it: its lock tells no one else anything.
+    /// is, or holds (through domains, arrays, ranges and the fields of composite types), the
+    /// row type of a relation outside the scope, whose columns analysis reads through the type
+    /// cache, which locks the relation (a field of `ROW(1)::s.t`, of a function's result or OUT
+    /// parameter, of an operator's). A composite type that is no relation's (`CREATE TYPE ...
+    /// AS`) holds no rows: it is judged by its fields. Past `MAX_TYPE_STEPS` it is refused.
     pub(super) fn row_type_refusal(&self, types: &[pg_sys::Oid]) -> Option<Refusal> {
-        types.iter().find_map(|&typ| {
-            let relation = row_relation(typ)?;
-            // SAFETY: catalog look-ups by OID (false for a relation that is gone) and the
-            // backend's current user.
-            let admitted = self.admits(relation)
-                || unsafe {
-                    pg_sys::get_rel_relkind(relation) == pg_sys::RELKIND_COMPOSITE_TYPE as i8 && {
-                        let owner = super::facts::relation_owner(relation);
-                        owner != pg_sys::InvalidOid
-                            && (pg_sys::superuser_arg(owner)
-                                || pg_sys::has_privs_of_role(pg_sys::GetUserId(), owner))
+        let mut work: Vec<pg_sys::Oid> = types.to_vec();
+        let mut seen = std::collections::HashSet::new();
+        while let Some(typ) = work.pop() {
+            if typ == pg_sys::InvalidOid || !seen.insert(typ) {
+                continue;
+            }
+            if seen.len() > MAX_TYPE_STEPS {
+                return Some(Refusal::read(
+                    SqlState::STATEMENT_TOO_COMPLEX,
+                    "the query reaches too many types to be checked".into(),
+                ));
+            }
+            pgrx::check_for_interrupts!();
+            // SAFETY: catalog look-ups by OID, the type's existence first (a type dropped
+            // meanwhile holds nothing: analysis will say it does not exist); each answers
+            // InvalidOid for what is not one.
+            unsafe {
+                if !pg_sys::SearchSysCacheExists(
+                    pg_sys::SysCacheIdentifier::TYPEOID as _,
+                    typ.into(),
+                    pg_sys::Datum::null(),
+                    pg_sys::Datum::null(),
+                    pg_sys::Datum::null(),
+                ) {
+                    continue;
+                }
+                let base = pg_sys::getBaseType(typ);
+                let relation = pg_sys::get_typ_typrelid(base);
+                if relation != pg_sys::InvalidOid {
+                    if pg_sys::get_rel_relkind(relation) == pg_sys::RELKIND_COMPOSITE_TYPE as i8 {
+                        work.extend(fields(relation));
+                    } else if !self.admits(relation) {
+                        return self.refusal(&[relation]);
                     }
-                };
-            (!admitted).then(|| self.refusal(&[relation])).flatten()
-        })
+                    continue;
+                }
+                work.push(pg_sys::get_element_type(base));
+                work.push(pg_sys::get_multirange_range(base));
+                work.push(pg_sys::get_range_subtype(base));
+            }
+        }
+        None
     }
 }
 
-/// Levels of domains, arrays and ranges followed at most to the row type a type holds.
-const MAX_TYPE_LEVELS: usize = 16;
+/// Types followed at most from those a statement reaches to the row types they hold.
+const MAX_TYPE_STEPS: usize = 1024;
 
-/// The relation whose row type `typ` is or holds (through domains, arrays, ranges and
-/// multiranges), if any.
-fn row_relation(typ: pg_sys::Oid) -> Option<pg_sys::Oid> {
-    let mut current = typ;
-    for _ in 0..MAX_TYPE_LEVELS {
-        if current == pg_sys::InvalidOid {
-            return None;
+/// The types of the fields of the composite type `relation` (none for one that is gone).
+fn fields(relation: pg_sys::Oid) -> Vec<pg_sys::Oid> {
+    // SAFETY: the relcache entry, closed before returning (NULL for a relation gone since).
+    unsafe {
+        let rel = pg_sys::RelationIdGetRelation(relation);
+        if rel.is_null() {
+            return Vec::new();
         }
-        // SAFETY: catalog look-ups by OID; each answers InvalidOid for what is not one (a type
-        // dropped meanwhile raises, as analysis would).
-        unsafe {
-            let base = pg_sys::getBaseType(current);
-            let relation = pg_sys::get_typ_typrelid(base);
-            if relation != pg_sys::InvalidOid {
-                return Some(relation);
-            }
-            let element = pg_sys::get_element_type(base);
-            let range = pg_sys::get_multirange_range(base);
-            current = if element != pg_sys::InvalidOid {
-                element
-            } else if range != pg_sys::InvalidOid {
-                range
-            } else {
-                pg_sys::get_range_subtype(base)
-            };
-        }
+        let types = crate::compat::attributes((*rel).rd_att)
+            .iter()
+            .filter(|attribute| !attribute.attisdropped)
+            .map(|attribute| attribute.atttypid)
+            .collect();
+        pg_sys::RelationClose(rel);
+        types
     }
-    None
 }
 
 /// Walks a raw tree for the relations it names (`Scope::refusal_before_analysis`); true once

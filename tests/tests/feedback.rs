@@ -894,14 +894,16 @@ fn an_example_naming_a_relation_outside_the_readers_context_locks_nothing() {
     writer
         .batch_execute(
             "CREATE TABLE watch.layoffs (n int);
+             CREATE TYPE watch.wrapped AS (inner_row watch.layoffs);
+             CREATE TYPE watch.pairish AS (a int);
              CREATE FUNCTION watch.latest(OUT laid watch.layoffs, OUT total int)
                  LANGUAGE sql AS 'SELECT NULL::watch.layoffs, 0';
              GRANT EXECUTE ON FUNCTION watch.latest() TO PUBLIC;",
         )
         .unwrap();
     // The relation named as a table, as a row type (read through the type cache, which locks
-    // it), by a name a WITH query shadows (found first on the reader's search path), and as
-    // the type of a function's OUT parameter.
+    // it), by a name a WITH query shadows (found first on the reader's search path), as the
+    // type of a function's OUT parameter, and as a field of a composite type.
     let examples = [
         (
             "Who was laid off?",
@@ -918,6 +920,14 @@ fn an_example_naming_a_relation_outside_the_readers_context_locks_nothing() {
         (
             "Who was laid off lately?",
             "SELECT ((watch.latest()).laid).n AS n",
+        ),
+        (
+            "Who was laid off, wrapped?",
+            "SELECT ((NULL::watch.wrapped).inner_row).n AS n",
+        ),
+        (
+            "Who was laid off in pairs?",
+            "SELECT (jsonb_populate_record(NULL::watch.pairish, '{\"a\": 1}')).a AS a",
         ),
     ];
     // Written straight into the table (the writer may): every reader checks them.
@@ -978,14 +988,16 @@ fn an_example_naming_a_relation_outside_the_readers_context_locks_nothing() {
     let seen = watching.join().unwrap();
     writer.batch_execute("COMMIT").unwrap();
     assert!(
-        [0, 1, 3]
+        [0, 1, 3, 4]
             .iter()
             .all(|&i| !contexts[i].contains("watch.layoffs")
                 && !contexts[i].contains("watch.latest")),
         "an example naming the writer's relation was shown"
     );
-    // Positive control: the WITH query's example reads nothing of the writer's, and is shown.
+    // Positive controls: the WITH query's example reads nothing of the writer's, and the
+    // writer's composite type holds no rows and only built-in fields: both are shown.
     assert!(contexts[2].contains("WITH layoffs AS"), "{}", contexts[2]);
+    assert!(contexts[5].contains("watch.pairish"), "{}", contexts[5]);
     assert_eq!(seen, 0, "the reader's backend locked the writer's relation");
 }
 

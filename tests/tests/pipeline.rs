@@ -1179,7 +1179,9 @@ fn a_with_query_named_like_a_table_outside_the_context_is_the_with_query() {
         ),
     ] {
         s.llm.on(question, vec![Reply::sql(sql)]);
-        let answer = s.query(question).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let answer = s
+            .query(question)
+            .unwrap_or_else(|e| panic!("{sql}: {:?}", db_error(&e)));
         assert_eq!(json!(answer), rows, "{sql}");
     }
     // A WITH query sees only those before it (without RECURSIVE): here `secrets` is the table.
