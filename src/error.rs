@@ -308,10 +308,13 @@ impl Error {
     pub fn raise(self) -> ! {
         // Lines after the first indented: a model's text may hold a line break followed by
         // what psql would show as a HINT or an ERROR of its own.
-        let escaped_lines = |text: &str| crate::text::escaped_lines(text).replace('\n', "\n  ");
+        use crate::text::escaped_indented;
         let code = self.raised_sqlstate().code();
-        let mut report =
-            ErrorReport::new(code, escaped_lines(&self.to_string()), "sql_query_engine");
+        let mut report = ErrorReport::new(
+            code,
+            escaped_indented(&self.to_string()),
+            "sql_query_engine",
+        );
         // pgrx raises only the SQLSTATEs it knows (XX000 for the others, such as a function's
         // own ERRCODE): the query's own is then named in DETAIL.
         let unsaid = Some(self.sqlstate())
@@ -322,10 +325,10 @@ impl Error {
             (detail, unsaid) => detail.or(unsaid),
         };
         if let Some(detail) = detail {
-            report = report.set_detail(escaped_lines(&detail));
+            report = report.set_detail(escaped_indented(&detail));
         }
         if let Some(hint) = self.hint() {
-            report = report.set_hint(escaped_lines(&hint));
+            report = report.set_hint(escaped_indented(&hint));
         }
         report.report(pgrx::PgLogLevel::ERROR);
         unreachable!("an ERROR report returns control to PostgreSQL")

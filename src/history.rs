@@ -402,7 +402,8 @@ pub fn audit_raised<T>(
 /// `nl_history` row with it) nor a read-only transaction or a standby (where no row is
 /// written) removes it. `input` is the question, or the caller's SQL. With `audit_log =
 /// errors`, a call that answered is written too when no history row keeps it (none was
-/// written, or the row is rolled back: `Pending`), and when it answered with an error.
+/// written, or the row is rolled back: `pending_until_the_end`), and when it answered with an
+/// error.
 /// It reads no catalog: it is also written after an ERROR was caught.
 pub fn audit(
     caller: &Caller,

@@ -258,7 +258,7 @@ impl Progress {
             // progress line.
             crate::error::notice(format!(
                 "sql_query_engine: {}",
-                crate::text::escaped_lines(&event.describe()).replace('\n', "\n  ")
+                crate::text::escaped_indented(&event.describe())
             ));
         }
         if let Some(channel) = &self.channel {

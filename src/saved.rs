@@ -266,11 +266,10 @@ pub fn create(
         .iter()
         .map(|c| format!("\"{}\"", c.replace('"', "\"\"")))
         .collect();
-    let view = if target.exists {
-        Some(locked_own_view(&target.qualified)?)
-    } else {
-        None
-    };
+    let view = target
+        .exists
+        .then(|| locked_own_view(&target.qualified))
+        .transpose()?;
     if let Some(view) = view {
         // CREATE OR REPLACE VIEW refuses a column renamed, retyped or dropped, but appends new
         // ones: a view others may read with its owner's rights would show them whatever the
@@ -391,9 +390,10 @@ pub fn create(
 }
 
 /// Locks the view named `qualified` until the transaction ends, and refuses it unless the
-/// caller owns it itself; returns its OID. Checked before the model was asked, it could since have been dropped
-/// and made again by a role the caller is a member of, whose view `CREATE OR REPLACE` would
-/// replace (it stays its owner's); locked, it stays the view checked until the DDL is done.
+/// caller owns it itself; returns its OID. Checked before the model was asked, it could since
+/// have been dropped and made again by a role the caller is a member of, whose view `CREATE OR
+/// REPLACE` would replace (it stays its owner's); locked, it stays the view checked until the
+/// DDL is done.
 fn locked_own_view(qualified: &str) -> Result<pg_sys::Oid> {
     let find = || {
         subxact::pinned(|| {
@@ -519,17 +519,15 @@ pub struct Field {
 /// may be converted to without running code nobody asked for: built-in types, enums, arrays of
 /// them, and domains over them without CHECK constraints.
 pub fn shape(typ: pg_sys::Oid) -> Result<Vec<Field>> {
-    let text = subxact::pinned(|| {
-        store::read_one::<String>(SHAPE_SQL.to_str().unwrap_or_default(), &[typ.into()])
-    })
-    .map_err(|e| Error::internal(format!("reading the row type: {e}")))?;
+    let text = subxact::pinned(|| store::read_text_now(SHAPE_SQL, &[(pg_sys::OIDOID, typ.into())]))
+        .map_err(|e| Error::internal(format!("reading the row type: {e}")))?;
     shape_of(text)
 }
 
 /// `shape` again after a wait (the model's), as the conversion will find the type: with the
-/// row type's relation locked until the transaction ends (no attribute is added meanwhile),
-/// on the catalog as it is now (a CHECK its owner added to a domain while the model thought
-/// would run in the conversion, as the caller).
+/// row type's relation locked until the transaction ends (no attribute is added meanwhile);
+/// `shape` reads the catalog as it is now (a CHECK its owner added to a domain while the model
+/// thought would run in the conversion, as the caller).
 pub fn shape_now(typ: pg_sys::Oid) -> Result<Vec<Field>> {
     // SAFETY: a catalog look-up by OID, and a lock on the type's relation, as ALTER TYPE takes
     // one (stronger); an ERROR unwinds as any other.
@@ -539,9 +537,7 @@ pub fn shape_now(typ: pg_sys::Oid) -> Result<Vec<Field>> {
             pg_sys::LockRelationOid(relation, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         }
     }
-    let text = subxact::pinned(|| store::read_text_now(SHAPE_SQL, &[(pg_sys::OIDOID, typ.into())]))
-        .map_err(|e| Error::internal(format!("reading the row type: {e}")))?;
-    shape_of(text)
+    shape(typ)
 }
 
 /// What `shape` reads of a row type: its fields, their types, and whether converting a value

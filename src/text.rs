@@ -215,6 +215,12 @@ pub fn escaped_lines(text: &str) -> String {
     shown
 }
 
+/// `escaped_lines` with every line after the first indented: none of them, where another role
+/// or a model wrote it, can pass for a line of its own (psql's `HINT:`, another progress line).
+pub fn escaped_indented(text: &str) -> String {
+    escaped_lines(text).replace('\n', "\n  ")
+}
+
 /// Values a JSON text may hold to be parsed into a tree (`small_json`): what the tree
 /// allocates scales with its values, not its bytes (`[{"":0},{"":0},...]` costs a hundred
 /// times its size), and a model's answer or an endpoint's body is any text it likes.

@@ -184,13 +184,13 @@ unsafe fn check_relations(range_table: *mut pg_sys::List) {
     // Relations, and views (PostgreSQL 16 and later keep a view's OID on the subquery that
     // replaced it).
     // SAFETY: the caller's contract.
-    let relations: Vec<pg_sys::Oid> =
-        unsafe { pgrx::PgList::<pg_sys::RangeTblEntry>::from_pg(range_table) }
-            .iter_ptr()
-            // SAFETY: each entry of the executor's range table.
-            .map(|rte| unsafe { (*rte).relid })
-            .filter(|relid| *relid != pg_sys::InvalidOid)
-            .collect();
+    let entries = unsafe { pgrx::PgList::<pg_sys::RangeTblEntry>::from_pg(range_table) };
+    let relations: Vec<pg_sys::Oid> = entries
+        .iter_ptr()
+        // SAFETY: each entry of the executor's range table.
+        .map(|rte| unsafe { (*rte).relid })
+        .filter(|relid| *relid != pg_sys::InvalidOid)
+        .collect();
     for relation in relations {
         if let Some(error) = relation_refusal(relation) {
             crate::error::Error::Refused(Box::new(error)).raise();

@@ -207,17 +207,17 @@ fn literals_refusal(
     scope: Option<&Scope>,
 ) -> Result<(), Refusal> {
     // SAFETY: the caller gives a raw statement.
-    let reach =
-        unsafe { ahead::types_in_reach(statement, scope) }.map_err(|unknown| match unknown {
-            ahead::Unknown::TooManyTypes => Refusal::read(
-                SqlState::STATEMENT_TOO_COMPLEX,
-                "the query names too many types to be checked".into(),
-            ),
-            ahead::Unknown::KeptChanging => Refusal::read(
-                SqlState::OBJECT_IN_USE,
-                "the tables the query names kept changing while it was checked; ask again".into(),
-            ),
-        })?;
+    let reach = unsafe { ahead::types_in_reach(statement, scope) };
+    let reach = reach.map_err(|unknown| match unknown {
+        ahead::Unknown::TooManyTypes => Refusal::read(
+            SqlState::STATEMENT_TOO_COMPLEX,
+            "the query names too many types to be checked".into(),
+        ),
+        ahead::Unknown::KeptChanging => Refusal::read(
+            SqlState::OBJECT_IN_USE,
+            "the tables the query names kept changing while it was checked; ask again".into(),
+        ),
+    })?;
     if let Some(refusal) = scope.and_then(|scope| scope.row_type_refusal(&reach.named)) {
         return Err(refusal);
     }
