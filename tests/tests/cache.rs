@@ -3,9 +3,20 @@
 //! relation it shows, a new readable table, or a COMMENT.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 
 use sql_query_engine_e2e::{cluster, Reply, Session};
+
+/// Held for writing by the churn test, for reading by every other: a backend that falls behind
+/// the server's invalidation queue has all its caches reset, this one too, and the churn's
+/// invalidations (of its own database, but one queue serves them all) did that on a fast machine
+/// to another test's backend between two questions that must both be served from the cache.
+static CHURN: RwLock<()> = RwLock::new(());
+
+/// No churn while the guard lives.
+fn quiet() -> RwLockReadGuard<'static, ()> {
+    CHURN.read().unwrap_or_else(PoisonError::into_inner)
+}
 
 fn traced(s: &mut Session, question: &str) -> serde_json::Value {
     s.llm.on(question, vec![Reply::sql("SELECT 1 AS one")]);
@@ -14,6 +25,7 @@ fn traced(s: &mut Session, question: &str) -> serde_json::Value {
 
 #[test]
 fn other_sessions_churn_without_emptying_the_cache() {
+    let _alone = CHURN.write().unwrap_or_else(PoisonError::into_inner);
     let mut s = Session::new();
     s.client
         .batch_execute(
@@ -68,6 +80,7 @@ fn other_sessions_churn_without_emptying_the_cache() {
 
 #[test]
 fn ddl_on_what_the_cache_shows_is_seen_by_the_very_next_question() {
+    let _quiet = quiet();
     let mut s = Session::new();
     assert_eq!(traced(&mut s, "before")["schema_cached"], false);
     let mut other = cluster().connect(&s.database);
@@ -118,6 +131,7 @@ fn ddl_on_what_the_cache_shows_is_seen_by_the_very_next_question() {
 /// question sees both comments.
 #[test]
 fn comments_in_concurrent_serializable_transactions_both_commit_and_are_seen() {
+    let _quiet = quiet();
     let mut s = Session::new();
     assert_eq!(traced(&mut s, "before")["schema_cached"], false);
     let (mut a, mut b) = (
@@ -150,6 +164,7 @@ fn comments_in_concurrent_serializable_transactions_both_commit_and_are_seen() {
 /// table of a schema of its own, costs no other role's backend a rebuild of its schema.
 #[test]
 fn comments_nobody_else_is_shown_cost_no_other_backend_a_rebuild() {
+    let _quiet = quiet();
     let s = Session::new();
     let db = &s.database;
     let (analyst, commenter) = (format!("analyst_{db}"), format!("commenter_{db}"));
@@ -204,6 +219,7 @@ fn comments_nobody_else_is_shown_cost_no_other_backend_a_rebuild() {
 /// enabled since): it serves that call only, and the next transaction reads afresh.
 #[test]
 fn a_context_read_with_an_old_snapshot_is_not_kept_past_its_transaction() {
+    let _quiet = quiet();
     let mut s = Session::new();
     let role = format!("snapshot_{}", s.database);
     s.client
@@ -241,6 +257,7 @@ fn a_context_read_with_an_old_snapshot_is_not_kept_past_its_transaction() {
 /// a partition given hundreds of indexes after the table was cached is not read for samples.
 #[test]
 fn ddl_on_a_partition_is_seen_through_its_partitioned_table() {
+    let _quiet = quiet();
     let mut s = Session::new();
     s.client
         .batch_execute(
@@ -277,6 +294,7 @@ fn ddl_on_a_partition_is_seen_through_its_partitioned_table() {
 /// to see only while it may read them).
 #[test]
 fn a_revoke_on_what_a_foreign_key_names_elsewhere_is_seen_by_the_next_question() {
+    let _quiet = quiet();
     let mut s = Session::new();
     let role = format!("fk_reader_{}", s.database);
     s.client
