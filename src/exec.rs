@@ -2049,10 +2049,29 @@ pub fn init() {
     }
 }
 
+// PostgreSQL's own planner, declared here rather than taken from pgrx's bindings, which wrap
+// each binding so that an ERROR it raises becomes a copy that keeps only some of the error's
+// fields (see `planner`).
+// SAFETY: the signature of optimizer/planner.h, the same in every supported server.
+unsafe extern "C-unwind" {
+    #[link_name = "standard_planner"]
+    fn postgres_planner(
+        parse: *mut pg_sys::Query,
+        query_string: *const std::ffi::c_char,
+        cursor_options: std::ffi::c_int,
+        bound_params: pg_sys::ParamListInfo,
+    ) -> *mut pg_sys::PlannedStmt;
+}
+
 /// Plans without parallel workers while an attempt is watched (`MemoryWatch`): not only the
 /// attempt's own statement, which `run_guarded` plans so, but every statement code of the
 /// query plans (a SQL or PL/pgSQL function of a view): a worker's memory is outside the watch.
-#[pgrx::pg_guard]
+/// Every statement of the backend passes here once the library is loaded. Not `#[pg_guard]`,
+/// and calling the next planner without pgrx's wrapper: an ERROR raised while planning (an
+/// immutable function of constants run then) must reach the client as PostgreSQL raised it,
+/// which pgrx's guard would re-raise as a copy without its position and CONTEXT, and with
+/// XX000 for a SQLSTATE pgrx does not know. The ERROR long-jumps past this frame, which holds
+/// nothing to drop (it reads two flags).
 unsafe extern "C-unwind" fn planner(
     parse: *mut pg_sys::Query,
     query_string: *const std::ffi::c_char,
@@ -2073,7 +2092,7 @@ unsafe extern "C-unwind" fn planner(
     unsafe {
         match NEXT_PLANNER {
             Some(next) => next(parse, query_string, cursor_options, bound_params),
-            None => pg_sys::standard_planner(parse, query_string, cursor_options, bound_params),
+            None => postgres_planner(parse, query_string, cursor_options, bound_params),
         }
     }
 }

@@ -416,7 +416,8 @@ fn the_api_key_is_sent_as_a_bearer_token_and_shown_nowhere() {
 }
 
 /// Once the library is loaded (as `shared_preload_libraries` loads it in every backend), every
-/// utility statement passes through its hook: an ERROR of such a statement (DDL, `DO`, `CALL`)
+/// statement passes through its planner hook, and every utility statement through its utility
+/// hook: an ERROR of such a statement (DDL, `DO`, `CALL`, a function run while planning)
 /// reaches the client exactly as without the extension, with its position, CONTEXT, column name
 /// and the SQLSTATE a procedure chose.
 #[test]
@@ -454,6 +455,18 @@ fn errors_of_other_statements_reach_the_client_as_postgresql_raised_them() {
             db.where_()
         );
     }
+    // An immutable function of constants runs as the statement is planned (and planning passes
+    // through the extension's planner hook).
+    c.batch_execute(
+        "CREATE FUNCTION planned(int) RETURNS int IMMUTABLE LANGUAGE plpgsql AS $$ BEGIN
+             RAISE EXCEPTION 'not planned' USING ERRCODE = 'P0099', COLUMN = 'day';
+         END $$;",
+    )
+    .unwrap();
+    let error = c.batch_execute("SELECT planned(1)").unwrap_err();
+    let db = error.as_db_error().unwrap();
+    assert_eq!(db.code().code(), "P0099", "{db:?}");
+    assert_eq!(db.column(), Some("day"));
     let error = c
         .batch_execute("DO $$ BEGIN PERFORM 1 / 0; END $$")
         .unwrap_err();
