@@ -2013,13 +2013,15 @@ thread_local! {
     static WATCH_TIMER: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
 }
 
-/// The memory watch's timer handler, run in the SIGALRM handler: past the ceiling (or once an
+/// The memory watch's timer handler, run in the SIGALRM handler (the deadline's too:
+/// `deadline_watch`): past the ceiling (or once an
 /// allocation of the extension's met the hard limit), it asks for a cancel, as PostgreSQL's own statement timeout does (the query ends at its next interrupt
 /// check; `MemoryWatch` tells the cancel apart), at every tick while the query stays past it
 /// (code of the query may catch one cancel). A cancel already pending is the caller's.
 extern "C" fn memory_watch() {
     use std::sync::atomic::Ordering;
     relower_when_due();
+    deadline_watch();
     let ceiling = WATCH_CEILING.load(Ordering::Relaxed);
     let met = LIMIT_MET.swap(false, Ordering::SeqCst);
     if !met && (ceiling == u64::MAX || data_pages().is_none_or(|pages| pages <= ceiling)) {
@@ -2302,6 +2304,13 @@ fn lower_hard_limit(bytes: u64) {
 unsafe extern "C-unwind" fn disarm_at_exit(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
     restore_hard_limit();
     WATCH_CEILING.store(u64::MAX, std::sync::atomic::Ordering::Relaxed);
+    DEADLINE_NS.store(u64::MAX, std::sync::atomic::Ordering::Relaxed);
+    if DEADLINE_ENDED.load(std::sync::atomic::Ordering::Relaxed) {
+        pgrx::log!(
+            "sql_query_engine: a query took {MAX_CANCELS_CAUGHT} cancels past its deadline and \
+             ran on: its connection was ended"
+        );
+    }
 }
 
 /// The hard limit did its work: an allocation failed, as an ERROR (53200), now being
@@ -2522,6 +2531,71 @@ pub fn allocate_while_watched(watched: u64, bytes: usize) -> (bool, bool, bool) 
 struct StatementTimer {
     ours: Option<pg_sys::TimestampTz>,
     caller: Option<pg_sys::TimestampTz>,
+    /// The deadline the memory watch enforced before (`DEADLINE_NS`), put back on drop.
+    outer_deadline: u64,
+}
+
+/// When the running attempt's time is up (the earlier of its own deadline and the caller's),
+/// on the monotonic clock in nanoseconds (`u64::MAX`: none): a statement timeout fires once,
+/// and code of the query may catch its cancel (`EXCEPTION WHEN query_canceled` in another
+/// role's view) and run on, so the memory watch asks again at each tick past it
+/// (`deadline_watch`).
+static DEADLINE_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(u64::MAX);
+/// Cancels asked past the deadline that the query took (none pending at the next tick) and ran
+/// on: caught.
+static CANCELS_CAUGHT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+/// Whether a cancel pending now is the deadline watch's own.
+static DEADLINE_ASKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Whether the deadline watch ended the backend.
+static DEADLINE_ENDED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Cancels past the deadline a query may take and run on before its backend is ended: a query
+/// that catches one to clean up ends at the next; one that catches each holds the backend,
+/// its snapshot and its locks for as long as it likes otherwise, beyond cancel. Code that
+/// checks for no interrupt takes none of them, and is never ended so.
+const MAX_CANCELS_CAUGHT: u32 = 10;
+
+/// The monotonic clock in nanoseconds (async-signal-safe).
+fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime is async-signal-safe and writes only `now`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    u64::try_from(now.tv_sec)
+        .unwrap_or(0)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::try_from(now.tv_nsec).unwrap_or(0))
+}
+
+/// The deadline's part of the memory watch's tick (in the SIGALRM handler): past the deadline,
+/// each cancel the query took while it ran on is counted, and another asked; past
+/// `MAX_CANCELS_CAUGHT`, the backend is ended (FATAL, which no code can catch). The first tick
+/// past it only counts: the statement timeout's own cancel may be ending the attempt then.
+fn deadline_watch() {
+    use std::sync::atomic::Ordering;
+    let deadline = DEADLINE_NS.load(Ordering::Relaxed);
+    if deadline == u64::MAX || monotonic_ns() < deadline {
+        return;
+    }
+    // SAFETY: the flags a signal handler sets to ask for a cancel or the backend's end
+    // (sig_atomic_t); PostgreSQL's SIGALRM handler sets the latch after its handlers ran.
+    unsafe {
+        if std::ptr::read_volatile(&raw const pg_sys::QueryCancelPending) != 0 {
+            return;
+        }
+        let caught = CANCELS_CAUGHT.fetch_add(1, Ordering::Relaxed) + 1;
+        if caught > MAX_CANCELS_CAUGHT {
+            DEADLINE_ENDED.store(true, Ordering::Relaxed);
+            std::ptr::write_volatile(&raw mut pg_sys::ProcDiePending, 1);
+        } else if caught > 1 {
+            DEADLINE_ASKED.store(true, Ordering::Relaxed);
+            std::ptr::write_volatile(&raw mut pg_sys::QueryCancelPending, 1);
+        } else {
+            return;
+        }
+        std::ptr::write_volatile(&raw mut pg_sys::InterruptPending, 1);
+    }
 }
 
 impl StatementTimer {
@@ -2535,8 +2609,19 @@ impl StatementTimer {
                 get_timeout_active(STATEMENT_TIMEOUT)
                     .then(|| get_timeout_finish_time(STATEMENT_TIMEOUT))
             });
+            let first = caller.map_or(ours, |c| c.min(ours));
+            let left_ns = u64::try_from(first - now).unwrap_or(0).saturating_mul(1000);
+            CANCELS_CAUGHT.store(0, std::sync::atomic::Ordering::Relaxed);
+            let outer_deadline = DEADLINE_NS.swap(
+                monotonic_ns().saturating_add(left_ns),
+                std::sync::atomic::Ordering::Relaxed,
+            );
             if caller.is_some_and(|c| c <= ours) {
-                return StatementTimer { ours: None, caller };
+                return StatementTimer {
+                    ours: None,
+                    caller,
+                    outer_deadline,
+                };
             }
             pg_sys::ffi::pg_guard_ffi_boundary(|| {
                 enable_timeout_after(STATEMENT_TIMEOUT, timeout_ms)
@@ -2544,6 +2629,7 @@ impl StatementTimer {
             StatementTimer {
                 ours: Some(ours),
                 caller,
+                outer_deadline,
             }
         }
     }
@@ -2559,6 +2645,21 @@ impl StatementTimer {
 impl Drop for StatementTimer {
     fn drop(&mut self) {
         use crate::compat::timeout::*;
+        use std::sync::atomic::Ordering;
+        DEADLINE_NS.store(self.outer_deadline, Ordering::Relaxed);
+        // The attempt ended before its next interrupt check: the cancel the deadline watch
+        // asked for would end the whole call at the next one (the memory watch, dropped
+        // first, asks for no more).
+        if DEADLINE_ASKED.swap(false, Ordering::Relaxed) {
+            // SAFETY: the backend's own flag, read and written on its thread once the memory
+            // watch's timer is off.
+            unsafe {
+                let pending = &raw mut pg_sys::QueryCancelPending;
+                if std::ptr::read_volatile(pending) != 0 {
+                    std::ptr::write_volatile(pending, 0);
+                }
+            }
+        }
         if self.ours.is_none() {
             return;
         }

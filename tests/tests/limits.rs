@@ -857,6 +857,95 @@ fn code_that_catches_out_of_memory_and_grows_on_stays_under_the_hard_limit() {
     assert!(peak < 700 * 1024, "the backend grew to {peak} kB");
 }
 
+/// A statement timeout fires once, and code of the query may catch its cancel and run on
+/// (another role's view, `EXCEPTION WHEN query_canceled`), holding the backend, its snapshot and
+/// its locks beyond the deadline and any cancel: past the deadline each cancel the query takes
+/// is asked again, and a query that takes ten ends with its connection.
+#[test]
+fn a_query_that_catches_every_cancel_past_its_deadline_ends_with_its_connection() {
+    let mut s = Session::new();
+    let (role_name, mut role, _) = role_connection(&mut s, "stubborn");
+    s.client
+        .batch_execute(&format!(
+            "CREATE FUNCTION public.stubborn() RETURNS int LANGUAGE plpgsql AS $$
+             BEGIN
+                 FOR i IN 1..40 LOOP
+                     BEGIN PERFORM pg_sleep(0.5); EXCEPTION WHEN query_canceled THEN NULL; END;
+                 END LOOP;
+                 RETURN 1;
+             END $$;
+             CREATE VIEW public.stubborn_view AS SELECT public.stubborn() AS n;
+             GRANT SELECT ON public.stubborn_view TO {role_name};"
+        ))
+        .unwrap();
+    let pid: i32 = role
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    role.batch_execute("SET sql_query_engine.statement_timeout = '1s'")
+        .unwrap();
+    // Without the watch, the loop's twenty seconds end with its row. With it, the backend
+    // ends (FATAL 57P01, which reaches the client only when no query's messages are held back
+    // from it, as they are while a query of the call runs: the connection closes).
+    let error = role
+        .query("SELECT * FROM nl_run('SELECT n FROM stubborn_view')", &[])
+        .unwrap_err();
+    assert!(
+        error.is_closed() || error.code().is_some_and(|c| c.code() == "57P01"),
+        "{error}"
+    );
+    let alive = |s: &mut Session| -> i64 {
+        s.client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+                &[&pid],
+            )
+            .unwrap()
+            .get(0)
+    };
+    let waiting = std::time::Instant::now();
+    while alive(&mut s) > 0 && waiting.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(alive(&mut s), 0, "the backend still runs");
+    if let Some(mut log) = cluster().server_log() {
+        let why = "cancels past its deadline and ran on: its connection was ended";
+        let waiting = std::time::Instant::now();
+        while !log.contains(why) && waiting.elapsed() < std::time::Duration::from_secs(30) {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            log = cluster().server_log().unwrap_or_default();
+        }
+        assert!(log.contains(why), "the server log does not say why");
+    }
+    // A query that takes the timeout's cancel once to clean up, and ends at the next, is an
+    // error of the call as any timeout is, on a connection that lives on.
+    let mut polite = cluster().connect_as(&s.database, &role_name);
+    s.client
+        .batch_execute(
+            "CREATE FUNCTION public.polite() RETURNS int LANGUAGE plpgsql AS $$
+             BEGIN
+                 BEGIN PERFORM pg_sleep(30); EXCEPTION WHEN query_canceled THEN NULL; END;
+                 PERFORM pg_sleep(30);
+                 RETURN 1;
+             END $$;
+             CREATE VIEW public.polite_view AS SELECT public.polite() AS n;",
+        )
+        .unwrap();
+    s.client
+        .batch_execute(&format!(
+            "GRANT SELECT ON public.polite_view TO {role_name}"
+        ))
+        .unwrap();
+    polite
+        .batch_execute("SET sql_query_engine.statement_timeout = '1s'")
+        .unwrap();
+    let error = polite
+        .query("SELECT * FROM nl_run('SELECT n FROM polite_view')", &[])
+        .unwrap_err();
+    assert_eq!(db_error(&error).0, "57014", "{error}");
+    polite.batch_execute("SELECT 1").unwrap();
+}
+
 /// What an attempt leaves behind in PostgreSQL's caches outlives it (24 kB for each new time
 /// zone a query names, kept as long as the backend): each attempt may add at most
 /// `max_query_memory` less what earlier ones left, and once they left that much the backend
