@@ -231,7 +231,10 @@ pub fn load() -> Result<(Rc<SchemaContext>, bool)> {
         key.role,
     )));
     let privileges = privileges()?;
-    let relations = catalog::load(&key.schemas, key.sample_values > 0)?;
+    let relations = {
+        let _now = LatestSnapshot::push();
+        catalog::load(&key.schemas, key.sample_values > 0)?
+    };
     // What the context shows, and the relations its foreign keys name (shown only while the
     // caller may see them: a REVOKE on one, or on its schema, must rebuild it too).
     let mut oids: HashSet<pg_sys::Oid> =
@@ -312,6 +315,43 @@ fn of_another_snapshot() -> bool {
     // SAFETY: reads when the current transaction started.
     let started = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
     READ_ONLY_FOR.get().is_some_and(|read| read != started)
+}
+
+/// The catalog as it is now, the active snapshot until dropped, for the catalog reads of a
+/// rebuild: the statement's snapshot (a read-only SPI query's under READ COMMITTED) may be
+/// minutes old in a long statement (`SELECT pg_sleep(60), nl_schema()`, a repair loop), while
+/// the privilege functions and the invalidation that asked for the rebuild see the catalog as
+/// it is now: row security enabled since, say, with the statistics of the rows it hides read
+/// as they were, and kept for as long as the cache is.
+struct LatestSnapshot {
+    pushed: pg_sys::Snapshot,
+}
+
+impl LatestSnapshot {
+    fn push() -> LatestSnapshot {
+        // SAFETY: takes in other sessions' invalidations (as any lock acquisition does), and
+        // pushes a copy of the latest snapshot (PushActiveSnapshot copies it), in a
+        // transaction.
+        unsafe {
+            pg_sys::AcceptInvalidationMessages();
+            pg_sys::PushActiveSnapshot(pg_sys::GetLatestSnapshot());
+            LatestSnapshot {
+                pushed: pg_sys::GetActiveSnapshot(),
+            }
+        }
+    }
+}
+
+impl Drop for LatestSnapshot {
+    fn drop(&mut self) {
+        // SAFETY: pops the snapshot `push` pushed when it is the active one; after an ERROR
+        // (another pushed above it, left there), the transaction's abort pops them all.
+        unsafe {
+            if pg_sys::ActiveSnapshotSet() && pg_sys::GetActiveSnapshot() == self.pushed {
+                pg_sys::PopActiveSnapshot();
+            }
+        }
+    }
 }
 
 /// Forgets the cache when dropped, also when an ERROR unwinds past it, unless kept.

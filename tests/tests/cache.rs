@@ -336,3 +336,58 @@ fn a_revoke_on_what_a_foreign_key_names_elsewhere_is_seen_by_the_next_question()
         assert!(told(&mut s, &format!("after grant {i}")).contains("hr.salaries"));
     }
 }
+
+/// A rebuild reads the catalog as it is now, not as its statement's snapshot saw it: in a long
+/// statement, a table made readable meanwhile, with row security enabled meanwhile, shows none
+/// of the values its statistics hold (PostgreSQL shows none of a table with row security).
+#[test]
+fn a_rebuild_in_a_long_statement_reads_the_catalog_as_it_is_now() {
+    let _quiet = quiet();
+    let mut s = Session::new();
+    let reader = format!("late_reader_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE TABLE plans (owner text, body text);
+             INSERT INTO plans SELECT 'x', 'Secret Plan' FROM generate_series(1, 50);
+             INSERT INTO plans SELECT 'y', 'Open Plan' FROM generate_series(1, 50);
+             ANALYZE plans;
+             CREATE ROLE {reader} LOGIN; GRANT SELECT ON customers TO {reader};"
+        ))
+        .unwrap();
+    let mut r = cluster().connect_as(&s.database, &reader);
+    let first: String = r.query_one("SELECT nl_schema()", &[]).unwrap().get(0);
+    assert!(!first.contains("plans"), "{first}");
+    let long = std::thread::spawn(move || {
+        r.query_one("SELECT pg_sleep(3)::text || nl_schema()", &[])
+            .map(|row| row.get::<_, String>(0))
+    });
+    let started = std::time::Instant::now();
+    loop {
+        let asleep: i64 = s
+            .client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE usename = $1 AND wait_event = 'PgSleep'",
+                &[&reader],
+            )
+            .unwrap()
+            .get(0);
+        if asleep > 0 {
+            break;
+        }
+        assert!(
+            started.elapsed().as_secs() < 30,
+            "the statement never slept"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    s.client
+        .batch_execute(&format!(
+            "ALTER TABLE plans ENABLE ROW LEVEL SECURITY;
+             CREATE POLICY open ON plans USING (owner = 'y');
+             GRANT SELECT ON plans TO {reader};"
+        ))
+        .unwrap();
+    let told = long.join().unwrap().unwrap();
+    assert!(told.contains("CREATE TABLE plans"), "{told}");
+    assert!(!told.contains("Secret Plan"), "{told}");
+}
