@@ -547,6 +547,7 @@ const SHAPE_SQL: &std::ffi::CStr = c"
             'composite', t.typrelid <> 0,
             'fields', (SELECT pg_catalog.json_agg(pg_catalog.json_build_object(
                            'name', a.attname,
+                           'oid', a.atttypid::pg_catalog.int8,
                            'type', pg_catalog.format_type(a.atttypid, a.atttypmod),
                            'refused', NOT (
                                f.oid < 16384 OR f.typtype = 'e'
@@ -606,13 +607,20 @@ fn shape_of(text: Option<String>) -> Result<Vec<Field>> {
                 out.len() + 1
             )));
         }
-        if field["refused"] == true {
+        // A value naming a type or a routine (`regtype`, `regprocedure`, ...) runs, converted
+        // from the model's text, the modifier input code of the type it names, which no gate
+        // sees: a query may not compute one either.
+        let names_code = field["oid"]
+            .as_u64()
+            .and_then(|oid| u32::try_from(oid).ok())
+            .is_none_or(|oid| guard::names_code(pg_sys::Oid::from(oid)));
+        if field["refused"] == true || names_code {
             return Err(Error::sql(
                 "42501",
                 format!(
-                    "nl_query_as converts answers only to built-in types, enums, arrays of them \
-                     and domains over them without CHECK constraints; {type_name}.{name} is of \
-                     type {typ}"
+                    "nl_query_as converts answers only to built-in types (but those naming types \
+                     or routines), enums, arrays of them and domains over them without CHECK \
+                     constraints; {type_name}.{name} is of type {typ}"
                 ),
                 Some("Converting to other types runs their own code: convert the rows yourself."),
             ));

@@ -954,13 +954,23 @@ fn nl_query_as_never_converts_to_a_type_that_runs_its_owners_code() {
              CREATE DOMAIN shared.tag AS text CHECK (shared.spy(VALUE));
              CREATE TYPE shared.tagged AS (country shared.tag);
              CREATE TYPE shared.tags AS (countries shared.tag[]);
-             CREATE TYPE shared.nested AS (inner_row shared.tagged);",
+             CREATE TYPE shared.nested AS (inner_row shared.tagged);
+             CREATE TYPE shared.named AS (kind regtype);
+             CREATE TYPE shared.routines AS (called regprocedure[]);",
         )
         .unwrap();
     let mut witness = Witness::hold(&shop.s.database, &[777024]);
     let mut analyst = shop.analyst();
     let (_, waited) = witness.waited(|| {
-        for shape in ["shared.tagged", "shared.tags", "shared.nested"] {
+        // (Text converted to a value naming a type or a routine runs the modifier input code
+        // of the type it names.)
+        for shape in [
+            "shared.tagged",
+            "shared.tags",
+            "shared.nested",
+            "shared.named",
+            "shared.routines",
+        ] {
             let error = analyst
                 .query(
                     &format!("SELECT * FROM nl_query_as('countries', NULL::{shape})"),
