@@ -349,15 +349,14 @@ impl Drop for Entered {
 
 /// The endpoints the innermost call being audited sent model requests to so far, as its audit
 /// line names them.
-fn sent_so_far() -> String {
+fn sent_so_far() -> Vec<String> {
     let mark = IN_FLIGHT.with(|calls| {
         calls
             .try_borrow()
             .ok()
             .and_then(|calls| calls.last().map(|call| call.sent_mark))
     });
-    mark.map(|mark| crate::llm::sent::since(mark).join(", "))
-        .unwrap_or_default()
+    mark.map(crate::llm::sent::since).unwrap_or_default()
 }
 
 /// Audits the calls the backend exits in the middle of.
@@ -412,22 +411,30 @@ pub fn audit(
     input: &str,
     outcome: Audited,
 ) {
-    let when = match (settings::audit_log(), &outcome) {
+    let audit_log = settings::audit_log();
+    if audit_log == AuditLog::Off {
+        return;
+    }
+    // What an enclosing call ran so far is not this one's.
+    let (ran, sent) = if matches!(outcome, Audited::Started) {
+        (String::new(), Vec::new())
+    } else {
+        (ran_so_far(), sent_so_far())
+    };
+    let when = match (audit_log, &outcome) {
         (AuditLog::Off, _) => return,
         (AuditLog::All, _) => When::Now,
         (AuditLog::Errors, Audited::Failed(_) | Audited::Raised(_) | Audited::Ended) => When::Now,
         (AuditLog::Errors, Audited::Answered(run, recorded)) => match (recorded, run.status) {
             (_, Status::Error | Status::Refused) | (None, _) => When::Now,
+            // The row does not say where the call's data went: rows described by a model
+            // (`nl_answer`), requests that went to a fallback endpoint too.
+            _ if run.described_by.is_some() || sent.len() > 1 => When::Now,
             (Some(_), _) => When::RolledBack,
         },
         (AuditLog::Errors, Audited::Done | Audited::Started) => return,
     };
-    // What an enclosing call ran so far is not this one's.
-    let (ran, sent) = if matches!(outcome, Audited::Started) {
-        (String::new(), String::new())
-    } else {
-        (ran_so_far(), sent_so_far())
-    };
+    let sent = sent.join(", ");
     let (mut result, sql) = match outcome {
         Audited::Answered(run, _) => (
             format!(
@@ -500,7 +507,15 @@ struct Line {
 }
 
 impl Line {
+    /// Written with interrupts held off: writing a message checks for them, and a cancel
+    /// taken there would end the call after its outcome was logged (a second line, an ERROR)
+    /// or before the call began (a "started" line with no outcome). They are taken at the next
+    /// check after.
     fn write(&self, said: &str) {
+        subxact::holding_interrupts(|| self.write_now(said));
+    }
+
+    fn write_now(&self, said: &str) {
         crate::error::send(
             ErrorReport::new(
                 PgSqlErrorCode::ERRCODE_SUCCESSFUL_COMPLETION,
@@ -530,12 +545,15 @@ thread_local! {
 /// Keeps `line` until its transaction ends: a call whose history row is rolled back (by the
 /// caller: ROLLBACK, ROLLBACK TO SAVEPOINT, an exception block) leaves no trace otherwise.
 fn pending_until_the_end(line: Line) {
-    if !END_CALLBACKS.replace(true) {
-        // SAFETY: registers callbacks of this backend, once; they only write log lines.
+    if !END_CALLBACKS.get() {
+        // SAFETY: registers callbacks of this backend, once; they only write log lines. Noted
+        // as registered once both are (an allocation that fails raises): one registered twice
+        // finds nothing left to write the second time.
         unsafe {
             pg_sys::RegisterXactCallback(Some(transaction_ended), std::ptr::null_mut());
             pg_sys::RegisterSubXactCallback(Some(subtransaction_ended), std::ptr::null_mut());
         }
+        END_CALLBACKS.set(true);
     }
     let full = PENDING.with_borrow(|pending| pending.len() >= MAX_PENDING);
     if full {

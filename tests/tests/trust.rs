@@ -814,8 +814,9 @@ fn the_audit_names_the_sql_that_feedback_and_fix_run() {
 
 /// With `audit_log = errors`, a call that answered is in the server log when no history row
 /// keeps it: the caller rolled the row back (ROLLBACK, ROLLBACK TO SAVEPOINT), none was
-/// written (a read-only transaction, nl_trace); a committed row keeps it alone. Every line of a
-/// call names the endpoints its model requests went to.
+/// written (a read-only transaction, nl_trace); or when its row does not say where its data
+/// went (`nl_answer`'s rows described by a model); a committed row keeps it alone. Every line
+/// of a call names the endpoints its model requests went to.
 #[test]
 fn with_audit_log_errors_a_call_whose_history_is_rolled_back_or_not_written_is_in_the_log() {
     let mut s = Session::new();
@@ -833,9 +834,14 @@ fn with_audit_log_errors_a_call_whose_history_is_rolled_back_or_not_written_is_i
             vec![Reply::sql(&format!("SELECT {n} AS n"))],
         );
     }
+    s.llm.on(
+        "untraced question 6",
+        vec![Reply::sql("SELECT 6 AS n"), Reply::Content("Six.".into())],
+    );
     let mut caller = cluster().connect_as(&s.database, &role);
     // Each a query string of its own: a string of several statements is one transaction.
     for statements in [
+        "SELECT nl_answer('untraced question 6')",
         "SELECT * FROM nl_query('untraced question 1')",
         "BEGIN; SELECT * FROM nl_query('untraced question 2'); ROLLBACK",
         "BEGIN; SAVEPOINT s; SELECT * FROM nl_query('untraced question 3'); \
@@ -862,12 +868,14 @@ fn with_audit_log_errors_a_call_whose_history_is_rolled_back_or_not_written_is_i
             .map(str::to_string)
     };
     let waiting = std::time::Instant::now();
-    while line(&log, 5).is_none() && waiting.elapsed() < std::time::Duration::from_secs(30) {
+    while (line(&log, 5).is_none() || line(&log, 6).is_none())
+        && waiting.elapsed() < std::time::Duration::from_secs(30)
+    {
         std::thread::sleep(std::time::Duration::from_millis(200));
         log = cluster().server_log().unwrap_or_default();
     }
     assert_eq!(line(&log, 1), None, "a call its history keeps was logged");
-    for n in 2..=5 {
+    for n in 2..=6 {
         let said = line(&log, n).unwrap_or_else(|| panic!("question {n} left no trace"));
         assert!(
             said.contains(&format!("model requests to {}", s.llm.url())),
