@@ -419,7 +419,7 @@ impl Drop for CancelOnDrop {
 /// server's running calls and, for a role's call, one of the role's share. Dropped after a call
 /// that was abandoned while its query ran (the connection is `abandoned`), the connection
 /// leaves the pool, and a task keeps the places until the backend has ended that query (the
-/// cancel taken, or its own bounds reached) and closes it: a client that leaves does not free
+/// cancel taken, asked again every `RECANCEL_EVERY`, or its own bounds reached) and closes it: a client that leaves does not free
 /// a place its backend still fills, so `--pool-size` and `--role-calls` bound busy backends,
 /// not handles.
 pub struct Lease {
@@ -430,6 +430,9 @@ pub struct Lease {
 
 /// Longest a task keeps an abandoned call's places while its backend finishes the query.
 const REAP_LIMIT: Duration = Duration::from_secs(300);
+/// How often the task asks again for an abandoned query's cancel while the backend runs it: a
+/// cancel may be lost (a pooler's race) or taken by code of the query, which runs on.
+const RECANCEL_EVERY: Duration = Duration::from_secs(5);
 
 impl std::ops::Deref for Lease {
     type Target = Conn;
@@ -454,14 +457,27 @@ impl Drop for Lease {
         let conn = Object::take(conn);
         let places = (self.running.take(), self.share.take());
         tokio::spawn(async move {
-            // Queued behind the abandoned query: answered once the backend is idle again.
-            let idle = tokio::time::timeout(REAP_LIMIT, conn.client.simple_query("")).await;
-            if idle.is_err() {
-                eprintln!(
-                    "sqe-gateway: an abandoned query still ran after {} s; its places are \
-                     given back and its connection closed",
-                    REAP_LIMIT.as_secs()
-                );
+            {
+                let cancel = conn.client.cancel_token();
+                let started = tokio::time::Instant::now();
+                // Queued behind the abandoned query: answered once the backend is idle again.
+                let mut idle = std::pin::pin!(conn.client.simple_query(""));
+                while tokio::time::timeout(RECANCEL_EVERY, &mut idle)
+                    .await
+                    .is_err()
+                {
+                    if started.elapsed() >= REAP_LIMIT {
+                        eprintln!(
+                            "sqe-gateway: an abandoned query still ran after {} s; its places \
+                             are given back and its connection closed",
+                            REAP_LIMIT.as_secs()
+                        );
+                        break;
+                    }
+                    if let Err(e) = cancel.cancel_query(NoTls).await {
+                        eprintln!("sqe-gateway: cancelling an abandoned query failed: {e}");
+                    }
+                }
             }
             drop(conn);
             drop(places);

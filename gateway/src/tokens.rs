@@ -2,6 +2,7 @@
 //! start and again on SIGHUP. A request's token selects the role it runs as; there is no default
 //! role, so an unknown or missing token gets 401.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
 use sha2::{Digest, Sha256};
@@ -22,7 +23,16 @@ const MIN_TOKEN_CHARS: usize = 16;
 const MAX_TOKEN_BYTES: usize = 1024;
 
 #[derive(Clone, Default)]
-pub struct Tokens(Arc<RwLock<Vec<(String, String)>>>);
+pub struct Tokens(Arc<RwLock<InForce>>);
+
+/// The tokens in force: the file's entries, and each token's role by the SHA-256 digest of the
+/// token, computed once when they are put in force, so that a request's token costs one digest
+/// and one look-up however many tokens there are (and a request with a wrong one no more).
+#[derive(Default)]
+struct InForce {
+    entries: Vec<(String, String)>,
+    by_digest: HashMap<[u8; 32], String>,
+}
 
 /// One line of a tokens file: its entry, none for a blank line or a comment, or what is wrong
 /// with it.
@@ -49,12 +59,13 @@ fn entry(line: &str) -> Result<Option<(String, String)>, String> {
 /// Parses a tokens file.
 pub fn parse(text: &str) -> Result<Vec<(String, String)>, String> {
     let mut entries: Vec<(String, String)> = Vec::new();
+    let mut seen = HashSet::new();
     for (number, line) in text.lines().enumerate() {
         let Some((token, role)) = entry(line).map_err(|e| format!("line {}: {e}", number + 1))?
         else {
             continue;
         };
-        if entries.iter().any(|(t, _)| *t == token) {
+        if !seen.insert(token.clone()) {
             return Err(format!("line {}: the token is listed twice", number + 1));
         }
         entries.push((token, role));
@@ -70,9 +81,13 @@ fn well_formed(text: &str) -> Vec<(String, String)> {
         .lines()
         .filter_map(|line| entry(line).ok().flatten())
         .collect();
+    let mut listed: HashMap<&str, usize> = HashMap::new();
+    for (token, _) in &entries {
+        *listed.entry(token.as_str()).or_default() += 1;
+    }
     entries
         .iter()
-        .filter(|(token, _)| entries.iter().filter(|(t, _)| t == token).count() == 1)
+        .filter(|(token, _)| listed.get(token.as_str()) == Some(&1))
         .cloned()
         .collect()
 }
@@ -90,15 +105,10 @@ impl std::fmt::Display for NotTaken {
     }
 }
 
-/// Compares the SHA-256 digest of `a` with `presented`, a presented token's, without stopping
-/// at the first difference: the time taken tells neither where they differ nor how long the
-/// token is.
-fn same(a: &str, presented: &[u8]) -> bool {
-    Sha256::digest(a.as_bytes())
-        .iter()
-        .zip(presented)
-        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-        == 0
+/// The SHA-256 digest of `token`: tokens are looked up by it (the time a look-up takes tells
+/// something of the digest, nothing of the token).
+fn digest(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
 }
 
 impl Tokens {
@@ -118,15 +128,19 @@ impl Tokens {
     /// Puts `entries` in force; returns how many there are.
     pub fn set(&self, entries: Vec<(String, String)>) -> usize {
         let n = entries.len();
+        let by_digest = entries
+            .iter()
+            .map(|(token, role)| (digest(token), role.clone()))
+            .collect();
         if let Ok(mut current) = self.0.write() {
-            *current = entries;
+            *current = InForce { entries, by_digest };
         }
         n
     }
 
     /// How many tokens are in force.
     pub fn count(&self) -> usize {
-        self.0.read().map_or(0, |current| current.len())
+        self.0.read().map_or(0, |current| current.entries.len())
     }
 
     /// Those of `entries` in force now with the same role.
@@ -136,25 +150,19 @@ impl Tokens {
         };
         entries
             .iter()
-            .filter(|entry| current.contains(entry))
+            .filter(|(token, role)| current.by_digest.get(&digest(token)) == Some(role))
             .cloned()
             .collect()
     }
 
-    /// The role of `token`, comparing it with every entry, and the token's fingerprint.
+    /// The role of `token`, looked up by its digest, and the token's fingerprint.
     pub fn role(&self, token: &str) -> Option<Role> {
         if token.len() > MAX_TOKEN_BYTES {
             return None;
         }
-        let presented = Sha256::digest(token.as_bytes());
-        let entries = self.0.read().ok()?;
-        let mut found = None;
-        for (t, role) in entries.iter() {
-            if same(t, &presented) {
-                found = Some(role.clone());
-            }
-        }
-        found.map(|name| Role {
+        let presented = digest(token);
+        let name = self.0.read().ok()?.by_digest.get(&presented)?.clone();
+        Some(Role {
             name,
             client: fingerprint(token),
         })
@@ -219,7 +227,7 @@ mod tests {
     #[test]
     fn only_a_listed_token_has_a_role() {
         let tokens = Tokens::default();
-        *tokens.0.write().unwrap() = parse("abcdefghijklmnop01 analyst").unwrap();
+        tokens.set(parse("abcdefghijklmnop01 analyst").unwrap());
         let role = tokens.role("abcdefghijklmnop01").unwrap();
         assert_eq!(role.name, "analyst");
         assert!(!role.client.contains("abcdefghijklmnop01"));
@@ -232,11 +240,13 @@ mod tests {
     #[test]
     fn two_tokens_of_one_role_are_two_clients() {
         let tokens = Tokens::default();
-        *tokens.0.write().unwrap() = parse(
-            "abcdefghijklmnop01 analyst
+        tokens.set(
+            parse(
+                "abcdefghijklmnop01 analyst
 abcdefghijklmnop02 analyst",
-        )
-        .unwrap();
+            )
+            .unwrap(),
+        );
         let (a, b) = (
             tokens.role("abcdefghijklmnop01").unwrap(),
             tokens.role("abcdefghijklmnop02").unwrap(),
