@@ -340,8 +340,12 @@ fn add(found: &mut Types, typ: pg_sys::Oid) {
     }
 }
 
-/// The column types of `relation` (dropped columns aside). Its row type is not: a literal
-/// compared with a whole row is an anonymous record, which has no input.
+/// The column types of `relation` (dropped columns aside). Its row type is not needed: a
+/// literal compared with a whole row (`=`) is an anonymous record, which has no input, and one
+/// that meets a row where a common type is chosen (`COALESCE(t, '(1,x)')`, `t IN ('…', '…')`,
+/// a UNION's other arm) becomes that row type, whose input runs the input code of its columns'
+/// types, judged here as parts of their arrays (`add`), which `types` follows into a domain's
+/// CHECK.
 ///
 /// # Safety
 /// In a transaction.

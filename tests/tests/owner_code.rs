@@ -1236,6 +1236,11 @@ fn literals_never_run_the_built_in_code_of_a_domains_check_during_analysis() {
          DEFAULT '{1}')",
         // A function of the row called in attribute notation.
         "SELECT count(*) FROM shared.u o WHERE o.tags = '{1}'",
+        // A row meeting a literal where a common type is chosen: the literal becomes the
+        // table's row type, whose input checks the domain of its column.
+        "SELECT COALESCE(r, '(1)') AS x FROM shared.v r",
+        "SELECT count(*) FROM shared.v r WHERE r IN ('(1)', '(2)')",
+        "SELECT r AS x FROM shared.v r UNION ALL SELECT '(1)'",
     ];
     // A recursive query's CYCLE marks: analysed before any check sees them.
     let cycle = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 3) \
