@@ -2308,7 +2308,7 @@ unsafe extern "C-unwind" fn disarm_at_exit(_code: std::ffi::c_int, _arg: pg_sys:
     if DEADLINE_ENDED.load(std::sync::atomic::Ordering::Relaxed) {
         pgrx::log!(
             "sql_query_engine: a query took {MAX_CANCELS_CAUGHT} cancels past its deadline and \
-             ran on: its connection was ended"
+             ran on, or ran on long past it: its connection was ended"
         );
     }
 }
@@ -2550,9 +2550,17 @@ static DEADLINE_ASKED: std::sync::atomic::AtomicBool = std::sync::atomic::Atomic
 static DEADLINE_ENDED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 /// Cancels past the deadline a query may take and run on before its backend is ended: a query
 /// that catches one to clean up ends at the next; one that catches each holds the backend,
-/// its snapshot and its locks for as long as it likes otherwise, beyond cancel. Code that
-/// checks for no interrupt takes none of them, and is never ended so.
+/// its snapshot and its locks for as long as it likes otherwise, beyond cancel.
 const MAX_CANCELS_CAUGHT: u32 = 10;
+/// Past the deadline by this much, or by the attempt's own time when longer, a query still
+/// running ends with its backend whatever the cancel flag says: code of the query may keep a
+/// cancel of its own pending (`pg_cancel_backend(pg_backend_pid())` before a long computation
+/// that checks for no interrupt, in a loop that catches it), so that the watch would never see
+/// one taken. Code that checks for no interrupt for that long meets the end at its next check.
+const DEADLINE_GRACE_NS: u64 = 10_000_000_000;
+/// The attempt's grace past its deadline (`DEADLINE_GRACE_NS` at least), set with the deadline.
+static GRACE_NS: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(DEADLINE_GRACE_NS);
 
 /// The monotonic clock in nanoseconds (async-signal-safe).
 fn monotonic_ns() -> u64 {
@@ -2570,22 +2578,28 @@ fn monotonic_ns() -> u64 {
 
 /// The deadline's part of the memory watch's tick (in the SIGALRM handler): past the deadline,
 /// each cancel the query took while it ran on is counted, and another asked; past
-/// `MAX_CANCELS_CAUGHT`, the backend is ended (FATAL, which no code can catch). The first tick
-/// past it only counts: the statement timeout's own cancel may be ending the attempt then.
+/// `MAX_CANCELS_CAUGHT`, or once the query is overdue by its grace (`DEADLINE_GRACE_NS`)
+/// whatever the cancel flag says, the backend is ended (FATAL, which no code can catch). The
+/// first tick past it only counts: the statement timeout's own cancel may be ending the
+/// attempt then.
 fn deadline_watch() {
     use std::sync::atomic::Ordering;
     let deadline = DEADLINE_NS.load(Ordering::Relaxed);
-    if deadline == u64::MAX || monotonic_ns() < deadline {
+    let now = monotonic_ns();
+    if deadline == u64::MAX || now < deadline {
         return;
     }
+    let overdue = now - deadline >= GRACE_NS.load(Ordering::Relaxed);
     // SAFETY: the flags a signal handler sets to ask for a cancel or the backend's end
     // (sig_atomic_t); PostgreSQL's SIGALRM handler sets the latch after its handlers ran.
     unsafe {
-        if std::ptr::read_volatile(&raw const pg_sys::QueryCancelPending) != 0 {
+        if std::ptr::read_volatile(&raw const pg_sys::QueryCancelPending) != 0 && !overdue {
             return;
         }
+        // The cancel asked last was taken: none of the watch's is pending now.
+        DEADLINE_ASKED.store(false, Ordering::Relaxed);
         let caught = CANCELS_CAUGHT.fetch_add(1, Ordering::Relaxed) + 1;
-        if caught > MAX_CANCELS_CAUGHT {
+        if caught > MAX_CANCELS_CAUGHT || overdue {
             DEADLINE_ENDED.store(true, Ordering::Relaxed);
             std::ptr::write_volatile(&raw mut pg_sys::ProcDiePending, 1);
         } else if caught > 1 {
@@ -2612,6 +2626,10 @@ impl StatementTimer {
             let first = caller.map_or(ours, |c| c.min(ours));
             let left_ns = u64::try_from(first - now).unwrap_or(0).saturating_mul(1000);
             CANCELS_CAUGHT.store(0, std::sync::atomic::Ordering::Relaxed);
+            GRACE_NS.store(
+                left_ns.max(DEADLINE_GRACE_NS),
+                std::sync::atomic::Ordering::Relaxed,
+            );
             let outer_deadline = DEADLINE_NS.swap(
                 monotonic_ns().saturating_add(left_ns),
                 std::sync::atomic::Ordering::Relaxed,
