@@ -349,7 +349,7 @@ impl Drop for Entered {
 
 /// The endpoints the innermost call being audited sent model requests to so far, as its audit
 /// line names them.
-fn sent_so_far() -> Vec<String> {
+fn sent_so_far() -> Vec<(String, bool)> {
     let mark = IN_FLIGHT.with(|calls| {
         calls
             .try_borrow()
@@ -428,13 +428,19 @@ pub fn audit(
         (AuditLog::Errors, Audited::Answered(run, recorded)) => match (recorded, run.status) {
             (_, Status::Error | Status::Refused) | (None, _) => When::Now,
             // The row does not say where the call's data went: rows described by a model
-            // (`nl_answer`), requests that went to a fallback endpoint too.
-            _ if run.described_by.is_some() || sent.len() > 1 => When::Now,
+            // (`nl_answer`), requests that went to a fallback endpoint.
+            _ if run.described_by.is_some() || sent.iter().any(|(_, fallback)| *fallback) => {
+                When::Now
+            }
             (Some(_), _) => When::RolledBack,
         },
         (AuditLog::Errors, Audited::Done | Audited::Started) => return,
     };
-    let sent = sent.join(", ");
+    let sent = sent
+        .into_iter()
+        .map(|(endpoint, _)| endpoint)
+        .collect::<Vec<_>>()
+        .join(", ");
     let (mut result, sql) = match outcome {
         Audited::Answered(run, _) => (
             format!(

@@ -106,7 +106,7 @@ impl Chain {
             };
             let client = &mut self.clients[i];
             let (endpoint, identity) = (client.endpoint(), client.identity());
-            super::sent::note(&endpoint);
+            super::sent::note(&endpoint, i != 0);
             match ask(client, deadline, last) {
                 Ok(answer) => {
                     breaker::answered(&identity, role);

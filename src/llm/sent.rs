@@ -8,16 +8,16 @@ const MAX_SENT_TO: usize = 32;
 
 thread_local! {
     /// The endpoints this backend sent a request to, each once, oldest first, as `endpoint`
-    /// shows them: a call's audit line names those its requests went to, answered or not
-    /// (`since`).
-    static SENT_TO: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+    /// shows them, and whether each is a fallback (not `llm_url`): a call's audit line names
+    /// those its requests went to, answered or not (`since`).
+    static SENT_TO: RefCell<Vec<(String, bool)>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Notes that a request goes to `endpoint`.
-pub(super) fn note(endpoint: &str) {
+/// Notes that a request goes to `endpoint`, a fallback when `fallback`.
+pub(super) fn note(endpoint: &str, fallback: bool) {
     SENT_TO.with_borrow_mut(|sent| {
-        if sent.len() < MAX_SENT_TO && !sent.iter().any(|e| e == endpoint) {
-            sent.push(endpoint.to_string());
+        if sent.len() < MAX_SENT_TO && !sent.iter().any(|(e, _)| e == endpoint) {
+            sent.push((endpoint.to_string(), fallback));
         }
     });
 }
@@ -27,8 +27,8 @@ pub fn mark() -> usize {
     SENT_TO.with_borrow(Vec::len)
 }
 
-/// The endpoints requests went to since `mark`.
-pub fn since(mark: usize) -> Vec<String> {
+/// The endpoints requests went to since `mark`, each with whether it is a fallback.
+pub fn since(mark: usize) -> Vec<(String, bool)> {
     SENT_TO.with_borrow(|sent| sent.get(mark..).unwrap_or_default().to_vec())
 }
 
