@@ -199,6 +199,8 @@ pub fn context() -> Result<Rc<SchemaContext>> {
 
 /// `context`, and whether it came from the cache.
 pub fn load() -> Result<(Rc<SchemaContext>, bool)> {
+    // Everything the cache is judged and built by is read as the catalog is now.
+    let _now = LatestSnapshot::push();
     let key = current_key()?;
     // What the invalidations said is taken now: from here on, a failure (a cancel, a timeout,
     // a catalog look-up's error) forgets the cache, so that no later question is served what
@@ -231,10 +233,7 @@ pub fn load() -> Result<(Rc<SchemaContext>, bool)> {
         key.role,
     )));
     let privileges = privileges()?;
-    let relations = {
-        let _now = LatestSnapshot::push();
-        catalog::load(&key.schemas, key.sample_values > 0)?
-    };
+    let relations = catalog::load(&key.schemas, key.sample_values > 0)?;
     // What the context shows, and the relations its foreign keys name (shown only while the
     // caller may see them: a REVOKE on one, or on its schema, must rebuild it too).
     let mut oids: HashSet<pg_sys::Oid> =
@@ -317,26 +316,32 @@ fn of_another_snapshot() -> bool {
     READ_ONLY_FOR.get().is_some_and(|read| read != started)
 }
 
-/// The catalog as it is now, the active snapshot until dropped, for the catalog reads of a
-/// rebuild: the statement's snapshot (a read-only SPI query's under READ COMMITTED) may be
-/// minutes old in a long statement (`SELECT pg_sleep(60), nl_schema()`, a repair loop), while
+/// The catalog as it is now, the active snapshot until dropped, for the reads that judge the
+/// cache and rebuild it (the schemas and their owners, the roles, the relations, the
+/// partitions, the comment count): the statement's snapshot (a read-only SPI query's under
+/// READ COMMITTED) may be minutes old in a long statement (`SELECT pg_sleep(60), nl_schema()`, a repair loop), while
 /// the privilege functions and the invalidation that asked for the rebuild see the catalog as
 /// it is now: row security enabled since, say, with the statistics of the rows it hides read
-/// as they were, and kept for as long as the cache is.
+/// as they were, and kept for as long as the cache is. Under REPEATABLE READ or SERIALIZABLE
+/// nothing is pushed: the transaction's snapshot is what its reads see (serializable ones are
+/// judged by it), and what is read with it serves that transaction only (`READ_ONLY_FOR`).
 struct LatestSnapshot {
-    pushed: pg_sys::Snapshot,
+    pushed: Option<pg_sys::Snapshot>,
 }
 
 impl LatestSnapshot {
     fn push() -> LatestSnapshot {
-        // SAFETY: takes in other sessions' invalidations (as any lock acquisition does), and
-        // pushes a copy of the latest snapshot (PushActiveSnapshot copies it), in a
-        // transaction.
+        // SAFETY: reads the isolation level; takes in other sessions' invalidations (as any
+        // lock acquisition does), and pushes a copy of the latest snapshot (PushActiveSnapshot
+        // copies it), in a transaction.
         unsafe {
+            if pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 {
+                return LatestSnapshot { pushed: None };
+            }
             pg_sys::AcceptInvalidationMessages();
             pg_sys::PushActiveSnapshot(pg_sys::GetLatestSnapshot());
             LatestSnapshot {
-                pushed: pg_sys::GetActiveSnapshot(),
+                pushed: Some(pg_sys::GetActiveSnapshot()),
             }
         }
     }
@@ -347,7 +352,9 @@ impl Drop for LatestSnapshot {
         // SAFETY: pops the snapshot `push` pushed when it is the active one; after an ERROR
         // (another pushed above it, left there), the transaction's abort pops them all.
         unsafe {
-            if pg_sys::ActiveSnapshotSet() && pg_sys::GetActiveSnapshot() == self.pushed {
+            if self.pushed.is_some_and(|pushed| {
+                pg_sys::ActiveSnapshotSet() && pg_sys::GetActiveSnapshot() == pushed
+            }) {
                 pg_sys::PopActiveSnapshot();
             }
         }
