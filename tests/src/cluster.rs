@@ -132,11 +132,27 @@ impl Drop for OwnCluster {
     }
 }
 
+/// A port nothing listens on now that this process never handed out before: a server a test
+/// just stopped (a gateway it dropped) may hold its port a moment longer, and two servers
+/// started at once must not be given the same one (a test talked to another test's gateway,
+/// which knew none of its tokens).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    for _ in 0..1000 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        if GIVEN
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(port)
+        {
+            return port;
+        }
+    }
+    panic!("no port this process had not used already")
 }
 
 extern "C" fn stop_cluster() {

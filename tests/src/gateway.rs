@@ -86,6 +86,7 @@ impl Gateway {
             .stderr(stderr)
             .spawn()
             .expect("starting sqe-gateway");
+        let mut child = child;
         let started = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(
@@ -93,6 +94,10 @@ impl Gateway {
                 "the gateway did not start"
             );
             std::thread::sleep(Duration::from_millis(50));
+        }
+        // What answered is this gateway, not one that held the port before it.
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the gateway exited ({status}) as it started");
         }
         Gateway { child, port }
     }

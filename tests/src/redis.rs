@@ -10,17 +10,10 @@ pub struct RedisServer {
     child: Option<Child>,
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 impl RedisServer {
     pub fn start() -> RedisServer {
         let mut server = RedisServer {
-            port: free_port(),
+            port: crate::cluster::free_port(),
             child: None,
         };
         server.restart();
