@@ -310,11 +310,8 @@ impl Error {
         // what psql would show as a HINT or an ERROR of its own.
         use crate::text::escaped_indented;
         let code = self.raised_sqlstate().code();
-        let mut report = ErrorReport::new(
-            code,
-            escaped_indented(&self.to_string()),
-            "sql_query_engine",
-        );
+        let said = |text: &str| for_the_client(escaped_indented(text));
+        let mut report = ErrorReport::new(code, said(&self.to_string()), "sql_query_engine");
         // pgrx raises only the SQLSTATEs it knows (XX000 for the others, such as a function's
         // own ERRCODE): the query's own is then named in DETAIL.
         let unsaid = Some(self.sqlstate())
@@ -325,10 +322,10 @@ impl Error {
             (detail, unsaid) => detail.or(unsaid),
         };
         if let Some(detail) = detail {
-            report = report.set_detail(escaped_indented(&detail));
+            report = report.set_detail(said(&detail));
         }
         if let Some(hint) = self.hint() {
-            report = report.set_hint(escaped_indented(&hint));
+            report = report.set_hint(said(&hint));
         }
         report.report(pgrx::PgLogLevel::ERROR);
         unreachable!("an ERROR report returns control to PostgreSQL")
@@ -348,25 +345,31 @@ fn said_by_clients_as_signals(sqlstate: &SqlState) -> bool {
 /// whose ERROR would otherwise jump past them (a call's role and settings left behind for the
 /// next call on the connection).
 pub fn tell(level: pgrx::PgLogLevel, code: PgSqlErrorCode, message: String) {
-    // To a client whose encoding is not the server's UTF-8, every character past ASCII is
-    // written as `\u{..}`: one it lacks (in a model's SQL, a message another role's code
-    // raised) would make the message itself an ERROR that ends the call.
+    send(
+        ErrorReport::new(code, for_the_client(message), "sql_query_engine"),
+        level,
+    );
+}
+
+/// `text` as the client can take it: to a client whose encoding is not the server's UTF-8,
+/// every character past ASCII is written as `\u{..}`: one it lacks (in a model's SQL, a
+/// message another role's code raised) would make the message itself an ERROR (22P05), which
+/// ends the call, or takes the place of the ERROR that carried it, its SQLSTATE lost.
+fn for_the_client(text: String) -> String {
     // SAFETY: reads the connection's client encoding, a plain value.
     let client = unsafe { pgrx::pg_sys::pg_get_client_encoding() };
     let converted = client != pgrx::pg_sys::pg_enc::PG_UTF8 as i32
         && client != pgrx::pg_sys::pg_enc::PG_SQL_ASCII as i32;
-    let message = if converted && !message.is_ascii() {
-        message
-            .chars()
+    if converted && !text.is_ascii() {
+        text.chars()
             .map(|c| match c {
                 c if c.is_ascii() => c.to_string(),
                 c => format!("\\u{{{:x}}}", u32::from(c)),
             })
             .collect()
     } else {
-        message
-    };
-    send(ErrorReport::new(code, message, "sql_query_engine"), level);
+        text
+    }
 }
 
 /// `tell` a whole report (with its DETAIL, say): one for the server log alone.

@@ -174,7 +174,7 @@ fn table_turns(session: &str, keep: usize) -> Option<Vec<Turn>> {
     let schema = store::extension_schema().ok()?;
     let sql = format!(
         "WITH recent AS ( \
-             SELECT id, at, question IS NULL AS reset, pg_catalog.sha256(pg_catalog.textsend(question)) AS asked, \
+             SELECT id, at, question IS NULL AS reset, pg_catalog.sha256(pg_catalog.convert_to(question, 'UTF8')) AS asked, \
                     pg_catalog.lag(at) OVER (ORDER BY id DESC) AS newer_at \
              FROM (SELECT id, at, question FROM {schema}.nl_sessions \
                    WHERE role_id = $3 AND session = $1 ORDER BY id DESC LIMIT {TABLE_ROWS}) r \

@@ -385,10 +385,11 @@ impl OpenAiClient {
     /// JSON mode, no retry, until `deadline`. Whatever failed a role's request (a 4xx, a 429
     /// or 5xx, an empty or oversized answer, no answer in time) may have been that request's
     /// own doing (a prompt over the context or the tokens per minute, a question slow to
-    /// answer): only when this request fails too (unreachable, an HTTP error other than 429,
-    /// anything that is not a completion) is it the endpoint's, for every role. A completion
-    /// answers, whatever its content. No answer in time or a 429 may be the roles' own load,
-    /// and the backend's own failing (no helper thread, no file descriptor) says nothing.
+    /// answer): only when this request fails too (unreachable, an HTTP error that says nothing
+    /// of load, anything that is not a completion) is it the endpoint's, for every role. A
+    /// completion answers, whatever its content. No answer in time, a 429, 502, 503 or 504 or
+    /// a `Retry-After` may be the roles' own load, and the backend's own failing (no helper
+    /// thread, no file descriptor) says nothing.
     pub fn probe(&self, deadline: Instant) -> Probe {
         let probe = OpenAiClient {
             base_url: self.base_url.clone(),
@@ -408,10 +409,21 @@ impl OpenAiClient {
                 Probe::Answered
             }
             Ok(Reply::Streamed { choices, .. }) if !choices.is_empty() => Probe::Answered,
-            // A queue or a quota the roles' own requests may fill.
-            Ok(Reply::TimedOut | Reply::Status { code: 429, .. }) | Err(WaitError::TimedOut) => {
-                Probe::Busy
-            }
+            // A queue or a quota the roles' own requests may fill: too many requests, a server
+            // or a gateway in front of it overloaded (Ollama's full queue, a proxy's upstream
+            // that took too long), or any status that says when to come back.
+            Ok(
+                Reply::TimedOut
+                | Reply::Status {
+                    code: 429 | 502 | 503 | 504,
+                    ..
+                }
+                | Reply::Status {
+                    retry_after: Some(_),
+                    ..
+                },
+            )
+            | Err(WaitError::TimedOut) => Probe::Busy,
             Ok(Reply::Local(_)) | Err(WaitError::Busy | WaitError::Lost) => Probe::Unknown,
             Ok(_) => Probe::Failed,
         }
@@ -620,14 +632,61 @@ impl OpenAiClient {
     }
 }
 
+/// The variables naming the proxy for a destination of `scheme`, in the order curl reads them:
+/// the scheme's own first, then `ALL_PROXY`. A proxy set for HTTPS only (to reach a hosted
+/// model) must not carry a plain-HTTP request, its prompt and its key, through a proxy that
+/// can read them.
+fn proxy_variables(https: bool) -> [&'static str; 4] {
+    if https {
+        ["HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"]
+    } else {
+        ["HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"]
+    }
+}
+
+/// The proxy the server's environment sets for destinations of `scheme` (`proxy_variables`),
+/// with the hosts `NO_PROXY` exempts; `None` for none.
+fn environment_proxy(https: bool) -> Option<ureq::Proxy> {
+    let found = proxy_variables(https)
+        .iter()
+        .filter_map(|name| std::env::var(name).ok())
+        .find_map(|value| ureq::Proxy::new(&value).ok())?;
+    let mut proxy = ureq::Proxy::builder(found.protocol())
+        .host(found.host())
+        .port(found.port())
+        .resolve_target(found.resolve_target());
+    if let Some(user) = found.username() {
+        proxy = proxy.username(user);
+    }
+    if let Some(password) = found.password() {
+        proxy = proxy.password(password);
+    }
+    let exempt = std::env::var("NO_PROXY")
+        .or_else(|_| std::env::var("no_proxy"))
+        .unwrap_or_default();
+    for host in exempt.split(',') {
+        proxy = proxy.no_proxy(host.trim());
+    }
+    proxy.build().ok()
+}
+
 /// One agent per kind of destination, shared by all requests of the backend (connection reuse,
 /// TLS roots loaded once). Loopback goes direct: a proxy set in the server's environment must not
-/// capture a local model server.
+/// capture a local model server; others through the proxy the environment sets for their
+/// scheme (`proxy_variables`).
 fn agent_for(url: &str) -> ureq::Agent {
     static DIRECT: OnceLock<ureq::Agent> = OnceLock::new();
-    static DEFAULT: OnceLock<ureq::Agent> = OnceLock::new();
+    static HTTPS: OnceLock<ureq::Agent> = OnceLock::new();
+    static HTTP: OnceLock<ureq::Agent> = OnceLock::new();
     let loopback = is_loopback(url);
-    let cell = if loopback { &DIRECT } else { &DEFAULT };
+    let https = url
+        .get(..8)
+        .is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://"));
+    let cell = match (loopback, https) {
+        (true, _) => &DIRECT,
+        (false, true) => &HTTPS,
+        (false, false) => &HTTP,
+    };
     cell.get_or_init(|| {
         let tls = ureq::tls::TlsConfig::builder()
             // The system trust store: right in production and behind TLS-inspecting proxies.
@@ -638,9 +697,11 @@ fn agent_for(url: &str) -> ureq::Agent {
             .tls_config(tls)
             .max_redirects(0)
             .http_status_as_error(false);
-        if loopback {
-            config = config.proxy(None);
-        }
+        config = config.proxy(if loopback {
+            None
+        } else {
+            environment_proxy(https)
+        });
         ureq::Agent::with_parts(
             config.build(),
             ureq::unversioned::transport::DefaultConnector::default(),
@@ -1003,6 +1064,19 @@ fn parse_completion(body: &str) -> std::result::Result<Completion, String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_proxy_set_for_one_scheme_carries_no_request_of_the_other() {
+        let plain = super::proxy_variables(false);
+        let tls = super::proxy_variables(true);
+        assert!(!plain.iter().any(|v| v.eq_ignore_ascii_case("https_proxy")));
+        assert!(!tls.iter().any(|v| v.eq_ignore_ascii_case("http_proxy")));
+        // The scheme's own before the catch-all, as curl reads them.
+        assert_eq!(
+            (plain[0], tls[0], plain[2]),
+            ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+        );
+    }
+
     #[test]
     fn an_error_never_shows_the_key_whole_cut_or_as_a_token() {
         let key = "sk-proj-0123456789abcdefghijklmnopqrstuvwxyz";

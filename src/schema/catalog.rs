@@ -297,13 +297,15 @@ SELECT json_build_object(
         -- its schema (a shared read made before a GRANT is not one to take after it).
         'grants', CASE WHEN b.relkind IN ('r', 'm') AND NOT b.relrowsecurity
                             AND b.relpersistence = 'p'
-                       -- (SHA-256: md5 fails on a server in FIPS mode)
-                       THEN encode(sha256(textsend(concat_ws('/', b.relowner, b.relacl,
+                       -- (SHA-256: md5 fails on a server in FIPS mode; of the text's UTF-8,
+                       -- the server's own encoding: textsend would convert it to the client's)
+                       THEN encode(sha256(convert_to(concat_ws('/', b.relowner, b.relacl,
                                 b.nspacl,
                                 (SELECT string_agg(a.attnum || '=' || a.attacl::text, ','
                                                    ORDER BY a.attnum)
                                  FROM pg_attribute a
-                                 WHERE a.attrelid = b.oid AND a.attacl IS NOT NULL)))), 'hex')
+                                 WHERE a.attrelid = b.oid AND a.attacl IS NOT NULL)),
+                                'UTF8')), 'hex')
                   END,
         'locks', 1 + (SELECT count(*) FROM pg_index i WHERE i.indrelid = b.oid)
                  + CASE WHEN b.relkind = 'p'

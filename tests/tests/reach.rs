@@ -138,6 +138,49 @@ fn a_rate_limited_endpoint_is_passed_over_without_waiting() {
     assert!(message.contains("llm_fallbacks"), "{message}");
 }
 
+/// An endpoint that answers 503 or 502, or says when to come back (`Retry-After`), to the
+/// chain's probe too, may be overloaded by the roles' own requests (Ollama's full queue, a
+/// proxy's upstream): the question goes on to the fallback, but the endpoint is not remembered
+/// as down, or one role's load would send every role's questions elsewhere.
+#[test]
+fn an_overloaded_endpoint_is_passed_over_but_not_remembered_as_down() {
+    let mut s = Session::new();
+    let fallback = ScriptedLlm::start();
+    s.client
+        .batch_execute(&format!(
+            "SET sql_query_engine.llm_fallbacks = '{}'; SET sql_query_engine.vote = off;",
+            fallback.url()
+        ))
+        .unwrap();
+    let overloaded = std::sync::Arc::new(std::sync::atomic::AtomicU16::new(503));
+    let status = std::sync::Arc::clone(&overloaded);
+    s.llm.respond_with(move |_| {
+        let code = status.load(std::sync::atomic::Ordering::SeqCst);
+        (code != 0).then(|| Reply::Status(code, r#"{"error":{"message":"server busy"}}"#.into()))
+    });
+    let count = || Reply::sql("SELECT count(*) AS n FROM customers");
+    let endpoint = |trace: &serde_json::Value| {
+        trace["attempts"][0]["endpoint"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    for (code, question) in [(503, "while overloaded"), (502, "while its proxy fails")] {
+        overloaded.store(code, std::sync::atomic::Ordering::SeqCst);
+        fallback.on(question, vec![count()]);
+        let trace = s.trace(question).unwrap();
+        assert!(endpoint(&trace).starts_with(&fallback.url()), "{trace}");
+        overloaded.store(0, std::sync::atomic::Ordering::SeqCst);
+        let again = format!("{question}, then recovered");
+        s.llm.on(&again, vec![count()]);
+        let trace = s.trace(&again).unwrap();
+        assert!(
+            endpoint(&trace).starts_with(&s.llm.url()),
+            "{code}: {trace}"
+        );
+    }
+}
+
 #[test]
 fn the_answer_budget_ends_a_slow_repair_and_the_endpoint_stays_first() {
     let mut s = Session::new();
@@ -1299,4 +1342,40 @@ fn a_notice_that_cannot_be_sent_leaves_nothing_of_the_call_behind() {
         .unwrap_err();
     assert!(db_error(&error).1.contains("undone"), "{error:?}");
     assert_eq!(s.scalar_i64("SELECT count(*) FROM marks"), 0);
+    // An ERROR that carries the model's words (the refused SQL) keeps its SQLSTATE for such
+    // a client too: the character is written as an escape, not left to fail the conversion
+    // (22P05 in the ERROR's place).
+    s.llm.on(
+        "melt the snowmen",
+        vec![Reply::sql("DELETE FROM orders WHERE amount > length('☃')")],
+    );
+    s.client
+        .batch_execute("SET client_encoding = 'LATIN1'")
+        .unwrap();
+    let error = s.query("melt the snowmen").unwrap_err();
+    let (code, _, detail) = db_error(&error);
+    assert_eq!(code, "25006", "{error}");
+    assert!(detail.contains("\\u{2603}"), "{detail}");
+}
+
+/// The schema is read whatever the client's encoding, also after a grant to a role whose name
+/// that encoding lacks: the grants are read, and fingerprinted, as the server's text (`textsend`
+/// converted them to the client's, and every question of such a client failed with 22P05).
+#[test]
+fn a_grant_to_a_role_a_clients_encoding_cannot_name_leaves_its_questions_alone() {
+    let mut s = Session::new();
+    let grantee = format!("Оператор_{}", s.database);
+    s.client.query_one("SELECT nl_schema()", &[]).unwrap();
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE \"{grantee}\"; GRANT SELECT ON customers TO \"{grantee}\";
+             SET client_encoding = 'LATIN1'"
+        ))
+        .unwrap();
+    s.llm.on(
+        "count them in Latin-1",
+        vec![Reply::sql("SELECT count(*) AS n FROM customers")],
+    );
+    let trace = s.trace("count them in Latin-1").unwrap();
+    assert_eq!(trace["status"], "ok", "{trace}");
 }

@@ -33,13 +33,14 @@ impl Preloaded {
     }
 }
 
-/// A model endpoint that always answers 503 and counts what it was asked.
+/// A model endpoint that always fails (500, which says nothing of load) and counts what it was
+/// asked.
 fn failing_endpoint() -> ScriptedLlm {
     let llm = ScriptedLlm::start();
     llm.respond_with(|_| {
         Some(Reply::Status(
-            503,
-            r#"{"error":{"message":"overloaded"}}"#.into(),
+            500,
+            r#"{"error":{"message":"internal error"}}"#.into(),
         ))
     });
     llm
