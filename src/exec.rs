@@ -2679,6 +2679,23 @@ impl Drop for StatementTimer {
             }
         }
         if self.ours.is_none() {
+            // The caller's own deadline was the attempt's: when it fired during the attempt
+            // and the query's code took its cancel and ran on, it is armed again (and fires at
+            // once), so that the rest of the call (model requests, repairs) ends at it as any
+            // statement would.
+            if let Some(caller) = self.caller {
+                // SAFETY: as in `arm`.
+                unsafe {
+                    let active = pg_sys::ffi::pg_guard_ffi_boundary(|| {
+                        get_timeout_active(STATEMENT_TIMEOUT)
+                    });
+                    if !active {
+                        pg_sys::ffi::pg_guard_ffi_boundary(|| {
+                            enable_timeout_at(STATEMENT_TIMEOUT, caller)
+                        });
+                    }
+                }
+            }
             return;
         }
         // SAFETY: as in `arm`; the cancel flag is the backend's own, read and written on its

@@ -946,6 +946,42 @@ fn a_query_that_catches_every_cancel_past_its_deadline_ends_with_its_connection(
     polite.batch_execute("SELECT 1").unwrap();
 }
 
+/// The caller's own `statement_timeout`, sooner than the attempt's, that fires during the
+/// attempt and whose cancel the query's code takes (running on to an answer) still ends the
+/// call: the rest of it (here a repair the model is slow to give) does not run past it.
+#[test]
+fn the_callers_statement_timeout_taken_by_a_querys_code_still_ends_the_call() {
+    let mut s = Session::new();
+    let (role_name, mut role, _) = role_connection(&mut s, "callerdeadline");
+    s.client
+        .batch_execute(&format!(
+            "CREATE FUNCTION public.takes_one_cancel() RETURNS int LANGUAGE plpgsql AS $$
+             BEGIN
+                 BEGIN PERFORM pg_sleep(30); EXCEPTION WHEN query_canceled THEN NULL; END;
+                 RETURN 1;
+             END $$;
+             CREATE VIEW public.one_cancel_view AS SELECT public.takes_one_cancel() AS n;
+             GRANT SELECT ON public.one_cancel_view TO {role_name};"
+        ))
+        .unwrap();
+    s.llm.on(
+        "anything past its time",
+        vec![
+            Reply::sql("SELECT n FROM one_cancel_view WHERE n = 0"),
+            Reply::Slow(
+                std::time::Duration::from_secs(20),
+                Box::new(Reply::sql("SELECT 1 AS n")),
+            ),
+        ],
+    );
+    role.batch_execute("SET statement_timeout = '1s'").unwrap();
+    // Without the caller's deadline armed again, the repair's answer after 20 s.
+    let error = role
+        .query("SELECT * FROM nl_query('anything past its time')", &[])
+        .unwrap_err();
+    assert_eq!(db_error(&error).0, "57014", "{error}");
+}
+
 /// Code that keeps a cancel of its own pending (`pg_cancel_backend(pg_backend_pid())` before a
 /// computation that checks for no interrupt, in a loop that catches each) never lets the watch
 /// see one taken: a query still running 10 s past its deadline ends with its connection,
