@@ -16,7 +16,11 @@ thread_local! {
 /// Notes that a request goes to `endpoint`, a fallback when `fallback`.
 pub(super) fn note(endpoint: &str, fallback: bool) {
     SENT_TO.with_borrow_mut(|sent| {
-        if sent.len() < MAX_SENT_TO && !sent.iter().any(|(e, _)| e == endpoint) {
+        // One URL may serve as `llm_url` and as a fallback (another model or key on it): a
+        // fallback's request marks the entry so.
+        if let Some((_, was)) = sent.iter_mut().find(|(e, _)| e == endpoint) {
+            *was |= fallback;
+        } else if sent.len() < MAX_SENT_TO {
             sent.push((endpoint.to_string(), fallback));
         }
     });
@@ -35,4 +39,22 @@ pub fn since(mark: usize) -> Vec<(String, bool)> {
 /// Forgets the endpoints noted since `mark` (the call that took it ended).
 pub fn forget_since(mark: usize) {
     SENT_TO.with_borrow_mut(|sent| sent.truncate(mark));
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_url_that_served_as_a_fallback_too_is_marked_a_fallback() {
+        let mark = super::mark();
+        super::note("https://router/v1/chat/completions", false);
+        super::note("https://router/v1/chat/completions", true);
+        super::note("https://other/v1/chat/completions", false);
+        assert_eq!(
+            super::since(mark),
+            [
+                ("https://router/v1/chat/completions".to_string(), true),
+                ("https://other/v1/chat/completions".to_string(), false)
+            ]
+        );
+    }
 }

@@ -889,6 +889,77 @@ fn with_audit_log_errors_a_call_whose_history_is_rolled_back_or_not_written_is_i
     }
 }
 
+/// With `audit_log = errors`, an answer whose requests went to a fallback endpoint is in the
+/// log though its history row commits (the row does not say where the question went): also
+/// when the primary, found failing, is skipped, so that only the fallback is asked.
+#[test]
+fn with_audit_log_errors_an_answer_a_fallback_gave_is_in_the_log() {
+    let mut s = Session::new();
+    let (dead, fallback) = (ScriptedLlm::start(), ScriptedLlm::start());
+    dead.respond_with(|_| {
+        Some(Reply::Status(
+            500,
+            r#"{"error":{"message":"internal error"}}"#.into(),
+        ))
+    });
+    let db = s.database.clone();
+    s.client
+        .batch_execute(&format!(
+            "ALTER DATABASE {db} SET sql_query_engine.llm_url = '{}';
+             ALTER DATABASE {db} SET sql_query_engine.llm_fallbacks = '{}';
+             ALTER DATABASE {db} SET sql_query_engine.vote = off;
+             ALTER DATABASE {db} SET sql_query_engine.audit_log = errors;",
+            dead.url(),
+            fallback.url()
+        ))
+        .unwrap();
+    let role = reader(&mut s, "fallen");
+    for n in 1..=2 {
+        fallback.on(
+            &format!("fallen question {n}"),
+            vec![Reply::sql(&format!("SELECT {n} AS n"))],
+        );
+    }
+    let mut caller = cluster().connect_as(&s.database, &role);
+    // The first finds the primary failing (its probe too: remembered); the second skips it.
+    for n in 1..=2 {
+        caller
+            .batch_execute(&format!("SELECT * FROM nl_query('fallen question {n}')"))
+            .unwrap();
+    }
+    let asked_dead = dead
+        .requests()
+        .iter()
+        .filter(|r| r.text().contains("fallen question 2"))
+        .count();
+    assert_eq!(asked_dead, 0, "the failing primary was asked again");
+    let Some(mut log) = cluster().server_log() else {
+        return; // a cluster this process did not start: its log is not ours to read
+    };
+    let line = |log: &str, n: i32| {
+        let lines: Vec<&str> = log.lines().collect();
+        lines
+            .windows(2)
+            .find(|w| {
+                w[0].contains(&role)
+                    && w[0].contains(": ok, 1 rows")
+                    && w[1].contains(&format!("input: fallen question {n}"))
+            })
+            .map(|w| w[0].to_string())
+    };
+    let waiting = std::time::Instant::now();
+    while (line(&log, 1).is_none() || line(&log, 2).is_none())
+        && waiting.elapsed() < std::time::Duration::from_secs(30)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        log = cluster().server_log().unwrap_or_default();
+    }
+    for n in 1..=2 {
+        let said = line(&log, n).unwrap_or_else(|| panic!("question {n} left no trace"));
+        assert!(said.contains(&fallback.url()), "{said}");
+    }
+}
+
 /// A schema whose name needs quotes holds the extension as any other: other schemas are
 /// altered and renamed as usual, the extension's own is not renamed, and the extension works.
 #[test]
