@@ -645,12 +645,25 @@ fn proxy_variables(https: bool) -> [&'static str; 4] {
 }
 
 /// The proxy the server's environment sets for destinations of `scheme` (`proxy_variables`),
-/// with the hosts `NO_PROXY` exempts; `None` for none.
+/// with the hosts `NO_PROXY` exempts; `None` for none. A SOCKS proxy is not taken (requests go
+/// direct, as ureq itself does with one from the environment): this build has no SOCKS
+/// support, and ureq panics at every connection through a SOCKS proxy it was given.
 fn environment_proxy(https: bool) -> Option<ureq::Proxy> {
+    proxy_from(https, |name| std::env::var(name).ok())
+}
+
+/// `environment_proxy` with the variables `variable` gives.
+fn proxy_from(https: bool, variable: impl Fn(&str) -> Option<String>) -> Option<ureq::Proxy> {
     let found = proxy_variables(https)
         .iter()
-        .filter_map(|name| std::env::var(name).ok())
-        .find_map(|value| ureq::Proxy::new(&value).ok())?;
+        .filter_map(|name| variable(name))
+        .find_map(|value| ureq::Proxy::new(&value).ok())
+        .filter(|proxy| {
+            matches!(
+                proxy.protocol(),
+                ureq::ProxyProtocol::Http | ureq::ProxyProtocol::Https
+            )
+        })?;
     let mut proxy = ureq::Proxy::builder(found.protocol())
         .host(found.host())
         .port(found.port())
@@ -661,8 +674,8 @@ fn environment_proxy(https: bool) -> Option<ureq::Proxy> {
     if let Some(password) = found.password() {
         proxy = proxy.password(password);
     }
-    let exempt = std::env::var("NO_PROXY")
-        .or_else(|_| std::env::var("no_proxy"))
+    let exempt = variable("NO_PROXY")
+        .or_else(|| variable("no_proxy"))
         .unwrap_or_default();
     for host in exempt.split(',') {
         proxy = proxy.no_proxy(host.trim());
@@ -1075,6 +1088,30 @@ mod tests {
             (plain[0], tls[0], plain[2]),
             ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
         );
+        let only = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        // An HTTPS-only proxy: taken for HTTPS, not for plain HTTP.
+        let https_only: &'static [(&str, &str)] =
+            &[("HTTPS_PROXY", "http://user:pw@corp-proxy:3128")];
+        let proxy = super::proxy_from(true, only(https_only)).expect("a proxy for HTTPS");
+        assert_eq!((proxy.host(), proxy.port()), ("corp-proxy", 3128));
+        assert_eq!(
+            (proxy.username(), proxy.password()),
+            (Some("user"), Some("pw"))
+        );
+        assert!(super::proxy_from(false, only(https_only)).is_none());
+        // A SOCKS proxy (no support in this build: ureq would panic at each connection) is not
+        // taken, nor is a value that is no proxy URL.
+        let socks: &'static [(&str, &str)] = &[("ALL_PROXY", "socks5h://proxy:1080")];
+        assert!(super::proxy_from(true, only(socks)).is_none());
+        let broken: &'static [(&str, &str)] = &[("HTTP_PROXY", "http://[::1")];
+        assert!(super::proxy_from(false, only(broken)).is_none());
     }
 
     #[test]
