@@ -2406,18 +2406,9 @@ fn data_bytes() -> Option<u64> {
         .map(|pages| pages.saturating_mul(PAGE_BYTES.load(std::sync::atomic::Ordering::Relaxed)))
 }
 
-/// Milliseconds of the monotonic clock (`clock_gettime` is async-signal-safe).
+/// Milliseconds of the monotonic clock (async-signal-safe).
 fn monotonic_ms() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: writes the clock's value into a local.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    u64::try_from(now.tv_sec)
-        .unwrap_or(0)
-        .saturating_mul(1000)
-        .saturating_add(u64::try_from(now.tv_nsec / 1_000_000).unwrap_or(0))
+    monotonic_ns() / 1_000_000
 }
 
 /// Puts back the data size limit `lower_hard_limit` lowered.
