@@ -350,7 +350,7 @@ fn sandboxed(
         let _locks = matches!(origin, Origin::Generated).then(session_locks::Watch::start);
         let _running = Running::enter();
         let reported = ErrorReported::push();
-        let timer = StatementTimer::arm(timeout_ms);
+        let mut timer = StatementTimer::arm(timeout_ms);
         let watch = MemoryWatch::arm(bytes - retained);
         // Always rolled back: the query only read, and nothing it did may outlive it; nor its
         // memory.
@@ -359,6 +359,9 @@ fn sandboxed(
         let result =
             subxact::catching_everything(false, || run_guarded(sql, mode, origin, in_loop, scope));
         let ran = analysed.done();
+        // A cancel or timeout the attempt ended with ends the call (`failure` raises it): the
+        // caller's deadline, past, is not armed again behind it.
+        timer.cancelled = result.is_err() && reported.sqlstate().is_some_and(|s| s.class() == "57");
         drop(memory);
         // PostgreSQL's own "out of memory" under the watch is the watch's hard limit.
         let out_of_memory = reported.sqlstate().is_some_and(|s| s.as_str() == "53200");
@@ -2524,6 +2527,10 @@ struct StatementTimer {
     caller: Option<pg_sys::TimestampTz>,
     /// The deadline the memory watch enforced before (`DEADLINE_NS`), put back on drop.
     outer_deadline: u64,
+    /// Whether the attempt ended with a cancel or timeout, which ends the call: a caller's
+    /// deadline already past is then not armed again (its cancel, pending while that error is
+    /// raised and caught by the caller's code, would hit the session's next statement).
+    cancelled: bool,
 }
 
 /// When the running attempt's time is up (the earlier of its own deadline and the caller's),
@@ -2630,6 +2637,7 @@ impl StatementTimer {
                     ours: None,
                     caller,
                     outer_deadline,
+                    cancelled: false,
                 };
             }
             pg_sys::ffi::pg_guard_ffi_boundary(|| {
@@ -2639,6 +2647,7 @@ impl StatementTimer {
                 ours: Some(ours),
                 caller,
                 outer_deadline,
+                cancelled: false,
             }
         }
     }
@@ -2674,7 +2683,7 @@ impl Drop for StatementTimer {
             // and the query's code took its cancel and ran on, it is armed again (and fires at
             // once), so that the rest of the call (model requests, repairs) ends at it as any
             // statement would.
-            if let Some(caller) = self.caller {
+            if let Some(caller) = self.caller.filter(|_| !self.cancelled) {
                 // SAFETY: as in `arm`.
                 unsafe {
                     let active = pg_sys::ffi::pg_guard_ffi_boundary(|| {
@@ -2703,7 +2712,11 @@ impl Drop for StatementTimer {
             if fired && std::ptr::read_volatile(pending) != 0 {
                 std::ptr::write_volatile(pending, 0);
             }
-            if let Some(caller) = self.caller {
+            // (Past already, behind a cancel that ends the call, it is not: see `cancelled`.)
+            let past = self
+                .caller
+                .is_some_and(|c| pg_sys::GetCurrentTimestamp() >= c);
+            if let Some(caller) = self.caller.filter(|_| !(past && self.cancelled)) {
                 pg_sys::ffi::pg_guard_ffi_boundary(|| enable_timeout_at(STATEMENT_TIMEOUT, caller));
             }
         }

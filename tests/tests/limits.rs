@@ -961,7 +961,10 @@ fn the_callers_statement_timeout_taken_by_a_querys_code_still_ends_the_call() {
                  RETURN 1;
              END $$;
              CREATE VIEW public.one_cancel_view AS SELECT public.takes_one_cancel() AS n;
-             GRANT SELECT ON public.one_cancel_view TO {role_name};"
+             CREATE FUNCTION public.takes_none() RETURNS int LANGUAGE plpgsql AS $$
+             BEGIN PERFORM pg_sleep(30); RETURN 1; END $$;
+             CREATE VIEW public.slow_view AS SELECT public.takes_none() AS n;
+             GRANT SELECT ON public.one_cancel_view, public.slow_view TO {role_name};"
         ))
         .unwrap();
     s.llm.on(
@@ -980,6 +983,16 @@ fn the_callers_statement_timeout_taken_by_a_querys_code_still_ends_the_call() {
         .query("SELECT * FROM nl_query('anything past its time')", &[])
         .unwrap_err();
     assert_eq!(db_error(&error).0, "57014", "{error}");
+    // A call the caller's timeout ends, its error caught by the caller's code, leaves no
+    // cancel behind for the session's next statement.
+    s.llm
+        .on("slow to read", vec![Reply::sql("SELECT n FROM slow_view")]);
+    role.batch_execute(
+        "DO $$ BEGIN PERFORM nl_query('slow to read');
+                 EXCEPTION WHEN query_canceled THEN NULL; END $$",
+    )
+    .unwrap();
+    role.batch_execute("SELECT 1").unwrap();
 }
 
 /// Code that keeps a cancel of its own pending (`pg_cancel_backend(pg_backend_pid())` before a
