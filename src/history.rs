@@ -411,17 +411,10 @@ pub fn audit(
     input: &str,
     outcome: Audited,
 ) {
-    let audit_log = settings::audit_log();
-    if audit_log == AuditLog::Off {
-        return;
-    }
     // What an enclosing call ran so far is not this one's.
-    let (ran, sent) = if matches!(outcome, Audited::Started) {
-        (String::new(), Vec::new())
-    } else {
-        (ran_so_far(), sent_so_far())
-    };
-    let when = match (audit_log, &outcome) {
+    let started = matches!(outcome, Audited::Started);
+    let sent = if started { Vec::new() } else { sent_so_far() };
+    let when = match (settings::audit_log(), &outcome) {
         (AuditLog::Off, _) => return,
         (AuditLog::All, _) => When::Now,
         (AuditLog::Errors, Audited::Failed(_) | Audited::Raised(_) | Audited::Ended) => When::Now,
@@ -436,6 +429,7 @@ pub fn audit(
         },
         (AuditLog::Errors, Audited::Done | Audited::Started) => return,
     };
+    let ran = if started { String::new() } else { ran_so_far() };
     let sent = sent
         .into_iter()
         .map(|(endpoint, _)| endpoint)
@@ -552,9 +546,9 @@ thread_local! {
 /// caller: ROLLBACK, ROLLBACK TO SAVEPOINT, an exception block) leaves no trace otherwise.
 fn pending_until_the_end(line: Line) {
     if !END_CALLBACKS.get() {
-        // SAFETY: registers callbacks of this backend, once; they only write log lines. Noted
-        // as registered once both are (an allocation that fails raises): one registered twice
-        // finds nothing left to write the second time.
+        // Noted as registered once both are (an allocation that fails raises): one registered
+        // twice finds nothing left to write the second time.
+        // SAFETY: registers callbacks of this backend; they only write log lines.
         unsafe {
             pg_sys::RegisterXactCallback(Some(transaction_ended), std::ptr::null_mut());
             pg_sys::RegisterSubXactCallback(Some(subtransaction_ended), std::ptr::null_mut());

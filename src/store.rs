@@ -144,10 +144,10 @@ pub fn read_text_now(
             unsafe { pg_sys::SPI_finish() };
         }
     }
-    // SAFETY: takes in invalidation messages, as any lock acquisition does; connects to SPI,
-    // prepares and runs one read-only statement with arguments of the declared types (as many
-    // nulls flags, all "not null") under a snapshot SPI registers for the statement, and
-    // copies the text out before finishing.
+    // Invalidation messages are taken in as any lock acquisition does; the arguments have the
+    // declared types, as many nulls flags, all "not null"; the text is copied out before the
+    // connection is finished.
+    // SAFETY: one read-only statement through SPI, under a snapshot SPI registers for it.
     unsafe {
         pg_sys::AcceptInvalidationMessages();
         if pg_sys::SPI_connect() != pg_sys::SPI_OK_CONNECT as i32 {

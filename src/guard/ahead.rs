@@ -207,40 +207,31 @@ unsafe fn collect(node: *mut pg_sys::Node, reach: &mut Reach) {
             // while the query waited for the lock (an ALTER held uncommitted, then committed)
             // is the type read here, not only the one analysis converts a literal to.
             pg_sys::NodeTag::T_RangeVar => {
-                if let Some(scope) = &reach.scope {
-                    let named = pg_sys::RangeVarGetRelidExtended(
-                        node.cast(),
-                        pg_sys::NoLock as pg_sys::LOCKMODE,
-                        pg_sys::RVROption::RVR_MISSING_OK,
-                        None,
-                        std::ptr::null_mut(),
-                    );
-                    if named != pg_sys::InvalidOid && !scope.admits(named) {
-                        return;
-                    }
-                }
-                let lock = |options: u32| {
+                let look_up = |mode: u32, options: u32| {
                     pg_sys::RangeVarGetRelidExtended(
                         node.cast(),
-                        pg_sys::AccessShareLock as pg_sys::LOCKMODE,
+                        mode as pg_sys::LOCKMODE,
                         options,
                         None,
                         std::ptr::null_mut(),
                     )
                 };
+                // The relation the name finds now, unlocked.
+                let named = || look_up(pg_sys::NoLock, pg_sys::RVROption::RVR_MISSING_OK);
+                if let Some(scope) = &reach.scope {
+                    let named = named();
+                    if named != pg_sys::InvalidOid && !scope.admits(named) {
+                        return;
+                    }
+                }
+                let lock = |options: u32| look_up(pg_sys::AccessShareLock, options);
                 // Without waiting first: none (a name of no relation, or one another
                 // transaction holds) is then asked for again, waiting. A wait counts also
                 // when the relation is gone once it ends (dropped or renamed meanwhile).
                 let mut relation =
                     lock(pg_sys::RVROption::RVR_MISSING_OK | pg_sys::RVROption::RVR_SKIP_LOCKED);
                 if relation == pg_sys::InvalidOid {
-                    let named = pg_sys::RangeVarGetRelidExtended(
-                        node.cast(),
-                        pg_sys::NoLock as pg_sys::LOCKMODE,
-                        pg_sys::RVROption::RVR_MISSING_OK,
-                        None,
-                        std::ptr::null_mut(),
-                    );
+                    let named = named();
                     relation = lock(pg_sys::RVROption::RVR_MISSING_OK);
                     reach.waited |= named != pg_sys::InvalidOid || relation != pg_sys::InvalidOid;
                 }

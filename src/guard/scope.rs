@@ -114,9 +114,9 @@ impl Scope {
                 ));
             }
             pgrx::check_for_interrupts!();
-            // SAFETY: catalog look-ups by OID, the type's existence first (a type dropped
-            // meanwhile holds nothing: analysis will say it does not exist); each answers
-            // InvalidOid for what is not one.
+            // The type's existence first: a type dropped meanwhile holds nothing (analysis will
+            // say it does not exist).
+            // SAFETY: catalog look-ups by OID, each answering InvalidOid for what is not one.
             unsafe {
                 if !pg_sys::SearchSysCacheExists(
                     pg_sys::SysCacheIdentifier::TYPEOID as _,

@@ -319,9 +319,9 @@ fn of_another_snapshot() -> bool {
 /// The catalog as it is now, the active snapshot until dropped, for the reads that judge the
 /// cache and rebuild it (the schemas and their owners, the roles, the relations, the
 /// partitions, the comment count): the statement's snapshot (a read-only SPI query's under
-/// READ COMMITTED) may be minutes old in a long statement (`SELECT pg_sleep(60), nl_schema()`, a repair loop), while
-/// the privilege functions and the invalidation that asked for the rebuild see the catalog as
-/// it is now: row security enabled since, say, with the statistics of the rows it hides read
+/// READ COMMITTED) may be minutes old in a long statement (`SELECT pg_sleep(60),
+/// nl_schema()`, a repair loop), while the privilege functions and the invalidation that
+/// asked for the rebuild see the catalog as it is now: row security enabled since, say, with the statistics of the rows it hides read
 /// as they were, and kept for as long as the cache is. Under REPEATABLE READ or SERIALIZABLE
 /// nothing is pushed: the transaction's snapshot is what its reads see (serializable ones are
 /// judged by it), and what is read with it serves that transaction only (`READ_ONLY_FOR`).
@@ -331,9 +331,9 @@ struct LatestSnapshot {
 
 impl LatestSnapshot {
     fn push() -> LatestSnapshot {
-        // SAFETY: reads the isolation level; takes in other sessions' invalidations (as any
-        // lock acquisition does), and pushes a copy of the latest snapshot (PushActiveSnapshot
-        // copies it), in a transaction.
+        // Other sessions' invalidations are taken in as any lock acquisition does.
+        // SAFETY: reads the isolation level; pushes a copy of the latest snapshot
+        // (PushActiveSnapshot copies it), in a transaction.
         unsafe {
             if pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 {
                 return LatestSnapshot { pushed: None };
