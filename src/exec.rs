@@ -2027,7 +2027,7 @@ extern "C" fn memory_watch() {
     deadline_watch();
     let ceiling = WATCH_CEILING.load(Ordering::Relaxed);
     let met = LIMIT_MET.swap(false, Ordering::SeqCst);
-    if !met && (ceiling == u64::MAX || data_pages().is_none_or(|pages| pages <= ceiling)) {
+    if !met && (ceiling >= UNREAD_CEILING || data_pages().is_none_or(|pages| pages <= ceiling)) {
         return;
     }
     // SAFETY: the flags a signal handler sets to ask for a cancel (sig_atomic_t); PostgreSQL's
@@ -2083,9 +2083,8 @@ unsafe extern "C-unwind" fn planner(
     cursor_options: std::ffi::c_int,
     bound_params: pg_sys::ParamListInfo,
 ) -> *mut pg_sys::PlannedStmt {
-    // Any query of the extension's, watched or not (a watch that could not read the backend's
-    // memory is not armed): the gate is this backend's own, and a worker would run its part
-    // of the plan outside it.
+    // Any query of the extension's, watched or not (a watch nested in another is not armed):
+    // the gate is this backend's own, and a worker would run its part of the plan outside it.
     let watched =
         WATCH_CEILING.load(std::sync::atomic::Ordering::Relaxed) != u64::MAX || RUNNING.get() > 0;
     let cursor_options = if watched {
@@ -2109,7 +2108,15 @@ unsafe extern "C-unwind" fn planner(
 /// out-of-memory killer would take the server down. Not armed within another watch.
 struct MemoryWatch {
     timer: Option<u32>,
+    /// Whether the backend's memory could be read when armed (and so the watch holds the hard
+    /// limit): where it cannot, the timer still ticks for the attempt's deadline
+    /// (`deadline_watch`), with no ceiling.
+    memory: bool,
 }
+
+/// The ceiling of a watch that could not read the backend's memory: armed (for the deadline
+/// and the planner), never exceeded.
+const UNREAD_CEILING: u64 = u64::MAX - 1;
 
 /// Memory an attempt may take past the watch's ceiling before an allocation fails: the watch
 /// asks for a cancel, which ends the query at its next interrupt check, but code that checks
@@ -2122,16 +2129,16 @@ impl MemoryWatch {
     fn arm(bytes: u64) -> MemoryWatch {
         use crate::compat::timeout::*;
         use std::sync::atomic::Ordering;
-        let unarmed = MemoryWatch { timer: None };
         if WATCH_CEILING.load(Ordering::Relaxed) != u64::MAX {
-            return unarmed;
+            return MemoryWatch {
+                timer: None,
+                memory: false,
+            };
         }
         // SAFETY: reads the page size.
         let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
         PAGE_BYTES.store(page.max(1), Ordering::Relaxed);
-        let Some(now) = data_pages() else {
-            return unarmed;
-        };
+        let now = data_pages();
         let timer = WATCH_TIMER.get().unwrap_or_else(|| {
             // SAFETY: a timer of the backend's own, with a handler that is async-signal-safe.
             let id = unsafe {
@@ -2143,15 +2150,22 @@ impl MemoryWatch {
             id
         });
         WATCH_EXCEEDED.store(false, Ordering::Relaxed);
-        let ceiling = now.saturating_add(bytes / page.max(1));
+        let ceiling = now.map_or(UNREAD_CEILING, |now| {
+            now.saturating_add(bytes / page.max(1)).min(UNREAD_CEILING)
+        });
         WATCH_CEILING.store(ceiling, Ordering::Relaxed);
         // The guard first: what follows may raise, and its drop puts the limit back.
-        let watch = MemoryWatch { timer: Some(timer) };
-        lower_hard_limit(
-            ceiling
-                .saturating_mul(page)
-                .saturating_add(HARD_HEADROOM_BYTES),
-        );
+        let watch = MemoryWatch {
+            timer: Some(timer),
+            memory: now.is_some(),
+        };
+        if watch.memory {
+            lower_hard_limit(
+                ceiling
+                    .saturating_mul(page)
+                    .saturating_add(HARD_HEADROOM_BYTES),
+            );
+        }
         // SAFETY: utils/timeout.h on the backend's own timer.
         unsafe {
             let first = pg_sys::GetCurrentTimestamp() + i64::from(WATCH_INTERVAL_MS) * 1000;
@@ -2162,9 +2176,9 @@ impl MemoryWatch {
         watch
     }
 
-    /// Whether the watch is armed (and so holds the hard limit).
+    /// Whether the watch holds the hard limit (a 53200 under it is the watch's).
     fn armed(&self) -> bool {
-        self.timer.is_some()
+        self.memory
     }
 
     /// Whether the attempt went past the ceiling (its cancel is then the watch's).

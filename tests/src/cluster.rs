@@ -111,6 +111,28 @@ impl OwnCluster {
         OwnCluster { dir, port }
     }
 
+    /// Starts the server again where it cannot read `/proc` (a container that does not mount
+    /// it): in a mount namespace of its own with an empty directory over it (as root).
+    pub fn restart_without_proc(&self) {
+        let dir = self.dir.to_str().expect("a UTF-8 path");
+        run_script(&["stop", dir]);
+        let empty = self.dir.join("no-proc");
+        std::fs::create_dir_all(&empty).expect("an empty directory");
+        let started = Command::new("unshare")
+            .args(["-m", "bash", "-c"])
+            .arg(r#"mount --bind "$1" /proc && exec bash "$2" start "$3" "$4""#)
+            .args(["bash", empty.to_str().expect("a UTF-8 path")])
+            .arg(cluster_script())
+            .args([dir, &self.port.to_string()])
+            .output()
+            .expect("running unshare");
+        assert!(
+            started.status.success(),
+            "starting the server without /proc: {}",
+            String::from_utf8_lossy(&started.stderr)
+        );
+    }
+
     pub fn connect(&self, database: &str) -> Client {
         self.connect_as(database, "postgres")
     }

@@ -946,6 +946,56 @@ fn a_query_that_catches_every_cancel_past_its_deadline_ends_with_its_connection(
     polite.batch_execute("SELECT 1").unwrap();
 }
 
+/// Where the server cannot read `/proc` (a container that does not mount it), the memory
+/// watch has no ceiling, but its tick still keeps the attempt's deadline: a query of another
+/// role's view that catches every cancel still ends with its connection.
+#[test]
+fn without_proc_a_query_that_catches_every_cancel_still_ends_with_its_connection() {
+    let server = OwnCluster::start("sqe-noproc", &[]);
+    server.restart_without_proc();
+    let mut admin = server.connect("postgres");
+    let hidden = admin
+        .query("SELECT pg_read_file('/proc/self/statm')", &[])
+        .unwrap_err();
+    assert_eq!(
+        db_error(&hidden).0,
+        "58P01",
+        "the server reads /proc: {hidden}"
+    );
+    admin
+        .batch_execute(
+            "CREATE EXTENSION sql_query_engine;
+             CREATE ROLE stubborn LOGIN;
+             CREATE FUNCTION public.stubborn() RETURNS int LANGUAGE plpgsql AS $$
+             BEGIN
+                 FOR i IN 1..40 LOOP
+                     BEGIN PERFORM pg_sleep(0.5); EXCEPTION WHEN query_canceled THEN NULL; END;
+                 END LOOP;
+                 RETURN 1;
+             END $$;
+             CREATE VIEW public.stubborn_view AS SELECT public.stubborn() AS n;
+             GRANT SELECT ON public.stubborn_view TO stubborn;",
+        )
+        .unwrap();
+    let mut role = server.connect_as("postgres", "stubborn");
+    role.batch_execute("SET sql_query_engine.statement_timeout = '1s'")
+        .unwrap();
+    // Without the deadline's tick, the loop's twenty seconds end with its row.
+    let started = std::time::Instant::now();
+    let error = role
+        .query("SELECT * FROM nl_run('SELECT n FROM stubborn_view')", &[])
+        .unwrap_err();
+    assert!(
+        error.is_closed() || error.code().is_some_and(|c| c.code() == "57P01"),
+        "{error}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "ended after {:?}",
+        started.elapsed()
+    );
+}
+
 /// The caller's own `statement_timeout`, sooner than the attempt's, that fires during the
 /// attempt and whose cancel the query's code takes (running on to an answer) still ends the
 /// call: the rest of it (here a repair the model is slow to give) does not run past it.
