@@ -61,18 +61,23 @@ fn cut_after(max: usize) -> i32 {
 /// Reads the answer `history_id` of the caller's own history.
 pub fn answer(history_id: i64) -> Result<Answer> {
     let schema = store::extension_schema()?;
-    // As the caller, so that row security shows only the caller's own answers.
+    // The caller's own rows by their role, not by row security alone, which a superuser, the
+    // table's owner and a BYPASSRLS role pass: another role's row (one it wrote itself, any
+    // SQL) would be run as theirs and promoted in their name.
     let answer = subxact::pinned(|| {
         store::read_one::<pgrx::JsonB>(
             &format!(
                 "SELECT (SELECT pg_catalog.jsonb_build_object(\
                  'question', pg_catalog.left(question, $2), 'sql', pg_catalog.left(sql, $3), \
-                 'status', pg_catalog.left(status, 16)) FROM {schema}.nl_history WHERE id = $1)"
+                 'status', pg_catalog.left(status, 16)) FROM {schema}.nl_history \
+                 WHERE id = $1 AND role_id = $4)"
             ),
             &[
                 history_id.into(),
                 cut_after(arguments::MAX_QUESTION_CHARS).into(),
                 cut_after(arguments::MAX_SQL_CHARS).into(),
+                // SAFETY: reads the backend's current role.
+                unsafe { pgrx::pg_sys::GetUserId() }.into(),
             ],
         )
     })

@@ -132,9 +132,16 @@ fn a_writers_correction_becomes_an_example_and_others_wait_for_review() {
     assert_eq!(seen(&mut writer), 1);
     assert_eq!(seen(&mut roles.connect("postgres")), 2);
 
-    // Nobody vouches for another role's answer.
+    // Nobody vouches for another role's answer: not a role row security binds, nor the
+    // extension's owner, a superuser whom it does not (another role's row would be run as the
+    // superuser and promoted in its name).
     let error = analyst
         .query_one("SELECT nl_feedback($1, true)", &[&wrong])
+        .unwrap_err();
+    assert_eq!(db_error(&error).0, "42704", "{error}");
+    let error = roles
+        .connect("postgres")
+        .query_one("SELECT nl_feedback($1, true)", &[&right])
         .unwrap_err();
     assert_eq!(db_error(&error).0, "42704", "{error}");
 }
@@ -407,7 +414,8 @@ fn a_role_that_bypasses_row_security_still_writes_only_as_itself() {
         let error = db_error(&client.batch_execute(&forged).unwrap_err());
         assert_eq!(error.0, "42501", "{forged}: {}", error.1);
     }
-    // Feedback on another role's answer, as the policy refuses it to others.
+    // Feedback on another role's answer, as it is refused to others: not found among its own
+    // (the table's own check refuses the row besides, as the INSERT above shows).
     roles.s.llm.on(
         "the analyst's own question",
         vec![Reply::sql("SELECT count(*) AS n FROM customers")],
@@ -419,7 +427,7 @@ fn a_role_that_bypasses_row_security_still_writes_only_as_itself() {
             .query_one("SELECT nl_feedback($1, false, 'SELECT 1')", &[&theirs])
             .unwrap_err(),
     );
-    assert_eq!(error.0, "42501", "{}", error.1);
+    assert_eq!(error.0, "42704", "{}", error.1);
     // Nor in replica mode, which a role may be let set (a subscription's apply mode, where
     // only triggers enabled ALWAYS fire): not as another role, nor with an id taken ahead.
     roles
