@@ -40,9 +40,10 @@
   {{- return(found.columns[0].values()[0]) -}}
 {%- endmacro %}
 
-{#- A string as an SQL literal. -#}
+{#- A string as an SQL literal, the same whatever standard_conforming_strings says (a
+    backslash in the model's SQL would otherwise end a plain literal early). -#}
 {% macro nl_literal(text) -%}
-  {{- return("'" ~ (text | replace("'", "''")) ~ "'") -}}
+  {{- return("E'" ~ (text | replace("\\", "\\\\") | replace("'", "''")) ~ "'") -}}
 {%- endmacro %}
 
 {#- The SQL for `question`: cached, or (not cached, or refreshing) written by nl_generate. -#}

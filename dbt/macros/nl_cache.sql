@@ -17,8 +17,12 @@
       {%- if key not in seen -%}
         {%- do seen.append(key) -%}
         {%- set sql = sql_query_engine.nl_sql(question) -%}
-        {%- if '{% endraw %}' in sql -%}
-          {{- exceptions.raise_compiler_error("the SQL for " ~ tojson(question) ~ " cannot be cached") -}}
+        {#- The SQL goes into the file inside a raw block, which any tag ends ({%endraw%},
+            {%- endraw %}...): SQL that holds a tag's opening would be rendered as the
+            file's own code at every compile, run as the dbt role. -#}
+        {%- if '{%' in sql -%}
+          {{- exceptions.raise_compiler_error("the SQL for " ~ tojson(question)
+              ~ " cannot be cached: it holds '{%', which would end the cache file's raw block") -}}
         {%- endif -%}
         {%- do entries.append({'key': key, 'question': question, 'sql': sql, 'model': node.name}) -%}
       {%- endif -%}

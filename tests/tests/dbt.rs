@@ -203,3 +203,61 @@ fn questions_compile_from_the_committed_cache_and_the_package_test_guards_them()
         .get(0);
     assert_eq!(orders, 6);
 }
+
+/// The model's SQL never becomes code of the project: SQL holding a Jinja tag (here in a string
+/// literal, which the guard lets through, that would end the cache file's raw block and call
+/// `run_query` at every compile) is not cached; and a backslash in it does not end the package
+/// test's literal early for a role whose strings are not standard-conforming.
+#[test]
+fn the_models_sql_never_becomes_code_of_the_project() {
+    let mut s = Session::new();
+    let user = format!("dbt_{}", s.database);
+    let db = s.database.clone();
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {user} LOGIN;
+             GRANT SELECT ON customers, orders TO {user};
+             CREATE SCHEMA analytics AUTHORIZATION {user};
+             ALTER ROLE {user} SET standard_conforming_strings = off;
+             ALTER DATABASE {db} SET sql_query_engine.llm_url = '{}';
+             ALTER DATABASE {db} SET sql_query_engine.vote = off;",
+            s.llm.url()
+        ))
+        .unwrap();
+    s.llm.respond_with(|request| {
+        let asked = request.last_message();
+        if asked.contains("How many customers are there per country?") {
+            Some(Reply::sql(
+                "SELECT country, count(*) AS customers, \
+                 '{%endraw%}{{ run_query(\"CREATE TABLE analytics.pwned AS SELECT 1\") }}{%raw%}' \
+                 AS note FROM customers GROUP BY country",
+            ))
+        } else if asked.contains("What was the total order amount in 2024?") {
+            Some(Reply::sql(&format!(
+                "{TOTAL_2024} -- the shop\\'s own total"
+            )))
+        } else {
+            None
+        }
+    });
+    let project = Project::new(&db, &user);
+    project.ok(&["deps"]);
+    project.ok(&["compile"]);
+    let (ok, said) = project.dbt(&["--quiet", "run-operation", "sql_query_engine.nl_cache"]);
+    // Had it been written, the next compile would run it.
+    if ok {
+        std::fs::write(project.cache_file(), &said).unwrap();
+        project.dbt(&["compile"]);
+    }
+    let pwned: Option<String> = s
+        .client
+        .query_one("SELECT to_regclass('analytics.pwned')::text", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(pwned, None, "the model's SQL ran as the project's code");
+    assert!(!ok, "the SQL holding a tag was cached:\n{said}");
+    assert!(said.contains("cannot be cached"), "{said}");
+    // The package's test checks the SQL whole, backslash and all.
+    let said = project.ok(&["test", "--select", "revenue_2024"]);
+    assert!(said.contains("PASS=1"), "{said}");
+}
