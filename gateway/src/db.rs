@@ -206,7 +206,7 @@ impl DbError {
                 server_side: true,
                 ..
             } => {
-                eprintln!(
+                log_line!(
                     "sqe-gateway: the database refused or ended the gateway's connection: {}",
                     crate::shown::in_log(&message)
                 );
@@ -227,7 +227,7 @@ impl DbError {
                 ..
             } if sqlstate.starts_with("28") => {
                 // A query's own code may raise a 28xxx error with any text (a view's RAISE).
-                eprintln!(
+                log_line!(
                     "sqe-gateway: the database refused the gateway: {}",
                     crate::shown::in_log(&message)
                 );
@@ -405,10 +405,10 @@ impl Drop for CancelOnDrop {
             if let Ok(mut sender) = self.notices.lock() {
                 *sender = None;
             }
-            eprintln!("sqe-gateway: request abandoned, cancelling its query");
+            log_line!("sqe-gateway: request abandoned, cancelling its query");
             tokio::spawn(async move {
                 if let Err(e) = token.cancel_query(NoTls).await {
-                    eprintln!("sqe-gateway: cancelling an abandoned query failed: {e}");
+                    log_line!("sqe-gateway: cancelling an abandoned query failed: {e}");
                 }
             });
         }
@@ -467,7 +467,7 @@ impl Drop for Lease {
                     .is_err()
                 {
                     if started.elapsed() >= REAP_LIMIT {
-                        eprintln!(
+                        log_line!(
                             "sqe-gateway: an abandoned query still ran after {} s; its places \
                              are given back and its connection closed",
                             REAP_LIMIT.as_secs()
@@ -475,7 +475,7 @@ impl Drop for Lease {
                         break;
                     }
                     if let Err(e) = cancel.cancel_query(NoTls).await {
-                        eprintln!("sqe-gateway: cancelling an abandoned query failed: {e}");
+                        log_line!("sqe-gateway: cancelling an abandoned query failed: {e}");
                     }
                 }
             }
@@ -535,8 +535,8 @@ impl Node {
     fn set_healthy(&self, healthy: bool, why: &str) {
         if self.healthy.swap(healthy, Ordering::Relaxed) != healthy {
             match healthy {
-                true => eprintln!("sqe-gateway: read server {} is back", self.name),
-                false => eprintln!(
+                true => log_line!("sqe-gateway: read server {} is back", self.name),
+                false => log_line!(
                     "sqe-gateway: read server {} left the rotation: {why}",
                     self.name
                 ),
@@ -620,6 +620,9 @@ reach AS (
 temp AS (
     SELECT oid FROM pg_catalog.pg_namespace WHERE nspname ~ '^pg_(toast_)?temp_')
 SELECT w.rolname::text, coalesce(
+    (SELECT 'it is not granted to the login role ' || pg_catalog.quote_ident(session_user::text)
+            || ', which may not become it'
+     WHERE NOT pg_catalog.pg_has_role(session_user, w.oid, 'MEMBER')),
     (SELECT 'it is or may become the superuser ' || pg_catalog.quote_ident(x.rolname)
      FROM reach x WHERE x.token_role = w.oid AND x.rolsuper LIMIT 1),
     (SELECT 'it may create schemas in this database (as ' || pg_catalog.quote_ident(x.rolname) || ')'
@@ -1068,7 +1071,7 @@ impl Db {
                 Err(e) if !last && e.server_failed() => {
                     asked_again |= reached;
                     node.set_healthy(false, &format!("a call failed ({e:?})"));
-                    eprintln!(
+                    log_line!(
                         "sqe-gateway: read server {} failed ({e:?}); asking another",
                         node.name
                     );
@@ -1170,7 +1173,7 @@ impl Db {
         };
         match written {
             Ok(id) => answer.value["history_id"] = id.value,
-            Err(e) => eprintln!("sqe-gateway: the history of an answer was not written: {e:?}"),
+            Err(e) => log_line!("sqe-gateway: the history of an answer was not written: {e:?}"),
         }
     }
 }

@@ -8,6 +8,19 @@
 //!   sqe-gateway serve --listen ADDR --database-url URL [--read-database-url URL ...] --tokens FILE
 //!   sqe-gateway mcp-stdio --database-url URL [--role ROLE]
 
+#![cfg_attr(not(test), deny(clippy::print_stderr, clippy::print_stdout))]
+
+/// A line of the gateway's log (stderr). A log that cannot be written (its reader gone: a
+/// logger piped to that died) fails nothing: `eprintln!` would panic, and a panic in a
+/// background loop (the tokens' reload, the read servers' health checks) would end that loop
+/// for good. `clippy::print_stderr` keeps `eprintln!` out.
+macro_rules! log_line {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
 mod admission;
 mod app;
 mod conversation;
@@ -377,7 +390,7 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(app);
     let listener = tokio::net::TcpListener::bind(listen).await?;
-    eprintln!("sqe-gateway: listening on {}", listener.local_addr()?);
+    log_line!("sqe-gateway: listening on {}", listener.local_addr()?);
     watch::serve(
         listener,
         router,
@@ -443,7 +456,7 @@ async fn refused_roles(
         if why == MISSING_ROLE {
             refused.push((role, format!("{why} (create it, then reload the tokens)")));
         } else if allow {
-            eprintln!(
+            log_line!(
                 "sqe-gateway: WARNING: role {}: {}; its tokens can run code of their own in \
                  the gateway's session (allowed by --allow-object-owners)",
                 in_log(&role),
@@ -495,7 +508,7 @@ async fn reload(db: &Db, tokens: &Tokens, path: &str, allow: bool) {
                 }
                 None => String::new(),
             };
-            eprintln!("sqe-gateway: tokens not reloaded: {}{revoked}", e.why);
+            log_line!("sqe-gateway: tokens not reloaded: {}{revoked}", e.why);
             return;
         }
     };
@@ -519,7 +532,7 @@ async fn reload(db: &Db, tokens: &Tokens, path: &str, allow: bool) {
     let in_force = match checked {
         Ok(refused) => {
             if !refused.is_empty() {
-                eprintln!(
+                log_line!(
                     "sqe-gateway: tokens left out of the reload: {}",
                     refusal(&refused)
                 );
@@ -530,14 +543,14 @@ async fn reload(db: &Db, tokens: &Tokens, path: &str, allow: bool) {
                 .collect()
         }
         Err(e) => {
-            eprintln!(
+            log_line!(
                 "sqe-gateway: {e}; tokens removed from the file are revoked, tokens added wait \
                  for the next reload"
             );
             tokens.kept(&entries)
         }
     };
-    eprintln!("sqe-gateway: tokens reloaded ({})", tokens.set(in_force));
+    log_line!("sqe-gateway: tokens reloaded ({})", tokens.set(in_force));
 }
 
 async fn mcp_stdio(

@@ -590,7 +590,7 @@ async fn stream(
 /// A call's task that ended without an answer (aborted, or a panic): said in the gateway's
 /// log, and to the client without the panic's text.
 fn internal(error: &tokio::task::JoinError) -> ApiError {
-    eprintln!("sqe-gateway: a call ended without an answer: {error}");
+    log_line!("sqe-gateway: a call ended without an answer: {error}");
     ApiError::new(
         StatusCode::INTERNAL_SERVER_ERROR,
         "server_error",

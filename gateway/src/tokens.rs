@@ -175,7 +175,7 @@ fn warn_if_others_may_read(path: &str) {
     use std::os::unix::fs::PermissionsExt;
     if let Ok(metadata) = std::fs::metadata(path) {
         if metadata.permissions().mode() & 0o077 != 0 {
-            eprintln!(
+            log_line!(
                 "sqe-gateway: warning: {path} may be read by others than its owner (mode {:o}): \
                  make it readable by the gateway only (chmod 600)",
                 metadata.permissions().mode() & 0o777

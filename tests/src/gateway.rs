@@ -69,6 +69,16 @@ impl Gateway {
             Some(path) => Stdio::from(std::fs::File::create(path).expect("the gateway's log")),
             None => Stdio::inherit(),
         };
+        Gateway::start_with_stderr(database_url, tokens, options, stderr)
+    }
+
+    /// `start_with`, its standard error going to `stderr`.
+    pub fn start_with_stderr(
+        database_url: &str,
+        tokens: &Path,
+        options: &[&str],
+        stderr: Stdio,
+    ) -> Gateway {
         let port = free_port();
         let child = Command::new(gateway_binary())
             .args([

@@ -311,6 +311,43 @@ fn a_client_that_goes_away_cancels_its_question_and_tokens_reload_on_sighup() {
     assert!(status(&s.token).contains("200"));
 }
 
+/// A gateway whose log has no reader any more (a logger it was piped to that died) still
+/// reloads its tokens on SIGHUP: a token removed from the file is revoked, one added is taken,
+/// each time (a reload writes to the log: the file's mode, readable by others here, and what
+/// was reloaded).
+#[test]
+fn a_gateway_whose_log_reader_is_gone_still_reloads_its_tokens() {
+    let s = setup();
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    let gateway = Gateway::start_with_stderr(
+        &s.database_url,
+        &s.tokens,
+        &["--pool-size", "4"],
+        std::process::Stdio::from(writer),
+    );
+    drop(reader);
+    let status = |token: &str| gateway.models_status(token);
+    assert!(status(&s.token).contains("200"));
+    let reload_until = |token: &str, wanted: &str, said: &str| {
+        // SAFETY: signals the gateway process this test started.
+        unsafe { libc::kill(gateway.child.id() as i32, libc::SIGHUP) };
+        let started = Instant::now();
+        while !status(token).contains(wanted) {
+            assert!(started.elapsed() < Duration::from_secs(5), "{said}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let tokens = std::fs::read_to_string(&s.tokens).unwrap();
+    std::fs::write(
+        &s.tokens,
+        tokens.replace(&format!("{} {}\n", s.token, s.reader), ""),
+    )
+    .unwrap();
+    reload_until(&s.token, "401", "the removed token stayed in force");
+    std::fs::write(&s.tokens, &tokens).unwrap();
+    reload_until(&s.token, "200", "the token added again was not taken");
+}
+
 /// Runs the gateway with `args` and waits for it to exit: its status and what it said.
 fn gateway_exits(database_url: &str, tokens: &Path, extra: &[&str]) -> (bool, String) {
     let mut child = Command::new(gateway_binary())
@@ -431,13 +468,17 @@ fn the_gateway_refuses_a_superuser_login_and_token_roles_that_can_run_their_own_
              CREATE ROLE {owner};
              CREATE FUNCTION public.owned_code() RETURNS int LANGUAGE sql AS 'SELECT 1';
              ALTER FUNCTION public.owned_code() OWNER TO {owner};
-             GRANT {creator}, {owner} TO authenticator_{id};"
+             GRANT {creator}, {owner} TO authenticator_{id};
+             CREATE ROLE stranger_{id};"
         ))
         .unwrap();
     let good = std::fs::read_to_string(&s.tokens).unwrap();
+    // And a role the login role may not become, whose every request would fail.
+    let stranger = format!("stranger_{id}");
     for (role, why) in [
         (&creator, "may create objects in schema public"),
         (&owner, "owns function public.owned_code()"),
+        (&stranger, "is not granted to the login role"),
     ] {
         let risky = sql_query_engine_e2e::scratch(&format!("risky-tokens-{id}-{role}"));
         std::fs::write(&risky, format!("{good}risky-token-{id}-1 {role}\n")).unwrap();
