@@ -22,7 +22,7 @@ ALTER TABLE @extschema@.nl_examples ADD CONSTRAINT nl_examples_bounded
 -- are written rarely and read on every question.
 CREATE INDEX nl_examples_terms_idx ON @extschema@.nl_examples USING gin (terms)
     WITH (fastupdate = off);
-GRANT SELECT ON @extschema@.nl_examples TO PUBLIC;
+-- Its privileges: privileges.sql.
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_examples', '');
 
 -- Who added an example, and when, is whoever inserts or changes it, now: a role that may write
@@ -52,7 +52,7 @@ CREATE TRIGGER nl_examples_provenance BEFORE INSERT OR UPDATE ON @extschema@.nl_
     FOR EACH ROW EXECUTE FUNCTION @extschema@.nl_examples_provenance();
 -- Also in replica mode, which a role may be let set; no role but the owner may call it.
 ALTER TABLE @extschema@.nl_examples ENABLE ALWAYS TRIGGER nl_examples_provenance;
-REVOKE EXECUTE ON FUNCTION @extschema@.nl_examples_provenance() FROM PUBLIC;
+-- Its privileges: privileges.sql.
 
 -- Every change to the examples goes to the server log, whoever makes it and however
 -- (`nl_example_add`, `nl_example_remove`, a promotion from feedback, or the table's own DML
@@ -124,7 +124,7 @@ CREATE TRIGGER nl_examples_audit_truncate AFTER TRUNCATE ON @extschema@.nl_examp
 -- call it: attached to a table of a role's own, it would write example lines of its choosing.
 ALTER TABLE @extschema@.nl_examples ENABLE ALWAYS TRIGGER nl_examples_audit;
 ALTER TABLE @extschema@.nl_examples ENABLE ALWAYS TRIGGER nl_examples_audit_truncate;
-REVOKE EXECUTE ON FUNCTION @extschema@.nl_examples_audit() FROM PUBLIC;
+-- Its privileges: privileges.sql.
 
 -- nl_example_add(question, sql) is a function of the library: it checks the SQL with the
 -- guard on the caller's search path, then inserts on the pinned one.

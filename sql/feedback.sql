@@ -35,7 +35,7 @@ CREATE POLICY own_rows ON @extschema@.nl_feedback
                 AND (status = 'promoted' OR example_id IS NULL)
                 AND (status <> 'promoted' OR pg_catalog.has_table_privilege(
                          '@extschema@.nl_examples'::pg_catalog.regclass, 'INSERT')));
-GRANT SELECT, INSERT ON @extschema@.nl_feedback TO PUBLIC;
+-- Its privileges: privileges.sql.
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_feedback', '');
 -- Restored rows go to the role of their name (see nl_row_role in history.sql).
 CREATE TRIGGER nl_row_role BEFORE INSERT OR UPDATE ON @extschema@.nl_feedback
@@ -80,7 +80,7 @@ BEGIN
     RETURN NEW;
 END
 $$;
-REVOKE EXECUTE ON FUNCTION @extschema@.nl_feedback_example() FROM PUBLIC;
+-- Its privileges: privileges.sql.
 CREATE TRIGGER nl_feedback_example BEFORE INSERT ON @extschema@.nl_feedback
     FOR EACH ROW EXECUTE FUNCTION @extschema@.nl_feedback_example();
 -- Also in replica mode, which a role may be let set: only the owner writes rows as given.

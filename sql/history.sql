@@ -30,7 +30,7 @@ CREATE POLICY own_rows ON @extschema@.nl_history
     USING (role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid)
     WITH CHECK (role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid
                 AND role = current_user AND at = pg_catalog.now());
-GRANT SELECT, INSERT ON @extschema@.nl_history TO PUBLIC;
+-- Its privileges: privileges.sql.
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_history', '');
 
 -- A row names its role twice: by OID, which means something only in the cluster that wrote it,
@@ -76,7 +76,7 @@ BEGIN
     RETURN NEW;
 END
 $$;
-REVOKE EXECUTE ON FUNCTION @extschema@.nl_row_role() FROM PUBLIC;
+-- Its privileges: privileges.sql.
 CREATE TRIGGER nl_row_role BEFORE INSERT OR UPDATE ON @extschema@.nl_history
     FOR EACH ROW EXECUTE FUNCTION @extschema@.nl_row_role();
 -- Also for the rows a logical replication subscription applies.

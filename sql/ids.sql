@@ -30,9 +30,7 @@ CREATE TRIGGER nl_drawn_id BEFORE INSERT ON @extschema@.nl_examples
 ALTER TABLE @extschema@.nl_history ENABLE ALWAYS TRIGGER nl_drawn_id;
 ALTER TABLE @extschema@.nl_feedback ENABLE ALWAYS TRIGGER nl_drawn_id;
 ALTER TABLE @extschema@.nl_examples ENABLE ALWAYS TRIGGER nl_drawn_id;
-REVOKE EXECUTE ON FUNCTION @extschema@.nl_drawn_id() FROM PUBLIC;
-GRANT SELECT ON SEQUENCE @extschema@.nl_history_id_seq, @extschema@.nl_feedback_id_seq,
-    @extschema@.nl_examples_id_seq TO PUBLIC;
+-- Its privileges: privileges.sql.
 -- A dump carries where each identity stands, not only the tables' rows: restored without it,
 -- every insert would draw an id a restored row holds (history lost, examples and feedback
 -- refused).

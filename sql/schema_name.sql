@@ -21,7 +21,7 @@ BEGIN
     END IF;
 END
 $$;
-REVOKE ALL ON FUNCTION @extschema@.nl_schema_kept() FROM PUBLIC;
+-- Its privileges: privileges.sql.
 CREATE EVENT TRIGGER nl_schema_kept ON ddl_command_end WHEN TAG IN ('ALTER SCHEMA')
     EXECUTE FUNCTION @extschema@.nl_schema_kept();
 -- Also in replica mode, which a role may be let set.

@@ -16,7 +16,7 @@ CREATE TABLE @extschema@.nl_schema_changes (
 -- folded, adds a row each time, to its own schema's count).
 CREATE INDEX nl_schema_changes_schema_idx ON @extschema@.nl_schema_changes (schema_name)
     INCLUDE (changes);
-GRANT SELECT ON @extschema@.nl_schema_changes TO PUBLIC;
+-- Its privileges: privileges.sql.
 
 -- Runs for every role that comments on an object, with the extension owner's rights (it only
 -- writes the count), on a pinned search path. It must never make the COMMENT fail, nor make a
@@ -77,7 +77,7 @@ EXCEPTION WHEN OTHERS THEN
     NULL;
 END
 $$;
-REVOKE ALL ON FUNCTION @extschema@.nl_schema_changed() FROM PUBLIC;
+-- Its privileges: privileges.sql.
 
 CREATE EVENT TRIGGER nl_schema_changed ON ddl_command_end WHEN TAG IN ('COMMENT')
     EXECUTE FUNCTION @extschema@.nl_schema_changed();

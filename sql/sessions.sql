@@ -27,7 +27,7 @@ CREATE POLICY own_sessions ON @extschema@.nl_sessions
     USING (role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid)
     WITH CHECK (role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid
                 AND role = current_user AND at = pg_catalog.now());
-GRANT SELECT, INSERT ON @extschema@.nl_sessions TO PUBLIC;
+-- Its privileges: privileges.sql.
 -- Restored or replicated rows go to the role of their name (see nl_row_role in history.sql):
 -- the OID they were written under may be another role's here.
 CREATE TRIGGER nl_row_role BEFORE INSERT OR UPDATE ON @extschema@.nl_sessions

@@ -76,6 +76,8 @@ pgrx::extension_sql_file!(
     name = "ids",
     requires = ["examples", "history", "feedback"]
 );
+// Last: the privileges of every table, sequence and trigger function the files above make.
+pgrx::extension_sql_file!("../sql/privileges.sql", name = "privileges", finalize);
 pgrx::extension_sql_file!(
     "../sql/query_as.sql",
     name = "query_as",

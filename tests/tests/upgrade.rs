@@ -1,17 +1,21 @@
 //! `ALTER EXTENSION sql_query_engine UPDATE` from the previous release gives the same objects as
 //! a fresh install of this one, and keeps the data of the extension's tables.
 
+use std::sync::{Arc, Mutex};
+
 use sql_query_engine_e2e::{cluster, db_error, Reply, ScriptedLlm};
 
 /// Every object of the extension with what defines it, sorted: functions with their full
-/// definition and privileges; tables with their columns (types, NOT NULL, defaults), row
+/// definition and privileges (the defaults written out: no grant yet and grants revoked down to
+/// the owner's are the same); tables with their columns (types, NOT NULL, defaults), row
 /// security, privileges, indexes, constraints, policies (with their roles) and triggers (with
 /// when they fire: `ENABLE ALWAYS`); event triggers with their tags and when they fire.
 const MEMBERS: &str = "
 SELECT pg_describe_object(d.classid, d.objid, d.objsubid) || ': ' || coalesce(
          CASE WHEN d.classid = 'pg_proc'::regclass THEN
              pg_get_functiondef(d.objid) || ' acl ' || coalesce(
-                 (SELECT proacl::text FROM pg_proc WHERE oid = d.objid), '') END,
+                 (SELECT coalesce(proacl, acldefault('f', proowner))::text
+                  FROM pg_proc WHERE oid = d.objid), '') END,
          CASE WHEN d.classid = 'pg_class'::regclass THEN (
              SELECT string_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
                                || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
@@ -22,7 +26,8 @@ SELECT pg_describe_object(d.classid, d.objid, d.objsubid) || ': ' || coalesce(
              LEFT JOIN pg_attrdef ad ON ad.adrelid = a.attrelid AND ad.adnum = a.attnum
              WHERE a.attrelid = d.objid AND a.attnum > 0 AND NOT a.attisdropped)
              || ' | row security ' || c.relrowsecurity || ' forced ' || c.relforcerowsecurity
-             || ' | acl ' || coalesce(c.relacl::text, '')
+             || ' | acl ' || coalesce(c.relacl, acldefault(CASE c.relkind WHEN 'S' THEN 's'
+                                                           ELSE 'r' END::\"char\", c.relowner))::text
              || ' | indexes ' || coalesce((SELECT string_agg(pg_get_indexdef(i.indexrelid), '; '
                                                              ORDER BY 1)
                                           FROM pg_index i WHERE i.indrelid = d.objid), '')
@@ -368,6 +373,10 @@ fn updating_from_0_1_0_through_every_release_equals_a_fresh_install_and_keeps_th
     client
         .batch_execute("ALTER EXTENSION sql_query_engine UPDATE TO '0.20.0'")
         .unwrap();
+    // 0.21.0: privileges default privileges gave the extension's objects are revoked.
+    client
+        .batch_execute("ALTER EXTENSION sql_query_engine UPDATE TO '0.21.0'")
+        .unwrap();
     let (updated_members, fresh_members) = (members(&updated), members(&fresh));
     let only = |a: &[String], b: &[String]| -> Vec<String> {
         a.iter().filter(|m| !b.contains(m)).cloned().collect()
@@ -407,6 +416,133 @@ fn updating_from_0_1_0_through_every_release_equals_a_fresh_install_and_keeps_th
             .batch_execute(&format!("DROP DATABASE {database}"))
             .unwrap();
     }
+}
+
+/// Default privileges of the installing superuser (here, every privilege on every table,
+/// sequence and function it creates, to an application role and to PUBLIC) reach none of the
+/// extension's objects, on install and on update: the application role, a login role, cannot
+/// rewrite the examples every role's model is shown, attach a trigger of its own to the
+/// history, set a sequence back, empty a table past row security or call a trigger function.
+/// The owner's later grant to a role that may write examples survives an update.
+#[test]
+fn default_privileges_give_no_role_rights_on_the_extensions_objects() {
+    let app = format!("app_rw_{}", std::process::id());
+    let curator = format!("curator_{}", std::process::id());
+    let mut admin = cluster().connect("postgres");
+    admin
+        .batch_execute(&format!(
+            "DROP ROLE IF EXISTS {app}; CREATE ROLE {app} LOGIN;
+             DROP ROLE IF EXISTS {curator}; CREATE ROLE {curator} LOGIN;"
+        ))
+        .unwrap();
+    let installed = new_database("sqe_defacl_install");
+    let updated = new_database("sqe_defacl_update");
+    let plain = new_database("sqe_defacl_plain");
+    for (database, version) in [(&installed, None), (&updated, Some("0.1.0"))] {
+        let mut client = cluster().connect(database);
+        client
+            .batch_execute(&format!(
+                "CREATE SCHEMA app AUTHORIZATION {app};
+                 CREATE FUNCTION app.app_trigger() RETURNS trigger LANGUAGE plpgsql
+                     AS $$ BEGIN RAISE EXCEPTION 'the app role''s trigger ran'; END $$;
+                 ALTER FUNCTION app.app_trigger() OWNER TO {app};
+                 ALTER DEFAULT PRIVILEGES GRANT ALL ON TABLES TO {app}, PUBLIC;
+                 ALTER DEFAULT PRIVILEGES GRANT ALL ON SEQUENCES TO {app}, PUBLIC;
+                 ALTER DEFAULT PRIVILEGES GRANT ALL ON FUNCTIONS TO {app};
+                 CREATE EXTENSION sql_query_engine{};",
+                version.map_or(String::new(), |v| format!(" VERSION '{v}'"))
+            ))
+            .unwrap();
+        if version.is_some() {
+            let warnings = Arc::new(Mutex::new(Vec::new()));
+            let mut owner = cluster().connect_with_notices(database, Arc::clone(&warnings));
+            owner
+                .batch_execute(&format!(
+                    "GRANT INSERT, DELETE ON nl_examples TO {curator};
+                     ALTER EXTENSION sql_query_engine UPDATE;"
+                ))
+                .unwrap();
+            let warnings = warnings.lock().unwrap().join("\n");
+            assert!(
+                warnings.contains("may write the verified examples")
+                    && warnings.contains(&app)
+                    && warnings.contains(&curator),
+                "{warnings}"
+            );
+        }
+    }
+    cluster()
+        .connect(&plain)
+        .batch_execute("CREATE EXTENSION sql_query_engine")
+        .unwrap();
+    // A fresh install's tables, sequences and trigger functions have the privileges of one
+    // made without default privileges (the functions roles call keep theirs: EXECUTE, which
+    // every role has anyway, or not, as the database's owner chose).
+    let guarded = |database: &str| -> Vec<String> {
+        members(database)
+            .into_iter()
+            .filter(|m| {
+                m.starts_with("table ")
+                    || m.starts_with("sequence ")
+                    || m.contains("RETURNS trigger")
+                    || m.contains("RETURNS event_trigger")
+            })
+            .collect()
+    };
+    let (with_defaults, without) = (guarded(&installed), guarded(&plain));
+    assert_eq!(with_defaults.len(), 16);
+    assert_eq!(with_defaults, without);
+    for database in [&installed, &updated] {
+        let mut client = cluster().connect_as(database, &app);
+        // The update keeps a role's DELETE on the examples (a role that may write them has
+        // it), and says so.
+        let delete = (database == &installed).then(|| "DELETE FROM nl_examples".to_string());
+        for refused in [
+            "UPDATE nl_examples SET sql = 'SELECT 1'".to_string(),
+            "INSERT INTO nl_schema_changes (schema_name) VALUES ('x')".to_string(),
+            "TRUNCATE nl_history".to_string(),
+            "CREATE TRIGGER mine BEFORE INSERT ON nl_history \
+             FOR EACH ROW EXECUTE FUNCTION app.app_trigger()"
+                .to_string(),
+            "SELECT setval('nl_history_id_seq', 1)".to_string(),
+            "BEGIN; LOCK TABLE nl_schema_changes IN ACCESS EXCLUSIVE MODE; ROLLBACK".to_string(),
+        ]
+        .into_iter()
+        .chain(delete)
+        {
+            let Err(error) = client.batch_execute(&refused) else {
+                panic!("{database}: {refused} was let through");
+            };
+            assert_eq!(
+                db_error(&error).0,
+                "42501",
+                "{database}: {refused}: {error}"
+            );
+            let _ = client.batch_execute("ROLLBACK");
+        }
+        // What every role may do still works.
+        client
+            .batch_execute("SELECT count(*) FROM nl_examples; SELECT count(*) FROM nl_history")
+            .unwrap();
+    }
+    // The owner's grant to a role that may write examples, made after the install, stays.
+    let kept: bool = cluster()
+        .connect(&updated)
+        .query_one(
+            &format!("SELECT has_table_privilege('{curator}', 'nl_examples', 'INSERT')"),
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(kept, "the curator's grant was revoked by the update");
+    for database in [installed, updated, plain] {
+        admin
+            .batch_execute(&format!("DROP DATABASE {database}"))
+            .unwrap();
+    }
+    admin
+        .batch_execute(&format!("DROP ROLE {app}; DROP ROLE {curator}"))
+        .unwrap();
 }
 
 /// What `pg_dump` and `pg_restore` carry of the extension: its tables' rows with their ids and
