@@ -133,6 +133,8 @@ impl JsonArgument {
         if stored(datum) > max_bytes.saturating_mul(2) {
             return Err(too(format!("longer than {max_bytes} bytes of JSON")));
         }
+        // SAFETY: as above.
+        unsafe { walk_before_printing(datum, max_bytes, max_values) }.map_err(too)?;
         // SAFETY: as above; jsonb_out gives a palloc'd C string of the call's memory context.
         let json = unsafe {
             pgrx::direct_function_call::<&core::ffi::CStr>(pg_sys::jsonb_out, &[Some(datum)])
@@ -150,6 +152,62 @@ impl JsonArgument {
         }
         let json = std::str::from_utf8(bytes).map_err(|e| too(e.to_string()))?;
         serde_json::from_str(json).map_err(|e| too(e.to_string()))
+    }
+}
+
+/// Walks the jsonb `datum` before it is printed whole: at most `max_values` values, and at most
+/// `max_bytes` of text for its numbers. A number of a few stored bytes prints to as many as
+/// 147,000 digits (`1e131071`), and `jsonb_out` prints every one, and keeps each, in a loop
+/// deaf to cancel: 8,000 of them, 128 kB stored, grew the backend by gigabytes. Each number is
+/// printed alone here, its text measured and freed, with a check for interrupts at each value.
+///
+/// # Safety
+/// `datum` is a jsonb datum of the current call.
+unsafe fn walk_before_printing(
+    datum: pg_sys::Datum,
+    max_bytes: usize,
+    max_values: usize,
+) -> Result<(), String> {
+    use pg_sys::JsonbIteratorToken::*;
+    // SAFETY: the caller's jsonb datum, detoasted into the call's memory context (a copy when
+    // it was toasted); the iterator reads it and allocates there too.
+    let mut iterator = unsafe {
+        let jsonb = pg_sys::pg_detoast_datum(datum.cast_mut_ptr()).cast::<pg_sys::Jsonb>();
+        pg_sys::JsonbIteratorInit(&raw mut (*jsonb).root)
+    };
+    // SAFETY: a plain C struct, which the iterator fills before it is read.
+    let mut value: pg_sys::JsonbValue = unsafe { std::mem::zeroed() };
+    let (mut values, mut number_bytes) = (0usize, 0usize);
+    loop {
+        // SAFETY: the iterator over the container above, and a value it writes into.
+        let token = unsafe { pg_sys::JsonbIteratorNext(&mut iterator, &mut value, false) };
+        pgrx::check_for_interrupts!();
+        match token {
+            WJB_DONE => return Ok(()),
+            WJB_VALUE | WJB_ELEM | WJB_BEGIN_ARRAY | WJB_BEGIN_OBJECT => values += 1,
+            _ => continue,
+        }
+        if values > max_values {
+            return Err(format!("more than {max_values} JSON values"));
+        }
+        if !matches!(token, WJB_VALUE | WJB_ELEM) || value.type_ != pg_sys::jbvType::jbvNumeric {
+            continue;
+        }
+        // SAFETY: the number the iterator just read (a numeric of the container), printed
+        // into a palloc'd string that is freed once measured.
+        number_bytes += unsafe {
+            let number = pg_sys::Datum::from(value.val.numeric);
+            let text =
+                pgrx::direct_function_call::<pg_sys::Datum>(pg_sys::numeric_out, &[Some(number)])
+                    .ok_or_else(|| "a number that does not print".to_string())?;
+            let text = text.cast_mut_ptr::<std::ffi::c_char>();
+            let length = std::ffi::CStr::from_ptr(text).to_bytes().len();
+            pg_sys::pfree(text.cast());
+            length
+        };
+        if number_bytes > max_bytes {
+            return Err(format!("longer than {max_bytes} bytes of JSON"));
+        }
     }
 }
 
