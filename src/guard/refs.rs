@@ -181,6 +181,9 @@ pub fn references(sql: &str) -> References {
             within: Vec::new(),
             ctes: Vec::new(),
         };
+        // What the lexer says of the names (an identifier cut to 63 bytes, printed whole in a
+        // NOTICE) is not the caller's to see: the text is most often the model's.
+        let _quiet = subxact::QuietClient::new();
         // SAFETY: the grammar, then our walker over its raw tree; `collecting` outlives the
         // walk.
         unsafe {
