@@ -1175,6 +1175,12 @@ fn huge_arguments_are_refused_before_they_are_copied_or_parsed() {
         // Turns with more values than a thousand turns have.
         "SELECT nl_ask('how many customers', turns => (SELECT jsonb_agg(jsonb_build_object(
              'question', 'q', 'n', i)) FROM generate_series(1, 20000) i))",
+        // 8,000 numbers of 131,072 digits each, 128 kB stored: a gigabyte of text printed.
+        "SELECT nl_ask('how many customers', turns => (SELECT jsonb_agg(1e131071::numeric)
+             FROM generate_series(1, 8000)))",
+        "SELECT nl_history_add(jsonb_build_object('question', 'how many customers',
+             'status', 'ok', 'attempts', (SELECT jsonb_agg(1e131071::numeric)
+             FROM generate_series(1, 8000))))",
     ] {
         let error = role.batch_execute(call).unwrap_err();
         let (code, message, _) = db_error(&error);
@@ -1445,6 +1451,22 @@ fn what_the_lexer_says_of_sql_the_caller_did_not_write_is_not_sent_to_it() {
         .query("SELECT * FROM nl_query('how many customers in all')", &[])
         .unwrap();
     assert_eq!(rows.len(), 1);
+    // Nor when the repair reads the names a failed query used (for its hints).
+    s.llm.on(
+        "the customers' missing column",
+        vec![
+            Reply::sql(&format!("SELECT nosuch AS \"{long}\" FROM customers")),
+            Reply::sql("SELECT count(*) AS n FROM customers"),
+        ],
+    );
+    let rows = role
+        .query(
+            "SELECT * FROM nl_query('the customers'' missing column')",
+            &[],
+        )
+        .unwrap();
+    assert_eq!(rows.len(), 1);
+    assert!(s.llm.requests().last().is_some_and(|r| r.is_repair()));
     let notices = notices.lock().unwrap();
     assert!(
         !notices.iter().any(|n| n.contains("will be truncated")),
