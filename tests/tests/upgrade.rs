@@ -426,8 +426,8 @@ fn updating_from_0_1_0_through_every_release_equals_a_fresh_install_and_keeps_th
 /// The owner's later grant to a role that may write examples survives an update.
 #[test]
 fn default_privileges_give_no_role_rights_on_the_extensions_objects() {
-    let app = format!("app_rw_{}", std::process::id());
-    let curator = format!("curator_{}", std::process::id());
+    let app = format!("defacl_app_{}", std::process::id());
+    let curator = format!("defacl_writer_{}", std::process::id());
     let mut admin = cluster().connect("postgres");
     admin
         .batch_execute(&format!(
