@@ -646,9 +646,8 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
             for row in &mut columns {
                 // Text the extension may read on its own: built-in types, and domains over
                 // them (a domain's CHECK does not run on a read).
-                // SAFETY: a catalog look-up of a column's type.
-                let base = unsafe { pg_sys::getBaseType(pg_sys::Oid::from(row.column.type_oid)) };
-                row.column.textual &= base.to_u32() < pg_sys::FirstNormalObjectId;
+                row.column.textual &= base_type(pg_sys::Oid::from(row.column.type_oid))
+                    .is_some_and(|base| base.to_u32() < pg_sys::FirstNormalObjectId);
             }
             let statistics: Vec<StatisticsRow> = if common_values {
                 let by_oid: HashMap<u32, &RelationRow> =
@@ -722,9 +721,18 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
         *seen.entry(relation.name.clone()).or_default() += 1;
     }
     let unique = |name: &str| seen.get(name).copied().unwrap_or(0) <= 1;
-    // Visibility on the caller's search path, as the server decides it.
-    // SAFETY: a namespace look-up of a relation the catalog query returned.
-    let on_path = |oid: u32| unsafe { pg_sys::RelationIsVisible(pg_sys::Oid::from(oid)) };
+    // Visibility on the caller's search path, as the server decides it (not visible: a
+    // relation dropped since the catalog was read, which no lock holds).
+    let on_path = |oid: u32| {
+        // SAFETY: the SQL function, which answers NULL for a relation that is gone.
+        unsafe {
+            pgrx::direct_function_call::<bool>(
+                pg_sys::pg_table_is_visible,
+                &[Some(pg_sys::Datum::from(pg_sys::Oid::from(oid)))],
+            )
+        }
+        .unwrap_or(false)
+    };
     let visible = |oid: u32, name: &str| unique(name) && on_path(oid);
     for relation in &mut relations {
         relation.visible = visible(relation.oid, &relation.name);
@@ -733,8 +741,10 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
         }
         // A type's name is another role's choice too (a domain renamed with a line break in
         // it): a column of a type that cannot be shown on one line is left out, as one of such
-        // a name is.
-        relation.columns.retain(|c| printable(&c.type_name));
+        // a name is, and one of a type dropped since the catalog was read.
+        relation
+            .columns
+            .retain(|c| !c.type_name.is_empty() && printable(&c.type_name));
         for fk in &mut relation.foreign_keys {
             fk.references = if visible(fk.ref_oid, &fk.ref_name) {
                 fk.ref_name.clone()
@@ -851,13 +861,44 @@ fn assemble(
     relations
 }
 
-/// A type as `format_type` writes it on the caller's search path (qualified only when needed).
+/// A type as `format_type` writes it on the caller's search path (qualified only when needed);
+/// empty for one that is gone. The catalog's reads take no lock on what they read: another
+/// role may drop a type or a relation meanwhile, and PostgreSQL's look-ups of one that is gone
+/// raise XX000 ("cache lookup failed"), which would fail the caller's question.
 fn type_name(oid: u32, typmod: i32) -> String {
-    // SAFETY: formats a type the catalog query returned; the text is palloc'd.
+    // SAFETY: formats a type the catalog query returned (NULL when it is gone); the text is
+    // palloc'd.
     unsafe {
-        crate::names::c_string(pg_sys::format_type_with_typemod(
+        crate::names::c_string(pg_sys::format_type_extended(
             pg_sys::Oid::from(oid),
             typmod,
+            (pg_sys::FORMAT_TYPE_TYPEMOD_GIVEN | pg_sys::FORMAT_TYPE_INVALID_AS_NULL) as u16,
         ))
     }
+}
+
+/// The base type of `typ` through its domains; `None` for a type that is gone (see `type_name`).
+fn base_type(mut typ: pg_sys::Oid) -> Option<pg_sys::Oid> {
+    // Domains over domains: PostgreSQL allows no cycle, and the walk is bounded besides.
+    for _ in 0..64 {
+        // SAFETY: a syscache look-up, released before the next.
+        let (kind, base) = unsafe {
+            let tuple = pg_sys::SearchSysCache1(
+                pg_sys::SysCacheIdentifier::TYPEOID as i32,
+                pg_sys::Datum::from(typ),
+            );
+            if tuple.is_null() {
+                return None;
+            }
+            let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_type>(tuple);
+            let found = ((*form).typtype as u8, (*form).typbasetype);
+            pg_sys::ReleaseSysCache(tuple);
+            found
+        };
+        if kind != b'd' {
+            return Some(typ);
+        }
+        typ = base;
+    }
+    None
 }
