@@ -120,6 +120,8 @@ pub fn for_relation(
         &columns,
         SCAN_ROWS,
         exec::ValueLength::Cut(MAX_VALUE_CHARS + 1),
+        // Every distinct value: blank ones, which take no sample's place, among them.
+        SCAN_ROWS,
         remaining as i32,
         None,
     ) else {

@@ -211,6 +211,8 @@ impl ValueIndex {
                     &columns,
                     SCAN_ROWS,
                     exec::ValueLength::AtMost(MAX_VALUE_CHARS),
+                    // What `add_column` takes of a column (one more says there were more).
+                    MAX_PER_COLUMN + 1,
                     remaining,
                     Some(&same_as),
                 );
