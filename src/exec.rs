@@ -341,7 +341,7 @@ fn sandboxed(
     let retained = RETAINED.load(std::sync::atomic::Ordering::Relaxed);
     if retained >= bytes {
         end_connection(retained, bytes);
-        return Outcome::Refused(retained_refusal(retained));
+        return Outcome::Failed(retained_error(retained));
     }
     let (result, position, raw_sqlstate, ours, ran) = {
         // Dropped last, after the rollback: gives back the session locks the query's code took
@@ -818,27 +818,27 @@ fn kept_memory() -> u64 {
 /// few dozen).
 const MAX_TOP_CHILDREN: usize = 10_000;
 
-/// The refusal of an attempt in a backend where earlier attempts left `retained` bytes.
-fn retained_refusal(retained: u64) -> guard::Refusal {
-    guard::Refusal {
-        error: SqlError {
-            sqlstate: SqlState::OUT_OF_MEMORY,
-            message: format!(
-                "earlier queries of the extension left {} MB in this connection's caches, \
+/// The error of an attempt in a backend where earlier attempts left `retained` bytes.
+fn retained_error(retained: u64) -> SqlError {
+    SqlError {
+        sqlstate: SqlState::OUT_OF_MEMORY,
+        message: format!(
+            "earlier queries of the extension left {} MB in this connection's caches, \
                  as much as sql_query_engine.max_query_memory ({} MB) allows: no more run on \
                  it, and it ends after this transaction",
-                retained >> 20,
-                settings::max_query_memory_bytes() >> 20
-            ),
-            hint: Some(
-                "What a query adds to PostgreSQL's caches (a time zone's rules for each new zone \
+            retained >> 20,
+            settings::max_query_memory_bytes() >> 20
+        ),
+        hint: Some(
+            "What a query adds to PostgreSQL's caches (a time zone's rules for each new zone \
                  it names, an entry for each name that does not exist) stays as long as the \
                  connection: reconnect."
-                    .into(),
-            ),
-            ..Default::default()
-        },
+                .into(),
+        ),
+        // The connection's resources, as PostgreSQL failing: nothing a repair can mend (not a
+        // refused write).
         ends_run: true,
+        ..Default::default()
     }
 }
 
