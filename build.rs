@@ -27,6 +27,7 @@ const ATTRIBUTES: &[(&str, &str)] = &[
     ("pg_constraint", "contype"),
     ("pg_constraint", "contypid"),
     ("pg_constraint", "conbin"),
+    ("pg_partitioned_table", "partexprs"),
 ];
 
 /// Catalog and index OIDs, as `#define <Name> N` in `catalog/<catalog>_d.h`, and the constant

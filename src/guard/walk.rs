@@ -925,10 +925,159 @@ fn own_read_refusal(relation: pg_sys::Oid, inheritance: bool) -> Option<String> 
                     .into(),
             );
         }
+        // Planning a read computes, once, what an index's expression or predicate, or a
+        // partition key, computes from constants alone (`c || repeat('x', 60000000)`), and
+        // the connection keeps the result with the relation for as long as it lives: another
+        // role's tables in the caller's context would fill its caches, question after
+        // question, until `max_query_memory` ends its connection.
+        let planned = match kind {
+            pg_sys::RELKIND_PARTITIONED_TABLE => trust::inheritors(relation),
+            _ => vec![relation],
+        };
+        if planned.into_iter().any(|r| computes_from_constants(r)) {
+            return Some(
+                "an index or partition key of it computes a value from constants alone, which                  planning a read would compute and keep"
+                    .into(),
+            );
+        }
         let row_security = pg_sys::check_enable_rls(relation, pg_sys::InvalidOid, true);
         (row_security != pg_sys::CheckEnableRlsResult::RLS_NONE as i32)
             .then(|| "row-level security applies to it: its policies run their owner's code".into())
     }
+}
+
+/// Whether an index of `relation` (locked by this transaction), or its partition key, has an
+/// expression or predicate with a call on constants alone, as the catalog stores it (read,
+/// never planned).
+///
+/// # Safety
+/// In a transaction that holds a lock on `relation`.
+unsafe fn computes_from_constants(relation: pg_sys::Oid) -> bool {
+    use crate::compat::numbers::ANUM_PG_PARTITIONED_TABLE_PARTEXPRS;
+    let mut stored = Vec::new();
+    // SAFETY: the relation is locked (the caller's contract); its index list is read while it
+    // is open, and each syscache tuple is released once its expressions are read.
+    unsafe {
+        let opened = OpenRelation::open(relation, pg_sys::NoLock);
+        let indexes = pg_sys::RelationGetIndexList(opened.0);
+        let mut read =
+            |cache: pg_sys::SysCacheIdentifier::Type, key: pg_sys::Oid, columns: &[i16]| {
+                let tuple = pg_sys::SearchSysCache1(cache as i32, pg_sys::Datum::from(key));
+                if tuple.is_null() {
+                    return;
+                }
+                for &column in columns {
+                    let mut is_null = true;
+                    let text = pg_sys::SysCacheGetAttr(cache as i32, tuple, column, &mut is_null);
+                    if !is_null {
+                        let text = pg_sys::text_to_cstring(text.cast_mut_ptr());
+                        stored.push(pg_sys::stringToNode(text).cast::<pg_sys::Node>());
+                    }
+                }
+                pg_sys::ReleaseSysCache(tuple);
+            };
+        for index in PgList::<pg_sys::Oid>::from_pg(indexes).iter_oid() {
+            read(
+                pg_sys::SysCacheIdentifier::INDEXRELID,
+                index,
+                &[
+                    pg_sys::Anum_pg_index_indexprs as i16,
+                    pg_sys::Anum_pg_index_indpred as i16,
+                ],
+            );
+        }
+        if (*(*opened.0).rd_rel).relkind as u8 == pg_sys::RELKIND_PARTITIONED_TABLE {
+            read(
+                pg_sys::SysCacheIdentifier::PARTRELID,
+                relation,
+                &[ANUM_PG_PARTITIONED_TABLE_PARTEXPRS],
+            );
+        }
+    }
+    stored.into_iter().any(|expression| {
+        let mut folding = Folding { found: false };
+        // SAFETY: an expression tree the catalog stored, only read.
+        unsafe { constant_value(expression, &mut folding) };
+        folding.found
+    })
+}
+
+/// What `constant_value` found: a call on constants alone.
+struct Folding {
+    found: bool,
+}
+
+/// Whether `node` is a constant value (a constant, or built of constants alone: an array, a
+/// row, a cast of them); a call (a function's, an operator's) on such values is noted in
+/// `folding`: planning computes it.
+///
+/// # Safety
+/// `node` is an analysed expression tree, or null.
+unsafe fn constant_value(node: *mut pg_sys::Node, folding: &mut Folding) -> bool {
+    if node.is_null() || folding.found {
+        return false;
+    }
+    pgrx::check_for_interrupts!();
+    // SAFETY: the caller's contract.
+    let tag = unsafe { (*node).type_ };
+    match tag {
+        pg_sys::NodeTag::T_Const => return true,
+        pg_sys::NodeTag::T_Var
+        | pg_sys::NodeTag::T_Param
+        | pg_sys::NodeTag::T_CaseTestExpr
+        | pg_sys::NodeTag::T_CoerceToDomainValue
+        | pg_sys::NodeTag::T_SQLValueFunction
+        | pg_sys::NodeTag::T_NextValueExpr => return false,
+        _ => {}
+    }
+    let mut children = Children {
+        folding,
+        any: false,
+        all_constant: true,
+    };
+    // SAFETY: PostgreSQL's walker over the node's direct children, with our context.
+    unsafe {
+        pg_sys::expression_tree_walker(
+            node,
+            Some(child_walker),
+            (&mut children as *mut Children).cast::<c_void>(),
+        );
+    }
+    let constant = children.any && children.all_constant;
+    let call = matches!(
+        tag,
+        pg_sys::NodeTag::T_FuncExpr
+            | pg_sys::NodeTag::T_OpExpr
+            | pg_sys::NodeTag::T_DistinctExpr
+            | pg_sys::NodeTag::T_NullIfExpr
+            | pg_sys::NodeTag::T_ScalarArrayOpExpr
+    );
+    if constant && call {
+        children.folding.found = true;
+    }
+    constant && tag != pg_sys::NodeTag::T_List
+}
+
+/// `constant_value`'s walk of one node's children.
+struct Children<'a> {
+    folding: &'a mut Folding,
+    any: bool,
+    all_constant: bool,
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn child_walker(node: *mut pg_sys::Node, context: *mut c_void) -> bool {
+    // SAFETY: called by expression_tree_walker with `constant_value`'s context.
+    let children = unsafe { &mut *context.cast::<Children>() };
+    if node.is_null() {
+        return false;
+    }
+    children.any = true;
+    // SAFETY: a child of an analysed expression.
+    if !unsafe { constant_value(node, children.folding) } {
+        children.all_constant = false;
+    }
+    children.folding.found
 }
 
 /// Whether `relation`, which this transaction has locked, has a virtual generated column.

@@ -1519,3 +1519,62 @@ fn a_wide_tables_values_are_read_in_groups_and_all_found() {
     let peak = sql_query_engine_e2e::peak_kb(pid).unwrap_or(0);
     assert!(peak < 300 * 1024, "the backend grew to {peak} kB");
 }
+
+/// Another role's table (in a schema a superuser owns and others may create in) with an index
+/// that computes a value from constants alone is not read on the extension's own (the value index, samples): planning the read computed the value
+/// once, and the connection kept it with the relation for as long as it lived (here 100 MB),
+/// so that such tables in the caller's context filled its caches until `max_query_memory`
+/// ended its connection.
+#[test]
+fn a_table_whose_index_computes_from_constants_is_not_read_on_the_extensions_own() {
+    let mut s = Session::new();
+    let (role_name, mut role, _) = role_connection(&mut s, "folded");
+    let planter = format!("planter_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {planter}; CREATE SCHEMA planted;
+             GRANT USAGE, CREATE ON SCHEMA planted TO {planter};
+             SET ROLE {planter};
+             CREATE TABLE planted.notes (note text);
+             CREATE INDEX ON planted.notes ((note || repeat('x', 100000000)));
+             GRANT SELECT ON planted.notes TO {role_name};
+             CREATE TABLE planted.cities (city text);
+             INSERT INTO planted.cities VALUES ('Zanzibar'), ('Oslo');
+             CREATE INDEX ON planted.cities (lower(city));
+             CREATE INDEX ON planted.cities (city) WHERE city IN ('Oslo', 'Bergen');
+             GRANT SELECT ON planted.cities TO {role_name};
+             RESET ROLE;
+             GRANT USAGE ON SCHEMA planted TO {role_name};"
+        ))
+        .unwrap();
+    let pid: i32 = role
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    s.llm.on(
+        "how many notes are there",
+        vec![Reply::sql("SELECT 0 AS n")],
+    );
+    let context: String = role.query_one("SELECT nl_schema()", &[]).unwrap().get(0);
+    assert!(context.contains("notes"), "{context}");
+    role.query("SELECT * FROM nl_query('how many notes are there')", &[])
+        .unwrap();
+    // 245 MB at the backend's peak when it was read; 53 MB measured without.
+    let peak = sql_query_engine_e2e::peak_kb(pid).unwrap_or(0);
+    assert!(peak < 150 * 1024, "the backend grew to {peak} kB");
+    // Indexes on a column's computation, and partial ones, leave a table read.
+    s.llm.on(
+        "how many cities are called zanzibar",
+        vec![Reply::sql("SELECT 0 AS n")],
+    );
+    role.query(
+        "SELECT * FROM nl_query('how many cities are called zanzibar')",
+        &[],
+    )
+    .unwrap();
+    let prompt = s.llm.requests().last().unwrap().text();
+    assert!(
+        prompt.contains("'Zanzibar'"),
+        "the value was not found: {prompt}"
+    );
+}
