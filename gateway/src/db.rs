@@ -573,6 +573,18 @@ impl Node {
     }
 }
 
+/// A spawned task, aborted when dropped (aborting a finished task does nothing): a call whose
+/// waiter goes (the HTTP handler when its client disconnects before the first progress line,
+/// the stream's task when its client stops reading; its query is cancelled, see
+/// `CancelOnDrop`), a connection of its own whose check ended.
+pub struct AbortOnDrop<T>(pub tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Longest wait for a new connection, and for a health check.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a server where a call failed may take to answer a connection of its own before it
@@ -967,25 +979,31 @@ impl Db {
     /// (directly or through a role it may become). Such a role can write code (a view or
     /// policy calling `set_config('role', ...)` and `query_to_xml`, a function with SET ROLE)
     /// that runs in the gateway's session, where SET ROLE is checked against the login role:
-    /// it would reach every role the login role may become. Roles that do not exist are left
-    /// out (their requests fail).
+    /// it would reach every role the login role may become. Roles that do not exist, or that
+    /// the login role may not become, are named too (their requests would fail).
     /// `Err` names the role that the login role is or may become and that reaches as far as a
     /// superuser, when there is one: then no token may be in force.
     pub async fn risky_roles(
         &self,
         roles: &[String],
     ) -> Result<Result<Vec<(String, String)>, String>, DbError> {
-        let conn = self.primary.get(self.wait).await?;
-        // A check the reload stops waiting for is cancelled, and its connection not reused.
-        let guard = CancelOnDrop::new(&conn);
+        // On a connection of its own, not one of the pool's: token holders may keep every
+        // pooled place busy (calls, or calls whose clients left), and a reload must still vet
+        // the file (else tokens added wait, and those of a role that became risky stay).
+        // Ended with the check, or when the reload stops waiting for it.
+        let (client, connection) =
+            tokio::time::timeout(CONNECT_TIMEOUT, self.primary.config.connect(NoTls))
+                .await
+                .map_err(|_| DbError::Busy)??;
+        let _connection = AbortOnDrop(tokio::spawn(connection));
         let checked = async {
             // The login role is checked again too: it may have been granted a role that
             // reaches as far as a superuser since the gateway started.
-            if let Some(reaching) = reaching_role(&conn.client).await? {
+            if let Some(reaching) = reaching_role(&client).await? {
                 return Ok(Err(reaching));
             }
             let rows =
-                pinned_query(&conn.client, RISKY_ROLES_SQL, &[(&roles, Type::TEXT_ARRAY)]).await?;
+                pinned_query(&client, RISKY_ROLES_SQL, &[(&roles, Type::TEXT_ARRAY)]).await?;
             // A row that cannot be read (a name in bytes that are no UTF-8) is a refusal, never
             // a role let through.
             let mut risky = Vec::new();
@@ -1003,7 +1021,6 @@ impl Db {
             Ok::<_, DbError>(Ok(risky))
         }
         .await;
-        guard.disarm();
         checked
     }
 

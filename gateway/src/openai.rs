@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 
 use crate::app::{App, Role};
 use crate::conversation::{ChatMessage, Conversation};
-use crate::db::{Answer, Call, DbError};
+use crate::db::{AbortOnDrop, Answer, Call, DbError};
 use crate::errors::ApiError;
 use crate::housekeeping::Task;
 use crate::shown::{legible, moves_text};
@@ -596,17 +596,6 @@ fn internal(error: &tokio::task::JoinError) -> ApiError {
         "server_error",
         "the call ended without an answer; the gateway's log says why",
     )
-}
-
-/// A spawned call, aborted (its query cancelled, see `db::CancelOnDrop`) when whoever waits
-/// for it goes: the HTTP handler when its client disconnects before the first progress line,
-/// the stream's task when its client stops reading. Aborting a finished task does nothing.
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 /// The question a chat user is asked back when the extension withheld a doubtful answer

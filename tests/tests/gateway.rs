@@ -677,6 +677,34 @@ fn a_full_pool_answers_503_with_retry_after_instead_of_waiting() {
     drop(slow);
 }
 
+/// A reload vets the file's roles on a connection of its own: with every pooled connection
+/// held by a call (token holders may keep them so), a token added to the file is put in force.
+#[test]
+fn a_reload_vets_the_tokens_while_every_pooled_connection_is_busy() {
+    let s = setup();
+    let gateway = Gateway::start_with(
+        &s.database_url,
+        &s.tokens,
+        &["--pool-size", "1", "--pool-wait", "1"],
+    );
+    let slow = one_slow_call(&s, &gateway);
+    let added = format!("added-token-{}", s.database);
+    let mut tokens = std::fs::read_to_string(&s.tokens).unwrap();
+    tokens.push_str(&format!("{added} {}\n", s.reader));
+    std::fs::write(&s.tokens, tokens).unwrap();
+    // SAFETY: signals the gateway process this test started.
+    unsafe { libc::kill(gateway.child.id() as i32, libc::SIGHUP) };
+    let started = Instant::now();
+    while !gateway.models_status(&added).contains("200") {
+        assert!(
+            started.elapsed() < Duration::from_secs(8),
+            "the added token was not put in force"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(slow);
+}
+
 /// A client that leaves frees no place while the backend still runs its query (cancelled, but
 /// in a stretch that checks for no cancel): the next request waits for the backend, instead of
 /// a new backend starting beside it, so that `--pool-size` bounds busy backends.
