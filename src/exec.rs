@@ -466,11 +466,18 @@ pub fn scan_text_columns(
     let per_read = (MAX_VALUES_PER_READ / limit.max(1)).max(1);
     let deadline =
         std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms.max(0) as u64);
-    let (mut scanned, mut values): (Option<Scanned>, usize) = (None, 0);
+    let (mut scanned, mut kept): (Option<Scanned>, usize) = (None, 0);
     for (n, group) in columns.chunks(per_read).enumerate() {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        let left_ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
-        if left_ms == 0 {
+        // The first group has the whole time (a read given 1 ms is not one given none); the
+        // others what is left of it.
+        let left_ms = match n {
+            0 => timeout_ms,
+            _ => {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                i32::try_from(left.as_micros().div_ceil(1000)).unwrap_or(i32::MAX)
+            }
+        };
+        if left_ms <= 0 {
             return None;
         }
         let same = same_as.map(|own| OwnRead {
@@ -484,15 +491,23 @@ pub fn scan_text_columns(
                 .collect(),
         });
         let part = scan_column_group(table, group, limit, length, keep, left_ms, same.as_ref())?;
-        // All the groups together within what one read may bring back.
-        values += part.columns.iter().map(Vec::len).sum::<usize>();
-        if values > OWN_READ_BYTES / VALUE_BYTES {
+        // All the groups together within what one read may bring back (what is kept of
+        // them: each value's text and its count).
+        kept += part
+            .columns
+            .iter()
+            .flatten()
+            .map(|v| v.len() + VALUE_BYTES)
+            .sum::<usize>();
+        if kept > OWN_READ_BYTES {
             return None;
         }
         match scanned.as_mut() {
             None => scanned = Some(part),
+            // Each group read the table under its own snapshot: it was read to its end only if
+            // each found fewer rows than it asked for.
             Some(all) => {
-                all.rows = all.rows.min(part.rows);
+                all.rows = all.rows.max(part.rows);
                 all.columns.extend(part.columns);
             }
         }
