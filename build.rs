@@ -27,6 +27,7 @@ const ATTRIBUTES: &[(&str, &str)] = &[
     ("pg_constraint", "contype"),
     ("pg_constraint", "contypid"),
     ("pg_constraint", "conbin"),
+    ("pg_partitioned_table", "partrelid"),
     ("pg_partitioned_table", "partexprs"),
 ];
 
@@ -42,6 +43,16 @@ const OIDS: &[(&str, &str, &str)] = &[
         "pg_constraint",
         "ConstraintTypidIndexId",
         "CONSTRAINT_TYPID_INDEX_ID",
+    ),
+    (
+        "pg_partitioned_table",
+        "PartitionedRelationId",
+        "PARTITIONED_RELATION_ID",
+    ),
+    (
+        "pg_partitioned_table",
+        "PartitionedRelidIndexId",
+        "PARTITIONED_RELID_INDEX_ID",
     ),
 ];
 

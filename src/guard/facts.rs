@@ -670,53 +670,98 @@ pub unsafe fn stored_checks(domain: pg_sys::Oid) -> Vec<*mut pg_sys::Node> {
         ANUM_PG_CONSTRAINT_CONBIN, ANUM_PG_CONSTRAINT_CONTYPE, ANUM_PG_CONSTRAINT_CONTYPID,
         CONSTRAINT_RELATION_ID, CONSTRAINT_TYPID_INDEX_ID,
     };
-    let mut found = Vec::new();
-    // An ERROR between the scan's start and end releases both with the (sub)transaction.
-    // SAFETY: an index scan of pg_constraint by domain, ended and closed before returning;
-    // each expression is a node tree read from its text form into the current memory context.
+    let check = |tuple: pg_sys::HeapTuple, desc: pg_sys::TupleDesc| {
+        let mut is_null = true;
+        // SAFETY: a tuple of pg_constraint, with its descriptor.
+        let kind = unsafe {
+            pg_sys::heap_getattr(tuple, ANUM_PG_CONSTRAINT_CONTYPE.into(), desc, &mut is_null)
+        };
+        !is_null && kind.value() as u8 == b'c'
+    };
+    // SAFETY: the caller's contract.
     unsafe {
-        let catalog = pg_sys::table_open(
-            pg_sys::Oid::from(CONSTRAINT_RELATION_ID),
+        stored_trees(
+            CONSTRAINT_RELATION_ID,
+            CONSTRAINT_TYPID_INDEX_ID,
+            ANUM_PG_CONSTRAINT_CONTYPID,
+            domain,
+            &[ANUM_PG_CONSTRAINT_CONBIN],
+            &check,
+            usize::MAX,
+        )
+    }
+    .unwrap_or_default()
+}
+
+/// The expression trees of `columns` in the rows of `catalog` whose `key_column` is `key`
+/// (found through `index`) that `wanted` takes, read from their stored text: never planned,
+/// nor kept (a syscache look-up would keep each whole row, its text decompressed, for the
+/// connection's life). `None` when one's text is longer than `max_bytes` (read from its size,
+/// before it is decompressed).
+///
+/// # Safety
+/// In a transaction; `key_column` and `columns` are attribute numbers of `catalog`, of types
+/// oid and pg_node_tree.
+pub unsafe fn stored_trees(
+    catalog: u32,
+    index: u32,
+    key_column: i16,
+    key: pg_sys::Oid,
+    columns: &[i16],
+    wanted: &dyn Fn(pg_sys::HeapTuple, pg_sys::TupleDesc) -> bool,
+    max_bytes: usize,
+) -> Option<Vec<*mut pg_sys::Node>> {
+    let mut found = Vec::new();
+    let mut too_long = false;
+    // An ERROR between the scan's start and end releases both with the (sub)transaction.
+    // SAFETY: an index scan of the catalog by its key, ended and closed before returning; each
+    // expression is a node tree read from its text form into the current memory context.
+    unsafe {
+        let opened = pg_sys::table_open(
+            pg_sys::Oid::from(catalog),
             pg_sys::AccessShareLock as pg_sys::LOCKMODE,
         );
-        let mut key: pg_sys::ScanKeyData = std::mem::zeroed();
+        let mut scan_key: pg_sys::ScanKeyData = std::mem::zeroed();
         pg_sys::ScanKeyInit(
-            &mut key,
-            ANUM_PG_CONSTRAINT_CONTYPID,
+            &mut scan_key,
+            key_column,
             pg_sys::BTEqualStrategyNumber as u16,
             pg_sys::regproc::from(pg_sys::F_OIDEQ),
-            pg_sys::Datum::from(domain),
+            pg_sys::Datum::from(key),
         );
         let scan = pg_sys::systable_beginscan(
-            catalog,
-            pg_sys::Oid::from(CONSTRAINT_TYPID_INDEX_ID),
+            opened,
+            pg_sys::Oid::from(index),
             true,
             std::ptr::null_mut(),
             1,
-            &mut key,
+            &mut scan_key,
         );
-        let desc = (*catalog).rd_att;
-        loop {
+        let desc = (*opened).rd_att;
+        'rows: loop {
             let tuple = pg_sys::systable_getnext(scan);
             if tuple.is_null() {
                 break;
             }
-            let mut is_null = true;
-            let kind =
-                pg_sys::heap_getattr(tuple, ANUM_PG_CONSTRAINT_CONTYPE.into(), desc, &mut is_null);
-            if is_null || kind.value() as u8 != b'c' {
+            if !wanted(tuple, desc) {
                 continue;
             }
-            let text =
-                pg_sys::heap_getattr(tuple, ANUM_PG_CONSTRAINT_CONBIN.into(), desc, &mut is_null);
-            if is_null {
-                continue;
+            for &column in columns {
+                let mut is_null = true;
+                let text = pg_sys::heap_getattr(tuple, column.into(), desc, &mut is_null);
+                if is_null {
+                    continue;
+                }
+                if pg_sys::toast_raw_datum_size(text) > max_bytes {
+                    too_long = true;
+                    break 'rows;
+                }
+                let text = pg_sys::text_to_cstring(text.cast_mut_ptr());
+                found.push(pg_sys::stringToNode(text).cast::<pg_sys::Node>());
             }
-            let text = pg_sys::text_to_cstring(text.cast_mut_ptr());
-            found.push(pg_sys::stringToNode(text).cast::<pg_sys::Node>());
         }
         pg_sys::systable_endscan(scan);
-        pg_sys::table_close(catalog, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        pg_sys::table_close(opened, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
     }
-    found
+    (!too_long).then_some(found)
 }

@@ -926,17 +926,20 @@ fn own_read_refusal(relation: pg_sys::Oid, inheritance: bool) -> Option<String> 
             );
         }
         // Planning a read computes, once, what an index's expression or predicate, or a
-        // partition key, computes from constants alone (`c || repeat('x', 60000000)`), and
-        // the connection keeps the result with the relation for as long as it lives: another
-        // role's tables in the caller's context would fill its caches, question after
-        // question, until `max_query_memory` ends its connection.
+        // partition key, computes without a column (`c || repeat('x', 60000000)`,
+        // `1e131071::numeric::text`), and the connection keeps the result with the relation
+        // for as long as it lives: another role's tables in the caller's context would fill
+        // its caches, question after question, until `max_query_memory` ends its connection.
+        // (What opening the relation loads as stored is bounded before the read is asked:
+        // `schema::Relation::catalog_bytes`.)
         let planned = match kind {
             pg_sys::RELKIND_PARTITIONED_TABLE => trust::inheritors(relation),
             _ => vec![relation],
         };
-        if planned.into_iter().any(|r| computes_from_constants(r)) {
+        if planned.into_iter().any(|r| computes_without_columns(r)) {
             return Some(
-                "an index or partition key of it computes a value from constants alone, which                  planning a read would compute and keep"
+                "an index or partition key of it computes a value without a column, which \
+                 planning a read would compute and keep"
                     .into(),
             );
         }
@@ -946,54 +949,53 @@ fn own_read_refusal(relation: pg_sys::Oid, inheritance: bool) -> Option<String> 
     }
 }
 
-/// Whether an index of `relation` (locked by this transaction), or its partition key, has an
-/// expression or predicate with a call on constants alone, as the catalog stores it (read,
-/// never planned).
+/// Stored expression text of an index or a partition key read at most (a longer one is taken
+/// to compute too much).
+const MAX_STORED_EXPRESSION_BYTES: usize = 1 << 20;
+
+/// Whether an index of `relation`, or its partition key, has an expression or predicate with a
+/// computation that takes no column (`constant_value`), as the catalog stores it (read, never
+/// planned nor kept).
 ///
 /// # Safety
-/// In a transaction that holds a lock on `relation`.
-unsafe fn computes_from_constants(relation: pg_sys::Oid) -> bool {
-    use crate::compat::numbers::ANUM_PG_PARTITIONED_TABLE_PARTEXPRS;
-    let mut stored = Vec::new();
-    // SAFETY: the relation is locked (the caller's contract); its index list is read while it
-    // is open, and each syscache tuple is released once its expressions are read.
-    unsafe {
-        let opened = OpenRelation::open(relation, pg_sys::NoLock);
-        let indexes = pg_sys::RelationGetIndexList(opened.0);
-        let mut read =
-            |cache: pg_sys::SysCacheIdentifier::Type, key: pg_sys::Oid, columns: &[i16]| {
-                let tuple = pg_sys::SearchSysCache1(cache as i32, pg_sys::Datum::from(key));
-                if tuple.is_null() {
-                    return;
-                }
-                for &column in columns {
-                    let mut is_null = true;
-                    let text = pg_sys::SysCacheGetAttr(cache as i32, tuple, column, &mut is_null);
-                    if !is_null {
-                        let text = pg_sys::text_to_cstring(text.cast_mut_ptr());
-                        stored.push(pg_sys::stringToNode(text).cast::<pg_sys::Node>());
-                    }
-                }
-                pg_sys::ReleaseSysCache(tuple);
-            };
-        for index in PgList::<pg_sys::Oid>::from_pg(indexes).iter_oid() {
-            read(
-                pg_sys::SysCacheIdentifier::INDEXRELID,
-                index,
-                &[
-                    pg_sys::Anum_pg_index_indexprs as i16,
-                    pg_sys::Anum_pg_index_indpred as i16,
-                ],
-            );
-        }
-        if (*(*opened.0).rd_rel).relkind as u8 == pg_sys::RELKIND_PARTITIONED_TABLE {
-            read(
-                pg_sys::SysCacheIdentifier::PARTRELID,
-                relation,
-                &[ANUM_PG_PARTITIONED_TABLE_PARTEXPRS],
-            );
-        }
-    }
+/// In a transaction.
+unsafe fn computes_without_columns(relation: pg_sys::Oid) -> bool {
+    use crate::compat::numbers::{
+        ANUM_PG_PARTITIONED_TABLE_PARTEXPRS, ANUM_PG_PARTITIONED_TABLE_PARTRELID,
+        PARTITIONED_RELATION_ID, PARTITIONED_RELID_INDEX_ID,
+    };
+    let every = &|_: pg_sys::HeapTuple, _: pg_sys::TupleDesc| true;
+    // SAFETY: the caller's contract; pg_index's and pg_partitioned_table's columns, by number.
+    let stored = unsafe {
+        let indexes = super::facts::stored_trees(
+            pg_sys::IndexRelationId.to_u32(),
+            pg_sys::IndexIndrelidIndexId,
+            pg_sys::Anum_pg_index_indrelid as i16,
+            relation,
+            &[
+                pg_sys::Anum_pg_index_indexprs as i16,
+                pg_sys::Anum_pg_index_indpred as i16,
+            ],
+            every,
+            MAX_STORED_EXPRESSION_BYTES,
+        );
+        let key = super::facts::stored_trees(
+            PARTITIONED_RELATION_ID,
+            PARTITIONED_RELID_INDEX_ID,
+            ANUM_PG_PARTITIONED_TABLE_PARTRELID,
+            relation,
+            &[ANUM_PG_PARTITIONED_TABLE_PARTEXPRS],
+            every,
+            MAX_STORED_EXPRESSION_BYTES,
+        );
+        indexes.zip(key).map(|(mut indexes, key)| {
+            indexes.extend(key);
+            indexes
+        })
+    };
+    let Some(stored) = stored else {
+        return true;
+    };
     stored.into_iter().any(|expression| {
         let mut folding = Folding { found: false };
         // SAFETY: an expression tree the catalog stored, only read.
@@ -1002,14 +1004,14 @@ unsafe fn computes_from_constants(relation: pg_sys::Oid) -> bool {
     })
 }
 
-/// What `constant_value` found: a call on constants alone.
+/// What `constant_value` found: a computation that takes no column.
 struct Folding {
     found: bool,
 }
 
-/// Whether `node` is a constant value (a constant, or built of constants alone: an array, a
-/// row, a cast of them); a call (a function's, an operator's) on such values is noted in
-/// `folding`: planning computes it.
+/// Whether `node` takes no column (a constant, a call without arguments, or anything built
+/// of such values alone); one that computes something (all but a constant, a list, an array or
+/// a row of such values) is noted in `folding`: planning computes it, whatever its size.
 ///
 /// # Safety
 /// `node` is an analysed expression tree, or null.
@@ -1022,17 +1024,15 @@ unsafe fn constant_value(node: *mut pg_sys::Node, folding: &mut Folding) -> bool
     let tag = unsafe { (*node).type_ };
     match tag {
         pg_sys::NodeTag::T_Const => return true,
+        // What stands for a column's value, or one given at run time.
         pg_sys::NodeTag::T_Var
         | pg_sys::NodeTag::T_Param
         | pg_sys::NodeTag::T_CaseTestExpr
-        | pg_sys::NodeTag::T_CoerceToDomainValue
-        | pg_sys::NodeTag::T_SQLValueFunction
-        | pg_sys::NodeTag::T_NextValueExpr => return false,
+        | pg_sys::NodeTag::T_CoerceToDomainValue => return false,
         _ => {}
     }
     let mut children = Children {
         folding,
-        any: false,
         all_constant: true,
     };
     // SAFETY: PostgreSQL's walker over the node's direct children, with our context.
@@ -1043,25 +1043,20 @@ unsafe fn constant_value(node: *mut pg_sys::Node, folding: &mut Folding) -> bool
             (&mut children as *mut Children).cast::<c_void>(),
         );
     }
-    let constant = children.any && children.all_constant;
-    let call = matches!(
+    let constant = children.all_constant;
+    let container = matches!(
         tag,
-        pg_sys::NodeTag::T_FuncExpr
-            | pg_sys::NodeTag::T_OpExpr
-            | pg_sys::NodeTag::T_DistinctExpr
-            | pg_sys::NodeTag::T_NullIfExpr
-            | pg_sys::NodeTag::T_ScalarArrayOpExpr
+        pg_sys::NodeTag::T_List | pg_sys::NodeTag::T_ArrayExpr | pg_sys::NodeTag::T_RowExpr
     );
-    if constant && call {
+    if constant && !container {
         children.folding.found = true;
     }
-    constant && tag != pg_sys::NodeTag::T_List
+    constant
 }
 
 /// `constant_value`'s walk of one node's children.
 struct Children<'a> {
     folding: &'a mut Folding,
-    any: bool,
     all_constant: bool,
 }
 
@@ -1072,7 +1067,6 @@ unsafe extern "C-unwind" fn child_walker(node: *mut pg_sys::Node, context: *mut 
     if node.is_null() {
         return false;
     }
-    children.any = true;
     // SAFETY: a child of an analysed expression.
     if !unsafe { constant_value(node, children.folding) } {
         children.all_constant = false;

@@ -71,11 +71,22 @@ pub struct Relation {
     /// Whether one of its partitions or inheritance children (at any level) is a foreign table.
     #[serde(default)]
     pub foreign_parts: bool,
+    /// Bytes of the catalog's text (decompressed) that opening and planning a read of it loads
+    /// into the connection's caches, where they stay for as long as it lives: its and its
+    /// partitions' index expressions and predicates, defaults, constraints, triggers'
+    /// arguments, rules, policies, partition keys and bounds, statistics' expressions.
+    #[serde(default)]
+    pub catalog_bytes: i64,
 }
 
 /// Locks a read on the extension's own may take: each is a lock of the caller's transaction,
 /// and the server's lock table is shared and bounded.
 const MAX_OWN_READ_LOCKS: u32 = 256;
+/// Catalog text a read on the extension's own may load into the connection's caches
+/// (`Relation::catalog_bytes`): another role's tables in the caller's context (an index on
+/// `c || '<100 MB literal>'`, a trigger's 300 MB argument, stored compressed in a few) would
+/// fill them, question after question, until `max_query_memory` ends the connection.
+const MAX_OWN_READ_CATALOG_BYTES: i64 = 1 << 20;
 /// Steps of the walk down to partitions and inheritance children, for all the relations read
 /// together (when it is cut short, no relation with children is read on the extension's own
 /// nor are its statistics read): another role's chain or lattice of inheriting tables costs
@@ -146,7 +157,7 @@ impl Relation {
     /// again when it reads (`guard::Origin::Own`).
     pub fn own_read_from(&self) -> Option<String> {
         let qualified = format!("{}.{}", self.schema, self.name);
-        if self.locks > MAX_OWN_READ_LOCKS {
+        if self.locks > MAX_OWN_READ_LOCKS || self.catalog_bytes > MAX_OWN_READ_CATALOG_BYTES {
             return None;
         }
         let from = match self.kind.as_str() {
@@ -269,7 +280,35 @@ parts AS (
 part_indexes AS (
     SELECT d.root, count(*) AS indexes
     FROM (SELECT DISTINCT root, relid FROM walked) d JOIN pg_index i ON i.indrelid = d.relid
-    GROUP BY d.root)
+    GROUP BY d.root),
+-- What opening and planning a read of each relation loads from the catalog into the
+-- connection's caches, as stored decompressed (octet_length of a stored text reads its size,
+-- not the text): the relation's and, for a root, its descendants'.
+cached AS (
+    SELECT r.relid,
+           coalesce((SELECT sum(coalesce(octet_length(i.indexprs::text), 0)
+                                + coalesce(octet_length(i.indpred::text), 0))
+                     FROM pg_index i WHERE i.indrelid = r.relid), 0)
+           + coalesce((SELECT sum(octet_length(a.adbin::text))
+                       FROM pg_attrdef a WHERE a.adrelid = r.relid), 0)
+           + coalesce((SELECT sum(octet_length(co.conbin::text))
+                       FROM pg_constraint co WHERE co.conrelid = r.relid), 0)
+           + coalesce((SELECT sum(octet_length(t.tgargs)
+                                  + coalesce(octet_length(t.tgqual::text), 0))
+                       FROM pg_trigger t WHERE t.tgrelid = r.relid), 0)
+           + coalesce((SELECT sum(octet_length(w.ev_action::text)
+                                  + octet_length(w.ev_qual::text))
+                       FROM pg_rewrite w WHERE w.ev_class = r.relid), 0)
+           + coalesce((SELECT sum(coalesce(octet_length(p.polqual::text), 0)
+                                  + coalesce(octet_length(p.polwithcheck::text), 0))
+                       FROM pg_policy p WHERE p.polrelid = r.relid), 0)
+           + coalesce((SELECT octet_length(pt.partexprs::text)
+                       FROM pg_partitioned_table pt WHERE pt.partrelid = r.relid), 0)
+           + coalesce((SELECT octet_length(c.relpartbound::text)
+                       FROM pg_class c WHERE c.oid = r.relid), 0)
+           + coalesce((SELECT sum(octet_length(x.stxexprs::text))
+                       FROM pg_statistic_ext x WHERE x.stxrelid = r.relid), 0) AS bytes
+    FROM (SELECT oid AS relid FROM kept UNION SELECT relid FROM walked) r)
 SELECT coalesce(json_agg(r.relation ORDER BY r.ord, r.relname)
                 FILTER (WHERE r.columns <= $3 AND r.bytes <= $5), '[]')::text,
        coalesce(max(r.readable), 0)::bigint
@@ -313,6 +352,11 @@ SELECT json_build_object(
                         ELSE 0 END,
         'foreign_parts', coalesce(parts.foreign_parts, false)
                          OR (cut.cut AND (b.relkind = 'p' OR b.relhassubclass)),
+        'catalog_bytes', (SELECT coalesce(sum(cd.bytes), 0)::bigint FROM cached cd
+                          WHERE cd.relid = b.oid
+                             OR (b.relkind = 'p'
+                                 AND cd.relid IN (SELECT w.relid FROM walked w
+                                                  WHERE w.root = b.oid))),
         'inherited', b.relkind = 'r' AND b.relhassubclass)
     ) AS relation,
     b.ord, b.relname, b.columns, b.readable

@@ -280,6 +280,7 @@ mod tests {
             grants: Some("g".into()),
             locks: 1,
             foreign_parts: false,
+            catalog_bytes: 0,
         }
     }
 
@@ -378,6 +379,7 @@ mod tests {
             grants: None,
             locks: 1,
             foreign_parts: false,
+            catalog_bytes: 0,
         };
         assert_eq!(
             render_relation(&items, &[]),

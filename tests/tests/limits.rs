@@ -1520,13 +1520,14 @@ fn a_wide_tables_values_are_read_in_groups_and_all_found() {
     assert!(peak < 300 * 1024, "the backend grew to {peak} kB");
 }
 
-/// Another role's table (in a schema a superuser owns and others may create in) with an index
-/// that computes a value from constants alone is not read on the extension's own (the value index, samples): planning the read computed the value
-/// once, and the connection kept it with the relation for as long as it lived (here 100 MB),
-/// so that such tables in the caller's context filled its caches until `max_query_memory`
-/// ended its connection.
+/// Another role's tables (in a schema a superuser owns and others may create in) whose read
+/// would load into the caller's connection what it keeps for as long as it lives are not read
+/// on the extension's own (the value index, samples): an index that computes a value without a
+/// column (computed once as the read is planned: 100 MB of `repeat`, 63 MB from `pi()`), a
+/// trigger's 60 MB argument (loaded as the table is opened). Such tables in the caller's
+/// context filled its caches until `max_query_memory` ended its connection.
 #[test]
-fn a_table_whose_index_computes_from_constants_is_not_read_on_the_extensions_own() {
+fn tables_whose_read_would_fill_the_callers_caches_are_not_read_on_the_extensions_own() {
     let mut s = Session::new();
     let (role_name, mut role, _) = role_connection(&mut s, "folded");
     let planter = format!("planter_{}", s.database);
@@ -1538,6 +1539,14 @@ fn a_table_whose_index_computes_from_constants_is_not_read_on_the_extensions_own
              CREATE TABLE planted.notes (note text);
              CREATE INDEX ON planted.notes ((note || repeat('x', 100000000)));
              GRANT SELECT ON planted.notes TO {role_name};
+             CREATE TABLE planted.memos (memo text);
+             CREATE INDEX ON planted.memos ((memo || repeat('y', (pi() * 2e7)::int)));
+             GRANT SELECT ON planted.memos TO {role_name};
+             CREATE TABLE planted.jobs (job text);
+             DO $$ BEGIN EXECUTE format('CREATE TRIGGER heavy BEFORE UPDATE ON planted.jobs
+                 FOR EACH ROW EXECUTE FUNCTION suppress_redundant_updates_trigger(%L)',
+                 repeat('z', 60000000)); END $$;
+             GRANT SELECT ON planted.jobs TO {role_name};
              CREATE TABLE planted.cities (city text);
              INSERT INTO planted.cities VALUES ('Zanzibar'), ('Oslo');
              CREATE INDEX ON planted.cities (lower(city));
