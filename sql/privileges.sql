@@ -16,7 +16,7 @@ DECLARE
     revoked record;
 BEGIN
     FOR revoked IN
-        SELECT DISTINCT pg_catalog.format('REVOKE ALL ON %s %I.%I FROM %s',
+        SELECT DISTINCT pg_catalog.format('REVOKE ALL ON %s %I.%I FROM %s CASCADE',
                    CASE c.relkind WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END,
                    n.nspname, c.relname,
                    CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0::pg_catalog.oid THEN 'PUBLIC'
@@ -32,7 +32,7 @@ BEGIN
            AND d.deptype OPERATOR(pg_catalog.=) 'e'::pg_catalog."char"
            AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
         UNION
-        SELECT pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM %s',
+        SELECT pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM %s CASCADE',
                    p.oid::pg_catalog.regprocedure,
                    CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0::pg_catalog.oid THEN 'PUBLIC'
                         ELSE pg_catalog.quote_ident(r.rolname::pg_catalog.text) END)

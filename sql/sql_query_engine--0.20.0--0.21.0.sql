@@ -111,7 +111,7 @@ DECLARE
     writers text;
 BEGIN
     FOR revoked IN
-        SELECT format('REVOKE %s ON %s %I.%I FROM %s', a.privilege_type,
+        SELECT format('REVOKE %s ON %s %I.%I FROM %s CASCADE', a.privilege_type,
                    CASE c.relkind WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END,
                    n.nspname, c.relname,
                    CASE WHEN a.grantee = 0 THEN 'PUBLIC'
@@ -130,7 +130,7 @@ BEGIN
            AND NOT (a.privilege_type IN ('INSERT', 'DELETE') AND a.grantee <> 0
                     AND c.relname = 'nl_examples')
         UNION ALL
-        SELECT format('REVOKE ALL ON FUNCTION %s FROM %s', p.oid::regprocedure,
+        SELECT format('REVOKE ALL ON FUNCTION %s FROM %s CASCADE', p.oid::regprocedure,
                    CASE WHEN a.grantee = 0 THEN 'PUBLIC'
                         ELSE quote_ident(r.rolname::text) END)
           FROM pg_depend d

@@ -446,7 +446,8 @@ fn default_privileges_give_no_role_rights_on_the_extensions_objects() {
                  CREATE FUNCTION app.app_trigger() RETURNS trigger LANGUAGE plpgsql
                      AS $$ BEGIN RAISE EXCEPTION 'the app role''s trigger ran'; END $$;
                  ALTER FUNCTION app.app_trigger() OWNER TO {app};
-                 ALTER DEFAULT PRIVILEGES GRANT ALL ON TABLES TO {app}, PUBLIC;
+                 ALTER DEFAULT PRIVILEGES GRANT ALL ON TABLES TO {app} WITH GRANT OPTION;
+                 ALTER DEFAULT PRIVILEGES GRANT ALL ON TABLES TO PUBLIC;
                  ALTER DEFAULT PRIVILEGES GRANT ALL ON SEQUENCES TO {app}, PUBLIC;
                  ALTER DEFAULT PRIVILEGES GRANT ALL ON FUNCTIONS TO {app};
                  CREATE EXTENSION sql_query_engine{};",
@@ -459,6 +460,7 @@ fn default_privileges_give_no_role_rights_on_the_extensions_objects() {
             owner
                 .batch_execute(&format!(
                     "GRANT INSERT, DELETE ON nl_examples TO {curator};
+                     SET ROLE {app}; GRANT UPDATE ON nl_examples TO {curator}; RESET ROLE;
                      ALTER EXTENSION sql_query_engine UPDATE;"
                 ))
                 .unwrap();
@@ -535,6 +537,16 @@ fn default_privileges_give_no_role_rights_on_the_extensions_objects() {
         .unwrap()
         .get(0);
     assert!(kept, "the curator's grant was revoked by the update");
+    // What the application role passed on of what default privileges gave it goes with it.
+    let passed: bool = cluster()
+        .connect(&updated)
+        .query_one(
+            &format!("SELECT has_table_privilege('{curator}', 'nl_examples', 'UPDATE')"),
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(!passed, "the UPDATE the application role passed on stayed");
     for database in [installed, updated, plain] {
         admin
             .batch_execute(&format!("DROP DATABASE {database}"))
