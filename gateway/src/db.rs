@@ -632,9 +632,6 @@ reach AS (
 temp AS (
     SELECT oid FROM pg_catalog.pg_namespace WHERE nspname ~ '^pg_(toast_)?temp_')
 SELECT w.rolname::text, coalesce(
-    (SELECT 'it is not granted to the login role ' || pg_catalog.quote_ident(session_user::text)
-            || ', which may not become it'
-     WHERE NOT pg_catalog.pg_has_role(session_user, w.oid, 'MEMBER')),
     (SELECT 'it is or may become the superuser ' || pg_catalog.quote_ident(x.rolname)
      FROM reach x WHERE x.token_role = w.oid AND x.rolsuper LIMIT 1),
     (SELECT 'it may create schemas in this database (as ' || pg_catalog.quote_ident(x.rolname) || ')'
@@ -667,6 +664,13 @@ UNION ALL
 SELECT t.name, 'no role of that name exists'
 FROM pg_catalog.unnest($1::text[]) AS t(name)
 WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.rolname = t.name)
+UNION ALL
+-- SET ROLE needs the SET option of the grant since PostgreSQL 16 (MEMBER before).
+SELECT w.rolname::text, 'the login role may not become it'
+FROM wanted w
+WHERE NOT pg_catalog.pg_has_role(session_user, w.oid,
+    CASE WHEN pg_catalog.current_setting('server_version_num')::int >= 160000
+         THEN 'SET' ELSE 'MEMBER' END)
 ORDER BY 1";
 
 /// `name` as an SQL identifier.

@@ -423,13 +423,17 @@ async fn serve(options: Serve) -> anyhow::Result<()> {
 
 /// What `Db::risky_roles` says of a token's role that does not exist.
 const MISSING_ROLE: &str = "no role of that name exists";
+/// What `Db::risky_roles` says of a token's role that the login role may not become (each of
+/// its requests would fail).
+const NOT_GRANTED_ROLE: &str = "the login role may not become it";
 /// Longest wait for the check of the tokens' roles on a reload.
 const VET_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The roles of `entries` that may not have a token, each with why: a role that may run code of
 /// its own in the gateway's session (see `Db::risky_roles`), unless `allow` (then it warns), and
 /// a role that does not exist (a role made later would never be vetted, and a name PostgreSQL
-/// reads as no role, `none`, would leave the login role in charge), whatever `allow` says.
+/// reads as no role, `none`, would leave the login role in charge) or that the login role may
+/// not become, whatever `allow` says.
 /// `Err` when they could not be checked.
 async fn refused_roles(
     db: &Db,
@@ -455,6 +459,11 @@ async fn refused_roles(
     for (role, why) in risky {
         if why == MISSING_ROLE {
             refused.push((role, format!("{why} (create it, then reload the tokens)")));
+        } else if why == NOT_GRANTED_ROLE {
+            refused.push((
+                role,
+                format!("{why} (grant it to the login role, then reload the tokens)"),
+            ));
         } else if allow {
             log_line!(
                 "sqe-gateway: WARNING: role {}: {}; its tokens can run code of their own in \
