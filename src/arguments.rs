@@ -21,9 +21,6 @@ pub const MAX_SQL_CHARS: usize = 100_000;
 /// most 63 bytes, qualified and quoted a few times that.
 pub const MAX_NAME_CHARS: usize = 1_000;
 
-/// Deepest JSON an argument may nest (serde's own limit is 128).
-const MAX_JSON_DEPTH: usize = 64;
-
 /// `value` when it is at most `max` characters long, else why not (`what` names it).
 pub fn no_longer_than(value: &str, what: &str, max: usize) -> crate::error::Result<()> {
     // Bytes first: a text of more than 4 bytes per allowed character is too long unread.
@@ -145,9 +142,10 @@ impl JsonArgument {
             return Err(too(format!("longer than {max_bytes} bytes of JSON")));
         }
         let shape = text::json_shape(bytes);
-        if shape.values > max_values || shape.depth > MAX_JSON_DEPTH {
+        if shape.values > max_values || shape.depth > text::MAX_JSON_DEPTH {
             return Err(too(format!(
-                "more than {max_values} JSON values or deeper than {MAX_JSON_DEPTH} levels"
+                "more than {max_values} JSON values or deeper than {} levels",
+                text::MAX_JSON_DEPTH
             )));
         }
         let json = std::str::from_utf8(bytes).map_err(|e| too(e.to_string()))?;

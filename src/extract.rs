@@ -30,7 +30,7 @@ pub fn extract_sql(output: &str) -> Option<String> {
     // JSON is parsed into a tree only when the answer holds few values
     // (`text::MAX_JSON_VALUES`): one of a million tiny values would cost a hundred times its
     // size.
-    let small = crate::text::json_shape(text.as_bytes()).values <= crate::text::MAX_JSON_VALUES;
+    let small = crate::text::parsable(&crate::text::json_shape(text.as_bytes()));
     if let Some(value) = small
         .then(|| serde_json::from_str::<serde_json::Value>(text).ok())
         .flatten()
@@ -119,8 +119,9 @@ fn embedded_json(text: &str) -> Option<String> {
         .take(MAX_JSON_CANDIDATES);
     for open in candidates {
         // Counted from where the object starts (a quote before it would hide its values from
-        // a count of the whole answer).
-        if crate::text::json_shape(&bytes[open..]).values > crate::text::MAX_JSON_VALUES {
+        // a count of the whole answer) to where it ends (each candidate's count is not the
+        // rest of the answer's).
+        if !crate::text::parsable(&crate::text::first_value_shape(&bytes[open..])) {
             continue;
         }
         let mut values =

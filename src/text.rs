@@ -237,6 +237,27 @@ pub struct JsonShape {
 }
 
 pub fn json_shape(text: &[u8]) -> JsonShape {
+    shape_of(text, false)
+}
+
+/// Levels of nesting a JSON text may have to be parsed into a tree (`small_json`): serde_json's
+/// own limit (128) holds only while no crate of the build turns it off, and a parse past it
+/// recurses on the backend's stack.
+pub const MAX_JSON_DEPTH: usize = 64;
+
+/// Whether a JSON text may be parsed into a tree: at most `MAX_JSON_VALUES` values and
+/// `MAX_JSON_DEPTH` levels (read from its syntax, `json_shape`).
+pub fn parsable(shape: &JsonShape) -> bool {
+    shape.values <= MAX_JSON_VALUES && shape.depth <= MAX_JSON_DEPTH
+}
+
+/// `json_shape` of the first value of `text` only (an object found inside a longer text): the
+/// count stops where it ends.
+pub fn first_value_shape(text: &[u8]) -> JsonShape {
+    shape_of(text, true)
+}
+
+fn shape_of(text: &[u8], first_only: bool) -> JsonShape {
     let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
     let (mut values, mut objects, mut arrays) = (1usize, 0usize, 0usize);
     for &byte in text {
@@ -258,7 +279,12 @@ pub fn json_shape(text: &[u8]) -> JsonShape {
                 objects += usize::from(byte == b'{');
                 arrays += usize::from(byte == b'[');
             }
-            b']' | b'}' => depth = depth.saturating_sub(1),
+            b']' | b'}' => {
+                depth = depth.saturating_sub(1);
+                if first_only && depth == 0 {
+                    break;
+                }
+            }
             b',' => values += 1,
             _ => {}
         }
@@ -271,9 +297,9 @@ pub fn json_shape(text: &[u8]) -> JsonShape {
     }
 }
 
-/// `text` parsed as JSON, when it is JSON of at most `MAX_JSON_VALUES` values.
+/// `text` parsed as JSON, when it is JSON that may be parsed into a tree (`parsable`).
 pub fn small_json(text: &str) -> Option<serde_json::Value> {
-    if json_shape(text.as_bytes()).values > MAX_JSON_VALUES {
+    if !parsable(&json_shape(text.as_bytes())) {
         return None;
     }
     serde_json::from_str(text).ok()
@@ -445,6 +471,15 @@ mod tests {
         let wide = format!("[{}0]", "{\"\":0},".repeat(MAX_JSON_VALUES));
         assert!(small_json(&wide).is_none());
         assert!(small_json("[1, 2]").is_some());
+        let deep = format!(
+            "{}{}",
+            "[".repeat(MAX_JSON_DEPTH + 1),
+            "]".repeat(MAX_JSON_DEPTH + 1)
+        );
+        assert!(small_json(&deep).is_none());
+        // The first value's count ends where it does.
+        let first = first_value_shape(br#"{"sql": "SELECT 1"} and then [1, 2, 3]"#);
+        assert_eq!((first.values, first.depth), (2, 1));
     }
 
     #[test]

@@ -575,9 +575,10 @@ impl OpenAiClient {
         self.takes_no_choices(n > 1 && batch.completions.len() == 1);
         let missing = n.saturating_sub(batch.completions.len());
         if missing > 0 {
-            batch
-                .completions
-                .extend(self.together(messages, missing, deadline, retry)?);
+            // Those missing that could not be had leave the ones in hand.
+            if let Ok(more) = self.together(messages, missing, deadline, retry) {
+                batch.completions.extend(more);
+            }
             batch.requests += missing as u32;
         }
         batch.completions.truncate(n);
@@ -586,7 +587,9 @@ impl OpenAiClient {
 
     /// `count` single-choice completions asked for at once; a request that did not succeed is
     /// asked again the usual way (`exchange`: retries, fallbacks, its precise error), one that
-    /// ran out of time is not: the others that finished are kept (none: the timeout error).
+    /// ran out of time is not: the others that finished are kept (none: the timeout error, or
+    /// the error of the last request asked again). Asked at once, an endpoint may refuse one
+    /// (a 429 for a burst): that loses neither the vote's others nor the call's repairs.
     fn together(
         &mut self,
         messages: &[Message],
@@ -599,7 +602,7 @@ impl OpenAiClient {
         }
         let body = self.request_body(messages, 1).to_string();
         let mut completions = Vec::with_capacity(count);
-        let mut timed_out = false;
+        let (mut timed_out, mut failed) = (false, None);
         for reply in self.send_together(&body, count, deadline)? {
             let parsed = match reply {
                 Reply::Status { code, body, .. } if (200..300).contains(&code) => {
@@ -611,13 +614,18 @@ impl OpenAiClient {
                 }
                 _ => None,
             };
-            match parsed {
-                Some(parsed) => completions.extend(parsed),
-                None => completions.extend(self.exchange(messages, 1, deadline, retry)?),
+            match parsed.map_or_else(|| self.exchange(messages, 1, deadline, retry), Ok) {
+                Ok(parsed) => completions.extend(parsed),
+                Err(e) => failed = Some(e),
             }
         }
-        if completions.is_empty() && timed_out {
-            return Err(self.timeout_error());
+        if completions.is_empty() {
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            if timed_out {
+                return Err(self.timeout_error());
+            }
         }
         Ok(completions)
     }
@@ -1009,10 +1017,11 @@ fn is_completion(body: &str) -> bool {
 /// The assistants' texts (at most `n`, at least one) and token counts from a chat-completion
 /// body; the counts go with the first.
 fn parse_completions(body: &str, n: usize) -> std::result::Result<Vec<Completion>, String> {
-    if crate::text::json_shape(body.as_bytes()).values > crate::text::MAX_JSON_VALUES {
+    if !crate::text::parsable(&crate::text::json_shape(body.as_bytes())) {
         return Err(format!(
-            "the answer holds more than {} JSON values",
-            crate::text::MAX_JSON_VALUES
+            "the answer holds more than {} JSON values or nests deeper than {} levels",
+            crate::text::MAX_JSON_VALUES,
+            crate::text::MAX_JSON_DEPTH
         ));
     }
     let value: Value = serde_json::from_str(body)

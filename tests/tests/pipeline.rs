@@ -1428,6 +1428,26 @@ fn an_endpoint_that_ignores_n_gets_the_candidates_all_at_once() {
         "{trace}"
     );
     assert_eq!(trace["out_of_time"], true, "{trace}");
+
+    // One of the three asked at once refused (an endpoint's limit on a burst), and refused
+    // again when asked alone: the two that came back are voted on, and the call goes on.
+    s.client
+        .batch_execute("RESET sql_query_engine.answer_budget")
+        .unwrap();
+    let refused = || Reply::Status(400, r#"{"error": {"message": "too many at once"}}"#.into());
+    s.llm.on(
+        "customers in Italien",
+        vec![
+            Reply::sql("SELECT name FROM customers WHERE country = 'Italien'"),
+            slow("SELECT name FROM customers WHERE country = 'IT'"),
+            refused(),
+            slow("SELECT name FROM customers WHERE country = 'IT'"),
+            refused(),
+        ],
+    );
+    let trace = s.trace("customers in Italien").unwrap();
+    assert_eq!(trace["row_count"], 1, "{trace}");
+    assert_eq!(trace["vote"]["alternatives"], 2, "{trace}");
 }
 
 #[test]
