@@ -41,15 +41,16 @@ const PROBE_TIME: Duration = Duration::from_secs(5);
 
 impl Chain {
     pub fn new(endpoints: Vec<Endpoint>, options: Options, breaker: Duration) -> Chain {
+        // SAFETY: reads the backend's current role.
+        let role = unsafe { pgrx::pg_sys::GetUserId() }.to_u32();
         Chain {
             clients: endpoints
                 .into_iter()
-                .map(|e| OpenAiClient::new(e, options))
+                .map(|e| OpenAiClient::new(e, options, role))
                 .collect(),
             timeout: options.timeout,
             breaker,
-            // SAFETY: reads the backend's current role.
-            role: unsafe { pgrx::pg_sys::GetUserId() }.to_u32(),
+            role,
             cut: None,
             lowered: crate::settings::llm_timeout_lowered(),
         }

@@ -40,14 +40,18 @@ pub struct OpenAiClient {
     json_mode: bool,
     max_tokens: u32,
     max_response_bytes: u64,
+    /// The role asking (its OID): what its requests taught of the endpoint is kept for it.
+    role: u32,
 }
 
 thread_local! {
-    /// Endpoints that rejected `response_format` in this session: not asked again.
-    static NO_JSON_MODE: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
-    /// Endpoints that rejected or ignored `n` (several choices per request): asked for one
-    /// choice per request, all requests at once.
-    static NO_CHOICES: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Endpoints that rejected `response_format` in this session, by role: not asked again.
+    /// By role: what one role's requests caused (an answer the role's question shaped) changes
+    /// nothing for the others on the same connection (the gateway's).
+    static NO_JSON_MODE: std::cell::RefCell<Vec<(u32, String)>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Endpoints that rejected or ignored `n` (several choices per request), by role: asked for
+    /// one choice per request, all requests at once.
+    static NO_CHOICES: std::cell::RefCell<Vec<(u32, String)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Why a request never started (see `WaitError::Busy`): the backend's (`Fault::Busy`).
@@ -116,9 +120,10 @@ struct Choices {
 }
 
 impl OpenAiClient {
-    pub fn new(endpoint: Endpoint, options: Options) -> Self {
-        let json_mode =
-            options.json_mode && !NO_JSON_MODE.with_borrow(|n| n.contains(&endpoint.base_url));
+    /// A client of `endpoint` for the role of OID `role`.
+    pub fn new(endpoint: Endpoint, options: Options, role: u32) -> Self {
+        let json_mode = options.json_mode
+            && !NO_JSON_MODE.with_borrow(|n| n.contains(&(role, endpoint.base_url.clone())));
         OpenAiClient {
             base_url: endpoint.base_url,
             model: endpoint.model,
@@ -127,7 +132,13 @@ impl OpenAiClient {
             json_mode,
             max_tokens: options.max_tokens,
             max_response_bytes: options.max_response_bytes,
+            role,
         }
+    }
+
+    /// This client's key in what is learnt of endpoints (`NO_JSON_MODE`, `NO_CHOICES`).
+    fn learnt_key(&self) -> (u32, String) {
+        (self.role, self.base_url.clone())
     }
 
     /// The endpoint as it may be shown: without credentials in the URL, never with the key.
@@ -399,6 +410,7 @@ impl OpenAiClient {
             json_mode: false,
             max_tokens: 1,
             max_response_bytes: self.max_response_bytes,
+            role: self.role,
         };
         let body = probe.request_body(&[Message::user(PROBE)], 1).to_string();
         let request = probe.request(&body, 1, deadline);
@@ -433,8 +445,8 @@ impl OpenAiClient {
     fn takes_no_choices(&self, so: bool) {
         if so {
             NO_CHOICES.with_borrow_mut(|e| {
-                if !e.contains(&self.base_url) {
-                    e.push(self.base_url.clone())
+                if !e.contains(&self.learnt_key()) {
+                    e.push(self.learnt_key())
                 }
             });
         }
@@ -517,7 +529,7 @@ impl OpenAiClient {
             if code == 400 && self.json_mode && text.contains("response_format") {
                 // This endpoint has no JSON mode: ask again without it (extraction copes).
                 self.json_mode = false;
-                NO_JSON_MODE.with_borrow_mut(|e| e.push(self.base_url.clone()));
+                NO_JSON_MODE.with_borrow_mut(|e| e.push(self.learnt_key()));
                 body = self.request_body(messages, n).to_string();
                 continue;
             }
@@ -557,7 +569,7 @@ impl OpenAiClient {
         deadline: Instant,
         retry: bool,
     ) -> Result<Batch> {
-        if n > 1 && NO_CHOICES.with_borrow(|e| e.contains(&self.base_url)) {
+        if n > 1 && NO_CHOICES.with_borrow(|e| e.contains(&self.learnt_key())) {
             return Ok(Batch {
                 completions: self.together(messages, n, deadline, retry)?,
                 requests: n as u32,
@@ -1303,6 +1315,7 @@ mod tests {
                 max_tokens: 100,
                 max_response_bytes: 1000,
             },
+            0,
         );
         let many = client.request_body(&[Message::user("q")], 4);
         assert_eq!(
@@ -1383,6 +1396,7 @@ mod tests {
                 max_tokens: 100,
                 max_response_bytes: 1 << 20,
             },
+            0,
         )
     }
 

@@ -1448,6 +1448,33 @@ fn an_endpoint_that_ignores_n_gets_the_candidates_all_at_once() {
     let trace = s.trace("customers in Italien").unwrap();
     assert_eq!(trace["row_count"], 1, "{trace}");
     assert_eq!(trace["vote"]["alternatives"], 2, "{trace}");
+
+    // What the endpoint's answers to one role's requests taught is that role's: another role
+    // on the same connection (as the gateway's are) is asked for its choices in one request.
+    let other = format!("other_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {other}; GRANT SELECT ON customers TO {other}; SET ROLE {other};"
+        ))
+        .unwrap();
+    let spain = "SELECT name FROM customers WHERE country = 'ES'";
+    s.llm.on(
+        "customers in Spain",
+        vec![
+            Reply::sql("SELECT name FROM customers WHERE country = 'Spain'"),
+            Reply::Choices(vec![spain.into(), spain.into(), spain.into()]),
+        ],
+    );
+    let before = s.llm.requests().len();
+    s.trace("customers in Spain").unwrap();
+    let requests = s.llm.requests();
+    assert_eq!(
+        requests.len(),
+        before + 2,
+        "one request for the three choices"
+    );
+    assert_eq!(requests[before + 1].body["n"], 3);
+    s.client.batch_execute("RESET ROLE").unwrap();
 }
 
 #[test]
