@@ -29,6 +29,8 @@ const ATTRIBUTES: &[(&str, &str)] = &[
     ("pg_constraint", "conbin"),
     ("pg_partitioned_table", "partrelid"),
     ("pg_partitioned_table", "partexprs"),
+    ("pg_statistic_ext", "stxrelid"),
+    ("pg_statistic_ext", "stxexprs"),
 ];
 
 /// Catalog and index OIDs, as `#define <Name> N` in `catalog/<catalog>_d.h`, and the constant
@@ -53,6 +55,16 @@ const OIDS: &[(&str, &str, &str)] = &[
         "pg_partitioned_table",
         "PartitionedRelidIndexId",
         "PARTITIONED_RELID_INDEX_ID",
+    ),
+    (
+        "pg_statistic_ext",
+        "StatisticExtRelationId",
+        "STATISTIC_EXT_RELATION_ID",
+    ),
+    (
+        "pg_statistic_ext",
+        "StatisticExtRelidIndexId",
+        "STATISTIC_EXT_RELID_INDEX_ID",
     ),
 ];
 

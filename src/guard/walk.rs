@@ -925,12 +925,13 @@ fn own_read_refusal(relation: pg_sys::Oid, inheritance: bool) -> Option<String> 
                     .into(),
             );
         }
-        // Planning a read computes, once, what an index's expression or predicate, or a
-        // partition key, computes without a column (`c || repeat('x', 60000000)`,
-        // `1e131071::numeric::text`), and the connection keeps the result with the relation
-        // for as long as it lives: another role's tables in the caller's context would fill
-        // its caches, question after question, until `max_query_memory` ends its connection.
-        // (What opening the relation loads as stored is bounded before the read is asked:
+        // Planning a read computes what an index's expression or predicate, a partition key
+        // or an extended statistic's expression computes without a column
+        // (`c || repeat('x', 60000000)`, `1e131071::numeric::text`): the first two once, kept
+        // with the relation for as long as the connection lives, the last at every plan.
+        // Another role's tables in the caller's context would fill its caches, question after
+        // question, until `max_query_memory` ends its connection. (What opening the relation
+        // loads as stored is bounded before the read is asked:
         // `schema::Relation::catalog_bytes`.)
         let planned = match kind {
             pg_sys::RELKIND_PARTITIONED_TABLE => trust::inheritors(relation),
@@ -938,8 +939,8 @@ fn own_read_refusal(relation: pg_sys::Oid, inheritance: bool) -> Option<String> 
         };
         if planned.into_iter().any(|r| computes_without_columns(r)) {
             return Some(
-                "an index or partition key of it computes a value without a column, which \
-                 planning a read would compute and keep"
+                "an index, partition key or statistic of it computes a value without a \
+                 column, which planning a read would compute"
                     .into(),
             );
         }
@@ -953,16 +954,17 @@ fn own_read_refusal(relation: pg_sys::Oid, inheritance: bool) -> Option<String> 
 /// to compute too much).
 const MAX_STORED_EXPRESSION_BYTES: usize = 1 << 20;
 
-/// Whether an index of `relation`, or its partition key, has an expression or predicate with a
-/// computation that takes no column (`constant_value`), as the catalog stores it (read, never
-/// planned nor kept).
+/// Whether an index of `relation`, its partition key or an extended statistic on it has an
+/// expression or predicate with a computation that takes no column (`constant_value`), as the
+/// catalog stores it (read, never planned nor kept).
 ///
 /// # Safety
 /// In a transaction.
 unsafe fn computes_without_columns(relation: pg_sys::Oid) -> bool {
     use crate::compat::numbers::{
         ANUM_PG_PARTITIONED_TABLE_PARTEXPRS, ANUM_PG_PARTITIONED_TABLE_PARTRELID,
-        PARTITIONED_RELATION_ID, PARTITIONED_RELID_INDEX_ID,
+        ANUM_PG_STATISTIC_EXT_STXEXPRS, ANUM_PG_STATISTIC_EXT_STXRELID, PARTITIONED_RELATION_ID,
+        PARTITIONED_RELID_INDEX_ID, STATISTIC_EXT_RELATION_ID, STATISTIC_EXT_RELID_INDEX_ID,
     };
     let every = &|_: pg_sys::HeapTuple, _: pg_sys::TupleDesc| true;
     // SAFETY: the caller's contract; pg_index's and pg_partitioned_table's columns, by number.
@@ -988,10 +990,23 @@ unsafe fn computes_without_columns(relation: pg_sys::Oid) -> bool {
             every,
             MAX_STORED_EXPRESSION_BYTES,
         );
-        indexes.zip(key).map(|(mut indexes, key)| {
-            indexes.extend(key);
-            indexes
-        })
+        let statistics = super::facts::stored_trees(
+            STATISTIC_EXT_RELATION_ID,
+            STATISTIC_EXT_RELID_INDEX_ID,
+            ANUM_PG_STATISTIC_EXT_STXRELID,
+            relation,
+            &[ANUM_PG_STATISTIC_EXT_STXEXPRS],
+            every,
+            MAX_STORED_EXPRESSION_BYTES,
+        );
+        indexes
+            .zip(key)
+            .zip(statistics)
+            .map(|((mut all, key), statistics)| {
+                all.extend(key);
+                all.extend(statistics);
+                all
+            })
     };
     let Some(stored) = stored else {
         return true;
@@ -1010,8 +1025,10 @@ struct Folding {
 }
 
 /// Whether `node` takes no column (a constant, a call without arguments, or anything built
-/// of such values alone); one that computes something (all but a constant, a list, an array or
-/// a row of such values) is noted in `folding`: planning computes it, whatever its size.
+/// of such values alone); one that computes something is noted in `folding`: planning computes
+/// it, whatever its size. Not noted: a list, an array or a row of such values, a relabelling
+/// or a collation of one, and a cast to a type of fixed length or to numeric (`amount > 0` on
+/// a numeric column is stored as a cast of 0), which make nothing larger than what they take.
 ///
 /// # Safety
 /// `node` is an analysed expression tree, or null.
@@ -1024,11 +1041,12 @@ unsafe fn constant_value(node: *mut pg_sys::Node, folding: &mut Folding) -> bool
     let tag = unsafe { (*node).type_ };
     match tag {
         pg_sys::NodeTag::T_Const => return true,
-        // What stands for a column's value, or one given at run time.
-        pg_sys::NodeTag::T_Var
-        | pg_sys::NodeTag::T_Param
-        | pg_sys::NodeTag::T_CaseTestExpr
-        | pg_sys::NodeTag::T_CoerceToDomainValue => return false,
+        // Only a column's value (or one given at run time) is not a constant. What stands for
+        // the input of a CASE or of an array's element conversion is taken as one: such an
+        // input that is a constant is computed (a CASE over a column's value is then noted too,
+        // a refusal that costs only the table's samples).
+        pg_sys::NodeTag::T_Var | pg_sys::NodeTag::T_Param => return false,
+        pg_sys::NodeTag::T_CaseTestExpr | pg_sys::NodeTag::T_CoerceToDomainValue => return true,
         _ => {}
     }
     let mut children = Children {
@@ -1044,11 +1062,28 @@ unsafe fn constant_value(node: *mut pg_sys::Node, folding: &mut Folding) -> bool
         );
     }
     let constant = children.all_constant;
-    let container = matches!(
-        tag,
-        pg_sys::NodeTag::T_List | pg_sys::NodeTag::T_ArrayExpr | pg_sys::NodeTag::T_RowExpr
-    );
-    if constant && !container {
+    // SAFETY: the node's own fields, by its tag.
+    let grows_nothing = unsafe {
+        match tag {
+            pg_sys::NodeTag::T_List
+            | pg_sys::NodeTag::T_ArrayExpr
+            | pg_sys::NodeTag::T_RowExpr
+            | pg_sys::NodeTag::T_RelabelType
+            | pg_sys::NodeTag::T_CollateExpr => true,
+            pg_sys::NodeTag::T_FuncExpr => {
+                let call = node.cast::<pg_sys::FuncExpr>();
+                let cast = matches!(
+                    (*call).funcformat,
+                    pg_sys::CoercionForm::COERCE_EXPLICIT_CAST
+                        | pg_sys::CoercionForm::COERCE_IMPLICIT_CAST
+                );
+                let result = (*call).funcresulttype;
+                cast && (pg_sys::get_typlen(result) > 0 || result == pg_sys::NUMERICOID)
+            }
+            _ => false,
+        }
+    };
+    if constant && !grows_nothing {
         children.folding.found = true;
     }
     constant

@@ -82,6 +82,37 @@ pub struct Relation {
 /// Locks a read on the extension's own may take: each is a lock of the caller's transaction,
 /// and the server's lock table is shared and bounded.
 const MAX_OWN_READ_LOCKS: u32 = 256;
+/// Catalog text reads on the extension's own may load into the connection's caches in all,
+/// over its relations: each relation's bound alone would let a thousand of them fill them.
+const MAX_OWN_READS_CATALOG_BYTES: i64 = 16 << 20;
+
+thread_local! {
+    /// The relations this connection read on the extension's own, and what their catalog text
+    /// (`Relation::catalog_bytes`) came to in all.
+    static OWN_READS_LOADED: std::cell::RefCell<(std::collections::HashSet<u32>, i64)> =
+        std::cell::RefCell::new((std::collections::HashSet::new(), 0));
+}
+
+/// Whether relation `oid`, whose read loads `bytes` of catalog text, may be read on the
+/// extension's own: within the relation's bound, and within the connection's over the
+/// relations it read so far (counted from now on).
+fn loads_within_bounds(oid: u32, bytes: i64) -> bool {
+    if bytes > MAX_OWN_READ_CATALOG_BYTES {
+        return false;
+    }
+    OWN_READS_LOADED.with_borrow_mut(|(read, total)| {
+        if read.contains(&oid) {
+            return true;
+        }
+        if total.saturating_add(bytes) > MAX_OWN_READS_CATALOG_BYTES || read.len() >= 1 << 16 {
+            return false;
+        }
+        read.insert(oid);
+        *total += bytes;
+        true
+    })
+}
+
 /// Catalog text a read on the extension's own may load into the connection's caches
 /// (`Relation::catalog_bytes`): another role's tables in the caller's context (an index on
 /// `c || '<100 MB literal>'`, a trigger's 300 MB argument, stored compressed in a few) would
@@ -157,7 +188,7 @@ impl Relation {
     /// again when it reads (`guard::Origin::Own`).
     pub fn own_read_from(&self) -> Option<String> {
         let qualified = format!("{}.{}", self.schema, self.name);
-        if self.locks > MAX_OWN_READ_LOCKS || self.catalog_bytes > MAX_OWN_READ_CATALOG_BYTES {
+        if self.locks > MAX_OWN_READ_LOCKS || !loads_within_bounds(self.oid, self.catalog_bytes) {
             return None;
         }
         let from = match self.kind.as_str() {
@@ -307,8 +338,23 @@ cached AS (
            + coalesce((SELECT octet_length(c.relpartbound::text)
                        FROM pg_class c WHERE c.oid = r.relid), 0)
            + coalesce((SELECT sum(octet_length(x.stxexprs::text))
-                       FROM pg_statistic_ext x WHERE x.stxrelid = r.relid), 0) AS bytes
-    FROM (SELECT oid AS relid FROM kept UNION SELECT relid FROM walked) r)
+                       FROM pg_statistic_ext x WHERE x.stxrelid = r.relid), 0)
+           -- Columns' fast defaults, loaded whole as the relation is opened: only their stored
+           -- size can be read, and a compressed one is counted as 256 times that.
+           + coalesce((SELECT sum(pg_column_size(a.attmissingval)
+                                  * CASE WHEN pg_column_compression(a.attmissingval) IS NULL
+                                         THEN 1 ELSE 256 END)
+                       FROM pg_attribute a
+                       WHERE a.attrelid = r.relid AND a.atthasmissing), 0) AS bytes
+    FROM (SELECT oid AS relid FROM kept UNION SELECT relid FROM walked) r),
+-- Each kept relation's count: its own, and a partitioned one's descendants' (each once).
+loaded AS (
+    SELECT p.root, sum(cd.bytes) AS bytes
+    FROM (SELECT oid AS root, oid AS relid FROM kept
+          UNION SELECT w.root, w.relid FROM walked w JOIN kept k ON k.oid = w.root
+                WHERE k.relkind = 'p') p
+    JOIN cached cd ON cd.relid = p.relid
+    GROUP BY p.root)
 SELECT coalesce(json_agg(r.relation ORDER BY r.ord, r.relname)
                 FILTER (WHERE r.columns <= $3 AND r.bytes <= $5), '[]')::text,
        coalesce(max(r.readable), 0)::bigint
@@ -352,11 +398,7 @@ SELECT json_build_object(
                         ELSE 0 END,
         'foreign_parts', coalesce(parts.foreign_parts, false)
                          OR (cut.cut AND (b.relkind = 'p' OR b.relhassubclass)),
-        'catalog_bytes', (SELECT coalesce(sum(cd.bytes), 0)::bigint FROM cached cd
-                          WHERE cd.relid = b.oid
-                             OR (b.relkind = 'p'
-                                 AND cd.relid IN (SELECT w.relid FROM walked w
-                                                  WHERE w.root = b.oid))),
+        'catalog_bytes', coalesce(loaded.bytes, 0)::bigint,
         'inherited', b.relkind = 'r' AND b.relhassubclass)
     ) AS relation,
     b.ord, b.relname, b.columns, b.readable
@@ -366,6 +408,7 @@ LEFT JOIN pg_description d
     ON d.objoid = b.oid AND d.classoid = 'pg_class'::regclass AND d.objsubid = 0
 LEFT JOIN parts ON parts.root = b.oid
 LEFT JOIN part_indexes pi ON pi.root = b.oid
+LEFT JOIN loaded ON loaded.root = b.oid
 ) r
 ) r
 "#;

@@ -1523,9 +1523,11 @@ fn a_wide_tables_values_are_read_in_groups_and_all_found() {
 /// Another role's tables (in a schema a superuser owns and others may create in) whose read
 /// would load into the caller's connection what it keeps for as long as it lives are not read
 /// on the extension's own (the value index, samples): an index that computes a value without a
-/// column (computed once as the read is planned: 100 MB of `repeat`, 63 MB from `pi()`), a
-/// trigger's 60 MB argument (loaded as the table is opened). Such tables in the caller's
-/// context filled its caches until `max_query_memory` ended its connection.
+/// column (computed once as the read is planned: 100 MB of `repeat`, 63 MB from `pi()`, 80 MB
+/// of an array's cast to padded text), an extended statistic's expression (computed at every
+/// plan), a trigger's 60 MB argument and a column's fast default (loaded as the table is
+/// opened, stored compressed in a few kB). Such tables in the caller's context filled its
+/// caches until `max_query_memory` ended its connection.
 #[test]
 fn tables_whose_read_would_fill_the_callers_caches_are_not_read_on_the_extensions_own() {
     let mut s = Session::new();
@@ -1547,10 +1549,24 @@ fn tables_whose_read_would_fill_the_callers_caches_are_not_read_on_the_extension
                  FOR EACH ROW EXECUTE FUNCTION suppress_redundant_updates_trigger(%L)',
                  repeat('z', 60000000)); END $$;
              GRANT SELECT ON planted.jobs TO {role_name};
+             CREATE TABLE planted.codes (code text);
+             CREATE INDEX ON planted.codes (code)
+                 WHERE code::bpchar = ANY ('{{a,b,c,d,e,f,g,h}}'::text[]::char(10485760)[]);
+             GRANT SELECT ON planted.codes TO {role_name};
+             CREATE TABLE planted.tags (tag text);
+             CREATE STATISTICS planted.tag_stats ON (tag || repeat('t', 100000000))
+                 FROM planted.tags;
+             GRANT SELECT ON planted.tags TO {role_name};
+             CREATE TABLE planted.wide (id int);
+             ALTER TABLE planted.wide ADD COLUMN w text DEFAULT repeat('w', 400000);
+             ALTER TABLE planted.wide ALTER COLUMN w DROP DEFAULT;
+             GRANT SELECT ON planted.wide TO {role_name};
              CREATE TABLE planted.cities (city text);
              INSERT INTO planted.cities VALUES ('Zanzibar'), ('Oslo');
              CREATE INDEX ON planted.cities (lower(city));
              CREATE INDEX ON planted.cities (city) WHERE city IN ('Oslo', 'Bergen');
+             ALTER TABLE planted.cities ADD COLUMN population numeric;
+             CREATE INDEX ON planted.cities (city) WHERE population > 0;
              GRANT SELECT ON planted.cities TO {role_name};
              RESET ROLE;
              GRANT USAGE ON SCHEMA planted TO {role_name};"
