@@ -999,15 +999,20 @@ impl Db {
             tokio::time::timeout(CONNECT_TIMEOUT, self.primary.config.connect(NoTls))
                 .await
                 .map_err(|_| DbError::Busy)??;
-        let _connection = AbortOnDrop(tokio::spawn(connection));
+        // Dropped in order: the client (the connection then ends), then its task.
+        let vetting = (client, AbortOnDrop(tokio::spawn(connection)));
+        let client = &vetting.0;
         let checked = async {
+            // A check the reload stopped waiting for ends in the server too.
+            client
+                .batch_execute("SET statement_timeout = '10s'")
+                .await?;
             // The login role is checked again too: it may have been granted a role that
             // reaches as far as a superuser since the gateway started.
-            if let Some(reaching) = reaching_role(&client).await? {
+            if let Some(reaching) = reaching_role(client).await? {
                 return Ok(Err(reaching));
             }
-            let rows =
-                pinned_query(&client, RISKY_ROLES_SQL, &[(&roles, Type::TEXT_ARRAY)]).await?;
+            let rows = pinned_query(client, RISKY_ROLES_SQL, &[(&roles, Type::TEXT_ARRAY)]).await?;
             // A row that cannot be read (a name in bytes that are no UTF-8) is a refusal, never
             // a role let through.
             let mut risky = Vec::new();
