@@ -714,8 +714,13 @@ async fn pinned_query(
 ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
     // BEGIN and SET LOCAL in one message: a failure of the SET leaves the transaction
     // aborted, and the ROLLBACK below ends it before the connection goes back to its pool.
+    // Local, also the time a check may take (one whose waiter stopped waiting ends in the
+    // server too): a session's setting would stay on a pooler's server connection.
     let begun = client
-        .batch_execute("BEGIN; SET LOCAL search_path = pg_catalog, pg_temp")
+        .batch_execute(
+            "BEGIN; SET LOCAL search_path = pg_catalog, pg_temp; \
+             SET LOCAL statement_timeout = '10s'",
+        )
         .await;
     let rows = match begun {
         Ok(()) => client.query_typed(sql, params).await,
@@ -1003,10 +1008,6 @@ impl Db {
         let vetting = (client, AbortOnDrop(tokio::spawn(connection)));
         let client = &vetting.0;
         let checked = async {
-            // A check the reload stopped waiting for ends in the server too.
-            client
-                .batch_execute("SET statement_timeout = '10s'")
-                .await?;
             // The login role is checked again too: it may have been granted a role that
             // reaches as far as a superuser since the gateway started.
             if let Some(reaching) = reaching_role(client).await? {
