@@ -515,6 +515,42 @@ pub fn scan_text_columns(
     scanned
 }
 
+/// While alive, the planner takes a fixed width for every column (`get_attavgwidth_hook`)
+/// instead of looking up its statistics: planning an own read kept each column's
+/// `pg_statistic` row, all its arrays, in the connection's catalog cache for as long as it
+/// lives, and another role's table may carry statistics of any size (`SET STATISTICS 10000`,
+/// PostgreSQL 18's `pg_restore_attribute_stats`). An own read has no condition a statistic
+/// would estimate.
+struct FixedWidths(pg_sys::get_attavgwidth_hook_type);
+
+impl FixedWidths {
+    fn set() -> FixedWidths {
+        // SAFETY: the backend's own hook, set on its only thread that runs PostgreSQL code;
+        // `drop` puts the previous one back (also when an ERROR unwinds past it).
+        unsafe {
+            let previous = pg_sys::get_attavgwidth_hook;
+            pg_sys::get_attavgwidth_hook = Some(fixed_width);
+            FixedWidths(previous)
+        }
+    }
+}
+
+impl Drop for FixedWidths {
+    fn drop(&mut self) {
+        // SAFETY: as in `set`.
+        unsafe { pg_sys::get_attavgwidth_hook = self.0 };
+    }
+}
+
+/// The width the planner takes for a column of an own read (`FixedWidths`): any positive one
+/// stops its look-up of statistics.
+unsafe extern "C-unwind" fn fixed_width(
+    _relation: pg_sys::Oid,
+    _column: pg_sys::AttrNumber,
+) -> i32 {
+    32
+}
+
 /// Values one own read collects at most: a wide table's columns are read in groups. Parsed, a
 /// value takes some 60 bytes where the read's byte bound counts 16, outside the memory watch:
 /// 200 columns of 20,000 empty strings took hundreds of megabytes in one read.
@@ -571,6 +607,7 @@ fn scan_column_group(
         max_bytes: OWN_READ_BYTES,
     };
     let _expected = same_as.map(|own| own.arm(columns));
+    let _widths = FixedWidths::set();
     let Outcome::Rows(result) =
         sandboxed(&sql, Mode::Run(limits), timeout_ms, Origin::Own, None, None)
     else {

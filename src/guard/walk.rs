@@ -1062,14 +1062,30 @@ unsafe fn constant_value(node: *mut pg_sys::Node, folding: &mut Folding) -> bool
         );
     }
     let constant = children.all_constant;
-    // SAFETY: the node's own fields, by its tag.
-    let grows_nothing = unsafe {
-        match tag {
+    // SAFETY: the caller's contract.
+    if constant && !unsafe { grows_nothing(node) } {
+        children.folding.found = true;
+    }
+    constant
+}
+
+/// Whether `node` makes nothing larger than what it takes: a list, an array or a row of
+/// values, a relabelling or a collation of one, a cast to numeric or to a type of fixed
+/// length, and an array's cast whose element conversion is one of these (`status IN ('a',
+/// 'b')` on a varchar column is stored as a cast of a varchar array to text[]).
+///
+/// # Safety
+/// `node` is an analysed expression node.
+unsafe fn grows_nothing(node: *mut pg_sys::Node) -> bool {
+    // SAFETY: the node's own fields, by its tag (the caller's contract).
+    unsafe {
+        match (*node).type_ {
             pg_sys::NodeTag::T_List
             | pg_sys::NodeTag::T_ArrayExpr
             | pg_sys::NodeTag::T_RowExpr
             | pg_sys::NodeTag::T_RelabelType
-            | pg_sys::NodeTag::T_CollateExpr => true,
+            | pg_sys::NodeTag::T_CollateExpr
+            | pg_sys::NodeTag::T_CaseTestExpr => true,
             pg_sys::NodeTag::T_FuncExpr => {
                 let call = node.cast::<pg_sys::FuncExpr>();
                 let cast = matches!(
@@ -1080,13 +1096,15 @@ unsafe fn constant_value(node: *mut pg_sys::Node, folding: &mut Folding) -> bool
                 let result = (*call).funcresulttype;
                 cast && (pg_sys::get_typlen(result) > 0 || result == pg_sys::NUMERICOID)
             }
+            pg_sys::NodeTag::T_ArrayCoerceExpr => {
+                let element = (*node.cast::<pg_sys::ArrayCoerceExpr>())
+                    .elemexpr
+                    .cast::<pg_sys::Node>();
+                !element.is_null() && grows_nothing(element)
+            }
             _ => false,
         }
-    };
-    if constant && !grows_nothing {
-        children.folding.found = true;
     }
-    constant
 }
 
 /// `constant_value`'s walk of one node's children.

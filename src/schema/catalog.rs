@@ -86,29 +86,38 @@ const MAX_OWN_READ_LOCKS: u32 = 256;
 /// over its relations: each relation's bound alone would let a thousand of them fill them.
 const MAX_OWN_READS_CATALOG_BYTES: i64 = 16 << 20;
 
-thread_local! {
-    /// The relations this connection read on the extension's own, and what their catalog text
-    /// (`Relation::catalog_bytes`) came to in all.
-    static OWN_READS_LOADED: std::cell::RefCell<(std::collections::HashSet<u32>, i64)> =
-        std::cell::RefCell::new((std::collections::HashSet::new(), 0));
+/// What reads on the extension's own loaded in this connection, by role (one connection
+/// serves many behind the gateway): each relation's catalog text as last seen, and their sum.
+#[derive(Default)]
+struct Loaded {
+    by_relation: HashMap<(u32, u32), i64>,
+    by_role: HashMap<u32, i64>,
 }
 
-/// Whether relation `oid`, whose read loads `bytes` of catalog text, may be read on the
-/// extension's own: within the relation's bound, and within the connection's over the
-/// relations it read so far (counted from now on).
+thread_local! {
+    static OWN_READS_LOADED: std::cell::RefCell<Loaded> = std::cell::RefCell::new(Loaded::default());
+}
+
+/// Whether relation `oid`, whose read now loads `bytes` of catalog text, may be read on the
+/// extension's own for the current role: within the relation's bound, and within the role's
+/// over the relations it may read so in this connection (each counted at its latest size).
 fn loads_within_bounds(oid: u32, bytes: i64) -> bool {
     if bytes > MAX_OWN_READ_CATALOG_BYTES {
         return false;
     }
-    OWN_READS_LOADED.with_borrow_mut(|(read, total)| {
-        if read.contains(&oid) {
-            return true;
-        }
-        if total.saturating_add(bytes) > MAX_OWN_READS_CATALOG_BYTES || read.len() >= 1 << 16 {
+    // SAFETY: reads the backend's current role.
+    let role = unsafe { pg_sys::GetUserId() }.to_u32();
+    OWN_READS_LOADED.with_borrow_mut(|loaded| {
+        let before = loaded.by_relation.get(&(role, oid)).copied();
+        let total = loaded.by_role.get(&role).copied().unwrap_or(0);
+        let after = total - before.unwrap_or(0) + bytes;
+        if after > MAX_OWN_READS_CATALOG_BYTES
+            || (before.is_none() && loaded.by_relation.len() >= 1 << 16)
+        {
             return false;
         }
-        read.insert(oid);
-        *total += bytes;
+        loaded.by_relation.insert((role, oid), bytes);
+        loaded.by_role.insert(role, after);
         true
     })
 }
@@ -188,7 +197,7 @@ impl Relation {
     /// again when it reads (`guard::Origin::Own`).
     pub fn own_read_from(&self) -> Option<String> {
         let qualified = format!("{}.{}", self.schema, self.name);
-        if self.locks > MAX_OWN_READ_LOCKS || !loads_within_bounds(self.oid, self.catalog_bytes) {
+        if self.locks > MAX_OWN_READ_LOCKS {
             return None;
         }
         let from = match self.kind.as_str() {
@@ -200,7 +209,10 @@ impl Relation {
         let row_security = unsafe {
             pg_sys::check_enable_rls(pg_sys::Oid::from(self.oid), pg_sys::InvalidOid, true)
         };
-        (row_security == pg_sys::CheckEnableRlsResult::RLS_NONE as i32).then_some(from)
+        // Counted last, only for a relation that would be read.
+        (row_security == pg_sys::CheckEnableRlsResult::RLS_NONE as i32
+            && loads_within_bounds(self.oid, self.catalog_bytes))
+        .then_some(from)
     }
 
     /// How the relation is written in SQL from the caller's search path.
@@ -339,6 +351,10 @@ cached AS (
                        FROM pg_class c WHERE c.oid = r.relid), 0)
            + coalesce((SELECT sum(octet_length(x.stxexprs::text))
                        FROM pg_statistic_ext x WHERE x.stxrelid = r.relid), 0)
+           -- An extended statistic's data, which planning loads into the catalog cache,
+           -- only its owner may size: a relation that has one is counted past any bound.
+           + CASE WHEN EXISTS (SELECT FROM pg_statistic_ext x WHERE x.stxrelid = r.relid)
+                  THEN 1073741824 ELSE 0 END
            -- Columns' fast defaults, loaded whole as the relation is opened: only their stored
            -- size can be read, and a compressed one is counted as 256 times that.
            + coalesce((SELECT sum(pg_column_size(a.attmissingval)
