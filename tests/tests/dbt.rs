@@ -112,21 +112,33 @@ fn copy_tree(from: &Path, to: &Path) {
     }
 }
 
-#[test]
-fn questions_compile_from_the_committed_cache_and_the_package_test_guards_them() {
+/// A session, and the login role dbt runs as (its own schema `analytics`, reading the
+/// fixture; `setting`, when given, stored for it), and the database's name.
+fn dbt_role(setting: &str) -> (Session, String, String) {
     let mut s = Session::new();
     let user = format!("dbt_{}", s.database);
     let db = s.database.clone();
+    let stored = match setting {
+        "" => String::new(),
+        setting => format!("ALTER ROLE {user} {setting};"),
+    };
     s.client
         .batch_execute(&format!(
             "CREATE ROLE {user} LOGIN;
              GRANT SELECT ON customers, orders TO {user};
              CREATE SCHEMA analytics AUTHORIZATION {user};
+             {stored}
              ALTER DATABASE {db} SET sql_query_engine.llm_url = '{}';
              ALTER DATABASE {db} SET sql_query_engine.vote = off;",
             s.llm.url()
         ))
         .unwrap();
+    (s, user, db)
+}
+
+#[test]
+fn questions_compile_from_the_committed_cache_and_the_package_test_guards_them() {
+    let (s, user, db) = dbt_role("");
     s.llm.respond_with(|request| {
         let asked = request.last_message();
         if asked.contains("How many customers are there per country?") {
@@ -210,20 +222,7 @@ fn questions_compile_from_the_committed_cache_and_the_package_test_guards_them()
 /// test's literal early for a role whose strings are not standard-conforming.
 #[test]
 fn the_models_sql_never_becomes_code_of_the_project() {
-    let mut s = Session::new();
-    let user = format!("dbt_{}", s.database);
-    let db = s.database.clone();
-    s.client
-        .batch_execute(&format!(
-            "CREATE ROLE {user} LOGIN;
-             GRANT SELECT ON customers, orders TO {user};
-             CREATE SCHEMA analytics AUTHORIZATION {user};
-             ALTER ROLE {user} SET standard_conforming_strings = off;
-             ALTER DATABASE {db} SET sql_query_engine.llm_url = '{}';
-             ALTER DATABASE {db} SET sql_query_engine.vote = off;",
-            s.llm.url()
-        ))
-        .unwrap();
+    let (mut s, user, db) = dbt_role("SET standard_conforming_strings = off");
     s.llm.respond_with(|request| {
         let asked = request.last_message();
         if asked.contains("How many customers are there per country?") {
