@@ -515,40 +515,76 @@ pub fn scan_text_columns(
     scanned
 }
 
-/// While alive, the planner takes a fixed width for every column (`get_attavgwidth_hook`)
-/// instead of looking up its statistics: planning an own read kept each column's
-/// `pg_statistic` row, all its arrays, in the connection's catalog cache for as long as it
-/// lives, and another role's table may carry statistics of any size (`SET STATISTICS 10000`,
-/// PostgreSQL 18's `pg_restore_attribute_stats`). An own read has no condition a statistic
-/// would estimate.
-struct FixedWidths(pg_sys::get_attavgwidth_hook_type);
+/// While alive, the planner looks up no statistics row: it takes a fixed width for every
+/// column (`get_attavgwidth_hook`), and none for a column or an index (`get_relation_stats_hook`,
+/// `get_index_stats_hook`: the cost of an index path, which any index the read's columns
+/// cover makes, looks up its first column's). Planning an own read kept each such row, arrays
+/// and all, in the connection's catalog cache for as long as it lives, and another role's
+/// table may carry statistics of any size (`SET STATISTICS 10000`, PostgreSQL 18's
+/// `pg_restore_attribute_stats`). An own read has no condition a statistic would estimate.
+struct NoStatistics {
+    width: pg_sys::get_attavgwidth_hook_type,
+    relation: pg_sys::get_relation_stats_hook_type,
+    index: pg_sys::get_index_stats_hook_type,
+}
 
-impl FixedWidths {
-    fn set() -> FixedWidths {
-        // SAFETY: the backend's own hook, set on its only thread that runs PostgreSQL code;
-        // `drop` puts the previous one back (also when an ERROR unwinds past it).
+impl NoStatistics {
+    fn set() -> NoStatistics {
+        // SAFETY: the backend's own hooks, set on its only thread that runs PostgreSQL code;
+        // `drop` puts the previous ones back (also when an ERROR unwinds past it).
         unsafe {
-            let previous = pg_sys::get_attavgwidth_hook;
+            let previous = NoStatistics {
+                width: pg_sys::get_attavgwidth_hook,
+                relation: pg_sys::get_relation_stats_hook,
+                index: pg_sys::get_index_stats_hook,
+            };
             pg_sys::get_attavgwidth_hook = Some(fixed_width);
-            FixedWidths(previous)
+            pg_sys::get_relation_stats_hook = Some(no_column_statistics);
+            pg_sys::get_index_stats_hook = Some(no_index_statistics);
+            previous
         }
     }
 }
 
-impl Drop for FixedWidths {
+impl Drop for NoStatistics {
     fn drop(&mut self) {
         // SAFETY: as in `set`.
-        unsafe { pg_sys::get_attavgwidth_hook = self.0 };
+        unsafe {
+            pg_sys::get_attavgwidth_hook = self.width;
+            pg_sys::get_relation_stats_hook = self.relation;
+            pg_sys::get_index_stats_hook = self.index;
+        }
     }
 }
 
-/// The width the planner takes for a column of an own read (`FixedWidths`): any positive one
+/// The width the planner takes for a column of an own read (`NoStatistics`): any positive one
 /// stops its look-up of statistics.
 unsafe extern "C-unwind" fn fixed_width(
     _relation: pg_sys::Oid,
     _column: pg_sys::AttrNumber,
 ) -> i32 {
     32
+}
+
+/// A column's statistics for an own read (`NoStatistics`): taken care of, and none (the
+/// planner then estimates without).
+unsafe extern "C-unwind" fn no_column_statistics(
+    _root: *mut pg_sys::PlannerInfo,
+    _entry: *mut pg_sys::RangeTblEntry,
+    _column: pg_sys::AttrNumber,
+    _data: *mut pg_sys::VariableStatData,
+) -> bool {
+    true
+}
+
+/// An index column's statistics for an own read (`NoStatistics`): taken care of, and none.
+unsafe extern "C-unwind" fn no_index_statistics(
+    _root: *mut pg_sys::PlannerInfo,
+    _index: pg_sys::Oid,
+    _column: pg_sys::AttrNumber,
+    _data: *mut pg_sys::VariableStatData,
+) -> bool {
+    true
 }
 
 /// Values one own read collects at most: a wide table's columns are read in groups. Parsed, a
@@ -607,7 +643,7 @@ fn scan_column_group(
         max_bytes: OWN_READ_BYTES,
     };
     let _expected = same_as.map(|own| own.arm(columns));
-    let _widths = FixedWidths::set();
+    let _statistics = NoStatistics::set();
     let Outcome::Rows(result) =
         sandboxed(&sql, Mode::Run(limits), timeout_ms, Origin::Own, None, None)
     else {

@@ -1071,8 +1071,8 @@ unsafe fn constant_value(node: *mut pg_sys::Node, folding: &mut Folding) -> bool
 
 /// Whether `node` makes nothing larger than what it takes: a list, an array or a row of
 /// values, a relabelling or a collation of one, a cast to numeric or to a type of fixed
-/// length, and an array's cast whose element conversion is one of these (`status IN ('a',
-/// 'b')` on a varchar column is stored as a cast of a varchar array to text[]).
+/// length, and an array's cast that relabels each element (`status IN ('a', 'b')` on a
+/// varchar column is stored as a cast of a varchar array to text[]).
 ///
 /// # Safety
 /// `node` is an analysed expression node.
@@ -1096,11 +1096,19 @@ unsafe fn grows_nothing(node: *mut pg_sys::Node) -> bool {
                 let result = (*call).funcresulttype;
                 cast && (pg_sys::get_typlen(result) > 0 || result == pg_sys::NUMERICOID)
             }
+            // Only a relabelling of each element: a cast of each to a type of fixed length
+            // may still make each larger than its text (text to name: 64 bytes).
             pg_sys::NodeTag::T_ArrayCoerceExpr => {
                 let element = (*node.cast::<pg_sys::ArrayCoerceExpr>())
                     .elemexpr
                     .cast::<pg_sys::Node>();
-                !element.is_null() && grows_nothing(element)
+                !element.is_null()
+                    && matches!(
+                        (*element).type_,
+                        pg_sys::NodeTag::T_RelabelType
+                            | pg_sys::NodeTag::T_CollateExpr
+                            | pg_sys::NodeTag::T_CaseTestExpr
+                    )
             }
             _ => false,
         }
