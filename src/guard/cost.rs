@@ -308,12 +308,7 @@ unsafe fn small_within(node: *mut pg_sys::Node, elements: &mut usize) -> bool {
         let call = match n.type_ {
             pg_sys::NodeTag::T_FuncExpr => {
                 let call = node.cast::<pg_sys::FuncExpr>();
-                let cast = matches!(
-                    (*call).funcformat,
-                    pg_sys::CoercionForm::COERCE_EXPLICIT_CAST
-                        | pg_sys::CoercionForm::COERCE_IMPLICIT_CAST
-                );
-                Some(((*call).funcid, (*call).args, cast))
+                Some(((*call).funcid, (*call).args, super::facts::is_cast(call)))
             }
             pg_sys::NodeTag::T_OpExpr => {
                 let call = node.cast::<pg_sys::OpExpr>();

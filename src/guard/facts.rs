@@ -658,6 +658,33 @@ pub fn result_column_types(function: pg_sys::Oid) -> Vec<pg_sys::Oid> {
     }
 }
 
+/// Whether `call` is a cast (written `::` or `CAST`, or one the parser added).
+///
+/// # Safety
+/// `call` is a function call node of an analysed tree.
+pub unsafe fn is_cast(call: *const pg_sys::FuncExpr) -> bool {
+    // SAFETY: the caller's contract.
+    let form = unsafe { (*call).funcformat };
+    matches!(
+        form,
+        pg_sys::CoercionForm::COERCE_EXPLICIT_CAST | pg_sys::CoercionForm::COERCE_IMPLICIT_CAST
+    )
+}
+
+/// The base type of `typ` through its domains; `None` for a type that is gone (dropped since
+/// it was read, where no lock holds it: PostgreSQL's own look-up would raise XX000).
+pub fn base_type(mut typ: pg_sys::Oid) -> Option<pg_sys::Oid> {
+    // Domains over domains: PostgreSQL allows no cycle, and the walk is bounded besides.
+    for _ in 0..64 {
+        let facts = TypeFacts::of(typ)?;
+        if facts.kind != b'd' {
+            return Some(typ);
+        }
+        typ = facts.base;
+    }
+    None
+}
+
 /// The CHECK expressions of `domain` as the catalog stores them (`pg_constraint.conbin`): read,
 /// never planned. The type cache's copy is planned when it is loaded, and planning evaluates
 /// immutable functions of constants, another role's included, before any walk could refuse

@@ -59,7 +59,7 @@ use bounds::MAX_CLAUSE_ITEMS;
 use walk::too_deep;
 
 pub use doubts::doubts;
-pub use facts::{builtin, row_fields, type_holds};
+pub use facts::{base_type, builtin, row_fields, type_holds};
 pub use outer::outer_column_subquery;
 pub use policy::Allowed;
 pub use refs::{references, ColumnRef, GroupBy, Named, References, RelationRef, Select};

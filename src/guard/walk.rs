@@ -1088,13 +1088,9 @@ unsafe fn grows_nothing(node: *mut pg_sys::Node) -> bool {
             | pg_sys::NodeTag::T_CaseTestExpr => true,
             pg_sys::NodeTag::T_FuncExpr => {
                 let call = node.cast::<pg_sys::FuncExpr>();
-                let cast = matches!(
-                    (*call).funcformat,
-                    pg_sys::CoercionForm::COERCE_EXPLICIT_CAST
-                        | pg_sys::CoercionForm::COERCE_IMPLICIT_CAST
-                );
                 let result = (*call).funcresulttype;
-                cast && (pg_sys::get_typlen(result) > 0 || result == pg_sys::NUMERICOID)
+                super::facts::is_cast(call)
+                    && (pg_sys::get_typlen(result) > 0 || result == pg_sys::NUMERICOID)
             }
             // Only a relabelling of each element: a cast of each to a type of fixed length
             // may still make each larger than its text (text to name: 64 bytes).

@@ -749,7 +749,7 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
             for row in &mut columns {
                 // Text the extension may read on its own: built-in types, and domains over
                 // them (a domain's CHECK does not run on a read).
-                row.column.textual &= base_type(pg_sys::Oid::from(row.column.type_oid))
+                row.column.textual &= crate::guard::base_type(pg_sys::Oid::from(row.column.type_oid))
                     .is_some_and(|base| base.to_u32() < pg_sys::FirstNormalObjectId);
             }
             let statistics: Vec<StatisticsRow> = if common_values {
@@ -978,30 +978,4 @@ fn type_name(oid: u32, typmod: i32) -> String {
             (pg_sys::FORMAT_TYPE_TYPEMOD_GIVEN | pg_sys::FORMAT_TYPE_INVALID_AS_NULL) as u16,
         ))
     }
-}
-
-/// The base type of `typ` through its domains; `None` for a type that is gone (see `type_name`).
-fn base_type(mut typ: pg_sys::Oid) -> Option<pg_sys::Oid> {
-    // Domains over domains: PostgreSQL allows no cycle, and the walk is bounded besides.
-    for _ in 0..64 {
-        // SAFETY: a syscache look-up, released before the next.
-        let (kind, base) = unsafe {
-            let tuple = pg_sys::SearchSysCache1(
-                pg_sys::SysCacheIdentifier::TYPEOID as i32,
-                pg_sys::Datum::from(typ),
-            );
-            if tuple.is_null() {
-                return None;
-            }
-            let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_type>(tuple);
-            let found = ((*form).typtype as u8, (*form).typbasetype);
-            pg_sys::ReleaseSysCache(tuple);
-            found
-        };
-        if kind != b'd' {
-            return Some(typ);
-        }
-        typ = base;
-    }
-    None
 }
