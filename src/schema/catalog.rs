@@ -73,8 +73,9 @@ pub struct Relation {
     pub foreign_parts: bool,
     /// Bytes of the catalog's text (decompressed) that opening and planning a read of it loads
     /// into the connection's caches, where they stay for as long as it lives: its and its
-    /// partitions' index expressions and predicates, defaults, constraints, triggers'
-    /// arguments, rules, policies, partition keys and bounds, statistics' expressions.
+    /// partitions' index expressions and predicates, defaults and fast defaults, constraints,
+    /// triggers' arguments, rules, policies, partition keys and bounds; one with an extended
+    /// statistic counts past any bound.
     #[serde(default)]
     pub catalog_bytes: i64,
 }
@@ -349,10 +350,9 @@ cached AS (
                        FROM pg_partitioned_table pt WHERE pt.partrelid = r.relid), 0)
            + coalesce((SELECT octet_length(c.relpartbound::text)
                        FROM pg_class c WHERE c.oid = r.relid), 0)
-           + coalesce((SELECT sum(octet_length(x.stxexprs::text))
-                       FROM pg_statistic_ext x WHERE x.stxrelid = r.relid), 0)
-           -- An extended statistic's data, which planning loads into the catalog cache,
-           -- only its owner may size: a relation that has one is counted past any bound.
+           -- An extended statistic's data (and expressions), which planning loads into the
+           -- catalog cache, only its owner may size: a relation that has one is counted past
+           -- any bound.
            + CASE WHEN EXISTS (SELECT FROM pg_statistic_ext x WHERE x.stxrelid = r.relid)
                   THEN 1073741824 ELSE 0 END
            -- Columns' fast defaults, loaded whole as the relation is opened: only their stored
