@@ -34,19 +34,20 @@ fn nl_query(
     question: Option<&str>,
     session: default!(Option<&str>, "NULL"),
 ) -> SetOfIterator<'static, JsonB> {
-    exec::refuse_inside_a_query("nl_query");
-    let (run, _) = answered(Ask::new("nl_query", question, session)).unwrap_or_else(|e| e.raise());
+    let ask = Ask::new("nl_query", question, session);
+    ask.admitted(|| Ok(()));
+    let (run, _) = answered(ask).unwrap_or_else(|e| e.raise());
     rows_of(run.best_result())
 }
 
 /// Answers a question with SQL only: generated, guarded, and planned (never executed).
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_generate(question: Option<&str>, session: default!(Option<&str>, "NULL")) -> String {
-    exec::refuse_inside_a_query("nl_generate");
     let ask = Ask {
         mode: Mode::Plan,
         ..Ask::new("nl_generate", question, session)
     };
+    ask.admitted(|| Ok(()));
     let (run, _) = answered(ask).unwrap_or_else(|e| e.raise());
     run.final_sql().unwrap_or_default().to_string()
 }
@@ -54,9 +55,9 @@ fn nl_generate(question: Option<&str>, session: default!(Option<&str>, "NULL")) 
 /// Runs the pipeline like `nl_query` and returns what happened instead of the rows.
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_trace(question: Option<&str>, session: default!(Option<&str>, "NULL")) -> JsonB {
-    exec::refuse_inside_a_query("nl_trace");
-    let (run, shown) =
-        audited_run(Ask::new("nl_trace", question, session), Ok).unwrap_or_else(|e| e.raise());
+    let ask = Ask::new("nl_trace", question, session);
+    ask.admitted(|| Ok(()));
+    let (run, shown) = audited_run(ask, Ok).unwrap_or_else(|e| e.raise());
     JsonB(traced(&run, &shown))
 }
 
@@ -64,8 +65,9 @@ fn nl_trace(question: Option<&str>, session: default!(Option<&str>, "NULL")) -> 
 /// (none are sent to the model when sample values are off: then it describes the query).
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_answer(question: Option<&str>, session: default!(Option<&str>, "NULL")) -> String {
-    exec::refuse_inside_a_query("nl_answer");
-    let (_, mut shown) = match answered(Ask::new("nl_answer", question, session)) {
+    let ask = Ask::new("nl_answer", question, session);
+    ask.admitted(|| Ok(()));
+    let (_, mut shown) = match answered(ask) {
         Ok(answered) => answered,
         // Withheld as doubtful: ask back instead of guessing.
         Err(e @ Error::NotSure(_)) => return clarifying_question(&e),
@@ -130,11 +132,11 @@ fn nl_ask(
     session: default!(Option<&str>, "NULL"),
     turns: default!(Option<JsonArgument>, "NULL"),
 ) -> JsonB {
-    exec::refuse_inside_a_query("nl_ask");
     let ask = Ask {
         turns: turns.as_ref(),
         ..Ask::new("nl_ask", question, session)
     };
+    ask.admitted(|| Ok(()));
     let (run, shown) = answered(ask).unwrap_or_else(|e| e.raise());
     JsonB(traced_with_rows(&run, &shown))
 }
@@ -163,32 +165,36 @@ fn nl_call(
     progress: Option<bool>,
     fcinfo: pg_sys::FunctionCallInfo,
 ) -> pgrx::datum::Internal {
-    exec::refuse_inside_a_query("nl_call");
-    let settings = call_settings(run_as, progress).unwrap_or_else(|e| e.raise());
+    let settings =
+        Ask::new("nl_call", question, session).admitted(|| call_settings(run_as, progress));
     // SAFETY: PostgreSQL passes a valid fcinfo, whose flinfo names the procedure called.
     let procedure = unsafe { (*(*fcinfo).flinfo).fn_oid };
     let answer = subxact::in_procedure(fcinfo, &settings, || {
-        // PostgreSQL checked EXECUTE for the role that called; the call runs as `run_as`,
-        // which must have it too (a login role that may call it, such as the gateway's, would
-        // otherwise lend it to every role it may become).
-        if let Some(role) = run_as {
-            // SAFETY: reads the backend's current user, the role the call now runs as.
-            if !crate::compat::function_allows(procedure, unsafe { pg_sys::GetUserId() }) {
-                Error::Refused(Box::new(SqlError::new(
-                    SqlState::INSUFFICIENT_PRIVILEGE,
-                    format!(
-                        "permission denied for procedure nl_call: run_as role {} may not call it",
-                        crate::text::quoted_field(role)
-                    ),
-                )))
-                .raise()
-            }
-        }
         let ask = Ask {
             release: true,
             turns: turns.as_ref(),
             ..Ask::new("nl_call", question, session)
         };
+        // PostgreSQL checked EXECUTE for the role that called; the call runs as `run_as`,
+        // which must have it too (a login role that may call it, such as the gateway's, would
+        // otherwise lend it to every role it may become).
+        ask.admitted(|| {
+            // SAFETY: reads the backend's current user, the role the call now runs as.
+            let user = unsafe { pg_sys::GetUserId() };
+            match run_as {
+                Some(role) if !crate::compat::function_allows(procedure, user) => {
+                    Err(Error::Refused(Box::new(SqlError::new(
+                        SqlState::INSUFFICIENT_PRIVILEGE,
+                        format!(
+                            "permission denied for procedure nl_call: run_as role {} may not \
+                             call it",
+                            crate::text::quoted_field(role)
+                        ),
+                    ))))
+                }
+                _ => Ok(()),
+            }
+        });
         let (run, shown) = answered(ask).unwrap_or_else(|e| e.raise());
         traced_with_rows(&run, &shown)
     });
@@ -247,13 +253,14 @@ fn call_settings(
 /// names the question (`nl_view_refresh` asks it again). Returns the SQL.
 #[pg_extern(volatile, parallel_unsafe, strict)]
 fn nl_view(view_name: &str, question: &str, replace: default!(bool, false)) -> String {
-    exec::refuse_inside_a_query("nl_view");
-    if let Err(e) =
-        arguments::no_longer_than(view_name, "the view's name", arguments::MAX_NAME_CHARS)
-    {
-        e.raise();
+    let target = Ask {
+        view: Some(view_name),
+        ..Ask::new("nl_view", Some(question), None)
     }
-    let target = saved::target(view_name, replace).unwrap_or_else(|e| e.raise());
+    .admitted(|| {
+        arguments::no_longer_than(view_name, "the view's name", arguments::MAX_NAME_CHARS)?;
+        saved::target(view_name, replace)
+    });
     let ask = Ask {
         view: Some(&target.qualified),
         ..Ask::new("nl_view", Some(question), None)
@@ -281,13 +288,15 @@ fn saved_answer(run: &Run) -> Result<(String, Vec<String>)> {
 /// not change: CREATE OR REPLACE VIEW keeps them). Returns what changed.
 #[pg_extern(volatile, parallel_unsafe, strict)]
 fn nl_view_refresh(view_name: &str) -> String {
-    exec::refuse_inside_a_query("nl_view_refresh");
-    if let Err(e) =
-        arguments::no_longer_than(view_name, "the view's name", arguments::MAX_NAME_CHARS)
-    {
-        e.raise();
-    }
-    let before = saved::saved(view_name).unwrap_or_else(|e| e.raise());
+    // Before the saved question is read, the audit names the view alone.
+    let view = format!(
+        "view: {}",
+        text::at_most(view_name, arguments::MAX_SQL_CHARS)
+    );
+    let before = admitted("nl_view_refresh", None, &view, || {
+        arguments::no_longer_than(view_name, "the view's name", arguments::MAX_NAME_CHARS)?;
+        saved::saved(view_name)
+    });
     let ask = Ask {
         view: Some(view_name),
         ..Ask::new("nl_view_refresh", Some(&before.question), None)
@@ -317,8 +326,7 @@ fn nl_view_refresh(view_name: &str) -> String {
 /// answer with other ones is repaired like an error.
 #[pg_extern(volatile, parallel_unsafe, strict)]
 fn nl_query_shaped(question: &str, shape: pg_sys::Oid) -> SetOfIterator<'static, JsonB> {
-    exec::refuse_inside_a_query("nl_query_shaped");
-    let fields = saved::shape(shape).unwrap_or_else(|e| e.raise());
+    let fields = Ask::new("nl_query_as", Some(question), None).admitted(|| saved::shape(shape));
     // A question too long to be asked is passed on as it is, to be refused (and audited).
     let shaped;
     let asked = match arguments::question(question) {
@@ -356,13 +364,17 @@ fn nl_query_shaped(question: &str, shape: pg_sys::Oid) -> SetOfIterator<'static,
 /// when given). Returns the SQL that finally answers; raises when none does.
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_fix(sql: Option<&str>, question: default!(Option<&str>, "NULL")) -> String {
-    exec::refuse_inside_a_query("nl_fix");
-    let Some(sql) = sql.filter(|s| !s.trim().is_empty()) else {
-        Error::InvalidParameter("the SQL to fix is empty".into()).raise()
+    let ask = Ask {
+        first: sql,
+        ..Ask::new("nl_fix", question, None)
     };
+    let sql = ask.admitted(|| {
+        sql.filter(|s| !s.trim().is_empty())
+            .ok_or_else(|| Error::InvalidParameter("the SQL to fix is empty".into()))
+    });
     let ask = Ask {
         first: Some(sql),
-        ..Ask::new("nl_fix", question, None)
+        ..ask
     };
     let (run, _) = answered(ask).unwrap_or_else(|e| e.raise());
     run.final_sql().unwrap_or_default().to_string()
@@ -379,32 +391,28 @@ fn nl_fix(sql: Option<&str>, question: default!(Option<&str>, "NULL")) -> String
            LANGUAGE c AS 'MODULE_PATHNAME', 'nl_cursor_wrapper';"
 )]
 fn nl_cursor(question: Option<&str>, cursor_name: default!(Option<&str>, "'nl_answer'")) -> String {
-    exec::refuse_inside_a_query("nl_cursor");
     let name = cursor_name.filter(|n| !n.is_empty()).unwrap_or("nl_answer");
-    if let Err(e) = arguments::no_longer_than(name, "the cursor's name", arguments::MAX_NAME_CHARS)
-    {
-        e.raise();
-    }
-    // PostgreSQL keeps a portal's name in NAMEDATALEN bytes, cut at a byte: a longer name
-    // would name a cursor no FETCH finds.
-    if name.len() >= pg_sys::NAMEDATALEN as usize {
-        Error::Query(Box::new(SqlError::new(
-            SqlState::NAME_TOO_LONG,
-            format!(
-                "the cursor's name is {} bytes long: at most {} are kept",
-                name.len(),
-                pg_sys::NAMEDATALEN - 1
-            ),
-        )))
-        .raise()
-    }
-    let Some(cursor) = exec::new_cursor(name) else {
-        Error::Query(Box::new(SqlError::new(
-            SqlState::DUPLICATE_CURSOR,
-            format!("cursor \"{name}\" already exists"),
-        )))
-        .raise()
-    };
+    let cursor = Ask::new("nl_cursor", question, None).admitted(|| {
+        arguments::no_longer_than(name, "the cursor's name", arguments::MAX_NAME_CHARS)?;
+        // PostgreSQL keeps a portal's name in NAMEDATALEN bytes, cut at a byte: a longer name
+        // would name a cursor no FETCH finds.
+        if name.len() >= pg_sys::NAMEDATALEN as usize {
+            return Err(Error::Query(Box::new(SqlError::new(
+                SqlState::NAME_TOO_LONG,
+                format!(
+                    "the cursor's name is {} bytes long: at most {} are kept",
+                    name.len(),
+                    pg_sys::NAMEDATALEN - 1
+                ),
+            ))));
+        }
+        exec::new_cursor(name).ok_or_else(|| {
+            Error::Query(Box::new(SqlError::new(
+                SqlState::DUPLICATE_CURSOR,
+                format!("cursor \"{name}\" already exists"),
+            )))
+        })
+    });
     // Every attempt keeps its rows in the cursor's memory; the one that answers is the cursor
     // (the query is not run a second time, and the cursor has exactly the rows of the answer).
     let ask = Ask {
@@ -464,7 +472,7 @@ fn traced_with_rows(run: &Run, shown: &DatabaseContext) -> serde_json::Value {
 /// `max_rows`. Raises the refusal or the query's own error.
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_run(sql: &str) -> SetOfIterator<'static, JsonB> {
-    exec::refuse_inside_a_query("nl_run");
+    admitted("nl_run", None, sql, || Ok(()));
     let result = history::audited("nl_run", sql, || {
         arguments::sql(sql)?;
         exec::attempt(sql, run_mode(), settings::statement_timeout_ms()).into_result()
@@ -478,7 +486,7 @@ fn nl_run(sql: &str) -> SetOfIterator<'static, JsonB> {
 /// (`templates`).
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_example_add(question: &str, sql: &str) -> i64 {
-    exec::refuse_inside_a_query("nl_example_add");
+    admitted("nl_example_add", None, sql, || Ok(()));
     history::audited("nl_example_add", sql, || {
         arguments::example_sql(sql)?;
         arguments::example_question(question)?;
@@ -499,15 +507,20 @@ fn nl_feedback(
     correct: Option<bool>,
     corrected_sql: default!(Option<&str>, "NULL"),
 ) -> JsonB {
-    exec::refuse_inside_a_query("nl_feedback");
-    let (Some(history_id), Some(correct)) = (history_id, correct) else {
-        Error::sql(
-            "22004",
-            "nl_feedback needs the answer's history_id and whether it was correct",
-            None,
-        )
-        .raise()
-    };
+    let asked = format!(
+        "answer {}, correct: {}",
+        history_id.map_or("NULL".into(), |id| id.to_string()),
+        correct.map_or("NULL".into(), |c| c.to_string())
+    );
+    let (history_id, correct) = admitted("nl_feedback", None, &asked, || {
+        history_id.zip(correct).ok_or_else(|| {
+            Error::sql(
+                "22004",
+                "nl_feedback needs the answer's history_id and whether it was correct",
+                None,
+            )
+        })
+    });
     // The read of the answer is audited when it fails (an ERROR raised in it too); the
     // feedback itself below.
     let read = format!("answer {history_id}, correct: {correct}");
@@ -543,10 +556,9 @@ fn nl_feedback(
 /// Forgets a session's earlier questions (in every store this server reaches).
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_session_reset(session: &str) {
-    exec::refuse_inside_a_query("nl_session_reset");
-    if let Err(e) = session::check_name(session) {
-        e.raise();
-    }
+    admitted("nl_session_reset", None, session, || {
+        session::check_name(session)
+    });
     history::audited("nl_session_reset", session, || {
         session::reset(session);
         Ok(())
@@ -559,7 +571,7 @@ fn nl_session_reset(session: &str) {
 /// backend only). A gateway sends server-side sessions only to servers that keep them shared.
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_session_store() -> &'static str {
-    exec::refuse_inside_a_query("nl_session_store");
+    admitted("nl_session_store", None, "", || Ok(()));
     session::reachable_store().as_str()
 }
 
@@ -573,15 +585,15 @@ fn nl_history_add(
     function: default!(Option<&str>, "'nl_ask'"),
     session: default!(Option<&str>, "NULL"),
 ) -> Option<i64> {
-    exec::refuse_inside_a_query("nl_history_add");
-    let Some(function) = function else {
-        Error::sql(
-            "22004",
-            "nl_history_add needs the function that answered",
-            None,
-        )
-        .raise()
-    };
+    let function = admitted("nl_history_add", session, "", || {
+        function.ok_or_else(|| {
+            Error::sql(
+                "22004",
+                "nl_history_add needs the function that answered",
+                None,
+            )
+        })
+    });
     // The rows are not recorded: they are dropped unread.
     let answer = answer
         .map(|a| a.parse("answer", &["rows"], MAX_ANSWER_BYTES, MAX_ANSWER_VALUES))
@@ -613,7 +625,7 @@ const MAX_ANSWER_VALUES: usize = 100_000;
 /// back, behind the runtime gate: nothing it did outlives it.
 #[pg_extern(stable, parallel_unsafe)]
 fn nl_check(sql: &str) {
-    exec::refuse_inside_a_query("nl_check");
+    admitted("nl_check", None, sql, || Ok(()));
     history::audited("nl_check", sql, || {
         arguments::sql(sql)?;
         exec::check(sql, None)
@@ -625,11 +637,10 @@ fn nl_check(sql: &str) {
 /// one), verified examples included.
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_schema(question: default!(Option<&str>, "NULL")) -> String {
-    exec::refuse_inside_a_query("nl_schema");
     let question = question.filter(|q| !q.trim().is_empty());
-    if let Some(Err(e)) = question.map(arguments::question) {
-        e.raise();
-    }
+    admitted("nl_schema", None, question.unwrap_or(""), || {
+        question.map_or(Ok(()), arguments::question)
+    });
     history::audited("nl_schema", question.unwrap_or(""), || {
         database_context(question).map(|context| context.text)
     })
@@ -860,6 +871,42 @@ impl<'a> Ask<'a> {
             view: None,
         }
     }
+
+    /// What the audit line gives as the call's input: the question, the caller's own SQL when
+    /// it gave some (`nl_fix`), and the view. Each is cut before it is copied: over-long input
+    /// is refused (and that refusal audited).
+    fn audited_input(&self) -> String {
+        let cut = |text: &str| text::at_most(text, arguments::MAX_SQL_CHARS);
+        let mut input = match (self.question, self.first) {
+            (Some(question), Some(sql)) => format!("{}\ngiven: {}", cut(question), cut(sql)),
+            (question, sql) => cut(question.or(sql).unwrap_or("")),
+        };
+        if let Some(view) = self.view {
+            input.push_str(&format!("\nview: {}", cut(view)));
+        }
+        input
+    }
+
+    /// `admitted` for this call.
+    fn admitted<T>(&self, check: impl FnOnce() -> Result<T>) -> T {
+        admitted(self.function, self.session, &self.audited_input(), check)
+    }
+}
+
+/// The checks a call makes before it starts: not from code a query of the extension runs, nor
+/// in parallel mode (`exec::outside_a_query`), then `check` (its arguments, the objects they
+/// name). A refusal is audited as the call's outcome and raised.
+fn admitted<T>(
+    function: &str,
+    session: Option<&str>,
+    input: &str,
+    check: impl FnOnce() -> Result<T>,
+) -> T {
+    history::checked_first(function, session, input, || {
+        exec::outside_a_query(function)?;
+        check()
+    })
+    .unwrap_or_else(|e| e.raise())
 }
 
 /// `answer` for the functions that return the answer itself: a run without one is an error,
@@ -934,16 +981,7 @@ fn audited_run(
     ask: Ask,
     accept: impl FnOnce((Run, DatabaseContext)) -> Result<(Run, DatabaseContext)>,
 ) -> Result<(Run, DatabaseContext)> {
-    // The question, and the caller's own SQL when it gave some (nl_fix): both go in the audit.
-    // Cut before anything is copied: over-long input is refused (and that refusal audited).
-    let cut = |text: &str| text::at_most(text, arguments::MAX_SQL_CHARS);
-    let mut input = match (ask.question, ask.first) {
-        (Some(question), Some(sql)) => format!("{}\ngiven: {}", cut(question), cut(sql)),
-        (question, sql) => cut(question.or(sql).unwrap_or("")),
-    };
-    if let Some(view) = ask.view {
-        input.push_str(&format!("\nview: {}", cut(view)));
-    }
+    let input = ask.audited_input();
     let input = input.as_str();
     history::audit_raised(ask.function, ask.session, input, |caller| {
         let result = answer(&ask).and_then(accept);

@@ -299,24 +299,24 @@ pub unsafe extern "C-unwind" fn refuse_reset_all(statement: *mut pg_sys::Planned
 /// parallel worker (code of a query's parallel plan; the count is per process) and wherever
 /// PostgreSQL runs in parallel mode: the extension's functions are parallel-unsafe, so no
 /// query of a caller's own puts them there.
-pub fn refuse_inside_a_query(function: &str) {
-    let refusal = |message: String, hint: &str| {
-        crate::error::Error::sql("42501", message, Some(hint)).raise()
-    };
+pub fn outside_a_query(function: &str) -> crate::error::Result<()> {
+    let refusal =
+        |message: String, hint: &str| Err(crate::error::Error::sql("42501", message, Some(hint)));
     if RUNNING.get() > 0 {
-        refusal(
+        return refusal(
             format!("{function} may not be called by code that a query of sql_query_engine runs"),
             "A view's, a policy's or a function's code called the extension while it ran a query.",
         );
     }
     // SAFETY: reads the backend's parallel-mode flag.
     if unsafe { pg_sys::IsInParallelMode() } {
-        refusal(
+        return refusal(
             format!("{function} may not be called in parallel mode"),
             "It was called by a parallel worker, or by a function marked PARALLEL SAFE or \
              RESTRICTED: the extension's functions are PARALLEL UNSAFE.",
         );
     }
+    Ok(())
 }
 
 /// Planner cost units per millisecond that no server reaches (default cost settings count a

@@ -396,6 +396,29 @@ pub fn audit_raised<T>(
         .execute()
 }
 
+/// Checks a call makes before its audit starts (where it was called from, its arguments, the
+/// objects they name): nothing is written when they pass, and the call's own lines follow; a
+/// refusal, or an ERROR raised in them, is written as the call's outcome, so that a call
+/// refused early leaves its line too, whoever catches the error.
+pub fn checked_first<T>(
+    function: &str,
+    session: Option<&str>,
+    input: &str,
+    check: impl FnOnce() -> crate::error::Result<T>,
+) -> crate::error::Result<T> {
+    let caller = Caller::now();
+    let refused =
+        |outcome: Audited<'_>| audit_line(&caller, function, session, input, outcome, false);
+    PgTryBuilder::new(AssertUnwindSafe(|| {
+        check().inspect_err(|error| refused(Audited::Failed(error)))
+    }))
+    .catch_others(|caught| {
+        refused(Audited::Raised(&caught));
+        caught.rethrow()
+    })
+    .execute()
+}
+
 /// Writes one call to the server log (`sql_query_engine.audit_log`, by default every call), as
 /// `LOG` that is never sent to the client: neither the caller's rollback (which takes the
 /// `nl_history` row with it) nor a read-only transaction or a standby (where no row is
@@ -411,9 +434,21 @@ pub fn audit(
     input: &str,
     outcome: Audited,
 ) {
-    // What an enclosing call ran so far is not this one's.
     let started = matches!(outcome, Audited::Started);
-    let sent = if started { Vec::new() } else { sent_so_far() };
+    audit_line(caller, function, session, input, outcome, !started);
+}
+
+/// `audit`; `ran` says whether the call may have run queries or sent requests to name (not
+/// as it starts, nor when refused before: what an enclosing call ran so far is not this one's).
+fn audit_line(
+    caller: &Caller,
+    function: &str,
+    session: Option<&str>,
+    input: &str,
+    outcome: Audited,
+    ran: bool,
+) {
+    let sent = if ran { sent_so_far() } else { Vec::new() };
     let when = match (settings::audit_log(), &outcome) {
         (AuditLog::Off, _) => return,
         (AuditLog::All, _) => When::Now,
@@ -429,7 +464,7 @@ pub fn audit(
         },
         (AuditLog::Errors, Audited::Done | Audited::Started) => return,
     };
-    let ran = if started { String::new() } else { ran_so_far() };
+    let ran = if ran { ran_so_far() } else { String::new() };
     let sent = sent
         .into_iter()
         .map(|(endpoint, _)| endpoint)

@@ -812,6 +812,123 @@ fn the_audit_names_the_sql_that_feedback_and_fix_run() {
     );
 }
 
+/// A call refused before it starts (a view name it may not create, a view that was never
+/// saved, a row type that is not one, a cursor name too long, missing arguments, a call made
+/// by code one of the extension's queries runs) is in the server log too, also when the
+/// caller's code catches the ERROR (PostgreSQL then logs nothing of it) and with
+/// `audit_log = errors`.
+#[test]
+fn a_call_refused_before_it_starts_is_in_the_server_log_whoever_catches_it() {
+    let mut s = Session::new();
+    configure_database(&mut s, "sk-audit-0004");
+    let role = reader(&mut s, "early");
+    let db = s.database.clone();
+    s.client
+        .batch_execute(&format!(
+            "ALTER DATABASE {db} SET sql_query_engine.audit_log = errors;
+             CREATE SCHEMA early_own AUTHORIZATION {role};"
+        ))
+        .unwrap();
+    let mut caller = cluster().connect_as(&db, &role);
+    // The caller's own view, whose code asks the model in the middle of the extension's query
+    // and swallows the refusal.
+    caller
+        .batch_execute(
+            "CREATE FUNCTION early_own.ask_inside() RETURNS text LANGUAGE plpgsql AS $$
+             BEGIN
+                 PERFORM pg_catalog.length(public.nl_generate('early asked from inside'));
+                 RETURN 'answered';
+             EXCEPTION WHEN OTHERS THEN RETURN 'swallowed';
+             END $$;
+             CREATE VIEW early_own.inside AS SELECT early_own.ask_inside() AS said;",
+        )
+        .unwrap();
+    s.llm.on(
+        "what the inside view says",
+        vec![Reply::sql("SELECT said FROM early_own.inside")],
+    );
+    let said: serde_json::Value = caller
+        .query_one("SELECT * FROM nl_query('what the inside view says')", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(said["said"], "swallowed", "{said}");
+    // Each refusal caught by the caller's own code.
+    for call in [
+        "PERFORM nl_view('early_missing_schema.v', 'early view question')",
+        "PERFORM nl_view_refresh('early_never_saved')",
+        "PERFORM * FROM nl_query_as('early shaped question', NULL::integer)",
+        "PERFORM nl_cursor('early cursor question', pg_catalog.repeat('c', 70))",
+        "PERFORM nl_feedback(NULL, true)",
+    ] {
+        caller
+            .batch_execute(&format!(
+                "DO $$ BEGIN {call}; RAISE EXCEPTION 'not refused'; \
+                 EXCEPTION WHEN OTHERS THEN \
+                     IF SQLERRM = 'not refused' THEN RAISE; END IF; \
+                 END $$"
+            ))
+            .unwrap_or_else(|e| panic!("{call}: {e:?}"));
+    }
+    assert!(
+        s.llm
+            .requests()
+            .iter()
+            .all(|r| !r.text().contains("early") || r.text().contains("inside view")),
+        "a refused call asked the model"
+    );
+    let Some(mut log) = cluster().server_log() else {
+        return; // a cluster this process did not start: its log is not ours to read
+    };
+    let oid: u32 = s
+        .client
+        .query_one("SELECT oid FROM pg_roles WHERE rolname = $1", &[&role])
+        .unwrap()
+        .get(0);
+    let by = |function: &str| {
+        format!("sql_query_engine: {function} by role \"{role}\" (oid {oid}): ERROR ")
+    };
+    let expected = [
+        (
+            by("nl_generate") + "42501: nl_generate may not be called by code that a query",
+            "input: early asked from inside",
+        ),
+        (
+            by("nl_view"),
+            "input: early view question\\nview: early_missing_schema.v",
+        ),
+        (by("nl_view_refresh"), "input: view: early_never_saved"),
+        (by("nl_query_as"), "input: early shaped question"),
+        (by("nl_cursor") + "42622", "input: early cursor question"),
+        (
+            by("nl_feedback") + "22004",
+            "input: answer NULL, correct: true",
+        ),
+    ];
+    let seen = |log: &str, (line, input): &(String, &str)| {
+        log.lines()
+            .collect::<Vec<_>>()
+            .windows(2)
+            .any(|w| w[0].contains(line.as_str()) && w[1].contains(input))
+    };
+    let waiting = Instant::now();
+    while !expected.iter().all(|e| seen(&log, e)) && waiting.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(200));
+        log = cluster().server_log().unwrap_or_default();
+    }
+    for e in &expected {
+        assert!(seen(&log, e), "not in the server log: {} / {}", e.0, e.1);
+    }
+    // Refused before the audit starts: none of them has a line of what an enclosing call ran.
+    assert!(
+        !log.lines()
+            .collect::<Vec<_>>()
+            .windows(2)
+            .any(|w| w[0].contains("input: early asked from inside")
+                && w[1].trim_start().starts_with("ran ")),
+        "the refused inner call was given the enclosing call's queries"
+    );
+}
+
 /// With `audit_log = errors`, a call that answered is in the server log when no history row
 /// keeps it: the caller rolled the row back (ROLLBACK, ROLLBACK TO SAVEPOINT), none was
 /// written (a read-only transaction, nl_trace); or when its row does not say where its data
