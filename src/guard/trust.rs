@@ -298,6 +298,12 @@ pub fn collation_name(collation: pg_sys::Oid) -> String {
     }
 }
 
+/// Whether objects of `owner` are the current user's own, a superuser's or those of
+/// `trusted_owners`: the roles whose objects the caller relies on as it would on its own.
+pub fn trusted_by_the_current_user(owner: pg_sys::Oid) -> bool {
+    of_the_current_user(false).trusts(owner)
+}
+
 /// The roles `sql_query_engine.trusted_owners` names that exist.
 fn trusted_owners() -> Vec<pg_sys::Oid> {
     settings::trusted_owners()

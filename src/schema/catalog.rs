@@ -78,6 +78,10 @@ pub struct Relation {
     /// statistic counts past any bound.
     #[serde(default)]
     pub catalog_bytes: i64,
+    /// Its owner's OID: reads of relations of roles the caller does not trust have a budget of
+    /// their own (`loads_within_bounds`).
+    #[serde(default)]
+    pub owner: u32,
 }
 
 /// Locks a read on the extension's own may take: each is a lock of the caller's transaction,
@@ -85,14 +89,18 @@ pub struct Relation {
 const MAX_OWN_READ_LOCKS: u32 = 256;
 /// Catalog text reads on the extension's own may load into the connection's caches in all,
 /// over its relations: each relation's bound alone would let a thousand of them fill them.
+/// Twice: once for relations of roles the caller trusts (its own, superusers',
+/// `trusted_owners`'), once for the others', so that another role's tables, read first, do
+/// not use up what the caller's own need.
 const MAX_OWN_READS_CATALOG_BYTES: i64 = 16 << 20;
 
 /// What reads on the extension's own loaded in this connection, by role (one connection
-/// serves many behind the gateway): each relation's catalog text as last seen, and their sum.
+/// serves many behind the gateway) and by whether the relation's owner is trusted: each
+/// relation's catalog text as last seen, and their sum.
 #[derive(Default)]
 struct Loaded {
     by_relation: HashMap<(u32, u32), i64>,
-    by_role: HashMap<u32, i64>,
+    by_role: HashMap<(u32, bool), i64>,
 }
 
 thread_local! {
@@ -101,8 +109,9 @@ thread_local! {
 
 /// Whether relation `oid`, whose read now loads `bytes` of catalog text, may be read on the
 /// extension's own for the current role: within the relation's bound, and within the role's
-/// over the relations it may read so in this connection (each counted at its latest size).
-fn loads_within_bounds(oid: u32, bytes: i64) -> bool {
+/// over the relations it may read so in this connection (each counted at its latest size),
+/// those of owners it trusts (`trusted`) and the others' apart.
+fn loads_within_bounds(oid: u32, bytes: i64, trusted: bool) -> bool {
     if bytes > MAX_OWN_READ_CATALOG_BYTES {
         return false;
     }
@@ -110,7 +119,7 @@ fn loads_within_bounds(oid: u32, bytes: i64) -> bool {
     let role = unsafe { pg_sys::GetUserId() }.to_u32();
     OWN_READS_LOADED.with_borrow_mut(|loaded| {
         let before = loaded.by_relation.get(&(role, oid)).copied();
-        let total = loaded.by_role.get(&role).copied().unwrap_or(0);
+        let total = loaded.by_role.get(&(role, trusted)).copied().unwrap_or(0);
         let after = total - before.unwrap_or(0) + bytes;
         if after > MAX_OWN_READS_CATALOG_BYTES
             || (before.is_none() && loaded.by_relation.len() >= 1 << 16)
@@ -118,7 +127,7 @@ fn loads_within_bounds(oid: u32, bytes: i64) -> bool {
             return false;
         }
         loaded.by_relation.insert((role, oid), bytes);
-        loaded.by_role.insert(role, after);
+        loaded.by_role.insert((role, trusted), after);
         true
     })
 }
@@ -212,7 +221,11 @@ impl Relation {
         };
         // Counted last, only for a relation that would be read.
         (row_security == pg_sys::CheckEnableRlsResult::RLS_NONE as i32
-            && loads_within_bounds(self.oid, self.catalog_bytes))
+            && loads_within_bounds(
+                self.oid,
+                self.catalog_bytes,
+                crate::guard::trusted_by_the_current_user(pg_sys::Oid::from(self.owner)),
+            ))
         .then_some(from)
     }
 
@@ -415,6 +428,7 @@ SELECT json_build_object(
         'foreign_parts', coalesce(parts.foreign_parts, false)
                          OR (cut.cut AND (b.relkind = 'p' OR b.relhassubclass)),
         'catalog_bytes', coalesce(loaded.bytes, 0)::bigint,
+        'owner', b.relowner::bigint,
         'inherited', b.relkind = 'r' AND b.relhassubclass)
     ) AS relation,
     b.ord, b.relname, b.columns, b.readable

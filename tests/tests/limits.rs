@@ -1626,3 +1626,52 @@ fn tables_whose_read_would_fill_the_callers_caches_are_not_read_on_the_extension
         "the value was not found: {prompt}"
     );
 }
+
+/// Another role's tables, read first, whose catalog text uses up all that reads on the
+/// extension's own may load into a connection (16 tables of 1 MB of a trigger's argument, in
+/// a shared schema on the search path) leave the caller's own tables read: the tables of
+/// roles the caller trusts (its own, superusers') have a budget of their own.
+#[test]
+fn another_roles_tables_do_not_use_up_what_reads_of_the_callers_own_may_load() {
+    let mut s = Session::new();
+    let (role_name, mut role, _) = role_connection(&mut s, "budgeted");
+    let planter = format!("filler_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {planter}; GRANT CREATE ON SCHEMA public TO {planter};
+             CREATE SCHEMA zzz_own AUTHORIZATION {role_name};
+             SET ROLE {planter};
+             DO $$ BEGIN FOR i IN 10..25 LOOP
+                 EXECUTE format('CREATE TABLE public.aaa_%s (note text)', i);
+                 -- 1048575 characters and their NUL: 1 MB of catalog text each, 16 MB in all
+                 EXECUTE format('CREATE TRIGGER heavy BEFORE UPDATE ON public.aaa_%s
+                     FOR EACH ROW EXECUTE FUNCTION suppress_redundant_updates_trigger(%L)',
+                     i, repeat('f', 1048575));
+                 EXECUTE format('INSERT INTO public.aaa_%s VALUES (''filler'')', i);
+                 EXECUTE format('GRANT SELECT ON public.aaa_%s TO {role_name}', i);
+             END LOOP; END $$;
+             RESET ROLE;"
+        ))
+        .unwrap();
+    // The caller's own table, with a default (catalog text of its own to load), in a schema
+    // read after the shared one.
+    role.batch_execute(
+        "CREATE TABLE zzz_own.places (place text DEFAULT 'somewhere');
+         INSERT INTO zzz_own.places VALUES ('Zanzibar'), ('Oslo');",
+    )
+    .unwrap();
+    s.llm.on(
+        "how many places are in zanzibar",
+        vec![Reply::sql("SELECT 0 AS n")],
+    );
+    role.query(
+        "SELECT * FROM nl_query('how many places are in zanzibar')",
+        &[],
+    )
+    .unwrap();
+    let prompt = s.llm.requests().last().unwrap().text();
+    assert!(
+        prompt.contains("'Zanzibar'"),
+        "the caller's own table was not read: {prompt}"
+    );
+}
