@@ -151,6 +151,8 @@ pub struct FunctionFacts {
     type_support: bool,
     returns_nothing: bool,
     pub owner: pg_sys::Oid,
+    /// Its schema's owner (the database's owner for a schema `pg_database_owner` owns).
+    schema_owner: pg_sys::Oid,
     /// An aggregate, whose support functions run for it.
     pub aggregate: bool,
     /// An event trigger's function: it runs only for the DDL of an event trigger, which only
@@ -201,6 +203,7 @@ impl FunctionFacts {
                 ]
                 .contains(&(*form).prorettype),
                 owner: (*form).proowner,
+                schema_owner: schema_owner(namespace),
                 aggregate: (*form).prokind as u8 == b'a',
                 event_trigger: (*form).prorettype == pg_sys::EVENT_TRIGGEROID,
             };
@@ -224,6 +227,12 @@ impl FunctionFacts {
             // A built-in is the bootstrap superuser's; any other owner is looked up.
             // SAFETY: looks up the owner's role (a syscache read).
             superuser_owned: self.builtin || unsafe { pg_sys::superuser_arg(self.owner) },
+            // SAFETY: as above.
+            nameable: self.builtin
+                || self.owner == self.schema_owner
+                || unsafe { pg_sys::superuser_arg(self.owner) }
+                || crate::names::role_name(self.owner)
+                    .is_some_and(|name| crate::settings::trusted_owners().contains(&name)),
             type_support: self.type_support,
             returns_nothing: self.returns_nothing,
         }
@@ -233,6 +242,38 @@ impl FunctionFacts {
     pub fn signature(function: pg_sys::Oid) -> String {
         // SAFETY: formats a function that exists (its facts were just read).
         unsafe { c_string(pg_sys::format_procedure_qualified(function)) }
+    }
+}
+
+/// The owner of schema `namespace`: the database's owner for one `pg_database_owner` owns
+/// (`public` since PostgreSQL 15); `InvalidOid` for one that is gone.
+fn schema_owner(namespace: pg_sys::Oid) -> pg_sys::Oid {
+    // SAFETY: a syscache look-up, released before returning; the database's owner is read
+    // from the catalog of the database the backend is connected to.
+    unsafe {
+        let tuple = pg_sys::SearchSysCache1(
+            pg_sys::SysCacheIdentifier::NAMESPACEOID as i32,
+            pg_sys::Datum::from(namespace),
+        );
+        if tuple.is_null() {
+            return pg_sys::InvalidOid;
+        }
+        let owner =
+            (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_namespace>(tuple)).nspowner;
+        pg_sys::ReleaseSysCache(tuple);
+        if owner != pg_sys::Oid::from(pg_sys::ROLE_PG_DATABASE_OWNER) {
+            return owner;
+        }
+        let database = pg_sys::SearchSysCache1(
+            pg_sys::SysCacheIdentifier::DATABASEOID as i32,
+            pg_sys::Datum::from(pg_sys::MyDatabaseId),
+        );
+        if database.is_null() {
+            return pg_sys::InvalidOid;
+        }
+        let dba = (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_database>(database)).datdba;
+        pg_sys::ReleaseSysCache(database);
+        dba
     }
 }
 

@@ -25,6 +25,11 @@ pub struct Function<'a> {
     /// when they are (the owner of an extension may add its own functions to it, and a role
     /// with CREATE on a schema may add functions to that).
     pub superuser_owned: bool,
+    /// Owned by a superuser, by its schema's owner or by a role of `trusted_owners`: only such
+    /// a function is allowed by name (`SCHEMA.FUNCTION`), for a role with CREATE on the schema
+    /// may add an overload under the same name (`f(text)` beside `f(date)`, which overload
+    /// resolution prefers for a quoted literal), whose code would run as every caller.
+    pub nameable: bool,
     /// Takes or returns `cstring` or `internal`: a type's input, output or support function,
     /// which converts to or from any type it is told to (`domain_in('1', 'd'::regtype, -1)`).
     pub type_support: bool,
@@ -229,11 +234,14 @@ impl Allowed {
         Ok(allowed)
     }
 
-    /// Whether `f` is named as `SCHEMA.FUNCTION`.
+    /// Whether `f` is named as `SCHEMA.FUNCTION`, and owned by a role that may have it named
+    /// (`Function::nameable`).
     pub fn names(&self, f: &Function) -> bool {
-        self.functions
-            .iter()
-            .any(|(s, n)| s == f.schema && n == f.name)
+        f.nameable
+            && self
+                .functions
+                .iter()
+                .any(|(s, n)| s == f.schema && n == f.name)
     }
 }
 
@@ -354,6 +362,16 @@ pub fn refuse_support(f: &Function, allowed: &Allowed) -> Option<String> {
 
 /// Why `f`, no built-in, is not allowed: how a superuser may allow it.
 fn not_allowed(f: &Function) -> String {
+    if !f.nameable {
+        return format!(
+            "only built-in functions run unless a superuser allows more, and a function no \
+             superuser owns is allowed only by name (sql_query_engine.allowed_functions = \
+             '{}.{}') and only when the owner of its schema or a role of \
+             sql_query_engine.trusted_owners owns it: another role that may create functions in \
+             the schema could add one of the same name",
+            f.schema, f.name
+        );
+    }
     if !f.superuser_owned {
         return format!(
             "only built-in functions run unless a superuser allows more, and a function no \
@@ -389,6 +407,7 @@ mod tests {
             builtin: true,
             extension: None,
             superuser_owned: true,
+            nameable: true,
             type_support: false,
             returns_nothing: false,
         }
@@ -402,6 +421,7 @@ mod tests {
             builtin: false,
             extension,
             superuser_owned: true,
+            nameable: true,
             type_support: false,
             returns_nothing: false,
         }
@@ -492,6 +512,21 @@ mod tests {
     }
 
     #[test]
+    fn a_name_allows_only_functions_of_owners_that_may_have_them_named() {
+        // Another role's overload in the schema, which no superuser, schema owner or trusted
+        // owner owns: neither called nor run as support code.
+        let overload = Function {
+            superuser_owned: false,
+            nameable: false,
+            ..user("analytics", "fiscal_quarter", None)
+        };
+        let named = Allowed::parse("analytics.fiscal_quarter").unwrap();
+        let why = refuse(&overload, &named, false).unwrap();
+        assert!(why.contains("only when the owner of its schema"), "{why}");
+        assert!(refuse_support(&overload, &named).is_some());
+    }
+
+    #[test]
     fn a_group_allows_only_a_superusers_functions() {
         // A function the extension's owner added to it, or a role with CREATE put in the
         // schema, is not what the superuser allowed.
@@ -507,6 +542,7 @@ mod tests {
         ] {
             let theirs = Function {
                 superuser_owned: false,
+                nameable: true,
                 ..f
             };
             let allowed = Allowed::parse(group).unwrap();

@@ -281,6 +281,7 @@ mod tests {
             locks: 1,
             foreign_parts: false,
             catalog_bytes: 0,
+            owner: 0,
         }
     }
 
@@ -380,6 +381,7 @@ mod tests {
             locks: 1,
             foreign_parts: false,
             catalog_bytes: 0,
+            owner: 0,
         };
         assert_eq!(
             render_relation(&items, &[]),

@@ -660,19 +660,20 @@ fn a_superusers_saved_view_never_names_another_roles_function() {
     let attacker = w.attacker.clone();
     w.attacker_runs(
         "CREATE TABLE public.loot (who name); GRANT INSERT, SELECT ON public.loot TO PUBLIC;
-         CREATE FUNCTION public.side_note() RETURNS text LANGUAGE plpgsql AS $$
+         CREATE FUNCTION shared.side_note() RETURNS text LANGUAGE plpgsql AS $$
          BEGIN INSERT INTO public.loot VALUES (current_user); RETURN 'x'; END $$;",
     );
+    // (In the schema the attacker owns: allowed by name there, as one of its owner's.)
     w.s.llm.on(
         "customers and their notes",
         vec![Reply::sql(
-            "SELECT name, CASE WHEN customer_id < 0 THEN public.side_note() END AS note \
+            "SELECT name, CASE WHEN customer_id < 0 THEN shared.side_note() END AS note \
              FROM customers",
         )],
     );
     let mut admin = cluster().connect(&w.s.database);
     admin
-        .batch_execute("SET sql_query_engine.allowed_functions = 'public.side_note'")
+        .batch_execute("SET sql_query_engine.allowed_functions = 'shared.side_note'")
         .unwrap();
     let error = admin
         .query_one(
@@ -683,7 +684,7 @@ fn a_superusers_saved_view_never_names_another_roles_function() {
     let (code, message, _) = db_error(&error);
     assert_eq!(code, "42501", "{message}");
     assert!(
-        message.contains("public.side_note()")
+        message.contains("shared.side_note()")
             && message.contains(&format!("\"{attacker}\""))
             && message.contains("sql_query_engine.trusted_owners"),
         "{message}"
@@ -703,7 +704,7 @@ fn a_superusers_saved_view_never_names_another_roles_function() {
     w.s.llm.on(
         "notes of every customer (trusted)",
         vec![Reply::sql(
-            "SELECT name, CASE WHEN customer_id < 0 THEN public.side_note() END AS note \
+            "SELECT name, CASE WHEN customer_id < 0 THEN shared.side_note() END AS note \
              FROM customers",
         )],
     );
@@ -2668,4 +2669,58 @@ fn a_superusers_call_reads_no_other_roles_relation_by_way_of_sql_a_function_buil
     let mut v = w.connect(&victim);
     let (_, waited) = traced_while_witnessed(&w, &mut witness, &mut v, "how many, once more", sql);
     assert_eq!(waited, [key]);
+}
+
+/// A function allowed by name (`allowed_functions = 'public.fiscal_quarter'`, meant for the
+/// superuser's `fiscal_quarter(date)`) does not allow another role's overload of the same name
+/// in the same schema: `fiscal_quarter(text)`, which overload resolution prefers for a quoted
+/// literal, would run the other role's code as the caller.
+#[test]
+fn a_function_allowed_by_name_does_not_allow_another_roles_overload() {
+    let mut w = World::new();
+    let victim = w.victim.clone();
+    let db = w.s.database.clone();
+    w.s.client
+        .batch_execute(&format!(
+            "CREATE FUNCTION public.fiscal_quarter(d date) RETURNS int LANGUAGE sql IMMUTABLE
+                 AS $$ SELECT extract(quarter FROM d)::int $$;
+             ALTER ROLE {victim} IN DATABASE {db}
+                 SET sql_query_engine.allowed_functions = 'public.fiscal_quarter';"
+        ))
+        .unwrap();
+    w.attacker_runs(
+        "CREATE FUNCTION public.fiscal_quarter(d text) RETURNS int LANGUAGE plpgsql STABLE AS $$
+         BEGIN
+             RAISE EXCEPTION 'the attacker''s overload ran as %', current_user;
+         END $$;",
+    );
+    w.s.llm.on(
+        "the quarter of march 5",
+        vec![Reply::sql("SELECT fiscal_quarter('2024-03-05') AS q")],
+    );
+    w.s.llm.on(
+        "the quarter of the date march 5",
+        vec![Reply::sql("SELECT fiscal_quarter(DATE '2024-03-05') AS q")],
+    );
+    let mut v = w.connect(&victim);
+    let trace: serde_json::Value = serde_json::from_str(&text(
+        &mut v,
+        "SELECT nl_trace('the quarter of march 5')::text",
+    ))
+    .unwrap();
+    let attempt = &trace["attempts"][0];
+    let message = attempt["message"].as_str().unwrap_or_default();
+    assert!(
+        !message.contains("overload ran"),
+        "the attacker's overload ran: {trace}"
+    );
+    assert_eq!(attempt["sqlstate"], "42501", "{trace}");
+    assert!(message.contains("the owner of its schema"), "{message}");
+    // The superuser's function, which the setting meant, runs.
+    let rows: serde_json::Value = serde_json::from_str(&text(
+        &mut v,
+        "SELECT nl_query('the quarter of the date march 5')::text",
+    ))
+    .unwrap();
+    assert_eq!(rows["q"], 1, "{rows}");
 }
