@@ -10,6 +10,7 @@ use pgrx::PgSqlErrorCode;
 pub struct SqlState([u8; 5]);
 
 impl SqlState {
+    pub const DATA_EXCEPTION: SqlState = SqlState(*b"22000");
     pub const INVALID_PARAMETER_VALUE: SqlState = SqlState(*b"22023");
     pub const CHARACTER_NOT_IN_REPERTOIRE: SqlState = SqlState(*b"22021");
     pub const READ_ONLY_SQL_TRANSACTION: SqlState = SqlState(*b"25006");

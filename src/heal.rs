@@ -448,7 +448,9 @@ impl Solver<'_> {
                 } else {
                     self.db.hint(sql, error)
                 };
-                if error.sqlstate.class() == "42" {
+                let shown = prompt::shown_error(error, self.limits.share_values);
+                // (As shown: which error a query raised as it ran may be the data's choice.)
+                if shown.sqlstate.class() == "42" {
                     if let Some(values) = self.db.values() {
                         hint = Some(match hint {
                             Some(h) => format!(
@@ -460,7 +462,6 @@ impl Solver<'_> {
                         });
                     }
                 }
-                let shown = prompt::shown_error(error, self.limits.share_values);
                 prompt::repair_error(self.question, sql, &shown, repeated, hint.as_deref())
             }),
         }

@@ -169,13 +169,27 @@ pub fn repair_error(
 /// that the repair still knows what went wrong where. An error raised while the query ran may
 /// hold a stored value whatever its class, quoted (`col::regclass` gives 42P01 `relation
 /// "<value>" does not exist`, and a quoted value may hold quotes itself) or not
-/// (`make_date(y, m, d)` prints the date): of such an error the model is told only its
-/// condition's name. Errors of analysis keep their quoted names: those are the schema's and
-/// the query's, not data.
+/// (`make_date(y, m, d)` prints the date), and which error it is, and where, can be the
+/// stored values' choice (`CASE WHEN <a stored bit> THEN 1/0 ELSE ln(0) END`, written by a
+/// hostile model to read them out one error at a time): of such an error the model is told
+/// only that the query failed as it ran, the same for every one. Errors of analysis keep
+/// their quoted names: those are the schema's and the query's, not data.
 pub fn shown_error(error: &SqlError, share_values: bool) -> SqlError {
     const QUOTES_VALUES: &[&str] = &["22", "23", "2F", "38", "39"];
     if share_values {
         return error.clone();
+    }
+    if error.ran {
+        return SqlError {
+            message: "the query failed while it ran (which error, where and its text are \
+                      withheld because sql_query_engine.sample_values is 0: an error raised \
+                      once rows are read can depend on stored values)"
+                .into(),
+            detail: None,
+            hint: None,
+            position: None,
+            ..SqlError::new(crate::error::SqlState::DATA_EXCEPTION, "")
+        };
     }
     let class = error.sqlstate.class();
     if class == "P0" {
@@ -183,21 +197,6 @@ pub fn shown_error(error: &SqlError, share_values: bool) -> SqlError {
             message: "(a function raised an error; its text is withheld because \
                       sql_query_engine.sample_values is 0)"
                 .into(),
-            detail: None,
-            hint: None,
-            ..error.clone()
-        };
-    }
-    if error.ran {
-        let condition = error
-            .sqlstate
-            .condition()
-            .unwrap_or_else(|| format!("SQLSTATE {}", error.sqlstate.as_str()));
-        return SqlError {
-            message: format!(
-                "{condition} (raised while the query ran; its text is withheld because \
-                 sql_query_engine.sample_values is 0)"
-            ),
             detail: None,
             hint: None,
             ..error.clone()
@@ -595,14 +594,19 @@ mod tests {
         };
         let shown = shown_error(&ran, false);
         assert!(
-            shown
-                .message
-                .starts_with("undefined_table (raised while the query ran"),
+            shown.message.starts_with("the query failed while it ran"),
             "{}",
             shown.message
         );
         assert!(!shown.message.contains("alice"));
         assert_eq!(shown.detail, None);
+        // Which error it was, and where, is not told either: every one looks the same.
+        let other = SqlError {
+            ran: true,
+            position: Some(40),
+            ..SqlError::new(SqlState::parse("22012"), "division by zero")
+        };
+        assert_eq!(shown_error(&other, false), shown);
     }
 
     #[test]

@@ -792,12 +792,13 @@ fn progress_events_withhold_stored_values_when_sample_values_is_off() {
         .iter()
         .find(|e| e["event"] == "attempt" && e["outcome"] == "error")
         .expect("the failed attempt");
-    assert_eq!(failed["sqlstate"], "22P02");
+    // Which error it was is not told either (it may be the data's choice).
+    assert_eq!(failed["sqlstate"], "22000");
     assert!(
         failed["message"]
             .as_str()
             .unwrap()
-            .starts_with("invalid_text_representation"),
+            .starts_with("the query failed while it ran"),
         "{failed}"
     );
 }

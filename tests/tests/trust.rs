@@ -565,8 +565,47 @@ fn with_sample_values_off_no_stored_value_reaches_the_model() {
     }
     let repair = s.llm.requests()[1].last_message();
     assert!(
-        repair.contains("22P02") && repair.contains("invalid_text_representation"),
+        repair.contains("the query failed while it ran") && !repair.contains("22P02"),
         "{repair}"
+    );
+    // A model that writes queries whose error is the data's choice (a stored name before or
+    // after 'B' decides between a division by zero and a logarithm of zero) learns nothing
+    // from which error comes back: both are told alike.
+    s.llm.on(
+        "probe the first name",
+        vec![
+            Reply::sql(
+                "SELECT CASE WHEN (SELECT min(name) FROM customers) < 'B' \
+                 THEN 1 / (customer_id - customer_id) ELSE ln(customer_id - customer_id)::int END \
+                 AS n FROM customers",
+            ),
+            Reply::sql(
+                "SELECT CASE WHEN (SELECT min(name) FROM customers) < 'B' \
+                 THEN ln(customer_id - customer_id)::int ELSE 1 / (customer_id - customer_id) END \
+                 AS n FROM customers",
+            ),
+            Reply::sql("SELECT min(customer_id) AS id FROM customers"),
+        ],
+    );
+    let before = s.llm.requests().len();
+    let trace = s.trace("probe the first name").unwrap();
+    // the caller sees the two errors apart
+    assert_eq!(trace["attempts"][0]["sqlstate"], "22012", "{trace}");
+    assert_eq!(trace["attempts"][1]["sqlstate"], "2201E", "{trace}");
+    let told: Vec<String> = s.llm.requests()[before + 1..before + 3]
+        .iter()
+        .map(|r| {
+            r.last_message()
+                .lines()
+                .filter(|l| l.starts_with("ERROR") || l.starts_with("The error is near"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .collect();
+    assert_eq!(told[0], told[1], "the model could tell the errors apart");
+    assert!(
+        !told[0].contains("22012") && !told[0].contains("division"),
+        "{told:?}"
     );
 }
 
