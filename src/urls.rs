@@ -76,6 +76,18 @@ fn secrets_of(url: &str) -> (String, Vec<String>) {
     if let Some(query) = parsed.query() {
         parts.extend(query.split(['&', '=']).map(str::to_string));
     }
+    // The Basic credential an HTTP client makes of the user information (base64 of
+    // `user:password`, as written and decoded), which an endpoint may echo in a header.
+    if !user.is_empty() || parsed.password().is_some() {
+        let password = parsed.password().unwrap_or_default();
+        let written = format!("{user}:{password}");
+        let decoded = format!(
+            "{}:{}",
+            urlencoding_decode(user).unwrap_or_else(|_| user.to_string()),
+            urlencoding_decode(password).unwrap_or_else(|_| password.to_string())
+        );
+        secrets.extend([base64(written.as_bytes()), base64(decoded.as_bytes())]);
+    }
     secrets.extend(parts.into_iter().filter(|p| p.chars().count() >= MIN_PART));
     // Longest first: a part inside another is replaced after it.
     secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
@@ -84,6 +96,26 @@ fn secrets_of(url: &str) -> (String, Vec<String>) {
     let port = parsed.port().map(|p| format!(":{p}")).unwrap_or_default();
     let shown = format!("{}://{host}{port}{}", parsed.scheme(), parsed.path());
     (shown, secrets)
+}
+
+/// `bytes` in standard base64, padded (as HTTP's Basic scheme writes credentials).
+fn base64(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let group = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |acc, (i, &b)| acc | (u32::from(b) << (16 - 8 * i)));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(DIGITS[((group >> (18 - 6 * i)) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }
 
 /// Characters a part of a URL's credentials has at least to be replaced on its own.
@@ -140,6 +172,23 @@ pub fn redact(text: &str, url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_basic_credential_of_a_urls_user_information_is_a_secret_too() {
+        assert_eq!(base64(b"svc:S3cretPassw0rd"), "c3ZjOlMzY3JldFBhc3N3MHJk");
+        assert_eq!(base64(b"a"), "YQ==");
+        assert_eq!(base64(b"ab"), "YWI=");
+        let url = "https://svc:S3cretPassw0rd@llm.internal/v1";
+        let text = redact(
+            "HTTP 502: {\"authorization\": \"c3ZjOlMzY3JldFBhc3N3MHJk\"}",
+            url,
+        );
+        assert!(!text.contains("c3ZjOlMzY3JldFBhc3N3MHJk"), "{text}");
+        // Decoded: `p%40ss` is sent as `p@ss`.
+        let url = "https://svc:p%40ssword@llm.internal/v1";
+        let echoed = base64(b"svc:p@ssword");
+        assert!(!redact(&echoed, url).contains(&echoed));
+    }
 
     #[test]
     fn shown_urls_keep_no_credentials_query_or_fragment() {

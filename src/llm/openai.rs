@@ -177,7 +177,7 @@ impl OpenAiClient {
     fn failure(&self, cause: String, fault: Fault) -> Error {
         // An endpoint's words go into errors, warnings and the server log: one line, nothing
         // that steers a terminal.
-        let mut cause = redact(&crate::text::without_nul(cause), &self.base_url);
+        let mut cause = without_tokens(&redact(&crate::text::without_nul(cause), &self.base_url));
         if let Some(key) = self.api_key.as_deref() {
             cause = without_key(&cause, key);
         }
@@ -820,32 +820,43 @@ fn describe(error: &ureq::Error) -> String {
     }
 }
 
+/// `cause` without the credentials of an authorization scheme (`Bearer <token>`, and the
+/// `Basic <base64 of user:password>` the HTTP client makes of a URL's user information): an
+/// endpoint or a proxy that echoes the request's headers, whether or not a key is set.
+fn without_tokens(cause: &str) -> String {
+    let mut cause = cause.to_string();
+    for scheme in ["bearer", "basic"] {
+        // Whatever follows the scheme's word (in any case) and blank space is a token. ASCII
+        // lower case keeps every byte's position.
+        let lower = cause.to_ascii_lowercase();
+        let mut out = String::with_capacity(cause.len());
+        let mut from = 0;
+        while let Some(at) = lower[from..].find(scheme).map(|at| from + at) {
+            let word = at + scheme.len();
+            let blank = cause[word..]
+                .find(|c: char| !c.is_whitespace())
+                .unwrap_or(cause.len() - word);
+            let after = word + blank;
+            out.push_str(&cause[from..after]);
+            from = after;
+            if blank > 0 {
+                out.push_str("[token]");
+                from += cause[after..]
+                    .find(|c: char| c.is_whitespace() || c == '"' || c == '\'' || c == ',')
+                    .unwrap_or(cause.len() - after);
+            }
+        }
+        out.push_str(&cause[from..]);
+        cause = out;
+    }
+    cause
+}
+
 /// `cause` without the key: whole, or cut short where the provider's words were cut (an
 /// endpoint or proxy that echoes the request's headers), and without any bearer token.
 fn without_key(cause: &str, key: &str) -> String {
     const SHOWN: &str = "[api key]";
-    // Whatever follows "Bearer" (in any case) and blank space is a token, the key's or
-    // another's. ASCII lower case keeps every byte's position.
-    let lower = cause.to_ascii_lowercase();
-    let mut out = String::with_capacity(cause.len());
-    let mut from = 0;
-    while let Some(at) = lower[from..].find("bearer").map(|at| from + at) {
-        let word = at + "bearer".len();
-        let blank = cause[word..]
-            .find(|c: char| !c.is_whitespace())
-            .unwrap_or(cause.len() - word);
-        let after = word + blank;
-        out.push_str(&cause[from..after]);
-        from = after;
-        if blank > 0 {
-            out.push_str("[token]");
-            from += cause[after..]
-                .find(|c: char| c.is_whitespace() || c == '"' || c == '\'' || c == ',')
-                .unwrap_or(cause.len() - after);
-        }
-    }
-    out.push_str(&cause[from..]);
-    let out = out.replace(key, SHOWN);
+    let out = without_tokens(cause).replace(key, SHOWN);
     // A piece of the key of 8 characters or more, from its start (where a cut left it).
     let head: String = key.chars().take(8).collect();
     if head.chars().count() < 8 {
@@ -1133,6 +1144,16 @@ mod tests {
         assert!(super::proxy_from(true, only(socks)).is_none());
         let broken: &'static [(&str, &str)] = &[("HTTP_PROXY", "http://[::1")];
         assert!(super::proxy_from(false, only(broken)).is_none());
+    }
+
+    #[test]
+    fn an_error_shows_no_authorization_token_whether_or_not_a_key_is_set() {
+        let said = without_tokens(
+            "HTTP 422: echo {\"Authorization\": \"Basic c3ZjOlMzY3JldA==\", \"x\": \"Bearer abc\"}",
+        );
+        assert!(!said.contains("c3ZjOlMzY3JldA"), "{said}");
+        assert!(!said.contains("abc"), "{said}");
+        assert!(said.contains("Basic [token]"), "{said}");
     }
 
     #[test]

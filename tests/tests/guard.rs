@@ -644,3 +644,40 @@ fn stars_references_and_natural_joins_over_many_from_items_are_bounded() {
             .unwrap_or_else(|e| panic!("{sql}: {:?}", db_error(&e)));
     }
 }
+
+/// An endpoint whose URL carries credentials (`https://user:password@host/v1`, the HTTP
+/// client sends them as `Authorization: Basic <base64>`) and that echoes the request's headers
+/// in an error: neither the credential nor the password reaches the trace or the error.
+#[test]
+fn credentials_an_endpoint_echoes_are_not_in_the_trace() {
+    let mut s = Session::new();
+    let port = s
+        .llm
+        .url()
+        .trim_start_matches("http://127.0.0.1:")
+        .trim_end_matches("/v1")
+        .to_string();
+    s.client
+        .batch_execute(&format!(
+            "SET sql_query_engine.llm_url = 'http://svc:S3cretPassw0rd@127.0.0.1:{port}/v1';
+             SET sql_query_engine.max_repairs = 0;"
+        ))
+        .unwrap();
+    // base64 of "svc:S3cretPassw0rd", as the request's Authorization header carries it
+    let basic = "c3ZjOlMzY3JldFBhc3N3MHJk";
+    s.llm.on(
+        "echo my headers",
+        vec![Reply::Status(
+            422,
+            format!("{{\"error\": {{\"message\": \"bad request; headers: authorization=Basic {basic}\"}}}}"),
+        )],
+    );
+    let said = match s.trace("echo my headers") {
+        Ok(trace) => trace.to_string(),
+        Err(error) => format!("{error:?}"),
+    };
+    assert!(said.contains("422"), "{said}");
+    for secret in [basic, "S3cretPassw0rd"] {
+        assert!(!said.contains(secret), "{secret} is in: {said}");
+    }
+}
