@@ -75,24 +75,6 @@ impl SqlState {
         std::str::from_utf8(&self.0).unwrap_or("XX000")
     }
 
-    /// PostgreSQL's name of the condition (`invalid_text_representation` for 22P02), when
-    /// pgrx knows the code.
-    pub fn condition(&self) -> Option<String> {
-        let code = self.code();
-        if code == PgSqlErrorCode::ERRCODE_INTERNAL_ERROR && *self != SqlState::INTERNAL_ERROR {
-            return None;
-        }
-        let name = format!("{code:?}").to_ascii_lowercase();
-        let name = name.strip_prefix("errcode_")?;
-        // pgrx's names keep the class abbreviations of PostgreSQL's macros
-        // (ERRCODE_T_R_SERIALIZATION_FAILURE); the condition is named without them.
-        let name = ["t_r_", "s_r_e_", "e_r_e_", "e_r_i_e_"]
-            .iter()
-            .find_map(|prefix| name.strip_prefix(prefix))
-            .unwrap_or(name);
-        Some(name.to_string())
-    }
-
     /// The two-character class, e.g. `42` (syntax error or access rule violation).
     pub fn class(&self) -> &str {
         &self.as_str()[..2]
@@ -433,18 +415,6 @@ mod tests {
         );
         assert_eq!(SqlState::UNDEFINED_TABLE.class(), "42");
         assert_eq!(SqlState::parse("bad"), SqlState::INTERNAL_ERROR);
-    }
-
-    #[test]
-    fn conditions_are_named_as_postgresql_names_them() {
-        let name = |code: &str| SqlState::parse(code).condition();
-        assert_eq!(
-            name("22P02").as_deref(),
-            Some("invalid_text_representation")
-        );
-        assert_eq!(name("40001").as_deref(), Some("serialization_failure"));
-        assert_eq!(name("XX000").as_deref(), Some("internal_error"));
-        assert_eq!(name("ZZ999"), None);
     }
 
     #[test]
