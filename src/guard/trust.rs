@@ -29,6 +29,9 @@ pub struct Trusted {
     /// children they go through) is judged by its owners, who could change it later for every
     /// reader of the view.
     saving: bool,
+    /// A generated query of a role that is no superuser (`objects_of`): only the types and
+    /// operators it uses are judged by their owners; its relations and functions are not.
+    objects_only: bool,
 }
 
 /// Views followed at most into the views they read.
@@ -224,6 +227,7 @@ pub fn superuser_call() -> Option<Trusted> {
     Some(Trusted {
         roles,
         saving: false,
+        objects_only: false,
     })
 }
 
@@ -248,7 +252,61 @@ fn of_the_current_user(saving: bool) -> Trusted {
     let current = unsafe { pg_sys::GetUserId() };
     let mut roles = trusted_owners();
     roles.push(current);
-    Trusted { roles, saving }
+    Trusted {
+        roles,
+        saving,
+        objects_only: false,
+    }
+}
+
+/// The owners whose types and operators a generated query of a role that is no superuser may
+/// use: the caller's own (current and session user), superusers', `trusted_owners`', and those
+/// of the relations the query names (whose code, its policies and defaults, runs as the caller
+/// anyway). Another role's domain, composite type or operator could be changed by its owner
+/// between the check and the run, and PostgreSQL takes no lock on them as a query uses them: a
+/// CHECK added to a domain runs as each value is converted to it (`jsonb_populate_record`,
+/// row after row), a negator linked to an operator is called in its place.
+///
+/// # Safety
+/// `query` must be an analyzed Query of the current transaction.
+pub unsafe fn objects_of(query: *mut pg_sys::Query) -> Trusted {
+    let mut found = Reached::default();
+    // SAFETY: the caller's contract. A walk cut short leaves owners out: stricter, not looser.
+    unsafe { collect_relations(query, &mut found) };
+    // SAFETY: reads the backend's current and session user.
+    let (current, session) = unsafe { (pg_sys::GetUserId(), pg_sys::GetSessionUserId()) };
+    let mut roles = trusted_owners();
+    roles.extend([current, session]);
+    for relation in found.relations {
+        pgrx::check_for_interrupts!();
+        if let Some(owner) = relation_owner(relation) {
+            if !roles.contains(&owner) {
+                roles.push(owner);
+            }
+        }
+    }
+    Trusted {
+        roles,
+        saving: false,
+        objects_only: true,
+    }
+}
+
+/// The owner of `relation`; `None` for one that is gone.
+fn relation_owner(relation: pg_sys::Oid) -> Option<pg_sys::Oid> {
+    // SAFETY: a syscache look-up, released before returning.
+    unsafe {
+        let tuple = pg_sys::SearchSysCache1(
+            pg_sys::SysCacheIdentifier::RELOID as i32,
+            pg_sys::Datum::from(relation),
+        );
+        if tuple.is_null() {
+            return None;
+        }
+        let owner = (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_class>(tuple)).relowner;
+        pg_sys::ReleaseSysCache(tuple);
+        Some(owner)
+    }
 }
 
 /// Why a query may not name `collation` with COLLATE: one that another role made may carry
@@ -319,7 +377,13 @@ impl Trusted {
     /// Whether this is a superuser's call (or one of a role that reaches as far), not a saved
     /// question's view of another role.
     pub fn superusers(&self) -> bool {
-        !self.saving
+        !self.saving && !self.objects_only
+    }
+
+    /// Whether the relations the query reads and the functions it calls are judged by their
+    /// owners too (a superuser's call, a saved view), not only its types and operators.
+    pub fn judges_code(&self) -> bool {
+        !self.objects_only
     }
 
     fn trusts(&self, owner: pg_sys::Oid) -> bool {
@@ -333,6 +397,15 @@ impl Trusted {
             return None;
         }
         let role = role_name(owner).unwrap_or_default();
+        if self.objects_only {
+            return Some(format!(
+                "its owner, role \"{role}\", is another role, which could change it while the \
+                 query runs (a domain given a CHECK, an operator a negator): a generated query \
+                 uses only the {what}s of its caller, of superusers, of the owners of the \
+                 relations it reads and of sql_query_engine.trusted_owners (a superuser may \
+                 trust the role with sql_query_engine.trusted_owners = '{role}')"
+            ));
+        }
         if self.saving {
             return Some(format!(
                 "its owner, role \"{role}\", could change it later for every reader of a saved \

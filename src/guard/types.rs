@@ -254,6 +254,7 @@ impl Types<'_> {
         self.policy
             .trusted
             .as_ref()
+            .filter(|t| t.judges_code())
             .and_then(|t| t.refuse_owner(facts.owner, "function"))
     }
 

@@ -130,7 +130,12 @@ pub unsafe fn check_tree(
     trusted: Option<&Trusted>,
     view: Option<pg_sys::Oid>,
 ) -> Result<Vec<pg_sys::Oid>, Refusal> {
-    let mut walk = Walk::new(origin, allowed, trusted, view);
+    // A generated query of a role that is no superuser: its types and operators are judged by
+    // their owners (`trust::objects_of`).
+    let objects = (origin == Origin::Generated && trusted.is_none())
+        // SAFETY: the caller's contract.
+        .then(|| unsafe { trust::objects_of(query) });
+    let mut walk = Walk::new(origin, allowed, trusted.or(objects.as_ref()), view);
     // Through PostgreSQL's walker, never by calling a walker directly: an ERROR raised deep in
     // the walk (stack depth, say) must come back through pgrx's FFI boundary as a catchable
     // error, not jump past the caller's PgTry.
@@ -465,8 +470,10 @@ impl Walk {
                     }
                     let refused = match (self.origin, &self.trusted) {
                         (Origin::Own, _) => own_read_refusal(relid, (*rte).inh),
-                        (Origin::Generated, Some(trusted)) => trusted.refuse_relation(relid),
-                        (Origin::Generated, None) => None,
+                        (Origin::Generated, Some(trusted)) if trusted.judges_code() => {
+                            trusted.refuse_relation(relid)
+                        }
+                        (Origin::Generated, _) => None,
                     };
                     if let Some(why) = refused {
                         self.refuse(format!(
@@ -779,6 +786,7 @@ impl Walk {
                     .or_else(|| {
                         self.trusted
                             .as_ref()
+                            .filter(|t| t.judges_code())
                             .and_then(|t| t.refuse_owner(facts.owner, "function"))
                     }),
             },
@@ -833,6 +841,7 @@ impl Walk {
                     .or_else(|| {
                         self.trusted
                             .as_ref()
+                            .filter(|t| t.judges_code())
                             .and_then(|t| t.refuse_owner(facts.owner, "function"))
                     })
                     .or_else(|| {

@@ -1002,10 +1002,11 @@ fn an_example_naming_a_relation_outside_the_readers_context_locks_nothing() {
                 && !contexts[i].contains("watch.latest")),
         "an example naming the writer's relation was shown"
     );
-    // Positive controls: the WITH query's example reads nothing of the writer's, and the
-    // writer's composite type holds no rows and only built-in fields: both are shown.
+    // Positive control: the WITH query's example reads nothing of the writer's: shown. The
+    // writer's composite type holds no rows, but its owner could give it a field of a domain
+    // with a CHECK between the check and the run: not shown either.
     assert!(contexts[2].contains("WITH layoffs AS"), "{}", contexts[2]);
-    assert!(contexts[5].contains("watch.pairish"), "{}", contexts[5]);
+    assert!(!contexts[5].contains("watch.pairish"), "{}", contexts[5]);
     assert_eq!(seen, 0, "the reader's backend locked the writer's relation");
 }
 

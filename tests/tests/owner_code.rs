@@ -1307,6 +1307,16 @@ fn an_operators_negator_and_commutator_are_checked_like_the_operator() {
     let commuted = "SELECT count(*) AS n FROM orders o WHERE o.order_id OPERATOR(shared.<==) 2";
     w.s.llm.on("orders not zero", vec![Reply::sql(negated)]);
     w.s.llm.on("orders up to two", vec![Reply::sql(commuted)]);
+    // Trusted as an owner of operators (which a query of the victim's may then use), so that
+    // what is linked to them is what decides.
+    let db = w.s.database.clone();
+    cluster()
+        .connect(&db)
+        .batch_execute(&format!(
+            "ALTER ROLE {victim} IN DATABASE {db} SET sql_query_engine.trusted_owners = '{}'",
+            w.attacker
+        ))
+        .unwrap();
     let mut v = w.connect(&victim);
     let mut witness = Witness::hold(&w.s.database, &[79]);
     let (_, waited) = witness.waited(|| {
@@ -2485,14 +2495,17 @@ fn a_query_names_no_collation_of_another_role() {
     assert_eq!(code, "42501", "{message}");
     assert!(message.contains("collation mine"), "{message}");
     assert!(message.contains(&w.attacker), "{message}");
-    // Nor through a type of the other role's that compares with it, nor a column definition
-    // list.
-    w.attacker_runs(
+    // Nor through a type of the other role's that compares with it (in a query that reads the
+    // role's table, whose owner's types a query may use), nor a column definition list.
+    w.attacker_runs(&format!(
         "CREATE DOMAIN shared.coded AS text COLLATE shared.mine;
-         GRANT USAGE ON TYPE shared.coded TO PUBLIC;",
-    );
+         GRANT USAGE ON TYPE shared.coded TO PUBLIC;
+         CREATE TABLE shared.labels (label text COLLATE shared.mine);
+         GRANT SELECT ON shared.labels TO {};",
+        w.victim
+    ));
     for sql in [
-        "SELECT 'x'::shared.coded < 'y'",
+        "SELECT 'x'::shared.coded < 'y' FROM shared.labels",
         r#"SELECT * FROM json_to_recordset('[{"a": "x"}]') AS r(a text COLLATE shared.mine) ORDER BY a"#,
     ] {
         let error = victim
@@ -2503,11 +2516,6 @@ fn a_query_names_no_collation_of_another_role() {
         assert!(message.contains("collation mine"), "{sql}: {message}");
     }
     // A table's column keeps its owner's collation, in its row type too.
-    w.attacker_runs(&format!(
-        "CREATE TABLE shared.labels (label text COLLATE shared.mine);
-         GRANT SELECT ON shared.labels TO {};",
-        w.victim
-    ));
     for sql in [
         "SELECT label FROM shared.labels ORDER BY label",
         "SELECT row_to_json(l) FROM shared.labels l",
@@ -2723,4 +2731,69 @@ fn a_function_allowed_by_name_does_not_allow_another_roles_overload() {
     ))
     .unwrap();
     assert_eq!(rows["q"], 1, "{rows}");
+}
+
+/// A generated query of a role that is no superuser uses no type or operator of another role
+/// it does not otherwise read from: its owner could change it between the check and the run,
+/// and PostgreSQL takes no lock on either as a query uses them (a CHECK added to a domain runs
+/// as each row's value is converted to it by `jsonb_populate_record`, as the caller; a negator
+/// linked to an operator is called in its place). The types of a relation the query reads,
+/// its owner's, stay usable.
+#[test]
+fn another_roles_types_and_operators_that_it_could_change_meanwhile_are_not_used() {
+    let w = World::new();
+    let victim = w.victim.clone();
+    w.attacker_runs(&format!(
+        "CREATE DOMAIN shared.amount AS int;
+         CREATE TYPE shared.boxed AS (v shared.amount);
+         CREATE OPERATOR shared.=== (LEFTARG = int, RIGHTARG = int, FUNCTION = int4eq);
+         CREATE TABLE shared.ledger (entry shared.amount);
+         INSERT INTO shared.ledger VALUES (7);
+         GRANT SELECT ON shared.ledger TO {victim};"
+    ));
+    let refused = [
+        (
+            "boxed order ids",
+            "SELECT (jsonb_populate_record(NULL::shared.boxed, \
+             jsonb_build_object('v', o.order_id))).v AS v FROM orders o",
+            "type shared.",
+        ),
+        (
+            "orders that are not the first",
+            "SELECT count(*) AS n FROM orders o WHERE NOT (o.order_id OPERATOR(shared.===) 1)",
+            "operator shared.===",
+        ),
+    ];
+    for (question, sql, _) in refused {
+        w.s.llm.on(question, vec![Reply::sql(sql)]);
+    }
+    w.s.llm.on(
+        "the ledger's entries",
+        vec![Reply::sql("SELECT l.entry FROM shared.ledger l")],
+    );
+    let mut v = w.connect(&victim);
+    v.batch_execute("SET sql_query_engine.schemas = 'public, shared'")
+        .unwrap();
+    for (question, _, object) in refused {
+        let trace: serde_json::Value = serde_json::from_str(&text(
+            &mut v,
+            &format!("SELECT nl_trace('{question}')::text"),
+        ))
+        .unwrap();
+        let attempt = &trace["attempts"][0];
+        let message = attempt["message"].as_str().unwrap_or_default();
+        assert_eq!(attempt["sqlstate"], "42501", "{question}: {trace}");
+        assert!(
+            message.contains(object) && message.contains("could change it while the query runs"),
+            "{question}: {message}"
+        );
+    }
+    // The type of a column of a relation the query reads is its owner's to change, as its
+    // policies and defaults are: used.
+    let rows = v
+        .query_one("SELECT nl_query('the ledger''s entries')::text", &[])
+        .map(|row| row.get::<_, String>(0))
+        .map_err(|e| db_error(&e));
+    let rows: serde_json::Value = serde_json::from_str(&rows.unwrap()).unwrap();
+    assert_eq!(rows["entry"], 7, "{rows}");
 }

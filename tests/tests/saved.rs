@@ -429,7 +429,7 @@ fn a_function_another_role_adds_while_the_model_thinks_never_enters_the_view() {
 /// type, operator, function) could be changed by its owner afterwards (a CHECK added that runs
 /// as each reader). A view keeps only objects of the caller, of superusers and of
 /// `trusted_owners`; the model is told why and answers again. An answer that is not saved may
-/// use the domain.
+/// not use the domain either (since 0.22.0: its owner could change it while the query runs).
 #[test]
 fn a_saved_view_keeps_no_type_of_another_role() {
     let shop = Shop::new();
@@ -444,9 +444,10 @@ fn a_saved_view_keeps_no_type_of_another_role() {
         "the names as codes",
         vec![Reply::sql(CAST), Reply::sql(PLAIN)],
     );
-    shop.s
-        .llm
-        .on("the names as codes, now", vec![Reply::sql(CAST)]);
+    shop.s.llm.on(
+        "the names as codes, now",
+        vec![Reply::sql(CAST), Reply::sql(PLAIN)],
+    );
     let mut analyst = shop.analyst();
     analyst
         .batch_execute("SET search_path = reports, public")
@@ -456,6 +457,10 @@ fn a_saved_view_keeps_no_type_of_another_role() {
         .unwrap()
         .get(0);
     assert!(trace.contains(r#""status": "ok""#), "{trace}");
+    assert!(
+        trace.contains("could change it while the query runs"),
+        "{trace}"
+    );
     let saved: String = analyst
         .query_one("SELECT nl_view('codes', 'the names as codes')", &[])
         .unwrap()
