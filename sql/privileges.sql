@@ -45,19 +45,22 @@ BEGIN
            AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
            AND d.refobjid OPERATOR(pg_catalog.=) extension_oid
            AND d.deptype OPERATOR(pg_catalog.=) 'e'::pg_catalog."char"
-           AND p.prorettype OPERATOR(pg_catalog.=) ANY (ARRAY[
-               'pg_catalog.trigger'::pg_catalog.regtype::pg_catalog.oid,
-               'pg_catalog.event_trigger'::pg_catalog.regtype::pg_catalog.oid])
+           -- (and the invalidation the COMMENT trigger sends: any role could send it for
+           -- every relation, and make every backend build its caches again)
+           AND (p.prorettype OPERATOR(pg_catalog.=) ANY (ARRAY[
+                   'pg_catalog.trigger'::pg_catalog.regtype::pg_catalog.oid,
+                   'pg_catalog.event_trigger'::pg_catalog.regtype::pg_catalog.oid])
+                OR p.proname OPERATOR(pg_catalog.=) 'nl_relations_commented'::pg_catalog.name)
            AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
     LOOP
         EXECUTE revoked.command;
     END LOOP;
 END
 $$;
--- Every role reads the examples and the schemas' change counts; reads and writes rows of its
--- own history, conversations and feedback (row security keeps each role to its own); and reads
--- the sequences of the ids the tables draw (nl_drawn_id compares a row's id with the draw).
-GRANT SELECT ON @extschema@.nl_examples, @extschema@.nl_schema_changes TO PUBLIC;
+-- Every role reads the examples; reads and writes rows of its own history, conversations and
+-- feedback (row security keeps each role to its own); and reads the sequences of the ids the
+-- tables draw (nl_drawn_id compares a row's id with the draw).
+GRANT SELECT ON @extschema@.nl_examples TO PUBLIC;
 GRANT SELECT, INSERT ON @extschema@.nl_history, @extschema@.nl_sessions,
     @extschema@.nl_feedback TO PUBLIC;
 GRANT SELECT ON SEQUENCE @extschema@.nl_history_id_seq, @extschema@.nl_feedback_id_seq,

@@ -1,5 +1,5 @@
-//! The extension's own storage: the schema it is installed in, its four tables (`nl_examples`,
-//! `nl_history`, `nl_sessions`, `nl_schema_changes`, defined in `sql/`), and the reads and the
+//! The extension's own storage: the schema it is installed in, its tables (`nl_examples`,
+//! `nl_history`, `nl_sessions`, `nl_feedback`, defined in `sql/`), and the reads and the
 //! one best-effort write that the extension's own SQL makes, all on the pinned search path.
 
 use pgrx::prelude::*;

@@ -12,13 +12,12 @@
 //!   question, and drops the cache only if the roles whose privileges the role has are no
 //!   longer the same (any role may change its own password, and grants in one database must
 //!   not cost every backend of the cluster a rebuild);
-//! - a COMMENT on a relation or column of a schema it reads, which invalidates nothing: the
-//!   extension's event trigger counts it in `nl_schema_changes`, per schema, and the sum over
-//!   the schemas read is part of the key.
+//! - a COMMENT on a relation or column of a schema it reads, which invalidates nothing itself:
+//!   the extension's event trigger invalidates the relation (`nl_relations_commented`).
 //!
 //! Invalidations arrive when DDL commits, also for the backend's own DDL in an open
-//! transaction, and on a hot standby when the commit is replayed (the comment count too, being a
-//! table). An unchanged schema costs one small query per question and no catalog scan.
+//! transaction, and on a hot standby when the commit is replayed. An unchanged schema costs no
+//! catalog scan.
 
 use std::cell::RefCell;
 use std::collections::HashSet;
@@ -47,8 +46,6 @@ struct CacheKey {
     /// The caller's search path: it decides which names need qualifying.
     search_path: Vec<pg_sys::Oid>,
     sample_values: usize,
-    /// COMMENTs committed so far on relations of the schemas read (`nl_schema_changes`).
-    comments: i64,
 }
 
 /// What invalidation callbacks have said since the cache was built.
@@ -512,33 +509,52 @@ fn newly_readable(relid: pg_sys::Oid, schemas: &[String]) -> bool {
     }
 }
 
-/// Role, schemas, search path, settings and the comment count of the schemas read.
+/// Role, schemas, search path and settings.
 fn current_key() -> Result<CacheKey> {
-    let schema = store::extension_schema()?;
+    // The extension is installed here, in a schema a superuser owns.
+    store::extension_schema()?;
     let search_path = search_path();
     let schemas = match settings::schemas() {
         Some(schemas) => schemas,
         None => usable_schemas(&search_path)?,
     };
-    let comments = subxact::pinned(|| {
-        store::read_one::<i64>(
-            &format!(
-                "SELECT coalesce(pg_catalog.sum(changes), 0)::pg_catalog.int8 \
-                 FROM {schema}.nl_schema_changes WHERE schema_name = ANY ($1)"
-            ),
-            &[schemas.clone().into()],
-        )
-    })
-    .map_err(|e| Error::internal(format!("reading the schema version failed: {e}")))?
-    .unwrap_or(0);
     Ok(CacheKey {
         // SAFETY: reads the backend's current role.
         role: unsafe { pg_sys::GetUserId() },
         schemas,
         search_path,
         sample_values: settings::sample_values(),
-        comments,
     })
+}
+
+/// Relations commented on (`COMMENT ON TABLE`, `ON COLUMN`, ...) at most per call: one command
+/// comments on one object.
+const MAX_COMMENTED: usize = 1024;
+
+/// Invalidates the relcache entries of `relations` that still exist, for the COMMENT event
+/// trigger (`sql/schema_version.sql`): a COMMENT invalidates nothing itself, and the schema
+/// caches, which show comments, learn of changes through invalidations. Sent as the
+/// transaction commits, to every backend of the database and, as the commit is replayed, to a
+/// hot standby's; nothing is written (a table of counts grew with every comment any role made,
+/// and every call read it).
+#[pg_extern(volatile, parallel_unsafe, strict)]
+fn nl_relations_commented(relations: Vec<pg_sys::Oid>) {
+    for relation in relations.into_iter().take(MAX_COMMENTED) {
+        pgrx::check_for_interrupts!();
+        // SAFETY: a syscache existence check, then the invalidation of a relation that exists
+        // (it raises for one that does not).
+        unsafe {
+            if pg_sys::SearchSysCacheExists(
+                pg_sys::SysCacheIdentifier::RELOID as i32,
+                pg_sys::Datum::from(relation),
+                pg_sys::Datum::from(0),
+                pg_sys::Datum::from(0),
+                pg_sys::Datum::from(0),
+            ) {
+                pg_sys::CacheInvalidateRelcacheByRelid(relation);
+            }
+        }
+    }
 }
 
 /// The schemas a question reads by default: those of the search path `$1` in its order, then

@@ -391,3 +391,48 @@ fn a_rebuild_in_a_long_statement_reads_the_catalog_as_it_is_now() {
     assert!(told.contains("CREATE TABLE plans"), "{told}");
     assert!(!told.contains("Secret Plan"), "{told}");
 }
+
+/// A comment on a temporary table is in no one else's schema: it does not drop any backend's
+/// cache (any role may make temporary tables, and comment on them in a loop); one on a relation
+/// the cache shows does, at the next question, also when made in a SERIALIZABLE transaction,
+/// and none leaves anything behind that later questions read (until 0.22.0 every comment was a
+/// row of a table that every call summed).
+#[test]
+fn a_comment_on_a_temporary_table_keeps_the_cache_and_one_on_a_shown_table_drops_it() {
+    let _quiet = quiet();
+    let mut s = Session::new();
+    let mut other = cluster().connect(&s.database);
+    other
+        .batch_execute("CREATE TEMP TABLE scratch (x int)")
+        .unwrap();
+    traced(&mut s, "warm up");
+    assert_eq!(traced(&mut s, "warm again")["schema_cached"], true);
+    other
+        .batch_execute("COMMENT ON TABLE scratch IS 'mine'")
+        .unwrap();
+    assert_eq!(
+        traced(&mut s, "after the temporary comment")["schema_cached"],
+        true
+    );
+    other
+        .batch_execute(
+            "BEGIN ISOLATION LEVEL SERIALIZABLE;
+             COMMENT ON TABLE orders IS 'every order, serializably';
+             COMMIT;",
+        )
+        .unwrap();
+    let after = traced(&mut s, "after the comment");
+    assert_eq!(after["schema_cached"], false);
+    let schema: String = s
+        .client
+        .query_one("SELECT nl_schema()", &[])
+        .unwrap()
+        .get(0);
+    assert!(schema.contains("every order, serializably"), "{schema}");
+    let table: Option<String> = s
+        .client
+        .query_one("SELECT to_regclass('nl_schema_changes')::text", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(table, None);
+}

@@ -506,26 +506,6 @@ fn comments_are_visible_to_the_next_question() {
     assert!(told.contains("gross, in euros"), "{told}");
 }
 
-/// A comment on a temporary table is in no one else's schema: it does not count as a change
-/// that every backend's schema cache must be built again for (any role may make temporary
-/// tables, and comment on them in a loop).
-#[test]
-fn a_comment_on_a_temporary_table_changes_no_ones_schema() {
-    let mut s = Session::new();
-    let changes = |s: &mut Session| -> i64 {
-        s.scalar_i64("SELECT coalesce(sum(changes), 0)::bigint FROM nl_schema_changes")
-    };
-    let before = changes(&mut s);
-    s.client
-        .batch_execute("CREATE TEMP TABLE scratch (x int); COMMENT ON TABLE scratch IS 'mine'")
-        .unwrap();
-    assert_eq!(changes(&mut s), before);
-    s.client
-        .batch_execute("COMMENT ON TABLE orders IS 'every order'")
-        .unwrap();
-    assert_eq!(changes(&mut s), before + 1);
-}
-
 #[test]
 fn the_questions_values_are_found_where_they_are_stored_and_only_where_the_role_may_read() {
     let mut s = Session::new();

@@ -383,13 +383,11 @@ fn only_a_schema_a_superuser_owns_holds_the_extension() {
     planted
         .batch_execute(
             "CREATE SCHEMA nl;
-             CREATE TABLE nl.nl_schema_changes (xid xid8 DEFAULT pg_current_xact_id(),
-                 changes bigint DEFAULT 1, schema_name text, PRIMARY KEY (xid, schema_name));
+             CREATE FUNCTION nl.nl_relations_commented(oid[]) RETURNS void LANGUAGE plpgsql AS
+                 $$ BEGIN INSERT INTO public.witness VALUES (current_user); END $$;
              CREATE TABLE nl.nl_history (LIKE nl_moved.nl_history);
              CREATE FUNCTION nl.witness() RETURNS trigger LANGUAGE plpgsql AS
                  $$ BEGIN INSERT INTO public.witness VALUES (current_user); RETURN NEW; END $$;
-             CREATE TRIGGER witness BEFORE INSERT ON nl.nl_schema_changes
-                 FOR EACH ROW EXECUTE FUNCTION nl.witness();
              CREATE TRIGGER witness BEFORE INSERT ON nl.nl_history
                  FOR EACH ROW EXECUTE FUNCTION nl.witness();
              CREATE TABLE public.t (id int); COMMENT ON TABLE public.t IS 'noted';",
