@@ -188,10 +188,14 @@ fn same_query(a: &str, b: &str) -> bool {
     norm(a) == norm(b) && crate::literals::quoted(a) == crate::literals::quoted(b)
 }
 
-/// What became of an attempt, in one line, as the model may see it.
+/// What became of an attempt, in one line, as the model may see it: with stored values kept
+/// from it, not how many rows (a query can make its count a stored value, `WHERE id <=
+/// ascii(<a stored name>)`).
 fn result_line(outcome: &Outcome, share_values: bool) -> String {
     match (outcome.result(), outcome.error()) {
-        (Some(r), _) => format!("{} rows", r.rows.len()),
+        (Some(r), _) if share_values => format!("{} rows", r.rows.len()),
+        (Some(r), _) if r.rows.is_empty() => "no rows".to_string(),
+        (Some(_), _) => "rows".to_string(),
         (_, Some(e)) => {
             let e = prompt::shown_error(e, share_values);
             format!(
@@ -1128,6 +1132,14 @@ mod tests {
             ..Default::default()
         })
     }
+    #[test]
+    fn without_sample_values_the_model_is_not_told_how_many_rows() {
+        assert_eq!(result_line(&rows(115), true), "115 rows");
+        assert_eq!(result_line(&rows(115), false), "rows");
+        assert_eq!(result_line(&rows(3), false), "rows");
+        assert_eq!(result_line(&empty(), false), "no rows");
+    }
+
     fn failed(code: &str) -> Outcome {
         Outcome::Failed(SqlError::new(
             SqlState::parse(code),

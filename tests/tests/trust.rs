@@ -601,6 +601,31 @@ fn with_sample_values_off_no_stored_value_reaches_the_model() {
         })
         .collect();
     assert_eq!(told[0], told[1], "the model could tell the errors apart");
+    // Nor how many rows an answer had, which a query can make a stored value (here the length
+    // of the first name, 3): the doubted sum of identifiers is repaired, and the repair shows
+    // the earlier attempt's result.
+    s.llm.on(
+        "count by the first name",
+        vec![
+            Reply::sql(
+                "SELECT customer_id, sum(customer_id) AS s FROM customers \
+                 WHERE customer_id <= (SELECT length(min(name)) FROM customers) \
+                 GROUP BY customer_id",
+            ),
+            Reply::sql("SELECT nme FROM customers"),
+            Reply::sql("SELECT count(*) AS n FROM customers"),
+        ],
+    );
+    let before = s.llm.requests().len();
+    let trace = s.trace("count by the first name").unwrap();
+    assert_eq!(trace["attempts"][0]["row_count"], 3, "{trace}");
+    // The third request sums up the attempts before it.
+    let repair = s.llm.requests()[before + 2].last_message();
+    assert!(repair.contains("Attempt 1:"), "{repair}");
+    assert!(
+        !repair.contains("3 rows"),
+        "the model was told the count: {repair}"
+    );
     assert!(
         !told[0].contains("22012") && !told[0].contains("division"),
         "{told:?}"
