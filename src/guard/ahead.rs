@@ -53,6 +53,8 @@ struct Reach {
     waited: bool,
     /// The types of the columns of the relations named (in reach of a literal too).
     columns: Types,
+    /// The relations named (their owners' types a literal may be converted to).
+    relations: HashSet<pg_sys::Oid>,
     /// What a statement the caller did not write may name: a name of a relation outside it
     /// that is left (`Scope::refusal_before_analysis` refused the others) is a WITH query's,
     /// and is not locked.
@@ -84,6 +86,8 @@ pub struct InReach {
     /// The types named, and those of the functions and operators named: what the statement
     /// itself brings in, beyond the relations it reads.
     pub named: Vec<pg_sys::Oid>,
+    /// The relations the statement names, locked.
+    pub relations: Vec<pg_sys::Oid>,
     pub literal: bool,
 }
 
@@ -156,6 +160,7 @@ pub unsafe fn types_in_reach(
     Ok(InReach {
         types: reach.types.list,
         named,
+        relations: reach.relations.into_iter().collect(),
         literal: reach.literal,
     })
 }
@@ -237,6 +242,7 @@ unsafe fn collect(node: *mut pg_sys::Node, reach: &mut Reach) {
                 }
                 if relation != pg_sys::InvalidOid {
                     columns(relation, &mut reach.columns);
+                    reach.relations.insert(relation);
                 }
             }
             pg_sys::NodeTag::T_FuncCall => {

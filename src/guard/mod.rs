@@ -225,7 +225,12 @@ fn literals_refusal(
     if !reach.literal {
         return Ok(());
     }
-    walk::literals_refusal(&reach.types, allowed, trusted)
+    // A role's generated query: the types a literal may be converted to are judged by their
+    // owners too, before analysis runs their input (`trust::objects_of_relations`).
+    let objects = trusted
+        .is_none()
+        .then(|| trust::objects_of_relations(reach.relations));
+    walk::literals_refusal(&reach.types, allowed, trusted.or(objects.as_ref()))
 }
 
 /// `literals_refusal` for SQL about to be analysed again (the text a view is created from):

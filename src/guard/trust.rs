@@ -260,12 +260,14 @@ fn of_the_current_user(saving: bool) -> Trusted {
 }
 
 /// The owners whose types and operators a generated query of a role that is no superuser may
-/// use: the caller's own (current and session user), superusers', `trusted_owners`', and those
-/// of the relations the query names (whose code, its policies and defaults, runs as the caller
-/// anyway). Another role's domain, composite type or operator could be changed by its owner
-/// between the check and the run, and PostgreSQL takes no lock on them as a query uses them: a
-/// CHECK added to a domain runs as each value is converted to it (`jsonb_populate_record`,
-/// row after row), a negator linked to an operator is called in its place.
+/// use: the current user's own, superusers', `trusted_owners`', and those of the relations the
+/// query names and of those their views read (whose code, their policies and defaults, runs as
+/// the caller anyway). Another role's domain, composite type or operator could be changed by
+/// its owner between the check and the run, and PostgreSQL takes no lock on them as a query
+/// uses them: a CHECK added to a domain runs as each value is converted to it
+/// (`jsonb_populate_record`, row after row), a negator linked to an operator is called in its
+/// place. Not the session user's (inside a SECURITY DEFINER function it is another role,
+/// whose objects would run with the function owner's rights).
 ///
 /// # Safety
 /// `query` must be an analyzed Query of the current transaction.
@@ -273,15 +275,42 @@ pub unsafe fn objects_of(query: *mut pg_sys::Query) -> Trusted {
     let mut found = Reached::default();
     // SAFETY: the caller's contract. A walk cut short leaves owners out: stricter, not looser.
     unsafe { collect_relations(query, &mut found) };
-    // SAFETY: reads the backend's current and session user.
-    let (current, session) = unsafe { (pg_sys::GetUserId(), pg_sys::GetSessionUserId()) };
+    objects_of_relations(found.relations)
+}
+
+/// `objects_of` for the relations a statement names, before it is analysed (`ahead`).
+pub fn objects_of_relations(relations: Vec<pg_sys::Oid>) -> Trusted {
+    // SAFETY: reads the backend's current user.
+    let current = unsafe { pg_sys::GetUserId() };
     let mut roles = trusted_owners();
-    roles.extend([current, session]);
-    for relation in found.relations {
+    roles.push(current);
+    // The relations named, and those the views among them read, at every depth: each once,
+    // MAX_REACHED_RELATIONS at most (a view left unread leaves owners out: stricter).
+    let mut pending = relations;
+    let mut seen: Vec<pg_sys::Oid> = Vec::new();
+    while let Some(relation) = pending.pop() {
         pgrx::check_for_interrupts!();
-        if let Some(owner) = relation_owner(relation) {
-            if !roles.contains(&owner) {
-                roles.push(owner);
+        if seen.contains(&relation) || seen.len() >= MAX_REACHED_RELATIONS {
+            continue;
+        }
+        seen.push(relation);
+        let Some((owner, kind)) = relation_owner(relation) else {
+            continue;
+        };
+        if !roles.contains(&owner) {
+            roles.push(owner);
+        }
+        if kind == pg_sys::RELKIND_VIEW {
+            // SAFETY: the view exists (just looked up); it is opened with the lock a reader
+            // takes, and its stored query only read while it is open.
+            unsafe {
+                let opened = OpenRelation::open(relation, pg_sys::AccessShareLock);
+                let view = pg_sys::get_view_query(opened.0);
+                if !view.is_null() {
+                    let mut found = Reached::default();
+                    collect_relations(view, &mut found);
+                    pending.extend(found.relations);
+                }
             }
         }
     }
@@ -292,8 +321,11 @@ pub unsafe fn objects_of(query: *mut pg_sys::Query) -> Trusted {
     }
 }
 
-/// The owner of `relation`; `None` for one that is gone.
-fn relation_owner(relation: pg_sys::Oid) -> Option<pg_sys::Oid> {
+/// Relations `objects_of_relations` follows through views, at most.
+const MAX_REACHED_RELATIONS: usize = 4096;
+
+/// The owner and kind of `relation`; `None` for one that is gone.
+fn relation_owner(relation: pg_sys::Oid) -> Option<(pg_sys::Oid, u8)> {
     // SAFETY: a syscache look-up, released before returning.
     unsafe {
         let tuple = pg_sys::SearchSysCache1(
@@ -303,9 +335,10 @@ fn relation_owner(relation: pg_sys::Oid) -> Option<pg_sys::Oid> {
         if tuple.is_null() {
             return None;
         }
-        let owner = (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_class>(tuple)).relowner;
+        let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_class>(tuple);
+        let found = ((*form).relowner, (*form).relkind as u8);
         pg_sys::ReleaseSysCache(tuple);
-        Some(owner)
+        Some(found)
     }
 }
 
@@ -384,6 +417,22 @@ impl Trusted {
     /// owners too (a superuser's call, a saved view), not only its types and operators.
     pub fn judges_code(&self) -> bool {
         !self.objects_only
+    }
+
+    /// Whether a type of kind `kind` (`typtype`) is judged by its owner: every one for a
+    /// superuser's call or a saved view; otherwise only those whose owner can give them code
+    /// later (a domain a CHECK, a composite type a field of such a domain). An enum's labels
+    /// run nothing, and a range's functions are fixed when it is made (its parts are judged
+    /// as what they are).
+    pub fn judges_type(&self, kind: u8) -> bool {
+        !self.objects_only || kind == pg_sys::TYPTYPE_DOMAIN || kind == pg_sys::TYPTYPE_COMPOSITE
+    }
+
+    /// Whether a literal's conversion is judged before analysis (`types::literal_refusal`):
+    /// for a superuser's call and a role's generated query, not for a saved view (checked as
+    /// it is saved).
+    pub fn judges_literals(&self) -> bool {
+        !self.saving
     }
 
     fn trusts(&self, owner: pg_sys::Oid) -> bool {

@@ -162,7 +162,7 @@ impl Types<'_> {
                 .policy
                 .trusted
                 .as_ref()
-                .filter(|t| t.superusers())
+                .filter(|t| t.judges_literals())
                 .and_then(|t| t.refuse_owner(facts.owner, "type"))
             {
                 return Some(format!("the input code of {}: {why}", type_name(typ)));
@@ -197,6 +197,7 @@ impl Types<'_> {
             .policy
             .trusted
             .as_ref()
+            .filter(|t| t.judges_type(facts.kind))
             .and_then(|t| t.refuse_owner(facts.owner, "type"))
         {
             return Some(why);

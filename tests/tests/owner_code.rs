@@ -97,6 +97,18 @@ fn locker(name: &str, key: i64, type_: &str, returns: &str) -> String {
     )
 }
 
+/// Makes the attacker a trusted owner for `role`'s queries in the test database (its types and
+/// operators may be used), so that what a test checks of them beyond their owner decides.
+fn trust_the_attacker_for(w: &World, role: &str) {
+    cluster()
+        .connect(&w.s.database)
+        .batch_execute(&format!(
+            "ALTER ROLE {role} IN DATABASE {} SET sql_query_engine.trusted_owners = '{}'",
+            w.s.database, w.attacker
+        ))
+        .unwrap();
+}
+
 fn text(client: &mut Client, sql: &str) -> String {
     client
         .query_one(sql, &[])
@@ -1117,6 +1129,9 @@ fn parse_analysis_runs_no_code_in_nl_check_nl_example_add_or_nl_query() {
     };
     let write = r#"SELECT '{"INSERT INTO shared.log VALUES (1)"}'::shared.sqltext[]"#;
     let lock = r#"SELECT '{"SELECT pg_advisory_lock(77)"}'::shared.sqltext[] AS x"#;
+    // The attacker trusted as an owner of types (which the victim's queries may then use), so
+    // that what the domain's CHECK calls is what decides.
+    trust_the_attacker_for(&w, &victim);
     let mut v = w.connect(&victim);
     let mut witness = Witness::hold(&w.s.database, &[77]);
     let (_, waited) = witness.waited(|| {
@@ -1219,6 +1234,7 @@ fn literals_never_run_the_built_in_code_of_a_domains_check_during_analysis() {
              AS 'SELECT NULL::shared.locked[]';
          CREATE DOMAIN shared.locked_list AS shared.locked[];",
     );
+    trust_the_attacker_for(&w, &victim);
     let mut v = w.connect(&victim);
     let queries = [
         "SELECT '{1}'::shared.locked[] AS x",
@@ -1309,14 +1325,7 @@ fn an_operators_negator_and_commutator_are_checked_like_the_operator() {
     w.s.llm.on("orders up to two", vec![Reply::sql(commuted)]);
     // Trusted as an owner of operators (which a query of the victim's may then use), so that
     // what is linked to them is what decides.
-    let db = w.s.database.clone();
-    cluster()
-        .connect(&db)
-        .batch_execute(&format!(
-            "ALTER ROLE {victim} IN DATABASE {db} SET sql_query_engine.trusted_owners = '{}'",
-            w.attacker
-        ))
-        .unwrap();
+    trust_the_attacker_for(&w, &victim);
     let mut v = w.connect(&victim);
     let mut witness = Witness::hold(&w.s.database, &[79]);
     let (_, waited) = witness.waited(|| {
@@ -2741,7 +2750,7 @@ fn a_function_allowed_by_name_does_not_allow_another_roles_overload() {
 /// its owner's, stay usable.
 #[test]
 fn another_roles_types_and_operators_that_it_could_change_meanwhile_are_not_used() {
-    let w = World::new();
+    let mut w = World::new();
     let victim = w.victim.clone();
     w.attacker_runs(&format!(
         "CREATE DOMAIN shared.amount AS int;
@@ -2749,8 +2758,25 @@ fn another_roles_types_and_operators_that_it_could_change_meanwhile_are_not_used
          CREATE OPERATOR shared.=== (LEFTARG = int, RIGHTARG = int, FUNCTION = int4eq);
          CREATE TABLE shared.ledger (entry shared.amount);
          INSERT INTO shared.ledger VALUES (7);
-         GRANT SELECT ON shared.ledger TO {victim};"
+         GRANT SELECT ON shared.ledger TO {victim};
+         CREATE TYPE shared.mood AS ENUM ('happy', 'sad');"
     ));
+    // A third role's view of the ledger.
+    let reporter = format!("reporter_{}", w.s.database);
+    w.s.client
+        .batch_execute(&format!(
+            "CREATE ROLE {reporter}; GRANT CREATE ON SCHEMA public TO {reporter};"
+        ))
+        .unwrap();
+    w.attacker_runs(&format!("GRANT SELECT ON shared.ledger TO {reporter};"));
+    w.s.client
+        .batch_execute(&format!(
+            "SET ROLE {reporter};
+             CREATE VIEW public.ledger_report AS SELECT entry FROM shared.ledger;
+             GRANT SELECT ON public.ledger_report TO {victim};
+             RESET ROLE;"
+        ))
+        .unwrap();
     let refused = [
         (
             "boxed order ids",
@@ -2788,8 +2814,47 @@ fn another_roles_types_and_operators_that_it_could_change_meanwhile_are_not_used
             "{question}: {message}"
         );
     }
+    // Nor a literal converted to one while the query is analysed (refused before, by its
+    // owner: a CHECK added between the check and analysis would run in the input code).
+    w.s.llm.on(
+        "the amounts one and two",
+        vec![Reply::sql("SELECT '{1,2}'::shared.amount[] AS a")],
+    );
+    let trace: serde_json::Value = serde_json::from_str(&text(
+        &mut v,
+        "SELECT nl_trace('the amounts one and two')::text",
+    ))
+    .unwrap();
+    let message = trace["attempts"][0]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("the input code of shared.amount")
+            && message.contains("could change it while the query runs"),
+        "{trace}"
+    );
+    // An enum's owner can give it no code: used.
+    w.s.llm.on(
+        "a happy mood",
+        vec![Reply::sql("SELECT 'happy'::shared.mood AS m")],
+    );
+    let mood = v
+        .query_one("SELECT nl_query('a happy mood')::text", &[])
+        .map(|row| row.get::<_, String>(0))
+        .map_err(|e| db_error(&e));
+    assert_eq!(mood.unwrap(), r#"{"m": "happy"}"#);
     // The type of a column of a relation the query reads is its owner's to change, as its
-    // policies and defaults are: used.
+    // policies and defaults are: used, also through another role's view of it.
+    w.s.llm.on(
+        "the ledger's entries, reported",
+        vec![Reply::sql("SELECT r.entry FROM public.ledger_report r")],
+    );
+    let reported = v
+        .query_one(
+            "SELECT nl_query('the ledger''s entries, reported')::text",
+            &[],
+        )
+        .map(|row| row.get::<_, String>(0))
+        .map_err(|e| db_error(&e));
+    assert_eq!(reported.unwrap(), r#"{"entry": 7}"#);
     let rows = v
         .query_one("SELECT nl_query('the ledger''s entries')::text", &[])
         .map(|row| row.get::<_, String>(0))
