@@ -132,8 +132,11 @@ const RUNS_SQL_TEXT_PREFIXES: &[&str] = &["dblink"];
 /// (`format_type(oid, typmod)` runs its output modifier function; so do the privilege checks
 /// of a type or a function named as text, `has_type_privilege('t(3)', ...)`, which read the
 /// name as `regtype` or `regprocedure` does), and the hash functions of any partitioned
-/// table's key, opened without a privilege check (`satisfies_hash_partition`): refused unless
-/// named in `allowed_functions`.
+/// table's key, opened without a privilege check (`satisfies_hash_partition`), and the text
+/// search parser's and dictionaries' code of a configuration read from the catalog as it runs
+/// (`ts_parse`, `ts_token_type`, and `ts_debug`, a built-in SQL function whose body, run after
+/// the check, calls them and `ts_lexize` on dictionaries it looks up): refused unless named in
+/// `allowed_functions`.
 const RUNS_NAMED_OBJECTS_CODE: &[&str] = &[
     "has_function_privilege",
     "has_type_privilege",
@@ -147,6 +150,7 @@ const RUNS_NAMED_OBJECTS_CODE: &[&str] = &[
     "to_regoperator",
     "ts_parse",
     "ts_token_type",
+    "ts_debug",
 ];
 
 /// VOLATILE built-ins that only produce values.

@@ -297,6 +297,11 @@ fn functions_that_run_code_of_an_object_named_at_run_time_are_refused() {
             "SELECT count(*) AS n FROM orders o, ts_parse('default', o.order_id::text) p",
             "given by name or OID",
         ),
+        // A built-in SQL function whose body, run after the check, calls ts_parse.
+        (
+            "SELECT count(*) AS n FROM orders o, ts_debug('english', o.order_id::text) d",
+            "given by name or OID",
+        ),
     ] {
         let error = role_client
             .query("SELECT nl_check($1)", &[&sql])
