@@ -77,7 +77,8 @@ fn secrets_of(url: &str) -> (String, Vec<String>) {
         parts.extend(query.split(['&', '=']).map(str::to_string));
     }
     // The Basic credential an HTTP client makes of the user information (base64 of
-    // `user:password`, as written and decoded), which an endpoint may echo in a header.
+    // `user:password`, as written and decoded), which an endpoint may echo in a header; also
+    // without its padding, which an echo may drop or write percent-encoded (`%3D`).
     if !user.is_empty() || parsed.password().is_some() {
         let password = parsed.password().unwrap_or_default();
         let written = format!("{user}:{password}");
@@ -86,7 +87,14 @@ fn secrets_of(url: &str) -> (String, Vec<String>) {
             urlencoding_decode(user).unwrap_or_else(|_| user.to_string()),
             urlencoding_decode(password).unwrap_or_else(|_| password.to_string())
         );
-        secrets.extend([base64(written.as_bytes()), base64(decoded.as_bytes())]);
+        for encoded in [base64(written.as_bytes()), base64(decoded.as_bytes())] {
+            let unpadded = encoded.trim_end_matches('=').to_string();
+            secrets.extend(
+                [encoded, unpadded]
+                    .into_iter()
+                    .filter(|s| s.len() >= MIN_PART),
+            );
+        }
     }
     secrets.extend(parts.into_iter().filter(|p| p.chars().count() >= MIN_PART));
     // Longest first: a part inside another is replaced after it.
@@ -184,6 +192,13 @@ mod tests {
             url,
         );
         assert!(!text.contains("c3ZjOlMzY3JldFBhc3N3MHJk"), "{text}");
+        // Percent-encoded, its padding written `%3D`.
+        let url = "https://a:b@llm.internal/v1";
+        let text = redact(&format!("authorization=Basic%20{}", "YTpi"), url);
+        assert!(!text.contains("YTpi"), "{text}");
+        let url = "https://svc:S3cret@llm.internal/v1";
+        let echoed = format!("{}%3D%3D", base64(b"svc:S3cret").trim_end_matches('='));
+        assert!(!redact(&echoed, url).contains("c3ZjOlMzY3JldA"));
         // Decoded: `p%40ss` is sent as `p@ss`.
         let url = "https://svc:p%40ssword@llm.internal/v1";
         let echoed = base64(b"svc:p@ssword");
