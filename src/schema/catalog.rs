@@ -96,10 +96,11 @@ const MAX_OWN_READS_CATALOG_BYTES: i64 = 16 << 20;
 
 /// What reads on the extension's own loaded in this connection, by role (one connection
 /// serves many behind the gateway) and by whether the relation's owner is trusted: each
-/// relation's catalog text as last seen, and their sum.
+/// relation's catalog text as last seen (and in which of the two it was counted), and their
+/// sums.
 #[derive(Default)]
 struct Loaded {
-    by_relation: HashMap<(u32, u32), i64>,
+    by_relation: HashMap<(u32, u32), (i64, bool)>,
     by_role: HashMap<(u32, bool), i64>,
 }
 
@@ -119,14 +120,24 @@ fn loads_within_bounds(oid: u32, bytes: i64, trusted: bool) -> bool {
     let role = unsafe { pg_sys::GetUserId() }.to_u32();
     OWN_READS_LOADED.with_borrow_mut(|loaded| {
         let before = loaded.by_relation.get(&(role, oid)).copied();
+        // Counted before in the same sum, it is counted again at its latest size; in the
+        // other (its owner is trusted now, or no longer), it leaves that one.
+        let same = before
+            .filter(|(_, was)| *was == trusted)
+            .map_or(0, |(b, _)| b);
         let total = loaded.by_role.get(&(role, trusted)).copied().unwrap_or(0);
-        let after = total - before.unwrap_or(0) + bytes;
+        let after = total - same + bytes;
         if after > MAX_OWN_READS_CATALOG_BYTES
             || (before.is_none() && loaded.by_relation.len() >= 1 << 16)
         {
             return false;
         }
-        loaded.by_relation.insert((role, oid), bytes);
+        if let Some((other, was)) = before.filter(|(_, was)| *was != trusted) {
+            if let Some(sum) = loaded.by_role.get_mut(&(role, was)) {
+                *sum -= other;
+            }
+        }
+        loaded.by_relation.insert((role, oid), (bytes, trusted));
         loaded.by_role.insert((role, trusted), after);
         true
     })
