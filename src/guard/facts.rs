@@ -218,19 +218,18 @@ impl FunctionFacts {
     }
 
     pub fn policy(&self) -> policy::Function<'_> {
+        // A built-in is the bootstrap superuser's; any other owner is looked up.
+        // SAFETY: looks up the owner's role (a syscache read).
+        let superuser_owned = self.builtin || unsafe { pg_sys::superuser_arg(self.owner) };
         policy::Function {
             schema: &self.schema,
             name: &self.name,
             volatility: self.volatility,
             builtin: self.builtin,
             extension: self.extension.as_deref(),
-            // A built-in is the bootstrap superuser's; any other owner is looked up.
-            // SAFETY: looks up the owner's role (a syscache read).
-            superuser_owned: self.builtin || unsafe { pg_sys::superuser_arg(self.owner) },
-            // SAFETY: as above.
-            nameable: self.builtin
+            superuser_owned,
+            nameable: superuser_owned
                 || self.owner == self.schema_owner
-                || unsafe { pg_sys::superuser_arg(self.owner) }
                 || crate::names::role_name(self.owner)
                     .is_some_and(|name| crate::settings::trusted_owners().contains(&name)),
             type_support: self.type_support,
