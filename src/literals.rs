@@ -290,11 +290,13 @@ fn strip_word<'a>(text: &'a str, word: &str) -> Option<&'a str> {
     (last.eq_ignore_ascii_case(word) && bounded).then(|| rest.trim_end())
 }
 
-/// The column name `operand` ends with (`t.status`, `"Order Status"`), unquoted.
+/// The column name `operand` ends with (`t.status`, `"Order Status"`), unquoted, cut as
+/// PostgreSQL cuts a name (`NAME_BYTES`): each literal compared with it keeps a copy, and a
+/// model's name may be a megabyte long.
 fn trailing_column(operand: &str) -> Option<String> {
     let operand = operand.trim_end();
     if let Some(inner) = operand.strip_suffix('"') {
-        let name = &inner[inner.rfind('"')? + 1..];
+        let name = kept_name(&inner[inner.rfind('"')? + 1..]);
         return (!name.is_empty()).then(|| name.to_string());
     }
     let word = |c: char| c.is_alphanumeric() || c == '_' || c == '$';
@@ -304,13 +306,47 @@ fn trailing_column(operand: &str) -> Option<String> {
         .take_while(|&(_, c)| word(c))
         .last()
         .map(|(i, _)| i)?;
-    let name = &operand[start..];
+    let name = kept_name(&operand[start..]);
     (!name.starts_with(|c: char| c.is_ascii_digit())).then(|| name.to_lowercase())
+}
+
+/// Bytes of a name PostgreSQL keeps (`NAMEDATALEN - 1`): a longer one names what its first
+/// ones do.
+const NAME_BYTES: usize = 63;
+
+/// `name` cut to the whole characters of its first `NAME_BYTES` bytes.
+fn kept_name(name: &str) -> &str {
+    let mut end = name.len().min(NAME_BYTES);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    &name[..end]
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_name_is_kept_as_postgresql_keeps_it() {
+        // Every literal keeps a copy of the column's name: 63 bytes, not a megabyte each.
+        let long = "a".repeat(1_000_000);
+        let list = (0..255)
+            .map(|i| format!("'v{i}'"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let found = compared(&format!("SELECT 1 FROM t WHERE \"{long}\" IN ({list})"));
+        assert!(!found.is_empty());
+        assert!(
+            found.iter().all(|c| c.column.len() == 63),
+            "{}",
+            found[0].column.len()
+        );
+        let found = compared(&format!("SELECT 1 FROM t WHERE {long} = 'x'"));
+        assert_eq!(found[0].column, "a".repeat(63));
+        // Cut at a whole character.
+        assert_eq!(kept_name(&"é".repeat(40)).len(), 62);
+    }
 
     #[test]
     fn literals_are_found_outside_identifiers_comments_and_dollar_quotes() {

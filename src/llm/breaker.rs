@@ -79,7 +79,8 @@ fn now_ms() -> u64 {
 }
 
 fn key(endpoint: &str) -> u64 {
-    let mut hasher = rustc_hash::FxHasher::default();
+    // The same key in every backend (one library): SipHash with fixed keys.
+    let mut hasher = std::hash::DefaultHasher::new();
     endpoint.hash(&mut hasher);
     hasher.finish().max(1)
 }

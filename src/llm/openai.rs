@@ -154,7 +154,7 @@ impl OpenAiClient {
     /// rate limit says nothing of another's), as a hash (it is kept in shared memory).
     pub fn identity(&self) -> String {
         use std::hash::{Hash, Hasher};
-        let mut hasher = rustc_hash::FxHasher::default();
+        let mut hasher = std::hash::DefaultHasher::new();
         (&self.base_url, &self.model, &self.api_key).hash(&mut hasher);
         format!("{}#{:016x}", self.endpoint(), hasher.finish())
     }

@@ -126,10 +126,14 @@ impl SchemaContext {
         }
         let terms = relations
             .iter()
-            .map(|r| relation_terms(r, sample_values))
+            .map(|r| {
+                pgrx::check_for_interrupts!();
+                relation_terms(r, sample_values)
+            })
             .collect();
         let mut names = NameIndex::default();
         for (i, r) in relations.iter().enumerate() {
+            pgrx::check_for_interrupts!();
             names.add(name_tokens(unquoted(&r.name)), i);
             for column in &r.columns {
                 let tokens = name_tokens(unquoted(&column.name));
@@ -235,7 +239,7 @@ impl SchemaContext {
                     })
                     .collect();
                 let mut must = self.names.named_in(q);
-                let named: rustc_hash::FxHashSet<usize> = must.iter().copied().collect();
+                let named: std::collections::HashSet<usize> = must.iter().copied().collect();
                 must.extend(evidence.iter().filter(|i| !named.contains(i)));
                 retrieve::select(&candidates, q, budget, &must)
             }

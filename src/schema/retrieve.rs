@@ -3,17 +3,17 @@
 //! then the foreign-key neighbours of the best hits so that joins stay possible, then the rest
 //! by relevance, as long as they fit. Pure logic: tested without a backend.
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use std::collections::{HashMap, HashSet};
 
 use crate::text::{name_tokens, stem, words};
 
 /// What a relation can be found by, prepared once per schema load.
 #[derive(Debug, Clone, Default)]
 pub struct Terms {
-    pub name: FxHashSet<String>,
-    pub columns: FxHashSet<String>,
-    pub comments: FxHashSet<String>,
-    pub values: FxHashSet<String>,
+    pub name: HashSet<String>,
+    pub columns: HashSet<String>,
+    pub comments: HashSet<String>,
+    pub values: HashSet<String>,
 }
 
 /// Words that ask for the same data under different names (one direction is enough: both
@@ -48,8 +48,8 @@ const SYNONYMS: &[(&str, &[&str])] = &[
 
 /// The question's terms, with synonyms added. Numbers and one- or two-letter words are left
 /// out: they match sample values by accident ("A requires B" is not about grades A and B).
-pub fn question_terms(question: &str) -> FxHashSet<String> {
-    let mut terms: FxHashSet<String> = words(question)
+pub fn question_terms(question: &str) -> HashSet<String> {
+    let mut terms: HashSet<String> = words(question)
         .into_iter()
         .filter(|w| w.chars().count() >= 3 && !w.chars().all(|c| c.is_ascii_digit()))
         .collect();
@@ -63,10 +63,10 @@ pub fn question_terms(question: &str) -> FxHashSet<String> {
 }
 
 /// How relevant a relation is to the question's terms.
-pub fn score(terms: &Terms, question: &FxHashSet<String>) -> f64 {
+pub fn score(terms: &Terms, question: &HashSet<String>) -> f64 {
     // The size of the intersection, looked up from the smaller side: a relation's terms are
     // few, a long question's many.
-    let hits = |set: &FxHashSet<String>| {
+    let hits = |set: &HashSet<String>| {
         let (small, large) = if set.len() <= question.len() {
             (set, question)
         } else {
@@ -86,7 +86,7 @@ pub fn score(terms: &Terms, question: &FxHashSet<String>) -> f64 {
 #[derive(Debug, Default)]
 pub struct NameIndex {
     /// The relations each name finds, by its words joined with a space (the last one stemmed).
-    names: FxHashMap<String, Vec<usize>>,
+    names: HashMap<String, Vec<usize>>,
     /// How many words the names have, ascending.
     lengths: Vec<usize>,
 }
@@ -125,7 +125,7 @@ impl NameIndex {
     pub fn named_in(&self, question: &str) -> Vec<usize> {
         let tokens = name_tokens(question);
         let stems: Vec<String> = tokens.iter().map(|t| stem(t)).collect();
-        let mut taken: FxHashSet<String> = FxHashSet::default();
+        let mut taken: HashSet<String> = HashSet::default();
         let mut found = Vec::new();
         for at in 0..tokens.len() {
             for &length in &self.lengths {
@@ -234,7 +234,7 @@ mod tests {
         Terms {
             name: words(name).into_iter().collect(),
             columns: columns.iter().flat_map(|c| words(c)).collect(),
-            comments: FxHashSet::default(),
+            comments: HashSet::default(),
             values: values.iter().flat_map(|v| words(v)).collect(),
         }
     }

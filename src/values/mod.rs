@@ -17,8 +17,8 @@
 mod phrases;
 mod shared;
 
-use rustc_hash::{FxHashMap, FxHashSet};
 use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
 use std::rc::{Rc, Weak};
 use std::time::{Duration, Instant};
 
@@ -80,14 +80,14 @@ pub struct Match {
 pub struct ValueIndex {
     columns: TextColumns,
     values: Vec<Stored>,
-    exact: FxHashMap<String, Vec<usize>>,
-    by_trigram: FxHashMap<u64, Vec<u32>>,
+    exact: HashMap<String, Vec<usize>>,
+    by_trigram: HashMap<u64, Vec<u32>>,
     /// Postings in `by_trigram` and bytes in `values`, for the bounds.
     postings: usize,
     text_bytes: usize,
     /// Columns whose every value (as the caller sees them) is indexed: read in full here, and
     /// all kept. Only of these can the index say that a value is not stored.
-    complete: FxHashSet<usize>,
+    complete: HashSet<usize>,
     /// When its oldest values were read (a shared read taken from Redis may be minutes old):
     /// it is kept `VALUES_KEPT_FOR` from then.
     read_at: Instant,
@@ -153,11 +153,11 @@ impl ValueIndex {
     fn build(columns: TextColumns) -> ValueIndex {
         let mut index = ValueIndex {
             values: Vec::new(),
-            exact: FxHashMap::default(),
-            by_trigram: FxHashMap::default(),
+            exact: HashMap::default(),
+            by_trigram: HashMap::default(),
             postings: 0,
             text_bytes: 0,
-            complete: FxHashSet::default(),
+            complete: HashSet::default(),
             read_at: Instant::now(),
             columns,
         };
@@ -254,7 +254,7 @@ impl ValueIndex {
     fn add_column(&mut self, column: usize, values: Vec<String>) -> bool {
         // Distinct as written: a column that stores both 'Shipped' and 'shipped' keeps both,
         // so that `misread` does not question either.
-        let mut seen = FxHashSet::default();
+        let mut seen = HashSet::new();
         for (i, value) in values.into_iter().enumerate() {
             if seen.len() >= MAX_PER_COLUMN || self.full() {
                 return false;
@@ -438,7 +438,7 @@ impl ValueIndex {
     /// Values most similar to `text`, above the threshold, best first (at most two).
     fn fuzzy(&self, text: &str) -> Vec<usize> {
         let wanted = trigrams(text);
-        let mut shared: FxHashMap<u32, usize> = FxHashMap::default();
+        let mut shared: HashMap<u32, usize> = HashMap::default();
         for trigram in &wanted {
             interruptible();
             if let Some(ids) = self.by_trigram.get(trigram) {
@@ -560,11 +560,11 @@ mod tests {
                 column(1, "status"),
             ]),
             values: Vec::new(),
-            exact: FxHashMap::default(),
-            by_trigram: FxHashMap::default(),
+            exact: HashMap::default(),
+            by_trigram: HashMap::default(),
             postings: 0,
             text_bytes: 0,
-            complete: FxHashSet::default(),
+            complete: HashSet::default(),
             read_at: Instant::now(),
         };
         for (column, value) in [
