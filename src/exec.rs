@@ -1094,7 +1094,7 @@ fn run_guarded(
         if let Some(why) = unsafe { guard::outer_column_subquery(checked.query) } {
             return Outcome::Failed(SqlError {
                 sqlstate: SqlState::INVALID_COLUMN_REFERENCE,
-                message: format!("the query was not run: {why}"),
+                message: format!("{} {why}", crate::prompt::PLAN_REFUSED),
                 hint: Some(
                     "Select a column of the subquery's own tables (join the table that has \
                      the column inside the subquery), or compare without a subquery."
@@ -1133,7 +1133,7 @@ fn run_guarded(
             pg_sys::PopActiveSnapshot();
             return Outcome::Failed(SqlError {
                 sqlstate: SqlState::PROGRAM_LIMIT_EXCEEDED,
-                message: format!("the query was not run: {why}"),
+                message: format!("{} {why}", crate::prompt::PLAN_REFUSED),
                 hint: Some(
                     "Join the tables on their keys (foreign keys), and filter or aggregate \
                      before joining large tables."

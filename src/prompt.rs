@@ -162,6 +162,9 @@ pub fn repair_error(
     text
 }
 
+/// How a plan refused before it ran is told (`exec`).
+pub const PLAN_REFUSED: &str = "the query was not run:";
+
 /// What the model may see of an error. With stored values kept from the model
 /// (`sample_values = 0`), the values PostgreSQL quotes in data errors (`invalid input syntax
 /// for type integer: "<a stored name>"`) are withheld, and messages raised by functions (which
@@ -179,7 +182,9 @@ pub fn shown_error(error: &SqlError, share_values: bool) -> SqlError {
     if share_values {
         return error.clone();
     }
-    if error.ran {
+    // Running out of memory is the data's choice too (`CASE WHEN <a stored bit> THEN
+    // string_agg(...) END`): told as any other failure while the query ran.
+    if error.ran || error.sqlstate == crate::error::SqlState::OUT_OF_MEMORY {
         return SqlError {
             message: "the query failed while it ran (which error, where and its text are \
                       withheld because sql_query_engine.sample_values is 0: an error raised \
@@ -189,6 +194,21 @@ pub fn shown_error(error: &SqlError, share_values: bool) -> SqlError {
             hint: None,
             position: None,
             ..SqlError::new(crate::error::SqlState::DATA_EXCEPTION, "")
+        };
+    }
+    // A plan refused as absurd names the planner's estimates, which its statistics (and an
+    // index's real minimum and maximum) decide: a binary search over a condition reads them.
+    if error.sqlstate == crate::error::SqlState::PROGRAM_LIMIT_EXCEEDED
+        && error.message.starts_with(PLAN_REFUSED)
+    {
+        return SqlError {
+            message: format!(
+                "{PLAN_REFUSED} its plan joins large tables without a condition, or is \
+                 estimated far beyond what the statement timeout lets run (the estimates are \
+                 withheld because sql_query_engine.sample_values is 0)"
+            ),
+            detail: None,
+            ..error.clone()
         };
     }
     let class = error.sqlstate.class();
@@ -607,6 +627,18 @@ mod tests {
             ..SqlError::new(SqlState::parse("22012"), "division by zero")
         };
         assert_eq!(shown_error(&other, false), shown);
+        // Nor that it ran out of memory, which a query can make the data's choice too.
+        let memory = SqlError::new(SqlState::OUT_OF_MEMORY, "needed more memory");
+        assert_eq!(shown_error(&memory, false), shown);
+        // A plan refused as absurd is told without the planner's estimates.
+        let plan = SqlError::new(
+            SqlState::PROGRAM_LIMIT_EXCEEDED,
+            format!("{PLAN_REFUSED} its plan joins a (about 1.2e6 rows) and b (about 37 rows)"),
+        );
+        let told = shown_error(&plan, false);
+        assert!(told.message.starts_with(PLAN_REFUSED), "{}", told.message);
+        assert!(!told.message.contains("1.2e6") && !told.message.contains("37"));
+        assert_eq!(shown_error(&plan, true), plan);
     }
 
     #[test]

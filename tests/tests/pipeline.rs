@@ -1572,6 +1572,35 @@ fn an_absurd_plan_is_repaired_before_it_runs() {
     );
     assert_eq!(trace["status"], "ok");
 
+    // With stored values kept from the model, the planner's estimates (its statistics'
+    // choice) are not told: only that the plan was refused.
+    s.client
+        .batch_execute(
+            "SET sql_query_engine.statement_timeout = 30000;
+             SET sql_query_engine.sample_values = 0;",
+        )
+        .unwrap();
+    s.llm.on(
+        "readings per site, privately",
+        vec![
+            Reply::sql("SELECT s.site, count(*) AS n FROM readings r, sensors s GROUP BY s.site"),
+            Reply::sql("SELECT 1 AS n"),
+        ],
+    );
+    let trace = s.trace("readings per site, privately").unwrap();
+    assert_eq!(trace["attempts"][0]["sqlstate"], "54000", "{trace}");
+    let repair = s.llm.requests().last().unwrap().last_message();
+    let told: Vec<&str> = repair.lines().filter(|l| l.starts_with("ERROR")).collect();
+    assert_eq!(told.len(), 1, "{repair}");
+    assert!(told[0].contains("the query was not run:"), "{repair}");
+    assert!(
+        !told[0].contains("20000"),
+        "the estimates were told: {repair}"
+    );
+    s.client
+        .batch_execute("RESET sql_query_engine.sample_values")
+        .unwrap();
+
     // The caller's own query runs as written, and meets the timeout.
     s.client
         .batch_execute("SET sql_query_engine.statement_timeout = 500")
