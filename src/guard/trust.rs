@@ -419,15 +419,6 @@ impl Trusted {
         !self.objects_only
     }
 
-    /// Whether a type of kind `kind` (`typtype`) is judged by its owner: every one for a
-    /// superuser's call or a saved view; otherwise only those whose owner can give them code
-    /// later (a domain a CHECK, a composite type a field of such a domain). An enum's labels
-    /// run nothing, and a range's functions are fixed when it is made (its parts are judged
-    /// as what they are).
-    pub fn judges_type(&self, kind: u8) -> bool {
-        !self.objects_only || kind == pg_sys::TYPTYPE_DOMAIN || kind == pg_sys::TYPTYPE_COMPOSITE
-    }
-
     /// Whether a literal's conversion is judged before analysis (`types::literal_refusal`):
     /// for a superuser's call and a role's generated query, not for a saved view (checked as
     /// it is saved).

@@ -197,7 +197,6 @@ impl Types<'_> {
             .policy
             .trusted
             .as_ref()
-            .filter(|t| t.judges_type(facts.kind))
             .and_then(|t| t.refuse_owner(facts.owner, "type"))
         {
             return Some(why);

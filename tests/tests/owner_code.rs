@@ -2831,16 +2831,19 @@ fn another_roles_types_and_operators_that_it_could_change_meanwhile_are_not_used
             && message.contains("could change it while the query runs"),
         "{trace}"
     );
-    // An enum's owner can give it no code: used.
+    // Nor an enum: any type's owner may give it a cast to json later, which `to_json` and
+    // `json_agg` look up and call as they run.
     w.s.llm.on(
         "a happy mood",
-        vec![Reply::sql("SELECT 'happy'::shared.mood AS m")],
+        vec![Reply::sql("SELECT to_json('happy'::shared.mood) AS m")],
     );
     let mood = v
         .query_one("SELECT nl_query('a happy mood')::text", &[])
         .map(|row| row.get::<_, String>(0))
         .map_err(|e| db_error(&e));
-    assert_eq!(mood.unwrap(), r#"{"m": "happy"}"#);
+    let (code, message, _) = mood.unwrap_err();
+    assert_eq!(code, "42501", "{message}");
+    assert!(message.contains("shared.mood"), "{message}");
     // The type of a column of a relation the query reads is its owner's to change, as its
     // policies and defaults are: used, also through another role's view of it.
     w.s.llm.on(
