@@ -319,6 +319,10 @@ pub fn outside_a_query(function: &str) -> crate::error::Result<()> {
     Ok(())
 }
 
+/// How a query refused before it ran (its plan, its shape) is told: `prompt::shown_error`
+/// withholds what follows when stored values are kept from the model.
+pub const PLAN_REFUSED: &str = "the query was not run:";
+
 /// Planner cost units per millisecond that no server reaches (default cost settings count a
 /// sequential page read as 1): a plan estimated above `statement_timeout` times this is far
 /// beyond what the timeout lets run.
@@ -1094,7 +1098,7 @@ fn run_guarded(
         if let Some(why) = unsafe { guard::outer_column_subquery(checked.query) } {
             return Outcome::Failed(SqlError {
                 sqlstate: SqlState::INVALID_COLUMN_REFERENCE,
-                message: format!("{} {why}", crate::prompt::PLAN_REFUSED),
+                message: format!("{PLAN_REFUSED} {why}"),
                 hint: Some(
                     "Select a column of the subquery's own tables (join the table that has \
                      the column inside the subquery), or compare without a subquery."
@@ -1133,7 +1137,7 @@ fn run_guarded(
             pg_sys::PopActiveSnapshot();
             return Outcome::Failed(SqlError {
                 sqlstate: SqlState::PROGRAM_LIMIT_EXCEEDED,
-                message: format!("{} {why}", crate::prompt::PLAN_REFUSED),
+                message: format!("{PLAN_REFUSED} {why}"),
                 hint: Some(
                     "Join the tables on their keys (foreign keys), and filter or aggregate \
                      before joining large tables."

@@ -162,9 +162,6 @@ pub fn repair_error(
     text
 }
 
-/// How a plan refused before it ran is told (`exec`).
-pub const PLAN_REFUSED: &str = "the query was not run:";
-
 /// What the model may see of an error. With stored values kept from the model
 /// (`sample_values = 0`), the values PostgreSQL quotes in data errors (`invalid input syntax
 /// for type integer: "<a stored name>"`) are withheld, and messages raised by functions (which
@@ -199,13 +196,14 @@ pub fn shown_error(error: &SqlError, share_values: bool) -> SqlError {
     // A plan refused as absurd names the planner's estimates, which its statistics (and an
     // index's real minimum and maximum) decide: a binary search over a condition reads them.
     if error.sqlstate == crate::error::SqlState::PROGRAM_LIMIT_EXCEEDED
-        && error.message.starts_with(PLAN_REFUSED)
+        && error.message.starts_with(crate::exec::PLAN_REFUSED)
     {
         return SqlError {
             message: format!(
-                "{PLAN_REFUSED} its plan joins large tables without a condition, or is \
+                "{} its plan joins large tables without a condition, or is \
                  estimated far beyond what the statement timeout lets run (the estimates are \
-                 withheld because sql_query_engine.sample_values is 0)"
+                 withheld because sql_query_engine.sample_values is 0)",
+                crate::exec::PLAN_REFUSED
             ),
             detail: None,
             ..error.clone()
@@ -633,10 +631,17 @@ mod tests {
         // A plan refused as absurd is told without the planner's estimates.
         let plan = SqlError::new(
             SqlState::PROGRAM_LIMIT_EXCEEDED,
-            format!("{PLAN_REFUSED} its plan joins a (about 1.2e6 rows) and b (about 37 rows)"),
+            format!(
+                "{} its plan joins a (about 1.2e6 rows) and b (about 37 rows)",
+                crate::exec::PLAN_REFUSED
+            ),
         );
         let told = shown_error(&plan, false);
-        assert!(told.message.starts_with(PLAN_REFUSED), "{}", told.message);
+        assert!(
+            told.message.starts_with(crate::exec::PLAN_REFUSED),
+            "{}",
+            told.message
+        );
         assert!(!told.message.contains("1.2e6") && !told.message.contains("37"));
         assert_eq!(shown_error(&plan, true), plan);
     }
