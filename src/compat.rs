@@ -206,6 +206,23 @@ pub unsafe fn executor_run(query: *mut pg_sys::QueryDesc) {
     }
 }
 
+/// Checks the caller's privileges on the relations `planned` reads, as the executor's start
+/// does, raising PostgreSQL's own ERROR (42501) when one is missing: before anything drawn
+/// from the plan (its estimates, which the statistics of every row decide) is told. PostgreSQL
+/// 16 moved the privileges out of the range table (`permInfos`).
+///
+/// # Safety
+/// `planned` must be a plan `pg_plan_query` returned in this transaction.
+pub unsafe fn check_permissions(planned: *mut pg_sys::PlannedStmt) {
+    // SAFETY: the caller's contract; the check reads the plan's lists and the catalogs.
+    unsafe {
+        #[cfg(feature = "pg15")]
+        pg_sys::ExecCheckRTPerms((*planned).rtable, true);
+        #[cfg(not(feature = "pg15"))]
+        pg_sys::ExecCheckPermissions((*planned).rtable, (*planned).permInfos, true);
+    }
+}
+
 /// Whether `role` has `mode` on the schema `namespace` (PostgreSQL 16 folded
 /// `pg_namespace_aclcheck` into `object_aclcheck`).
 pub fn namespace_allows(namespace: pg_sys::Oid, role: pg_sys::Oid, mode: pg_sys::AclMode) -> bool {

@@ -1133,6 +1133,10 @@ fn run_guarded(
         // backend's own, and a worker would run its part of the plan outside both (its
         // partial aggregates growing without bound).
         let planned = pg_sys::pg_plan_query(query, checked.text.as_ptr(), 0, std::ptr::null_mut());
+        // The caller's privileges first, as the executor would check them: the plan's
+        // estimates (told when it is refused) come from the statistics of every row of the
+        // relations it reads, which a role without SELECT on them may not learn.
+        crate::compat::check_permissions(planned);
         if let Some(why) = in_loop.and_then(|l| absurd_plan(planned, l.cost_limit)) {
             pg_sys::PopActiveSnapshot();
             return Outcome::Failed(SqlError {

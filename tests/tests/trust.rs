@@ -874,6 +874,59 @@ fn the_audit_names_the_sql_that_feedback_and_fix_run() {
     );
 }
 
+/// A plan's estimates come from the statistics of every row of the relations it reads: a role
+/// without SELECT on one is refused as the executor would refuse it, before a plan refused as
+/// absurd names them (`nl_fix` of the role's own SQL, a binary search over a condition's
+/// constant, read a column it may not read).
+#[test]
+fn a_plan_of_a_table_the_caller_may_not_read_tells_nothing_of_its_estimates() {
+    let mut s = Session::new();
+    configure_database(&mut s, "sk-plan-0001");
+    s.client
+        .batch_execute(
+            "CREATE TABLE pay (id int, salary int);
+             INSERT INTO pay SELECT g, g * 10 FROM generate_series(1, 20000) g;
+             ANALYZE pay;",
+        )
+        .unwrap();
+    let role = reader(&mut s, "estimates");
+    let mut caller = cluster().connect_as(&s.database, &role);
+    caller
+        .batch_execute("SET sql_query_engine.max_repairs = 0")
+        .unwrap();
+    let error = caller
+        .query_one(
+            "SELECT nl_fix('SELECT 1 FROM pay a CROSS JOIN generate_series(1, 100000) g \
+             WHERE a.salary < 50000')",
+            &[],
+        )
+        .unwrap_err();
+    let (code, message, detail) = db_error(&error);
+    assert_eq!(code, "42501", "{message}");
+    assert!(message.contains("permission denied"), "{message}");
+    for said in [&message, &detail] {
+        assert!(
+            !said.contains("about"),
+            "the plan's estimates were told: {said}"
+        );
+    }
+    // Positive control: with SELECT on the table, the same plan is refused as absurd, its
+    // estimates named.
+    s.client
+        .batch_execute(&format!("GRANT SELECT ON pay TO {role}"))
+        .unwrap();
+    let error = caller
+        .query_one(
+            "SELECT nl_fix('SELECT 1 FROM pay a CROSS JOIN generate_series(1, 100000) g \
+             WHERE a.salary < 50000')",
+            &[],
+        )
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "54000", "{message}");
+    assert!(message.contains("about"), "{message}");
+}
+
 /// A call refused before it starts (a view name it may not create, a view that was never
 /// saved, a row type that is not one, a cursor name too long, missing arguments, a call made
 /// by code one of the extension's queries runs) is in the server log too, also when the
