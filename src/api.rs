@@ -293,10 +293,15 @@ fn nl_view_refresh(view_name: &str) -> String {
         "view: {}",
         text::at_most(view_name, arguments::MAX_SQL_CHARS)
     );
-    let before = admitted("nl_view_refresh", None, &view, || {
-        arguments::no_longer_than(view_name, "the view's name", arguments::MAX_NAME_CHARS)?;
-        saved::saved(view_name)
-    });
+    let before = admitted(
+        "nl_view_refresh",
+        None,
+        || &view,
+        || {
+            arguments::no_longer_than(view_name, "the view's name", arguments::MAX_NAME_CHARS)?;
+            saved::saved(view_name)
+        },
+    );
     let ask = Ask {
         view: Some(view_name),
         ..Ask::new("nl_view_refresh", Some(&before.question), None)
@@ -472,7 +477,7 @@ fn traced_with_rows(run: &Run, shown: &DatabaseContext) -> serde_json::Value {
 /// `max_rows`. Raises the refusal or the query's own error.
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_run(sql: &str) -> SetOfIterator<'static, JsonB> {
-    admitted("nl_run", None, sql, || Ok(()));
+    admitted("nl_run", None, || sql, || Ok(()));
     let result = history::audited("nl_run", sql, || {
         arguments::sql(sql)?;
         exec::attempt(sql, run_mode(), settings::statement_timeout_ms()).into_result()
@@ -486,7 +491,7 @@ fn nl_run(sql: &str) -> SetOfIterator<'static, JsonB> {
 /// (`templates`).
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_example_add(question: &str, sql: &str) -> i64 {
-    admitted("nl_example_add", None, sql, || Ok(()));
+    admitted("nl_example_add", None, || sql, || Ok(()));
     history::audited("nl_example_add", sql, || {
         arguments::example_sql(sql)?;
         arguments::example_question(question)?;
@@ -512,15 +517,20 @@ fn nl_feedback(
         history_id.map_or("NULL".into(), |id| id.to_string()),
         correct.map_or("NULL".into(), |c| c.to_string())
     );
-    let (history_id, correct) = admitted("nl_feedback", None, &asked, || {
-        history_id.zip(correct).ok_or_else(|| {
-            Error::sql(
-                "22004",
-                "nl_feedback needs the answer's history_id and whether it was correct",
-                None,
-            )
-        })
-    });
+    let (history_id, correct) = admitted(
+        "nl_feedback",
+        None,
+        || &asked,
+        || {
+            history_id.zip(correct).ok_or_else(|| {
+                Error::sql(
+                    "22004",
+                    "nl_feedback needs the answer's history_id and whether it was correct",
+                    None,
+                )
+            })
+        },
+    );
     // The read of the answer is audited when it fails (an ERROR raised in it too); the
     // feedback itself below.
     let read = format!("answer {history_id}, correct: {correct}");
@@ -556,9 +566,12 @@ fn nl_feedback(
 /// Forgets a session's earlier questions (in every store this server reaches).
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_session_reset(session: &str) {
-    admitted("nl_session_reset", None, session, || {
-        session::check_name(session)
-    });
+    admitted(
+        "nl_session_reset",
+        None,
+        || session,
+        || session::check_name(session),
+    );
     history::audited("nl_session_reset", session, || {
         session::reset(session);
         Ok(())
@@ -571,7 +584,7 @@ fn nl_session_reset(session: &str) {
 /// backend only). A gateway sends server-side sessions only to servers that keep them shared.
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_session_store() -> &'static str {
-    admitted("nl_session_store", None, "", || Ok(()));
+    admitted("nl_session_store", None, || "", || Ok(()));
     session::reachable_store().as_str()
 }
 
@@ -585,15 +598,20 @@ fn nl_history_add(
     function: default!(Option<&str>, "'nl_ask'"),
     session: default!(Option<&str>, "NULL"),
 ) -> Option<i64> {
-    let function = admitted("nl_history_add", session, "", || {
-        function.ok_or_else(|| {
-            Error::sql(
-                "22004",
-                "nl_history_add needs the function that answered",
-                None,
-            )
-        })
-    });
+    let function = admitted(
+        "nl_history_add",
+        session,
+        || "",
+        || {
+            function.ok_or_else(|| {
+                Error::sql(
+                    "22004",
+                    "nl_history_add needs the function that answered",
+                    None,
+                )
+            })
+        },
+    );
     // The rows are not recorded: they are dropped unread.
     let answer = answer
         .map(|a| a.parse("answer", &["rows"], MAX_ANSWER_BYTES, MAX_ANSWER_VALUES))
@@ -625,7 +643,7 @@ const MAX_ANSWER_VALUES: usize = 100_000;
 /// back, behind the runtime gate: nothing it did outlives it.
 #[pg_extern(stable, parallel_unsafe)]
 fn nl_check(sql: &str) {
-    admitted("nl_check", None, sql, || Ok(()));
+    admitted("nl_check", None, || sql, || Ok(()));
     history::audited("nl_check", sql, || {
         arguments::sql(sql)?;
         exec::check(sql, None)
@@ -638,9 +656,12 @@ fn nl_check(sql: &str) {
 #[pg_extern(volatile, parallel_unsafe)]
 fn nl_schema(question: default!(Option<&str>, "NULL")) -> String {
     let question = question.filter(|q| !q.trim().is_empty());
-    admitted("nl_schema", None, question.unwrap_or(""), || {
-        question.map_or(Ok(()), arguments::question)
-    });
+    admitted(
+        "nl_schema",
+        None,
+        || question.unwrap_or(""),
+        || question.map_or(Ok(()), arguments::question),
+    );
     history::audited("nl_schema", question.unwrap_or(""), || {
         database_context(question).map(|context| context.text)
     })
@@ -889,17 +910,17 @@ impl<'a> Ask<'a> {
 
     /// `admitted` for this call.
     fn admitted<T>(&self, check: impl FnOnce() -> Result<T>) -> T {
-        admitted(self.function, self.session, &self.audited_input(), check)
+        admitted(self.function, self.session, || self.audited_input(), check)
     }
 }
 
 /// The checks a call makes before it starts: not from code a query of the extension runs, nor
 /// in parallel mode (`exec::outside_a_query`), then `check` (its arguments, the objects they
 /// name). A refusal is audited as the call's outcome and raised.
-fn admitted<T>(
+fn admitted<T, S: AsRef<str>>(
     function: &str,
     session: Option<&str>,
-    input: &str,
+    input: impl Fn() -> S,
     check: impl FnOnce() -> Result<T>,
 ) -> T {
     history::checked_first(function, session, input, || {

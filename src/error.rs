@@ -121,6 +121,9 @@ pub struct SqlError {
     /// Raised once the query was analysed (planning, execution, collection): its text may
     /// hold stored values, whatever its SQLSTATE (`col::regclass` names one in a 42P01).
     pub ran: bool,
+    /// A plan refused as absurd: its message names the planner's estimates, which the
+    /// statistics of every row decide (and an index's real extremes).
+    pub names_estimates: bool,
     /// PostgreSQL itself failed under the query (its memory, a full disk, an I/O error, an
     /// internal error of its C code): nothing a repair can mend, so the loop stops there with
     /// the answer it has.

@@ -987,6 +987,7 @@ fn failure(
         position,
         ran,
         ends_run: ours.is_none() && postgres_failed(report, &sqlstate),
+        names_estimates: false,
     };
     match ours {
         Some(Cancelled::Timeout) => {
@@ -1014,6 +1015,7 @@ fn failure(
                 position: None,
                 ran: false,
                 ends_run: false,
+                names_estimates: false,
             };
         }
         None => {}
@@ -1142,6 +1144,7 @@ fn run_guarded(
             return Outcome::Failed(SqlError {
                 sqlstate: SqlState::PROGRAM_LIMIT_EXCEEDED,
                 message: format!("{PLAN_REFUSED} {why}"),
+                names_estimates: true,
                 hint: Some(
                     "Join the tables on their keys (foreign keys), and filter or aggregate \
                      before joining large tables."

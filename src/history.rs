@@ -399,16 +399,27 @@ pub fn audit_raised<T>(
 /// Checks a call makes before its audit starts (where it was called from, its arguments, the
 /// objects they name): nothing is written when they pass, and the call's own lines follow; a
 /// refusal, or an ERROR raised in them, is written as the call's outcome, so that a call
-/// refused early leaves its line too, whoever catches the error.
-pub fn checked_first<T>(
+/// refused early leaves its line too, whoever catches the error. `input` is formed only then;
+/// the caller's roles are read before (no catalog is read once an ERROR was caught).
+pub fn checked_first<T, S: AsRef<str>>(
     function: &str,
     session: Option<&str>,
-    input: &str,
+    input: impl Fn() -> S,
     check: impl FnOnce() -> crate::error::Result<T>,
 ) -> crate::error::Result<T> {
     let caller = Caller::now();
-    let refused =
-        |outcome: Audited<'_>| audit_line(&caller, function, session, input, outcome, false);
+    // Formed from the caller's arguments only, whatever was raised.
+    let input = AssertUnwindSafe(input);
+    let refused = |outcome: Audited<'_>| {
+        audit_line(
+            &caller,
+            function,
+            session,
+            (*input)().as_ref(),
+            outcome,
+            false,
+        )
+    };
     PgTryBuilder::new(AssertUnwindSafe(|| {
         check().inspect_err(|error| refused(Audited::Failed(error)))
     }))

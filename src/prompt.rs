@@ -195,9 +195,7 @@ pub fn shown_error(error: &SqlError, share_values: bool) -> SqlError {
     }
     // A plan refused as absurd names the planner's estimates, which its statistics (and an
     // index's real minimum and maximum) decide: a binary search over a condition reads them.
-    if error.sqlstate == crate::error::SqlState::PROGRAM_LIMIT_EXCEEDED
-        && error.message.starts_with(crate::exec::PLAN_REFUSED)
-    {
+    if error.names_estimates {
         return SqlError {
             message: format!(
                 "{} its plan joins large tables without a condition, or is \
@@ -450,6 +448,7 @@ mod tests {
             position: Some(8),
             ran: false,
             ends_run: false,
+            names_estimates: false,
         };
         let m = repair_error(
             "names?",
@@ -480,6 +479,7 @@ mod tests {
             position: None,
             ran: true,
             ends_run: false,
+            names_estimates: false,
         };
         let m = repair_error("names?", "SELECT f()", &raised, false, None);
         assert!(
@@ -629,13 +629,16 @@ mod tests {
         let memory = SqlError::new(SqlState::OUT_OF_MEMORY, "needed more memory");
         assert_eq!(shown_error(&memory, false), shown);
         // A plan refused as absurd is told without the planner's estimates.
-        let plan = SqlError::new(
-            SqlState::PROGRAM_LIMIT_EXCEEDED,
-            format!(
-                "{} its plan joins a (about 1.2e6 rows) and b (about 37 rows)",
-                crate::exec::PLAN_REFUSED
-            ),
-        );
+        let plan = SqlError {
+            names_estimates: true,
+            ..SqlError::new(
+                SqlState::PROGRAM_LIMIT_EXCEEDED,
+                format!(
+                    "{} its plan joins a (about 1.2e6 rows) and b (about 37 rows)",
+                    crate::exec::PLAN_REFUSED
+                ),
+            )
+        };
         let told = shown_error(&plan, false);
         assert!(
             told.message.starts_with(crate::exec::PLAN_REFUSED),

@@ -230,8 +230,7 @@ impl FunctionFacts {
             superuser_owned,
             nameable: superuser_owned
                 || self.owner == self.schema_owner
-                || crate::names::role_name(self.owner)
-                    .is_some_and(|name| crate::settings::trusted_owners().contains(&name)),
+                || trusted_owners().contains(&self.owner),
             type_support: self.type_support,
             returns_nothing: self.returns_nothing,
         }
@@ -242,6 +241,17 @@ impl FunctionFacts {
         // SAFETY: formats a function that exists (its facts were just read).
         unsafe { c_string(pg_sys::format_procedure_qualified(function)) }
     }
+}
+
+/// The roles `sql_query_engine.trusted_owners` names that exist.
+pub fn trusted_owners() -> Vec<pg_sys::Oid> {
+    crate::settings::trusted_owners()
+        .iter()
+        .filter_map(|name| std::ffi::CString::new(name.as_str()).ok())
+        // SAFETY: a NUL-terminated name; a role that does not exist is skipped.
+        .map(|name| unsafe { pg_sys::get_role_oid(name.as_ptr(), true) })
+        .filter(|oid| *oid != pg_sys::InvalidOid)
+        .collect()
 }
 
 /// The owner of schema `namespace`: the database's owner for one `pg_database_owner` owns

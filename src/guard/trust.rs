@@ -6,17 +6,16 @@
 //! `sql_query_engine.trusted_owners` names), directly, through views, partitions or
 //! inheritance children; the runtime gate refuses every function of another owner.
 
-use std::ffi::{CStr, CString};
+use std::ffi::CStr;
 
 use pgrx::{pg_sys, PgList};
 
 use super::facts::{
     aggregate_support, builtin, default_arguments, expression_kind, linked_operators,
-    operator_name, operator_owner, parts, result_column_types, stored_checks, type_name, CacheList,
-    FunctionFacts, OpenRelation, TypeFacts, MAX_LINKED_OPERATORS,
+    operator_name, operator_owner, parts, result_column_types, stored_checks, trusted_owners,
+    type_name, CacheList, FunctionFacts, OpenRelation, TypeFacts, MAX_LINKED_OPERATORS,
 };
 use crate::names::{relation_name, role_name};
-use crate::settings;
 
 /// The owners a superuser's call trusts: superusers, and these roles (`trusted_owners`, and for
 /// a call of a role that is no superuser but reaches as far, the calling roles themselves: its
@@ -261,10 +260,11 @@ fn of_the_current_user(saving: bool) -> Trusted {
 
 /// The owners whose types and operators a generated query of a role that is no superuser may
 /// use: the current user's own, superusers', `trusted_owners`', and those of the relations the
-/// query names and of those their views read (whose code, their policies and defaults, runs as
-/// the caller anyway). Another role's domain, composite type or operator could be changed by
-/// its owner between the check and the run, and PostgreSQL takes no lock on them as a query
-/// uses them: a CHECK added to a domain runs as each value is converted to it
+/// query names and of those their views read (the planner runs their index expressions and
+/// partial-index predicates as the caller on every read, through any view and whoever reads:
+/// their owners reach the caller anyway; their policies do not always apply). Another role's
+/// domain, composite type or operator could be changed by its owner between the check and the
+/// run, and PostgreSQL takes no lock on them as a query uses them: a CHECK added to a domain runs as each value is converted to it
 /// (`jsonb_populate_record`, row after row), a negator linked to an operator is called in its
 /// place. Not the session user's (inside a SECURITY DEFINER function it is another role,
 /// whose objects would run with the function owner's rights).
@@ -287,13 +287,12 @@ pub fn objects_of_relations(relations: Vec<pg_sys::Oid>) -> Trusted {
     // The relations named, and those the views among them read, at every depth: each once,
     // MAX_REACHED_RELATIONS at most (a view left unread leaves owners out: stricter).
     let mut pending = relations;
-    let mut seen: Vec<pg_sys::Oid> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     while let Some(relation) = pending.pop() {
         pgrx::check_for_interrupts!();
-        if seen.contains(&relation) || seen.len() >= MAX_REACHED_RELATIONS {
+        if seen.len() >= MAX_REACHED_RELATIONS || !seen.insert(relation) {
             continue;
         }
-        seen.push(relation);
         let Some((owner, kind)) = relation_owner(relation) else {
             continue;
         };
@@ -389,21 +388,10 @@ pub fn collation_name(collation: pg_sys::Oid) -> String {
     }
 }
 
-/// Whether objects of `owner` are the current user's own, a superuser's or those of
-/// `trusted_owners`: the roles whose objects the caller relies on as it would on its own.
-pub fn trusted_by_the_current_user(owner: pg_sys::Oid) -> bool {
-    of_the_current_user(false).trusts(owner)
-}
-
-/// The roles `sql_query_engine.trusted_owners` names that exist.
-fn trusted_owners() -> Vec<pg_sys::Oid> {
-    settings::trusted_owners()
-        .iter()
-        .filter_map(|name| CString::new(name.as_str()).ok())
-        // SAFETY: a NUL-terminated name; a role that does not exist is skipped.
-        .map(|name| unsafe { pg_sys::get_role_oid(name.as_ptr(), true) })
-        .filter(|oid| *oid != pg_sys::InvalidOid)
-        .collect()
+/// The current user's own, superusers' and `trusted_owners`' objects: those the caller relies
+/// on as it would on its own (`Trusted::trusts`).
+pub fn trusted_by_the_current_user() -> Trusted {
+    of_the_current_user(false)
 }
 
 impl Trusted {
@@ -426,7 +414,8 @@ impl Trusted {
         !self.saving
     }
 
-    fn trusts(&self, owner: pg_sys::Oid) -> bool {
+    /// Whether objects of `owner` are among these.
+    pub fn trusts(&self, owner: pg_sys::Oid) -> bool {
         // SAFETY: a role catalog look-up.
         self.roles.contains(&owner) || unsafe { pg_sys::superuser_arg(owner) }
     }

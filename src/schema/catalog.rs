@@ -216,7 +216,9 @@ impl Relation {
     /// functions), foreign tables (a read connects elsewhere) or relations where row-level
     /// security applies to the caller (its policies are their owner's code). The guard checks
     /// again when it reads (`guard::Origin::Own`).
-    pub fn own_read_from(&self) -> Option<String> {
+    /// `trusted` is what the caller trusts (`guard::trusted_by_the_current_user`), resolved
+    /// once for the relations it reads.
+    pub fn own_read_from(&self, trusted: &crate::guard::Trusted) -> Option<String> {
         let qualified = format!("{}.{}", self.schema, self.name);
         if self.locks > MAX_OWN_READ_LOCKS {
             return None;
@@ -235,7 +237,7 @@ impl Relation {
             && loads_within_bounds(
                 self.oid,
                 self.catalog_bytes,
-                crate::guard::trusted_by_the_current_user(pg_sys::Oid::from(self.owner)),
+                trusted.trusts(pg_sys::Oid::from(self.owner)),
             ))
         .then_some(from)
     }

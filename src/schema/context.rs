@@ -192,8 +192,9 @@ impl SchemaContext {
     /// The text columns, for the value index.
     pub fn text_columns(&self) -> TextColumns {
         let mut columns = Vec::new();
+        let trusted = crate::guard::trusted_by_the_current_user();
         for (i, relation) in self.relations.iter().enumerate() {
-            let read_from = relation.own_read_from();
+            let read_from = relation.own_read_from(&trusted);
             for column in relation.columns.iter().filter(|c| c.textual) {
                 columns.push(TextColumn {
                     relation: i,
@@ -248,9 +249,10 @@ impl SchemaContext {
         let mut text = String::new();
         let mschema = settings::schema_format() == settings::SchemaFormat::MSchema;
         let deadline = std::time::Instant::now() + samples::READ_BUDGET;
+        let trusted = crate::guard::trusted_by_the_current_user();
         for &i in &chosen {
             pgrx::check_for_interrupts!();
-            let samples = self.samples_of(i, deadline);
+            let samples = self.samples_of(i, deadline, &trusted);
             text.push_str(&if mschema {
                 render::render_mschema(&self.relations[i], &samples)
             } else {
@@ -654,7 +656,12 @@ impl SchemaContext {
     /// Reads of relations begin only before `deadline`; what could not be read then is
     /// statistics only, and not kept, so that a later call reads it (a read that failed, not
     /// before `samples::RETRY_AFTER`).
-    fn samples_of(&self, i: usize, deadline: std::time::Instant) -> Rc<Vec<Option<Samples>>> {
+    fn samples_of(
+        &self,
+        i: usize,
+        deadline: std::time::Instant,
+        trusted: &crate::guard::Trusted,
+    ) -> Rc<Vec<Option<Samples>>> {
         if self.sample_values == 0 {
             return Rc::new(Vec::new());
         }
@@ -676,7 +683,8 @@ impl SchemaContext {
         } else {
             deadline
         };
-        let (s, read) = samples::for_relation(&self.relations[i], self.sample_values, deadline);
+        let (s, read) =
+            samples::for_relation(&self.relations[i], self.sample_values, deadline, trusted);
         let s = Rc::new(s);
         match read {
             samples::Read::Done => {

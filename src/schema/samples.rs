@@ -80,11 +80,13 @@ pub fn from_statistics(column: &Column, per_column: usize) -> Option<Samples> {
 
 /// Samples of `relation`'s text columns (index-aligned with its columns; `None` where there
 /// are none), reading the relation only for text columns without statistics, and only before
-/// `deadline` (the read ends by it too); and what became of the read.
+/// `deadline` (the read ends by it too), where `Relation::own_read_from` lets it (with what the
+/// caller trusts); and what became of the read.
 pub fn for_relation(
     relation: &Relation,
     per_column: usize,
     deadline: Instant,
+    trusted: &crate::guard::Trusted,
 ) -> (Vec<Option<Samples>>, Read) {
     let mut samples: Vec<Option<Samples>> = relation
         .columns
@@ -98,7 +100,7 @@ pub fn for_relation(
         .filter(|(i, c)| c.textual && samples[*i].is_none())
         .map(|(i, _)| i)
         .collect();
-    let Some(from) = relation.own_read_from() else {
+    let Some(from) = relation.own_read_from(trusted) else {
         return (samples, Read::Done);
     };
     if per_column == 0 || unknown.is_empty() {
