@@ -7,9 +7,9 @@ pub fn redact_url(url: &str) -> String {
     shown
 }
 
-/// A URL's parts that may be shown (scheme, host, port, path, as the URL parser reads them)
-/// and those that may not (the user information, the query and the fragment: a key may ride
-/// in any). A URL the parser cannot read (a password with an unescaped `/`, `?` or `#` in it),
+/// A URL's parts that may be shown (scheme, host and port, as the URL parser reads them; a
+/// path only as `/…`) and those that may not (the user information, the path, the query and
+/// the fragment: a key may ride in any, a proxy's token in the path). A URL the parser cannot read (a password with an unescaped `/`, `?` or `#` in it),
 /// or that has an `@` the parser did not read as the end of user information, shows its scheme
 /// alone, and all of it is a secret.
 fn secrets_of(url: &str) -> (String, Vec<String>) {
@@ -60,9 +60,17 @@ fn secrets_of(url: &str) -> (String, Vec<String>) {
     // Each part alone too, as written and decoded: an endpoint may echo one (the password, a
     // query parameter's value) without the rest. Parts shorter than MIN_PART are no secret
     // worth mangling every message for.
+    // A path is shown unless a segment of it is as long as a secret worth hiding (`/v1`, a
+    // Redis database's `/0` are shown).
+    let path = parsed.path();
+    let secret_path = path.split('/').any(|s| s.chars().count() >= MIN_PART);
+    if secret_path {
+        secrets.push(path.trim_end_matches('/').to_string());
+    }
     let mut parts: Vec<String> = [Some(user), parsed.password(), parsed.fragment()]
         .into_iter()
         .flatten()
+        .chain(path.split('/').filter(|_| secret_path))
         .map(str::to_string)
         .collect();
     for part in parts.clone() {
@@ -102,7 +110,11 @@ fn secrets_of(url: &str) -> (String, Vec<String>) {
     secrets.dedup();
     let host = parsed.host_str().unwrap_or_default();
     let port = parsed.port().map(|p| format!(":{p}")).unwrap_or_default();
-    let shown = format!("{}://{host}{port}{}", parsed.scheme(), parsed.path());
+    let shown = format!(
+        "{}://{host}{port}{}",
+        parsed.scheme(),
+        if secret_path { "/…" } else { path }
+    );
     (shown, secrets)
 }
 
@@ -225,11 +237,12 @@ mod tests {
             ("redis://u:p?w@h", "redis://…"),
             ("redis://:ab/cd@h:6379/0", "redis://…"),
             ("http://h?key=SE@CRET", "http://…"),
-            (
-                "redis+unix:///run/redis.sock",
-                "redis+unix:///run/redis.sock",
-            ),
+            ("redis+unix:///run/redis.sock", "redis+unix:///…"),
             ("http://h/v1", "http://h/v1"),
+            ("redis://h:6379/0", "redis://h:6379/0"),
+            // A proxy's token in the path.
+            ("https://gw.internal/t/9f3c0d1e/v1", "https://gw.internal/…"),
+            ("https://gw.internal/openai/v1/", "https://gw.internal/…"),
         ];
         for (url, shown) in cases {
             assert_eq!(redact_url(url), shown, "{url}");
@@ -238,6 +251,15 @@ mod tests {
         }
         let text = redact("failed: key=SECRET refused", "http://h/v1?key=SECRET");
         assert!(!text.contains("SECRET"), "{text}");
+        // The path's token, in the URL an error names or alone.
+        let url = "https://gw.internal/t/9f3c0d1e/v1";
+        for echoed in [
+            "POST https://gw.internal/t/9f3c0d1e/v1/chat/completions: 502",
+            "unknown gateway token 9f3c0d1e",
+        ] {
+            let text = redact(echoed, url);
+            assert!(!text.contains("9f3c"), "{text}");
+        }
         // Each part alone, as written or decoded, and the beginning of one a cut left.
         let url = "https://bob:pa%24%24word1@h/v1?api-version=2024&api-key=KEY12345";
         for echoed in [
