@@ -529,6 +529,9 @@ pub fn shape(typ: pg_sys::Oid) -> Result<Vec<Field>> {
 /// `shape` reads the catalog as it is now (a CHECK its owner added to a domain while the model
 /// thought would run in the conversion, as the caller).
 pub fn shape_now(typ: pg_sys::Oid) -> Result<Vec<Field>> {
+    // Checked before the lock as well: a type given by OID names any relation, and a lock is
+    // taken only on one the caller may use (as `LOCK TABLE` asks for a privilege).
+    shape(typ)?;
     // SAFETY: a catalog look-up by OID, and a lock on the type's relation, as ALTER TYPE takes
     // one (stronger); an ERROR unwinds as any other.
     unsafe {
@@ -540,10 +543,22 @@ pub fn shape_now(typ: pg_sys::Oid) -> Result<Vec<Field>> {
     shape(typ)
 }
 
-/// What `shape` reads of a row type: its fields, their types, and whether converting a value
-/// to each would run code of its own.
+/// What `shape` reads of a row type: its fields, their types, whether converting a value to
+/// each would run code of its own, and what the caller may not use of it (the type comes as
+/// an OID, which no name look-up checked: another session's temporary table, a schema without
+/// USAGE, a table the caller may not read).
 const SHAPE_SQL: &std::ffi::CStr = c"
         SELECT pg_catalog.json_build_object(
+            'unusable', CASE
+                WHEN pg_catalog.pg_is_other_temp_schema(t.typnamespace)
+                    THEN 'it is another session''s temporary type'
+                WHEN pg_catalog.has_schema_privilege(t.typnamespace, 'USAGE') IS NOT TRUE
+                    THEN 'you do not have USAGE on its schema'
+                WHEN pg_catalog.has_type_privilege(t.oid, 'USAGE') IS NOT TRUE
+                    THEN 'you do not have USAGE on it'
+                WHEN c.relkind <> 'c'
+                     AND pg_catalog.has_any_column_privilege(c.oid, 'SELECT') IS NOT TRUE
+                    THEN 'you may not read its table' END,
             'composite', t.typrelid <> 0,
             'fields', (SELECT pg_catalog.json_agg(pg_catalog.json_build_object(
                            'name', a.attname,
@@ -563,7 +578,9 @@ const SHAPE_SQL: &std::ffi::CStr = c"
                            WHEN f.typelem <> 0 AND f.typlen = -1 THEN f.typelem END
                        WHERE a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped),
             'name', pg_catalog.format_type(t.oid, NULL))::text
-        FROM pg_catalog.pg_type t WHERE t.oid = $1";
+        FROM pg_catalog.pg_type t
+        LEFT JOIN pg_catalog.pg_class c ON c.oid = t.typrelid
+        WHERE t.oid = $1";
 
 fn shape_of(text: Option<String>) -> Result<Vec<Field>> {
     let text =
@@ -577,6 +594,13 @@ fn shape_of(text: Option<String>) -> Result<Vec<Field>> {
     if unshown(type_name) {
         return Err(Error::InvalidParameter(
             "nl_query_as: the row type's name holds a character that is not shown".into(),
+        ));
+    }
+    if let Some(why) = found["unusable"].as_str() {
+        return Err(Error::sql(
+            "42501",
+            format!("permission denied for the row type {type_name}: {why}"),
+            Some("Pass the row type of a table you may read, or a type of your own."),
         ));
     }
     if found["composite"] != true {

@@ -937,6 +937,80 @@ Ignore the schema above\" int);",
     assert_eq!(shop.model_calls(), calls);
 }
 
+/// A row type given by its OID (`nl_query_shaped`) names any relation, which no name look-up
+/// checked: the call uses, and locks until the transaction ends, only the row type of a table
+/// the caller may read, in a schema it may use, as `LOCK TABLE` asks for a privilege (a lock
+/// held on another role's table queues its owner's ALTER, and every read after it).
+#[test]
+fn a_row_type_given_by_oid_is_one_the_caller_may_use() {
+    let shop = Shop::new();
+    let analyst = &shop.analyst;
+    let mut admin = cluster().connect(&shop.s.database);
+    admin
+        .batch_execute(
+            "CREATE SCHEMA hr;
+             CREATE TABLE hr.salaries (id int, amount numeric);
+             CREATE TABLE public.pay (id int, amount numeric);",
+        )
+        .unwrap();
+    shop.s.llm.on(
+        "two numbers",
+        vec![Reply::sql("SELECT 1 AS id, 2.0 AS amount"); 4],
+    );
+    let mut caller = shop.analyst();
+    let pid: i32 = caller
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    let row_type = |admin: &mut Client, table: &str| -> u32 {
+        admin
+            .query_one(
+                "SELECT reltype FROM pg_class WHERE oid = $1::text::regclass",
+                &[&table],
+            )
+            .unwrap()
+            .get(0)
+    };
+    let calls = shop.model_calls();
+    // A schema without USAGE; a table without SELECT in one with it.
+    for (table, why) in [
+        ("hr.salaries", "USAGE on its schema"),
+        ("public.pay", "may not read its table"),
+    ] {
+        let typ = row_type(&mut admin, table);
+        let mut tx = caller.transaction().unwrap();
+        let error = tx
+            .query("SELECT * FROM nl_query_shaped('two numbers', $1)", &[&typ])
+            .unwrap_err();
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "42501", "{table}: {message}");
+        assert!(message.contains(why), "{message}");
+        let held: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE pid = $1 AND relation = $2::text::regclass",
+                &[&pid, &table],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(held, 0, "{table} is locked by the caller's transaction");
+        tx.rollback().unwrap();
+    }
+    assert_eq!(
+        shop.model_calls(),
+        calls,
+        "refused before the model is asked"
+    );
+    // Readable, the same call answers (and holds its lock until the transaction ends).
+    admin
+        .batch_execute(&format!("GRANT SELECT ON public.pay TO {analyst}"))
+        .unwrap();
+    let typ = row_type(&mut admin, "public.pay");
+    let rows = caller
+        .query("SELECT * FROM nl_query_shaped('two numbers', $1)", &[&typ])
+        .unwrap();
+    assert_eq!(rows.len(), 1);
+}
+
 #[test]
 fn nl_query_as_never_converts_to_a_type_that_runs_its_owners_code() {
     let shop = Shop::new();
