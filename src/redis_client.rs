@@ -174,8 +174,8 @@ pub fn key(kind: &str, name: &str) -> String {
 /// (`Share`): a Redis is shared by every role, and what one role fills it with (a table
 /// re-created for each new read, a session per question) would evict or refuse every other
 /// role's, or exhaust its host.
-const BUDGET_BYTES: u64 = 64 << 20;
-const BUDGET_WINDOW_S: u64 = 600;
+pub const BUDGET_BYTES: u64 = 64 << 20;
+pub const BUDGET_WINDOW_S: u64 = 600;
 
 /// Adds ARGV[1] to the role's count, which starts (and expires) with the window's first write.
 const SPEND_SCRIPT: &str = r"
@@ -194,16 +194,22 @@ pub enum Share {
     Values,
 }
 
-/// Whether the current role may write `bytes` more of `share` to Redis now (counted either
-/// way); `None` when Redis is not available.
-pub fn spend(share: Share, bytes: usize) -> Option<bool> {
-    let key = key(
+/// The key that counts what the current role wrote of `share` in the window.
+pub fn budget_key(share: Share) -> String {
+    key(
         "budget",
         match share {
             Share::Turns => "turns",
             Share::Values => "values",
         },
-    );
+    )
+}
+
+/// Whether the current role may write `bytes` more of `share` to Redis now (counted either
+/// way); `None` when Redis is not available. For writes that live `BUDGET_WINDOW_S` at most
+/// (turns pay inside their own script: `session`).
+pub fn spend(share: Share, bytes: usize) -> Option<bool> {
+    let key = budget_key(share);
     let bytes = bytes as u64;
     let spent: Option<u64> = call(move |c| {
         ::redis::cmd("EVAL")

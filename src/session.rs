@@ -445,14 +445,38 @@ fn record_in_table(session: &str, turn: &Turn) -> bool {
 }
 
 /// Drops the session's earlier turns with the new turn's question, appends it, keeps the last
-/// ARGV[3] and renews the expiry: one script, so that concurrent turns of a session are
-/// applied one after the other and none is lost.
+/// ARGV[3] and renews the expiry (ARGV[4] seconds): one script, so that concurrent turns of a
+/// session are applied one after the other and none is lost. First it pays, from the role's
+/// share of Redis for turns (KEYS[2]: ARGV[5] bytes in windows of ARGV[6] seconds), for what
+/// the write keeps there: every turn the session keeps (a turn renews the expiry of all), once
+/// for each window they live. So what a role holds in Redis at once is bounded by its share,
+/// however long `session_ttl` is, and a small turn does not keep large ones alive for free.
+/// Returns -1 when the share is spent (nothing written).
 const RECORD_SCRIPT: &str = r"
+local kept, dropped = {}, {}
 for _, item in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
     local ok, turn = pcall(cjson.decode, item)
     if ok and type(turn) == 'table' and turn.question == ARGV[2] then
-        redis.call('LREM', KEYS[1], 0, item)
+        table.insert(dropped, item)
+    else
+        table.insert(kept, item)
     end
+end
+table.insert(kept, ARGV[1])
+local bytes = #KEYS[1]
+for i = math.max(1, #kept - tonumber(ARGV[3]) + 1), #kept do
+    bytes = bytes + #kept[i]
+end
+local windows = math.max(1, math.ceil(tonumber(ARGV[4]) / tonumber(ARGV[6])))
+local spent = redis.call('INCRBY', KEYS[2], bytes * windows)
+if redis.call('TTL', KEYS[2]) < 0 then
+    redis.call('EXPIRE', KEYS[2], ARGV[6])
+end
+if spent > tonumber(ARGV[5]) then
+    return -1
+end
+for _, item in ipairs(dropped) do
+    redis.call('LREM', KEYS[1], 0, item)
 end
 redis.call('RPUSH', KEYS[1], ARGV[1])
 redis.call('LTRIM', KEYS[1], -tonumber(ARGV[3]), -1)
@@ -462,40 +486,42 @@ return redis.call('LLEN', KEYS[1])
 
 fn record_in_redis(session: &str, turn: &Turn, keep: usize) -> bool {
     let key = redis_client::key("session", session);
+    let budget = redis_client::budget_key(redis_client::Share::Turns);
     let ttl = settings::session_ttl_s();
     let Ok(json) = serde_json::to_string(turn) else {
         return false;
     };
-    // As nl_sessions takes them (its CHECKs), and within the role's share of Redis.
+    // As nl_sessions takes them (its CHECKs).
     if turn.question.len() > MAX_QUESTION_BYTES || turn.sql.len() > MAX_SQL_BYTES {
         return false;
     }
-    match redis_client::spend(redis_client::Share::Turns, key.len() + json.len()) {
-        Some(true) => {}
-        Some(false) => {
+    let question = turn.question.clone();
+    let done: Option<i64> = redis_client::call(move |c| {
+        ::redis::cmd("EVAL")
+            .arg(RECORD_SCRIPT)
+            .arg(2)
+            .arg(&key)
+            .arg(&budget)
+            .arg(json)
+            .arg(question)
+            .arg(keep.max(1))
+            .arg(ttl)
+            .arg(redis_client::BUDGET_BYTES)
+            .arg(redis_client::BUDGET_WINDOW_S)
+            .query(c)
+    });
+    match done {
+        Some(-1) => {
             crate::error::notice(format!(
                 "sql_query_engine: this turn of session {} is kept in this connection's memory \
                  only: your role's share of Redis for turns ({}) is spent",
                 crate::text::escaped_line(&crate::text::at_most(session, MAX_NAME_BYTES)),
                 redis_client::SHARE
             ));
-            return false;
+            false
         }
-        None => return false,
+        done => done.is_some(),
     }
-    let question = turn.question.clone();
-    let done: Option<i64> = redis_client::call(move |c| {
-        ::redis::cmd("EVAL")
-            .arg(RECORD_SCRIPT)
-            .arg(1)
-            .arg(&key)
-            .arg(json)
-            .arg(question)
-            .arg(keep)
-            .arg(ttl)
-            .query(c)
-    });
-    done.is_some()
 }
 
 /// The newest of `turns` (oldest first) whose questions and SQL take at most `max_chars`

@@ -298,6 +298,51 @@ fn a_role_writes_to_redis_within_its_share() {
     assert!(said.contains("share of Redis"), "{said}");
 }
 
+/// A turn written to Redis pays for every turn of its session it keeps there (renewing the
+/// session's expiry keeps all of them), once for each 10 minutes they live (`session_ttl`):
+/// a role's share bounds what it holds in Redis at once, not only what it writes in 10
+/// minutes (an hour-long `session_ttl` held six times the share).
+#[test]
+fn a_turn_pays_for_what_it_keeps_in_redis_for_as_long_as_it_keeps_it() {
+    let redis = RedisServer::start();
+    let mut s = Session::new();
+    use_redis(&mut s.client, &redis.url());
+    s.client
+        .batch_execute("SET sql_query_engine.session_ttl = 3600")
+        .unwrap();
+    let mut r = redis.client().unwrap();
+    let budget = role_key(&mut s.client, "postgres", "budget:turns");
+    let session = role_key(&mut s.client, "postgres", "session:kept");
+    let spent =
+        |r: &mut redis::Connection| -> u64 { redis::cmd("GET").arg(&budget).query(r).unwrap() };
+    // What the session holds in Redis after a turn: its key and its turns, in bytes.
+    let held = |r: &mut redis::Connection| -> u64 {
+        let turns: Vec<String> = redis::cmd("LRANGE")
+            .arg(&session)
+            .arg(0)
+            .arg(-1)
+            .query(r)
+            .unwrap();
+        (session.len() + turns.iter().map(String::len).sum::<usize>()) as u64
+    };
+    ask_in(&mut s, "kept", "the first turn", "SELECT 1 AS one");
+    let first = spent(&mut r);
+    assert_eq!(first, 6 * held(&mut r), "an hour is six windows");
+    ask_in(&mut s, "kept", "the second turn", "SELECT 2 AS two");
+    let second = spent(&mut r);
+    assert_eq!(
+        second - first,
+        6 * held(&mut r),
+        "both turns are kept an hour more"
+    );
+    // Turns that live 10 minutes pay once.
+    s.client
+        .batch_execute("SET sql_query_engine.session_ttl = 600")
+        .unwrap();
+    ask_in(&mut s, "kept", "the third turn", "SELECT 3 AS three");
+    assert_eq!(spent(&mut r) - second, held(&mut r));
+}
+
 #[test]
 fn an_unreachable_redis_degrades_to_memory_with_one_warning() {
     let notices = Arc::new(Mutex::new(Vec::new()));
