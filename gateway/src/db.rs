@@ -292,6 +292,8 @@ impl From<tokio_postgres::Error> for DbError {
 /// A pooled connection, with the channel its NOTICEs go to while a request holds it.
 pub struct Conn {
     client: Client,
+    /// Its place among the server's open connections (`Node::open`), given back as it closes.
+    _open: OwnedSemaphorePermit,
     notices: Arc<Mutex<Option<Sender<String>>>>,
     /// A call on it was abandoned while its query ran, or its backend ends after its
     /// transaction: it is never handed out again (its NOTICEs, or the cancel sent for it,
@@ -301,13 +303,19 @@ pub struct Conn {
 
 pub struct Manager {
     config: Config,
+    open: Arc<Semaphore>,
 }
 
 impl managed::Manager for Manager {
     type Type = Conn;
-    type Error = tokio_postgres::Error;
+    type Error = DbError;
 
-    async fn create(&self) -> Result<Conn, tokio_postgres::Error> {
+    async fn create(&self) -> Result<Conn, DbError> {
+        // `Node::get` made room first; the pool's create timeout bounds the wait for it.
+        let open = Arc::clone(&self.open)
+            .acquire_owned()
+            .await
+            .map_err(|_| DbError::Busy)?;
         let (client, mut connection) = self.config.connect(NoTls).await?;
         let notices: Arc<Mutex<Option<Sender<String>>>> = Arc::new(Mutex::new(None));
         let forward = Arc::clone(&notices);
@@ -338,12 +346,13 @@ impl managed::Manager for Manager {
         });
         Ok(Conn {
             client,
+            _open: open,
             notices,
             abandoned,
         })
     }
 
-    async fn recycle(&self, conn: &mut Conn, _: &Metrics) -> RecycleResult<tokio_postgres::Error> {
+    async fn recycle(&self, conn: &mut Conn, _: &Metrics) -> RecycleResult<DbError> {
         if conn.client.is_closed() {
             return Err(managed::RecycleError::message("the connection is closed"));
         }
@@ -485,12 +494,20 @@ impl Drop for Lease {
     }
 }
 
-/// One server of the deployment: its pool, and what its health checks found.
+/// One server of the deployment: its pools, and what its health checks found.
 struct Node {
     /// `host:port`, for messages (never the password).
     name: String,
     config: Config,
-    pool: managed::Pool<Manager>,
+    /// The connections, a pool for each role (the login role's own calls: `None`): a
+    /// connection serves one role only, so what a call's code leaves in its backend that a
+    /// rollback does not undo (the random seed `setseed` set, dblink's named connections,
+    /// sequences' `currval`, placeholders' values) is never another role's.
+    pools: Mutex<std::collections::HashMap<Option<String>, managed::Pool<Manager>>>,
+    /// Places for open connections, as many as `--pool-size`, over every role's pool: a role
+    /// that needs one when all are taken closes another role's idle connection.
+    open: Arc<Semaphore>,
+    pool_size: usize,
     /// Whether it answered its last health check (a read server that fails is skipped).
     healthy: AtomicBool,
     /// Whether it keeps sessions where every server finds them (`nl_session_store()` is
@@ -514,16 +531,12 @@ impl Node {
                 config.password(password);
             }
         }
-        let pool = managed::Pool::builder(Manager {
-            config: config.clone(),
-        })
-        .max_size(pool_size)
-        .runtime(deadpool::Runtime::Tokio1)
-        .build()?;
         Ok(Node {
             name: server_name(&config),
             config,
-            pool,
+            pools: Mutex::new(std::collections::HashMap::new()),
+            open: Arc::new(Semaphore::new(pool_size.max(1))),
+            pool_size: pool_size.max(1),
             healthy: AtomicBool::new(true),
             shared_sessions: AtomicBool::new(false),
             probe: tokio::sync::Mutex::new(None),
@@ -544,27 +557,78 @@ impl Node {
         }
     }
 
-    /// A connection, waiting at most `wait` for one to be free.
-    async fn get(&self, wait: Duration) -> Result<Lease, DbError> {
+    /// The pool of `role`'s connections.
+    fn pool_of(&self, role: Option<&str>) -> Result<managed::Pool<Manager>, DbError> {
+        let mut pools = self.pools.lock().map_err(|_| DbError::Busy)?;
+        if let Some(pool) = pools.get(&role.map(str::to_string)) {
+            return Ok(pool.clone());
+        }
+        let pool = managed::Pool::builder(Manager {
+            config: self.config.clone(),
+            open: Arc::clone(&self.open),
+        })
+        .max_size(self.pool_size)
+        .runtime(deadpool::Runtime::Tokio1)
+        .build()
+        .map_err(|e| DbError::Unavailable(e.to_string()))?;
+        pools.insert(role.map(str::to_string), pool.clone());
+        Ok(pool)
+    }
+
+    /// Closes one idle connection of a role other than `role`, to give its place to `role`;
+    /// whether there was one.
+    fn close_idle_of_another(&self, role: Option<&str>) -> bool {
+        let Ok(pools) = self.pools.lock() else {
+            return false;
+        };
+        for (owner, pool) in pools.iter() {
+            if owner.as_deref() == role {
+                continue;
+            }
+            let mut taken = false;
+            // Dropped here, after the lock on the pool's idle list: the connection closes and
+            // gives its place back.
+            let closed = pool.retain(|_, _| std::mem::replace(&mut taken, true));
+            if !closed.removed.is_empty() {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// A connection for `role`'s call, waiting at most `wait` for one to be free: an idle one
+    /// of `role`'s, or a new one, in a free place or in that of another role's idle connection,
+    /// which is closed for it.
+    async fn get(&self, wait: Duration, role: Option<&str>) -> Result<Lease, DbError> {
         let asked = std::time::Instant::now();
         let place = tokio::time::timeout(wait, Arc::clone(&self.running).acquire_owned())
             .await
             .map_err(|_| DbError::Busy)?
             .map_err(|_| DbError::Busy)?;
+        let pool = self.pool_of(role)?;
+        // Bounded by `wait`: the places of busy connections come back as their calls end.
+        while pool.status().available == 0
+            && self.open.available_permits() == 0
+            && !self.close_idle_of_another(role)
+        {
+            if asked.elapsed() >= wait {
+                return Err(DbError::Busy);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         let timeouts = Timeouts {
             wait: Some(wait.saturating_sub(asked.elapsed())),
             create: Some(CONNECT_TIMEOUT),
             recycle: Some(CONNECT_TIMEOUT),
         };
-        let conn = self
-            .pool
-            .timeout_get(&timeouts)
-            .await
-            .map_err(|e| match e {
-                managed::PoolError::Timeout(managed::TimeoutType::Wait) => DbError::Busy,
-                managed::PoolError::Backend(e) => DbError::from(e),
-                other => DbError::Unavailable(other.to_string()),
-            })?;
+        let conn = pool.timeout_get(&timeouts).await.map_err(|e| match e {
+            managed::PoolError::Timeout(managed::TimeoutType::Wait) => DbError::Busy,
+            managed::PoolError::Backend(e) => e,
+            managed::PoolError::Timeout(_) => {
+                DbError::Unavailable("timed out connecting to the server".into())
+            }
+            other => DbError::Unavailable(format!("{other:?}")),
+        })?;
         Ok(Lease {
             conn: std::mem::ManuallyDrop::new(conn),
             running: Some(place),
@@ -763,7 +827,7 @@ impl Db {
         // Fail at start-up, not at the first request, when the database is unreachable or
         // the extension is missing.
         let conn = primary
-            .get(CONNECT_TIMEOUT)
+            .get(CONNECT_TIMEOUT, None)
             .await
             .map_err(|e| anyhow::anyhow!("connecting to the database: {e:?}"))?;
         if let Some(superuser) = reaching_role(&conn.client).await? {
@@ -1069,7 +1133,7 @@ impl Db {
             let wait = if last { self.wait } else { Duration::ZERO };
             // Whether the call reached the server (a connection was had for it).
             let mut reached = false;
-            let result = match node.get(wait).await {
+            let result = match node.get(wait, role).await {
                 Ok(mut conn) => {
                     reached = true;
                     // Held by the connection while the call runs there (see `Lease`), and
@@ -1194,7 +1258,7 @@ impl Db {
             answer: recorded,
             session,
         };
-        let written = match self.primary.get(self.wait).await {
+        let written = match self.primary.get(self.wait, role).await {
             Ok(mut conn) => self.call_on(&mut conn, role, &call, None).await,
             Err(e) => Err(e),
         };

@@ -84,6 +84,10 @@ fn setup() -> Setup {
                  FROM generate_series(100000000, 101500000) g",
             ),
             (
+                "Which backend answers?",
+                "SELECT 'backend-' || pg_backend_pid() AS backend",
+            ),
+            (
                 "Exact amounts",
                 "SELECT 9.50 AS price, 123456789012345678901.23 AS big, 1e400 AS huge",
             ),
@@ -1174,6 +1178,44 @@ fn a_body_sent_too_slowly_is_refused_and_connections_beyond_the_limit_wait() {
 
 /// Two tokens of one role are two clients: a session name one of them chose is not the
 /// other's, so neither sees (or adds to) the other's conversation.
+/// A pooled connection serves one role only: what a call's code leaves in its backend that a
+/// rollback does not undo (the random seed `setseed` set, dblink's named connections,
+/// sequences' `currval`) is never another role's. With one connection in the pool, each role
+/// is answered by a backend of its own, another role's idle one closed for it.
+#[test]
+fn a_pooled_backend_never_serves_two_roles() {
+    let s = setup();
+    // The answer names its backend (pg_backend_pid, a read of server state).
+    cluster()
+        .connect(&s.database)
+        .batch_execute(&format!(
+            "ALTER DATABASE {} SET sql_query_engine.allow_system_catalogs = on",
+            s.database
+        ))
+        .unwrap();
+    let gateway = Gateway::start_with(&s.database_url, &s.tokens, &["--pool-size", "1"]);
+    let backend = |token: &str| -> String {
+        let body = serde_json::from_str(&chat(&s, "Which backend answers?")).unwrap();
+        let answer = gateway.chat(token, &body, &[]);
+        assert_eq!(answer.status, 200, "{answer:?}");
+        // The value, in the table after the SQL.
+        let text = answer.content;
+        let at = text
+            .rfind("backend-")
+            .expect("the backend's pid in the answer");
+        text[at..]
+            .chars()
+            .skip("backend-".len())
+            .take_while(char::is_ascii_digit)
+            .collect()
+    };
+    let first = backend(&s.token);
+    let other = backend(&s.limited_token);
+    let again = backend(&s.token);
+    assert_ne!(first, other, "the reader's backend answered the other role");
+    assert_ne!(other, again, "the other role's backend answered the reader");
+}
+
 #[test]
 fn two_tokens_of_one_role_never_share_a_conversation() {
     let s = setup();
