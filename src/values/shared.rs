@@ -3,7 +3,7 @@
 //! backends read instead of reading every relation again.
 //!
 //! Only reads that are the same for every role are shared: tables and materialized views
-//! without row-level security (`Relation::shareable`), kept per column (its number, so a column dropped and
+//! without row-level security (`Relation::shareable`), kept per column, each under a key of its own (its number, so a column dropped and
 //! added again under the same name is another), and a role takes only the columns of its own
 //! schema context, which holds only what it may read. A relation's key names its storage
 //! (`relfilenode`), so a TRUNCATE or a rewrite starts afresh, and expires after `TTL` (a
@@ -12,8 +12,8 @@
 //! transaction's snapshot (REPEATABLE READ, SERIALIZABLE), are not shared; a standby (whose
 //! replay, data and privileges alike, may be behind the primary's by hours with
 //! `recovery_min_apply_delay`) neither shares its reads nor takes others'. Each
-//! column's read carries the time it was made and is used for `TTL_S` from then: the key's own
-//! expiry, renewed whenever any column of the relation is stored, is only what clears Redis.
+//! column's read carries the time it was made and is used for `TTL_S` from then, and its key
+//! expires then: only a write that pays for a read keeps it in Redis.
 
 use std::collections::HashMap;
 
@@ -50,28 +50,19 @@ pub fn fetch(
     if !redis_client::configured() || on_standby() {
         return (HashMap::new(), std::time::Duration::ZERO);
     }
-    // Per relation: its key, and (column id, field) of each column whose read may be shared.
-    let mut wanted: Vec<(String, Vec<(usize, String)>)> = Vec::new();
-    for relation in columns.relations() {
-        let mut fields = Vec::new();
-        let mut key = None;
-        for id in columns.of_relation(relation) {
-            if let Some((relation_key, attnum)) = &columns.get(id).shared_as {
-                key = Some(relation_key.clone());
-                fields.push((id, attnum.to_string()));
-            }
-        }
-        if let Some(key) = key {
-            wanted.push((redis_client::database_key("values", &key), fields));
-        }
-    }
+    // The key of each column whose read may be shared, with its column id.
+    let flat: Vec<(String, usize)> = columns
+        .relations()
+        .into_iter()
+        .flat_map(|relation| columns.of_relation(relation))
+        .filter_map(|id| {
+            let (relation_key, attnum) = columns.get(id).shared_as.as_ref()?;
+            Some((column_key(relation_key, *attnum), id))
+        })
+        .collect();
     // In calls of a few columns each: a stored read is up to a few megabytes, and a call may
     // read `MAX_CALL_BYTES` at most (a larger reply is not read, and would lose every column
     // of it).
-    let flat: Vec<(&String, usize, &String)> = wanted
-        .iter()
-        .flat_map(|(key, fields)| fields.iter().map(move |(id, field)| (key, *id, field)))
-        .collect();
     let mut found = HashMap::new();
     let (mut bytes, mut values, mut oldest) = (0usize, 0usize, 0u64);
     for chunk in flat.chunks(FIELDS_PER_CALL) {
@@ -81,36 +72,18 @@ pub fn fetch(
         {
             break;
         }
-        let mut request: Vec<(String, Vec<String>)> = Vec::new();
-        let mut ids: Vec<Vec<usize>> = Vec::new();
-        for (key, id, field) in chunk {
-            if request.last().is_none_or(|(k, _)| k != *key) {
-                request.push(((*key).clone(), Vec::new()));
-                ids.push(Vec::new());
-            }
-            if let (Some((_, fields)), Some(of_key)) = (request.last_mut(), ids.last_mut()) {
-                fields.push((*field).clone());
-                of_key.push(*id);
-            }
-        }
+        let keys: Vec<String> = chunk.iter().map(|(key, _)| key.clone()).collect();
         let limit = MAX_CALL_BYTES.min(MAX_FETCHED_BYTES - bytes);
-        let answers: Option<Vec<Vec<Option<String>>>> = redis_client::call(move |c| {
-            let mut pipe = ::redis::pipe();
-            for (key, fields) in &request {
-                pipe.cmd("HMGET").arg(key).arg(fields);
-            }
-            pipe.query(c.limit_next(limit))
-        });
-        for (of_key, answer) in ids.iter().zip(answers.unwrap_or_default()) {
-            for (id, value) in of_key.iter().zip(answer) {
-                let Some(stored) = value else { continue };
-                bytes += stored.len();
-                if let Some((age, mut read)) = fresh(&stored, now_s(), per_column) {
-                    read.truncate(per_column);
-                    values += read.len();
-                    oldest = oldest.max(age);
-                    found.insert(*id, read);
-                }
+        let answers: Option<Vec<Option<String>>> =
+            redis_client::call(move |c| ::redis::cmd("MGET").arg(&keys).query(c.limit_next(limit)));
+        for ((_, id), value) in chunk.iter().zip(answers.unwrap_or_default()) {
+            let Some(stored) = value else { continue };
+            bytes += stored.len();
+            if let Some((age, mut read)) = fresh(&stored, now_s(), per_column) {
+                read.truncate(per_column);
+                values += read.len();
+                oldest = oldest.max(age);
+                found.insert(*id, read);
             }
         }
     }
@@ -171,35 +144,37 @@ fn on_standby() -> bool {
     unsafe { pg_sys::RecoveryInProgress() }
 }
 
+/// The Redis key of a relation's column's shared read: a key of its own, whose write pays for
+/// it and whose expiry nothing else renews (columns of one hash kept a dropped column's large
+/// read alive, renewed by a small write of another column, unpaid).
+fn column_key(relation_key: &str, attnum: i16) -> String {
+    redis_client::database_key("values", &format!("{relation_key}:{attnum}"))
+}
+
 /// Shares the reads `read` (column id, the values read) with the other backends.
 pub fn store(columns: &TextColumns, read: &[(usize, Vec<String>)]) {
-    let mut by_key: HashMap<String, Vec<(String, String)>> = HashMap::new();
     let at = now_s();
-    for (id, values) in read {
-        if let (Some((key, attnum)), Ok(json)) = (
-            &columns.get(*id).shared_as,
-            serde_json::to_string(&(at, values)),
-        ) {
-            by_key
-                .entry(redis_client::database_key("values", key))
-                .or_default()
-                .push((attnum.to_string(), json));
-        }
-    }
-    let bytes: usize = by_key
+    let stored: Vec<(String, String)> = read
         .iter()
-        .map(|(key, fields)| {
-            key.len() + fields.iter().map(|(f, v)| f.len() + v.len()).sum::<usize>()
+        .filter_map(|(id, values)| {
+            let (relation_key, attnum) = columns.get(*id).shared_as.as_ref()?;
+            let json = serde_json::to_string(&(at, values)).ok()?;
+            Some((column_key(relation_key, *attnum), json))
         })
-        .sum();
-    if by_key.is_empty() || redis_client::spend(redis_client::Share::Values, bytes) != Some(true) {
+        .collect();
+    let bytes: usize = stored.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if stored.is_empty() || redis_client::spend(redis_client::Share::Values, bytes) != Some(true) {
         return;
     }
     let _: Option<()> = redis_client::call(move |c| {
         let mut pipe = ::redis::pipe();
-        for (key, fields) in &by_key {
-            pipe.cmd("HSET").arg(key).arg(fields).ignore();
-            pipe.cmd("EXPIRE").arg(key).arg(TTL_S).ignore();
+        for (key, json) in &stored {
+            pipe.cmd("SET")
+                .arg(key)
+                .arg(json)
+                .arg("EX")
+                .arg(TTL_S)
+                .ignore();
         }
         pipe.query(c)
     });

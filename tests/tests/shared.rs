@@ -376,7 +376,7 @@ fn bounds_set_for_all_roles_hold_whatever_a_role_connects_with() {
     assert_eq!(all, 4);
 }
 
-/// The key a relation's shared reads are kept under, and how many there are.
+/// How many columns of a relation have a shared read in Redis (a key each).
 fn shared_reads(redis: &RedisServer, client: &mut Client, table: &str) -> usize {
     shared_reads_of(redis, client, table, false)
 }
@@ -412,6 +412,73 @@ fn shared_reads_of(
         .query(&mut r)
         .unwrap();
     keys.len()
+}
+
+/// Each column's shared read is a key of its own, which only a write of that read renews: in
+/// one key per relation, a write of one column renewed the expiry of every column's read kept
+/// beside it (a dropped column's large read too), unpaid by the role's share of Redis.
+#[test]
+fn a_shared_read_lives_only_as_long_as_its_own_write() {
+    let redis = RedisServer::start();
+    let mut s = Session::new();
+    let reader = format!("pairs_reader_{}", std::process::id());
+    let db = s.database.clone();
+    s.client
+        .batch_execute(&format!(
+            "CREATE TABLE pairs (id int, left_name text, right_name text);
+             INSERT INTO pairs VALUES (1, 'Ostrava', 'Plzen'), (2, 'Brno', 'Olomouc');
+             CREATE ROLE {reader} LOGIN; GRANT SELECT ON pairs TO {reader};
+             ALTER DATABASE {db} SET sql_query_engine.llm_url = '{}';
+             ALTER DATABASE {db} SET sql_query_engine.redis_url = '{}';",
+            s.llm.url(),
+            redis.url()
+        ))
+        .unwrap();
+    let build = || -> String {
+        cluster()
+            .connect_as(&db, &reader)
+            .query_one("SELECT nl_schema('pairs of Ostrava and Plzen')", &[])
+            .unwrap()
+            .get(0)
+    };
+    assert!(build().contains("'Ostrava' found in pairs.left_name"));
+    assert_eq!(
+        shared_reads(&redis, &mut s.client, "pairs"),
+        2,
+        "a key per column"
+    );
+    let mut r = redis.client().unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("sql_query_engine:*:shared:values:*")
+        .query(&mut r)
+        .unwrap();
+    let key_of = |attnum: &str| {
+        keys.iter()
+            .find(|k| k.ends_with(&format!(":{attnum}")))
+            .cloned()
+            .unwrap()
+    };
+    let (left, right) = (key_of("2"), key_of("3"));
+    // The right column's read near its end; the left one's gone, read and shared again by the
+    // next build, which renews only its own.
+    let _: () = redis::cmd("EXPIRE")
+        .arg(&right)
+        .arg(30)
+        .query(&mut r)
+        .unwrap();
+    let _: () = redis::cmd("DEL").arg(&left).query(&mut r).unwrap();
+    assert!(build().contains("'Plzen' found in pairs.right_name"));
+    let ttl = |key: &str, r: &mut redis::Connection| -> i64 {
+        redis::cmd("TTL").arg(key).query(r).unwrap()
+    };
+    assert!(
+        ttl(&left, &mut r) > 500,
+        "the left column's read is shared again"
+    );
+    assert!(
+        ttl(&right, &mut r) <= 30,
+        "the right column's read was renewed by the left one's write"
+    );
 }
 
 #[test]
