@@ -451,8 +451,12 @@ fn record_in_table(session: &str, turn: &Turn) -> bool {
 /// the write keeps there: every turn the session keeps (a turn renews the expiry of all), once
 /// for each window they live. So what a role holds in Redis at once is bounded by its share,
 /// however long `session_ttl` is, and a small turn does not keep large ones alive for free.
-/// Returns -1 when the share is spent (nothing written).
+/// Returns -1 when the share is spent (nothing written; a spent share is seen before the
+/// session's turns are read).
 const RECORD_SCRIPT: &str = r"
+if tonumber(redis.call('GET', KEYS[2]) or '0') >= tonumber(ARGV[5]) then
+    return -1
+end
 local kept, dropped = {}, {}
 for _, item in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
     local ok, turn = pcall(cjson.decode, item)
