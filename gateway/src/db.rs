@@ -303,7 +303,39 @@ pub struct Conn {
 
 pub struct Manager {
     config: Config,
+    /// The server's places for open connections (`Node::open`).
     open: Arc<Semaphore>,
+    /// The role whose pool this is, and every role's pools of the server: a connection opened
+    /// when no place is free takes that of another role's idle connection.
+    role: Option<String>,
+    pools: std::sync::Weak<Pools>,
+}
+
+/// A server's pools, by role (`Node::pools`).
+type Pools = Mutex<std::collections::HashMap<Option<String>, managed::Pool<Manager>>>;
+
+/// Longest a new connection waits for a place among the server's open connections: the call
+/// holds a running place, so one is idle somewhere or about to close.
+const PLACE_WAIT: Duration = Duration::from_secs(2);
+
+/// Closes one idle connection of a role other than `role`, to give its place to `role`'s;
+/// whether there was one.
+fn close_idle_of_another(pools: &Pools, role: Option<&str>) -> bool {
+    let Ok(pools) = pools.lock() else {
+        return false;
+    };
+    for (owner, pool) in pools.iter() {
+        if owner.as_deref() == role {
+            continue;
+        }
+        let mut taken = false;
+        // The connection closes as what `retain` removed is dropped, and gives its place back.
+        let closed = pool.retain(|_, _| std::mem::replace(&mut taken, true));
+        if !closed.removed.is_empty() {
+            return true;
+        }
+    }
+    false
 }
 
 impl managed::Manager for Manager {
@@ -311,11 +343,24 @@ impl managed::Manager for Manager {
     type Error = DbError;
 
     async fn create(&self) -> Result<Conn, DbError> {
-        // `Node::get` made room first; the pool's create timeout bounds the wait for it.
-        let open = Arc::clone(&self.open)
-            .acquire_owned()
-            .await
-            .map_err(|_| DbError::Busy)?;
+        // A free place, or that of another role's idle connection, closed for it (taken and
+        // given back in one loop: another call may take the place a close freed).
+        let started = std::time::Instant::now();
+        let open = loop {
+            if let Ok(place) = Arc::clone(&self.open).try_acquire_owned() {
+                break place;
+            }
+            let closed = self
+                .pools
+                .upgrade()
+                .is_some_and(|pools| close_idle_of_another(&pools, self.role.as_deref()));
+            if !closed {
+                if started.elapsed() >= PLACE_WAIT {
+                    return Err(DbError::Busy);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
         let (client, mut connection) = self.config.connect(NoTls).await?;
         let notices: Arc<Mutex<Option<Sender<String>>>> = Arc::new(Mutex::new(None));
         let forward = Arc::clone(&notices);
@@ -503,7 +548,7 @@ struct Node {
     /// connection serves one role only, so what a call's code leaves in its backend that a
     /// rollback does not undo (the random seed `setseed` set, dblink's named connections,
     /// sequences' `currval`, placeholders' values) is never another role's.
-    pools: Mutex<std::collections::HashMap<Option<String>, managed::Pool<Manager>>>,
+    pools: Arc<Pools>,
     /// Places for open connections, as many as `--pool-size`, over every role's pool: a role
     /// that needs one when all are taken closes another role's idle connection.
     open: Arc<Semaphore>,
@@ -534,7 +579,7 @@ impl Node {
         Ok(Node {
             name: server_name(&config),
             config,
-            pools: Mutex::new(std::collections::HashMap::new()),
+            pools: Arc::new(Mutex::new(std::collections::HashMap::new())),
             open: Arc::new(Semaphore::new(pool_size.max(1))),
             pool_size: pool_size.max(1),
             healthy: AtomicBool::new(true),
@@ -566,6 +611,8 @@ impl Node {
         let pool = managed::Pool::builder(Manager {
             config: self.config.clone(),
             open: Arc::clone(&self.open),
+            role: role.map(str::to_string),
+            pools: Arc::downgrade(&self.pools),
         })
         .max_size(self.pool_size)
         .runtime(deadpool::Runtime::Tokio1)
@@ -573,27 +620,6 @@ impl Node {
         .map_err(|e| DbError::Unavailable(e.to_string()))?;
         pools.insert(role.map(str::to_string), pool.clone());
         Ok(pool)
-    }
-
-    /// Closes one idle connection of a role other than `role`, to give its place to `role`;
-    /// whether there was one.
-    fn close_idle_of_another(&self, role: Option<&str>) -> bool {
-        let Ok(pools) = self.pools.lock() else {
-            return false;
-        };
-        for (owner, pool) in pools.iter() {
-            if owner.as_deref() == role {
-                continue;
-            }
-            let mut taken = false;
-            // Dropped here, after the lock on the pool's idle list: the connection closes and
-            // gives its place back.
-            let closed = pool.retain(|_, _| std::mem::replace(&mut taken, true));
-            if !closed.removed.is_empty() {
-                return true;
-            }
-        }
-        false
     }
 
     /// A connection for `role`'s call, waiting at most `wait` for one to be free: an idle one
@@ -606,19 +632,9 @@ impl Node {
             .map_err(|_| DbError::Busy)?
             .map_err(|_| DbError::Busy)?;
         let pool = self.pool_of(role)?;
-        // Bounded by `wait`: the places of busy connections come back as their calls end.
-        while pool.status().available == 0
-            && self.open.available_permits() == 0
-            && !self.close_idle_of_another(role)
-        {
-            if asked.elapsed() >= wait {
-                return Err(DbError::Busy);
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
         let timeouts = Timeouts {
             wait: Some(wait.saturating_sub(asked.elapsed())),
-            create: Some(CONNECT_TIMEOUT),
+            create: Some(PLACE_WAIT + CONNECT_TIMEOUT),
             recycle: Some(CONNECT_TIMEOUT),
         };
         let conn = pool.timeout_get(&timeouts).await.map_err(|e| match e {
