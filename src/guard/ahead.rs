@@ -89,6 +89,10 @@ pub struct InReach {
     /// The relations the statement names, locked.
     pub relations: Vec<pg_sys::Oid>,
     pub literal: bool,
+    /// Whether a walk had to wait for a lock and was made again: a name may find another
+    /// relation now than when the statement's scope was checked (one renamed into its place
+    /// while the walk waited), which the walk passes over as a WITH query's.
+    pub walked_again: bool,
 }
 
 /// The types in reach of `statement` (a raw statement from `raw_parser`), and whether it has a
@@ -102,6 +106,7 @@ pub unsafe fn types_in_reach(
 ) -> Result<InReach, Unknown> {
     let mut reach;
     let mut named_len;
+    let mut walks = 0;
     // Through PostgreSQL's raw walker (the statement as a one-element list, so that the walker
     // sees it too); the locks on the relations named are held until the sandbox's
     // subtransaction ends.
@@ -109,7 +114,6 @@ pub unsafe fn types_in_reach(
     // analysis takes too.
     unsafe {
         let list = pg_sys::lappend(std::ptr::null_mut(), statement.cast());
-        let mut walks = 0;
         loop {
             // A walk that had to wait for a relation's lock read some names before the wait,
             // and changes may have been committed meanwhile, for as long as the other
@@ -162,6 +166,7 @@ pub unsafe fn types_in_reach(
         named,
         relations: reach.relations.into_iter().collect(),
         literal: reach.literal,
+        walked_again: walks > 1,
     })
 }
 

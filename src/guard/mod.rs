@@ -219,6 +219,15 @@ fn literals_refusal(
             "the tables the query names kept changing while it was checked; ask again".into(),
         ),
     })?;
+    // Names read again after a wait are checked again, now that what they find is locked: one
+    // that finds a relation outside the scope (renamed into a name the scope admitted) is
+    // refused before analysis converts a literal to its columns' types.
+    if let Some(scope) = scope.filter(|_| reach.walked_again) {
+        // SAFETY: the caller gives a raw statement.
+        if let Some(refusal) = unsafe { scope.refusal_before_analysis(statement) } {
+            return Err(refusal);
+        }
+    }
     if let Some(refusal) = scope.and_then(|scope| scope.row_type_refusal(&reach.named)) {
         return Err(refusal);
     }

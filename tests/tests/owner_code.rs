@@ -2865,3 +2865,48 @@ fn another_roles_types_and_operators_that_it_could_change_meanwhile_are_not_used
     let rows: serde_json::Value = serde_json::from_str(&rows.unwrap()).unwrap();
     assert_eq!(rows["entry"], 7, "{rows}");
 }
+
+/// A table renamed into the name of one the schema context shows, committed while the query
+/// waits for its lock: the name finds another relation once the wait ends, outside what the
+/// caller may read, and is refused before analysis converts a literal to its columns' types
+/// (which ran the CHECK of the attacker's domain during analysis, in a superuser's call, as the
+/// superuser). The attacker holds the swap uncommitted and commits once the query waits.
+#[test]
+fn a_table_renamed_into_a_shown_name_while_the_query_waits_is_refused_before_analysis() {
+    let w = World::new();
+    w.attacker_runs(
+        "CREATE TABLE shared.tagged (id int, tags text[]);
+         INSERT INTO shared.tagged VALUES (1, '{urgent}');",
+    );
+    w.s.llm.on(
+        "tagged urgent",
+        vec![Reply::sql(
+            "SELECT id FROM shared.tagged WHERE tags = '{urgent}'",
+        )],
+    );
+    let mut attacker = w.connect(&w.attacker);
+    attacker
+        .batch_execute(
+            // Built-ins only: no hook of PostgreSQL sees them run.
+            "BEGIN;
+             CREATE DOMAIN shared.tag AS text
+                 CHECK (pg_catalog.pg_advisory_lock(4311)::text IS NOT NULL);
+             CREATE TABLE shared.swapped (id int, tags shared.tag[]);
+             ALTER TABLE shared.tagged RENAME TO tagged_before;
+             ALTER TABLE shared.swapped RENAME TO tagged;",
+        )
+        .unwrap();
+    let database = w.s.database.clone();
+    // A superuser's connection made after the database's settings (no repair).
+    let mut client = cluster().connect(&database);
+    let mut witness = Witness::hold(&database, &[4311]);
+    let (result, waited) = witness.waited(|| {
+        committed_once_waited_for(&database, "shared.tagged", attacker, || {
+            client.query_one("SELECT nl_query('tagged urgent')::text", &[])
+        })
+    });
+    assert!(waited.is_empty(), "the domain's CHECK ran: {waited:?}");
+    let (code, message, _) = db_error(&result.expect_err("refused"));
+    assert_eq!(code, "42501", "{message}");
+    assert!(message.contains("shared.tagged"), "{message}");
+}
