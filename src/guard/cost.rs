@@ -2,7 +2,7 @@
 //! for no interrupt: until such a call returns, a cancel, the statement timeout, the memory
 //! watch and even `pg_terminate_backend` wait. Finding a string in another compares every
 //! place of one with the whole of the other (`strpos`, `replace`, `split_part`,
-//! `string_to_array`, `translate`, a trim's set of characters), containment and overlap of
+//! `string_to_array`, `translate`, a trim's set of characters, a LIKE pattern), containment and overlap of
 //! arrays and of jsonb compare every element with every other, a JSON path that reads the
 //! document again inside a filter, or a variable, takes the square of it (or a higher power),
 //! and so may any XPath expression. A generated query makes such a call only when one side is
@@ -62,6 +62,12 @@ fn rule(name: &str, arguments: usize) -> Option<Rule> {
         "strpos" | "position" | "replace" | "split_part" | "string_to_array"
         | "string_to_table" | "translate" => SmallConstant(1),
         "btrim" | "ltrim" | "rtrim" if arguments == 2 => SmallConstant(1),
+        // LIKE and ILIKE (`~~`, `~~*` and their negations, of text, char, name and bytea): a
+        // `%` is tried at every place of the string against the rest of the pattern.
+        "textlike" | "textnlike" | "texticlike" | "texticnlike" | "bpcharlike" | "bpcharnlike"
+        | "bpchariclike" | "bpcharicnlike" | "namelike" | "namenlike" | "nameiclike"
+        | "nameicnlike" | "bytealike" | "byteanlike" | "like" | "notlike" | "ilike"
+        | "notilike" => SmallConstant(1),
         "arraycontains" | "arraycontained" | "arrayoverlap" | "jsonb_contains"
         | "jsonb_contained" | "jsonb_exists_any" | "jsonb_exists_all" | "poly_contain"
         | "poly_contained" | "poly_overlap" | "poly_distance" | "poly_same" | "path_inter"

@@ -350,12 +350,21 @@ struct RawCheck {
 unsafe fn too_long(select: *mut pg_sys::SelectStmt) -> bool {
     // SAFETY: the caller's contract; the lists are PostgreSQL's.
     unsafe {
+        let with = (*select).withClause;
         [
             (*select).targetList,
             (*select).groupClause,
             (*select).sortClause,
             (*select).distinctClause,
             (*select).windowClause,
+            // Analysis checks each FROM item's name against every one before it, and each WITH
+            // query's against every other, checking for no interrupt either.
+            (*select).fromClause,
+            if with.is_null() {
+                std::ptr::null_mut()
+            } else {
+                (*with).ctes
+            },
         ]
         .into_iter()
         .any(|list| !list.is_null() && (*list).length as usize > MAX_CLAUSE_ITEMS)
@@ -368,14 +377,15 @@ unsafe fn raw_node_refusal(node: *mut pg_sys::Node) -> Option<Refusal> {
     unsafe {
         match (*node).type_ {
             // Analysis matches each GROUP BY, ORDER BY and DISTINCT item against the whole
-            // target list, checking for no interrupt: lists of tens of thousands of items
-            // (another role's example, read from the table) keep a backend deaf to cancel
-            // for minutes. No query needs more than a row holds (1664 columns).
+            // target list, and each FROM item's and WITH query's name against the others,
+            // checking for no interrupt: lists of tens of thousands of items (another role's
+            // example, read from the table) keep a backend deaf to cancel for minutes. No
+            // query needs more than a row holds (1664 columns).
             pg_sys::NodeTag::T_SelectStmt if too_long(node.cast()) => Some(Refusal::read(
                 SqlState::STATEMENT_TOO_COMPLEX,
                 format!(
-                    "a select list, GROUP BY, ORDER BY, DISTINCT or WINDOW clause of more than \
-                     {MAX_CLAUSE_ITEMS} items is not allowed"
+                    "a select list, FROM list, WITH clause, GROUP BY, ORDER BY, DISTINCT or \
+                     WINDOW clause of more than {MAX_CLAUSE_ITEMS} items is not allowed"
                 ),
             )),
             pg_sys::NodeTag::T_SelectStmt

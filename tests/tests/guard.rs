@@ -363,6 +363,18 @@ fn a_clause_of_more_items_than_a_row_has_columns_is_refused_before_analysis() {
     assert_eq!(code, "54001", "{message}");
     assert!(message.contains("1664 items"), "{message}");
     assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    // Each FROM item's name, and each WITH query's, is checked against every other.
+    let from: Vec<String> = (0..2000).map(|i| format!("(SELECT) a{i}")).collect();
+    let with: Vec<String> = (0..2000).map(|i| format!("w{i} AS (SELECT)")).collect();
+    for sql in [
+        format!("SELECT 1 AS one FROM {}", from.join(", ")),
+        format!("WITH {} SELECT 1 AS one", with.join(", ")),
+    ] {
+        let error = s.client.query("SELECT nl_check($1)", &[&sql]).unwrap_err();
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "54001", "{message}");
+        assert!(message.contains("FROM list, WITH clause"), "{message}");
+    }
     // The same matching, spread over lists no clause holds whole: a grouping set, a window's
     // PARTITION BY, an aggregate's ORDER BY, a named window, SQL/JSON's aggregates.
     let list = |n: usize| -> String {
@@ -450,6 +462,10 @@ fn calls_that_could_run_deaf_to_cancel_are_refused_unless_their_shape_bounds_the
     let mut refused =
         vec![
             "SELECT strpos(name, country) FROM customers".to_string(),
+            // A LIKE pattern's `%` is tried at every place of the string.
+            "SELECT count(*) FROM customers WHERE name LIKE '%' || country || '%'".to_string(),
+            "SELECT name NOT ILIKE country FROM customers".to_string(),
+            format!("SELECT count(*) FROM customers WHERE name LIKE '%{long}%'"),
             format!("SELECT replace(name, '{long}', '') FROM customers"),
             "SELECT translate(name, repeat('b', 300), '') FROM customers".to_string(),
             "SELECT btrim(name, country) FROM customers".to_string(),
@@ -510,6 +526,9 @@ fn calls_that_could_run_deaf_to_cancel_are_refused_unless_their_shape_bounds_the
         );
     }
     let mut passed = vec![
+        "SELECT count(*) FROM customers WHERE name LIKE '%Ada%' OR name NOT ILIKE 'b%' \
+         OR country::char(2) LIKE 'D_'"
+            .to_string(),
         "SELECT replace(name, 'a', 'b'), split_part(name, ' ', 1), position('x' in name), \
          btrim(name, ' '), trim(name), translate(name, 'ab', 'cd'), \
          string_to_array(name, ' ') FROM customers"
