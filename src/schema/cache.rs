@@ -480,8 +480,8 @@ fn descendants(relations: &HashSet<pg_sys::Oid>) -> Result<Vec<pg_sys::Oid>> {
 /// A relation (not a partition, not temporary) in one of `schemas` that the role can read: it
 /// was created or granted after the cache was built.
 fn newly_readable(relid: pg_sys::Oid, schemas: &[String]) -> bool {
-    // SAFETY: catalog look-ups and privilege checks of a relation an invalidation named (each
-    // says "no" for one that is gone).
+    // SAFETY: catalog look-ups of a relation an invalidation named (each says "no" for one
+    // that is gone).
     unsafe {
         let namespace = pg_sys::get_rel_namespace(relid);
         if namespace == pg_sys::InvalidOid || pg_sys::isAnyTempNamespace(namespace) {
@@ -497,16 +497,15 @@ fn newly_readable(relid: pg_sys::Oid, schemas: &[String]) -> bool {
         if !b"rvmfp".contains(&kind) {
             return false;
         }
-        let role = pg_sys::GetUserId();
-        pg_sys::pg_class_aclcheck(relid, role, pg_sys::ACL_SELECT as pg_sys::AclMode)
-            == pg_sys::AclResult::ACLCHECK_OK
-            || pg_sys::pg_attribute_aclcheck_all(
-                relid,
-                role,
-                pg_sys::ACL_SELECT as pg_sys::AclMode,
-                pg_sys::AclMaskHow::ACLMASK_ANY,
-            ) == pg_sys::AclResult::ACLCHECK_OK
     }
+    // Not `pg_attribute_aclcheck_all`, which looks up every column of a table the role may not
+    // read whole in the catalog cache (kept as long as the connection).
+    subxact::pinned(|| {
+        store::read_one::<bool>(super::catalog::MAY_READ_SOME_COLUMN_SQL, &[relid.into()])
+    })
+    .ok()
+    .flatten()
+    .unwrap_or(true)
 }
 
 /// Role, schemas, search path and settings.

@@ -303,7 +303,34 @@ const MAX_STATISTICS_STORED_BYTES: i64 = 4 << 20;
 /// together or take `$5` bytes of JSON: what another role may create in a schema the caller
 /// reads is not all loaded into the caller's backend. The second column counts them all, to
 /// say when some were left out.
-const RELATIONS_SQL: &str = r#"
+/// Whether the caller may SELECT some column of relation `$rel`, in SQL: what
+/// `has_any_column_privilege` says, without its cost. That looks up, for a table the caller
+/// may not read whole, every one of its columns in the catalog cache, which keeps each entry as
+/// long as the connection: another role's thousands of tables of 1,600 columns, in a schema the
+/// caller reads, would fill it. The columns' own grants are read from their rows here (no
+/// cache), and matched against the roles whose privileges the caller has (listed once).
+macro_rules! may_read_some_column {
+    ($rel:literal) => {
+        concat!(
+            "(has_table_privilege(",
+            $rel,
+            ", 'SELECT') OR EXISTS (
+                SELECT FROM pg_attribute ca CROSS JOIN LATERAL aclexplode(ca.attacl) cx
+                WHERE ca.attrelid = ",
+            $rel,
+            " AND ca.attnum > 0 AND NOT ca.attisdropped AND ca.attacl IS NOT NULL
+                  AND cx.privilege_type = 'SELECT'
+                  AND (cx.grantee = 0 OR cx.grantee = ANY (ARRAY(
+                      SELECT r.oid FROM pg_roles r WHERE pg_has_role(r.oid, 'USAGE'))))))"
+        )
+    };
+}
+
+/// Whether the caller may read some column of relation `$1` (`may_read_some_column`).
+pub(super) const MAY_READ_SOME_COLUMN_SQL: &str = concat!("SELECT ", may_read_some_column!("$1"));
+
+const RELATIONS_SQL: &str = concat!(
+    r#"
 WITH RECURSIVE kept AS MATERIALIZED (
     -- The relations first, with only what costs nothing to read: what follows (comments,
     -- descendants) is read for the $2 kept, not for every one another role made.
@@ -322,7 +349,9 @@ WITH RECURSIVE kept AS MATERIALIZED (
             AND dep.refclassid = 'pg_extension'::regclass AND dep.deptype = 'e'
             AND e.extname = 'sql_query_engine')
       AND has_schema_privilege(n.oid, 'USAGE')
-      AND has_any_column_privilege(c.oid, 'SELECT')
+      AND "#,
+    may_read_some_column!("c.oid"),
+    r#"
     ORDER BY s.ord, c.relname
     LIMIT $2
 ),
@@ -454,7 +483,8 @@ LEFT JOIN part_indexes pi ON pi.root = b.oid
 LEFT JOIN loaded ON loaded.root = b.oid
 ) r
 ) r
-"#;
+"#
+);
 
 /// The columns of the relations `$1` that the caller can SELECT, in order, with their types
 /// and what is said of them: informative defaults (not a sequence's nextval, none longer than a
@@ -497,7 +527,11 @@ FROM (
     FROM (
         SELECT r.ord, a.attrelid, a.attname, a.attnum, a.atttypid, a.atttypmod,
                a.attnotnull AND unvalidated.attnum IS NULL AS not_null,
-               CASE WHEN a.attgenerated = '' AND octet_length(ad.adbin::text) <= 10000 THEN
+               -- Not a default with a numeric constant: its text is not bounded by its stored
+               -- size (1e131071 is stored in a few bytes and written in 131,072 characters,
+               -- for every such column of every relation another role made).
+               CASE WHEN a.attgenerated = '' AND octet_length(ad.adbin::text) <= 10000
+                         AND strpos(ad.adbin::text, ':consttype 1700 ') = 0 THEN
                    (SELECT CASE WHEN x NOT LIKE 'nextval(%' AND length(x) <= 200 THEN x END
                     FROM pg_get_expr(ad.adbin, 0) x) END AS dflt,
                substr(cd.description, 1, 500) AS comment,
@@ -574,9 +608,15 @@ FROM (
                    OVER (ORDER BY t.ord ROWS UNBOUNDED PRECEDING) AS stored
         FROM unnest($1::text[], $2::text[], $3::text[])
              WITH ORDINALITY AS t(schemaname, tablename, attname, ord)
-        JOIN pg_stats st
-            ON st.schemaname = t.schemaname AND st.tablename = t.tablename
-           AND st.attname = t.attname
+        -- Column by column, the names compared as names (leakproof, so the security-barrier
+        -- view takes them as index conditions): joined whole, pg_stats checked the caller's
+        -- privilege on every column in the database that has statistics (another role's
+        -- temporary tables too), each a catalog cache entry kept as long as the connection.
+        CROSS JOIN LATERAL (
+            SELECT s.* FROM pg_stats s
+            WHERE s.schemaname = t.schemaname::name AND s.tablename = t.tablename::name
+              AND s.attname = t.attname::name
+            OFFSET 0) st
         WHERE st.most_common_vals IS NOT NULL OR st.histogram_bounds IS NOT NULL
     ) s
     -- Arrays of more than $7 values (a statistics target far above the default), or stored
@@ -608,7 +648,8 @@ WHERE k.running <= $6
 /// relation (its primary key first, then its unique keys), however many its owner made, and
 /// `$3` in all (each relation's first ones first, in the order of `$1`), within `$4` bytes of
 /// JSON; the second column counts them all, to say when some were left out.
-const KEYS_SQL: &str = r#"
+const KEYS_SQL: &str = concat!(
+    r#"
 SELECT coalesce(json_agg(e.element ORDER BY e.conrelid, e.conname) FILTER (WHERE e.bytes <= $4),
                 '[]')::text,
        (SELECT count(*) FROM pg_constraint
@@ -630,7 +671,9 @@ SELECT co.conrelid, co.conname, co.nth, co.ord, json_build_object(
                     FROM unnest(co.confkey) WITH ORDINALITY AS k(attnum, ord)
                     JOIN pg_attribute a ON a.attrelid = co.confrelid AND a.attnum = k.attnum),
     'ref_readable', co.contype = 'f' AND has_schema_privilege(fn.oid, 'USAGE')
-                    AND has_any_column_privilege(co.confrelid, 'SELECT'),
+                    AND "#,
+    may_read_some_column!("co.confrelid"),
+    r#",
     'deferrable', co.condeferrable
 ) AS element
 FROM (
@@ -656,7 +699,8 @@ LEFT JOIN pg_class fc ON fc.oid = co.confrelid
 LEFT JOIN pg_namespace fn ON fn.oid = fc.relnamespace
 ) e
 ) e
-"#;
+"#
+);
 
 /// A relation as `RELATIONS_SQL` returns it, with the unquoted names pg_stats uses.
 #[derive(Deserialize)]

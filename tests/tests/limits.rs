@@ -1675,3 +1675,57 @@ fn another_roles_tables_do_not_use_up_what_reads_of_the_callers_own_may_load() {
         "the caller's own table was not read: {prompt}"
     );
 }
+
+/// Another role's tables the caller may not read cost its connection nothing: the schema
+/// context checked the caller's privilege on every column in the database that had statistics
+/// (pg_stats joined whole, another session's temporary tables too) and on every column of each
+/// table it could not read whole (`has_any_column_privilege`), a catalog cache entry each,
+/// which PostgreSQL keeps for the life of the connection. Here tables of 1,600 columns of a
+/// role with no privilege but TEMP and a schema of its own the caller may use.
+#[test]
+fn other_roles_wide_tables_do_not_fill_the_callers_catalog_cache() {
+    let mut s = Session::new();
+    let (victim, mut caller, _) = role_connection(&mut s, "cached");
+    let wide = format!("wide_{}", s.database);
+    s.client
+        .batch_execute(&format!(
+            "GRANT pg_read_all_stats TO {victim};
+             CREATE ROLE {wide} LOGIN; CREATE SCHEMA wide AUTHORIZATION {wide};
+             GRANT USAGE ON SCHEMA wide TO {victim};"
+        ))
+        .unwrap();
+    let mut other = cluster().connect_as(&s.database, &wide);
+    let columns = (1..=1600)
+        .map(|i| format!("c{i} int"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    for i in 0..40 {
+        other
+            .batch_execute(&format!(
+                "CREATE TEMP TABLE t{i} ({columns}); INSERT INTO t{i} (c1) VALUES (1), (1);
+                 ANALYZE t{i}; CREATE TABLE wide.w{i} ({columns});"
+            ))
+            .unwrap();
+    }
+    // The caller's own: the memory its catalog cache holds.
+    let cache = |c: &mut postgres::Client| -> i64 {
+        c.query_one(
+            "SELECT sum(total_bytes)::int8 FROM pg_backend_memory_contexts \
+             WHERE name = 'CacheMemoryContext'",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+    };
+    let before = cache(&mut caller);
+    let schema: String = caller
+        .query_one("SELECT nl_schema('customers from Germany')", &[])
+        .unwrap()
+        .get(0);
+    assert!(schema.contains("customers"), "{schema}");
+    let grown = cache(&mut caller) - before;
+    assert!(
+        grown < 8 << 20,
+        "the caller's catalog cache grew by {grown} bytes"
+    );
+}
