@@ -252,7 +252,12 @@ pub fn set_local(name: &CStr, value: &CStr) {
 
 /// Sets `name` to `value` until the end of the current (sub)transaction, as the extension's own
 /// bound (`temp_file_limit` of an attempt): at a superuser's level, whoever the caller is, so
-/// that nothing the attempt runs may change it back.
+/// that a setting only superusers may change (`temp_file_limit`) is set for any caller, and
+/// nothing the attempt runs may change it back. A setting any role may change (`jit`,
+/// `max_parallel_workers`) code the attempt runs can change back (a function's `SET jit =
+/// on`): that is no bound, only a default (parallel plans are refused by the planner hook
+/// anyway; a function that turns JIT on under the memory limit can end its own backend, as it
+/// could by `pg_terminate_backend(pg_backend_pid())`).
 pub fn bound_local(name: &CStr, value: &CStr) {
     set_local_in(pg_sys::GucContext::PGC_SUSET, name, value);
 }
