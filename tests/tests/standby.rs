@@ -240,38 +240,52 @@ fn sessions_on_a_hot_standby_live_in_redis_or_backend_memory() {
         .query(&mut r)
         .unwrap();
     assert!(shared.is_empty(), "{shared:?}");
-    // A read the primary shared (here written into Redis as the primary would) is not taken.
-    let (system, database_oid, relation, filenode, attnum): (String, u32, u32, u32, i16) = {
+    // A read the primary shared, its values changed in Redis, is not taken: a new connection
+    // to the primary takes it (the key is the one both servers would use), the standby's not.
+    let (relation, attnum): (u32, i16) = {
         let row = other
             .query_one(
-                "SELECT (SELECT system_identifier::text FROM pg_control_system()), \
-                 (SELECT oid FROM pg_database WHERE datname = current_database()), \
-                 c.oid, c.relfilenode, a.attnum FROM pg_class c \
+                "SELECT c.oid, a.attnum FROM pg_class c \
                  JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'name' \
                  WHERE c.oid = 'customers'::regclass",
                 &[],
             )
             .unwrap();
-        (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4))
+        (row.get(0), row.get(1))
     };
+    let on_primary = || {
+        let mut client = cluster().connect(&database);
+        client.batch_execute(&with_redis).unwrap();
+        client
+    };
+    let _: String = on_primary()
+        .query_one("SELECT nl_schema('customers called Bruno')", &[])
+        .unwrap()
+        .get(0);
+    let shared: Vec<String> = redis::cmd("KEYS")
+        .arg(format!(
+            "sql_query_engine:*:shared:values:{relation}:*:{attnum}"
+        ))
+        .query(&mut r)
+        .unwrap();
+    assert_eq!(shared.len(), 1, "{shared:?}");
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs();
-    let _: () = redis::cmd("HSET")
-        .arg(format!(
-            "sql_query_engine:{system}:{database_oid}:shared:values:{relation}:{filenode}"
-        ))
-        .arg(attnum.to_string())
+    let _: () = redis::cmd("SET")
+        .arg(&shared[0])
         .arg(serde_json::json!([now, ["Zanzibar Imports"]]).to_string())
+        .arg("EX")
+        .arg(600)
         .query(&mut r)
         .unwrap();
+    let asked = "SELECT nl_schema('customers called Zanzibar Imports')";
+    let schema: String = on_primary().query_one(asked, &[]).unwrap().get(0);
+    assert!(schema.contains("'Zanzibar Imports' found"), "{schema}");
     let mut fresh = standby.connect(&database);
     fresh.batch_execute(&with_redis).unwrap();
-    let schema: String = fresh
-        .query_one("SELECT nl_schema('customers called Zanzibar Imports')", &[])
-        .unwrap()
-        .get(0);
+    let schema: String = fresh.query_one(asked, &[]).unwrap().get(0);
     assert!(!schema.contains("Zanzibar"), "{schema}");
 }
 
