@@ -55,6 +55,29 @@ enum Rule {
 const XPATH: &str = "an XPath expression can take a time that grows with a power of the \
                      document's size, and libxml2 does not check for cancel until it ends";
 
+/// LIKE and ILIKE (`~~`, `~~*` and their negations, of text, char, name and bytea; the
+/// functions' names and the C functions they call).
+const LIKE: &[&str] = &[
+    "textlike",
+    "textnlike",
+    "texticlike",
+    "texticnlike",
+    "bpcharlike",
+    "bpcharnlike",
+    "bpchariclike",
+    "bpcharicnlike",
+    "namelike",
+    "namenlike",
+    "nameiclike",
+    "nameicnlike",
+    "bytealike",
+    "byteanlike",
+    "like",
+    "notlike",
+    "ilike",
+    "notilike",
+];
+
 /// The rule of the built-in function `name` called with `arguments` arguments, if any.
 fn rule(name: &str, arguments: usize) -> Option<Rule> {
     use Rule::*;
@@ -64,10 +87,7 @@ fn rule(name: &str, arguments: usize) -> Option<Rule> {
         "btrim" | "ltrim" | "rtrim" if arguments == 2 => SmallConstant(1),
         // LIKE and ILIKE (`~~`, `~~*` and their negations, of text, char, name and bytea): a
         // `%` is tried at every place of the string against the rest of the pattern.
-        "textlike" | "textnlike" | "texticlike" | "texticnlike" | "bpcharlike" | "bpcharnlike"
-        | "bpchariclike" | "bpcharicnlike" | "namelike" | "namenlike" | "nameiclike"
-        | "nameicnlike" | "bytealike" | "byteanlike" | "like" | "notlike" | "ilike"
-        | "notilike" => SmallConstant(1),
+        name if LIKE.contains(&name) => SmallConstant(1),
         "arraycontains" | "arraycontained" | "arrayoverlap" | "jsonb_contains"
         | "jsonb_contained" | "jsonb_exists_any" | "jsonb_exists_all" | "poly_contain"
         | "poly_contained" | "poly_overlap" | "poly_distance" | "poly_same" | "path_inter"
@@ -119,11 +139,30 @@ fn rule(name: &str, arguments: usize) -> Option<Rule> {
 }
 
 /// Why the call of the built-in function `name` with `arguments` (an analysed argument list)
-/// may not be made, or None.
+/// under `collation` (its input collation) may not be made, or None.
 ///
 /// # Safety
 /// `arguments` is a List of analysed expressions, or null.
-pub unsafe fn call_refusal(name: &str, arguments: *mut pg_sys::List) -> Option<String> {
+pub unsafe fn call_refusal(
+    name: &str,
+    arguments: *mut pg_sys::List,
+    collation: pg_sys::Oid,
+) -> Option<String> {
+    // Under a nondeterministic collation (PostgreSQL 18 matches LIKE so), a `%` compares the
+    // rest of the string at every place of it, each comparison walking past ignorable
+    // characters, and checks for cancel only between some of them: no small pattern bounds it.
+    if LIKE.contains(&name)
+        && collation != pg_sys::InvalidOid
+        // SAFETY: a catalog look-up of a collation the analysed call names.
+        && !unsafe { pg_sys::get_collation_isdeterministic(collation) }
+    {
+        return Some(
+            "LIKE under a nondeterministic collation compares the rest of the string at \
+             every place of it, and PostgreSQL does not check for cancel until it ends \
+             (compare with lower() or COLLATE \"C\")"
+                .into(),
+        );
+    }
     // SAFETY: the caller's contract.
     let arguments = unsafe { PgList::<pg_sys::Node>::from_pg(arguments) };
     let argument = |i: usize| arguments.get_ptr(i).unwrap_or(std::ptr::null_mut());
@@ -462,6 +501,11 @@ const SIZE_KEEPING: &[&str] = &[
     "rtrim",
     "concat",
     "textcat",
+    // `'%' || 2023 || '%'`: a constant's text beside another.
+    "anytextcat",
+    "textanycat",
+    // LIKE's ESCAPE: the pattern with its escapes doubled at most.
+    "like_escape",
     "to_jsonb",
     "to_json",
     "jsonb_build_object",
@@ -487,6 +531,50 @@ pub fn builtin_name(function: pg_sys::Oid) -> Option<String> {
     unsafe {
         let name = pg_sys::get_func_name(function);
         (!name.is_null()).then(|| CStr::from_ptr(name).to_string_lossy().into_owned())
+    }
+}
+
+/// The OID of `LANGUAGE internal` (`pg_language.dat`, the same in every release).
+const INTERNAL_LANGUAGE: u32 = 12;
+
+/// The name a rule here knows `function` by: a built-in's own, or, for a function of
+/// `LANGUAGE internal` that is not built in (only a superuser makes one: an extension's, such
+/// as citext's `texticlike` behind its `~~*`), the built-in C function it calls (its
+/// `prosrc`), which works as the built-in does.
+pub fn rule_name(function: pg_sys::Oid) -> Option<String> {
+    if let Some(name) = builtin_name(function) {
+        return Some(name);
+    }
+    // SAFETY: a syscache look-up, released before returning; `prosrc` is copied out of the
+    // tuple (a text datum, never null for a function) before the release.
+    unsafe {
+        let tuple = pg_sys::SearchSysCache1(
+            pg_sys::SysCacheIdentifier::PROCOID as i32,
+            pg_sys::Datum::from(function),
+        );
+        if tuple.is_null() {
+            return None;
+        }
+        let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tuple);
+        let mut null = true;
+        let source = ((*form).prolang == pg_sys::Oid::from(INTERNAL_LANGUAGE))
+            .then(|| {
+                pg_sys::SysCacheGetAttr(
+                    pg_sys::SysCacheIdentifier::PROCOID as i32,
+                    tuple,
+                    pg_sys::Anum_pg_proc_prosrc as pg_sys::AttrNumber,
+                    &mut null,
+                )
+            })
+            .filter(|_| !null)
+            .map(|datum| {
+                let text = pg_sys::text_to_cstring(datum.cast_mut_ptr());
+                let source = CStr::from_ptr(text).to_string_lossy().into_owned();
+                pg_sys::pfree(text.cast());
+                source
+            });
+        pg_sys::ReleaseSysCache(tuple);
+        source
     }
 }
 

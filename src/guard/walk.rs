@@ -589,22 +589,30 @@ impl Walk {
         }
         // SAFETY: the node is of the struct its tag names; its function is looked up.
         unsafe {
-            let (function, arguments) = match tag {
+            let (function, arguments, collation) = match tag {
                 pg_sys::NodeTag::T_FuncExpr => {
                     let call = node.cast::<pg_sys::FuncExpr>();
-                    ((*call).funcid, (*call).args)
+                    ((*call).funcid, (*call).args, (*call).inputcollid)
                 }
                 pg_sys::NodeTag::T_OpExpr
                 | pg_sys::NodeTag::T_DistinctExpr
                 | pg_sys::NodeTag::T_NullIfExpr => {
                     let call = node.cast::<pg_sys::OpExpr>();
-                    (pg_sys::get_opcode((*call).opno), (*call).args)
+                    (
+                        pg_sys::get_opcode((*call).opno),
+                        (*call).args,
+                        (*call).inputcollid,
+                    )
                 }
                 // `x op ANY (array)`: the operator's function on the scalar and each element,
                 // the array one side (a small constant only when the whole array is).
                 pg_sys::NodeTag::T_ScalarArrayOpExpr => {
                     let call = node.cast::<pg_sys::ScalarArrayOpExpr>();
-                    (pg_sys::get_opcode((*call).opno), (*call).args)
+                    (
+                        pg_sys::get_opcode((*call).opno),
+                        (*call).args,
+                        (*call).inputcollid,
+                    )
                 }
                 _ => {
                     let Some(path) = crate::compat::json_path(node) else {
@@ -622,16 +630,16 @@ impl Walk {
             };
             // Most calls are of no rule's: told by name before the function's facts are read
             // (check_function reads them for every call already).
-            if !cost::builtin_name(function).is_some_and(|name| cost::has_rule(&name)) {
+            let Some(name) = cost::rule_name(function).filter(|name| cost::has_rule(name)) else {
                 return false;
-            }
+            };
             let Some(facts) = FunctionFacts::of(function) else {
                 return false;
             };
-            if !facts.builtin || self.allowed.names(&facts.policy()) {
+            if self.allowed.names(&facts.policy()) {
                 return false;
             }
-            let Some(why) = cost::call_refusal(facts.policy().name, arguments) else {
+            let Some(why) = cost::call_refusal(&name, arguments, collation) else {
                 return false;
             };
             self.refuse(format!(

@@ -527,7 +527,8 @@ fn calls_that_could_run_deaf_to_cancel_are_refused_unless_their_shape_bounds_the
     }
     let mut passed = vec![
         "SELECT count(*) FROM customers WHERE name LIKE '%Ada%' OR name NOT ILIKE 'b%' \
-         OR country::char(2) LIKE 'D_'"
+         OR country::char(2) LIKE 'D_' OR name LIKE '50!%%' ESCAPE '!' \
+         OR name LIKE '%' || 2023 || '%'"
             .to_string(),
         "SELECT replace(name, 'a', 'b'), split_part(name, ' ', 1), position('x' in name), \
          btrim(name, ' '), trim(name), translate(name, 'ab', 'cd'), \
@@ -578,6 +579,54 @@ fn calls_that_could_run_deaf_to_cancel_are_refused_unless_their_shape_bounds_the
             &[],
         )
         .unwrap_or_else(|e| panic!("{:?}", db_error(&e)));
+    // An extension's function of LANGUAGE internal calls the built-in C function, which works
+    // as the built-in does: citext's LIKE, allowed with the extension, is held to LIKE's rule.
+    if s.client
+        .batch_execute("CREATE EXTENSION IF NOT EXISTS citext")
+        .is_ok()
+    {
+        s.client
+            .batch_execute("SET sql_query_engine.allowed_functions = 'extension:citext'")
+            .unwrap();
+        let check = "SELECT nl_check($1)";
+        let error = s
+            .client
+            .query(
+                check,
+                &[&"SELECT count(*) FROM customers WHERE name::citext LIKE country::citext"],
+            )
+            .unwrap_err();
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "42501", "{message}");
+        assert!(message.contains("constant"), "{message}");
+        s.client
+            .query(
+                check,
+                &[&"SELECT count(*) FROM customers WHERE name::citext LIKE 'a%'"],
+            )
+            .unwrap_or_else(|e| panic!("{:?}", db_error(&e)));
+    }
+    // Under a nondeterministic collation (LIKE takes one from PostgreSQL 18), no pattern
+    // bounds the work: refused.
+    if version >= 180000
+        && s.client
+            .batch_execute(
+                "CREATE COLLATION IF NOT EXISTS public.loose \
+                 (provider = icu, locale = 'und-u-ks-level2', deterministic = false)",
+            )
+            .is_ok()
+    {
+        let error = s
+            .client
+            .query(
+                "SELECT nl_check($1)",
+                &[&"SELECT count(*) FROM customers WHERE name COLLATE public.loose LIKE '%x'"],
+            )
+            .unwrap_err();
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "42501", "{message}");
+        assert!(message.contains("nondeterministic"), "{message}");
+    }
 }
 
 /// Analysis expands a star over every FROM item it stands for, looks each column reference up
