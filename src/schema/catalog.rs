@@ -252,6 +252,16 @@ impl Relation {
     }
 }
 
+/// Built-in types whose constants a default may hold to be shown: their text is bounded by
+/// what they store (not numeric's, bit's, nor anything holding one: an array, a jsonb, a
+/// range). Booleans, integers, floats, money, text and names, dates and times, intervals,
+/// UUIDs, JSON text, relation names (`nextval('s'::regclass)`), and arrays of them.
+const BOUNDED_TEXT_TYPES: &[u32] = &[
+    16, 18, 19, 20, 21, 23, 25, 26, 114, 700, 701, 790, 1042, 1043, 1082, 1083, 1114, 1184, 1186,
+    1266, 2950, 2205, 1000, 1002, 1003, 1005, 1007, 1009, 1014, 1015, 1016, 1021, 1022, 1115, 1182,
+    1183, 1185, 1187, 1270, 2951,
+];
+
 /// Bytes of defaults, comments and enum labels read with the columns at most.
 const MAX_ANNOTATION_BYTES: i64 = 16 << 20;
 /// Bytes of JSON each catalog query returns at most, counted on what it emits, in search
@@ -303,25 +313,67 @@ const MAX_STATISTICS_STORED_BYTES: i64 = 4 << 20;
 /// together or take `$5` bytes of JSON: what another role may create in a schema the caller
 /// reads is not all loaded into the caller's backend. The second column counts them all, to
 /// say when some were left out.
+/// The roles whose privileges the caller has (itself included; every role for a superuser),
+/// in SQL: listed once for a query (an uncorrelated subquery).
+macro_rules! callers_roles {
+    () => {
+        "ARRAY(SELECT ro.oid FROM pg_roles ro WHERE pg_has_role(ro.oid, 'USAGE'))"
+    };
+}
+
+/// Whether the caller may SELECT the whole of relation `$rel`, in SQL, decided from the
+/// relation's grants as stored (its row, read by index, not the catalog cache), as
+/// `has_table_privilege` decides it: a grant to PUBLIC or to a role whose privileges the caller
+/// has, or `pg_read_all_data` (which superusers have too).
+macro_rules! may_read_table {
+    ($rel:literal) => {
+        concat!(
+            "(pg_has_role('pg_read_all_data', 'USAGE') OR EXISTS (
+                SELECT FROM pg_class rc
+                CROSS JOIN LATERAL aclexplode(coalesce(rc.relacl, acldefault('r', rc.relowner))) rx
+                WHERE rc.oid = ",
+            $rel,
+            " AND rx.privilege_type = 'SELECT'
+                  AND (rx.grantee = 0 OR rx.grantee = ANY (",
+            callers_roles!(),
+            "))))"
+        )
+    };
+}
+
+/// Whether a column whose grants are `$acl` (its `attacl`) is granted SELECT to the caller,
+/// in SQL, from the grants as stored.
+macro_rules! may_read_column_grant {
+    ($acl:literal) => {
+        concat!(
+            "EXISTS (SELECT FROM aclexplode(",
+            $acl,
+            ") cx WHERE cx.privilege_type = 'SELECT'
+                AND (cx.grantee = 0 OR cx.grantee = ANY (",
+            callers_roles!(),
+            ")))"
+        )
+    };
+}
+
 /// Whether the caller may SELECT some column of relation `$rel`, in SQL: what
-/// `has_any_column_privilege` says, without its cost. That looks up, for a table the caller
-/// may not read whole, every one of its columns in the catalog cache, which keeps each entry as
-/// long as the connection: another role's thousands of tables of 1,600 columns, in a schema the
-/// caller reads, would fill it. The columns' own grants are read from their rows here (no
-/// cache), and matched against the roles whose privileges the caller has (listed once).
+/// `has_any_column_privilege` says, without its cost. The privilege functions look up the
+/// relation, and for a table the caller may not read whole every one of its columns, in the
+/// catalog cache, which keeps each entry as long as the connection: another role's thousands
+/// of tables of 1,600 columns, in a schema the caller reads, would fill it. Here the grants are
+/// read from the rows themselves (`may_read_table`, `may_read_column_grant`).
 macro_rules! may_read_some_column {
     ($rel:literal) => {
         concat!(
-            "(has_table_privilege(",
-            $rel,
-            ", 'SELECT') OR EXISTS (
-                SELECT FROM pg_attribute ca CROSS JOIN LATERAL aclexplode(ca.attacl) cx
+            "(",
+            may_read_table!($rel),
+            " OR EXISTS (
+                SELECT FROM pg_attribute ca
                 WHERE ca.attrelid = ",
             $rel,
-            " AND ca.attnum > 0 AND NOT ca.attisdropped AND ca.attacl IS NOT NULL
-                  AND cx.privilege_type = 'SELECT'
-                  AND (cx.grantee = 0 OR cx.grantee = ANY (ARRAY(
-                      SELECT r.oid FROM pg_roles r WHERE pg_has_role(r.oid, 'USAGE'))))))"
+            " AND ca.attnum > 0 AND NOT ca.attisdropped AND ca.attacl IS NOT NULL AND ",
+            may_read_column_grant!("ca.attacl"),
+            "))"
         )
     };
 }
@@ -494,8 +546,10 @@ LEFT JOIN loaded ON loaded.root = b.oid
 /// the catalog is not all loaded into the caller's backend; `cut` marks a column past it), and
 /// no more columns than take `$3` bytes of JSON in all (the second column counts them all). A default is deparsed without its relation (`pg_get_expr(adbin, 0)`: a default
 /// names no column; with it, the deparse would lock the relation and wait behind another
-/// session's lock), and only a stored tree of bounded size.
-const COLUMNS_SQL: &str = r#"
+/// session's lock), and only a stored tree of bounded size whose constants are of the types
+/// `$4` (or enums).
+const COLUMNS_SQL: &str = concat!(
+    r#"
 SELECT coalesce(json_agg(e.element ORDER BY e.ord, e.attnum) FILTER (WHERE e.bytes <= $3),
                 '[]')::text,
        count(*)
@@ -527,11 +581,17 @@ FROM (
     FROM (
         SELECT r.ord, a.attrelid, a.attname, a.attnum, a.atttypid, a.atttypmod,
                a.attnotnull AND unvalidated.attnum IS NULL AS not_null,
-               -- Not a default with a numeric constant: its text is not bounded by its stored
-               -- size (1e131071 is stored in a few bytes and written in 131,072 characters,
-               -- for every such column of every relation another role made).
+               -- Only a default whose constants are of types whose text is bounded by their
+               -- stored size (listed, and enums): a numeric is stored in a few bytes and
+               -- written in up to 131,072 characters (1e131071), also inside an array, a jsonb,
+               -- a range, for every such column of every relation another role made.
                CASE WHEN a.attgenerated = '' AND octet_length(ad.adbin::text) <= 10000
-                         AND strpos(ad.adbin::text, ':consttype 1700 ') = 0 THEN
+                         AND NOT EXISTS (
+                             SELECT FROM regexp_matches(ad.adbin::text, ':consttype ([0-9]+) ', 'g') m
+                             WHERE m[1]::oid <> ALL ($4::oid[])
+                               AND NOT EXISTS (SELECT FROM pg_type et
+                                               WHERE et.oid = m[1]::oid AND et.typtype = 'e'))
+                    THEN
                    (SELECT CASE WHEN x NOT LIKE 'nextval(%' AND length(x) <= 200 THEN x END
                     FROM pg_get_expr(ad.adbin, 0) x) END AS dflt,
                substr(cd.description, 1, 500) AS comment,
@@ -542,6 +602,11 @@ FROM (
                -- as it is read: never read on the extension's own.
                t.typcategory = 'S' AND a.attgenerated <> 'v' AS textual
         FROM unnest($1::oid[]) WITH ORDINALITY AS r(oid, ord)
+        -- Whether the caller may read the whole relation, once for each (from its grants as
+        -- stored: the privilege functions would look each column up in the catalog cache).
+        CROSS JOIN LATERAL (SELECT "#,
+    may_read_table!("r.oid"),
+    r#" AS whole) rt
         JOIN pg_attribute a ON a.attrelid = r.oid
         JOIN pg_type t ON t.oid = a.atttypid
         LEFT JOIN pg_attrdef ad ON ad.adrelid = a.attrelid AND ad.adnum = a.attnum
@@ -557,13 +622,15 @@ FROM (
             WHERE nn.conrelid = ANY ($1::oid[]) AND nn.contype = 'n' AND NOT nn.convalidated
         ) unvalidated ON unvalidated.conrelid = a.attrelid AND unvalidated.attnum = a.attnum
         WHERE a.attnum > 0 AND NOT a.attisdropped
-          AND (has_table_privilege(a.attrelid, 'SELECT')
-               OR has_column_privilege(a.attrelid, a.attnum, 'SELECT'))
+          AND (rt.whole OR "#,
+    may_read_column_grant!("a.attacl"),
+    r#")
     ) s
 ) c
 ) e
 ) e
-"#;
+"#
+);
 
 /// The planner's most common values and histogram bounds of the text columns `$3` of the
 /// tables `$2` in the schemas `$1` (parallel arrays). pg_stats hides what the caller may not
@@ -687,9 +754,21 @@ FROM (
           -- A key naming a column the caller may not read (here or in the referenced table)
           -- is not the caller's to see, as the column is not.
           AND NOT EXISTS (SELECT FROM unnest(co.conkey) k
-                          WHERE NOT has_column_privilege(co.conrelid, k, 'SELECT'))
+                          JOIN pg_attribute ka ON ka.attrelid = co.conrelid AND ka.attnum = k
+                          WHERE NOT ("#,
+    may_read_table!("co.conrelid"),
+    r#"
+                                     OR "#,
+    may_read_column_grant!("ka.attacl"),
+    r#"))
           AND NOT EXISTS (SELECT FROM unnest(co.confkey) k
-                          WHERE NOT has_column_privilege(co.confrelid, k, 'SELECT'))
+                          JOIN pg_attribute ka ON ka.attrelid = co.confrelid AND ka.attnum = k
+                          WHERE NOT ("#,
+    may_read_table!("co.confrelid"),
+    r#"
+                                     OR "#,
+    may_read_column_grant!("ka.attacl"),
+    r#"))
     ) numbered
     WHERE nth <= $2
     ORDER BY nth, ord
@@ -799,6 +878,11 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
                     oids.clone().into(),
                     MAX_ANNOTATION_BYTES.into(),
                     MAX_COLUMN_BYTES.into(),
+                    BOUNDED_TEXT_TYPES
+                        .iter()
+                        .map(|&oid| pg_sys::Oid::from(oid))
+                        .collect::<Vec<_>>()
+                        .into(),
                 ],
             )?;
                 (parse::<Vec<ColumnRow>>(&columns)?, all)
