@@ -148,18 +148,18 @@ pub unsafe fn call_refusal(
     arguments: *mut pg_sys::List,
     collation: pg_sys::Oid,
 ) -> Option<String> {
-    // Under a nondeterministic collation (PostgreSQL 18 matches LIKE so), a `%` compares the
-    // rest of the string at every place of it, each comparison walking past ignorable
-    // characters, and checks for cancel only between some of them: no small pattern bounds it.
-    if LIKE.contains(&name)
-        && collation != pg_sys::InvalidOid
+    // Under a nondeterministic collation (PostgreSQL 18 searches and matches LIKE so), a
+    // search compares the rest of the string at every place of it, each comparison walking
+    // past ignorable characters, with no check for cancel between: no small constant bounds
+    // it, for LIKE and for strpos, replace, split_part and the like alike.
+    if collation != pg_sys::InvalidOid
         // SAFETY: a catalog look-up of a collation the analysed call names.
         && !unsafe { pg_sys::get_collation_isdeterministic(collation) }
     {
         return Some(
-            "LIKE under a nondeterministic collation compares the rest of the string at \
-             every place of it, and PostgreSQL does not check for cancel until it ends \
-             (compare with lower() or COLLATE \"C\")"
+            "under a nondeterministic collation it compares the rest of the string at every \
+             place of it, and PostgreSQL does not check for cancel until it ends (compare \
+             with lower() or COLLATE \"C\")"
                 .into(),
         );
     }
@@ -388,8 +388,35 @@ unsafe fn small_within(node: *mut pg_sys::Node, elements: &mut usize) -> bool {
                 .len(),
             n => usize::try_from(n).unwrap_or(usize::MAX),
         };
-        bytes <= MAX_CONSTANT_BYTES
+        if bytes > MAX_CONSTANT_BYTES {
+            return false;
+        }
+        // What the call compares is the constant's text, which for a type other than a
+        // string's may be far longer than what it stores (a numeric's `1e131071`, a few bytes,
+        // is 131,072 characters once `'' || 1e131071` makes it text): measured as written.
+        writes_what_it_stores((*constant).consttype)
+            || constant_text(node).is_some_and(|text| text.len() <= MAX_CONSTANT_BYTES)
     }
+}
+
+/// The built-in output functions that write a value as it is stored: text's, varchar's,
+/// char(n)'s, name's, "char"'s and an untyped literal's.
+const STRING_OUTPUTS: [&str; 6] = [
+    "textout",
+    "varcharout",
+    "bpcharout",
+    "nameout",
+    "charout",
+    "unknownout",
+];
+
+/// Whether values of `typ` are written as they are stored: its output function is a string
+/// type's (citext's is text's, called through its own `LANGUAGE internal` function).
+fn writes_what_it_stores(typ: pg_sys::Oid) -> bool {
+    let (mut output, mut varlena) = (pg_sys::InvalidOid, false);
+    // SAFETY: a catalog look-up of a type an analysed constant has.
+    unsafe { pg_sys::getTypeOutputInfo(typ, &mut output, &mut varlena) };
+    rule_name(output).is_some_and(|name| STRING_OUTPUTS.contains(&name.as_str()))
 }
 
 /// Whether `node` is a constant integer of at most `MAX_COUNT`, or NULL.

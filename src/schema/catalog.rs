@@ -253,13 +253,13 @@ impl Relation {
 }
 
 /// Built-in types whose constants a default may hold to be shown: their text is bounded by
-/// what they store (not numeric's, bit's, nor anything holding one: an array, a jsonb, a
-/// range). Booleans, integers, floats, money, text and names, dates and times, intervals,
-/// UUIDs, JSON text, relation names (`nextval('s'::regclass)`), and arrays of them.
+/// what they store (not numeric's, bit's, nor anything holding one, a jsonb, a range; nor an
+/// array's, whose NULL elements take a bit each and are written `NULL`). Booleans, integers,
+/// floats, money, text and names, dates and times, intervals, UUIDs, JSON text and relation
+/// names (`nextval('s'::regclass)`).
 const BOUNDED_TEXT_TYPES: &[u32] = &[
     16, 18, 19, 20, 21, 23, 25, 26, 114, 700, 701, 790, 1042, 1043, 1082, 1083, 1114, 1184, 1186,
-    1266, 2950, 2205, 1000, 1002, 1003, 1005, 1007, 1009, 1014, 1015, 1016, 1021, 1022, 1115, 1182,
-    1183, 1185, 1187, 1270, 2951,
+    1266, 2950, 2205,
 ];
 
 /// Bytes of defaults, comments and enum labels read with the columns at most.

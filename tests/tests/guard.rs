@@ -466,6 +466,9 @@ fn calls_that_could_run_deaf_to_cancel_are_refused_unless_their_shape_bounds_the
             "SELECT count(*) FROM customers WHERE name LIKE '%' || country || '%'".to_string(),
             "SELECT name NOT ILIKE country FROM customers".to_string(),
             format!("SELECT count(*) FROM customers WHERE name LIKE '%{long}%'"),
+            // A constant measured as written: 1e300 is stored in a few bytes, written in 301.
+            "SELECT strpos(name, '' || 1e300) FROM customers".to_string(),
+            "SELECT replace(name, concat(1e300), '') FROM customers".to_string(),
             format!("SELECT replace(name, '{long}', '') FROM customers"),
             "SELECT translate(name, repeat('b', 300), '') FROM customers".to_string(),
             "SELECT btrim(name, country) FROM customers".to_string(),
