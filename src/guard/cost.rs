@@ -23,7 +23,7 @@ use pgrx::{pg_sys, PgList};
 /// side's size.
 pub const MAX_CONSTANT_BYTES: usize = 256;
 
-/// Elements of an `ARRAY[...]` of constants, at most, for it to count as a small constant.
+/// Constants and calls of them, at most, for an expression to count as a small constant.
 const MAX_CONSTANT_ELEMENTS: usize = 64;
 
 /// The largest length `lpad` and `rpad` may be asked for, and the widest field `format` may
@@ -78,7 +78,22 @@ const LIKE: &[&str] = &[
     "notilike",
 ];
 
-/// The rule of the built-in function `name` called with `arguments` arguments, if any.
+/// pg_trgm's word similarity functions and operators (their C functions).
+const TRIGRAM_WORD_SIMILARITY: &[&str] = &[
+    "pg_trgm:word_similarity",
+    "pg_trgm:word_similarity_op",
+    "pg_trgm:word_similarity_commutator_op",
+    "pg_trgm:word_similarity_dist_op",
+    "pg_trgm:word_similarity_dist_commutator_op",
+    "pg_trgm:strict_word_similarity",
+    "pg_trgm:strict_word_similarity_op",
+    "pg_trgm:strict_word_similarity_commutator_op",
+    "pg_trgm:strict_word_similarity_dist_op",
+    "pg_trgm:strict_word_similarity_dist_commutator_op",
+];
+
+/// The rule of the built-in function `name` (or an extension's C function, `module:symbol`)
+/// called with `arguments` arguments, if any.
 fn rule(name: &str, arguments: usize) -> Option<Rule> {
     use Rule::*;
     Some(match name {
@@ -134,6 +149,33 @@ fn rule(name: &str, arguments: usize) -> Option<Rule> {
         ),
         // A polygon of as many points as asked for, from a circle.
         "polygon" if arguments == 2 => SmallCount(0),
+        // Extensions' C functions (`module:symbol`), of the contrib modules a DBA allows for
+        // analytics. ltree: a text query's every item against every level of the path, with
+        // no check for cancel (`ltree @ ltxtquery`, and of an array of paths); the index of
+        // one path in another compares every level with every other.
+        "ltree:ltxtq_exec" | "ltree:_ltxtq_exec" => SmallConstant(1),
+        "ltree:ltxtq_rexec" | "ltree:_ltxtq_rexec" => SmallConstant(0),
+        "ltree:ltree_index" => EitherSmallConstant,
+        // pg_trgm's word similarity, up to PostgreSQL 16: a repeated trigram makes it walk the
+        // rest of the string again at each place, with no check for cancel (17 checks).
+        name if TRIGRAM_WORD_SIMILARITY.contains(&name) && pg_sys::PG_VERSION_NUM < 170000 => {
+            Never(
+                "a repeated trigram takes it a time that grows with the square of the \
+                 string's length, and this release of pg_trgm does not check for cancel",
+            )
+        }
+        // pgcrypto's `crypt`: sha-crypt hashes the square of the password's length first.
+        "pgcrypto:pg_crypt" => Never(
+            "hashing a password takes a time that grows with the square of its length, and \
+             pgcrypto does not check for cancel until it has",
+        ),
+        // xml2's XPath and XSLT, the same libxml2 engine as the built-in xpath.
+        "pgxml:xpath_string"
+        | "pgxml:xpath_number"
+        | "pgxml:xpath_bool"
+        | "pgxml:xpath_nodeset"
+        | "pgxml:xpath_list"
+        | "pgxml:xslt_process" => Never(XPATH),
         _ => return None,
     })
 }
@@ -181,8 +223,9 @@ pub unsafe fn call_refusal(
                 (!small_constant(argument(0)) && !small_constant(argument(1))).then(|| {
                     format!(
                         "one side must be a constant of at most {MAX_CONSTANT_BYTES} bytes: \
-                     containment compares every element of one side with every element of \
-                     the other, and PostgreSQL does not check for cancel until it ends"
+                     it compares every element of one side with every element of the other \
+                     (containment, overlap, a path's levels), and PostgreSQL does not check \
+                     for cancel until it ends"
                     )
                 })
             }
@@ -314,89 +357,208 @@ unsafe fn bare(mut node: *mut pg_sys::Node) -> *mut pg_sys::Node {
 }
 
 /// Whether `node` is a constant of at most `MAX_CONSTANT_BYTES` (a NULL is), or an array of
-/// at most `MAX_CONSTANT_ELEMENTS` such constants, at every depth together.
+/// at most `MAX_CONSTANT_ELEMENTS` constants and calls, at every depth together: what the planner
+/// folds it into, as written, is at most that long, whatever its pieces.
 ///
 /// # Safety
 /// `node` is an analysed expression, or null.
 unsafe fn small_constant(node: *mut pg_sys::Node) -> bool {
     let mut elements = MAX_CONSTANT_ELEMENTS;
     // SAFETY: the caller's contract.
-    unsafe { small_within(node, &mut elements) }
+    unsafe {
+        // A constant of an extension's type given as it is (ltree's `ltxtquery`): the call
+        // works on what it stores, and its text is not written (its output function is the
+        // extension's code, which nothing asked to run).
+        let bare = bare(node);
+        let constant = bare.cast::<pg_sys::Const>();
+        if bare
+            .as_ref()
+            .is_some_and(|n| n.type_ == pg_sys::NodeTag::T_Const)
+            && (*constant).consttype.to_u32() >= pg_sys::FirstNormalObjectId
+            && !(*constant).constisnull
+            && (*constant).constlen == -1
+        {
+            return pg_sys::toast_raw_datum_size((*constant).constvalue) <= MAX_CONSTANT_BYTES;
+        }
+        written_bound(node, &mut elements).is_some_and(|bytes| bytes <= MAX_CONSTANT_BYTES)
+    }
 }
 
-/// `small_constant`, taking the elements of arrays from `elements` left.
+/// An upper bound of the bytes of the text that `node`, a constant or built-in calls of
+/// constants the planner folds into one, is written in, taking the constants and arguments it
+/// holds from `elements` left; None when it is something else, or its bound passes
+/// `MAX_CONSTANT_BYTES`.
 ///
 /// # Safety
 /// `node` is an analysed expression, or null.
-unsafe fn small_within(node: *mut pg_sys::Node, elements: &mut usize) -> bool {
+unsafe fn written_bound(node: *mut pg_sys::Node, elements: &mut usize) -> Option<usize> {
+    let within = |bytes: usize| (bytes <= MAX_CONSTANT_BYTES).then_some(bytes);
     // SAFETY: the caller's contract; a Const's value is read as its length says.
     unsafe {
         let node = bare(node);
-        let Some(n) = node.as_ref() else {
-            return false;
-        };
-        // `ARRAY[1, 2, 3]`: constants the planner folds into one later.
+        let n = node.as_ref()?;
+        // `ARRAY[1, 2, 3]`: constants the planner folds into one later, each element written
+        // quoted at worst (`"a\"b"`), with a comma.
         if n.type_ == pg_sys::NodeTag::T_ArrayExpr {
             let list =
                 PgList::<pg_sys::Node>::from_pg((*node.cast::<pg_sys::ArrayExpr>()).elements);
-            if list.len() > *elements {
-                return false;
+            let mut bytes = 2usize;
+            for element in list.iter_ptr() {
+                let element = written_bound(element, elements)?;
+                bytes = within(bytes.saturating_add(element.saturating_mul(2).saturating_add(3)))?;
             }
-            *elements -= list.len();
-            return list
-                .iter_ptr()
-                .all(|element| small_within(element, elements));
+            return Some(bytes);
         }
         // A cast of constants, or a built-in that keeps their size (`lower('X')`, `chr(10)`,
-        // `jsonb_build_object('k', 'v')`): constants the planner folds later. Each argument
-        // takes an element of the budget.
+        // `'%' || 'x' || '%'`): constants the planner folds later, written in at most what
+        // `growth` says of their arguments' text.
         let call = match n.type_ {
             pg_sys::NodeTag::T_FuncExpr => {
                 let call = node.cast::<pg_sys::FuncExpr>();
-                Some(((*call).funcid, (*call).args, super::facts::is_cast(call)))
+                let cast = super::facts::is_cast(call);
+                Some(((*call).funcid, (*call).args, (*call).funcresulttype, cast))
             }
             pg_sys::NodeTag::T_OpExpr => {
                 let call = node.cast::<pg_sys::OpExpr>();
-                Some((pg_sys::get_opcode((*call).opno), (*call).args, false))
+                let function = pg_sys::get_opcode((*call).opno);
+                Some((function, (*call).args, (*call).opresulttype, false))
             }
             _ => None,
         };
-        if let Some((function, arguments, cast)) = call {
+        if let Some((function, arguments, result, cast)) = call {
             let arguments = PgList::<pg_sys::Node>::from_pg(arguments);
-            if function.to_u32() >= pg_sys::FirstNormalObjectId
-                || !(cast || keeps_size(function))
-                || arguments.len() > *elements
-            {
-                return false;
+            *elements = elements.checked_sub(1)?;
+            // Built-ins only: what another function writes is not known.
+            let name = builtin_name(function)?;
+            let growth = if cast {
+                // A float cast to numeric is written in all its digits, and a length coercion
+                // to numeric (`numeric(1000, 999)`) pads with as many.
+                if result == pg_sys::NUMERICOID {
+                    return None;
+                }
+                match arguments.len() {
+                    1 => Growth::Cast,
+                    // A length coercion (`varchar(n)`, `char(n)`, `bit(n)`): padded to what its
+                    // type modifier (a constant) says at most.
+                    _ => Growth::Padded(padding(result, arguments.get_ptr(1)?)?),
+                }
+            } else {
+                growth(&name)?
+            };
+            let mut bytes = 0usize;
+            for argument in arguments.iter_ptr() {
+                bytes = bytes.saturating_add(written_bound(argument, elements)?);
             }
-            *elements -= arguments.len();
-            return arguments
-                .iter_ptr()
-                .all(|argument| small_within(argument, elements));
+            return within(growth.bound(bytes, arguments.len()));
         }
         if n.type_ != pg_sys::NodeTag::T_Const {
-            return false;
+            return None;
         }
+        *elements = elements.checked_sub(1)?;
         let constant = node.cast::<pg_sys::Const>();
         if (*constant).constisnull {
-            return true;
+            // `NULL`, as an array writes it.
+            return Some(4);
         }
-        let bytes = match (*constant).constlen {
+        let stored = match (*constant).constlen {
             -1 => pg_sys::toast_raw_datum_size((*constant).constvalue),
             -2 => CStr::from_ptr((*constant).constvalue.cast_mut_ptr())
                 .to_bytes()
                 .len(),
             n => usize::try_from(n).unwrap_or(usize::MAX),
         };
-        if bytes > MAX_CONSTANT_BYTES {
-            return false;
-        }
+        within(stored)?;
         // What the call compares is the constant's text, which for a type other than a
         // string's may be far longer than what it stores (a numeric's `1e131071`, a few bytes,
         // is 131,072 characters once `'' || 1e131071` makes it text): measured as written.
-        writes_what_it_stores((*constant).consttype)
-            || constant_text(node).is_some_and(|text| text.len() <= MAX_CONSTANT_BYTES)
+        if writes_what_it_stores((*constant).consttype) {
+            Some(stored)
+        } else {
+            within(constant_text(node)?.len())
+        }
     }
+}
+
+/// How much longer than its arguments' text a built-in of constants may write its result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Growth {
+    /// Their text together at most (`concat`, `||`, the trims).
+    Sum,
+    /// A multiple of it (a case mapping: one character may become three; an escape doubled).
+    Times(usize),
+    /// A character (`chr`).
+    Character,
+    /// JSON: each character escaped in six at worst, with quotes and separators.
+    Json,
+    /// A one-argument cast to a type other than numeric: a boolean's `t` becomes `true`, a
+    /// date a timestamp; never more than twice the text and a little.
+    Cast,
+    /// A length coercion: a cast's growth, and padding of at most this many bytes.
+    Padded(usize),
+}
+
+impl Growth {
+    fn bound(self, bytes: usize, arguments: usize) -> usize {
+        match self {
+            Growth::Sum => bytes,
+            Growth::Times(times) => bytes.saturating_mul(times),
+            Growth::Character => 4,
+            Growth::Json => bytes
+                .saturating_mul(6)
+                .saturating_add(arguments.saturating_mul(4))
+                .saturating_add(2),
+            Growth::Cast => bytes.saturating_mul(2).saturating_add(24),
+            Growth::Padded(padding) => Growth::Cast.bound(bytes, arguments).saturating_add(padding),
+        }
+    }
+}
+
+/// The bytes a length coercion to `typ` may pad its value to, by its type modifier
+/// (`typmod`, a constant): `char(n)` pads with spaces to n characters, `bit(n)` with zeros to n
+/// digits; `varchar(n)` only cuts. None when the modifier is not a constant.
+///
+/// # Safety
+/// `typmod` is an analysed expression, or null.
+unsafe fn padding(typ: pg_sys::Oid, typmod: *mut pg_sys::Node) -> Option<usize> {
+    // SAFETY: the caller's contract; a Const is read as its type says.
+    let typmod = unsafe {
+        let node = bare(typmod);
+        let n = node.as_ref()?;
+        let constant = node.cast::<pg_sys::Const>();
+        if n.type_ != pg_sys::NodeTag::T_Const
+            || (*constant).consttype != pg_sys::INT4OID
+            || (*constant).constisnull
+        {
+            return None;
+        }
+        (*constant).constvalue.value() as i32
+    };
+    let length = usize::try_from(typmod).unwrap_or(0);
+    Some(match typ {
+        // The modifier of char(n) is n + 4 (VARHDRSZ); a character is 4 bytes at most.
+        pg_sys::BPCHAROID => length.saturating_sub(4).saturating_mul(4),
+        pg_sys::BITOID | pg_sys::VARBITOID => length,
+        pg_sys::VARCHAROID => 0,
+        // A time's or an interval's precision: digits of a fraction of a second.
+        _ => 16,
+    })
+}
+
+/// How the built-in `name` of constants grows their text, if it is one the planner folds into
+/// a constant whose size its arguments bound.
+fn growth(name: &str) -> Option<Growth> {
+    Some(match name {
+        "concat" | "textcat" | "btrim" | "ltrim" | "rtrim" => Growth::Sum,
+        // `'%' || 2023 || '%'`: a constant's text beside another.
+        "anytextcat" | "textanycat" => Growth::Sum,
+        "lower" | "upper" | "initcap" => Growth::Times(3),
+        // LIKE's ESCAPE: the pattern with its escapes doubled at most.
+        "like_escape" => Growth::Times(2),
+        "chr" => Growth::Character,
+        "to_jsonb" | "to_json" | "jsonb_build_object" | "jsonb_build_array"
+        | "json_build_object" | "json_build_array" => Growth::Json,
+        _ => return None,
+    })
 }
 
 /// The built-in output functions that write a value as it is stored: text's, varchar's,
@@ -517,35 +679,6 @@ fn narrow_fields(format: &str) -> bool {
     true
 }
 
-/// Built-ins whose result is about as large as their arguments together.
-const SIZE_KEEPING: &[&str] = &[
-    "lower",
-    "upper",
-    "initcap",
-    "chr",
-    "btrim",
-    "ltrim",
-    "rtrim",
-    "concat",
-    "textcat",
-    // `'%' || 2023 || '%'`: a constant's text beside another.
-    "anytextcat",
-    "textanycat",
-    // LIKE's ESCAPE: the pattern with its escapes doubled at most.
-    "like_escape",
-    "to_jsonb",
-    "to_json",
-    "jsonb_build_object",
-    "jsonb_build_array",
-    "json_build_object",
-    "json_build_array",
-];
-
-/// Whether the built-in `function` is one of `SIZE_KEEPING`.
-fn keeps_size(function: pg_sys::Oid) -> bool {
-    builtin_name(function).is_some_and(|name| SIZE_KEEPING.contains(&name.as_str()))
-}
-
 /// The name of a built-in function (an OID below the first user object's), or None. A
 /// syscache look-up, lighter than the guard's facts of a function: for telling at once
 /// whether a call is one the rules here are about.
@@ -561,20 +694,23 @@ pub fn builtin_name(function: pg_sys::Oid) -> Option<String> {
     }
 }
 
-/// The OID of `LANGUAGE internal` (`pg_language.dat`, the same in every release).
-const INTERNAL_LANGUAGE: u32 = 12;
+/// The OIDs of `LANGUAGE internal` and `LANGUAGE c` (`pg_language.dat`, the same in every
+/// release).
+pub const INTERNAL_LANGUAGE: u32 = 12;
+pub const C_LANGUAGE: u32 = 13;
 
-/// The name a rule here knows `function` by: a built-in's own, or, for a function of
-/// `LANGUAGE internal` that is not built in (only a superuser makes one: an extension's, such
-/// as citext's `texticlike` behind its `~~*`), the built-in C function it calls (its
-/// `prosrc`), which works as the built-in does.
+/// The name a rule here knows `function` by: a built-in's own; for a function of `LANGUAGE
+/// internal` that is not built in (only a superuser makes one: an extension's, such as
+/// citext's `texticlike` behind its `~~*`), the name of the built-in whose C function it calls
+/// (its `prosrc`: `textpos` is `position`'s), which works as the built-in does; for one of
+/// `LANGUAGE c` (only a superuser makes one too), `module:symbol` (`ltree:ltxtq_exec`).
 pub fn rule_name(function: pg_sys::Oid) -> Option<String> {
     if let Some(name) = builtin_name(function) {
         return Some(name);
     }
-    // SAFETY: a syscache look-up, released before returning; `prosrc` is copied out of the
-    // tuple (a text datum, never null for a function) before the release.
-    unsafe {
+    // SAFETY: a syscache look-up, released before returning; `prosrc` and `probin` are copied
+    // out of the tuple before the release.
+    let (language, source, library) = unsafe {
         let tuple = pg_sys::SearchSysCache1(
             pg_sys::SysCacheIdentifier::PROCOID as i32,
             pg_sys::Datum::from(function),
@@ -583,25 +719,48 @@ pub fn rule_name(function: pg_sys::Oid) -> Option<String> {
             return None;
         }
         let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tuple);
-        let mut null = true;
-        let source = ((*form).prolang == pg_sys::Oid::from(INTERNAL_LANGUAGE))
-            .then(|| {
-                pg_sys::SysCacheGetAttr(
-                    pg_sys::SysCacheIdentifier::PROCOID as i32,
-                    tuple,
-                    pg_sys::Anum_pg_proc_prosrc as pg_sys::AttrNumber,
-                    &mut null,
-                )
-            })
-            .filter(|_| !null)
-            .map(|datum| {
+        let language = (*form).prolang.to_u32();
+        let text_of = |attribute: u32| {
+            let mut null = true;
+            let datum = pg_sys::SysCacheGetAttr(
+                pg_sys::SysCacheIdentifier::PROCOID as i32,
+                tuple,
+                attribute as pg_sys::AttrNumber,
+                &mut null,
+            );
+            (!null).then(|| {
                 let text = pg_sys::text_to_cstring(datum.cast_mut_ptr());
-                let source = CStr::from_ptr(text).to_string_lossy().into_owned();
+                let copied = CStr::from_ptr(text).to_string_lossy().into_owned();
                 pg_sys::pfree(text.cast());
-                source
-            });
+                copied
+            })
+        };
+        let found = match language {
+            INTERNAL_LANGUAGE => (language, text_of(pg_sys::Anum_pg_proc_prosrc), None),
+            C_LANGUAGE => (
+                language,
+                text_of(pg_sys::Anum_pg_proc_prosrc),
+                text_of(pg_sys::Anum_pg_proc_probin),
+            ),
+            _ => (language, None, None),
+        };
         pg_sys::ReleaseSysCache(tuple);
-        source
+        found
+    };
+    let source = source?;
+    match language {
+        INTERNAL_LANGUAGE => {
+            let source = std::ffi::CString::new(source).ok()?;
+            // SAFETY: a look-up in the server's table of built-in C functions, by name.
+            builtin_name(unsafe { pg_sys::fmgr_internal_function(source.as_ptr()) })
+        }
+        _ => {
+            // `$libdir/ltree` (or a path, with a suffix): the module's name.
+            let library = library?;
+            let file = library.rsplit('/').next().unwrap_or(&library);
+            let module = file.split('.').next().unwrap_or(file);
+            Some(format!("{module}:{source}"))
+        }
     }
 }
 

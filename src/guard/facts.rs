@@ -236,6 +236,11 @@ impl FunctionFacts {
         }
     }
 
+    /// Its name, without its schema.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// `schema.name(argument types)`, as a refusal names it.
     pub fn signature(function: pg_sys::Oid) -> String {
         // SAFETY: formats a function that exists (its facts were just read).

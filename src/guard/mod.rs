@@ -33,6 +33,7 @@
 //! clause or relation → 42501; a parse or analysis error → the server's own ERROR.
 
 mod ahead;
+mod bodies;
 mod bounds;
 mod cost;
 mod doubts;

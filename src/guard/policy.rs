@@ -73,6 +73,9 @@ const SIDE_EFFECT_NAMES: &[&str] = &[
     "normal_rand",
     "postgres_fdw_disconnect",
     "postgres_fdw_disconnect_all",
+    // isn's switch to accepting bad check digits, IMMUTABLE: up to PostgreSQL 17 a static of
+    // the backend that no rollback puts back, so it reached the connection's next caller.
+    "isn_weak",
 ];
 
 /// Functions refused by name prefix, in any schema, whatever the allow-list says.

@@ -9,6 +9,7 @@ use std::rc::Rc;
 use pgrx::pg_sys;
 use pgrx::PgList;
 
+use super::bodies;
 use super::cost;
 use super::facts::{
     aggregate_support, builtin, default_arguments, expression_kind, family_code, operator_code,
@@ -629,9 +630,16 @@ impl Walk {
                 }
             };
             // Most calls are of no rule's: told by name before the function's facts are read
-            // (check_function reads them for every call already).
-            let Some(name) = cost::rule_name(function).filter(|name| cost::has_rule(name)) else {
-                return false;
+            // (check_function reads them for every call already). A function that is not
+            // built in may call one in its body: held to the rule of its own name when one
+            // has it (citext's `strpos`), else refused.
+            let ruled = cost::rule_name(function).filter(|name| cost::has_rule(name));
+            let in_body = match ruled {
+                Some(_) => None,
+                None => match bodies::ruled_call_in_body(function) {
+                    Some(called) => Some(called),
+                    None => return false,
+                },
             };
             let Some(facts) = FunctionFacts::of(function) else {
                 return false;
@@ -639,7 +647,19 @@ impl Walk {
             if self.allowed.names(&facts.policy()) {
                 return false;
             }
-            let Some(why) = cost::call_refusal(&name, arguments, collation) else {
+            let why = match (ruled, in_body) {
+                (Some(name), _) => cost::call_refusal(&name, arguments, collation),
+                (None, Some(called)) => match cost::has_rule(facts.name()) {
+                    true => cost::call_refusal(facts.name(), arguments, collation),
+                    false => Some(format!(
+                        "its body calls {called}, whose work can grow faster than what it is \
+                         given without a check for cancel (a superuser may allow the function \
+                         by name in sql_query_engine.allowed_functions)"
+                    )),
+                },
+                (None, None) => None,
+            };
+            let Some(why) = why else {
                 return false;
             };
             self.refuse(format!(

@@ -500,6 +500,15 @@ fn calls_that_could_run_deaf_to_cancel_are_refused_unless_their_shape_bounds_the
             "SELECT cardinality(array_fill(0, ARRAY[customer_id])) FROM customers".to_string(),
             "SELECT bpchar(name::bpchar, customer_id * 100000000, true) FROM customers".to_string(),
             "SELECT \"bit\"(customer_id, customer_id * 100000000) FROM customers".to_string(),
+            // A constant is measured as the planner folds it, all its pieces together: two
+            // pieces of 200 bytes are 400, and a length cast pads '0' to 300 characters.
+            format!(
+                "SELECT strpos(name, concat('{0}', '{0}')) FROM customers",
+                "y".repeat(200)
+            ),
+            "SELECT strpos(name, concat('1', B'0'::bit(300))) FROM customers".to_string(),
+            "SELECT count(*) FROM customers WHERE name LIKE '%' || 1.5::float8::numeric || '%'"
+                .to_string(),
             "SELECT normalize(name, NFD) FROM customers".to_string(),
             "SELECT ts_rank(to_tsvector('simple', name), to_tsquery('simple', 'ada')) \
              FROM customers"
@@ -606,6 +615,131 @@ fn calls_that_could_run_deaf_to_cancel_are_refused_unless_their_shape_bounds_the
             .query(
                 check,
                 &[&"SELECT count(*) FROM customers WHERE name::citext LIKE 'a%'"],
+            )
+            .unwrap_or_else(|e| panic!("{:?}", db_error(&e)));
+        // citext's strpos and translate are SQL functions calling the built-ins with their
+        // arguments: held to the built-ins' rules by their bodies.
+        for sql in [
+            "SELECT strpos(name::citext, country::citext) FROM customers",
+            "SELECT translate(name::citext, country::citext, '') FROM customers",
+        ] {
+            let error = s.client.query(check, &[&sql]).unwrap_err();
+            let (code, message, _) = db_error(&error);
+            assert_eq!(code, "42501", "{sql}: {message}");
+            assert!(message.contains("constant"), "{sql}: {message}");
+        }
+        s.client
+            .query(
+                check,
+                &[&"SELECT strpos(name::citext, 'ab') FROM customers"],
+            )
+            .unwrap_or_else(|e| panic!("{:?}", db_error(&e)));
+    }
+    // A function that is not built in is held to what its body calls, whatever its language
+    // (SQL, SQL-standard, PL/pgSQL) and through other functions' bodies; one of LANGUAGE
+    // internal to the rule of the built-in whose C function it calls (textpos is position's).
+    s.client
+        .batch_execute(
+            "CREATE SCHEMA wrap;
+             CREATE FUNCTION wrap.find(a text, b text) RETURNS int LANGUAGE sql IMMUTABLE
+                 AS 'SELECT strpos(a, b)';
+             CREATE FUNCTION wrap.find_again(a text, b text) RETURNS int LANGUAGE sql IMMUTABLE
+                 AS 'SELECT wrap.find(a, b) + 1';
+             CREATE FUNCTION wrap.find_standard(a text, b text) RETURNS int LANGUAGE sql
+                 IMMUTABLE RETURN strpos(a, b);
+             CREATE FUNCTION wrap.find_procedurally(a text, b text) RETURNS int
+                 LANGUAGE plpgsql IMMUTABLE AS $$ BEGIN RETURN position(b in a); END $$;
+             CREATE FUNCTION wrap.likes(a text, b text) RETURNS boolean LANGUAGE sql IMMUTABLE
+                 AS 'SELECT a ~~ b';
+             CREATE FUNCTION wrap.find_internally(text, text) RETURNS int LANGUAGE internal
+                 IMMUTABLE AS 'textpos';
+             CREATE FUNCTION wrap.twice(a int) RETURNS int LANGUAGE sql IMMUTABLE
+                 AS 'SELECT a * 2';
+             SET sql_query_engine.allowed_functions = 'schema:wrap';",
+        )
+        .unwrap();
+    for sql in [
+        "SELECT wrap.find(name, country) FROM customers",
+        "SELECT wrap.find_again(name, country) FROM customers",
+        "SELECT wrap.find_standard(name, country) FROM customers",
+        "SELECT wrap.find_procedurally(name, country) FROM customers",
+        "SELECT wrap.likes(name, country) FROM customers",
+        "SELECT wrap.find_internally(name, country) FROM customers",
+    ] {
+        let error = s.client.query("SELECT nl_check($1)", &[&sql]).unwrap_err();
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "42501", "{sql}: {message}");
+        assert!(message.contains("cancel"), "{sql}: {message}");
+    }
+    s.client
+        .query(
+            "SELECT nl_check($1)",
+            &[&"SELECT wrap.twice(customer_id), wrap.find_internally(name, 'ab') FROM customers"],
+        )
+        .unwrap_or_else(|e| panic!("{:?}", db_error(&e)));
+    // Named, a function is the superuser's choice.
+    s.client
+        .batch_execute("SET sql_query_engine.allowed_functions = 'schema:wrap, wrap.find'")
+        .unwrap();
+    s.client
+        .query(
+            "SELECT nl_check($1)",
+            &[&"SELECT wrap.find(name, country) FROM customers"],
+        )
+        .unwrap_or_else(|e| panic!("{:?}", db_error(&e)));
+    // Contrib modules' C functions whose work grows faster than their inputs without a check
+    // for cancel: ltree's text query of a path, and, up to PostgreSQL 16, pg_trgm's word
+    // similarity.
+    if s.client
+        .batch_execute(
+            "CREATE EXTENSION IF NOT EXISTS ltree;
+             CREATE TABLE paths (p ltree, q ltxtquery);
+             SET sql_query_engine.allowed_functions = 'extension:ltree';",
+        )
+        .is_ok()
+    {
+        let error = s
+            .client
+            .query(
+                "SELECT nl_check($1)",
+                &[&"SELECT count(*) FROM paths WHERE p @ q"],
+            )
+            .unwrap_err();
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "42501", "{message}");
+        assert!(message.contains("constant"), "{message}");
+        s.client
+            .query(
+                "SELECT nl_check($1)",
+                &[&"SELECT count(*) FROM paths WHERE p @ 'a & b' AND p ~ '*.a.*'"],
+            )
+            .unwrap_or_else(|e| panic!("{:?}", db_error(&e)));
+    }
+    if s.client
+        .batch_execute(
+            "CREATE EXTENSION IF NOT EXISTS pg_trgm;
+             SET sql_query_engine.allowed_functions = 'extension:pg_trgm';",
+        )
+        .is_ok()
+    {
+        let words = s
+            .client
+            .query(
+                "SELECT nl_check($1)",
+                &[&"SELECT word_similarity('ada', name) FROM customers"],
+            )
+            .map_err(|e| db_error(&e));
+        if version < 170000 {
+            let (code, message, _) = words.unwrap_err();
+            assert_eq!(code, "42501", "{message}");
+            assert!(message.contains("cancel"), "{message}");
+        } else {
+            words.unwrap();
+        }
+        s.client
+            .query(
+                "SELECT nl_check($1)",
+                &[&"SELECT similarity(name, country) FROM customers"],
             )
             .unwrap_or_else(|e| panic!("{:?}", db_error(&e)));
     }

@@ -1,0 +1,265 @@
+//! What the body of a function that is not built in calls, for the cost rules (`cost`). A
+//! function of SQL, PL/pgSQL or another language whose body is text runs what its body says
+//! with the arguments it is given (inlined by the planner, or run as it is called), where the
+//! walk of the query never looks: citext's `strpos(citext, citext)` is
+//! `pg_catalog.strpos(lower($1), lower($2))`. A body is read as words and operators,
+//! conservatively (a word in a string or a comment counts too), each word and operator looked
+//! up as the functions and operators of that name, whose bodies are read in turn; a
+//! SQL-standard body (`RETURN`, `BEGIN ATOMIC`) as the functions its stored tree names.
+
+use std::collections::HashSet;
+use std::ffi::{CStr, CString};
+
+use pgrx::pg_sys;
+
+use super::cost;
+
+/// Bodies read within bodies at most, and functions in all: a call deeper or wider is taken
+/// as one a rule is about.
+const MAX_DEPTH: usize = 4;
+const MAX_FUNCTIONS: usize = 64;
+/// Bytes of a body read at most (an extension's functions are a few lines).
+const MAX_BODY_BYTES: usize = 1 << 20;
+
+/// Operators not looked up by name: arithmetic, comparison and concatenation, common in
+/// bodies. Of the built-ins under these names only jsonb's `-` of an array of keys has a rule
+/// (a body that applies it to its arguments is not seen).
+const PLAIN_OPERATORS: &[&str] = &[
+    "+", "-", "*", "/", "%", "^", "<", ">", "=", "<=", ">=", "<>", "!=", "||",
+];
+
+/// What a rule of `cost` is about that the body of `function` calls, directly or through the
+/// bodies of what it calls (a function's or operator's name as `cost` knows it), or None;
+/// None too for a function that is built in or of `LANGUAGE internal` or `c` (whose rules
+/// `cost::rule_name` finds).
+pub fn ruled_call_in_body(function: pg_sys::Oid) -> Option<String> {
+    let mut seen = Vec::new();
+    body_calls(function, 0, &mut seen)
+}
+
+/// The rule's name `function` is called by, when a rule is about it or its body.
+fn ruled(function: pg_sys::Oid, depth: usize, seen: &mut Vec<pg_sys::Oid>) -> Option<String> {
+    if let Some(name) = cost::rule_name(function).filter(|name| cost::has_rule(name)) {
+        return Some(name);
+    }
+    body_calls(function, depth, seen)
+}
+
+/// `ruled_call_in_body` at `depth`, with the functions `seen` so far.
+fn body_calls(function: pg_sys::Oid, depth: usize, seen: &mut Vec<pg_sys::Oid>) -> Option<String> {
+    pgrx::check_for_interrupts!();
+    if function.to_u32() < pg_sys::FirstNormalObjectId || seen.contains(&function) {
+        return None;
+    }
+    if depth > MAX_DEPTH || seen.len() >= MAX_FUNCTIONS {
+        return Some("calls nested deeper than the guard reads".into());
+    }
+    seen.push(function);
+    let (source, tree) = body(function)?;
+    if source.len() > MAX_BODY_BYTES || tree.len() > MAX_BODY_BYTES {
+        return Some("a body too long to read".into());
+    }
+    // A SQL-standard body, as stored: the functions and operators its nodes name by OID.
+    for key in [":funcid ", ":opfuncid ", ":aggfnoid ", ":winfnoid "] {
+        for called in numbers_after(&tree, key) {
+            if let Some(found) = ruled(called, depth + 1, seen) {
+                return Some(found);
+            }
+        }
+    }
+    let mut looked_up = HashSet::new();
+    for word in words(&source) {
+        if !looked_up.insert(word.clone()) {
+            continue;
+        }
+        // LIKE, TRIM(... FROM ...) and POSITION(... IN ...) are written as keywords.
+        let as_keyword = match word.as_str() {
+            "like" | "ilike" => Some("like"),
+            "trim" => Some("btrim"),
+            _ => None,
+        };
+        if let Some(name) = as_keyword.or(cost::has_rule(&word).then_some(word.as_str())) {
+            return Some(name.to_string());
+        }
+        for called in named(&word, Catalog::Functions) {
+            if let Some(found) = ruled(called, depth + 1, seen) {
+                return Some(found);
+            }
+        }
+    }
+    for operator in operators(&source) {
+        if PLAIN_OPERATORS.contains(&operator.as_str()) || !looked_up.insert(operator.clone()) {
+            continue;
+        }
+        for called in named(&operator, Catalog::Operators) {
+            if let Some(found) = ruled(called, depth + 1, seen) {
+                return Some(found);
+            }
+        }
+    }
+    None
+}
+
+/// The body of `function` whose language is neither `internal` nor `c`: its source text and
+/// its stored SQL-standard body (each empty when there is none); None when it is gone or of
+/// one of those languages.
+fn body(function: pg_sys::Oid) -> Option<(String, String)> {
+    // SAFETY: a syscache look-up, released before returning; the texts are copied out of the
+    // tuple before the release.
+    unsafe {
+        let tuple = pg_sys::SearchSysCache1(
+            pg_sys::SysCacheIdentifier::PROCOID as i32,
+            pg_sys::Datum::from(function),
+        );
+        if tuple.is_null() {
+            return None;
+        }
+        let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tuple);
+        let language = (*form).prolang.to_u32();
+        let text_of = |attribute: u32| {
+            let mut null = true;
+            let datum = pg_sys::SysCacheGetAttr(
+                pg_sys::SysCacheIdentifier::PROCOID as i32,
+                tuple,
+                attribute as pg_sys::AttrNumber,
+                &mut null,
+            );
+            if null {
+                return String::new();
+            }
+            let text = pg_sys::text_to_cstring(datum.cast_mut_ptr());
+            let copied = CStr::from_ptr(text).to_string_lossy().into_owned();
+            pg_sys::pfree(text.cast());
+            copied
+        };
+        let found =
+            (language != cost::INTERNAL_LANGUAGE && language != cost::C_LANGUAGE).then(|| {
+                (
+                    text_of(pg_sys::Anum_pg_proc_prosrc),
+                    text_of(pg_sys::Anum_pg_proc_prosqlbody),
+                )
+            });
+        pg_sys::ReleaseSysCache(tuple);
+        found
+    }
+}
+
+/// The OIDs written after `key` in a stored node tree (`:funcid 870`).
+fn numbers_after(tree: &str, key: &str) -> Vec<pg_sys::Oid> {
+    tree.match_indices(key)
+        .filter_map(|(at, _)| {
+            let rest = &tree[at + key.len()..];
+            let digits = rest.split(|c: char| !c.is_ascii_digit()).next()?;
+            digits.parse::<u32>().ok().map(pg_sys::Oid::from)
+        })
+        .collect()
+}
+
+/// The words of a body, lower-cased: every run of letters, digits, `_` and `$` that starts
+/// with a letter or `_`.
+fn words(source: &str) -> Vec<String> {
+    source
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '$'))
+        .filter(|word| word.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_'))
+        .map(|word| word.to_ascii_lowercase())
+        .collect()
+}
+
+/// The operators of a body: every run of the characters PostgreSQL's operators are made of.
+fn operators(source: &str) -> Vec<String> {
+    source
+        .split(|c: char| !"+-*/<>=~!@#%^&|`?".contains(c))
+        .filter(|operator| !operator.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Which catalog `named` looks a name up in.
+#[derive(Clone, Copy)]
+enum Catalog {
+    Functions,
+    Operators,
+}
+
+/// The functions named `name` in any schema, or the functions of the operators named so.
+fn named(name: &str, catalog: Catalog) -> Vec<pg_sys::Oid> {
+    // A name is at most NAMEDATALEN - 1 bytes: a longer one is cut as the parser cuts it.
+    let mut end = name.len().min(pg_sys::NAMEDATALEN as usize - 1);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    let Ok(key) = CString::new(&name[..end]) else {
+        return Vec::new();
+    };
+    let cache = match catalog {
+        Catalog::Functions => pg_sys::SysCacheIdentifier::PROCNAMEARGSNSP,
+        Catalog::Operators => pg_sys::SysCacheIdentifier::OPERNAMENSP,
+    };
+    // SAFETY: a syscache list look-up by the first key (a name, given as a C string as
+    // PostgreSQL's own look-ups give it), released before returning; each member is a tuple
+    // of the catalog the cache is of, read as its struct.
+    unsafe {
+        let list = pg_sys::SearchSysCacheList(
+            cache as i32,
+            1,
+            pg_sys::Datum::from(key.as_ptr()),
+            pg_sys::Datum::from(0),
+            pg_sys::Datum::from(0),
+        );
+        if list.is_null() {
+            return Vec::new();
+        }
+        let members = (*list)
+            .members
+            .as_slice(usize::try_from((*list).n_members).unwrap_or(0));
+        let found = members
+            .iter()
+            .map(|&member| {
+                let tuple: pg_sys::HeapTuple = &raw mut (*member).tuple;
+                match catalog {
+                    Catalog::Functions => {
+                        (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tuple)).oid
+                    }
+                    Catalog::Operators => {
+                        (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_operator>(tuple))
+                            .oprcode
+                    }
+                }
+            })
+            .collect();
+        pg_sys::ReleaseCatCacheList(list);
+        found
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_body_is_read_as_its_words_and_operators() {
+        let body = "SELECT pg_catalog.strpos( pg_catalog.lower( $1::pg_catalog.text ), 'a%' ) \
+                    WHERE $2 ~~* x OR a <-> b";
+        let words = words(body);
+        assert!(words.contains(&"strpos".to_string()));
+        assert!(words.contains(&"pg_catalog".to_string()));
+        assert!(!words
+            .iter()
+            .any(|w| w.starts_with('$') || w.starts_with('1')));
+        assert_eq!(operators(body), vec!["%", "~~*", "<->"]);
+    }
+
+    #[test]
+    fn a_stored_body_names_its_functions_by_oid() {
+        let tree = "({QUERY :commandType 1 :targetList ({TARGETENTRY :expr {FUNCEXPR \
+                    :funcid 868 :funcresulttype 23} } {OPEXPR :opno 1209 :opfuncid 850})})";
+        assert_eq!(
+            numbers_after(tree, ":funcid "),
+            vec![pg_sys::Oid::from(868)]
+        );
+        assert_eq!(
+            numbers_after(tree, ":opfuncid "),
+            vec![pg_sys::Oid::from(850)]
+        );
+    }
+}
