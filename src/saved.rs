@@ -517,7 +517,8 @@ pub struct Field {
 
 /// The fields of row type `typ` (`NULL::my_type`, or a table's row type), whose types a value
 /// may be converted to without running code nobody asked for: built-in types, enums, arrays of
-/// them, and domains over them without CHECK constraints.
+/// them, and domains over them without CHECK constraints, of the caller's or a superuser's
+/// (another role may add a CHECK after any check, and the conversion reads the catalog afresh).
 pub fn shape(typ: pg_sys::Oid) -> Result<Vec<Field>> {
     let text = subxact::pinned(|| store::read_text_now(SHAPE_SQL, &[(pg_sys::OIDOID, typ.into())]))
         .map_err(|e| Error::internal(format!("reading the row type: {e}")))?;
@@ -564,11 +565,19 @@ const SHAPE_SQL: &std::ffi::CStr = c"
                            'name', a.attname,
                            'oid', a.atttypid::pg_catalog.int8,
                            'type', pg_catalog.format_type(a.atttypid, a.atttypmod),
+                           -- A domain of the caller's or a superuser's only: another
+                           -- role may add a CHECK between this read and the conversion,
+                           -- which no lock here keeps out.
                            'refused', NOT (
                                f.oid < 16384 OR f.typtype = 'e'
                                OR e.oid IS NOT NULL AND (e.oid < 16384 OR e.typtype = 'e')
                                   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_constraint k
-                                                  WHERE k.contypid = f.oid AND k.contype = 'c')))
+                                                  WHERE k.contypid = f.oid AND k.contype = 'c')
+                                  AND (f.typtype <> 'd'
+                                       OR EXISTS (SELECT 1 FROM pg_catalog.pg_roles o
+                                                  WHERE o.oid = f.typowner
+                                                    AND (o.rolsuper
+                                                         OR o.rolname = CURRENT_USER)))))
                            ORDER BY a.attnum)
                        FROM pg_catalog.pg_attribute a
                        JOIN pg_catalog.pg_type f ON f.oid = a.atttypid
@@ -644,7 +653,8 @@ fn shape_of(text: Option<String>) -> Result<Vec<Field>> {
                 format!(
                     "nl_query_as converts answers only to built-in types (but those naming types \
                      or routines), enums, arrays of them and domains over them without CHECK \
-                     constraints; {type_name}.{name} is of type {typ}"
+                     constraints that are yours or a superuser's; {type_name}.{name} is of \
+                     type {typ}"
                 ),
                 Some("Converting to other types runs their own code: convert the rows yourself."),
             ));

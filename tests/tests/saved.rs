@@ -4,7 +4,6 @@
 //! drivers (psycopg, the PostgreSQL JDBC driver) read the view's columns with their types.
 
 use std::process::Command;
-use std::time::Duration;
 
 use postgres::Client;
 use sql_query_engine_e2e::clients::{clients_python, repo, JDBC_DRIVER};
@@ -1072,10 +1071,10 @@ fn nl_query_as_never_converts_to_a_type_that_runs_its_owners_code() {
     });
     assert_eq!(waited, [777024], "the signal works");
 
-    // A domain without a CHECK when the question is asked, which the attacker gives one while
-    // the model thinks: the type is checked again before the conversion, as the catalog is
-    // then, and refused; also in a read-only REPEATABLE READ transaction, whose snapshot (and
-    // the statement's) was taken before the CHECK was added.
+    // Another role's domain without a CHECK: its owner could add one between the check and
+    // the conversion (no lock keeps it out, and the conversion reads the catalog afresh), so
+    // it is refused before the model is asked, also in a read-only REPEATABLE READ
+    // transaction.
     for (n, settings) in [
         (
             1,
@@ -1094,42 +1093,44 @@ fn nl_query_as_never_converts_to_a_type_that_runs_its_owners_code() {
                  CREATE TYPE shared.later{n} AS (country shared.plain{n});"
             ))
             .unwrap();
-        let question = format!("countries slowly, {n}");
-        shop.s.llm.on(
-            &question,
-            vec![Reply::Slow(
-                Duration::from_secs(2),
-                Box::new(Reply::sql("SELECT country FROM customers")),
-            )],
-        );
         analyst.batch_execute(settings).unwrap();
-        let (database, attacker) = (shop.s.database.clone(), attacker.clone());
-        let (outcome, waited) = witness.waited(|| {
-            let altered = std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(700));
-                cluster()
-                    .connect_as(&database, &attacker)
-                    .batch_execute(&format!(
-                        "ALTER DOMAIN shared.plain{n} ADD CHECK (shared.spy(VALUE))"
-                    ))
-                    .unwrap();
-            });
-            let outcome = analyst.query(
-                &format!("SELECT * FROM nl_query_as($1, NULL::shared.later{n})"),
-                &[&question],
-            );
-            altered.join().unwrap();
-            outcome
-        });
-        assert!(
-            waited.is_empty(),
-            "the CHECK added meanwhile ran ({settings})"
-        );
-        let error = outcome.unwrap_err();
+        let error = analyst
+            .query(
+                &format!("SELECT * FROM nl_query_as('countries again', NULL::shared.later{n})"),
+                &[],
+            )
+            .unwrap_err();
         let (code, message, _) = db_error(&error);
         assert_eq!(code, "42501", "{message}");
         assert!(message.contains(&format!("shared.plain{n}")), "{message}");
+        assert_eq!(shop.model_calls(), 0, "{settings}");
     }
+    // The caller's own domain without a CHECK is converted to.
+    analyst
+        .batch_execute("RESET default_transaction_read_only; RESET default_transaction_isolation")
+        .unwrap();
+    analyst
+        .batch_execute(
+            "CREATE DOMAIN reports.plain AS text;
+             CREATE TYPE reports.own AS (country reports.plain);",
+        )
+        .unwrap();
+    shop.s.llm.on(
+        "countries of my own",
+        vec![Reply::sql(
+            "SELECT DISTINCT country FROM customers ORDER BY 1",
+        )],
+    );
+    let countries: Vec<String> = analyst
+        .query(
+            "SELECT country::text FROM nl_query_as('countries of my own', NULL::reports.own)",
+            &[],
+        )
+        .unwrap_or_else(|e| panic!("{:?}", db_error(&e)))
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(countries, ["DE", "GB", "IT"]);
 }
 
 /// A superuser's DDL event trigger (an audit of every DDL) fires for the view `nl_view` makes,
