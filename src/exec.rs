@@ -264,29 +264,44 @@ impl Drop for Running {
     }
 }
 
-/// Refuses `RESET ALL` run by code that a query of the extension runs (a function of a view or
-/// a policy another role owns): PostgreSQL resets every setting whoever asks, the ones that
-/// bound the query too (`temp_file_limit`, which `max_query_temp_files` sets for the attempt).
-/// Called by the utility hook for every utility statement.
+/// Refuses `RESET ALL` and `LOAD` run by code that a query of the extension runs (a function
+/// of a view or a policy another role owns): PostgreSQL resets every setting whoever asks, the
+/// ones that bound the query too (`temp_file_limit`, which `max_query_temp_files` sets for the
+/// attempt), and a library loaded stays, with the hooks it installs, for the rest of the
+/// connection (a pooled one serves other roles next), which no rollback undoes; both are
+/// allowed in a read-only transaction. Called by the utility hook for every utility statement.
 #[pgrx::pg_guard]
-pub unsafe extern "C-unwind" fn refuse_reset_all(statement: *mut pg_sys::PlannedStmt) {
+pub unsafe extern "C-unwind" fn refuse_backend_changes(statement: *mut pg_sys::PlannedStmt) {
     if RUNNING.get() == 0 {
         return;
     }
     // SAFETY: PostgreSQL passes a planned utility statement; a node is read as the struct its
     // tag names.
-    let reset_all = unsafe {
+    let refused = unsafe {
         let node = (*statement).utilityStmt;
-        !node.is_null()
-            && (*node).type_ == pg_sys::NodeTag::T_VariableSetStmt
-            && (*node.cast::<pg_sys::VariableSetStmt>()).kind
-                == pg_sys::VariableSetKind::VAR_RESET_ALL
+        match node.as_ref().map(|n| n.type_) {
+            Some(pg_sys::NodeTag::T_VariableSetStmt)
+                if (*node.cast::<pg_sys::VariableSetStmt>()).kind
+                    == pg_sys::VariableSetKind::VAR_RESET_ALL =>
+            {
+                Some((
+                    "RESET ALL",
+                    "It would lift the bounds of the query (max_query_temp_files).",
+                ))
+            }
+            Some(pg_sys::NodeTag::T_LoadStmt) => Some((
+                "LOAD",
+                "A library loaded stays for the rest of the connection, which no rollback \
+                 undoes.",
+            )),
+            _ => None,
+        }
     };
-    if reset_all {
+    if let Some((what, hint)) = refused {
         crate::error::Error::sql(
             "42501",
-            "RESET ALL may not be run by code that a query of sql_query_engine runs",
-            Some("It would lift the bounds of the query (max_query_temp_files)."),
+            format!("{what} may not be run by code that a query of sql_query_engine runs"),
+            Some(hint),
         )
         .raise();
     }

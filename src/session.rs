@@ -658,7 +658,7 @@ unsafe extern "C-unwind" fn on_utility(
     // SAFETY: the statement PostgreSQL passed; the previous hook or PostgreSQL's own, with
     // exactly what PostgreSQL gave this one.
     unsafe {
-        crate::exec::refuse_reset_all(statement);
+        crate::exec::refuse_backend_changes(statement);
         match PREVIOUS_UTILITY_HOOK {
             Some(previous) => previous(
                 statement,

@@ -2308,9 +2308,10 @@ fn an_error_another_roles_code_raises_gives_the_repair_hint_nothing() {
 
 /// `RESET ALL` in code a query runs (a view's function) would put back the server's values of
 /// the settings that bound the query: PostgreSQL resets superusers' settings whoever asks
-/// (`temp_file_limit`, which `max_query_temp_files` sets for the attempt). It is refused.
+/// (`temp_file_limit`, which `max_query_temp_files` sets for the attempt). It is refused, and
+/// so is `LOAD`, whose library no rollback unloads.
 #[test]
-fn reset_all_in_a_views_code_cannot_lift_the_querys_bounds() {
+fn reset_all_or_load_in_a_views_code_cannot_lift_the_querys_bounds_or_stay() {
     let w = World::new();
     let victim = w.victim.clone();
     w.attacker_runs(&format!(
@@ -2331,6 +2332,25 @@ fn reset_all_in_a_views_code_cannot_lift_the_querys_bounds() {
     let (code, message, _) = db_error(&error);
     assert_eq!(code, "42501", "{message}");
     assert!(message.contains("RESET ALL"), "{message}");
+    // LOAD (allowed in a read-only transaction) would leave a library, with its hooks, in the
+    // backend for whoever the connection serves next: refused before the library is looked for.
+    w.attacker_runs(&format!(
+        "CREATE FUNCTION shared.loads() RETURNS text LANGUAGE plpgsql AS $$ BEGIN
+             EXECUTE 'LOAD ''$libdir/plugins/sqe_absent''';
+             RETURN 'loaded';
+         END $$;
+         CREATE VIEW shared.loaded AS SELECT shared.loads() AS status;
+         GRANT SELECT ON shared.loaded TO {victim};"
+    ));
+    let error = v
+        .query(
+            "SELECT * FROM nl_run('SELECT status FROM shared.loaded')",
+            &[],
+        )
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "42501", "{message}");
+    assert!(message.contains("LOAD may not be run"), "{message}");
     // Read directly, the view's code is the caller's own business.
     let direct: String = v
         .query_one("SELECT temp_file_limit FROM shared.limits", &[])
