@@ -112,23 +112,42 @@ impl Watch {
                 .find(|(b, _)| b.key() == lock.key())
                 .map_or(0, |(_, holds)| *holds)
         };
-        // Each lock's session holds are given back and as many as the session had before taken
-        // again: what the query's code took (in its bounded run time) is given back once, and
-        // not counted first.
+        // Every lock is anchored for the transaction (so no other backend takes it meanwhile),
+        // its session holds counted up to one past what the session had before, all of them
+        // given back at once, and as many as the session had before taken again: the work is
+        // bounded by the locks and the holds of before (`MAX_HOLDS`), not by what the query's
+        // code took, which may be any number of holds of one lock in its run time.
         let kept: Vec<(Held, u64, u64)> = subxact::without_messages(|| {
-            held()
-                .into_iter()
-                .map(|lock| {
-                    let (holds, kept) = keep_at_most(&lock, before(&lock));
-                    (lock, holds, kept)
-                })
-                .collect()
+            let locks = held();
+            // SAFETY: tags and modes the lock manager reported for this backend; the anchors
+            // are held under the current resource owner and given back below, and
+            // `LockReleaseSession` gives back the session-level holds of advisory locks only
+            // (the user lock method's).
+            unsafe {
+                for lock in &locks {
+                    pg_sys::LockAcquire(&lock.tag, lock.mode, false, true);
+                }
+                let counted: Vec<(Held, u64, u64)> = locks
+                    .iter()
+                    .map(|lock| {
+                        let had = before(lock);
+                        let holds = session_holds(lock, had.saturating_add(1));
+                        (*lock, holds, holds.min(had))
+                    })
+                    .collect();
+                pg_sys::LockReleaseSession(pg_sys::USER_LOCKMETHOD as pg_sys::LOCKMETHODID);
+                for (lock, _, kept) in &counted {
+                    for _ in 0..*kept {
+                        pg_sys::LockAcquire(&lock.tag, lock.mode, true, true);
+                    }
+                }
+                for lock in &locks {
+                    pg_sys::LockRelease(&lock.tag, lock.mode, false);
+                }
+                counted
+            }
         });
-        let (mut locks, mut released) = (0, 0u64);
-        for (_, holds, kept) in &kept {
-            released += holds - kept;
-            locks += usize::from(holds > kept);
-        }
+        let released = kept.iter().filter(|(_, holds, kept)| holds > kept).count();
         let lost: u64 = self
             .before
             .iter()
@@ -142,9 +161,9 @@ impl Watch {
             .sum();
         if released > 0 {
             crate::error::log(format!(
-                "sql_query_engine: gave back {locks} session-level advisory lock(s) ({released} \
-                 acquisition(s)) that code run by a query took (a function of a view, a policy or \
-                 an index of what it read)"
+                "sql_query_engine: gave back the session-level holds of {released} advisory \
+                 lock(s) that code run by a query took (a function of a view, a policy or an \
+                 index of what it read)"
             ));
         }
         if lost > 0 {
@@ -198,28 +217,6 @@ fn session_holds(lock: &Held, cap: u64) -> u64 {
         pg_sys::LockRelease(&lock.tag, lock.mode, false);
     }
     holds
-}
-
-/// Gives back every session-level hold of `lock` (which this backend holds at some level) and
-/// takes `keep` of them again (fewer when it had fewer); returns how many it had and kept. The
-/// anchor of `session_holds` keeps the lock held meanwhile. Not stopped by an interrupt:
-/// stopping halfway would leave the lock held or lost.
-fn keep_at_most(lock: &Held, keep: u64) -> (u64, u64) {
-    let mut holds = 0u64;
-    // SAFETY: a tag and mode the lock manager reported for this backend; the anchor is held
-    // under the current resource owner and given back below.
-    unsafe {
-        pg_sys::LockAcquire(&lock.tag, lock.mode, false, true);
-        while pg_sys::LockRelease(&lock.tag, lock.mode, true) {
-            holds += 1;
-        }
-        let kept = holds.min(keep);
-        for _ in 0..kept {
-            pg_sys::LockAcquire(&lock.tag, lock.mode, true, true);
-        }
-        pg_sys::LockRelease(&lock.tag, lock.mode, false);
-        (holds, kept)
-    }
 }
 
 /// The advisory locks this backend holds, each in each mode it holds it.

@@ -307,7 +307,7 @@ fn session_locks_that_a_views_code_takes_are_given_back_when_the_call_ends() {
     }
     // The server log tells the DBA, once per call.
     if let Some(log) = cluster().server_log() {
-        let told = "gave back 4 session-level advisory lock(s) (5 acquisition(s))";
+        let told = "gave back the session-level holds of 4 advisory lock(s)";
         assert_eq!(log.matches(told).count(), 2, "{log}");
     }
     // Held once: one unlock gives it back.
