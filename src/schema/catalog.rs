@@ -255,12 +255,18 @@ impl Relation {
 /// Built-in types whose constants a default may hold to be shown: their text is bounded by
 /// what they store (not numeric's, bit's, nor anything holding one, a jsonb, a range; nor an
 /// array's, whose NULL elements take a bit each and are written `NULL`). Booleans, integers,
-/// floats, money, text and names, dates and times, intervals, UUIDs, JSON text and relation
-/// names (`nextval('s'::regclass)`).
+/// floats, money, text and names, dates and times, intervals, UUIDs and JSON text. Not the
+/// `reg*` types: writing one looks its object up, and an OID that names nothing leaves an
+/// entry in the caller's catalog cache for as long as the connection lives (a sequence's
+/// `nextval('s'::regclass)` is not shown anyway).
 const BOUNDED_TEXT_TYPES: &[u32] = &[
     16, 18, 19, 20, 21, 23, 25, 26, 114, 700, 701, 790, 1042, 1043, 1082, 1083, 1114, 1184, 1186,
-    1266, 2950, 2205,
+    1266, 2950,
 ];
+
+/// Constants a default may hold at most to be shown: each is written out (an enum's label
+/// looked up) for every such column of every relation in reach.
+const MAX_DEFAULT_CONSTANTS: i64 = 8;
 
 /// Bytes of defaults, comments and enum labels read with the columns at most.
 const MAX_ANNOTATION_BYTES: i64 = 16 << 20;
@@ -585,12 +591,15 @@ FROM (
                -- stored size (listed, and enums): a numeric is stored in a few bytes and
                -- written in up to 131,072 characters (1e131071), also inside an array, a jsonb,
                -- a range, for every such column of every relation another role made.
+               -- And at most $5 of them.
                CASE WHEN a.attgenerated = '' AND octet_length(ad.adbin::text) <= 10000
-                         AND NOT EXISTS (
-                             SELECT FROM regexp_matches(ad.adbin::text, ':consttype ([0-9]+) ', 'g') m
-                             WHERE m[1]::oid <> ALL ($4::oid[])
-                               AND NOT EXISTS (SELECT FROM pg_type et
-                                               WHERE et.oid = m[1]::oid AND et.typtype = 'e'))
+                         AND (SELECT count(*) <= $5
+                                     AND count(*) FILTER (
+                                         WHERE m[1]::oid <> ALL ($4::oid[])
+                                           AND NOT EXISTS (SELECT FROM pg_type et
+                                                           WHERE et.oid = m[1]::oid
+                                                             AND et.typtype = 'e')) = 0
+                              FROM regexp_matches(ad.adbin::text, ':consttype ([0-9]+) ', 'g') m)
                     THEN
                    (SELECT CASE WHEN x NOT LIKE 'nextval(%' AND length(x) <= 200 THEN x END
                     FROM pg_get_expr(ad.adbin, 0) x) END AS dflt,
@@ -883,6 +892,7 @@ pub fn load(schemas: &[String], common_values: bool) -> Result<Vec<Relation>> {
                         .map(|&oid| pg_sys::Oid::from(oid))
                         .collect::<Vec<_>>()
                         .into(),
+                    MAX_DEFAULT_CONSTANTS.into(),
                 ],
             )?;
                 (parse::<Vec<ColumnRow>>(&columns)?, all)

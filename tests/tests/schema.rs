@@ -148,6 +148,26 @@ fn enum_labels_are_schema_and_shown_without_samples() {
     );
 }
 
+/// A default is shown only when writing it out does no more than write its constants: not a
+/// `reg*` constant (writing one looks its object up, and an OID of nothing stays in the
+/// caller's catalog cache for the connection's life), not more than 8 constants.
+#[test]
+fn defaults_are_shown_only_when_writing_them_is_cheap() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute(
+            "CREATE TABLE tickets (id int DEFAULT 7, kind text DEFAULT 'a' || 'b', \
+                 target regclass DEFAULT '4000000001'::regclass, \
+                 label text DEFAULT 'c' || 'd' || 'e' || 'f' || 'g' || 'h' || 'i' || 'j' || 'k');",
+        )
+        .unwrap();
+    let told = ask(&mut s, "tickets by kind");
+    assert!(told.contains("id integer DEFAULT 7"), "{told}");
+    assert!(told.contains("DEFAULT ('a'::text || 'b'::text)"), "{told}");
+    assert!(!told.contains("4000000001"), "{told}");
+    assert!(!told.contains("'k'::text"), "{told}");
+}
+
 #[test]
 fn partitions_are_folded_into_their_parent_and_keys_shown() {
     let mut s = Session::new();
