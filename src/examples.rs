@@ -121,6 +121,9 @@ const CANDIDATES: i64 = 100;
 /// Bytes of candidates (questions and SQL) read at most per look-up, all reads together: the
 /// examples are ranked, and the first checked against the schema, in the caller's backend.
 const CANDIDATE_BYTES: usize = 4 << 20;
+/// Stored bytes of each array of the statistics of `nl_examples.terms` read at most (as the
+/// schema context reads a column's).
+const MAX_STATISTICS_BYTES: i32 = 64 << 10;
 /// Words of the question used to find candidates: its rarest ones.
 const LOOKUP_WORDS: usize = 6;
 /// A word in more than this share of the examples does not find candidates (it is still
@@ -161,24 +164,33 @@ pub fn similar(question: &str, n: usize, focus: &Focus) -> Result<Vec<Example>> 
             if !readable {
                 return Ok(Vec::new());
             }
-            // How common each word is, where ANALYZE has counted (rare words are not listed).
+            // How common each of the question's words is, where ANALYZE has counted (rare
+            // words are not listed), from statistics of at most `MAX_STATISTICS_BYTES` stored:
+            // the database's owner may store any (`pg_restore_attribute_stats`, PostgreSQL
+            // 18), and they are read at every question.
             let statistics = client.select(
-                "SELECT most_common_elems::text::text[], most_common_elem_freqs FROM pg_stats \
-                 WHERE schemaname = $1 AND tablename = 'nl_examples' AND attname = 'terms'",
-                Some(1),
-                &[schema.trim_matches('"').into()],
+                "SELECT e.word, e.share FROM pg_stats s \
+                 CROSS JOIN LATERAL unnest(s.most_common_elems::text::text[], \
+                                           s.most_common_elem_freqs) AS e(word, share) \
+                 WHERE s.schemaname = $1 AND s.tablename = 'nl_examples' \
+                   AND s.attname = 'terms' \
+                   AND pg_column_size(s.most_common_elems) <= $2 \
+                   AND pg_column_size(s.most_common_elem_freqs) <= $2 \
+                   AND e.word = ANY ($3)",
+                Some(asked.len() as i64),
+                &[
+                    schema.trim_matches('"').into(),
+                    MAX_STATISTICS_BYTES.into(),
+                    asked.clone().into(),
+                ],
             )?;
-            let (common, shares): (Vec<String>, Vec<f32>) = match statistics.first().get_two() {
-                Ok((Some(common), Some(shares))) => (common, shares),
-                _ => (Vec::new(), Vec::new()),
-            };
-            let share = |word: &String| {
-                common
-                    .iter()
-                    .position(|c| c == word)
-                    .and_then(|i| shares.get(i))
-                    .map_or(0.0, |s| f64::from(*s))
-            };
+            let mut shares = std::collections::HashMap::new();
+            for row in statistics {
+                if let (Some(word), Some(share)) = (row.get::<String>(1)?, row.get::<f32>(2)?) {
+                    shares.insert(word, f64::from(share));
+                }
+            }
+            let share = |word: &String| shares.get(word).copied().unwrap_or(0.0);
             let mut rare: Vec<&String> =
                 asked.iter().filter(|w| share(w) <= COMMON_SHARE).collect();
             rare.sort_by(|a, b| share(a).total_cmp(&share(b)));

@@ -1126,3 +1126,76 @@ fn an_example_that_carries_text_nobody_sees_is_refused_and_never_shown() {
     let told = r.s.llm.requests().last().unwrap().text();
     assert!(!told.contains(&hidden), "{told}");
 }
+
+/// How common each word is comes from ANALYZE's statistics of the examples: a common word finds
+/// no candidates, a rare one does. Statistics stored in more than 64 kB are not read (at every
+/// question): on PostgreSQL 18 the database's owner may store any
+/// (`pg_restore_attribute_stats`), and such statistics, marking every word common, hid every
+/// example; their words are then all taken as rare.
+#[test]
+fn the_examples_word_statistics_are_read_only_within_bounds() {
+    let mut s = Session::new();
+    let mut sql = String::new();
+    for i in 0..60 {
+        sql.push_str(&format!(
+            "SELECT nl_example_add('How many customers bought item {i}?',
+                                   'SELECT count(*) FROM customers WHERE customer_id = {i}');"
+        ));
+    }
+    sql.push_str(
+        "SELECT nl_example_add('Which regions are the customers from?',
+                               'SELECT DISTINCT country FROM customers');
+         ANALYZE nl_examples;",
+    );
+    s.client.batch_execute(&sql).unwrap();
+    let question = "List the regions of the customers";
+    s.llm.on(
+        question,
+        vec![Reply::sql("SELECT DISTINCT country FROM customers"); 2],
+    );
+    s.trace(question).unwrap();
+    let told = s.llm.requests()[0].text();
+    assert!(
+        told.contains("Which regions are the customers from?"),
+        "{told}"
+    );
+
+    let version: i32 = s
+        .client
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .unwrap()
+        .get(0);
+    if version < 180000 {
+        return;
+    }
+    // Statistics of 20,002 words, every one of them common.
+    s.client
+        .batch_execute(
+            "SELECT pg_restore_attribute_stats(
+                 'schemaname', e.extnamespace::regnamespace::text, 'relname', 'nl_examples',
+                 'attname', 'terms', 'inherited', false,
+                 'most_common_elems', (SELECT array_agg(w ORDER BY w)::text FROM (
+                     SELECT 'customers' AS w UNION ALL SELECT 'regions' UNION ALL SELECT 'list'
+                     UNION ALL SELECT 'pad' || md5(g::text) FROM generate_series(1, 19999) g) words),
+                 'most_common_elem_freqs', (SELECT array_agg(0.9::real)
+                                            FROM generate_series(1, 20005)))
+             FROM pg_extension e WHERE e.extname = 'sql_query_engine'",
+        )
+        .unwrap();
+    let stored: i32 = s
+        .client
+        .query_one(
+            "SELECT pg_column_size(most_common_elems) FROM pg_stats
+             WHERE tablename = 'nl_examples' AND attname = 'terms'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(stored > 64 << 10, "{stored}");
+    s.trace(question).unwrap();
+    let told = s.llm.requests()[1].text();
+    assert!(
+        told.contains("Which regions are the customers from?"),
+        "{told}"
+    );
+}
