@@ -124,6 +124,9 @@ const CANDIDATE_BYTES: usize = 4 << 20;
 /// Stored bytes of each array of the statistics of `nl_examples.terms` read at most (as the
 /// schema context reads a column's).
 const MAX_STATISTICS_BYTES: i32 = 64 << 10;
+/// Elements of those arrays at most (ANALYZE keeps ten times the statistics target: 1,000 by
+/// default).
+const MAX_STATISTICS_ELEMENTS: i32 = 10_000;
 /// Words of the question used to find candidates: its rarest ones.
 const LOOKUP_WORDS: usize = 6;
 /// A word in more than this share of the examples does not find candidates (it is still
@@ -165,23 +168,29 @@ pub fn similar(question: &str, n: usize, focus: &Focus) -> Result<Vec<Example>> 
                 return Ok(Vec::new());
             }
             // How common each of the question's words is, where ANALYZE has counted (rare
-            // words are not listed), from statistics of at most `MAX_STATISTICS_BYTES` stored:
-            // the database's owner may store any (`pg_restore_attribute_stats`, PostgreSQL
-            // 18), and they are read at every question.
+            // words are not listed), from statistics of at most `MAX_STATISTICS_BYTES` stored
+            // and `MAX_STATISTICS_ELEMENTS` elements (a compressed array may hold hundreds of
+            // times its stored size: counted before any is written out, in that order): the
+            // database's owner may store any (`pg_restore_attribute_stats`, PostgreSQL 18),
+            // and they are read at every question.
             let statistics = client.select(
                 "SELECT e.word, e.share FROM pg_stats s \
-                 CROSS JOIN LATERAL unnest(s.most_common_elems::text::text[], \
-                                           s.most_common_elem_freqs) AS e(word, share) \
+                 CROSS JOIN LATERAL (SELECT \
+                     CASE WHEN pg_column_size(s.most_common_elems) > $2 THEN NULL \
+                          WHEN cardinality(s.most_common_elems) <= $4 \
+                          THEN s.most_common_elems::text::text[] END AS words, \
+                     CASE WHEN pg_column_size(s.most_common_elem_freqs) > $2 THEN NULL \
+                          WHEN cardinality(s.most_common_elem_freqs) <= $4 + 3 \
+                          THEN s.most_common_elem_freqs END AS shares) raw \
+                 CROSS JOIN LATERAL unnest(raw.words, raw.shares) AS e(word, share) \
                  WHERE s.schemaname = $1 AND s.tablename = 'nl_examples' \
-                   AND s.attname = 'terms' \
-                   AND pg_column_size(s.most_common_elems) <= $2 \
-                   AND pg_column_size(s.most_common_elem_freqs) <= $2 \
-                   AND e.word = ANY ($3)",
+                   AND s.attname = 'terms' AND e.word = ANY ($3)",
                 Some(asked.len() as i64),
                 &[
                     schema.trim_matches('"').into(),
                     MAX_STATISTICS_BYTES.into(),
                     asked.clone().into(),
+                    MAX_STATISTICS_ELEMENTS.into(),
                 ],
             )?;
             let mut shares = std::collections::HashMap::new();

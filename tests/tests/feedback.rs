@@ -1151,7 +1151,7 @@ fn the_examples_word_statistics_are_read_only_within_bounds() {
     let question = "List the regions of the customers";
     s.llm.on(
         question,
-        vec![Reply::sql("SELECT DISTINCT country FROM customers"); 2],
+        vec![Reply::sql("SELECT DISTINCT country FROM customers"); 3],
     );
     s.trace(question).unwrap();
     let told = s.llm.requests()[0].text();
@@ -1168,36 +1168,44 @@ fn the_examples_word_statistics_are_read_only_within_bounds() {
     if version < 180000 {
         return;
     }
-    // Statistics of 20,000 words and more, the question's among them, every one common.
-    s.client
-        .batch_execute(
-            "SELECT pg_restore_attribute_stats(
-                 'schemaname', e.extnamespace::regnamespace::text, 'relname', 'nl_examples',
-                 'attname', 'terms', 'inherited', false,
-                 'most_common_elems', (SELECT array_agg(w ORDER BY w)::text FROM (
-                     SELECT unnest(nl_example_words('List the regions of the customers')) AS w
-                     UNION ALL SELECT 'pad' || md5(g::text) FROM generate_series(1, 19999) g)
-                     words),
-                 'most_common_elem_freqs', (SELECT array_agg(0.9::real) FROM generate_series(
-                     1, 19999 + 3 + cardinality(
-                         nl_example_words('List the regions of the customers')))))
-             FROM pg_extension e WHERE e.extname = 'sql_query_engine'",
-        )
-        .unwrap();
-    let stored: i32 = s
-        .client
-        .query_one(
-            "SELECT pg_column_size(most_common_elems) FROM pg_stats
-             WHERE tablename = 'nl_examples' AND attname = 'terms'",
-            &[],
-        )
-        .unwrap()
-        .get(0);
-    assert!(stored > 64 << 10, "{stored}");
-    s.trace(question).unwrap();
-    let told = s.llm.requests()[1].text();
-    assert!(
-        told.contains("Which regions are the customers from?"),
-        "{told}"
-    );
+    // Statistics that mark the question's words common: of 20,000 distinct words and more,
+    // stored in more than 64 kB; then of 200,000 words, one repeated, stored compressed in
+    // less (counted, not written out).
+    for (n, (padding, stored_large)) in [("'pad' || md5(g::text)", true), ("'a'", false)]
+        .into_iter()
+        .enumerate()
+    {
+        let count = if stored_large { 19999 } else { 200000 };
+        s.client
+            .batch_execute(&format!(
+                "SELECT pg_restore_attribute_stats(
+                     'schemaname', e.extnamespace::regnamespace::text, 'relname', 'nl_examples',
+                     'attname', 'terms', 'inherited', false,
+                     'most_common_elems', (SELECT array_agg(w ORDER BY w)::text FROM (
+                         SELECT unnest(nl_example_words('List the regions of the customers'))
+                             AS w
+                         UNION ALL SELECT {padding} FROM generate_series(1, {count}) g) words),
+                     'most_common_elem_freqs', (SELECT array_agg(0.9::real) FROM generate_series(
+                         1, {count} + 3 + cardinality(
+                             nl_example_words('List the regions of the customers')))))
+                 FROM pg_extension e WHERE e.extname = 'sql_query_engine'"
+            ))
+            .unwrap();
+        let stored: i32 = s
+            .client
+            .query_one(
+                "SELECT pg_column_size(most_common_elems) FROM pg_stats
+                 WHERE tablename = 'nl_examples' AND attname = 'terms'",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(stored > 64 << 10, stored_large, "{stored}");
+        s.trace(question).unwrap();
+        let told = s.llm.requests()[n + 1].text();
+        assert!(
+            told.contains("Which regions are the customers from?"),
+            "{told}"
+        );
+    }
 }
