@@ -4,8 +4,11 @@
 //! walk of the query never looks: citext's `strpos(citext, citext)` is
 //! `pg_catalog.strpos(lower($1), lower($2))`. A body is read as words and operators,
 //! conservatively (a word in a string or a comment counts too), each word and operator looked
-//! up as the functions and operators of that name, whose bodies are read in turn; a
-//! SQL-standard body (`RETURN`, `BEGIN ATOMIC`) as the functions its stored tree names.
+//! up as the functions and operators of that name a superuser owns outside temporary schemas
+//! (what a superuser's body is written to call: another role's namesake must not make it
+//! refused), whose bodies are read in turn; a SQL-standard body (`RETURN`, `BEGIN ATOMIC`) as
+//! the functions its stored tree names. Grammar that calls without a function's name is read
+//! as what it calls (`IS NORMALIZED`, `XMLTABLE`, `JSON_QUERY`, ...).
 
 use std::collections::HashSet;
 use std::ffi::{CStr, CString};
@@ -59,7 +62,14 @@ fn body_calls(function: pg_sys::Oid, depth: usize, seen: &mut Vec<pg_sys::Oid>) 
     if source.len() > MAX_BODY_BYTES || tree.len() > MAX_BODY_BYTES {
         return Some("a body too long to read".into());
     }
-    // A SQL-standard body, as stored: the functions and operators its nodes name by OID.
+    // A SQL-standard body, as stored: the functions and operators its nodes name by OID, and
+    // the nodes of XMLTABLE and JSON_TABLE (a table function) and of JSON_QUERY and the like,
+    // which name none.
+    for node in ["{TABLEFUNC ", "{JSONEXPR "] {
+        if tree.contains(node) {
+            return Some("XMLTABLE, JSON_TABLE or a SQL/JSON query function".into());
+        }
+    }
     for key in [":funcid ", ":opfuncid ", ":aggfnoid ", ":winfnoid "] {
         for called in numbers_after(&tree, key) {
             if let Some(found) = ruled(called, depth + 1, seen) {
@@ -72,13 +82,19 @@ fn body_calls(function: pg_sys::Oid, depth: usize, seen: &mut Vec<pg_sys::Oid>) 
         if !looked_up.insert(word.clone()) {
             continue;
         }
-        // LIKE, TRIM(... FROM ...) and POSITION(... IN ...) are written as keywords.
-        let as_keyword = match word.as_str() {
+        // LIKE, TRIM(... FROM ...) and POSITION(... IN ...) are written as keywords, and so
+        // are calls that have no function of their own name.
+        let as_keyword = match word.to_ascii_lowercase().as_str() {
             "like" | "ilike" => Some("like"),
             "trim" => Some("btrim"),
+            "normalized" => Some("is_normalized"),
+            "xmltable" | "json_table" | "json_query" | "json_value" | "json_exists" => {
+                Some("XMLTABLE, JSON_TABLE or a SQL/JSON query function")
+            }
             _ => None,
         };
-        if let Some(name) = as_keyword.or(cost::has_rule(&word).then_some(word.as_str())) {
+        let lower = word.to_ascii_lowercase();
+        if let Some(name) = as_keyword.or(cost::has_rule(&lower).then_some(lower.as_str())) {
             return Some(name.to_string());
         }
         for called in named(&word, Catalog::Functions) {
@@ -101,8 +117,9 @@ fn body_calls(function: pg_sys::Oid, depth: usize, seen: &mut Vec<pg_sys::Oid>) 
 }
 
 /// The body of `function` whose language is neither `internal` nor `c`: its source text and
-/// its stored SQL-standard body (each empty when there is none); None when it is gone or of
-/// one of those languages.
+/// its stored SQL-standard body (each empty when there is none, and a text past
+/// `MAX_BODY_BYTES` longer than that, not read); None when it is gone or of one of those
+/// languages.
 fn body(function: pg_sys::Oid) -> Option<(String, String)> {
     // SAFETY: a syscache look-up, released before returning; the texts are copied out of the
     // tuple before the release.
@@ -126,6 +143,10 @@ fn body(function: pg_sys::Oid) -> Option<(String, String)> {
             );
             if null {
                 return String::new();
+            }
+            // Measured before it is decompressed or copied.
+            if pg_sys::toast_raw_datum_size(datum) > MAX_BODY_BYTES {
+                return "x".repeat(MAX_BODY_BYTES + 1);
             }
             let text = pg_sys::text_to_cstring(datum.cast_mut_ptr());
             let copied = CStr::from_ptr(text).to_string_lossy().into_owned();
@@ -155,20 +176,27 @@ fn numbers_after(tree: &str, key: &str) -> Vec<pg_sys::Oid> {
         .collect()
 }
 
-/// The words of a body, lower-cased: every run of letters, digits, `_` and `$` that starts
-/// with a letter or `_`.
+/// The words of a body, as written and lower-cased (a quoted name keeps its case): every run
+/// of letters (any alphabet's), digits, `_` and `$` that starts with a letter or `_`.
 fn words(source: &str) -> Vec<String> {
     source
-        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '$'))
-        .filter(|word| word.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_'))
-        .map(|word| word.to_ascii_lowercase())
+        .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == '$'))
+        .filter(|word| word.starts_with(|c: char| c.is_alphabetic() || c == '_'))
+        .flat_map(|word| {
+            let lower = word.to_ascii_lowercase();
+            let written = (lower != word).then(|| word.to_string());
+            std::iter::once(lower).chain(written)
+        })
         .collect()
 }
 
-/// The operators of a body: every run of the characters PostgreSQL's operators are made of.
+/// The operators of a body: every run of the characters PostgreSQL's operators are made of,
+/// cut where a comment starts (`~~/**/`, `~~--`).
 fn operators(source: &str) -> Vec<String> {
     source
         .split(|c: char| !"+-*/<>=~!@#%^&|`?".contains(c))
+        .flat_map(|run| run.split("/*").flat_map(|part| part.split("--")))
+        .flat_map(|part| part.split("*/"))
         .filter(|operator| !operator.is_empty())
         .map(str::to_string)
         .collect()
@@ -181,7 +209,8 @@ enum Catalog {
     Operators,
 }
 
-/// The functions named `name` in any schema, or the functions of the operators named so.
+/// The functions named `name`, or the functions of the operators named so, that a superuser
+/// owns, outside temporary schemas.
 fn named(name: &str, catalog: Catalog) -> Vec<pg_sys::Oid> {
     // A name is at most NAMEDATALEN - 1 bytes: a longer one is cut as the parser cuts it.
     let mut end = name.len().min(pg_sys::NAMEDATALEN as usize - 1);
@@ -214,17 +243,21 @@ fn named(name: &str, catalog: Catalog) -> Vec<pg_sys::Oid> {
             .as_slice(usize::try_from((*list).n_members).unwrap_or(0));
         let found = members
             .iter()
-            .map(|&member| {
+            .filter_map(|&member| {
                 let tuple: pg_sys::HeapTuple = &raw mut (*member).tuple;
-                match catalog {
+                let (function, owner, schema) = match catalog {
                     Catalog::Functions => {
-                        (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tuple)).oid
+                        let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tuple);
+                        ((*form).oid, (*form).proowner, (*form).pronamespace)
                     }
                     Catalog::Operators => {
-                        (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_operator>(tuple))
-                            .oprcode
+                        let form =
+                            pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_operator>(tuple);
+                        ((*form).oprcode, (*form).oprowner, (*form).oprnamespace)
                     }
-                }
+                };
+                (pg_sys::superuser_arg(owner) && !pg_sys::isAnyTempNamespace(schema))
+                    .then_some(function)
             })
             .collect();
         pg_sys::ReleaseCatCacheList(list);
@@ -247,6 +280,13 @@ mod tests {
             .iter()
             .any(|w| w.starts_with('$') || w.starts_with('1')));
         assert_eq!(operators(body), vec!["%", "~~*", "<->"]);
+        // A quoted name keeps its case beside the lower-cased word; any alphabet's letters.
+        let words = super::words("SELECT \"FindAt\"(x), fünd(y)");
+        assert!(words.contains(&"FindAt".to_string()));
+        assert!(words.contains(&"findat".to_string()));
+        assert!(words.contains(&"fünd".to_string()));
+        // An operator is cut where a comment starts.
+        assert_eq!(operators("a ~~/**/ b --x\n c @>-- d"), vec!["~~", "@>"]);
     }
 
     #[test]

@@ -395,7 +395,23 @@ unsafe fn written_bound(node: *mut pg_sys::Node, elements: &mut usize) -> Option
     let within = |bytes: usize| (bytes <= MAX_CONSTANT_BYTES).then_some(bytes);
     // SAFETY: the caller's contract; a Const's value is read as its length says.
     unsafe {
-        let node = bare(node);
+        // A relabelling changes the type, and so how the value is written: `16385::oid::regclass`
+        // is written as a relation's name. Only to a type whose text is the value's.
+        let mut node = node;
+        while let Some(n) = node.as_ref() {
+            node = match n.type_ {
+                pg_sys::NodeTag::T_RelabelType => {
+                    let relabel = node.cast::<pg_sys::RelabelType>();
+                    let typ = (*relabel).resulttype;
+                    if !(CAST_TARGETS.contains(&typ) || writes_what_it_stores(typ)) {
+                        return None;
+                    }
+                    (*relabel).arg.cast()
+                }
+                pg_sys::NodeTag::T_CollateExpr => (*node.cast::<pg_sys::CollateExpr>()).arg.cast(),
+                _ => break,
+            };
+        }
         let n = node.as_ref()?;
         // `ARRAY[1, 2, 3]`: constants the planner folds into one later, each element written
         // quoted at worst (`"a\"b"`), with a comma.
@@ -431,9 +447,11 @@ unsafe fn written_bound(node: *mut pg_sys::Node, elements: &mut usize) -> Option
             // Built-ins only: what another function writes is not known.
             let name = builtin_name(function)?;
             let growth = if cast {
-                // A float cast to numeric is written in all its digits, and a length coercion
-                // to numeric (`numeric(1000, 999)`) pads with as many.
-                if result == pg_sys::NUMERICOID {
+                // Only to a type whose text its value's bounds (a float cast to numeric is
+                // written in all its digits, a length coercion to numeric pads with as many; an
+                // OID cast to regclass is written as the relation's quoted name, a circle to a
+                // polygon as its points).
+                if !CAST_TARGETS.contains(&result) {
                     return None;
                 }
                 match arguments.len() {
@@ -479,6 +497,32 @@ unsafe fn written_bound(node: *mut pg_sys::Node, elements: &mut usize) -> Option
     }
 }
 
+/// The types a cast of constants may be to for its text to be bounded by its argument's:
+/// strings, numbers but numeric, booleans, times, bit strings, JSON.
+const CAST_TARGETS: &[pg_sys::Oid] = &[
+    pg_sys::TEXTOID,
+    pg_sys::VARCHAROID,
+    pg_sys::BPCHAROID,
+    pg_sys::NAMEOID,
+    pg_sys::CHAROID,
+    pg_sys::INT2OID,
+    pg_sys::INT4OID,
+    pg_sys::INT8OID,
+    pg_sys::FLOAT4OID,
+    pg_sys::FLOAT8OID,
+    pg_sys::BOOLOID,
+    pg_sys::DATEOID,
+    pg_sys::TIMEOID,
+    pg_sys::TIMETZOID,
+    pg_sys::TIMESTAMPOID,
+    pg_sys::TIMESTAMPTZOID,
+    pg_sys::INTERVALOID,
+    pg_sys::BITOID,
+    pg_sys::VARBITOID,
+    pg_sys::JSONOID,
+    pg_sys::JSONBOID,
+];
+
 /// How much longer than its arguments' text a built-in of constants may write its result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Growth {
@@ -490,8 +534,8 @@ enum Growth {
     Character,
     /// JSON: each character escaped in six at worst, with quotes and separators.
     Json,
-    /// A one-argument cast to a type other than numeric: a boolean's `t` becomes `true`, a
-    /// date a timestamp; never more than twice the text and a little.
+    /// A one-argument cast to one of `CAST_TARGETS`: a boolean's `t` becomes `true`, a date a
+    /// timestamp; never more than twice the text and a little.
     Cast,
     /// A length coercion: a cast's growth, and padding of at most this many bytes.
     Padded(usize),
@@ -767,6 +811,11 @@ pub fn rule_name(function: pg_sys::Oid) -> Option<String> {
 /// Whether a rule here is about the built-in `name` (with any number of arguments).
 pub fn has_rule(name: &str) -> bool {
     rule(name, 2).is_some()
+}
+
+/// Whether a rule here is about the built-in `name` called with `arguments` arguments.
+pub fn has_rule_for(name: &str, arguments: usize) -> bool {
+    rule(name, arguments).is_some()
 }
 
 /// The text of a constant of a built-in type, written out by its (built-in) output function;

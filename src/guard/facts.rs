@@ -241,6 +241,11 @@ impl FunctionFacts {
         &self.name
     }
 
+    /// The extension it belongs to, if any.
+    pub fn extension(&self) -> Option<&str> {
+        self.extension.as_deref()
+    }
+
     /// `schema.name(argument types)`, as a refusal names it.
     pub fn signature(function: pg_sys::Oid) -> String {
         // SAFETY: formats a function that exists (its facts were just read).

@@ -116,6 +116,9 @@ struct Walk {
     types: HashMap<pg_sys::Oid, Option<String>>,
     /// Operator families whose support functions passed in this statement.
     families: Vec<pg_sys::Oid>,
+    /// What the bodies of functions not built in call that a cost rule is about, as read in
+    /// this statement (`bodies`).
+    bodies: HashMap<pg_sys::Oid, Option<String>>,
     refusal: Option<Refusal>,
 }
 
@@ -328,6 +331,7 @@ impl Walk {
             relations: Vec::new(),
             types: HashMap::new(),
             families: Vec::new(),
+            bodies: HashMap::new(),
             refusal: None,
         }
     }
@@ -631,12 +635,12 @@ impl Walk {
             };
             // Most calls are of no rule's: told by name before the function's facts are read
             // (check_function reads them for every call already). A function that is not
-            // built in may call one in its body: held to the rule of its own name when one
-            // has it (citext's `strpos`), else refused.
+            // built in may call one in its body: an extension's is held to the rule of its own
+            // name when one has it (citext's `strpos`), any other refused.
             let ruled = cost::rule_name(function).filter(|name| cost::has_rule(name));
             let in_body = match ruled {
                 Some(_) => None,
-                None => match bodies::ruled_call_in_body(function) {
+                None => match self.ruled_in_body(function) {
                     Some(called) => Some(called),
                     None => return false,
                 },
@@ -647,9 +651,11 @@ impl Walk {
             if self.allowed.names(&facts.policy()) {
                 return false;
             }
+            let own_rule = facts.extension().is_some()
+                && cost::has_rule_for(facts.name(), PgList::<c_void>::from_pg(arguments).len());
             let why = match (ruled, in_body) {
                 (Some(name), _) => cost::call_refusal(&name, arguments, collation),
-                (None, Some(called)) => match cost::has_rule(facts.name()) {
+                (None, Some(called)) => match own_rule {
                     true => cost::call_refusal(facts.name(), arguments, collation),
                     false => Some(format!(
                         "its body calls {called}, whose work can grow faster than what it is \
@@ -683,6 +689,38 @@ impl Walk {
             self.origin.what()
         ));
         true
+    }
+
+    /// What a rule of `cost` is about that the body of `function` calls (`bodies`), decided
+    /// once per function in a statement.
+    fn ruled_in_body(&mut self, function: pg_sys::Oid) -> Option<String> {
+        self.bodies
+            .entry(function)
+            .or_insert_with(|| bodies::ruled_call_in_body(function))
+            .clone()
+    }
+
+    /// Why `function`, run where no call shows its arguments (an aggregate's support function,
+    /// an operator's function used to sort or group), may not run: what its body calls is
+    /// something a rule of `cost` is about, or, with `itself`, a rule is about it (an
+    /// operator's own C function is judged with its arguments where it is applied, by
+    /// `check_cost`); None for a built-in or when the setting names it.
+    fn unseen_cost_refusal(&mut self, function: pg_sys::Oid, itself: bool) -> Option<String> {
+        if builtin(function) || self.origin != Origin::Generated {
+            return None;
+        }
+        let called = cost::rule_name(function)
+            .filter(|name| itself && cost::has_rule(name))
+            .or_else(|| self.ruled_in_body(function))?;
+        let facts = FunctionFacts::of(function)?;
+        (!self.allowed.names(&facts.policy())).then(|| {
+            format!(
+                "function {} calls {called}, whose work can grow faster than what it is given \
+                 without a check for cancel, where no call shows its arguments (a superuser \
+                 may allow it by name in sql_query_engine.allowed_functions)",
+                FunctionFacts::signature(function)
+            )
+        })
     }
 
     /// `check_collation` for each of a list of collations (OIDs).
@@ -763,6 +801,15 @@ impl Walk {
             }
             if builtin(operator) {
                 continue;
+            }
+            // Its function runs where no call shows its arguments when it sorts or groups.
+            if let Some(why) = self.unseen_cost_refusal(functions[0], false) {
+                self.refuse(format!(
+                    "operator {} is not allowed in {}: {why}",
+                    operator_name(operator),
+                    self.origin.what()
+                ));
+                return true;
             }
             // A superuser's call uses no operator of a role it does not trust: its owner may
             // link it to another (ALTER OPERATOR ... SET NEGATOR) once a saved view uses it.
@@ -910,6 +957,17 @@ impl Walk {
             // The state types too: an initial state is converted with its type's input
             // function (and a domain's CHECK) when the aggregate starts. A polymorphic state
             // type is resolved from the arguments' types, which the walk checks where they are.
+            if let Some(why) = functions
+                .iter()
+                .find_map(|&f| self.unseen_cost_refusal(f, true))
+            {
+                self.refuse(format!(
+                    "aggregate {} is not allowed in {}: {why}",
+                    FunctionFacts::signature(function),
+                    self.origin.what()
+                ));
+                return true;
+            }
             return functions.into_iter().any(|f| self.check_function(f))
                 || sort_operator.is_some_and(|op| self.check_operator(op))
                 || states

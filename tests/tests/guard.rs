@@ -655,6 +655,15 @@ fn calls_that_could_run_deaf_to_cancel_are_refused_unless_their_shape_bounds_the
                  IMMUTABLE AS 'textpos';
              CREATE FUNCTION wrap.twice(a int) RETURNS int LANGUAGE sql IMMUTABLE
                  AS 'SELECT a * 2';
+             CREATE FUNCTION wrap.is_nfc(t text) RETURNS boolean LANGUAGE sql IMMUTABLE
+                 AS 'SELECT t IS NFC NORMALIZED';
+             CREATE FUNCTION wrap.union_step(a text[], b text[]) RETURNS text[] LANGUAGE sql
+                 IMMUTABLE AS 'SELECT CASE WHEN a @> b THEN a ELSE a || b END';
+             CREATE AGGREGATE wrap.array_union(text[])
+                 (sfunc = wrap.union_step, stype = text[], initcond = '{}');
+             CREATE FUNCTION wrap.finds(a text, b text) RETURNS boolean LANGUAGE sql IMMUTABLE
+                 AS 'SELECT strpos(a, b) > 0';
+             CREATE OPERATOR wrap.=~= (FUNCTION = wrap.finds, LEFTARG = text, RIGHTARG = text);
              SET sql_query_engine.allowed_functions = 'schema:wrap';",
         )
         .unwrap();
@@ -665,18 +674,48 @@ fn calls_that_could_run_deaf_to_cancel_are_refused_unless_their_shape_bounds_the
         "SELECT wrap.find_procedurally(name, country) FROM customers",
         "SELECT wrap.likes(name, country) FROM customers",
         "SELECT wrap.find_internally(name, country) FROM customers",
+        // Grammar that calls what has no name of its own in the body; an aggregate's state
+        // function and an operator's function, whose arguments no call shows.
+        "SELECT wrap.is_nfc(name) FROM customers",
+        "SELECT wrap.array_union(ARRAY[name]) FROM customers",
+        "SELECT name OPERATOR(wrap.=~=) country FROM customers",
     ] {
         let error = s.client.query("SELECT nl_check($1)", &[&sql]).unwrap_err();
         let (code, message, _) = db_error(&error);
         assert_eq!(code, "42501", "{sql}: {message}");
         assert!(message.contains("cancel"), "{sql}: {message}");
     }
+    // A role's function named as a word of a superuser's body (`select`), in its temporary
+    // schema, is not what that body calls: it changes nothing.
+    let mallory = format!("mallory_{}", s.database);
+    s.client
+        .batch_execute(&format!("CREATE ROLE {mallory} LOGIN"))
+        .unwrap();
+    let mut namesake = cluster().connect_as(&s.database, &mallory);
+    namesake
+        .batch_execute(
+            "CREATE FUNCTION pg_temp.\"select\"() RETURNS int LANGUAGE sql
+                 AS 'SELECT strpos(''a'', ''b'')'",
+        )
+        .unwrap();
     s.client
         .query(
             "SELECT nl_check($1)",
             &[&"SELECT wrap.twice(customer_id), wrap.find_internally(name, 'ab') FROM customers"],
         )
         .unwrap_or_else(|e| panic!("{:?}", db_error(&e)));
+    drop(namesake);
+    // A constant's text as the planner writes it: an OID relabelled as a relation's is its
+    // name, a circle cast to a polygon its points.
+    for sql in [
+        "SELECT strpos(name, '' || 16385::oid::regclass) FROM customers",
+        "SELECT strpos(name, '' || '<(0,0),9>'::circle::polygon) FROM customers",
+    ] {
+        let error = s.client.query("SELECT nl_check($1)", &[&sql]).unwrap_err();
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "42501", "{sql}: {message}");
+        assert!(message.contains("constant"), "{sql}: {message}");
+    }
     // Named, a function is the superuser's choice.
     s.client
         .batch_execute("SET sql_query_engine.allowed_functions = 'schema:wrap, wrap.find'")
