@@ -264,12 +264,13 @@ impl Drop for Running {
     }
 }
 
-/// Refuses `RESET ALL` and `LOAD` run by code that a query of the extension runs (a function
-/// of a view or a policy another role owns): PostgreSQL resets every setting whoever asks, the
-/// ones that bound the query too (`temp_file_limit`, which `max_query_temp_files` sets for the
-/// attempt), and a library loaded stays, with the hooks it installs, for the rest of the
-/// connection (a pooled one serves other roles next), which no rollback undoes; both are
-/// allowed in a read-only transaction. Called by the utility hook for every utility statement.
+/// Refuses `RESET ALL`, `LOAD`, `ANALYZE` and `CHECKPOINT` run by code that a query of the
+/// extension runs (a function of a view or a policy another role owns): PostgreSQL resets
+/// every setting whoever asks, the ones that bound the query too (`temp_file_limit`, which
+/// `max_query_temp_files` sets for the attempt); a library loaded stays, with the hooks it
+/// installs, for the rest of the connection (a pooled one serves other roles next); ANALYZE
+/// and a checkpoint change what no rollback undoes. All are allowed in a read-only
+/// transaction. Called by the utility hook for every utility statement.
 #[pgrx::pg_guard]
 pub unsafe extern "C-unwind" fn refuse_backend_changes(statement: *mut pg_sys::PlannedStmt) {
     if RUNNING.get() == 0 {
@@ -293,6 +294,17 @@ pub unsafe extern "C-unwind" fn refuse_backend_changes(statement: *mut pg_sys::P
                 "LOAD",
                 "A library loaded stays for the rest of the connection, which no rollback \
                  undoes.",
+            )),
+            // ANALYZE writes a table's size into pg_class in place and resets its activity
+            // counts, which no rollback undoes (VACUUM cannot run in a function at all).
+            Some(pg_sys::NodeTag::T_VacuumStmt) => Some((
+                "ANALYZE",
+                "It writes what no rollback undoes: the table's size in pg_class, its counts \
+                 of changes since the last ANALYZE.",
+            )),
+            Some(pg_sys::NodeTag::T_CheckPointStmt) => Some((
+                "CHECKPOINT",
+                "A checkpoint is the whole server's, and no rollback undoes it.",
             )),
             _ => None,
         }

@@ -2309,7 +2309,7 @@ fn an_error_another_roles_code_raises_gives_the_repair_hint_nothing() {
 /// `RESET ALL` in code a query runs (a view's function) would put back the server's values of
 /// the settings that bound the query: PostgreSQL resets superusers' settings whoever asks
 /// (`temp_file_limit`, which `max_query_temp_files` sets for the attempt). It is refused, and
-/// so is `LOAD`, whose library no rollback unloads.
+/// so are `LOAD`, whose library no rollback unloads, and `ANALYZE`.
 #[test]
 fn reset_all_or_load_in_a_views_code_cannot_lift_the_querys_bounds_or_stay() {
     let w = World::new();
@@ -2351,6 +2351,24 @@ fn reset_all_or_load_in_a_views_code_cannot_lift_the_querys_bounds_or_stay() {
     let (code, message, _) = db_error(&error);
     assert_eq!(code, "42501", "{message}");
     assert!(message.contains("LOAD may not be run"), "{message}");
+    // ANALYZE writes a table's size in place and resets its change counts: refused too.
+    w.attacker_runs(&format!(
+        "CREATE FUNCTION shared.analyzes() RETURNS text LANGUAGE plpgsql AS $$ BEGIN
+             ANALYZE;
+             RETURN 'analyzed';
+         END $$;
+         CREATE VIEW shared.analyzed AS SELECT shared.analyzes() AS status;
+         GRANT SELECT ON shared.analyzed TO {victim};"
+    ));
+    let error = v
+        .query(
+            "SELECT * FROM nl_run('SELECT status FROM shared.analyzed')",
+            &[],
+        )
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "42501", "{message}");
+    assert!(message.contains("ANALYZE may not be run"), "{message}");
     // Read directly, the view's code is the caller's own business.
     let direct: String = v
         .query_one("SELECT temp_file_limit FROM shared.limits", &[])
