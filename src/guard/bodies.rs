@@ -23,6 +23,9 @@ const MAX_DEPTH: usize = 4;
 const MAX_FUNCTIONS: usize = 64;
 /// Bytes of a body read at most (an extension's functions are a few lines).
 const MAX_BODY_BYTES: usize = 1 << 20;
+/// Words and operators looked up at most, all bodies read for one function together: each is
+/// a catalog look-up that leaves an entry in the backend's cache.
+const MAX_LOOKUPS: usize = 4096;
 
 /// Operators not looked up by name: arithmetic, comparison and concatenation, common in
 /// bodies. Of the built-ins under these names only jsonb's `-` of an array of keys has a rule
@@ -36,28 +39,48 @@ const PLAIN_OPERATORS: &[&str] = &[
 /// None too for a function that is built in or of `LANGUAGE internal` or `c` (whose rules
 /// `cost::rule_name` finds).
 pub fn ruled_call_in_body(function: pg_sys::Oid) -> Option<String> {
-    let mut seen = Vec::new();
-    body_calls(function, 0, &mut seen)
+    let mut read = Read {
+        seen: Vec::new(),
+        lookups: 0,
+    };
+    body_calls(function, 0, &mut read)
 }
 
-/// The rule's name `function` is called by, when a rule is about it or its body.
-fn ruled(function: pg_sys::Oid, depth: usize, seen: &mut Vec<pg_sys::Oid>) -> Option<String> {
+/// What has been read for one function: the functions whose bodies were, and how many words
+/// and operators were looked up.
+struct Read {
+    seen: Vec<pg_sys::Oid>,
+    lookups: usize,
+}
+
+/// The rule's name `function` is called by, when a rule is about it or its body, or, for an
+/// aggregate, about one of its support functions.
+fn ruled(function: pg_sys::Oid, depth: usize, read: &mut Read) -> Option<String> {
     if let Some(name) = cost::rule_name(function).filter(|name| cost::has_rule(name)) {
         return Some(name);
     }
-    body_calls(function, depth, seen)
+    // SAFETY: a catalog look-up of a function a catalog row names.
+    if unsafe { pg_sys::get_func_prokind(function) }
+        == pg_sys::PROKIND_AGGREGATE as std::ffi::c_char
+    {
+        let (functions, _, _) = super::facts::aggregate_support(function);
+        return functions
+            .into_iter()
+            .find_map(|support| ruled(support, depth + 1, read));
+    }
+    body_calls(function, depth, read)
 }
 
-/// `ruled_call_in_body` at `depth`, with the functions `seen` so far.
-fn body_calls(function: pg_sys::Oid, depth: usize, seen: &mut Vec<pg_sys::Oid>) -> Option<String> {
+/// `ruled_call_in_body` at `depth`, with what was `read` so far.
+fn body_calls(function: pg_sys::Oid, depth: usize, read: &mut Read) -> Option<String> {
     pgrx::check_for_interrupts!();
-    if function.to_u32() < pg_sys::FirstNormalObjectId || seen.contains(&function) {
+    if function.to_u32() < pg_sys::FirstNormalObjectId || read.seen.contains(&function) {
         return None;
     }
-    if depth > MAX_DEPTH || seen.len() >= MAX_FUNCTIONS {
+    if depth > MAX_DEPTH || read.seen.len() >= MAX_FUNCTIONS {
         return Some("calls nested deeper than the guard reads".into());
     }
-    seen.push(function);
+    read.seen.push(function);
     let (source, tree) = body(function)?;
     if source.len() > MAX_BODY_BYTES || tree.len() > MAX_BODY_BYTES {
         return Some("a body too long to read".into());
@@ -72,15 +95,25 @@ fn body_calls(function: pg_sys::Oid, depth: usize, seen: &mut Vec<pg_sys::Oid>) 
     }
     for key in [":funcid ", ":opfuncid ", ":aggfnoid ", ":winfnoid "] {
         for called in numbers_after(&tree, key) {
-            if let Some(found) = ruled(called, depth + 1, seen) {
+            if let Some(found) = ruled(called, depth + 1, read) {
                 return Some(found);
             }
         }
     }
     let mut looked_up = HashSet::new();
+    let mut look_up = |name: &str, read: &mut Read| {
+        if !looked_up.insert(name.to_string()) {
+            return Some(false);
+        }
+        pgrx::check_for_interrupts!();
+        read.lookups += 1;
+        (read.lookups <= MAX_LOOKUPS).then_some(true)
+    };
     for word in words(&source) {
-        if !looked_up.insert(word.clone()) {
-            continue;
+        match look_up(&word, read) {
+            None => return Some("a body of more words than the guard reads".into()),
+            Some(false) => continue,
+            Some(true) => {}
         }
         // LIKE, TRIM(... FROM ...) and POSITION(... IN ...) are written as keywords, and so
         // are calls that have no function of their own name.
@@ -98,17 +131,22 @@ fn body_calls(function: pg_sys::Oid, depth: usize, seen: &mut Vec<pg_sys::Oid>) 
             return Some(name.to_string());
         }
         for called in named(&word, Catalog::Functions) {
-            if let Some(found) = ruled(called, depth + 1, seen) {
+            if let Some(found) = ruled(called, depth + 1, read) {
                 return Some(found);
             }
         }
     }
     for operator in operators(&source) {
-        if PLAIN_OPERATORS.contains(&operator.as_str()) || !looked_up.insert(operator.clone()) {
+        if PLAIN_OPERATORS.contains(&operator.as_str()) {
             continue;
         }
+        match look_up(&operator, read) {
+            None => return Some("a body of more words than the guard reads".into()),
+            Some(false) => continue,
+            Some(true) => {}
+        }
         for called in named(&operator, Catalog::Operators) {
-            if let Some(found) = ruled(called, depth + 1, seen) {
+            if let Some(found) = ruled(called, depth + 1, read) {
                 return Some(found);
             }
         }

@@ -463,6 +463,18 @@ unsafe fn written_bound(node: *mut pg_sys::Node, elements: &mut usize) -> Option
             } else {
                 growth(&name)?
             };
+            // jsonb parses a json argument again and writes its numbers in all their digits
+            // (`to_jsonb(json '1e131071')`), and a float's too: only arguments jsonb writes as
+            // their text.
+            if name.starts_with("to_jsonb") || name.starts_with("jsonb_build") {
+                let written_as_text = |argument: *mut pg_sys::Node| {
+                    let typ = pg_sys::exprType(argument);
+                    writes_what_it_stores(typ) || JSONB_AS_WRITTEN.contains(&typ)
+                };
+                if !arguments.iter_ptr().all(written_as_text) {
+                    return None;
+                }
+            }
             let mut bytes = 0usize;
             for argument in arguments.iter_ptr() {
                 bytes = bytes.saturating_add(written_bound(argument, elements)?);
@@ -521,6 +533,21 @@ const CAST_TARGETS: &[pg_sys::Oid] = &[
     pg_sys::VARBITOID,
     pg_sys::JSONOID,
     pg_sys::JSONBOID,
+];
+
+/// The types other than strings whose constants jsonb writes as their own text: integers,
+/// numeric (measured as written, in all its digits), booleans, dates and times.
+const JSONB_AS_WRITTEN: &[pg_sys::Oid] = &[
+    pg_sys::INT2OID,
+    pg_sys::INT4OID,
+    pg_sys::INT8OID,
+    pg_sys::NUMERICOID,
+    pg_sys::BOOLOID,
+    pg_sys::DATEOID,
+    pg_sys::TIMEOID,
+    pg_sys::TIMETZOID,
+    pg_sys::TIMESTAMPOID,
+    pg_sys::TIMESTAMPTZOID,
 ];
 
 /// How much longer than its arguments' text a built-in of constants may write its result.

@@ -241,6 +241,12 @@ impl FunctionFacts {
         &self.name
     }
 
+    /// Whether a superuser owns it.
+    pub fn superuser_owned(&self) -> bool {
+        // SAFETY: a catalog look-up of a role's attributes.
+        unsafe { pg_sys::superuser_arg(self.owner) }
+    }
+
     /// The extension it belongs to, if any.
     pub fn extension(&self) -> Option<&str> {
         self.extension.as_deref()

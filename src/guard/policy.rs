@@ -76,6 +76,12 @@ const SIDE_EFFECT_NAMES: &[&str] = &[
     // isn's switch to accepting bad check digits, IMMUTABLE: up to PostgreSQL 17 a static of
     // the backend that no rollback puts back, so it reached the connection's next caller.
     "isn_weak",
+    // WAL written, replication slots synchronised, index summaries changed.
+    "pg_sync_replication_slots",
+    "brin_summarize_new_values",
+    "brin_summarize_range",
+    "brin_desummarize_range",
+    "gin_clean_pending_list",
 ];
 
 /// Functions refused by name prefix, in any schema, whatever the allow-list says.
@@ -95,6 +101,10 @@ const SIDE_EFFECT_PREFIXES: &[&str] = &[
     "pg_drop_",
     "pg_wal_",
     "pg_backup_",
+    // Statistics written into the catalog (PostgreSQL 18), a WAL record (17), a log line.
+    "pg_clear_",
+    "pg_restore_",
+    "pg_log_",
     "lo_",
 ];
 
@@ -163,6 +173,11 @@ const VOLATILE_ALLOWED: &[&str] = &[
     "clock_timestamp",
     "timeofday",
     "gen_random_uuid",
+    // PostgreSQL 18's UUIDs (uuidv4 is gen_random_uuid), 16's random samples of an array.
+    "uuidv4",
+    "uuidv7",
+    "array_sample",
+    "array_shuffle",
 ];
 
 /// Built-ins named `pg_*` that read nothing about the server: every other `pg_*` function is
@@ -178,6 +193,8 @@ const HARMLESS_PG_FUNCTIONS: &[&str] = &[
 /// Built-ins without the `pg_` prefix that read server or catalog state.
 const SYSTEM_ACCESSORS: &[&str] = &[
     "version",
+    "unicode_version",
+    "icu_unicode_version",
     "inet_client_addr",
     "inet_client_port",
     "inet_server_addr",

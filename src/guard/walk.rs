@@ -229,7 +229,27 @@ unsafe extern "C-unwind" fn analyzed_walker(node: *mut pg_sys::Node, context: *m
             // (`int8` to `regconfig` goes through `oid`); a constant is converted, and seen,
             // as the query is analysed.
             let produced = match tag {
-                pg_sys::NodeTag::T_Const => true,
+                // A constant of a type that holds such a value (a row type with a `regtype`
+                // field) is a function's pattern to fill from text as the query runs
+                // (`jsonb_populate_record_valid(NULL::t, ...)`, whose result holds none), and so
+                // is an anonymous row of such fields (`ROW(NULL::regtype)`).
+                pg_sys::NodeTag::T_Const => {
+                    if !types::is_code_naming(typ) && walk.refuse_code_naming_holder(typ) {
+                        return true;
+                    }
+                    true
+                }
+                pg_sys::NodeTag::T_RowExpr => {
+                    let fields =
+                        PgList::<pg_sys::Node>::from_pg((*node.cast::<pg_sys::RowExpr>()).args);
+                    if fields
+                        .iter_ptr()
+                        .any(|field| walk.refuse_code_naming_holder(pg_sys::exprType(field)))
+                    {
+                        return true;
+                    }
+                    false
+                }
                 pg_sys::NodeTag::T_FuncExpr => {
                     (*node.cast::<pg_sys::FuncExpr>()).funcformat
                         == pg_sys::CoercionForm::COERCE_EXPLICIT_CALL
@@ -426,6 +446,21 @@ impl Walk {
             "a value of type {} computed as the query runs names code out of the guard's sight \
              (a type's modifier function, a text search configuration's parser and \
              dictionaries); name it as a constant",
+            type_name(typ)
+        ));
+        true
+    }
+
+    /// A value of `typ` (or a row field of it) that is or holds a value naming code, which a
+    /// function given it may fill from text as the query runs: refused, constant or not.
+    fn refuse_code_naming_holder(&mut self, typ: pg_sys::Oid) -> bool {
+        if typ == pg_sys::InvalidOid || !types::names_code(typ) {
+            return false;
+        }
+        self.refuse(format!(
+            "a value of type {} holds a value that names code out of the guard's sight (a \
+             type's modifier function, a text search configuration's parser and dictionaries), \
+             which a function given it may fill from text as the query runs",
             type_name(typ)
         ));
         true
@@ -692,8 +727,16 @@ impl Walk {
     }
 
     /// What a rule of `cost` is about that the body of `function` calls (`bodies`), decided
-    /// once per function in a statement.
+    /// once per function in a statement. Only a superuser's function's body is read: no other
+    /// role's function is allowed but by name, which `check_cost` leaves to its allower, and
+    /// `check_function` refuses the rest (a body is text another role chose, of any number of
+    /// words to look up).
     fn ruled_in_body(&mut self, function: pg_sys::Oid) -> Option<String> {
+        if builtin(function)
+            || !FunctionFacts::of(function).is_some_and(|facts| facts.superuser_owned())
+        {
+            return None;
+        }
         self.bodies
             .entry(function)
             .or_insert_with(|| bodies::ruled_call_in_body(function))
@@ -706,12 +749,15 @@ impl Walk {
     /// operator's own C function is judged with its arguments where it is applied, by
     /// `check_cost`); None for a built-in or when the setting names it.
     fn unseen_cost_refusal(&mut self, function: pg_sys::Oid, itself: bool) -> Option<String> {
-        if builtin(function) || self.origin != Origin::Generated {
+        if self.origin != Origin::Generated {
             return None;
         }
-        let called = cost::rule_name(function)
-            .filter(|name| itself && cost::has_rule(name))
-            .or_else(|| self.ruled_in_body(function))?;
+        let ruled = cost::rule_name(function).filter(|name| itself && cost::has_rule(name));
+        let called = match ruled {
+            Some(name) => name,
+            None if builtin(function) => return None,
+            None => self.ruled_in_body(function)?,
+        };
         let facts = FunctionFacts::of(function)?;
         (!self.allowed.names(&facts.policy())).then(|| {
             format!(
@@ -884,7 +930,10 @@ impl Walk {
                 return true;
             };
             for function in functions.into_iter().filter(|f| !builtin(*f)) {
-                if let Some(why) = self.support_refusal(function) {
+                if let Some(why) = self
+                    .support_refusal(function)
+                    .or_else(|| self.unseen_cost_refusal(function, true))
+                {
                     self.refuse(format!(
                         "operator {}'s support function {} is not allowed in {}: {why}",
                         operator_name(operator),

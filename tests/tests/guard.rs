@@ -293,6 +293,18 @@ fn functions_that_run_code_of_an_object_named_at_run_time_are_refused() {
              o.order_id || ')')) AS r FROM orders o",
             "computed as the query runs",
         ),
+        // A row type holding one given as a constant, or an anonymous row of one, is the
+        // pattern such a function fills, whatever it returns.
+        (
+            "SELECT (jsonb_populate_record(ROW(NULL::regtype), jsonb_build_object('f1', \
+             'numeric(' || o.order_id || ')'))) IS NOT NULL AS ok FROM orders o",
+            "which a function given it may fill from text",
+        ),
+        (
+            "SELECT jsonb_populate_recordset(NULL::typed, jsonb_build_array(jsonb_build_object(\
+             't', 'numeric(' || o.order_id || ')'))) IS NOT NULL AS ok FROM orders o",
+            "names code",
+        ),
         (
             "SELECT count(*) AS n FROM orders o, ts_parse('default', o.order_id::text) p",
             "given by name or OID",
@@ -310,9 +322,27 @@ fn functions_that_run_code_of_an_object_named_at_run_time_are_refused() {
         assert_eq!(code, "42501", "{sql}: {message}");
         assert!(message.contains(why), "{sql}: {message}");
     }
+    // PostgreSQL 17's jsonb_populate_record_valid returns a boolean for the row it fills.
+    let version: i32 = role_client
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .unwrap()
+        .get(0);
+    if version >= 170000 {
+        let sql = "SELECT jsonb_populate_record_valid(NULL::typed, jsonb_build_object('t', \
+                   'numeric(' || o.order_id || ')')) AS ok FROM orders o";
+        let error = role_client
+            .query("SELECT nl_check($1)", &[&sql])
+            .unwrap_err();
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "42501", "{sql}: {message}");
+        assert!(message.contains("may fill from text"), "{sql}: {message}");
+    }
     // A constant name is converted, and seen, as the query is analysed.
     role_client
-        .batch_execute("SELECT nl_check('SELECT to_tsvector(''english'', ''x'') AS t')")
+        .batch_execute(
+            "SELECT nl_check('SELECT to_tsvector(''english'', ''x'') AS t, \
+             ''int4''::regtype AS r')",
+        )
         .unwrap();
     // Why: run directly, the role reaches a table it has no privilege on.
     let rows = role_client.query(hashed, &[]).unwrap();
@@ -459,63 +489,66 @@ fn calls_that_could_run_deaf_to_cancel_are_refused_unless_their_shape_bounds_the
     let mut s = Session::new();
     let version = s.scalar_i64("SELECT current_setting('server_version_num')::int8");
     let long = "x".repeat(300);
-    let mut refused =
-        vec![
-            "SELECT strpos(name, country) FROM customers".to_string(),
-            // A LIKE pattern's `%` is tried at every place of the string.
-            "SELECT count(*) FROM customers WHERE name LIKE '%' || country || '%'".to_string(),
-            "SELECT name NOT ILIKE country FROM customers".to_string(),
-            format!("SELECT count(*) FROM customers WHERE name LIKE '%{long}%'"),
-            // A constant measured as written: 1e300 is stored in a few bytes, written in 301.
-            "SELECT strpos(name, '' || 1e300) FROM customers".to_string(),
-            "SELECT replace(name, concat(1e300), '') FROM customers".to_string(),
-            format!("SELECT replace(name, '{long}', '') FROM customers"),
-            "SELECT translate(name, repeat('b', 300), '') FROM customers".to_string(),
-            "SELECT btrim(name, country) FROM customers".to_string(),
-            "SELECT split_part(name, name, 1) FROM customers".to_string(),
-            "SELECT count(*) FROM orders WHERE ARRAY[order_id] && ARRAY[customer_id]".to_string(),
-            "SELECT jsonb_path_exists('[1, 2]', '$[*] ? (@ == $[0])')".to_string(),
-            "SELECT '[1, 2]'::jsonb @? '$[*] ? (@ == $x)'".to_string(),
-            "SELECT xpath('/a', '<a/>'::xml)".to_string(),
-            "SELECT jsonb_path_exists('[1, 2]', '$ ? (@[*] != @[*])')".to_string(),
-            r#"SELECT jsonb_path_exists('{"a": [1], "b": [2]}', '$ ? (@.a.abs() == @.b)')"#
-                .to_string(),
-            "SELECT d ?| k FROM (SELECT '{\"a\": 1}'::jsonb AS d, ARRAY['a'] AS k) s".to_string(),
-            "SELECT count(*) FROM (SELECT '[1]'::jsonb AS d, '[2]'::jsonb AS e) s \
+    let mut refused = vec![
+        "SELECT strpos(name, country) FROM customers".to_string(),
+        // A LIKE pattern's `%` is tried at every place of the string.
+        "SELECT count(*) FROM customers WHERE name LIKE '%' || country || '%'".to_string(),
+        "SELECT name NOT ILIKE country FROM customers".to_string(),
+        format!("SELECT count(*) FROM customers WHERE name LIKE '%{long}%'"),
+        // A constant measured as written: 1e300 is stored in a few bytes, written in 301.
+        "SELECT strpos(name, '' || 1e300) FROM customers".to_string(),
+        "SELECT replace(name, concat(1e300), '') FROM customers".to_string(),
+        format!("SELECT replace(name, '{long}', '') FROM customers"),
+        "SELECT translate(name, repeat('b', 300), '') FROM customers".to_string(),
+        "SELECT btrim(name, country) FROM customers".to_string(),
+        "SELECT split_part(name, name, 1) FROM customers".to_string(),
+        "SELECT count(*) FROM orders WHERE ARRAY[order_id] && ARRAY[customer_id]".to_string(),
+        "SELECT jsonb_path_exists('[1, 2]', '$[*] ? (@ == $[0])')".to_string(),
+        "SELECT '[1, 2]'::jsonb @? '$[*] ? (@ == $x)'".to_string(),
+        "SELECT xpath('/a', '<a/>'::xml)".to_string(),
+        "SELECT jsonb_path_exists('[1, 2]', '$ ? (@[*] != @[*])')".to_string(),
+        r#"SELECT jsonb_path_exists('{"a": [1], "b": [2]}', '$ ? (@.a.abs() == @.b)')"#.to_string(),
+        "SELECT d ?| k FROM (SELECT '{\"a\": 1}'::jsonb AS d, ARRAY['a'] AS k) s".to_string(),
+        "SELECT count(*) FROM (SELECT '[1]'::jsonb AS d, '[2]'::jsonb AS e) s \
              WHERE d @> ANY (ARRAY[e])"
-                .to_string(),
-            format!(
+            .to_string(),
+        format!(
             "SELECT count(*) FROM orders WHERE ARRAY[order_id] && ARRAY[ARRAY[{0}], ARRAY[{0}]]",
-            (1..=40).map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
+            (1..=40)
+                .map(|i| i.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
-            "SELECT * FROM xmltable('/r' PASSING ('<r/>'::xml) COLUMNS a int PATH 'a')".to_string(),
-            // Deleting keys named by a computed array from a jsonb: every key against every key.
-            "SELECT jsonb_build_object(name, 1) - ARRAY[name, country] FROM customers".to_string(),
-            // Results whose size a number sets, not the inputs.
-            "SELECT lpad(name, customer_id * 100000000, '*') FROM customers".to_string(),
-            "SELECT rpad(name, 1000000000) FROM customers".to_string(),
-            "SELECT format('%1000000000s', name) FROM customers".to_string(),
-            "SELECT format('%-*s', customer_id, name) FROM customers".to_string(),
-            "SELECT format(name, country) FROM customers".to_string(),
-            "SELECT cardinality(array_fill(0, ARRAY[customer_id])) FROM customers".to_string(),
-            "SELECT bpchar(name::bpchar, customer_id * 100000000, true) FROM customers".to_string(),
-            "SELECT \"bit\"(customer_id, customer_id * 100000000) FROM customers".to_string(),
-            // A constant is measured as the planner folds it, all its pieces together: two
-            // pieces of 200 bytes are 400, and a length cast pads '0' to 300 characters.
-            format!(
-                "SELECT strpos(name, concat('{0}', '{0}')) FROM customers",
-                "y".repeat(200)
-            ),
-            "SELECT strpos(name, concat('1', B'0'::bit(300))) FROM customers".to_string(),
-            "SELECT count(*) FROM customers WHERE name LIKE '%' || 1.5::float8::numeric || '%'"
-                .to_string(),
-            "SELECT normalize(name, NFD) FROM customers".to_string(),
-            "SELECT ts_rank(to_tsvector('simple', name), to_tsquery('simple', 'ada')) \
+        "SELECT * FROM xmltable('/r' PASSING ('<r/>'::xml) COLUMNS a int PATH 'a')".to_string(),
+        // Deleting keys named by a computed array from a jsonb: every key against every key.
+        "SELECT jsonb_build_object(name, 1) - ARRAY[name, country] FROM customers".to_string(),
+        // Results whose size a number sets, not the inputs.
+        "SELECT lpad(name, customer_id * 100000000, '*') FROM customers".to_string(),
+        "SELECT rpad(name, 1000000000) FROM customers".to_string(),
+        "SELECT format('%1000000000s', name) FROM customers".to_string(),
+        "SELECT format('%-*s', customer_id, name) FROM customers".to_string(),
+        "SELECT format(name, country) FROM customers".to_string(),
+        "SELECT cardinality(array_fill(0, ARRAY[customer_id])) FROM customers".to_string(),
+        "SELECT bpchar(name::bpchar, customer_id * 100000000, true) FROM customers".to_string(),
+        "SELECT \"bit\"(customer_id, customer_id * 100000000) FROM customers".to_string(),
+        // A constant is measured as the planner folds it, all its pieces together: two
+        // pieces of 200 bytes are 400, and a length cast pads '0' to 300 characters.
+        format!(
+            "SELECT strpos(name, concat('{0}', '{0}')) FROM customers",
+            "y".repeat(200)
+        ),
+        "SELECT strpos(name, concat('1', B'0'::bit(300))) FROM customers".to_string(),
+        // jsonb writes a json number in all its digits: eight characters, 131,072 digits.
+        "SELECT strpos(name, concat('', to_jsonb(json '1e131071'))) FROM customers".to_string(),
+        "SELECT count(*) FROM customers WHERE name LIKE '%' || 1.5::float8::numeric || '%'"
+            .to_string(),
+        "SELECT normalize(name, NFD) FROM customers".to_string(),
+        "SELECT ts_rank(to_tsvector('simple', name), to_tsquery('simple', 'ada')) \
              FROM customers"
-                .to_string(),
-            "SELECT npoints(polygon(customer_id * 10000000, circle(point(0, 0), 1))) FROM customers"
-                .to_string(),
-        ];
+            .to_string(),
+        "SELECT npoints(polygon(customer_id * 10000000, circle(point(0, 0), 1))) FROM customers"
+            .to_string(),
+    ];
     if version >= 170000 {
         refused
             .push("SELECT JSON_EXISTS(jsonb '[1]', '$[*] ? (@ == $x)' PASSING 1 AS x)".to_string());

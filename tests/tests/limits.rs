@@ -1740,3 +1740,46 @@ fn other_roles_wide_tables_do_not_fill_the_callers_catalog_cache() {
         "the caller's catalog cache grew by {grown} bytes"
     );
 }
+
+/// The guard reads the body of a function it may let run, a superuser's, for what it calls:
+/// never the body of a role's own function, which it refuses by its owner anyway, and whose
+/// words (any number, each a catalog look-up that stays in the caller's cache, every look-up
+/// scanning those before it on PostgreSQL 15) the role chose.
+#[test]
+fn a_roles_function_body_is_not_read_by_the_guard() {
+    let mut s = Session::new();
+    let (role, mut caller, _) = role_connection(&mut s, "wordy");
+    s.client
+        .batch_execute(&format!("GRANT pg_read_all_stats TO {role}"))
+        .unwrap();
+    let words = (0..20000)
+        .map(|i| format!("w{i:x}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    caller
+        .batch_execute(&format!(
+            "CREATE FUNCTION pg_temp.wordy() RETURNS int LANGUAGE sql
+                 AS 'SELECT 1 /* {words} */'"
+        ))
+        .unwrap();
+    let cache = |c: &mut postgres::Client| -> i64 {
+        c.query_one(
+            "SELECT sum(total_bytes)::int8 FROM pg_backend_memory_contexts \
+             WHERE name = 'CacheMemoryContext'",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+    };
+    let before = cache(&mut caller);
+    let error = caller
+        .query("SELECT nl_check('SELECT pg_temp.wordy()')", &[])
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "42501", "{message}");
+    let grown = cache(&mut caller) - before;
+    assert!(
+        grown < 1 << 20,
+        "the caller's catalog cache grew by {grown} bytes"
+    );
+}
