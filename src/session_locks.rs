@@ -119,10 +119,10 @@ impl Watch {
         // code took, which may be any number of holds of one lock in its run time.
         let kept: Vec<(Held, u64, u64)> = subxact::without_messages(|| {
             let locks = held();
-            // SAFETY: tags and modes the lock manager reported for this backend; the anchors
-            // are held under the current resource owner and given back below, and
+            // The anchors are held under the current resource owner and given back below, and
             // `LockReleaseSession` gives back the session-level holds of advisory locks only
             // (the user lock method's).
+            // SAFETY: tags and modes the lock manager reported for this backend, as above.
             unsafe {
                 for lock in &locks {
                     pg_sys::LockAcquire(&lock.tag, lock.mode, false, true);

@@ -11,11 +11,12 @@
 //! as what it calls (`IS NORMALIZED`, `XMLTABLE`, `JSON_QUERY`, ...).
 
 use std::collections::HashSet;
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 
 use pgrx::pg_sys;
 
 use super::cost;
+use super::facts::Source;
 
 /// Bodies read within bodies at most, and functions in all: a call deeper or wider is taken
 /// as one a rule is about.
@@ -81,10 +82,10 @@ fn body_calls(function: pg_sys::Oid, depth: usize, read: &mut Read) -> Option<St
         return Some("calls nested deeper than the guard reads".into());
     }
     read.seen.push(function);
-    let (source, tree) = body(function)?;
-    if source.len() > MAX_BODY_BYTES || tree.len() > MAX_BODY_BYTES {
-        return Some("a body too long to read".into());
-    }
+    let (source, tree) = match body(function)? {
+        Ok(body) => body,
+        Err(why) => return Some(why),
+    };
     // A SQL-standard body, as stored: the functions and operators its nodes name by OID, and
     // the nodes of XMLTABLE and JSON_TABLE (a table function) and of JSON_QUERY and the like,
     // which name none.
@@ -155,52 +156,20 @@ fn body_calls(function: pg_sys::Oid, depth: usize, read: &mut Read) -> Option<St
 }
 
 /// The body of `function` whose language is neither `internal` nor `c`: its source text and
-/// its stored SQL-standard body (each empty when there is none, and a text past
-/// `MAX_BODY_BYTES` longer than that, not read); None when it is gone or of one of those
-/// languages.
-fn body(function: pg_sys::Oid) -> Option<(String, String)> {
-    // SAFETY: a syscache look-up, released before returning; the texts are copied out of the
-    // tuple before the release.
-    unsafe {
-        let tuple = pg_sys::SearchSysCache1(
-            pg_sys::SysCacheIdentifier::PROCOID as i32,
-            pg_sys::Datum::from(function),
-        );
-        if tuple.is_null() {
-            return None;
-        }
-        let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tuple);
-        let language = (*form).prolang.to_u32();
-        let text_of = |attribute: u32| {
-            let mut null = true;
-            let datum = pg_sys::SysCacheGetAttr(
-                pg_sys::SysCacheIdentifier::PROCOID as i32,
-                tuple,
-                attribute as pg_sys::AttrNumber,
-                &mut null,
-            );
-            if null {
-                return String::new();
-            }
-            // Measured before it is decompressed or copied.
-            if pg_sys::toast_raw_datum_size(datum) > MAX_BODY_BYTES {
-                return "x".repeat(MAX_BODY_BYTES + 1);
-            }
-            let text = pg_sys::text_to_cstring(datum.cast_mut_ptr());
-            let copied = CStr::from_ptr(text).to_string_lossy().into_owned();
-            pg_sys::pfree(text.cast());
-            copied
-        };
-        let found =
-            (language != cost::INTERNAL_LANGUAGE && language != cost::C_LANGUAGE).then(|| {
-                (
-                    text_of(pg_sys::Anum_pg_proc_prosrc),
-                    text_of(pg_sys::Anum_pg_proc_prosqlbody),
-                )
-            });
-        pg_sys::ReleaseSysCache(tuple);
-        found
+/// its stored SQL-standard body (each empty when there is none), or why it is not read (a
+/// text past `MAX_BODY_BYTES`); None when it is gone or of one of those languages.
+fn body(function: pg_sys::Oid) -> Option<Result<(String, String), String>> {
+    let found = Source::of(function, MAX_BODY_BYTES)?;
+    if found.language == cost::INTERNAL_LANGUAGE || found.language == cost::C_LANGUAGE {
+        return None;
     }
+    if found.too_long {
+        return Some(Err("a body too long to read".into()));
+    }
+    Some(Ok((
+        found.source.unwrap_or_default(),
+        found.standard_body.unwrap_or_default(),
+    )))
 }
 
 /// The OIDs written after `key` in a stored node tree (`:funcid 870`).
@@ -262,9 +231,10 @@ fn named(name: &str, catalog: Catalog) -> Vec<pg_sys::Oid> {
         Catalog::Functions => pg_sys::SysCacheIdentifier::PROCNAMEARGSNSP,
         Catalog::Operators => pg_sys::SysCacheIdentifier::OPERNAMENSP,
     };
-    // SAFETY: a syscache list look-up by the first key (a name, given as a C string as
-    // PostgreSQL's own look-ups give it), released before returning; each member is a tuple
-    // of the catalog the cache is of, read as its struct.
+    // A look-up by the first key, a name, given as a C string as PostgreSQL's own look-ups
+    // give it.
+    // SAFETY: the list is released before returning; each member is a tuple of the catalog
+    // the cache is of, read as its struct.
     unsafe {
         let list = pg_sys::SearchSysCacheList(
             cache as i32,

@@ -770,6 +770,9 @@ pub fn builtin_name(function: pg_sys::Oid) -> Option<String> {
 pub const INTERNAL_LANGUAGE: u32 = 12;
 pub const C_LANGUAGE: u32 = 13;
 
+/// Bytes of a C function's symbol or library read at most.
+const MAX_SOURCE_BYTES: usize = 4096;
+
 /// The name a rule here knows `function` by: a built-in's own; for a function of `LANGUAGE
 /// internal` that is not built in (only a superuser makes one: an extension's, such as
 /// citext's `texticlike` behind its `~~*`), the name of the built-in whose C function it calls
@@ -779,45 +782,8 @@ pub fn rule_name(function: pg_sys::Oid) -> Option<String> {
     if let Some(name) = builtin_name(function) {
         return Some(name);
     }
-    // SAFETY: a syscache look-up, released before returning; `prosrc` and `probin` are copied
-    // out of the tuple before the release.
-    let (language, source, library) = unsafe {
-        let tuple = pg_sys::SearchSysCache1(
-            pg_sys::SysCacheIdentifier::PROCOID as i32,
-            pg_sys::Datum::from(function),
-        );
-        if tuple.is_null() {
-            return None;
-        }
-        let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tuple);
-        let language = (*form).prolang.to_u32();
-        let text_of = |attribute: u32| {
-            let mut null = true;
-            let datum = pg_sys::SysCacheGetAttr(
-                pg_sys::SysCacheIdentifier::PROCOID as i32,
-                tuple,
-                attribute as pg_sys::AttrNumber,
-                &mut null,
-            );
-            (!null).then(|| {
-                let text = pg_sys::text_to_cstring(datum.cast_mut_ptr());
-                let copied = CStr::from_ptr(text).to_string_lossy().into_owned();
-                pg_sys::pfree(text.cast());
-                copied
-            })
-        };
-        let found = match language {
-            INTERNAL_LANGUAGE => (language, text_of(pg_sys::Anum_pg_proc_prosrc), None),
-            C_LANGUAGE => (
-                language,
-                text_of(pg_sys::Anum_pg_proc_prosrc),
-                text_of(pg_sys::Anum_pg_proc_probin),
-            ),
-            _ => (language, None, None),
-        };
-        pg_sys::ReleaseSysCache(tuple);
-        found
-    };
+    let found = super::facts::Source::of(function, MAX_SOURCE_BYTES)?;
+    let (language, source, library) = (found.language, found.source, found.library);
     let source = source?;
     match language {
         INTERNAL_LANGUAGE => {
@@ -825,13 +791,14 @@ pub fn rule_name(function: pg_sys::Oid) -> Option<String> {
             // SAFETY: a look-up in the server's table of built-in C functions, by name.
             builtin_name(unsafe { pg_sys::fmgr_internal_function(source.as_ptr()) })
         }
-        _ => {
+        C_LANGUAGE => {
             // `$libdir/ltree` (or a path, with a suffix): the module's name.
             let library = library?;
             let file = library.rsplit('/').next().unwrap_or(&library);
             let module = file.split('.').next().unwrap_or(file);
             Some(format!("{module}:{source}"))
         }
+        _ => None,
     }
 }
 

@@ -512,6 +512,73 @@ impl TypeFacts {
     }
 }
 
+/// How a function runs, as `pg_proc` says: its language and the texts of its source
+/// (`prosrc`: a C function's symbol, or a body), its library (`probin`) and its stored
+/// SQL-standard body (`prosqlbody`), each None when null or longer than `max_bytes` (measured
+/// before it is decompressed or copied: `too_long` says so).
+pub struct Source {
+    pub language: u32,
+    pub source: Option<String>,
+    pub library: Option<String>,
+    pub standard_body: Option<String>,
+    pub too_long: bool,
+}
+
+impl Source {
+    /// The source of `function`, None when it is not in the catalog.
+    pub fn of(function: pg_sys::Oid, max_bytes: usize) -> Option<Source> {
+        // SAFETY: a syscache look-up, released before returning; the texts are copied out of
+        // the tuple before the release.
+        unsafe {
+            let tuple = pg_sys::SearchSysCache1(
+                pg_sys::SysCacheIdentifier::PROCOID as i32,
+                pg_sys::Datum::from(function),
+            );
+            if tuple.is_null() {
+                return None;
+            }
+            let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tuple);
+            let mut too_long = false;
+            let mut text_of = |attribute: u32| {
+                let mut null = true;
+                let datum = pg_sys::SysCacheGetAttr(
+                    pg_sys::SysCacheIdentifier::PROCOID as i32,
+                    tuple,
+                    attribute as pg_sys::AttrNumber,
+                    &mut null,
+                );
+                if null {
+                    return None;
+                }
+                if pg_sys::toast_raw_datum_size(datum) > max_bytes {
+                    too_long = true;
+                    return None;
+                }
+                let text = pg_sys::text_to_cstring(datum.cast_mut_ptr());
+                let copied = std::ffi::CStr::from_ptr(text)
+                    .to_string_lossy()
+                    .into_owned();
+                pg_sys::pfree(text.cast());
+                Some(copied)
+            };
+            let (source, library, standard_body) = (
+                text_of(pg_sys::Anum_pg_proc_prosrc),
+                text_of(pg_sys::Anum_pg_proc_probin),
+                text_of(pg_sys::Anum_pg_proc_prosqlbody),
+            );
+            let found = Source {
+                language: (*form).prolang.to_u32(),
+                source,
+                library,
+                standard_body,
+                too_long,
+            };
+            pg_sys::ReleaseSysCache(tuple);
+            Some(found)
+        }
+    }
+}
+
 /// `typ` as SQL writes it, schema-qualified.
 pub fn type_name(typ: pg_sys::Oid) -> String {
     // SAFETY: formats an OID; an unknown one comes back as "???" rather than an error.
