@@ -71,6 +71,17 @@ const POLYMORPHIC: [pg_sys::Oid; 11] = [
     pg_sys::ANYCOMPATIBLEMULTIRANGEOID,
 ];
 
+/// Functions that fill a row of the type of a row they are given from text: the built-ins' names
+/// and hstore's C function (`populate_record`, `#=`).
+const ROW_FILLERS: &[&str] = &[
+    "json_populate_record",
+    "json_populate_recordset",
+    "jsonb_populate_record",
+    "jsonb_populate_recordset",
+    "jsonb_populate_record_valid",
+    "hstore:hstore_populate_record",
+];
+
 /// Stack kept free below PostgreSQL's `max_stack_depth` when the guard's walks recurse: the
 /// walks stop with a refusal before PostgreSQL's own check raises an ERROR inside them, which
 /// every nested frame of the walk would then have to pass on.
@@ -261,6 +272,9 @@ unsafe extern "C-unwind" fn analyzed_walker(node: *mut pg_sys::Node, context: *m
                 return true;
             }
             if walk.check_type(typ) {
+                return true;
+            }
+            if walk.refuse_anonymous_pattern(node, tag) {
                 return true;
             }
         }
@@ -464,6 +478,52 @@ impl Walk {
             type_name(typ)
         ));
         true
+    }
+
+    /// A function that fills a row from text (`jsonb_populate_record` and its kin, hstore's
+    /// `populate_record` and `#=`) given an anonymous row as its pattern (a whole row of a
+    /// subquery, a VALUES list, a CTE or a join, `record` to the walk): the row's fields, which
+    /// the function converts text to as the query runs, may name code (`(SELECT
+    /// NULL::regtype AS t) s`), and no type in the tree says which they are.
+    unsafe fn refuse_anonymous_pattern(
+        &mut self,
+        node: *mut pg_sys::Node,
+        tag: pg_sys::NodeTag,
+    ) -> bool {
+        // SAFETY: the node is of the struct its tag names.
+        let (function, arguments) = unsafe {
+            match tag {
+                pg_sys::NodeTag::T_FuncExpr => {
+                    let call = node.cast::<pg_sys::FuncExpr>();
+                    ((*call).funcid, (*call).args)
+                }
+                pg_sys::NodeTag::T_OpExpr => {
+                    let call = node.cast::<pg_sys::OpExpr>();
+                    (pg_sys::get_opcode((*call).opno), (*call).args)
+                }
+                _ => return false,
+            }
+        };
+        let Some(name) = cost::rule_name(function) else {
+            return false;
+        };
+        if !ROW_FILLERS.contains(&name.as_str()) {
+            return false;
+        }
+        // SAFETY: the call's analysed argument list.
+        let anonymous = unsafe { PgList::<pg_sys::Node>::from_pg(arguments) }
+            .iter_ptr()
+            // SAFETY: analysed expressions.
+            .any(|argument| unsafe { pg_sys::exprType(argument) } == pg_sys::RECORDOID);
+        if anonymous {
+            self.refuse(format!(
+                "{name} is not allowed in {} with an anonymous row (a subquery's, a VALUES \
+                 list's, a join's): it converts text to the row's fields as the query runs, \
+                 which may name code out of the guard's sight; give a row type by name",
+                self.origin.what()
+            ));
+        }
+        anonymous
     }
 
     /// `refuse_code_naming` of each type of an OID list of the analyzed tree.

@@ -298,7 +298,12 @@ fn functions_that_run_code_of_an_object_named_at_run_time_are_refused() {
         (
             "SELECT (jsonb_populate_record(ROW(NULL::regtype), jsonb_build_object('f1', \
              'numeric(' || o.order_id || ')'))) IS NOT NULL AS ok FROM orders o",
-            "which a function given it may fill from text",
+            "code out of the guard's sight",
+        ),
+        (
+            "SELECT (jsonb_populate_record(s, jsonb_build_object('t', 'numeric(' || \
+             o.order_id || ')'))) IS NOT NULL AS ok FROM orders o, (SELECT NULL::regtype AS t) s",
+            "anonymous row",
         ),
         (
             "SELECT jsonb_populate_recordset(NULL::typed, jsonb_build_array(jsonb_build_object(\
