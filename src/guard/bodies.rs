@@ -16,7 +16,7 @@ use std::ffi::CString;
 use pgrx::pg_sys;
 
 use super::cost;
-use super::facts::Source;
+use super::facts::{Source, C_LANGUAGE, INTERNAL_LANGUAGE};
 
 /// Bodies read within bodies at most, and functions in all: a call deeper or wider is taken
 /// as one a rule is about.
@@ -159,8 +159,8 @@ fn body_calls(function: pg_sys::Oid, depth: usize, read: &mut Read) -> Option<St
 /// its stored SQL-standard body (each empty when there is none), or why it is not read (a
 /// text past `MAX_BODY_BYTES`); None when it is gone or of one of those languages.
 fn body(function: pg_sys::Oid) -> Option<Result<(String, String), String>> {
-    let found = Source::of(function, MAX_BODY_BYTES)?;
-    if found.language == cost::INTERNAL_LANGUAGE || found.language == cost::C_LANGUAGE {
+    let found = Source::of_body(function, MAX_BODY_BYTES)?;
+    if found.language == INTERNAL_LANGUAGE || found.language == C_LANGUAGE {
         return None;
     }
     if found.too_long {

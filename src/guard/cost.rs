@@ -19,6 +19,8 @@ use std::ffi::CStr;
 
 use pgrx::{pg_sys, PgList};
 
+use super::facts::{C_LANGUAGE, INTERNAL_LANGUAGE};
+
 /// Bytes of the constant side at most: the work is then at most this many times the other
 /// side's size.
 pub const MAX_CONSTANT_BYTES: usize = 256;
@@ -765,11 +767,6 @@ pub fn builtin_name(function: pg_sys::Oid) -> Option<String> {
     }
 }
 
-/// The OIDs of `LANGUAGE internal` and `LANGUAGE c` (`pg_language.dat`, the same in every
-/// release).
-pub const INTERNAL_LANGUAGE: u32 = 12;
-pub const C_LANGUAGE: u32 = 13;
-
 /// Bytes of a C function's symbol or library read at most.
 const MAX_SOURCE_BYTES: usize = 4096;
 
@@ -782,7 +779,7 @@ pub fn rule_name(function: pg_sys::Oid) -> Option<String> {
     if let Some(name) = builtin_name(function) {
         return Some(name);
     }
-    let found = super::facts::Source::of(function, MAX_SOURCE_BYTES)?;
+    let found = super::facts::Source::of_c_function(function, MAX_SOURCE_BYTES)?;
     let (language, source, library) = (found.language, found.source, found.library);
     let source = source?;
     match language {

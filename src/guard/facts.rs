@@ -524,9 +524,36 @@ pub struct Source {
     pub too_long: bool,
 }
 
+/// The OIDs of `LANGUAGE internal` and `LANGUAGE c` (`pg_language.dat`, the same in every
+/// release): their source is a C function's symbol, not a body.
+pub const INTERNAL_LANGUAGE: u32 = 12;
+pub const C_LANGUAGE: u32 = 13;
+
 impl Source {
-    /// The source of `function`, None when it is not in the catalog.
-    pub fn of(function: pg_sys::Oid, max_bytes: usize) -> Option<Source> {
+    /// The source of `function` when it is a C function (of `LANGUAGE internal` or `c`), its
+    /// texts at most `max_bytes`; only its language for any other. None when it is not in the
+    /// catalog.
+    pub fn of_c_function(function: pg_sys::Oid, max_bytes: usize) -> Option<Source> {
+        Source::read(function, max_bytes, |language| {
+            language == INTERNAL_LANGUAGE || language == C_LANGUAGE
+        })
+    }
+
+    /// The source of `function` when its body is text (SQL, PL/pgSQL, ...), its texts at most
+    /// `max_bytes`; only its language for a C function. None when it is not in the catalog.
+    pub fn of_body(function: pg_sys::Oid, max_bytes: usize) -> Option<Source> {
+        Source::read(function, max_bytes, |language| {
+            language != INTERNAL_LANGUAGE && language != C_LANGUAGE
+        })
+    }
+
+    /// The source of `function`, its texts copied only when `wanted` says so of its language
+    /// (a call's function is read at every call node: a body is copied only where it is read).
+    fn read(
+        function: pg_sys::Oid,
+        max_bytes: usize,
+        wanted: impl Fn(u32) -> bool,
+    ) -> Option<Source> {
         // SAFETY: a syscache look-up, released before returning; the texts are copied out of
         // the tuple before the release.
         unsafe {
@@ -538,8 +565,13 @@ impl Source {
                 return None;
             }
             let form = pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_proc>(tuple);
+            let language = (*form).prolang.to_u32();
+            let copied = wanted(language);
             let mut too_long = false;
             let mut text_of = |attribute: u32| {
+                if !copied {
+                    return None;
+                }
                 let mut null = true;
                 let datum = pg_sys::SysCacheGetAttr(
                     pg_sys::SysCacheIdentifier::PROCOID as i32,
@@ -567,7 +599,7 @@ impl Source {
                 text_of(pg_sys::Anum_pg_proc_prosqlbody),
             );
             let found = Source {
-                language: (*form).prolang.to_u32(),
+                language,
                 source,
                 library,
                 standard_body,

@@ -792,15 +792,18 @@ impl Walk {
     /// `check_function` refuses the rest (a body is text another role chose, of any number of
     /// words to look up).
     fn ruled_in_body(&mut self, function: pg_sys::Oid) -> Option<String> {
-        if builtin(function)
-            || !FunctionFacts::of(function).is_some_and(|facts| facts.superuser_owned())
-        {
+        if builtin(function) {
             return None;
         }
-        self.bodies
-            .entry(function)
-            .or_insert_with(|| bodies::ruled_call_in_body(function))
-            .clone()
+        if let Some(decided) = self.bodies.get(&function) {
+            return decided.clone();
+        }
+        let decided = FunctionFacts::of(function)
+            .is_some_and(|facts| facts.superuser_owned())
+            .then(|| bodies::ruled_call_in_body(function))
+            .flatten();
+        self.bodies.insert(function, decided.clone());
+        decided
     }
 
     /// Why `function`, run where no call shows its arguments (an aggregate's support function,
