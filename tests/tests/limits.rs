@@ -746,11 +746,14 @@ fn meeting_the_hard_memory_limit_in_memory_no_rollback_frees_is_an_error_not_a_s
     );
     role.batch_execute("SET sql_query_engine.max_repairs = 0")
         .unwrap();
+    // Under load (CI runs four such tests at once) the call may also pass its deadline, or
+    // meet the limit again past the reserve it is raised by: then the backend ends, as
+    // `pg_terminate_backend` would end it (57P01), which is that backend alone, not the server.
     match role.query("SELECT * FROM nl_query('Name the missing relations')", &[]) {
         Err(error) => {
             let (code, message, _) = db_error(&error);
             assert!(
-                ["53200", "54000"].contains(&code.as_str()),
+                ["53200", "54000", "57P01"].contains(&code.as_str()),
                 "{code}: {message}"
             );
         }
