@@ -483,7 +483,8 @@ const CUT_READ_BYTES: usize = 1 << 20;
 /// stored size); of each column, the first `keep` distinct values are kept. Operators are
 /// written qualified: the caller's search path may put another `<=` before pg_catalog's.
 /// `None` when the read failed or was refused. Columns are read in groups
-/// (`MAX_VALUES_PER_READ`).
+/// (`MAX_VALUES_PER_READ`). `read` says which relation `table` must be, and what must hold of it
+/// once locked.
 pub fn scan_text_columns(
     table: &str,
     columns: &[&str],
@@ -491,7 +492,7 @@ pub fn scan_text_columns(
     length: ValueLength,
     keep: usize,
     timeout_ms: i32,
-    same_as: Option<&OwnRead>,
+    read: &OwnRead,
 ) -> Option<Scanned> {
     // In groups of columns, each read's values within MAX_VALUES_PER_READ, all within the time.
     let per_read = (MAX_VALUES_PER_READ / limit.max(1)).max(1);
@@ -511,17 +512,19 @@ pub fn scan_text_columns(
         if left_ms <= 0 {
             return None;
         }
-        let same = same_as.map(|own| OwnRead {
-            relation: own.relation,
-            columns: own
-                .columns
-                .iter()
-                .skip(n * per_read)
-                .take(group.len())
-                .copied()
-                .collect(),
-        });
-        let part = scan_column_group(table, group, limit, length, keep, left_ms, same.as_ref())?;
+        let group_read = OwnRead {
+            relation: read.relation,
+            columns: read.columns.as_ref().map(|numbers| {
+                numbers
+                    .iter()
+                    .skip(n * per_read)
+                    .take(group.len())
+                    .copied()
+                    .collect()
+            }),
+            still_readable: read.still_readable.clone(),
+        };
+        let part = scan_column_group(table, group, limit, length, keep, left_ms, &group_read)?;
         // All the groups together within what one read may bring back (what is kept of
         // them: each value's text and its count).
         kept += part
@@ -631,7 +634,7 @@ fn scan_column_group(
     length: ValueLength,
     keep: usize,
     timeout_ms: i32,
-    same_as: Option<&OwnRead>,
+    read: &OwnRead,
 ) -> Option<Scanned> {
     let inner: Vec<String> = columns
         .iter()
@@ -673,7 +676,7 @@ fn scan_column_group(
         max_rows: 1,
         max_bytes: OWN_READ_BYTES,
     };
-    let _expected = same_as.map(|own| own.arm(columns));
+    let _expected = read.arm(columns);
     let _statistics = NoStatistics::set();
     let Outcome::Rows(result) =
         sandboxed(&sql, Mode::Run(limits), timeout_ms, Origin::Own, None, None)
@@ -693,16 +696,26 @@ fn scan_column_group(
     })
 }
 
-/// What an own read whose values are shared must read: the relation (by OID) and, in the
+/// What an own read must read: the relation (by OID) and, when its values are shared, in the
 /// order the read names them, its columns (by number). Checked once the read is analysed,
 /// while it holds its lock (no rename can come between the check and the read).
 pub struct OwnRead {
     pub relation: pg_sys::Oid,
-    pub columns: Vec<i16>,
+    pub columns: Option<Vec<i16>>,
+    /// What must hold of the relation once the read has locked it, before the read is
+    /// analysed (which opens it): `Some(why)` refuses the read. The schema's bounds on what
+    /// opening it loads, measured again (`schema::catalog::own_read_still_bounded`), with the
+    /// name the read reads it by still the relation's.
+    pub still_readable: std::rc::Rc<dyn Fn() -> Option<String>>,
 }
 
-/// A relation and its columns: each one's number and the name a read names it by (quoted).
-type Named = (pg_sys::Oid, Vec<(i16, String)>);
+/// A relation, its columns when they are checked (each one's number and the name a read names
+/// it by, quoted), and what must hold of it once locked (`OwnRead::still_readable`).
+type Named = (
+    pg_sys::Oid,
+    Option<Vec<(i16, String)>>,
+    std::rc::Rc<dyn Fn() -> Option<String>>,
+);
 
 thread_local! {
     /// The running own read's `OwnRead`, with the names it reads the columns by.
@@ -721,26 +734,41 @@ impl Drop for Expecting {
 impl OwnRead {
     /// Expects the next own read to be this one, reading `columns` (quoted names).
     fn arm(&self, columns: &[&str]) -> Expecting {
-        let named = self
-            .columns
-            .iter()
-            .zip(columns)
-            .map(|(number, name)| (*number, name.to_string()))
-            .collect();
-        EXPECTED.with_borrow_mut(|e| *e = Some((self.relation, named)));
+        let named = self.columns.as_ref().map(|numbers| {
+            numbers
+                .iter()
+                .zip(columns)
+                .map(|(number, name)| (*number, name.to_string()))
+                .collect()
+        });
+        EXPECTED
+            .with_borrow_mut(|e| *e = Some((self.relation, named, self.still_readable.clone())));
         Expecting
     }
+}
+
+/// Why the own read about to be analysed may not be made (`OwnRead::still_readable`): also
+/// when none is expected, since every own read says what it reads.
+fn own_read_refused_before() -> Option<String> {
+    let Some(still_readable) = EXPECTED.with_borrow(|e| e.as_ref().map(|(_, _, f)| f.clone()))
+    else {
+        return Some("the extension's own read does not say which relation it reads".into());
+    };
+    still_readable()
 }
 
 /// Why an analysed own read (naming `relations`) is not the one expected (`OwnRead`): another
 /// relation, or a column by another number, than the schema context knew under the names it
 /// reads by. Called while the read holds its relation's lock.
 fn own_read_differs(relations: &[pg_sys::Oid]) -> Option<String> {
-    let (relation, columns) = EXPECTED.with_borrow(|e| e.clone())?;
+    let (relation, columns) = EXPECTED.with_borrow(|e| {
+        e.as_ref()
+            .map(|(relation, columns, _)| (*relation, columns.clone()))
+    })?;
     if relations != [relation] {
         return Some("the relation it reads is not the one the schema context knew".into());
     }
-    for (number, quoted) in &columns {
+    for (number, quoted) in columns.iter().flatten() {
         // SAFETY: catalog look-ups of a relation the analysis locked; a name PostgreSQL made.
         let shown = unsafe {
             let name = pg_sys::get_attname(relation, *number, true);
@@ -1072,6 +1100,12 @@ fn run_guarded(
     // outside the watch, and its part of the plan outside the gate.
     subxact::bound_local(c"max_parallel_workers", c"0");
     let _restricted = subxact::Restricted::enter();
+    // An own read's relation, locked and measured again before analysis opens it.
+    if origin == Origin::Own {
+        if let Some(why) = own_read_refused_before() {
+            return Outcome::Refused(guard::Refusal::forbidden(why));
+        }
+    }
     let trusted = match origin {
         Origin::Generated => guard::superuser_call(),
         Origin::Own => None,

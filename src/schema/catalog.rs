@@ -143,6 +143,127 @@ fn loads_within_bounds(oid: u32, bytes: i64, trusted: bool) -> bool {
     })
 }
 
+/// What `OWN_READ_LOADS_SQL` measures.
+#[derive(Deserialize)]
+struct OwnReadLoads {
+    partitions: Vec<i64>,
+    locks: i64,
+    bytes: i64,
+    /// None when the relation is gone.
+    owner: Option<i64>,
+    named: bool,
+}
+
+/// Whether relation `oid` may still be read on the extension's own as its read begins, measured
+/// again from the catalog once it and its partitions are locked: the schema context measured
+/// it when it was read, and another session may have changed it since, also while an earlier
+/// read of this call waited for a lock that session held (a default of hundreds of megabytes
+/// given meanwhile would be loaded into the caller's catalog cache by the read). Locked, it
+/// keeps what takes the relation's ACCESS EXCLUSIVE lock (defaults, constraints, rules,
+/// policies, a partition detached) until the read's subtransaction ends; what only takes a
+/// weaker one (an index, a trigger, a statistic, a partition attached) can still come between
+/// the measure and the read, which waits for nothing the other session holds in between. The
+/// locks are the read's (given back when its subtransaction ends). `Some(why)` refuses the
+/// read.
+pub fn own_read_still_bounded(oid: pg_sys::Oid, name: &str) -> Option<String> {
+    const ACCESS_SHARE: pg_sys::LOCKMODE = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+    // SAFETY: locks a relation by OID in the current (sub)transaction, as a read of it would;
+    // one dropped meanwhile locks nothing that matters, and its kind reads as none.
+    let partitioned = unsafe {
+        pg_sys::LockRelationOid(oid, ACCESS_SHARE);
+        pg_sys::get_rel_relkind(oid) as u8 == pg_sys::RELKIND_PARTITIONED_TABLE
+    };
+    // Under the latest snapshot: the statement's, or a REPEATABLE READ transaction's, was
+    // taken before whatever another session committed while this call waited, and opening
+    // the relation loads the catalog as it is now.
+    let text_name = name.into_datum();
+    let measure = || -> Option<OwnReadLoads> {
+        let json = crate::subxact::pinned(|| {
+            crate::store::read_text_now(
+                OWN_READ_LOADS_SQL,
+                &[
+                    (pg_sys::OIDOID, oid.into()),
+                    (pg_sys::BOOLOID, pg_sys::Datum::from(partitioned)),
+                    (
+                        pg_sys::INT8OID,
+                        pg_sys::Datum::from(i64::from(MAX_OWN_READ_LOCKS)),
+                    ),
+                    (pg_sys::TEXTOID, text_name?),
+                ],
+            )
+            .ok()
+            .flatten()
+        })?;
+        serde_json::from_str(&json).ok()
+    };
+    let gone =
+        || Some("the relation is gone, or no longer under the name it is read by".to_string());
+    // A name that names another relation now (this one renamed meanwhile, another made under
+    // its name) would have the read open one that was never measured.
+    let Some(OwnReadLoads {
+        partitions,
+        owner: Some(_),
+        named: true,
+        ..
+    }) = measure()
+    else {
+        return gone();
+    };
+    for partition in &partitions {
+        pgrx::check_for_interrupts!();
+        // SAFETY: as above, a partition's OID the catalog just gave.
+        unsafe { pg_sys::LockRelationOid(pg_sys::Oid::from(*partition as u32), ACCESS_SHARE) };
+    }
+    // Measured again now that they are locked too: a partition attached before its lock was
+    // taken would be read without its lock having been counted.
+    let Some(OwnReadLoads {
+        partitions: now,
+        locks,
+        bytes,
+        owner: Some(owner),
+        named: true,
+    }) = measure()
+    else {
+        return gone();
+    };
+    if now != partitions {
+        return Some("its partitions changed as it was about to be read".into());
+    }
+    if locks > i64::from(MAX_OWN_READ_LOCKS) {
+        return Some(format!(
+            "a read of it would take {locks} locks, more than {MAX_OWN_READ_LOCKS}"
+        ));
+    }
+    let trusted =
+        crate::guard::trusted_by_the_current_user().trusts(pg_sys::Oid::from(owner as u32));
+    (!loads_within_bounds(oid.to_u32(), bytes, trusted)).then(|| {
+        format!(
+            "opening it would load {bytes} bytes of catalog text into the connection's caches, \
+             more than reads on the extension's own may (1 MB a relation, 16 MB in all)"
+        )
+    })
+}
+
+/// What a read on the extension's own of `relation` from `read_from` (`Relation::own_read_from`)
+/// must find once it holds its lock (`own_read_still_bounded`), with the columns it reads by
+/// number when its values are shared.
+pub fn own_read(
+    relation: pg_sys::Oid,
+    read_from: &str,
+    columns: Option<Vec<i16>>,
+) -> crate::exec::OwnRead {
+    // The qualified name, as the read writes it after `ONLY` for a plain table.
+    let name = read_from
+        .strip_prefix("ONLY ")
+        .unwrap_or(read_from)
+        .to_string();
+    crate::exec::OwnRead {
+        relation,
+        columns,
+        still_readable: std::rc::Rc::new(move || own_read_still_bounded(relation, &name)),
+    }
+}
+
 /// Catalog text a read on the extension's own may load into the connection's caches
 /// (`Relation::catalog_bytes`): another role's tables in the caller's context (an index on
 /// `c || '<100 MB literal>'`, a trigger's 300 MB argument, stored compressed in a few) would
@@ -306,24 +427,74 @@ const MAX_STATISTIC_ARRAY_BYTES: i32 = 64 << 10;
 /// megabytes once decompressed.
 const MAX_STATISTICS_STORED_BYTES: i64 = 4 << 20;
 
-/// Relations in the schemas `$1` (in search order) that the caller can SELECT from (some
-/// column of) and reach (`USAGE` on the schema: `sql_query_engine.schemas` is the caller's to
-/// set, and a table granted in a schema the caller may not use is no table of its):
-/// partitions are folded into their parent, the extension's own objects left out. A partitioned
-/// table's partitions are read from pg_inherits, which takes no lock (`pg_partition_tree` would
-/// lock every partition until the call ends, behind another session's ACCESS EXCLUSIVE lock):
-/// how many locks a read of it on the extension's own takes (it, its partitions, their
-/// indexes), whether a partition or inheritance child is a foreign table, and a fingerprint of
-/// the partitions' storage, from a walk of `$4` steps at most.
-/// At most `$2` relations, in search order, and no more of them than hold `$3` columns
-/// together or take `$5` bytes of JSON: what another role may create in a schema the caller
-/// reads is not all loaded into the caller's backend. The second column counts them all, to
-/// say when some were left out.
 /// The roles whose privileges the caller has (itself included; every role for a superuser),
 /// in SQL: listed once for a query (an uncorrelated subquery).
 macro_rules! callers_roles {
     () => {
         "ARRAY(SELECT ro.oid FROM pg_roles ro WHERE pg_has_role(ro.oid, 'USAGE'))"
+    };
+}
+
+/// Bytes of catalog text, as stored decompressed (`octet_length` of a stored text reads its
+/// size, not the text), that opening and planning a read of relation `$rel` loads into the
+/// connection's caches, where they stay for as long as it lives (`Relation::catalog_bytes`), in
+/// SQL.
+macro_rules! catalog_text_of {
+    ($rel:literal) => {
+        concat!(
+            "coalesce((SELECT sum(coalesce(octet_length(i.indexprs::text), 0)
+                                + coalesce(octet_length(i.indpred::text), 0))
+                     FROM pg_index i WHERE i.indrelid = ",
+            $rel,
+            "), 0)
+           + coalesce((SELECT sum(octet_length(a.adbin::text))
+                       FROM pg_attrdef a WHERE a.adrelid = ",
+            $rel,
+            "), 0)
+           + coalesce((SELECT sum(octet_length(co.conbin::text))
+                       FROM pg_constraint co WHERE co.conrelid = ",
+            $rel,
+            "), 0)
+           + coalesce((SELECT sum(octet_length(t.tgargs)
+                                  + coalesce(octet_length(t.tgqual::text), 0))
+                       FROM pg_trigger t WHERE t.tgrelid = ",
+            $rel,
+            "), 0)
+           + coalesce((SELECT sum(octet_length(w.ev_action::text)
+                                  + octet_length(w.ev_qual::text))
+                       FROM pg_rewrite w WHERE w.ev_class = ",
+            $rel,
+            "), 0)
+           + coalesce((SELECT sum(coalesce(octet_length(p.polqual::text), 0)
+                                  + coalesce(octet_length(p.polwithcheck::text), 0))
+                       FROM pg_policy p WHERE p.polrelid = ",
+            $rel,
+            "), 0)
+           + coalesce((SELECT octet_length(pt.partexprs::text)
+                       FROM pg_partitioned_table pt WHERE pt.partrelid = ",
+            $rel,
+            "), 0)
+           + coalesce((SELECT octet_length(c.relpartbound::text)
+                       FROM pg_class c WHERE c.oid = ",
+            $rel,
+            "), 0)
+           -- An extended statistic's data (and expressions), which planning loads into the
+           -- catalog cache, only its owner may size: a relation that has one is counted past
+           -- any bound.
+           + CASE WHEN EXISTS (SELECT FROM pg_statistic_ext x WHERE x.stxrelid = ",
+            $rel,
+            ")
+                  THEN 1073741824 ELSE 0 END
+           -- Columns' fast defaults, loaded whole as the relation is opened: only their stored
+           -- size can be read, and a compressed one is counted as 256 times that.
+           + coalesce((SELECT sum(pg_column_size(a.attmissingval)
+                                  * CASE WHEN pg_column_compression(a.attmissingval) IS NULL
+                                         THEN 1 ELSE 256 END)
+                       FROM pg_attribute a
+                       WHERE a.attrelid = ",
+            $rel,
+            " AND a.atthasmissing), 0)"
+        )
     };
 }
 
@@ -387,6 +558,51 @@ macro_rules! may_read_some_column {
 /// Whether the caller may read some column of relation `$1` (`may_read_some_column`).
 pub(super) const MAY_READ_SOME_COLUMN_SQL: &str = concat!("SELECT ", may_read_some_column!("$1"));
 
+/// What a read on the extension's own of relation `$1` loads, measured from the catalog as it is
+/// now: its partitions at every level when it is partitioned (`$2`; at most `$3` of them,
+/// sorted), the locks the read takes (the relations and their indexes), the bytes of catalog
+/// text opening and planning it loads (`catalog_text_of`), its owner, and whether the name the
+/// read reads it by (`$4`, qualified) names it (`OwnReadLoads`).
+const OWN_READ_LOADS_SQL: &std::ffi::CStr = match std::ffi::CStr::from_bytes_with_nul(
+    concat!(
+        r#"
+WITH RECURSIVE tree(relid) AS (
+    SELECT i.inhrelid FROM pg_inherits i WHERE i.inhparent = $1 AND $2
+    UNION ALL
+    SELECT i.inhrelid FROM tree t JOIN pg_inherits i ON i.inhparent = t.relid),
+walked AS MATERIALIZED (SELECT DISTINCT relid FROM (SELECT relid FROM tree LIMIT $3) w),
+read AS MATERIALIZED (SELECT $1 AS relid UNION SELECT relid FROM walked)
+SELECT json_build_object(
+       'partitions', (SELECT coalesce(array_agg(relid::bigint ORDER BY relid), '{}') FROM walked),
+       'locks', (SELECT count(*) FROM read)
+                + (SELECT count(*) FROM read r JOIN pg_index i ON i.indrelid = r.relid),
+       'bytes', (SELECT sum("#,
+        catalog_text_of!("r.relid"),
+        r#") FROM read r)::bigint,
+       'owner', (SELECT relowner::bigint FROM pg_class WHERE oid = $1),
+       'named', to_regclass($4)::oid IS NOT DISTINCT FROM $1)::text
+"#,
+        "\0"
+    )
+    .as_bytes(),
+) {
+    Ok(sql) => sql,
+    Err(_) => panic!("OWN_READ_LOADS_SQL is one C string"),
+};
+
+/// Relations in the schemas `$1` (in search order) that the caller can SELECT from (some
+/// column of) and reach (`USAGE` on the schema: `sql_query_engine.schemas` is the caller's to
+/// set, and a table granted in a schema the caller may not use is no table of its):
+/// partitions are folded into their parent, the extension's own objects left out. A partitioned
+/// table's partitions are read from pg_inherits, which takes no lock (`pg_partition_tree` would
+/// lock every partition until the call ends, behind another session's ACCESS EXCLUSIVE lock):
+/// how many locks a read of it on the extension's own takes (it, its partitions, their
+/// indexes), whether a partition or inheritance child is a foreign table, and a fingerprint of
+/// the partitions' storage, from a walk of `$4` steps at most.
+/// At most `$2` relations, in search order, and no more of them than hold `$3` columns
+/// together or take `$5` bytes of JSON: what another role may create in a schema the caller
+/// reads is not all loaded into the caller's backend. The second column counts them all, to
+/// say when some were left out.
 const RELATIONS_SQL: &str = concat!(
     r#"
 WITH RECURSIVE kept AS MATERIALIZED (
@@ -439,42 +655,11 @@ part_indexes AS (
     FROM (SELECT DISTINCT root, relid FROM walked) d JOIN pg_index i ON i.indrelid = d.relid
     GROUP BY d.root),
 -- What opening and planning a read of each relation loads from the catalog into the
--- connection's caches, as stored decompressed (octet_length of a stored text reads its size,
--- not the text): the relation's and, for a root, its descendants'.
+-- connection's caches (`catalog_text_of`): the relation's and, for a root, its descendants'.
 cached AS (
-    SELECT r.relid,
-           coalesce((SELECT sum(coalesce(octet_length(i.indexprs::text), 0)
-                                + coalesce(octet_length(i.indpred::text), 0))
-                     FROM pg_index i WHERE i.indrelid = r.relid), 0)
-           + coalesce((SELECT sum(octet_length(a.adbin::text))
-                       FROM pg_attrdef a WHERE a.adrelid = r.relid), 0)
-           + coalesce((SELECT sum(octet_length(co.conbin::text))
-                       FROM pg_constraint co WHERE co.conrelid = r.relid), 0)
-           + coalesce((SELECT sum(octet_length(t.tgargs)
-                                  + coalesce(octet_length(t.tgqual::text), 0))
-                       FROM pg_trigger t WHERE t.tgrelid = r.relid), 0)
-           + coalesce((SELECT sum(octet_length(w.ev_action::text)
-                                  + octet_length(w.ev_qual::text))
-                       FROM pg_rewrite w WHERE w.ev_class = r.relid), 0)
-           + coalesce((SELECT sum(coalesce(octet_length(p.polqual::text), 0)
-                                  + coalesce(octet_length(p.polwithcheck::text), 0))
-                       FROM pg_policy p WHERE p.polrelid = r.relid), 0)
-           + coalesce((SELECT octet_length(pt.partexprs::text)
-                       FROM pg_partitioned_table pt WHERE pt.partrelid = r.relid), 0)
-           + coalesce((SELECT octet_length(c.relpartbound::text)
-                       FROM pg_class c WHERE c.oid = r.relid), 0)
-           -- An extended statistic's data (and expressions), which planning loads into the
-           -- catalog cache, only its owner may size: a relation that has one is counted past
-           -- any bound.
-           + CASE WHEN EXISTS (SELECT FROM pg_statistic_ext x WHERE x.stxrelid = r.relid)
-                  THEN 1073741824 ELSE 0 END
-           -- Columns' fast defaults, loaded whole as the relation is opened: only their stored
-           -- size can be read, and a compressed one is counted as 256 times that.
-           + coalesce((SELECT sum(pg_column_size(a.attmissingval)
-                                  * CASE WHEN pg_column_compression(a.attmissingval) IS NULL
-                                         THEN 1 ELSE 256 END)
-                       FROM pg_attribute a
-                       WHERE a.attrelid = r.relid AND a.atthasmissing), 0) AS bytes
+    SELECT r.relid, "#,
+    catalog_text_of!("r.relid"),
+    r#" AS bytes
     FROM (SELECT oid AS relid FROM kept UNION SELECT relid FROM walked) r),
 -- Each kept relation's count: its own, and a partitioned one's descendants' (each once).
 loaded AS (

@@ -13,6 +13,7 @@ mod samples;
 #[cfg(any(test, feature = "pg_test"))]
 pub use cache::age_for_tests;
 pub use cache::{context, init, load};
+pub use catalog::own_read;
 #[cfg(test)]
 pub use context::TextColumn;
 pub use context::{Hop, Keys, PromptSchema, SchemaContext, TextColumns};

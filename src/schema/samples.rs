@@ -125,7 +125,7 @@ pub fn for_relation(
         // Every distinct value: blank ones, which take no sample's place, among them.
         SCAN_ROWS,
         remaining as i32,
-        None,
+        &super::catalog::own_read(pgrx::pg_sys::Oid::from(relation.oid), &from, None),
     ) else {
         // Not kept: a read fails for a lock another session holds, or for the deadline, and
         // may succeed later.

@@ -199,13 +199,16 @@ impl ValueIndex {
                 // the read must find them under the names it reads by (a rename since the
                 // schema was read would store one column's values as another's).
                 let first = index.columns.get(ids[0]);
-                let same_as = exec::OwnRead {
-                    relation: pgrx::pg_sys::Oid::from(first.relation_oid),
-                    columns: unread
-                        .iter()
-                        .map(|&position| index.columns.get(ids[position]).attnum)
-                        .collect(),
-                };
+                let same_as = crate::schema::own_read(
+                    pgrx::pg_sys::Oid::from(first.relation_oid),
+                    from,
+                    Some(
+                        unread
+                            .iter()
+                            .map(|&position| index.columns.get(ids[position]).attnum)
+                            .collect(),
+                    ),
+                );
                 let scanned = exec::scan_text_columns(
                     from,
                     &columns,
@@ -214,7 +217,7 @@ impl ValueIndex {
                     // What `add_column` takes of a column (one more says there were more).
                     MAX_PER_COLUMN + 1,
                     remaining,
-                    Some(&same_as),
+                    &same_as,
                 );
                 if let Some(scanned) = scanned {
                     if scanned.rows < SCAN_ROWS {

@@ -1679,6 +1679,133 @@ fn another_roles_tables_do_not_use_up_what_reads_of_the_callers_own_may_load() {
     );
 }
 
+/// What a read on the extension's own loads into the caller's catalog cache is measured again
+/// as the read begins, under its lock: the schema context measured another role's tables when
+/// it was read, and that role, holding a lock on a table read first, gave a second one a
+/// default of 6 MB while the caller waited; the second read loaded it into the caller's
+/// catalog cache (24 MB of it). It is refused now, and the cache stays small; so is a read of
+/// a name that another table took meanwhile (the measured one renamed).
+#[test]
+fn what_an_own_read_loads_is_measured_again_under_its_lock() {
+    let mut s = Session::new();
+    let (victim, caller, _) = role_connection(&mut s, "waiting");
+    let (owner, mut changer) = creator_in_public(&mut s, "changer");
+    s.client
+        .batch_execute(&format!("GRANT pg_read_all_stats TO {victim}"))
+        .unwrap();
+    changer
+        .batch_execute(&format!(
+            "CREATE TABLE public.aaa_first (note text);
+             INSERT INTO public.aaa_first VALUES ('Oslo');
+             CREATE TABLE public.bbb_second (place text);
+             INSERT INTO public.bbb_second VALUES ('Zanzibar');
+             CREATE TABLE public.ccc_first (note text);
+             INSERT INTO public.ccc_first VALUES ('Oslo');
+             CREATE TABLE public.ddd_second (place text);
+             INSERT INTO public.ddd_second VALUES ('Zanzibar');
+             GRANT SELECT ON public.aaa_first, public.bbb_second, public.ccc_first,
+                 public.ddd_second TO {victim};"
+        ))
+        .unwrap();
+    let mut caller = Some(caller);
+    let pid: i32 = caller
+        .as_mut()
+        .unwrap()
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0);
+    let cache = |c: &mut postgres::Client| -> i64 {
+        c.query_one(
+            "SELECT sum(total_bytes)::int8 FROM pg_backend_memory_contexts \
+             WHERE name = 'CacheMemoryContext'",
+            &[],
+        )
+        .unwrap()
+        .get(0)
+    };
+    s.llm.on(
+        "how many places are called zanzibar",
+        vec![Reply::sql("SELECT 0 AS n"), Reply::sql("SELECT 0 AS n")],
+    );
+    let mut locker = cluster().connect_as(&s.database, &owner);
+    // The caller asks while `first` is locked; once it waits for it, `change` commits.
+    let mut wait_and_change = |first: &str, change: &str| -> i64 {
+        let mut asker = caller.take().unwrap();
+        // The schema context is read (and kept) as it is now.
+        let schema: String = asker.query_one("SELECT nl_schema()", &[]).unwrap().get(0);
+        assert!(schema.contains(first), "{schema}");
+        let before = cache(&mut asker);
+        locker
+            .batch_execute(&format!(
+                "BEGIN; LOCK TABLE public.{first} IN ACCESS EXCLUSIVE MODE"
+            ))
+            .unwrap();
+        let asking = std::thread::spawn(move || {
+            let asked = asker
+                .query(
+                    "SELECT * FROM nl_query('how many places are called zanzibar')",
+                    &[],
+                )
+                .map(|_| ())
+                .map_err(|e| format!("{:?}", db_error(&e)));
+            (asker, asked)
+        });
+        let started = std::time::Instant::now();
+        loop {
+            let waiting: i64 = s
+                .client
+                .query_one(
+                    "SELECT count(*) FROM pg_locks
+                     WHERE pid = $1 AND NOT granted AND relation = $2::text::regclass",
+                    &[&pid, &format!("public.{first}")],
+                )
+                .unwrap()
+                .get(0);
+            if waiting > 0 {
+                break;
+            }
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(60),
+                "the caller never waited for {first}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        changer.batch_execute(change).unwrap();
+        locker.batch_execute("ROLLBACK").unwrap();
+        let (mut asker, asked) = asking.join().unwrap();
+        asked.unwrap();
+        let grown = cache(&mut asker) - before;
+        caller = Some(asker);
+        grown
+    };
+    let grown = wait_and_change(
+        "aaa_first",
+        "DO $$ BEGIN EXECUTE format('ALTER TABLE public.bbb_second ALTER COLUMN place
+             SET DEFAULT %L', repeat('z', 6000000)); END $$",
+    );
+    assert!(
+        grown < 3 << 20,
+        "the caller's catalog cache grew by {grown} bytes"
+    );
+    let grown = wait_and_change(
+        "ccc_first",
+        &format!(
+            "BEGIN;
+             ALTER TABLE public.ddd_second RENAME TO ddd_measured;
+             CREATE TABLE public.ddd_second (place text);
+             INSERT INTO public.ddd_second VALUES ('Zanzibar');
+             DO $$ BEGIN EXECUTE format('ALTER TABLE public.ddd_second ALTER COLUMN place
+                 SET DEFAULT %L', repeat('z', 6000000)); END $$;
+             GRANT SELECT ON public.ddd_second TO {victim};
+             COMMIT;"
+        ),
+    );
+    assert!(
+        grown < 3 << 20,
+        "the caller's catalog cache grew by {grown} bytes after the rename"
+    );
+}
+
 /// Another role's tables the caller may not read cost its connection nothing: the schema
 /// context checked the caller's privilege on every column in the database that had statistics
 /// (pg_stats joined whole, another session's temporary tables too) and on every column of each
