@@ -1532,7 +1532,12 @@ async fn run(
         // Relations another role made (any number, with comments of any size): at most
         // MAX_TABLES of them, each comment read as its first 1,000 characters only, as the
         // extension's own schema read bounds them, and those in the first MAX_TABLES_BYTES of
-        // JSON (a control character is written as six bytes).
+        // JSON (a control character is written as six bytes). Which the role may read is
+        // decided from the grants as stored (the schemas it may use first), as the extension's
+        // schema read decides it: `has_any_column_privilege` looks every column of a table the
+        // role may not read whole up in the catalog cache, which keeps each entry for as long
+        // as the pooled connection lives (another role's thousands of tables of 1,600 columns
+        // would fill every backend of the pool).
         Call::Tables => Answer::of(json({
             tx.batch_execute("SET LOCAL search_path = pg_catalog, pg_temp")
                 .await?;
@@ -1552,12 +1557,28 @@ async fn run(
                                  WHERE d.objoid = t.oid AND d.objsubid = 0
                                    AND d.classoid = 'pg_catalog.pg_class'::regclass)) AS element
                  FROM (SELECT c.oid, c.relname, c.relkind, n.nspname
-                       FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                       FROM (SELECT n.oid, n.nspname FROM pg_namespace n
+                             WHERE n.nspname <> ALL (ARRAY['pg_catalog', 'information_schema'])
+                               AND n.nspname !~ '^pg_toast'
+                               AND has_schema_privilege(n.oid, 'USAGE')
+                             OFFSET 0) n
+                       JOIN pg_class c ON c.relnamespace = n.oid
+                       CROSS JOIN (SELECT ARRAY(SELECT ro.oid FROM pg_roles ro
+                                                WHERE pg_has_role(ro.oid, 'USAGE')) AS ids,
+                                          pg_has_role('pg_read_all_data', 'USAGE') AS all_data
+                                   OFFSET 0) roles
                        WHERE c.relkind IN ('r', 'v', 'm', 'f', 'p') AND NOT c.relispartition
-                         AND n.nspname <> ALL (ARRAY['pg_catalog', 'information_schema'])
-                         AND n.nspname !~ '^pg_toast'
-                         AND has_schema_privilege(n.oid, 'USAGE')
-                         AND has_any_column_privilege(c.oid, 'SELECT')
+                         AND (roles.all_data
+                              OR EXISTS (SELECT FROM aclexplode(coalesce(c.relacl,
+                                                                acldefault('r', c.relowner))) x
+                                         WHERE x.privilege_type = 'SELECT'
+                                           AND (x.grantee = 0 OR x.grantee = ANY (roles.ids)))
+                              OR EXISTS (SELECT FROM pg_attribute a
+                                         CROSS JOIN LATERAL aclexplode(a.attacl) x
+                                         WHERE a.attrelid = c.oid AND a.attnum > 0
+                                           AND NOT a.attisdropped AND a.attacl IS NOT NULL
+                                           AND x.privilege_type = 'SELECT'
+                                           AND (x.grantee = 0 OR x.grantee = ANY (roles.ids))))
                        ORDER BY n.nspname, c.relname
                        LIMIT $1) t) e) e",
                 &[(&MAX_TABLES, Type::INT8), (&MAX_TABLES_BYTES, Type::INT8)],

@@ -1726,6 +1726,62 @@ impl McpSession<'_> {
     }
 }
 
+/// `sqe://tables` decides which tables the role may read from the grants as stored: with
+/// `has_any_column_privilege`, every column of each table it may not read whole was looked up
+/// in the pooled backend's catalog cache, which kept it for as long as the connection lived
+/// (here 40 tables of 1,600 columns nobody was granted: 64,000 entries).
+#[test]
+fn the_tables_resource_costs_the_pooled_backend_nothing_for_tables_the_role_may_not_read() {
+    let s = setup();
+    let mut admin = cluster().connect(&s.database);
+    let gateway = Gateway::start(&s.database_url, &s.tokens);
+    let session = McpSession::open(&gateway, &s.token);
+    let read = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "resources/read",
+        "params": {"uri": "sqe://tables"}});
+    let (status, body) = session.post(&read.to_string());
+    assert_eq!(status, 200, "{body}");
+    // The private memory of the gateway's backends (the catalog cache is in it).
+    let private_kb = |admin: &mut Client| -> u64 {
+        let pids: Vec<i32> = admin
+            .query(
+                "SELECT pid FROM pg_stat_activity WHERE usename = $1",
+                &[&format!("authenticator_{}", s.database)],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert!(!pids.is_empty(), "no backend of the gateway");
+        pids.iter()
+            .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
+            .filter_map(|status| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("RssAnon:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            })
+            .sum()
+    };
+    let columns = (1..=1600)
+        .map(|i| format!("c{i} int"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    for i in 0..40 {
+        admin
+            .batch_execute(&format!("CREATE TABLE shared.wide{i} ({columns})"))
+            .unwrap();
+    }
+    let before = private_kb(&mut admin);
+    let (status, body) = session.post(&read.to_string());
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("notes") && !body.contains("wide1"), "{body}");
+    let grown = private_kb(&mut admin).saturating_sub(before);
+    assert!(
+        grown < 16 * 1024,
+        "the gateway's backends grew by {grown} kB"
+    );
+}
+
 /// An ERROR a query raises is the query's, whatever its SQLSTATE: a function in a view can
 /// raise 57P01 ("terminating connection due to administrator command") or 08006 as well as a
 /// server going down. Nor does a backend that ends under the call (here the view terminates
