@@ -77,6 +77,11 @@ struct Counted {
     /// The client that opened each session, and when. Kept a while after the session is no
     /// longer live: a session opened while another request read the live list is not in it.
     owners: HashMap<String, (String, Instant)>,
+    /// When `owners` was last rid of the sessions it no longer keeps: at most once per
+    /// `OWNERS_PRUNED_EVERY`, since a client that opens and closes sessions as fast as it can
+    /// leaves an entry per session for `OWNER_KEPT`, and a scan of them all at every session
+    /// opened would make each opening slower for every client, under the lock they share.
+    owners_pruned: Option<Instant>,
     /// Places whose request went (its client closed the connection) before the answer came
     /// back, each until when it counts: the MCP server may have opened a session whose id the
     /// gateway never saw, which lives until it has been idle `session_life`. Counted as the
@@ -87,6 +92,8 @@ struct Counted {
 
 /// How long a session's owner is remembered once it is not live.
 const OWNER_KEPT: Duration = Duration::from_secs(60);
+/// How often the owners no longer kept are looked for (`Counted::owners_pruned`).
+const OWNERS_PRUNED_EVERY: Duration = Duration::from_secs(1);
 
 /// How old a list of the live sessions may be when it is used (read as a request comes in,
 /// used once its body is read).
@@ -309,10 +316,16 @@ impl Admission {
             ids.retain(|id| live.contains(id));
             !ids.is_empty()
         });
-        counted
-            .owners
-            .retain(|id, (_, at)| live.contains(id) || at.elapsed() < OWNER_KEPT);
         let now = Instant::now();
+        if counted
+            .owners_pruned
+            .is_none_or(|at| now.duration_since(at) >= OWNERS_PRUNED_EVERY)
+        {
+            counted
+                .owners
+                .retain(|id, (_, at)| live.contains(id) || at.elapsed() < OWNER_KEPT);
+            counted.owners_pruned = Some(now);
+        }
         counted.unsettled.retain(|_, places| {
             places.retain(|until| *until > now);
             !places.is_empty()
