@@ -374,6 +374,9 @@ fn wait_deadline(deadline: Instant) -> Instant {
 
 /// What `OpenAiClient::probe` asks: the same for every role and call.
 const PROBE: &str = "Reply with the word OK.";
+/// Tokens the probe asks for: the least `sql_query_engine.max_tokens` allows (some endpoints
+/// refuse fewer).
+const PROBE_TOKENS: u32 = 16;
 
 /// Temperature for a model that repeats a failed query, and for candidates.
 const EXPLORING_TEMPERATURE: f64 = 0.7;
@@ -392,15 +395,18 @@ impl OpenAiClient {
             .map(|c| c.completions)
     }
 
-    /// What the endpoint does with a request no role shapes: one short message, one token, no
-    /// JSON mode, no retry, until `deadline`. Whatever failed a role's request (a 4xx, a 429
+    /// What the endpoint does with a request no role shapes: one short message, a few tokens
+    /// (as many as the least a request asks for), no JSON mode, no retry, until `deadline`. Whatever failed a role's request (a 4xx, a 429
     /// or 5xx, an empty or oversized answer, no answer in time) may have been that request's
     /// own doing (a prompt over the context or the tokens per minute, a question slow to
     /// answer): only when this request fails too (unreachable, an HTTP error that says nothing
     /// of load, anything that is not a completion) is it the endpoint's, for every role. A
     /// completion answers, whatever its content. No answer in time, a 429, 502, 503 or 504 or
     /// a `Retry-After` may be the roles' own load, and the backend's own failing (no helper
-    /// thread, no file descriptor) says nothing.
+    /// thread, no file descriptor) says nothing. Nor does a 400 or 422: the endpoint refusing
+    /// what this request asks (its temperature, its few tokens) is not the endpoint down, and a
+    /// role that made its own requests fail the same way (`SET sql_query_engine.temperature`
+    /// to a value a model refuses) would otherwise send every role to the fallbacks.
     pub fn probe(&self, deadline: Instant) -> Probe {
         let probe = OpenAiClient {
             base_url: self.base_url.clone(),
@@ -408,7 +414,7 @@ impl OpenAiClient {
             api_key: self.api_key.clone(),
             temperature: 0.0,
             json_mode: false,
-            max_tokens: 1,
+            max_tokens: PROBE_TOKENS,
             max_response_bytes: self.max_response_bytes,
             role: self.role,
         };
@@ -436,7 +442,8 @@ impl OpenAiClient {
                 },
             )
             | Err(WaitError::TimedOut) => Probe::Busy,
-            Ok(Reply::Local(_)) | Err(WaitError::Busy | WaitError::Lost) => Probe::Unknown,
+            Ok(Reply::Local(_) | Reply::Status { code: 400 | 422, .. })
+            | Err(WaitError::Busy | WaitError::Lost) => Probe::Unknown,
             Ok(_) => Probe::Failed,
         }
     }

@@ -248,7 +248,7 @@ fn a_429_to_what_one_role_asked_is_not_shared_unless_a_request_no_role_shapes_fa
     assert!(
         probes
             .iter()
-            .any(|r| r.body["max_tokens"] == 1 && !r.body.to_string().contains("enormous")),
+            .any(|r| r.body["max_tokens"] == 16 && !r.body.to_string().contains("enormous")),
         "{:?}",
         probes
             .iter()
@@ -257,6 +257,58 @@ fn a_429_to_what_one_role_asked_is_not_shared_unless_a_request_no_role_shapes_fa
     );
     // A new backend (another role's, as far as the breaker goes) asks the primary again.
     let next = ask_fresh(connect, &chain, "count the customers");
+    assert_eq!(next["status"], "ok", "{next}");
+    assert_eq!(
+        next["attempts"][0]["endpoint"],
+        format!("{}/chat/completions", picky.url()),
+        "{next}"
+    );
+}
+
+/// An endpoint that refuses a temperature (reasoning models take only 1) answers a role that
+/// set that temperature with a 400; the chain's probe, sent at its own temperature, got the
+/// same 400 and the endpoint was taken for down, for every backend: one role sent every
+/// other to the fallbacks by setting a temperature. A 400 to the probe says nothing of the
+/// endpoint now: the call's error, and the next backend asks the endpoint again.
+#[test]
+fn a_request_the_endpoint_refuses_to_the_probe_too_is_not_the_endpoint_down() {
+    let server = Preloaded::start();
+    let (picky, healthy) = (ScriptedLlm::start(), ScriptedLlm::start());
+    picky.respond_with(|request| {
+        if request.body["temperature"].as_f64() == Some(1.0) {
+            Some(Reply::sql("SELECT count(*) AS n FROM customers"))
+        } else {
+            Some(Reply::Status(
+                400,
+                r#"{"error":{"message":"temperature: only 1 is supported"}}"#.into(),
+            ))
+        }
+    });
+    healthy.respond_with(|_| Some(Reply::sql("SELECT count(*) AS n FROM customers")));
+    let chain = |temperature: u8| {
+        format!(
+            "SET sql_query_engine.llm_url = '{}'; SET sql_query_engine.llm_fallbacks = '{}';
+             SET sql_query_engine.vote = off; SET sql_query_engine.max_repairs = 0;
+             SET sql_query_engine.temperature = {temperature};",
+            picky.url(),
+            healthy.url()
+        )
+    };
+    let connect = || server.connect("shop");
+    let mut client = connect();
+    client.batch_execute(&chain(0)).unwrap();
+    let error = client
+        .query_one("SELECT nl_trace('count the customers')::text", &[])
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "58000", "{message}");
+    assert!(message.contains("400"), "{message}");
+    assert_eq!(healthy.requests().len(), 0, "nor sent on to the fallback");
+    assert!(
+        picky.requests().iter().any(|r| r.last_message() == PROBE),
+        "the endpoint was probed"
+    );
+    let next = ask_fresh(connect, &chain(1), "count the customers");
     assert_eq!(next["status"], "ok", "{next}");
     assert_eq!(
         next["attempts"][0]["endpoint"],
