@@ -2286,6 +2286,8 @@ unsafe extern "C-unwind" {
 /// Plans without parallel workers while an attempt is watched (`MemoryWatch`): not only the
 /// attempt's own statement, which `run_guarded` plans so, but every statement code of the
 /// query plans (a SQL or PL/pgSQL function of a view): a worker's memory is outside the watch.
+/// Behind a superuser's gate, judges the relations of each statement before it is planned
+/// (`gate::check_relations_before_planning`).
 /// Every statement of the backend passes here once the library is loaded. Not `#[pg_guard]`,
 /// and calling the next planner without pgrx's wrapper: an ERROR raised while planning (an
 /// immutable function of constants run then) must reach the client as PostgreSQL raised it,
@@ -2307,6 +2309,12 @@ unsafe extern "C-unwind" fn planner(
     } else {
         cursor_options
     };
+    // A superuser's query: what it reaches only as it runs (SQL a trusted function builds) is
+    // judged before planning runs the code of the relations it names.
+    if gate::judges_relations() {
+        // SAFETY: the Query PostgreSQL is about to plan.
+        unsafe { gate::check_relations_before_planning(parse) };
+    }
     // SAFETY: the planner's own arguments, passed on to the next hook or the standard planner.
     unsafe {
         match NEXT_PLANNER {

@@ -198,6 +198,80 @@ unsafe fn check_relations(range_table: *mut pg_sys::List) {
     }
 }
 
+/// Whether a superuser's gate is open, which judges the relations an executor starts on
+/// (`relation_refusal`): cheap, asked for every statement the backend plans.
+pub fn judges_relations() -> bool {
+    OPEN.with(|open| {
+        open.try_borrow().is_ok_and(|open| {
+            open.iter().any(
+                |gate| matches!(&gate.rule, Rule::TrustedOwners(trusted) if trusted.superusers()),
+            )
+        })
+    })
+}
+
+/// `relation_refusal` of every relation of `query` (analysed and rewritten: a view's own
+/// relation and those it reads, at any depth: subqueries, CTEs, sublinks), before it is
+/// planned; raises the first. Planning runs code of the relations it plans before any
+/// executor starts: the selectivity estimate of a view's condition folds its stable functions
+/// of constants (`'{1}'::text::d[]` runs domain `d`'s CHECK), so SQL a trusted function builds
+/// and runs would run another role's code as the superuser before `check_perms` refuses it.
+/// Called by the planner hook (`exec`), which is not guarded itself.
+///
+/// # Safety
+/// `query` is a Query about to be planned, in a transaction.
+#[pgrx::pg_guard]
+pub unsafe extern "C-unwind" fn check_relations_before_planning(query: *mut pg_sys::Query) {
+    let mut relations: Vec<pg_sys::Oid> = Vec::new();
+    // SAFETY: the caller's contract; `relations` outlives the walk, which only reads.
+    unsafe {
+        relation_walker(
+            query.cast(),
+            (&mut relations as *mut Vec<pg_sys::Oid>).cast(),
+        );
+    }
+    relations.sort_unstable_by_key(|relation| relation.to_u32());
+    relations.dedup();
+    for relation in relations {
+        if let Some(error) = relation_refusal(relation) {
+            crate::error::Error::Refused(Box::new(error)).raise();
+        }
+    }
+}
+
+/// Collects the OIDs of the relations (and views) a query tree's range tables name, at any
+/// depth, into the `Vec<Oid>` `context` points to.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn relation_walker(
+    node: *mut pg_sys::Node,
+    context: *mut std::ffi::c_void,
+) -> bool {
+    if node.is_null() {
+        return false;
+    }
+    pgrx::check_for_interrupts!();
+    // SAFETY: PostgreSQL's walkers pass analysed nodes and our Vec; each node is cast to the
+    // struct its tag names. The walkers check the stack's depth themselves.
+    unsafe {
+        match (*node).type_ {
+            pg_sys::NodeTag::T_Query => pg_sys::query_tree_walker(
+                node.cast(),
+                Some(relation_walker),
+                context,
+                pg_sys::QTW_EXAMINE_RTES_BEFORE as i32,
+            ),
+            pg_sys::NodeTag::T_RangeTblEntry => {
+                let relid = (*node.cast::<pg_sys::RangeTblEntry>()).relid;
+                if relid != pg_sys::InvalidOid {
+                    (*context.cast::<Vec<pg_sys::Oid>>()).push(relid);
+                }
+                false
+            }
+            _ => pg_sys::expression_tree_walker(node, Some(relation_walker), context),
+        }
+    }
+}
+
 static mut NEXT_CHECK_PERMS: pg_sys::ExecutorCheckPerms_hook_type = None;
 
 /// Called as each executor starts, after PostgreSQL's own privilege checks.

@@ -407,13 +407,6 @@ impl Trusted {
         !self.objects_only
     }
 
-    /// Whether a literal's conversion is judged before analysis (`types::literal_refusal`):
-    /// for a superuser's call and a role's generated query, not for a saved view (checked as
-    /// it is saved).
-    pub fn judges_literals(&self) -> bool {
-        !self.saving
-    }
-
     /// Whether objects of `owner` are among these.
     pub fn trusts(&self, owner: pg_sys::Oid) -> bool {
         // SAFETY: a role catalog look-up.

@@ -151,10 +151,11 @@ impl Types<'_> {
         }
         let facts = TypeFacts::of(typ)?;
         let domain = facts.kind == pg_sys::TYPTYPE_DOMAIN;
-        // A superuser's call converts no literal to a domain of a role it does not trust
-        // inside another type, nor to a composite type of one (whose owner may give it a field
-        // of such a domain), judged by its owner before analysis: a CHECK that is absent here
-        // may be added before the literal's input code runs it, as the superuser. (A domain's
+        // A call converts no literal to a domain of a role it does not trust inside another
+        // type, nor to a composite type of one (whose owner may give it a field of such a
+        // domain), judged by its owner before analysis: a CHECK that is absent here may be
+        // added before the literal's input code runs it, as the caller (a superuser's call, a
+        // role's generated query, and the attempts of a view about to be saved alike). (A domain's
         // CHECK is the only code of another role that input runs: base types, their input
         // functions and ranges' canonical functions are a superuser's; an enum has no parts.)
         if (domain && contained) || facts.kind == pg_sys::TYPTYPE_COMPOSITE {
@@ -162,7 +163,6 @@ impl Types<'_> {
                 .policy
                 .trusted
                 .as_ref()
-                .filter(|t| t.judges_literals())
                 .and_then(|t| t.refuse_owner(facts.owner, "type"))
             {
                 return Some(format!("the input code of {}: {why}", type_name(typ)));

@@ -442,7 +442,12 @@ impl OpenAiClient {
                 },
             )
             | Err(WaitError::TimedOut) => Probe::Busy,
-            Ok(Reply::Local(_) | Reply::Status { code: 400 | 422, .. })
+            Ok(
+                Reply::Local(_)
+                | Reply::Status {
+                    code: 400 | 422, ..
+                },
+            )
             | Err(WaitError::Busy | WaitError::Lost) => Probe::Unknown,
             Ok(_) => Probe::Failed,
         }

@@ -2683,18 +2683,11 @@ fn a_superusers_call_reads_no_foreign_table_of_another_roles_server() {
     assert!(connections.load(Ordering::SeqCst) >= 1);
 }
 
-/// What a superuser's query reaches only as it runs (a trusted function that builds SQL from
-/// a name and runs it, as some extensions' C functions do) is judged as the relations of its
-/// tree are, as each executor starts: another role's view named there is refused, and its code
-/// does not run as the superuser.
-#[test]
-fn a_superusers_call_reads_no_other_roles_relation_by_way_of_sql_a_function_builds() {
-    let w = World::new();
-    let victim = w.victim.clone();
-    let key = 7_311_002;
-    w.locking_view("shared.counted", key);
-    let mut admin = cluster().connect(&w.s.database);
-    admin
+/// The superuser's `public.rows_in(schema, table)`, allowed by name: it counts the rows of a
+/// relation it names in SQL it builds and runs (as some extensions' C functions do).
+fn allow_rows_in(w: &World) {
+    cluster()
+        .connect(&w.s.database)
         .batch_execute(&format!(
             "CREATE FUNCTION public.rows_in(schema_name text, table_name text) RETURNS bigint
                  LANGUAGE plpgsql STABLE AS $$
@@ -2708,6 +2701,19 @@ fn a_superusers_call_reads_no_other_roles_relation_by_way_of_sql_a_function_buil
             w.s.database
         ))
         .unwrap();
+}
+
+/// What a superuser's query reaches only as it runs (a trusted function that builds SQL from
+/// a name and runs it, as some extensions' C functions do) is judged as the relations of its
+/// tree are, as each executor starts: another role's view named there is refused, and its code
+/// does not run as the superuser.
+#[test]
+fn a_superusers_call_reads_no_other_roles_relation_by_way_of_sql_a_function_builds() {
+    let w = World::new();
+    let victim = w.victim.clone();
+    let key = 7_311_002;
+    w.locking_view("shared.counted", key);
+    allow_rows_in(&w);
     let mut admin = cluster().connect(&w.s.database);
     let sql = "SELECT public.rows_in('shared', 'counted') AS n";
     let mut witness = Witness::hold(&w.s.database, &[key]);
@@ -2723,6 +2729,43 @@ fn a_superusers_call_reads_no_other_roles_relation_by_way_of_sql_a_function_buil
     // Positive control: a role that is no superuser reads it through the same function.
     let mut v = w.connect(&victim);
     let (_, waited) = traced_while_witnessed(&w, &mut witness, &mut v, "how many, once more", sql);
+    assert_eq!(waited, [key]);
+}
+
+/// And before it is planned: planning another role's view runs its code before any executor
+/// starts (the selectivity estimate of its condition folds `'{1}'::text::d[]`, which runs the
+/// CHECK of the other role's domain `d`), which ran as the superuser before the view was
+/// refused.
+#[test]
+fn a_superusers_call_plans_no_other_roles_relation_by_way_of_sql_a_function_builds() {
+    let w = World::new();
+    let victim = w.victim.clone();
+    let key = 7_311_004;
+    w.attacker_runs(&format!(
+        "CREATE DOMAIN shared.locking AS int CHECK (pg_advisory_xact_lock({key})::text = '');
+         CREATE TABLE shared.plain (a int);
+         CREATE VIEW shared.estimated AS SELECT * FROM shared.plain
+             WHERE a = cardinality('{{1}}'::text::shared.locking[]);
+         GRANT SELECT ON shared.plain, shared.estimated TO PUBLIC;"
+    ));
+    allow_rows_in(&w);
+    let mut admin = cluster().connect(&w.s.database);
+    let sql = "SELECT public.rows_in('shared', 'estimated') AS n";
+    let mut witness = Witness::hold(&w.s.database, &[key]);
+    let (t, waited) =
+        traced_while_witnessed(&w, &mut witness, &mut admin, "how many are estimated", sql);
+    assert_eq!(t["status"], "error", "{t}");
+    let message = t["attempts"][0]["message"].as_str().unwrap_or_default();
+    // (The view, or the table it reads, whichever is judged first.)
+    assert!(
+        message.contains("relation shared.") && message.contains("may not be read"),
+        "{message}"
+    );
+    assert!(waited.is_empty(), "the domain's CHECK ran as the superuser");
+    // Positive control: planning it as a role that is no superuser runs the CHECK.
+    let mut v = w.connect(&victim);
+    let (_, waited) =
+        traced_while_witnessed(&w, &mut witness, &mut v, "how many are estimated now", sql);
     assert_eq!(waited, [key]);
 }
 

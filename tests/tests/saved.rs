@@ -470,6 +470,20 @@ fn a_saved_view_keeps_no_type_of_another_role() {
         repair.contains("could change it later for every reader"),
         "{repair}"
     );
+    // A literal of an array of it is refused before the attempt is analysed, which would run
+    // the domain's input (and a CHECK its owner added since the check) as the caller.
+    shop.s.llm.on(
+        "the codes as one list",
+        vec![
+            Reply::sql("SELECT '{a,b}'::public.code[] AS codes"),
+            Reply::sql(PLAIN),
+        ],
+    );
+    analyst
+        .query_one("SELECT nl_view('code_list', 'the codes as one list')", &[])
+        .unwrap();
+    let repair = shop.s.llm.last_text();
+    assert!(repair.contains("the input code of public.code"), "{repair}");
     // What Mallory adds to her domain now runs in no read of the view.
     cluster()
         .connect_as(&shop.s.database, &mallory)
