@@ -6,7 +6,7 @@ CREATE TABLE @extschema@.nl_examples (
     question text NOT NULL CHECK (btrim(question) <> ''),
     sql text NOT NULL,
     added_by name NOT NULL DEFAULT current_user,
-    added_at timestamptz NOT NULL DEFAULT now(),
+    added_at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
     -- The question's words as retrieval sees them: examples are found through this index, so
     -- that a question costs the same with ten examples or a hundred thousand.
     terms text[] GENERATED ALWAYS AS (@extschema@.nl_example_words(question)) STORED,
@@ -25,7 +25,8 @@ CREATE INDEX nl_examples_terms_idx ON @extschema@.nl_examples USING gin (terms)
 -- Its privileges: privileges.sql.
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_examples', '');
 
--- Who added an example, and when, is whoever inserts or changes it, now: a role that may write
+-- Who added an example, and when, is whoever inserts or changes it, as it does (not at the start
+-- of its transaction, which it could hold open to backdate the example): a role that may write
 -- examples names no other role as the author, no other time, and no answer it cannot read
 -- (another role's history row) as the source. The table's owner (and a superuser) writes rows
 -- as given, as row security lets it: a restore keeps each example's provenance.
@@ -36,7 +37,7 @@ BEGIN
         RETURN NEW;
     END IF;
     NEW.added_by := current_user;
-    NEW.added_at := now();
+    NEW.added_at := clock_timestamp();
     -- Its own answer, also for a writer row security does not bind (BYPASSRLS).
     IF NEW.history_id IS NOT NULL AND NOT EXISTS (
         SELECT FROM @extschema@.nl_history h

@@ -5,7 +5,7 @@
 -- `noted`. Each role sees and writes only its own rows, told apart by OID as in nl_history.
 CREATE TABLE @extschema@.nl_feedback (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    at timestamptz NOT NULL DEFAULT now(),
+    at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
     role name NOT NULL DEFAULT current_user,
     role_id oid NOT NULL DEFAULT pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid,
     history_id bigint NOT NULL,
@@ -17,7 +17,7 @@ CREATE TABLE @extschema@.nl_feedback (
     example_id bigint
 );
 ALTER TABLE @extschema@.nl_feedback ENABLE ROW LEVEL SECURITY;
--- A row a role writes is its own, under its own name, and of now, on an answer of its own
+-- A row a role writes is its own, under its own name (dated by nl_row_role), on an answer of its own
 -- history (which row security shows it alone) and with that answer's question; only a role that
 -- may write nl_examples records feedback as promoted (the owner reviews the pending rows), and
 -- only a promoted row names an example (nl_feedback_example checks which). A noted row (a wrong
@@ -25,7 +25,7 @@ ALTER TABLE @extschema@.nl_feedback ENABLE ROW LEVEL SECURITY;
 CREATE POLICY own_rows ON @extschema@.nl_feedback
     USING (role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid)
     WITH CHECK (role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid
-                AND role = current_user AND at = pg_catalog.now()
+                AND role = current_user
                 AND EXISTS (SELECT FROM @extschema@.nl_history h
                             WHERE h.id = nl_feedback.history_id
                               AND h.role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid

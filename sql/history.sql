@@ -7,7 +7,7 @@
 -- every call; see sql_query_engine.audit_log).
 CREATE TABLE @extschema@.nl_history (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    at timestamptz NOT NULL DEFAULT now(),
+    at timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
     role name NOT NULL DEFAULT current_user,
     function text NOT NULL,
     session text,
@@ -24,12 +24,12 @@ CREATE TABLE @extschema@.nl_history (
 );
 CREATE INDEX nl_history_role_id_at_idx ON @extschema@.nl_history (role_id, at);
 ALTER TABLE @extschema@.nl_history ENABLE ROW LEVEL SECURITY;
--- A row a role writes is its own, under its own name, and of now: the table's owner reads who
--- asked what and when from it.
+-- A row a role writes is its own, under its own name (and dated by nl_row_role as it is
+-- written): the table's owner reads who asked what and when from it.
 CREATE POLICY own_rows ON @extschema@.nl_history
     USING (role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid)
     WITH CHECK (role_id = pg_catalog.quote_ident(current_user)::pg_catalog.regrole::pg_catalog.oid
-                AND role = current_user AND at = pg_catalog.now());
+                AND role = current_user);
 -- Its privileges: privileges.sql.
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_history', '');
 
@@ -45,11 +45,13 @@ SELECT pg_catalog.pg_extension_config_dump('@extschema@.nl_history', '');
 -- subscription applies (session_replication_role replica) come from the other cluster, and go
 -- by name. to_regrole needs no right on pg_roles.
 --
--- A row a role writes itself is its own, under its own OID and name, and of now: row security
--- checks that for the roles it applies to, and this for those it does not (BYPASSRLS), which
--- would otherwise write turns into another role's conversations (read into that role's
--- prompts) and history or feedback under its name, also in replica mode (a role may be let
--- set session_replication_role, and a subscription need not apply as the owner). Only the
+-- A row a role writes itself is its own, under its own OID and name: row security checks that
+-- for the roles it applies to, and this for those it does not (BYPASSRLS), which would
+-- otherwise write turns into another role's conversations (read into that role's prompts) and
+-- history or feedback under its name, also in replica mode (a role may be let set
+-- session_replication_role, and a subscription need not apply as the owner). And it is dated
+-- as it is written, whatever it says: not `now()`, the start of its transaction, which a
+-- writer could hold open to backdate it (or a session turn, to have it expire early). Only the
 -- table's owner (a restore, a subscription applying as the owner) writes rows as given. No role
 -- but the owner may call it: a trigger of another table would write nothing of these.
 CREATE FUNCTION @extschema@.nl_row_role() RETURNS trigger
@@ -58,11 +60,11 @@ BEGIN
     IF TG_OP = 'INSERT' AND NOT (SELECT pg_has_role(c.relowner, 'USAGE') FROM pg_class c
                                   WHERE c.oid = TG_RELID) THEN
         IF NEW.role IS DISTINCT FROM current_user
-                OR NEW.role_id IS DISTINCT FROM quote_ident(current_user)::regrole::oid
-                OR NEW.at IS DISTINCT FROM now() THEN
-            RAISE EXCEPTION 'a row of % is its writer''s own, under its own name, and of now',
+                OR NEW.role_id IS DISTINCT FROM quote_ident(current_user)::regrole::oid THEN
+            RAISE EXCEPTION 'a row of % is its writer''s own, under its own name',
                 TG_TABLE_NAME USING ERRCODE = '42501';
         END IF;
+        NEW.at := clock_timestamp();
         RETURN NEW;
     END IF;
     IF TG_OP = 'UPDATE' AND NEW.role IS NOT DISTINCT FROM OLD.role

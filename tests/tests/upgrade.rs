@@ -384,6 +384,11 @@ fn updating_from_0_1_0_through_every_release_equals_a_fresh_install_and_keeps_th
              COMMENT ON TABLE t IS 'after 0.22.0';",
         )
         .unwrap();
+    // 0.23.0: rows are dated as they are written; what roles made with privileges taken away
+    // since is undone (default_privileges_give_no_role_rights_on_the_extensions_objects).
+    client
+        .batch_execute("ALTER EXTENSION sql_query_engine UPDATE TO '0.23.0'")
+        .unwrap();
     let (updated_members, fresh_members) = (members(&updated), members(&fresh));
     let only = |a: &[String], b: &[String]| -> Vec<String> {
         a.iter().filter(|m| !b.contains(m)).cloned().collect()
@@ -464,10 +469,19 @@ fn default_privileges_give_no_role_rights_on_the_extensions_objects() {
         if version.is_some() {
             let warnings = Arc::new(Mutex::new(Vec::new()));
             let mut owner = cluster().connect_with_notices(database, Arc::clone(&warnings));
+            // What the application role builds with what default privileges gave it: a
+            // trigger of its own on the history (it runs as whoever writes a row, a
+            // superuser's call too), a foreign key to the examples, and every role made an
+            // example writer through its grant option.
             owner
                 .batch_execute(&format!(
                     "GRANT INSERT, DELETE ON nl_examples TO {curator};
-                     SET ROLE {app}; GRANT UPDATE ON nl_examples TO {curator}; RESET ROLE;
+                     SET ROLE {app}; GRANT UPDATE ON nl_examples TO {curator};
+                     CREATE TRIGGER planted AFTER INSERT ON nl_history
+                         FOR EACH ROW EXECUTE FUNCTION app.app_trigger();
+                     CREATE TABLE app.pins (example bigint REFERENCES nl_examples (id));
+                     GRANT INSERT ON nl_examples TO PUBLIC;
+                     RESET ROLE;
                      ALTER EXTENSION sql_query_engine UPDATE;"
                 ))
                 .unwrap();
@@ -478,6 +492,37 @@ fn default_privileges_give_no_role_rights_on_the_extensions_objects() {
                     && warnings.contains(&curator),
                 "{warnings}"
             );
+            assert!(
+                warnings.contains("trigger planted on")
+                    && warnings.contains("foreign key pins_example_fkey")
+                    && warnings.contains("grant option for INSERT"),
+                "{warnings}"
+            );
+            // A role's write of its history runs no trigger of the application role's, and
+            // no role but those granted it writes examples.
+            let mut curator_client = cluster().connect_as(database, &curator);
+            curator_client
+                .batch_execute(
+                    "INSERT INTO nl_history (function, question, status, attempts, ms, \
+                     llm_calls, prompt_tokens, completion_tokens) \
+                     VALUES ('nl_ask', 'q', 'ok', '[]', 1, 1, 1, 1)",
+                )
+                .unwrap();
+            let (pins, public_insert): (i64, bool) = {
+                let row = owner
+                    .query_one(
+                        "SELECT (SELECT count(*) FROM pg_constraint
+                                 WHERE conrelid = 'app.pins'::regclass AND contype = 'f'),
+                                EXISTS (SELECT FROM aclexplode((SELECT relacl FROM pg_class
+                                            WHERE oid = 'nl_examples'::regclass)) a
+                                        WHERE a.grantee = 0 AND a.privilege_type = 'INSERT')",
+                        &[],
+                    )
+                    .unwrap();
+                (row.get(0), row.get(1))
+            };
+            assert_eq!(pins, 0, "the foreign key to the examples stayed");
+            assert!(!public_insert, "PUBLIC may still write examples");
         }
     }
     cluster()
