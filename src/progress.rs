@@ -1,7 +1,7 @@
 //! Progress events: each step of a question (schema ready, model asked, attempt run, repair
 //! requested, done) as it happens. A NOTICE when `sql_query_engine.progress` is on (psql prints
 //! them live), and, when Redis is configured and the call has a session, a JSON event published
-//! on the channel `sql_query_engine:<database oid>:<role oid>:progress:<session>` for
+//! on the channel `sql_query_engine:<system identifier>:<database oid>:<role oid>:progress:<session>` for
 //! dashboards, namespaced like the session keys. Events carry no API key and no row data, and
 //! with `sample_values = 0` no value PostgreSQL quoted in an error message (as repair requests
 //! withhold them).

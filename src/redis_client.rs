@@ -162,8 +162,10 @@ where
 /// A Redis key (or channel) namespaced by cluster, database and role: one role never reads
 /// another's data, and a role that is dropped and created again under the same name, or
 /// renamed, is still told apart (OIDs). The cluster is its system identifier, which a primary
-/// shares with its standbys and no other cluster has: OIDs repeat between clusters (two made
-/// from one dump), and two that share a Redis would otherwise share their keys.
+/// shares with its standbys: OIDs repeat between clusters (two made from one dump), and two
+/// that share a Redis would otherwise share their keys. A copy of a cluster's files (a base
+/// backup, a snapshot) keeps it, and shares its keys with the original (README, "Scaling
+/// out").
 pub fn key(kind: &str, name: &str) -> String {
     // SAFETY: reads of backend state.
     let role = unsafe { pgrx::pg_sys::GetUserId() };

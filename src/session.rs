@@ -187,8 +187,11 @@ fn table_turns(session: &str, keep: usize) -> Option<Vec<Turn>> {
              SELECT id FROM (SELECT DISTINCT ON (asked) id FROM live ORDER BY asked, id DESC) d \
              ORDER BY id DESC LIMIT $4 \
          ) \
-         SELECT s.question, s.sql FROM {schema}.nl_sessions s \
-         WHERE s.role_id = $3 AND s.session = $1 AND s.id IN (SELECT id FROM kept) \
+         SELECT s.id, s.question, s.sql, f.reset FROM \
+             (SELECT COALESCE((SELECT reset FROM recent ORDER BY id DESC LIMIT 1), false) \
+                  AS reset) f \
+         LEFT JOIN {schema}.nl_sessions s \
+             ON s.role_id = $3 AND s.session = $1 AND s.id IN (SELECT id FROM kept) \
          ORDER BY s.id"
     );
     let ttl = settings::session_ttl_s() as f64;
@@ -203,18 +206,23 @@ fn table_turns(session: &str, keep: usize) -> Option<Vec<Turn>> {
                 (keep as i64).into(),
             ],
         )?;
-        let mut turns = Vec::new();
+        let (mut turns, mut reset) = (Vec::new(), false);
         for row in rows {
+            reset |= row.get::<bool>(4)?.unwrap_or(false);
+            if row.get::<i64>(1)?.is_none() {
+                continue;
+            }
             turns.push(Turn {
-                question: row.get::<String>(1)?.unwrap_or_default(),
-                sql: row.get::<String>(2)?.unwrap_or_default(),
+                question: row.get::<String>(2)?.unwrap_or_default(),
+                sql: row.get::<String>(3)?.unwrap_or_default(),
             });
         }
-        Ok(turns)
+        Ok((turns, reset))
     })
     // None: memory's turns are the session's (they were kept there when the table could not be
-    // written).
-    .filter(|turns| !turns.is_empty())
+    // written), unless the table's newest row is a reset, made on any connection: then its
+    // turns before it are gone from every backend's memory too.
+    .and_then(|(turns, reset)| (reset || !turns.is_empty()).then_some(turns))
 }
 
 /// The session's last `keep` turns in Redis, and whether Redis has a list for it.

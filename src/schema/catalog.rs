@@ -146,7 +146,7 @@ fn loads_within_bounds(oid: u32, bytes: i64, trusted: bool) -> bool {
 /// What `OWN_READ_LOADS_SQL` measures.
 #[derive(Deserialize)]
 struct OwnReadLoads {
-    partitions: Vec<i64>,
+    locked: Vec<i64>,
     locks: i64,
     bytes: i64,
     /// None when the relation is gone.
@@ -160,11 +160,12 @@ struct OwnReadLoads {
 /// read of this call waited for a lock that session held (a default of hundreds of megabytes
 /// given meanwhile would be loaded into the caller's catalog cache by the read). Locked, it
 /// keeps what takes the relation's ACCESS EXCLUSIVE lock (defaults, constraints, rules,
-/// policies, a partition detached) until the read's subtransaction ends; what only takes a
-/// weaker one (an index, a trigger, a statistic, a partition attached) can still come between
-/// the measure and the read, which waits for nothing the other session holds in between. The
-/// locks are the read's (given back when its subtransaction ends). `Some(why)` refuses the
-/// read.
+/// policies, a partition detached) until the read's subtransaction ends. Its partitions and
+/// the indexes of all are locked before the last measure, so that planning the read waits for
+/// nothing another session holds after it; what only takes a weaker lock (an index, a
+/// trigger, a statistic, a partition attached) can still be committed in the moment between
+/// the measure and the read. The locks are the read's (given back when its subtransaction
+/// ends). `Some(why)` refuses the read.
 pub fn own_read_still_bounded(oid: pg_sys::Oid, name: &str) -> Option<String> {
     const ACCESS_SHARE: pg_sys::LOCKMODE = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
     // SAFETY: locks a relation by OID in the current (sub)transaction, as a read of it would;
@@ -200,8 +201,14 @@ pub fn own_read_still_bounded(oid: pg_sys::Oid, name: &str) -> Option<String> {
         || Some("the relation is gone, or no longer under the name it is read by".to_string());
     // A name that names another relation now (this one renamed meanwhile, another made under
     // its name) would have the read open one that was never measured.
+    let too_many = |locks: i64| {
+        (locks > i64::from(MAX_OWN_READ_LOCKS)).then(|| {
+            format!("a read of it would take {locks} locks, more than {MAX_OWN_READ_LOCKS}")
+        })
+    };
     let Some(OwnReadLoads {
-        partitions,
+        locked,
+        locks,
         owner: Some(_),
         named: true,
         ..
@@ -209,15 +216,21 @@ pub fn own_read_still_bounded(oid: pg_sys::Oid, name: &str) -> Option<String> {
     else {
         return gone();
     };
-    for partition in &partitions {
-        pgrx::check_for_interrupts!();
-        // SAFETY: as above, a partition's OID the catalog just gave.
-        unsafe { pg_sys::LockRelationOid(pg_sys::Oid::from(*partition as u32), ACCESS_SHARE) };
+    if let Some(why) = too_many(locks) {
+        return Some(why);
     }
-    // Measured again now that they are locked too: a partition attached before its lock was
-    // taken would be read without its lock having been counted.
+    // Everything planning the read locks, locked now: planning waits for no lock another
+    // session holds after the measure below (a REINDEX holding an index while that session
+    // gives the table a trigger of 30 MB).
+    for relation in &locked {
+        pgrx::check_for_interrupts!();
+        // SAFETY: as above, a partition's or an index's OID the catalog just gave.
+        unsafe { pg_sys::LockRelationOid(pg_sys::Oid::from(*relation as u32), ACCESS_SHARE) };
+    }
+    // Measured again now that they are locked too: a partition attached or an index made
+    // before its lock was taken would be read without its lock having been counted.
     let Some(OwnReadLoads {
-        partitions: now,
+        locked: now,
         locks,
         bytes,
         owner: Some(owner),
@@ -226,13 +239,11 @@ pub fn own_read_still_bounded(oid: pg_sys::Oid, name: &str) -> Option<String> {
     else {
         return gone();
     };
-    if now != partitions {
-        return Some("its partitions changed as it was about to be read".into());
+    if now != locked {
+        return Some("its partitions or indexes changed as it was about to be read".into());
     }
-    if locks > i64::from(MAX_OWN_READ_LOCKS) {
-        return Some(format!(
-            "a read of it would take {locks} locks, more than {MAX_OWN_READ_LOCKS}"
-        ));
+    if let Some(why) = too_many(locks) {
+        return Some(why);
     }
     let trusted =
         crate::guard::trusted_by_the_current_user().trusts(pg_sys::Oid::from(owner as u32));
@@ -559,8 +570,9 @@ macro_rules! may_read_some_column {
 pub(super) const MAY_READ_SOME_COLUMN_SQL: &str = concat!("SELECT ", may_read_some_column!("$1"));
 
 /// What a read on the extension's own of relation `$1` loads, measured from the catalog as it is
-/// now: its partitions at every level when it is partitioned (`$2`; at most `$3` of them,
-/// sorted), the locks the read takes (the relations and their indexes), the bytes of catalog
+/// now: the relations its planning locks besides it (its partitions at every level when it is
+/// partitioned, `$2`, at most `$3` of them; and their and its indexes), sorted, how many locks
+/// the read takes, the bytes of catalog
 /// text opening and planning it loads (`catalog_text_of`), its owner, and whether the name the
 /// read reads it by (`$4`, qualified) names it (`OwnReadLoads`).
 const OWN_READ_LOADS_SQL: &std::ffi::CStr = match std::ffi::CStr::from_bytes_with_nul(
@@ -573,7 +585,10 @@ WITH RECURSIVE tree(relid) AS (
 walked AS MATERIALIZED (SELECT DISTINCT relid FROM (SELECT relid FROM tree LIMIT $3) w),
 read AS MATERIALIZED (SELECT $1 AS relid UNION SELECT relid FROM walked)
 SELECT json_build_object(
-       'partitions', (SELECT coalesce(array_agg(relid::bigint ORDER BY relid), '{}') FROM walked),
+       'locked', (SELECT coalesce(array_agg(l.relid::bigint ORDER BY l.relid), '{}')
+                  FROM (SELECT relid FROM walked
+                        UNION SELECT i.indexrelid FROM read r
+                              JOIN pg_index i ON i.indrelid = r.relid) l),
        'locks', (SELECT count(*) FROM read)
                 + (SELECT count(*) FROM read r JOIN pg_index i ON i.indrelid = r.relid),
        'bytes', (SELECT sum("#,

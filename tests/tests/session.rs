@@ -1163,6 +1163,32 @@ fn a_session_reset_on_one_connection_is_not_undone_by_anothers_memory() {
         !asked.contains("the first question"),
         "a reset turn came back: {asked}"
     );
+    // The same with the table, no Redis: a turn asked in a transaction that could not write
+    // it is kept in that backend's memory alone, and a reset written on another connection
+    // ends it too.
+    let (mut reader, mut resetter) = (s.second_connection(), s.second_connection());
+    s.llm.on(
+        "a question read only",
+        vec![Reply::sql("SELECT 3 AS three")],
+    );
+    s.llm
+        .on("a question after it", vec![Reply::sql("SELECT 4 AS four")]);
+    reader
+        .batch_execute(
+            "BEGIN READ ONLY; SELECT nl_query('a question read only', 'tabled'); COMMIT;",
+        )
+        .unwrap();
+    resetter
+        .batch_execute("SELECT nl_session_reset('tabled')")
+        .unwrap();
+    reader
+        .query("SELECT nl_query('a question after it', 'tabled')", &[])
+        .unwrap();
+    let asked = s.llm.last_text();
+    assert!(
+        !asked.contains("a question read only"),
+        "a reset turn came back from memory: {asked}"
+    );
 }
 
 /// A reset in a transaction that cannot write leaves the turns in `nl_sessions`, which the next

@@ -481,6 +481,7 @@ fn default_privileges_give_no_role_rights_on_the_extensions_objects() {
                          FOR EACH ROW EXECUTE FUNCTION app.app_trigger();
                      CREATE TABLE app.pins (example bigint REFERENCES nl_examples (id));
                      GRANT INSERT ON nl_examples TO PUBLIC;
+                     GRANT INSERT (question, sql), UPDATE (sql) ON nl_examples TO PUBLIC;
                      RESET ROLE;
                      ALTER EXTENSION sql_query_engine UPDATE;"
                 ))
@@ -508,21 +509,38 @@ fn default_privileges_give_no_role_rights_on_the_extensions_objects() {
                      VALUES ('nl_ask', 'q', 'ok', '[]', 1, 1, 1, 1)",
                 )
                 .unwrap();
-            let (pins, public_insert): (i64, bool) = {
+            let (pins, public_insert, column_grants): (i64, bool, i64) = {
                 let row = owner
                     .query_one(
                         "SELECT (SELECT count(*) FROM pg_constraint
                                  WHERE conrelid = 'app.pins'::regclass AND contype = 'f'),
                                 EXISTS (SELECT FROM aclexplode((SELECT relacl FROM pg_class
                                             WHERE oid = 'nl_examples'::regclass)) a
-                                        WHERE a.grantee = 0 AND a.privilege_type = 'INSERT')",
+                                        WHERE a.grantee = 0 AND a.privilege_type = 'INSERT'),
+                                (SELECT count(*) FROM pg_attribute
+                                 WHERE attrelid = 'nl_examples'::regclass
+                                   AND cardinality(attacl) > 0)",
                         &[],
                     )
                     .unwrap();
-                (row.get(0), row.get(1))
+                (row.get(0), row.get(1), row.get(2))
             };
             assert_eq!(pins, 0, "the foreign key to the examples stayed");
             assert!(!public_insert, "PUBLIC may still write examples");
+            let acls: Vec<String> = owner
+                .query(
+                    "SELECT attname || ' ' || attacl::text FROM pg_attribute
+                     WHERE attrelid = 'nl_examples'::regclass AND cardinality(attacl) > 0",
+                    &[],
+                )
+                .unwrap()
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            assert_eq!(
+                column_grants, 0,
+                "grants on the examples' columns stayed: {acls:?} {warnings}"
+            );
         }
     }
     cluster()
