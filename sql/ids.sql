@@ -19,6 +19,8 @@ BEGIN
     RETURN NEW;
 END
 $$;
+-- Not on nl_sessions: its key is (role_id, session, id), so an id a role takes ahead there
+-- clashes only with its own rows.
 CREATE TRIGGER nl_drawn_id BEFORE INSERT ON @extschema@.nl_history
     FOR EACH ROW EXECUTE FUNCTION @extschema@.nl_drawn_id();
 CREATE TRIGGER nl_drawn_id BEFORE INSERT ON @extschema@.nl_feedback

@@ -96,6 +96,164 @@ END
 $$;
 SET LOCAL search_path = pg_catalog, pg_temp;
 
+-- What roles made while they held privileges that 0.20.0 and 0.21.0 took away outlived the
+-- revoke, and a fresh install has none of it: a trigger of theirs on a table of the extension
+-- (it runs as whoever writes a row: a superuser's call writes its history), a trigger of a table
+-- of theirs that calls one of the extension's trigger functions (the examples' audit would write
+-- lines of their choosing to the server log), a foreign key of their table to one of the
+-- extension's (its actions run at every delete of an example, and its locks are held), and what
+-- they passed on with a grant option (INSERT on nl_examples granted to PUBLIC made every role an
+-- example writer), also on columns. Each is dropped or revoked, and named in a WARNING; so is
+-- what default privileges gave beyond a fresh install's (SELECT on nl_sessions' sequence).
+-- First, and waiting at most so long for another session's lock on a table of a role's: an
+-- open transaction of the role's would otherwise hold up the update, and every role's calls
+-- behind the locks it takes on the extension's tables.
+SET LOCAL lock_timeout = '30s';
+DO $$
+DECLARE
+    extension_oid oid := (SELECT e.oid FROM pg_extension e
+                          WHERE e.extname = 'sql_query_engine');
+    undone record;
+    forged bigint;
+BEGIN
+    FOR undone IN
+        WITH members AS (
+            SELECT d.objid AS oid FROM pg_depend d
+             WHERE d.classid = 'pg_class'::regclass AND d.refclassid = 'pg_extension'::regclass
+               AND d.refobjid = extension_oid AND d.deptype = 'e'),
+        functions AS (
+            SELECT d.objid AS oid FROM pg_depend d
+             WHERE d.classid = 'pg_proc'::regclass AND d.refclassid = 'pg_extension'::regclass
+               AND d.refobjid = extension_oid AND d.deptype = 'e')
+        -- Triggers on the extension's tables that are not the extension's, and triggers of
+        -- other tables that call its trigger functions.
+        -- (Not a partition's clone of a trigger, dropped with its parent's.)
+        SELECT format('DROP TRIGGER IF EXISTS %I ON %I.%I', t.tgname, n.nspname, c.relname)
+                   AS command,
+               format('trigger %I on %I.%I dropped', t.tgname, n.nspname, c.relname) AS what
+          FROM pg_trigger t
+          JOIN pg_class c ON c.oid = t.tgrelid
+          JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE NOT t.tgisinternal AND t.tgparentid = 0
+           AND (t.tgrelid IN (SELECT oid FROM members))
+               <> (t.tgfoid IN (SELECT oid FROM functions))
+        UNION ALL
+        -- Foreign keys of other tables to the extension's (not a partition's, dropped with its
+        -- parent's).
+        SELECT format('ALTER TABLE %I.%I DROP CONSTRAINT IF EXISTS %I', n.nspname, c.relname,
+                   k.conname),
+               format('foreign key %I of %I.%I dropped', k.conname, n.nspname, c.relname)
+          FROM pg_constraint k
+          JOIN pg_class c ON c.oid = k.conrelid
+          JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE k.contype = 'f' AND k.conparentid = 0 AND k.confrelid IN (SELECT oid FROM members)
+           AND k.conrelid NOT IN (SELECT oid FROM members)
+        UNION ALL
+        -- Grant options (granted by the owner: revoking them takes what was passed on).
+        SELECT format('REVOKE GRANT OPTION FOR %s ON %s %I.%I FROM %s CASCADE',
+                   a.privilege_type, CASE c.relkind WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END,
+                   n.nspname, c.relname, quote_ident(r.rolname::text)),
+               format('grant option for %s on %I.%I revoked from %I', a.privilege_type,
+                   n.nspname, c.relname, r.rolname)
+          FROM pg_class c
+          JOIN pg_namespace n ON n.oid = c.relnamespace
+          CROSS JOIN LATERAL aclexplode(c.relacl) a
+          JOIN pg_roles r ON r.oid = a.grantee
+         WHERE c.oid IN (SELECT oid FROM members)
+           AND a.is_grantable AND a.grantee <> c.relowner AND a.grantor = c.relowner
+    LOOP
+        RAISE WARNING 'sql_query_engine: %', undone.what;
+        EXECUTE undone.command;
+    END LOOP;
+    -- Then what a fresh install does not give (privileges.sql): every privilege of a role but
+    -- the owner beyond SELECT on the tables, INSERT on nl_history, nl_sessions and
+    -- nl_feedback, SELECT on the sequences of the ids those tables draw from PUBLIC, and
+    -- INSERT and DELETE on nl_examples granted to a role (not PUBLIC) that writes examples.
+    FOR undone IN
+        SELECT format('REVOKE %s ON %s %I.%I FROM %s CASCADE', a.privilege_type,
+                   CASE c.relkind WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END,
+                   n.nspname, c.relname,
+                   CASE WHEN a.grantee = 0 THEN 'PUBLIC'
+                        ELSE quote_ident(r.rolname::text) END) AS command,
+               format('%s on %I.%I revoked from %s', a.privilege_type, n.nspname, c.relname,
+                   CASE WHEN a.grantee = 0 THEN 'PUBLIC'
+                        ELSE quote_ident(r.rolname::text) END) AS what
+          FROM pg_depend d
+          JOIN pg_class c ON c.oid = d.objid
+          JOIN pg_namespace n ON n.oid = c.relnamespace
+          CROSS JOIN LATERAL aclexplode(c.relacl) a
+          LEFT JOIN pg_roles r ON r.oid = a.grantee
+         WHERE d.classid = 'pg_class'::regclass AND d.refclassid = 'pg_extension'::regclass
+           AND d.refobjid = extension_oid AND d.deptype = 'e'
+           AND a.grantee <> c.relowner
+           AND NOT (a.privilege_type = 'SELECT' AND c.relkind <> 'S')
+           AND NOT (a.privilege_type = 'SELECT' AND a.grantee = 0
+                    AND c.relname IN ('nl_history_id_seq', 'nl_feedback_id_seq',
+                                      'nl_examples_id_seq'))
+           AND NOT (a.privilege_type = 'INSERT'
+                    AND c.relname IN ('nl_history', 'nl_sessions', 'nl_feedback'))
+           AND NOT (a.privilege_type IN ('INSERT', 'DELETE') AND a.grantee <> 0
+                    AND c.relname = 'nl_examples')
+    LOOP
+        RAISE WARNING 'sql_query_engine: %', undone.what;
+        EXECUTE undone.command;
+    END LOOP;
+    -- Column grants: a fresh install has none, and a grant a role made on a column with the
+    -- grant option it had on the table is not taken with that option (it is recorded on the
+    -- column alone). A grant of the owner's is revoked; one of another grantor's, by giving
+    -- that grantor the option on the column and taking it back at once, with what it gave.
+    FOR undone IN
+        SELECT DISTINCT
+               CASE WHEN x.grantor <> c.relowner
+                    THEN format('GRANT %s (%I) ON %I.%I TO %I WITH GRANT OPTION',
+                                x.privilege_type, a.attname, n.nspname, c.relname, g.rolname)
+               END AS lend,
+               format('REVOKE %s (%I) ON %I.%I FROM %s CASCADE', x.privilege_type,
+                      a.attname, n.nspname, c.relname,
+                      CASE WHEN x.grantor <> c.relowner THEN quote_ident(g.rolname::text)
+                           WHEN x.grantee = 0 THEN 'PUBLIC'
+                           ELSE quote_ident(r.rolname::text) END) AS command,
+               format('%s (%I) on %I.%I revoked from %s', x.privilege_type, a.attname,
+                      n.nspname, c.relname,
+                      CASE WHEN x.grantor <> c.relowner
+                           THEN pg_catalog.format('what %I gave', g.rolname)
+                           WHEN x.grantee = 0 THEN 'PUBLIC'
+                           ELSE quote_ident(r.rolname::text) END) AS what
+          FROM pg_depend d
+          JOIN pg_class c ON c.oid = d.objid
+          JOIN pg_namespace n ON n.oid = c.relnamespace
+          JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND a.attacl IS NOT NULL
+          CROSS JOIN LATERAL aclexplode(a.attacl) x
+          JOIN pg_roles g ON g.oid = x.grantor
+          LEFT JOIN pg_roles r ON r.oid = x.grantee
+         WHERE d.classid = 'pg_class'::regclass AND d.refclassid = 'pg_extension'::regclass
+           AND d.refobjid = extension_oid AND d.deptype = 'e'
+           AND x.grantee <> c.relowner
+    LOOP
+        RAISE WARNING 'sql_query_engine: %', undone.what;
+        IF undone.lend IS NOT NULL THEN
+            EXECUTE undone.lend;
+        END IF;
+        EXECUTE undone.command;
+    END LOOP;
+    -- Rows whose name is not their writer's: from 0.3.0 to 0.5.0 row security checked only a
+    -- row's OID, and a role could write rows under another's name. A restore (or logical
+    -- replication) gives each row to the role of its name.
+    SELECT (SELECT count(*) FROM @extschema@.nl_history
+             WHERE role_id <> 0 AND to_regrole(quote_ident(role)) IS DISTINCT FROM role_id)
+         + (SELECT count(*) FROM @extschema@.nl_feedback
+             WHERE role_id <> 0 AND to_regrole(quote_ident(role)) IS DISTINCT FROM role_id)
+         + (SELECT count(*) FROM @extschema@.nl_sessions
+             WHERE role_id <> 0 AND to_regrole(quote_ident(role)) IS DISTINCT FROM role_id)
+      INTO forged;
+    IF forged > 0 THEN
+        RAISE WARNING 'sql_query_engine: % rows of nl_history, nl_feedback and nl_sessions name a role other than the one that wrote them', forged
+            USING HINT = 'A role could write such rows before 0.5.0 (or the role of the name was renamed since). A restore or logical replication gives each row to the role of its name: review them (role_id is the writer) before either.';
+    END IF;
+END
+$$;
+RESET lock_timeout;
+
 -- Rows are dated as they are written, not at the start of their transaction (`now()`), which a
 -- writer could hold open to backdate a row of the history, the feedback or the examples, or to
 -- have a session turn expire early: for every writer but the table's owner, nl_row_role and
@@ -167,113 +325,3 @@ BEGIN
 END
 $$;
 
--- What roles made while they held privileges that 0.20.0 and 0.21.0 took away outlived the
--- revoke, and a fresh install has none of it: a trigger of theirs on a table of the extension
--- (it runs as whoever writes a row: a superuser's call writes its history), a trigger of a table
--- of theirs that calls one of the extension's trigger functions (the examples' audit would write
--- lines of their choosing to the server log), a foreign key of their table to one of the
--- extension's (its actions run at every delete of an example, and its locks are held), and what
--- they passed on with a grant option (INSERT on nl_examples granted to PUBLIC made every role an
--- example writer). Each is dropped or revoked, and named in a WARNING; so is what default
--- privileges gave beyond a fresh install's (SELECT on nl_sessions' sequence).
-DO $$
-DECLARE
-    extension_oid oid := (SELECT e.oid FROM pg_extension e
-                          WHERE e.extname = 'sql_query_engine');
-    undone record;
-    forged bigint;
-BEGIN
-    FOR undone IN
-        WITH members AS (
-            SELECT d.objid AS oid FROM pg_depend d
-             WHERE d.classid = 'pg_class'::regclass AND d.refclassid = 'pg_extension'::regclass
-               AND d.refobjid = extension_oid AND d.deptype = 'e'),
-        functions AS (
-            SELECT d.objid AS oid FROM pg_depend d
-             WHERE d.classid = 'pg_proc'::regclass AND d.refclassid = 'pg_extension'::regclass
-               AND d.refobjid = extension_oid AND d.deptype = 'e')
-        -- Triggers on the extension's tables that are not the extension's, and triggers of
-        -- other tables that call its trigger functions.
-        SELECT format('DROP TRIGGER %I ON %I.%I', t.tgname, n.nspname, c.relname) AS command,
-               format('trigger %I on %I.%I dropped', t.tgname, n.nspname, c.relname) AS what
-          FROM pg_trigger t
-          JOIN pg_class c ON c.oid = t.tgrelid
-          JOIN pg_namespace n ON n.oid = c.relnamespace
-         WHERE NOT t.tgisinternal
-           AND (t.tgrelid IN (SELECT oid FROM members))
-               <> (t.tgfoid IN (SELECT oid FROM functions))
-        UNION ALL
-        -- Foreign keys of other tables to the extension's.
-        SELECT format('ALTER TABLE %I.%I DROP CONSTRAINT %I', n.nspname, c.relname, k.conname),
-               format('foreign key %I of %I.%I dropped', k.conname, n.nspname, c.relname)
-          FROM pg_constraint k
-          JOIN pg_class c ON c.oid = k.conrelid
-          JOIN pg_namespace n ON n.oid = c.relnamespace
-         WHERE k.contype = 'f' AND k.confrelid IN (SELECT oid FROM members)
-           AND k.conrelid NOT IN (SELECT oid FROM members)
-        UNION ALL
-        -- Grant options (granted by the owner: revoking them takes what was passed on).
-        SELECT format('REVOKE GRANT OPTION FOR %s ON %s %I.%I FROM %s CASCADE',
-                   a.privilege_type, CASE c.relkind WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END,
-                   n.nspname, c.relname, quote_ident(r.rolname::text)),
-               format('grant option for %s on %I.%I revoked from %I', a.privilege_type,
-                   n.nspname, c.relname, r.rolname)
-          FROM pg_class c
-          JOIN pg_namespace n ON n.oid = c.relnamespace
-          CROSS JOIN LATERAL aclexplode(c.relacl) a
-          JOIN pg_roles r ON r.oid = a.grantee
-         WHERE c.oid IN (SELECT oid FROM members)
-           AND a.is_grantable AND a.grantee <> c.relowner AND a.grantor = c.relowner
-    LOOP
-        RAISE WARNING 'sql_query_engine: %', undone.what;
-        EXECUTE undone.command;
-    END LOOP;
-    -- Then what a fresh install does not give (privileges.sql): every privilege of a role but
-    -- the owner beyond SELECT on the tables, INSERT on nl_history, nl_sessions and
-    -- nl_feedback, SELECT on the sequences of the ids those tables draw from PUBLIC, and
-    -- INSERT and DELETE on nl_examples granted to a role (not PUBLIC) that writes examples.
-    FOR undone IN
-        SELECT format('REVOKE %s ON %s %I.%I FROM %s CASCADE', a.privilege_type,
-                   CASE c.relkind WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END,
-                   n.nspname, c.relname,
-                   CASE WHEN a.grantee = 0 THEN 'PUBLIC'
-                        ELSE quote_ident(r.rolname::text) END) AS command,
-               format('%s on %I.%I revoked from %s', a.privilege_type, n.nspname, c.relname,
-                   CASE WHEN a.grantee = 0 THEN 'PUBLIC'
-                        ELSE quote_ident(r.rolname::text) END) AS what
-          FROM pg_depend d
-          JOIN pg_class c ON c.oid = d.objid
-          JOIN pg_namespace n ON n.oid = c.relnamespace
-          CROSS JOIN LATERAL aclexplode(c.relacl) a
-          LEFT JOIN pg_roles r ON r.oid = a.grantee
-         WHERE d.classid = 'pg_class'::regclass AND d.refclassid = 'pg_extension'::regclass
-           AND d.refobjid = extension_oid AND d.deptype = 'e'
-           AND a.grantee <> c.relowner
-           AND NOT (a.privilege_type = 'SELECT' AND c.relkind <> 'S')
-           AND NOT (a.privilege_type = 'SELECT' AND a.grantee = 0
-                    AND c.relname IN ('nl_history_id_seq', 'nl_feedback_id_seq',
-                                      'nl_examples_id_seq'))
-           AND NOT (a.privilege_type = 'INSERT'
-                    AND c.relname IN ('nl_history', 'nl_sessions', 'nl_feedback'))
-           AND NOT (a.privilege_type IN ('INSERT', 'DELETE') AND a.grantee <> 0
-                    AND c.relname = 'nl_examples')
-    LOOP
-        RAISE WARNING 'sql_query_engine: %', undone.what;
-        EXECUTE undone.command;
-    END LOOP;
-    -- Rows whose name is not their writer's: from 0.3.0 to 0.5.0 row security checked only a
-    -- row's OID, and a role could write rows under another's name. A restore (or logical
-    -- replication) gives each row to the role of its name.
-    SELECT (SELECT count(*) FROM @extschema@.nl_history
-             WHERE role_id <> 0 AND to_regrole(quote_ident(role)) IS DISTINCT FROM role_id)
-         + (SELECT count(*) FROM @extschema@.nl_feedback
-             WHERE role_id <> 0 AND to_regrole(quote_ident(role)) IS DISTINCT FROM role_id)
-         + (SELECT count(*) FROM @extschema@.nl_sessions
-             WHERE role_id <> 0 AND to_regrole(quote_ident(role)) IS DISTINCT FROM role_id)
-      INTO forged;
-    IF forged > 0 THEN
-        RAISE WARNING 'sql_query_engine: % rows of nl_history, nl_feedback and nl_sessions name a role other than the one that wrote them', forged
-            USING HINT = 'A role could write such rows before 0.5.0 (or the role of the name was renamed since). A restore or logical replication gives each row to the role of its name: review them (role_id is the writer) before either.';
-    END IF;
-END
-$$;
