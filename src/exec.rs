@@ -1405,6 +1405,7 @@ unsafe fn execute(
         record: std::ptr::null_mut(),
         as_text: Vec::new(),
         measured: Vec::new(),
+        looked_up: Vec::new(),
         // SAFETY: an all-zero FmgrInfo is what fmgr_info fills in `startup`.
         to_jsonb: unsafe { std::mem::zeroed() },
         jsonb_out: pg_sys::InvalidOid,
@@ -1493,6 +1494,9 @@ struct Collector {
     /// For each column whose values hold numerics in arrays or records: its output function,
     /// whose text is measured before `to_jsonb` reads the value (`numerics_inside`).
     measured: Vec<Option<pg_sys::FmgrInfo>>,
+    /// For each column: whether its values hold values written by catalog look-ups, counted
+    /// before anything writes them out (`LookedUp`).
+    looked_up: Vec<LookedUp>,
     to_jsonb: pg_sys::FmgrInfo,
     jsonb_out: pg_sys::Oid,
     /// Reset after every row: a large result does not grow memory beyond its text. A child of
@@ -1575,6 +1579,108 @@ fn json_without_casts_unremembered(
                 .all(|field| json_without_casts_in(field, depth + 1, known))
         })
     }
+}
+
+/// Values written by catalog look-ups (`regclass`, `aclitem`: `guard::is_looked_up`) one row may
+/// hold inside arrays, at most: an array of them is written out by one call that checks no
+/// interrupt between its elements, each a catalog cache look-up that another call may have
+/// made walk some 65,000 entries of OIDs that hash alike (millions of elements kept the backend
+/// deaf to cancel for minutes). The guard refuses such arrays built by the query; these come
+/// from tables.
+const MAX_LOOKED_UP_PER_ROW: usize = 1000;
+
+/// What a column's values hold of values written by catalog look-ups.
+#[derive(Clone, Copy, PartialEq)]
+enum LookedUp {
+    /// None.
+    No,
+    /// Its values are arrays of them: counted.
+    Array,
+    /// Its values are records, whose fields are known only per value: refused when one holds
+    /// them inside another value.
+    Record,
+}
+
+/// What the values of a result column of type `typ` hold of values written by catalog
+/// look-ups; `Err` with the type's name when they hold them where they are not counted
+/// (inside a row type or a range).
+fn looked_up_in(typ: pg_sys::Oid) -> Result<LookedUp, String> {
+    // SAFETY: catalog look-ups of a type the query's result has.
+    unsafe {
+        let base = pg_sys::getBaseType(typ);
+        if base == pg_sys::RECORDOID {
+            return Ok(LookedUp::Record);
+        }
+        if !guard::holds_looked_up(base) {
+            return Ok(LookedUp::No);
+        }
+        let element = pg_sys::get_element_type(base);
+        if element != pg_sys::InvalidOid && guard::is_looked_up(pg_sys::getBaseType(element)) {
+            return Ok(LookedUp::Array);
+        }
+        Err(crate::names::c_string(pg_sys::format_type_be(typ)))
+    }
+}
+
+/// How many values written by catalog look-ups the values of a row hold (`LookedUp`); raises
+/// when a record holds them inside another value.
+///
+/// # Safety
+/// `values` and `nulls` are a row's, of the collector's columns.
+unsafe fn looked_up_values(kinds: &[LookedUp], values: &[pg_sys::Datum], nulls: &[bool]) -> usize {
+    let mut count = 0usize;
+    for (i, kind) in kinds.iter().enumerate() {
+        if nulls[i] || *kind == LookedUp::No {
+            continue;
+        }
+        // SAFETY: the caller's contract: a value of the column's type, not null.
+        unsafe {
+            match kind {
+                LookedUp::Array => {
+                    let array = pg_sys::pg_detoast_datum(values[i].cast_mut_ptr())
+                        .cast::<pg_sys::ArrayType>();
+                    let dims = std::slice::from_raw_parts(
+                        (array as *const u8)
+                            .add(std::mem::size_of::<pg_sys::ArrayType>())
+                            .cast::<i32>(),
+                        (*array).ndim.max(0) as usize,
+                    );
+                    count = count.saturating_add(
+                        pg_sys::ArrayGetNItems((*array).ndim, dims.as_ptr()).max(0) as usize,
+                    );
+                }
+                LookedUp::Record => {
+                    let header = pg_sys::pg_detoast_datum(values[i].cast_mut_ptr())
+                        .cast::<pg_sys::HeapTupleHeaderData>();
+                    let (typ, typmod) = (
+                        pgrx::heap_tuple_header_get_type_id(header),
+                        pgrx::heap_tuple_header_get_typmod(header),
+                    );
+                    let desc = pg_sys::lookup_rowtype_tupdesc(typ, typmod);
+                    let holds = compat::attributes(desc)
+                        .iter()
+                        .find(|attr| !attr.attisdropped && guard::holds_looked_up(attr.atttypid))
+                        .map(|attr| attr.atttypid);
+                    pg_sys::DecrTupleDescRefCount(desc);
+                    if let Some(field) = holds {
+                        crate::error::Error::sql(
+                            "0A000",
+                            format!(
+                                "a row of the result holds a record with a field of type {}, \
+                                 whose values are each looked up in the catalog as they are \
+                                 written",
+                                crate::names::c_string(pg_sys::format_type_be(field))
+                            ),
+                            Some("Select the field as a column of its own."),
+                        )
+                        .raise();
+                    }
+                }
+                LookedUp::No => {}
+            }
+        }
+    }
+    count
 }
 
 /// Whether values of `typ` hold numerics inside arrays or records. `to_jsonb` turns each
@@ -1711,6 +1817,19 @@ unsafe extern "C-unwind" fn startup(
             // A column name never holds a NUL; one that did would keep its own name.
             let name = CString::new(name.as_str()).unwrap_or_default();
             let typ = compat::attributes(source)[i].atttypid;
+            match looked_up_in(typ) {
+                Ok(kind) => c.looked_up.push(kind),
+                Err(type_name) => crate::error::Error::sql(
+                    "0A000",
+                    format!(
+                        "column \"{}\" is of type {type_name}, which holds values that are each \
+                         looked up in the catalog as they are written",
+                        name.to_string_lossy()
+                    ),
+                    Some("Select the values that are looked up as columns of their own."),
+                )
+                .raise(),
+            }
             let json = json_without_casts(typ);
             c.measured.push((json && numerics_inside(typ)).then(|| {
                 let (mut output, mut is_varlena) = (pg_sys::InvalidOid, false);
@@ -1800,6 +1919,21 @@ unsafe extern "C-unwind" fn receive_slot(
         let natts = c.as_text.len();
         let mut values = std::slice::from_raw_parts((*slot).tts_values, natts).to_vec();
         let nulls = std::slice::from_raw_parts_mut((*slot).tts_isnull, natts);
+        // Counted before anything writes them out (see `MAX_LOOKED_UP_PER_ROW`).
+        let looked_up = looked_up_values(&c.looked_up, &values, nulls);
+        if looked_up > MAX_LOOKED_UP_PER_ROW {
+            pg_sys::MemoryContextSwitchTo(caller);
+            crate::error::Error::sql(
+                "54000",
+                format!(
+                    "a row of the result holds {looked_up} values in arrays that are each looked \
+                     up in the catalog as they are written (regclass, regtype, aclitem, ...): \
+                     more than {MAX_LOOKED_UP_PER_ROW}"
+                ),
+                Some("Select them as rows (unnest) or as OIDs (::oid[])."),
+            )
+            .raise();
+        }
         for (i, output) in c.as_text.iter_mut().enumerate() {
             if let (Some(output), false) = (output, nulls[i]) {
                 let text = pg_sys::OutputFunctionCall(output, values[i]);

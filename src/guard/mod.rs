@@ -66,7 +66,7 @@ pub use policy::Allowed;
 pub use refs::{references, ColumnRef, GroupBy, Named, References, RelationRef, Select};
 pub use scope::Scope;
 pub use trust::{saving_call, superuser_call, trusted_by_the_current_user, Trusted};
-pub use types::names_code;
+pub use types::{holds_looked_up, is_looked_up, names_code};
 pub use verdict::{Origin, Refusal};
 pub use walk::check_tree;
 

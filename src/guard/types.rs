@@ -436,6 +436,52 @@ fn range_functions(range: pg_sys::Oid) -> Vec<pg_sys::Oid> {
     }
 }
 
+/// Built-in types whose text is looked up in the catalog, value by value (`regclass` writes a
+/// relation's name, `aclitem` its roles'). An array of them is written out by one call that
+/// checks no interrupt between its elements, and a catalog cache bucket another call filled
+/// with the entries of OIDs that hash alike (some 65,000 of them) makes each look-up walk them
+/// all: a few million elements keep the backend deaf to cancel for minutes, in flat memory.
+const LOOKED_UP: [pg_sys::Oid; 12] = [
+    pg_sys::REGPROCOID,
+    pg_sys::REGPROCEDUREOID,
+    pg_sys::REGOPEROID,
+    pg_sys::REGOPERATOROID,
+    pg_sys::REGCLASSOID,
+    pg_sys::REGTYPEOID,
+    pg_sys::REGCONFIGOID,
+    pg_sys::REGDICTIONARYOID,
+    pg_sys::REGROLEOID,
+    pg_sys::REGNAMESPACEOID,
+    pg_sys::REGCOLLATIONOID,
+    pg_sys::ACLITEMOID,
+];
+
+/// Whether `typ` (a base type) is written by looking each value up in the catalog
+/// (`LOOKED_UP`).
+pub fn is_looked_up(typ: pg_sys::Oid) -> bool {
+    LOOKED_UP.contains(&typ)
+}
+
+/// Whether values of `typ` hold values written by catalog look-ups inside another value (an
+/// array, a row, a range): many looked up by one call (`LOOKED_UP`).
+pub fn holds_looked_up(typ: pg_sys::Oid) -> bool {
+    if typ == pg_sys::InvalidOid {
+        return false;
+    }
+    // Most types of a query: built-in scalars and their arrays, answered without a look-up.
+    if builtin(typ) && typ.to_u32() < pg_sys::FirstGenbkiObjectId {
+        // SAFETY: a catalog look-up of a built-in type.
+        let element = unsafe { pg_sys::get_element_type(typ) };
+        if element == pg_sys::InvalidOid {
+            // SAFETY: as above.
+            return unsafe { pg_sys::get_typtype(typ) } as u8 == b'c'
+                && type_holds(typ, &|base, nested| nested && is_looked_up(base));
+        }
+        return is_looked_up(element);
+    }
+    type_holds(typ, &|base, nested| nested && is_looked_up(base))
+}
+
 /// Types whose values name code: converting text to one runs the named type's modifier input
 /// function (`regtype`, and the argument types of `regprocedure` and `regoperator`), and a text
 /// search function given one runs the configuration's parser and dictionaries.

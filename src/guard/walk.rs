@@ -277,6 +277,9 @@ unsafe extern "C-unwind" fn analyzed_walker(node: *mut pg_sys::Node, context: *m
             if walk.refuse_anonymous_pattern(node, tag) {
                 return true;
             }
+            if walk.refuse_looked_up(node, tag, typ) {
+                return true;
+            }
         }
         match tag {
             pg_sys::NodeTag::T_Query => {
@@ -478,6 +481,161 @@ impl Walk {
             type_name(typ)
         ));
         true
+    }
+
+    /// Values written by catalog look-ups (`regclass`, `aclitem`: `types::is_looked_up`) inside
+    /// an array, a row or a range that the query builds (`array_agg`, `ARRAY[...]`, a cast, a
+    /// function's result), or that it gives a call that writes it out or may (a cast to text,
+    /// `array_to_string`, `format`, `to_jsonb`, XML): one call writes them all out, with no check
+    /// for cancel between them, each a catalog cache look-up that another call may have made
+    /// walk some 65,000 entries of OIDs that hash alike; millions of them kept the backend deaf
+    /// to cancel for minutes. A column that holds them as stored is read (the rows collected
+    /// count them: `exec::MAX_LOOKED_UP_PER_ROW`), measured or compared (`cardinality`,
+    /// `unnest`, `= ANY`, `@>`), not written out in the query.
+    unsafe fn refuse_looked_up(
+        &mut self,
+        node: *mut pg_sys::Node,
+        tag: pg_sys::NodeTag,
+        typ: pg_sys::Oid,
+    ) -> bool {
+        /// Built-ins that measure, compare or take apart such a value without writing its
+        /// elements out.
+        const ONLY_READ: [&str; 22] = [
+            "array_length",
+            "cardinality",
+            "array_ndims",
+            "array_dims",
+            "array_lower",
+            "array_upper",
+            "unnest",
+            "array_position",
+            "array_positions",
+            "arraycontains",
+            "arraycontained",
+            "arrayoverlap",
+            "array_eq",
+            "array_ne",
+            "array_lt",
+            "array_gt",
+            "array_le",
+            "array_ge",
+            "btarraycmp",
+            "count",
+            "aclexplode",
+            "aclcontains",
+        ];
+        if self.origin != Origin::Generated {
+            return false;
+        }
+        // SAFETY: the node is of the struct its tag names; its parts are analysed expressions.
+        unsafe {
+            let built = match tag {
+                pg_sys::NodeTag::T_Var | pg_sys::NodeTag::T_Const => None,
+                pg_sys::NodeTag::T_RowExpr => {
+                    PgList::<pg_sys::Node>::from_pg((*node.cast::<pg_sys::RowExpr>()).args)
+                        .iter_ptr()
+                        .map(|field| pg_sys::exprType(field))
+                        .find(|field| types::holds_looked_up(*field))
+                }
+                _ => Some(typ).filter(|typ| types::holds_looked_up(*typ)),
+            };
+            if let Some(held) = built {
+                self.refuse(format!(
+                    "a value of type {} built as the query runs is not allowed in {}: its \
+                     elements are each looked up in the catalog as it is written out, by one call \
+                     that checks no cancel; select them as rows (unnest, a join) or as OIDs",
+                    type_name(held),
+                    self.origin.what()
+                ));
+                return true;
+            }
+            let (function, arguments) = match tag {
+                pg_sys::NodeTag::T_FuncExpr => {
+                    let call = node.cast::<pg_sys::FuncExpr>();
+                    (Some((*call).funcid), (*call).args)
+                }
+                pg_sys::NodeTag::T_OpExpr
+                | pg_sys::NodeTag::T_DistinctExpr
+                | pg_sys::NodeTag::T_NullIfExpr => {
+                    let call = node.cast::<pg_sys::OpExpr>();
+                    (Some(pg_sys::get_opcode((*call).opno)), (*call).args)
+                }
+                pg_sys::NodeTag::T_Aggref => {
+                    let call = node.cast::<pg_sys::Aggref>();
+                    (Some((*call).aggfnoid), (*call).args)
+                }
+                pg_sys::NodeTag::T_WindowFunc => {
+                    let call = node.cast::<pg_sys::WindowFunc>();
+                    (Some((*call).winfnoid), (*call).args)
+                }
+                pg_sys::NodeTag::T_XmlExpr => (None, (*node.cast::<pg_sys::XmlExpr>()).args),
+                // A conversion through text (`regs::text`), or of each element (`regs::text[]`).
+                pg_sys::NodeTag::T_CoerceViaIO | pg_sys::NodeTag::T_ArrayCoerceExpr => {
+                    let argument = match tag {
+                        pg_sys::NodeTag::T_CoerceViaIO => (*node.cast::<pg_sys::CoerceViaIO>()).arg,
+                        _ => {
+                            let coerce = node.cast::<pg_sys::ArrayCoerceExpr>();
+                            // Each element relabelled (`regs::oid[]`) is not written out.
+                            let element = (*coerce).elemexpr.cast::<pg_sys::Node>();
+                            if matches!(
+                                element.as_ref().map(|e| e.type_),
+                                Some(
+                                    pg_sys::NodeTag::T_RelabelType
+                                        | pg_sys::NodeTag::T_CaseTestExpr
+                                )
+                            ) {
+                                return false;
+                            }
+                            (*coerce).arg
+                        }
+                    };
+                    let held = pg_sys::exprType(argument.cast());
+                    if !types::holds_looked_up(held) {
+                        return false;
+                    }
+                    self.refuse(format!(
+                        "a value of type {} may not be converted in {}: its elements are each \
+                         looked up in the catalog as it is written out, by one call that checks \
+                         no cancel; select them as rows (unnest, a join) or as OIDs",
+                        type_name(held),
+                        self.origin.what()
+                    ));
+                    return true;
+                }
+                _ => return false,
+            };
+            if function
+                .and_then(cost::builtin_name)
+                .is_some_and(|name| ONLY_READ.contains(&name.as_str()))
+            {
+                return false;
+            }
+            let given = PgList::<pg_sys::Node>::from_pg(arguments)
+                .iter_ptr()
+                .map(|argument| match (*argument).type_ {
+                    // An aggregate's arguments are target entries.
+                    pg_sys::NodeTag::T_TargetEntry => {
+                        pg_sys::exprType((*argument.cast::<pg_sys::TargetEntry>()).expr.cast())
+                    }
+                    _ => pg_sys::exprType(argument),
+                })
+                .find(|argument| types::holds_looked_up(*argument));
+            let Some(held) = given else {
+                return false;
+            };
+            self.refuse(format!(
+                "a value of type {} may not be given to {} in {}: its elements are each looked \
+                 up in the catalog as it is written out, by one call that checks no cancel; \
+                 select them as rows (unnest, a join) or as OIDs",
+                type_name(held),
+                match function {
+                    Some(function) => format!("function {}", FunctionFacts::signature(function)),
+                    None => "an XML function".to_string(),
+                },
+                self.origin.what()
+            ));
+            true
+        }
     }
 
     /// A function that fills a row from text (`jsonb_populate_record` and its kin, hstore's

@@ -225,6 +225,67 @@ fn nl_check_is_callable_by_anyone() {
     assert_eq!(s.scalar_i64("SELECT count(*) FROM orders"), 6);
 }
 
+/// Values written by catalog look-ups (`regclass`, `aclitem`) inside an array are written out by
+/// one call that checks no interrupt between them, each a catalog cache look-up that another
+/// call may have made walk some 65,000 entries of OIDs that hash alike: millions of them kept
+/// a backend deaf to cancel for minutes. Such an array the query builds, converts or writes
+/// out is refused; one stored in a table is read, measured or taken apart, and collected with
+/// at most 1,000 of them in a row.
+#[test]
+fn arrays_of_values_looked_up_in_the_catalog_are_not_written_out_in_bulk() {
+    let mut s = Session::new();
+    s.client
+        .batch_execute(
+            "CREATE TABLE public.looked (regs regclass[]);
+             INSERT INTO public.looked VALUES ('{pg_class,pg_type}');
+             CREATE TABLE public.many (regs regclass[]);
+             INSERT INTO public.many SELECT array_agg(g::oid::regclass)
+                 FROM generate_series(1, 2000) g;",
+        )
+        .unwrap();
+    for sql in [
+        "SELECT array_agg(g::oid::regclass) AS r FROM generate_series(1, 10) g",
+        "SELECT array_to_string(regs, ',') AS r FROM looked",
+        "SELECT regs::text AS r FROM looked",
+        "SELECT regs::text[] AS r FROM looked",
+        "SELECT to_jsonb(regs) AS r FROM looked",
+        "SELECT ROW(regs)::text AS r FROM looked",
+        "SELECT format('%s', regs) AS r FROM looked",
+    ] {
+        let error = s
+            .client
+            .query_one("SELECT nl_check($1)", &[&sql])
+            .unwrap_err();
+        let (code, message, _) = db_error(&error);
+        assert_eq!(code, "42501", "{sql}: {message}");
+        assert!(
+            message.contains("looked up in the catalog"),
+            "{sql}: {message}"
+        );
+    }
+    // Read, measured, compared, taken apart, relabelled: nothing written out in bulk.
+    for sql in [
+        "SELECT regs, cardinality(regs) AS n, regs::oid[] AS oids FROM looked",
+        "SELECT unnest(regs) AS r FROM looked",
+        "SELECT 'pg_class'::regclass = ANY (regs) AS found FROM looked",
+    ] {
+        let rows: i64 = s
+            .client
+            .query_one("SELECT count(*) FROM nl_run($1)", &[&sql])
+            .unwrap_or_else(|e| panic!("{sql}: {:?}", db_error(&e)))
+            .get(0);
+        assert!(rows >= 1, "{sql}");
+    }
+    // A stored array of more than 1,000 is not collected.
+    let error = s
+        .client
+        .query_one("SELECT count(*) FROM nl_run('SELECT regs FROM many')", &[])
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "54000", "{message}");
+    assert!(message.contains("more than 1000"), "{message}");
+}
+
 /// Built-ins that run code of an object they are handed by name or OID as the query runs are
 /// refused unless allowed by name: `satisfies_hash_partition` opens any partitioned table
 /// (with no privilege check) and runs its key's hash functions, `to_regtype` and
