@@ -108,14 +108,16 @@ SET LOCAL search_path = pg_catalog, pg_temp;
 -- First, and waiting at most so long for another session's lock on a table of a role's: an
 -- open transaction of the role's would otherwise hold up the update, and every role's calls
 -- behind the locks it takes on the extension's tables.
-SET LOCAL lock_timeout = '30s';
 DO $$
 DECLARE
     extension_oid oid := (SELECT e.oid FROM pg_extension e
                           WHERE e.extname = 'sql_query_engine');
     undone record;
     forged bigint;
+    -- The caller's own bound, put back at the end (as a local setting of its transaction).
+    caller_lock_timeout text := current_setting('lock_timeout');
 BEGIN
+    PERFORM set_config('lock_timeout', '30s', true);
     FOR undone IN
         WITH members AS (
             SELECT d.objid AS oid FROM pg_depend d
@@ -250,9 +252,9 @@ BEGIN
         RAISE WARNING 'sql_query_engine: % rows of nl_history, nl_feedback and nl_sessions name a role other than the one that wrote them', forged
             USING HINT = 'A role could write such rows before 0.5.0 (or the role of the name was renamed since). A restore or logical replication gives each row to the role of its name: review them (role_id is the writer) before either.';
     END IF;
+    PERFORM set_config('lock_timeout', caller_lock_timeout, true);
 END
 $$;
-RESET lock_timeout;
 
 -- Rows are dated as they are written, not at the start of their transaction (`now()`), which a
 -- writer could hold open to backdate a row of the history, the feedback or the examples, or to

@@ -1494,9 +1494,10 @@ struct Collector {
     /// For each column whose values hold numerics in arrays or records: its output function,
     /// whose text is measured before `to_jsonb` reads the value (`numerics_inside`).
     measured: Vec<Option<pg_sys::FmgrInfo>>,
-    /// For each column: whether its values hold values written by catalog look-ups, counted
-    /// before anything writes them out (`LookedUp`).
-    looked_up: Vec<LookedUp>,
+    /// For each column whose values may hold values written by catalog look-ups inside others
+    /// (`may_hold_looked_up`): its type, to count them in each row before anything writes them
+    /// out.
+    looked_up: Vec<Option<pg_sys::Oid>>,
     to_jsonb: pg_sys::FmgrInfo,
     jsonb_out: pg_sys::Oid,
     /// Reset after every row: a large result does not grow memory beyond its text. A child of
@@ -1585,102 +1586,127 @@ fn json_without_casts_unremembered(
 /// hold inside arrays, at most: an array of them is written out by one call that checks no
 /// interrupt between its elements, each a catalog cache look-up that another call may have
 /// made walk some 65,000 entries of OIDs that hash alike (millions of elements kept the backend
-/// deaf to cancel for minutes). The guard refuses such arrays built by the query; these come
-/// from tables.
+/// deaf to cancel for minutes). The guard refuses such arrays built by the query, and any
+/// given to what writes them out; these come from tables, or from rows and records (whose
+/// fields are counted too, at any depth).
 const MAX_LOOKED_UP_PER_ROW: usize = 1000;
 
-/// What a column's values hold of values written by catalog look-ups.
-#[derive(Clone, Copy, PartialEq)]
-enum LookedUp {
-    /// None.
-    No,
-    /// Its values are arrays of them: counted.
-    Array,
-    /// Its values are records, whose fields are known only per value: refused when one holds
-    /// them inside another value.
-    Record,
+/// Whether the values of a result column of type `typ` may hold values written by catalog
+/// look-ups inside another value: arrays or rows of them (`guard::holds_looked_up`), or
+/// records, whose fields are known only per value. Counted per row (`looked_up_inside`).
+fn may_hold_looked_up(typ: pg_sys::Oid) -> bool {
+    // SAFETY: a catalog look-up of a type the query's result has.
+    let base = unsafe { pg_sys::getBaseType(typ) };
+    base == pg_sys::RECORDOID || base == pg_sys::RECORDARRAYOID || guard::holds_looked_up(base)
 }
 
-/// What the values of a result column of type `typ` hold of values written by catalog
-/// look-ups; `Err` with the type's name when they hold them where they are not counted
-/// (inside a row type or a range).
-fn looked_up_in(typ: pg_sys::Oid) -> Result<LookedUp, String> {
-    // SAFETY: catalog look-ups of a type the query's result has.
-    unsafe {
-        let base = pg_sys::getBaseType(typ);
-        if base == pg_sys::RECORDOID {
-            return Ok(LookedUp::Record);
-        }
-        if !guard::holds_looked_up(base) {
-            return Ok(LookedUp::No);
-        }
-        let element = pg_sys::get_element_type(base);
-        if element != pg_sys::InvalidOid && guard::is_looked_up(pg_sys::getBaseType(element)) {
-            return Ok(LookedUp::Array);
-        }
-        Err(crate::names::c_string(pg_sys::format_type_be(typ)))
-    }
-}
+/// Levels of arrays and rows `looked_up_inside` walks down at most (past them, a value counts
+/// as more than any row may hold).
+const MAX_LOOKED_UP_DEPTH: usize = 16;
 
-/// How many values written by catalog look-ups the values of a row hold (`LookedUp`); raises
-/// when a record holds them inside another value.
+/// Adds to `count` the values written by catalog look-ups that `value` (of type `typ`) holds
+/// inside arrays and rows, at any depth: an array of them by its length, without reading its
+/// elements; an array of rows or records element by element, a row or record field by field.
+/// Stops once `count` passes `MAX_LOOKED_UP_PER_ROW`.
 ///
 /// # Safety
-/// `values` and `nulls` are a row's, of the collector's columns.
-unsafe fn looked_up_values(kinds: &[LookedUp], values: &[pg_sys::Datum], nulls: &[bool]) -> usize {
-    let mut count = 0usize;
-    for (i, kind) in kinds.iter().enumerate() {
-        if nulls[i] || *kind == LookedUp::No {
-            continue;
+/// `value` is a value of `typ`, not null, in a transaction.
+unsafe fn looked_up_inside(
+    value: pg_sys::Datum,
+    typ: pg_sys::Oid,
+    nested: bool,
+    depth: usize,
+    count: &mut usize,
+) {
+    if *count > MAX_LOOKED_UP_PER_ROW {
+        return;
+    }
+    if depth > MAX_LOOKED_UP_DEPTH {
+        *count = MAX_LOOKED_UP_PER_ROW + 1;
+        return;
+    }
+    pgrx::check_for_interrupts!();
+    // SAFETY: the caller's contract; arrays and rows are read as PostgreSQL stores them, each
+    // part with the type their header or descriptor gives.
+    unsafe {
+        let base = pg_sys::getBaseType(typ);
+        if guard::is_looked_up(base) {
+            *count += usize::from(nested);
+            return;
         }
-        // SAFETY: the caller's contract: a value of the column's type, not null.
-        unsafe {
-            match kind {
-                LookedUp::Array => {
-                    let array = pg_sys::pg_detoast_datum(values[i].cast_mut_ptr())
-                        .cast::<pg_sys::ArrayType>();
-                    let dims = std::slice::from_raw_parts(
-                        (array as *const u8)
-                            .add(std::mem::size_of::<pg_sys::ArrayType>())
-                            .cast::<i32>(),
-                        (*array).ndim.max(0) as usize,
-                    );
-                    count = count.saturating_add(
-                        pg_sys::ArrayGetNItems((*array).ndim, dims.as_ptr()).max(0) as usize,
-                    );
+        let element = pg_sys::get_element_type(base);
+        if element != pg_sys::InvalidOid {
+            let element_base = pg_sys::getBaseType(element);
+            let array = pg_sys::pg_detoast_datum(value.cast_mut_ptr()).cast::<pg_sys::ArrayType>();
+            if guard::is_looked_up(element_base) {
+                let dims = std::slice::from_raw_parts(
+                    (array as *const u8)
+                        .add(std::mem::size_of::<pg_sys::ArrayType>())
+                        .cast::<i32>(),
+                    (*array).ndim.max(0) as usize,
+                );
+                let items = pg_sys::ArrayGetNItems((*array).ndim, dims.as_ptr()).max(0) as usize;
+                *count = count.saturating_add(items);
+                return;
+            }
+            if !may_hold_looked_up(element_base) {
+                return;
+            }
+            let (mut length, mut by_value, mut align) = (0i16, false, 0 as std::ffi::c_char);
+            pg_sys::get_typlenbyvalalign(element, &mut length, &mut by_value, &mut align);
+            let (mut elements, mut nulls, mut n) =
+                (std::ptr::null_mut(), std::ptr::null_mut(), 0i32);
+            pg_sys::deconstruct_array(
+                array,
+                element,
+                length.into(),
+                by_value,
+                align,
+                &mut elements,
+                &mut nulls,
+                &mut n,
+            );
+            for i in 0..n.max(0) as usize {
+                if !*nulls.add(i) {
+                    looked_up_inside(*elements.add(i), element, true, depth + 1, count);
                 }
-                LookedUp::Record => {
-                    let header = pg_sys::pg_detoast_datum(values[i].cast_mut_ptr())
-                        .cast::<pg_sys::HeapTupleHeaderData>();
-                    let (typ, typmod) = (
-                        pgrx::heap_tuple_header_get_type_id(header),
-                        pgrx::heap_tuple_header_get_typmod(header),
-                    );
-                    let desc = pg_sys::lookup_rowtype_tupdesc(typ, typmod);
-                    let holds = compat::attributes(desc)
-                        .iter()
-                        .find(|attr| !attr.attisdropped && guard::holds_looked_up(attr.atttypid))
-                        .map(|attr| attr.atttypid);
-                    pg_sys::DecrTupleDescRefCount(desc);
-                    if let Some(field) = holds {
-                        crate::error::Error::sql(
-                            "0A000",
-                            format!(
-                                "a row of the result holds a record with a field of type {}, \
-                                 whose values are each looked up in the catalog as they are \
-                                 written",
-                                crate::names::c_string(pg_sys::format_type_be(field))
-                            ),
-                            Some("Select the field as a column of its own."),
-                        )
-                        .raise();
-                    }
-                }
-                LookedUp::No => {}
+            }
+            return;
+        }
+        if base != pg_sys::RECORDOID && pg_sys::get_typtype(base) as u8 != b'c' {
+            return;
+        }
+        let header =
+            pg_sys::pg_detoast_datum(value.cast_mut_ptr()).cast::<pg_sys::HeapTupleHeaderData>();
+        let desc = pg_sys::lookup_rowtype_tupdesc(
+            pgrx::heap_tuple_header_get_type_id(header),
+            pgrx::heap_tuple_header_get_typmod(header),
+        );
+        let fields: Vec<(pg_sys::Oid, bool)> = compat::attributes(desc)
+            .iter()
+            .map(|attr| (attr.atttypid, attr.attisdropped))
+            .collect();
+        let mut values = vec![pg_sys::Datum::from(0); fields.len()];
+        let mut null = vec![true; fields.len()];
+        let mut tuple = pg_sys::HeapTupleData {
+            t_len: pgrx::heap_tuple_header_get_datum_length(header) as u32,
+            t_data: header,
+            ..Default::default()
+        };
+        pg_sys::heap_deform_tuple(&mut tuple, desc, values.as_mut_ptr(), null.as_mut_ptr());
+        // A descriptor of a record type shared with parallel workers is not counted (-1).
+        if (*desc).tdrefcount >= 0 {
+            pg_sys::DecrTupleDescRefCount(desc);
+        }
+        for (i, (field, dropped)) in fields.into_iter().enumerate() {
+            if !dropped
+                && !null[i]
+                && (guard::is_looked_up(pg_sys::getBaseType(field)) || may_hold_looked_up(field))
+            {
+                looked_up_inside(values[i], field, true, depth + 1, count);
             }
         }
     }
-    count
 }
 
 /// Whether values of `typ` hold numerics inside arrays or records. `to_jsonb` turns each
@@ -1817,19 +1843,7 @@ unsafe extern "C-unwind" fn startup(
             // A column name never holds a NUL; one that did would keep its own name.
             let name = CString::new(name.as_str()).unwrap_or_default();
             let typ = compat::attributes(source)[i].atttypid;
-            match looked_up_in(typ) {
-                Ok(kind) => c.looked_up.push(kind),
-                Err(type_name) => crate::error::Error::sql(
-                    "0A000",
-                    format!(
-                        "column \"{}\" is of type {type_name}, which holds values that are each \
-                         looked up in the catalog as they are written",
-                        name.to_string_lossy()
-                    ),
-                    Some("Select the values that are looked up as columns of their own."),
-                )
-                .raise(),
-            }
+            c.looked_up.push(may_hold_looked_up(typ).then_some(typ));
             let json = json_without_casts(typ);
             c.measured.push((json && numerics_inside(typ)).then(|| {
                 let (mut output, mut is_varlena) = (pg_sys::InvalidOid, false);
@@ -1920,15 +1934,20 @@ unsafe extern "C-unwind" fn receive_slot(
         let mut values = std::slice::from_raw_parts((*slot).tts_values, natts).to_vec();
         let nulls = std::slice::from_raw_parts_mut((*slot).tts_isnull, natts);
         // Counted before anything writes them out (see `MAX_LOOKED_UP_PER_ROW`).
-        let looked_up = looked_up_values(&c.looked_up, &values, nulls);
+        let mut looked_up = 0usize;
+        for (i, typ) in c.looked_up.iter().enumerate() {
+            if let (Some(typ), false) = (typ, nulls[i]) {
+                looked_up_inside(values[i], *typ, false, 0, &mut looked_up);
+            }
+        }
         if looked_up > MAX_LOOKED_UP_PER_ROW {
             pg_sys::MemoryContextSwitchTo(caller);
             crate::error::Error::sql(
                 "54000",
                 format!(
-                    "a row of the result holds {looked_up} values in arrays that are each looked \
-                     up in the catalog as they are written (regclass, regtype, aclitem, ...): \
-                     more than {MAX_LOOKED_UP_PER_ROW}"
+                    "a row of the result holds more than {MAX_LOOKED_UP_PER_ROW} values in arrays \
+                     or rows that are each looked up in the catalog as they are written \
+                     (regclass, regtype, aclitem, ...)"
                 ),
                 Some("Select them as rows (unnest) or as OIDs (::oid[])."),
             )

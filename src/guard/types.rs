@@ -472,12 +472,16 @@ pub fn holds_looked_up(typ: pg_sys::Oid) -> bool {
     if builtin(typ) && typ.to_u32() < pg_sys::FirstGenbkiObjectId {
         // SAFETY: a catalog look-up of a built-in type.
         let element = unsafe { pg_sys::get_element_type(typ) };
-        if element == pg_sys::InvalidOid {
-            // SAFETY: as above.
-            return unsafe { pg_sys::get_typtype(typ) } as u8 == b'c'
-                && type_holds(typ, &|base, nested| nested && is_looked_up(base));
+        // A scalar that is no row, or an array of a looked-up scalar (an array of a catalog's
+        // row type, `pg_class[]`, holds `aclitem[]` and `regproc` fields: walked below).
+        // SAFETY: as above.
+        let row = |t: pg_sys::Oid| unsafe { pg_sys::get_typtype(t) } as u8 == b'c';
+        if element == pg_sys::InvalidOid && !row(typ) {
+            return false;
         }
-        return is_looked_up(element);
+        if element != pg_sys::InvalidOid && !row(element) {
+            return is_looked_up(element);
+        }
     }
     type_holds(typ, &|base, nested| nested && is_looked_up(base))
 }

@@ -352,6 +352,32 @@ unsafe extern "C-unwind" fn analyzed_walker(node: *mut pg_sys::Node, context: *m
     }
 }
 
+/// The type of `expression` when its values may hold values written by catalog look-ups inside
+/// another value (`types::holds_looked_up`): also a record or an array of records, whose
+/// fields the tree does not say (a subquery's whole row), unless it is a row whose fields are
+/// written out in the query and hold none.
+///
+/// # Safety
+/// `expression` is an analysed expression.
+unsafe fn may_hold_looked_up(expression: *mut pg_sys::Node) -> Option<pg_sys::Oid> {
+    // SAFETY: the caller's contract; a row's fields are analysed expressions too.
+    unsafe {
+        let typ = pg_sys::exprType(expression);
+        if types::holds_looked_up(typ) {
+            return Some(typ);
+        }
+        if typ != pg_sys::RECORDOID && typ != pg_sys::RECORDARRAYOID {
+            return None;
+        }
+        if (*expression).type_ == pg_sys::NodeTag::T_RowExpr {
+            return PgList::<pg_sys::Node>::from_pg((*expression.cast::<pg_sys::RowExpr>()).args)
+                .iter_ptr()
+                .find_map(|field| may_hold_looked_up(field));
+        }
+        Some(typ)
+    }
+}
+
 impl Walk {
     fn new(
         origin: Origin,
@@ -589,10 +615,9 @@ impl Walk {
                             (*coerce).arg
                         }
                     };
-                    let held = pg_sys::exprType(argument.cast());
-                    if !types::holds_looked_up(held) {
+                    let Some(held) = may_hold_looked_up(argument.cast()) else {
                         return false;
-                    }
+                    };
                     self.refuse(format!(
                         "a value of type {} may not be converted in {}: its elements are each \
                          looked up in the catalog as it is written out, by one call that checks \
@@ -612,14 +637,13 @@ impl Walk {
             }
             let given = PgList::<pg_sys::Node>::from_pg(arguments)
                 .iter_ptr()
-                .map(|argument| match (*argument).type_ {
+                .find_map(|argument| match (*argument).type_ {
                     // An aggregate's arguments are target entries.
                     pg_sys::NodeTag::T_TargetEntry => {
-                        pg_sys::exprType((*argument.cast::<pg_sys::TargetEntry>()).expr.cast())
+                        may_hold_looked_up((*argument.cast::<pg_sys::TargetEntry>()).expr.cast())
                     }
-                    _ => pg_sys::exprType(argument),
-                })
-                .find(|argument| types::holds_looked_up(*argument));
+                    _ => may_hold_looked_up(argument),
+                });
             let Some(held) = given else {
                 return false;
             };
