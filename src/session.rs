@@ -65,11 +65,11 @@ const MAX_MEMORY_BYTES: usize = 16 << 20;
 /// forgets its own conversations, and one role alone cannot leave the others no room.
 const ROLE_SHARE: usize = 8;
 
-/// A session's turns in backend memory, oldest first, each with whether it is kept only here
-/// (no shared store took it), and when the last was added (they expire after `session_ttl`, as
-/// the other stores' do).
+/// A session's turns in backend memory, oldest first, each with when it was kept when it is kept
+/// only here (no shared store took it: a reset written since ends it), and when the last was
+/// added (they expire after `session_ttl`, as the other stores' do).
 struct Remembered {
-    turns: VecDeque<(Turn, bool)>,
+    turns: VecDeque<(Turn, Option<std::time::SystemTime>)>,
     updated: Option<std::time::Instant>,
     /// When it expires for other roles' calls: by the `session_ttl` of the role that wrote it,
     /// which another role's own (lower) setting does not shorten.
@@ -128,25 +128,35 @@ pub fn turns(session: &str) -> (Vec<Turn>, Store) {
         return (Vec::new(), store);
     }
     let (found, served) = match store {
-        Store::Table => (table_turns(session, keep), Store::Table),
+        Store::Table => match table_turns(session, keep) {
+            // The newest row a reset (on any connection): of memory, only the turns kept here
+            // since, which the table could not take.
+            Some((turns, Some(reset))) if turns.is_empty() => {
+                (Some(memory_turns(session, true, Some(reset))), Store::Table)
+            }
+            Some((turns, _)) if !turns.is_empty() => (Some(turns), Store::Table),
+            // None: memory's turns are the session's (they were kept there when the table
+            // could not be written).
+            _ => (None, Store::Table),
+        },
         Store::Redis => match redis_turns(session, keep) {
             // No list: a reset, an expiry or a Redis restart. Of this backend's memory only
             // the turns Redis never took (recorded while it was away) are the session's: the
             // copies of turns it had were reset, or expired, with the list.
-            Some((_, false)) => (Some(memory_turns(session, true)), Store::Redis),
+            Some((_, false)) => (Some(memory_turns(session, true, None)), Store::Redis),
             Some((turns, true)) => (Some(turns), Store::Redis),
             None => (None, Store::Memory),
         },
         Store::Memory => (None, Store::Memory),
     };
-    let turns = found.unwrap_or_else(|| memory_turns(session, false));
+    let turns = found.unwrap_or_else(|| memory_turns(session, false, None));
     let skip = turns.len().saturating_sub(keep);
     (turns.into_iter().skip(skip).collect(), served)
 }
 
 /// The session's live turns in this backend's memory; with `only_here`, only those no shared
-/// store took.
-fn memory_turns(session: &str, only_here: bool) -> Vec<Turn> {
+/// store took, and of those only the ones kept after `since` when given.
+fn memory_turns(session: &str, only_here: bool, since: Option<std::time::SystemTime>) -> Vec<Turn> {
     let ttl = std::time::Duration::from_secs(settings::session_ttl_s());
     MEMORY.with_borrow(|m| {
         m.get(&memory_key(session))
@@ -154,7 +164,11 @@ fn memory_turns(session: &str, only_here: bool) -> Vec<Turn> {
             .map(|r| {
                 r.turns
                     .iter()
-                    .filter(|(_, here)| *here || !only_here)
+                    .filter(|(_, here)| match (here, since) {
+                        (Some(at), Some(since)) => *at > since,
+                        (Some(_), None) => true,
+                        (None, _) => !only_here,
+                    })
                     .map(|(turn, _)| turn.clone())
                     .collect()
             })
@@ -169,8 +183,9 @@ const TABLE_ROWS: i64 = 1000;
 /// The session's last `keep` live turns in the table, oldest first: of its newest rows, those
 /// since its last reset with no pause over `session_ttl` between them and now, the newest of
 /// each question (a retried request counts once). The turns' text is read for those `keep`
-/// rows only.
-fn table_turns(session: &str, keep: usize) -> Option<Vec<Turn>> {
+/// rows only. With them, when the newest row is a reset, when it was written. `None` when the
+/// table could not be read.
+fn table_turns(session: &str, keep: usize) -> Option<(Vec<Turn>, Option<std::time::SystemTime>)> {
     let schema = store::extension_schema().ok()?;
     let sql = format!(
         "WITH recent AS ( \
@@ -188,8 +203,8 @@ fn table_turns(session: &str, keep: usize) -> Option<Vec<Turn>> {
              ORDER BY id DESC LIMIT $4 \
          ) \
          SELECT s.id, s.question, s.sql, f.reset FROM \
-             (SELECT COALESCE((SELECT reset FROM recent ORDER BY id DESC LIMIT 1), false) \
-                  AS reset) f \
+             (SELECT (SELECT pg_catalog.date_part('epoch', at) FROM recent \
+                      WHERE reset AND id = (SELECT max(id) FROM recent)) AS reset) f \
          LEFT JOIN {schema}.nl_sessions s \
              ON s.role_id = $3 AND s.session = $1 AND s.id IN (SELECT id FROM kept) \
          ORDER BY s.id"
@@ -206,9 +221,9 @@ fn table_turns(session: &str, keep: usize) -> Option<Vec<Turn>> {
                 (keep as i64).into(),
             ],
         )?;
-        let (mut turns, mut reset) = (Vec::new(), false);
+        let (mut turns, mut reset) = (Vec::new(), None);
         for row in rows {
-            reset |= row.get::<bool>(4)?.unwrap_or(false);
+            reset = reset.or(row.get::<f64>(4)?);
             if row.get::<i64>(1)?.is_none() {
                 continue;
             }
@@ -217,12 +232,13 @@ fn table_turns(session: &str, keep: usize) -> Option<Vec<Turn>> {
                 sql: row.get::<String>(3)?.unwrap_or_default(),
             });
         }
+        // A reset's time, as the server's clock wrote it (nl_row_role): this machine's.
+        let reset = reset.and_then(|seconds| {
+            std::time::SystemTime::UNIX_EPOCH
+                .checked_add(std::time::Duration::try_from_secs_f64(seconds).ok()?)
+        });
         Ok((turns, reset))
     })
-    // None: memory's turns are the session's (they were kept there when the table could not be
-    // written), unless the table's newest row is a reset, made on any connection: then its
-    // turns before it are gone from every backend's memory too.
-    .and_then(|(turns, reset)| (reset || !turns.is_empty()).then_some(turns))
 }
 
 /// The session's last `keep` turns in Redis, and whether Redis has a list for it.
@@ -335,7 +351,7 @@ fn remember(session: &str, turn: Turn, here: bool, keep: usize) -> bool {
             _ => VecDeque::new(),
         };
         turns.retain(|(t, _)| t.question != turn.question);
-        turns.push_back((turn, here));
+        turns.push_back((turn, here.then(std::time::SystemTime::now)));
         while turns.len() > keep {
             turns.pop_front();
         }
@@ -357,7 +373,7 @@ fn remember(session: &str, turn: Turn, here: bool, keep: usize) -> bool {
 
 /// Whether the table has live turns of `session` of the caller's (read in any transaction).
 fn in_table(session: &str) -> bool {
-    table_turns(session, 1).is_some()
+    table_turns(session, 1).is_some_and(|(turns, _)| !turns.is_empty())
 }
 
 /// Forgets the sessions that expired, each by the `session_ttl` of the role that wrote it.
@@ -375,10 +391,11 @@ fn forget_expired(memory: &mut HashMap<(u32, String), Remembered>) {
 fn make_room(
     memory: &mut HashMap<(u32, String), Remembered>,
     current: &(u32, String),
-    turns: &mut VecDeque<(Turn, bool)>,
+    turns: &mut VecDeque<(Turn, Option<std::time::SystemTime>)>,
 ) -> bool {
-    let weight =
-        |turns: &VecDeque<(Turn, bool)>| -> usize { turns.iter().map(|(t, _)| t.bytes()).sum() };
+    let weight = |turns: &VecDeque<(Turn, Option<std::time::SystemTime>)>| -> usize {
+        turns.iter().map(|(t, _)| t.bytes()).sum()
+    };
     // The caller's other sessions, least recently used first, and what the other roles hold.
     let mut own: Vec<(&(u32, String), &Remembered)> = memory
         .iter()
@@ -780,12 +797,12 @@ mod tests {
         // A quarter of a role's share.
         let big = |q: &str| turn(q, &"s".repeat(MAX_MEMORY_BYTES / ROLE_SHARE / 4));
         let session = |turns: Vec<Turn>, ago: u64| Remembered {
-            turns: turns.into_iter().map(|t| (t, false)).collect(),
+            turns: turns.into_iter().map(|t| (t, None)).collect(),
             updated: now.checked_sub(std::time::Duration::from_secs(ago)),
             expires: now.checked_add(std::time::Duration::from_secs(3600)),
         };
-        let queue = |turns: Vec<Turn>| -> VecDeque<(Turn, bool)> {
-            turns.into_iter().map(|t| (t, false)).collect()
+        let queue = |turns: Vec<Turn>| -> VecDeque<(Turn, Option<std::time::SystemTime>)> {
+            turns.into_iter().map(|t| (t, None)).collect()
         };
         let key = |role: u32, name: &str| (role, name.to_string());
         let names = |memory: &HashMap<(u32, String), Remembered>| {

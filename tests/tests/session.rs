@@ -1189,6 +1189,25 @@ fn a_session_reset_on_one_connection_is_not_undone_by_anothers_memory() {
         !asked.contains("a question read only"),
         "a reset turn came back from memory: {asked}"
     );
+    // A turn kept in memory after the reset (its transaction could not write it) still counts.
+    s.llm
+        .on("kept after the reset", vec![Reply::sql("SELECT 5 AS five")]);
+    s.llm
+        .on("and after that", vec![Reply::sql("SELECT 6 AS six")]);
+    reader
+        .batch_execute(
+            "SELECT nl_session_reset('later');
+             BEGIN READ ONLY; SELECT nl_query('kept after the reset', 'later'); COMMIT;",
+        )
+        .unwrap();
+    reader
+        .query("SELECT nl_query('and after that', 'later')", &[])
+        .unwrap();
+    let asked = s.llm.last_text();
+    assert!(
+        asked.contains("kept after the reset"),
+        "a turn kept after the reset was lost: {asked}"
+    );
 }
 
 /// A reset in a transaction that cannot write leaves the turns in `nl_sessions`, which the next
