@@ -225,6 +225,20 @@ fn nl_check_is_callable_by_anyone() {
     assert_eq!(s.scalar_i64("SELECT count(*) FROM orders"), 6);
 }
 
+/// Asserts that the guard refuses `sql` for writing out values looked up in the catalog.
+fn refused_as_looked_up(s: &mut Session, sql: &str) {
+    let error = s
+        .client
+        .query_one("SELECT nl_check($1)", &[&sql])
+        .unwrap_err();
+    let (code, message, _) = db_error(&error);
+    assert_eq!(code, "42501", "{sql}: {message}");
+    assert!(
+        message.contains("looked up in the catalog"),
+        "{sql}: {message}"
+    );
+}
+
 /// Values written by catalog look-ups (`regclass`, `aclitem`) inside an array are written out by
 /// one call that checks no interrupt between them, each a catalog cache look-up that another
 /// call may have made walk some 65,000 entries of OIDs that hash alike: millions of them kept
@@ -252,16 +266,7 @@ fn arrays_of_values_looked_up_in_the_catalog_are_not_written_out_in_bulk() {
         "SELECT ROW(regs)::text AS r FROM looked",
         "SELECT format('%s', regs) AS r FROM looked",
     ] {
-        let error = s
-            .client
-            .query_one("SELECT nl_check($1)", &[&sql])
-            .unwrap_err();
-        let (code, message, _) = db_error(&error);
-        assert_eq!(code, "42501", "{sql}: {message}");
-        assert!(
-            message.contains("looked up in the catalog"),
-            "{sql}: {message}"
-        );
+        refused_as_looked_up(&mut s, sql);
     }
     // Read, measured, compared, taken apart, relabelled: nothing written out in bulk.
     for sql in [
@@ -295,16 +300,7 @@ fn arrays_of_values_looked_up_in_the_catalog_are_not_written_out_in_bulk() {
         "SELECT x::text AS r FROM jsonb_to_record('{\"a\": [1, 2]}') AS x(a regclass[])",
         "SELECT to_jsonb(a) AS r FROM rows_of_class",
     ] {
-        let error = s
-            .client
-            .query_one("SELECT nl_check($1)", &[&sql])
-            .unwrap_err();
-        let (code, message, _) = db_error(&error);
-        assert_eq!(code, "42501", "{sql}: {message}");
-        assert!(
-            message.contains("looked up in the catalog"),
-            "{sql}: {message}"
-        );
+        refused_as_looked_up(&mut s, sql);
     }
     // Collected rows count them at any depth, records' fields too: more than 1,000 in a row
     // are not collected.

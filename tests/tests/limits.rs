@@ -26,6 +26,18 @@ fn role_connection(
     (role, client, notices)
 }
 
+/// The bytes a connection's own catalog cache holds (`pg_backend_memory_contexts`, which
+/// `pg_read_all_stats` may read).
+fn catalog_cache_bytes(c: &mut postgres::Client) -> i64 {
+    c.query_one(
+        "SELECT sum(total_bytes)::int8 FROM pg_backend_memory_contexts \
+         WHERE name = 'CacheMemoryContext'",
+        &[],
+    )
+    .unwrap()
+    .get(0)
+}
+
 /// When the server last started: the same before and after a call means it did not restart.
 fn postmaster_started(client: &mut postgres::Client) -> String {
     client
@@ -1716,15 +1728,6 @@ fn what_an_own_read_loads_is_measured_again_under_its_lock() {
         .query_one("SELECT pg_backend_pid()", &[])
         .unwrap()
         .get(0);
-    let cache = |c: &mut postgres::Client| -> i64 {
-        c.query_one(
-            "SELECT sum(total_bytes)::int8 FROM pg_backend_memory_contexts \
-             WHERE name = 'CacheMemoryContext'",
-            &[],
-        )
-        .unwrap()
-        .get(0)
-    };
     s.llm.on(
         "how many places are called zanzibar",
         vec![Reply::sql("SELECT 0 AS n"), Reply::sql("SELECT 0 AS n")],
@@ -1736,7 +1739,7 @@ fn what_an_own_read_loads_is_measured_again_under_its_lock() {
         // The schema context is read (and kept) as it is now.
         let schema: String = asker.query_one("SELECT nl_schema()", &[]).unwrap().get(0);
         assert!(schema.contains(first), "{schema}");
-        let before = cache(&mut asker);
+        let before = catalog_cache_bytes(&mut asker);
         locker
             .batch_execute(&format!(
                 "BEGIN; LOCK TABLE public.{first} IN ACCESS EXCLUSIVE MODE"
@@ -1776,7 +1779,7 @@ fn what_an_own_read_loads_is_measured_again_under_its_lock() {
         locker.batch_execute("ROLLBACK").unwrap();
         let (mut asker, asked) = asking.join().unwrap();
         asked.unwrap();
-        let grown = cache(&mut asker) - before;
+        let grown = catalog_cache_bytes(&mut asker) - before;
         caller = Some(asker);
         grown
     };
@@ -1843,16 +1846,7 @@ fn other_roles_wide_tables_do_not_fill_the_callers_catalog_cache() {
             .unwrap();
     }
     // The caller's own: the memory its catalog cache holds.
-    let cache = |c: &mut postgres::Client| -> i64 {
-        c.query_one(
-            "SELECT sum(total_bytes)::int8 FROM pg_backend_memory_contexts \
-             WHERE name = 'CacheMemoryContext'",
-            &[],
-        )
-        .unwrap()
-        .get(0)
-    };
-    let before = cache(&mut caller);
+    let before = catalog_cache_bytes(&mut caller);
     caller
         .batch_execute("SET sql_query_engine.schemas = 'public, wide'")
         .unwrap();
@@ -1866,7 +1860,7 @@ fn other_roles_wide_tables_do_not_fill_the_callers_catalog_cache() {
         .unwrap()
         .get(0);
     assert!(schema.contains("w0"), "{schema}");
-    let grown = cache(&mut caller) - before;
+    let grown = catalog_cache_bytes(&mut caller) - before;
     assert!(
         grown < 8 << 20,
         "the caller's catalog cache grew by {grown} bytes"
@@ -1894,22 +1888,13 @@ fn a_roles_function_body_is_not_read_by_the_guard() {
                  AS 'SELECT 1 /* {words} */'"
         ))
         .unwrap();
-    let cache = |c: &mut postgres::Client| -> i64 {
-        c.query_one(
-            "SELECT sum(total_bytes)::int8 FROM pg_backend_memory_contexts \
-             WHERE name = 'CacheMemoryContext'",
-            &[],
-        )
-        .unwrap()
-        .get(0)
-    };
-    let before = cache(&mut caller);
+    let before = catalog_cache_bytes(&mut caller);
     let error = caller
         .query("SELECT nl_check('SELECT pg_temp.wordy()')", &[])
         .unwrap_err();
     let (code, message, _) = db_error(&error);
     assert_eq!(code, "42501", "{message}");
-    let grown = cache(&mut caller) - before;
+    let grown = catalog_cache_bytes(&mut caller) - before;
     assert!(
         grown < 1 << 20,
         "the caller's catalog cache grew by {grown} bytes"
