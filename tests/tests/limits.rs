@@ -747,8 +747,9 @@ fn meeting_the_hard_memory_limit_in_memory_no_rollback_frees_is_an_error_not_a_s
     let (_, mut role, _) = role_connection(&mut s, "misses");
     let before = postmaster_started(&mut s.client);
     // Each name written leaves an entry in the catalog cache, which no rollback frees, until
-    // they meet the hard limit (of 256 MB here). (An array of them written out at once is
-    // refused: it would check no cancel.)
+    // they meet the limit (64 MB here, the least a role may set but four times: under load,
+    // 256 MB took longer than the statement timeout). (An array of them written out at once
+    // is refused: it would check no cancel.)
     s.llm.on(
         "Name the missing relations",
         vec![Reply::sql(
@@ -757,7 +758,7 @@ fn meeting_the_hard_memory_limit_in_memory_no_rollback_frees_is_an_error_not_a_s
         )],
     );
     role.batch_execute(
-        "SET sql_query_engine.max_repairs = 0; SET sql_query_engine.max_query_memory = '256MB'",
+        "SET sql_query_engine.max_repairs = 0; SET sql_query_engine.max_query_memory = '64MB'",
     )
     .unwrap();
     // Under load (CI runs four such tests at once) the call may also pass its deadline, or
