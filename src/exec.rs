@@ -1674,6 +1674,11 @@ unsafe fn looked_up_inside(
             return;
         }
         if base != pg_sys::RECORDOID && pg_sys::get_typtype(base) as u8 != b'c' {
+            // A range or multirange that holds them (of `regclass`, or of arrays of it) is not
+            // taken apart here: more than any row may hold.
+            if may_hold_looked_up(base) {
+                *count = MAX_LOOKED_UP_PER_ROW + 1;
+            }
             return;
         }
         let header =

@@ -129,8 +129,8 @@ pub fn turns(session: &str) -> (Vec<Turn>, Store) {
     }
     let (found, served) = match store {
         Store::Table => match table_turns(session, keep) {
-            // The newest row a reset (on any connection): of memory, only the turns kept here
-            // since, which the table could not take.
+            // No live turn, and a reset (on any connection): of memory, only the turns kept
+            // here since, which the table could not take.
             Some((turns, Some(reset))) if turns.is_empty() => {
                 (Some(memory_turns(session, true, Some(reset))), Store::Table)
             }
@@ -183,7 +183,7 @@ const TABLE_ROWS: i64 = 1000;
 /// The session's last `keep` live turns in the table, oldest first: of its newest rows, those
 /// since its last reset with no pause over `session_ttl` between them and now, the newest of
 /// each question (a retried request counts once). The turns' text is read for those `keep`
-/// rows only. With them, when the newest row is a reset, when it was written. `None` when the
+/// rows only. With them, when the latest reset among those rows was written. `None` when the
 /// table could not be read.
 fn table_turns(session: &str, keep: usize) -> Option<(Vec<Turn>, Option<std::time::SystemTime>)> {
     let schema = store::extension_schema().ok()?;
@@ -204,7 +204,7 @@ fn table_turns(session: &str, keep: usize) -> Option<(Vec<Turn>, Option<std::tim
          ) \
          SELECT s.id, s.question, s.sql, f.reset FROM \
              (SELECT (SELECT pg_catalog.date_part('epoch', at) FROM recent \
-                      WHERE reset AND id = (SELECT max(id) FROM recent)) AS reset) f \
+                      WHERE reset ORDER BY id DESC LIMIT 1) AS reset) f \
          LEFT JOIN {schema}.nl_sessions s \
              ON s.role_id = $3 AND s.session = $1 AND s.id IN (SELECT id FROM kept) \
          ORDER BY s.id"
@@ -232,10 +232,14 @@ fn table_turns(session: &str, keep: usize) -> Option<(Vec<Turn>, Option<std::tim
                 sql: row.get::<String>(3)?.unwrap_or_default(),
             });
         }
-        // A reset's time, as the server's clock wrote it (nl_row_role): this machine's.
-        let reset = reset.and_then(|seconds| {
-            std::time::SystemTime::UNIX_EPOCH
-                .checked_add(std::time::Duration::try_from_secs_f64(seconds).ok()?)
+        // A reset's time, as the server's clock wrote it (nl_row_role): this machine's. One
+        // that is no time (a restored row dated before 1970, or infinity) ends every turn kept
+        // here until now.
+        let reset = reset.map(|seconds| {
+            std::time::Duration::try_from_secs_f64(seconds)
+                .ok()
+                .and_then(|since| std::time::SystemTime::UNIX_EPOCH.checked_add(since))
+                .unwrap_or_else(std::time::SystemTime::now)
         });
         Ok((turns, reset))
     })
