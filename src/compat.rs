@@ -307,6 +307,21 @@ pub unsafe fn grouped(
     }
 }
 
+/// Gives back a tuple descriptor `lookup_rowtype_tupdesc` pinned (PostgreSQL's `ReleaseTupleDesc`,
+/// a macro pgrx does not bind): a record type's descriptor shared with parallel workers is not
+/// reference-counted (-1), and releasing it raises an ERROR.
+///
+/// # Safety
+/// `desc` is a descriptor the caller's own look-up pinned, in a transaction.
+pub unsafe fn release_tuple_desc(desc: pg_sys::TupleDesc) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if (*desc).tdrefcount >= 0 {
+            pg_sys::DecrTupleDescRefCount(desc);
+        }
+    }
+}
+
 /// Numbers read from the server's headers at build time (build.rs): enum positions and catalog
 /// attribute numbers that pgrx does not bind.
 pub mod numbers {

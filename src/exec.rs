@@ -1699,10 +1699,7 @@ unsafe fn looked_up_inside(
             ..Default::default()
         };
         pg_sys::heap_deform_tuple(&mut tuple, desc, values.as_mut_ptr(), null.as_mut_ptr());
-        // A descriptor of a record type shared with parallel workers is not counted (-1).
-        if (*desc).tdrefcount >= 0 {
-            pg_sys::DecrTupleDescRefCount(desc);
-        }
+        compat::release_tuple_desc(desc);
         for (i, (field, dropped)) in fields.into_iter().enumerate() {
             if !dropped
                 && !null[i]

@@ -405,9 +405,7 @@ pub fn row_attributes(typ: pg_sys::Oid) -> Option<Vec<(pg_sys::Oid, pg_sys::Oid)
             .filter(|a| !a.attisdropped)
             .map(|a| (a.atttypid, a.attcollation))
             .collect();
-        if (*desc).tdrefcount >= 0 {
-            pg_sys::DecrTupleDescRefCount(desc);
-        }
+        crate::compat::release_tuple_desc(desc);
         Some(fields)
     }
 }
